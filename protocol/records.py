@@ -1,0 +1,516 @@
+"""The record batch: the unit of produce, storage, replication and fetch.
+
+Grammar (all integers big-endian; mirrors Kafka's v2 RecordBatch, 61-byte header)::
+
+    batch   := header records
+    header  := base_offset:int64 batch_length:int32 leader_epoch:int32 magic:int8(=2)
+               crc:uint32 attributes:int16 last_offset_delta:int32
+               first_timestamp:int64 max_timestamp:int64
+               producer_id:int64 producer_epoch:int16 base_sequence:int32
+               record_count:int32
+    records := msgpack array of record, compressed as one block when the codec says so
+    record  := [timestamp_delta:int, offset_delta:int, key:bin|nil, value:bin|nil,
+                headers: array of [str, bin|nil] | nil]
+
+``batch_length`` counts the bytes after itself (so a batch occupies ``batch_length + 12``
+bytes). ``crc`` is CRC-32C over bytes ``[21, end)``: everything from ``attributes`` on.
+Bytes 0..20 (base offset, length, leader epoch, magic, crc) are outside the checksum, which
+is what lets a leader stamp base offset and leader epoch into a producer's batch in place:
+the broker validates a batch, patches those two fields and appends the bytes. It never
+re-encodes a batch and never decodes its records.
+
+attributes: bits 0-2 codec (0 none, 1 gzip, 3 lz4, 4 zstd); bit 3 timestamp type
+(0 CreateTime, 1 LogAppendTime); bit 4 transactional; bit 5 control.
+
+This module is sans-IO: bytes in, typed values out, and the reverse.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Iterable, Iterator, NamedTuple, Sequence
+
+import msgpack
+from crc32c import crc32c
+
+from protocol.errors import CorruptRecordError, RecordTooLargeError, UnsupportedCompressionError
+
+MAGIC = 2
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size  # 61
+LOG_OVERHEAD = 12  # base_offset + batch_length: the bytes not counted by batch_length
+CRC_START = 21  # the checksum covers [CRC_START, end)
+MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I16 = struct.Struct(">h")
+_LENGTH = struct.Struct(">qi")  # base_offset, batch_length
+
+BASE_OFFSET_AT = 0
+BATCH_LENGTH_AT = 8
+LEADER_EPOCH_AT = 12
+MAGIC_AT = 16
+CRC_AT = 17
+ATTRIBUTES_AT = 21
+MAX_TIMESTAMP_AT = 35
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_TIMESTAMP = -1
+
+CODEC_MASK = 0x07
+TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+
+DEFAULT_MAX_UNCOMPRESSED_BYTES = 256 * 1024 * 1024
+
+
+class Codec(IntEnum):
+    NONE = 0
+    GZIP = 1
+    LZ4 = 3
+    ZSTD = 4
+
+    @classmethod
+    def parse(cls, name: str | int | None) -> "Codec":
+        """A codec from a Kafka ``compression.type`` name (``none``, ``gzip``, ``lz4``, ``zstd``)."""
+        if name is None:
+            return cls.NONE
+        if isinstance(name, int):
+            try:
+                return cls(name)
+            except ValueError:
+                raise UnsupportedCompressionError(f"unsupported compression codec id {name}") from None
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise UnsupportedCompressionError(
+                f"unsupported compression type {name!r}: use none, gzip, lz4 or zstd") from None
+
+
+_VALID_CODECS = frozenset(int(c) for c in Codec)
+
+
+class TimestampType(IntEnum):
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+class BatchHeader(NamedTuple):
+    """The 61-byte header, unpacked. Cheap: one struct unpack, no copies."""
+
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def codec(self) -> int:
+        return self.attributes & CODEC_MASK
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType((self.attributes & TIMESTAMP_TYPE_BIT) >> 3)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_BIT)
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) & 0x7FFFFFFF
+
+
+class BatchRecord(NamedTuple):
+    """One record as stored: its absolute offset and timestamp, key, value and headers."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def read_header(buf, pos: int = 0) -> BatchHeader:
+    """Unpack the header at ``pos``. Raises CorruptRecordError when fewer than 61 bytes remain."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecordError(
+            f"record batch header truncated at position {pos}: "
+            f"{len(buf) - pos} bytes, need {HEADER_SIZE}")
+    return BatchHeader._make(HEADER.unpack_from(buf, pos))
+
+
+def compute_crc(buf, pos: int, size: int) -> int:
+    return crc32c(memoryview(buf)[pos + CRC_START:pos + size])
+
+
+def validate_batch(buf, pos: int = 0, end: int | None = None,
+                   max_batch_bytes: int | None = None) -> BatchHeader:
+    """Check the batch at ``pos`` and return its header, or raise.
+
+    Checks, in order: header present, length in bounds, magic, record count and last offset
+    delta consistent, codec known, size within ``max_batch_bytes``, CRC-32C. Raises
+    CorruptRecordError, RecordTooLargeError or UnsupportedCompressionError naming the fault.
+    """
+    if end is None:
+        end = len(buf)
+    if end - pos < HEADER_SIZE:
+        raise CorruptRecordError(
+            f"record batch at position {pos} truncated: {end - pos} bytes left, "
+            f"a header needs {HEADER_SIZE}")
+    h = BatchHeader._make(HEADER.unpack_from(buf, pos))
+    size = h.batch_length + LOG_OVERHEAD
+    if h.batch_length < MIN_BATCH_LENGTH:
+        raise CorruptRecordError(
+            f"record batch at position {pos} has batch_length {h.batch_length}, "
+            f"below the minimum {MIN_BATCH_LENGTH}")
+    if pos + size > end:
+        raise CorruptRecordError(
+            f"record batch at position {pos} claims {size} bytes but only {end - pos} remain")
+    if h.magic != MAGIC:
+        raise CorruptRecordError(f"record batch at position {pos} has magic {h.magic}, expected {MAGIC}")
+    if h.record_count <= 0:
+        raise CorruptRecordError(f"record batch at position {pos} has record_count {h.record_count}")
+    if h.last_offset_delta != h.record_count - 1:
+        raise CorruptRecordError(
+            f"record batch at position {pos}: last_offset_delta {h.last_offset_delta} "
+            f"does not match record_count {h.record_count}")
+    if h.attributes & CODEC_MASK not in _VALID_CODECS:
+        raise UnsupportedCompressionError(
+            f"record batch at position {pos} uses compression codec id {h.attributes & CODEC_MASK}, "
+            "which is not supported (none, gzip, lz4, zstd)")
+    if max_batch_bytes is not None and size > max_batch_bytes:
+        raise RecordTooLargeError(
+            f"record batch at position {pos} is {size} bytes, larger than max.message.bytes {max_batch_bytes}")
+    actual = crc32c(memoryview(buf)[pos + CRC_START:pos + size])
+    if actual != h.crc:
+        raise CorruptRecordError(
+            f"record batch at position {pos} (base offset {h.base_offset}) fails its CRC-32C check: "
+            f"stored {h.crc:#010x}, computed {actual:#010x}")
+    return h
+
+
+def validate_batches(buf, max_batch_bytes: int | None = None) -> list[tuple[int, BatchHeader]]:
+    """Validate a whole buffer of back-to-back batches: every byte must belong to a valid batch.
+
+    Returns ``[(position, header), ...]``. Nothing is partially accepted: the first fault
+    raises, naming its position.
+    """
+    out = []
+    pos, end = 0, len(buf)
+    if end == 0:
+        raise CorruptRecordError("empty record set: a produce must carry at least one batch")
+    while pos < end:
+        h = validate_batch(buf, pos, end, max_batch_bytes)
+        out.append((pos, h))
+        pos += h.batch_length + LOG_OVERHEAD
+    return out
+
+
+class ScanResult(NamedTuple):
+    batches: list[tuple[int, BatchHeader]]
+    valid_bytes: int  # position just past the last valid batch
+    error: str | None  # why scanning stopped before the end, or None
+
+
+def scan_batches(buf, start: int = 0, *, verify_crc: bool = True) -> ScanResult:
+    """Walk back-to-back batches from ``start`` and stop at the first invalid one.
+
+    The recovery primitive: the valid prefix and the reason the rest is not. Never raises for
+    bad data.
+    """
+    out = []
+    pos, end = start, len(buf)
+    while pos < end:
+        try:
+            if verify_crc:
+                h = validate_batch(buf, pos, end)
+            else:
+                h = _check_framing(buf, pos, end)
+        except (CorruptRecordError, UnsupportedCompressionError) as e:
+            return ScanResult(out, pos, str(e))
+        out.append((pos, h))
+        pos += h.batch_length + LOG_OVERHEAD
+    return ScanResult(out, pos, None)
+
+
+def _check_framing(buf, pos: int, end: int) -> BatchHeader:
+    if end - pos < HEADER_SIZE:
+        raise CorruptRecordError(f"record batch at position {pos} truncated")
+    h = BatchHeader._make(HEADER.unpack_from(buf, pos))
+    if h.batch_length < MIN_BATCH_LENGTH or pos + h.batch_length + LOG_OVERHEAD > end or h.magic != MAGIC:
+        raise CorruptRecordError(f"record batch at position {pos} has an invalid length or magic")
+    return h
+
+
+def iter_headers(buf, start: int = 0) -> Iterator[tuple[int, BatchHeader]]:
+    """Headers of trusted, back-to-back batches (framing only; no CRC). Stops at a partial batch."""
+    pos, end = start, len(buf)
+    unpack = HEADER.unpack_from
+    make = BatchHeader._make
+    while end - pos >= HEADER_SIZE:
+        h = make(unpack(buf, pos))
+        size = h.batch_length + LOG_OVERHEAD
+        if h.batch_length < MIN_BATCH_LENGTH or pos + size > end:
+            return
+        yield pos, h
+        pos += size
+
+
+def patch_batch(buf: bytearray, pos: int, base_offset: int, leader_epoch: int) -> None:
+    """Stamp base offset and leader epoch into the batch at ``pos`` (outside the CRC)."""
+    _I64.pack_into(buf, pos + BASE_OFFSET_AT, base_offset)
+    _I32.pack_into(buf, pos + LEADER_EPOCH_AT, leader_epoch)
+
+
+def set_log_append_time(buf: bytearray, pos: int, size: int, timestamp_ms: int) -> None:
+    """Switch the batch to LogAppendTime at ``timestamp_ms``; rewrites the CRC (header only)."""
+    attributes = _I16.unpack_from(buf, pos + ATTRIBUTES_AT)[0] | TIMESTAMP_TYPE_BIT
+    _I16.pack_into(buf, pos + ATTRIBUTES_AT, attributes)
+    _I64.pack_into(buf, pos + MAX_TIMESTAMP_AT, timestamp_ms)
+    _U32.pack_into(buf, pos + CRC_AT, compute_crc(buf, pos, size))
+
+
+# ---------------------------------------------------------------------------------------------
+# compression
+
+
+def compress(codec: int, data: bytes) -> bytes:
+    if codec == Codec.NONE:
+        return data
+    if codec == Codec.GZIP:
+        c = zlib.compressobj(6, zlib.DEFLATED, 31)
+        return c.compress(data) + c.flush()
+    if codec == Codec.LZ4:
+        import lz4.frame
+        return lz4.frame.compress(data)
+    if codec == Codec.ZSTD:
+        import zstandard
+        return zstandard.ZstdCompressor(level=3).compress(data)
+    raise UnsupportedCompressionError(f"unsupported compression codec id {codec}")
+
+
+def decompress(codec: int, data, max_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> bytes:
+    """Decompress a records block, refusing to inflate beyond ``max_bytes``."""
+    try:
+        if codec == Codec.NONE:
+            return data
+        if codec == Codec.GZIP:
+            d = zlib.decompressobj(31)
+            out = d.decompress(bytes(data), max_bytes + 1)
+            if not d.eof and len(out) <= max_bytes:
+                raise CorruptRecordError("gzip records block is truncated")
+        elif codec == Codec.LZ4:
+            import lz4.frame
+            d = lz4.frame.LZ4FrameDecompressor()
+            out = d.decompress(bytes(data), max_length=max_bytes + 1)
+            if not d.eof and len(out) <= max_bytes:
+                raise CorruptRecordError("lz4 records block is truncated")
+        elif codec == Codec.ZSTD:
+            import zstandard
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(bytes(data))) as r:
+                out = r.read(max_bytes + 1)
+        else:
+            raise UnsupportedCompressionError(f"unsupported compression codec id {codec}")
+    except (CorruptRecordError, UnsupportedCompressionError):
+        raise
+    except Exception as e:  # each library raises its own error types for garbage
+        raise CorruptRecordError(f"cannot decompress records block ({Codec(codec).name}): {e}") from None
+    if len(out) > max_bytes:
+        raise CorruptRecordError(f"records block inflates beyond {max_bytes} bytes")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# building
+
+
+class BatchBuilder:
+    """Accumulates records, then encodes one batch.
+
+    Appends are cheap (one list append); the work happens once per batch in ``build``.
+    """
+
+    __slots__ = ("codec", "producer_id", "producer_epoch", "base_sequence", "is_transactional",
+                 "_records", "_first_ts", "_max_ts", "_estimated")
+
+    def __init__(self, codec: int = Codec.NONE, *, producer_id: int = NO_PRODUCER_ID,
+                 producer_epoch: int = NO_PRODUCER_EPOCH, base_sequence: int = NO_SEQUENCE,
+                 is_transactional: bool = False):
+        self.codec = Codec(codec)
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.base_sequence = base_sequence
+        self.is_transactional = is_transactional
+        self._records: list = []
+        self._first_ts: int | None = None
+        self._max_ts = NO_TIMESTAMP
+        self._estimated = HEADER_SIZE + 5
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def estimated_size(self) -> int:
+        """Upper bound on the uncompressed encoded size so far."""
+        return self._estimated
+
+    def append(self, timestamp_ms: int, key: bytes | None, value: bytes | None,
+               headers: Sequence[tuple[str, bytes | None]] | None = None) -> int:
+        """Add a record; returns its offset delta within the batch."""
+        if self._first_ts is None:
+            self._first_ts = timestamp_ms
+        if timestamp_ms > self._max_ts:
+            self._max_ts = timestamp_ms
+        delta = len(self._records)
+        self._records.append([timestamp_ms - self._first_ts, delta, key, value,
+                              [list(h) for h in headers] if headers else None])
+        self._estimated += 32 + (len(key) if key else 0) + (len(value) if value else 0) + (
+            sum(len(k) + len(v or b"") + 8 for k, v in headers) if headers else 0)
+        return delta
+
+    def build(self, base_offset: int = 0, leader_epoch: int = -1) -> bytes:
+        if not self._records:
+            raise ValueError("cannot build an empty record batch")
+        body = compress(self.codec, msgpack.packb(self._records, use_bin_type=True))
+        attributes = int(self.codec) | (TRANSACTIONAL_BIT if self.is_transactional else 0)
+        n = len(self._records)
+        tail = struct.pack(">hiqqqhii", attributes, n - 1, self._first_ts, self._max_ts,
+                           self.producer_id, self.producer_epoch, self.base_sequence, n) + body
+        crc = crc32c(tail)
+        return struct.pack(">qiibI", base_offset, len(tail) + 9, leader_epoch, MAGIC, crc) + tail
+
+
+def build_batch(records: Iterable, *, codec: int = Codec.NONE, base_offset: int = 0,
+                leader_epoch: int = -1, timestamp_ms: int | None = None,
+                producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
+                base_sequence: int = NO_SEQUENCE) -> bytes:
+    """One batch from records given as values (bytes), ``(key, value)`` or
+    ``(key, value, headers, timestamp_ms)`` tuples. A convenience over BatchBuilder."""
+    import time
+
+    now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    b = BatchBuilder(codec, producer_id=producer_id, producer_epoch=producer_epoch,
+                     base_sequence=base_sequence)
+    for r in records:
+        if isinstance(r, (bytes, bytearray, memoryview)) or r is None:
+            b.append(now, None, r)
+        elif len(r) == 2:
+            b.append(now, r[0], r[1])
+        else:
+            key, value, headers, ts = r
+            b.append(now if ts is None else ts, key, value, headers)
+    return b.build(base_offset, leader_epoch)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading records
+
+
+def iter_records(buf, pos: int = 0, header: BatchHeader | None = None, *,
+                 max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> list[BatchRecord]:
+    """Decode the records of the (already validated) batch at ``pos``.
+
+    Raises CorruptRecordError if the records block does not match the header's grammar.
+    """
+    h = header or read_header(buf, pos)
+    block = memoryview(buf)[pos + HEADER_SIZE:pos + h.batch_length + LOG_OVERHEAD]
+    raw = decompress(h.codec, block, max_uncompressed_bytes)
+    try:
+        items = msgpack.unpackb(raw, use_list=True, raw=False, strict_map_key=True)
+    except Exception as e:
+        raise CorruptRecordError(f"records of batch at offset {h.base_offset} are not valid msgpack: {e}") from None
+    if not isinstance(items, list) or len(items) != h.record_count:
+        raise CorruptRecordError(
+            f"batch at offset {h.base_offset} declares {h.record_count} records, "
+            f"its records block holds {len(items) if isinstance(items, list) else 'no array'}")
+    log_append = h.attributes & TIMESTAMP_TYPE_BIT
+    base, first_ts = h.base_offset, h.first_timestamp
+    out = []
+    for i, r in enumerate(items):
+        if (not isinstance(r, list) or len(r) != 5 or type(r[0]) is not int or r[1] != i
+                or not _is_blob(r[2]) or not _is_blob(r[3])):
+            raise CorruptRecordError(f"record {i} of batch at offset {base} is malformed")
+        ts = h.max_timestamp if log_append else first_ts + r[0]
+        out.append(BatchRecord(base + i, ts, r[2], r[3], _headers(r[4], base + i)))
+    return out
+
+
+def _is_blob(v) -> bool:
+    return v is None or type(v) is bytes
+
+
+def _headers(raw, offset: int) -> list[tuple[str, bytes | None]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise CorruptRecordError(f"headers of record at offset {offset} are not an array")
+    out = []
+    for h in raw:
+        if not isinstance(h, list) or len(h) != 2 or type(h[0]) is not str or not _is_blob(h[1]):
+            raise CorruptRecordError(f"a header of record at offset {offset} is malformed")
+        out.append((h[0], h[1]))
+    return out
+
+
+def iter_all_records(buf, **kw) -> Iterator[BatchRecord]:
+    """Every record of a buffer of back-to-back batches (for tools and tests)."""
+    for pos, h in iter_headers(buf):
+        yield from iter_records(buf, pos, h, **kw)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSummary:
+    """A batch described for humans (dump-log) and logs."""
+
+    position: int
+    header: BatchHeader
+    crc_valid: bool
+
+    def describe(self) -> str:
+        h = self.header
+        return (f"baseOffset: {h.base_offset} lastOffset: {h.last_offset} count: {h.record_count} "
+                f"baseSequence: {h.base_sequence} lastSequence: {h.last_sequence} "
+                f"producerId: {h.producer_id} producerEpoch: {h.producer_epoch} "
+                f"partitionLeaderEpoch: {h.leader_epoch} isTransactional: {str(h.is_transactional).lower()} "
+                f"isControl: {str(h.is_control).lower()} position: {self.position} "
+                f"CreateTime: {h.first_timestamp} maxTimestamp: {h.max_timestamp} "
+                f"timestampType: {h.timestamp_type.name} size: {h.size} magic: {h.magic} "
+                f"compresscodec: {Codec(h.codec).name if h.codec in _VALID_CODECS else h.codec} "
+                f"crc: {h.crc} isvalid: {str(self.crc_valid).lower()}")
