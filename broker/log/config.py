@@ -1,0 +1,169 @@
+"""Per-log configuration: Kafka's topic-level settings, their broker-level defaults and units.
+
+Every topic config is defined once in ``TOPIC_CONFIGS``: its Kafka name (``segment.bytes``),
+the broker key that supplies the cluster default (``log.segment.bytes``), its type, default
+and meaning. ``LogConfig`` is the frozen object the log reads; ``LogConfig.from_props``
+builds one from string or typed properties and names the offending key on bad input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from protocol.errors import INVALID_CONFIG, TidelogError
+
+MAX_LONG = 2**63 - 1
+
+
+class InvalidConfigError(TidelogError):
+    error = INVALID_CONFIG
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDef:
+    name: str  # the topic-level name, as in Kafka
+    attr: str  # the LogConfig field
+    type: type
+    default: Any
+    broker_key: str | None  # the broker setting that provides the default
+    doc: str
+    minimum: int | None = None
+    choices: tuple[str, ...] | None = None
+
+
+TOPIC_CONFIGS: tuple[ConfigDef, ...] = (
+    ConfigDef("segment.bytes", "segment_bytes", int, 1024**3, "log.segment.bytes",
+              "Size at which the active segment is rolled (bytes).", minimum=14),
+    ConfigDef("segment.ms", "segment_ms", int, 7 * 24 * 3600 * 1000, "log.roll.ms",
+              "Age after which the active segment is rolled even if not full (ms).", minimum=1),
+    ConfigDef("segment.index.bytes", "segment_index_bytes", int, 10 * 1024**2, "log.index.size.max.bytes",
+              "Maximum size of a segment's offset index; a full index rolls the segment (bytes).", minimum=8),
+    ConfigDef("index.interval.bytes", "index_interval_bytes", int, 4096, "log.index.interval.bytes",
+              "Bytes of log between two entries of the sparse offset and time indexes.", minimum=0),
+    ConfigDef("max.message.bytes", "max_message_bytes", int, 1024 * 1024 + 12, "message.max.bytes",
+              "Largest record batch the log accepts (bytes).", minimum=0),
+    ConfigDef("retention.ms", "retention_ms", int, 7 * 24 * 3600 * 1000, "log.retention.ms",
+              "Delete a closed segment once its newest record is older than this (ms); -1 keeps forever.",
+              minimum=-1),
+    ConfigDef("retention.bytes", "retention_bytes", int, -1, "log.retention.bytes",
+              "Delete the oldest closed segments while the partition is larger than this (bytes); "
+              "-1 means no size limit.", minimum=-1),
+    ConfigDef("flush.messages", "flush_messages", int, MAX_LONG, "log.flush.interval.messages",
+              "fsync after this many appended records; the default relies on replication.", minimum=1),
+    ConfigDef("flush.ms", "flush_ms", int, MAX_LONG, "log.flush.interval.ms",
+              "fsync when the last flush is older than this (ms); the default relies on replication.",
+              minimum=0),
+    ConfigDef("file.delete.delay.ms", "file_delete_delay_ms", int, 60000, "log.segment.delete.delay.ms",
+              "Delay before the files of a deleted segment are removed (ms).", minimum=0),
+    ConfigDef("cleanup.policy", "cleanup_policy", str, "delete", "log.cleanup.policy",
+              "delete (retention), compact (keep the last record per key) or compact,delete.",
+              choices=("delete", "compact", "compact,delete", "delete,compact")),
+    ConfigDef("delete.retention.ms", "delete_retention_ms", int, 24 * 3600 * 1000, "log.cleaner.delete.retention.ms",
+              "How long tombstones are kept on compacted topics (ms).", minimum=0),
+    ConfigDef("min.cleanable.dirty.ratio", "min_cleanable_dirty_ratio", float, 0.5,
+              "log.cleaner.min.cleanable.ratio", "Dirty fraction that makes a compacted log eligible for cleaning."),
+    ConfigDef("message.timestamp.type", "message_timestamp_type", str, "CreateTime", "log.message.timestamp.type",
+              "CreateTime keeps the producer's timestamps; LogAppendTime stamps the broker's clock.",
+              choices=("CreateTime", "LogAppendTime")),
+    ConfigDef("min.insync.replicas", "min_insync_replicas", int, 1, "min.insync.replicas",
+              "Fewest in-sync replicas for an acks=all write to succeed.", minimum=1),
+    ConfigDef("unclean.leader.election.enable", "unclean_leader_election_enable", bool, False,
+              "unclean.leader.election.enable",
+              "Allow a replica outside the ISR to become leader (may lose acknowledged data)."),
+    ConfigDef("compression.type", "compression_type", str, "producer", "compression.type",
+              "Only 'producer' is supported: batches are stored as the producer compressed them.",
+              choices=("producer",)),
+)
+
+_BY_NAME = {d.name: d for d in TOPIC_CONFIGS}
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_bytes: int = 1024**3
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    segment_index_bytes: int = 10 * 1024**2
+    index_interval_bytes: int = 4096
+    max_message_bytes: int = 1024 * 1024 + 12
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = -1
+    flush_messages: int = MAX_LONG
+    flush_ms: int = MAX_LONG
+    file_delete_delay_ms: int = 60000
+    cleanup_policy: str = "delete"
+    delete_retention_ms: int = 24 * 3600 * 1000
+    min_cleanable_dirty_ratio: float = 0.5
+    message_timestamp_type: str = "CreateTime"
+    min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False
+    compression_type: str = "producer"
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
+
+    @property
+    def deletes(self) -> bool:
+        return "delete" in self.cleanup_policy
+
+    @property
+    def compacts(self) -> bool:
+        return "compact" in self.cleanup_policy
+
+    def with_overrides(self, props: Mapping[str, Any]) -> "LogConfig":
+        """A copy with topic-level overrides (Kafka names) applied and validated."""
+        return dataclasses.replace(self, **{_def(k).attr: parse_value(k, v) for k, v in props.items()})
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, Any]) -> "LogConfig":
+        return cls().with_overrides(props)
+
+    def to_props(self) -> dict[str, Any]:
+        return {d.name: getattr(self, d.attr) for d in TOPIC_CONFIGS}
+
+
+def _def(name: str) -> ConfigDef:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise InvalidConfigError(f"unknown topic config {name!r}") from None
+
+
+def parse_value(name: str, raw: Any) -> Any:
+    """The typed value of topic config ``name``, or InvalidConfigError naming the key and value."""
+    d = _def(name)
+    try:
+        value = _coerce(d.type, raw)
+    except (TypeError, ValueError):
+        raise InvalidConfigError(f"invalid value {raw!r} for {name}: expected {d.type.__name__}") from None
+    if d.minimum is not None and value < d.minimum:
+        raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be at least {d.minimum}")
+    if d.choices is not None and value not in d.choices:
+        raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be one of {', '.join(d.choices)}")
+    return value
+
+
+def _coerce(typ: type, raw: Any) -> Any:
+    if typ is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+        raise ValueError(raw)
+    if typ is int:
+        if isinstance(raw, bool):
+            raise TypeError(raw)
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, str):
+            return int(raw.strip())
+        raise TypeError(raw)
+    if typ is float:
+        if isinstance(raw, bool):
+            raise TypeError(raw)
+        return float(raw)
+    if not isinstance(raw, str):
+        raise TypeError(raw)
+    return raw

@@ -1,0 +1,131 @@
+"""Loading a partition log from disk, with recovery after an unclean shutdown.
+
+After a *clean* shutdown (the log manager found ``.tidelog_cleanshutdown``) every segment's
+indexes are loaded, sanity-checked, and rebuilt only if they fail. After an *unclean*
+shutdown nothing written after the recovery point is trusted: every segment holding offsets
+at or above the recovery point is re-read batch by batch (framing, magic, CRC-32C, offsets
+increasing, epochs non-decreasing) and its indexes rebuilt. The log is cut at the first bad
+batch, and every later segment is deleted: a log is always a prefix of what was appended.
+Each cut is logged at ERROR level with the bytes and offsets lost, and kept in
+``Log.recovery_report``.
+
+Leftovers of interrupted operations are cleaned first: ``*.tmp`` (checkpoint writes),
+``*.deleted`` (segment deletion), ``*.cleaned`` (compaction output not yet swapped in).
+Index files without a ``.log`` are removed. A missing or corrupt leader-epoch checkpoint is
+rebuilt from the epochs in the batch headers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from broker.log.checkpoint import LEADER_EPOCH_CHECKPOINT, CorruptCheckpointError, LeaderEpochCheckpoint
+from broker.log.config import LogConfig
+from broker.log.epoch import LeaderEpochCache
+from broker.log.index import CorruptIndexError
+from broker.log.log import Clock, Log, wall_clock_ms
+from broker.log.segment import (
+    INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, parse_base_offset,
+)
+from protocol.topics import TopicPartition
+
+logger = logging.getLogger("tidelog.log.loader")
+
+LEFTOVER_SUFFIXES = (".tmp", ".deleted", ".cleaned")
+
+
+def load_log(directory: str, topic_partition: TopicPartition, config: LogConfig, *,
+             recovery_point: int = 0, log_start_offset: int = 0, high_watermark: int = 0,
+             had_clean_shutdown: bool = False, clock: Clock = wall_clock_ms) -> Log:
+    """Open (creating if needed) the log in ``directory`` and bring it to a consistent state."""
+    os.makedirs(directory, exist_ok=True)
+    report: list[str] = []
+    _remove_leftovers(directory)
+    segments = _open_segments(directory, config)
+    segments = _recover(segments, recovery_point, had_clean_shutdown, topic_partition, report)
+    if not segments:
+        segments = [LogSegment.create(directory, max(log_start_offset, 0), config, clock())]
+    log_end = segments[-1].next_offset
+    start = max(log_start_offset, segments[0].base_offset)
+    epochs = _load_epoch_cache(directory, segments, topic_partition)
+    log = Log(directory, topic_partition, config, segments, log_start_offset=start,
+              recovery_point=min(recovery_point, log_end), high_watermark=0,
+              epoch_cache=epochs, clock=clock)
+    if start > log_end:
+        report.append(f"{topic_partition}: log end offset {log_end} is below the log start offset "
+                      f"{start}; restarting the log at {start}")
+        logger.error(report[-1])
+        log.truncate_fully_and_start_at(start)
+    epochs.truncate_from_end(log.log_end_offset)
+    epochs.truncate_from_start(log.log_start_offset)
+    log.update_high_watermark(high_watermark)
+    log.flush()  # what was re-validated is made durable; the recovery point moves to the LEO
+    log.recovery_report = report
+    return log
+
+
+def _remove_leftovers(directory: str) -> None:
+    names = os.listdir(directory)
+    bases = {parse_base_offset(n) for n in names if n.endswith(LOG_SUFFIX)}
+    for name in names:
+        path = os.path.join(directory, name)
+        if name.endswith(LEFTOVER_SUFFIXES):
+            logger.info("removing leftover file %s", path)
+            os.unlink(path)
+        elif name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX)) and parse_base_offset(name) not in bases:
+            logger.info("removing index file %s that has no log segment", path)
+            os.unlink(path)
+
+
+def _open_segments(directory: str, config: LogConfig) -> list[LogSegment]:
+    bases = sorted(b for n in os.listdir(directory)
+                   if n.endswith(LOG_SUFFIX) and (b := parse_base_offset(n)) is not None)
+    return [LogSegment.open(directory, b, config) for b in bases]
+
+
+def _recover(segments: list[LogSegment], recovery_point: int, clean: bool,
+             tp: TopicPartition, report: list[str]) -> list[LogSegment]:
+    for i, seg in enumerate(segments):
+        upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
+        must_recover = not clean and (upper is None or upper > recovery_point)
+        if not must_recover and _indexes_loaded(seg, tp):
+            continue
+        result = seg.recover()
+        if result.truncated_bytes:
+            lost_after = segments[i + 1:]
+            report.append(
+                f"{tp}: segment {seg.log_path} truncated at position {result.valid_bytes}: "
+                f"{result.truncated_bytes} bytes removed ({result.reason}); log end offset is now "
+                f"{seg.next_offset}" + (f"; {len(lost_after)} later segment(s) deleted: "
+                                         + ", ".join(s.log_path for s in lost_after) if lost_after else ""))
+            logger.error(report[-1])
+            for later in lost_after:
+                later.delete()
+            return segments[:i + 1]
+    return segments
+
+
+def _indexes_loaded(seg: LogSegment, tp: TopicPartition) -> bool:
+    try:
+        seg.load_indexes()
+        return True
+    except (CorruptIndexError, FileNotFoundError) as e:
+        logger.warning("%s: rebuilding the indexes of %s: %s", tp, seg.log_path, e)
+        return False
+
+
+def _load_epoch_cache(directory: str, segments: list[LogSegment], tp: TopicPartition) -> LeaderEpochCache:
+    checkpoint = LeaderEpochCheckpoint(os.path.join(directory, LEADER_EPOCH_CHECKPOINT))
+    try:
+        if os.path.exists(checkpoint.path) or all(s.size == 0 for s in segments):
+            return LeaderEpochCache(checkpoint, checkpoint.read())
+    except CorruptCheckpointError as e:
+        logger.warning("%s: %s; rebuilding it from the batch headers", tp, e)
+    cache = LeaderEpochCache(checkpoint)
+    for seg in segments:
+        for _, h in seg.headers_from(0):
+            if h.leader_epoch > cache.latest_epoch:
+                cache.assign(h.leader_epoch, h.base_offset)
+    cache.flush()
+    return cache

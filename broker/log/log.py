@@ -1,0 +1,396 @@
+"""The partition log: an ordered list of segments, and the offsets that describe it.
+
+Theory of operation
+-------------------
+A log is the segments of one partition in base-offset order; only the last one, the
+*active* segment, is appended to. Four offsets describe it:
+
+* ``log_start_offset``: the first offset a reader may ask for. It only grows (retention,
+  DeleteRecords); segments wholly below it are deleted.
+* ``log_end_offset`` (LEO): the offset the next appended record gets. It is derived from the
+  data (the active segment's next offset), so it can never disagree with the files.
+* ``high_watermark`` (HW): everything below it is committed. The log only stores it (clamped
+  to [log start, LEO]); replication decides it. Retention never deletes above it.
+* ``recovery_point``: everything below it has been fsynced. After an unclean shutdown the
+  loader re-validates every segment from the recovery point on.
+
+Appends come in two kinds. ``append_as_leader`` validates the producer's batches (nothing
+is written if any batch is bad), stamps each with its base offset and the leader epoch in
+place, and appends the bytes. ``append_as_follower`` validates and appends the leader's
+batches with the offsets they already carry. In both, the batch bytes are never re-encoded
+and records are never decoded.
+
+Reads return whole stored batches starting with the one that holds the requested offset,
+never one that reaches ``max_offset`` (the HW, for consumers), checked against their CRCs.
+
+``truncate_to`` removes everything at and above an offset (a follower whose log diverged
+from its leader's); ``truncate_fully_and_start_at`` empties the log and restarts it at an
+offset. Both keep the leader epoch cache in step.
+
+The log is synchronous and not thread-safe: one owner serialises calls. Time is passed in
+through ``clock`` (milliseconds), so tests control it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from protocol.errors import (
+    RECORD_LIST_TOO_LARGE, CorruptRecordError, OffsetOutOfRangeError, TidelogError,
+)
+from protocol.records import BatchHeader, patch_batch, set_log_append_time, validate_batches
+from protocol.topics import TopicPartition
+
+from broker.log.config import LogConfig
+from broker.log.epoch import LeaderEpochCache
+from broker.log.segment import LogSegment
+
+logger = logging.getLogger("tidelog.log")
+
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class LogAppendInfo:
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    log_append_time: int  # -1 unless the topic uses LogAppendTime
+    record_count: int
+    valid_bytes: int
+    log_start_offset: int
+
+
+class Log:
+    def __init__(self, directory: str, topic_partition: TopicPartition, config: LogConfig,
+                 segments: list[LogSegment], *, log_start_offset: int, recovery_point: int,
+                 high_watermark: int, epoch_cache: LeaderEpochCache, clock: Clock = wall_clock_ms):
+        if not segments:
+            raise ValueError("a log has at least one segment")
+        self.directory = directory
+        self.topic_partition = topic_partition
+        self.config = config
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self.log_start_offset = log_start_offset
+        self.recovery_point = recovery_point
+        self._high_watermark = high_watermark
+        self.epoch_cache = epoch_cache
+        self._clock = clock
+        self.last_flush_ms = clock()
+        self.recovery_report: list[str] = []
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        return list(self._segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.epoch_cache.latest_epoch
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Set the HW, clamped to [log start offset, LEO]; returns the value stored."""
+        self._high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
+        return self._high_watermark
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        return self.epoch_cache.end_offset_for(epoch, self.log_end_offset)
+
+    # -- appends -------------------------------------------------------------------------------
+
+    def append_as_leader(self, records: bytes, leader_epoch: int) -> LogAppendInfo:
+        """Validate, assign offsets and the leader epoch, append. Nothing is written on error."""
+        batches = self._validate(records)
+        buf = bytearray(records)
+        offset = first = self.log_end_offset
+        now = self._clock() if self.config.log_append_time else -1
+        stamped = []
+        for pos, h in batches:
+            patch_batch(buf, pos, offset, leader_epoch)
+            if now >= 0:
+                set_log_append_time(buf, pos, h.batch_length + 12, now)
+                h = h._replace(max_timestamp=now)
+            stamped.append((pos, h._replace(base_offset=offset, leader_epoch=leader_epoch)))
+            offset += h.record_count
+        return self._append(buf, stamped, first, offset - 1, now)
+
+    def append_as_follower(self, records: bytes) -> LogAppendInfo:
+        """Append the leader's batches as they are; offsets must follow this log's end."""
+        batches = self._validate(records)
+        expected = self.log_end_offset
+        for pos, h in batches:
+            if h.base_offset < expected:
+                raise CorruptRecordError(
+                    f"{self.topic_partition}: follower append of batch with base offset {h.base_offset} "
+                    f"below the expected offset {expected}")
+            expected = h.base_offset + h.last_offset_delta + 1
+        first = batches[0][1].base_offset
+        return self._append(records, batches, first, expected - 1, -1)
+
+    def _validate(self, records: bytes) -> list[tuple[int, BatchHeader]]:
+        batches = validate_batches(records, self.config.max_message_bytes)
+        if len(records) > self.config.segment_bytes:
+            raise TidelogError(
+                f"{len(records)} bytes of batches exceed segment.bytes {self.config.segment_bytes}",
+                error=RECORD_LIST_TOO_LARGE)
+        return batches
+
+    def _append(self, buf, batches: list[tuple[int, BatchHeader]], first: int, last: int,
+                log_append_time: int) -> LogAppendInfo:
+        segment = self._maybe_roll(len(buf), batches, first, last)
+        segment.append(buf, batches)
+        max_ts = -1
+        for _, h in batches:
+            if h.leader_epoch > self.epoch_cache.latest_epoch:
+                self.epoch_cache.assign(h.leader_epoch, h.base_offset)
+            if h.max_timestamp > max_ts:
+                max_ts = h.max_timestamp
+        if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
+            self.flush()
+        count = sum(h.record_count for _, h in batches)
+        return LogAppendInfo(first, last, max_ts, log_append_time, count, len(buf), self.log_start_offset)
+
+    def _maybe_roll(self, size: int, batches, first: int, last: int) -> LogSegment:
+        seg = self._segments[-1]
+        if seg.size == 0:
+            if seg.base_offset != first:  # an empty active segment can simply move
+                self._replace_empty_active(first)
+            return self._segments[-1]
+        max_ts = max(h.max_timestamp for _, h in batches)
+        if (seg.size + size > self.config.segment_bytes
+                or self._segment_age(seg, max_ts) > self.config.segment_ms
+                or seg.index.is_full or seg.time_index.is_full
+                or not seg.can_hold(first, last)):
+            return self.roll(first)
+        return seg
+
+    def _segment_age(self, seg: LogSegment, max_ts: int) -> int:
+        if seg.first_batch_timestamp is not None and seg.first_batch_timestamp >= 0 and max_ts >= 0:
+            return max_ts - seg.first_batch_timestamp
+        return self._clock() - seg.created_ms
+
+    def _replace_empty_active(self, base_offset: int) -> None:
+        self._segments.pop().delete()
+        self._bases.pop()
+        self._add_segment(base_offset)
+
+    def _add_segment(self, base_offset: int) -> LogSegment:
+        seg = LogSegment.create(self.directory, base_offset, self.config, self._clock())
+        self._segments.append(seg)
+        self._bases.append(base_offset)
+        return seg
+
+    def roll(self, base_offset: int | None = None) -> LogSegment:
+        """Close the active segment for appends and start a new one at the log end.
+
+        The closed segment is flushed, so the recovery point moves past it.
+        """
+        leo = self.log_end_offset
+        base = leo if base_offset is None else base_offset
+        old = self._segments[-1]
+        if old.size == 0:
+            if old.base_offset != base:
+                self._replace_empty_active(base)
+            return self._segments[-1]
+        old.on_become_inactive()
+        seg = self._add_segment(base)
+        self.flush(leo)
+        return seg
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None,
+             min_one_message: bool = True) -> bytes:
+        """Whole batches from the one holding ``offset``; ``b""`` at the end of the log.
+
+        ``max_offset`` (exclusive, e.g. the HW) bounds what is returned. Raises
+        OffsetOutOfRangeError when ``offset`` is below the log start or above the LEO.
+        """
+        leo = self.log_end_offset
+        if offset < self.log_start_offset or offset > leo:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range for {self.topic_partition}: "
+                f"log start offset {self.log_start_offset}, log end offset {leo}")
+        if offset == leo or (max_offset is not None and offset >= max_offset):
+            return b""
+        i = max(0, bisect.bisect_right(self._bases, offset) - 1)
+        for seg in self._segments[i:]:
+            data = seg.read(offset, max_bytes, max_offset, min_one_message)
+            if data:
+                return data
+        return b""
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """The first record with a timestamp >= ``timestamp``: ``(offset, timestamp)`` or None."""
+        for seg in self._segments:
+            if seg.max_timestamp >= timestamp:
+                found = seg.find_offset_by_timestamp(timestamp)
+                if found is not None and found[0] >= self.log_start_offset:
+                    return found
+                if found is not None:
+                    return self.log_start_offset, found[1]
+        return None
+
+    # -- truncation ----------------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> bool:
+        """Remove every batch that reaches ``offset`` or beyond; True if anything was removed.
+
+        A batch that straddles ``offset`` is removed whole, so the new LEO may be below it.
+        """
+        if offset < 0:
+            raise ValueError(f"cannot truncate {self.topic_partition} to negative offset {offset}")
+        if offset >= self.log_end_offset:
+            return False
+        if offset <= self._segments[0].base_offset:
+            self.truncate_fully_and_start_at(offset)
+            return True
+        while self._segments[-1].base_offset >= offset:
+            self._segments.pop().delete()
+            self._bases.pop()
+        self._segments[-1].truncate_to(offset)
+        leo = self.log_end_offset
+        self.epoch_cache.truncate_from_end(leo)
+        self._high_watermark = min(self._high_watermark, leo)
+        self.recovery_point = min(self.recovery_point, leo)
+        logger.info("%s: truncated to offset %d (log end offset now %d)", self.topic_partition, offset, leo)
+        return True
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and restart the (empty) log at ``offset``."""
+        for seg in self._segments:
+            seg.delete()
+        self._segments, self._bases = [], []
+        self._add_segment(offset)
+        self.log_start_offset = offset
+        self._high_watermark = offset
+        self.recovery_point = offset
+        self.epoch_cache.clear()
+        logger.info("%s: truncated fully, restarting at offset %d", self.topic_partition, offset)
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def maybe_increment_log_start_offset(self, offset: int) -> bool:
+        """Move the log start offset up (DeleteRecords); never beyond the HW."""
+        if offset > self._high_watermark:
+            raise OffsetOutOfRangeError(
+                f"cannot move the log start of {self.topic_partition} to {offset}, "
+                f"above the high watermark {self._high_watermark}")
+        if offset <= self.log_start_offset:
+            return False
+        self.log_start_offset = offset
+        self.epoch_cache.truncate_from_start(offset)
+        return True
+
+    def delete_old_segments(self) -> list[int]:
+        """Apply retention; returns the base offsets of the segments deleted.
+
+        Only whole segments entirely below the HW are deleted, oldest first: those wholly
+        below the log start offset, then (with ``cleanup.policy`` delete) those whose newest
+        record is older than ``retention.ms``, then the oldest while the partition is larger
+        than ``retention.bytes``.
+        """
+        deleted = self._delete_prefix(lambda seg, upper: upper <= self.log_start_offset, "log start offset")
+        if not self.config.deletes:
+            return deleted
+        if self.config.retention_ms >= 0:
+            now = self._clock()
+            deleted += self._delete_prefix(
+                lambda seg, upper: now - self._segment_timestamp(seg) > self.config.retention_ms,
+                f"retention.ms {self.config.retention_ms}")
+        if self.config.retention_bytes >= 0:
+            excess = self.size - self.config.retention_bytes
+
+            def over(seg: LogSegment, upper: int) -> bool:
+                nonlocal excess
+                if excess - seg.size < 0:
+                    return False
+                excess -= seg.size
+                return True
+            deleted += self._delete_prefix(over, f"retention.bytes {self.config.retention_bytes}")
+        return deleted
+
+    @staticmethod
+    def _segment_timestamp(seg: LogSegment) -> int:
+        return seg.max_timestamp if seg.max_timestamp >= 0 else seg.created_ms
+
+    def _delete_prefix(self, predicate, reason: str) -> list[int]:
+        n = 0
+        segs = self._segments
+        for i, seg in enumerate(segs):
+            upper = segs[i + 1].base_offset if i + 1 < len(segs) else self.log_end_offset
+            if seg.size == 0 or upper > self._high_watermark or not predicate(seg, upper):
+                break
+            n += 1
+        if n == 0:
+            return []
+        if n == len(segs):
+            self.roll()
+        doomed = self._segments[:n]
+        del self._segments[:n], self._bases[:n]
+        self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
+        for seg in doomed:
+            logger.info("%s: deleting segment %d (%d bytes, offsets below %d) because of %s",
+                        self.topic_partition, seg.base_offset, seg.size, seg.next_offset, reason)
+            seg.delete()
+        return [s.base_offset for s in doomed]
+
+    # -- durability ----------------------------------------------------------------------------
+
+    def flush(self, offset: int | None = None) -> None:
+        """fsync every segment holding offsets in [recovery point, ``offset``); advance it."""
+        target = self.log_end_offset if offset is None else min(offset, self.log_end_offset)
+        self.last_flush_ms = self._clock()
+        if target <= self.recovery_point:
+            return
+        segs = self._segments
+        for i, seg in enumerate(segs):
+            upper = segs[i + 1].base_offset if i + 1 < len(segs) else self.log_end_offset + 1
+            if seg.base_offset < target and upper > self.recovery_point:
+                seg.flush()
+        self.recovery_point = target
+
+    def close(self) -> None:
+        for seg in self._segments:
+            seg.close()
+
+    def delete(self) -> None:
+        """Remove the log's files and directory."""
+        for seg in self._segments:
+            seg.delete()
+        for name in os.listdir(self.directory):
+            os.unlink(os.path.join(self.directory, name))
+        os.rmdir(self.directory)
+
+    def __repr__(self) -> str:
+        return (f"Log({self.topic_partition}, log_start_offset={self.log_start_offset}, "
+                f"log_end_offset={self.log_end_offset}, high_watermark={self._high_watermark}, "
+                f"segments={len(self._segments)})")

@@ -1,0 +1,237 @@
+"""The log manager: every partition log of a broker, across its log directories.
+
+Per log directory it owns ``meta.properties`` (broker id, cluster id, version), three
+checkpoint files (recovery points, high watermarks, log start offsets, one line per
+partition) and the clean-shutdown marker ``.tidelog_cleanshutdown``.
+
+Startup loads every ``<topic>-<partition>`` directory. The marker is removed as soon as
+the logs are loaded, so any later crash counts as unclean; ``shutdown`` flushes every log,
+writes the checkpoints and only then writes the marker. Directories renamed for deletion
+(``<topic>-<partition>.<id>-delete``) are removed at startup.
+
+Retention (``cleanup_logs``), time-based flushing (``flush_dirty_logs``) and checkpointing
+are methods for a periodic caller; the manager keeps no threads or timers of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from typing import Iterable
+
+from broker.log.checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,
+    CorruptCheckpointError, OffsetCheckpoint, atomic_write, fsync_dir,
+)
+from broker.log.config import LogConfig
+from broker.log.loader import load_log
+from broker.log.log import Clock, Log, wall_clock_ms
+from protocol.errors import StorageError
+from protocol.topics import TopicPartition
+
+logger = logging.getLogger("tidelog.log.manager")
+
+CLEAN_SHUTDOWN_MARKER = ".tidelog_cleanshutdown"
+META_PROPERTIES = "meta.properties"
+DELETE_DIR_SUFFIX = "-delete"
+
+
+class LogManager:
+    def __init__(self, log_dirs: Iterable[str], default_config: LogConfig | None = None, *,
+                 broker_id: int = 0, cluster_id: str | None = None, clock: Clock = wall_clock_ms):
+        self.log_dirs = [os.path.abspath(d) for d in log_dirs]
+        if not self.log_dirs:
+            raise ValueError("at least one log directory is required")
+        self.default_config = default_config or LogConfig()
+        self.broker_id = broker_id
+        self.cluster_id = cluster_id
+        self._clock = clock
+        self._logs: dict[TopicPartition, Log] = {}
+        self._dir_of: dict[TopicPartition, str] = {}
+        self.had_clean_shutdown: dict[str, bool] = {}
+
+    # -- startup and shutdown --------------------------------------------------------------------
+
+    def startup(self, topic_configs: dict[str, LogConfig] | None = None) -> None:
+        """Load every log; ``topic_configs`` overrides the default config per topic."""
+        topic_configs = topic_configs or {}
+        for d in self.log_dirs:
+            os.makedirs(d, exist_ok=True)
+            self._check_meta(d)
+            marker = os.path.join(d, CLEAN_SHUTDOWN_MARKER)
+            clean = os.path.exists(marker)
+            self.had_clean_shutdown[d] = clean
+            recovery, hws, starts = (self._read_checkpoint(d, name) for name in
+                                     (RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,
+                                      LOG_START_OFFSET_CHECKPOINT))
+            for name in sorted(os.listdir(d)):
+                self._load_dir(d, name, clean, recovery, hws, starts, topic_configs)
+            if clean:
+                os.unlink(marker)
+                fsync_dir(d)
+        logger.info("loaded %d logs from %s", len(self._logs), ", ".join(self.log_dirs))
+
+    def _load_dir(self, d: str, name: str, clean: bool, recovery, hws, starts, topic_configs) -> None:
+        path = os.path.join(d, name)
+        if not os.path.isdir(path):
+            return
+        if name.endswith(DELETE_DIR_SUFFIX):
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        try:
+            tp = TopicPartition.parse_dir_name(name)
+        except ValueError:
+            logger.warning("ignoring directory %s: not a <topic>-<partition> name", path)
+            return
+        if tp in self._logs:
+            raise StorageError(f"partition {tp} found in two log directories: {self._dir_of[tp]} and {d}")
+        config = topic_configs.get(tp.topic, self.default_config)
+        # With no recovery-point checkpoint (missing or corrupt) everything is re-validated.
+        log = load_log(path, tp, config, recovery_point=recovery.get(tp, 0),
+                       log_start_offset=starts.get(tp, 0), high_watermark=hws.get(tp, 0),
+                       had_clean_shutdown=clean and tp in recovery, clock=self._clock)
+        self._logs[tp] = log
+        self._dir_of[tp] = d
+
+    def _read_checkpoint(self, d: str, name: str) -> dict[TopicPartition, int]:
+        try:
+            return OffsetCheckpoint(os.path.join(d, name)).read()
+        except CorruptCheckpointError as e:
+            logger.warning("%s; treating it as absent", e)
+            return {}
+
+    def _check_meta(self, d: str) -> None:
+        path = os.path.join(d, META_PROPERTIES)
+        props = _read_properties(path)
+        if props is None:
+            self._write_meta(path)
+            return
+        stored = props.get("broker.id")
+        if stored is not None and stored != str(self.broker_id):
+            raise StorageError(f"{path} belongs to broker.id {stored}, but this broker is {self.broker_id}")
+        stored_cluster = props.get("cluster.id")
+        if self.cluster_id and stored_cluster and stored_cluster != self.cluster_id:
+            raise StorageError(f"{path} belongs to cluster {stored_cluster}, not {self.cluster_id}")
+        if self.cluster_id and not stored_cluster:
+            self._write_meta(path)
+
+    def _write_meta(self, path: str) -> None:
+        lines = ["version=1", f"broker.id={self.broker_id}"]
+        if self.cluster_id:
+            lines.append(f"cluster.id={self.cluster_id}")
+        atomic_write(path, ("\n".join(lines) + "\n").encode())
+
+    def shutdown(self) -> None:
+        """Flush every log, write the checkpoints, close the logs, then write the marker."""
+        for log in self._logs.values():
+            log.flush()
+        self.checkpoint_all()
+        for log in self._logs.values():
+            log.close()
+        for d in self.log_dirs:
+            atomic_write(os.path.join(d, CLEAN_SHUTDOWN_MARKER), b"")
+        self._logs.clear()
+        logger.info("log manager shut down cleanly")
+
+    # -- logs ----------------------------------------------------------------------------------
+
+    def get_log(self, tp: TopicPartition) -> Log | None:
+        return self._logs.get(tp)
+
+    @property
+    def logs(self) -> dict[TopicPartition, Log]:
+        return dict(self._logs)
+
+    def get_or_create_log(self, tp: TopicPartition, config: LogConfig | None = None) -> Log:
+        log = self._logs.get(tp)
+        if log is not None:
+            return log
+        d = self._next_log_dir()
+        log = load_log(os.path.join(d, tp.dir_name), tp, config or self.default_config, clock=self._clock)
+        self._logs[tp] = log
+        self._dir_of[tp] = d
+        return log
+
+    def _next_log_dir(self) -> str:
+        counts = {d: 0 for d in self.log_dirs}
+        for d in self._dir_of.values():
+            counts[d] += 1
+        return min(self.log_dirs, key=lambda d: counts[d])
+
+    def delete_log(self, tp: TopicPartition) -> bool:
+        """Remove a partition's log: rename its directory away at once, then delete it."""
+        log = self._logs.pop(tp, None)
+        if log is None:
+            return False
+        d = self._dir_of.pop(tp)
+        log.close()
+        doomed = os.path.join(d, f"{tp.dir_name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+        os.replace(log.directory, doomed)
+        fsync_dir(d)
+        shutil.rmtree(doomed, ignore_errors=True)
+        self.checkpoint_all()
+        return True
+
+    def update_config(self, tp: TopicPartition, config: LogConfig) -> None:
+        log = self._logs[tp]
+        log.config = config
+        for seg in log.segments:
+            seg.config = config
+
+    # -- periodic work -------------------------------------------------------------------------
+
+    def cleanup_logs(self) -> int:
+        """Apply retention to every log; returns the number of segments deleted."""
+        deleted = 0
+        for log in list(self._logs.values()):
+            deleted += len(log.delete_old_segments())
+        if deleted:
+            self.checkpoint_log_start_offsets()
+        return deleted
+
+    def flush_dirty_logs(self) -> None:
+        now = self._clock()
+        for log in self._logs.values():
+            if now - log.last_flush_ms >= log.config.flush_ms:
+                log.flush()
+
+    def checkpoint_all(self) -> None:
+        self.checkpoint_recovery_points()
+        self.checkpoint_high_watermarks()
+        self.checkpoint_log_start_offsets()
+
+    def checkpoint_recovery_points(self) -> None:
+        self._checkpoint(RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point)
+
+    def checkpoint_high_watermarks(self) -> None:
+        self._checkpoint(REPLICATION_CHECKPOINT, lambda log: log.high_watermark)
+
+    def checkpoint_log_start_offsets(self) -> None:
+        self._checkpoint(LOG_START_OFFSET_CHECKPOINT, lambda log: log.log_start_offset)
+
+    def _checkpoint(self, name: str, offset_of) -> None:
+        for d in self.log_dirs:
+            offsets = {tp: offset_of(log) for tp, log in self._logs.items() if self._dir_of[tp] == d}
+            OffsetCheckpoint(os.path.join(d, name)).write(offsets)
+
+
+def _read_properties(path: str) -> dict[str, str] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        raise StorageError(f"{path} is not a text properties file") from None
+    props = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise StorageError(f"{path}: cannot parse line {line!r}")
+        props[key.strip()] = value.strip()
+    return props

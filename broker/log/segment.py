@@ -1,0 +1,374 @@
+"""One log segment: ``<base>.log`` plus its sparse ``<base>.index`` and ``<base>.timeindex``.
+
+The ``.log`` file is a sequence of record batches exactly as they were appended (see
+``protocol.records``); offsets inside a segment increase strictly, and the file name is the
+segment's base offset in 20 digits. The segment keeps in memory what it needs to answer
+without reading: its size, the next offset after its last batch, the largest timestamp in
+it, and the indexes (see ``index``).
+
+Reads: ``translate_offset`` finds the batch holding an offset with one index lookup and a
+short forward scan of batch headers (never more than ``index.interval.bytes`` plus one batch
+in a healthy segment). ``read`` returns whole stored batches, byte for byte, never a torn
+one, and checks each batch's CRC on the way out, so a batch damaged on disk is never served.
+
+Recovery (``recover``): every batch is re-read and validated (framing, magic, CRC,
+offsets strictly increasing, leader epochs non-decreasing); the indexes are rebuilt from
+what is valid, and the file is truncated at the first bad byte. What was cut is reported.
+
+Not thread-safe: a segment is used by its log, which serialises access.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, NamedTuple
+
+from protocol.errors import CorruptRecordError, StorageError
+from protocol.records import (
+    HEADER_SIZE, LOG_OVERHEAD, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_headers,
+    iter_records, read_header, scan_batches,
+)
+
+from broker.log.config import LogConfig
+from broker.log.index import CorruptIndexError, OffsetIndex, TimeIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+SCAN_CHUNK_BYTES = 1 << 20
+MAX_RELATIVE_OFFSET = 2**32 - 1
+
+
+def filename_prefix(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+def parse_base_offset(filename: str) -> int | None:
+    """``00000000000000000042.log`` -> 42; None when the name is not a segment file name."""
+    stem, _, _ = filename.partition(".")
+    if len(stem) != 20 or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+class RecoveryResult(NamedTuple):
+    truncated_bytes: int
+    valid_bytes: int
+    reason: str | None
+
+
+class LogSegment:
+    def __init__(self, directory: str, base_offset: int, config: LogConfig, fd: int, created_ms: int):
+        self.directory = directory
+        self.base_offset = base_offset
+        self.config = config
+        self._fd = fd
+        self.created_ms = created_ms
+        prefix = os.path.join(directory, filename_prefix(base_offset))
+        self.log_path = prefix + LOG_SUFFIX
+        self.index = OffsetIndex(prefix + INDEX_SUFFIX, base_offset, config.segment_index_bytes)
+        self.time_index = TimeIndex(prefix + TIME_INDEX_SUFFIX, base_offset, config.segment_index_bytes)
+        self.size = os.fstat(fd).st_size
+        self.next_offset = base_offset
+        self.max_timestamp = -1
+        self.first_batch_timestamp: int | None = None
+        self.last_epoch = -1
+        self._bytes_since_index_entry = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: str, base_offset: int, config: LogConfig, now_ms: int) -> "LogSegment":
+        path = os.path.join(directory, filename_prefix(base_offset) + LOG_SUFFIX)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        seg = cls(directory, base_offset, config, fd, now_ms)
+        for idx in (seg.index, seg.time_index):
+            idx.delete()
+        return seg
+
+    @classmethod
+    def open(cls, directory: str, base_offset: int, config: LogConfig) -> "LogSegment":
+        """Open an existing segment. Call ``load_indexes`` or ``recover`` next."""
+        path = os.path.join(directory, filename_prefix(base_offset) + LOG_SUFFIX)
+        fd = os.open(path, os.O_RDWR)
+        return cls(directory, base_offset, config, fd, int(os.fstat(fd).st_mtime * 1000))
+
+    def load_indexes(self) -> None:
+        """Trust the index files (after a clean shutdown) if they pass the sanity checks.
+
+        Raises CorruptIndexError (or FileNotFoundError) when they cannot be trusted.
+        """
+        self.index.load()
+        self.time_index.load()
+        self.index.sanity_check(self.size)
+        self._load_tail_state()
+        self.time_index.sanity_check(self.next_offset)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.index.flush(fsync=False)
+            self.time_index.flush(fsync=False)
+            os.close(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        """Close and remove all three files."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        for path in (self.log_path, self.index.path, self.time_index.path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def flush(self) -> None:
+        """fsync the log, and write and fsync both indexes."""
+        os.fsync(self._fd)
+        self.index.flush()
+        self.time_index.flush()
+
+    def on_become_inactive(self) -> None:
+        """The segment was rolled: seal the time index with its final maximum."""
+        if self.size > 0:
+            self.time_index.maybe_append(self.max_timestamp, self.next_offset - 1)
+        self.index.flush(fsync=False)
+        self.time_index.flush(fsync=False)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def append(self, buf, batches: list[tuple[int, BatchHeader]]) -> None:
+        """Append already validated batches (``buf`` holds them back to back; positions are
+        relative to ``buf``). Updates the indexes every ``index.interval.bytes``."""
+        start = self.size
+        view = memoryview(buf)
+        written = 0
+        while written < len(view):
+            written += os.write(self._fd, view[written:])
+        interval = self.config.index_interval_bytes
+        max_ts = self.max_timestamp
+        for pos, h in batches:
+            if h.max_timestamp > max_ts:
+                max_ts = h.max_timestamp
+            if self._bytes_since_index_entry > interval:
+                self.index.append(h.base_offset, start + pos)
+                self.time_index.maybe_append(max_ts, h.base_offset + h.last_offset_delta)
+                self._bytes_since_index_entry = 0
+            self._bytes_since_index_entry += h.batch_length + LOG_OVERHEAD
+        if self.first_batch_timestamp is None and batches:
+            self.first_batch_timestamp = batches[0][1].max_timestamp
+        last = batches[-1][1]
+        self.max_timestamp = max_ts
+        self.next_offset = last.base_offset + last.last_offset_delta + 1
+        self.last_epoch = last.leader_epoch
+        self.size = start + len(view)
+
+    def can_hold(self, first_offset: int, last_offset: int) -> bool:
+        """Whether offsets [first, last] fit this segment's 32-bit relative offsets."""
+        return first_offset >= self.base_offset and last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= ``offset``; returns bytes removed."""
+        found = self.translate_offset(offset)
+        if found is None:
+            return 0
+        pos, h = found
+        self.index.truncate_to(h.base_offset)
+        self.time_index.truncate_to(h.base_offset)
+        removed = self.size - pos
+        os.ftruncate(self._fd, pos)
+        self.size = pos
+        self._load_tail_state()
+        return removed
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def headers_from(self, position: int = 0, end: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
+        """Headers of consecutive batches from ``position`` (framing only, no CRC)."""
+        end = self.size if end is None else end
+        chunk = 16384
+        while position < end:
+            data = os.pread(self._fd, min(chunk, end - position), position)
+            consumed = 0
+            for p, h in iter_headers(data):
+                yield position + p, h
+                consumed = p + h.batch_length + LOG_OVERHEAD
+            if consumed == 0:  # the next batch is larger than the chunk (or the tail is torn)
+                if len(data) < HEADER_SIZE:
+                    return
+                h = read_header(data)
+                if h.batch_length < MIN_BATCH_LENGTH or position + h.size > end:
+                    return
+                yield position, h
+                consumed = h.size
+            position += consumed
+            chunk = min(chunk * 2, SCAN_CHUNK_BYTES)
+
+    def translate_offset(self, offset: int) -> tuple[int, BatchHeader] | None:
+        """The first batch whose last offset is >= ``offset``: ``(position, header)``."""
+        _, position = self.index.lookup(offset)
+        for pos, h in self.headers_from(position):
+            if h.base_offset + h.last_offset_delta >= offset:
+                return pos, h
+        return None
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None,
+             min_one_message: bool = True) -> bytes:
+        """Whole batches from the one holding ``offset``, at most ``max_bytes`` of them
+        (but at least one whole batch when ``min_one_message``), none that reaches
+        ``max_offset``. Raises CorruptRecordError if the first batch is damaged."""
+        found = self.translate_offset(offset)
+        if found is None:
+            return b""
+        start, first = found
+        if max_offset is not None and first.base_offset + first.last_offset_delta >= max_offset:
+            return b""
+        data = os.pread(self._fd, min(max(max_bytes, 0), self.size - start), start)
+        end = self._verified_prefix(data, start, max_offset)
+        if end == 0 and min_one_message:
+            data = os.pread(self._fd, first.size, start)
+            end = self._verified_prefix(data, start, max_offset)
+        return data if end == len(data) else data[:end]
+
+    def _verified_prefix(self, data: bytes, file_pos: int, max_offset: int | None) -> int:
+        """Length of the leading whole batches of ``data`` below ``max_offset`` with valid CRCs."""
+        end = 0
+        for p, h in iter_headers(data):
+            if max_offset is not None and h.base_offset + h.last_offset_delta >= max_offset:
+                break
+            if compute_crc(data, p, h.batch_length + LOG_OVERHEAD) != h.crc:
+                if end == 0:
+                    raise CorruptRecordError(
+                        f"{self.log_path}: batch at position {file_pos + p} (base offset {h.base_offset}) "
+                        "fails its CRC check on disk")
+                break
+            end = p + h.batch_length + LOG_OVERHEAD
+        return end
+
+    def find_offset_by_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """The first record with timestamp >= ``timestamp``: ``(offset, timestamp)``, or None."""
+        if self.max_timestamp < timestamp:
+            return None
+        after = self.time_index.lookup_before(timestamp)
+        start = self.base_offset if after is None else after + 1
+        _, position = self.index.lookup(start)
+        for pos, h in self.headers_from(position):
+            if h.max_timestamp < timestamp or h.base_offset + h.last_offset_delta < start:
+                continue
+            data = os.pread(self._fd, h.size, pos)
+            for r in iter_records(data, 0, h):
+                if r.timestamp >= timestamp and r.offset >= start:
+                    return r.offset, r.timestamp
+        return None
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def recover(self) -> RecoveryResult:
+        """Re-validate every batch, rebuild both indexes, truncate at the first bad byte."""
+        self.index.reset()
+        self.time_index.reset()
+        self._bytes_since_index_entry = 0
+        self.next_offset, self.max_timestamp, self.last_epoch = self.base_offset, -1, -1
+        self.first_batch_timestamp = None
+        valid, reason = self._scan_valid()
+        truncated = self.size - valid
+        if truncated:
+            os.ftruncate(self._fd, valid)
+            self.size = valid
+        self.index.flush(fsync=False)
+        self.time_index.flush(fsync=False)
+        return RecoveryResult(truncated, valid, reason)
+
+    def _scan_valid(self) -> tuple[int, str | None]:
+        """Validate batches from position 0, re-indexing as if appended; returns (valid, why)."""
+        pos, need = 0, 0
+        prev_last, prev_epoch = self.base_offset - 1, -1
+        while pos < self.size:
+            data = os.pread(self._fd, min(max(SCAN_CHUNK_BYTES, need), self.size - pos), pos)
+            res = scan_batches(data)
+            good = []
+            for p, h in res.batches:
+                why = self._offset_fault(h, prev_last, prev_epoch)
+                if why:
+                    return self._reindexed(pos, good), f"batch at position {pos + p}: {why}"
+                good.append((p, h))
+                prev_last, prev_epoch = h.base_offset + h.last_offset_delta, max(prev_epoch, h.leader_epoch)
+            self._reindexed(pos, good)
+            if res.error is None:
+                pos, need = pos + len(data), 0
+                continue
+            if res.valid_bytes:
+                pos, need = pos + res.valid_bytes, 0
+                continue
+            claimed = _claimed_size(data)
+            if claimed is not None and len(data) < claimed <= self.size - pos:
+                need = claimed
+                continue
+            return pos, res.error.replace("position 0", f"position {pos}", 1)
+        return pos, None
+
+    def _offset_fault(self, h: BatchHeader, prev_last: int, prev_epoch: int) -> str | None:
+        if h.base_offset <= prev_last:
+            return f"base offset {h.base_offset} does not follow the previous batch's last offset {prev_last}"
+        if h.base_offset + h.last_offset_delta - self.base_offset > MAX_RELATIVE_OFFSET:
+            return f"offset {h.base_offset} is out of range for segment {self.base_offset}"
+        if h.leader_epoch < prev_epoch:
+            return f"leader epoch {h.leader_epoch} below the previous batch's {prev_epoch}"
+        return None
+
+    def _reindexed(self, chunk_pos: int, batches: list[tuple[int, BatchHeader]]) -> int:
+        """Account recovered batches as if freshly appended (indexes, offsets, timestamps)."""
+        interval = self.config.index_interval_bytes
+        for p, h in batches:
+            if self.max_timestamp < h.max_timestamp:
+                self.max_timestamp = h.max_timestamp
+            if self._bytes_since_index_entry > interval:
+                self.index.append(h.base_offset, chunk_pos + p)
+                self.time_index.maybe_append(self.max_timestamp, h.base_offset + h.last_offset_delta)
+                self._bytes_since_index_entry = 0
+            self._bytes_since_index_entry += h.size
+            if self.first_batch_timestamp is None:
+                self.first_batch_timestamp = h.max_timestamp
+            self.next_offset = h.base_offset + h.last_offset_delta + 1
+            self.last_epoch = h.leader_epoch
+        if batches:
+            p, h = batches[-1]
+            return chunk_pos + p + h.size
+        return chunk_pos
+
+    def _load_tail_state(self) -> None:
+        """Derive next offset, max timestamp and epoch from the last index entry onwards."""
+        _, position = self.index.last_entry
+        ts, _ = self.time_index.last_entry
+        self.next_offset, self.max_timestamp, self.last_epoch = self.base_offset, ts, -1
+        self._bytes_since_index_entry = self.size - position
+        first = next(self.headers_from(0), None)
+        self.first_batch_timestamp = first[1].max_timestamp if first else None
+        end = position
+        for pos, h in self.headers_from(position):
+            self.next_offset = h.base_offset + h.last_offset_delta + 1
+            self.max_timestamp = max(self.max_timestamp, h.max_timestamp)
+            self.last_epoch = h.leader_epoch
+            end = pos + h.size
+        if end != self.size:
+            raise CorruptIndexError(
+                f"{self.log_path}: batches end at position {end} but the file is {self.size} bytes")
+
+    def read_all(self) -> bytes:
+        """The whole file (tools and tests)."""
+        return os.pread(self._fd, self.size, 0)
+
+    def __repr__(self) -> str:
+        return (f"LogSegment(base_offset={self.base_offset}, size={self.size}, "
+                f"next_offset={self.next_offset})")
+
+
+def _claimed_size(data: bytes) -> int | None:
+    if len(data) < HEADER_SIZE:
+        return None
+    h = read_header(data)
+    return h.size if h.batch_length >= MIN_BATCH_LENGTH else None
+
+
+__all__ = ["LogSegment", "RecoveryResult", "CorruptIndexError", "StorageError", "filename_prefix",
+           "parse_base_offset"]
