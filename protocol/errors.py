@@ -197,3 +197,24 @@ def error_for(code: int, message: str | None = None) -> TidelogError:
 _EXCEPTION_CLASSES = (CorruptRecordError, RecordTooLargeError, InvalidRequestError,
                       UnsupportedVersionError, OffsetOutOfRangeError,
                       UnsupportedCompressionError, StorageError)
+
+
+class FrameTooLargeError(InvalidRequestError):
+    """A frame's length prefix exceeds the receiver's bound (``socket.request.max.bytes``).
+
+    Raised as soon as the 4-byte prefix is read, before the body is buffered. The byte stream
+    cannot be resynchronised after it, so the connection must be closed. It shares
+    INVALID_REQUEST with its base class, so ``error_for`` (first match wins) still returns an
+    InvalidRequestError on the client side.
+    """
+
+    def __init__(self, message: str | None = None, *, size: int | None = None,
+                 limit: int | None = None, error: ErrorCode | None = None):
+        self.size = size
+        self.limit = limit
+        if message is None and size is not None:
+            message = f"frame of {size} bytes is larger than the limit of {limit} bytes"
+        super().__init__(message, error=error)
+
+
+_EXCEPTION_CLASSES += (FrameTooLargeError,)
