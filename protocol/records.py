@@ -422,10 +422,11 @@ def build_batch(records: Iterable, *, codec: int = Codec.NONE, base_offset: int 
                 producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
                 base_sequence: int = NO_SEQUENCE) -> bytes:
     """One batch from records given as values (bytes), ``(key, value)`` or
-    ``(key, value, headers, timestamp_ms)`` tuples. A convenience over BatchBuilder."""
-    import time
+    ``(key, value, headers, timestamp_ms)`` tuples. A convenience over BatchBuilder.
 
-    now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    Records without their own timestamp get ``timestamp_ms`` (no timestamp, -1, if None:
+    this module reads no clock)."""
+    now = NO_TIMESTAMP if timestamp_ms is None else timestamp_ms
     b = BatchBuilder(codec, producer_id=producer_id, producer_epoch=producer_epoch,
                      base_sequence=base_sequence)
     for r in records:

@@ -210,19 +210,23 @@ class Log:
     def roll(self, base_offset: int | None = None) -> LogSegment:
         """Close the active segment for appends and start a new one at the log end.
 
-        The closed segment is flushed, so the recovery point moves past it.
+        The closed segment is not fsynced here (that would stall the caller for as long as
+        the disk needs); ``flush_rolled_segments``, called periodically by the log manager,
+        makes it durable and moves the recovery point past it, as Kafka's scheduled flush does.
         """
-        leo = self.log_end_offset
-        base = leo if base_offset is None else base_offset
+        base = self.log_end_offset if base_offset is None else base_offset
         old = self._segments[-1]
         if old.size == 0:
             if old.base_offset != base:
                 self._replace_empty_active(base)
             return self._segments[-1]
         old.on_become_inactive()
-        seg = self._add_segment(base)
-        self.flush(leo)
-        return seg
+        return self._add_segment(base)
+
+    def flush_rolled_segments(self) -> None:
+        """fsync the segments closed by rolls since the last flush (not the active one)."""
+        if self.active_segment.base_offset > self.recovery_point:
+            self.flush(self.active_segment.base_offset)
 
     # -- reads ---------------------------------------------------------------------------------
 

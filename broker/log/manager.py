@@ -192,10 +192,13 @@ class LogManager:
         return deleted
 
     def flush_dirty_logs(self) -> None:
+        """fsync segments closed by rolls, and whole logs whose last flush is older than flush.ms."""
         now = self._clock()
         for log in self._logs.values():
             if now - log.last_flush_ms >= log.config.flush_ms:
                 log.flush()
+            else:
+                log.flush_rolled_segments()
 
     def checkpoint_all(self) -> None:
         self.checkpoint_recovery_points()
