@@ -552,10 +552,515 @@ def supported_api_versions() -> list[ApiVersion]:
     return [ApiVersion(int(key), low, high) for key, (low, high) in sorted(SUPPORTED_VERSIONS.items())]
 
 
-# The typed body of each API, by key. Each API's module section adds its own entries.
+# ---------------------------------------------------------------------------------------------
+# Cluster metadata and administration. Field names follow Kafka's JSON schemas in snake_case.
+
+NO_LEADER = -1
+TOPIC_RESOURCE = 2  # DescribeConfigs / AlterConfigs resource types, as in Kafka
+BROKER_RESOURCE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRequest(Message):
+    topics: list[str] | None = None  # None: every topic
+    allow_auto_topic_creation: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerMetadata(Message):
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMetadata(Message):
+    error_code: int
+    partition_index: int
+    leader_id: int
+    leader_epoch: int
+    replica_nodes: list[int]
+    isr_nodes: list[int]
+    offline_replicas: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata(Message):
+    error_code: int
+    name: str
+    partitions: list[PartitionMetadata] = field(default_factory=list)
+    is_internal: bool = False
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataResponse(Message):
+    brokers: list[BrokerMetadata]
+    cluster_id: str | None
+    controller_id: int
+    topics: list[TopicMetadata]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CreatableTopic(Message):
+    name: str
+    num_partitions: int = -1  # -1: the broker's num.partitions
+    replication_factor: int = -1  # -1: the broker's default.replication.factor
+    assignments: dict[str, list[int]] | None = None  # partition ("0") -> replicas; overrides the two above
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicsRequest(Message):
+    topics: list[CreatableTopic]
+    timeout_ms: int = 30000
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TopicResult(Message):
+    """The per-topic outcome of CreateTopics, DeleteTopics and CreatePartitions."""
+    name: str
+    error_code: int
+    error_message: str | None = None
+    num_partitions: int = -1
+    replication_factor: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicsResponse(Message):
+    topics: list[TopicResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicsRequest(Message):
+    topic_names: list[str]
+    timeout_ms: int = 30000
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicsResponse(Message):
+    responses: list[TopicResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsTopic(Message):
+    name: str
+    count: int  # the new total number of partitions
+    assignments: list[list[int]] | None = None  # replicas of each new partition
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsRequest(Message):
+    topics: list[CreatePartitionsTopic]
+    timeout_ms: int = 30000
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsResponse(Message):
+    results: list[TopicResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigsResource(Message):
+    resource_type: int
+    resource_name: str
+    configuration_keys: list[str] | None = None  # None: all
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigsRequest(Message):
+    resources: list[DescribeConfigsResource]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry(Message):
+    name: str
+    value: str | None
+    read_only: bool = False
+    is_default: bool = True
+    is_sensitive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigsResult(Message):
+    error_code: int
+    resource_type: int
+    resource_name: str
+    configs: list[ConfigEntry] = field(default_factory=list)
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigsResponse(Message):
+    results: list[DescribeConfigsResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResource(Message):
+    """Incremental: each key is set to its value; a None value removes the override."""
+    resource_type: int
+    resource_name: str
+    configs: dict[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsRequest(Message):
+    resources: list[AlterConfigsResource]
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResult(Message):
+    error_code: int
+    resource_type: int
+    resource_name: str
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResponse(Message):
+    responses: list[AlterConfigsResult]
+    throttle_time_ms: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch. Record sets travel as ``bytes``:
+# back-to-back record batches (protocol.records), never decoded by the broker.
+
+ACKS_ALL = -1
+CONSUMER_REPLICA_ID = -1
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProduceData(Message):
+    index: int = field(metadata=INT32)
+    records: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TopicProduceData(Message):
+    name: str
+    partition_data: list[PartitionProduceData]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest(Message):
+    acks: int = field(metadata=INT16)
+    timeout_ms: int = field(metadata=INT32)
+    topic_data: list[TopicProduceData]
+    transactional_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProduceResponse(Message):
+    index: int
+    error_code: int
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicProduceResponse(Message):
+    name: str
+    partition_responses: list[PartitionProduceResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResponse(Message):
+    responses: list[TopicProduceResponse]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartition(Message):
+    partition: int = field(metadata=INT32)
+    fetch_offset: int = field(metadata=INT64)
+    partition_max_bytes: int = field(default=1 << 20, metadata=INT32)
+    current_leader_epoch: int = -1  # the fetcher's view; stale views are fenced
+    last_fetched_epoch: int = -1  # followers: epoch of the last batch they hold
+    log_start_offset: int = -1  # followers: their log start offset
+
+
+@dataclass(frozen=True, slots=True)
+class FetchTopic(Message):
+    topic: str
+    partitions: list[FetchPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest(Message):
+    topics: list[FetchTopic]
+    replica_id: int = CONSUMER_REPLICA_ID  # a broker id for follower fetches
+    max_wait_ms: int = field(default=500, metadata=INT32)
+    min_bytes: int = field(default=1, metadata=INT32)
+    max_bytes: int = field(default=50 << 20, metadata=INT32)
+    isolation_level: int = 0
+    replica_epoch: int = -1  # followers: their broker epoch
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEndOffset(Message):
+    epoch: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartitionResponse(Message):
+    partition_index: int
+    error_code: int
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: bytes | None = None
+    diverging_epoch: EpochEndOffset | None = None  # followers: truncate to this first
+    current_leader_epoch: int = -1
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchTopicResponse(Message):
+    topic: str
+    partitions: list[FetchPartitionResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse(Message):
+    responses: list[FetchTopicResponse]
+    error_code: int = 0
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsPartition(Message):
+    partition_index: int
+    timestamp: int  # -2 earliest, -1 latest (the HW for consumers), -3 max timestamp, else ms
+    current_leader_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsTopic(Message):
+    name: str
+    partitions: list[ListOffsetsPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsRequest(Message):
+    topics: list[ListOffsetsTopic]
+    replica_id: int = CONSUMER_REPLICA_ID
+    isolation_level: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsPartitionResponse(Message):
+    partition_index: int
+    error_code: int
+    timestamp: int = -1
+    offset: int = -1
+    leader_epoch: int = -1
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsTopicResponse(Message):
+    name: str
+    partitions: list[ListOffsetsPartitionResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsResponse(Message):
+    topics: list[ListOffsetsTopicResponse]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderPartition(Message):
+    partition: int
+    leader_epoch: int
+    current_leader_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderTopic(Message):
+    topic: str
+    partitions: list[OffsetForLeaderPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsForLeaderEpochRequest(Message):
+    topics: list[OffsetForLeaderTopic]
+    replica_id: int = CONSUMER_REPLICA_ID
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEndOffsetResult(Message):
+    partition: int
+    error_code: int
+    leader_epoch: int = -1
+    end_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderTopicResult(Message):
+    topic: str
+    partitions: list[EpochEndOffsetResult]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsForLeaderEpochResponse(Message):
+    topics: list[OffsetForLeaderTopicResult]
+    throttle_time_ms: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Controller to broker (and broker to controller). Every request carries the controller epoch
+# (a broker ignores a stale controller) and the target's broker epoch (a request meant for an
+# earlier incarnation of a broker is refused).
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState(Message):
+    topic_name: str
+    partition_index: int
+    controller_epoch: int
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+    zk_version: int
+    replicas: list[int]
+    is_new: bool = False
+    offline_replicas: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveBroker(Message):
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAndIsrRequest(Message):
+    controller_id: int
+    controller_epoch: int
+    broker_epoch: int
+    partition_states: list[PartitionState]
+    live_leaders: list[LiveBroker] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionError(Message):
+    topic_name: str
+    partition_index: int
+    error_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAndIsrResponse(Message):
+    error_code: int
+    partition_errors: list[PartitionError] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateMetadataRequest(Message):
+    controller_id: int
+    controller_epoch: int
+    broker_epoch: int
+    partition_states: list[PartitionState]
+    live_brokers: list[LiveBroker]
+    deleted_topics: list[str] = field(default_factory=list)
+    cluster_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateMetadataResponse(Message):
+    error_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplicaPartition(Message):
+    topic_name: str
+    partition_index: int
+    leader_epoch: int = -1
+    delete_partition: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplicaRequest(Message):
+    controller_id: int
+    controller_epoch: int
+    broker_epoch: int
+    partitions: list[StopReplicaPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplicaResponse(Message):
+    error_code: int
+    partition_errors: list[PartitionError] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlledShutdownRequest(Message):
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPartitionRef(Message):
+    topic_name: str
+    partition_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControlledShutdownResponse(Message):
+    error_code: int
+    remaining_partitions: list[TopicPartitionRef] = field(default_factory=list)
+
+
+# The typed body of each API, by key.
 REQUESTS: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsRequest,
+    ApiKey.METADATA: MetadataRequest,
+    ApiKey.CREATE_TOPICS: CreateTopicsRequest,
+    ApiKey.DELETE_TOPICS: DeleteTopicsRequest,
+    ApiKey.CREATE_PARTITIONS: CreatePartitionsRequest,
+    ApiKey.DESCRIBE_CONFIGS: DescribeConfigsRequest,
+    ApiKey.ALTER_CONFIGS: AlterConfigsRequest,
+    ApiKey.PRODUCE: ProduceRequest,
+    ApiKey.FETCH: FetchRequest,
+    ApiKey.LIST_OFFSETS: ListOffsetsRequest,
+    ApiKey.OFFSETS_FOR_LEADER_EPOCH: OffsetsForLeaderEpochRequest,
+    ApiKey.LEADER_AND_ISR: LeaderAndIsrRequest,
+    ApiKey.UPDATE_METADATA: UpdateMetadataRequest,
+    ApiKey.STOP_REPLICA: StopReplicaRequest,
+    ApiKey.CONTROLLED_SHUTDOWN: ControlledShutdownRequest,
 }
 RESPONSES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsResponse,
+    ApiKey.METADATA: MetadataResponse,
+    ApiKey.CREATE_TOPICS: CreateTopicsResponse,
+    ApiKey.DELETE_TOPICS: DeleteTopicsResponse,
+    ApiKey.CREATE_PARTITIONS: CreatePartitionsResponse,
+    ApiKey.DESCRIBE_CONFIGS: DescribeConfigsResponse,
+    ApiKey.ALTER_CONFIGS: AlterConfigsResponse,
+    ApiKey.PRODUCE: ProduceResponse,
+    ApiKey.FETCH: FetchResponse,
+    ApiKey.LIST_OFFSETS: ListOffsetsResponse,
+    ApiKey.OFFSETS_FOR_LEADER_EPOCH: OffsetsForLeaderEpochResponse,
+    ApiKey.LEADER_AND_ISR: LeaderAndIsrResponse,
+    ApiKey.UPDATE_METADATA: UpdateMetadataResponse,
+    ApiKey.STOP_REPLICA: StopReplicaResponse,
+    ApiKey.CONTROLLED_SHUTDOWN: ControlledShutdownResponse,
 }
