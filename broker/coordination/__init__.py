@@ -1,0 +1,8 @@
+"""Coordination through ZooKeeper (DESIGN.md section 5).
+
+* ``layout``   znode paths, JSON codecs, replica placement and the coordination errors: pure;
+* ``zk``       ``ZkClient``, the only module of the project that imports kazoo;
+* ``zkserver`` ZooKeeper servers and ensembles as child processes (tests, ``tidelog dev up``).
+
+Importing this package imports none of them, so pure code can use ``layout`` without kazoo.
+"""

@@ -1,0 +1,580 @@
+"""Tidelog's ZooKeeper layout as pure data: znode paths, JSON codecs, replica placement.
+
+Nothing here talks to ZooKeeper (that is ``broker.coordination.zk``, the only module that
+imports kazoo); everything here is testable without a server. The layout is DESIGN.md
+section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
+
+    /cluster/id                                   {"version":"1","id":...}
+    /brokers/ids/<id>                 ephemeral   {"version":1,"host","port","rack","endpoints"}
+    /brokers/topics/<topic>                       {"version":1,"partitions":{"0":[1,2,3]}}
+    /brokers/topics/<topic>/partitions/<p>/state  {"version":1,"leader","leader_epoch","isr","controller_epoch"}
+    /controller                       ephemeral   {"version":1,"brokerid"}
+    /controller_epoch                             "<int>"
+    /config/topics/<topic>                        {"version":1,"config":{...}}
+    /admin/delete_topics/<topic>
+    /admin/reassign_partitions                    {"version":1,"partitions":[{"topic","partition","replicas"}]}
+    /isr_change_notification/isr_change_<seq>     {"version":1,"partitions":[{"topic","partition"}]}
+    /latest_producer_id_block                     {"version":1,"broker","block_start","block_end"}
+
+The JSON shapes are Kafka's, so Kafka's documentation of them applies. Decoders accept and
+ignore keys they do not know (a newer writer may add some) and raise ``ValueError`` naming
+the znode kind for anything malformed: a corrupt znode is reported, never half-read.
+
+The errors of the coordination layer live here too, so that code which only *handles* them
+(the controller, fakes in tests) need not import the kazoo module.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from protocol.errors import (INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, NOT_CONTROLLER,
+                             REQUEST_TIMED_OUT, TOPIC_ALREADY_EXISTS, TidelogError)
+from protocol.topics import MAX_TOPIC_NAME_LENGTH
+
+DEFAULT_CHROOT = "/tidelog"
+NO_LEADER = -1          # Kafka's LeaderAndIsr.NoLeader
+INITIAL_CONTROLLER_EPOCH = 0
+INITIAL_LEADER_EPOCH = 0
+
+
+# --------------------------------------------------------------------------- errors
+
+class ZkError(TidelogError):
+    """A ZooKeeper operation failed. ``op_index`` is set when it was one op of a transaction."""
+
+    op_index: int | None = None
+
+
+class ZkTimeoutError(ZkError):
+    """The operation did not complete within the client's op timeout (ZooKeeper unreachable?)."""
+
+    error = REQUEST_TIMED_OUT
+
+
+class ZkConnectionError(ZkError):
+    """The connection was lost (or the session expired / the client was closed) mid-operation.
+
+    The operation may or may not have been applied: callers re-read before retrying."""
+
+    error = REQUEST_TIMED_OUT
+
+
+class ZkNoNodeError(ZkError):
+    pass
+
+
+class ZkNodeExistsError(ZkError):
+    pass
+
+
+class ZkVersionConflict(ZkError):
+    """A check-and-set write carried a stale znode version (ZooKeeper's BADVERSION)."""
+
+
+class ControllerMovedError(ZkError):
+    """A write fenced by ``/controller_epoch`` failed: another controller was elected since."""
+
+    error = NOT_CONTROLLER
+
+
+class TopicExistsError(ZkNodeExistsError):
+    error = TOPIC_ALREADY_EXISTS
+
+
+class BrokerIdInUseError(ZkError):
+    """Another live ZooKeeper session holds ``/brokers/ids/<id>``."""
+
+
+class InvalidReplicationFactorError(TidelogError, ValueError):
+    error = INVALID_REPLICATION_FACTOR
+
+
+class InvalidPartitionsError(TidelogError, ValueError):
+    error = INVALID_PARTITIONS
+
+
+# --------------------------------------------------------------------------- paths
+
+def _check_name(name: str, what: str) -> str:
+    """Reject names that would escape their parent znode (defence; real validation is elsewhere)."""
+    if not isinstance(name, str) or not name or "/" in name or name in (".", "..") \
+            or len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise ValueError(f"{what} {name!r} cannot be a znode name")
+    return name
+
+
+def split_connect(connect: str) -> tuple[str, str | None]:
+    """``"h1:2181,h2:2181/kafka"`` -> ``("h1:2181,h2:2181", "/kafka")``; no suffix -> None."""
+    hosts, slash, chroot = connect.partition("/")
+    if not hosts:
+        raise ValueError(f"zookeeper connect string {connect!r} names no host")
+    return hosts, (normalize_chroot("/" + chroot) if slash else None)
+
+
+def normalize_chroot(chroot: str) -> str:
+    """``"/tidelog/"`` -> ``"/tidelog"``; ``"/"`` or ``""`` -> ``""`` (the ZooKeeper root)."""
+    chroot = chroot.rstrip("/")
+    if chroot and not chroot.startswith("/"):
+        raise ValueError(f"zookeeper chroot {chroot!r} must start with '/'")
+    if "//" in chroot:
+        raise ValueError(f"zookeeper chroot {chroot!r} has an empty path element")
+    return chroot
+
+
+@dataclass(frozen=True)
+class ZkPaths:
+    """Every znode path Tidelog uses, absolute (chroot included)."""
+
+    chroot: str = DEFAULT_CHROOT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chroot", normalize_chroot(self.chroot))
+
+    def _p(self, *parts: str | int) -> str:
+        return self.chroot + "/" + "/".join(str(p) for p in parts)
+
+    @property
+    def root(self) -> str:
+        return self.chroot or "/"
+
+    @property
+    def cluster_id(self) -> str:
+        return self._p("cluster", "id")
+
+    @property
+    def broker_ids(self) -> str:
+        return self._p("brokers", "ids")
+
+    def broker(self, broker_id: int) -> str:
+        return self._p("brokers", "ids", int(broker_id))
+
+    @property
+    def topics(self) -> str:
+        return self._p("brokers", "topics")
+
+    def topic(self, topic: str) -> str:
+        return self._p("brokers", "topics", _check_name(topic, "topic"))
+
+    def partitions(self, topic: str) -> str:
+        return self.topic(topic) + "/partitions"
+
+    def partition(self, topic: str, partition: int) -> str:
+        return f"{self.partitions(topic)}/{int(partition)}"
+
+    def partition_state(self, topic: str, partition: int) -> str:
+        return self.partition(topic, partition) + "/state"
+
+    @property
+    def controller(self) -> str:
+        return self._p("controller")
+
+    @property
+    def controller_epoch(self) -> str:
+        return self._p("controller_epoch")
+
+    @property
+    def config_topics(self) -> str:
+        return self._p("config", "topics")
+
+    def topic_config(self, topic: str) -> str:
+        return self._p("config", "topics", _check_name(topic, "topic"))
+
+    @property
+    def delete_topics(self) -> str:
+        return self._p("admin", "delete_topics")
+
+    def delete_topic_marker(self, topic: str) -> str:
+        return self._p("admin", "delete_topics", _check_name(topic, "topic"))
+
+    @property
+    def reassign_partitions(self) -> str:
+        return self._p("admin", "reassign_partitions")
+
+    @property
+    def isr_change_notification(self) -> str:
+        return self._p("isr_change_notification")
+
+    @property
+    def isr_change_prefix(self) -> str:
+        """Prefix of the sequential notification znodes (ZooKeeper appends 10 digits)."""
+        return self._p("isr_change_notification", "isr_change_")
+
+    @property
+    def latest_producer_id_block(self) -> str:
+        return self._p("latest_producer_id_block")
+
+    def persistent_paths(self) -> tuple[str, ...]:
+        """The container znodes created at client start (Kafka's top-level paths)."""
+        return (self.broker_ids, self.topics, self.config_topics, self.delete_topics,
+                self.isr_change_notification)
+
+
+# --------------------------------------------------------------------------- codec helpers
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _loads(data: bytes | None, what: str) -> dict:
+    """JSON object from znode bytes, or ValueError naming the znode kind."""
+    if data is None or not data:
+        raise ValueError(f"malformed {what} znode data: empty")
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"malformed {what} znode data {data[:100]!r}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"malformed {what} znode data {data[:100]!r}: not a JSON object")
+    return obj
+
+
+def _field(obj: Mapping, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise ValueError(f"malformed {what} znode data: {key!r} is {value!r}")
+    return value
+
+
+def _int_list(value: Any, what: str, key: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"malformed {what} znode data: {key!r} is {value!r}, not a list of integers")
+    return tuple(value)
+
+
+def _int_field(obj: Mapping, key: str, what: str) -> int:
+    """An integer that Kafka sometimes writes as a string ("block_start": "1000")."""
+    value = obj.get(key)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return _field(obj, key, int, what)
+
+
+# --------------------------------------------------------------------------- cluster id
+
+def encode_cluster_id(cluster_id: str) -> bytes:
+    return _dumps({"version": "1", "id": cluster_id})
+
+
+def decode_cluster_id(data: bytes) -> str:
+    return _field(_loads(data, "cluster id"), "id", str, "cluster id")
+
+
+# --------------------------------------------------------------------------- brokers
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What a live broker registers under ``/brokers/ids/<id>``."""
+
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None = None
+    endpoints: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            object.__setattr__(self, "endpoints", (f"PLAINTEXT://{self.host}:{self.port}",))
+        object.__setattr__(self, "endpoints", tuple(self.endpoints))
+
+
+def encode_broker_info(info: BrokerInfo) -> bytes:
+    return _dumps({"version": 1, "host": info.host, "port": info.port, "rack": info.rack,
+                   "endpoints": list(info.endpoints)})
+
+
+def decode_broker_info(broker_id: int, data: bytes) -> BrokerInfo:
+    what = f"broker {broker_id}"
+    obj = _loads(data, what)
+    endpoints = obj.get("endpoints", [])
+    if not isinstance(endpoints, list) or not all(isinstance(e, str) for e in endpoints):
+        raise ValueError(f"malformed {what} znode data: 'endpoints' is {endpoints!r}")
+    return BrokerInfo(broker_id, _field(obj, "host", str, what), _field(obj, "port", int, what),
+                      _field(obj, "rack", (str, type(None)), what), tuple(endpoints))
+
+
+# --------------------------------------------------------------------------- topics
+
+def encode_topic_assignment(assignment: Mapping[int, Iterable[int]]) -> bytes:
+    return _dumps({"version": 1,
+                   "partitions": {str(p): list(r) for p, r in sorted(assignment.items())}})
+
+
+def decode_topic_assignment(data: bytes) -> dict[int, list[int]]:
+    """Partition -> replica list (assignment order: the first is the preferred leader)."""
+    what = "topic"
+    parts = _field(_loads(data, what), "partitions", dict, what)
+    out = {}
+    for key, replicas in parts.items():
+        if not key.isdigit():
+            raise ValueError(f"malformed {what} znode data: partition {key!r}")
+        out[int(key)] = list(_int_list(replicas, what, key))
+    return dict(sorted(out.items()))
+
+
+def encode_topic_config(config: Mapping[str, str]) -> bytes:
+    return _dumps({"version": 1, "config": {str(k): str(v) for k, v in config.items()}})
+
+
+def decode_topic_config(data: bytes) -> dict[str, str]:
+    config = _field(_loads(data, "topic config"), "config", dict, "topic config")
+    if not all(isinstance(v, str) for v in config.values()):
+        raise ValueError(f"malformed topic config znode data: {config!r}")
+    return config
+
+
+# --------------------------------------------------------------------------- partition state
+
+@dataclass(frozen=True)
+class LeaderAndIsr:
+    """One partition's leadership, as stored in ``.../partitions/<p>/state``.
+
+    ``leader_epoch`` increases with every change of leader (a follower truncates by it and a
+    zombie leader is fenced by it); an ISR change made by the current leader keeps it.
+    ``controller_epoch`` is the epoch of the controller that wrote the leader.
+    """
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "isr", tuple(self.isr))
+
+    @classmethod
+    def initial(cls, leader: int, isr: Iterable[int], controller_epoch: int) -> "LeaderAndIsr":
+        return cls(leader, INITIAL_LEADER_EPOCH, tuple(isr), controller_epoch)
+
+    def new_leader_and_isr(self, leader: int, isr: Iterable[int], *,
+                           controller_epoch: int | None = None) -> "LeaderAndIsr":
+        """A leader election result: the leader epoch goes up by one."""
+        epoch = self.controller_epoch if controller_epoch is None else controller_epoch
+        return LeaderAndIsr(leader, self.leader_epoch + 1, tuple(isr), epoch)
+
+    def with_isr(self, isr: Iterable[int]) -> "LeaderAndIsr":
+        """An ISR shrink/expand by the current leader: same leader, same leader epoch."""
+        return LeaderAndIsr(self.leader, self.leader_epoch, tuple(isr), self.controller_epoch)
+
+    @property
+    def has_leader(self) -> bool:
+        return self.leader != NO_LEADER
+
+
+def encode_partition_state(state: LeaderAndIsr) -> bytes:
+    return _dumps({"version": 1, "leader": state.leader, "leader_epoch": state.leader_epoch,
+                   "isr": list(state.isr), "controller_epoch": state.controller_epoch})
+
+
+def decode_partition_state(data: bytes) -> LeaderAndIsr:
+    what = "partition state"
+    obj = _loads(data, what)
+    return LeaderAndIsr(_field(obj, "leader", int, what), _field(obj, "leader_epoch", int, what),
+                        _int_list(obj.get("isr"), what, "isr"),
+                        _field(obj, "controller_epoch", int, what))
+
+
+# --------------------------------------------------------------------------- controller
+
+def encode_controller(broker_id: int) -> bytes:
+    return _dumps({"version": 1, "brokerid": broker_id})
+
+
+def decode_controller(data: bytes) -> int:
+    return _field(_loads(data, "controller"), "brokerid", int, "controller")
+
+
+def encode_controller_epoch(epoch: int) -> bytes:
+    return str(int(epoch)).encode()
+
+
+def decode_controller_epoch(data: bytes) -> int:
+    try:
+        return int(data.decode().strip())
+    except (AttributeError, UnicodeDecodeError, ValueError):
+        raise ValueError(f"malformed controller epoch znode data {data!r}") from None
+
+
+# --------------------------------------------------------------------------- admin
+
+def encode_reassignment(reassignment: Mapping[tuple[str, int], Iterable[int]]) -> bytes:
+    return _dumps({"version": 1, "partitions": [
+        {"topic": t, "partition": p, "replicas": list(r)} for (t, p), r in sorted(reassignment.items())]})
+
+
+def decode_reassignment(data: bytes) -> dict[tuple[str, int], list[int]]:
+    what = "partition reassignment"
+    out = {}
+    for entry in _field(_loads(data, what), "partitions", list, what):
+        if not isinstance(entry, dict):
+            raise ValueError(f"malformed {what} znode data: {entry!r}")
+        key = (_field(entry, "topic", str, what), _field(entry, "partition", int, what))
+        out[key] = list(_int_list(entry.get("replicas"), what, "replicas"))
+    return out
+
+
+def encode_isr_change(partitions: Iterable[tuple[str, int]]) -> bytes:
+    return _dumps({"version": 1, "partitions": [{"topic": t, "partition": p} for t, p in partitions]})
+
+
+def decode_isr_change(data: bytes) -> list[tuple[str, int]]:
+    what = "isr change notification"
+    out = []
+    for entry in _field(_loads(data, what), "partitions", list, what):
+        if not isinstance(entry, dict):
+            raise ValueError(f"malformed {what} znode data: {entry!r}")
+        out.append((_field(entry, "topic", str, what), _field(entry, "partition", int, what)))
+    return out
+
+
+@dataclass(frozen=True)
+class ProducerIdBlock:
+    """Producer ids ``first..last`` (inclusive) handed to ``broker_id``."""
+
+    broker_id: int
+    first: int
+    last: int
+
+
+PRODUCER_ID_MAX = 2**63 - 1
+
+
+def next_producer_id_block(previous: ProducerIdBlock | None, broker_id: int, size: int) -> ProducerIdBlock:
+    if size <= 0:
+        raise ValueError(f"producer id block size must be positive, got {size}")
+    first = 0 if previous is None else previous.last + 1
+    if first + size - 1 > PRODUCER_ID_MAX:
+        raise ValueError("producer ids are exhausted")
+    return ProducerIdBlock(broker_id, first, first + size - 1)
+
+
+def encode_producer_id_block(block: ProducerIdBlock) -> bytes:
+    # Kafka writes the bounds as strings (they may exceed a JSON double's exact range).
+    return _dumps({"version": 1, "broker": block.broker_id,
+                   "block_start": str(block.first), "block_end": str(block.last)})
+
+
+def decode_producer_id_block(data: bytes) -> ProducerIdBlock:
+    what = "producer id block"
+    obj = _loads(data, what)
+    return ProducerIdBlock(_field(obj, "broker", int, what), _int_field(obj, "block_start", what),
+                           _int_field(obj, "block_end", what))
+
+
+# --------------------------------------------------------------------------- replica placement
+
+def assign_replicas(broker_ids: list[int], num_partitions: int, replication_factor: int, *,
+                    start_index: int | None = None, start_partition_id: int = 0,
+                    racks: Mapping[int, str | None] | None = None,
+                    rng: Any = random) -> dict[int, list[int]]:
+    """Kafka's ``AdminUtils.assignReplicasToBrokers``: partition -> replica list.
+
+    Rack-unaware (the brokers sorted by id):
+
+    1. the first replica of each partition goes round-robin over the brokers, starting at a
+       random index (so that topics do not all start on broker 0);
+    2. the other replicas follow the first at a shift that starts random and increases by
+       one each time the partition id wraps around the broker list, so that the followers
+       of one broker's leaders are spread over all others.
+
+    With ``start_index`` (tests, Kafka's ``fixedStartIndex``) both the start index and the
+    initial shift are fixed to it. ``start_partition_id`` continues an existing topic
+    (CreatePartitions). For 5 brokers, 10 partitions, RF 3, start index 0 (Kafka's scaladoc)::
+
+        broker-0  broker-1  broker-2  broker-3  broker-4
+        p0        p1        p2        p3        p4       (1st replica)
+        p5        p6        p7        p8        p9       (1st replica)
+        p4        p0        p1        p2        p3       (2nd replica)
+        p8        p9        p5        p6        p7       (2nd replica)
+        p3        p4        p0        p1        p2       (3rd replica)
+        p7        p8        p9        p5        p6       (3rd replica)
+
+    Rack-aware (``racks`` maps every broker to a rack): the same walk over the
+    rack-alternated broker list, skipping a broker when its rack already holds a replica
+    while some rack holds none, or when it holds one while some broker holds none. Either
+    every broker has a rack or none has (else ValueError, as Kafka).
+    """
+    brokers = sorted(broker_ids)
+    _check_assignment_args(brokers, num_partitions, replication_factor)
+    rack_of = _racks_or_none(brokers, racks)
+    arranged = brokers if rack_of is None else rack_alternated_broker_list(rack_of)
+    n = len(arranged)
+    first_start = start_index if start_index is not None else rng.randrange(n)
+    shift = start_index if start_index is not None else rng.randrange(n)
+    out: dict[int, list[int]] = {}
+    for partition in range(max(0, start_partition_id), max(0, start_partition_id) + num_partitions):
+        if partition > 0 and partition % n == 0:
+            shift += 1
+        first = (partition + first_start) % n
+        if rack_of is None:
+            out[partition] = [arranged[first]] + [
+                arranged[_replica_index(first, shift, j, n)] for j in range(replication_factor - 1)]
+        else:
+            out[partition] = _rack_aware_replicas(arranged, rack_of, first, shift, replication_factor)
+    return out
+
+
+def _check_assignment_args(brokers: list[int], num_partitions: int, replication_factor: int) -> None:
+    if len(set(brokers)) != len(brokers):
+        raise ValueError(f"duplicate broker ids in {brokers}")
+    if num_partitions <= 0:
+        raise InvalidPartitionsError(f"Number of partitions must be larger than 0, got {num_partitions}.")
+    if replication_factor <= 0:
+        raise InvalidReplicationFactorError(
+            f"Replication factor must be larger than 0, got {replication_factor}.")
+    if replication_factor > len(brokers):
+        raise InvalidReplicationFactorError(
+            f"Replication factor: {replication_factor} larger than available brokers: {len(brokers)}.")
+
+
+def _racks_or_none(brokers: list[int], racks: Mapping[int, str | None] | None) -> dict[int, str] | None:
+    known = {b: racks[b] for b in brokers if racks and racks.get(b)}
+    if not known:
+        return None
+    if len(known) != len(brokers):
+        missing = sorted(set(brokers) - set(known))
+        raise ValueError(f"Not all brokers have rack information (missing for {missing}): "
+                         "give every broker a rack, or none")
+    return known
+
+
+def _replica_index(first_replica_index: int, shift: int, j: int, n: int) -> int:
+    """Index of the (j+2)-th replica: never the first one's, since 1 <= offset <= n-1."""
+    return (first_replica_index + 1 + (shift + j) % (n - 1)) % n
+
+
+def _rack_aware_replicas(arranged: list[int], rack_of: Mapping[int, str], first: int, shift: int,
+                         replication_factor: int) -> list[int]:
+    n, num_racks = len(arranged), len(set(rack_of.values()))
+    leader = arranged[first]
+    replicas, racks_used, brokers_used = [leader], {rack_of[leader]}, {leader}
+    k = 0
+    while len(replicas) < replication_factor:
+        broker = arranged[_replica_index(first, shift * num_racks, k, n)]
+        rack = rack_of[broker]
+        k += 1
+        if rack in racks_used and len(racks_used) < num_racks:
+            continue    # another rack still has no replica
+        if broker in brokers_used and len(brokers_used) < n:
+            continue    # another broker still has no replica
+        replicas.append(broker)
+        racks_used.add(rack)
+        brokers_used.add(broker)
+    return replicas
+
+
+def rack_alternated_broker_list(rack_of: Mapping[int, str]) -> list[int]:
+    """Brokers interleaved by rack: racks in name order, brokers in id order within a rack.
+
+    ``{0: "rack1", 1: "rack3", 2: "rack3", 3: "rack2", 4: "rack2", 5: "rack1"}`` ->
+    ``[0, 3, 1, 5, 4, 2]`` (Kafka's ``getRackAlternatedBrokerList``).
+    """
+    by_rack: dict[str, list[int]] = {}
+    for broker, rack in sorted(rack_of.items()):
+        by_rack.setdefault(rack, []).append(broker)
+    columns = [by_rack[r] for r in sorted(by_rack)]
+    depth = max(len(c) for c in columns)
+    return [c[i] for i in range(depth) for c in columns if i < len(c)]

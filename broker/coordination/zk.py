@@ -1,0 +1,602 @@
+"""The one module that imports kazoo: Tidelog's ZooKeeper client, used from Trio.
+
+Theory of operation
+-------------------
+kazoo is thread-based: each KazooClient runs a connection thread (which also calls state
+listeners), a completion worker and a callback worker (which runs every watch callback and
+the DataWatch/ChildrenWatch recipes, one at a time). Trio must never block on it, and kazoo's
+threads must never block on Trio. So:
+
+* every blocking kazoo call runs in a worker thread, ``trio.to_thread.run_sync`` with this
+  client's own CapacityLimiter (not Trio's shared default of 40) and
+  ``abandon_on_cancel=True``, inside a Trio timeout (``op_timeout_s``) that raises
+  ZkTimeoutError. An abandoned call may still be applied by ZooKeeper later: writes are
+  check-and-set, so a retry after a timeout re-reads first. That includes the recipe
+  constructors, which do a synchronous read;
+* kazoo's threads only *enqueue*: session state changes and watch callbacks call
+  ``token.run_sync_soon(send.send_nowait, item)`` into an unbounded memory channel (so
+  nothing ever blocks or drops) and return at once. Closing the receiving end of a watch
+  channel stops the watch at its next event;
+* kazoo's exceptions never leave this module: they become the ZkError family of
+  ``broker.coordination.layout``.
+
+Sessions: ``session_events`` carries ("CONNECTED" | "SUSPENDED" | "LOST", monotonic time).
+SUSPENDED means the connection dropped and the session may still be alive (ephemerals kept);
+LOST means ZooKeeper expired it, and the CONNECTED that follows is a *new* session: the owner
+re-registers its ephemerals (broker registration, controller candidacy). Watches made with
+``watch_children`` / ``watch_data`` survive both, as kazoo's recipes re-arm themselves. A
+deliberate ``close()`` ends the channel without a LOST.
+
+Fencing: every write derived from a read carries the znode version it read (check-and-set,
+ZkVersionConflict when stale); controller writes of partition state also carry a check of
+``/controller_epoch``'s znode version in the same transaction, so a controller that has
+been replaced (ControllerMovedError) cannot overwrite its successor's decisions.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import trio
+from kazoo.client import KazooClient
+from kazoo.exceptions import (BadVersionError, ConnectionDropped, ConnectionLoss, KazooException,
+                              NodeExistsError, NoNodeError, OperationTimeoutError, RolledBackError,
+                              RuntimeInconsistency, SessionExpiredError)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.retry import KazooRetry
+
+from broker.coordination.layout import (
+    BrokerIdInUseError, BrokerInfo, ControllerMovedError, DEFAULT_CHROOT, INITIAL_CONTROLLER_EPOCH,
+    LeaderAndIsr, ProducerIdBlock, TopicExistsError, ZkConnectionError, ZkError, ZkNodeExistsError,
+    ZkNoNodeError, ZkPaths, ZkTimeoutError, ZkVersionConflict, decode_broker_info, decode_cluster_id,
+    decode_controller, decode_controller_epoch, decode_isr_change, decode_partition_state,
+    decode_producer_id_block, decode_topic_assignment, decode_topic_config, encode_broker_info,
+    encode_cluster_id, encode_controller, encode_controller_epoch, encode_isr_change,
+    encode_partition_state, encode_producer_id_block, encode_topic_assignment, encode_topic_config,
+    next_producer_id_block, split_connect)
+from protocol.topics import validate_topic_name
+
+__all__ = ["ZkClient", "ZkError", "ZkTimeoutError", "ZkConnectionError", "ZkNoNodeError",
+           "ZkNodeExistsError", "ZkVersionConflict", "ControllerMovedError", "TopicExistsError",
+           "BrokerIdInUseError", "CONNECTED", "SUSPENDED", "LOST"]
+
+CONNECTED, SUSPENDED, LOST = "CONNECTED", "SUSPENDED", "LOST"
+logging.getLogger("kazoo").setLevel(logging.ERROR)  # else every failed reconnect is a WARNING
+log = logging.getLogger(__name__)
+
+
+def _retry() -> KazooRetry:
+    # kazoo's default backs off up to an hour between reconnects; cap it at 1 s.
+    return KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=1.0)
+
+
+def _translate(exc: Exception, what: str) -> ZkError:
+    """A kazoo exception as the ZkError family (kazoo stays inside this module)."""
+    kinds = ((NoNodeError, ZkNoNodeError), (NodeExistsError, ZkNodeExistsError),
+             (BadVersionError, ZkVersionConflict),
+             ((ConnectionLoss, ConnectionDropped, SessionExpiredError, OperationTimeoutError),
+              ZkConnectionError))
+    cls = next((zk_cls for kz_cls, zk_cls in kinds if isinstance(exc, kz_cls)), ZkError)
+    return cls(f"ZooKeeper {what}: {type(exc).__name__} {exc}".rstrip())
+
+
+class _Feed:
+    """An unbounded channel fed from kazoo's threads, delivered on the Trio thread.
+
+    ``post`` is the only method called off the Trio thread; it never blocks. It returns False
+    once the consumer is gone (receive side closed) or the client is closing, so that the
+    kazoo recipe stops watching.
+    """
+
+    def __init__(self) -> None:
+        self._send, self.receive = trio.open_memory_channel(math.inf)
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.closed = False
+
+    def post(self, item: Any) -> bool:
+        if self.closed or self.token is None:
+            return False
+        try:
+            self.token.run_sync_soon(self._deliver, item)
+        except trio.RunFinishedError:
+            self.closed = True
+        return not self.closed
+
+    def _deliver(self, item: Any) -> None:
+        try:
+            self._send.send_nowait(item)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
+        self._send.close()
+
+
+class ZkClient:
+    """Tidelog's ZooKeeper session: ``async with ZkClient("127.0.0.1:2181") as zk: ...``.
+
+    ``connect`` may carry a chroot suffix (``host:port/chroot``, as Kafka's
+    ``zookeeper.connect``), which then wins over ``chroot``. All paths are absolute; kazoo's
+    own chroot support is not used, so creating the chroot is just another ensure_path.
+    """
+
+    def __init__(self, connect: str, chroot: str = DEFAULT_CHROOT, session_timeout_ms: int = 6000,
+                 op_timeout_s: float = 10.0, *, max_threads: int = 8):
+        self.hosts, connect_chroot = split_connect(connect)
+        self.paths = ZkPaths(chroot if connect_chroot is None else connect_chroot)
+        self.session_timeout_ms = session_timeout_ms
+        self.op_timeout_s = op_timeout_s
+        self._limiter = trio.CapacityLimiter(max_threads)
+        self._zk: KazooClient | None = None
+        self._session_feed = _Feed()
+        self.session_events: trio.MemoryReceiveChannel = self._session_feed.receive
+        self._watch_feeds: list[_Feed] = []
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Connect (within ``op_timeout_s``) and create the chroot and the container znodes."""
+        if self._zk is not None or self._closed:
+            raise ZkError("ZkClient.start() may be called once")
+        self._session_feed.token = trio.lowlevel.current_trio_token()
+        self._zk = KazooClient(hosts=self.hosts, timeout=self.session_timeout_ms / 1000,
+                               connection_retry=_retry(), command_retry=_retry())
+        self._zk.add_listener(self._on_state)
+        try:
+            await self._call(f"connect to {self.hosts}", self._zk.start, self.op_timeout_s,
+                             timeout=self.op_timeout_s + 1)
+            for path in self.paths.persistent_paths():
+                await self._call(f"ensure_path {path}", self._zk.ensure_path, path)
+            await self._ensure_controller_epoch()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """End the session (its ephemerals go at once) and every channel. Idempotent; works
+        while being cancelled (shielded, bounded by ``op_timeout_s``)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._session_feed.close()
+        for feed in self._watch_feeds:
+            feed.close()
+        zk, self._zk = self._zk, None
+        if zk is None:
+            return
+
+        def stop_and_close() -> None:
+            zk.stop()
+            zk.close()
+        with trio.CancelScope(shield=True), trio.move_on_after(self.op_timeout_s):
+            # Not through self._limiter: abandoned calls may hold all of its tokens.
+            await trio.to_thread.run_sync(stop_and_close, abandon_on_cancel=True)
+
+    async def __aenter__(self) -> "ZkClient":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    @property
+    def session_id(self) -> int | None:
+        """The current session's id (changes after LOST), or None while disconnected."""
+        client_id = self._zk.client_id if self._zk is not None else None
+        return client_id[0] if client_id else None
+
+    @property
+    def connected(self) -> bool:
+        return self._zk is not None and self._zk.connected
+
+    def _owns(self, stat: Any) -> bool:
+        """Whether an ephemeral znode belongs to the current session."""
+        session_id = self.session_id
+        if session_id is None:
+            raise ZkConnectionError("ZooKeeper session unknown: not connected")
+        return stat.ephemeralOwner == session_id
+
+    def _on_state(self, state: str) -> None:
+        """kazoo connection thread: enqueue only."""
+        self._session_feed.post((str(state), time.monotonic()))
+
+    # ------------------------------------------------------------------ the bridge
+
+    @property
+    def _kz(self) -> KazooClient:
+        if self._zk is None:
+            raise ZkError("ZooKeeper client is not started (or closed)")
+        return self._zk
+
+    async def _call(self, what: str, fn: Callable, *args, timeout: float | None = None, **kwargs) -> Any:
+        """Run one blocking kazoo call in a worker thread, bounded by the op timeout."""
+        limit = self.op_timeout_s if timeout is None else timeout
+        try:
+            with trio.fail_after(limit):
+                return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
+                                                     limiter=self._limiter, abandon_on_cancel=True)
+        except trio.TooSlowError:
+            raise ZkTimeoutError(f"ZooKeeper {what}: no answer within {limit} s "
+                                 f"(is ZooKeeper at {self.hosts} reachable?)") from None
+        except KazooTimeoutError:
+            raise ZkTimeoutError(f"ZooKeeper {what}: no connection within {self.op_timeout_s} s") from None
+        except KazooException as exc:
+            raise _translate(exc, what) from exc
+
+    async def _get(self, path: str) -> tuple[bytes, Any] | None:
+        """(data, stat), or None if the znode does not exist."""
+        try:
+            return await self._call(f"get {path}", self._kz.get, path)
+        except ZkNoNodeError:
+            return None
+
+    async def _get_many(self, paths: list[str]) -> list[tuple[bytes, Any] | None]:
+        """Pipelined gets (one thread, all requests in flight together); None for absent nodes."""
+        def run() -> list:
+            pending = [self._kz.get_async(p) for p in paths]
+            out = []
+            for result in pending:
+                try:
+                    out.append(result.get())
+                except NoNodeError:
+                    out.append(None)
+            return out
+        return await self._call(f"get {len(paths)} znodes", run)
+
+    async def _children(self, path: str) -> list[str] | None:
+        try:
+            return sorted(await self._call(f"get_children {path}", self._kz.get_children, path))
+        except ZkNoNodeError:
+            return None
+
+    async def _create(self, path: str, data: bytes = b"", **kwargs) -> Any:
+        return await self._call(f"create {path}", self._kz.create, path, data, **kwargs)
+
+    async def _create_if_missing(self, path: str, data: bytes = b"") -> None:
+        try:
+            await self._create(path, data)
+        except ZkNodeExistsError:
+            pass
+
+    async def _set(self, path: str, data: bytes, version: int = -1) -> int:
+        """set_data with check-and-set (``version=-1``: unconditional); returns the new version."""
+        stat = await self._call(f"set {path}", self._kz.set, path, data, version=version)
+        return stat.version
+
+    async def _delete(self, path: str, version: int = -1, recursive: bool = False) -> None:
+        try:
+            await self._call(f"delete {path}", self._kz.delete, path, version=version, recursive=recursive)
+        except ZkNoNodeError:
+            pass
+
+    async def _transaction(self, what: str, ops: list[tuple]) -> list:
+        """Commit ``ops`` (``(method, *args)`` of kazoo's TransactionRequest) atomically.
+
+        kazoo's commit() never raises: it returns one result per op, the failing op's being
+        the real error (the others RolledBackError / RuntimeInconsistency). The real error is
+        raised translated, with ``op_index`` naming the failing op.
+        """
+        def run() -> list:
+            txn = self._kz.transaction()
+            for method, *args in ops:
+                getattr(txn, method)(*args)
+            return txn.commit()
+        results = await self._call(what, run)
+        for index, result in enumerate(results):
+            if isinstance(result, Exception) and not isinstance(result, (RolledBackError, RuntimeInconsistency)):
+                error = _translate(result, f"{what} (op {index}: {ops[index][0]} {ops[index][1]})")
+                error.op_index = index
+                raise error
+        return results
+
+    # ------------------------------------------------------------------ watches
+
+    async def watch_children(self, path: str) -> trio.MemoryReceiveChannel:
+        """Sorted children of ``path`` now and after each change (creating ``path`` if missing).
+
+        Deletion of ``path`` itself ends the watch silently (kazoo's ChildrenWatch): watch
+        container znodes only. Close the returned channel to stop watching.
+        """
+        await self._call(f"ensure_path {path}", self._kz.ensure_path, path)
+        feed = self._new_feed()
+
+        def on_children(children: list[str]) -> bool | None:   # kazoo thread: enqueue only
+            return None if feed.post(sorted(children)) else False
+        await self._start_watch(feed, f"watch children of {path}", ChildrenWatch, self._kz, path, on_children)
+        return feed.receive
+
+    async def watch_data(self, path: str) -> trio.MemoryReceiveChannel:
+        """(data, version) of ``path`` now and after each change; (None, None) while it does not
+        exist (an exists watch then waits for its creation). Close the channel to stop."""
+        feed = self._new_feed()
+
+        def on_data(data: bytes | None, stat: Any, event: Any = None) -> bool | None:   # kazoo thread
+            item = (None, None) if stat is None else (data, stat.version)
+            return None if feed.post(item) else False
+        await self._start_watch(feed, f"watch data of {path}", DataWatch, self._kz, path, on_data)
+        return feed.receive
+
+    def _new_feed(self) -> _Feed:
+        feed = _Feed()
+        feed.token = trio.lowlevel.current_trio_token()
+        self._watch_feeds = [f for f in self._watch_feeds if not f.closed] + [feed]
+        return feed
+
+    async def _start_watch(self, feed: _Feed, what: str, recipe: Callable, *args) -> None:
+        # The recipe constructors read synchronously (and call back once): a worker thread.
+        try:
+            await self._call(what, recipe, *args)
+        except BaseException:
+            feed.close()    # a late, abandoned registration then stops at its first event
+            raise
+
+    # ------------------------------------------------------------------ cluster id
+
+    async def get_or_create_cluster_id(self, proposed: str) -> str:
+        """The cluster id: ``proposed`` if this call created it, else the existing one."""
+        path = self.paths.cluster_id
+        try:
+            await self._create(path, encode_cluster_id(proposed), makepath=True)
+            return proposed
+        except ZkNodeExistsError:
+            got = await self._get(path)
+            if got is None:
+                raise ZkError(f"{path} vanished while being read") from None
+            return decode_cluster_id(got[0])
+
+    # ------------------------------------------------------------------ brokers
+
+    async def register_broker(self, info: BrokerInfo) -> int:
+        """Register this broker (ephemeral ``/brokers/ids/<id>``); returns the broker epoch.
+
+        The broker epoch is the znode's czxid: it grows with every registration, so the
+        controller can tell a restarted broker from the one it knew. If the znode already
+        belongs to this session (a retry, or a second call) it is reused and its data
+        refreshed; if another live session holds it, BrokerIdInUseError (a restarted broker
+        may retry until its previous session times out).
+        """
+        path, data = self.paths.broker(info.broker_id), encode_broker_info(info)
+        for _ in range(5):   # the node may vanish between our create and our read
+            try:
+                _, stat = await self._create(path, data, ephemeral=True, include_data=True)
+                return stat.czxid
+            except ZkNodeExistsError:
+                got = await self._get(path)
+            if got is None:
+                continue
+            owner = got[1].ephemeralOwner
+            if not self._owns(got[1]):
+                raise BrokerIdInUseError(f"broker.id {info.broker_id} is already registered "
+                                         f"(by ZooKeeper session 0x{owner:x})")
+            await self._set(path, data, got[1].version)
+            return got[1].czxid
+        raise ZkError(f"could not register broker {info.broker_id}: {path} keeps changing")
+
+    async def get_broker(self, broker_id: int) -> BrokerInfo | None:
+        got = await self._get(self.paths.broker(broker_id))
+        return None if got is None else decode_broker_info(broker_id, got[0])
+
+    async def live_brokers_and_epochs(self) -> dict[int, tuple[BrokerInfo, int]]:
+        """broker id -> (registration, broker epoch), for every registered broker."""
+        ids = sorted(int(c) for c in await self._children(self.paths.broker_ids) or [] if c.isdigit())
+        got = await self._get_many([self.paths.broker(i) for i in ids])
+        return {i: (decode_broker_info(i, g[0]), g[1].czxid) for i, g in zip(ids, got) if g is not None}
+
+    async def live_brokers(self) -> dict[int, BrokerInfo]:
+        return {i: info for i, (info, _) in (await self.live_brokers_and_epochs()).items()}
+
+    # ------------------------------------------------------------------ controller
+
+    async def _ensure_controller_epoch(self) -> None:
+        await self._create_if_missing(self.paths.controller_epoch,
+                                      encode_controller_epoch(INITIAL_CONTROLLER_EPOCH))
+
+    async def controller_epoch(self) -> tuple[int, int]:
+        """(controller epoch, znode version of ``/controller_epoch``)."""
+        got = await self._get(self.paths.controller_epoch)
+        if got is None:
+            await self._ensure_controller_epoch()
+            return await self.controller_epoch()
+        return decode_controller_epoch(got[0]), got[1].version
+
+    async def try_elect_controller(self, broker_id: int) -> int | None:
+        """Try to become the controller: the new controller epoch, or None if another is.
+
+        One transaction creates the ephemeral ``/controller`` and bumps ``/controller_epoch``
+        (check-and-set), so no controller ever runs with its predecessor's epoch. If this
+        session already is the controller (a retry), its current epoch is returned.
+        """
+        while True:
+            epoch, version = await self.controller_epoch()
+            try:
+                await self._transaction("elect controller", [
+                    ("create", self.paths.controller, encode_controller(broker_id), None, True),
+                    ("set_data", self.paths.controller_epoch, encode_controller_epoch(epoch + 1), version)])
+                return epoch + 1
+            except ZkNodeExistsError:
+                return await self._current_epoch_if_ours(broker_id)
+            except ZkVersionConflict:
+                continue    # the epoch moved between our read and our write: read again
+
+    async def _current_epoch_if_ours(self, broker_id: int) -> int | None:
+        got = await self._get(self.paths.controller)
+        if got is None or decode_controller(got[0]) != broker_id or not self._owns(got[1]):
+            return None
+        return (await self.controller_epoch())[0]
+
+    async def get_controller_id(self) -> int | None:
+        got = await self._get(self.paths.controller)
+        return None if got is None else decode_controller(got[0])
+
+    async def resign_controller(self, broker_id: int) -> None:
+        """Delete ``/controller`` if (and only if) it is ours: this broker, this session."""
+        got = await self._get(self.paths.controller)
+        if got is None or decode_controller(got[0]) != broker_id or not self._owns(got[1]):
+            return
+        try:
+            await self._delete(self.paths.controller, version=got[1].version)
+        except ZkVersionConflict:
+            pass
+
+    # ------------------------------------------------------------------ topics
+
+    async def create_topic(self, name: str, assignment: Mapping[int, Iterable[int]],
+                           config: Mapping[str, str]) -> None:
+        """Write the topic config, then the topic, in one transaction (Kafka's order: a broker
+        that sees the topic always finds its config). A leftover config of a deleted topic is
+        overwritten. TopicExistsError if the topic exists."""
+        validate_topic_name(name)
+        topic_path, config_path = self.paths.topic(name), self.paths.topic_config(name)
+        while True:
+            old_config = await self._get(config_path)
+            config_op = (("create", config_path, encode_topic_config(config)) if old_config is None else
+                         ("set_data", config_path, encode_topic_config(config), old_config[1].version))
+            try:
+                await self._transaction(f"create topic {name}", [
+                    config_op, ("create", topic_path, encode_topic_assignment(assignment))])
+                return
+            except (ZkNodeExistsError, ZkVersionConflict) as exc:
+                if exc.op_index == 1:
+                    raise TopicExistsError(f"Topic '{name}' already exists.") from None
+                # the config znode changed under us: read it again
+
+    async def get_topics(self) -> list[str]:
+        return await self._children(self.paths.topics) or []
+
+    async def get_assignment_with_version(self, topic: str) -> tuple[dict[int, list[int]], int] | None:
+        got = await self._get(self.paths.topic(topic))
+        return None if got is None else (decode_topic_assignment(got[0]), got[1].version)
+
+    async def get_assignment(self, topic: str) -> dict[int, list[int]] | None:
+        got = await self.get_assignment_with_version(topic)
+        return None if got is None else got[0]
+
+    async def set_assignment(self, topic: str, assignment: Mapping[int, Iterable[int]],
+                             version: int | None = None) -> int:
+        """Replace the assignment (CreatePartitions); check-and-set when ``version`` is given."""
+        return await self._set(self.paths.topic(topic), encode_topic_assignment(assignment),
+                               -1 if version is None else version)
+
+    async def get_topic_config(self, topic: str) -> dict[str, str]:
+        got = await self._get(self.paths.topic_config(topic))
+        return {} if got is None else decode_topic_config(got[0])
+
+    async def set_topic_config(self, topic: str, config: Mapping[str, str]) -> None:
+        path, data = self.paths.topic_config(topic), encode_topic_config(config)
+        try:
+            await self._set(path, data)
+        except ZkNoNodeError:
+            await self._create(path, data)
+
+    async def mark_topic_for_deletion(self, topic: str) -> None:
+        await self._create_if_missing(self.paths.delete_topic_marker(topic))
+
+    async def topics_marked_for_deletion(self) -> list[str]:
+        return await self._children(self.paths.delete_topics) or []
+
+    async def delete_topic(self, topic: str) -> None:
+        """Remove the topic, its partition states, its config and its deletion marker."""
+        await self._delete(self.paths.topic(topic), recursive=True)
+        await self._delete(self.paths.topic_config(topic))
+        await self._delete(self.paths.delete_topic_marker(topic))
+
+    # ------------------------------------------------------------------ partition state
+
+    async def get_partition_state(self, topic: str, partition: int) -> tuple[LeaderAndIsr, int] | None:
+        """(leader and ISR, znode version) or None if the partition has no state yet."""
+        got = await self._get(self.paths.partition_state(topic, partition))
+        return None if got is None else (decode_partition_state(got[0]), got[1].version)
+
+    async def get_partition_states(self, topic: str) -> dict[int, tuple[LeaderAndIsr, int]]:
+        names = await self._children(self.paths.partitions(topic)) or []
+        partitions = sorted(int(n) for n in names if n.isdigit())
+        got = await self._get_many([self.paths.partition_state(topic, p) for p in partitions])
+        return {p: (decode_partition_state(g[0]), g[1].version)
+                for p, g in zip(partitions, got) if g is not None}
+
+    async def create_partition_state(self, topic: str, partition: int, leader_and_isr: LeaderAndIsr,
+                                     expected_controller_epoch_version: int) -> int:
+        """Create the state znode, fenced by ``/controller_epoch``'s version; returns its version
+        (0). ZkNodeExistsError if it exists, ZkNoNodeError if the topic does not."""
+        await self._create_if_missing(self.paths.partitions(topic))
+        await self._create_if_missing(self.paths.partition(topic, partition))
+        path = self.paths.partition_state(topic, partition)
+        await self._fenced(f"create {path}", expected_controller_epoch_version,
+                           ("create", path, encode_partition_state(leader_and_isr)))
+        return 0
+
+    async def update_partition_state(self, topic: str, partition: int, leader_and_isr: LeaderAndIsr,
+                                     expected_version: int, controller_epoch_zk_version: int | None = None) -> int:
+        """Check-and-set the state; returns the new znode version.
+
+        ZkVersionConflict if ``expected_version`` is stale (someone else wrote since our read:
+        re-read and decide again). With ``controller_epoch_zk_version`` (controller writes) the
+        write is fenced: ControllerMovedError if another controller was elected since.
+        """
+        path = self.paths.partition_state(topic, partition)
+        data = encode_partition_state(leader_and_isr)
+        if controller_epoch_zk_version is None:
+            return await self._set(path, data, expected_version)
+        results = await self._fenced(f"update {path}", controller_epoch_zk_version,
+                                     ("set_data", path, data, expected_version))
+        return results[1].version
+
+    async def _fenced(self, what: str, controller_epoch_zk_version: int, op: tuple) -> list:
+        """``op`` in one transaction with a check of ``/controller_epoch``'s version."""
+        try:
+            return await self._transaction(what, [
+                ("check", self.paths.controller_epoch, controller_epoch_zk_version), op])
+        except ZkError as exc:
+            if exc.op_index == 0:
+                raise ControllerMovedError(f"{what}: the controller epoch moved on "
+                                           f"(expected znode version {controller_epoch_zk_version})") from exc
+            raise
+
+    # ------------------------------------------------------------------ ISR change notifications
+
+    async def notify_isr_change(self, partitions: list[tuple[str, int]]) -> str:
+        """Tell the controller these partitions' ISR changed (a sequential znode); its path."""
+        return await self._create(self.paths.isr_change_prefix, encode_isr_change(partitions), sequence=True)
+
+    async def isr_change_notifications(self) -> list[tuple[str, list[tuple[str, int]]]]:
+        """Pending notifications, oldest first: (path, [(topic, partition), ...])."""
+        names = await self._children(self.paths.isr_change_notification) or []
+        paths = [f"{self.paths.isr_change_notification}/{n}" for n in names]
+        got = await self._get_many(paths)
+        return [(p, decode_isr_change(g[0])) for p, g in zip(paths, got) if g is not None]
+
+    async def delete_isr_change_notifications(self, paths: Iterable[str]) -> None:
+        def run(paths: list[str]) -> None:
+            for result in [self._kz.delete_async(p) for p in paths]:
+                try:
+                    result.get()
+                except NoNodeError:
+                    pass
+        paths = list(paths)
+        await self._call(f"delete {len(paths)} isr change notifications", run, paths)
+
+    # ------------------------------------------------------------------ producer ids
+
+    async def allocate_producer_id_block(self, broker_id: int, size: int = 1000) -> tuple[int, int]:
+        """Claim the next ``size`` producer ids (inclusive bounds), check-and-set on
+        ``/latest_producer_id_block`` so two brokers never get overlapping blocks."""
+        path = self.paths.latest_producer_id_block
+        while True:
+            got = await self._get(path)
+            previous: ProducerIdBlock | None = decode_producer_id_block(got[0]) if got and got[0] else None
+            block = next_producer_id_block(previous, broker_id, size)
+            try:
+                if got is None:
+                    await self._create(path, encode_producer_id_block(block))
+                else:
+                    await self._set(path, encode_producer_id_block(block), got[1].version)
+                return block.first, block.last
+            except (ZkNodeExistsError, ZkVersionConflict):
+                continue    # another broker got a block first: take the next one

@@ -1,0 +1,366 @@
+"""ZkClient and the ZooKeeper harness against real ZooKeeper processes.
+
+Each test uses its own chroot on the session's server (see conftest), so tests are
+independent. Session loss is produced the only way ZooKeeper produces it: a TCP proxy
+(served by the test's own Trio loop, which also proves ZkClient never blocks that loop) is
+cut for longer than the session timeout while the server keeps running, then restored.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from broker.coordination.layout import BrokerInfo, LeaderAndIsr, decode_controller
+from broker.coordination.zk import (LOST, SUSPENDED, BrokerIdInUseError, ControllerMovedError,
+                                    TopicExistsError, ZkClient, ZkConnectionError,
+                                    ZkNodeExistsError, ZkTimeoutError, ZkVersionConflict)
+from broker.coordination.zkserver import (ZooKeeperEnsemble, ZooKeeperNotInstalledError,
+                                          ZooKeeperServer, find_free_port)
+from protocol.errors import TidelogError
+
+pytestmark = pytest.mark.integration
+
+B1 = BrokerInfo(1, "127.0.0.1", 9091)
+B2 = BrokerInfo(2, "127.0.0.1", 9092, rack="r2")
+
+
+async def next_item(channel, timeout: float = 5.0):
+    with trio.fail_after(timeout):
+        return await channel.receive()
+
+
+def client(zookeeper, chroot, **kwargs) -> ZkClient:
+    return ZkClient(zookeeper.connect_string, chroot=chroot, **kwargs)
+
+
+class TcpProxy:
+    """A loopback TCP proxy to ZooKeeper that can be cut (connections dropped, new ones
+    refused) and restored."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.port: int | None = None
+        self._cut = False
+        self._scopes: set[trio.CancelScope] = set()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    def cut(self) -> None:
+        self._cut = True
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    def restore(self) -> None:
+        self._cut = False
+
+    async def _handle(self, downstream):
+        async with downstream:
+            if self._cut:
+                return
+            try:
+                upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+            except OSError:
+                return
+            async with upstream, trio.open_nursery() as nursery:
+                self._scopes.add(nursery.cancel_scope)
+                nursery.start_soon(self._pump, downstream, upstream, nursery.cancel_scope)
+                nursery.start_soon(self._pump, upstream, downstream, nursery.cancel_scope)
+            self._scopes.discard(nursery.cancel_scope)
+
+    @staticmethod
+    async def _pump(source, sink, scope):
+        try:
+            async for chunk in source:
+                await sink.send_all(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            scope.cancel()
+
+
+# ----------------------------------------------------------------------------- brokers
+
+async def test_register_broker_and_ephemeral_disappears_after_close(zookeeper, chroot):
+    async with client(zookeeper, chroot) as observer:
+        async with client(zookeeper, chroot) as zk:
+            epoch = await zk.register_broker(B1)
+            assert epoch > 0
+            assert await observer.get_broker(1) == B1
+            assert await observer.live_brokers_and_epochs() == {1: (B1, epoch)}
+        assert await observer.get_broker(1) is None
+        assert await observer.live_brokers() == {}
+
+
+async def test_duplicate_broker_id_refused(zookeeper, chroot):
+    async with client(zookeeper, chroot) as a, client(zookeeper, chroot) as b:
+        epoch = await a.register_broker(B1)
+        assert await a.register_broker(B1) == epoch          # same session: reused
+        with pytest.raises(BrokerIdInUseError, match="broker.id 1 is already registered"):
+            await b.register_broker(B1)
+        await a.close()
+        assert await b.register_broker(B1) > epoch           # a new registration, a new epoch
+
+
+async def test_watch_children_delivers_broker_joins_and_leaves(zookeeper, chroot):
+    async with client(zookeeper, chroot) as watcher:
+        members = await watcher.watch_children(watcher.paths.broker_ids)
+        assert await next_item(members) == []
+        async with client(zookeeper, chroot) as one, client(zookeeper, chroot) as two:
+            await one.register_broker(B1)
+            assert await next_item(members) == ["1"]
+            await two.register_broker(B2)
+            assert await next_item(members) == ["1", "2"]
+            assert await watcher.live_brokers() == {1: B1, 2: B2}
+            await one.close()
+            assert await next_item(members) == ["2"]
+        assert await next_item(members) == []
+        members.close()                 # the consumer leaves: the watch stops at its next event
+        async with client(zookeeper, chroot) as three:
+            await three.register_broker(B1)
+
+
+# ----------------------------------------------------------------------------- controller
+
+async def test_controller_election_race_failover_and_epochs(zookeeper, chroot):
+    async with client(zookeeper, chroot) as a, client(zookeeper, chroot) as b:
+        clients = {1: a, 2: b}
+        results: dict[int, int | None] = {}
+
+        async def elect(broker_id):
+            results[broker_id] = await clients[broker_id].try_elect_controller(broker_id)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(elect, 1)
+            nursery.start_soon(elect, 2)
+        winners = [i for i, epoch in results.items() if epoch is not None]
+        assert len(winners) == 1 and results[winners[0]] == 1
+        winner, loser = winners[0], 3 - winners[0]
+        assert await clients[loser].get_controller_id() == winner
+        assert await clients[winner].try_elect_controller(winner) == 1    # a retry by the winner
+
+        changes = await clients[loser].watch_data(b.paths.controller)
+        data, _ = await next_item(changes)
+        assert decode_controller(data) == winner
+        await clients[loser].resign_controller(loser)                     # not ours: no-op
+        await clients[winner].close()
+        assert await next_item(changes) == (None, None)
+        assert await clients[loser].try_elect_controller(loser) == 2
+        assert (await clients[loser].controller_epoch())[0] == 2
+        data, _ = await next_item(changes)
+        assert decode_controller(data) == loser
+        await clients[loser].resign_controller(loser)
+        assert await next_item(changes) == (None, None)
+        assert await clients[loser].get_controller_id() is None
+
+
+# ----------------------------------------------------------------------------- topics
+
+async def test_topic_creation_config_assignment_and_deletion(zookeeper, chroot):
+    async with client(zookeeper, chroot) as zk:
+        await zk.create_topic("orders", {0: [1, 2], 1: [2, 1]}, {"retention.ms": "1000"})
+        assert await zk.get_topics() == ["orders"]
+        assert await zk.get_assignment("orders") == {0: [1, 2], 1: [2, 1]}
+        assert await zk.get_topic_config("orders") == {"retention.ms": "1000"}
+        with pytest.raises(TopicExistsError, match="already exists"):
+            await zk.create_topic("orders", {0: [1]}, {"retention.ms": "5"})
+        assert await zk.get_topic_config("orders") == {"retention.ms": "1000"}   # rolled back
+
+        assignment, version = await zk.get_assignment_with_version("orders")
+        new_version = await zk.set_assignment("orders", {**assignment, 2: [1, 2]}, version)
+        assert new_version == version + 1
+        with pytest.raises(ZkVersionConflict):
+            await zk.set_assignment("orders", {0: [1]}, version)
+        await zk.set_topic_config("orders", {"cleanup.policy": "delete"})
+        assert await zk.get_topic_config("orders") == {"cleanup.policy": "delete"}
+        with pytest.raises(TidelogError, match="characters"):
+            await zk.create_topic("bad name", {0: [1]}, {})
+        assert await zk.get_assignment("missing") is None
+
+        await zk.mark_topic_for_deletion("orders")
+        await zk.mark_topic_for_deletion("orders")
+        assert await zk.topics_marked_for_deletion() == ["orders"]
+        await zk.delete_topic("orders")
+        assert await zk.get_topics() == []
+        assert await zk.get_topic_config("orders") == {}
+        assert await zk.topics_marked_for_deletion() == []
+        await zk.create_topic("orders", {0: [2]}, {})       # the name is free again
+        assert await zk.get_topic_config("orders") == {}
+
+
+# ----------------------------------------------------------------------------- partition state
+
+async def test_partition_state_check_and_set_and_controller_fencing(zookeeper, chroot):
+    async with client(zookeeper, chroot) as a, client(zookeeper, chroot) as b:
+        assert await a.try_elect_controller(1) == 1
+        epoch, epoch_version = await a.controller_epoch()
+        await a.create_topic("t", {0: [1, 2], 1: [2, 1]}, {})
+        state = LeaderAndIsr.initial(1, [1, 2], epoch)
+        assert await a.create_partition_state("t", 0, state, epoch_version) == 0
+        assert await a.create_partition_state("t", 1, state.new_leader_and_isr(2, [2, 1]), epoch_version) == 0
+        with pytest.raises(ZkNodeExistsError):
+            await a.create_partition_state("t", 0, state, epoch_version)
+        assert await a.get_partition_state("t", 0) == (state, 0)
+        assert await a.get_partition_state("t", 7) is None
+
+        # A leader's ISR change: plain check-and-set on the znode version.
+        shrunk = state.with_isr([1])
+        assert await a.update_partition_state("t", 0, shrunk, 0) == 1
+        with pytest.raises(ZkVersionConflict):
+            await b.update_partition_state("t", 0, state, 0)
+        # A controller's write: also fenced by /controller_epoch.
+        moved = shrunk.new_leader_and_isr(2, [2])
+        assert await a.update_partition_state("t", 0, moved, 1, epoch_version) == 2
+        with pytest.raises(ZkVersionConflict):
+            await a.update_partition_state("t", 0, moved, 1, epoch_version)
+
+        await a.resign_controller(1)
+        assert await b.try_elect_controller(2) == 2
+        with pytest.raises(ControllerMovedError):
+            await a.update_partition_state("t", 0, state, 2, epoch_version)
+        with pytest.raises(ControllerMovedError):
+            await a.create_partition_state("t", 2, state, epoch_version)
+        states = await b.get_partition_states("t")
+        assert states == {0: (moved, 2), 1: (state.new_leader_and_isr(2, [2, 1]), 0)}
+
+
+# ----------------------------------------------------------------------------- small things
+
+async def test_cluster_id_isr_notifications_and_producer_id_blocks(zookeeper, chroot):
+    async with client(zookeeper, chroot) as a, client(zookeeper, chroot) as b:
+        assert await a.get_or_create_cluster_id("first") == "first"
+        assert await b.get_or_create_cluster_id("second") == "first"
+
+        p1 = await a.notify_isr_change([("t", 0), ("t", 1)])
+        p2 = await b.notify_isr_change([("u", 3)])
+        assert p1 < p2
+        assert await a.isr_change_notifications() == [(p1, [("t", 0), ("t", 1)]), (p2, [("u", 3)])]
+        await a.delete_isr_change_notifications([p1, p2, p1])
+        assert await a.isr_change_notifications() == []
+
+        blocks = []
+
+        async def allocate(zk, broker_id):
+            for _ in range(5):
+                blocks.append(await zk.allocate_producer_id_block(broker_id, size=10))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(allocate, a, 1)
+            nursery.start_soon(allocate, b, 2)
+        assert sorted(blocks) == [(i * 10, i * 10 + 9) for i in range(10)]
+
+
+async def test_unreachable_zookeeper_times_out_clearly():
+    zk = ZkClient(f"127.0.0.1:{find_free_port()}", op_timeout_s=1)
+    with pytest.raises(ZkTimeoutError, match="ZooKeeper connect"):
+        await zk.start()
+    with pytest.raises(Exception, match="not started"):
+        await zk.get_topics()
+
+
+# ----------------------------------------------------------------------------- session loss
+
+async def test_session_loss_then_new_session(zookeeper, chroot):
+    """SUSPENDED at the cut, LOST + CONNECTED (a new session) after it; ephemerals gone,
+    re-registration works, and watches survive the new session."""
+    proxy = TcpProxy(zookeeper.port)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        zk = ZkClient(f"127.0.0.1:{proxy.port}", chroot=chroot, session_timeout_ms=2000, op_timeout_s=3)
+        async with client(zookeeper, chroot) as observer, zk:
+            assert (await next_item(zk.session_events))[0] == "CONNECTED"
+            epoch = await zk.register_broker(B1)
+            members = await observer.watch_children(observer.paths.broker_ids)
+            assert await next_item(members) == ["1"]
+            controller = await zk.watch_data(zk.paths.controller)
+            assert await next_item(controller) == (None, None)
+            old_session = zk.session_id
+
+            proxy.cut()
+            assert (await next_item(zk.session_events))[0] == SUSPENDED
+            with pytest.raises((ZkConnectionError, ZkTimeoutError)):
+                await zk.get_broker(1)
+            assert await next_item(members, timeout=15) == []     # ZooKeeper expired the session
+            proxy.restore()
+            events = [(await next_item(zk.session_events, timeout=15))[0] for _ in range(2)]
+            assert events == [LOST, "CONNECTED"]
+            assert zk.session_id not in (None, old_session)
+
+            assert await zk.register_broker(B1) > epoch
+            assert await next_item(members) == ["1"]
+            assert await observer.try_elect_controller(9) == 1
+            data, _ = await next_item(controller)                # re-armed in the new session
+            assert decode_controller(data) == 9
+        with pytest.raises(trio.EndOfChannel):                    # close ends the channel, no LOST
+            await next_item(zk.session_events)
+        nursery.cancel_scope.cancel()
+
+
+# ----------------------------------------------------------------------------- the harness
+
+def test_server_restart_reuses_its_data(tmp_path):
+    server = ZooKeeperServer(tmp_path / "zk")
+    try:
+        server.start()
+        assert server.wait_serving(30) == "standalone"
+        first_pid = server.pid
+        assert trio.run(_cluster_id, server.connect_string, "original") == "original"
+        assert server.stop() is not None and not server.running
+
+        again = ZooKeeperServer(tmp_path / "zk")            # a second `dev up` on the same dir
+        assert again.port == server.port                     # zookeeper.connect stays valid
+        server = again
+        server.start()
+        server.wait_serving(30)
+        assert server.pid != first_pid
+        assert trio.run(_cluster_id, server.connect_string, "another") == "original"
+    finally:
+        server.stop()
+    assert (tmp_path / "zk" / "zookeeper.log").exists()
+
+
+async def _cluster_id(connect: str, proposed: str) -> str:
+    async with ZkClient(connect, chroot="/restart") as zk:
+        return await zk.get_or_create_cluster_id(proposed)
+
+
+def test_ensemble_of_three_serves_and_survives_a_killed_node(tmp_path):
+    ensemble = ZooKeeperEnsemble(tmp_path, size=3)
+    try:
+        ensemble.start()
+        modes = ensemble.wait_serving()
+        assert sorted(modes.values()) == ["follower", "follower", "leader"]
+        leader = next(n for n, mode in modes.items() if mode == "leader")
+        assert trio.run(_cluster_id, ensemble.connect_string, "ensemble") == "ensemble"
+        ensemble.kill_node(leader)
+        survivor = ensemble.node(next(n for n in modes if n != leader))
+        survivor.wait_serving(30)                            # a new leader among the two left
+        assert trio.run(_cluster_id, survivor.connect_string, "other") == "ensemble"
+    finally:
+        ensemble.stop()
+    assert not any(node.running for node in ensemble.nodes.values())
+
+
+def test_missing_java_or_jar_says_what_to_install(tmp_path):
+    with pytest.raises(ZooKeeperNotInstalledError, match="apt-get install zookeeper"):
+        ZooKeeperServer(tmp_path, java="no-such-java").start()
+    with pytest.raises(ZooKeeperNotInstalledError, match="apt-get install zookeeper"):
+        ZooKeeperServer(tmp_path, jar=str(tmp_path / "missing.jar")).start()
+
+
+def test_start_refuses_a_worker_thread(tmp_path):
+    errors = []
+
+    def start():
+        try:
+            ZooKeeperServer(tmp_path).start()
+        except RuntimeError as exc:
+            errors.append(exc)
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    assert errors and "main thread" in str(errors[0])
