@@ -1,0 +1,113 @@
+"""The ``tidelog`` command line (DESIGN.md section 7): one entry point, one subcommand per tool.
+
+Each subcommand is a ``Command`` in ``COMMANDS``: a name, help texts, a function that adds its
+arguments to its own parser, and a function that runs it and returns the exit status. A
+command's ``run`` imports what it needs when it runs, so ``tidelog --help`` and the light
+commands start without loading Trio, kazoo or the broker; this module imports only the stdlib.
+
+``main`` returns the exit status instead of exiting, so tests can call it: 0 success, 1 the
+command ran and failed (or, for ``dump-log``, found problems), 2 usage errors (argparse's
+convention), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+PROG = "tidelog"
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    help: str  # one line, for ``tidelog --help``
+    description: str  # for ``tidelog NAME --help``
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# -- dump-log ---------------------------------------------------------------------------------
+
+
+def _dump_log_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="segment files: <20-digit base offset>.log, .index or .timeindex")
+    p.add_argument("--verify", action="store_true",
+                   help="check batch framing and CRCs, offset order and records; check index "
+                        "entries against the sibling .log (a .log's existing sibling indexes too)")
+    p.add_argument("--print-data", action="store_true",
+                   help="also print every record: offset, timestamp, key, payload and headers")
+
+
+def _dump_log(args: argparse.Namespace) -> int:
+    from broker.log.dump import run
+
+    _tolerate_unencodable(sys.stdout)
+    return run(args.files, verify=args.verify, print_data=args.print_data,
+               out=sys.stdout, err=sys.stderr)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "dump-log", "print and check log segment files (like kafka-dump-log)",
+        "Print the batches of .log segment files (and with --print-data their records), the "
+        "entries of .index and .timeindex files, and report torn or corrupt data. Exit status: "
+        "0 all is well, 1 problems were found (lines starting with ERROR:), 2 usage errors.",
+        _dump_log_arguments, _dump_log),
+)
+
+
+# -- the entry point --------------------------------------------------------------------------
+
+
+def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Tidelog: a replicated, partitioned commit log.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", required=True)
+    for c in commands:
+        p = sub.add_parser(c.name, help=c.help, description=c.description)
+        c.add_arguments(p)
+        p.set_defaults(run=c.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``tidelog`` with ``argv`` (default: the process's arguments); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0), or a usage error argparse has already explained (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (``tidelog dump-log ... | head``)
+        _silence_stdout()
+        return 1
+
+
+def _tolerate_unencodable(stream) -> None:
+    """Print what the terminal's encoding cannot show as escapes rather than failing."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout at exit; pointing it at /dev/null keeps that from failing again
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
