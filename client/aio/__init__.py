@@ -1,0 +1,20 @@
+"""The Trio core of the Tidelog SDK.
+
+    from client.aio import AsyncProducer, AsyncConsumer, AsyncAdmin
+
+Each client object runs its background tasks (metadata refresh, connection readers, the
+producer's sender, the consumer's fetcher) in a nursery it owns: use it as an async context
+manager, or start it in your own nursery with ``await nursery.start(obj.run)`` and end it
+with ``await obj.close()``.
+"""
+
+from client.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, NewTopic, PartitionInfo,
+                              TopicDescription)
+from client.aio.accumulator import RecordFuture
+from client.aio.consumer import AsyncConsumer, OffsetAndTimestamp
+from client.aio.producer import AsyncProducer
+from client.records import Record, RecordMetadata, TopicPartition
+
+__all__ = ["AsyncProducer", "AsyncConsumer", "AsyncAdmin", "RecordFuture", "Record",
+           "RecordMetadata", "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo",
+           "ClusterDescription", "ConfigEntry", "OffsetAndTimestamp"]

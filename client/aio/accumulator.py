@@ -1,0 +1,573 @@
+"""The producer's record accumulator: records in, batches per partition, batches out per node.
+
+Theory of operation (Kafka's RecordAccumulator, adapted to one lock and two kinds of thread).
+
+* Records are appended to the open batch at the tail of their partition's deque; a record
+  that does not fit opens a new batch. A batch is *ready* once it is full (or not the last
+  one of its deque), its ``linger_ms`` has passed since it was opened, a flush or close is
+  in progress, or someone is blocked waiting for buffer memory. The sender asks ``ready``
+  which leader nodes have a ready batch, then ``drain``s those nodes: one ProduceRequest
+  per node holding at most one batch per partition (aiokafka's ``drain_by_nodes``, Kafka's
+  ``drainBatchesForOneNode``), up to ``max_request_size`` bytes.
+* Callers may append from any thread. One ``threading.Lock`` guards every structure; the
+  hot path takes it once per record and never hops threads. The sender (in the Trio thread)
+  is woken through the ``wakeup`` callback only when a batch is opened or becomes full, at
+  most once until it next looks (``_wake_pending``): the linger timer starts with a batch, so
+  appends to an open batch need no wake-up.
+* Every record gets a ``RecordFuture`` that points at its batch's ``ProduceResult`` and its
+  index: offset = base offset + index, as in Kafka. Completion is per batch (one
+  ``threading.Event`` and, for Trio waiters, one ``trio.Event``), never per record.
+* ``buffer_memory``: appending reserves the record's estimated size and completion releases
+  its batch's; ``append`` returns None when the reservation would exceed the limit, and the
+  caller blocks (``wait_for_memory`` in a thread, ``wait_for_memory_async`` in Trio) until
+  memory is released or ``max_block_ms`` passes.
+* Retries: ``reenqueue`` puts a failed batch back in front of the newer batches of its
+  partition (ordered by creation sequence, so two failed batches keep their order). A
+  partition whose head batch is a retry is sent only when nothing of it is in flight, one
+  batch at a time (max in flight 1 per partition while retrying), after ``retry_backoff_ms``.
+* Nothing is dropped silently: ``expire`` fails queued batches past ``delivery_timeout_ms``;
+  ``abort`` fails everything still queued (close without a flush).
+
+All methods but ``append``/``append_keyless``/``wait_for_memory`` are called from the Trio
+thread. Time is passed in (``now``, monotonic seconds), so readiness is unit tested with a
+fake clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import trio
+
+from client.aio.partitioner import StickyPartitioner
+from client.errors import ClientClosedError, RequestTimedOut, TidelogError
+from client.records import RecordMetadata
+from protocol.records import HEADER_SIZE, BatchBuilder, Codec
+from protocol.topics import TopicPartition
+
+__all__ = ["ProduceResult", "RecordFuture", "ProducerBatch", "RecordAccumulator", "ReadyCheck",
+           "record_size"]
+
+RECORD_OVERHEAD = 32  # BatchBuilder's per-record estimate
+BATCH_OVERHEAD = HEADER_SIZE + 5
+
+
+def record_size(key: bytes | None, value: bytes | None,
+                headers: Sequence[tuple[str, bytes | None]] | None) -> int:
+    """Estimated encoded size of a record (BatchBuilder's estimate)."""
+    size = RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
+    if headers:
+        size += sum(len(k) + len(v or b"") + 8 for k, v in headers)
+    return size
+
+
+class ProduceResult:
+    """The outcome of one batch (Kafka's ProduceRequestResult), shared by its records' futures.
+
+    Completed once, on the Trio thread; waitable from any thread (``wait``) and from Trio
+    (``wait_async``). Callbacks run on the Trio thread when the batch completes."""
+
+    __slots__ = ("tp", "base_offset", "log_append_time", "error", "_event", "_trio_event",
+                 "_callbacks")
+
+    def __init__(self, tp: TopicPartition):
+        self.tp = tp
+        self.base_offset = -1
+        self.log_append_time = -1
+        self.error: BaseException | None = None
+        self._event = threading.Event()
+        self._trio_event: trio.Event | None = None
+        self._callbacks: list[Callable[[], None]] | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def complete(self, base_offset: int = -1, log_append_time: int = -1,
+                 error: BaseException | None = None) -> None:
+        if self._event.is_set():
+            return
+        self.base_offset = base_offset
+        self.log_append_time = log_append_time
+        self.error = error
+        self._event.set()
+        if self._trio_event is not None:
+            self._trio_event.set()
+        callbacks, self._callbacks = self._callbacks, None
+        for cb in callbacks or ():
+            cb()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    async def wait_async(self) -> None:
+        if self._event.is_set():
+            await trio.lowlevel.checkpoint()
+            return
+        if self._trio_event is None:
+            self._trio_event = trio.Event()
+        await self._trio_event.wait()
+
+    def add_callback(self, cb: Callable[[], None]) -> None:
+        """Run ``cb()`` when done (now, if already done)."""
+        if self._event.is_set():
+            cb()
+        elif self._callbacks is None:
+            self._callbacks = [cb]
+        else:
+            self._callbacks.append(cb)
+
+
+class RecordFuture:
+    """The future of one sent record: awaitable in Trio (``await fut``) and blocking
+    (``fut.result(timeout)``) from any other thread. Resolves to RecordMetadata or raises the
+    error that failed its batch."""
+
+    __slots__ = ("_result", "_index", "_timestamp")
+
+    def __init__(self, result: ProduceResult, index: int, timestamp: int):
+        self._result = result
+        self._index = index
+        self._timestamp = timestamp
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return self._result.tp
+
+    def done(self) -> bool:
+        return self._result.done()
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        """The RecordMetadata; raises the batch's error, or RequestTimedOut after ``timeout``
+        seconds (do not call this from the client's own Trio thread: await the future)."""
+        if not self._result.wait(timeout):
+            raise RequestTimedOut(f"record for {self._result.tp} not acknowledged within {timeout:g} s")
+        return self._metadata()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._result.wait(timeout):
+            raise RequestTimedOut(f"record for {self._result.tp} not acknowledged within {timeout:g} s")
+        return self._result.error
+
+    def _metadata(self) -> RecordMetadata:
+        r = self._result
+        if r.error is not None:
+            raise r.error
+        offset = -1 if r.base_offset < 0 else r.base_offset + self._index
+        ts = r.log_append_time if r.log_append_time >= 0 else self._timestamp
+        return RecordMetadata(r.tp.topic, r.tp.partition, offset, ts)
+
+    def add_done_callback(self, fn: Callable[["RecordFuture"], Any]) -> None:
+        """Call ``fn(future)`` once resolved: immediately if it already is, else on the
+        client's Trio thread (keep it short: it delays the sender)."""
+        self._result.add_callback(lambda: fn(self))
+
+    async def _wait(self) -> RecordMetadata:
+        await self._result.wait_async()
+        return self._metadata()
+
+    def __await__(self):
+        return self._wait().__await__()
+
+    def __repr__(self) -> str:
+        state = "pending" if not self.done() else ("failed" if self._result.error else "done")
+        return f"<RecordFuture {self._result.tp} #{self._index} {state}>"
+
+
+_batch_seq = itertools.count()
+
+
+class ProducerBatch:
+    """Records of one partition on their way to its leader."""
+
+    __slots__ = ("tp", "builder", "result", "futures", "created", "deadline", "seq", "memory",
+                 "attempts", "retry_at", "payload", "full")
+
+    def __init__(self, tp: TopicPartition, codec: Codec, created: float, deadline: float):
+        self.tp = tp
+        self.builder = BatchBuilder(codec)
+        self.result = ProduceResult(tp)
+        self.created = created
+        self.deadline = deadline  # created + delivery_timeout
+        self.seq = next(_batch_seq)  # creation order; keeps retried batches in order
+        self.memory = 0  # bytes of buffer_memory this batch holds
+        self.attempts = 0  # sends so far
+        self.retry_at = 0.0  # not before this time when retrying
+        self.payload: bytes | None = None  # the encoded batch, built once at first send
+        self.full = False
+
+    def __len__(self) -> int:
+        return len(self.builder)
+
+    def __repr__(self) -> str:
+        return f"<ProducerBatch {self.tp} {len(self)} records, attempt {self.attempts}>"
+
+    def has_room(self, size: int, batch_size: int) -> bool:
+        return not self.memory or self.memory + size + BATCH_OVERHEAD <= batch_size
+
+    def append(self, timestamp: int, key: bytes | None, value: bytes | None,
+               headers: Sequence[tuple[str, bytes | None]] | None, size: int) -> RecordFuture:
+        index = self.builder.append(timestamp, key, value, headers)
+        self.memory += size
+        return RecordFuture(self.result, index, timestamp)
+
+    def encode(self) -> bytes:
+        if self.payload is None:
+            self.payload = self.builder.build()
+        return self.payload
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) if self.payload is not None else self.builder.estimated_size
+
+
+class LeaderView(Protocol):
+    def leader_for(self, tp: TopicPartition) -> int | None: ...
+
+
+class ReadyCheck(NamedTuple):
+    nodes: set[int]  # leaders with at least one sendable batch
+    next_delay: float  # seconds until something may become ready or expire (inf: nothing)
+    unknown_leaders: bool  # some partition with queued batches has no known leader
+
+
+class RecordAccumulator:
+    """See the module docstring. ``wakeup`` is called (outside the lock, from whatever thread
+    appended) when the sender should look again; the sender makes it thread-safe."""
+
+    def __init__(self, *, batch_size: int = 16384, buffer_memory: int = 32 << 20,
+                 linger_s: float = 0.005, codec: Codec = Codec.NONE,
+                 delivery_timeout_s: float = 120.0, retry_backoff_s: float = 0.1,
+                 partitioner: StickyPartitioner | None = None,
+                 wakeup: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] | None = None):
+        self.batch_size = batch_size
+        self.buffer_memory = buffer_memory
+        self.linger_s = linger_s
+        self.codec = Codec(codec)
+        self.delivery_timeout_s = delivery_timeout_s
+        self.retry_backoff_s = retry_backoff_s
+        self.partitioner = partitioner or StickyPartitioner()
+        self.wakeup = wakeup
+        self.clock = clock or time.monotonic
+        self.lock = threading.Lock()
+        self._memory_freed = threading.Condition(self.lock)
+        self._memory_event = trio.Event()  # Trio-side waiters; replaced on every release
+        self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self._incomplete: set[ProducerBatch] = set()
+        self._in_flight: dict[TopicPartition, int] = {}
+        self._sticky: dict[str, ProducerBatch] = {}  # topic -> the open batch of keyless records
+        self._used = 0
+        self._memory_waiters = 0
+        self._flushing = 0
+        self._closed = False
+        self.closed_for_retries = False  # set at the end of close: retries fail instead
+        self._wake_pending = False
+
+    # -- appending (any thread) -----------------------------------------------------------------
+
+    def append(self, tp: TopicPartition, timestamp: int, key: bytes | None, value: bytes | None,
+               headers: Sequence[tuple[str, bytes | None]] | None, size: int) -> RecordFuture | None:
+        """Add a record to ``tp``'s open batch; None when buffer memory is exhausted."""
+        with self.lock:
+            if self._closed:
+                raise ClientClosedError("the producer is closed")
+            if self._used + size > self.buffer_memory and self._used:
+                return None
+            dq = self._batches.get(tp)
+            batch = dq[-1] if dq else None
+            if batch is not None and not batch.full and batch.memory + size + BATCH_OVERHEAD <= self.batch_size:
+                # the common case: room in the open batch
+                index = batch.builder.append(timestamp, key, value, headers)
+                batch.memory += size
+                self._used += size
+                wake = False
+                if batch.memory + BATCH_OVERHEAD >= self.batch_size:
+                    batch.full = True
+                    wake = self._take_wake()
+                future = RecordFuture(batch.result, index, timestamp)
+            else:
+                future, _, wake = self._append_slow(tp, timestamp, key, value, headers, size)
+        if wake:
+            self.wakeup()
+        return future
+
+    def append_keyless(self, topic: str, num_partitions: int, available: Sequence[int],
+                       timestamp: int, value: bytes | None,
+                       headers: Sequence[tuple[str, bytes | None]] | None,
+                       size: int) -> RecordFuture | None:
+        """Add a record without key or partition. It goes to the topic's sticky batch while
+        that is open and has room; otherwise the sticky partitioner moves the topic to another
+        partition (KIP-480) and the record opens or joins that partition's batch."""
+        with self.lock:
+            if self._closed:
+                raise ClientClosedError("the producer is closed")
+            if self._used + size > self.buffer_memory and self._used:
+                return None
+            batch = self._sticky.get(topic)
+            if batch is not None and not batch.full and batch.memory + size + BATCH_OVERHEAD <= self.batch_size:
+                index = batch.builder.append(timestamp, None, value, headers)
+                batch.memory += size
+                self._used += size
+                wake = False
+                if batch.memory + BATCH_OVERHEAD >= self.batch_size:
+                    batch.full = True
+                    wake = self._take_wake()
+                future = RecordFuture(batch.result, index, timestamp)
+            else:
+                if batch is None:
+                    p = self.partitioner.partition(topic, num_partitions, available)
+                else:
+                    p = self.partitioner.on_new_batch(topic, num_partitions, available, batch.tp.partition)
+                future, batch, wake = self._append_slow(TopicPartition(topic, p), timestamp, None,
+                                                        value, headers, size)
+                self._sticky[topic] = batch
+        if wake:
+            self.wakeup()
+        return future
+
+    def _append_slow(self, tp, timestamp, key, value, headers, size
+                     ) -> tuple[RecordFuture, ProducerBatch, bool]:
+        """Append under the lock, opening a batch when the tail one is closed or full."""
+        dq = self._batches.get(tp)
+        if dq is None:
+            dq = self._batches[tp] = deque()
+        batch = dq[-1] if dq else None
+        opened = False
+        if batch is None or batch.full or not batch.has_room(size, self.batch_size):
+            if batch is not None:
+                batch.full = True
+            now = self.clock()
+            batch = ProducerBatch(tp, self.codec, now, now + self.delivery_timeout_s)
+            dq.append(batch)
+            self._incomplete.add(batch)
+            opened = True
+        future = batch.append(timestamp, key, value, headers, size)
+        self._used += size
+        if batch.memory + BATCH_OVERHEAD >= self.batch_size and not batch.full:
+            batch.full = True
+            opened = True  # newly full: ready now
+        return future, batch, opened and self._take_wake()
+
+    def _take_wake(self) -> bool:
+        """Under the lock: True if the caller should wake the sender (one pending wake-up
+        at a time; ``ready`` clears it)."""
+        if self._wake_pending:
+            return False
+        self._wake_pending = True
+        return True
+
+    # -- buffer memory --------------------------------------------------------------------------
+
+    def wait_for_memory(self, size: int, deadline: float) -> None:
+        """Block (a non-Trio thread) until ``size`` bytes fit or monotonic ``deadline`` passes
+        (RequestTimedOut). The sender treats every batch as ready meanwhile."""
+        with self.lock:
+            self._memory_waiters += 1
+        self.wakeup()
+        try:
+            with self.lock:
+                while self._used + size > self.buffer_memory and self._used:
+                    remaining = deadline - self.clock()
+                    if remaining <= 0:
+                        raise self._memory_timeout(size)
+                    self._memory_freed.wait(min(remaining, 0.5))
+        finally:
+            with self.lock:
+                self._memory_waiters -= 1
+
+    async def wait_for_memory_async(self, size: int, deadline: float) -> None:
+        """The Trio side of ``wait_for_memory`` (``deadline`` on the accumulator's clock)."""
+        with self.lock:
+            self._memory_waiters += 1
+        self.wakeup()
+        try:
+            while True:
+                with self.lock:
+                    if self._used + size <= self.buffer_memory or not self._used:
+                        return
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    raise self._memory_timeout(size)
+                with trio.move_on_after(remaining):
+                    await self._memory_event.wait()
+        finally:
+            with self.lock:
+                self._memory_waiters -= 1
+
+    def _memory_timeout(self, size: int) -> RequestTimedOut:
+        return RequestTimedOut(
+            f"buffer_memory ({self.buffer_memory} bytes) stayed exhausted for max_block_ms: "
+            f"{self._used} bytes are waiting to be sent, this record needs {size}")
+
+    @property
+    def used_memory(self) -> int:
+        return self._used
+
+    # -- the sender's side (Trio thread) --------------------------------------------------------
+
+    def ready(self, metadata: LeaderView, now: float, busy_nodes: Iterable[int] = ()) -> ReadyCheck:
+        """Which leaders have a sendable batch, and how long until that may change."""
+        busy = set(busy_nodes)
+        nodes: set[int] = set()
+        next_delay = math.inf
+        unknown = False
+        with self.lock:
+            self._wake_pending = False
+            urgent = self._memory_waiters > 0 or self._flushing > 0 or self._closed
+            for tp, dq in self._batches.items():
+                if not dq:
+                    continue
+                batch = dq[0]
+                next_delay = min(next_delay, batch.deadline - now)
+                leader = metadata.leader_for(tp)
+                if leader is None:
+                    unknown = True
+                    continue
+                if leader in busy or leader in nodes:
+                    continue
+                wait = self._wait_before_send(tp, dq, batch, now, urgent)
+                if wait <= 0:
+                    nodes.add(leader)
+                elif wait < math.inf:
+                    next_delay = min(next_delay, wait)
+        return ReadyCheck(nodes, max(0.0, next_delay), unknown)
+
+    def _wait_before_send(self, tp: TopicPartition, dq: deque[ProducerBatch], batch: ProducerBatch,
+                          now: float, urgent: bool) -> float:
+        """Seconds until the head batch may be sent (<= 0: now; inf: when something else
+        happens, e.g. the partition's in-flight retry completes)."""
+        if batch.attempts:  # a retry: alone, in order, after its backoff
+            if self._in_flight.get(tp):
+                return math.inf
+            return batch.retry_at - now
+        if batch.full or len(dq) > 1 or urgent:
+            return 0.0
+        return batch.created + self.linger_s - now
+
+    def drain(self, metadata: LeaderView, nodes: Iterable[int], max_request_size: int,
+              now: float) -> dict[int, list[ProducerBatch]]:
+        """Take at most one sendable batch per partition led by each of ``nodes``, up to
+        ``max_request_size`` bytes per node (always at least one batch). Drained batches are
+        in flight until ``complete`` or ``reenqueue``."""
+        wanted = set(nodes)
+        out: dict[int, list[ProducerBatch]] = {}
+        sizes: dict[int, int] = {}
+        with self.lock:
+            for tp in list(self._batches):
+                dq = self._batches[tp]
+                leader = metadata.leader_for(tp)
+                if leader not in wanted or not dq:
+                    continue
+                batch = dq[0]
+                if batch.attempts and (self._in_flight.get(tp) or batch.retry_at > now):
+                    continue
+                size = batch.size
+                if leader in out and sizes[leader] + size > max_request_size:
+                    continue
+                dq.popleft()
+                if not dq:
+                    del self._batches[tp]
+                batch.full = True
+                self._in_flight[tp] = self._in_flight.get(tp, 0) + 1
+                out.setdefault(leader, []).append(batch)
+                sizes[leader] = sizes.get(leader, 0) + size
+        return out
+
+    def reenqueue(self, batch: ProducerBatch, now: float) -> None:
+        """Put an in-flight batch back for a retry after ``retry_backoff_ms``, in front of the
+        newer batches of its partition."""
+        with self.lock:
+            self._release_in_flight(batch.tp)
+            batch.retry_at = now + self.retry_backoff_s
+            dq = self._batches.get(batch.tp)
+            if dq is None:
+                dq = self._batches[batch.tp] = deque()
+            index = 0
+            while index < len(dq) and dq[index].seq < batch.seq:
+                index += 1
+            dq.insert(index, batch)
+
+    def complete(self, batch: ProducerBatch, base_offset: int = -1, log_append_time: int = -1,
+                 error: BaseException | None = None, *, in_flight: bool = True) -> None:
+        """Resolve an in-flight (or expired/aborted) batch and release its memory."""
+        with self.lock:
+            if in_flight:
+                self._release_in_flight(batch.tp)
+            self._incomplete.discard(batch)
+            self._used -= batch.memory
+            batch.memory = 0
+            self._memory_freed.notify_all()
+        event, self._memory_event = self._memory_event, trio.Event()
+        event.set()
+        batch.result.complete(base_offset, log_append_time, error)
+
+    def _release_in_flight(self, tp: TopicPartition) -> None:
+        n = self._in_flight.get(tp, 0) - 1
+        if n > 0:
+            self._in_flight[tp] = n
+        else:
+            self._in_flight.pop(tp, None)
+
+    def expire(self, now: float) -> list[ProducerBatch]:
+        """Remove and return queued batches past their delivery timeout (the caller fails
+        them). In-flight batches are judged when their response or error arrives."""
+        expired = []
+        with self.lock:
+            for tp in list(self._batches):
+                dq = self._batches[tp]
+                while dq and dq[0].deadline <= now:
+                    expired.append(dq.popleft())
+                if not dq:
+                    del self._batches[tp]
+        return expired
+
+    def abort(self) -> list[ProducerBatch]:
+        """Remove and return every queued batch (the caller fails them)."""
+        with self.lock:
+            batches = [b for dq in self._batches.values() for b in dq]
+            self._batches.clear()
+        return batches
+
+    def close(self) -> None:
+        """Refuse new records; queued ones become ready at once."""
+        with self.lock:
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def begin_flush(self) -> list[ProducerBatch]:
+        """Make every queued batch ready; returns the batches the flush must wait for."""
+        with self.lock:
+            self._flushing += 1
+            return list(self._incomplete)
+
+    def end_flush(self) -> None:
+        with self.lock:
+            self._flushing -= 1
+
+    def has_queued(self) -> bool:
+        with self.lock:
+            return any(self._batches.values())
+
+    def has_incomplete(self) -> bool:
+        with self.lock:
+            return bool(self._incomplete)
+
+    def queued_batches(self) -> int:
+        with self.lock:
+            return sum(len(dq) for dq in self._batches.values())
+
+
+def fail_batches(accumulator: RecordAccumulator, batches: Iterable[ProducerBatch],
+                 error_factory: Callable[[ProducerBatch], TidelogError], *, in_flight: bool) -> None:
+    for batch in batches:
+        accumulator.complete(batch, error=error_factory(batch), in_flight=in_flight)
+

@@ -1,0 +1,434 @@
+"""Cluster metadata and the connection pool every client object shares.
+
+Theory of operation.
+
+* ``ClusterMetadata`` is an immutable snapshot (brokers, topics -> partitions -> leader,
+  leader epoch, replicas, ISR, offline replicas, controller id, cluster id), built from
+  MetadataResponses by pure code. ``Cluster.metadata`` is replaced as a whole on every update,
+  so any thread may read it without a lock (the blocking producer does, to partition records
+  without a hop into Trio).
+* The cluster fetches metadata for the topics it has been told about (``add_topics``), not
+  for every topic, like Kafka's producer and consumer. ``refresh`` asks a broker and retries
+  through the known brokers and the bootstrap servers in turn, with exponential backoff
+  (``retry_backoff_ms`` doubling up to ``retry_backoff_max_ms``) until its timeout, then raises
+  NoBrokersAvailable naming the last failure. Concurrent refreshes are coalesced.
+* ``request_update`` marks the metadata stale (a NOT_LEADER_OR_FOLLOWER, a lost connection):
+  the background task refreshes it soon, at most once per ``retry_backoff_ms``; it also
+  refreshes every ``metadata_max_age_ms``. Listeners registered with ``add_listener`` are called
+  after every update (the producer's sender wakes up on it).
+* Connections are pooled by node id and opened lazily; a failed or closed connection is
+  replaced on the next use, after a per-node reconnect backoff. Bootstrap servers get
+  negative node ids (-1, -2, ...) as in Kafka.
+
+Everything but ``metadata`` and ``parse_bootstrap`` must be used from the Trio thread, inside
+``run`` (``await nursery.start(cluster.run)``), which owns every connection's reader task.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from client.aio.connection import BrokerConnection
+from client.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
+from protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError
+from protocol.messages import (NO_LEADER, ApiKey, BrokerMetadata, Message, MetadataRequest,
+                               MetadataResponse)
+from protocol.topics import TopicPartition
+
+__all__ = ["parse_bootstrap", "PartitionInfo", "TopicInfo", "ClusterMetadata", "Cluster", "Backoff"]
+
+log = logging.getLogger(__name__)
+
+
+def parse_bootstrap(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+    """``"host:port[,host:port]"`` (or a list of ``"host:port"``) -> ``[(host, port), ...]``.
+    IPv6 literals go in brackets (``[::1]:9092``). Raises ValueError naming the bad entry."""
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out = []
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"invalid bootstrap server {item!r}: expected host:port")
+        out.append((host, int(port)))
+    if not out:
+        raise ValueError(f"no bootstrap servers in {servers!r}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition as the metadata describes it. ``leader`` is -1 when there is none."""
+
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    offline: tuple[int, ...] = ()
+    error_code: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    error_code: int
+    partitions: dict[int, PartitionInfo]
+    is_internal: bool = False
+    partition_ids: tuple[int, ...] = ()  # sorted
+    available: tuple[int, ...] = ()  # partitions with a leader, sorted
+
+    @classmethod
+    def build(cls, name: str, error_code: int, partitions: Iterable[PartitionInfo],
+              is_internal: bool = False) -> "TopicInfo":
+        parts = {p.partition: p for p in partitions}
+        ids = tuple(sorted(parts))
+        available = tuple(p for p in ids if parts[p].leader != NO_LEADER)
+        return cls(name, error_code, parts, is_internal, ids, available)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMetadata:
+    """An immutable snapshot of what the cluster said; ``merge`` returns a new one."""
+
+    brokers: dict[int, BrokerMetadata] = field(default_factory=dict)
+    topics: dict[str, TopicInfo] = field(default_factory=dict)
+    controller_id: int = -1
+    cluster_id: str | None = None
+    topic_errors: dict[str, int] = field(default_factory=dict)  # topics a broker refused, by name
+    version: int = 0  # increases with every update
+
+    def leader_for(self, tp: TopicPartition) -> int | None:
+        """The leader's node id, or None when unknown, leaderless or not a live broker."""
+        topic = self.topics.get(tp.topic)
+        if topic is None:
+            return None
+        p = topic.partitions.get(tp.partition)
+        if p is None or p.leader == NO_LEADER or p.leader not in self.brokers:
+            return None
+        return p.leader
+
+    def partition(self, tp: TopicPartition) -> PartitionInfo | None:
+        topic = self.topics.get(tp.topic)
+        return None if topic is None else topic.partitions.get(tp.partition)
+
+    def partitions_for(self, topic: str) -> tuple[int, ...] | None:
+        """The topic's partition ids, or None when the topic is not (yet) known."""
+        t = self.topics.get(topic)
+        return None if t is None else t.partition_ids
+
+    def available_partitions_for(self, topic: str) -> tuple[int, ...]:
+        t = self.topics.get(topic)
+        return () if t is None else t.available
+
+    def merge(self, response: MetadataResponse, requested: Sequence[str] | None) -> "ClusterMetadata":
+        """The snapshot after ``response`` to a request for ``requested`` topics (None: all).
+
+        Brokers and controller are replaced. Topics: for an all-topics request the listing is
+        replaced; otherwise the requested topics are replaced and the others kept. A topic
+        answered with an error (UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE while it is
+        being created, ...) leaves ``topics`` and is recorded in ``topic_errors``."""
+        topics = {} if requested is None else {k: v for k, v in self.topics.items() if k not in requested}
+        errors = {} if requested is None else {k: v for k, v in self.topic_errors.items() if k not in requested}
+        for t in response.topics:
+            if t.error_code != NONE.code or not t.partitions:
+                errors[t.name] = t.error_code if t.error_code != NONE.code else UNKNOWN_TOPIC_OR_PARTITION.code
+                continue
+            parts = (PartitionInfo(t.name, p.partition_index, p.leader_id, p.leader_epoch,
+                                   tuple(p.replica_nodes), tuple(p.isr_nodes),
+                                   tuple(p.offline_replicas), p.error_code) for p in t.partitions)
+            topics[t.name] = TopicInfo.build(t.name, t.error_code, parts, t.is_internal)
+        brokers = {b.node_id: b for b in response.brokers}
+        return ClusterMetadata(brokers, topics, response.controller_id, response.cluster_id,
+                               errors, self.version + 1)
+
+
+class Backoff:
+    """Exponential backoff: ``initial_s`` doubling (with +-20 % jitter) up to ``max_s``."""
+
+    __slots__ = ("initial_s", "max_s", "attempts")
+
+    def __init__(self, initial_s: float, max_s: float):
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.attempts = 0
+
+    def next_delay(self) -> float:
+        delay = min(self.max_s, self.initial_s * (2 ** min(self.attempts, 30)))
+        self.attempts += 1
+        return delay * random.uniform(0.8, 1.2) if delay < self.max_s else delay
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+
+class Cluster:
+    """Metadata cache and connection pool. Run it with ``await nursery.start(cluster.run)``."""
+
+    def __init__(self, bootstrap_servers: str | Sequence[str], *, client_id: str | None = None,
+                 request_timeout_ms: int = 30000, max_in_flight_requests_per_connection: int = 5,
+                 retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
+                 reconnect_backoff_ms: int = 50, reconnect_backoff_max_ms: int = 1000,
+                 metadata_max_age_ms: int = 300000, connect_timeout_ms: int = 10000,
+                 allow_auto_topic_creation: bool = False):
+        self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.client_id = client_id
+        self.request_timeout_s = request_timeout_ms / 1000
+        self.max_in_flight = max_in_flight_requests_per_connection
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.retry_backoff_max_s = retry_backoff_max_ms / 1000
+        self.reconnect_backoff_s = reconnect_backoff_ms / 1000
+        self.reconnect_backoff_max_s = reconnect_backoff_max_ms / 1000
+        self.metadata_max_age_s = metadata_max_age_ms / 1000
+        self.connect_timeout_s = connect_timeout_ms / 1000
+        self.allow_auto_topic_creation = allow_auto_topic_creation
+        self.metadata = ClusterMetadata()
+        self._topics: set[str] = set()
+        self._conns: dict[int, BrokerConnection] = {}
+        self._connect_locks: dict[int, trio.Lock] = {}
+        self._reconnect: dict[int, tuple[Backoff, float]] = {}  # node -> (backoff, not before)
+        self._refresh_lock = trio.Lock()
+        self._update_requested = trio.Event()
+        self._updated = trio.Event()  # a fresh event per metadata generation
+        self._last_refresh = -float("inf")
+        self._last_refreshed_topics: frozenset[str] = frozenset()
+        self._refresh_seq = 0  # refreshes started
+        self._completed_seq = 0  # the seq of the last refresh that completed
+        self._listeners: list[Callable[[ClusterMetadata], None]] = []
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the connections' reader tasks and the background metadata refresh until
+        ``aclose`` (or cancellation)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._metadata_loop)
+                task_status.started()
+        finally:
+            self._closed = True
+            for conn in list(self._conns.values()):
+                conn._fail(BrokerConnectionError(f"{conn}: client closed"))
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        await trio.lowlevel.checkpoint()
+
+    def add_listener(self, listener: Callable[[ClusterMetadata], None]) -> None:
+        self._listeners.append(listener)
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    @property
+    def topics(self) -> frozenset[str]:
+        return frozenset(self._topics)
+
+    def add_topics(self, topics: Iterable[str]) -> bool:
+        """Track these topics' metadata; True if any was new (the caller may refresh)."""
+        new = set(topics) - self._topics
+        self._topics |= new
+        return bool(new)
+
+    def set_topics(self, topics: Iterable[str]) -> None:
+        self._topics = set(topics)
+
+    def request_update(self) -> None:
+        """Mark the metadata stale; the background task refreshes it soon."""
+        self._update_requested.set()
+
+    async def wait_for_update(self, timeout: float) -> bool:
+        """Wait for the next metadata update (True) or ``timeout`` seconds (False)."""
+        event = self._updated
+        with trio.move_on_after(timeout):
+            await event.wait()
+            return True
+        return False
+
+    async def refresh(self, topics: Iterable[str] | None = None, *,
+                      timeout: float | None = None) -> ClusterMetadata:
+        """Fetch metadata for the tracked topics (plus ``topics``, which become tracked).
+        Coalesced: a caller that waited for another refresh started after it asked reuses it.
+        Raises NoBrokersAvailable if no broker answered within ``timeout``."""
+        if topics is not None:
+            self.add_topics(topics)
+        ticket = self._refresh_seq + 1  # the first refresh to start after this call
+        wanted = frozenset(self._topics)
+        async with self._refresh_lock:
+            if self._completed_seq >= ticket and wanted <= self._last_refreshed_topics:
+                return self.metadata  # someone else's refresh, started after we asked, covers us
+            self._refresh_seq += 1
+            seq = self._refresh_seq
+            await self.fetch_metadata(sorted(self._topics), timeout=timeout)
+            self._completed_seq = seq
+        return self.metadata
+
+    async def fetch_metadata(self, topics: list[str] | None, *, timeout: float | None = None,
+                             allow_auto_topic_creation: bool | None = None) -> MetadataResponse:
+        """One MetadataRequest for ``topics`` (None: every topic), sent to any reachable
+        broker with retries and backoff; the response also updates the cache."""
+        auto = self.allow_auto_topic_creation if allow_auto_topic_creation is None else allow_auto_topic_creation
+        request = MetadataRequest(topics=topics, allow_auto_topic_creation=auto)
+        response = await self.request_any(request, api_key=ApiKey.METADATA, timeout=timeout)
+        self._apply(response, topics)
+        return response
+
+    def _apply(self, response: MetadataResponse, requested: list[str] | None) -> None:
+        self.metadata = self.metadata.merge(response, requested)
+        self._last_refresh = time.monotonic()
+        self._last_refreshed_topics = frozenset(requested) if requested is not None else frozenset(self._topics)
+        updated, self._updated = self._updated, trio.Event()
+        updated.set()
+        for listener in self._listeners:
+            listener(self.metadata)
+
+    async def _metadata_loop(self) -> None:
+        backoff = Backoff(self.retry_backoff_s, self.retry_backoff_max_s)
+        while True:
+            age = time.monotonic() - self._last_refresh
+            with trio.move_on_after(max(0.0, self.metadata_max_age_s - age)):
+                await self._update_requested.wait()
+            since = time.monotonic() - self._last_refresh
+            if since < self.retry_backoff_s:  # at most one refresh per retry_backoff_ms
+                await trio.sleep(self.retry_backoff_s - since)
+            self._update_requested = trio.Event()
+            try:
+                await self.refresh(timeout=self.request_timeout_s)
+                backoff.reset()
+            except TidelogError as e:
+                log.debug("metadata refresh failed: %s", e)
+                self._update_requested.set()
+                await trio.sleep(backoff.next_delay())
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def request_any(self, message: Message, *, api_key: ApiKey,
+                          timeout: float | None = None) -> Message:
+        """Send ``message`` to any reachable broker (known brokers first, then bootstrap
+        servers), retrying with backoff until ``timeout``; raises NoBrokersAvailable."""
+        timeout = self.request_timeout_s if timeout is None else timeout
+        deadline = trio.current_time() + timeout
+        backoff = Backoff(self.retry_backoff_s, self.retry_backoff_max_s)
+        last: BaseException | None = None
+        while True:
+            for node_id in self._candidates():
+                remaining = deadline - trio.current_time()
+                if remaining <= 0:
+                    break
+                try:
+                    conn = await self.connection(node_id)
+                    return await conn.request(message, api_key=api_key,
+                                              timeout=min(remaining, self.request_timeout_s))
+                except (BrokerConnectionError, RequestTimedOut) as e:
+                    last = e
+            delay = backoff.next_delay()
+            if trio.current_time() + delay >= deadline:
+                raise NoBrokersAvailable(
+                    f"no broker answered a {api_key.name} request within {timeout:g} s "
+                    f"(bootstrap {self._bootstrap_text()}; last error: {last or 'none'})")
+            await trio.sleep(delay)
+
+    async def request(self, node_id: int, message: Message, *, api_key: ApiKey,
+                      timeout: float | None = None) -> Message:
+        conn = await self.connection(node_id)
+        return await conn.request(message, api_key=api_key, timeout=timeout)
+
+    def _candidates(self) -> list[int]:
+        """Node ids to try for a metadata-like request: connected brokers (least loaded
+        first), other known brokers in random order, then the bootstrap servers."""
+        known = list(self.metadata.brokers)
+        random.shuffle(known)
+        connected = sorted((n for n in known if self._is_connected(n)), key=lambda n: self._conns[n].in_flight)
+        others = [n for n in known if n not in connected]
+        return connected + others + [-(i + 1) for i in range(len(self.bootstrap))]
+
+    def _is_connected(self, node_id: int) -> bool:
+        conn = self._conns.get(node_id)
+        return conn is not None and not conn.closed
+
+    def _bootstrap_text(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.bootstrap)
+
+    async def controller_connection(self, *, timeout: float | None = None) -> BrokerConnection:
+        """A connection to the controller (refreshing metadata when it is unknown)."""
+        if self.metadata.controller_id not in self.metadata.brokers:
+            await self.refresh(timeout=timeout)
+        controller = self.metadata.controller_id
+        if controller not in self.metadata.brokers:
+            raise BrokerConnectionError(f"the cluster reports no live controller (controller id {controller})")
+        return await self.connection(controller)
+
+    # -- connection pool ------------------------------------------------------------------------
+
+    def address_of(self, node_id: int) -> tuple[str, int]:
+        if node_id < 0:
+            index = -node_id - 1
+            if index < len(self.bootstrap):
+                return self.bootstrap[index]
+        broker = self.metadata.brokers.get(node_id)
+        if broker is None:
+            raise BrokerConnectionError(f"node {node_id} is not in the cluster metadata")
+        return broker.host, broker.port
+
+    async def connection(self, node_id: int) -> BrokerConnection:
+        """The open connection to ``node_id``, connecting if needed. Raises
+        BrokerConnectionError when it cannot connect or is in reconnect backoff."""
+        conn = self._conns.get(node_id)
+        if conn is not None and not conn.closed:
+            return conn
+        lock = self._connect_locks.setdefault(node_id, trio.Lock())
+        async with lock:
+            conn = self._conns.get(node_id)
+            if conn is not None and not conn.closed:
+                return conn
+            return await self._connect(node_id)
+
+    async def _connect(self, node_id: int) -> BrokerConnection:
+        if self._closed or self._nursery is None:
+            raise BrokerConnectionError("the client is not running (closed, or run() not started)")
+        host, port = self.address_of(node_id)
+        backoff, not_before = self._reconnect.get(node_id, (None, 0.0))
+        if time.monotonic() < not_before:
+            raise BrokerConnectionError(
+                f"node {node_id} ({host}:{port}) is in reconnect backoff after a failed connect")
+        conn = BrokerConnection(host, port, node_id=node_id, client_id=self.client_id,
+                                max_in_flight=self.max_in_flight,
+                                request_timeout_s=self.request_timeout_s,
+                                connect_timeout_s=self.connect_timeout_s)
+        try:
+            await self._nursery.start(conn.run)
+        except BrokerConnectionError:
+            backoff = backoff or Backoff(self.reconnect_backoff_s, self.reconnect_backoff_max_s)
+            self._reconnect[node_id] = (backoff, time.monotonic() + backoff.next_delay())
+            if node_id >= 0:
+                self.request_update()
+            raise
+        self._reconnect.pop(node_id, None)
+        self._conns[node_id] = conn
+        return conn
+
+    def connection_failed(self, node_id: int) -> None:
+        """Called by users of a connection that failed: the metadata may be stale."""
+        self.request_update()
+
+
+def raise_for_topic_errors(metadata: ClusterMetadata, topic: str) -> None:
+    """Raise the broker's error for ``topic`` if the last metadata refused it."""
+    code = metadata.topic_errors.get(topic)
+    if code is not None:
+        raise broker_error(code, f"topic {topic!r}")

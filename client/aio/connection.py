@@ -1,0 +1,222 @@
+"""One TCP connection to one broker: pipelined requests, responses paired in order.
+
+Theory of operation. The sans-IO ``protocol.connection.ClientConnection`` numbers requests and
+checks that every response carries the id of the oldest request still awaiting one (DESIGN
+section 2: responses come back in request order). This module only moves bytes:
+
+* ``request`` frames a request, appends a ``_Pending`` to a FIFO that runs in lockstep with the
+  ClientConnection's FIFO of correlation ids (both are appended with no checkpoint between),
+  writes the frame, and waits for its pending entry to be completed.
+* ONE reader task (``run``) reads the stream, feeds the ClientConnection, and completes the
+  pending entries in order. Responses are decoded into their typed message by the caller,
+  so a body that does not match its schema fails that request only.
+* Writes go through one lock. A frame is put in an outbox before the lock is taken, and the
+  holder of the lock writes everything in the outbox with one ``send_all``: requests issued
+  while a write is in progress are coalesced into the next write (never a syscall per record;
+  a produce request already carries whole batches). The write is shielded from cancellation
+  (with its own deadline): a half-written frame would corrupt the stream for everybody.
+* At most ``max_in_flight`` requests await a response (a semaphore); acks=0 produce requests
+  (``send_no_response``) expect none and do not count.
+* Any I/O error, protocol violation or request timeout fails the connection for good: every
+  pending request gets a ``BrokerConnectionError`` (retriable, invalidates metadata), the
+  socket is closed and the reader ends. A timed-out request closes the connection as Kafka's
+  NetworkClient does, because its response may still arrive and the broker is evidently stuck.
+  A caller cancelled while waiting only abandons its entry: the response is read and dropped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import trio
+
+from client.errors import BrokerConnectionError, ClientClosedError, RequestTimedOut
+from protocol.connection import ClientConnection
+from protocol.errors import InvalidRequestError
+from protocol.frames import MAX_FRAME_BYTES_DEFAULT
+from protocol.messages import RESPONSES, ApiKey, Message
+
+__all__ = ["BrokerConnection"]
+
+READ_SIZE = 256 * 1024
+
+
+class _Pending:
+    """A request awaiting its response: completed by the reader (body) or by a failure."""
+
+    __slots__ = ("event", "body", "error")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.body: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+
+
+class BrokerConnection:
+    """A connection to ``host:port`` (broker ``node_id``; bootstrap connections use negative
+    ids). Start it with ``await nursery.start(conn.run)``: connecting happens before
+    ``started``, so a connect failure is raised by ``nursery.start`` as BrokerConnectionError."""
+
+    def __init__(self, host: str, port: int, *, node_id: int = -1, client_id: str | None = None,
+                 max_in_flight: int = 5, request_timeout_s: float = 30.0,
+                 connect_timeout_s: float = 10.0, max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT):
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.host = host
+        self.port = port
+        self.node_id = node_id
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._proto = ClientConnection(max_frame_bytes, client_id)
+        self._slots = trio.Semaphore(max_in_flight)
+        self._send_lock = trio.Lock()
+        self._outbox: list[bytes] = []
+        self._pending: deque[_Pending] = deque()
+        self._stream: trio.SocketStream | None = None
+        self._scope: trio.CancelScope | None = None
+        self._failure: BrokerConnectionError | ClientClosedError | None = None
+        self.closed_event = trio.Event()
+
+    def __repr__(self) -> str:
+        return f"<BrokerConnection node {self.node_id} {self.host}:{self.port}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._failure is not None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, report started, then read responses until closed or failed."""
+        with trio.CancelScope() as self._scope:
+            self._stream = await self._connect()
+            task_status.started()
+            try:
+                await self._read_loop()
+            finally:
+                self._fail(ClientClosedError(f"{self} closed"))
+
+    async def _connect(self) -> trio.SocketStream:
+        try:
+            with trio.fail_after(self.connect_timeout_s):
+                stream = await trio.open_tcp_stream(self.host, self.port)
+        except trio.TooSlowError:
+            raise BrokerConnectionError(
+                f"connecting to node {self.node_id} at {self.host}:{self.port} timed out "
+                f"after {self.connect_timeout_s:g} s") from None
+        except OSError as e:
+            raise BrokerConnectionError(
+                f"cannot connect to node {self.node_id} at {self.host}:{self.port}: {e}") from None
+        return stream
+
+    async def close(self) -> None:
+        """Fail everything in flight with ClientClosedError and close the socket."""
+        self._fail(ClientClosedError(f"{self} closed"))
+        await trio.lowlevel.checkpoint()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def request(self, message: Message, *, api_key: ApiKey, timeout: float | None = None,
+                      api_version: int = 0) -> Any:
+        """Send ``message`` and return the typed response (``RESPONSES[api_key]``).
+
+        Raises RequestTimedOut after ``timeout`` seconds (default: the connection's request
+        timeout; the connection is then closed), BrokerConnectionError if the connection
+        fails, InvalidRequestError if the response body does not match its schema."""
+        timeout = self.request_timeout_s if timeout is None else timeout
+        with trio.move_on_after(timeout) as scope:
+            async with self._slots:
+                pending = await self._write(api_key, api_version, message, expect_response=True)
+                await pending.event.wait()
+        if scope.cancelled_caught:
+            self._fail(BrokerConnectionError(f"{self}: a request timed out, connection closed"))
+            raise RequestTimedOut(f"{ApiKey(api_key).name} request to node {self.node_id} "
+                                  f"({self.host}:{self.port}) timed out after {timeout:g} s")
+        if pending.error is not None:
+            raise _copy(pending.error)
+        return RESPONSES[api_key].from_body(pending.body)
+
+    async def send_no_response(self, message: Message, *, api_key: ApiKey, api_version: int = 0) -> None:
+        """Write a request the broker will not answer (an acks=0 produce). Returns once the
+        bytes are handed to the kernel; raises BrokerConnectionError if that failed."""
+        await self._write(api_key, api_version, message, expect_response=False)
+
+    async def _write(self, api_key: int, api_version: int, message: Message,
+                     expect_response: bool) -> _Pending:
+        self._raise_if_failed()
+        _, frame = self._proto.send_request(api_key, api_version, message, expect_response)
+        pending = _Pending()
+        if expect_response:
+            self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
+        self._outbox.append(frame)
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + self.request_timeout_s) as scope:
+            async with self._send_lock:
+                await self._flush_outbox()
+        if scope.cancelled_caught:
+            self._fail(BrokerConnectionError(f"{self}: writing a request timed out, connection closed"))
+        if not expect_response:
+            self._raise_if_failed()
+        return pending
+
+    async def _flush_outbox(self) -> None:
+        if not self._outbox or self._failure is not None:
+            return  # an earlier holder of the lock wrote our frame (or the connection failed)
+        data = self._outbox[0] if len(self._outbox) == 1 else b"".join(self._outbox)
+        self._outbox.clear()
+        try:
+            await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            self._fail(BrokerConnectionError(f"{self}: write failed: {e or type(e).__name__}"))
+
+    # -- reading --------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self._stream.receive_some(READ_SIZE)
+                if not data:
+                    raise BrokerConnectionError(f"{self}: the broker closed the connection")
+                for _, body in self._proto.receive_data(data):
+                    pending = self._pending.popleft()
+                    pending.body = body
+                    pending.event.set()
+        except BrokerConnectionError as e:
+            self._fail(e)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            self._fail(BrokerConnectionError(f"{self}: read failed: {e or type(e).__name__}"))
+        except InvalidRequestError as e:
+            self._fail(BrokerConnectionError(f"{self}: protocol violation, connection closed: {e}"))
+
+    # -- failure --------------------------------------------------------------------------------
+
+    def _fail(self, error: BrokerConnectionError | ClientClosedError) -> None:
+        """Fail the connection for good (idempotent): pending requests get ``error``."""
+        if self._failure is not None:
+            return
+        self._failure = error
+        pending, self._pending = self._pending, deque()
+        for p in pending:
+            p.error = error
+            p.event.set()
+        self._outbox.clear()
+        if self._stream is not None:
+            self._stream.socket.close()  # trio notifies any task blocked on the socket
+        if self._scope is not None:
+            self._scope.cancel()
+        self.closed_event.set()
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise _copy(self._failure)
+
+
+def _copy(error: BaseException) -> BaseException:
+    """A fresh instance per raise: one exception object raised in many tasks would collect
+    every task's traceback."""
+    return type(error)(str(error))
+

@@ -1,0 +1,743 @@
+"""The Trio consumer: manual assignment, positions, pipelined fetches, offset lookups.
+
+Theory of operation.
+
+* ``SubscriptionState`` (pure) holds, per assigned partition, the *position* (the offset of
+  the next record ``poll`` returns), a pending *reset* (earliest/latest, from
+  ``auto_offset_reset``, ``seek_to_beginning``/``seek_to_end`` or an out-of-range error), the
+  *fetch offset* (where the next fetch starts: the position, or just past data already
+  buffered), the buffered fetch results, and a *generation* that every seek bumps: a fetch or
+  offset lookup answered for an older generation is discarded, so a seek is never undone by a
+  response that was already on its way.
+* One background task (``_fetch_loop``) resets positions that need it (ListOffsets to each
+  leader) and keeps at most one Fetch in flight per leader node, for the partitions that have
+  a position, nothing buffered and no backoff (``plan_fetches``, pure). Fetches long-poll
+  (``fetch_max_wait_ms``, ``fetch_min_bytes``).
+* ``poll`` hands out buffered records (decoding one batch at a time with
+  ``protocol.records.iter_records``, checking CRCs when ``check_crcs``, skipping records
+  below the position: a fetch returns whole batches starting with the one that holds the
+  fetch offset). When it empties a partition's buffer it wakes the fetch loop, so the next
+  fetch is in flight while the application works on the records just returned (Kafka's
+  fetch pipelining).
+* Partition errors (``handle_partition_response``, pure): OFFSET_OUT_OF_RANGE resets the
+  position per ``auto_offset_reset``, or with "none" is raised from ``poll`` (the partition
+  stays stopped until a seek); errors that invalidate metadata (NOT_LEADER_OR_FOLLOWER,
+  UNKNOWN_TOPIC_OR_PARTITION, FENCED_LEADER_EPOCH, ...) refresh metadata and back off;
+  other retriable errors back off; anything else is raised from ``poll``.
+
+Consumer groups (``subscribe``, ``commit``, ``committed``) are not available yet: they will
+drive ``assign`` from a coordinator and seed positions from committed offsets instead of
+``auto_offset_reset``. The extension points are ``SubscriptionState.assign`` and
+``_reset_strategy``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import trio
+
+from client.aio.cluster import Backoff, Cluster, ClusterMetadata
+from client.errors import (BrokerConnectionError, ClientClosedError, NoOffsetForPartitionError, RequestTimedOut,
+                           TidelogError, broker_error)
+from client.records import Record
+from protocol.errors import (NONE, OFFSET_OUT_OF_RANGE, CorruptRecordError, InvalidRequestError,
+                             OffsetOutOfRangeError, RecordTooLargeError, for_code)
+from protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, FetchPartition,
+                               FetchPartitionResponse, FetchRequest, FetchResponse, FetchTopic,
+                               ListOffsetsPartition, ListOffsetsRequest, ListOffsetsResponse,
+                               ListOffsetsTopic)
+from protocol.records import BatchHeader, iter_headers, iter_records, validate_batch
+from protocol.topics import TopicPartition
+
+__all__ = ["AsyncConsumer", "ConsumerConfig", "SubscriptionState", "PartitionState",
+           "CompletedFetch", "plan_fetches", "handle_partition_response", "OffsetAndTimestamp"]
+
+log = logging.getLogger(__name__)
+
+RESET_STRATEGIES = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP, "none": None}
+
+
+class OffsetAndTimestamp(NamedTuple):
+    offset: int
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    bootstrap_servers: str | Sequence[str] = "localhost:9092"
+    client_id: str | None = None
+    group_id: str | None = None
+    auto_offset_reset: str = "latest"
+    enable_auto_commit: bool = True  # meaningful once consumer groups exist
+    fetch_min_bytes: int = 1
+    fetch_max_wait_ms: int = 500
+    fetch_max_bytes: int = 50 << 20
+    max_partition_fetch_bytes: int = 1 << 20
+    max_poll_records: int = 500
+    request_timeout_ms: int = 30000
+    default_api_timeout_ms: int = 60000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
+    metadata_max_age_ms: int = 300000
+    check_crcs: bool = True
+    allow_auto_create_topics: bool = False
+
+    def __post_init__(self) -> None:
+        if self.auto_offset_reset not in RESET_STRATEGIES:
+            raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
+                             f"got {self.auto_offset_reset!r}")
+        if self.group_id is not None:
+            raise NotImplementedError("consumer groups are not available yet: use assign() "
+                                      "without group_id")
+        for name in ("fetch_max_wait_ms", "fetch_min_bytes", "retry_backoff_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        for name in ("fetch_max_bytes", "max_partition_fetch_bytes", "max_poll_records",
+                     "request_timeout_ms", "default_api_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+
+# ---------------------------------------------------------------------------------------------
+# fetched data
+
+
+class CompletedFetch:
+    """The record batches one fetch returned for one partition, decoded a batch at a time."""
+
+    __slots__ = ("tp", "buf", "batches", "records", "index", "header")
+
+    def __init__(self, tp: TopicPartition, buf: bytes, batches: Iterable[tuple[int, BatchHeader]]):
+        self.tp = tp
+        self.buf = buf
+        self.batches: deque[tuple[int, BatchHeader]] = deque(batches)
+        self.records: list = []  # decoded records of the current batch
+        self.index = 0
+        self.header: BatchHeader | None = None  # the current batch
+
+    @property
+    def exhausted(self) -> bool:
+        return not self.batches and self.index >= len(self.records)
+
+    def take(self, state: "PartitionState", max_records: int, check_crcs: bool) -> list[Record]:
+        """Up to ``max_records`` records at or above ``state.position``, advancing it.
+        Raises CorruptRecordError for a batch that fails its CRC (or does not decode)."""
+        out: list[Record] = []
+        topic, partition = self.tp
+        while len(out) < max_records:
+            if self.index >= len(self.records):
+                if self.header is not None:  # the current batch is done: skip any gap after it
+                    state.position = max(state.position, self.header.next_offset)
+                    self.header = None
+                if not self.batches:
+                    break
+                self._next_batch(state, check_crcs)
+                continue
+            records, i, position = self.records, self.index, state.position
+            end = min(len(records), i + max_records - len(out))
+            ts_type = 1 if self.header.attributes & 0x08 else 0
+            for r in records[i:end]:
+                if r.offset >= position:
+                    out.append(Record(topic, partition, r.offset, r.timestamp, r.key, r.value,
+                                      r.headers, ts_type))
+            self.index = end
+            if out and out[-1].offset >= state.position:
+                state.position = out[-1].offset + 1
+        return out
+
+    def _next_batch(self, state: "PartitionState", check_crcs: bool) -> None:
+        pos, h = self.batches.popleft()
+        if h.next_offset <= state.position:
+            return  # wholly below the position: never decoded
+        if check_crcs:
+            validate_batch(self.buf, pos)
+        self.header = h
+        if h.is_control:
+            self.records, self.index = [], 0
+            return
+        self.records = iter_records(self.buf, pos, h)
+        self.index = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# subscription state (pure)
+
+
+@dataclass(slots=True)
+class PartitionState:
+    position: int | None = None
+    reset: int | None = None  # EARLIEST_TIMESTAMP / LATEST_TIMESTAMP pending
+    fetch_offset: int | None = None
+    generation: int = 0
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    retry_at: float = 0.0
+    stopped: bool = False  # an error was raised; waits for a seek
+    fetching: bool = False
+    resetting: bool = False
+    buffered: deque[CompletedFetch] = field(default_factory=deque)
+
+    @property
+    def has_position(self) -> bool:
+        return self.position is not None and self.reset is None
+
+    def seek(self, offset: int) -> None:
+        self.position = self.fetch_offset = offset
+        self.reset = None
+        self.stopped = False
+        self.generation += 1
+        self.buffered.clear()
+        self.retry_at = 0.0
+
+    def request_reset(self, strategy: int) -> None:
+        self.reset = strategy
+        self.stopped = False
+        self.generation += 1
+        self.buffered.clear()
+
+
+class SubscriptionState:
+    """The assigned partitions and their positions. Pure: no I/O, no clock."""
+
+    def __init__(self, default_reset: int | None):
+        self.default_reset = default_reset
+        self.partitions: dict[TopicPartition, PartitionState] = {}
+        self._rotation = 0
+
+    def assign(self, tps: Iterable[TopicPartition]) -> None:
+        """Replace the assignment; partitions kept keep their state, new ones need a position
+        (from ``auto_offset_reset``; from committed offsets once groups exist)."""
+        wanted = list(dict.fromkeys(TopicPartition(*tp) for tp in tps))
+        self.partitions = {tp: self.partitions.get(tp) or self._new_state() for tp in wanted}
+
+    def _new_state(self) -> PartitionState:
+        state = PartitionState()
+        if self.default_reset is not None:
+            state.reset = self.default_reset
+        return state
+
+    def state(self, tp: TopicPartition) -> PartitionState:
+        try:
+            return self.partitions[tp]
+        except KeyError:
+            raise ValueError(f"partition {tp} is not assigned to this consumer") from None
+
+    def needing_reset(self) -> list[TopicPartition]:
+        return [tp for tp, s in self.partitions.items() if s.reset is not None and not s.resetting]
+
+    def missing_position(self) -> list[TopicPartition]:
+        """Partitions with neither a position nor a pending reset (auto_offset_reset none)."""
+        return [tp for tp, s in self.partitions.items() if s.position is None and s.reset is None]
+
+    def fetchable(self, now: float) -> list[TopicPartition]:
+        return [tp for tp, s in self.partitions.items()
+                if s.has_position and not s.fetching and not s.buffered and not s.stopped
+                and s.retry_at <= now]
+
+    def rotation(self) -> list[TopicPartition]:
+        """The assigned partitions, starting one further along each call (fair polling)."""
+        tps = list(self.partitions)
+        if not tps:
+            return tps
+        self._rotation = (self._rotation + 1) % len(tps)
+        return tps[self._rotation:] + tps[:self._rotation]
+
+
+class FetchPlan(NamedTuple):
+    request: FetchRequest
+    sent: dict[TopicPartition, tuple[int, int]]  # tp -> (generation, fetch offset)
+
+
+def plan_fetches(subscriptions: SubscriptionState, metadata: ClusterMetadata, busy_nodes: Iterable[int],
+                 now: float, config: ConsumerConfig) -> tuple[dict[int, FetchPlan], bool]:
+    """One FetchRequest per leader node that has no fetch in flight, for its fetchable
+    partitions. Returns ``(plans by node, some partition has no known leader)``."""
+    busy = set(busy_nodes)
+    by_node: dict[int, dict[str, list[FetchPartition]]] = {}
+    sent: dict[int, dict[TopicPartition, tuple[int, int]]] = {}
+    unknown = False
+    for tp in subscriptions.fetchable(now):
+        leader = metadata.leader_for(tp)
+        if leader is None:
+            unknown = True
+            continue
+        if leader in busy:
+            continue
+        state = subscriptions.partitions[tp]
+        info = metadata.partition(tp)
+        epoch = info.leader_epoch if info is not None else -1
+        by_node.setdefault(leader, {}).setdefault(tp.topic, []).append(
+            FetchPartition(tp.partition, state.fetch_offset, config.max_partition_fetch_bytes,
+                           current_leader_epoch=epoch))
+        sent.setdefault(leader, {})[tp] = (state.generation, state.fetch_offset)
+    plans = {}
+    for node, topics in by_node.items():
+        request = FetchRequest(topics=[FetchTopic(t, parts) for t, parts in topics.items()],
+                               max_wait_ms=config.fetch_max_wait_ms, min_bytes=config.fetch_min_bytes,
+                               max_bytes=config.fetch_max_bytes)
+        plans[node] = FetchPlan(request, sent[node])
+    return plans, unknown
+
+
+class PartitionOutcome(NamedTuple):
+    action: str  # "data" | "empty" | "stale" | "reset" | "retry" | "refresh" | "error"
+    error: TidelogError | None = None
+
+
+def handle_partition_response(tp: TopicPartition, state: PartitionState | None, generation: int,
+                              fetch_offset: int, p: FetchPartitionResponse, *, now: float,
+                              backoff_s: float) -> PartitionOutcome:
+    """Apply one partition's fetch result to its state (pure); says what happened."""
+    if state is None or state.generation != generation or state.fetch_offset != fetch_offset:
+        return PartitionOutcome("stale")
+    if p.error_code == NONE.code:
+        if p.high_watermark >= 0:
+            state.high_watermark = p.high_watermark
+        if p.log_start_offset >= 0:
+            state.log_start_offset = p.log_start_offset
+        if not p.records:
+            return PartitionOutcome("empty")
+        batches = list(iter_headers(p.records))
+        if not batches:
+            state.stopped = True
+            return PartitionOutcome("error", RecordTooLargeError(
+                f"partition {tp}: the batch at offset {fetch_offset} is larger than "
+                f"max_partition_fetch_bytes and the broker returned only part of it"))
+        state.buffered.append(CompletedFetch(tp, p.records, batches))
+        state.fetch_offset = max(fetch_offset, batches[-1][1].next_offset)
+        return PartitionOutcome("data")
+    err = for_code(p.error_code)
+    where = f"partition {tp} at offset {fetch_offset}"
+    if p.error_code == OFFSET_OUT_OF_RANGE.code:
+        if state.reset is not None or fetch_offset != state.position:
+            return PartitionOutcome("stale")
+        return PartitionOutcome("reset", OffsetOutOfRangeError(
+            f"{where}: OFFSET_OUT_OF_RANGE: the offset is outside the partition's range "
+            f"(log start {p.log_start_offset}, high watermark {p.high_watermark})"))
+    if err.retriable:
+        state.retry_at = now + backoff_s
+        return PartitionOutcome("refresh" if err.invalid_metadata else "retry")
+    state.stopped = True
+    return PartitionOutcome("error", broker_error(p.error_code, where, p.error_message))
+
+
+# ---------------------------------------------------------------------------------------------
+# the consumer
+
+
+class AsyncConsumer:
+    """A Trio consumer with manual assignment. Use ``async with AsyncConsumer(...) as c:``
+    or ``await nursery.start(consumer.run)`` ... ``await consumer.close()``."""
+
+    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Any):
+        self.config = config = ConsumerConfig(bootstrap_servers=bootstrap_servers, **options)
+        self._cluster = Cluster(config.bootstrap_servers, client_id=config.client_id,
+                                request_timeout_ms=config.request_timeout_ms,
+                                retry_backoff_ms=config.retry_backoff_ms,
+                                retry_backoff_max_ms=config.retry_backoff_max_ms,
+                                metadata_max_age_ms=config.metadata_max_age_ms,
+                                allow_auto_topic_creation=config.allow_auto_create_topics)
+        self._subscriptions = SubscriptionState(RESET_STRATEGIES[config.auto_offset_reset])
+        self._fetching_nodes: set[int] = set()
+        self._errors: deque[TidelogError] = deque()
+        self._wake = trio.Event()  # the fetch loop's
+        self._data = trio.Event()  # poll's: data or an error arrived
+        self._nursery: trio.Nursery | None = None
+        self._exit_stack: contextlib.AsyncExitStack | None = None
+        self._started = False
+        self._closed = False
+        self._stopped = trio.Event()
+        self._backoff_s = config.retry_backoff_ms / 1000
+        self._cluster.add_listener(lambda _m: self._wake.set())
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self._started:
+            raise RuntimeError("this consumer was already started")
+        self._started = True
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self._cluster.run)
+                nursery.start_soon(self._fetch_loop)
+                task_status.started()
+        finally:
+            self._closed = True
+            self._data.set()
+            self._stopped.set()
+
+    async def __aenter__(self) -> "AsyncConsumer":
+        self._exit_stack = contextlib.AsyncExitStack()
+        nursery = await self._exit_stack.enter_async_context(trio.open_nursery())
+        try:
+            await nursery.start(self.run)
+        except BaseException:
+            await self._exit_stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        try:
+            await self.close()
+        finally:
+            return await self._exit_stack.__aexit__(*exc_info)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._data.set()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        if self._started:
+            with trio.CancelScope(shield=True):
+                await self._stopped.wait()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- assignment and positions ---------------------------------------------------------------
+
+    def subscribe(self, topics: Sequence[str] | None = None, pattern: str | None = None) -> None:
+        raise NotImplementedError("consumer groups are not available yet: use assign()")
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Consume exactly these partitions (replacing any earlier assignment)."""
+        self._subscriptions.assign(partitions)
+        topics = {tp.topic for tp in self._subscriptions.partitions}
+        self._cluster.set_topics(topics)
+        if topics - set(self._cluster.metadata.topics):
+            self._cluster.request_update()
+        self._wake.set()
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._subscriptions.partitions)
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        """The next poll returns records from ``offset`` on (a lookup is not needed)."""
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        self._subscriptions.state(TopicPartition(*partition)).seek(offset)
+        self._wake.set()
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        self._seek_reset(partitions, EARLIEST_TIMESTAMP)
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        self._seek_reset(partitions, LATEST_TIMESTAMP)
+
+    def _seek_reset(self, partitions: Sequence[TopicPartition], strategy: int) -> None:
+        tps = [TopicPartition(*tp) for tp in partitions] or list(self._subscriptions.partitions)
+        for tp in tps:
+            self._subscriptions.state(tp).request_reset(strategy)
+        self._wake.set()
+
+    async def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:
+        """The offset of the next record poll returns for ``partition`` (looked up now if a
+        reset is pending)."""
+        tp = TopicPartition(*partition)
+        state = self._subscriptions.state(tp)
+        deadline = self._deadline(timeout_ms)
+        while not state.has_position:
+            if state.reset is None:
+                raise NoOffsetForPartitionError(f"partition {tp} has no position and "
+                                                "auto_offset_reset is 'none': seek first")
+            generation = state.generation
+            offsets = await self._list_offsets({tp: state.reset}, deadline)
+            if state.generation == generation and state.reset is not None:
+                state.seek(offsets[tp][0])
+        return state.position
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        """The partition's high watermark as of the last fetch (None before one)."""
+        hw = self._subscriptions.state(TopicPartition(*partition)).high_watermark
+        return None if hw < 0 else hw
+
+    # -- offsets --------------------------------------------------------------------------------
+
+    async def beginning_offsets(self, partitions: Iterable[TopicPartition],
+                                timeout_ms: int | None = None) -> dict[TopicPartition, int]:
+        found = await self._list_offsets({TopicPartition(*tp): EARLIEST_TIMESTAMP for tp in partitions},
+                                         self._deadline(timeout_ms))
+        return {tp: r[0] for tp, r in found.items()}
+
+    async def end_offsets(self, partitions: Iterable[TopicPartition],
+                          timeout_ms: int | None = None) -> dict[TopicPartition, int]:
+        """The high watermark of each partition (the offset the next committed record gets)."""
+        found = await self._list_offsets({TopicPartition(*tp): LATEST_TIMESTAMP for tp in partitions},
+                                         self._deadline(timeout_ms))
+        return {tp: r[0] for tp, r in found.items()}
+
+    async def offsets_for_times(self, timestamps: dict[TopicPartition, int], timeout_ms: int | None = None
+                                ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """For each partition, the earliest offset whose timestamp is >= the given one (ms),
+        with that record's timestamp; None when no such record exists."""
+        for ts in timestamps.values():
+            if ts < 0:
+                raise ValueError(f"timestamps must be >= 0 ms, got {ts}")
+        found = await self._list_offsets({TopicPartition(*tp): ts for tp, ts in timestamps.items()},
+                                         self._deadline(timeout_ms))
+        return {tp: None if r[0] < 0 else OffsetAndTimestamp(r[0], r[1]) for tp, r in found.items()}
+
+    def _deadline(self, timeout_ms: int | None) -> float:
+        ms = self.config.default_api_timeout_ms if timeout_ms is None else timeout_ms
+        return time.monotonic() + ms / 1000
+
+    async def _list_offsets(self, wanted: dict[TopicPartition, int], deadline: float
+                            ) -> dict[TopicPartition, tuple[int, int]]:
+        """ListOffsets to each partition's leader, retrying retriable errors (with a metadata
+        refresh when they invalidate it) until monotonic ``deadline``."""
+        self._require_running()
+        self._cluster.add_topics(tp.topic for tp in wanted)
+        remaining = dict(wanted)
+        found: dict[TopicPartition, tuple[int, int]] = {}
+        backoff = Backoff(self._backoff_s, self.config.retry_backoff_max_ms / 1000)
+        last: BaseException | None = None
+        while True:
+            metadata = self._cluster.metadata
+            if any(metadata.leader_for(tp) is None for tp in remaining):
+                try:
+                    metadata = await self._cluster.refresh(timeout=max(0.0, deadline - time.monotonic()))
+                except TidelogError as e:
+                    last = e
+            by_node: dict[int, dict[TopicPartition, int]] = {}
+            for tp, ts in remaining.items():
+                leader = metadata.leader_for(tp)
+                if leader is None:
+                    code = metadata.topic_errors.get(tp.topic)
+                    last = broker_error(code, f"topic {tp.topic!r}") if code else \
+                        BrokerConnectionError(f"no leader known for partition {tp}")
+                    if code and not for_code(code).retriable:
+                        raise last
+                else:
+                    by_node.setdefault(leader, {})[tp] = ts
+            for node, tss in by_node.items():
+                try:
+                    response = await self._cluster.request(
+                        node, _list_offsets_request(tss, metadata), api_key=ApiKey.LIST_OFFSETS,
+                        timeout=max(0.001, min(deadline - time.monotonic(), self.config.request_timeout_ms / 1000)))
+                except (BrokerConnectionError, RequestTimedOut) as e:
+                    last = e
+                    self._cluster.request_update()
+                    continue
+                last = self._absorb_offsets(response, remaining, found) or last
+            if not remaining:
+                return found
+            delay = backoff.next_delay()
+            if time.monotonic() + delay >= deadline:
+                raise RequestTimedOut(f"offsets for {sorted(map(str, remaining))} not found in time "
+                                      f"(last error: {last or 'none'})")
+            await trio.sleep(delay)
+
+    def _absorb_offsets(self, response: ListOffsetsResponse, remaining: dict[TopicPartition, int],
+                        found: dict[TopicPartition, tuple[int, int]]) -> TidelogError | None:
+        last = None
+        for t in response.topics:
+            for p in t.partitions:
+                tp = TopicPartition(t.name, p.partition_index)
+                if tp not in remaining:
+                    continue
+                if p.error_code == NONE.code:
+                    found[tp] = (p.offset, p.timestamp)
+                    del remaining[tp]
+                    continue
+                err = broker_error(p.error_code, f"partition {tp}", p.error_message)
+                if not err.retriable:
+                    raise err
+                if err.invalid_metadata:
+                    self._cluster.request_update()
+                last = err
+        return last
+
+    # -- polling --------------------------------------------------------------------------------
+
+    async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
+        """Records from the assigned partitions, in offset order per partition: at most
+        ``max_records`` (default ``max_poll_records``), waiting up to ``timeout_ms`` for some.
+        Raises an error a fetch ran into (e.g. OffsetOutOfRangeError with
+        auto_offset_reset "none", CorruptRecordError) once, then carries on."""
+        self._require_running()
+        limit = max_records or self.config.max_poll_records
+        deadline = trio.current_time() + max(0, timeout_ms) / 1000
+        while True:
+            self._raise_pending()
+            records = self._drain(limit)
+            if records:
+                return records
+            if trio.current_time() >= deadline or self._closed:
+                return []
+            data = self._data
+            with trio.move_on_at(deadline):
+                await data.wait()
+
+    def _raise_pending(self) -> None:
+        if self._errors:
+            raise self._errors.popleft()
+        missing = self._subscriptions.missing_position()
+        if missing:
+            raise NoOffsetForPartitionError(
+                f"no position for {', '.join(map(str, missing))} and auto_offset_reset is 'none': "
+                "seek first")
+
+    def _drain(self, limit: int) -> list[Record]:
+        out: list[Record] = []
+        check = self.config.check_crcs
+        drained_one = False
+        for tp in self._subscriptions.rotation():
+            state = self._subscriptions.partitions[tp]
+            while state.buffered and len(out) < limit:
+                completed = state.buffered[0]
+                try:
+                    out.extend(completed.take(state, limit - len(out), check))
+                except CorruptRecordError as e:
+                    state.buffered.clear()
+                    state.stopped = True
+                    self._errors.append(CorruptRecordError(f"partition {tp}: {e}"))
+                    break
+                if completed.exhausted:
+                    state.buffered.popleft()
+                    drained_one |= not state.buffered
+            if len(out) >= limit:
+                break
+        if drained_one:
+            self._wake.set()  # pipelining: fetch again while the application works
+        return out
+
+    def __aiter__(self) -> AsyncIterator[Record]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Record]:
+        while not self._closed:
+            for record in await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)):
+                yield record
+
+    def _require_running(self) -> None:
+        if self._closed:
+            raise ClientClosedError("the consumer is closed")
+        if not self._started:
+            raise RuntimeError("start the consumer first: `async with AsyncConsumer(...)` or "
+                               "`await nursery.start(consumer.run)`")
+
+    # -- the background fetch loop --------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        subs = self._subscriptions
+        while True:
+            self._wake = trio.Event()
+            now = time.monotonic()
+            for tp in subs.needing_reset():
+                state = subs.partitions[tp]
+                if state.retry_at <= now:
+                    state.resetting = True
+                    self._nursery.start_soon(self._reset_one, tp, state, state.generation, state.reset)
+            plans, unknown = plan_fetches(subs, self._cluster.metadata, self._fetching_nodes, now, self.config)
+            if unknown:
+                self._cluster.request_update()
+            for node, plan in plans.items():
+                self._fetching_nodes.add(node)
+                for tp in plan.sent:
+                    subs.partitions[tp].fetching = True
+                self._nursery.start_soon(self._fetch, node, plan)
+            delay = self._next_retry(now) if not unknown else self._backoff_s
+            with trio.move_on_after(delay):
+                await self._wake.wait()
+
+    def _next_retry(self, now: float) -> float:
+        waits = [s.retry_at - now for s in self._subscriptions.partitions.values() if s.retry_at > now]
+        return min(waits) if waits else math.inf
+
+    async def _reset_one(self, tp: TopicPartition, state: PartitionState, generation: int,
+                         strategy: int) -> None:
+        try:
+            deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+            found = await self._list_offsets({tp: strategy}, deadline)
+            if state.generation == generation and state.reset == strategy:
+                state.seek(found[tp][0])
+        except (RequestTimedOut, BrokerConnectionError) as e:
+            log.debug("offset reset for %s failed: %s", tp, e)
+            state.retry_at = time.monotonic() + self._backoff_s
+        except TidelogError as e:
+            state.stopped = True
+            self._errors.append(e)
+            self._signal_data()
+        finally:
+            state.resetting = False
+            self._wake.set()
+
+    async def _fetch(self, node: int, plan: FetchPlan) -> None:
+        subs = self._subscriptions
+        try:
+            timeout = (self.config.request_timeout_ms + self.config.fetch_max_wait_ms) / 1000
+            response: FetchResponse = await self._cluster.request(node, plan.request, api_key=ApiKey.FETCH,
+                                                                  timeout=timeout)
+        except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
+            log.debug("fetch from node %s failed: %s", node, e)
+            self._cluster.request_update()
+            retry_at = time.monotonic() + self._backoff_s
+            for tp in plan.sent:
+                state = subs.partitions.get(tp)
+                if state is not None:
+                    state.retry_at = retry_at
+            return
+        finally:
+            self._fetching_nodes.discard(node)
+            for tp in plan.sent:
+                state = subs.partitions.get(tp)
+                if state is not None:
+                    state.fetching = False
+            self._wake.set()
+        self._absorb_fetch(response, plan)
+
+    def _absorb_fetch(self, response: FetchResponse, plan: FetchPlan) -> None:
+        subs, now = self._subscriptions, time.monotonic()
+        got_data = refresh = False
+        for t in response.responses:
+            for p in t.partitions:
+                tp = TopicPartition(t.topic, p.partition_index)
+                if tp not in plan.sent:
+                    continue
+                if response.error_code != NONE.code and p.error_code == NONE.code:
+                    p = FetchPartitionResponse(p.partition_index, response.error_code)
+                generation, offset = plan.sent[tp]
+                state = subs.partitions.get(tp)
+                outcome = handle_partition_response(tp, state, generation, offset, p, now=now,
+                                                    backoff_s=self._backoff_s)
+                if outcome.action == "data":
+                    got_data = True
+                elif outcome.action == "refresh":
+                    refresh = True
+                elif outcome.action == "reset":
+                    if subs.default_reset is None:
+                        state.stopped = True
+                        self._errors.append(outcome.error)
+                        got_data = True
+                    else:
+                        state.request_reset(subs.default_reset)
+                elif outcome.action == "error":
+                    self._errors.append(outcome.error)
+                    got_data = True
+        if refresh:
+            self._cluster.request_update()
+        if got_data:
+            self._signal_data()
+
+    def _signal_data(self) -> None:
+        data, self._data = self._data, trio.Event()
+        data.set()
+
+
+def _list_offsets_request(timestamps: dict[TopicPartition, int], metadata: ClusterMetadata) -> ListOffsetsRequest:
+    by_topic: dict[str, list[ListOffsetsPartition]] = {}
+    for tp, ts in timestamps.items():
+        info = metadata.partition(tp)
+        epoch = info.leader_epoch if info is not None else -1
+        by_topic.setdefault(tp.topic, []).append(ListOffsetsPartition(tp.partition, ts, epoch))
+    return ListOffsetsRequest(topics=[ListOffsetsTopic(t, ps) for t, ps in by_topic.items()])

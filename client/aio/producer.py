@@ -1,0 +1,544 @@
+"""The Trio producer: ``AsyncProducer`` (the API) and its ``Sender`` (the background task).
+
+Theory of operation.
+
+``send`` serializes the record, picks its partition from the cached metadata and appends it
+to the accumulator; it only awaits when the topic's metadata is missing or buffer memory is
+exhausted (both bounded by ``max_block_ms``). The per-record path is synchronous and
+thread-safe (``try_send``): the blocking ``client.Producer`` calls it straight from the
+application's thread, so there is no hop into Trio per record.
+
+The ``Sender`` is one task that decides in pure code and awaits in one place (STYLE example 8):
+each round it expires batches past ``delivery_timeout_ms``, asks the accumulator which leader
+nodes are ready, drains one ProduceRequest per ready node (at most one batch per partition),
+starts one task per request, and sleeps until woken (a batch opened or filled, a request
+finished, metadata updated, a flush or close began) or until the next linger/backoff/expiry
+deadline. Each request task turns its response into one ``Decision`` per batch with
+``decide`` (pure), and ``_apply`` carries them out: complete, re-enqueue for retry (with a
+metadata refresh for errors that invalidate metadata), or fail.
+
+Guarantees: every future resolves, with RecordMetadata or an exception: batches are failed
+when they expire, when retries are exhausted, on a non-retriable error, and on close (queued
+and in-flight alike, including when the sender task is cancelled). Without idempotence, a
+retry may duplicate a batch the broker appended but could not acknowledge (as in Kafka), and
+with ``max_in_flight_requests_per_connection`` > 1 a retried batch may land after a newer
+one that was already in flight; once a partition is retrying it sends one batch at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import trio
+
+from client.aio.accumulator import ProducerBatch, RecordAccumulator, RecordFuture
+from client.aio.cluster import Backoff, Cluster, ClusterMetadata
+from client.aio.partitioner import StickyPartitioner, murmur2, to_positive
+from client.errors import (BrokerConnectionError, ClientClosedError, RequestTimedOut,
+                           TidelogError, broker_error)
+from client.records import RecordMetadata
+from protocol.errors import (NETWORK_EXCEPTION, NONE, REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR,
+                             InvalidRequestError, RecordTooLargeError, for_code)
+from protocol.messages import (ApiKey, PartitionProduceData, ProduceRequest, ProduceResponse,
+                               TopicProduceData)
+from protocol.records import Codec
+from protocol.topics import TopicPartition, validate_topic_name
+
+__all__ = ["AsyncProducer", "ProducerConfig", "Sender", "Decision", "decide",
+           "build_produce_request", "partition_results", "parse_acks", "serialize"]
+
+log = logging.getLogger(__name__)
+
+Headers = Sequence[tuple[str, bytes | str | None]] | None
+Partitioner = Callable[[bytes | None, list[int], list[int]], int]
+
+KEY_HASH_CACHE = 1 << 16  # distinct keys whose partition hash is remembered
+
+_ACKS = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}
+
+
+def parse_acks(acks: Any) -> int:
+    """Kafka's ``acks``: "all" or -1 (the ISR), 1 (the leader), 0 (no response)."""
+    try:
+        return _ACKS[acks]
+    except (KeyError, TypeError):
+        raise ValueError(f"acks must be 'all', -1, 1 or 0, got {acks!r}") from None
+
+
+def serialize(value: Any) -> bytes | None:
+    """The default serializer: bytes-like as is, str as UTF-8, None as null."""
+    if value is None or type(value) is bytes:
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    raise TypeError(f"cannot send a {type(value).__name__}: give bytes or str, "
+                    "or set key_serializer / value_serializer")
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """Every producer option, with Kafka's name and default; units in the names."""
+
+    bootstrap_servers: str | Sequence[str] = "localhost:9092"
+    client_id: str | None = None
+    acks: int = -1
+    linger_ms: int = 5
+    batch_size: int = 16384
+    buffer_memory: int = 32 << 20
+    compression_type: str | None = None
+    delivery_timeout_ms: int = 120000
+    request_timeout_ms: int = 30000
+    retries: int = 2147483647
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
+    max_in_flight_requests_per_connection: int = 5
+    max_block_ms: int = 60000
+    max_request_size: int = 1048576
+    metadata_max_age_ms: int = 300000
+    connections_max_idle_ms: int = 540000  # accepted for compatibility; connections stay open
+    enable_idempotence: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "acks", parse_acks(self.acks))
+        Codec.parse(self.compression_type)
+        for name in ("linger_ms", "retries", "retry_backoff_ms", "max_block_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("batch_size", "buffer_memory", "request_timeout_ms", "max_request_size",
+                     "max_in_flight_requests_per_connection", "delivery_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            raise ValueError("delivery_timeout_ms must be >= linger_ms + request_timeout_ms "
+                             f"({self.delivery_timeout_ms} < {self.linger_ms} + {self.request_timeout_ms})")
+        if self.enable_idempotence:
+            raise NotImplementedError("the idempotent producer is not available yet "
+                                      "(enable_idempotence=True needs InitProducerId)")
+
+    @property
+    def codec(self) -> Codec:
+        return Codec.parse(self.compression_type)
+
+
+# ---------------------------------------------------------------------------------------------
+# pure decisions
+
+
+class Decision(NamedTuple):
+    """What to do with one batch after an attempt."""
+
+    action: str  # "done" | "retry" | "fail"
+    base_offset: int = -1
+    log_append_time: int = -1
+    error: BaseException | None = None
+    refresh_metadata: bool = False
+
+
+def decide(batch: ProducerBatch, error_code: int, *, now: float, retries: int,
+           base_offset: int = -1, log_append_time: int = -1, message: str | None = None) -> Decision:
+    """The fate of a batch given the error code of its latest attempt (``batch.attempts``
+    already counts it). Retriable errors are retried while attempts remain and the delivery
+    timeout has not passed; errors that invalidate metadata also ask for a refresh."""
+    if error_code == NONE.code:
+        return Decision("done", base_offset, log_append_time)
+    err = for_code(error_code)
+    where = f"topic {batch.tp.topic!r} partition {batch.tp.partition}"
+    if not err.retriable:
+        return Decision("fail", error=broker_error(error_code, where, message),
+                        refresh_metadata=err.invalid_metadata)
+    if now >= batch.deadline:
+        return Decision("fail", error=RequestTimedOut(
+            f"{where}: {len(batch)} record(s) not delivered within delivery_timeout_ms "
+            f"after {batch.attempts} attempt(s); last error {err.name}: {message or err.message}"),
+            refresh_metadata=err.invalid_metadata)
+    if batch.attempts > retries:
+        return Decision("fail", error=broker_error(error_code, f"{where} (retries exhausted)", message),
+                        refresh_metadata=err.invalid_metadata)
+    return Decision("retry", refresh_metadata=err.invalid_metadata)
+
+
+def build_produce_request(batches: Sequence[ProducerBatch], *, acks: int, timeout_ms: int) -> ProduceRequest:
+    """One ProduceRequest for batches bound for one node (at most one per partition)."""
+    by_topic: dict[str, list[PartitionProduceData]] = {}
+    for batch in batches:
+        by_topic.setdefault(batch.tp.topic, []).append(
+            PartitionProduceData(batch.tp.partition, batch.encode()))
+    return ProduceRequest(acks=acks, timeout_ms=timeout_ms,
+                          topic_data=[TopicProduceData(t, parts) for t, parts in by_topic.items()])
+
+
+def partition_results(response: ProduceResponse) -> dict[TopicPartition, tuple[int, int, int, str | None]]:
+    """``tp -> (error_code, base_offset, log_append_time_ms, error_message)``."""
+    return {TopicPartition(t.name, p.index): (p.error_code, p.base_offset, p.log_append_time_ms,
+                                              p.error_message)
+            for t in response.responses for p in t.partition_responses}
+
+
+def decide_response(response: ProduceResponse, batches: Sequence[ProducerBatch], *, now: float,
+                    retries: int) -> list[tuple[ProducerBatch, Decision]]:
+    results = partition_results(response)
+    out = []
+    for batch in batches:
+        r = results.get(batch.tp)
+        if r is None:
+            out.append((batch, Decision("fail", error=broker_error(
+                UNKNOWN_SERVER_ERROR.code, f"topic {batch.tp.topic!r} partition {batch.tp.partition}",
+                "the produce response has no result for this partition"))))
+            continue
+        code, base_offset, append_time, message = r
+        out.append((batch, decide(batch, code, now=now, retries=retries, base_offset=base_offset,
+                                  log_append_time=append_time, message=message)))
+    return out
+
+
+def decide_failure(batches: Sequence[ProducerBatch], error: BaseException, *, now: float,
+                   retries: int) -> list[tuple[ProducerBatch, Decision]]:
+    """Decisions when the request itself failed (connection lost, timed out)."""
+    code = REQUEST_TIMED_OUT.code if isinstance(error, RequestTimedOut) else NETWORK_EXCEPTION.code
+    return [(b, decide(b, code, now=now, retries=retries, message=str(error))) for b in batches]
+
+
+# ---------------------------------------------------------------------------------------------
+# the sender
+
+
+class Sender:
+    """The background task moving batches from the accumulator to the leaders."""
+
+    def __init__(self, cluster: Cluster, accumulator: RecordAccumulator, config: ProducerConfig):
+        self.cluster = cluster
+        self.accumulator = accumulator
+        self.config = config
+        self._event = trio.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._thread: int | None = None
+        self._in_flight: dict[int, int] = {}  # node -> requests awaiting a response
+        self._nursery: trio.Nursery | None = None
+        self._stopping = False
+        cluster.add_listener(lambda _metadata: self.wakeup())
+
+    def wakeup(self) -> None:
+        """Make the sender look again; callable from any thread."""
+        if self._thread is None or threading.get_ident() == self._thread:
+            self._event.set()
+        else:
+            try:
+                self._token.run_sync_soon(self._set_event)
+            except trio.RunFinishedError:
+                pass
+
+    def _set_event(self) -> None:
+        self._event.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread = threading.get_ident()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self._loop()
+
+    async def _loop(self) -> None:
+        acc, config = self.accumulator, self.config
+        while True:
+            self._event = trio.Event()  # any wake-up from here on is seen
+            now = acc.clock()
+            for batch in acc.expire(now):
+                acc.complete(batch, error=self._expired(batch, now), in_flight=False)
+            metadata = self.cluster.metadata
+            busy = [n for n, k in self._in_flight.items() if k >= config.max_in_flight_requests_per_connection]
+            check = acc.ready(metadata, now, busy)
+            delay = check.next_delay
+            if check.unknown_leaders:
+                self.cluster.request_update()
+                delay = min(delay, config.retry_backoff_ms / 1000)
+            if check.nodes:
+                drained = acc.drain(metadata, check.nodes, config.max_request_size, now)
+                for node, batches in drained.items():
+                    self._in_flight[node] = self._in_flight.get(node, 0) + 1
+                    self._nursery.start_soon(self._send, node, batches)
+            with trio.move_on_after(delay if delay < math.inf else math.inf):
+                await self._event.wait()
+
+    def _expired(self, batch: ProducerBatch, now: float) -> RequestTimedOut:
+        return RequestTimedOut(
+            f"topic {batch.tp.topic!r} partition {batch.tp.partition}: expiring {len(batch)} record(s): "
+            f"{(now - batch.created) * 1000:.0f} ms have passed since the batch was created "
+            f"(delivery_timeout_ms {self.config.delivery_timeout_ms})")
+
+    async def _send(self, node: int, batches: list[ProducerBatch]) -> None:
+        decisions: list[tuple[ProducerBatch, Decision]] | None = None
+        config, acc = self.config, self.accumulator
+        try:
+            for batch in batches:
+                batch.attempts += 1
+            request = build_produce_request(batches, acks=config.acks, timeout_ms=config.request_timeout_ms)
+            try:
+                conn = await self.cluster.connection(node)
+                if config.acks == 0:
+                    await conn.send_no_response(request, api_key=ApiKey.PRODUCE)
+                    decisions = [(b, Decision("done")) for b in batches]
+                else:
+                    response = await conn.request(request, api_key=ApiKey.PRODUCE,
+                                                  timeout=config.request_timeout_ms / 1000 + 1.0)
+                    decisions = decide_response(response, batches, now=acc.clock(), retries=config.retries)
+            except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
+                log.debug("produce request to node %s failed: %s", node, e)
+                decisions = decide_failure(batches, e, now=acc.clock(), retries=config.retries)
+        finally:
+            self._in_flight[node] -= 1
+            if decisions is None:  # cancelled (close) or a bug: never drop records silently
+                for batch in batches:
+                    acc.complete(batch, error=ClientClosedError(
+                        f"the producer closed before {batch.tp} was acknowledged"))
+            self._event.set()
+        self._apply(decisions)
+
+    def _apply(self, decisions: list[tuple[ProducerBatch, Decision]]) -> None:
+        acc = self.accumulator
+        refresh = False
+        for batch, d in decisions:
+            refresh |= d.refresh_metadata
+            if d.action == "retry" and not acc.closed_for_retries:
+                acc.reenqueue(batch, acc.clock())
+            elif d.action == "retry":
+                acc.complete(batch, error=ClientClosedError(
+                    f"the producer closed while {batch.tp} was being retried"))
+            else:
+                acc.complete(batch, d.base_offset, d.log_append_time, d.error)
+        if refresh:
+            self.cluster.request_update()
+
+
+# ---------------------------------------------------------------------------------------------
+# the producer
+
+
+_NEED_METADATA = object()
+
+
+class AsyncProducer:
+    """A Trio producer. Use ``async with AsyncProducer(...) as producer:`` or start it in a
+    nursery of your own: ``await nursery.start(producer.run)`` ... ``await producer.close()``.
+
+    ``await producer.send(topic, value, key=None, headers=None, partition=None,
+    timestamp_ms=None)`` returns a RecordFuture (``await fut`` -> RecordMetadata)."""
+
+    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
+                 key_serializer: Callable[[Any], bytes | None] | None = None,
+                 value_serializer: Callable[[Any], bytes | None] | None = None,
+                 partitioner: Partitioner | None = None, **options: Any):
+        self.config = config = ProducerConfig(bootstrap_servers=bootstrap_servers, **options)
+        self._key_serializer = key_serializer or serialize
+        self._value_serializer = value_serializer or serialize
+        self._plain_keys = key_serializer is None  # None keys and bytes values skip the call
+        self._plain_values = value_serializer is None
+        self._max_record_size = min(config.max_request_size, config.buffer_memory)
+        self._key_hashes: dict[bytes, int] = {}  # key -> toPositive(murmur2(key)), bounded
+        self._tps: dict[str, list[TopicPartition]] = {}
+        self._partitioner = partitioner
+        self._cluster = Cluster(config.bootstrap_servers, client_id=config.client_id,
+                                request_timeout_ms=config.request_timeout_ms,
+                                max_in_flight_requests_per_connection=config.max_in_flight_requests_per_connection,
+                                retry_backoff_ms=config.retry_backoff_ms,
+                                retry_backoff_max_ms=config.retry_backoff_max_ms,
+                                metadata_max_age_ms=config.metadata_max_age_ms,
+                                allow_auto_topic_creation=True)
+        self._accumulator = RecordAccumulator(
+            batch_size=config.batch_size, buffer_memory=config.buffer_memory,
+            linger_s=config.linger_ms / 1000, codec=config.codec,
+            delivery_timeout_s=config.delivery_timeout_ms / 1000,
+            retry_backoff_s=config.retry_backoff_ms / 1000, partitioner=StickyPartitioner())
+        self._sender = Sender(self._cluster, self._accumulator, config)
+        self._accumulator.wakeup = self._sender.wakeup
+        self._nursery: trio.Nursery | None = None
+        self._exit_stack: contextlib.AsyncExitStack | None = None
+        self._started = False
+        self._stopped = trio.Event()
+        self._max_block_s = config.max_block_ms / 1000
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the cluster and the sender until ``close``."""
+        if self._started:
+            raise RuntimeError("this producer was already started")
+        self._started = True
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self._cluster.run)
+                await nursery.start(self._sender.run)
+                task_status.started()
+        finally:
+            self._fail_everything(ClientClosedError("the producer closed before the record was sent"))
+            self._stopped.set()
+
+    async def __aenter__(self) -> "AsyncProducer":
+        self._exit_stack = contextlib.AsyncExitStack()
+        nursery = await self._exit_stack.enter_async_context(trio.open_nursery())
+        try:
+            await nursery.start(self.run)
+        except BaseException:
+            await self._exit_stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        try:
+            await self.close()
+        finally:
+            return await self._exit_stack.__aexit__(*exc_info)
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Stop accepting records, deliver what is pending within ``timeout`` seconds (None:
+        up to the delivery timeout), then fail whatever is left with ClientClosedError and
+        stop. ``timeout=0`` fails pending records at once."""
+        self._accumulator.close()
+        try:
+            if self._started and not self._stopped.is_set() and timeout != 0:
+                limit = math.inf if timeout is None else timeout
+                with trio.move_on_after(limit):
+                    await self.flush()
+        finally:
+            with trio.CancelScope(shield=True):
+                self._fail_everything(ClientClosedError("the producer closed before the record was sent"))
+                if self._nursery is not None:
+                    self._nursery.cancel_scope.cancel()
+                if self._started:
+                    await self._stopped.wait()
+
+    def _fail_everything(self, error: ClientClosedError) -> None:
+        acc = self._accumulator
+        acc.close()
+        acc.closed_for_retries = True
+        for batch in acc.abort():
+            acc.complete(batch, error=ClientClosedError(str(error)), in_flight=False)
+
+    @property
+    def closed(self) -> bool:
+        return self._accumulator.closed
+
+    # -- sending --------------------------------------------------------------------------------
+
+    async def send(self, topic: str, value: Any = None, key: Any = None, headers: Headers = None,
+                   partition: int | None = None, timestamp_ms: int | None = None) -> RecordFuture:
+        """Queue a record; returns its future. Waits only for the topic's metadata or for
+        buffer memory, at most ``max_block_ms`` (then RequestTimedOut)."""
+        deadline = time.monotonic() + self._max_block_s
+        while True:
+            r = self.try_send(topic, value, key, headers, partition, timestamp_ms)
+            if type(r) is RecordFuture:
+                return r
+            if r is _NEED_METADATA:
+                await self.wait_for_topic(topic, deadline)
+            else:
+                await self._accumulator.wait_for_memory_async(r, deadline)
+
+    async def send_and_wait(self, topic: str, value: Any = None, key: Any = None,
+                            headers: Headers = None, partition: int | None = None,
+                            timestamp_ms: int | None = None) -> RecordMetadata:
+        future = await self.send(topic, value, key, headers, partition, timestamp_ms)
+        return await future
+
+    def try_send(self, topic: str, value: Any = None, key: Any = None, headers: Headers = None,
+                 partition: int | None = None, timestamp_ms: int | None = None) -> Any:
+        """The synchronous, thread-safe hot path. Returns the RecordFuture, or tells the
+        caller what to wait for: ``_NEED_METADATA`` (call ``wait_for_topic``) or the record's
+        size in bytes (buffer memory is exhausted: wait for that much)."""
+        acc = self._accumulator
+        if acc.closed:
+            raise ClientClosedError("the producer is closed")
+        key_bytes = key if key is None and self._plain_keys else self._key_serializer(key)
+        value_bytes = value if type(value) is bytes and self._plain_values else self._value_serializer(value)
+        size = 32 + (len(key_bytes) if key_bytes else 0) + (len(value_bytes) if value_bytes else 0)
+        if headers:
+            headers = [(k, serialize(v)) for k, v in headers]
+            size += sum(len(k) + len(v or b"") + 8 for k, v in headers)
+        if size > self._max_record_size:
+            raise RecordTooLargeError(
+                f"a record of ~{size} bytes is larger than max_request_size "
+                f"({self.config.max_request_size}) or buffer_memory ({self.config.buffer_memory})")
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        info = self._cluster.metadata.topics.get(topic)
+        if info is None:
+            return _NEED_METADATA
+        n = len(info.partition_ids)
+        if partition is None:
+            if self._partitioner is not None:
+                partition = self._partitioner(key_bytes, list(info.partition_ids), list(info.available))
+            elif key_bytes is None:
+                return acc.append_keyless(topic, n, info.available, timestamp_ms, value_bytes,
+                                          headers, size) or size
+            else:
+                h = self._key_hashes.get(key_bytes)
+                if h is None:
+                    h = to_positive(murmur2(key_bytes))
+                    if len(self._key_hashes) < KEY_HASH_CACHE:
+                        self._key_hashes[key_bytes] = h
+                partition = h % n
+        elif not 0 <= partition < n:
+            raise ValueError(f"partition {partition} is not in the range [0, {n - 1}] of topic {topic!r}")
+        tps = self._tps.get(topic)
+        if tps is None or len(tps) < n:
+            tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(n)]
+        return acc.append(tps[partition], timestamp_ms, key_bytes, value_bytes, headers, size) or size
+
+    async def wait_for_topic(self, topic: str, deadline: float) -> ClusterMetadata:
+        """Fetch ``topic``'s metadata until it has partitions or monotonic ``deadline``."""
+        validate_topic_name(topic)
+        backoff = Backoff(self.config.retry_backoff_ms / 1000, self.config.retry_backoff_max_ms / 1000)
+        last: BaseException | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestTimedOut(f"topic {topic!r} not present in metadata after "
+                                      f"{self.config.max_block_ms} ms (last error: {last or 'none'})")
+            try:
+                metadata = await self._cluster.refresh([topic], timeout=remaining)
+            except TidelogError as e:
+                last = e
+                metadata = self._cluster.metadata
+            info = metadata.topics.get(topic)
+            if info is not None and info.partition_ids:
+                return metadata
+            code = metadata.topic_errors.get(topic)
+            if code is not None:
+                last = broker_error(code, f"topic {topic!r}")
+                if not for_code(code).retriable:
+                    raise last
+            await trio.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued now and wait until each of those records is acknowledged
+        or failed (failures go to the records' futures, not here). Raises RequestTimedOut
+        after ``timeout`` seconds."""
+        batches = self._accumulator.begin_flush()
+        self._sender.wakeup()
+        try:
+            with trio.fail_after(math.inf if timeout is None else timeout):
+                for batch in batches:
+                    await batch.result.wait_async()
+        except trio.TooSlowError:
+            raise RequestTimedOut(f"flush did not complete within {timeout:g} s") from None
+        finally:
+            self._accumulator.end_flush()
+
+    async def partitions_for(self, topic: str) -> list[int]:
+        metadata = await self.wait_for_topic(topic, time.monotonic() + self._max_block_s)
+        return list(metadata.partitions_for(topic))
+
+    @property
+    def metrics(self) -> dict[str, int]:
+        return {"buffer_used_bytes": self._accumulator.used_memory,
+                "queued_batches": self._accumulator.queued_batches()}

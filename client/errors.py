@@ -1,0 +1,79 @@
+"""The exceptions the client raises, and the one place where a broker's error code becomes one.
+
+Hierarchy (every exception the SDK raises on purpose is a ``TidelogError``, so it carries
+``error`` (the registry's ErrorCode), ``code``, ``retriable`` and ``invalid_metadata``)::
+
+    protocol.errors.TidelogError
+     |- what a broker's error code turns into: protocol.errors.error_for(code)
+     |    (OffsetOutOfRangeError, CorruptRecordError, RecordTooLargeError, ... or a plain
+     |     TidelogError whose .error names the code, e.g. NOT_LEADER_OR_FOLLOWER)
+     '- TidelogClientError                     failures seen only by the client
+          |- RequestTimedOut (also TimeoutError)   a deadline passed (request, delivery, max_block)
+          |- BrokerConnectionError                 connect/read/write failed; retriable
+          |    '- NoBrokersAvailable               no bootstrap or known broker answered
+          |- ClientClosedError                     the producer/consumer/admin is closed
+          '- NoOffsetForPartitionError             auto_offset_reset="none" and no position
+
+``broker_error`` is the client's single code-to-exception boundary: everything that reads an
+``error_code`` from a response and decides to raise goes through it, so the message always
+names where the error came from (topic, partition, node) and what the code means.
+"""
+
+from __future__ import annotations
+
+from protocol.errors import (BROKER_NOT_AVAILABLE, NETWORK_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE,
+                             REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR, CorruptRecordError,
+                             ErrorCode, OffsetOutOfRangeError, RecordTooLargeError, TidelogError,
+                             error_for, for_code)
+
+__all__ = [
+    "TidelogError", "TidelogClientError", "RequestTimedOut", "BrokerConnectionError",
+    "NoBrokersAvailable", "ClientClosedError", "NoOffsetForPartitionError",
+    "OffsetOutOfRangeError", "CorruptRecordError", "RecordTooLargeError", "broker_error",
+]
+
+
+class TidelogClientError(TidelogError):
+    """Base of the errors that originate in the client rather than in a broker's reply."""
+
+    error: ErrorCode = UNKNOWN_SERVER_ERROR
+
+
+class RequestTimedOut(TidelogClientError, TimeoutError):
+    """A deadline passed: a request's, a record's delivery timeout, or a call's max block."""
+
+    error = REQUEST_TIMED_OUT
+
+
+class BrokerConnectionError(TidelogClientError):
+    """The connection to a broker could not be opened or broke; requests on it may be retried
+    after a metadata refresh (NETWORK_EXCEPTION is retriable and invalidates metadata)."""
+
+    error = NETWORK_EXCEPTION
+
+
+class NoBrokersAvailable(BrokerConnectionError):
+    """Neither the bootstrap servers nor any broker known from metadata could be reached."""
+
+    error = BROKER_NOT_AVAILABLE
+
+
+class ClientClosedError(TidelogClientError):
+    """The client object was closed (or is closing) before the operation could complete."""
+
+
+class NoOffsetForPartitionError(TidelogClientError):
+    """A partition has no position and ``auto_offset_reset`` is "none" (seek first)."""
+
+    error = OFFSET_OUT_OF_RANGE
+
+
+def broker_error(code: int, where: str, message: str | None = None) -> TidelogError:
+    """The exception for an error code a broker returned, naming where it applies
+    (``"topic 'orders' partition 3"``, ``"node 2"``) and the code's meaning."""
+    err = for_code(code)
+    if err is NONE:
+        raise ValueError("broker_error called for a success code")
+    detail = message or err.message
+    name = err.name if err.code == code else f"error code {code}"
+    return error_for(code, f"{where}: {name}: {detail}")

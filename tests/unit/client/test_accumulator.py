@@ -1,0 +1,327 @@
+"""The record accumulator with a fake clock: readiness, linger, drain, retries, expiry,
+buffer-memory back-pressure, and the thread-safe append path."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+import trio
+
+from client.aio.accumulator import BATCH_OVERHEAD, RecordAccumulator, record_size
+from client.aio.partitioner import StickyPartitioner
+from client.errors import ClientClosedError, RequestTimedOut
+from protocol.records import iter_all_records
+from protocol.topics import TopicPartition
+
+pytestmark = pytest.mark.unit
+
+T0 = TopicPartition("t", 0)
+T1 = TopicPartition("t", 1)
+U0 = TopicPartition("u", 0)
+VALUE = b"v" * 10
+SIZE = record_size(None, VALUE, None)  # 42
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Leaders:
+    def __init__(self, leaders: dict[TopicPartition, int]):
+        self.leaders = leaders
+
+    def leader_for(self, tp: TopicPartition) -> int | None:
+        return self.leaders.get(tp)
+
+
+LEADERS = Leaders({T0: 1, T1: 2, U0: 1})
+
+
+def make(clock: Clock | None = None, *, records_per_batch: int = 3, **kw) -> RecordAccumulator:
+    kw.setdefault("linger_s", 0.005)
+    kw.setdefault("delivery_timeout_s", 30.0)
+    kw.setdefault("retry_backoff_s", 0.1)
+    return RecordAccumulator(batch_size=BATCH_OVERHEAD + records_per_batch * SIZE, clock=clock or Clock(), **kw)
+
+
+def add(acc, tp=T0, n=1, value=VALUE):
+    return [acc.append(tp, 1000 + i, None, value, None, record_size(None, value, None)) for i in range(n)]
+
+
+def test_a_batch_is_not_ready_before_linger_then_ready_after():
+    clock = Clock()
+    acc = make(clock)
+    add(acc)
+    check = acc.ready(LEADERS, clock.now)
+    assert check.nodes == set() and check.next_delay == pytest.approx(0.005)
+    clock.now += 0.005
+    assert acc.ready(LEADERS, clock.now).nodes == {1}
+
+
+def test_a_full_batch_is_ready_at_once_and_a_new_one_opens():
+    clock = Clock()
+    acc = make(clock)
+    futures = add(acc, n=4)
+    assert acc.queued_batches() == 2
+    assert acc.ready(LEADERS, clock.now).nodes == {1}
+    drained = acc.drain(LEADERS, {1}, 1 << 20, clock.now)
+    assert [len(b) for b in drained[1]] == [3]  # one batch per partition per request
+    assert futures[0].topic_partition == T0
+
+
+def test_drain_takes_one_batch_per_partition_grouped_by_leader():
+    clock = Clock()
+    acc = make(clock, linger_s=0)
+    add(acc, T0, 4)
+    add(acc, T1, 1)
+    add(acc, U0, 1)
+    check = acc.ready(LEADERS, clock.now)
+    assert check.nodes == {1, 2}
+    drained = acc.drain(LEADERS, check.nodes, 1 << 20, clock.now)
+    assert sorted((b.tp, len(b)) for b in drained[1]) == [(T0, 3), (U0, 1)]
+    assert [(b.tp, len(b)) for b in drained[2]] == [(T1, 1)]
+    assert acc.queued_batches() == 1  # T0's second batch waits for the next request
+
+
+def test_drain_respects_max_request_size_but_always_sends_one_batch():
+    clock = Clock()
+    acc = make(clock, linger_s=0)
+    add(acc, T0)
+    add(acc, U0)
+    drained = acc.drain(LEADERS, {1}, 10, clock.now)
+    assert len(drained[1]) == 1 and acc.queued_batches() == 1
+
+
+def test_busy_nodes_and_unknown_leaders():
+    clock = Clock()
+    acc = make(clock, linger_s=0)
+    add(acc, T0)
+    add(acc, TopicPartition("nobody", 0))
+    check = acc.ready(LEADERS, clock.now, busy_nodes=[1])
+    assert check.nodes == set() and check.unknown_leaders
+
+
+def test_flush_and_close_make_lingering_batches_ready():
+    clock = Clock()
+    acc = make(clock, linger_s=60)
+    add(acc)
+    assert acc.ready(LEADERS, clock.now).nodes == set()
+    waiting = acc.begin_flush()
+    assert len(waiting) == 1 and acc.ready(LEADERS, clock.now).nodes == {1}
+    acc.end_flush()
+    assert acc.ready(LEADERS, clock.now).nodes == set()
+    acc.close()
+    assert acc.ready(LEADERS, clock.now).nodes == {1}
+    with pytest.raises(ClientClosedError):
+        add(acc)
+
+
+def test_completion_resolves_each_record_with_base_offset_plus_index():
+    clock = Clock()
+    acc = make(clock, linger_s=0)
+    futures = add(acc, n=3)
+    [batch] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    records = list(iter_all_records(batch.encode()))
+    assert [r.timestamp for r in records] == [1000, 1001, 1002]
+    acc.complete(batch, base_offset=40)
+    assert [f.result(0).offset for f in futures] == [40, 41, 42]
+    assert [f.result(0).timestamp for f in futures] == [1000, 1001, 1002]
+    assert acc.used_memory == 0 and not acc.has_incomplete()
+
+
+def test_log_append_time_replaces_the_record_timestamp():
+    acc = make(linger_s=0)
+    [future] = add(acc)
+    [batch] = acc.drain(LEADERS, {1}, 1 << 20, 100.0)[1]
+    acc.complete(batch, base_offset=0, log_append_time=777)
+    assert future.result(0).timestamp == 777
+
+
+def test_a_failed_batch_fails_every_record():
+    acc = make(linger_s=0)
+    futures = add(acc, n=2)
+    [batch] = acc.drain(LEADERS, {1}, 1 << 20, 100.0)[1]
+    acc.complete(batch, error=RequestTimedOut("boom"))
+    for f in futures:
+        assert isinstance(f.exception(0), RequestTimedOut)
+        with pytest.raises(RequestTimedOut):
+            f.result(0)
+
+
+def test_a_retried_batch_goes_back_in_front_waits_its_backoff_and_flies_alone():
+    clock = Clock()
+    acc = make(clock, linger_s=0, records_per_batch=1)
+    a, b, c = (add(acc)[0] for _ in range(3))
+    [first] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    [second] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]  # pipelined: two in flight
+    first.attempts = second.attempts = 1
+    acc.reenqueue(second, clock.now)  # the later batch fails first...
+    acc.reenqueue(first, clock.now)   # ...the earlier one still goes first
+    assert acc.ready(LEADERS, clock.now).nodes == set()  # backing off
+    clock.now += 0.1
+    assert acc.ready(LEADERS, clock.now).nodes == {1}
+    [again] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    assert again is first
+    # while the retry is in flight nothing else of the partition is sent
+    assert acc.ready(LEADERS, clock.now).nodes == set()
+    assert acc.drain(LEADERS, {1}, 1 << 20, clock.now) == {}
+    acc.complete(first, base_offset=0)
+    [then] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    assert then is second
+    assert a.result(0).offset == 0 and not b.done() and not c.done()
+
+
+def test_new_records_never_join_a_retried_batch():
+    clock = Clock()
+    acc = make(clock, linger_s=0)
+    add(acc)
+    [batch] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    batch.attempts = 1
+    acc.reenqueue(batch, clock.now)
+    add(acc)
+    assert acc.queued_batches() == 2 and len(batch) == 1
+
+
+def test_expire_removes_queued_batches_past_the_delivery_timeout():
+    clock = Clock()
+    acc = make(clock, linger_s=60, delivery_timeout_s=1.0)
+    add(acc)
+    assert acc.expire(clock.now) == []
+    assert acc.ready(LEADERS, clock.now).next_delay == pytest.approx(1.0)
+    clock.now += 1.0
+    [expired] = acc.expire(clock.now)
+    assert acc.queued_batches() == 0 and expired.tp == T0
+
+
+def test_abort_returns_everything_queued():
+    acc = make(linger_s=60)
+    add(acc, T0, 4)
+    add(acc, T1)
+    assert sorted(len(b) for b in acc.abort()) == [1, 1, 3]
+    assert acc.queued_batches() == 0
+
+
+def test_append_returns_none_when_buffer_memory_is_exhausted():
+    acc = make(buffer_memory=2 * SIZE)
+    assert all(add(acc, n=2))
+    assert add(acc) == [None]
+
+
+def test_a_record_larger_than_the_buffer_is_taken_when_the_buffer_is_empty():
+    acc = make(buffer_memory=10)
+    assert add(acc) != [None]
+
+
+def test_memory_waiters_make_every_batch_ready():
+    clock = Clock()
+    acc = make(clock, linger_s=60, buffer_memory=SIZE)
+    add(acc)
+    assert acc.ready(LEADERS, clock.now).nodes == set()
+    released = threading.Event()
+
+    def waiter():
+        acc.wait_for_memory(SIZE, deadline=clock.now + 5)
+        released.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    for _ in range(200):
+        if acc.ready(LEADERS, clock.now).nodes:
+            break
+        time.sleep(0.005)
+    assert acc.ready(LEADERS, clock.now).nodes == {1}
+    [batch] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    acc.complete(batch, base_offset=0)
+    assert released.wait(5)
+    thread.join()
+
+
+def test_wait_for_memory_times_out():
+    clock = Clock()
+    acc = make(clock, buffer_memory=SIZE)
+    add(acc)
+    with pytest.raises(RequestTimedOut, match="buffer_memory"):
+        acc.wait_for_memory(SIZE, deadline=clock.now)
+
+
+async def test_wait_for_memory_async_wakes_on_release():
+    clock = Clock()
+    acc = make(clock, linger_s=0, buffer_memory=SIZE)
+    add(acc)
+    [batch] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    async with trio.open_nursery() as nursery:
+        done = trio.Event()
+
+        async def waiter():
+            await acc.wait_for_memory_async(SIZE, deadline=clock.now + 5)
+            done.set()
+
+        nursery.start_soon(waiter)
+        await trio.sleep(0.01)
+        assert not done.is_set()
+        acc.complete(batch, base_offset=0)
+        with trio.fail_after(2):
+            await done.wait()
+
+
+def test_wakeup_fires_once_per_new_or_full_batch_not_per_record():
+    wakes = []
+    clock = Clock()
+    acc = make(clock, linger_s=60, wakeup=lambda: wakes.append(1))
+    add(acc)  # opens a batch
+    assert len(wakes) == 1
+    add(acc)  # joins it: the sender is already due to look (wake pending)
+    assert len(wakes) == 1
+    acc.ready(LEADERS, clock.now)  # the sender looked
+    add(acc)  # fills it
+    assert len(wakes) == 2
+    acc.ready(LEADERS, clock.now)
+    add(acc)  # opens another
+    assert len(wakes) == 3
+
+
+def test_keyless_records_switch_partition_once_their_batch_is_drained():
+    clock = Clock()
+    choices = iter([0, 1])
+    acc = make(clock, linger_s=0, partitioner=StickyPartitioner(rng=lambda n: next(choices)))
+    first = acc.append_keyless("t", 2, [0, 1], 0, VALUE, None, SIZE)
+    assert acc.append_keyless("t", 2, [0, 1], 0, VALUE, None, SIZE).topic_partition == first.topic_partition
+    acc.drain(LEADERS, {1, 2}, 1 << 20, clock.now)
+    later = acc.append_keyless("t", 2, [0, 1], 0, VALUE, None, SIZE)
+    assert later.topic_partition != first.topic_partition
+
+
+def test_many_threads_append_concurrently_without_losing_records():
+    clock = Clock()
+    acc = make(clock, linger_s=60, records_per_batch=7)
+    per_thread, threads = 500, 4
+    futures: list = []
+    lock = threading.Lock()
+
+    def producer():
+        mine = add(acc, T0, per_thread)
+        with lock:
+            futures.extend(mine)
+
+    workers = [threading.Thread(target=producer) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    base = 0
+    batches = []
+    while acc.queued_batches():
+        batches += acc.drain(LEADERS, {1}, math.inf, clock.now)[1]
+    for batch in batches:
+        acc.complete(batch, base_offset=base)
+        base += len(batch)
+    offsets = sorted(f.result(0).offset for f in futures)
+    assert offsets == list(range(per_thread * threads))
+    assert acc.used_memory == 0

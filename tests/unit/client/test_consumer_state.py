@@ -1,0 +1,213 @@
+"""The consumer's pure parts: positions and resets, fetch planning, partition results, and
+decoding fetched batches at the position."""
+
+from __future__ import annotations
+
+import pytest
+
+from client.aio.cluster import ClusterMetadata
+from client.aio.consumer import (CompletedFetch, ConsumerConfig, PartitionState, SubscriptionState,
+                                 handle_partition_response, plan_fetches)
+from protocol.errors import (CORRUPT_MESSAGE, FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER,
+                             OFFSET_OUT_OF_RANGE, TOPIC_AUTHORIZATION_FAILED, UNKNOWN_LEADER_EPOCH,
+                             CorruptRecordError, OffsetOutOfRangeError)
+from protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerMetadata,
+                               FetchPartitionResponse, MetadataResponse, PartitionMetadata,
+                               TopicMetadata)
+from protocol.records import build_batch, iter_headers, patch_batch
+from protocol.topics import TopicPartition
+
+pytestmark = pytest.mark.unit
+
+A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
+CONFIG = ConsumerConfig(fetch_max_wait_ms=250, fetch_min_bytes=7, max_partition_fetch_bytes=1000)
+
+
+def metadata(leaders):
+    topics = {}
+    for tp, leader in leaders.items():
+        topics.setdefault(tp.topic, []).append(PartitionMetadata(0, tp.partition, leader, 4, [leader], [leader]))
+    return ClusterMetadata().merge(MetadataResponse([BrokerMetadata(n, "h", 1) for n in (1, 2)], None, 1,
+                                                    [TopicMetadata(0, t, ps) for t, ps in topics.items()]), None)
+
+
+def batches(*spans, codec=0):
+    """Back-to-back batches as a broker stores them: (base_offset, count) per batch."""
+    out = bytearray()
+    for base, count in spans:
+        raw = bytearray(build_batch([b"%d" % (base + i) for i in range(count)], codec=codec, timestamp_ms=50))
+        patch_batch(raw, 0, base, 0)
+        out += raw
+    return bytes(out)
+
+
+def completed(tp, data):
+    return CompletedFetch(tp, data, list(iter_headers(data)))
+
+
+def test_assign_gives_new_partitions_the_default_reset_and_keeps_existing_state():
+    subs = SubscriptionState(EARLIEST_TIMESTAMP)
+    subs.assign([A0, A1])
+    assert subs.needing_reset() == [A0, A1]
+    subs.state(A0).seek(5)
+    subs.assign([A0, B0])
+    assert subs.state(A0).position == 5 and set(subs.partitions) == {A0, B0}
+    with pytest.raises(ValueError):
+        subs.state(A1)
+
+
+def test_without_a_reset_strategy_a_new_partition_has_no_position():
+    subs = SubscriptionState(None)
+    subs.assign([A0])
+    assert subs.missing_position() == [A0] and subs.fetchable(0) == []
+
+
+def test_seek_and_reset_bump_the_generation_and_drop_buffered_data():
+    state = PartitionState()
+    state.seek(3)
+    generation = state.generation
+    state.buffered.append(completed(A0, batches((3, 2))))
+    state.request_reset(LATEST_TIMESTAMP)
+    assert state.generation == generation + 1 and not state.buffered and not state.has_position
+
+
+def test_plan_fetches_one_request_per_leader_for_fetchable_partitions():
+    subs = SubscriptionState(None)
+    subs.assign([A0, A1, B0])
+    for tp, offset in ((A0, 10), (A1, 20), (B0, 30)):
+        subs.state(tp).seek(offset)
+    plans, unknown = plan_fetches(subs, metadata({A0: 1, A1: 2, B0: 1}), busy_nodes=(), now=0, config=CONFIG)
+    assert not unknown and set(plans) == {1, 2}
+    request = plans[1].request
+    assert (request.max_wait_ms, request.min_bytes) == (250, 7)
+    assert {t.topic: [(p.partition, p.fetch_offset, p.partition_max_bytes, p.current_leader_epoch)
+                      for p in t.partitions] for t in request.topics} == \
+        {"a": [(0, 10, 1000, 4)], "b": [(0, 30, 1000, 4)]}
+    assert plans[1].sent == {A0: (subs.state(A0).generation, 10), B0: (subs.state(B0).generation, 30)}
+
+
+def test_plan_fetches_skips_busy_nodes_buffered_backing_off_and_leaderless_partitions():
+    subs = SubscriptionState(None)
+    subs.assign([A0, A1, B0])
+    for tp in (A0, A1, B0):
+        subs.state(tp).seek(0)
+    subs.state(A1).retry_at = 5.0
+    subs.state(B0).buffered.append(completed(B0, batches((0, 1))))
+    plans, unknown = plan_fetches(subs, metadata({A0: 1}), busy_nodes=(), now=1.0, config=CONFIG)
+    assert set(plans) == {1} and list(plans[1].sent) == [A0]
+    plans, unknown = plan_fetches(subs, metadata({A0: 1}), busy_nodes={1}, now=1.0, config=CONFIG)
+    assert plans == {}
+    plans, unknown = plan_fetches(subs, metadata({}), busy_nodes=(), now=1.0, config=CONFIG)
+    assert unknown
+
+
+def state_at(offset):
+    state = PartitionState()
+    state.seek(offset)
+    return state
+
+
+def test_data_is_buffered_and_the_fetch_offset_moves_past_the_last_batch():
+    state = state_at(3)
+    data = batches((0, 5), (5, 2))
+    outcome = handle_partition_response(A0, state, state.generation, 3,
+                                        FetchPartitionResponse(0, 0, 7, 0, data), now=0, backoff_s=0.1)
+    assert outcome.action == "data" and state.fetch_offset == 7 and state.high_watermark == 7
+    assert state.position == 3 and len(state.buffered) == 1
+
+
+def test_a_response_for_an_older_generation_or_offset_is_stale():
+    state = state_at(3)
+    data = batches((0, 5))
+    response = FetchPartitionResponse(0, 0, 5, 0, data)
+    assert handle_partition_response(A0, state, state.generation - 1, 3, response, now=0, backoff_s=0).action == "stale"
+    assert handle_partition_response(A0, state, state.generation, 2, response, now=0, backoff_s=0).action == "stale"
+    assert handle_partition_response(A0, None, 0, 3, response, now=0, backoff_s=0).action == "stale"
+    assert not state.buffered
+
+
+def test_empty_fetch_changes_nothing_but_the_watermarks():
+    state = state_at(3)
+    outcome = handle_partition_response(A0, state, state.generation, 3, FetchPartitionResponse(0, 0, 3, 1),
+                                        now=0, backoff_s=0)
+    assert outcome.action == "empty" and state.fetch_offset == 3 and state.log_start_offset == 1
+
+
+def test_offset_out_of_range_asks_for_a_reset():
+    state = state_at(99)
+    outcome = handle_partition_response(A0, state, state.generation, 99,
+                                        FetchPartitionResponse(0, OFFSET_OUT_OF_RANGE.code, 5, 0), now=0, backoff_s=0)
+    assert outcome.action == "reset" and isinstance(outcome.error, OffsetOutOfRangeError)
+    assert "a-0" in str(outcome.error) and "99" in str(outcome.error)
+
+
+@pytest.mark.parametrize("error,action", [(NOT_LEADER_OR_FOLLOWER, "refresh"), (FENCED_LEADER_EPOCH, "refresh"),
+                                          (UNKNOWN_LEADER_EPOCH, "retry"), (CORRUPT_MESSAGE, "retry")])
+def test_retriable_partition_errors_back_off(error, action):
+    state = state_at(0)
+    outcome = handle_partition_response(A0, state, state.generation, 0, FetchPartitionResponse(0, error.code),
+                                        now=10.0, backoff_s=0.5)
+    assert outcome.action == action and state.retry_at == 10.5
+
+
+def test_other_errors_stop_the_partition_and_are_reported():
+    state = state_at(0)
+    outcome = handle_partition_response(A0, state, state.generation, 0,
+                                        FetchPartitionResponse(0, TOPIC_AUTHORIZATION_FAILED.code), now=0, backoff_s=0)
+    assert outcome.action == "error" and state.stopped and "TOPIC_AUTHORIZATION_FAILED" in str(outcome.error)
+
+
+def test_a_partial_batch_alone_is_reported_as_too_large():
+    state = state_at(0)
+    data = batches((0, 3))[:-4]
+    outcome = handle_partition_response(A0, state, state.generation, 0, FetchPartitionResponse(0, 0, 3, 0, data),
+                                        now=0, backoff_s=0)
+    assert outcome.action == "error" and "max_partition_fetch_bytes" in str(outcome.error)
+
+
+def test_take_skips_records_below_the_position_and_advances_it():
+    state = state_at(3)
+    fetch = completed(A0, batches((0, 5), (5, 3)))
+    records = fetch.take(state, 100, check_crcs=True)
+    assert [r.offset for r in records] == [3, 4, 5, 6, 7]
+    assert [r.value for r in records] == [b"3", b"4", b"5", b"6", b"7"]
+    assert records[0].topic == "a" and records[0].partition == 0 and records[0].timestamp == 50
+    assert state.position == 8 and fetch.exhausted
+
+
+def test_take_stops_at_max_records_and_resumes_in_the_middle_of_a_batch():
+    state = state_at(0)
+    fetch = completed(A0, batches((0, 5), (5, 3)))
+    assert [r.offset for r in fetch.take(state, 3, True)] == [0, 1, 2]
+    assert state.position == 3 and not fetch.exhausted
+    assert [r.offset for r in fetch.take(state, 4, True)] == [3, 4, 5, 6]
+    assert [r.offset for r in fetch.take(state, 4, True)] == [7]
+    assert state.position == 8
+
+
+def test_take_moves_the_position_over_offset_gaps_between_batches():
+    state = state_at(0)
+    fetch = completed(A0, batches((0, 2), (10, 1)))  # as after compaction
+    assert [r.offset for r in fetch.take(state, 2, True)] == [0, 1]
+    assert [r.offset for r in fetch.take(state, 5, True)] == [10]
+    assert state.position == 11
+
+
+def test_take_decodes_compressed_batches():
+    state = state_at(1)
+    fetch = completed(A0, batches((0, 4), codec=1))
+    assert [r.offset for r in fetch.take(state, 10, True)] == [1, 2, 3]
+
+
+def test_take_detects_a_corrupt_batch_when_checking_crcs():
+    data = bytearray(batches((0, 3)))
+    data[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordError):
+        completed(A0, bytes(data)).take(state_at(0), 10, check_crcs=True)
+
+
+def test_consumer_config_validates():
+    with pytest.raises(ValueError, match="auto_offset_reset"):
+        ConsumerConfig(auto_offset_reset="smallest")
+    with pytest.raises(NotImplementedError, match="consumer groups"):
+        ConsumerConfig(group_id="g")
