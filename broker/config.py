@@ -1,0 +1,585 @@
+"""The broker's configuration: Kafka's setting names, one table, one frozen object.
+
+Every setting is defined once, in ``SETTINGS``: its Kafka name (``log.segment.bytes``), type,
+default, bounds and meaning. The attribute of ``BrokerConfig`` is the name with dots turned
+into underscores (``config.log_segment_bytes``), so units stay in the name. The settings that
+supply the defaults of topic configs are not repeated here: they are generated from
+``broker.log.config.TOPIC_CONFIGS`` (each topic config names its ``broker_key``), so a new
+topic config brings its broker-level default with it. ``settings_reference()`` renders the
+table as Markdown for the docs.
+
+Sources, later ones win (DESIGN.md section 7):
+
+1. the TOML file given to ``tidelog broker --config``. Keys are Kafka's names; TOML's dotted
+   keys and nested tables flatten back with ".", so ``log.segment.bytes = 1048576``,
+   ``"log.segment.bytes" = 1048576`` and ``[log.segment] bytes = 1048576`` are the same key;
+2. environment variables ``TIDELOG_<NAME>``, where NAME is the setting's name upper-cased
+   with dots as underscores (``TIDELOG_LOG_SEGMENT_BYTES``). ``TIDELOG_*`` variables that
+   name no setting are ignored (other tools share the prefix, e.g. ``TIDELOG_BOOTSTRAP``);
+3. ``--set key=value`` overrides.
+
+An unknown key in the file or in the overrides is an error that names the key and suggests
+the closest known one. A value of the wrong type or out of range is an error that names the
+key, the value, where it came from and what was expected. String values (from the
+environment or ``--set``) are parsed as the setting's type; TOML values must have the
+setting's type or be a string that parses as it.
+
+Kafka's unit variants are accepted as aliases: ``log.retention.minutes`` and
+``log.retention.hours`` for ``log.retention.ms``, ``log.roll.hours`` for ``log.roll.ms``,
+``log.dir`` for ``log.dirs``. Within one source Kafka's precedence applies (ms over minutes
+over hours, ``log.dirs`` over ``log.dir``); across sources the later source wins whichever
+variant it uses, so ``TIDELOG_LOG_RETENTION_HOURS=1`` overrides ``log.retention.ms`` from the
+file. A negative retention in hours or minutes means "no time limit" (-1 ms), as in Kafka.
+
+``queued.max.requests`` keeps Kafka's name but is a per-connection bound: Kafka queues the
+requests of all connections for a pool of handler threads (default 500); Tidelog handles each
+connection's requests in their own tasks, so it bounds how many requests one connection may
+have read and not yet fully answered (default 100); reading from that connection pauses until
+responses go out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import os
+import socket
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
+
+MAX_LONG = 2**63 - 1
+MIB = 1024 * 1024
+ENV_PREFIX = "TIDELOG_"
+
+
+class ConfigError(InvalidConfigError):
+    """A broker setting is unknown, missing or invalid; the message names the key."""
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+Check = Callable[[Any], str | None]  # a problem with a parsed value, or None
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str  # Kafka's name; the BrokerConfig attribute is the name with "." -> "_"
+    type: type  # int, float, bool, str or tuple (a list of strings)
+    default: Any  # REQUIRED, a value, or None for "unset"
+    doc: str
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] | None = None
+    default_from: str | None = None  # when unset, take this other setting's value
+    check: Check | None = None
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace(".", "_")
+
+    @property
+    def optional(self) -> bool:
+        return self.default is None and self.default_from is None
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """Another name for a setting, in another unit: value * factor is the target's value."""
+
+    name: str
+    target: str
+    factor: int | None  # None: the same value
+    doc: str
+    minimum: int | None = None
+
+
+# -- value checks -------------------------------------------------------------------------------
+
+
+def parse_listener(value: str) -> tuple[str, str, int]:
+    """``PLAINTEXT://host:port`` -> (protocol, host, port); ValueError says what is wrong."""
+    scheme, sep, rest = value.strip().partition("://")
+    if not sep:
+        raise ValueError("expected PROTOCOL://host:port, e.g. PLAINTEXT://127.0.0.1:9092")
+    if scheme.upper() != "PLAINTEXT":
+        raise ValueError(f"protocol {scheme!r} is not supported (only PLAINTEXT)")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError("expected PROTOCOL://host:port with a port from 0 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return scheme.upper(), host, int(port)
+
+
+def _check_listeners(value: str) -> str | None:
+    if "," in value:
+        return "only one listener is supported"
+    try:
+        parse_listener(value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _check_chroot(value: str) -> str | None:
+    if not value.startswith("/") or (value != "/" and value.endswith("/")):
+        return "expected an absolute ZooKeeper path such as /tidelog (no trailing /)"
+    return None
+
+
+def _check_connect(value: str) -> str | None:
+    if not value.strip() or any(not part.strip() for part in value.split("/")[0].split(",")):
+        return "expected host:port[,host:port...]"
+    return None
+
+
+def _check_dirs(value: tuple[str, ...]) -> str | None:
+    if not value or not all(d.strip() for d in value):
+        return "expected at least one directory, and no empty ones"
+    return None
+
+
+# -- the table --------------------------------------------------------------------------------
+
+_S = Setting
+_BROKER_SETTINGS: tuple[Setting, ...] = (
+    # identity and endpoints
+    _S("broker.id", int, REQUIRED, "This broker's id, unique in the cluster.", minimum=0),
+    _S("broker.rack", str, None, "Rack of this broker, for rack-aware replica placement."),
+    _S("listeners", str, "PLAINTEXT://127.0.0.1:9092",
+       "Address to listen on, PLAINTEXT://host:port. An empty host binds every interface; "
+       "port 0 picks a free port.", check=_check_listeners),
+    _S("advertised.listeners", str, None,
+       "Address published in ZooKeeper for clients and other brokers (default: listeners; "
+       "an empty host advertises this machine's host name).",
+       default_from="listeners", check=_check_listeners),
+    _S("log.dirs", tuple, ("/tmp/tidelog-logs",),
+       "Directories holding the partitions' logs: a list, or a comma-separated string.",
+       check=_check_dirs),
+    # ZooKeeper
+    _S("zookeeper.connect", str, REQUIRED, "ZooKeeper connection string, host:port[,host:port...].",
+       check=_check_connect),
+    _S("zookeeper.chroot", str, "/tidelog", "ZooKeeper path under which the cluster keeps its znodes.",
+       check=_check_chroot),
+    _S("zookeeper.session.timeout.ms", int, 18000,
+       "ZooKeeper session timeout: a broker silent this long loses its registration (ms).", minimum=1),
+    _S("zookeeper.connection.timeout.ms", int, None,
+       "How long to wait for a ZooKeeper connection (ms; default: zookeeper.session.timeout.ms).",
+       minimum=1, default_from="zookeeper.session.timeout.ms"),
+    # topics
+    _S("num.partitions", int, 1, "Partitions of an auto-created or defaulted topic.", minimum=1),
+    _S("default.replication.factor", int, 1, "Replication factor of an auto-created or defaulted topic.",
+       minimum=1),
+    _S("auto.create.topics.enable", bool, True, "Create a topic when a client asks for metadata of it."),
+    _S("delete.topic.enable", bool, True, "Allow topics to be deleted."),
+    # controller and leadership
+    _S("auto.leader.rebalance.enable", bool, True,
+       "Move leadership back to the preferred replica when it is imbalanced."),
+    _S("leader.imbalance.check.interval.seconds", int, 300,
+       "How often the controller checks leader imbalance (s).", minimum=1),
+    _S("controlled.shutdown.enable", bool, True,
+       "On SIGTERM, move leadership away before stopping."),
+    _S("controlled.shutdown.max.retries", int, 3, "Attempts at a controlled shutdown.", minimum=0),
+    _S("controlled.shutdown.retry.backoff.ms", int, 5000,
+       "Wait between controlled shutdown attempts (ms).", minimum=0),
+    _S("controller.socket.timeout.ms", int, 30000,
+       "Timeout of the controller's requests to brokers (ms).", minimum=1),
+    # replication
+    _S("replica.lag.time.max.ms", int, 30000,
+       "A follower not caught up for this long leaves the ISR (ms).", minimum=1),
+    _S("replica.fetch.max.bytes", int, MIB, "Bytes a follower asks for per partition per fetch.",
+       minimum=1),
+    _S("replica.fetch.wait.max.ms", int, 500,
+       "Longest a follower's fetch waits at the leader for data (ms).", minimum=0),
+    _S("replica.fetch.min.bytes", int, 1, "Bytes a follower's fetch waits for at the leader.", minimum=0),
+    _S("replica.fetch.backoff.ms", int, 1000, "Wait after a failed follower fetch (ms).", minimum=0),
+    _S("replica.socket.timeout.ms", int, 30000,
+       "Timeout of a follower's requests to its leader (ms).", minimum=1),
+    _S("num.replica.fetchers", int, 1, "Fetcher tasks per source broker.", minimum=1),
+    _S("replica.high.watermark.checkpoint.interval.ms", int, 5000,
+       "How often high watermarks are checkpointed to disk (ms).", minimum=1),
+    # log manager
+    _S("log.flush.offset.checkpoint.interval.ms", int, 60000,
+       "How often recovery points are checkpointed to disk (ms).", minimum=1),
+    _S("log.flush.scheduler.interval.ms", int, MAX_LONG,
+       "How often logs are checked for a time-based flush (ms); the default never checks.", minimum=1),
+    _S("log.retention.check.interval.ms", int, 300000,
+       "How often logs are checked for segments to delete (ms).", minimum=1),
+    # network
+    _S("socket.request.max.bytes", int, 100 * MIB,
+       "Largest request frame accepted; a larger one closes the connection (bytes).", minimum=1),
+    _S("queued.max.requests", int, 100,
+       "Per connection: requests read and not yet answered before reading pauses "
+       "(Kafka's name; Kafka's bound is broker-wide, Tidelog's is per connection).", minimum=1),
+    _S("connections.max.idle.ms", int, 600000,
+       "Close a connection with no traffic and no request in progress for this long (ms).",
+       minimum=1),
+    _S("request.timeout.ms", int, 30000, "Timeout of the broker's own requests (ms).", minimum=1),
+    _S("metrics.port", int, -1, "Port of the metrics endpoint; -1 disables it.", minimum=-1,
+       maximum=65535),
+    # groups and producers
+    _S("group.initial.rebalance.delay.ms", int, 3000,
+       "Wait for more members before the first rebalance of an empty group (ms).", minimum=0),
+    _S("group.min.session.timeout.ms", int, 6000, "Smallest session timeout a member may ask for (ms).",
+       minimum=1),
+    _S("group.max.session.timeout.ms", int, 1800000, "Largest session timeout a member may ask for (ms).",
+       minimum=1),
+    _S("offsets.topic.num.partitions", int, 50, "Partitions of the committed offsets topic.", minimum=1),
+    _S("offsets.topic.replication.factor", int, 3, "Replication factor of the committed offsets topic.",
+       minimum=1),
+    _S("offsets.retention.minutes", int, 7 * 24 * 60,
+       "Committed offsets of an empty group are kept this long (min).", minimum=1),
+    _S("producer.id.block.size", int, 1000,
+       "Producer ids a broker claims from ZooKeeper at a time.", minimum=1),
+)
+del _S
+
+
+def _from_topic_config(d: Any) -> Setting:
+    return Setting(d.broker_key, d.type, d.default, d.doc, minimum=d.minimum, choices=d.choices)
+
+
+_LOG_SETTINGS: tuple[Setting, ...] = tuple(
+    _from_topic_config(d) for d in TOPIC_CONFIGS
+    if d.broker_key and d.broker_key not in {s.name for s in _BROKER_SETTINGS})
+
+SETTINGS: tuple[Setting, ...] = _BROKER_SETTINGS + _LOG_SETTINGS
+
+ALIASES: tuple[Alias, ...] = (  # in Kafka's precedence order per target
+    Alias("log.dir", "log.dirs", None, "A single log directory (log.dirs wins when both are set)."),
+    Alias("log.retention.minutes", "log.retention.ms", 60_000, "log.retention.ms in minutes."),
+    Alias("log.retention.hours", "log.retention.ms", 3_600_000, "log.retention.ms in hours."),
+    Alias("log.roll.hours", "log.roll.ms", 3_600_000, "log.roll.ms in hours.", minimum=1),
+)
+
+_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+_ALIAS_BY_NAME: dict[str, Alias] = {a.name: a for a in ALIASES}
+_KNOWN = sorted([*_BY_NAME, *_ALIAS_BY_NAME])
+
+
+def _env_key(name: str) -> str:
+    return name.upper().replace(".", "_").replace("-", "_")
+
+
+_ENV_NAMES: dict[str, str] = {_env_key(n): n for n in _KNOWN}
+
+
+def _check_table() -> None:
+    """Import-time sanity: names unique, env names unambiguous, TOML dotted keys writable."""
+    assert len(_BY_NAME) == len(SETTINGS) and not _BY_NAME.keys() & _ALIAS_BY_NAME.keys()
+    assert len(_ENV_NAMES) == len(_KNOWN), "two settings share an environment variable"
+    assert all(a.target in _BY_NAME for a in ALIASES)
+    for name in _KNOWN:  # a leaf key may not also be a table in TOML
+        assert not any(other.startswith(name + ".") for other in _KNOWN), name
+
+
+_check_table()
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Value:
+    value: Any
+    key: str  # as given (may be an alias)
+    source: str  # "in FILE", "from env VAR", "from --set"
+
+
+def _expected(s: Setting | Alias) -> str:
+    if isinstance(s, Alias):
+        return _bounded("an integer", s.minimum, None)
+    if s.choices:
+        return "one of " + ", ".join(s.choices)
+    return {bool: "true or false", float: "a number",
+            tuple: "a list of strings or a comma-separated string",
+            str: "a string"}.get(s.type) or _bounded("an integer", s.minimum, s.maximum)
+
+
+def _bounded(what: str, low: int | None, high: int | None) -> str:
+    if low is not None and high is not None:
+        return f"{what} from {low} to {high}"
+    return f"{what} >= {low}" if low is not None else what
+
+
+def _coerce(typ: type, raw: Any) -> Any:
+    """``raw`` as ``typ``; strings are parsed. Raises ValueError/TypeError when it is not."""
+    if typ is bool:
+        if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+            return raw.strip().lower() == "true"
+        if type(raw) is not bool:
+            raise TypeError(raw)
+        return raw
+    if typ is int:
+        return int(raw.strip()) if isinstance(raw, str) else _exact(raw, int)
+    if typ is float:
+        if isinstance(raw, str):
+            return float(raw.strip())
+        return float(raw) if type(raw) in (int, float) else _exact(raw, float)
+    if typ is tuple:
+        items = raw.split(",") if isinstance(raw, str) else raw
+        if type(items) not in (list, tuple) or not all(isinstance(i, str) for i in items):
+            raise TypeError(raw)
+        return tuple(i.strip() for i in items if i.strip())
+    return _exact(raw, str)
+
+
+def _exact(raw: Any, typ: type) -> Any:
+    if type(raw) is not typ:
+        raise TypeError(raw)
+    return raw
+
+
+def _problem(s: Setting, value: Any) -> str | None:
+    if s.minimum is not None and value < s.minimum or s.maximum is not None and value > s.maximum:
+        return f"expected {_expected(s)}"
+    if s.choices is not None and value not in s.choices:
+        return f"expected {_expected(s)}"
+    return s.check(value) if s.check else None
+
+
+def _error(key: str, raw: Any, source: str, problem: str) -> ConfigError:
+    return ConfigError(f"{key} = {raw!r} ({source}): {problem}")
+
+
+def _parse(s: Setting, key: str, raw: Any, source: str) -> Any:
+    if s.optional and raw == "":
+        return None
+    try:
+        value = _coerce(s.type, raw)
+    except (TypeError, ValueError):
+        raise _error(key, raw, source, f"expected {_expected(s)}") from None
+    if (problem := _problem(s, value)) is not None:
+        raise _error(key, raw, source, problem)
+    return value
+
+
+def _parse_alias(a: Alias, raw: Any, source: str) -> Any:
+    target = _BY_NAME[a.target]
+    if a.factor is None:
+        return _parse(target, a.name, raw, source)
+    try:
+        value = _coerce(int, raw)
+    except (TypeError, ValueError):
+        raise _error(a.name, raw, source, f"expected {_expected(a)}") from None
+    if a.minimum is not None and value < a.minimum:
+        raise _error(a.name, raw, source, f"expected {_expected(a)}")
+    return _parse(target, a.name, -1 if value < 0 else min(value * a.factor, MAX_LONG), source)
+
+
+def _unknown(key: str, source: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _KNOWN, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown setting {key!r} ({source}){hint}")
+
+
+def _layer(items: Iterable[tuple[str, Any, str]]) -> dict[str, _Value]:
+    """One source's ``(key, raw, source)`` items by setting name; aliases resolved with
+    Kafka's precedence (the setting itself, then its aliases in ALIASES order)."""
+    chosen: dict[str, tuple[int, _Value]] = {}
+    for key, raw, source in items:
+        if key in _BY_NAME:
+            name, rank, value = key, 0, _parse(_BY_NAME[key], key, raw, source)
+        elif key in _ALIAS_BY_NAME:
+            a = _ALIAS_BY_NAME[key]
+            name, rank, value = a.target, 1 + ALIASES.index(a), _parse_alias(a, raw, source)
+        else:
+            raise _unknown(key, source)
+        if name not in chosen or rank < chosen[name][0]:
+            chosen[name] = (rank, _Value(value, key, source))
+    return {name: v for name, (_, v) in chosen.items()}
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in table.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
+
+
+def _file_items(path: str) -> list[tuple[str, Any, str]]:
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    items = list(_flatten(table))
+    seen: set[str] = set()
+    for key, _ in items:
+        if key in seen:
+            raise ConfigError(f"{key} is set twice in {path} (as a quoted and as a dotted key)")
+        seen.add(key)
+    return [(key, raw, f"in {path}") for key, raw in items]
+
+
+def _env_items(env: Mapping[str, str]) -> list[tuple[str, Any, str]]:
+    """TIDELOG_<NAME> variables that name a setting or alias; any other TIDELOG_ variable is
+    left alone (the prefix is shared with the client tools' TIDELOG_BOOTSTRAP and the like)."""
+    items = []
+    for var, raw in sorted(env.items()):
+        if var.startswith(ENV_PREFIX) and (name := _ENV_NAMES.get(_env_key(var[len(ENV_PREFIX):]))):
+            items.append((name, raw, f"from env {var}"))
+    return items
+
+
+# -- the config object ------------------------------------------------------------------------
+
+
+class _BrokerConfigBase:
+    """Methods of BrokerConfig (its fields are generated from SETTINGS below)."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        for s in SETTINGS:  # unset "default: other setting" fields take the other's value
+            if s.default_from and getattr(self, s.attr) is None:
+                object.__setattr__(self, s.attr, getattr(self, _BY_NAME[s.default_from].attr))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None,
+             overrides: Mapping[str, Any] = MappingProxyType({}),
+             env: Mapping[str, str] = os.environ) -> "BrokerConfig":
+        """The TOML file (if any), then TIDELOG_* variables, then ``--set`` overrides."""
+        layers = [] if path is None else [_layer(_file_items(os.fspath(path)))]
+        layers.append(_layer(_env_items(env)))
+        layers.append(_layer((key, raw, "from --set") for key, raw in overrides.items()))
+        return cls._from_layers(layers)
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, Any]) -> "BrokerConfig":
+        """A config from Kafka-named properties (typed values or strings), defaults for the rest."""
+        return cls._from_layers([_layer((k, v, "in the given properties") for k, v in props.items())])
+
+    @classmethod
+    def _from_layers(cls, layers: list[dict[str, _Value]]) -> "BrokerConfig":
+        merged: dict[str, _Value] = {}
+        for layer in layers:
+            merged.update(layer)
+        for s in SETTINGS:
+            if s.default is REQUIRED and s.name not in merged:
+                raise ConfigError(f"missing required setting {s.name} (set it in the config file, "
+                                  f"as {ENV_PREFIX}{_env_key(s.name)} or with --set {s.name}=...)")
+        config = cls(**{_BY_NAME[n].attr: v.value for n, v in merged.items()})
+        config._check_advertised(merged.get("advertised.listeners") or merged.get("listeners"))
+        return config
+
+    def _check_advertised(self, given: _Value | None) -> None:
+        host = parse_listener(self.advertised_listeners)[1]
+        if _is_ip(host) and ipaddress.ip_address(host).is_unspecified:
+            key, source = (given.key, given.source) if given else ("listeners", "default")
+            raise _error(key, self.advertised_listeners, source,
+                         f"{host} cannot be advertised to clients; set advertised.listeners "
+                         "to an address they can reach")
+
+    @property
+    def listener(self) -> tuple[str, int]:
+        """(host, port) to bind; host "" means every interface."""
+        _, host, port = parse_listener(self.listeners)
+        return host, port
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """(host, port) published for clients; an empty host becomes this machine's name."""
+        _, host, port = parse_listener(self.advertised_listeners)
+        return host or socket.gethostname(), port
+
+    def log_config(self) -> LogConfig:
+        """Topic config defaults: each topic config from its broker_key setting."""
+        return LogConfig.from_props({d.name: getattr(self, _BY_NAME[d.broker_key].attr)
+                                     for d in TOPIC_CONFIGS if d.broker_key})
+
+    def to_props(self) -> dict[str, Any]:
+        """Every setting by Kafka name (None for unset optional ones)."""
+        return {s.name: getattr(self, s.attr) for s in SETTINGS}
+
+    def to_toml(self, *, include_defaults: bool = False) -> str:
+        """A TOML file that ``load`` turns back into an equal config. Without
+        ``include_defaults`` only the settings that differ from their default are written."""
+        lines = ["# Tidelog broker configuration: Kafka's setting names (see broker/config.py)."]
+        for s in SETTINGS:
+            value = getattr(self, s.attr)
+            if value is not None and (include_defaults or value != _default_of(self, s)):
+                lines.append(f"{s.name} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _default_of(config: Any, s: Setting) -> Any:
+    if s.default_from:
+        return getattr(config, _BY_NAME[s.default_from].attr)
+    return s.default
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_string(v) for v in value) + "]"
+    return _toml_string(value)
+
+
+def _toml_string(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _annotation(s: Setting) -> Any:
+    base = tuple[str, ...] if s.type is tuple else s.type
+    return base | None if s.default is None else base
+
+
+def _field(s: Setting) -> tuple[str, Any, Any]:
+    if s.default is REQUIRED:
+        return s.attr, _annotation(s), dataclasses.field()
+    return s.attr, _annotation(s), dataclasses.field(default=s.default)
+
+
+def settings_reference() -> str:
+    """The settings table as Markdown, for the docs."""
+    rows = ["| setting | type | default | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        default = ("(required)" if s.default is REQUIRED else f"= {s.default_from}" if s.default_from
+                   else "(unset)" if s.default is None else _toml_value(s.default))
+        kind = "list" if s.type is tuple else s.type.__name__
+        rows.append(f"| `{s.name}` | {kind} | `{default}` | {s.doc} |")
+    rows += [f"| `{a.name}` | alias | | {a.doc} |" for a in ALIASES]
+    return "\n".join(rows) + "\n"
+
+
+BrokerConfig = dataclasses.make_dataclass(
+    "BrokerConfig", [_field(s) for s in SETTINGS], bases=(_BrokerConfigBase,),
+    frozen=True, slots=True, kw_only=True)
+BrokerConfig.__module__ = __name__
+BrokerConfig.__doc__ = (
+    "The broker's settings; one attribute per entry of SETTINGS (Kafka's name with '.' -> '_').\n"
+    "Build it with BrokerConfig.load(path, overrides, env) or BrokerConfig.from_props(props).")

@@ -1,0 +1,366 @@
+"""The broker's socket server: TCP connections in, requests to a handler, responses out.
+
+Theory of operation. ``SocketServer.run`` binds the listener and accepts connections; each
+connection is one ``_Connection`` driving a sans-IO ``protocol.connection.ServerConnection``
+(which decides everything about framing, envelopes and response order). Per connection:
+
+* **One reader.** The connection's own task reads with ``receive_some`` and feeds the bytes to
+  ``ServerConnection.receive_data``. For each parsed request it calls the handler itself, in
+  request order: ``handler(header, body)``. An ``async def`` handler returns a coroutine at
+  once; a plain function may do its order-sensitive work (a log append, say) before it
+  returns, so that work happens in the order the client sent the requests, and return the
+  response or an awaitable of it. Whatever it returned is then awaited in the request's own
+  task in the connection's nursery, so requests are handled concurrently.
+* **Responses in request order.** A handler's result goes to ``ServerConnection``, which parks
+  a response until every older one is ready and hands out the bytes that may be written now
+  (``send_response``; ``skip_response`` when the handler returns None, as for acks=0). Those
+  bytes are appended to the connection's outbox.
+* **One locked writer.** Whoever finishes a response and finds the write lock free becomes the
+  writer: it sends the whole outbox in one ``send_all`` and repeats while responses keep
+  arriving, so responses that become ready together leave in one syscall (notes/LIMITS.md).
+  A task that finds the lock held leaves its bytes to the current writer.
+* **Back-pressure.** ``pending`` counts requests read and not yet written to the socket
+  (handled, parked or queued in the outbox). The reader waits while ``pending`` is at
+  ``max_in_flight_per_connection``, both before reading and before starting each request of a
+  read, so a client that pipelines without reading its responses stalls its own connection
+  instead of growing the broker's memory: at most one read's worth of parsed requests plus the
+  bounded responses are held. Frames over ``max_frame_bytes`` are rejected from their length
+  prefix, before any of the body is buffered.
+
+Closing rules:
+
+* End of stream from the client: stop reading, finish and write what is in flight, close.
+* A frame that cannot be answered in order (over the size bound, or an envelope with no
+  readable correlation id): same, then close. A bad envelope *with* an id is answered with
+  INVALID_REQUEST and the connection carries on; an unknown api key or version gets
+  UNSUPPORTED_VERSION without reaching the handler.
+* A handler that raises gets an error body (``error_code`` from ``protocol.errors.code_of``,
+  UNKNOWN_SERVER_ERROR and a logged traceback for unexpected exceptions); the connection and
+  the server carry on. ``trio.Cancelled`` is never caught.
+* No bytes moved in either direction and no handler running for ``idle_timeout_ms``: close
+  at once. This also ends a client that stopped reading and left our writer blocked.
+* Socket errors are logged at debug level and close only their connection.
+* ``aclose(deadline_s)``: stop accepting, stop reading everywhere, let in-flight requests
+  finish and be written until the deadline, then cancel whatever is left and close.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol.connection import BadRequest, Request, ServerConnection
+from protocol.errors import UNKNOWN_SERVER_ERROR, ErrorCode, TidelogError, code_of
+from protocol.frames import MAX_FRAME_BYTES_DEFAULT
+from protocol.messages import Message, RequestHeader, check_supported
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
+
+log = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+Response = Body | Message | None  # None: no response (acks=0)
+Result = Response | Awaitable[Response]
+Handler = Callable[[RequestHeader, Body], Result]
+
+READ_BYTES = 64 * 1024
+MAX_IN_FLIGHT_DEFAULT = 100
+IDLE_TIMEOUT_MS_DEFAULT = 600_000
+_CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+def error_body(error: ErrorCode, message: str | None = None) -> Body:
+    """The response body for a request that failed as a whole."""
+    return {"error_code": error.code, "error_message": message or error.message}
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkStats:
+    connections_open: int
+    connections_accepted: int
+    requests_handled: Mapping[int, int]  # by api key (raw number for unknown keys)
+    invalid_requests: int  # frames answered with INVALID_REQUEST or closing the connection
+    handler_errors: int  # handler exceptions turned into error responses
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.requests: Counter[int] = Counter()
+        self.invalid = 0
+        self.handler_errors = 0
+
+
+class SocketServer:
+    """Accepts connections on ``host:port`` and serves their requests with ``handler``."""
+
+    def __init__(self, handler: Handler, *, host: str | None = "127.0.0.1", port: int = 0,
+                 max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT,
+                 max_in_flight_per_connection: int = MAX_IN_FLIGHT_DEFAULT,
+                 idle_timeout_ms: int | None = IDLE_TIMEOUT_MS_DEFAULT):
+        if max_in_flight_per_connection < 1:
+            raise ValueError(f"max_in_flight_per_connection must be >= 1, got {max_in_flight_per_connection}")
+        self.handler = handler
+        self.host = host or None  # "" or None: every interface
+        self.port = port  # the bound port once run() has started
+        self.max_frame_bytes = max_frame_bytes
+        self.max_in_flight_per_connection = max_in_flight_per_connection
+        self.idle_timeout_s = math.inf if idle_timeout_ms is None or idle_timeout_ms < 0 else idle_timeout_ms / 1000
+        self.counters = _Counters()
+        self._connections: set[_Connection] = set()
+        self._accept_scope = trio.CancelScope()
+        self._scope = trio.CancelScope()  # everything; its deadline is the shutdown deadline
+        self._closing = False
+        self._started = False
+        self._stopped = trio.Event()
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig, handler: Handler) -> SocketServer:
+        host, port = config.listener
+        return cls(handler, host=host, port=port, max_frame_bytes=config.socket_request_max_bytes,
+                   max_in_flight_per_connection=config.queued_max_requests,
+                   idle_timeout_ms=config.connections_max_idle_ms)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def stats(self) -> NetworkStats:
+        c = self.counters
+        return NetworkStats(len(self._connections), c.accepted, MappingProxyType(dict(c.requests)),
+                            c.invalid, c.handler_errors)
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled or ``aclose``; ``task_status.started(port)`` once listening."""
+        self._started = True
+        try:
+            listeners = await self._listen()
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._accept, listeners, nursery)
+                    task_status.started(self.port)
+        finally:
+            self._stopped.set()
+
+    async def aclose(self, deadline_s: float = 30.0) -> None:
+        """Stop accepting and reading; give in-flight requests ``deadline_s`` to be answered."""
+        self._closing = True
+        if not self._started:
+            return
+        self._accept_scope.cancel()
+        for connection in list(self._connections):
+            connection.stop_reading()
+        self._scope.deadline = min(self._scope.deadline, trio.current_time() + deadline_s)
+        if not self._connections:
+            self._scope.cancel()
+        await self._stopped.wait()
+
+    async def _listen(self) -> list[trio.SocketListener]:
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        if self.port == 0:  # each address family got its own free port: keep the first
+            for extra in listeners[1:]:
+                await extra.aclose()
+            listeners = listeners[:1]
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("listening on %s:%d", self.host or "*", self.port)
+        return listeners
+
+    async def _accept(self, listeners: list[trio.SocketListener], nursery: trio.Nursery) -> None:
+        with self._accept_scope:  # serve_listeners closes the listeners when cancelled
+            await trio.serve_listeners(self._serve_stream, listeners, handler_nursery=nursery)
+        if self._closing and not self._connections:
+            self._scope.cancel()
+
+    async def _serve_stream(self, stream: trio.SocketStream) -> None:
+        if self._closing:
+            return
+        self.counters.accepted += 1
+        connection = _Connection(self, stream)
+        self._connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            self._connections.discard(connection)
+            if self._closing and not self._connections:
+                self._scope.cancel()
+
+
+class _Connection:
+    """One client connection: the reader loop, request tasks and the locked writer."""
+
+    def __init__(self, server: SocketServer, stream: trio.SocketStream):
+        self._server = server
+        self._stream = stream
+        self._peer = _peer_name(stream)
+        self._conn = ServerConnection(server.max_frame_bytes, server.max_in_flight_per_connection)
+        self._max_pending = server.max_in_flight_per_connection
+        self._scope = trio.CancelScope()  # the whole connection; its deadline is the idle timeout
+        self._read_scope = trio.CancelScope()  # the current read (graceful shutdown cancels it)
+        self._reading = True
+        self._write_lock = trio.Lock()
+        self._outbox = bytearray()
+        self._outbox_count = 0  # requests completed by the bytes in the outbox
+        self._pending = 0  # requests started and not yet written (see the module docstring)
+        self._running = 0  # handlers in progress
+        self._changed = trio.Event()  # set (and replaced) whenever pending or running drops
+        self._touch()
+
+    def stop_reading(self) -> None:
+        self._reading = False
+        self._read_scope.cancel()
+
+    async def run(self) -> None:
+        try:
+            with self._scope:
+                async with self._stream, trio.open_nursery() as requests:
+                    await self._read_loop(requests)
+            if self._scope.cancelled_caught:
+                log.debug("closed the connection from %s: idle for %.1f s", self._peer,
+                          self._server.idle_timeout_s)
+        except* _CONNECTION_ERRORS as group:
+            log.debug("connection from %s closed: %r", self._peer, group.exceptions[0])
+        except* Exception:
+            log.exception("unexpected error on the connection from %s; closing it", self._peer)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def _read_loop(self, requests: trio.Nursery) -> None:
+        """Read and start requests until end of stream, a fatal frame or ``stop_reading``.
+        Only the waiting and the read itself can be cancelled by ``stop_reading``, never
+        the starting of requests already read: each of them must be answered."""
+        while data := await self._receive():
+            self._touch()
+            for event in self._conn.receive_data(data):
+                if isinstance(event, BadRequest) and event.must_close:
+                    self._server.counters.invalid += 1
+                    log.debug("closing the connection from %s: %s", self._peer, event.error)
+                    return
+                await self._wait_for_room()
+                self._pending += 1
+                self._running += 1
+                self._scope.deadline = math.inf  # not idle while a handler works (a long poll)
+                requests.start_soon(self._finish, event, self._begin(event))
+
+    async def _receive(self) -> bytes:
+        """The next bytes from the client; b"" at end of stream or after ``stop_reading``."""
+        if not self._reading or self._server.closing:
+            return b""
+        with trio.CancelScope() as self._read_scope:
+            await self._wait_for_room()
+            return await self._stream.receive_some(READ_BYTES)
+        return b""
+
+    async def _wait_for_room(self) -> None:
+        while self._pending >= self._max_pending:
+            await self._changed.wait()
+
+    # -- handling ---------------------------------------------------------------------------
+
+    def _begin(self, event: Request | BadRequest) -> Result:
+        """Called by the reader, in request order: the handler's result, an awaitable of it,
+        or the error body when the request cannot or did not get that far."""
+        counters = self._server.counters
+        if isinstance(event, BadRequest):
+            counters.invalid += 1
+            return error_body(event.error.error, str(event.error))
+        counters.requests[int(event.header.api_key)] += 1
+        try:
+            check_supported(event.header)
+            return self._server.handler(event.header, event.body)
+        except Exception as exc:
+            return self._handler_error(event.header, exc)
+
+    async def _finish(self, event: Request | BadRequest, started: Result) -> None:
+        """The request's own task: await the handler, then respond and write."""
+        try:
+            body = await self._settle(event, started)
+        finally:
+            self._running -= 1
+            self._touch()
+            self._notify()
+        self._respond(_correlation_id(event), body)
+        await self._flush()
+
+    async def _settle(self, event: Request | BadRequest, started: Result) -> Body | Message | None:
+        if not inspect.isawaitable(started):
+            return started
+        try:
+            return await started
+        except Exception as exc:
+            assert isinstance(event, Request)
+            return self._handler_error(event.header, exc)
+
+    def _handler_error(self, header: RequestHeader, exc: Exception) -> Body:
+        if isinstance(exc, TidelogError):
+            return error_body(exc.error, str(exc))
+        self._server.counters.handler_errors += 1
+        log.error("handler failed on %s request %d from %s (api key %s)", _api_name(header.api_key),
+                  header.correlation_id, self._peer, header.api_key, exc_info=exc)
+        return error_body(code_of(exc))
+
+    def _respond(self, correlation_id: int, body: Body | Message | None) -> None:
+        before = self._conn.in_flight
+        if body is None:
+            data = self._conn.skip_response(correlation_id)
+        else:
+            data = self._encode(correlation_id, body)
+        self._outbox += data
+        self._outbox_count += before - self._conn.in_flight
+
+    def _encode(self, correlation_id: int, body: Body | Message) -> bytes:
+        try:
+            return self._conn.send_response(correlation_id, body)
+        except Exception:  # the handler returned something that does not encode
+            self._server.counters.handler_errors += 1
+            log.exception("response %d for %s does not encode", correlation_id, self._peer)
+            return self._conn.send_response(correlation_id, error_body(UNKNOWN_SERVER_ERROR))
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def _flush(self) -> None:
+        """Write the outbox, coalesced, unless another task is already writing it."""
+        if self._write_lock.locked():
+            return  # the writer loops until the outbox is empty, our bytes included
+        async with self._write_lock:
+            while self._outbox_count:
+                data, count = self._outbox, self._outbox_count
+                self._outbox, self._outbox_count = bytearray(), 0
+                if data:
+                    await self._stream.send_all(data)
+                    self._touch()
+                self._pending -= count
+                self._notify()
+
+    def _touch(self) -> None:
+        """Bytes moved or a handler finished: restart the idle clock unless a handler runs."""
+        if self._running == 0:
+            self._scope.deadline = trio.current_time() + self._server.idle_timeout_s
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+
+def _correlation_id(event: Request | BadRequest) -> int:
+    return event.header.correlation_id if isinstance(event, Request) else event.correlation_id
+
+
+def _peer_name(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except (OSError, ValueError):
+        return "?"
+    return f"{host}:{port}"
+
+
+def _api_name(api_key: int) -> str:
+    return getattr(api_key, "name", f"api key {api_key}")
