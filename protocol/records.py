@@ -344,8 +344,16 @@ def decompress(codec: int, data, max_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES
                 raise CorruptRecordError("lz4 records block is truncated")
         elif codec == Codec.ZSTD:
             import zstandard
-            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(bytes(data))) as r:
+            raw = bytes(data)
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as r:
                 out = r.read(max_bytes + 1)
+            if len(out) <= max_bytes:
+                # the reader returns a torn frame's partial output without complaint; a second,
+                # bounded pass (the frame inflates to len(out) bytes) tells whether it ended
+                d = zstandard.ZstdDecompressor().decompressobj()
+                d.decompress(raw)
+                if not d.eof:
+                    raise CorruptRecordError("zstd records block is truncated")
         else:
             raise UnsupportedCompressionError(f"unsupported compression codec id {codec}")
     except (CorruptRecordError, UnsupportedCompressionError):
@@ -456,7 +464,8 @@ def iter_records(buf, pos: int = 0, header: BatchHeader | None = None, *,
     try:
         items = msgpack.unpackb(raw, use_list=True, raw=False, strict_map_key=True)
     except Exception as e:
-        raise CorruptRecordError(f"records of batch at offset {h.base_offset} are not valid msgpack: {e}") from None
+        raise CorruptRecordError(f"records of batch at offset {h.base_offset} are not valid msgpack: "
+                                 f"{type(e).__name__} {e}".rstrip()) from None
     if not isinstance(items, list) or len(items) != h.record_count:
         raise CorruptRecordError(
             f"batch at offset {h.base_offset} declares {h.record_count} records, "

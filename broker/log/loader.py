@@ -26,7 +26,7 @@ from broker.log.epoch import LeaderEpochCache
 from broker.log.index import CorruptIndexError
 from broker.log.log import Clock, Log, wall_clock_ms
 from broker.log.segment import (
-    INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, parse_base_offset,
+    INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, RecoveryResult, parse_base_offset,
 )
 from protocol.topics import TopicPartition
 
@@ -92,7 +92,23 @@ def _recover(segments: list[LogSegment], recovery_point: int, clean: bool,
         if not must_recover and _indexes_loaded(seg, tp):
             continue
         result = seg.recover()
-        if result.truncated_bytes:
+        if upper is not None and seg.next_offset > upper:
+            # its last batch claims offsets of the next segment: a damaged base offset (outside
+            # the CRC); the file names are the trustworthy side
+            end = seg.size
+            seg.truncate_to(upper)
+            result = RecoveryResult(result.truncated_bytes + end - seg.size, seg.size,
+                                    f"batch at position {seg.size}: its offsets reach into the next "
+                                    f"segment, which starts at offset {upper}")
+        if must_recover and upper is not None and seg.next_offset < upper and not result.truncated_bytes:
+            # its unflushed tail was lost whole (the file ends at a batch boundary) while a later
+            # segment survived: keeping that one would leave a hole, not a prefix. (Leader logs
+            # have no gaps; a follower's copy of one is fetched again.)
+            result = RecoveryResult(0, seg.size, f"its batches end at offset {seg.next_offset}, "
+                                    f"but the next segment starts at offset {upper}")
+        if not (result.truncated_bytes or result.reason) and i + 1 < len(segments):
+            seg.on_become_inactive()  # a closed segment: rebuilt as rolled, with its final time entry
+        if result.truncated_bytes or result.reason:  # a reason without bytes: a lost tail
             lost_after = segments[i + 1:]
             report.append(
                 f"{tp}: segment {seg.log_path} truncated at position {result.valid_bytes}: "

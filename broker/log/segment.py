@@ -23,11 +23,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 from typing import Iterator, NamedTuple
 
 from protocol.errors import CorruptRecordError, StorageError
 from protocol.records import (
-    HEADER_SIZE, LOG_OVERHEAD, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_headers,
+    HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_headers,
     iter_records, read_header, scan_batches,
 )
 
@@ -67,6 +68,9 @@ def reserve_blocks(fd: int, offset: int, length: int) -> bool:
     return _fallocate is not None and _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0
 
 
+_BASE_OFFSET_NAME = re.compile(r"[0-9]{20}", re.ASCII)
+
+
 def filename_prefix(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
@@ -74,7 +78,7 @@ def filename_prefix(base_offset: int) -> str:
 def parse_base_offset(filename: str) -> int | None:
     """``00000000000000000042.log`` -> 42; None when the name is not a segment file name."""
     stem, _, _ = filename.partition(".")
-    if len(stem) != 20 or not stem.isdigit():
+    if not _BASE_OFFSET_NAME.fullmatch(stem):
         return None
     return int(stem)
 
@@ -177,7 +181,9 @@ class LogSegment:
             self._reserve(start + len(view))
         written = 0
         while written < len(view):
-            written += os.write(self._fd, view[written:])
+            # pwrite at the segment's end: the fd's own position is not the end after open
+            # (0), truncate_to or recover (both ftruncate without seeking).
+            written += os.pwrite(self._fd, view[written:], start + written)
         interval = self.config.index_interval_bytes
         max_ts = self.max_timestamp
         for pos, h in batches:
@@ -254,11 +260,28 @@ class LogSegment:
 
     def translate_offset(self, offset: int) -> tuple[int, BatchHeader] | None:
         """The first batch whose last offset is >= ``offset``: ``(position, header)``."""
-        _, position = self.index.lookup(offset)
+        position = self._scan_start(offset)
+        end = position
         for pos, h in self.headers_from(position):
             if h.base_offset + h.last_offset_delta >= offset:
                 return pos, h
+            end = pos + h.size
+        if end != self.size:  # the walk stopped at damaged framing: never answer "not here"
+            raise CorruptRecordError(
+                f"{self.log_path}: the batch at position {end} has a damaged header (length), "
+                f"so offset {offset} cannot be located")
         return None
+
+    def _scan_start(self, offset: int) -> int:
+        """Where a forward scan for ``offset`` starts: the index's position, if the batch there
+        is the one the index names. An index damaged after a clean shutdown can pass the
+        sanity checks and still point past its target; believed, a lookup would skip batches."""
+        entry, position = self.index.lookup(offset)
+        if position:
+            raw = os.pread(self._fd, HEADER_SIZE, position)
+            if len(raw) < HEADER_SIZE or read_header(raw).base_offset != entry:
+                return 0
+        return position
 
     def read(self, offset: int, max_bytes: int, max_offset: int | None = None,
              min_one_message: bool = True) -> bytes:
@@ -284,22 +307,24 @@ class LogSegment:
         for p, h in iter_headers(data):
             if max_offset is not None and h.base_offset + h.last_offset_delta >= max_offset:
                 break
-            if compute_crc(data, p, h.batch_length + LOG_OVERHEAD) != h.crc:
+            if h.magic != MAGIC or compute_crc(data, p, h.batch_length + LOG_OVERHEAD) != h.crc:
                 if end == 0:
                     raise CorruptRecordError(
                         f"{self.log_path}: batch at position {file_pos + p} (base offset {h.base_offset}) "
-                        "fails its CRC check on disk")
+                        + ("fails its CRC check on disk" if h.magic == MAGIC else
+                           f"has magic {h.magic} on disk, not {MAGIC}"))
                 break
             end = p + h.batch_length + LOG_OVERHEAD
         return end
 
-    def find_offset_by_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """The first record with timestamp >= ``timestamp``: ``(offset, timestamp)``, or None."""
+    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int = 0) -> tuple[int, int] | None:
+        """The first record at or after ``starting_offset`` (the log start) with timestamp >=
+        ``timestamp``: ``(offset, timestamp)``, or None."""
         if self.max_timestamp < timestamp:
             return None
         after = self.time_index.lookup_before(timestamp)
-        start = self.base_offset if after is None else after + 1
-        _, position = self.index.lookup(start)
+        start = max(self.base_offset if after is None else after + 1, starting_offset)
+        position = self._scan_start(start)
         for pos, h in self.headers_from(position):
             if h.max_timestamp < timestamp or h.base_offset + h.last_offset_delta < start:
                 continue
@@ -318,28 +343,40 @@ class LogSegment:
         self._bytes_since_index_entry = 0
         self.next_offset, self.max_timestamp, self.last_epoch = self.base_offset, -1, -1
         self.first_batch_timestamp = None
-        valid, reason = self._scan_valid()
+        valid, reason, stale = self._scan_valid()
         truncated = self.size - valid
         os.ftruncate(self._fd, valid)  # also releases blocks reserved past the end before a crash
         self.size = valid
         self._reserved_to = 0
+        if stale:  # the cut fell before a batch already accounted: account what is kept again
+            self.recover()
         self.index.flush(fsync=False)
         self.time_index.flush(fsync=False)
         return RecoveryResult(truncated, valid, reason)
 
-    def _scan_valid(self) -> tuple[int, str | None]:
-        """Validate batches from position 0, re-indexing as if appended; returns (valid, why)."""
+    def _scan_valid(self) -> tuple[int, str | None, bool]:
+        """Validate batches from position 0, re-indexing as if appended; returns (valid, why,
+        whether the indexes and offsets account batches at or beyond ``valid``)."""
         pos, need = 0, 0
         prev_last, prev_epoch = self.base_offset - 1, -1
+        prev_pos, prev_jumped = 0, False
         while pos < self.size:
             data = os.pread(self._fd, min(max(SCAN_CHUNK_BYTES, need), self.size - pos), pos)
             res = scan_batches(data)
             good = []
             for p, h in res.batches:
                 why = self._offset_fault(h, prev_last, prev_epoch)
+                if why and prev_jumped and h.base_offset <= prev_last:
+                    # The previous batch left a gap and this one overlaps it: a flipped bit in the
+                    # previous base offset (outside the CRC) is the likelier story. Keeping that
+                    # batch would serve its records at offsets they were never appended at.
+                    self._reindexed(pos, good)
+                    return prev_pos, (f"batch at position {prev_pos}: its base offset jumps ahead "
+                                      f"and the next batch overlaps it ({why})"), True
                 if why:
-                    return self._reindexed(pos, good), f"batch at position {pos + p}: {why}"
+                    return self._reindexed(pos, good), f"batch at position {pos + p}: {why}", False
                 good.append((p, h))
+                prev_pos, prev_jumped = pos + p, h.base_offset != prev_last + 1
                 prev_last, prev_epoch = h.base_offset + h.last_offset_delta, max(prev_epoch, h.leader_epoch)
             self._reindexed(pos, good)
             if res.error is None:
@@ -352,8 +389,8 @@ class LogSegment:
             if claimed is not None and len(data) < claimed <= self.size - pos:
                 need = claimed
                 continue
-            return pos, res.error.replace("position 0", f"position {pos}", 1)
-        return pos, None
+            return pos, res.error.replace("position 0", f"position {pos}", 1), False
+        return pos, None, False
 
     def _offset_fault(self, h: BatchHeader, prev_last: int, prev_epoch: int) -> str | None:
         if h.base_offset <= prev_last:
