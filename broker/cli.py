@@ -53,7 +53,43 @@ def _dump_log(args: argparse.Namespace) -> int:
                out=sys.stdout, err=sys.stderr)
 
 
+# -- broker and dev ---------------------------------------------------------------------------
+
+
+def _broker_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="broker config (TOML, Kafka's key names)")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                   help="override a config key (repeatable); env TIDELOG_<KEY> also overrides")
+    p.add_argument("--log-level", default=os.environ.get("TIDELOG_LOG_LEVEL", "INFO"))
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from broker.main import run
+
+    return run(args.config, args.set, args.log_level)
+
+
+def _dev_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["up"], help="up: start ZooKeeper and the brokers, Ctrl-C stops them")
+    p.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    p.add_argument("--dir", default="tidelog-data/dev", help="where data, configs and logs live")
+    p.add_argument("--zk-port", type=int, default=2181)
+    p.add_argument("--base-port", type=int, default=9092, help="broker N listens on base-port + N - 1")
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from broker.devcluster import run_dev_up
+
+    return run_dev_up(args.dir, args.brokers, args.zk_port, args.base_port)
+
+
 COMMANDS: tuple[Command, ...] = (
+    Command("broker", "run one broker in the foreground (SIGTERM: controlled shutdown)",
+            "Run a broker. The config file is TOML with Kafka's key names (broker.id, listeners, "
+            "log.dirs, zookeeper.connect, ...).", _broker_arguments, _broker),
+    Command("dev", "run a local cluster: ZooKeeper and N brokers as child processes",
+            "tidelog dev up: start a real ZooKeeper and N brokers under --dir (reused on the next "
+            "run), print the bootstrap address, and stop everything on Ctrl-C.", _dev_arguments, _dev),
     Command(
         "dump-log", "print and check log segment files (like kafka-dump-log)",
         "Print the batches of .log segment files (and with --print-data their records), the "

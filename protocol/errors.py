@@ -101,6 +101,7 @@ GROUP_ID_NOT_FOUND = _register("GROUP_ID_NOT_FOUND", 69, "The group id does not 
 TOPIC_DELETION_DISABLED = _register("TOPIC_DELETION_DISABLED", 73, "Topic deletion is disabled")
 FENCED_LEADER_EPOCH = _register("FENCED_LEADER_EPOCH", 74, "The leader epoch in the request is older than the broker's", retriable=R, invalid_metadata=M)
 UNKNOWN_LEADER_EPOCH = _register("UNKNOWN_LEADER_EPOCH", 75, "The leader epoch in the request is newer than the broker's", retriable=R)
+STALE_BROKER_EPOCH = _register("STALE_BROKER_EPOCH", 77, "The request was meant for an earlier incarnation of this broker")
 UNSUPPORTED_COMPRESSION_TYPE = _register("UNSUPPORTED_COMPRESSION_TYPE", 76, "The compression codec is not supported")
 OFFSET_NOT_AVAILABLE = _register("OFFSET_NOT_AVAILABLE", 78, "The leader's high watermark has not caught up to the requested offset yet", retriable=R)
 MEMBER_ID_REQUIRED = _register("MEMBER_ID_REQUIRED", 79, "The group member needs a valid member id; rejoin with the one given")

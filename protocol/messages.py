@@ -958,6 +958,7 @@ class LeaderAndIsrRequest(Message):
     broker_epoch: int
     partition_states: list[PartitionState]
     live_leaders: list[LiveBroker] = field(default_factory=list)
+    topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # topic-level overrides
 
 
 @dataclass(frozen=True, slots=True)
@@ -982,6 +983,7 @@ class UpdateMetadataRequest(Message):
     live_brokers: list[LiveBroker]
     deleted_topics: list[str] = field(default_factory=list)
     cluster_id: str | None = None
+    topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # topic-level overrides
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,260 @@
+"""One handler per API key: typed request in, typed response out.
+
+This is the broker's one boundary between exceptions and error codes: a handler raises a
+``TidelogError`` (or a per-partition error is recorded in the response), and the network
+layer turns an escaping exception into an error response. Controller-only APIs (topic
+administration, controlled shutdown) answer NOT_CONTROLLER on other brokers, as Kafka does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+
+from broker.controller.channels import wait_all
+from broker.metadata_cache import MetadataCache
+from broker.replication.replica_manager import ReplicaManager
+from protocol.errors import (
+    INVALID_REQUEST, NONE, NOT_CONTROLLER, STALE_BROKER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION, TidelogError,
+)
+from protocol.messages import (
+    BROKER_RESOURCE, TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResponse, AlterConfigsResult, ApiKey,
+    ApiVersionsResponse, ConfigEntry, ControlledShutdownRequest, ControlledShutdownResponse,
+    CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
+    CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeConfigsRequest,
+    DescribeConfigsResponse, DescribeConfigsResult, FetchRequest, FetchResponse,
+    FetchTopicResponse, LeaderAndIsrRequest, LeaderAndIsrResponse, ListOffsetsRequest, ListOffsetsResponse,
+    ListOffsetsTopicResponse, Message, MetadataRequest, MetadataResponse, OffsetForLeaderTopicResult,
+    OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse, PartitionProduceResponse, ProduceRequest,
+    ProduceResponse, RequestHeader, REQUESTS, StopReplicaRequest, StopReplicaResponse, TopicPartitionRef,
+    TopicProduceResponse, TopicResult, UpdateMetadataRequest, UpdateMetadataResponse, supported_api_versions,
+)
+from protocol.topics import TopicPartition
+
+logger = logging.getLogger("tidelog.apis")
+
+Handler = Callable[[Any], Awaitable[Message | None]]
+
+
+class Apis:
+    def __init__(self, broker, replica_manager: ReplicaManager, metadata: MetadataCache):
+        self.broker = broker  # the server: config, controller, zk, topic configs, broker epoch
+        self.replica_manager = replica_manager
+        self.metadata = metadata
+        self._handlers: dict[int, Handler] = {
+            ApiKey.API_VERSIONS: self.api_versions,
+            ApiKey.METADATA: self.metadata_,
+            ApiKey.PRODUCE: self.produce,
+            ApiKey.FETCH: self.fetch,
+            ApiKey.LIST_OFFSETS: self.list_offsets,
+            ApiKey.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
+            ApiKey.CREATE_TOPICS: self.create_topics,
+            ApiKey.DELETE_TOPICS: self.delete_topics,
+            ApiKey.CREATE_PARTITIONS: self.create_partitions,
+            ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
+            ApiKey.ALTER_CONFIGS: self.alter_configs,
+            ApiKey.LEADER_AND_ISR: self.leader_and_isr,
+            ApiKey.UPDATE_METADATA: self.update_metadata,
+            ApiKey.STOP_REPLICA: self.stop_replica,
+            ApiKey.CONTROLLED_SHUTDOWN: self.controlled_shutdown,
+        }
+
+    def handle(self, header: RequestHeader, body: dict):
+        """Called by the network layer in request order; returns the response or an awaitable.
+
+        Produce appends before returning (see ``produce``); every other API returns its
+        coroutine, which the network layer awaits in the request's own task.
+        """
+        handler = self._handlers.get(header.api_key)
+        if handler is None:
+            raise TidelogError(f"api key {header.api_key} is not served by this broker", error=INVALID_REQUEST)
+        return handler(REQUESTS[header.api_key].from_body(body))
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    async def api_versions(self, req) -> ApiVersionsResponse:
+        return ApiVersionsResponse(NONE.code, supported_api_versions())
+
+    async def metadata_(self, req: MetadataRequest) -> MetadataResponse:
+        missing = [t for t in req.topics or [] if not self.metadata.contains_topic(t)]
+        if missing and req.allow_auto_topic_creation and self.broker.config.auto_create_topics_enable:
+            await self.broker.auto_create_topics(missing)
+        return MetadataResponse(self.metadata.broker_metadata(), self.metadata.cluster_id,
+                                self.metadata.controller_id, self.metadata.topic_metadata(req.topics))
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def produce(self, req: ProduceRequest):
+        """Append now (so pipelined produces of a connection append in the order sent); for
+        acks=all return the coroutine that waits for replication."""
+        entries = {TopicPartition(t.name, p.index): p.records for t in req.topic_data for p in t.partition_data}
+        results, waiting = self.replica_manager.append_now(req.acks, entries)
+        if req.acks == 0:
+            return None
+        if waiting:
+            return self._produce_after_replication(req, results, waiting)
+        return _produce_response(results)
+
+    async def _produce_after_replication(self, req: ProduceRequest, results, waiting) -> ProduceResponse:
+        await self.replica_manager.await_replication(waiting, req.timeout_ms, results)
+        return _produce_response(results)
+
+    async def fetch(self, req: FetchRequest) -> FetchResponse:
+        results = await self.replica_manager.fetch(req)
+        by_topic: dict[str, list] = {}
+        for tp, r in results.items():
+            by_topic.setdefault(tp.topic, []).append(r)
+        return FetchResponse([FetchTopicResponse(t, ps) for t, ps in by_topic.items()])
+
+    async def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
+        rm = self.replica_manager
+        from_consumer = req.replica_id < 0
+        return ListOffsetsResponse([
+            ListOffsetsTopicResponse(t.name, [
+                rm.list_offset(TopicPartition(t.name, p.partition_index), p.timestamp, p.current_leader_epoch,
+                               from_consumer) for p in t.partitions])
+            for t in req.topics])
+
+    async def offsets_for_leader_epoch(self, req: OffsetsForLeaderEpochRequest) -> OffsetsForLeaderEpochResponse:
+        rm = self.replica_manager
+        return OffsetsForLeaderEpochResponse([
+            OffsetForLeaderTopicResult(t.topic, [
+                rm.end_offset_for_epoch(TopicPartition(t.topic, p.partition), p.leader_epoch, p.current_leader_epoch)
+                for p in t.partitions])
+            for t in req.topics])
+
+    # -- controller-only administration --------------------------------------------------------
+
+    def _controller(self):
+        c = self.broker.controller
+        if c is None or not c.is_active:
+            raise TidelogError(f"broker {self.broker.broker_id} is not the controller "
+                               f"(controller: {self.metadata.controller_id})", error=NOT_CONTROLLER)
+        return c
+
+    async def create_topics(self, req: CreateTopicsRequest) -> CreateTopicsResponse:
+        try:
+            c = self._controller()
+        except TidelogError as e:
+            return CreateTopicsResponse([TopicResult(t.name, e.code, str(e)) for t in req.topics])
+        results, waits = await c.call(lambda: c.create_topics(req.topics, req.validate_only))
+        await wait_all(waits, req.timeout_ms / 1000)
+        return CreateTopicsResponse(results)
+
+    async def delete_topics(self, req: DeleteTopicsRequest) -> DeleteTopicsResponse:
+        try:
+            c = self._controller()
+            if not self.broker.config.delete_topic_enable:
+                raise TidelogError("topic deletion is disabled (delete.topic.enable=false)",
+                                   error=INVALID_REQUEST)
+        except TidelogError as e:
+            return DeleteTopicsResponse([TopicResult(n, e.code, str(e)) for n in req.topic_names])
+        return DeleteTopicsResponse(await c.call(lambda: c.delete_topics(req.topic_names)))
+
+    async def create_partitions(self, req: CreatePartitionsRequest) -> CreatePartitionsResponse:
+        results = []
+        for t in req.topics:
+            try:
+                c = self._controller()
+                waits = await c.call(lambda t=t: c.create_partitions(t.name, t.count, t.assignments, req.validate_only))
+                await wait_all(waits, req.timeout_ms / 1000)
+                results.append(TopicResult(t.name, NONE.code, None, t.count))
+            except TidelogError as e:
+                results.append(TopicResult(t.name, e.code, str(e)))
+        return CreatePartitionsResponse(results)
+
+    async def describe_configs(self, req: DescribeConfigsRequest) -> DescribeConfigsResponse:
+        out = []
+        for r in req.resources:
+            try:
+                entries = self._describe(r.resource_type, r.resource_name, r.configuration_keys)
+                out.append(DescribeConfigsResult(NONE.code, r.resource_type, r.resource_name, entries))
+            except TidelogError as e:
+                out.append(DescribeConfigsResult(e.code, r.resource_type, r.resource_name, error_message=str(e)))
+        return DescribeConfigsResponse(out)
+
+    def _describe(self, resource_type: int, name: str, keys: list[str] | None) -> list[ConfigEntry]:
+        if resource_type == TOPIC_RESOURCE:
+            if not self.metadata.contains_topic(name):
+                raise TidelogError(f"topic {name!r} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
+            overrides = self.broker.topic_overrides.get(name, {})
+            effective = self.broker.log_defaults.with_overrides(overrides).to_props()
+            return [ConfigEntry(k, _render(v), is_default=k not in overrides)
+                    for k, v in sorted(effective.items()) if keys is None or k in keys]
+        if resource_type == BROKER_RESOURCE:
+            props = self.broker.config.to_props()
+            return [ConfigEntry(k, _render(v), read_only=True)
+                    for k, v in sorted(props.items()) if keys is None or k in keys]
+        raise TidelogError(f"unknown config resource type {resource_type}", error=INVALID_REQUEST)
+
+    async def alter_configs(self, req: AlterConfigsRequest) -> AlterConfigsResponse:
+        out = []
+        for r in req.resources:
+            try:
+                if r.resource_type != TOPIC_RESOURCE:
+                    raise TidelogError("only topic configs can be altered at runtime", error=INVALID_REQUEST)
+                c = self._controller()
+                waits = await c.call(lambda r=r: c.alter_topic_config(r.resource_name, r.configs, req.validate_only))
+                await wait_all(waits, 10)
+                out.append(AlterConfigsResult(NONE.code, r.resource_type, r.resource_name))
+            except TidelogError as e:
+                out.append(AlterConfigsResult(e.code, r.resource_type, r.resource_name, str(e)))
+        return AlterConfigsResponse(out)
+
+    async def controlled_shutdown(self, req: ControlledShutdownRequest) -> ControlledShutdownResponse:
+        c = self._controller()
+        remaining = await c.call(lambda: c.controlled_shutdown(req.broker_id, req.broker_epoch))
+        return ControlledShutdownResponse(NONE.code, [TopicPartitionRef(tp.topic, tp.partition) for tp in remaining])
+
+    # -- from the controller -------------------------------------------------------------------
+
+    def _check_broker_epoch(self, epoch: int) -> None:
+        if epoch >= 0 and epoch != self.broker.broker_epoch:
+            raise TidelogError(f"request for broker epoch {epoch}, this broker's is {self.broker.broker_epoch}",
+                               error=STALE_BROKER_EPOCH)
+
+    async def leader_and_isr(self, req: LeaderAndIsrRequest) -> LeaderAndIsrResponse:
+        try:
+            self._check_broker_epoch(req.broker_epoch)
+        except TidelogError as e:
+            return LeaderAndIsrResponse(e.code)
+        self.broker.update_topic_overrides(req.topic_configs)
+        return self.replica_manager.become_leader_or_follower(req)
+
+    async def update_metadata(self, req: UpdateMetadataRequest) -> UpdateMetadataResponse:
+        try:
+            self._check_broker_epoch(req.broker_epoch)
+        except TidelogError as e:
+            return UpdateMetadataResponse(e.code)
+        self.broker.update_topic_overrides(req.topic_configs)
+        self.metadata.update(req)
+        for topic in req.deleted_topics:
+            self.broker.topic_overrides.pop(topic, None)
+        self.broker.metadata_updated()
+        return UpdateMetadataResponse(NONE.code)
+
+    async def stop_replica(self, req: StopReplicaRequest) -> StopReplicaResponse:
+        try:
+            self._check_broker_epoch(req.broker_epoch)
+        except TidelogError as e:
+            return StopReplicaResponse(e.code)
+        return self.replica_manager.stop_replicas(req)
+
+
+def _produce_response(results: dict) -> ProduceResponse:
+    by_topic: dict[str, list[PartitionProduceResponse]] = {}
+    for tp, r in results.items():
+        by_topic.setdefault(tp.topic, []).append(PartitionProduceResponse(tp.partition, **r))
+    return ProduceResponse([TopicProduceResponse(t, ps) for t, ps in by_topic.items()])
+
+
+def _render(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+

@@ -1,0 +1,581 @@
+"""The controller: one broker, elected through ZooKeeper, that manages partition leadership.
+
+Theory of operation
+-------------------
+Every broker runs a ``Controller``; the one that creates the ephemeral ``/controller`` znode
+is active and increments ``/controller_epoch``. Every partition-state write it makes is a
+check-and-set on the state's znode version *and* on the controller-epoch znode's version, so
+a controller that was deposed (its session expired while it was paused) cannot write
+anything: it is fenced. Brokers ignore requests that carry an older controller epoch.
+
+All work happens in one task that drains one event channel (ZooKeeper watches only enqueue;
+API calls such as CreateTopics are enqueued as closures), so the controller's view of the
+cluster (``ControllerContext``) is never touched concurrently.
+
+Events and what they do:
+
+* controller znode changed: try to become controller; on success, *failover*: read brokers,
+  topics, assignments and partition states from ZooKeeper, initialise new partitions, elect
+  leaders for partitions whose leader is gone, and send every live broker its LeaderAndIsr
+  and the full metadata (UpdateMetadata).
+* broker set changed: a new (or restarted: new broker epoch) broker gets its partitions'
+  LeaderAndIsr and everyone gets new metadata; for a broker that died, partitions it led
+  get a new leader (the first live replica in assignment order that is in the ISR; outside
+  the ISR only with unclean.leader.election.enable), and it is removed from the ISR of the
+  partitions it followed. Each change bumps the leader epoch.
+* topics created / marked for deletion, ISR change notifications from leaders.
+* requests: CreateTopics, CreatePartitions, DeleteTopics, AlterConfigs, ControlledShutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import trio
+
+from broker.controller.channels import ChannelManager, Outgoing
+from broker.controller.election import (
+    Election, controlled_shutdown_leader, offline_partition_leader, remove_from_isr,
+)
+from broker.coordination import layout
+from broker.coordination.layout import BrokerInfo, LeaderAndIsr
+from broker.log.config import InvalidConfigError, LogConfig
+from protocol.errors import (
+    INVALID_CONFIG, INVALID_PARTITIONS, INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR,
+    NONE, TOPIC_ALREADY_EXISTS, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, code_of,
+)
+from protocol.messages import (
+    ApiKey, LeaderAndIsrRequest, LiveBroker, PartitionState, StopReplicaPartition, StopReplicaRequest,
+    TopicResult, UpdateMetadataRequest,
+)
+from protocol.topics import TopicPartition, validate_topic_name
+
+logger = logging.getLogger("tidelog.controller")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    broker_id: int
+    default_partitions: int = 1
+    default_replication_factor: int = 1
+    unclean_leader_election: bool = False
+    delete_topic_enable: bool = True
+    topic_defaults: LogConfig = field(default_factory=LogConfig)
+
+
+@dataclass
+class ControllerContext:
+    epoch: int
+    epoch_zk_version: int
+    brokers: dict[int, BrokerInfo] = field(default_factory=dict)
+    broker_epochs: dict[int, int] = field(default_factory=dict)
+    assignments: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    states: dict[TopicPartition, tuple[LeaderAndIsr, int]] = field(default_factory=dict)
+    topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    shutting_down: set[int] = field(default_factory=set)
+
+    @property
+    def live(self) -> set[int]:
+        return set(self.brokers) - self.shutting_down
+
+    def partitions_of(self, topic: str) -> list[TopicPartition]:
+        return [TopicPartition(topic, p) for p in sorted(self.assignments.get(topic, {}))]
+
+    def all_partitions(self) -> list[TopicPartition]:
+        return [tp for t in sorted(self.assignments) for tp in self.partitions_of(t)]
+
+
+class Controller:
+    def __init__(self, config: ControllerConfig, zk, cluster_id: str | None = None):
+        self.config = config
+        self.broker_id = config.broker_id
+        self.zk = zk
+        self.cluster_id = cluster_id
+        self.ctx: ControllerContext | None = None
+        self.channels = ChannelManager(config.broker_id)
+        self._events_send, self._events = trio.open_memory_channel[tuple](math.inf)
+        self._nursery: trio.Nursery | None = None
+        self.active_changed = trio.Event()
+
+    @property
+    def is_active(self) -> bool:
+        return self.ctx is not None
+
+    # -- the event loop ------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.channels.run)
+            paths = self.zk.paths
+            for kind, path, kind_of_watch in (("controller", paths.controller, "data"),
+                                              ("brokers", paths.broker_ids, "children"),
+                                              ("topics", paths.topics, "children"),
+                                              ("delete_topics", paths.delete_topics, "children"),
+                                              ("isr_change", paths.isr_change_notification, "children")):
+                watch = self.zk.watch_data if kind_of_watch == "data" else self.zk.watch_children
+                nursery.start_soon(self._forward, kind, await watch(path))
+            task_status.started()
+            async for event in self._events:
+                await self._handle(event)
+
+    async def _forward(self, kind: str, channel) -> None:
+        async for payload in channel:
+            self._events_send.send_nowait((kind, payload))
+
+    async def call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``fn`` inside the event loop (serialised with every other controller action)."""
+        done = trio.Event()
+        box: dict[str, Any] = {}
+        self._events_send.send_nowait(("call", (fn, box, done)))
+        await done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    async def _handle(self, event: tuple) -> None:
+        kind, payload = event
+        if kind == "call":
+            fn, box, done = payload
+            try:
+                box["result"] = await fn()
+            except Exception as e:  # handed back to the caller
+                box["error"] = e
+            done.set()
+            return
+        try:
+            await self._handlers[kind](self, payload)
+        except TidelogError as e:
+            logger.warning("controller event %s failed: %s", kind, e)
+        except Exception:
+            logger.exception("controller event %s failed", kind)
+
+    # -- election ------------------------------------------------------------------------------
+
+    async def _on_controller_change(self, payload) -> None:
+        data, _version = payload
+        current = await self.zk.get_controller_id()
+        if self.ctx is not None and current != self.broker_id:
+            logger.warning("broker %d is no longer the controller (now %s)", self.broker_id, current)
+            self._resign()
+        if current is None and data is None:
+            epoch = await self.zk.try_elect_controller(self.broker_id)
+            if epoch is not None:
+                await self._failover(epoch)
+
+    def _resign(self) -> None:
+        self.ctx = None
+        self.channels.close_all()
+        self._signal()
+
+    def _signal(self) -> None:
+        self.active_changed.set()
+        self.active_changed = trio.Event()
+
+    async def _failover(self, epoch: int) -> None:
+        _, version = await self.zk.controller_epoch()
+        self.ctx = ctx = ControllerContext(epoch, version)
+        logger.info("broker %d is the controller (epoch %d)", self.broker_id, epoch)
+        await self._refresh_brokers()
+        for topic in await self.zk.get_topics():
+            await self._load_topic(topic)
+        await self._init_new_partitions(ctx.all_partitions())
+        await self._elect_offline(ctx.all_partitions())
+        for b in ctx.brokers:
+            self._send_leader_and_isr(b, ctx.all_partitions())
+        self._send_update_metadata(ctx.all_partitions())
+        await self._on_delete_topics(await self.zk.topics_marked_for_deletion())
+        await self._on_isr_change(None)
+        self._signal()
+
+    async def _refresh_brokers(self) -> tuple[set[int], set[int]]:
+        """Re-read the live brokers; returns (joined or restarted, gone)."""
+        ctx = self.ctx
+        with_epochs = await self.zk.live_brokers_and_epochs()
+        live = {b: info for b, (info, _) in with_epochs.items()}
+        epochs = {b: epoch for b, (_, epoch) in with_epochs.items()}
+        gone = {b for b in ctx.brokers if b not in live or epochs[b] != ctx.broker_epochs.get(b)}
+        joined = {b for b in live if b not in ctx.brokers or epochs[b] != ctx.broker_epochs.get(b)}
+        for b in gone:
+            ctx.brokers.pop(b, None)
+            ctx.broker_epochs.pop(b, None)
+            ctx.shutting_down.discard(b)
+            self.channels.remove_broker(b)
+        for b in joined:
+            ctx.brokers[b] = live[b]
+            ctx.broker_epochs[b] = epochs[b]
+            self.channels.add_broker(b, live[b].host, live[b].port)
+        return joined, gone - joined
+
+    async def _load_topic(self, topic: str) -> None:
+        ctx = self.ctx
+        assignment = await self.zk.get_assignment(topic)
+        if assignment is None:
+            return
+        ctx.assignments[topic] = assignment
+        ctx.topic_configs[topic] = await self.zk.get_topic_config(topic)
+        for p, state in (await self.zk.get_partition_states(topic)).items():
+            if state is not None:
+                ctx.states[TopicPartition(topic, p)] = state
+
+    # -- broker membership ---------------------------------------------------------------------
+
+    async def _on_brokers(self, _children) -> None:
+        if self.ctx is None:
+            return
+        joined, gone = await self._refresh_brokers()
+        if gone:
+            logger.info("brokers gone: %s", sorted(gone))
+            await self._on_brokers_gone(gone)
+        if joined:
+            logger.info("brokers joined: %s", sorted(joined))
+            await self._on_brokers_joined(joined)
+
+    async def _on_brokers_gone(self, gone: set[int]) -> None:
+        ctx = self.ctx
+        affected = [tp for tp, (st, _) in ctx.states.items()
+                    if st.leader in gone or any(r in gone for r in st.isr)]
+        await self._elect_offline([tp for tp in affected if ctx.states[tp][0].leader in gone])
+        await self._shrink_isr([tp for tp in affected if ctx.states[tp][0].leader not in gone], gone)
+        self._send_update_metadata(ctx.all_partitions())
+
+    async def _on_brokers_joined(self, joined: set[int]) -> None:
+        ctx = self.ctx
+        self._send_update_metadata(ctx.all_partitions())
+        for b in joined:
+            self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)])
+        await self._elect_offline([tp for tp, (st, _) in ctx.states.items() if st.leader not in ctx.live])
+
+    def _replicas(self, tp: TopicPartition) -> list[int]:
+        return self.ctx.assignments.get(tp.topic, {}).get(tp.partition, [])
+
+    # -- partition state changes ---------------------------------------------------------------
+
+    async def _init_new_partitions(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        """Partitions without a state znode: leader = first live replica, ISR = live replicas."""
+        ctx, created = self.ctx, []
+        for tp in tps:
+            if tp in ctx.states:
+                continue
+            replicas = self._replicas(tp)
+            live = [r for r in replicas if r in ctx.live]
+            st = LeaderAndIsr(live[0] if live else -1, 0, live, ctx.epoch)
+            version = await self.zk.create_partition_state(tp.topic, tp.partition, st, ctx.epoch_zk_version)
+            ctx.states[tp] = (st, version)
+            created.append(tp)
+        return created
+
+    async def _elect_offline(self, tps: list[TopicPartition]) -> None:
+        ctx, changed = self.ctx, []
+        for tp in tps:
+            st, _ = ctx.states[tp]
+            if st.leader in ctx.live:
+                continue
+            unclean = self.config.unclean_leader_election or \
+                ctx.topic_configs.get(tp.topic, {}).get("unclean.leader.election.enable") == "true"
+            election = offline_partition_leader(self._replicas(tp), st.isr, ctx.live, unclean)
+            if election is None:
+                if st.leader != -1:
+                    await self._write_state(tp, -1, [r for r in st.isr if r in ctx.live] or st.isr)
+                    changed.append(tp)
+                logger.error("%s has no live in-sync replica (ISR %s): offline", tp, st.isr)
+                continue
+            if election.unclean:
+                logger.error("%s: unclean leader election of broker %d (ISR was %s): "
+                             "acknowledged records may be lost", tp, election.leader, st.isr)
+            await self._write_state(tp, election.leader, election.isr)
+            changed.append(tp)
+        self._propagate(changed)
+
+    async def _shrink_isr(self, tps: list[TopicPartition], gone: set[int]) -> None:
+        changed = []
+        for tp in tps:
+            st, _ = self.ctx.states[tp]
+            leader, isr = remove_from_isr(st.leader, st.isr, gone)
+            if isr != st.isr:
+                await self._write_state(tp, leader, isr or [leader])
+                changed.append(tp)
+        self._propagate(changed)
+
+    async def _write_state(self, tp: TopicPartition, leader: int, isr: list[int]) -> None:
+        ctx = self.ctx
+        old, version = ctx.states[tp]
+        new = LeaderAndIsr(leader, old.leader_epoch + 1, list(isr), ctx.epoch)
+        new_version = await self.zk.update_partition_state(tp.topic, tp.partition, new, version,
+                                                           controller_epoch_zk_version=ctx.epoch_zk_version)
+        ctx.states[tp] = (new, new_version)
+
+    def _propagate(self, tps: list[TopicPartition]) -> list[Outgoing | None]:
+        """Send the new states of ``tps`` to their replicas, and metadata to everyone."""
+        if not tps:
+            return []
+        out = []
+        for b in self.ctx.brokers:
+            mine = [tp for tp in tps if b in self._replicas(tp)]
+            if mine:
+                out.append(self._send_leader_and_isr(b, mine))
+        return out + self._send_update_metadata(tps)
+
+    # -- requests to brokers -------------------------------------------------------------------
+
+    def _partition_state(self, tp: TopicPartition, is_new: bool = False) -> PartitionState:
+        st, version = self.ctx.states[tp]
+        replicas = self._replicas(tp)
+        return PartitionState(tp.topic, tp.partition, st.controller_epoch, st.leader, st.leader_epoch,
+                              list(st.isr), version, list(replicas), is_new,
+                              [r for r in replicas if r not in self.ctx.brokers])
+
+    def _live_brokers(self) -> list[LiveBroker]:
+        return [LiveBroker(b, i.host, i.port, i.rack) for b, i in sorted(self.ctx.brokers.items())]
+
+    def _send_leader_and_isr(self, broker_id: int, tps: list[TopicPartition]) -> Outgoing | None:
+        tps = [tp for tp in tps if tp in self.ctx.states]
+        if not tps:
+            return None
+        leaders = {self.ctx.states[tp][0].leader for tp in tps}
+        req = LeaderAndIsrRequest(self.broker_id, self.ctx.epoch, self.ctx.broker_epochs.get(broker_id, -1),
+                                  [self._partition_state(tp) for tp in tps],
+                                  [lb for lb in self._live_brokers() if lb.broker_id in leaders],
+                                  topic_configs={t: self.ctx.topic_configs.get(t, {}) for t in {tp.topic for tp in tps}})
+        return self.channels.send(broker_id, ApiKey.LEADER_AND_ISR, req)
+
+    def _send_update_metadata(self, tps: list[TopicPartition], deleted: list[str] | None = None,
+                              configs_of: list[str] | None = None) -> list[Outgoing | None]:
+        ctx = self.ctx
+        states = [self._partition_state(tp) for tp in tps if tp in ctx.states]
+        topics = set(configs_of or []) | {tp.topic for tp in tps}
+        out = []
+        for b in ctx.brokers:
+            req = UpdateMetadataRequest(self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, -1), states,
+                                        self._live_brokers(), deleted or [], self.cluster_id,
+                                        topic_configs={t: ctx.topic_configs.get(t, {}) for t in topics})
+            out.append(self.channels.send(b, ApiKey.UPDATE_METADATA, req))
+        return out
+
+    # -- topics --------------------------------------------------------------------------------
+
+    async def _on_topics(self, children) -> None:
+        if self.ctx is None:
+            return
+        new = [t for t in children if t not in self.ctx.assignments]
+        for topic in new:
+            await self._on_new_topic(topic)
+
+    async def _on_new_topic(self, topic: str) -> list[Outgoing | None]:
+        await self._load_topic(topic)
+        created = await self._init_new_partitions(self.ctx.partitions_of(topic))
+        return self._propagate_new(created)
+
+    def _propagate_new(self, tps: list[TopicPartition]) -> list[Outgoing | None]:
+        if not tps:
+            return []
+        out = []
+        for b in self.ctx.brokers:
+            mine = [tp for tp in tps if b in self._replicas(tp)]
+            if mine:
+                out.append(self._send_leader_and_isr(b, mine))
+        return out + self._send_update_metadata(tps)
+
+    async def create_topics(self, topics, validate_only: bool) -> tuple[list[TopicResult], list]:
+        """CreateTopics, on the controller. Returns results and the propagation waits."""
+        results, waits = [], []
+        for t in topics:
+            try:
+                result, out = await self._create_topic(t, validate_only)
+            except TidelogError as e:
+                result, out = TopicResult(t.name, e.code, str(e)), []
+            results.append(result)
+            waits += out
+        return results, waits
+
+    async def _create_topic(self, t, validate_only: bool):
+        ctx = self.ctx
+        validate_topic_name(t.name)
+        if t.name in ctx.assignments or t.name in await self.zk.get_topics():
+            raise TidelogError(f"topic {t.name!r} already exists", error=TOPIC_ALREADY_EXISTS)
+        assignment = self._assignment_for(t)
+        try:
+            self.config.topic_defaults.with_overrides(t.configs)
+        except InvalidConfigError as e:
+            raise TidelogError(f"topic {t.name!r}: {e}", error=INVALID_CONFIG) from None
+        rf = len(next(iter(assignment.values())))
+        result = TopicResult(t.name, NONE.code, None, len(assignment), rf)
+        if validate_only:
+            return result, []
+        await self.zk.create_topic(t.name, assignment, dict(t.configs))
+        logger.info("created topic %s: %d partitions, replication factor %d", t.name, len(assignment), rf)
+        return result, await self._on_new_topic(t.name)
+
+    def _assignment_for(self, t) -> dict[int, list[int]]:
+        live = sorted(self.ctx.live)
+        if t.assignments:
+            assignment = {int(p): list(r) for p, r in t.assignments.items()}
+            _check_assignment(assignment, set(self.ctx.brokers))
+            return assignment
+        n = t.num_partitions if t.num_partitions > 0 else self.config.default_partitions
+        rf = t.replication_factor if t.replication_factor > 0 else self.config.default_replication_factor
+        if t.num_partitions == 0 or t.num_partitions < -1:
+            raise TidelogError(f"number of partitions must be positive, got {t.num_partitions}",
+                               error=INVALID_PARTITIONS)
+        if rf > len(live):
+            raise TidelogError(f"replication factor {rf} is larger than the {len(live)} live brokers {live}",
+                               error=INVALID_REPLICATION_FACTOR)
+        racks = {b: self.ctx.brokers[b].rack for b in live if self.ctx.brokers[b].rack}
+        return layout.assign_replicas(live, n, rf, racks=racks if len(racks) == len(live) else None)
+
+    async def create_partitions(self, topic: str, count: int, assignments, validate_only: bool):
+        ctx = self.ctx
+        current = ctx.assignments.get(topic)
+        if current is None:
+            raise TidelogError(f"topic {topic!r} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
+        if count <= len(current):
+            raise TidelogError(f"topic {topic!r} has {len(current)} partitions; the new count {count} "
+                               "must be larger", error=INVALID_PARTITIONS)
+        rf = len(current[0])
+        if assignments:
+            new = {len(current) + i: list(r) for i, r in enumerate(assignments)}
+            if len(new) != count - len(current):
+                raise TidelogError(f"{len(new)} assignments given for {count - len(current)} new partitions",
+                                   error=INVALID_REPLICA_ASSIGNMENT)
+            _check_assignment(new, set(ctx.brokers))
+        else:
+            live = sorted(ctx.live)
+            if rf > len(live):
+                raise TidelogError(f"replication factor {rf} is larger than the live brokers {live}",
+                                   error=INVALID_REPLICATION_FACTOR)
+            new = layout.assign_replicas(live, count - len(current), rf, start_partition_id=len(current))
+        if validate_only:
+            return []
+        merged = {**current, **new}
+        await self.zk.set_assignment(topic, merged)
+        ctx.assignments[topic] = merged
+        created = await self._init_new_partitions([TopicPartition(topic, p) for p in sorted(new)])
+        return self._propagate_new(created)
+
+    async def alter_topic_config(self, topic: str, changes: dict[str, str | None], validate_only: bool):
+        ctx = self.ctx
+        if topic not in ctx.assignments:
+            raise TidelogError(f"topic {topic!r} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
+        merged = dict(ctx.topic_configs.get(topic, {}))
+        for k, v in changes.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        try:
+            self.config.topic_defaults.with_overrides(merged)
+        except InvalidConfigError as e:
+            raise TidelogError(f"topic {topic!r}: {e}", error=INVALID_CONFIG) from None
+        if validate_only:
+            return []
+        await self.zk.set_topic_config(topic, merged)
+        ctx.topic_configs[topic] = merged
+        return self._send_update_metadata([], configs_of=[topic])
+
+    async def delete_topics(self, names: list[str]) -> list[TopicResult]:
+        results = []
+        for name in names:
+            if name not in self.ctx.assignments:
+                results.append(TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION.code, f"topic {name!r} does not exist"))
+                continue
+            await self.zk.mark_topic_for_deletion(name)
+            results.append(TopicResult(name, NONE.code))
+        await self._on_delete_topics([r.name for r in results if r.error_code == NONE.code])
+        return results
+
+    async def _on_delete_topics(self, children) -> None:
+        if self.ctx is None:
+            return
+        for topic in children:
+            await self._delete_topic(topic)
+
+    async def _delete_topic(self, topic: str) -> None:
+        ctx = self.ctx
+        tps = ctx.partitions_of(topic)
+        for b in ctx.brokers:
+            mine = [StopReplicaPartition(tp.topic, tp.partition, ctx.states.get(tp, (LeaderAndIsr(-1, 0, [], 0), 0))[0].leader_epoch, True)
+                    for tp in tps if b in self._replicas(tp)]
+            if mine:
+                self.channels.send(b, ApiKey.STOP_REPLICA,
+                                   StopReplicaRequest(self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, -1), mine))
+        await self.zk.delete_topic(topic)
+        ctx.assignments.pop(topic, None)
+        ctx.topic_configs.pop(topic, None)
+        for tp in tps:
+            ctx.states.pop(tp, None)
+        self._send_update_metadata([], deleted=[topic])
+        logger.info("deleted topic %s", topic)
+
+    # -- ISR change notifications --------------------------------------------------------------
+
+    async def _on_isr_change(self, _children) -> None:
+        if self.ctx is None:
+            return
+        notes = await self.zk.isr_change_notifications()
+        if not notes:
+            return
+        tps = set()
+        for _, partitions in notes:
+            tps.update(TopicPartition(t, p) for t, p in partitions)
+        for tp in tps:
+            state = await self.zk.get_partition_state(tp.topic, tp.partition)
+            if state is not None and tp.topic in self.ctx.assignments:
+                self.ctx.states[tp] = state
+        self._send_update_metadata(sorted(tp for tp in tps if tp in self.ctx.states))
+        await self.zk.delete_isr_change_notifications([path for path, _ in notes])
+
+    # -- controlled shutdown -------------------------------------------------------------------
+
+    async def controlled_shutdown(self, broker_id: int, broker_epoch: int) -> list[TopicPartition]:
+        """Move leadership off ``broker_id``; returns the partitions it still leads."""
+        ctx = self.ctx
+        if broker_id not in ctx.brokers:
+            return []
+        ctx.shutting_down.add(broker_id)
+        moved, remaining = [], []
+        for tp, (st, _) in list(ctx.states.items()):
+            if st.leader == broker_id:
+                election = controlled_shutdown_leader(self._replicas(tp), st.isr, set(ctx.brokers),
+                                                      ctx.shutting_down)
+                if election is None:
+                    remaining.append(tp)
+                    continue
+                await self._write_state(tp, election.leader, election.isr)
+                moved.append(tp)
+            elif broker_id in st.isr and len(st.isr) > 1:
+                await self._write_state(tp, st.leader, [r for r in st.isr if r != broker_id])
+                moved.append(tp)
+        self._propagate(moved)
+        logger.info("controlled shutdown of broker %d: %d partitions moved, %d remain",
+                    broker_id, len(moved), len(remaining))
+        return remaining
+
+    _handlers = {
+        "controller": _on_controller_change,
+        "brokers": _on_brokers,
+        "topics": _on_topics,
+        "delete_topics": _on_delete_topics,
+        "isr_change": _on_isr_change,
+    }
+
+
+def _check_assignment(assignment: dict[int, list[int]], known: set[int]) -> None:
+    sizes = {len(r) for r in assignment.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise TidelogError("every partition needs the same, non-zero number of replicas",
+                           error=INVALID_REPLICA_ASSIGNMENT)
+    for p, replicas in assignment.items():
+        if len(set(replicas)) != len(replicas):
+            raise TidelogError(f"partition {p} lists a broker twice: {replicas}", error=INVALID_REPLICA_ASSIGNMENT)
+        unknown = set(replicas) - known
+        if unknown:
+            raise TidelogError(f"partition {p} is assigned to unknown brokers {sorted(unknown)}",
+                               error=INVALID_REPLICA_ASSIGNMENT)
+    if sorted(assignment) != list(range(len(assignment))):
+        raise TidelogError("partitions must be numbered 0..n-1", error=INVALID_REPLICA_ASSIGNMENT)
+
+
+__all__ = ["Controller", "ControllerConfig", "ControllerContext", "Election", "code_of"]

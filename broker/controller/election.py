@@ -1,0 +1,57 @@
+"""Leader election rules, as pure functions (Kafka's PartitionLeaderElectionAlgorithms).
+
+Each returns ``(leader, isr)`` for the new state, or ``None`` when no replica may lead (the
+partition stays offline). The assignment order is the preference order: the first replica
+of the assignment is the *preferred* leader.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple
+
+
+class Election(NamedTuple):
+    leader: int
+    isr: list[int]
+    unclean: bool = False
+
+
+def offline_partition_leader(assignment: list[int], isr: Iterable[int], live: set[int],
+                             unclean_allowed: bool) -> Election | None:
+    """The first live replica, in assignment order, that is in the ISR. With none, and only
+    when unclean election is allowed, the first live replica at all (acknowledged records
+    it does not have are lost: the caller must report it)."""
+    in_isr = set(isr)
+    live_isr = [r for r in isr if r in live]
+    for r in assignment:
+        if r in live and r in in_isr:
+            return Election(r, live_isr)
+    if unclean_allowed:
+        for r in assignment:
+            if r in live:
+                return Election(r, [r], unclean=True)
+    return None
+
+
+def controlled_shutdown_leader(assignment: list[int], isr: Iterable[int], live: set[int],
+                               shutting_down: set[int]) -> Election | None:
+    """Move leadership off brokers that are shutting down, to a live ISR member."""
+    remaining_isr = [r for r in isr if r not in shutting_down]
+    for r in assignment:
+        if r in live and r not in shutting_down and r in remaining_isr:
+            return Election(r, remaining_isr)
+    return None
+
+
+def preferred_replica_leader(assignment: list[int], isr: Iterable[int], live: set[int]) -> Election | None:
+    """The preferred (first assigned) replica, if it is live and in the ISR."""
+    isr = list(isr)
+    if assignment and assignment[0] in live and assignment[0] in isr:
+        return Election(assignment[0], isr)
+    return None
+
+
+def remove_from_isr(leader: int, isr: Iterable[int], gone: set[int]) -> tuple[int, list[int]]:
+    """The ISR without ``gone`` brokers; a gone leader becomes -1 (no leader)."""
+    new_isr = [r for r in isr if r not in gone]
+    return (-1 if leader in gone else leader), new_isr

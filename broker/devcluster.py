@@ -1,0 +1,215 @@
+"""A local cluster of real processes: one ZooKeeper and N brokers (``tidelog dev up``).
+
+Everything lives under one directory: ``zookeeper/``, and per broker ``broker-<id>.toml``
+(its config, written once and reused, so a broker can also be stopped and started by hand
+with ``tidelog broker --config``), ``broker-<id>/`` (its log dirs) and ``broker-<id>.log``.
+A second run over the same directory reuses the data.
+
+Children are started from the main thread with PR_SET_PDEATHSIG, so they die with the
+process that started them, even if it is killed. Tests use the same class, on free ports.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from broker.coordination.zkserver import ZooKeeperServer, find_free_port
+from protocol.connection import ClientConnection
+from protocol.messages import ApiKey, MetadataRequest, MetadataResponse
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class BrokerProcess:
+    def __init__(self, broker_id: int, config_path: Path, log_path: Path, port: int):
+        self.broker_id = broker_id
+        self.config_path = config_path
+        self.log_path = log_path
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            return
+        log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker.cli", "broker", "--config", str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            preexec_fn=_die_with_parent, start_new_session=True)
+        log.close()
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM (controlled shutdown) and wait; SIGKILL if it does not stop in time."""
+        if not self.running:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return self.kill()
+
+    def kill(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait()
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+
+class DevCluster:
+    def __init__(self, directory: str | os.PathLike, brokers: int = 3, *, zk_port: int = 2181,
+                 base_port: int = 9092, extra_config: dict[str, object] | None = None):
+        self.dir = Path(directory).absolute()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.zookeeper = ZooKeeperServer(self.dir / "zookeeper", port=zk_port or find_free_port())
+        self.extra_config = extra_config or {}
+        self.brokers: dict[int, BrokerProcess] = {}
+        for i in range(1, brokers + 1):
+            self.brokers[i] = self._broker(i, base_port + i - 1 if base_port else 0)
+
+    def _broker(self, broker_id: int, port: int) -> BrokerProcess:
+        config_path = self.dir / f"broker-{broker_id}.toml"
+        if config_path.exists():
+            port = _port_of(config_path) or port
+        else:
+            port = port or find_free_port()
+            lines = [f"\"broker.id\" = {broker_id}",
+                     f"listeners = \"PLAINTEXT://127.0.0.1:{port}\"",
+                     f"\"log.dirs\" = [\"{self.dir / f'broker-{broker_id}' / 'logs'}\"]",
+                     f"\"zookeeper.connect\" = \"{self.zookeeper.connect_string}\""]
+            lines += [f"\"{k}\" = {_toml(v)}" for k, v in self.extra_config.items()]
+            config_path.write_text("\n".join(lines) + "\n")
+        return BrokerProcess(broker_id, config_path, self.dir / f"broker-{broker_id}.log", port)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{b.port}" for b in self.brokers.values())
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.zookeeper.start()
+        self.zookeeper.wait_serving(timeout)
+        for b in self.brokers.values():
+            b.start()
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 60.0, brokers: set[int] | None = None) -> MetadataResponse:
+        """Wait until every running broker is in the cluster metadata, seen through each of them."""
+        want = brokers or {i for i, b in self.brokers.items() if b.running}
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            for i, b in self.brokers.items():
+                if not b.running and i in want:
+                    raise RuntimeError(f"broker {i} exited with status {b.proc.returncode if b.proc else None}; "
+                                       f"see {b.log_path}")
+            try:
+                seen = [metadata(b.port) for i, b in self.brokers.items() if i in want]
+                last = seen[-1]
+                if all({x.node_id for x in m.brokers} >= want and m.controller_id >= 0 for m in seen):
+                    return last
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"brokers {sorted(want)} not ready within {timeout} s (last metadata: {last})")
+
+    def stop(self) -> None:
+        for b in self.brokers.values():
+            b.stop()
+        self.zookeeper.stop()
+
+    def kill(self) -> None:
+        for b in self.brokers.values():
+            b.kill()
+        self.zookeeper.kill()
+
+    def __enter__(self) -> "DevCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill() if exc[0] is not None else self.stop()
+
+
+def metadata(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> MetadataResponse:
+    """One blocking Metadata request (for readiness checks)."""
+    conn = ClientConnection(client_id="tidelog-dev")
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        _, frame = conn.send_request(ApiKey.METADATA, 0, MetadataRequest(topics=None))
+        s.sendall(frame)
+        while True:
+            data = s.recv(1 << 16)
+            if not data:
+                raise ConnectionError("broker closed the connection")
+            for _, body in conn.receive_data(data):
+                return MetadataResponse.from_body(body)
+
+
+def _port_of(config_path: Path) -> int | None:
+    import tomllib
+    listeners = tomllib.loads(config_path.read_text()).get("listeners", "")
+    try:
+        return int(str(listeners).rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _toml(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int) -> int:
+    """``tidelog dev up``: start, print the bootstrap address, wait for Ctrl-C or SIGTERM."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    cluster = DevCluster(directory, brokers, zk_port=zk_port, base_port=base_port)
+    try:
+        print(f"starting ZooKeeper on 127.0.0.1:{cluster.zookeeper.port} and {brokers} brokers in {cluster.dir}",
+              flush=True)
+        cluster.start()
+        print(f"cluster ready. bootstrap: {cluster.bootstrap}", flush=True)
+        print("  try: tidelog topics create demo --partitions 6 --replication-factor "
+              f"{min(3, brokers)} --bootstrap {cluster.bootstrap}", flush=True)
+        print("Ctrl-C stops the cluster.", flush=True)
+        while not stop:
+            for i, b in cluster.brokers.items():
+                if not b.running:
+                    print(f"broker {i} exited (status {b.proc.returncode}); see {b.log_path}", flush=True)
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, TimeoutError, OSError) as e:
+        print(f"tidelog dev up: {e}", file=sys.stderr)
+        cluster.kill()
+        return 1
+    finally:
+        print("stopping the cluster ...", flush=True)
+        cluster.stop()
+    return 0

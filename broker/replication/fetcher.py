@@ -1,0 +1,225 @@
+"""Follower fetching: pull a leader's log, one fetcher per leader broker.
+
+A partition enters a fetcher *truncating*: before fetching, the follower asks the leader
+(OffsetsForLeaderEpoch) where its latest epoch ends in the leader's log, and truncates its
+own log there, so it drops exactly what the leader never had (never blindly to its HW). If
+the leader does not know that epoch, it answers with the largest epoch below it; the
+follower then truncates to its own end of that epoch and asks again. Only then does the
+partition move to *fetching*: each round sends one Fetch for all fetching partitions with
+fetch offset = the follower's LEO; the leader answers with batches (up to its LEO) and its
+HW; the follower appends them as they are and sets HW = min(leader HW, own LEO).
+
+The fetcher is written against ``LeaderEndpoint`` so it can be driven by an in-memory
+leader in tests; ``RemoteLeaderEndpoint`` is the real one over a broker channel.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import trio
+
+from broker.log.log import Log
+from protocol.errors import NONE, OFFSET_OUT_OF_RANGE, TidelogError, for_code
+from protocol.messages import (
+    ApiKey, FetchPartition, FetchRequest, FetchResponse, FetchTopic, OffsetForLeaderPartition,
+    OffsetForLeaderTopic, OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse,
+)
+from protocol.topics import TopicPartition
+
+logger = logging.getLogger("tidelog.fetcher")
+
+
+class LeaderEndpoint(Protocol):
+    async def fetch(self, request: FetchRequest) -> FetchResponse: ...
+
+    async def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> OffsetsForLeaderEpochResponse: ...
+
+
+class RemoteLeaderEndpoint:
+    """The leader over the network (a BrokerChannel)."""
+
+    def __init__(self, channel, timeout_s: float):
+        self.channel = channel
+        self.timeout_s = timeout_s
+
+    async def fetch(self, request: FetchRequest) -> FetchResponse:
+        return await self.channel.request(ApiKey.FETCH, request, self.timeout_s + request.max_wait_ms / 1000)
+
+    async def offsets_for_leader_epoch(self, request):
+        return await self.channel.request(ApiKey.OFFSETS_FOR_LEADER_EPOCH, request, self.timeout_s)
+
+
+@dataclass
+class FetchState:
+    leader_epoch: int  # the leader epoch this broker follows under
+    truncating: bool = True
+    retry_at: float = 0.0  # trio time before which the partition is skipped (after an error)
+
+
+@dataclass(frozen=True)
+class FetcherConfig:
+    replica_id: int
+    max_wait_ms: int = 500
+    min_bytes: int = 1
+    max_bytes: int = 10 << 20
+    partition_max_bytes: int = 1 << 20
+    backoff_s: float = 1.0
+
+
+@dataclass
+class ReplicaFetcher:
+    leader_id: int
+    endpoint: LeaderEndpoint
+    log_of: Callable[[TopicPartition], Log | None]
+    config: FetcherConfig
+    partitions: dict[TopicPartition, FetchState] = field(default_factory=dict)
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    def add_partitions(self, epochs: dict[TopicPartition, int]) -> None:
+        for tp, epoch in epochs.items():
+            self.partitions[tp] = FetchState(epoch)
+        self._wake()
+
+    def remove_partitions(self, tps) -> None:
+        for tp in tps:
+            self.partitions.pop(tp, None)
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            if not self._active():
+                await self._wait_for_work()
+                continue
+            try:
+                await self.maybe_truncate()
+                await self.fetch_once()
+            except TidelogError as e:
+                logger.info("fetcher for leader %d: %s; backing off", self.leader_id, e)
+                await trio.sleep(self.config.backoff_s)
+
+    def _active(self) -> dict[TopicPartition, FetchState]:
+        now = trio.current_time()
+        return {tp: st for tp, st in self.partitions.items() if st.retry_at <= now}
+
+    async def _wait_for_work(self) -> None:
+        changed = self._changed
+        pending = [st.retry_at for st in self.partitions.values()]
+        with trio.move_on_at(min(pending) if pending else trio.current_time() + 3600):
+            await changed.wait()
+
+    def _delay(self, tp: TopicPartition) -> None:
+        st = self.partitions.get(tp)
+        if st is not None:
+            st.retry_at = trio.current_time() + self.config.backoff_s
+
+    # -- truncation ----------------------------------------------------------------------------
+
+    async def maybe_truncate(self) -> None:
+        todo = {tp: st for tp, st in self._active().items() if st.truncating}
+        if not todo:
+            return
+        request = self._epoch_request(todo)
+        response = await self.endpoint.offsets_for_leader_epoch(request)
+        for t in response.topics:
+            for r in t.partitions:
+                self._apply_epoch_answer(TopicPartition(t.topic, r.partition), r)
+
+    def _epoch_request(self, todo: dict[TopicPartition, FetchState]) -> OffsetsForLeaderEpochRequest:
+        by_topic: dict[str, list[OffsetForLeaderPartition]] = {}
+        for tp, st in todo.items():
+            log = self.log_of(tp)
+            epoch = log.latest_epoch if log is not None else -1
+            by_topic.setdefault(tp.topic, []).append(OffsetForLeaderPartition(tp.partition, epoch, st.leader_epoch))
+        return OffsetsForLeaderEpochRequest([OffsetForLeaderTopic(t, ps) for t, ps in by_topic.items()],
+                                            replica_id=self.config.replica_id)
+
+    def _apply_epoch_answer(self, tp: TopicPartition, r) -> None:
+        st, log = self.partitions.get(tp), self.log_of(tp)
+        if st is None or log is None or not st.truncating:
+            return
+        if r.error_code != NONE.code:
+            logger.info("%s: OffsetsForLeaderEpoch failed: %s", tp, for_code(r.error_code).name)
+            self._delay(tp)
+            return
+        target, done = truncation_target(log, r.leader_epoch, r.end_offset)
+        if target < log.log_end_offset:
+            logger.info("%s: truncating to offset %d (leader epoch %d ends at %d)",
+                        tp, target, r.leader_epoch, r.end_offset)
+            log.truncate_to(target)
+        st.truncating = not done
+
+    # -- fetching ------------------------------------------------------------------------------
+
+    async def fetch_once(self) -> None:
+        todo = {tp: st for tp, st in self._active().items() if not st.truncating}
+        if not todo:
+            return
+        response = await self.endpoint.fetch(self._fetch_request(todo))
+        for t in response.responses:
+            for p in t.partitions:
+                self._apply_fetch(TopicPartition(t.topic, p.partition_index), p, todo)
+
+    def _fetch_request(self, todo: dict[TopicPartition, FetchState]) -> FetchRequest:
+        by_topic: dict[str, list[FetchPartition]] = {}
+        for tp, st in todo.items():
+            log = self.log_of(tp)
+            if log is None:
+                continue
+            by_topic.setdefault(tp.topic, []).append(FetchPartition(
+                tp.partition, log.log_end_offset, self.config.partition_max_bytes,
+                current_leader_epoch=st.leader_epoch, last_fetched_epoch=log.latest_epoch,
+                log_start_offset=log.log_start_offset))
+        c = self.config
+        return FetchRequest([FetchTopic(t, ps) for t, ps in by_topic.items()], replica_id=c.replica_id,
+                            max_wait_ms=c.max_wait_ms, min_bytes=c.min_bytes, max_bytes=c.max_bytes)
+
+    def _apply_fetch(self, tp: TopicPartition, p, sent: dict[TopicPartition, FetchState]) -> None:
+        st, log = self.partitions.get(tp), self.log_of(tp)
+        if st is None or log is None or st is not sent.get(tp) or st.truncating:
+            return  # removed or re-added while the fetch was in flight
+        if p.error_code == OFFSET_OUT_OF_RANGE.code:
+            self._out_of_range(tp, log, p)
+            return
+        if p.error_code != NONE.code:
+            logger.info("%s: fetch from leader %d failed: %s", tp, self.leader_id, for_code(p.error_code).name)
+            self._delay(tp)
+            return
+        try:
+            if p.records:
+                log.append_as_follower(p.records)
+        except TidelogError as e:
+            logger.error("%s: cannot append the leader's batches: %s", tp, e)
+            st.truncating = True
+            self._delay(tp)
+            return
+        log.update_high_watermark(min(p.high_watermark, log.log_end_offset))
+
+    def _out_of_range(self, tp: TopicPartition, log: Log, p) -> None:
+        if p.log_start_offset >= 0 and log.log_end_offset < p.log_start_offset:
+            logger.warning("%s: log end %d is below the leader's log start %d; restarting the log there",
+                           tp, log.log_end_offset, p.log_start_offset)
+            log.truncate_fully_and_start_at(p.log_start_offset)
+        else:
+            self.partitions[tp].truncating = True
+
+
+def truncation_target(log: Log, leader_epoch: int, leader_end_offset: int) -> tuple[int, bool]:
+    """Where a follower truncates given the leader's answer for its latest epoch.
+
+    Returns ``(offset, done)``. Unknown epoch on the leader: fall back to the HW. Leader
+    answered with an epoch we do not have: cut to our end of that epoch and ask again.
+    """
+    if leader_epoch < 0 or leader_end_offset < 0:
+        return log.high_watermark, True
+    own_epoch, own_end = log.end_offset_for_epoch(leader_epoch)
+    if own_epoch != leader_epoch:
+        return (own_end if own_end >= 0 else log.high_watermark), False
+    return min(leader_end_offset, own_end), True

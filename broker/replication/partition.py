@@ -1,0 +1,208 @@
+"""One partition on this broker: its role, its log, and the leader's HW/ISR bookkeeping.
+
+The rules (Kafka's, as DESIGN section 6 states them)
+----------------------------------------------------
+* The leader appends producer batches, assigning offsets and its leader epoch.
+* Each follower fetches from the leader with its fetch offset, which is its log end offset
+  (LEO). From these fetches the leader learns every follower's LEO and when it was last
+  *caught up*: a fetch at the leader's LEO means caught up now; a fetch at or beyond the LEO
+  the leader had at the follower's previous fetch means it was caught up back then.
+* The high watermark (HW) is the smallest LEO over the ISR (the leader included). It only
+  moves while the ISR has at least ``min.insync.replicas`` members, and it never moves back
+  on the leader. Consumers only see offsets below it; a record below the HW is on every ISR
+  member, so any of them can become leader without losing it.
+* A follower leaves the ISR when it has not been caught up for ``replica.lag.time.max.ms``;
+  it rejoins once its LEO reaches the HW (and the start of the current leader epoch). An ISR
+  change is written to ZooKeeper before it takes effect; while the write is in flight the
+  change is *pending*, and the HW is computed over the larger of the two sets, so a pending
+  change can never make the HW move past a replica that might stay in the ISR.
+* A follower sets its HW to min(leader HW, own LEO).
+
+This module decides; it does no I/O beyond the local log and reads no clock: ``now_ms`` is
+passed in. The replica manager owns the awaiting (ZooKeeper writes, purgatory, fetchers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.log.log import Log, LogAppendInfo
+from protocol.errors import (
+    FENCED_LEADER_EPOCH, NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH, TidelogError,
+)
+from protocol.messages import PartitionState
+from protocol.topics import TopicPartition
+
+UNKNOWN_OFFSET = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """A follower as its leader sees it. Immutable: each fetch yields a new one."""
+
+    log_end_offset: int = UNKNOWN_OFFSET
+    last_caught_up_time_ms: int = 0
+    last_fetch_leader_log_end_offset: int = UNKNOWN_OFFSET
+    last_fetch_time_ms: int = 0
+
+    def after_fetch(self, fetch_offset: int, leader_end_offset: int, now_ms: int) -> "ReplicaState":
+        caught_up = self.last_caught_up_time_ms
+        if fetch_offset >= leader_end_offset:
+            caught_up = max(caught_up, now_ms)
+        elif fetch_offset >= self.last_fetch_leader_log_end_offset >= 0:
+            caught_up = max(caught_up, self.last_fetch_time_ms)
+        return ReplicaState(fetch_offset, caught_up, leader_end_offset, now_ms)
+
+    def is_caught_up(self, leader_end_offset: int, now_ms: int, replica_lag_time_max_ms: int) -> bool:
+        return (self.log_end_offset == leader_end_offset
+                or now_ms - self.last_caught_up_time_ms <= replica_lag_time_max_ms)
+
+
+def high_watermark(current_hw: int, leader_leo: int, isr_leos: list[int], isr_size: int, min_isr: int) -> int:
+    """The HW rule: min LEO over the ISR, only while |ISR| >= min ISR, never decreasing."""
+    if isr_size < min_isr:
+        return current_hw
+    candidate = min([leader_leo, *isr_leos])
+    return max(current_hw, candidate)
+
+
+def can_join_isr(follower_leo: int, high_watermark_: int, leader_epoch_start_offset: int) -> bool:
+    return follower_leo >= high_watermark_ and follower_leo >= leader_epoch_start_offset
+
+
+def check_leader_epoch(requested: int, current: int) -> None:
+    """Fence a requester whose view of the leader epoch differs from ours (-1: no view)."""
+    if requested < 0 or requested == current:
+        return
+    if requested < current:
+        raise TidelogError(f"leader epoch {requested} in the request is older than {current}",
+                           error=FENCED_LEADER_EPOCH)
+    raise TidelogError(f"leader epoch {requested} in the request is newer than {current}",
+                       error=UNKNOWN_LEADER_EPOCH)
+
+
+class Partition:
+    def __init__(self, tp: TopicPartition, local_broker_id: int):
+        self.tp = tp
+        self.local_broker_id = local_broker_id
+        self.log: Log | None = None
+        self.leader_id = -1
+        self.leader_epoch = -1
+        self.leader_epoch_start_offset = UNKNOWN_OFFSET
+        self.replicas: list[int] = []
+        self.isr: frozenset[int] = frozenset()
+        self.pending_isr: frozenset[int] | None = None  # an ISR change written but not yet confirmed
+        self.zk_version = -1
+        self.controller_epoch = -1
+        self.remote: dict[int, ReplicaState] = {}
+
+    # -- role ----------------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader_id == self.local_broker_id
+
+    @property
+    def maximal_isr(self) -> frozenset[int]:
+        return self.isr | self.pending_isr if self.pending_isr is not None else self.isr
+
+    @property
+    def min_insync_replicas(self) -> int:
+        return self.log.config.min_insync_replicas if self.log is not None else 1
+
+    def _apply_state(self, st: PartitionState) -> bool:
+        """Adopt the controller's state; returns True when the leader epoch changed."""
+        changed = st.leader_epoch != self.leader_epoch
+        self.leader_id, self.leader_epoch = st.leader, st.leader_epoch
+        self.replicas, self.isr, self.pending_isr = list(st.replicas), frozenset(st.isr), None
+        self.zk_version, self.controller_epoch = st.zk_version, st.controller_epoch
+        return changed
+
+    def make_leader(self, st: PartitionState, log: Log, now_ms: int) -> bool:
+        """Become (or stay) leader. The epoch's start offset is our LEO: everything we hold
+        was written under earlier epochs."""
+        was_leader = self.is_leader
+        self.log = log
+        epoch_changed = self._apply_state(st)
+        if epoch_changed or not was_leader:
+            self.leader_epoch_start_offset = log.log_end_offset
+            log.epoch_cache.assign(self.leader_epoch, log.log_end_offset)
+            self.remote = {r: ReplicaState(last_caught_up_time_ms=now_ms if r in self.isr else 0)
+                           for r in self.replicas if r != self.local_broker_id}
+        self.maybe_increment_high_watermark()
+        return not was_leader or epoch_changed
+
+    def make_follower(self, st: PartitionState, log: Log) -> bool:
+        was_follower = not self.is_leader and self.leader_id >= 0
+        self.log = log
+        changed = self._apply_state(st)
+        self.remote = {}
+        self.leader_epoch_start_offset = UNKNOWN_OFFSET
+        return changed or not was_follower
+
+    # -- leader --------------------------------------------------------------------------------
+
+    def _leader_log(self, requested_epoch: int = -1) -> Log:
+        if not self.is_leader or self.log is None:
+            raise TidelogError(f"broker {self.local_broker_id} is not the leader of {self.tp} "
+                               f"(leader is {self.leader_id})", error=NOT_LEADER_OR_FOLLOWER)
+        check_leader_epoch(requested_epoch, self.leader_epoch)
+        return self.log
+
+    def append_as_leader(self, records: bytes, required_acks: int) -> LogAppendInfo:
+        log = self._leader_log()
+        if required_acks == -1 and len(self.isr) < self.min_insync_replicas:
+            raise TidelogError(
+                f"{self.tp}: {len(self.isr)} in-sync replicas {sorted(self.isr)}, "
+                f"below min.insync.replicas {self.min_insync_replicas}", error=NOT_ENOUGH_REPLICAS)
+        info = log.append_as_leader(records, self.leader_epoch)
+        self.maybe_increment_high_watermark()
+        return info
+
+    def maybe_increment_high_watermark(self) -> bool:
+        """Recompute the HW over the maximal ISR; True if it moved."""
+        if not self.is_leader or self.log is None:
+            return False
+        isr = self.maximal_isr
+        followers = [self.remote.get(r, ReplicaState()).log_end_offset for r in isr if r != self.local_broker_id]
+        new_hw = high_watermark(self.log.high_watermark, self.log.log_end_offset, followers,
+                                len(isr), self.min_insync_replicas)
+        if new_hw != self.log.high_watermark:
+            self.log.update_high_watermark(new_hw)
+            return True
+        return False
+
+    def record_follower_fetch(self, follower_id: int, fetch_offset: int, now_ms: int) -> bool:
+        """Update a follower's state from its fetch; True if the HW moved."""
+        if follower_id not in self.remote:
+            return False
+        self.remote[follower_id] = self.remote[follower_id].after_fetch(
+            fetch_offset, self.log.log_end_offset, now_ms)
+        return self.maybe_increment_high_watermark()
+
+    def isr_to_expand(self) -> frozenset[int] | None:
+        """The ISR with every caught-up follower added, or None if nobody qualifies."""
+        if not self.is_leader or self.pending_isr is not None or self.log is None:
+            return None
+        joiners = {r for r, st in self.remote.items() if r not in self.isr and r in self.replicas
+                   and can_join_isr(st.log_end_offset, self.log.high_watermark, self.leader_epoch_start_offset)}
+        return self.isr | joiners if joiners else None
+
+    def isr_to_shrink(self, now_ms: int, replica_lag_time_max_ms: int) -> frozenset[int] | None:
+        """The ISR without followers that fell behind for too long, or None."""
+        if not self.is_leader or self.pending_isr is not None or self.log is None:
+            return None
+        leo = self.log.log_end_offset
+        out = {r for r in self.isr if r != self.local_broker_id and r in self.remote
+               and not self.remote[r].is_caught_up(leo, now_ms, replica_lag_time_max_ms)}
+        return self.isr - out if out else None
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def fetch_log(self, current_leader_epoch: int, from_follower: bool) -> Log:
+        """The log to read for a fetch: the leader's (fencing stale epochs)."""
+        return self._leader_log(current_leader_epoch)
+
+    def __repr__(self) -> str:
+        return (f"Partition({self.tp}, leader={self.leader_id}, epoch={self.leader_epoch}, "
+                f"isr={sorted(self.isr)}, replicas={self.replicas})")

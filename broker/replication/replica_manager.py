@@ -1,0 +1,400 @@
+"""The replica manager: every partition replica on this broker, and the waiting around them.
+
+It applies the controller's LeaderAndIsr and StopReplica requests (creating logs, becoming
+leader or follower, starting and stopping follower fetchers), appends producer batches on
+leaders, serves fetches (consumers below the HW, followers up to the LEO, long-polled), and
+keeps the ISR: followers that fall behind are removed, caught-up ones added, each change
+written to ZooKeeper (check-and-set on the partition state's version) before it takes effect.
+
+Waiting is done with one "something changed" event per partition, replaced on every change
+(a fresh ``trio.Event`` per generation): a long-polling fetch or an acks=all produce waits on
+the events of its partitions with its own deadline, then re-checks.
+
+Everything here runs on the broker's Trio thread; the logs it calls are synchronous.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import trio
+
+from broker.log.config import LogConfig
+from broker.log.log import Log
+from broker.log.manager import LogManager
+from broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
+from broker.replication.partition import Partition, check_leader_epoch
+from protocol.errors import (
+    NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE,
+    REQUEST_TIMED_OUT, STALE_CONTROLLER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUIRED_ACKS,
+    TidelogError, code_of,
+)
+from protocol.messages import (
+    EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, EpochEndOffsetResult, FetchPartitionResponse,
+    FetchRequest, LeaderAndIsrRequest, LeaderAndIsrResponse, ListOffsetsPartitionResponse,
+    PartitionError, PartitionState, StopReplicaRequest, StopReplicaResponse,
+)
+from protocol.topics import TopicPartition
+
+logger = logging.getLogger("tidelog.replica_manager")
+
+# (topic partition, new isr, leader epoch, expected zk version) -> new zk version; raises on conflict
+IsrWriter = Callable[[TopicPartition, list[int], int, int, int], Awaitable[int]]
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    broker_id: int
+    replica_lag_time_max_ms: int = 30000
+    fetcher: FetcherConfig | None = None
+
+
+class NotifyingPartition(Partition):
+    """A partition with a "changed" event for waiters (long polls and acks=all)."""
+
+    def __init__(self, tp: TopicPartition, local_broker_id: int):
+        super().__init__(tp, local_broker_id)
+        self.changed = trio.Event()
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+class ReplicaManager:
+    def __init__(self, config: ReplicaConfig, log_manager: LogManager,
+                 topic_config: Callable[[str], LogConfig],
+                 endpoint_for: Callable[[int], LeaderEndpoint | None],
+                 isr_writer: IsrWriter | None = None, clock: Callable[[], int] = wall_ms):
+        self.config = config
+        self.broker_id = config.broker_id
+        self.log_manager = log_manager
+        self.topic_config = topic_config
+        self.endpoint_for = endpoint_for
+        self.isr_writer = isr_writer
+        self.clock = clock
+        self.partitions: dict[TopicPartition, NotifyingPartition] = {}
+        self.controller_epoch = -1
+        self.fetchers: dict[int, ReplicaFetcher] = {}
+        self._nursery: trio.Nursery | None = None
+        self.isr_shrinks = 0
+        self.isr_expands = 0
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._isr_maintenance)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- controller requests -------------------------------------------------------------------
+
+    def become_leader_or_follower(self, req: LeaderAndIsrRequest) -> LeaderAndIsrResponse:
+        if req.controller_epoch < self.controller_epoch:
+            return LeaderAndIsrResponse(STALE_CONTROLLER_EPOCH.code)
+        self.controller_epoch = req.controller_epoch
+        errors, to_follow = [], {}
+        for st in req.partition_states:
+            tp = TopicPartition(st.topic_name, st.partition_index)
+            errors.append(PartitionError(tp.topic, tp.partition, self._apply(tp, st, to_follow)))
+        for leader_id, epochs in to_follow.items():
+            self._fetcher(leader_id).add_partitions(epochs)
+        return LeaderAndIsrResponse(NONE.code, errors)
+
+    def _apply(self, tp: TopicPartition, st: PartitionState, to_follow: dict) -> int:
+        if self.broker_id not in st.replicas:
+            return UNKNOWN_TOPIC_OR_PARTITION.code
+        p = self.partitions.get(tp)
+        if p is not None and st.leader_epoch < p.leader_epoch:
+            logger.info("%s: ignoring stale leader epoch %d (have %d)", tp, st.leader_epoch, p.leader_epoch)
+            return NONE.code
+        if p is None:
+            p = self.partitions[tp] = NotifyingPartition(tp, self.broker_id)
+        log = self.log_manager.get_or_create_log(tp, self.topic_config(tp.topic))
+        self._stop_fetching(tp)
+        if st.leader == self.broker_id:
+            if p.make_leader(st, log, self.clock()):
+                logger.info("%s: leader at epoch %d, isr %s, log end %d", tp, st.leader_epoch, st.isr,
+                            log.log_end_offset)
+        else:
+            p.make_follower(st, log)
+            if st.leader >= 0:
+                to_follow.setdefault(st.leader, {})[tp] = st.leader_epoch
+        p.notify()
+        return NONE.code
+
+    def stop_replicas(self, req: StopReplicaRequest) -> StopReplicaResponse:
+        if req.controller_epoch < self.controller_epoch:
+            return StopReplicaResponse(STALE_CONTROLLER_EPOCH.code)
+        self.controller_epoch = req.controller_epoch
+        errors = []
+        for sp in req.partitions:
+            tp = TopicPartition(sp.topic_name, sp.partition_index)
+            self._stop_fetching(tp)
+            p = self.partitions.pop(tp, None) if sp.delete_partition else self.partitions.get(tp)
+            if p is not None:
+                p.leader_id = -1
+                p.notify()
+            if sp.delete_partition:
+                self.log_manager.delete_log(tp)
+            errors.append(PartitionError(tp.topic, tp.partition, NONE.code))
+        return StopReplicaResponse(NONE.code, errors)
+
+    def _fetcher(self, leader_id: int) -> ReplicaFetcher:
+        f = self.fetchers.get(leader_id)
+        if f is None:
+            endpoint = self.endpoint_for(leader_id)
+            f = self.fetchers[leader_id] = ReplicaFetcher(
+                leader_id, endpoint, self._log_of, self.config.fetcher or FetcherConfig(self.broker_id))
+            self._nursery.start_soon(f.run)
+        return f
+
+    def _stop_fetching(self, tp: TopicPartition) -> None:
+        for f in self.fetchers.values():
+            if tp in f.partitions:
+                f.remove_partitions([tp])
+
+    def _log_of(self, tp: TopicPartition) -> Log | None:
+        p = self.partitions.get(tp)
+        return p.log if p is not None and not p.is_leader else None
+
+    def leading(self) -> list[NotifyingPartition]:
+        return [p for p in self.partitions.values() if p.is_leader]
+
+    # -- produce -------------------------------------------------------------------------------
+
+    async def append_records(self, acks: int, timeout_ms: int,
+                             entries: dict[TopicPartition, bytes]) -> dict[TopicPartition, dict]:
+        """Append to leaders; for acks=all wait until the HW passes each batch (or time out)."""
+        results, waiting = self.append_now(acks, entries)
+        if waiting:
+            await self.await_replication(waiting, timeout_ms, results)
+        return results
+
+    def append_now(self, acks: int, entries: dict[TopicPartition, bytes]) -> tuple[dict, dict]:
+        """The synchronous half of a produce: append to the leaders, right now.
+
+        Returns per-partition results ({"error_code", "base_offset", "log_append_time_ms",
+        "log_start_offset", "error_message"}) and, for acks=all, the last offset of each
+        batch that must still be replicated (see ``await_replication``). Doing the append
+        before anything awaits is what keeps pipelined produce requests of one connection in
+        order.
+        """
+        if acks not in (-1, 0, 1):
+            return {tp: _error(INVALID_REQUIRED_ACKS.code, f"acks={acks} is not -1, 0 or 1") for tp in entries}, {}
+        results, waiting = {}, {}
+        for tp, records in entries.items():
+            results[tp] = self._append_one(tp, records, acks)
+            if acks == -1 and results[tp]["error_code"] == NONE.code:
+                waiting[tp] = results[tp].pop("_last_offset")
+            results[tp].pop("_last_offset", None)
+        return results, waiting
+
+    def _append_one(self, tp: TopicPartition, records: bytes, acks: int) -> dict:
+        p = self.partitions.get(tp)
+        try:
+            if p is None:
+                raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
+            info = p.append_as_leader(records, acks)
+        except TidelogError as e:
+            return _error(e.code, str(e))
+        p.notify()
+        return {"error_code": NONE.code, "base_offset": info.first_offset,
+                "log_append_time_ms": info.log_append_time, "log_start_offset": info.log_start_offset,
+                "error_message": None, "_last_offset": info.last_offset}
+
+    async def await_replication(self, waiting: dict[TopicPartition, int], timeout_ms: int, results) -> None:
+        with trio.move_on_after(timeout_ms / 1000):
+            while waiting:
+                events = []
+                for tp in list(waiting):
+                    done, code = self._replication_done(tp, waiting[tp])
+                    if done:
+                        del waiting[tp]
+                        if code != NONE.code:
+                            results[tp].update(_error(code, f"{tp}: the in-sync replicas shrank below "
+                                                            "min.insync.replicas before the batch was committed"))
+                    else:
+                        events.append(self.partitions[tp].changed)
+                if events:
+                    await _wait_any(events)
+        for tp in waiting:
+            results[tp].update(_error(REQUEST_TIMED_OUT.code,
+                                      f"{tp}: the batch was not replicated to the in-sync replicas within {timeout_ms} ms"))
+
+    def _replication_done(self, tp: TopicPartition, last_offset: int) -> tuple[bool, int]:
+        p = self.partitions.get(tp)
+        if p is None or not p.is_leader:
+            return True, NOT_LEADER_OR_FOLLOWER.code
+        if p.log.high_watermark > last_offset:
+            return True, NONE.code
+        if len(p.isr) < p.min_insync_replicas:
+            return True, NOT_ENOUGH_REPLICAS_AFTER_APPEND.code
+        return False, NONE.code
+
+    # -- fetch ---------------------------------------------------------------------------------
+
+    async def fetch(self, req: FetchRequest) -> dict[TopicPartition, FetchPartitionResponse]:
+        """Serve a fetch; long-poll until min_bytes are available or max_wait_ms passed."""
+        from_follower = req.replica_id >= 0
+        deadline = trio.current_time() + req.max_wait_ms / 1000
+        while True:
+            results, size = self._read_all(req, from_follower)
+            if size >= req.min_bytes or trio.current_time() >= deadline or _has_errors(results):
+                return results
+            events = [self.partitions[tp].changed for tp in results if tp in self.partitions]
+            if not events:
+                return results
+            with trio.move_on_at(deadline):
+                await _wait_any(events)
+
+    def _read_all(self, req: FetchRequest, from_follower: bool):
+        results, size, budget = {}, 0, req.max_bytes
+        for t in req.topics:
+            for fp in t.partitions:
+                tp = TopicPartition(t.topic, fp.partition)
+                r = self._read_one(tp, fp, from_follower, req.replica_id, budget, size == 0)
+                results[tp] = r
+                n = len(r.records or b"")
+                size += n
+                budget = max(0, budget - n)
+        return results, size
+
+    def _read_one(self, tp, fp, from_follower: bool, replica_id: int, budget: int, first: bool):
+        p = self.partitions.get(tp)
+        try:
+            if p is None:
+                raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
+            log = p.fetch_log(fp.current_leader_epoch, from_follower)
+            if from_follower and p.record_follower_fetch(replica_id, fp.fetch_offset, self.clock()):
+                p.notify()
+            if from_follower:
+                self._maybe_expand_isr(p)
+            max_offset = None if from_follower else log.high_watermark
+            records = log.read(fp.fetch_offset, min(fp.partition_max_bytes, budget), max_offset,
+                               min_one_message=first)
+        except TidelogError as e:
+            return FetchPartitionResponse(tp.partition, e.code, error_message=str(e),
+                                          high_watermark=p.log.high_watermark if p and p.log else -1,
+                                          log_start_offset=p.log.log_start_offset if p and p.log else -1)
+        return FetchPartitionResponse(tp.partition, NONE.code, log.high_watermark, log.log_start_offset,
+                                      records, current_leader_epoch=p.leader_epoch)
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    def list_offset(self, tp: TopicPartition, timestamp: int, current_leader_epoch: int,
+                    from_consumer: bool) -> ListOffsetsPartitionResponse:
+        p = self.partitions.get(tp)
+        try:
+            if p is None:
+                raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
+            log = p.fetch_log(current_leader_epoch, False)
+            offset, ts = self._offset_for(log, timestamp, from_consumer)
+        except TidelogError as e:
+            return ListOffsetsPartitionResponse(tp.partition, e.code, error_message=str(e))
+        return ListOffsetsPartitionResponse(tp.partition, NONE.code, ts, offset, p.leader_epoch)
+
+    @staticmethod
+    def _offset_for(log: Log, timestamp: int, from_consumer: bool) -> tuple[int, int]:
+        if timestamp == EARLIEST_TIMESTAMP:
+            return log.log_start_offset, -1
+        if timestamp == LATEST_TIMESTAMP:
+            return (log.high_watermark if from_consumer else log.log_end_offset), -1
+        if timestamp == MAX_TIMESTAMP:
+            seg = max(log.segments, key=lambda s: s.max_timestamp)
+            found = seg.find_offset_by_timestamp(seg.max_timestamp) if seg.max_timestamp >= 0 else None
+            return found if found else (-1, -1)
+        found = log.offset_for_timestamp(timestamp)
+        if found is None or (from_consumer and found[0] >= log.high_watermark):
+            return -1, -1
+        return found
+
+    def end_offset_for_epoch(self, tp: TopicPartition, epoch: int, current_leader_epoch: int) -> EpochEndOffsetResult:
+        p = self.partitions.get(tp)
+        try:
+            if p is None:
+                raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
+            log = p.fetch_log(current_leader_epoch, True)
+        except TidelogError as e:
+            return EpochEndOffsetResult(tp.partition, e.code)
+        found_epoch, end = log.end_offset_for_epoch(epoch)
+        return EpochEndOffsetResult(tp.partition, NONE.code, found_epoch, end)
+
+    # -- ISR maintenance -----------------------------------------------------------------------
+
+    def _maybe_expand_isr(self, p: NotifyingPartition) -> None:
+        new_isr = p.isr_to_expand()
+        if new_isr is not None and self._nursery is not None:
+            self._nursery.start_soon(self._write_isr, p, new_isr, "expand")
+
+    async def _isr_maintenance(self) -> None:
+        period = max(0.05, self.config.replica_lag_time_max_ms / 2000)
+        while True:
+            await trio.sleep(period)
+            now = self.clock()
+            for p in self.leading():
+                new_isr = p.isr_to_shrink(now, self.config.replica_lag_time_max_ms)
+                if new_isr is not None:
+                    await self._write_isr(p, new_isr, "shrink")
+
+    async def _write_isr(self, p: NotifyingPartition, new_isr: frozenset[int], why: str) -> None:
+        if self.isr_writer is None or p.pending_isr is not None or not p.is_leader:
+            return
+        p.pending_isr = new_isr
+        epoch, version = p.leader_epoch, p.zk_version
+        try:
+            new_version = await self.isr_writer(p.tp, sorted(new_isr), epoch, p.controller_epoch, version)
+        except Exception as e:  # a conflict means the controller changed the state: wait for it
+            logger.info("%s: ISR %s to %s not written: %s", p.tp, why, sorted(new_isr), e)
+            if p.pending_isr == new_isr:
+                p.pending_isr = None
+            return
+        if p.leader_epoch != epoch or p.pending_isr != new_isr:
+            return
+        logger.info("%s: ISR %s from %s to %s", p.tp, why, sorted(p.isr), sorted(new_isr))
+        p.isr, p.pending_isr, p.zk_version = new_isr, None, new_version
+        if why == "shrink":
+            self.isr_shrinks += 1
+        else:
+            self.isr_expands += 1
+        p.maybe_increment_high_watermark()
+        p.notify()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        for f in self.fetchers.values():
+            f.remove_partitions(list(f.partitions))
+        for p in self.partitions.values():
+            p.notify()
+
+
+def _error(code: int, message: str) -> dict:
+    return {"error_code": code, "base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1,
+            "error_message": message}
+
+
+def _has_errors(results) -> bool:
+    return any(r.error_code != NONE.code for r in results.values())
+
+
+async def _wait_any(events: list[trio.Event]) -> None:
+    """Return as soon as any of ``events`` is set."""
+    if any(e.is_set() for e in events):
+        return
+    async with trio.open_nursery() as nursery:
+        async def waiter(ev: trio.Event) -> None:
+            await ev.wait()
+            nursery.cancel_scope.cancel()
+        for ev in events:
+            nursery.start_soon(waiter, ev)
+
+
+__all__ = ["ReplicaManager", "ReplicaConfig", "check_leader_epoch", "OFFSET_OUT_OF_RANGE", "code_of"]

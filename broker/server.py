@@ -1,0 +1,269 @@
+"""The broker process: the root nursery that wires storage, ZooKeeper, replication,
+the controller candidacy and the listener together.
+
+Start-up order: load the logs (recovering them after an unclean shutdown), connect to
+ZooKeeper and agree on the cluster id, open the listener, start the replica manager,
+register the broker (its ephemeral znode; the znode's creation id is the *broker epoch*),
+then run for controller. The controller learns of the broker through its watch and sends it
+its partitions (LeaderAndIsr) and the cluster metadata (UpdateMetadata); the broker is
+*ready* once it has received metadata.
+
+Shutdown (SIGTERM): a controlled shutdown first asks the controller to move every
+leadership away from this broker (retrying a few times), then stops the listener and the
+fetchers, flushes every log, writes the checkpoints and the clean-shutdown marker, and
+closes the ZooKeeper session. A broker killed instead recovers its logs on the next start.
+
+If the ZooKeeper session is lost (and a new one established), the broker registers again
+with a new broker epoch; the controller treats that as a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import trio
+
+from broker.channel import BrokerChannel, BrokerUnreachable
+from broker.config import BrokerConfig
+from broker.controller.controller import Controller, ControllerConfig
+from broker.coordination import layout
+from broker.coordination.layout import BrokerInfo, LeaderAndIsr
+from broker.coordination.zk import ZkClient
+from broker.log.config import LogConfig
+from broker.log.manager import LogManager
+from broker.metadata_cache import MetadataCache
+from broker.apis import Apis
+from broker.network import SocketServer
+from broker.replication.fetcher import FetcherConfig, RemoteLeaderEndpoint
+from broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from protocol.errors import NONE, StorageError, TidelogError
+from protocol.messages import ApiKey, ControlledShutdownRequest
+from protocol.topics import TopicPartition
+
+logger = logging.getLogger("tidelog.broker")
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.broker_id = config.broker_id
+        self.log_defaults: LogConfig = config.log_config()
+        self.topic_overrides: dict[str, dict[str, str]] = {}
+        self.log_manager = LogManager(config.log_dirs, self.log_defaults, broker_id=self.broker_id)
+        self.metadata = MetadataCache(self.broker_id)
+        self.zk = ZkClient(config.zookeeper_connect, chroot=config.zookeeper_chroot,
+                           session_timeout_ms=config.zookeeper_session_timeout_ms)
+        self.controller = Controller(ControllerConfig(
+            self.broker_id, config.num_partitions, config.default_replication_factor,
+            config.unclean_leader_election_enable, config.delete_topic_enable, self.log_defaults), self.zk)
+        self.replica_manager = ReplicaManager(
+            ReplicaConfig(self.broker_id, config.replica_lag_time_max_ms, FetcherConfig(
+                self.broker_id, config.replica_fetch_wait_max_ms, config.replica_fetch_min_bytes,
+                max(config.replica_fetch_max_bytes * 10, 10 << 20), config.replica_fetch_max_bytes,
+                config.replica_fetch_backoff_ms / 1000)),
+            self.log_manager, self.topic_log_config, self._endpoint_for, self._write_isr)
+        self.apis = Apis(self, self.replica_manager, self.metadata)
+        self.broker_epoch = -1
+        self.port: int | None = None
+        self.ready = trio.Event()
+        self._leader_channels: dict[int, BrokerChannel] = {}
+        self._socket_server: SocketServer | None = None
+        self._cancel: trio.CancelScope | None = None
+
+    # -- run -----------------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await trio.to_thread.run_sync(self.log_manager.startup)
+        try:
+            async with self.zk:
+                await self._join_cluster()
+                async with trio.open_nursery() as nursery:
+                    self._cancel = nursery.cancel_scope
+                    await self._start_services(nursery)
+                    task_status.started(self.port)
+                    await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._close_channels()
+            self.replica_manager.shutdown()
+            self.log_manager.shutdown()
+            logger.info("broker %d stopped", self.broker_id)
+
+    async def _join_cluster(self) -> None:
+        cluster_id = await self.zk.get_or_create_cluster_id(uuid.uuid4().hex[:22])
+        self.controller.cluster_id = cluster_id
+        self.metadata.cluster_id = cluster_id
+        self.log_manager.cluster_id = cluster_id
+        for d in self.log_manager.log_dirs:
+            self.log_manager._check_meta(d)
+
+    async def _start_services(self, nursery: trio.Nursery) -> None:
+        host, _ = self.config.listener
+        self._socket_server = SocketServer.from_config(self.config, self.apis.handle)
+        self.port = await nursery.start(self._socket_server.run)
+        await nursery.start(self.replica_manager.run)
+        await self._register()
+        await nursery.start(self.controller.run)
+        nursery.start_soon(self._watch_session)
+        nursery.start_soon(self._periodic_work)
+        logger.info("broker %d listening on %s:%d (broker epoch %d)", self.broker_id, host, self.port,
+                    self.broker_epoch)
+
+    async def _register(self) -> None:
+        host, port = self.config.advertised
+        info = BrokerInfo(self.broker_id, host, port or self.port, self.config.broker_rack,
+                          [f"PLAINTEXT://{host}:{port or self.port}"])
+        self.broker_epoch = await self.zk.register_broker(info)
+
+    async def _watch_session(self) -> None:
+        lost = False
+        async for state, _ in self.zk.session_events:
+            if state == "LOST":
+                lost = True
+                logger.warning("broker %d lost its ZooKeeper session", self.broker_id)
+            elif state == "CONNECTED" and lost:
+                lost = False
+                await self._register()
+                logger.info("broker %d registered again (broker epoch %d)", self.broker_id, self.broker_epoch)
+
+    async def _periodic_work(self) -> None:
+        c = self.config
+        jobs = [(c.replica_high_watermark_checkpoint_interval_ms, self.log_manager.checkpoint_high_watermarks),
+                (c.log_flush_offset_checkpoint_interval_ms, self.log_manager.checkpoint_recovery_points),
+                (c.log_flush_offset_checkpoint_interval_ms, self.log_manager.checkpoint_log_start_offsets),
+                (c.log_retention_check_interval_ms, self.log_manager.cleanup_logs),
+                (c.log_flush_scheduler_interval_ms, self.log_manager.flush_dirty_logs)]
+        due = {i: trio.current_time() + ms / 1000 for i, (ms, _) in enumerate(jobs)}
+        while True:
+            i = min(due, key=due.get)
+            await trio.sleep_until(due[i])
+            ms, job = jobs[i]
+            try:
+                job()
+            except (OSError, StorageError) as e:
+                logger.error("periodic %s failed: %s", job.__name__, e)
+            due[i] = trio.current_time() + ms / 1000
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    async def controlled_shutdown(self) -> bool:
+        """Ask the controller to move leadership away; True once nothing is left to move."""
+        if not self.config.controlled_shutdown_enable:
+            return False
+        for attempt in range(self.config.controlled_shutdown_max_retries):
+            try:
+                remaining = await self._request_controlled_shutdown()
+                if not remaining:
+                    logger.info("controlled shutdown of broker %d succeeded", self.broker_id)
+                    return True
+                logger.info("controlled shutdown: %d partitions still led here", len(remaining))
+            except TidelogError as e:
+                logger.info("controlled shutdown attempt %d failed: %s", attempt + 1, e)
+            await trio.sleep(self.config.controlled_shutdown_retry_backoff_ms / 1000)
+        logger.warning("controlled shutdown of broker %d did not complete; shutting down anyway", self.broker_id)
+        return False
+
+    async def _request_controlled_shutdown(self):
+        controller_id = await self.zk.get_controller_id()
+        if controller_id is None:
+            raise TidelogError("no controller is elected")
+        req = ControlledShutdownRequest(self.broker_id, self.broker_epoch)
+        if controller_id == self.broker_id and self.controller.is_active:
+            resp = await self.apis.controlled_shutdown(req)
+        else:
+            info = (await self.zk.live_brokers()).get(controller_id)
+            if info is None:
+                raise TidelogError(f"controller {controller_id} is not registered")
+            ch = BrokerChannel(controller_id, info.host, info.port, client_id=f"broker-{self.broker_id}")
+            try:
+                resp = await ch.request(ApiKey.CONTROLLED_SHUTDOWN, req, 30)
+            finally:
+                await ch.aclose()
+        if resp.error_code != NONE.code:
+            raise TidelogError(f"controller answered error {resp.error_code}")
+        return resp.remaining_partitions
+
+    async def shutdown(self) -> None:
+        """Controlled shutdown, then stop (the ``run`` task finishes and cleans up)."""
+        with trio.move_on_after(self.config.controlled_shutdown_max_retries *
+                                (self.config.controlled_shutdown_retry_backoff_ms / 1000 + 30)):
+            await self.controlled_shutdown()
+        if self._cancel is not None:
+            self._cancel.cancel()
+
+    async def _close_channels(self) -> None:
+        for ch in self._leader_channels.values():
+            await ch.aclose()
+
+    # -- hooks used by the replica manager and the APIs ----------------------------------------
+
+    def topic_log_config(self, topic: str) -> LogConfig:
+        return self.log_defaults.with_overrides(self.topic_overrides.get(topic, {}))
+
+    def update_topic_overrides(self, configs: dict[str, dict[str, str]]) -> None:
+        for topic, overrides in configs.items():
+            if self.topic_overrides.get(topic) == overrides:
+                continue
+            self.topic_overrides[topic] = dict(overrides)
+            cfg = self.topic_log_config(topic)
+            for tp in self.log_manager.logs:
+                if tp.topic == topic:
+                    self.log_manager.update_config(tp, cfg)
+
+    def metadata_updated(self) -> None:
+        if not self.ready.is_set() and self.broker_id in self.metadata.brokers:
+            self.ready.set()
+
+    def _endpoint_for(self, leader_id: int) -> RemoteLeaderEndpoint:
+        ch = self._leader_channels.get(leader_id)
+        broker = self.metadata.brokers.get(leader_id)
+        host, port = (broker.host, broker.port) if broker else ("127.0.0.1", 0)
+        if ch is None:
+            ch = self._leader_channels[leader_id] = BrokerChannel(
+                leader_id, host, port, client_id=f"replica-fetcher-{self.broker_id}")
+        elif broker is not None:
+            ch.retarget(host, port)
+        return _RetargetingEndpoint(self, leader_id, ch, self.config.replica_socket_timeout_ms / 1000)
+
+    async def _write_isr(self, tp: TopicPartition, isr: list[int], leader_epoch: int,
+                         controller_epoch: int, zk_version: int) -> int:
+        state = LeaderAndIsr(self.broker_id, leader_epoch, isr, controller_epoch)
+        version = await self.zk.update_partition_state(tp.topic, tp.partition, state, zk_version)
+        await self.zk.notify_isr_change([(tp.topic, tp.partition)])
+        return version
+
+    async def auto_create_topics(self, names: list[str]) -> None:
+        live = sorted(self.metadata.brokers)
+        rf = min(self.config.default_replication_factor, len(live))
+        for name in names:
+            try:
+                assignment = layout.assign_replicas(live, self.config.num_partitions, rf)
+                await self.zk.create_topic(name, assignment, {})
+                logger.info("auto-created topic %s", name)
+            except Exception as e:  # another broker created it first, or the name is invalid
+                logger.info("auto-creation of topic %s skipped: %s", name, e)
+
+
+class _RetargetingEndpoint(RemoteLeaderEndpoint):
+    """A leader endpoint that follows the leader's advertised address in the metadata."""
+
+    def __init__(self, server: BrokerServer, leader_id: int, channel: BrokerChannel, timeout_s: float):
+        super().__init__(channel, timeout_s)
+        self.server = server
+        self.leader_id = leader_id
+
+    async def fetch(self, request):
+        self._retarget()
+        return await super().fetch(request)
+
+    async def offsets_for_leader_epoch(self, request):
+        self._retarget()
+        return await super().offsets_for_leader_epoch(request)
+
+    def _retarget(self) -> None:
+        broker = self.server.metadata.brokers.get(self.leader_id)
+        if broker is not None:
+            self.channel.retarget(broker.host, broker.port)
+        elif self.channel.port == 0:
+            raise BrokerUnreachable(f"leader {self.leader_id} is not in the metadata yet")
