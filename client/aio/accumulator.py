@@ -186,7 +186,7 @@ class ProducerBatch:
     """Records of one partition on their way to its leader."""
 
     __slots__ = ("tp", "builder", "result", "futures", "created", "deadline", "seq", "memory",
-                 "attempts", "retry_at", "payload", "full")
+                 "attempts", "retry_at", "payload", "full", "last_error")
 
     def __init__(self, tp: TopicPartition, codec: Codec, created: float, deadline: float):
         self.tp = tp
@@ -200,6 +200,7 @@ class ProducerBatch:
         self.retry_at = 0.0  # not before this time when retrying
         self.payload: bytes | None = None  # the encoded batch, built once at first send
         self.full = False
+        self.last_error: BaseException | None = None  # why the latest attempt failed
 
     def __len__(self) -> int:
         return len(self.builder)

@@ -208,6 +208,7 @@ class Cluster:
         self._listeners: list[Callable[[ClusterMetadata], None]] = []
         self._nursery: trio.Nursery | None = None
         self._closed = False
+        self.last_error: BaseException | None = None  # of the latest failed request to any broker
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -267,16 +268,21 @@ class Cluster:
         Raises NoBrokersAvailable if no broker answered within ``timeout``."""
         if topics is not None:
             self.add_topics(topics)
-        ticket = self._refresh_seq + 1  # the first refresh to start after this call
+        ticket = self._refresh_seq + 1
         wanted = frozenset(self._topics)
-        async with self._refresh_lock:
-            if self._completed_seq >= ticket and wanted <= self._last_refreshed_topics:
-                return self.metadata  # someone else's refresh, started after we asked, covers us
-            self._refresh_seq += 1
-            seq = self._refresh_seq
-            await self.fetch_metadata(sorted(self._topics), timeout=timeout)
-            self._completed_seq = seq
-        return self.metadata
+        timeout = self.request_timeout_s if timeout is None else timeout
+        deadline = trio.current_time() + timeout
+        with trio.move_on_at(deadline):
+            async with self._refresh_lock:  # may wait for a refresh already under way
+                if self._completed_seq >= ticket and wanted <= self._last_refreshed_topics:
+                    return self.metadata  # a refresh that started after we asked covers us
+                self._refresh_seq += 1
+                seq = self._refresh_seq
+                await self.fetch_metadata(sorted(self._topics), timeout=deadline - trio.current_time())
+                self._completed_seq = seq
+                return self.metadata
+        raise NoBrokersAvailable(f"metadata refresh did not complete within {timeout:g} s "
+                                 f"(bootstrap {self._bootstrap_text()}; last error: {self.last_error or 'none'})")
 
     async def fetch_metadata(self, topics: list[str] | None, *, timeout: float | None = None,
                              allow_auto_topic_creation: bool | None = None) -> MetadataResponse:
@@ -335,7 +341,7 @@ class Cluster:
                     return await conn.request(message, api_key=api_key,
                                               timeout=min(remaining, self.request_timeout_s))
                 except (BrokerConnectionError, RequestTimedOut) as e:
-                    last = e
+                    last = self.last_error = e
             delay = backoff.next_delay()
             if trio.current_time() + delay >= deadline:
                 raise NoBrokersAvailable(

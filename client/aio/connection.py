@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from client.errors import BrokerConnectionError, ClientClosedError, RequestTimedOut
+from client.errors import BrokerConnectionError, RequestTimedOut
 from protocol.connection import ClientConnection
 from protocol.errors import InvalidRequestError
 from protocol.frames import MAX_FRAME_BYTES_DEFAULT
@@ -75,7 +75,7 @@ class BrokerConnection:
         self._pending: deque[_Pending] = deque()
         self._stream: trio.SocketStream | None = None
         self._scope: trio.CancelScope | None = None
-        self._failure: BrokerConnectionError | ClientClosedError | None = None
+        self._failure: BrokerConnectionError | None = None
         self.closed_event = trio.Event()
 
     def __repr__(self) -> str:
@@ -99,7 +99,7 @@ class BrokerConnection:
             try:
                 await self._read_loop()
             finally:
-                self._fail(ClientClosedError(f"{self} closed"))
+                self._fail(BrokerConnectionError(f"{self} closed"))
 
     async def _connect(self) -> trio.SocketStream:
         try:
@@ -115,8 +115,8 @@ class BrokerConnection:
         return stream
 
     async def close(self) -> None:
-        """Fail everything in flight with ClientClosedError and close the socket."""
-        self._fail(ClientClosedError(f"{self} closed"))
+        """Fail everything in flight (BrokerConnectionError) and close the socket."""
+        self._fail(BrokerConnectionError(f"{self} closed"))
         await trio.lowlevel.checkpoint()
 
     # -- requests -------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ class BrokerConnection:
 
     # -- failure --------------------------------------------------------------------------------
 
-    def _fail(self, error: BrokerConnectionError | ClientClosedError) -> None:
+    def _fail(self, error: BrokerConnectionError) -> None:
         """Fail the connection for good (idempotent): pending requests get ``error``."""
         if self._failure is not None:
             return

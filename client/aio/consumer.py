@@ -38,7 +38,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -348,6 +348,7 @@ class AsyncConsumer:
         self._subscriptions = SubscriptionState(RESET_STRATEGIES[config.auto_offset_reset])
         self._fetching_nodes: set[int] = set()
         self._errors: deque[TidelogError] = deque()
+        self._iter_buffer: deque[Record] = deque()
         self._wake = trio.Event()  # the fetch loop's
         self._data = trio.Event()  # poll's: data or an error arrived
         self._nursery: trio.Nursery | None = None
@@ -611,13 +612,18 @@ class AsyncConsumer:
             self._wake.set()  # pipelining: fetch again while the application works
         return out
 
-    def __aiter__(self) -> AsyncIterator[Record]:
-        return self._iterate()
+    def __aiter__(self) -> "AsyncConsumer":
+        """``async for record in consumer``: records as they arrive, until the consumer is
+        closed. Records are polled in batches: a poll's records count as consumed (the
+        position moves past them) even if the loop stops before reaching them all."""
+        return self
 
-    async def _iterate(self) -> AsyncIterator[Record]:
-        while not self._closed:
-            for record in await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)):
-                yield record
+    async def __anext__(self) -> Record:
+        while not self._iter_buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            self._iter_buffer.extend(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
+        return self._iter_buffer.popleft()
 
     def _require_running(self) -> None:
         if self._closed:

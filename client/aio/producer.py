@@ -163,7 +163,8 @@ def decide(batch: ProducerBatch, error_code: int, *, now: float, retries: int,
     if batch.attempts > retries:
         return Decision("fail", error=broker_error(error_code, f"{where} (retries exhausted)", message),
                         refresh_metadata=err.invalid_metadata)
-    return Decision("retry", refresh_metadata=err.invalid_metadata)
+    return Decision("retry", error=broker_error(error_code, where, message),
+                    refresh_metadata=err.invalid_metadata)
 
 
 def build_produce_request(batches: Sequence[ProducerBatch], *, acks: int, timeout_ms: int) -> ProduceRequest:
@@ -270,10 +271,11 @@ class Sender:
                 await self._event.wait()
 
     def _expired(self, batch: ProducerBatch, now: float) -> RequestTimedOut:
+        last = f"; {batch.attempts} attempt(s), last error: {batch.last_error}" if batch.last_error else ""
         return RequestTimedOut(
             f"topic {batch.tp.topic!r} partition {batch.tp.partition}: expiring {len(batch)} record(s): "
             f"{(now - batch.created) * 1000:.0f} ms have passed since the batch was created "
-            f"(delivery_timeout_ms {self.config.delivery_timeout_ms})")
+            f"(delivery_timeout_ms {self.config.delivery_timeout_ms}){last}")
 
     async def _send(self, node: int, batches: list[ProducerBatch]) -> None:
         decisions: list[tuple[ProducerBatch, Decision]] | None = None
@@ -294,6 +296,9 @@ class Sender:
             except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
                 log.debug("produce request to node %s failed: %s", node, e)
                 decisions = decide_failure(batches, e, now=acc.clock(), retries=config.retries)
+        except Exception as e:  # e.g. a codec library missing: fail these records, keep running
+            log.exception("cannot send %d batch(es) to node %s", len(batches), node)
+            decisions = [(b, Decision("fail", error=e)) for b in batches]
         finally:
             self._in_flight[node] -= 1
             if decisions is None:  # cancelled (close) or a bug: never drop records silently
@@ -309,6 +314,7 @@ class Sender:
         for batch, d in decisions:
             refresh |= d.refresh_metadata
             if d.action == "retry" and not acc.closed_for_retries:
+                batch.last_error = d.error
                 acc.reenqueue(batch, acc.clock())
             elif d.action == "retry":
                 acc.complete(batch, error=ClientClosedError(

@@ -1,0 +1,96 @@
+"""AsyncAdmin against the fake cluster: controller routing, per-topic errors, configs."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from client.aio import AsyncAdmin, NewTopic
+from client.errors import RequestTimedOut
+from protocol.errors import (INVALID_PARTITIONS, NOT_CONTROLLER, TOPIC_ALREADY_EXISTS,
+                             UNKNOWN_TOPIC_OR_PARTITION, TidelogError)
+from protocol.messages import ApiKey
+
+pytestmark = pytest.mark.component
+
+FAST = dict(retry_backoff_ms=10)
+
+
+async def test_topic_administration_goes_to_the_controller(fake):
+    fake.controller = 1  # bootstrap lists node 0 first; only node 1 may create topics
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        assert await admin.create_topics([NewTopic("a", 3), NewTopic("b", replica_assignment={0: [1], 1: [0]})]) \
+            == {"a": None, "b": None}
+        await admin.create_partitions({"a": 5})
+        await admin.delete_topics(["b"])
+    assert len(fake.topics["a"].partitions) == 5 and "b" not in fake.topics
+    assert fake.topics["a"].leaders[:3] == [0, 1, 0]
+    admin_keys = {ApiKey.CREATE_TOPICS, ApiKey.CREATE_PARTITIONS, ApiKey.DELETE_TOPICS}
+    assert {node for node, key, _ in fake.requests if key in admin_keys} == {1}
+
+
+async def test_not_controller_refreshes_metadata_and_retries(fake):
+    fake.inject(ApiKey.CREATE_TOPICS, error_code=NOT_CONTROLLER.code, count=2)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        await admin.create_topics([NewTopic("a", 1)])
+    assert "a" in fake.topics and len(fake.sent(ApiKey.CREATE_TOPICS)) == 3
+
+
+async def test_errors_name_the_topic_and_the_cause_and_keep_the_other_results(fake):
+    fake.create_topic("exists", 1)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        with pytest.raises(TidelogError, match="cannot create topic 'exists': TOPIC_ALREADY_EXISTS") as info:
+            await admin.create_topics([NewTopic("new", 1), NewTopic("exists", 1)])
+        assert info.value.error is TOPIC_ALREADY_EXISTS
+        assert info.value.results["new"] is None
+        with pytest.raises(TidelogError, match="'ghost'.*UNKNOWN_TOPIC_OR_PARTITION"):
+            await admin.delete_topics(["ghost"])
+        with pytest.raises(TidelogError) as info:
+            await admin.create_partitions({"exists": 1})
+        assert info.value.error is INVALID_PARTITIONS
+        with pytest.raises(TidelogError, match="topic name"):
+            await admin.create_topics([NewTopic("bad name!")])
+    assert "new" in fake.topics
+
+
+async def test_validate_only_creates_nothing(fake):
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        await admin.create_topics([NewTopic("a", 2)], validate_only=True)
+    assert "a" not in fake.topics
+
+
+async def test_describe_and_list(fake):
+    fake.create_topic("b", 2, leaders=[1, 0])
+    fake.create_topic("a", 1)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        assert await admin.list_topics() == ["a", "b"]
+        [b] = await admin.describe_topics(["b"])
+        assert [(p.partition, p.leader, p.replicas, p.isr) for p in b.partitions] == [(0, 1, (1,), (1,)), (1, 0, (0,), (0,))]
+        assert [d.name for d in await admin.describe_topics()] == ["a", "b"]
+        with pytest.raises(TidelogError, match="'nope'") as info:
+            await admin.describe_topics(["nope"])
+        assert info.value.error is UNKNOWN_TOPIC_OR_PARTITION
+        cluster = await admin.describe_cluster()
+        assert (cluster.cluster_id, cluster.controller_id, [b.node_id for b in cluster.brokers]) == ("fake-cluster", 0, [0, 1])
+
+
+async def test_configs(fake):
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        await admin.create_topics([NewTopic("a", 1, config={"cleanup.policy": "compact"})])
+        configs = await admin.describe_configs("a")
+        assert configs["cleanup.policy"].value == "compact" and not configs["cleanup.policy"].is_default
+        assert configs["retention.ms"].is_default
+        await admin.alter_configs("a", {"retention.ms": 1000, "cleanup.policy": None})
+        configs = await admin.describe_configs("a", keys=["retention.ms", "cleanup.policy"])
+        assert configs["retention.ms"].value == "1000" and "cleanup.policy" not in configs
+        with pytest.raises(TidelogError, match="'ghost'"):
+            await admin.alter_configs("ghost", {"x": "1"})
+
+
+async def test_an_unreachable_cluster_is_a_bounded_error():
+    async with AsyncAdmin("127.0.0.1:1", **FAST) as admin:
+        with trio.fail_after(5):
+            with pytest.raises(RequestTimedOut, match="127.0.0.1:1"):
+                await admin.create_topics([NewTopic("a")], timeout_ms=300)
+            with pytest.raises(TidelogError, match="127.0.0.1:1"):
+                await admin.list_topics(timeout_ms=300)

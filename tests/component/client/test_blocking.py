@@ -1,0 +1,131 @@
+"""The blocking facade (client.Producer/Consumer/Admin): a round trip with the fake cluster on
+its own thread, bounded errors when nothing listens, Ctrl-C, and thread lifecycle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from client import (Admin, Consumer, NewTopic, Producer, RecordMetadata, RequestTimedOut,
+                    TidelogError, TopicPartition)
+from client.aio.partitioner import default_partition
+
+pytestmark = pytest.mark.component
+
+NOWHERE = "127.0.0.1:1"
+
+
+def test_round_trip(threaded_fake):
+    bootstrap = threaded_fake.cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([NewTopic("t", 3)])
+        assert admin.list_topics() == ["t"]
+    with Producer(bootstrap, linger_ms=2) as producer:
+        futures = [producer.send("t", b"v%d" % i, key=b"k%d" % (i % 4)) for i in range(200)]
+        producer.flush(timeout=10)
+        results = [f.result(5) for f in futures]
+        assert all(isinstance(r, RecordMetadata) for r in results)
+        assert all(r.partition == default_partition(b"k%d" % (i % 4), 3) for i, r in enumerate(results))
+        assert producer.partitions_for("t") == [0, 1, 2]
+    assert not producer._portal.running and producer.closed
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("t", p) for p in range(3)])
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 200 and time.monotonic() < deadline:
+            got += consumer.poll(timeout_ms=200)
+        assert sorted(r.value for r in got) == sorted(b"v%d" % i for i in range(200))
+        assert consumer.end_offsets([TopicPartition("t", 0)])[TopicPartition("t", 0)] == \
+            sum(1 for r in results if r.partition == 0)
+        consumer.seek(TopicPartition("t", 1), 0)
+        assert consumer.position(TopicPartition("t", 1)) == 0
+    assert not consumer._portal.running
+
+
+def test_iteration_stops_after_consumer_timeout(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    with Producer(bootstrap) as producer:
+        for i in range(5):
+            producer.send("t", b"%d" % i)
+    with Consumer(bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=300) as consumer:
+        consumer.assign([TopicPartition("t", 0)])
+        assert [r.value for r in consumer] == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_many_threads_share_one_producer(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 2)
+    futures, lock = [], threading.Lock()
+    with Producer(threaded_fake.cluster.bootstrap, linger_ms=1, batch_size=2048) as producer:
+        def work(n):
+            mine = [producer.send("t", b"%d-%d" % (n, i), partition=0) for i in range(300)]
+            with lock:
+                futures.extend(mine)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    offsets = sorted(f.result(0).offset for f in futures)
+    assert offsets == list(range(1200))
+
+
+def test_nothing_listening_gives_bounded_errors_not_hangs():
+    started = time.monotonic()
+    with Producer(NOWHERE, max_block_ms=300, retry_backoff_ms=20) as producer:
+        with pytest.raises(RequestTimedOut, match="not present in metadata after 300 ms"):
+            producer.send("t", b"v")
+    with Consumer(NOWHERE, retry_backoff_ms=20, request_timeout_ms=300) as consumer:
+        consumer.assign([TopicPartition("t", 0)])
+        assert consumer.poll(timeout_ms=100) == []
+        with pytest.raises(RequestTimedOut):
+            consumer.position(TopicPartition("t", 0), timeout_ms=300)
+        with pytest.raises(RequestTimedOut):
+            consumer.end_offsets([TopicPartition("t", 0)], timeout_ms=300)
+    with Admin(NOWHERE, retry_backoff_ms=20) as admin:
+        with pytest.raises(TidelogError, match="127.0.0.1:1"):
+            admin.describe_cluster(timeout_ms=300)
+    assert time.monotonic() - started < 8
+
+
+def test_records_pending_when_the_producer_closes_fail_with_an_error():
+    producer = Producer(NOWHERE, linger_ms=0)
+    producer._aio._cluster.metadata = _fake_metadata()  # pretend to know the topic
+    future = producer.send("t", b"v")
+    producer.close(timeout=0.2)
+    with pytest.raises(TidelogError):
+        future.result(1)
+
+
+def _fake_metadata():
+    from client.aio.cluster import ClusterMetadata
+    from protocol.messages import BrokerMetadata, MetadataResponse, PartitionMetadata, TopicMetadata
+    return ClusterMetadata().merge(MetadataResponse(
+        [BrokerMetadata(0, "127.0.0.1", 1)], None, 0,
+        [TopicMetadata(0, "t", [PartitionMetadata(0, 0, 0, 0, [0], [0])])]), None)
+
+
+def test_ctrl_c_interrupts_a_blocking_call(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    with Consumer(threaded_fake.cluster.bootstrap) as consumer:
+        consumer.assign([TopicPartition("t", 0)])
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+        started = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            consumer.poll(timeout_ms=10_000)
+        assert time.monotonic() - started < 5
+        assert consumer.poll(timeout_ms=10) == []  # still usable afterwards
+
+
+def test_calls_after_close_are_refused(threaded_fake):
+    consumer = Consumer(threaded_fake.cluster.bootstrap)
+    consumer.close()
+    consumer.close()  # idempotent
+    with pytest.raises(TidelogError, match="closed"):
+        consumer.poll()

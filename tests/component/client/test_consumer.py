@@ -1,0 +1,223 @@
+"""AsyncConsumer against the fake cluster: positions, resets, long polls, pipelining,
+leader changes and offset lookups."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from client.aio import AsyncConsumer, TopicPartition
+from client.errors import NoOffsetForPartitionError, RequestTimedOut
+from protocol.errors import NOT_LEADER_OR_FOLLOWER, OffsetOutOfRangeError, TidelogError
+from protocol.messages import ApiKey
+from protocol.records import build_batch
+
+pytestmark = pytest.mark.component
+
+T0 = TopicPartition("t", 0)
+T1 = TopicPartition("t", 1)
+
+
+def fill(fake, tp=T0, values=(), timestamp_ms=1000, per_batch=5):
+    """Append records straight into the fake's log, ``per_batch`` to a batch."""
+    log = fake.log(tp.topic, tp.partition)
+    values = list(values)
+    for i in range(0, len(values), per_batch):
+        chunk = values[i:i + per_batch]
+        log.append(build_batch([(None, v, None, timestamp_ms + i + j) for j, v in enumerate(chunk)]))
+    fake._notify()
+
+
+async def poll_until(consumer, n, timeout=5.0):
+    got = []
+    with trio.fail_after(timeout):
+        while len(got) < n:
+            got += await consumer.poll(timeout_ms=200)
+    return got
+
+
+def values(records):
+    return [r.value for r in records]
+
+
+@pytest.fixture
+def topic(fake):
+    fake.create_topic("t", 2, leaders=[0, 1])
+    fill(fake, T0, [b"a%d" % i for i in range(12)])
+    fill(fake, T1, [b"b%d" % i for i in range(3)])
+    return fake
+
+
+async def test_earliest_reads_everything_from_every_assigned_partition(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T0, T1])
+        assert consumer.assignment() == {T0, T1}
+        got = await poll_until(consumer, 15)
+        assert [r.offset for r in got if r.partition == 0] == list(range(12))
+        assert values(r for r in got if r.partition == 1) == [b"b0", b"b1", b"b2"]
+        assert got[0].timestamp >= 1000 and got[0].topic == "t"
+        assert await consumer.position(T0) == 12
+
+
+async def test_latest_starts_at_the_end_and_a_long_poll_waits_for_new_records(topic):
+    async with AsyncConsumer(topic.bootstrap, fetch_max_wait_ms=2000) as consumer:
+        consumer.assign([T0])
+        assert await consumer.position(T0) == 12
+        assert await consumer.poll(timeout_ms=100) == []
+        fill(topic, T0, [b"new"])
+        started = trio.current_time()
+        got = await poll_until(consumer, 1)
+        assert values(got) == [b"new"] and got[0].offset == 12
+        assert trio.current_time() - started < 1.5  # woken by the data, not by max_wait
+
+
+async def test_seek_reads_from_the_middle_of_a_batch(topic):
+    async with AsyncConsumer(topic.bootstrap) as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, 7)  # batch [5, 10): records 5 and 6 are skipped client-side
+        got = await poll_until(consumer, 5)
+        assert [r.offset for r in got] == [7, 8, 9, 10, 11]
+        assert await consumer.position(T0) == 12
+
+
+async def test_a_seek_discards_data_fetched_for_the_old_position(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest", max_poll_records=2) as consumer:
+        consumer.assign([T0])
+        assert [r.offset for r in await poll_until(consumer, 2)] == [0, 1]
+        consumer.seek(T0, 10)
+        got = await poll_until(consumer, 2)
+        assert [r.offset for r in got] == [10, 11]
+
+
+async def test_seek_to_beginning_and_end(topic):
+    async with AsyncConsumer(topic.bootstrap) as consumer:
+        consumer.assign([T0, T1])
+        consumer.seek_to_beginning(T1)
+        assert await consumer.position(T1) == 0
+        consumer.seek_to_end()
+        assert (await consumer.position(T0), await consumer.position(T1)) == (12, 3)
+        consumer.seek_to_beginning()
+        got = await poll_until(consumer, 15)
+        assert len(got) == 15
+
+
+async def test_max_poll_records_bounds_each_poll(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest", max_poll_records=4) as consumer:
+        consumer.assign([T0])
+        sizes = []
+        with trio.fail_after(5):
+            while sum(sizes) < 12:
+                if batch := await consumer.poll(timeout_ms=200):
+                    sizes.append(len(batch))
+        assert max(sizes) <= 4
+        assert await consumer.poll(timeout_ms=5, max_records=1) == []
+
+
+async def test_fetches_are_pipelined_while_the_application_works(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest", max_poll_records=12) as consumer:
+        consumer.assign([T0])
+        await poll_until(consumer, 12)  # drains the buffer: the next fetch goes out at once
+        fetches = len(topic.sent(ApiKey.FETCH))
+        await trio.sleep(0.05)  # "processing", no poll
+        assert len(topic.sent(ApiKey.FETCH)) == fetches + 1
+        fill(topic, T0, [b"next"])
+        assert values(await poll_until(consumer, 1)) == [b"next"]
+
+
+async def test_auto_offset_reset_none_needs_a_seek(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="none") as consumer:
+        consumer.assign([T0])
+        with pytest.raises(NoOffsetForPartitionError, match="t-0"):
+            await consumer.poll(timeout_ms=10)
+        with pytest.raises(NoOffsetForPartitionError):
+            await consumer.position(T0)
+        consumer.seek(T0, 11)
+        assert values(await poll_until(consumer, 1)) == [b"a11"]
+
+
+async def test_out_of_range_is_reset_by_policy(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, 500)
+        got = await poll_until(consumer, 12)
+        assert got[0].offset == 0
+
+
+async def test_out_of_range_is_raised_with_reset_none_and_the_partition_waits_for_a_seek(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="none") as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, 500)
+        with trio.fail_after(5):
+            with pytest.raises(OffsetOutOfRangeError, match="t-0 at offset 500"):
+                while True:
+                    await consumer.poll(timeout_ms=200)
+        assert await consumer.poll(timeout_ms=50) == []
+        consumer.seek(T0, 0)
+        assert len(await poll_until(consumer, 12)) == 12
+
+
+async def test_a_leader_change_is_followed(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest", retry_backoff_ms=10) as consumer:
+        consumer.assign([T0])
+        await poll_until(consumer, 12)
+        topic.move_leader("t", 0, 1)
+        fill(topic, T0, [b"after"])
+        assert values(await poll_until(consumer, 1)) == [b"after"]
+    assert {node for node, key, _ in topic.requests if key == ApiKey.FETCH} >= {0, 1}
+
+
+async def test_injected_fetch_errors_are_retried(topic):
+    topic.inject(ApiKey.FETCH, error_code=NOT_LEADER_OR_FOLLOWER.code, count=2)
+    topic.inject(ApiKey.FETCH, drop_connection=True)
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest", retry_backoff_ms=10) as consumer:
+        consumer.assign([T0])
+        assert len(await poll_until(consumer, 12)) == 12
+
+
+async def test_beginning_end_offsets_and_offsets_for_times(topic):
+    async with AsyncConsumer(topic.bootstrap) as consumer:
+        assert await consumer.beginning_offsets([T0, T1]) == {T0: 0, T1: 0}
+        assert await consumer.end_offsets([T0, T1]) == {T0: 12, T1: 3}
+        found = await consumer.offsets_for_times({T0: 1007, T1: 99999})
+        assert found[T0] == (7, 1007) and found[T1] is None
+
+
+async def test_offset_lookups_retry_stale_metadata(topic):
+    topic.inject(ApiKey.LIST_OFFSETS, error_code=NOT_LEADER_OR_FOLLOWER.code, count=2)
+    async with AsyncConsumer(topic.bootstrap, retry_backoff_ms=10) as consumer:
+        assert await consumer.end_offsets([T0]) == {T0: 12}
+
+
+async def test_offset_lookups_for_an_unknown_topic_time_out(topic):
+    async with AsyncConsumer(topic.bootstrap, retry_backoff_ms=10) as consumer:
+        with trio.fail_after(5):
+            with pytest.raises(RequestTimedOut, match="UNKNOWN_TOPIC_OR_PARTITION"):
+                await consumer.end_offsets([TopicPartition("nope", 0)], timeout_ms=300)
+
+
+async def test_async_iteration(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T1])
+        seen = []
+        with trio.fail_after(5):
+            async for record in consumer:
+                seen.append(record.value)
+                if len(seen) == 3:
+                    break
+        assert seen == [b"b0", b"b1", b"b2"]
+
+
+async def test_unassigned_partitions_and_groups_are_refused(topic):
+    async with AsyncConsumer(topic.bootstrap) as consumer:
+        with pytest.raises(ValueError, match="not assigned"):
+            consumer.seek(T0, 1)
+        with pytest.raises(NotImplementedError, match="consumer groups"):
+            consumer.subscribe(["t"])
+
+
+async def test_poll_after_close_is_refused(topic):
+    consumer = AsyncConsumer(topic.bootstrap)
+    async with consumer:
+        pass
+    with pytest.raises(TidelogError):
+        await consumer.poll()

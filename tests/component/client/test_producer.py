@@ -1,0 +1,281 @@
+"""AsyncProducer against the fake cluster: routing, acks, batching, compression, retries,
+timeouts, back-pressure, flush and close."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from client.aio import AsyncConsumer, AsyncProducer, TopicPartition
+from client.aio.partitioner import default_partition
+from client.errors import ClientClosedError, RequestTimedOut
+from protocol.errors import MESSAGE_TOO_LARGE, NOT_LEADER_OR_FOLLOWER, RecordTooLargeError
+from protocol.messages import ApiKey
+from protocol.records import Codec, iter_headers
+
+pytestmark = pytest.mark.component
+
+FAST = dict(retry_backoff_ms=10, linger_ms=0)
+
+
+def produce_requests(fake):
+    return fake.sent(ApiKey.PRODUCE)
+
+
+async def test_keyed_records_land_on_kafkas_partition_with_the_offsets_their_futures_report(fake):
+    fake.create_topic("t", 3)
+    keys = [b"k%d" % i for i in range(6)]
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        futures = [await producer.send("t", b"v%d" % i, key=keys[i % 6]) for i in range(60)]
+        results = [await f for f in futures]
+    for i, md in enumerate(results):
+        assert md.partition == default_partition(keys[i % 6], 3)
+        stored = fake.log("t", md.partition).records()[md.offset]
+        assert (stored.key, stored.value, stored.offset) == (keys[i % 6], b"v%d" % i, md.offset)
+    assert sum(len(fake.values("t", p)) for p in range(3)) == 60
+
+
+async def test_round_trip_through_the_consumer_keeps_order_per_partition(fake):
+    fake.create_topic("t", 2)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        for i in range(40):
+            await producer.send("t", b"%d" % i, key=b"k%d" % (i % 2), headers=[("h", b"x"), ("n", None)])
+        await producer.flush()
+    async with AsyncConsumer(fake.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("t", 0), TopicPartition("t", 1)])
+        got = []
+        with trio.fail_after(5):
+            while len(got) < 40:
+                got += await consumer.poll(timeout_ms=500)
+    by_key = {}
+    for r in got:
+        by_key.setdefault(r.key, []).append(int(r.value))
+        assert r.headers == [("h", b"x"), ("n", None)]
+    assert by_key == {b"k0": list(range(0, 40, 2)), b"k1": list(range(1, 40, 2))}
+
+
+@pytest.mark.parametrize("acks,wire", [("all", -1), (1, 1), (0, 0)])
+async def test_acks(fake, acks, wire):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, acks=acks, **FAST) as producer:
+        futures = [await producer.send("t", b"v%d" % i) for i in range(10)]
+        await producer.flush()
+        offsets = [(await f).offset for f in futures]
+    assert {r.acks for r in produce_requests(fake)} == {wire}
+    assert fake.values("t") == [b"v%d" % i for i in range(10)]
+    assert offsets == ([-1] * 10 if wire == 0 else list(range(10)))
+
+
+async def test_linger_collects_records_into_one_request(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, retry_backoff_ms=10, linger_ms=200) as producer:
+        futures = [await producer.send("t", b"v%d" % i) for i in range(25)]
+        with trio.fail_after(5):
+            [await f for f in futures]
+    [request] = produce_requests(fake)
+    [topic] = request.topic_data
+    [part] = topic.partition_data
+    [(_, header)] = list(iter_headers(part.records))
+    assert header.record_count == 25
+
+
+async def test_full_batches_go_without_waiting_for_linger_one_batch_per_partition_per_request(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, retry_backoff_ms=10, linger_ms=10_000, batch_size=1000) as producer:
+        futures = [await producer.send("t", b"x" * 100) for i in range(30)]
+        with trio.fail_after(5):
+            for f in futures[:20]:
+                await f
+        await producer.close(timeout=5)
+    for request in produce_requests(fake):
+        for topic in request.topic_data:
+            assert len(topic.partition_data) == 1
+            [(_, h)] = list(iter_headers(topic.partition_data[0].records))
+            assert h.record_count <= 7
+    assert len(fake.values("t")) == 30
+
+
+async def test_keyless_records_stick_to_one_partition_per_batch(fake):
+    fake.create_topic("t", 4)
+    async with AsyncProducer(fake.bootstrap, retry_backoff_ms=10, linger_ms=100) as producer:
+        futures = [await producer.send("t", b"v") for _ in range(20)]
+        parts = {(await f).partition for f in futures}
+    assert len(parts) == 1
+
+
+@pytest.mark.parametrize("compression", ["gzip", "lz4", "zstd"])
+async def test_compression(fake, compression):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, compression_type=compression, linger_ms=50) as producer:
+        futures = [await producer.send("t", b"value %d " % i * 10) for i in range(50)]
+        [await f for f in futures]
+    [(_, header)] = list(iter_headers(fake.log("t").batches[0][1]))
+    assert header.codec == Codec.parse(compression)
+    assert fake.values("t") == [b"value %d " % i * 10 for i in range(50)]
+
+
+async def test_not_leader_refreshes_metadata_and_retries_on_the_new_leader(fake):
+    fake.create_topic("t", 1, leaders=[0])
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        assert (await producer.send_and_wait("t", b"first")).offset == 0
+        fake.move_leader("t", 0, 1)  # node 0 now answers NOT_LEADER_OR_FOLLOWER
+        metadata_before = len(fake.sent(ApiKey.METADATA))
+        futures = [await producer.send("t", b"v%d" % i) for i in range(5)]
+        offsets = [(await f).offset for f in futures]
+    assert offsets == [1, 2, 3, 4, 5]
+    assert fake.values("t") == [b"first"] + [b"v%d" % i for i in range(5)]  # once each
+    assert len(fake.sent(ApiKey.METADATA)) > metadata_before
+    assert {node for node, key, _ in fake.requests if key == ApiKey.PRODUCE} == {0, 1}
+
+
+async def test_injected_not_leader_errors_are_retried(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, error_code=NOT_LEADER_OR_FOLLOWER.code, count=3)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        md = await producer.send_and_wait("t", b"v")
+    assert md.offset == 0 and fake.values("t") == [b"v"]
+    assert len(produce_requests(fake)) == 4
+
+
+async def test_a_dropped_connection_is_retried_on_a_new_one(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, drop_connection=True)
+    async with AsyncProducer(fake.bootstrap, max_in_flight_requests_per_connection=1, **FAST) as producer:
+        futures = [await producer.send("t", b"v%d" % i) for i in range(10)]
+        offsets = [(await f).offset for f in futures]
+    assert offsets == list(range(10))
+    assert fake.values("t") == [b"v%d" % i for i in range(10)]
+    assert fake.connections >= 3  # bootstrap, the first leader connection, its replacement
+
+
+async def test_retries_keep_per_partition_order_with_one_request_in_flight(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, error_code=NOT_LEADER_OR_FOLLOWER.code, count=2)
+    async with AsyncProducer(fake.bootstrap, max_in_flight_requests_per_connection=1, batch_size=200,
+                             **FAST) as producer:
+        futures = [await producer.send("t", b"%03d" % i) for i in range(30)]
+        offsets = [(await f).offset for f in futures]
+    assert offsets == list(range(30))
+    assert fake.values("t") == [b"%03d" % i for i in range(30)]
+
+
+async def test_a_non_retriable_error_fails_the_records_naming_the_partition(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, error_code=MESSAGE_TOO_LARGE.code)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        future = await producer.send("t", b"v")
+        with pytest.raises(RecordTooLargeError, match="topic 't' partition 0"):
+            await future
+        assert (await producer.send_and_wait("t", b"w")).offset == 0
+
+
+async def test_retries_end_at_the_delivery_timeout(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, error_code=NOT_LEADER_OR_FOLLOWER.code, count=10**9)
+    async with AsyncProducer(fake.bootstrap, retry_backoff_ms=10, linger_ms=0, request_timeout_ms=200,
+                             delivery_timeout_ms=300) as producer:
+        future = await producer.send("t", b"v")
+        with trio.fail_after(5):
+            with pytest.raises(RequestTimedOut, match="NOT_LEADER_OR_FOLLOWER"):
+                await future
+    assert fake.values("t") == []
+
+
+async def test_retries_zero_fails_at_the_first_error(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, error_code=NOT_LEADER_OR_FOLLOWER.code)
+    async with AsyncProducer(fake.bootstrap, retries=0, **FAST) as producer:
+        future = await producer.send("t", b"v")
+        with pytest.raises(Exception, match="NOT_LEADER_OR_FOLLOWER"):
+            await future
+
+
+async def test_an_unknown_topic_blocks_send_for_max_block_ms(fake):
+    async with AsyncProducer(fake.bootstrap, max_block_ms=300, **FAST) as producer:
+        with trio.fail_after(5):
+            with pytest.raises(RequestTimedOut, match="'nope' not present in metadata after 300 ms"):
+                await producer.send("nope", b"v")
+
+
+async def test_the_producer_may_ask_the_broker_to_create_a_topic(fake):
+    fake.auto_create_partitions = 2
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        md = await producer.send_and_wait("fresh", b"v", key=b"k")
+    assert md.partition == default_partition(b"k", 2) and "fresh" in fake.topics
+
+
+async def test_buffer_memory_back_pressure_blocks_send_until_memory_is_released(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, delay_s=0.3)
+    async with AsyncProducer(fake.bootstrap, buffer_memory=400, batch_size=400, **FAST) as producer:
+        first = await producer.send("t", b"x" * 300)
+        started = trio.current_time()
+        second = await producer.send("t", b"y" * 300)  # waits until the first is acknowledged
+        assert first.done() and trio.current_time() - started >= 0.2
+        await second
+    assert fake.values("t") == [b"x" * 300, b"y" * 300]
+
+
+async def test_exhausted_buffer_memory_raises_after_max_block_ms(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, delay_s=2)
+    async with AsyncProducer(fake.bootstrap, buffer_memory=400, batch_size=400, max_block_ms=100,
+                             **FAST) as producer:
+        await producer.send("t", b"x" * 300)
+        with pytest.raises(RequestTimedOut, match="buffer_memory"):
+            await producer.send("t", b"y" * 300)
+        await producer.close(timeout=0)
+
+
+async def test_records_larger_than_the_request_limit_are_refused_at_once(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, max_request_size=1000, **FAST) as producer:
+        with pytest.raises(RecordTooLargeError):
+            await producer.send("t", b"x" * 2000)
+        with pytest.raises(ValueError, match="partition 5"):
+            await producer.send("t", b"x", partition=5)
+
+
+async def test_flush_waits_for_every_record_sent_before_it(fake):
+    fake.create_topic("t", 2)
+    async with AsyncProducer(fake.bootstrap, linger_ms=10_000) as producer:
+        futures = [await producer.send("t", b"v", partition=i % 2) for i in range(10)]
+        assert not any(f.done() for f in futures)
+        with trio.fail_after(5):
+            await producer.flush()
+        assert all(f.done() for f in futures)
+
+
+async def test_close_delivers_pending_records_and_then_refuses_new_ones(fake):
+    fake.create_topic("t", 1)
+    producer = AsyncProducer(fake.bootstrap, linger_ms=10_000)
+    async with producer:
+        futures = [await producer.send("t", b"v") for _ in range(5)]
+    assert [f.result(0).offset for f in futures] == list(range(5))
+    with pytest.raises(ClientClosedError):
+        await producer.send("t", b"late")
+
+
+async def test_close_with_no_time_left_fails_pending_records_instead_of_dropping_them(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, delay_s=5)
+    async with AsyncProducer(fake.bootstrap, linger_ms=0) as producer:
+        first = await producer.send("t", b"a")
+        await trio.sleep(0.05)
+        second = await producer.send("t", b"b")  # pipelined behind the first, whose answer is slow
+        with trio.fail_after(2):
+            await producer.close(timeout=0.1)
+    for future in (first, second):  # outcome unknown when the producer gives up: failed, not dropped
+        assert future.done()
+        with pytest.raises(ClientClosedError):
+            future.result(0)
+
+
+async def test_run_in_a_nursery_of_your_own(fake, nursery):
+    fake.create_topic("t", 1)
+    producer = AsyncProducer(fake.bootstrap, **FAST)
+    await nursery.start(producer.run)
+    assert (await producer.send_and_wait("t", b"v")).offset == 0
+    assert await producer.partitions_for("t") == [0]
+    await producer.close()
+    assert producer.closed
