@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from protocol.errors import (
-    RECORD_LIST_TOO_LARGE, CorruptRecordError, OffsetOutOfRangeError, TidelogError,
+    FENCED_LEADER_EPOCH, RECORD_LIST_TOO_LARGE, CorruptRecordError, OffsetOutOfRangeError,
+    TidelogError,
 )
 from protocol.records import BatchHeader, patch_batch, set_log_append_time, validate_batches
 from protocol.topics import TopicPartition
@@ -128,6 +129,11 @@ class Log:
     def append_as_leader(self, records: bytes, leader_epoch: int) -> LogAppendInfo:
         """Validate, assign offsets and the leader epoch, append. Nothing is written on error."""
         batches = self._validate(records)
+        if leader_epoch < self.epoch_cache.latest_epoch:
+            # recovery cuts a segment where epochs go backwards: such an append would be lost
+            raise TidelogError(
+                f"{self.topic_partition}: append as leader in epoch {leader_epoch}, below the "
+                f"log's latest epoch {self.epoch_cache.latest_epoch}", error=FENCED_LEADER_EPOCH)
         buf = bytearray(records)
         offset = first = self.log_end_offset
         now = self._clock() if self.config.log_append_time else -1
@@ -144,13 +150,17 @@ class Log:
     def append_as_follower(self, records: bytes) -> LogAppendInfo:
         """Append the leader's batches as they are; offsets must follow this log's end."""
         batches = self._validate(records)
-        expected = self.log_end_offset
+        expected, epoch = self.log_end_offset, self.epoch_cache.latest_epoch
         for pos, h in batches:
             if h.base_offset < expected:
                 raise CorruptRecordError(
                     f"{self.topic_partition}: follower append of batch with base offset {h.base_offset} "
                     f"below the expected offset {expected}")
-            expected = h.base_offset + h.last_offset_delta + 1
+            if h.leader_epoch < epoch:  # recovery would cut the log here
+                raise CorruptRecordError(
+                    f"{self.topic_partition}: follower append of batch with leader epoch "
+                    f"{h.leader_epoch} below the log's epoch {epoch}")
+            expected, epoch = h.base_offset + h.last_offset_delta + 1, h.leader_epoch
         first = batches[0][1].base_offset
         return self._append(records, batches, first, expected - 1, -1)
 
@@ -246,20 +256,21 @@ class Log:
             return b""
         i = max(0, bisect.bisect_right(self._bases, offset) - 1)
         for seg in self._segments[i:]:
-            data = seg.read(offset, max_bytes, max_offset, min_one_message)
-            if data:
-                return data
+            if seg.next_offset <= offset:
+                continue  # empty, or ends in a gap before ``offset``: its batch is further on
+            # the segment holding ``offset`` answers, even with b"" (its batch does not fit or
+            # reaches max_offset): a later segment's batches would not start with ``offset``
+            return seg.read(offset, max_bytes, max_offset, min_one_message)
         return b""
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """The first record with a timestamp >= ``timestamp``: ``(offset, timestamp)`` or None."""
         for seg in self._segments:
             if seg.max_timestamp >= timestamp:
-                found = seg.find_offset_by_timestamp(timestamp)
-                if found is not None and found[0] >= self.log_start_offset:
-                    return found
+                # records below the log start are not there for a reader: search from it
+                found = seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
                 if found is not None:
-                    return self.log_start_offset, found[1]
+                    return found
         return None
 
     # -- truncation ----------------------------------------------------------------------------
@@ -281,6 +292,9 @@ class Log:
             self._bases.pop()
         self._segments[-1].truncate_to(offset)
         leo = self.log_end_offset
+        # truncating below a log start inside the first segment (after DeleteRecords) moves
+        # the start down with the end, as Kafka does: a log never starts beyond its end
+        self.log_start_offset = min(self.log_start_offset, leo)
         self.epoch_cache.truncate_from_end(leo)
         self._high_watermark = min(self._high_watermark, leo)
         self.recovery_point = min(self.recovery_point, leo)
