@@ -141,6 +141,12 @@ class Consumer(_Blocking):
     def subscribe(self, topics: Sequence[str] | None = None, pattern: str | None = None) -> None:
         self._aio.subscribe(topics, pattern)
 
+    def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
+        raise NotImplementedError("committing offsets needs consumer groups, which are not available yet")
+
+    def committed(self, partition: TopicPartition) -> int | None:
+        raise NotImplementedError("committed offsets need consumer groups, which are not available yet")
+
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         self._sync(self._aio.assign, list(partitions))
 

@@ -197,7 +197,7 @@ class Cluster:
         self._topics: set[str] = set()
         self._conns: dict[int, BrokerConnection] = {}
         self._connect_locks: dict[int, trio.Lock] = {}
-        self._reconnect: dict[int, tuple[Backoff, float]] = {}  # node -> (backoff, not before)
+        self._reconnect: dict[int, tuple[Backoff, float, BaseException]] = {}  # node -> (backoff, not before, why)
         self._refresh_lock = trio.Lock()
         self._update_requested = trio.Event()
         self._updated = trio.Event()  # a fresh event per metadata generation
@@ -408,19 +408,18 @@ class Cluster:
         if self._closed or self._nursery is None:
             raise BrokerConnectionError("the client is not running (closed, or run() not started)")
         host, port = self.address_of(node_id)
-        backoff, not_before = self._reconnect.get(node_id, (None, 0.0))
+        backoff, not_before, failure = self._reconnect.get(node_id, (None, 0.0, None))
         if time.monotonic() < not_before:
-            raise BrokerConnectionError(
-                f"node {node_id} ({host}:{port}) is in reconnect backoff after a failed connect")
+            raise BrokerConnectionError(f"node {node_id} is in reconnect backoff after: {failure}")
         conn = BrokerConnection(host, port, node_id=node_id, client_id=self.client_id,
                                 max_in_flight=self.max_in_flight,
                                 request_timeout_s=self.request_timeout_s,
                                 connect_timeout_s=self.connect_timeout_s)
         try:
             await self._nursery.start(conn.run)
-        except BrokerConnectionError:
+        except BrokerConnectionError as e:
             backoff = backoff or Backoff(self.reconnect_backoff_s, self.reconnect_backoff_max_s)
-            self._reconnect[node_id] = (backoff, time.monotonic() + backoff.next_delay())
+            self._reconnect[node_id] = (backoff, time.monotonic() + backoff.next_delay(), e)
             if node_id >= 0:
                 self.request_update()
             raise

@@ -410,6 +410,12 @@ class AsyncConsumer:
     def subscribe(self, topics: Sequence[str] | None = None, pattern: str | None = None) -> None:
         raise NotImplementedError("consumer groups are not available yet: use assign()")
 
+    async def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
+        raise NotImplementedError("committing offsets needs consumer groups, which are not available yet")
+
+    async def committed(self, partition: TopicPartition) -> int | None:
+        raise NotImplementedError("committed offsets need consumer groups, which are not available yet")
+
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Consume exactly these partitions (replacing any earlier assignment)."""
         self._subscriptions.assign(partitions)
@@ -566,6 +572,7 @@ class AsyncConsumer:
         Raises an error a fetch ran into (e.g. OffsetOutOfRangeError with
         auto_offset_reset "none", CorruptRecordError) once, then carries on."""
         self._require_running()
+        await trio.lowlevel.checkpoint_if_cancelled()
         limit = max_records or self.config.max_poll_records
         deadline = trio.current_time() + max(0, timeout_ms) / 1000
         while True:

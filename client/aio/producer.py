@@ -104,7 +104,6 @@ class ProducerConfig:
     max_block_ms: int = 60000
     max_request_size: int = 1048576
     metadata_max_age_ms: int = 300000
-    connections_max_idle_ms: int = 540000  # accepted for compatibility; connections stay open
     enable_idempotence: bool = False
 
     def __post_init__(self) -> None:
@@ -351,6 +350,7 @@ class AsyncProducer:
         self._max_record_size = min(config.max_request_size, config.buffer_memory)
         self._key_hashes: dict[bytes, int] = {}  # key -> toPositive(murmur2(key)), bounded
         self._tps: dict[str, list[TopicPartition]] = {}
+        self._sends = 0
         self._partitioner = partitioner
         self._cluster = Cluster(config.bootstrap_servers, client_id=config.client_id,
                                 request_timeout_ms=config.request_timeout_ms,
@@ -441,9 +441,16 @@ class AsyncProducer:
         """Queue a record; returns its future. Waits only for the topic's metadata or for
         buffer memory, at most ``max_block_ms`` (then RequestTimedOut)."""
         deadline = time.monotonic() + self._max_block_s
+        # Cancellation is honoured only before the record is queued: once send has queued it,
+        # it returns the future. A full checkpoint costs more than the append, so a tight
+        # send loop yields to the other tasks (the sender!) every 64 records.
+        await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             r = self.try_send(topic, value, key, headers, partition, timestamp_ms)
             if type(r) is RecordFuture:
+                self._sends += 1
+                if not self._sends & 63:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 return r
             if r is _NEED_METADATA:
                 await self.wait_for_topic(topic, deadline)

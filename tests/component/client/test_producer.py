@@ -279,3 +279,17 @@ async def test_run_in_a_nursery_of_your_own(fake, nursery):
     assert await producer.partitions_for("t") == [0]
     await producer.close()
     assert producer.closed
+
+
+async def test_a_tight_send_loop_lets_the_sender_run_and_can_be_cancelled(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, linger_ms=1, batch_size=2000) as producer:
+        await producer.send_and_wait("t", b"first")
+        sent = 0
+        with trio.move_on_after(0.2):
+            while True:  # never awaits a future: only send's own checkpoints let others run
+                await producer.send("t", b"x" * 50)
+                sent += 1
+        assert sent > 0 and len(produce_requests(fake)) > 2  # batches left while the loop ran
+        await producer.flush()
+    assert len(fake.values("t")) == sent + 1
