@@ -114,11 +114,13 @@ class AsyncAdmin:
             raise
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> None:
+        # The body's exception is not handed to the internal nursery, so it propagates as
+        # itself rather than wrapped in an ExceptionGroup.
         try:
             await self.close()
         finally:
-            return await self._exit_stack.__aexit__(*exc_info)
+            await self._exit_stack.aclose()
 
     async def close(self) -> None:
         if self._nursery is not None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import trio
 
 from client.aio.connection import BrokerConnection
-from client.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
+from client.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut
 from protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError
 from protocol.messages import (NO_LEADER, ApiKey, BrokerMetadata, Message, MetadataRequest,
                                MetadataResponse)
@@ -240,6 +240,14 @@ class Cluster:
     def topics(self) -> frozenset[str]:
         return frozenset(self._topics)
 
+    def leader_for(self, tp: TopicPartition) -> int | None:
+        """The partition's leader in the current snapshot (None: unknown or leaderless)."""
+        return self.metadata.leader_for(tp)
+
+    def partitions_for(self, topic: str) -> tuple[int, ...] | None:
+        """The topic's partition ids in the current snapshot (None: not known yet)."""
+        return self.metadata.partitions_for(topic)
+
     def add_topics(self, topics: Iterable[str]) -> bool:
         """Track these topics' metadata; True if any was new (the caller may refresh)."""
         new = set(topics) - self._topics
@@ -427,13 +435,3 @@ class Cluster:
         self._conns[node_id] = conn
         return conn
 
-    def connection_failed(self, node_id: int) -> None:
-        """Called by users of a connection that failed: the metadata may be stale."""
-        self.request_update()
-
-
-def raise_for_topic_errors(metadata: ClusterMetadata, topic: str) -> None:
-    """Raise the broker's error for ``topic`` if the last metadata refused it."""
-    code = metadata.topic_errors.get(topic)
-    if code is not None:
-        raise broker_error(code, f"topic {topic!r}")

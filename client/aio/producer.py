@@ -266,7 +266,7 @@ class Sender:
                 for node, batches in drained.items():
                     self._in_flight[node] = self._in_flight.get(node, 0) + 1
                     self._nursery.start_soon(self._send, node, batches)
-            with trio.move_on_after(delay if delay < math.inf else math.inf):
+            with trio.move_on_after(delay):
                 await self._event.wait()
 
     def _expired(self, batch: ProducerBatch, now: float) -> RequestTimedOut:
@@ -399,11 +399,13 @@ class AsyncProducer:
             raise
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> None:
+        # The body's exception is not handed to the internal nursery, so it propagates as
+        # itself rather than wrapped in an ExceptionGroup.
         try:
             await self.close()
         finally:
-            return await self._exit_stack.__aexit__(*exc_info)
+            await self._exit_stack.aclose()
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop accepting records, deliver what is pending within ``timeout`` seconds (None:

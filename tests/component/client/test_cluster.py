@@ -67,7 +67,7 @@ async def test_request_update_refreshes_in_the_background(fake, nursery):
 
 
 async def test_metadata_is_refreshed_when_it_gets_old(fake, nursery):
-    cluster = await start(nursery, fake.bootstrap, metadata_max_age_ms=50)
+    await start(nursery, fake.bootstrap, metadata_max_age_ms=50)
     await trio.sleep(0.3)
     assert len(fake.sent(ApiKey.METADATA)) >= 3
 

@@ -293,3 +293,12 @@ async def test_a_tight_send_loop_lets_the_sender_run_and_can_be_cancelled(fake):
         assert sent > 0 and len(produce_requests(fake)) > 2  # batches left while the loop ran
         await producer.flush()
     assert len(fake.values("t")) == sent + 1
+
+
+async def test_an_error_in_the_body_propagates_as_itself(fake):
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        async with AsyncProducer(fake.bootstrap):
+            raise Boom
