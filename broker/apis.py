@@ -210,7 +210,9 @@ class Apis:
     # -- from the controller -------------------------------------------------------------------
 
     def _check_broker_epoch(self, epoch: int) -> None:
-        if epoch >= 0 and epoch != self.broker.broker_epoch:
+        # Kafka's rule: only an *older* epoch is stale. The controller learns our new epoch from
+        # ZooKeeper's watch and may send before our own register call has returned (epoch -1).
+        if epoch >= 0 and epoch < self.broker.broker_epoch:
             raise TidelogError(f"request for broker epoch {epoch}, this broker's is {self.broker.broker_epoch}",
                                error=STALE_BROKER_EPOCH)
 

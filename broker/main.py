@@ -52,7 +52,7 @@ async def serve(config: BrokerConfig) -> None:
     server = BrokerServer(config)
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            await nursery.start(server.run)
+            await nursery.start(_run_then_exit, server, nursery)
             print(f"broker {config.broker_id} started on port {server.port}", file=sys.stderr, flush=True)
             async for sig in signals:
                 logger.info("received %s: controlled shutdown", signal.Signals(sig).name)
@@ -61,6 +61,14 @@ async def serve(config: BrokerConfig) -> None:
             async for _ in signals:
                 logger.warning("second signal: stopping now")
                 nursery.cancel_scope.cancel()
+
+
+async def _run_then_exit(server: BrokerServer, nursery: trio.Nursery, *,
+                         task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the broker; once it has stopped (controlled shutdown done), stop listening for
+    signals too, so that the process exits instead of waiting for a second signal."""
+    await server.run(task_status=task_status)
+    nursery.cancel_scope.cancel()
 
 
 async def _shutdown(server: BrokerServer, nursery: trio.Nursery) -> None:
