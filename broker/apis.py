@@ -19,6 +19,7 @@ from protocol.errors import (
     INVALID_REQUEST, NONE, NOT_CONTROLLER, STALE_BROKER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION, TidelogError,
 )
 from protocol.messages import (
+    CONSUMER_REPLICA_ID, ElectLeadersRequest, ElectLeadersResponse, ElectLeadersResult,
     BROKER_RESOURCE, TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResponse, AlterConfigsResult, ApiKey,
     ApiVersionsResponse, ConfigEntry, ControlledShutdownRequest, ControlledShutdownResponse,
     CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
@@ -58,6 +59,7 @@ class Apis:
             ApiKey.UPDATE_METADATA: self.update_metadata,
             ApiKey.STOP_REPLICA: self.stop_replica,
             ApiKey.CONTROLLED_SHUTDOWN: self.controlled_shutdown,
+            ApiKey.ELECT_LEADERS: self.elect_leaders,
         }
 
     def handle(self, header: RequestHeader, body: dict):
@@ -109,7 +111,9 @@ class Apis:
 
     async def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
         rm = self.replica_manager
-        from_consumer = req.replica_id < 0
+        # Consumers see the HW as "latest"; followers and debugging tools (replica id -2,
+        # Kafka's DEBUGGING_REPLICA_ID) see the log end offset.
+        from_consumer = req.replica_id == CONSUMER_REPLICA_ID
         return ListOffsetsResponse([
             ListOffsetsTopicResponse(t.name, [
                 rm.list_offset(TopicPartition(t.name, p.partition_index), p.timestamp, p.current_leader_epoch,
@@ -202,9 +206,20 @@ class Apis:
                 out.append(AlterConfigsResult(e.code, r.resource_type, r.resource_name, str(e)))
         return AlterConfigsResponse(out)
 
+    async def elect_leaders(self, req: ElectLeadersRequest) -> ElectLeadersResponse:
+        c = self._controller()
+        tps = None if req.topic_partitions is None else [
+            TopicPartition(r.topic_name, r.partition_index) for r in req.topic_partitions]
+        results, waits = await c.call(lambda: c.elect_preferred(tps))
+        await wait_all(waits, req.timeout_ms / 1000)
+        return ElectLeadersResponse(NONE.code, [ElectLeadersResult(tp.topic, tp.partition, code, msg)
+                                                for tp, code, msg in results])
+
     async def controlled_shutdown(self, req: ControlledShutdownRequest) -> ControlledShutdownResponse:
         c = self._controller()
-        remaining = await c.call(lambda: c.controlled_shutdown(req.broker_id, req.broker_epoch))
+        remaining, waits = await c.call(lambda: c.controlled_shutdown(req.broker_id, req.broker_epoch))
+        # new leaders learn of their leadership before the old one goes away
+        await wait_all([w for w in waits if w is not None and w.api_key == ApiKey.LEADER_AND_ISR], 10)
         return ControlledShutdownResponse(NONE.code, [TopicPartitionRef(tp.topic, tp.partition) for tp in remaining])
 
     # -- from the controller -------------------------------------------------------------------

@@ -250,5 +250,11 @@ class Admin(_Blocking):
         return self._call(self._aio.alter_configs, topic, dict(configs), validate_only, timeout_ms,
                           timeout=self._timeout(timeout_ms))
 
+    def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
+                      timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
+        """Preferred leader election; see ``AsyncAdmin.elect_leaders``."""
+        return self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
+                          timeout_ms, timeout=self._timeout(timeout_ms))
+
     def close(self, timeout: float = 10.0) -> None:
         self._stop(self._aio.close, timeout=timeout)

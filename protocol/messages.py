@@ -1031,6 +1031,32 @@ class ControlledShutdownResponse(Message):
     remaining_partitions: list[TopicPartitionRef] = field(default_factory=list)
 
 
+PREFERRED_ELECTION = 0
+DEBUGGING_REPLICA_ID = -2  # ListOffsets "latest" then means the log end offset, not the HW
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeadersRequest(Message):
+    """Move leadership to the preferred (first assigned) replica; None: every partition."""
+    topic_partitions: list[TopicPartitionRef] | None = None
+    election_type: int = PREFERRED_ELECTION
+    timeout_ms: int = 30000
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeadersResult(Message):
+    topic_name: str
+    partition_index: int
+    error_code: int
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeadersResponse(Message):
+    error_code: int
+    results: list[ElectLeadersResult] = field(default_factory=list)
+
+
 # The typed body of each API, by key.
 REQUESTS: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsRequest,
@@ -1048,6 +1074,7 @@ REQUESTS: dict[ApiKey, type[Message]] = {
     ApiKey.UPDATE_METADATA: UpdateMetadataRequest,
     ApiKey.STOP_REPLICA: StopReplicaRequest,
     ApiKey.CONTROLLED_SHUTDOWN: ControlledShutdownRequest,
+    ApiKey.ELECT_LEADERS: ElectLeadersRequest,
 }
 RESPONSES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsResponse,
@@ -1065,4 +1092,5 @@ RESPONSES: dict[ApiKey, type[Message]] = {
     ApiKey.UPDATE_METADATA: UpdateMetadataResponse,
     ApiKey.STOP_REPLICA: StopReplicaResponse,
     ApiKey.CONTROLLED_SHUTDOWN: ControlledShutdownResponse,
+    ApiKey.ELECT_LEADERS: ElectLeadersResponse,
 }

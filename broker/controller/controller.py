@@ -38,13 +38,13 @@ import trio
 
 from broker.controller.channels import ChannelManager, Outgoing
 from broker.controller.election import (
-    Election, controlled_shutdown_leader, offline_partition_leader, remove_from_isr,
+    Election, controlled_shutdown_leader, offline_partition_leader, preferred_replica_leader, remove_from_isr,
 )
 from broker.coordination import layout
 from broker.coordination.layout import BrokerInfo, LeaderAndIsr
 from broker.log.config import InvalidConfigError, LogConfig
 from protocol.errors import (
-    INVALID_CONFIG, INVALID_PARTITIONS, INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR,
+    ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE, INVALID_CONFIG, INVALID_PARTITIONS, INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR,
     NONE, TOPIC_ALREADY_EXISTS, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, code_of,
 )
 from protocol.messages import (
@@ -64,6 +64,9 @@ class ControllerConfig:
     unclean_leader_election: bool = False
     delete_topic_enable: bool = True
     topic_defaults: LogConfig = field(default_factory=LogConfig)
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_s: float = 300.0
+    leader_imbalance_per_broker_percentage: int = 10
 
 
 @dataclass
@@ -118,9 +121,16 @@ class Controller:
                                               ("isr_change", paths.isr_change_notification, "children")):
                 watch = self.zk.watch_data if kind_of_watch == "data" else self.zk.watch_children
                 nursery.start_soon(self._forward, kind, await watch(path))
+            if self.config.auto_leader_rebalance_enable:
+                nursery.start_soon(self._rebalance_timer)
             task_status.started()
             async for event in self._events:
                 await self._handle(event)
+
+    async def _rebalance_timer(self) -> None:
+        while True:
+            await trio.sleep(self.config.leader_imbalance_check_interval_s)
+            self._events_send.send_nowait(("rebalance", None))
 
     async def _forward(self, kind: str, channel) -> None:
         async for payload in channel:
@@ -529,11 +539,12 @@ class Controller:
 
     # -- controlled shutdown -------------------------------------------------------------------
 
-    async def controlled_shutdown(self, broker_id: int, broker_epoch: int) -> list[TopicPartition]:
-        """Move leadership off ``broker_id``; returns the partitions it still leads."""
+    async def controlled_shutdown(self, broker_id: int, broker_epoch: int):
+        """Move leadership off ``broker_id``; returns the partitions it still leads and the
+        propagation waits."""
         ctx = self.ctx
         if broker_id not in ctx.brokers:
-            return []
+            return [], []
         ctx.shutting_down.add(broker_id)
         moved, remaining = [], []
         for tp, (st, _) in list(ctx.states.items()):
@@ -548,12 +559,58 @@ class Controller:
             elif broker_id in st.isr and len(st.isr) > 1:
                 await self._write_state(tp, st.leader, [r for r in st.isr if r != broker_id])
                 moved.append(tp)
-        self._propagate(moved)
+        waits = self._propagate(moved)
         logger.info("controlled shutdown of broker %d: %d partitions moved, %d remain",
                     broker_id, len(moved), len(remaining))
-        return remaining
+        return remaining, waits
+
+    # -- preferred leaders ---------------------------------------------------------------------
+
+    async def elect_preferred(self, tps: list[TopicPartition] | None):
+        """Move leadership of ``tps`` (None: all) to their preferred replica where possible.
+        Returns [(tp, error code, message)] and the propagation waits."""
+        ctx = self.ctx
+        results, changed = [], []
+        for tp in (ctx.all_partitions() if tps is None else tps):
+            if tp not in ctx.states:
+                results.append((tp, UNKNOWN_TOPIC_OR_PARTITION.code, f"{tp} does not exist"))
+                continue
+            st, _ = ctx.states[tp]
+            replicas = self._replicas(tp)
+            if replicas and st.leader == replicas[0]:
+                results.append((tp, ELECTION_NOT_NEEDED.code, f"broker {st.leader} already leads {tp}"))
+                continue
+            election = preferred_replica_leader(replicas, st.isr, ctx.live)
+            if election is None:
+                results.append((tp, PREFERRED_LEADER_NOT_AVAILABLE.code,
+                                f"preferred replica {replicas[0] if replicas else None} of {tp} is not live "
+                                f"and in the ISR {st.isr}"))
+                continue
+            await self._write_state(tp, election.leader, election.isr)
+            changed.append(tp)
+            results.append((tp, NONE.code, None))
+        waits = self._propagate(changed)
+        if changed:
+            logger.info("preferred leader election moved %d partitions", len(changed))
+        return results, waits
+
+    async def _on_rebalance(self, _payload) -> None:
+        """Kafka's auto leader rebalance: per broker, if more than the allowed percentage of
+        the partitions it prefers are led elsewhere, move them back."""
+        if self.ctx is None:
+            return
+        imbalanced = []
+        for broker in self.ctx.live:
+            preferred = [tp for tp in self.ctx.all_partitions()
+                         if self._replicas(tp)[:1] == [broker] and tp in self.ctx.states]
+            elsewhere = [tp for tp in preferred if self.ctx.states[tp][0].leader != broker]
+            if preferred and len(elsewhere) * 100 > self.config.leader_imbalance_per_broker_percentage * len(preferred):
+                imbalanced += elsewhere
+        if imbalanced:
+            await self.elect_preferred(imbalanced)
 
     _handlers = {
+        "rebalance": _on_rebalance,
         "controller": _on_controller_change,
         "brokers": _on_brokers,
         "topics": _on_topics,

@@ -27,9 +27,9 @@ from protocol.errors import NONE, NOT_CONTROLLER
 from protocol.messages import (TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResource, ApiKey,
                                BrokerMetadata, ConfigEntry, CreatableTopic, CreatePartitionsRequest,
                                CreatePartitionsTopic, CreateTopicsRequest, DeleteTopicsRequest,
-                               DescribeConfigsRequest, DescribeConfigsResource, Message,
-                               MetadataResponse)
-from protocol.topics import validate_topic_name
+                               DescribeConfigsRequest, DescribeConfigsResource, ElectLeadersRequest,
+                               ElectLeadersResponse, Message, MetadataResponse, TopicPartitionRef)
+from protocol.topics import TopicPartition, validate_topic_name
 
 __all__ = ["AsyncAdmin", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
            "ConfigEntry", "BrokerMetadata"]
@@ -236,6 +236,26 @@ class AsyncAdmin:
             lambda r: {res.resource_name: (res.error_code, res.error_message) for res in r.responses},
             timeout_ms)
         _raise_for(outcomes, "alter the configuration of")
+
+    async def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
+                            timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
+        """Preferred leader election (like kafka-leader-election --election-type preferred):
+        move leadership of ``partitions`` (None: all) back to their first assigned replica.
+        Returns each partition's (error code, message); ELECTION_NOT_NEEDED (84) means the
+        preferred replica already leads."""
+        timeout_ms = self._timeout_ms(timeout_ms)
+        refs = None if partitions is None else [TopicPartitionRef(tp.topic, tp.partition) for tp in partitions]
+        answers: list[ElectLeadersResponse] = []
+
+        def extract(r: ElectLeadersResponse) -> Outcomes:
+            answers.append(r)
+            return {"partitions": (r.error_code, None)}
+        outcomes = await self._to_controller(
+            ["partitions"], lambda ns: ElectLeadersRequest(refs, timeout_ms=timeout_ms), ApiKey.ELECT_LEADERS,
+            extract, timeout_ms)
+        _raise_for(outcomes, "elect leaders for")
+        return {TopicPartition(x.topic_name, x.partition_index): (x.error_code, x.error_message)
+                for x in answers[-1].results}
 
     # -- routing --------------------------------------------------------------------------------
 
