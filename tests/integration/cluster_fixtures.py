@@ -28,6 +28,7 @@ from broker.devcluster import DevCluster, metadata
 from client import Consumer, Record, TopicPartition
 from protocol.connection import ClientConnection
 from protocol.messages import MetadataResponse, PartitionMetadata, TopicMetadata
+from protocol.records import iter_all_records
 
 T = TypeVar("T")
 
@@ -307,3 +308,26 @@ def partition_dirs(cluster: DevCluster, topic: str) -> dict[int, list[str]]:
         names = os.listdir(d) if d.is_dir() else []
         out[i] = sorted(n for n in names if n.startswith(topic + "-"))
     return out
+
+
+# -- replicas on disk (read after the brokers stopped) ------------------------------------------
+
+
+def replica_records(cluster: DevCluster, broker_id: int, topic: str, partition: int) -> list[tuple[int, bytes | None]]:
+    """``(offset, value)`` of every record in one replica's segment files, in log order."""
+    d = log_dirs(cluster)[broker_id] / f"{topic}-{partition}"
+    out = []
+    for seg in sorted(d.glob("*.log")):
+        out += [(r.offset, r.value) for r in iter_all_records(seg.read_bytes())]
+    return out
+
+
+def replica_high_watermark(cluster: DevCluster, broker_id: int, topic: str, partition: int) -> int | None:
+    """The high watermark in a broker's replication-offset-checkpoint (None when absent)."""
+    path = log_dirs(cluster)[broker_id] / "replication-offset-checkpoint"
+    lines = path.read_text().splitlines()
+    for line in lines[2:2 + int(lines[1])]:
+        t, p, offset = line.rsplit(" ", 2)
+        if (t, int(p)) == (topic, partition):
+            return int(offset)
+    return None

@@ -1,0 +1,282 @@
+"""Failover on a real 3-broker cluster (one of its own per test): a leader killed with
+SIGKILL while an acks=all producer keeps going, the controller killed, a broker restarted
+after a crash, every broker restarted, and a leader stopped with SIGTERM (controlled
+shutdown).
+
+The clusters run with small timeouts (cluster_fixtures.FAST_FAILOVER): a killed broker's
+ZooKeeper session expires after 6 s and a follower that stops fetching leaves the ISR after
+3 s (replica.lag.time.max.ms). Topics have replication factor 3 and min.insync.replicas 2.
+The oracle is RELIABILITY.md's I1: every acknowledged (partition, offset, value) is found
+at that offset when the partitions are read after healing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from client import Admin, NewTopic, Producer, RecordMetadata, TopicPartition
+from tests.integration.cluster_fixtures import (FAST_FAILOVER, broker_metadata, consume_range,  # noqa: F401
+                                                controller_id, end_offsets, fresh_cluster_3, log_dirs,
+                                                partitions_of, replica_high_watermark, replica_records, running,
+                                                wait_topic_ready, wait_until)
+
+pytestmark = pytest.mark.integration
+
+LAG_MS = int(FAST_FAILOVER["replica.lag.time.max.ms"])
+SESSION_S = int(FAST_FAILOVER["zookeeper.session.timeout.ms"]) / 1000
+PARTITIONS = 3
+
+
+def create_topic(cluster, name: str, partitions: int = PARTITIONS, rf: int = 3) -> None:
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        admin.create_topics([NewTopic(name, partitions, rf, config={"min.insync.replicas": "2"})])
+    wait_topic_ready(cluster, name, partitions, rf)
+
+
+class SteadyProducer:
+    """An acks=all Producer sending keyed records from a thread (a few thousand a second)
+    until stopped; every record's future is kept."""
+
+    def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 2000):
+        self.topic = topic
+        self.producer = Producer(bootstrap, acks="all", linger_ms=2, request_timeout_ms=15000,
+                                 delivery_timeout_ms=90000, retry_backoff_ms=50, max_block_ms=30000)
+        self.futures: list = []
+        self._pause = 50 / rate_per_s
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="steady-producer", daemon=True)
+
+    def __enter__(self) -> "SteadyProducer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.producer.close(timeout=0 if exc[0] else 60)
+
+    def _run(self) -> None:
+        seq = 0
+        try:
+            while not self._stop.is_set():
+                for _ in range(50):
+                    self.futures.append(self.producer.send(self.topic, b"v-%d" % seq, key=b"k-%d" % (seq % 101)))
+                    seq += 1
+                time.sleep(self._pause)
+        except BaseException as e:  # reported by finish()
+            self._error = e
+
+    def acked(self) -> int:
+        return sum(1 for f in list(self.futures) if f.done() and f.exception(0) is None)
+
+    def acked_in(self, partition: int, since: int = 0) -> int:
+        return sum(1 for f in list(self.futures)[since:]
+                   if f.done() and f.exception(0) is None and f.topic_partition.partition == partition)
+
+    def wait_acked(self, n: int, timeout: float, partition: int | None = None, since: int = 0) -> None:
+        if partition is None:
+            wait_until(lambda: self.acked() >= n, timeout, f"{n} records acknowledged", interval=0.1)
+        else:
+            wait_until(lambda: self.acked_in(partition, since) >= n, timeout,
+                       f"{n} records acknowledged in partition {partition}", interval=0.1)
+
+    def finish(self, timeout: float = 90.0) -> list[tuple[bytes, RecordMetadata]]:
+        """Stop sending, wait for every record's outcome; all must be acknowledged."""
+        self._stop.set()
+        self._thread.join(30)
+        assert self._error is None, f"the producer thread failed: {self._error!r}"
+        self.producer.flush(timeout=timeout)
+        out, failures = [], []
+        for seq, f in enumerate(self.futures):
+            err = f.exception(0)
+            if err is not None:
+                failures.append((seq, err))
+            else:
+                out.append((b"v-%d" % seq, f.result(0)))
+        assert not failures, f"{len(failures)} of {len(self.futures)} records failed, first: {failures[:3]}"
+        return out
+
+
+def assert_all_acked_present(cluster, topic: str, acked: list[tuple[bytes, RecordMetadata]],
+                             partitions: int = PARTITIONS) -> None:
+    """I1: every acknowledged record is at its offset; offsets strictly increase."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    ends = end_offsets(cluster.bootstrap, tps)
+    records = consume_range(cluster.bootstrap, ends, timeout=90)
+    by_offset = {tp: {r.offset: r.value for r in rs} for tp, rs in records.items()}
+    for tp, rs in records.items():
+        offsets = [r.offset for r in rs]
+        assert offsets == sorted(set(offsets)), f"{tp}: offsets not strictly increasing"
+    lost = [(m.partition, m.offset, v) for v, m in acked
+            if by_offset[TopicPartition(topic, m.partition)].get(m.offset) != v]
+    assert not lost, f"{len(lost)} of {len(acked)} acknowledged records lost or changed, first: {lost[:5]}"
+
+
+def leader_of(cluster, topic: str, partition: int, via: int) -> int:
+    return partitions_of(broker_metadata(cluster, via), topic)[partition].leader_id
+
+
+def wait_rejoined(cluster, broker_id: int, topics: dict[str, int], timeout: float) -> float:
+    """Wait until ``broker_id`` is in the ISR of every partition of ``topics`` (name ->
+    partition count) as every running broker sees it; returns the seconds it took."""
+    start = time.monotonic()
+
+    def rejoined():
+        for i in running(cluster):
+            md = broker_metadata(cluster, i)
+            for topic, n in topics.items():
+                parts = partitions_of(md, topic)
+                if len(parts) != n or any(broker_id not in p.isr_nodes for p in parts.values()):
+                    return False
+        return True
+
+    wait_until(rejoined, timeout, f"broker {broker_id} back in the ISR of {topics}")
+    return time.monotonic() - start
+
+
+def test_leader_killed_while_producing_loses_no_acknowledged_record(fresh_cluster_3):
+    cluster, topic = fresh_cluster_3, "hard-kill"
+    create_topic(cluster, topic)
+    with SteadyProducer(cluster.bootstrap, topic) as producer:
+        producer.wait_acked(3000, 30)
+        victim = leader_of(cluster, topic, 0, via=1)
+        replicas = partitions_of(broker_metadata(cluster, victim), topic)[0].replica_nodes
+        cluster.brokers[victim].kill()
+        killed_at = len(producer.futures)
+        survivor = next(i for i in cluster.brokers if i != victim)
+
+        # a new leader among the live replicas, on every live broker's metadata
+        def new_leader():
+            leaders = {leader_of(cluster, topic, 0, via=i) for i in running(cluster)}
+            return len(leaders) == 1 and leaders <= set(replicas) - {victim}
+        wait_until(new_leader, SESSION_S + 20, f"a new leader for {topic}-0")
+        assert victim not in {b.node_id for b in broker_metadata(cluster, survivor).brokers}
+
+        # the same producer keeps going: records sent after the kill are acknowledged,
+        # partition 0 (the killed leader's) included
+        producer.wait_acked(1000, 30, partition=0, since=killed_at)
+
+        # the killed broker restarts, recovers its logs (no clean-shutdown marker) and
+        # rejoins the ISR while the load goes on
+        assert not (log_dirs(cluster)[victim] / ".tidelog_cleanshutdown").exists()
+        cluster.brokers[victim].start()
+        cluster.wait_ready(60)
+        took = wait_rejoined(cluster, victim, {topic: PARTITIONS}, timeout=30)
+        assert took * 1000 <= LAG_MS, f"broker {victim} took {took:.2f} s to rejoin the ISR"
+        producer.wait_acked(500, 30, partition=0, since=len(producer.futures))
+        acked = producer.finish()
+
+    assert len(acked) > 5000
+    assert_all_acked_present(cluster, topic, acked)
+
+    # on disk, after a clean stop: the recovered replica holds exactly what the others hold
+    # below the high watermark (I2), every acknowledged record included. All three were in
+    # the ISR when the load stopped, so the highest checkpointed HW (the last leader's;
+    # followers learn it a fetch later) bounds what every replica must have.
+    for b in cluster.brokers.values():
+        assert b.stop(60) == 0
+    acked_by_partition = {p: {m.offset: v for v, m in acked if m.partition == p} for p in range(PARTITIONS)}
+    for p in range(PARTITIONS):
+        hws = {i: replica_high_watermark(cluster, i, topic, p) for i in cluster.brokers}
+        hw = max(hws.values())
+        assert max(acked_by_partition[p]) < hw, f"{topic}-{p}: acked offsets reach beyond the HWs {hws}"
+        prefixes = {i: [r for r in replica_records(cluster, i, topic, p) if r[0] < hw] for i in cluster.brokers}
+        assert [o for o, _ in prefixes[victim]] == list(range(hw)), f"{topic}-{p}: replica {victim} has gaps"
+        for i in cluster.brokers:
+            assert prefixes[i] == prefixes[victim], f"{topic}-{p}: replicas {i} and {victim} diverge below {hw}"
+        stored = dict(prefixes[victim])
+        assert all(stored[o] == v for o, v in acked_by_partition[p].items())
+
+
+def test_controller_killed_another_takes_over_and_the_broker_rejoins(fresh_cluster_3):
+    cluster = fresh_cluster_3
+    create_topic(cluster, "before")
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        futures = [producer.send("before", b"b-%d" % i, key=b"%d" % i) for i in range(2000)]
+        producer.flush(timeout=60)
+        acked = [(b"b-%d" % i, f.result(0)) for i, f in enumerate(futures)]
+
+    old = controller_id(cluster, via=1)
+    assert old in cluster.brokers
+    cluster.brokers[old].kill()
+    live = [i for i in cluster.brokers if i != old]
+
+    def new_controller():
+        ids = {controller_id(cluster, via=i) for i in live}
+        return ids.pop() if len(ids) == 1 and ids <= set(live) else None
+    new = wait_until(new_controller, SESSION_S + 20, "a new controller")
+    assert new != old
+
+    # the new controller serves topic administration (RF 2: two brokers are alive)
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        admin.create_topics([NewTopic("after", 4, 2)])
+    wait_topic_ready(cluster, "after", 4, 2, via=live)
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        meta = producer.send("after", b"hello", partition=3).result(timeout=30)
+    assert (meta.partition, meta.offset) == (3, 0)
+
+    # the old controller comes back as an ordinary broker and rejoins the ISRs
+    cluster.brokers[old].start()
+    cluster.wait_ready(60)
+    took = wait_rejoined(cluster, old, {"before": PARTITIONS}, timeout=30)
+    assert took * 1000 <= LAG_MS, f"broker {old} took {took:.2f} s to rejoin the ISR"
+    assert {controller_id(cluster, via=i) for i in cluster.brokers} == {new}
+    assert_all_acked_present(cluster, "before", acked)
+
+
+def test_every_broker_restarted_keeps_all_data(fresh_cluster_3):
+    cluster, topic = fresh_cluster_3, "durable"
+    create_topic(cluster, topic)
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        futures = [producer.send(topic, b"d-%d" % i, key=b"%d" % (i % 37)) for i in range(5000)]
+        producer.flush(timeout=60)
+        acked = [(b"d-%d" % i, f.result(0)) for i, f in enumerate(futures)]
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    before = end_offsets(cluster.bootstrap, tps)
+    assert sum(before.values()) == 5000
+
+    for i, b in cluster.brokers.items():
+        assert b.stop(60) == 0, f"broker {i} did not exit cleanly after SIGTERM"
+        assert (log_dirs(cluster)[i] / ".tidelog_cleanshutdown").exists()
+    for b in cluster.brokers.values():
+        b.start()
+    cluster.wait_ready(60)
+    wait_topic_ready(cluster, topic, PARTITIONS, 3)
+
+    assert end_offsets(cluster.bootstrap, tps) == before
+    assert_all_acked_present(cluster, topic, acked)
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        meta = producer.send(topic, b"after-restart", partition=0).result(timeout=30)
+    assert meta.offset == before[tps[0]]
+
+
+def test_sigterm_moves_leadership_away_before_the_leader_stops(fresh_cluster_3):
+    cluster, topic = fresh_cluster_3, "controlled"
+    create_topic(cluster, topic)
+    with SteadyProducer(cluster.bootstrap, topic) as producer:
+        producer.wait_acked(3000, 30)
+        victim = leader_of(cluster, topic, 0, via=1)
+        led = {p for p, pm in partitions_of(broker_metadata(cluster, victim), topic).items()
+               if pm.leader_id == victim}
+        epochs = {p: pm.leader_epoch for p, pm in partitions_of(broker_metadata(cluster, victim), topic).items()}
+        stopping_at = len(producer.futures)
+
+        assert cluster.brokers[victim].stop(60) == 0
+        log = cluster.brokers[victim].log_path.read_text()
+        assert f"controlled shutdown of broker {victim} succeeded" in log
+        assert log.index("controlled shutdown of broker") < log.rindex(f"broker {victim} stopped")
+
+        others = [i for i in cluster.brokers if i != victim]
+        for i in others:
+            parts = partitions_of(broker_metadata(cluster, i), topic)
+            for p in led:
+                assert parts[p].leader_id in others, f"{topic}-{p} still led by {parts[p].leader_id}"
+                assert parts[p].leader_epoch > epochs[p]
+        producer.wait_acked(1000, 30, partition=0, since=stopping_at)
+        acked = producer.finish()  # every record acknowledged: no error got past the retries
+
+    assert_all_acked_present(cluster, topic, acked)
