@@ -83,6 +83,31 @@ def _dev(args: argparse.Namespace) -> int:
     return run_dev_up(args.dir, args.brokers, args.zk_port, args.base_port)
 
 
+# -- health -------------------------------------------------------------------------------------
+
+
+def _health_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", metavar="HOST:PORT[,HOST:PORT]",
+                   help="brokers to check, each must be ready (default: --config's listener, else "
+                        "env TIDELOG_BOOTSTRAP, else localhost:9092)")
+    p.add_argument("--config", metavar="FILE",
+                   help="a broker config (with its TIDELOG_* environment, like `tidelog broker`): "
+                        "check that broker, on its own listener, and require its broker.id")
+    p.add_argument("--broker-id", type=int, metavar="ID", help="require this broker in the metadata")
+    p.add_argument("--timeout-ms", type=int, default=5000, metavar="MS", help="per attempt (default 5000)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="keep trying until ready or this long has passed (default: one attempt)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
+
+
+def _health(args: argparse.Namespace) -> int:
+    from broker.health import run
+
+    bootstrap = args.bootstrap or (None if args.config else os.environ.get("TIDELOG_BOOTSTRAP"))
+    return run(bootstrap, args.config, args.broker_id, args.timeout_ms, args.wait, args.quiet,
+               sys.stdout, sys.stderr)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("broker", "run one broker in the foreground (SIGTERM: controlled shutdown)",
             "Run a broker. The config file is TOML with Kafka's key names (broker.id, listeners, "
@@ -90,6 +115,12 @@ COMMANDS: tuple[Command, ...] = (
     Command("dev", "run a local cluster: ZooKeeper and N brokers as child processes",
             "tidelog dev up: start a real ZooKeeper and N brokers under --dir (reused on the next "
             "run), print the bootstrap address, and stop everything on Ctrl-C.", _dev_arguments, _dev),
+    Command("health", "is a broker ready? (registered, logs loaded, has metadata): exit 0 or 1",
+            "Check broker readiness with a Metadata request: the broker must know the cluster "
+            "(it is registered in ZooKeeper, has loaded its logs and received metadata from the "
+            "controller). Exit status 0 when every broker checked is ready, 1 otherwise, 2 for "
+            "usage or config errors. For container healthchecks: tidelog health --config FILE.",
+            _health_arguments, _health),
     Command(
         "dump-log", "print and check log segment files (like kafka-dump-log)",
         "Print the batches of .log segment files (and with --print-data their records), the "

@@ -27,6 +27,7 @@ import trio
 from broker.channel import BrokerChannel, BrokerUnreachable
 from broker.config import BrokerConfig
 from broker.controller.controller import Controller, ControllerConfig
+from broker.health import Readiness, broker_readiness
 from broker.coordination import layout
 from broker.coordination.layout import BrokerInfo, LeaderAndIsr
 from broker.coordination.zk import ZkClient
@@ -68,6 +69,9 @@ class BrokerServer:
         self.broker_epoch = -1
         self.port: int | None = None
         self.ready = trio.Event()
+        self.logs_loaded = False
+        self.metrics = None  # broker.metrics.BrokerMetrics when metrics.port >= 0
+        self.metrics_port: int | None = None
         self._leader_channels: dict[int, BrokerChannel] = {}
         self._socket_server: SocketServer | None = None
         self._cancel: trio.CancelScope | None = None
@@ -76,6 +80,7 @@ class BrokerServer:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(self.log_manager.startup)
+        self.logs_loaded = True
         try:
             async with self.zk:
                 await self._join_cluster()
@@ -101,7 +106,14 @@ class BrokerServer:
 
     async def _start_services(self, nursery: trio.Nursery) -> None:
         host, _ = self.config.listener
-        self._socket_server = SocketServer.from_config(self.config, self.apis.handle)
+        handler = self.apis.handle
+        if self.config.metrics_port >= 0:  # Prometheus endpoint and per-request hook (broker/metrics.py)
+            from broker.metrics import BrokerMetrics
+
+            self.metrics = BrokerMetrics(self)
+            handler = self.metrics.instrument(handler)
+            self.metrics_port = await nursery.start(self.metrics.run, host, self.config.metrics_port)
+        self._socket_server = SocketServer.from_config(self.config, handler)
         self.port = await nursery.start(self._socket_server.run)
         await nursery.start(self.replica_manager.run)
         await self._register()
@@ -145,6 +157,14 @@ class BrokerServer:
             except (OSError, StorageError) as e:
                 logger.error("periodic %s failed: %s", job.__name__, e)
             due[i] = trio.current_time() + ms / 1000
+
+    def readiness(self) -> Readiness:
+        """Logs loaded, registered in ZooKeeper, metadata received (broker/health.py)."""
+        return broker_readiness(self)
+
+    def socket_stats(self):
+        """The socket server's counters (broker.network.NetworkStats), None before it starts."""
+        return self._socket_server.stats() if self._socket_server is not None else None
 
     # -- shutdown ------------------------------------------------------------------------------
 

@@ -1,0 +1,172 @@
+"""Broker readiness: in the process (``broker_readiness``) and over the wire (``probe``).
+
+A broker is *ready* when it
+
+1. has loaded (and, after a crash, recovered) its logs,
+2. is registered in ZooKeeper (its ephemeral ``/brokers/ids/<id>`` exists: it has a broker
+   epoch and its session is connected), and
+3. knows the cluster metadata: the controller has sent it an UpdateMetadata that lists the
+   broker itself (``BrokerServer.ready``).
+
+Only then does it lead or follow partitions and answer clients with a full view of the
+cluster, so only then should a rolling restart move on to the next broker, or a load
+balancer or compose ``depends_on: condition: service_healthy`` consider it up.
+
+Inside the broker, ``GET /ready`` on the metrics port (broker/metrics.py) reports the three
+checks. From outside, ``tidelog health`` asks the broker itself with a Metadata request (no
+HTTP, so it also works when the metrics endpoint is disabled): the broker's metadata cache
+is empty until the controller's first UpdateMetadata reached it, which is only sent after
+it registered, which is only done after its logs were loaded. A reply that lists brokers and
+a controller therefore means ready; with ``broker_id`` given (``--config`` gives it), the
+reply must also list that broker.
+
+This module uses only the standard library and the sans-IO protocol, so the health command
+starts fast (a container healthcheck runs it every few seconds).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.connection import ClientConnection
+from protocol.messages import ApiKey, MetadataRequest, MetadataResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    logs_loaded: bool
+    zookeeper_connected: bool
+    registered: bool
+    has_metadata: bool
+
+    @property
+    def ready(self) -> bool:
+        return self.logs_loaded and self.zookeeper_connected and self.registered and self.has_metadata
+
+    def problems(self) -> list[str]:
+        return [text for ok, text in ((self.logs_loaded, "logs not loaded yet"),
+                                      (self.zookeeper_connected, "not connected to ZooKeeper"),
+                                      (self.registered, "not registered in ZooKeeper"),
+                                      (self.has_metadata, "no cluster metadata from the controller yet"))
+                if not ok]
+
+
+def broker_readiness(server: Any) -> Readiness:
+    """The readiness of a running ``BrokerServer`` (read on its Trio thread)."""
+    connected = bool(server.zk.connected)
+    return Readiness(logs_loaded=bool(getattr(server, "logs_loaded", False)), zookeeper_connected=connected,
+                     registered=connected and server.broker_epoch >= 0, has_metadata=server.ready.is_set())
+
+
+# -- over the wire ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    address: str
+    ready: bool
+    detail: str  # one line for humans
+    controller_id: int = -1
+    brokers: tuple[int, ...] = ()
+
+
+def parse_address(text: str, default_port: int = 9092) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``host`` -> (host, port)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else default_port
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text, default_port
+    if not port.isdigit():
+        raise ValueError(f"bad address {text!r}: expected host:port")
+    return host or "127.0.0.1", int(port)
+
+
+def metadata_request(host: str, port: int, timeout: float) -> MetadataResponse:
+    """One blocking Metadata request for no topics (cheap on a broker with many)."""
+    conn = ClientConnection(client_id="tidelog-health")
+    deadline = time.monotonic() + timeout
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        _, frame = conn.send_request(ApiKey.METADATA, 0, MetadataRequest(topics=[]))
+        s.sendall(frame)
+        while True:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            data = s.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the broker closed the connection")
+            for _, body in conn.receive_data(data):
+                return MetadataResponse.from_body(body)
+
+
+def probe(address: str, timeout: float = 5.0, broker_id: int | None = None) -> ProbeResult:
+    """Is the broker at ``address`` ready? Never raises for network trouble: that is "not ready"."""
+    try:
+        host, port = parse_address(address)
+        md = metadata_request(host, port, timeout)
+    except (OSError, ValueError, ConnectionError) as e:
+        return ProbeResult(address, False, f"cannot ask: {e}")
+    except Exception as e:  # a reply that is not a Metadata response
+        return ProbeResult(address, False, f"unexpected reply: {e}")
+    ids = tuple(sorted(b.node_id for b in md.brokers))
+    if not ids:
+        return ProbeResult(address, False, "no cluster metadata yet (not registered, or the controller "
+                                           "has not reached it)", md.controller_id, ids)
+    if broker_id is not None and broker_id not in ids:
+        return ProbeResult(address, False, f"broker {broker_id} is not in its metadata yet (brokers {list(ids)})",
+                           md.controller_id, ids)
+    if md.controller_id < 0:
+        return ProbeResult(address, False, f"no controller known (brokers {list(ids)})", md.controller_id, ids)
+    who = f"broker {broker_id}" if broker_id is not None else "broker"
+    return ProbeResult(address, True, f"{who} ready: {len(ids)} brokers {list(ids)}, controller {md.controller_id}",
+                       md.controller_id, ids)
+
+
+def probe_until(addresses: list[str], timeout: float, wait_s: float, broker_id: int | None = None,
+                interval: float = 0.5) -> list[ProbeResult]:
+    """Probe every address; with ``wait_s`` > 0, repeat until all are ready or the time is up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        results = [probe(a, timeout, broker_id) for a in addresses]
+        if all(r.ready for r in results) or time.monotonic() + interval > deadline:
+            return results
+        time.sleep(interval)
+
+
+def address_from_config(config: Any) -> tuple[str, int]:
+    """Where a broker with ``config`` can be reached from its own machine: its listener, with
+    a wildcard or empty host replaced by the loopback address."""
+    host, port = config.listener
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return host, port
+
+
+def run(bootstrap: str | None, config_path: str | None, broker_id: int | None, timeout_ms: int,
+        wait_s: float, quiet: bool, out, err) -> int:
+    """``tidelog health``: 0 when every probed broker is ready, 1 otherwise, 2 on a bad config."""
+    addresses = [a for a in (bootstrap or "").split(",") if a.strip()]
+    if config_path is not None:
+        from broker.config import BrokerConfig, ConfigError
+
+        try:
+            config = BrokerConfig.load(config_path)
+        except (ConfigError, OSError) as e:
+            print(f"tidelog health: {e}", file=err)
+            return 2
+        if not addresses:
+            host, port = address_from_config(config)
+            addresses = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+        broker_id = config.broker_id if broker_id is None else broker_id
+    if not addresses:
+        addresses = ["localhost:9092"]
+    results = probe_until(addresses, timeout_ms / 1000, wait_s, broker_id)
+    for r in results:
+        if not quiet or not r.ready:
+            print(f"{r.address}: {r.detail}" if r.ready else f"{r.address}: not ready: {r.detail}",
+                  file=out if r.ready else err)
+    return 0 if all(r.ready for r in results) else 1

@@ -1,0 +1,474 @@
+"""The broker's Prometheus endpoint: Kafka's key broker metrics under Tidelog names.
+
+Theory of operation. Nothing here runs per record, and almost nothing per request:
+
+* **Scrape-time state.** ``BrokerCollector.collect`` reads the broker's live state when
+  Prometheus scrapes: the replica manager's partitions (under-replicated, under-min-ISR,
+  at-min-ISR, leader and partition counts, per-partition log size and offsets), its ISR
+  shrink/expand counters, the controller's view (active or not, offline partitions), the
+  network's counters and the broker's readiness. The broker keeps these anyway; reading them
+  costs the hot path nothing.
+* **One observation per request.** ``RequestMetrics.instrument`` wraps the handler that the
+  socket server calls (``Apis.handle``). Per request it takes two clock readings, bumps a
+  plain integer histogram bucket, and for Produce and Fetch walks the *batch headers* of the
+  request or response (one struct read per batch, never per record) to count bytes and
+  records per topic. The counts are plain ints and dicts on the Trio thread; the collector
+  turns them into Prometheus families at scrape time. No locks, no label lookups per request.
+* **Produce purgatory.** An acks=all produce whose append succeeded waits for the high
+  watermark in its own task (Kafka's DelayedProduce purgatory); the wrapper counts those
+  waiting requests.
+* **The endpoint** is a small HTTP/1.0 server on the broker's Trio loop (``MetricsServer``):
+  ``GET /metrics`` renders the registry with ``prometheus_client.generate_latest`` on the
+  Trio thread, so a scrape sees a consistent snapshot and never races the broker's data
+  structures; ``GET /ready`` answers 200 when the broker is ready (broker/health.py) and 503
+  with the failing checks otherwise; ``GET /live`` answers 200 while the loop runs.
+
+Consumer group lag is not exported: Tidelog has no consumer groups yet (issue 5). When the
+group coordinator lands, its committed offsets against the partitions' high watermarks give
+``tidelog_group_lag{group,topic,partition}`` here, read at scrape time like the rest.
+
+Request latency is measured from the moment the socket server hands the parsed request to
+the handler until the handler's response is ready (Kafka's LocalTimeMs + RemoteTimeMs: for
+acks=all produce it includes the wait for replication; for fetch, the long poll). Time spent
+queued behind other requests of the connection and writing the response is not included.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import struct
+import time
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import trio
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from protocol.messages import ApiKey, FetchResponse, ProduceResponse
+from protocol.records import BATCH_LENGTH_AT, HEADER_SIZE, LOG_OVERHEAD
+
+logger = logging.getLogger("tidelog.metrics")
+
+# Request latency buckets (seconds): sub-millisecond metadata calls up to long-polled fetches
+# and acks=all produces waiting for slow followers.
+LATENCY_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                        0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_I32 = struct.Struct(">i")
+RECORDS_COUNT_AT = HEADER_SIZE - 4  # the batch header's last field
+_REQUEST_NAMES = {int(k): "".join(w.capitalize() for w in k.name.split("_")) for k in ApiKey}
+_FETCH = int(ApiKey.FETCH)
+_PRODUCE = int(ApiKey.PRODUCE)
+
+Handler = Callable[[Any, dict], Any]
+
+
+def batch_stats(records: bytes | None) -> tuple[int, int]:
+    """(bytes, records) of the whole batches in ``records``: one header read per batch. A
+    trailing partial batch (a fetch may end with one) counts for neither."""
+    if not records:
+        return 0, 0
+    n, pos, end = 0, 0, len(records)
+    while pos + HEADER_SIZE <= end:
+        size = LOG_OVERHEAD + _I32.unpack_from(records, pos + BATCH_LENGTH_AT)[0]
+        if size < HEADER_SIZE or pos + size > end:
+            break
+        n += _I32.unpack_from(records, pos + RECORDS_COUNT_AT)[0]
+        pos += size
+    return pos, n
+
+
+def request_name(api_key: int, body: Any = None) -> str:
+    """Kafka's request names: ``Produce``, ``Metadata``, ...; fetches split into
+    ``FetchConsumer`` and ``FetchFollower`` (by the request's replica id), as Kafka does."""
+    if api_key == _FETCH:
+        follower = isinstance(body, dict) and isinstance(body.get("replica_id"), int) and body["replica_id"] >= 0
+        return "FetchFollower" if follower else "FetchConsumer"
+    return _REQUEST_NAMES.get(api_key, f"ApiKey{api_key}")
+
+
+class _Histogram:
+    """A latency histogram as plain ints: one bucket increment per observation."""
+
+    __slots__ = ("buckets", "count", "sum")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)  # the last one is +Inf
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.count += 1
+        self.sum += seconds
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, total = [], 0
+        for bound, n in zip((*map(str, LATENCY_BUCKETS_S), "+Inf"), self.buckets):
+            total += n
+            out.append((bound, total))
+        return out
+
+
+class RequestMetrics:
+    """What can only be seen per request: rates and latencies per API, bytes and records in
+    and out per topic, the produce purgatory. Updated on the broker's Trio thread only."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.latency: dict[str, _Histogram] = {}
+        self.bytes_in: Counter[str] = Counter()
+        self.messages_in: Counter[str] = Counter()
+        self.bytes_out: Counter[str] = Counter()
+        self.messages_out: Counter[str] = Counter()
+        self.replication_bytes_out = 0
+        self.produce_purgatory_size = 0
+
+    def instrument(self, handler: Handler) -> Handler:
+        """``handler`` (the socket server's: header, body -> response or awaitable) with one
+        observation per request. The handler's order-sensitive synchronous part (the produce
+        append) still runs before this returns, so request order is unchanged."""
+
+        def handle(header, body):
+            start = self.clock()
+            try:
+                result = handler(header, body)
+            except BaseException:
+                self._observe(header.api_key, body, start)
+                raise
+            if inspect.isawaitable(result):
+                return self._complete_later(header.api_key, body, start, result)
+            self._observe(header.api_key, body, start)
+            self._account(header.api_key, body, result)
+            return result
+
+        return handle
+
+    async def _complete_later(self, api_key: int, body: dict, start: float, result: Awaitable) -> Any:
+        waiting = api_key == _PRODUCE
+        self.produce_purgatory_size += waiting
+        try:
+            response = await result
+        finally:
+            self.produce_purgatory_size -= waiting
+            self._observe(api_key, body, start)
+        self._account(api_key, body, response)
+        return response
+
+    def _observe(self, api_key: int, body: Any, start: float) -> None:
+        name = request_name(api_key, body)
+        hist = self.latency.get(name)
+        if hist is None:
+            hist = self.latency[name] = _Histogram()
+        hist.observe(self.clock() - start)
+
+    def _account(self, api_key: int, body: dict, response: Any) -> None:
+        try:
+            if api_key == _PRODUCE:
+                self._account_produce(body, response)
+            elif api_key == _FETCH and isinstance(response, FetchResponse):
+                self._account_fetch(body, response)
+        except (KeyError, TypeError, IndexError, struct.error) as e:  # never fail a request over metrics
+            logger.debug("request not accounted: %r", e)
+
+    def _account_produce(self, body: dict, response: Any) -> None:
+        """Bytes and records appended, per topic: every partition whose append got an offset
+        (acks=0 has no response: everything the request carried is counted)."""
+        appended = None
+        if isinstance(response, ProduceResponse):
+            appended = {(t.name, p.index) for t in response.responses for p in t.partition_responses
+                        if p.base_offset >= 0}
+        for t in body["topic_data"]:
+            topic = t["name"]
+            for p in t["partition_data"]:
+                if appended is None or (topic, p["index"]) in appended:
+                    size, count = batch_stats(p["records"])
+                    self.bytes_in[topic] += size
+                    self.messages_in[topic] += count
+
+    def _account_fetch(self, body: dict, response: FetchResponse) -> None:
+        follower = request_name(_FETCH, body) == "FetchFollower"
+        for t in response.responses:
+            for p in t.partitions:
+                if not p.records:
+                    continue
+                size, count = batch_stats(p.records)
+                if follower:
+                    self.replication_bytes_out += size
+                else:
+                    self.bytes_out[t.topic] += size
+                    self.messages_out[t.topic] += count
+
+
+# -- the collector --------------------------------------------------------------------------------
+
+
+class BrokerCollector:
+    """Every family of the endpoint, built from the broker's state at scrape time.
+
+    ``server`` is the BrokerServer (or anything with its attributes: config, replica_manager,
+    controller, log_manager, metadata, readiness(), and ``socket_stats()``)."""
+
+    def __init__(self, server: Any, requests: RequestMetrics):
+        self.server = server
+        self.requests = requests
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._broker()
+        yield from self._replica_manager()
+        yield from self._controller()
+        yield from self._requests()
+        yield from self._topics()
+        yield from self._logs()
+        yield from self._network()
+
+    def _broker(self) -> Iterator[Metric]:
+        s = self.server
+        checks = s.readiness()
+        ready = GaugeMetricFamily("tidelog_broker_ready",
+                                  "1 when the broker is ready: logs loaded, registered in ZooKeeper, "
+                                  "metadata received (GET /ready)")
+        ready.add_metric([], float(checks.ready))
+        yield ready
+        zk = GaugeMetricFamily("tidelog_zookeeper_connected", "1 while the ZooKeeper session is connected")
+        zk.add_metric([], float(checks.zookeeper_connected))
+        yield zk
+        epoch = GaugeMetricFamily("tidelog_broker_epoch",
+                                  "The broker epoch (its registration's ZooKeeper zxid); changes on re-registration")
+        epoch.add_metric([], float(getattr(s, "broker_epoch", -1)))
+        yield epoch
+
+    def _replica_manager(self) -> Iterator[Metric]:
+        rm = self.server.replica_manager
+        partitions = list(rm.partitions.values())
+        leaders = [p for p in partitions if p.is_leader and p.log is not None]
+        under = sum(1 for p in leaders if len(p.isr) < len(p.replicas))
+        under_min = sum(1 for p in leaders if len(p.isr) < p.min_insync_replicas)
+        at_min = sum(1 for p in leaders if len(p.isr) == p.min_insync_replicas)
+        for name, doc, value in (
+                ("tidelog_replica_manager_partitions", "Partition replicas hosted by this broker", len(partitions)),
+                ("tidelog_replica_manager_leader_partitions", "Partitions this broker leads", len(leaders)),
+                ("tidelog_replica_manager_under_replicated_partitions",
+                 "Partitions led here whose ISR is smaller than their replica set", under),
+                ("tidelog_replica_manager_under_min_isr_partitions",
+                 "Partitions led here whose ISR is below min.insync.replicas (acks=all produce fails)", under_min),
+                ("tidelog_replica_manager_at_min_isr_partitions",
+                 "Partitions led here whose ISR is exactly min.insync.replicas (one more failure blocks acks=all)",
+                 at_min),
+                ("tidelog_replica_manager_replica_fetchers", "Follower fetchers (one per source broker)",
+                 len(rm.fetchers))):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], float(value))
+            yield g
+        for name, doc, value in (("tidelog_replica_manager_isr_shrinks", "ISR shrinks on partitions led here",
+                                  rm.isr_shrinks),
+                                 ("tidelog_replica_manager_isr_expands", "ISR expansions on partitions led here",
+                                  rm.isr_expands)):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], float(value))
+            yield c
+        purgatory = GaugeMetricFamily("tidelog_produce_purgatory_size",
+                                      "acks=all produce requests waiting for the high watermark")
+        purgatory.add_metric([], float(self.requests.produce_purgatory_size))
+        yield purgatory
+
+    def _controller(self) -> Iterator[Metric]:
+        controller = self.server.controller
+        active = GaugeMetricFamily("tidelog_controller_active",
+                                   "1 on the broker that is the active controller, 0 elsewhere "
+                                   "(the sum over the cluster must be exactly 1)")
+        active.add_metric([], float(controller.is_active))
+        yield active
+        offline = GaugeMetricFamily("tidelog_controller_offline_partitions",
+                                    "Partitions without a live leader (reported by the active controller only)")
+        offline.add_metric([], float(offline_partitions(controller)))
+        yield offline
+
+    def _requests(self) -> Iterator[Metric]:
+        latency = HistogramMetricFamily("tidelog_request_duration_seconds",
+                                        "Time from a parsed request to its response, per request type",
+                                        labels=["request"])
+        for name, hist in sorted(self.requests.latency.items()):
+            latency.add_metric([name], hist.cumulative(), hist.sum)
+        yield latency
+
+    def _topics(self) -> Iterator[Metric]:
+        r = self.requests
+        for name, doc, values in (
+                ("tidelog_topic_bytes_in", "Bytes of record batches appended by producers", r.bytes_in),
+                ("tidelog_topic_messages_in", "Records appended by producers", r.messages_in),
+                ("tidelog_topic_bytes_out", "Bytes of record batches sent to consumers", r.bytes_out),
+                ("tidelog_topic_messages_out", "Records sent to consumers", r.messages_out)):
+            c = CounterMetricFamily(name, doc, labels=["topic"])
+            for topic, value in sorted(values.items()):
+                c.add_metric([topic], float(value))
+            yield c
+        rep = CounterMetricFamily("tidelog_replication_bytes_out", "Bytes of record batches sent to followers")
+        rep.add_metric([], float(r.replication_bytes_out))
+        yield rep
+
+    def _logs(self) -> Iterator[Metric]:
+        families = {
+            "size": GaugeMetricFamily("tidelog_log_size_bytes", "Bytes of a partition's log on this broker",
+                                      labels=["topic", "partition"]),
+            "segments": GaugeMetricFamily("tidelog_log_segments", "Segments of a partition's log",
+                                          labels=["topic", "partition"]),
+            "start": GaugeMetricFamily("tidelog_log_start_offset", "First offset of a partition's log",
+                                       labels=["topic", "partition"]),
+            "end": GaugeMetricFamily("tidelog_log_end_offset", "Log end offset (next offset to write)",
+                                     labels=["topic", "partition"]),
+            "hw": GaugeMetricFamily("tidelog_log_high_watermark", "High watermark (end of committed records)",
+                                    labels=["topic", "partition"]),
+        }
+        for tp, log in sorted(self.server.log_manager.logs.items()):
+            labels = [tp.topic, str(tp.partition)]
+            families["size"].add_metric(labels, float(log.size))
+            families["segments"].add_metric(labels, float(len(log.segments)))
+            families["start"].add_metric(labels, float(log.log_start_offset))
+            families["end"].add_metric(labels, float(log.log_end_offset))
+            families["hw"].add_metric(labels, float(log.high_watermark))
+        yield from families.values()
+
+    def _network(self) -> Iterator[Metric]:
+        stats = self.server.socket_stats()
+        if stats is None:
+            return
+        g = GaugeMetricFamily("tidelog_network_connections", "Open client and broker connections")
+        g.add_metric([], float(stats.connections_open))
+        yield g
+        for name, doc, value in (
+                ("tidelog_network_connections_accepted", "Connections accepted", stats.connections_accepted),
+                ("tidelog_network_invalid_requests",
+                 "Frames answered with INVALID_REQUEST or closing their connection", stats.invalid_requests),
+                ("tidelog_network_handler_errors", "Requests whose handler failed unexpectedly (see the log)",
+                 stats.handler_errors)):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], float(value))
+            yield c
+        requests = CounterMetricFamily("tidelog_network_requests", "Requests read, per API", labels=["request"])
+        for key, n in sorted(stats.requests_handled.items()):
+            requests.add_metric([_REQUEST_NAMES.get(key, f"ApiKey{key}")], float(n))
+        yield requests
+
+
+def offline_partitions(controller: Any) -> int:
+    """Partitions whose leader is -1 or not a live broker, as the active controller sees them
+    (0 on every other broker, as Kafka's OfflinePartitionsCount)."""
+    ctx = getattr(controller, "ctx", None)
+    if ctx is None:
+        return 0
+    live = ctx.live
+    return sum(1 for st, _ in ctx.states.values() if st.leader < 0 or st.leader not in live)
+
+
+def build_registry(server: Any, requests: RequestMetrics, *, process: bool = True) -> CollectorRegistry:
+    """A registry with the broker's collector (and the process's CPU, memory, fds)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(server, requests))
+    if process:
+        ProcessCollector(namespace="tidelog", registry=registry)
+    return registry
+
+
+class BrokerMetrics:
+    """What the broker server holds: the per-request hook and the endpoint."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self.requests = RequestMetrics()
+        self.registry = build_registry(server, self.requests)
+
+    def instrument(self, handler: Handler) -> Handler:
+        return self.requests.instrument(handler)
+
+    async def run(self, host: str | None, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the endpoint; ``task_status.started(port)`` once listening."""
+        await MetricsServer(self.registry, self.server.readiness, host, port).run(task_status=task_status)
+
+
+# -- the HTTP endpoint ------------------------------------------------------------------------------
+
+MAX_REQUEST_HEAD_BYTES = 8192
+REQUEST_TIMEOUT_S = 10.0
+
+
+class MetricsServer:
+    """``GET /metrics``, ``/ready`` and ``/live`` over HTTP/1.0 on the broker's Trio loop.
+
+    One response per connection (``Connection: close``); a request head larger than
+    ``MAX_REQUEST_HEAD_BYTES`` or slower than ``REQUEST_TIMEOUT_S`` is dropped."""
+
+    def __init__(self, registry: CollectorRegistry, readiness: Callable[[], Any], host: str | None, port: int):
+        self.registry = registry
+        self.readiness = readiness
+        self.host = host or None
+        self.port = port
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        if self.port == 0:
+            for extra in listeners[1:]:
+                await extra.aclose()
+            listeners = listeners[:1]
+        self.port = listeners[0].socket.getsockname()[1]
+        logger.info("metrics on http://%s:%d/metrics", self.host or "*", self.port)
+        task_status.started(self.port)
+        await trio.serve_listeners(self._serve, listeners)
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        try:
+            async with stream:
+                with trio.move_on_after(REQUEST_TIMEOUT_S):
+                    head = await _read_head(stream)
+                    if head is None:
+                        return
+                    await stream.send_all(self.respond(head))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            logger.debug("metrics connection closed: %r", e)
+
+    def respond(self, head: bytes) -> bytes:
+        """The whole HTTP response to a request head (request line and headers)."""
+        try:
+            method, target, _ = head.split(b"\r\n", 1)[0].decode("ascii").split(" ", 2)
+        except (UnicodeDecodeError, ValueError):
+            return _http(400, b"bad request\n")
+        path = target.split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return _http(405, b"method not allowed\n", extra=b"Allow: GET, HEAD\r\n")
+        if path == "/metrics":
+            body, ctype = generate_latest(self.registry), CONTENT_TYPE_LATEST
+        elif path == "/ready":
+            checks = self.readiness()
+            text = ("ready\n" if checks.ready else "not ready: " + "; ".join(checks.problems()) + "\n")
+            return _http(200 if checks.ready else 503, text.encode(), head_only=method == "HEAD")
+        elif path in ("/live", "/"):
+            body, ctype = b"ok\n", "text/plain; charset=utf-8"
+        else:
+            return _http(404, b"not found: try /metrics, /ready or /live\n")
+        return _http(200, body, ctype, head_only=method == "HEAD")
+
+
+async def _read_head(stream: trio.SocketStream) -> bytes | None:
+    buf = bytearray()
+    while b"\r\n\r\n" not in buf and b"\n\n" not in buf:
+        if len(buf) > MAX_REQUEST_HEAD_BYTES:
+            return None
+        data = await stream.receive_some(4096)
+        if not data:
+            return bytes(buf) if buf else None
+        buf += data
+    return bytes(buf)
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            503: "Service Unavailable"}
+
+
+def _http(status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", *,
+          extra: bytes = b"", head_only: bool = False) -> bytes:
+    head = (f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode() + extra + b"\r\n"
+    return head if head_only else head + body

