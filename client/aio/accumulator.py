@@ -262,6 +262,10 @@ class RecordAccumulator:
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         self._incomplete: set[ProducerBatch] = set()
         self._in_flight: dict[TopicPartition, int] = {}
+        # max_in_flight_requests_per_connection 1 (set by the producer): at most one batch of a
+        # partition in flight, even across a leader change (Kafka's muted partitions), so a
+        # retried batch can never land after a newer one sent to the new leader meanwhile
+        self.guarantee_order = False
         self._sticky: dict[str, ProducerBatch] = {}  # topic -> the open batch of keyless records
         self._used = 0
         self._memory_waiters = 0
@@ -443,6 +447,8 @@ class RecordAccumulator:
                           now: float, urgent: bool) -> float:
         """Seconds until the head batch may be sent (<= 0: now; inf: when something else
         happens, e.g. the partition's in-flight retry completes)."""
+        if self.guarantee_order and self._in_flight.get(tp):
+            return math.inf
         if batch.attempts:  # a retry: alone, in order, after its backoff
             if self._in_flight.get(tp):
                 return math.inf
@@ -466,6 +472,8 @@ class RecordAccumulator:
                 if leader not in wanted or not dq:
                     continue
                 batch = dq[0]
+                if self.guarantee_order and self._in_flight.get(tp):
+                    continue
                 if batch.attempts and (self._in_flight.get(tp) or batch.retry_at > now):
                     continue
                 size = batch.size

@@ -202,9 +202,13 @@ def decide_response(response: ProduceResponse, batches: Sequence[ProducerBatch],
 
 def decide_failure(batches: Sequence[ProducerBatch], error: BaseException, *, now: float,
                    retries: int) -> list[tuple[ProducerBatch, Decision]]:
-    """Decisions when the request itself failed (connection lost, timed out)."""
+    """Decisions when the request itself failed (connection lost, timed out). Either way the
+    node may no longer lead these partitions (a paused or partitioned leader accepts
+    connections and never answers), so metadata is refreshed, as Kafka's NetworkClient does on
+    a disconnection or a request timeout; otherwise retries go to the stale leader forever."""
     code = REQUEST_TIMED_OUT.code if isinstance(error, RequestTimedOut) else NETWORK_EXCEPTION.code
-    return [(b, decide(b, code, now=now, retries=retries, message=str(error))) for b in batches]
+    return [(b, decide(b, code, now=now, retries=retries, message=str(error))._replace(refresh_metadata=True))
+            for b in batches]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,6 +370,7 @@ class AsyncProducer:
             retry_backoff_s=config.retry_backoff_ms / 1000, partitioner=StickyPartitioner())
         self._sender = Sender(self._cluster, self._accumulator, config)
         self._accumulator.wakeup = self._sender.wakeup
+        self._accumulator.guarantee_order = config.max_in_flight_requests_per_connection == 1
         self._nursery: trio.Nursery | None = None
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._started = False

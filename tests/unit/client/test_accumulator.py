@@ -325,3 +325,26 @@ def test_many_threads_append_concurrently_without_losing_records():
     offsets = sorted(f.result(0).offset for f in futures)
     assert offsets == list(range(per_thread * threads))
     assert acc.used_memory == 0
+
+
+def test_with_guarantee_order_a_partition_has_one_batch_in_flight_even_across_leaders():
+    # max_in_flight_requests_per_connection 1: the leader moved while a batch was in flight to
+    # the old one; the next batch must not go to the new leader before the first is settled,
+    # or a retry of the first would land after it
+    clock = Clock()
+    acc = make(clock, linger_s=0, records_per_batch=1)
+    acc.guarantee_order = True
+    add(acc)
+    add(acc)
+    [first] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    moved = Leaders({T0: 2})
+    assert acc.ready(moved, clock.now).nodes == set()
+    assert acc.drain(moved, {2}, 1 << 20, clock.now) == {}
+    first.attempts = 1
+    acc.reenqueue(first, clock.now)
+    clock.now += 0.1
+    [again] = acc.drain(moved, {2}, 1 << 20, clock.now)[2]
+    assert again is first
+    acc.complete(first, base_offset=0)
+    [second] = acc.drain(moved, {2}, 1 << 20, clock.now)[2]
+    assert second is not first

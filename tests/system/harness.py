@@ -1,0 +1,887 @@
+"""The fault-matrix harness: a real 3-broker cluster under steady load, fault injection, and
+the oracle of RELIABILITY.md.
+
+A ``Scenario`` (a context manager) starts ZooKeeper and three broker processes in a temporary
+directory with small timeouts (``SYSTEM_CONFIG``), creates a topic (3 partitions, replication
+factor 3, min.insync.replicas 2, unclean leader election off unless the test says otherwise)
+and runs the workload in background threads:
+
+* one acks=all ``Producer`` (``max_in_flight_requests_per_connection`` 1, so its records keep
+  their send order per partition) sends unique, sequence-numbered values
+  (``b"<partition>:<seq>"``, round-robin over the partitions) at a bounded rate and records
+  every acknowledged ``(partition, offset, value)`` and every failure with its error;
+* one or two live ``Consumer`` threads are assigned every partition from offset 0 and record
+  every ``(partition, offset, value)`` they receive. As a real application would, they seek
+  back to the beginning on OFFSET_OUT_OF_RANGE (auto_offset_reset "none", so every such reset
+  is seen and recorded) and re-seek a partition after any other error.
+
+Faults are injected with ``stop`` (SIGTERM: controlled shutdown), ``kill`` (SIGKILL),
+``pause``/``resume`` (SIGSTOP/SIGCONT) and ``start``; each is written to a timeline that is
+printed with the report. Who leads a partition and who is the controller is read from the
+metadata of every running broker, and only a view they all agree on counts (a broker's cache
+lags the controller by one UpdateMetadata). Every wait polls a condition under a deadline.
+
+``heal`` restarts what was stopped and waits until every replica is back in its ISR;
+``stop_workload`` stops producing, settles every produce future and lets the consumers catch
+up to the high watermarks; ``check`` is the oracle, which also stops every broker cleanly to
+read their segment files:
+
+* I1  every acknowledged (partition, offset, value) is at that offset when each partition is
+      read by a fresh consumer from its start to its high watermark;
+* I3  offsets strictly increase (and are contiguous); per partition, the producer's values
+      appear in send order (re-sent duplicates, possible without idempotence, are counted);
+* I6  every record a live consumer received is in the final log at the same offset with the
+      same value, and no consumer skipped an offset without having been told (an
+      out-of-range error) -- I10's "never a silent skip";
+* I2  after a clean stop of every broker, every replica's segment files, read from disk,
+      agree record by record (with each other and with what the consumer read) up to the
+      smallest high watermark in the replicas' replication-offset-checkpoint files;
+* I5  ``dump-log --verify`` finds no problem in any segment of any replica.
+
+The ``Report`` carries the counts (acked, consumed, lost, diverged, ...) and the first few
+examples of each violation; ``Report.assert_ok`` fails with the whole report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import socket
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+from broker.devcluster import DevCluster, metadata
+from broker.log import dump
+from client import Admin, Consumer, NewTopic, Producer, TidelogError, TopicPartition
+from client.errors import OffsetOutOfRangeError
+from protocol.connection import ClientConnection
+from protocol.messages import (
+    ApiKey,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+    MetadataResponse,
+)
+from protocol.records import iter_all_records
+
+T = TypeVar("T")
+
+# Small timeouts so that faults are noticed quickly: a killed or paused broker's ZooKeeper
+# session expires after 6 s, a follower that stopped fetching leaves the ISR after 4 s, a
+# controlled shutdown that cannot move everything gives up after 3 x 0.3 s.
+SYSTEM_CONFIG: dict[str, object] = {
+    "zookeeper.session.timeout.ms": 6000,
+    "replica.lag.time.max.ms": 4000,
+    "controlled.shutdown.max.retries": 3,
+    "controlled.shutdown.retry.backoff.ms": 300,
+    "replica.fetch.backoff.ms": 200,
+    "replica.high.watermark.checkpoint.interval.ms": 1000,
+}
+SESSION_S = int(SYSTEM_CONFIG["zookeeper.session.timeout.ms"]) / 1000
+
+# Bounds on waits. Generous: two cores are shared with other people's test runs.
+ELECTION_TIMEOUT_S = 60.0   # a new leader or controller after a failure (includes session expiry)
+HEAL_TIMEOUT_S = 120.0      # every broker back and every replica back in its ISR
+SETTLE_TIMEOUT_S = 120.0    # produce futures resolved, consumers caught up
+
+
+# -- waiting -------------------------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], T], timeout: float, message: str, interval: float = 0.1) -> T:
+    """Poll ``condition`` until it returns something truthy (returned) or ``timeout`` seconds
+    pass (AssertionError naming ``message`` and the last value or error). Connection and
+    client errors while polling count as "not yet"."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+            last = value
+        except (OSError, TidelogError) as e:
+            last = e
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{message}: not reached within {timeout:g} s (last: {last!r})")
+        time.sleep(interval)
+
+
+def value_of(partition: int, seq: int) -> bytes:
+    return b"%d:%09d" % (partition, seq)
+
+
+def parse_value(value: bytes | None) -> tuple[int, int] | None:
+    try:
+        p, seq = value.split(b":")
+        return int(p), int(seq)
+    except (AttributeError, ValueError):
+        return None
+
+
+# -- the workload --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    partition: int
+    offset: int
+    value: bytes
+    seq: int
+    at: float  # time.monotonic() when the acknowledgement arrived
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    partition: int
+    value: bytes
+    seq: int
+    error: str  # the error code's name (or the exception type)
+    message: str
+    at: float
+
+
+def error_name(e: BaseException) -> str:
+    err = getattr(e, "error", None)
+    return getattr(err, "name", None) or type(e).__name__
+
+
+class ProducerWorker:
+    """The steady acks=all producer (a thread): ``rate`` records a second, round-robin over
+    the partitions, every outcome recorded by its future's callback."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int):
+        self.topic, self.partitions, self.rate = topic, partitions, rate
+        self.producer = Producer(bootstrap, acks="all", max_in_flight_requests_per_connection=1,
+                                 linger_ms=5, request_timeout_ms=10000, delivery_timeout_ms=60000,
+                                 retry_backoff_ms=100, max_block_ms=20000, client_id="system-producer")
+        self.acked: list[Ack] = []
+        self.failed: list[Failure] = []
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._resume = threading.Event()
+        self._resume.set()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="system-producer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def pause(self) -> None:
+        self._resume.clear()
+
+    def resume(self) -> None:
+        self._resume.set()
+
+    def _run(self) -> None:
+        chunk = max(1, self.rate // 50)
+        interval = chunk / self.rate
+        next_at = time.monotonic()
+        seq = 0
+        try:
+            while not self._stop.is_set():
+                if not self._resume.is_set():
+                    self._resume.wait(0.2)
+                    next_at = time.monotonic()
+                    continue
+                for _ in range(chunk):
+                    self._send_one(seq)
+                    seq += 1
+                self.sent = seq
+                next_at += interval
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    self._stop.wait(delay)
+                elif delay < -1.0:
+                    next_at = time.monotonic()  # fell behind (send blocked): no catch-up burst
+        except BaseException as e:  # noqa: BLE001 -- reported by stop()
+            self.error = e
+
+    def _send_one(self, seq: int) -> None:
+        p = seq % self.partitions
+        value = value_of(p, seq)
+        try:
+            fut = self.producer.send(self.topic, value, partition=p)
+        except TidelogError as e:  # max_block_ms passed without metadata or memory
+            self._record_failure(p, value, seq, e)
+            return
+        fut.add_done_callback(lambda f: self._done(f, p, value, seq))
+
+    def _done(self, fut, p: int, value: bytes, seq: int) -> None:
+        e = fut.exception(0)
+        if e is not None:
+            self._record_failure(p, value, seq, e)
+            return
+        md = fut.result(0)
+        with self._lock:
+            self.acked.append(Ack(p, md.offset, value, seq, time.monotonic()))
+
+    def _record_failure(self, p: int, value: bytes, seq: int, e: BaseException) -> None:
+        with self._lock:
+            self.failed.append(Failure(p, value, seq, error_name(e), str(e), time.monotonic()))
+
+    def acks(self) -> list[Ack]:
+        with self._lock:
+            return list(self.acked)
+
+    def acked_count(self, partition: int | None = None, since: float = 0.0) -> int:
+        return sum(1 for a in self.acks() if a.at >= since and (partition is None or a.partition == partition))
+
+    def stop(self, timeout: float = SETTLE_TIMEOUT_S) -> None:
+        """Stop sending and settle every future: delivered, or failed by the producer's close."""
+        self._stop.set()
+        self._resume.set()
+        self._thread.join(30)
+        self.producer.close(timeout=timeout)
+        if self.error is not None:
+            raise AssertionError(f"the producer thread failed: {self.error!r}") from self.error
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerEvent:
+    at: float
+    partition: int | None
+    error: str
+    message: str
+    position: int | None  # the consumer's next offset for the partition when it happened
+
+
+_PARTITION_IN_MESSAGE = re.compile(r"partition (\S+)-(\d+)\b")
+
+
+class ConsumerWorker:
+    """A live consumer (a thread) reading every partition from offset 0, recording each
+    (partition, offset, value) and every error; it resets to the beginning on
+    OFFSET_OUT_OF_RANGE and re-seeks a partition at its position after other errors."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, name: str):
+        self.topic, self.partitions, self.name = topic, partitions, name
+        self.tps = [TopicPartition(topic, p) for p in range(partitions)]
+        self.consumer = Consumer(bootstrap, auto_offset_reset="none", fetch_max_wait_ms=200,
+                                 request_timeout_ms=10000, default_api_timeout_ms=15000,
+                                 client_id=name)
+        self.seen: set[tuple[int, int, bytes | None]] = set()  # every (partition, offset, value)
+        self.received = 0
+        self.next_offset: dict[int, int] = {p: 0 for p in range(partitions)}
+        self.skips: list[tuple[int, int, int]] = []  # (partition, expected offset, got) without a reset
+        self.events: list[ConsumerEvent] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self.consumer.assign(self.tps)
+        for tp in self.tps:
+            self.consumer.seek(tp, 0)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    records = self.consumer.poll(timeout_ms=200)
+                except OffsetOutOfRangeError as e:
+                    self._reset(e)
+                    continue
+                except TidelogError as e:
+                    self._reseek(e)
+                    continue
+                with self._lock:
+                    for r in records:
+                        self._absorb(r.partition, r.offset, r.value)
+        except BaseException as e:  # noqa: BLE001 -- reported by stop()
+            self.error = e
+
+    def _absorb(self, p: int, offset: int, value: bytes | None) -> None:
+        expected = self.next_offset[p]
+        if offset != expected:
+            self.skips.append((p, expected, offset))
+        self.next_offset[p] = offset + 1
+        self.seen.add((p, offset, value))
+        self.received += 1
+
+    def _partition_of(self, e: BaseException) -> int | None:
+        m = _PARTITION_IN_MESSAGE.search(str(e))
+        return int(m.group(2)) if m and m.group(1) == self.topic else None
+
+    def _event(self, p: int | None, e: BaseException) -> None:
+        with self._lock:
+            self.events.append(ConsumerEvent(time.monotonic(), p, error_name(e), str(e),
+                                             None if p is None else self.next_offset[p]))
+
+    def _reset(self, e: OffsetOutOfRangeError) -> None:
+        """What a consumer with auto.offset.reset=earliest does, made visible."""
+        p = self._partition_of(e)
+        self._event(p, e)
+        for tp in self.tps if p is None else [self.tps[p]]:
+            self.consumer.seek_to_beginning(tp)
+            with self._lock:
+                self.next_offset[tp.partition] = self._earliest(tp)
+
+    def _earliest(self, tp: TopicPartition) -> int:
+        # the position the consumer resets to; offsets before it were not skipped silently
+        try:
+            return self.consumer.beginning_offsets([tp], timeout_ms=5000)[tp]
+        except TidelogError:
+            return 0
+
+    def _reseek(self, e: TidelogError) -> None:
+        p = self._partition_of(e)
+        self._event(p, e)
+        for tp in self.tps if p is None else [self.tps[p]]:
+            self.consumer.seek(tp, self.next_offset[tp.partition])
+        self._stop.wait(0.1)
+
+    def caught_up(self, ends: dict[int, int]) -> bool:
+        with self._lock:
+            return all(self.next_offset[p] >= end for p, end in ends.items())
+
+    def events_for(self, partition: int, error: str | None = None) -> list[ConsumerEvent]:
+        with self._lock:
+            return [ev for ev in self.events if ev.partition == partition and (error is None or ev.error == error)]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.consumer.close()
+        if self.error is not None:
+            raise AssertionError(f"consumer {self.name} failed: {self.error!r}") from self.error
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    """What the oracle found. Counts, plus up to ``EXAMPLES`` examples of each violation."""
+
+    EXAMPLES = 5
+
+    name: str
+    sent: int = 0
+    acked: int = 0
+    failed: int = 0
+    failures_by_error: dict[str, int] = field(default_factory=dict)
+    consumed: int = 0            # records the live consumers received (re-reads included)
+    consumed_distinct: int = 0   # distinct (partition, offset, value) received
+    final_records: int = 0       # records in the final log (sum of the HWs)
+    high_watermarks: dict[int, int] = field(default_factory=dict)
+    duplicates: int = 0          # producer values in the final log more than once (retries)
+    out_of_range_resets: int = 0
+    consumer_errors: dict[str, int] = field(default_factory=dict)
+    # violations
+    lost: list = field(default_factory=list)          # I1: acked, not at its offset
+    misordered: list = field(default_factory=list)    # I3: offsets or send order broken
+    phantom: list = field(default_factory=list)       # I6: consumed, not in the final log
+    silent_skips: list = field(default_factory=list)  # I6/I10: a consumer skipped offsets unannounced
+    not_consumed: list = field(default_factory=list)  # acked, never received by a live consumer
+    diverged: list = field(default_factory=list)      # I2: replicas differ below the HW
+    corrupt: list = field(default_factory=list)       # I5: dump-log --verify problems
+    replicas_compared: int = 0
+    segments_verified: int = 0
+    lost_records: list[Ack] = field(default_factory=list)  # the acks behind ``lost``
+    phantom_records: list[tuple[str, int, int]] = field(default_factory=list)  # (consumer, partition, offset)
+    timeline: list[str] = field(default_factory=list)
+
+    COUNTS = ("lost", "misordered", "phantom", "silent_skips", "not_consumed", "diverged", "corrupt")
+
+    def count(self, what: str) -> int:
+        return len(getattr(self, what))
+
+    def violations(self, ignore: Iterable[str] = ()) -> dict[str, int]:
+        return {k: self.count(k) for k in self.COUNTS if k not in ignore and self.count(k)}
+
+    def summary(self) -> str:
+        lines = [(f"== {self.name}: sent {self.sent}, acked {self.acked}, failed {self.failed} "
+                  f"{dict(self.failures_by_error)}, consumed {self.consumed} ({self.consumed_distinct} distinct), "
+                  f"final log {self.final_records} records, HWs {self.high_watermarks}, "
+                  f"duplicates {self.duplicates}, out-of-range resets {self.out_of_range_resets}, "
+                  f"consumer errors {dict(self.consumer_errors)}, replicas compared {self.replicas_compared}, "
+                  f"segments verified {self.segments_verified}"),
+                 "   " + ", ".join(f"{k} {self.count(k)}" for k in self.COUNTS)]
+        for k in self.COUNTS:
+            for example in getattr(self, k)[:self.EXAMPLES]:
+                lines.append(f"   {k}: {example}")
+        lines += ["   timeline:"] + [f"     {t}" for t in self.timeline]
+        return "\n".join(lines)
+
+    def assert_ok(self, ignore: Iterable[str] = ()) -> None:
+        print(self.summary())
+        bad = self.violations(ignore)
+        assert not bad, f"invariants violated: {bad}\n{self.summary()}"
+        assert self.acked > 0, f"nothing was acknowledged\n{self.summary()}"
+
+
+# -- the scenario --------------------------------------------------------------------------------
+
+
+class Scenario:
+    """A cluster, a topic and a steady workload; fault injection; heal; the oracle."""
+
+    def __init__(self, directory: Path, name: str, *, topic: str = "chaos", partitions: int = 3,
+                 replication_factor: int = 3, topic_config: dict[str, str] | None = None,
+                 extra_config: dict[str, object] | None = None, rate: int = 600, consumers: int = 2):
+        self.name = name
+        self.topic, self.partitions, self.replication_factor = topic, partitions, replication_factor
+        self.topic_config = {"min.insync.replicas": "2", "unclean.leader.election.enable": "false",
+                             **(topic_config or {})}
+        self.rate, self.n_consumers = rate, consumers
+        self.cluster = DevCluster(directory, brokers=3, zk_port=0, base_port=0,
+                                  extra_config={**SYSTEM_CONFIG, **(extra_config or {})})
+        self.producer: ProducerWorker | None = None
+        self.consumers: list[ConsumerWorker] = []
+        self.paused: set[int] = set()
+        self.timeline: list[str] = []
+        self._t0 = time.monotonic()
+        self._workload_stopped = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        try:
+            self.note("starting ZooKeeper and 3 brokers")
+            self.cluster.start(60.0)
+            self.create_topic(self.topic, self.partitions, self.replication_factor, self.topic_config)
+            self.start_workload()
+        except BaseException:
+            self._abort()
+            raise
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            self._abort()
+            return
+        self._close_workload()
+        self.cluster.kill()  # the oracle stopped the brokers cleanly; ZooKeeper and leftovers
+
+    def _abort(self) -> None:
+        print("\n".join(["timeline:"] + self.timeline))
+        for b in list(self.paused):
+            self.cluster.brokers[b].resume()
+        self._close_workload()
+        for i, b in self.cluster.brokers.items():
+            state = "running" if b.running else f"exited {b.proc.returncode if b.proc else None}"
+            print(f"===== broker {i} ({state}) {b.log_path} (last 60 lines) =====")
+            try:
+                print("\n".join(b.log_path.read_text(errors="replace").splitlines()[-60:]))
+            except OSError as e:
+                print(f"<cannot read: {e}>")
+        self.cluster.kill()
+
+    def _close_workload(self) -> None:
+        if self.producer is not None and not self._workload_stopped:
+            self.producer._stop.set()
+            self.producer._resume.set()
+            with contextlib.suppress(Exception):
+                self.producer.producer.close(timeout=0)
+        for c in self.consumers:
+            c._stop.set()
+            with contextlib.suppress(Exception):
+                c.consumer.close(timeout=5)
+        self._workload_stopped = True
+
+    def note(self, what: str) -> None:
+        line = f"{time.monotonic() - self._t0:7.2f}s {what}"
+        self.timeline.append(line)
+        print(line, flush=True)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    def admin(self) -> Admin:
+        return Admin(self.bootstrap, default_api_timeout_ms=30000, request_timeout_ms=10000)
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int,
+                     config: dict[str, str] | None = None, timeout: float = ELECTION_TIMEOUT_S) -> None:
+        with self.admin() as admin:
+            admin.create_topics([NewTopic(name, partitions, replication_factor, config=dict(config or {}))])
+        self.wait_isr_full(topic=name, partitions=partitions, timeout=timeout)
+        self.note(f"topic {name!r} created: {partitions} partitions, RF {replication_factor}, {config}")
+
+    def start_workload(self) -> None:
+        self.producer = ProducerWorker(self.bootstrap, self.topic, self.partitions, self.rate)
+        self.consumers = [ConsumerWorker(self.bootstrap, self.topic, self.partitions, f"system-consumer-{i}")
+                          for i in range(self.n_consumers)]
+        self.producer.start()
+        for c in self.consumers:
+            c.start()
+        self.note(f"workload started: {self.rate} records/s, {self.n_consumers} consumers")
+
+    # -- the cluster as the brokers see it -----------------------------------------------------
+
+    @property
+    def running(self) -> list[int]:
+        return [i for i, b in self.cluster.brokers.items() if b.running and i not in self.paused]
+
+    def metadata_of(self, broker_id: int, topics: list[str] | None = None) -> MetadataResponse:
+        return metadata(self.cluster.brokers[broker_id].port, timeout=5.0)
+
+    def views(self) -> dict[int, MetadataResponse]:
+        """The metadata of every running (not paused) broker."""
+        return {b: self.metadata_of(b) for b in self.running}
+
+    def agreed(self, fn: Callable[[MetadataResponse], T]) -> T | None:
+        """``fn`` of every running broker's metadata when they all agree, else None."""
+        values = [fn(md) for md in self.views().values()]
+        if values and all(v == values[0] for v in values):
+            return values[0]
+        return None
+
+    def partition_state(self, partition: int, topic: str | None = None) -> tuple[int, int, tuple[int, ...]] | None:
+        """``(leader, leader epoch, isr)`` of a partition as every running broker sees it."""
+        topic = topic or self.topic
+
+        def state(md: MetadataResponse):
+            for t in md.topics:
+                if t.name == topic:
+                    for p in t.partitions:
+                        if p.partition_index == partition:
+                            return p.leader_id, p.leader_epoch, tuple(sorted(p.isr_nodes))
+            return None
+        return self.agreed(state)
+
+    def replicas_of(self, partition: int, topic: str | None = None) -> list[int]:
+        topic = topic or self.topic
+        for md in self.views().values():
+            for t in md.topics:
+                if t.name == topic:
+                    for p in t.partitions:
+                        if p.partition_index == partition:
+                            return list(p.replica_nodes)
+        raise AssertionError(f"no running broker knows {topic}-{partition}")
+
+    def leader_of(self, partition: int, timeout: float = ELECTION_TIMEOUT_S, not_in: Iterable[int] = ()) -> int:
+        """The leader of ``partition`` once every running broker agrees it is a running broker
+        (and not one of ``not_in``)."""
+        excluded = set(not_in)
+
+        def leader():
+            st = self.partition_state(partition)
+            return st is not None and st[0] in self.running and st[0] not in excluded and st[0]
+        return wait_until(leader, timeout, f"a running leader of partition {partition} (not {sorted(excluded)})")
+
+    def controller(self, timeout: float = ELECTION_TIMEOUT_S, not_in: Iterable[int] = ()) -> int:
+        excluded = set(not_in)
+
+        def controller():
+            c = self.agreed(lambda md: md.controller_id)
+            return c is not None and c in self.running and c not in excluded and c
+        return wait_until(controller, timeout, f"a running controller (not {sorted(excluded)})")
+
+    def wait_isr(self, partition: int, isr: Iterable[int], timeout: float = ELECTION_TIMEOUT_S,
+                 topic: str | None = None) -> None:
+        want = tuple(sorted(isr))
+        wait_until(lambda: (st := self.partition_state(partition, topic)) is not None and st[2] == want,
+                   timeout, f"ISR of partition {partition} to be {list(want)}")
+
+    def wait_isr_full(self, topic: str | None = None, partitions: int | None = None,
+                      timeout: float = HEAL_TIMEOUT_S) -> None:
+        """Every partition has a running leader and all its replicas in the ISR, as every
+        running broker sees it, and every running broker is registered."""
+        topic = topic or self.topic
+        n = partitions or self.partitions
+
+        def full():
+            running = set(self.running)
+            for md in self.views().values():
+                if not running <= {b.node_id for b in md.brokers}:
+                    return False
+                parts = {p.partition_index: p for t in md.topics if t.name == topic for p in t.partitions}
+                if len(parts) != n or any(p.leader_id not in running or set(p.isr_nodes) != set(p.replica_nodes)
+                                          for p in parts.values()):
+                    return False
+            return True
+        wait_until(full, timeout, f"every replica of {topic!r} in its ISR")
+
+    def wait_gone(self, broker_id: int, timeout: float = ELECTION_TIMEOUT_S) -> None:
+        """Until no running broker lists ``broker_id`` (its ZooKeeper session expired)."""
+        wait_until(lambda: self.running and all(broker_id not in {b.node_id for b in md.brokers}
+                                                for md in self.views().values()),
+                   timeout, f"broker {broker_id} gone from the cluster metadata")
+        self.note(f"broker {broker_id} is gone from the metadata")
+
+    def wait_acked(self, n: int, partition: int | None = None, since: float | None = None,
+                   timeout: float = ELECTION_TIMEOUT_S) -> None:
+        """Until ``n`` more records (of ``partition``) were acknowledged after ``since``."""
+        since = time.monotonic() if since is None else since
+        wait_until(lambda: self.producer.acked_count(partition, since) >= n, timeout,
+                   f"{n} records acknowledged" + ("" if partition is None else f" on partition {partition}"))
+
+    def wait_consumed(self, ends: dict[int, int], timeout: float = SETTLE_TIMEOUT_S) -> None:
+        wait_until(lambda: all(c.caught_up(ends) for c in self.consumers), timeout,
+                   f"the live consumers to reach {ends}")
+
+    def end_offsets(self, topic: str | None = None, timeout_ms: int = 30000) -> dict[int, int]:
+        topic = topic or self.topic
+        with Consumer(self.bootstrap, default_api_timeout_ms=timeout_ms) as c:
+            ends = c.end_offsets([TopicPartition(topic, p) for p in range(self.partitions)], timeout_ms=timeout_ms)
+        return {tp.partition: off for tp, off in ends.items()}
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def stop(self, broker_id: int) -> None:
+        self.note(f"SIGTERM broker {broker_id} (controlled shutdown)")
+        status = self.cluster.brokers[broker_id].stop(60.0)
+        self.note(f"broker {broker_id} exited with status {status}")
+
+    def kill(self, broker_id: int) -> None:
+        self.note(f"SIGKILL broker {broker_id}")
+        self.cluster.brokers[broker_id].kill()
+        self.paused.discard(broker_id)
+
+    def pause(self, broker_id: int) -> None:
+        self.note(f"SIGSTOP broker {broker_id}")
+        self.cluster.brokers[broker_id].pause()
+        self.paused.add(broker_id)
+
+    def resume(self, broker_id: int) -> None:
+        self.note(f"SIGCONT broker {broker_id}")
+        self.cluster.brokers[broker_id].resume()
+        self.paused.discard(broker_id)
+
+    def start(self, broker_id: int, wait: bool = True) -> None:
+        self.note(f"starting broker {broker_id}")
+        self.cluster.brokers[broker_id].start()
+        if wait:
+            self.cluster.wait_ready(ELECTION_TIMEOUT_S, brokers=set(self.running))
+            self.note(f"broker {broker_id} is registered")
+
+    def heal(self, timeout: float = HEAL_TIMEOUT_S) -> None:
+        """Resume what is paused, start what is stopped, wait until every replica is in its ISR."""
+        self.note("healing")
+        for b in sorted(self.paused):
+            self.resume(b)
+        for i, b in self.cluster.brokers.items():
+            if not b.running:
+                self.start(i, wait=False)
+        self.cluster.wait_ready(timeout, brokers=set(self.cluster.brokers))
+        self.wait_isr_full(timeout=timeout)
+        self.note("healed: every replica is in its ISR")
+
+    def fetch_error_from(self, broker_id: int, partition: int, topic: str | None = None) -> int:
+        """The error code a consumer fetch of ``partition`` (offset 0, no wait) gets from
+        ``broker_id`` directly (0: it serves the partition, i.e. it thinks it leads it)."""
+        topic = topic or self.topic
+        conn = ClientConnection(client_id="system-probe")
+        req = FetchRequest([FetchTopic(topic, [FetchPartition(partition, 0, 1024)])], max_wait_ms=0,
+                           min_bytes=0, max_bytes=1024)
+        with socket.create_connection(("127.0.0.1", self.cluster.brokers[broker_id].port), timeout=5) as s:
+            _, frame = conn.send_request(ApiKey.FETCH, 0, req)
+            s.sendall(frame)
+            while True:
+                data = s.recv(1 << 16)
+                if not data:
+                    raise ConnectionError("the broker closed the connection")
+                for _, body in conn.receive_data(data):
+                    resp = FetchResponse.from_body(body)
+                    return resp.responses[0].partitions[0].error_code
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def stop_workload(self, timeout: float = SETTLE_TIMEOUT_S) -> dict[int, int]:
+        """Stop producing, settle every produce future, let the live consumers catch up to the
+        high watermarks, stop them. Returns the high watermarks."""
+        self.note("stopping the workload")
+        self.producer.stop(timeout)
+        self.note(f"producer stopped: {len(self.producer.acked)} acked, {len(self.producer.failed)} failed")
+        ends = wait_until(lambda: self.end_offsets(), timeout, "the high watermarks")
+        self.wait_consumed(ends, timeout)
+        for c in self.consumers:
+            c.stop()
+        self._workload_stopped = True
+        self.note(f"consumers caught up to {ends} and stopped")
+        return ends
+
+    def check(self, timeout: float = SETTLE_TIMEOUT_S) -> Report:
+        """The oracle (after ``heal`` and ``stop_workload``). Stops every broker cleanly."""
+        report = Report(self.name, timeline=self.timeline)
+        prod = self.producer
+        report.sent, report.acked, report.failed = prod.sent, len(prod.acked), len(prod.failed)
+        report.failures_by_error = dict(Counter(f.error for f in prod.failed))
+        final = self.read_final_log(timeout)
+        report.high_watermarks = {p: len(recs) for p, recs in final.items()}
+        report.final_records = sum(len(recs) for recs in final.values())
+        by_offset = check_final_log(final, report)
+        check_acked(prod.acked, by_offset, report)
+        check_consumers(self.consumers, by_offset, prod.acked, report)
+        self.note("stopping every broker cleanly to read their segment files")
+        for i in self.cluster.brokers:
+            self.stop(i)
+        check_replicas(self.cluster, self.topic, self.partitions, by_offset, report)
+        verify_segments(self.cluster, self.topic, self.partitions, report)
+        return report
+
+    def read_final_log(self, timeout: float) -> dict[int, list[tuple[int, bytes | None]]]:
+        """Every partition from its log start to its HW, through a fresh consumer."""
+        tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
+        out: dict[int, list[tuple[int, bytes | None]]] = {p: [] for p in range(self.partitions)}
+        deadline = time.monotonic() + timeout
+        with Consumer(self.bootstrap, auto_offset_reset="none", fetch_max_wait_ms=100,
+                      default_api_timeout_ms=30000, client_id="system-oracle") as c:
+            ends = {tp.partition: off for tp, off in c.end_offsets(tps).items()}
+            starts = {tp.partition: off for tp, off in c.beginning_offsets(tps).items()}
+            c.assign(tps)
+            for tp in tps:
+                c.seek(tp, starts[tp.partition])
+            next_offset = dict(starts)
+            while any(next_offset[p] < ends[p] for p in ends):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the final log not read within {timeout} s: at {next_offset}, ends {ends}")
+                for r in c.poll(timeout_ms=500):
+                    if r.offset < ends[r.partition]:
+                        out[r.partition].append((r.offset, r.value))
+                        next_offset[r.partition] = r.offset + 1
+        self.note(f"final log read: log starts {starts}, HWs {ends}")
+        return out
+
+
+# -- the oracle's checks -------------------------------------------------------------------------
+
+
+def check_final_log(final: dict[int, list[tuple[int, bytes | None]]], report: Report) -> dict[int, dict[int, bytes | None]]:
+    """I3 on the final log: offsets strictly increase without gaps; the producer's values are
+    in their partition and in send order (an earlier value reappearing is a re-sent duplicate)."""
+    by_offset: dict[int, dict[int, bytes | None]] = {}
+    for p, records in final.items():
+        by_offset[p] = dict(records)
+        prev_offset, max_seq, seen = None, -1, set()
+        for offset, value in records:
+            if prev_offset is not None and offset != prev_offset + 1:
+                report.misordered.append(f"partition {p}: offset {offset} follows {prev_offset}")
+            prev_offset = offset
+            parsed = parse_value(value)
+            if parsed is None or parsed[0] != p:
+                report.misordered.append(f"partition {p} offset {offset}: value {value!r} does not belong here")
+                continue
+            seq = parsed[1]
+            if seq in seen:
+                report.duplicates += 1
+            elif seq < max_seq:
+                report.misordered.append(f"partition {p} offset {offset}: seq {seq} after seq {max_seq}")
+            seen.add(seq)
+            max_seq = max(max_seq, seq)
+    return by_offset
+
+
+def check_acked(acked: list[Ack], by_offset: dict[int, dict[int, bytes | None]], report: Report) -> None:
+    """I1: every acknowledged record is at its offset."""
+    for a in acked:
+        found = by_offset.get(a.partition, {}).get(a.offset, b"<missing>")
+        if found != a.value:
+            report.lost.append(f"partition {a.partition} offset {a.offset}: acked {a.value!r}, found {found!r}")
+            report.lost_records.append(a)
+
+
+def check_consumers(consumers: list[ConsumerWorker], by_offset: dict[int, dict[int, bytes | None]],
+                    acked: list[Ack], report: Report) -> None:
+    """I6 (everything consumed is in the final log), no silent skips, and every acked record
+    was consumed by every live consumer."""
+    errors: Counter = Counter()
+    distinct: set = set()
+    for c in consumers:
+        report.consumed += c.received
+        distinct |= c.seen
+        for ev in c.events:
+            errors[ev.error] += 1
+        report.out_of_range_resets += sum(1 for ev in c.events if ev.error == "OFFSET_OUT_OF_RANGE")
+        for p, offset, value in sorted(c.seen, key=lambda x: (x[0], x[1])):
+            found = by_offset.get(p, {}).get(offset, b"<missing>")
+            if found != value:
+                report.phantom.append(f"{c.name}: partition {p} offset {offset}: consumed {value!r}, "
+                                      f"final log has {found!r}")
+                report.phantom_records.append((c.name, p, offset))
+        for p, expected, got in c.skips:
+            if got > expected:
+                report.silent_skips.append(f"{c.name}: partition {p}: expected offset {expected}, got {got}")
+            else:
+                report.misordered.append(f"{c.name}: partition {p}: expected offset {expected}, got {got} (went back)")
+        seen_keys = {(p, o) for p, o, _ in c.seen}
+        missing = [a for a in acked if (a.partition, a.offset) not in seen_keys]
+        for a in missing:
+            report.not_consumed.append(f"{c.name}: partition {a.partition} offset {a.offset} ({a.value!r})")
+    report.consumed_distinct = len(distinct)
+    report.consumer_errors = dict(errors)
+
+
+def log_dir(cluster: DevCluster, broker_id: int) -> Path:
+    return cluster.dir / f"broker-{broker_id}" / "logs"
+
+
+def checkpointed_high_watermarks(cluster: DevCluster, broker_id: int) -> dict[tuple[str, int], int]:
+    path = log_dir(cluster, broker_id) / "replication-offset-checkpoint"
+    if not path.exists():
+        return {}
+    lines = path.read_text().splitlines()
+    out = {}
+    for line in lines[2:2 + int(lines[1])]:
+        t, p, offset = line.rsplit(" ", 2)
+        out[(t, int(p))] = int(offset)
+    return out
+
+
+def replica_records(cluster: DevCluster, broker_id: int, topic: str, partition: int) -> list[tuple[int, bytes | None]]:
+    d = log_dir(cluster, broker_id) / f"{topic}-{partition}"
+    out: list[tuple[int, bytes | None]] = []
+    for seg in sorted(d.glob("*.log")):
+        out += [(r.offset, r.value) for r in iter_all_records(seg.read_bytes())]
+    return out
+
+
+def check_replicas(cluster: DevCluster, topic: str, partitions: int,
+                   by_offset: dict[int, dict[int, bytes | None]], report: Report) -> None:
+    """I2: below the smallest checkpointed HW, every replica's segments hold the same records,
+    which are also what the consumer read."""
+    hws = {b: checkpointed_high_watermarks(cluster, b) for b in cluster.brokers}
+    for p in range(partitions):
+        holders = [b for b in cluster.brokers if (log_dir(cluster, b) / f"{topic}-{p}").is_dir()]
+        limits = [hws[b].get((topic, p)) for b in holders]
+        if not holders or None in limits:
+            report.diverged.append(f"partition {p}: replicas on {holders}, checkpointed HWs {limits}")
+            continue
+        limit = min(limits)
+        reference = [(o, by_offset[p].get(o, b"<missing>")) for o in range(limit)]
+        for b in holders:
+            records = [(o, v) for o, v in replica_records(cluster, b, topic, p) if o < limit]
+            report.replicas_compared += 1
+            if records != reference:
+                first = next((i for i, (x, y) in enumerate(zip(records, reference)) if x != y),
+                             min(len(records), len(reference)))
+                report.diverged.append(
+                    f"partition {p} broker {b}: below HW {limit} it holds {len(records)} records, the log "
+                    f"{len(reference)}; first difference at #{first}: "
+                    f"{records[first] if first < len(records) else None} vs "
+                    f"{reference[first] if first < len(reference) else None}")
+
+
+def verify_segments(cluster: DevCluster, topic: str, partitions: int, report: Report) -> None:
+    """I5: ``dump-log --verify`` on every segment (and its indexes) of every replica."""
+    for b in cluster.brokers:
+        for p in range(partitions):
+            d = log_dir(cluster, b) / f"{topic}-{p}"
+            logs = sorted(str(x) for x in d.glob("*.log"))
+            if not logs:
+                continue
+            out = io.StringIO()
+            status = dump.run(logs, verify=True, out=out, err=out)
+            report.segments_verified += len(logs)
+            if status != dump.EXIT_OK:
+                problems = [line for line in out.getvalue().splitlines() if "ERROR" in line or "error" in line]
+                report.corrupt.append(f"broker {b} {topic}-{p}: {problems[:5]}")
+
+
+def per_partition(items: Iterable[Any], key: Callable[[Any], int]) -> dict[int, list[Any]]:
+    out: dict[int, list[Any]] = defaultdict(list)
+    for x in items:
+        out[key(x)].append(x)
+    return out

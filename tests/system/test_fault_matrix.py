@@ -1,0 +1,307 @@
+"""The fault matrix (RELIABILITY.md) against real broker processes and a real ZooKeeper.
+
+Every scenario runs a 3-broker cluster (``harness.SYSTEM_CONFIG``: 6 s ZooKeeper sessions,
+4 s replica lag) with a topic of 3 partitions, replication factor 3, min.insync.replicas 2,
+under a steady acks=all produce load with two live consumers; it injects its fault, heals,
+stops the workload and runs the oracle (``harness.Scenario.check``: I1, I2, I3, I5, I6; see
+the harness's docstring), then asserts on the report, which it prints.
+
+Covered here:
+
+* F1  leader clean bounce (SIGTERM: controlled shutdown, restart), 5 times, chasing the leader
+      of partition 0;
+* F2  leader hard bounce (SIGKILL; restart once its ZooKeeper session expired), 5 times;
+* F3  SIGKILL of the controller: the controller moves and topic creation still works;
+* F6  the leader of partition 0 paused (SIGSTOP) past its session timeout, then resumed: the
+      zombie steps down (it refuses to serve the partition) and nothing it acknowledged is
+      missing (I7, checked by I1);
+* F7  two SIGKILLs of successive leaders of partition 0 in quick succession;
+* F8  power loss: SIGKILL, then the tail of the active segment of partition 0 truncated in the
+      middle of a batch, or its last few hundred bytes garbled; the broker recovers, refetches
+      and its segments verify;
+* F11 a partition whose ISR is only its leader: acks=all produce fails with
+      NOT_ENOUGH_REPLICAS and nothing is acknowledged (I9); the leader is then killed: with
+      unclean election off the partition stays offline until that leader returns (no loss);
+      with ``unclean.leader.election.enable=true`` a stale follower leads, and the loss it
+      causes is announced to consumers by OFFSET_OUT_OF_RANGE, never skipped silently (I10).
+
+Not covered yet: F4 and F5 (network partitions need a namespace per broker or a proxy), F9,
+F10 and F12-F16 (other suites or later versions).
+
+``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
+bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
+under a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from client import Producer
+from protocol.errors import NOT_ENOUGH_REPLICAS
+from tests.system.harness import (
+    ELECTION_TIMEOUT_S,
+    SESSION_S,
+    Scenario,
+    log_dir,
+    value_of,
+    wait_until,
+)
+
+pytestmark = pytest.mark.system
+
+BOUNCES = 5
+WARMUP_ACKS = 300      # acknowledged records before the first fault
+BETWEEN_ACKS = 100     # acknowledged records on partition 0 between faults
+
+
+def run_to_report(s: Scenario):
+    s.heal()
+    s.stop_workload()
+    return s.check()
+
+
+# -- F1, F2: leader bounces ----------------------------------------------------------------------
+
+
+def test_f1_leader_clean_bounce(tmp_path: Path, soak: int) -> None:
+    with Scenario(tmp_path, "F1 leader clean bounce") as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(BOUNCES * soak):
+            leader = s.leader_of(0)
+            s.note(f"bounce {i + 1}: leader of partition 0 is {leader}")
+            s.stop(leader)
+            s.leader_of(0, not_in=[leader])
+            s.start(leader)
+            s.wait_isr_full()
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+def test_f2_leader_hard_bounce(tmp_path: Path, soak: int) -> None:
+    with Scenario(tmp_path, "F2 leader hard bounce") as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(BOUNCES * soak):
+            leader = s.leader_of(0)
+            s.note(f"bounce {i + 1}: leader of partition 0 is {leader}")
+            s.kill(leader)
+            s.wait_gone(leader)
+            s.leader_of(0, not_in=[leader])
+            s.start(leader)
+            s.wait_isr_full()
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+# -- F3: the controller --------------------------------------------------------------------------
+
+
+def test_f3_controller_hard_kill(tmp_path: Path, soak: int) -> None:
+    with Scenario(tmp_path, "F3 controller hard kill") as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            controller = s.controller()
+            s.note(f"round {i + 1}: the controller is broker {controller}")
+            s.kill(controller)
+            new = s.controller(not_in=[controller])
+            s.note(f"broker {new} is the controller")
+            s.wait_acked(BETWEEN_ACKS * soak)
+            s.create_topic(f"after-controller-kill-{i}", 2, 2, {"min.insync.replicas": "1"})
+            s.start(controller)
+            s.wait_isr_full()
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+# -- F6: the zombie leader -----------------------------------------------------------------------
+
+
+def test_f6_paused_leader_becomes_zombie(tmp_path: Path, soak: int) -> None:
+    with Scenario(tmp_path, "F6 zombie leader") as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            zombie = s.leader_of(0)
+            s.note(f"round {i + 1}: leader of partition 0 is {zombie}")
+            s.pause(zombie)
+            s.leader_of(0, not_in=[zombie])
+            s.wait_gone(zombie)
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+            s.resume(zombie)
+            # the zombie learns it lost its session and its leadership: it stops serving the
+            # partition (a consumer fetch gets NOT_LEADER_OR_FOLLOWER or a fenced epoch)
+            wait_until(lambda z=zombie: s.fetch_error_from(z, 0) != 0, ELECTION_TIMEOUT_S,
+                       f"the zombie {zombie} to stop leading partition 0")
+            s.note(f"the zombie {zombie} no longer serves partition 0")
+            s.wait_isr_full()
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+# -- F7: back-to-back failovers ------------------------------------------------------------------
+
+
+def test_f7_two_quick_leader_kills(tmp_path: Path, soak: int) -> None:
+    with Scenario(tmp_path, "F7 back-to-back leader kills") as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            first = s.leader_of(0)
+            s.note(f"round {i + 1}: leader of partition 0 is {first}")
+            s.kill(first)
+
+            def second_leader(first: int = first) -> int | None:
+                # the first broker that reports a new leader: kill it before it settles
+                for md in s.views().values():
+                    for t in md.topics:
+                        for p in t.partitions:
+                            if t.name == s.topic and p.partition_index == 0 and p.leader_id not in (-1, first):
+                                return p.leader_id
+                return None
+            second = wait_until(second_leader, ELECTION_TIMEOUT_S, "a second leader of partition 0", interval=0.02)
+            s.kill(second)
+            third = s.leader_of(0, not_in=[first, second])
+            s.note(f"broker {third} leads partition 0")
+            s.heal()
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+# -- F8: power loss ------------------------------------------------------------------------------
+
+
+def active_segment(s: Scenario, broker_id: int, partition: int) -> Path:
+    d = log_dir(s.cluster, broker_id) / f"{s.topic}-{partition}"
+    return max(d.glob("*.log"), key=lambda p: int(p.stem))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble"])
+def test_f8_power_loss_torn_tail(tmp_path: Path, soak: int, damage: str) -> None:
+    with Scenario(tmp_path, f"F8 power loss ({damage})") as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            victim = s.leader_of(0)
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+            s.kill(victim)
+            seg = active_segment(s, victim, 0)
+            size = seg.stat().st_size
+            assert size > 1000, f"{seg} holds only {size} bytes"
+            with open(seg, "r+b") as f:
+                if damage == "truncate":
+                    f.truncate(size - max(777, size // 3))  # the unflushed third, torn mid-batch
+                else:
+                    f.seek(size - 300)
+                    f.write(os.urandom(300))
+            s.note(f"{damage}d the tail of {seg.name} on broker {victim} ({size} bytes)")
+            s.wait_gone(victim)
+            s.start(victim)
+            s.wait_isr_full()
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+# -- F11: an ISR of one loses its leader ---------------------------------------------------------
+
+
+def shrink_to_leader_only(s: Scenario, partition: int) -> tuple[int, int, int, int]:
+    """Stop the two followers of ``partition`` one after the other (acks keep flowing in
+    between, so the first one stopped misses acknowledged records), until the ISR is the
+    leader alone; then check I9. Returns (leader, first follower stopped, second, the HW
+    once the ISR was the leader alone)."""
+    leader = s.leader_of(partition)
+    f1, f2 = [r for r in s.replicas_of(partition) if r != leader]
+    s.stop(f1)
+    s.wait_isr(partition, [leader, f2])
+    s.wait_acked(BETWEEN_ACKS, partition=partition)
+    s.stop(f2)
+    s.wait_isr(partition, [leader])
+    s.note(f"the ISR of partition {partition} is [{leader}]")
+    hw = s.end_offsets()[partition]
+    # I9: an acks=all produce to a partition whose ISR is below min.insync.replicas fails
+    # with NOT_ENOUGH_REPLICAS (tried once: the steady producer retries it instead)
+    with Producer(s.bootstrap, acks="all", retries=0, request_timeout_ms=10000, delivery_timeout_ms=20000,
+                  client_id="system-probe") as probe:
+        fut = probe.send(s.topic, value_of(partition, -1), partition=partition)
+        err = fut.exception(30)
+    assert err is not None and getattr(err, "error", None) == NOT_ENOUGH_REPLICAS, \
+        f"acks=all with the ISR [{leader}] answered {err!r}, not NOT_ENOUGH_REPLICAS"
+    s.note(f"I9: acks=all to partition {partition} failed with {err.error.name}; HW {hw}")
+    return leader, f1, f2, hw
+
+
+def assert_nothing_acked_beyond(s: Scenario, partition: int, hw: int, since: float) -> None:
+    """I9: while the ISR was below min.insync.replicas, no record at or past the HW it had
+    then was acknowledged."""
+    late = [a for a in s.producer.acks() if a.partition == partition and a.offset >= hw and a.at >= since]
+    assert not late, f"acknowledged with an ISR below min.insync.replicas: {late[:5]}"
+
+
+def test_f11_isr_of_one_loses_leader_unclean_off(tmp_path: Path) -> None:
+    with Scenario(tmp_path, "F11 ISR of one, unclean election off") as s:
+        s.wait_acked(WARMUP_ACKS)
+        leader, f1, f2, hw = shrink_to_leader_only(s, 0)
+        since = time.monotonic()
+        s.kill(leader)
+        s.start(f1, wait=False)
+        s.start(f2, wait=False)
+        s.cluster.wait_ready(ELECTION_TIMEOUT_S, brokers={f1, f2})
+        s.wait_gone(leader)
+        # the followers are back, but neither was in the ISR: the partition stays offline
+        # (watched for two session timeouts; an election would show up as a leader)
+        deadline = time.monotonic() + 2 * SESSION_S
+        while time.monotonic() < deadline:
+            st = s.partition_state(0)
+            assert st is None or st[0] == -1, f"partition 0 got leader {st[0]} with unclean election off"
+            time.sleep(0.2)
+        s.note("partition 0 stayed offline with its only in-sync replica down")
+        assert_nothing_acked_beyond(s, 0, hw, since)
+        s.start(leader)
+        assert s.leader_of(0) == leader
+        s.note(f"the old leader {leader} leads partition 0 again")
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+def test_f11_isr_of_one_loses_leader_unclean_on(tmp_path: Path) -> None:
+    # one partition: unclean election is a topic setting, and with one partition every loss
+    # and every consumer reset belongs to the partition whose leader the test kills
+    with Scenario(tmp_path, "F11 ISR of one, unclean election on", partitions=1,
+                  topic_config={"unclean.leader.election.enable": "true"}) as s:
+        s.wait_acked(WARMUP_ACKS)
+        hw_before = s.end_offsets()[0]
+        leader, f1, _f2, hw = shrink_to_leader_only(s, 0)
+        # the live consumers have read what was acknowledged while f1 was down
+        s.wait_consumed({0: hw})
+        since = time.monotonic()
+        s.kill(leader)
+        s.start(f1)
+        s.wait_gone(leader)
+        new = s.leader_of(0)
+        assert new == f1, f"partition 0 led by {new}, expected the unclean election of {f1}"
+        s.note(f"unclean election: {f1} leads partition 0")
+        # every live consumer was past f1's log end: it is told (OFFSET_OUT_OF_RANGE), and
+        # resets. f1 alone cannot append (min.insync.replicas 2), so its log end stays put
+        # until the others return.
+        wait_until(lambda: all(c.events_for(0, "OFFSET_OUT_OF_RANGE") for c in s.consumers), ELECTION_TIMEOUT_S,
+                   "every live consumer to get OFFSET_OUT_OF_RANGE on partition 0")
+        s.note("every live consumer got OFFSET_OUT_OF_RANGE on partition 0")
+        assert_nothing_acked_beyond(s, 0, hw, since)
+        report = run_to_report(s)
+    print(report.summary())
+    # the loss unclean election allows: acknowledged records past what f1 held (f1 was in
+    # the ISR until it stopped, so it held everything below hw_before)
+    assert report.lost_records, "unclean election lost nothing: the scenario did not exercise it"
+    below = [a for a in report.lost_records if a.offset < hw_before]
+    assert not below, f"lost below the HW {hw_before} that f1 had: {below[:5]}"
+    # consumers saw records that are gone (I6 cannot hold), but each of them was told
+    told = {c.name for c in s.consumers if c.events_for(0, "OFFSET_OUT_OF_RANGE")}
+    untold = [x for x in report.phantom_records if x[0] not in told]
+    assert not untold, f"consumed records vanished without an OFFSET_OUT_OF_RANGE: {untold[:5]}"
+    # never a silent skip; everything else holds (replicas agree after the truncation)
+    report.assert_ok(ignore=("lost", "phantom", "not_consumed"))
