@@ -18,8 +18,8 @@ Theory of operation. Nothing here runs per record, and almost nothing per reques
   watermark in its own task (Kafka's DelayedProduce purgatory); the wrapper counts those
   waiting requests.
 * **The endpoint** is a small HTTP/1.0 server on the broker's Trio loop (``MetricsServer``):
-  ``GET /metrics`` renders the registry with ``prometheus_client.generate_latest`` on the
-  Trio thread, so a scrape sees a consistent snapshot and never races the broker's data
+  ``GET /metrics`` renders the registry with prometheus_client's encoder (the text format,
+  or OpenMetrics when the scraper's Accept header asks for it) on the Trio thread, so a scrape sees a consistent snapshot and never races the broker's data
   structures; ``GET /ready`` answers 200 when the broker is ready (broker/health.py) and 503
   with the failing checks otherwise; ``GET /live`` answers 200 while the loop runs.
 
@@ -45,7 +45,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from protocol.messages import ApiKey, FetchResponse, ProduceResponse
@@ -438,8 +439,9 @@ class MetricsServer:
         path = target.split("?", 1)[0]
         if method not in ("GET", "HEAD"):
             return _http(405, b"method not allowed\n", extra=b"Allow: GET, HEAD\r\n")
-        if path == "/metrics":
-            body, ctype = generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if path == "/metrics":  # the text format, or OpenMetrics when the scraper asks for it
+            encoder, ctype = choose_encoder(_header(head, b"accept"))
+            body = encoder(self.registry)
         elif path == "/ready":
             checks = self.readiness()
             text = ("ready\n" if checks.ready else "not ready: " + "; ".join(checks.problems()) + "\n")
@@ -449,6 +451,14 @@ class MetricsServer:
         else:
             return _http(404, b"not found: try /metrics, /ready or /live\n")
         return _http(200, body, ctype, head_only=method == "HEAD")
+
+
+def _header(head: bytes, name: bytes) -> str:
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return ""
 
 
 async def _read_head(stream: trio.SocketStream) -> bytes | None:

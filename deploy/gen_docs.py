@@ -138,6 +138,10 @@ def env_example() -> str:
 OUTPUTS = {CONFIGURATION_MD: configuration_md, ENV_EXAMPLE: env_example}
 
 
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def drift() -> list[str]:
     """Unified diffs of every generated file that differs from what the code generates."""
     out = []
@@ -145,7 +149,7 @@ def drift() -> list[str]:
         want = render()
         have = path.read_text() if path.exists() else ""
         if have != want:
-            rel = str(path.relative_to(ROOT))
+            rel = _rel(path)
             out.append("".join(difflib.unified_diff(have.splitlines(True), want.splitlines(True),
                                                     f"{rel} (committed)", f"{rel} (generated)")))
     return out
@@ -165,7 +169,7 @@ def main(argv: list[str]) -> int:
     for path, render in OUTPUTS.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render())
-        print(f"wrote {path.relative_to(ROOT)}")
+        print(f"wrote {_rel(path)}")
     return 0
 
 

@@ -1,0 +1,159 @@
+"""Readiness (broker/health.py): the in-process checks, and `tidelog health` against a
+scripted broker (the real socket server answering Metadata as a broker would before and
+after it knows the cluster)."""
+
+from __future__ import annotations
+
+import io
+import types
+
+import pytest
+import trio
+
+from broker.cli import main
+from broker.health import Readiness, address_from_config, broker_readiness, parse_address, probe, run
+from broker.network import SocketServer
+from broker.config import BrokerConfig
+from broker.coordination.zkserver import find_free_port
+from protocol.messages import ApiKey, BrokerMetadata, MetadataResponse
+
+pytestmark = pytest.mark.component
+
+
+def test_ready_only_when_every_check_passes():
+    assert Readiness(True, True, True, True).ready
+    r = Readiness(True, False, False, False)
+    assert not r.ready
+    assert r.problems() == ["not connected to ZooKeeper", "not registered in ZooKeeper",
+                            "no cluster metadata from the controller yet"]
+
+
+def test_broker_readiness_reads_the_server():
+    server = types.SimpleNamespace(zk=types.SimpleNamespace(connected=True), broker_epoch=-1,
+                                   ready=trio.Event(), logs_loaded=True)
+    assert broker_readiness(server) == Readiness(True, True, False, False)
+    server.broker_epoch = 7
+    server.ready.set()
+    assert broker_readiness(server).ready
+    server.zk.connected = False  # a lost session: the registration is gone with it
+    assert broker_readiness(server) == Readiness(True, False, False, True)
+
+
+@pytest.mark.parametrize("text,expected", [("h:1", ("h", 1)), ("h", ("h", 9092)), (":5", ("127.0.0.1", 5)),
+                                           ("[::1]:7", ("::1", 7)), ("[::1]", ("::1", 9092))])
+def test_parse_address(text, expected):
+    assert parse_address(text) == expected
+
+
+def test_address_from_config_probes_the_loopback_for_a_wildcard_listener():
+    config = BrokerConfig.from_props({"broker.id": 1, "zookeeper.connect": "zk:2181",
+                                      "listeners": "PLAINTEXT://0.0.0.0:9093",
+                                      "advertised.listeners": "PLAINTEXT://broker-1:9093"})
+    assert address_from_config(config) == ("127.0.0.1", 9093)
+
+
+class FakeBroker:
+    """A socket server answering Metadata with the brokers and controller it is told."""
+
+    def __init__(self):
+        self.brokers: list[int] = []
+        self.controller_id = -1
+        self.requests = 0
+
+    def handle(self, header, body):
+        assert header.api_key == ApiKey.METADATA and body["topics"] == []
+        self.requests += 1
+        return MetadataResponse([BrokerMetadata(i, "h", 1) for i in self.brokers], "c", self.controller_id, [])
+
+
+@pytest.fixture
+async def fake(nursery):
+    broker = FakeBroker()
+    server = SocketServer(broker.handle)
+    broker.port = await nursery.start(server.run)
+    broker.address = f"127.0.0.1:{broker.port}"
+    return broker
+
+
+async def _probe(*args, **kwargs):
+    return await trio.to_thread.run_sync(lambda: probe(*args, **kwargs))
+
+
+async def test_probe_follows_the_broker_through_start_up(fake):
+    r = await _probe(fake.address)
+    assert not r.ready and "no cluster metadata" in r.detail
+    fake.brokers = [1, 2]
+    r = await _probe(fake.address)
+    assert not r.ready and "no controller" in r.detail
+    fake.controller_id = 2
+    assert (await _probe(fake.address)).ready
+    r = await _probe(fake.address, broker_id=3)
+    assert not r.ready and "broker 3 is not in its metadata" in r.detail
+    fake.brokers = [1, 2, 3]
+    r = await _probe(fake.address, broker_id=3)
+    assert r.ready and r.controller_id == 2 and r.brokers == (1, 2, 3)
+
+
+async def test_probe_of_nothing_listening_is_not_ready():
+    r = await _probe(f"127.0.0.1:{find_free_port()}", 1.0)
+    assert not r.ready and "cannot ask" in r.detail
+    assert not (await _probe("not a port:x")).ready
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+async def test_cli_exit_status_is_the_readiness(fake):
+    code, _, err = await trio.to_thread.run_sync(_cli, ["health", "--bootstrap", fake.address])
+    assert code == 1 and "not ready" in err
+    fake.brokers, fake.controller_id = [1], 1
+    code, out, _ = await trio.to_thread.run_sync(_cli, ["health", "--bootstrap", fake.address])
+    assert code == 0 and "ready" in out
+    code, out, _ = await trio.to_thread.run_sync(_cli, ["health", "--bootstrap", fake.address, "--quiet"])
+    assert code == 0 and out == ""
+    dead = f"127.0.0.1:{find_free_port()}"
+    code, _, err = await trio.to_thread.run_sync(_cli, ["health", "--bootstrap", f"{fake.address},{dead}",
+                                                        "--timeout-ms", "500"])
+    assert code == 1 and dead in err, "every listed broker must be ready"
+
+
+async def test_cli_with_a_broker_config_checks_that_broker(fake, tmp_path, monkeypatch):
+    config = tmp_path / "broker.toml"
+    config.write_text(f'"broker.id" = 2\nlisteners = "PLAINTEXT://0.0.0.0:{fake.port}"\n'
+                      f'"advertised.listeners" = "PLAINTEXT://broker-2:{fake.port}"\n'
+                      f'"zookeeper.connect" = "zk:2181"\n')
+    fake.brokers, fake.controller_id = [1, 3], 1
+    code, _, err = await trio.to_thread.run_sync(_cli, ["health", "--config", str(config)])
+    assert code == 1 and "broker 2 is not in its metadata" in err
+    fake.brokers = [1, 2, 3]
+    code, out, _ = await trio.to_thread.run_sync(_cli, ["health", "--config", str(config)])
+    assert code == 0 and "broker 2 ready" in out
+    # like the broker, the check takes TIDELOG_* overrides: here the listener moves away
+    monkeypatch.setenv("TIDELOG_LISTENERS", f"PLAINTEXT://0.0.0.0:{find_free_port()}")
+    code, _, _ = await trio.to_thread.run_sync(_cli, ["health", "--config", str(config), "--timeout-ms", "500"])
+    assert code == 1
+
+
+async def test_cli_reports_a_bad_config_as_a_usage_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('"broker.idd" = 1\n')
+    code, _, err = await trio.to_thread.run_sync(_cli, ["health", "--config", str(bad)])
+    assert code == 2 and "broker.id" in err
+
+
+async def test_wait_retries_until_ready(fake):
+    async def become_ready():
+        await trio.sleep(0.6)
+        fake.brokers, fake.controller_id = [1], 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(become_ready)
+        out, err = io.StringIO(), io.StringIO()
+        code = await trio.to_thread.run_sync(lambda: run(fake.address, None, None, 1000, 10.0, False, out, err))
+    assert code == 0 and fake.requests >= 2

@@ -1,0 +1,342 @@
+"""broker/metrics.py in-process: the collector over a real replica manager and log manager
+(leader partitions with chosen ISRs, real logs), the per-request hook over a scripted
+handler, and the HTTP endpoint over loopback."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import trio
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.coordination.layout import LeaderAndIsr
+from broker.health import Readiness
+from broker.log.config import LogConfig
+from broker.log.manager import LogManager
+from broker.metrics import (LATENCY_BUCKETS_S, BrokerMetrics, MetricsServer, RequestMetrics, batch_stats,
+                            build_registry, offline_partitions, request_name)
+from broker.network import NetworkStats
+from broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from protocol.messages import (ApiKey, FetchPartitionResponse, FetchResponse, FetchTopicResponse, LeaderAndIsrRequest,
+                               PartitionProduceResponse, PartitionState, ProduceResponse, RequestHeader,
+                               TopicProduceResponse)
+from protocol.records import build_batch
+from protocol.topics import TopicPartition
+
+pytestmark = pytest.mark.component
+
+
+def header(api_key: ApiKey) -> RequestHeader:
+    return RequestHeader(api_key, 0, 1, "test")
+
+
+class FakeServer:
+    """The attributes of BrokerServer that the collector reads."""
+
+    def __init__(self, replica_manager, log_manager, controller=None, ready=True):
+        self.replica_manager = replica_manager
+        self.log_manager = log_manager
+        self.controller = controller or types.SimpleNamespace(is_active=False, ctx=None)
+        self.broker_epoch = 42
+        self._ready = ready
+        self.stats = NetworkStats(2, 5, {0: 3, 3: 7}, 1, 0)
+
+    def readiness(self) -> Readiness:
+        return Readiness(True, True, True, self._ready)
+
+    def socket_stats(self):
+        return self.stats
+
+
+def leader_state(topic: str, p: int, isr: list[int], replicas: list[int]) -> PartitionState:
+    return PartitionState(topic, p, 1, 1, 0, isr, 0, replicas)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    """Broker 1 leading orders-0 (ISR 1,2,3), orders-1 (ISR 1,2 of 1,2,3), orders-2 (ISR 1 of
+    1,2,3; min ISR 2) and solo-0 (RF 1), with a few records in orders-0."""
+    lm = LogManager([str(tmp_path)], LogConfig.from_props({"min.insync.replicas": 2}), broker_id=1)
+    lm.startup()
+    rm = ReplicaManager(ReplicaConfig(1), lm, lambda topic: LogConfig.from_props({"min.insync.replicas": 2}),
+                        lambda leader: None)
+    rm.become_leader_or_follower(LeaderAndIsrRequest(0, 1, 1, [
+        leader_state("orders", 0, [1, 2, 3], [1, 2, 3]),
+        leader_state("orders", 1, [1, 2], [1, 2, 3]),
+        leader_state("orders", 2, [1], [1, 2, 3]),
+        leader_state("solo", 0, [1], [1]),
+    ]))
+    rm.partitions[TopicPartition("orders", 0)].log.append_as_leader(build_batch([b"a", b"b", b"c"]), 0)
+    rm.isr_shrinks, rm.isr_expands = 4, 2
+    yield FakeServer(rm, lm)
+    lm.shutdown()
+
+
+def samples(registry) -> dict[str, float]:
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def test_partition_gauges_are_read_from_the_replica_manager(broker):
+    m = samples(build_registry(broker, RequestMetrics(), process=False))
+    assert m["tidelog_replica_manager_partitions"] == 4
+    assert m["tidelog_replica_manager_leader_partitions"] == 4
+    assert m["tidelog_replica_manager_under_replicated_partitions"] == 2  # orders-1, orders-2
+    assert m["tidelog_replica_manager_under_min_isr_partitions"] == 2  # orders-2, solo-0 (min ISR 2, RF 1)
+    assert m["tidelog_replica_manager_at_min_isr_partitions"] == 1  # orders-1
+    assert m["tidelog_replica_manager_isr_shrinks_total"] == 4
+    assert m["tidelog_replica_manager_isr_expands_total"] == 2
+    assert m["tidelog_broker_ready"] == 1 and m["tidelog_zookeeper_connected"] == 1
+    assert m["tidelog_broker_epoch"] == 42
+
+
+def test_a_follower_partition_is_not_counted_by_this_broker(broker):
+    rm = broker.replica_manager
+    rm._nursery = types.SimpleNamespace(start_soon=lambda *args: None)  # no fetcher tasks here
+    rm.become_leader_or_follower(LeaderAndIsrRequest(0, 1, 1, [
+        PartitionState("orders", 2, 1, 2, 1, [2], 0, [1, 2, 3])]))  # broker 2 leads now
+    m = samples(build_registry(broker, RequestMetrics(), process=False))
+    assert m["tidelog_replica_manager_leader_partitions"] == 3
+    assert m["tidelog_replica_manager_under_replicated_partitions"] == 1
+
+
+def test_log_gauges_per_partition(broker):
+    m = samples(build_registry(broker, RequestMetrics(), process=False))
+    assert m["tidelog_log_end_offset{partition=0,topic=orders}"] == 3
+    assert m["tidelog_log_size_bytes{partition=0,topic=orders}"] > 0
+    assert m["tidelog_log_size_bytes{partition=1,topic=orders}"] == 0
+    assert m["tidelog_log_segments{partition=0,topic=solo}"] == 1
+    assert m["tidelog_log_start_offset{partition=0,topic=orders}"] == 0
+    assert "tidelog_log_high_watermark{partition=0,topic=orders}" in m
+
+
+def test_network_counters(broker):
+    m = samples(build_registry(broker, RequestMetrics(), process=False))
+    assert m["tidelog_network_connections"] == 2
+    assert m["tidelog_network_connections_accepted_total"] == 5
+    assert m["tidelog_network_invalid_requests_total"] == 1
+    assert m["tidelog_network_requests_total{request=Produce}"] == 3
+    assert m["tidelog_network_requests_total{request=Metadata}"] == 7
+
+
+def test_controller_gauges(broker):
+    m = samples(build_registry(broker, RequestMetrics(), process=False))
+    assert m["tidelog_controller_active"] == 0 and m["tidelog_controller_offline_partitions"] == 0
+    states = {TopicPartition("t", 0): (LeaderAndIsr(1, 0, [1], 0), 0),
+              TopicPartition("t", 1): (LeaderAndIsr(-1, 0, [2], 0), 0),
+              TopicPartition("t", 2): (LeaderAndIsr(3, 0, [3], 0), 0)}
+    ctx = types.SimpleNamespace(live={1, 2}, states=states)
+    broker.controller = types.SimpleNamespace(is_active=True, ctx=ctx)
+    m = samples(build_registry(broker, RequestMetrics(), process=False))
+    assert m["tidelog_controller_active"] == 1
+    assert m["tidelog_controller_offline_partitions"] == 2  # no leader; leader 3 not live
+    assert offline_partitions(types.SimpleNamespace(ctx=None)) == 0
+
+
+def test_process_metrics_are_included(broker):
+    m = samples(build_registry(broker, RequestMetrics()))
+    assert m["tidelog_process_resident_memory_bytes"] > 0
+
+
+# -- the per-request hook ------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def produce_body(topic: str, batches: dict[int, bytes], acks: int = -1) -> dict:
+    return {"acks": acks, "timeout_ms": 1000, "topic_data": [
+        {"name": topic, "partition_data": [{"index": p, "records": r} for p, r in batches.items()]}]}
+
+
+def test_batch_stats_reads_headers_only_and_ignores_a_partial_tail():
+    one, two = build_batch([b"x"] * 3), build_batch([b"y"] * 5, base_offset=3)
+    assert batch_stats(one + two) == (len(one) + len(two), 8)
+    assert batch_stats(one + two[:-1]) == (len(one), 3)
+    assert batch_stats(b"") == (0, 0) and batch_stats(None) == (0, 0)
+    assert batch_stats(b"\x00" * 70) == (0, 0)  # a batch length below the header size
+
+
+def test_request_names_are_kafkas():
+    assert request_name(ApiKey.PRODUCE) == "Produce"
+    assert request_name(ApiKey.OFFSETS_FOR_LEADER_EPOCH) == "OffsetsForLeaderEpoch"
+    assert request_name(ApiKey.FETCH, {"replica_id": 2}) == "FetchFollower"
+    assert request_name(ApiKey.FETCH, {"replica_id": -1}) == "FetchConsumer"
+    assert request_name(ApiKey.FETCH, "garbage") == "FetchConsumer"
+    assert request_name(999) == "ApiKey999"
+
+
+def test_a_synchronous_response_is_observed_once():
+    clock = Clock()
+    rm = RequestMetrics(clock)
+
+    def handler(h, body):
+        clock.now += 0.003
+        return {"ok": True}
+
+    handle = rm.instrument(handler)
+    assert handle(header(ApiKey.METADATA), {}) == {"ok": True}
+    hist = rm.latency["Metadata"]
+    assert hist.count == 1 and hist.sum == pytest.approx(0.003)
+    assert dict(hist.cumulative())["0.0025"] == 0 and dict(hist.cumulative())["0.005"] == 1
+    assert dict(hist.cumulative())["+Inf"] == 1
+
+
+def test_a_handler_that_raises_is_observed_and_the_error_propagates():
+    rm = RequestMetrics(Clock())
+
+    def handler(h, body):
+        raise ValueError("bad body")
+
+    with pytest.raises(ValueError):
+        rm.instrument(handler)(header(ApiKey.FETCH), {"replica_id": 1})
+    assert rm.latency["FetchFollower"].count == 1
+
+
+def test_acks_1_produce_counts_appended_partitions_only():
+    rm = RequestMetrics(Clock())
+    ok, rejected = build_batch([b"a", b"b"]), build_batch([b"c"])
+    response = ProduceResponse([TopicProduceResponse("t", [PartitionProduceResponse(0, 0, 10),
+                                                           PartitionProduceResponse(1, 6, -1)])])
+    rm.instrument(lambda h, b: response)(header(ApiKey.PRODUCE), produce_body("t", {0: ok, 1: rejected}, acks=1))
+    assert rm.bytes_in == {"t": len(ok)} and rm.messages_in == {"t": 2}
+    assert rm.produce_purgatory_size == 0
+
+
+def test_acks_0_produce_counts_everything_sent():
+    rm = RequestMetrics(Clock())
+    batch = build_batch([b"a"] * 4)
+    rm.instrument(lambda h, b: None)(header(ApiKey.PRODUCE), produce_body("t", {0: batch, 1: batch}, acks=0))
+    assert rm.messages_in == {"t": 8}
+
+
+async def test_acks_all_produce_is_in_the_purgatory_until_replicated():
+    clock = Clock()
+    rm = RequestMetrics(clock)
+    replicated = trio.Event()
+    batch = build_batch([b"a"] * 2)
+
+    async def wait_for_hw():
+        await replicated.wait()
+        clock.now += 0.2
+        return ProduceResponse([TopicProduceResponse("t", [PartitionProduceResponse(0, 0, 0)])])
+
+    result = rm.instrument(lambda h, b: wait_for_hw())(header(ApiKey.PRODUCE), produce_body("t", {0: batch}))
+    assert rm.produce_purgatory_size == 0  # not yet awaited: the network layer awaits it in a task
+    async with trio.open_nursery() as nursery:
+        done = []
+
+        async def run():
+            done.append(await result)
+
+        nursery.start_soon(run)
+        await trio.sleep(0.01)
+        assert rm.produce_purgatory_size == 1
+        replicated.set()
+    assert done and rm.produce_purgatory_size == 0
+    assert rm.messages_in == {"t": 2}
+    assert rm.latency["Produce"].sum == pytest.approx(0.2)
+
+
+async def test_a_cancelled_produce_leaves_the_purgatory():
+    rm = RequestMetrics(Clock())
+
+    async def forever():
+        await trio.sleep_forever()
+
+    result = rm.instrument(lambda h, b: forever())(header(ApiKey.PRODUCE), produce_body("t", {}))
+    with trio.move_on_after(0.01):
+        await result
+    assert rm.produce_purgatory_size == 0
+
+
+async def test_fetches_count_bytes_out_for_consumers_and_replication_for_followers():
+    rm = RequestMetrics(Clock())
+    b1, b2 = build_batch([b"a"] * 3), build_batch([b"b"] * 2, base_offset=3)
+    response = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, 5, 0, b1 + b2),
+                                                       FetchPartitionResponse(1, 0, 0, 0, None)])])
+
+    async def fetch():
+        return response
+
+    handle = rm.instrument(lambda h, b: fetch())
+    await handle(header(ApiKey.FETCH), {"replica_id": -1})
+    await handle(header(ApiKey.FETCH), {"replica_id": 2})
+    assert rm.bytes_out == {"t": len(b1) + len(b2)} and rm.messages_out == {"t": 5}
+    assert rm.replication_bytes_out == len(b1) + len(b2)
+    assert rm.latency["FetchConsumer"].count == rm.latency["FetchFollower"].count == 1
+
+
+def test_a_malformed_body_never_fails_the_request():
+    rm = RequestMetrics(Clock())
+    assert rm.instrument(lambda h, b: None)(header(ApiKey.PRODUCE), {"topic_data": [{"name": "t"}]}) is None
+    assert rm.latency["Produce"].count == 1
+
+
+def test_request_families_render(broker):
+    rm = RequestMetrics(Clock())
+    rm.instrument(lambda h, b: None)(header(ApiKey.PRODUCE), produce_body("t", {0: build_batch([b"a"])}, acks=0))
+    m = samples(build_registry(broker, rm, process=False))
+    assert m["tidelog_topic_messages_in_total{topic=t}"] == 1
+    assert m["tidelog_request_duration_seconds_count{request=Produce}"] == 1
+    assert m[f"tidelog_request_duration_seconds_bucket{{le={LATENCY_BUCKETS_S[0]},request=Produce}}"] == 1
+    assert m["tidelog_produce_purgatory_size"] == 0
+
+
+# -- the HTTP endpoint ---------------------------------------------------------------------------------
+
+
+async def http(port: int, request: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(request)
+        chunks = []
+        while data := await stream.receive_some(65536):
+            chunks.append(data)
+    return b"".join(chunks)
+
+
+async def test_endpoint_serves_metrics_ready_and_live(broker, nursery):
+    metrics = BrokerMetrics(broker)
+    port = await nursery.start(metrics.run, "127.0.0.1", 0)
+    response = await http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200 OK")
+    assert b"Content-Type: text/plain; version=0.0.4" in head
+    openmetrics = await http(port, b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; "
+                                   b"version=1.0.0\r\n\r\n")
+    assert b"Content-Type: application/openmetrics-text" in openmetrics and openmetrics.endswith(b"# EOF\n")
+    assert int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) == len(body)
+    assert b"tidelog_replica_manager_under_replicated_partitions 2.0" in body
+    assert (await http(port, b"GET /ready HTTP/1.0\r\n\r\n")).endswith(b"\r\n\r\nready\n")
+    assert (await http(port, b"GET /live HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.0 200")
+    broker._ready = False
+    not_ready = await http(port, b"GET /ready HTTP/1.0\r\n\r\n")
+    assert not_ready.startswith(b"HTTP/1.0 503") and b"no cluster metadata" in not_ready
+    head_only = await http(port, b"HEAD /metrics HTTP/1.0\r\n\r\n")
+    assert head_only.startswith(b"HTTP/1.0 200") and head_only.endswith(b"\r\n\r\n")
+
+
+async def test_endpoint_rejects_what_it_does_not_serve(broker, nursery):
+    port = await nursery.start(BrokerMetrics(broker).run, "127.0.0.1", 0)
+    assert (await http(port, b"GET /nope HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.0 404")
+    assert (await http(port, b"POST /metrics HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.0 405")
+    assert (await http(port, b"\xff\xfe\r\n\r\n")).startswith(b"HTTP/1.0 400")
+    assert await http(port, b"GET /" + b"a" * 10000) == b""  # an oversized head: dropped
+    assert (await http(port, b"GET /live HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.0 200")  # still serving
+
+
+def test_respond_is_plain_bytes(broker):
+    server = MetricsServer(build_registry(broker, RequestMetrics(), process=False), broker.readiness, None, 0)
+    assert server.respond(b"GET /live?x=1 HTTP/1.1\r\n\r\n").endswith(b"ok\n")

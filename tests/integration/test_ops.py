@@ -1,0 +1,348 @@
+"""The docker-compose topology, run without Docker: docker-compose.yml's ZooKeeper ensemble
+and brokers as local processes, configured from the same config files, environment, command
+line and healthcheck command the compose file gives the containers (host names, ports and
+volume paths rewritten for 127.0.0.1, see tests/component/ops/topology.py).
+
+On it: produce and consume with acks=all (RF 3, min.insync.replicas 2 from the config files),
+a rolling restart under an acks=all load (SIGTERM each broker in turn, wait until the
+compose healthcheck passes and it is back in every ISR) with no acknowledged record lost,
+and the Prometheus endpoint: the under-replicated partition count goes up when a follower
+stops and back to zero when it returns.
+
+The brokers run with the production-like settings of deploy/config/cluster-node-*.toml
+(30 s replica lag, 18 s ZooKeeper sessions): only clean shutdowns are used here, which move
+leadership and shrink the ISRs at once. Hard failures are the fault matrix's (tests/system).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.coordination.zkserver import ZooKeeperEnsemble, find_free_ports
+from broker.devcluster import metadata
+from client import Admin, NewTopic, Producer, TopicPartition
+from tests.component.ops.topology import (
+    BrokerService, Localizer, broker_services, entrypoint, listener_port, load_compose, process_environment,
+    zookeeper_services,
+)
+from tests.integration.cluster_fixtures import consume_range, end_offsets, wait_until
+
+pytestmark = pytest.mark.integration
+
+PR_SET_PDEATHSIG = 1
+TOPIC = "ops-orders"
+PARTITIONS = 6
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _tidelog(argv: list[str]) -> list[str]:
+    """A `tidelog ...` command line of the image, run with this interpreter."""
+    assert argv[0] == "tidelog"
+    return [sys.executable, "-m", "broker.cli", *argv[1:]]
+
+
+@dataclass
+class LocalBroker:
+    """One broker service of the compose file as a local process."""
+
+    service: BrokerService
+    broker_id: int
+    port: int
+    metrics_port: int
+    env: dict[str, str]
+    argv: list[str]
+    healthcheck: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+
+    def healthy(self) -> bool:
+        """The compose healthcheck, as Docker would run it in the container."""
+        if not self.running:
+            raise AssertionError(f"broker {self.broker_id} exited ({self.proc.returncode}); see {self.log_path}")
+        return subprocess.run(self.healthcheck, env=self.env, capture_output=True, timeout=30).returncode == 0
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM (what `docker stop` sends: a controlled shutdown) and wait."""
+        if not self.running:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.running:
+            self.proc.kill()
+            self.proc.wait()
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as e:
+            return str(e)
+
+
+class LocalTopology:
+    def __init__(self, base: Path):
+        compose = load_compose()
+        zks = zookeeper_services(compose)
+        services = broker_services(compose)
+        self.ensemble = ZooKeeperEnsemble(base / "zookeeper", size=len(zks))
+        ports = iter(find_free_ports(2 * len(services)))
+        addresses = {(z.hostname, z.client_port): ("127.0.0.1", self.ensemble.node(z.myid).port) for z in zks}
+        local_ports = {}
+        for s in services:
+            local_ports[s.name] = (next(ports), next(ports))
+            addresses[(s.hostname, listener_port(s))] = ("127.0.0.1", local_ports[s.name][0])
+        self.brokers: dict[int, LocalBroker] = {}
+        for s in services:
+            port, metrics_port = local_ports[s.name]
+            volumes = {v.source: base / v.source for v in s.volumes if v.named}
+            for d in volumes.values():
+                d.mkdir(parents=True, exist_ok=True)
+            loc = Localizer(s, addresses, metrics_port, volumes)
+            env = process_environment(loc.environment())
+            from broker.config import BrokerConfig
+            broker_id = BrokerConfig.load(s.config_file, env=env).broker_id
+            self.brokers[broker_id] = LocalBroker(
+                s, broker_id, port, metrics_port, env, _tidelog(loc.argv(entrypoint() + s.command)),
+                _tidelog(loc.argv(s.healthcheck[1:])), base / f"{s.name}.log")
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{b.port}" for b in self.brokers.values())
+
+    def start(self) -> None:
+        self.ensemble.start(60)
+        for b in self.brokers.values():
+            b.start()
+        for b in self.brokers.values():
+            wait_until(b.healthy, 60, f"broker {b.broker_id} healthy", interval=0.3)
+
+    def shut_down(self, failed: bool) -> None:
+        try:
+            if failed:
+                for b in self.brokers.values():
+                    print(f"===== {b.service.name} =====\n{b.tail()}")
+            for b in self.brokers.values():  # SIGTERM all at once: no leadership to hand over
+                if b.running:
+                    b.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            for b in self.brokers.values():
+                if b.proc is not None:
+                    try:
+                        b.proc.wait(max(0.1, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        pass
+        finally:
+            for b in self.brokers.values():
+                b.kill()
+            self.ensemble.stop()
+
+
+@pytest.fixture(scope="module")
+def topology(request, tmp_path_factory) -> Iterator[LocalTopology]:
+    session = request.session
+    failed_before = session.testsfailed
+    topo = LocalTopology(tmp_path_factory.mktemp("compose"))
+    started = False
+    try:
+        topo.start()
+        started = True
+        yield topo
+    finally:
+        topo.shut_down(failed=not started or session.testsfailed > failed_before)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def isr_of(topo: LocalTopology, via: int, topic: str = TOPIC) -> dict[int, set[int]]:
+    md = metadata(topo.brokers[via].port)
+    for t in md.topics:
+        if t.name == topic and t.error_code == 0:
+            return {p.partition_index: set(p.isr_nodes) for p in t.partitions}
+    return {}
+
+
+def all_in_sync(topo: LocalTopology, n: int = 3) -> bool:
+    running = [i for i, b in topo.brokers.items() if b.running]
+    return all(len(isr_of(topo, i)) == PARTITIONS and all(len(s) == n for s in isr_of(topo, i).values())
+               for i in running)
+
+
+def scrape(broker: LocalBroker) -> dict[str, float]:
+    """Every sample of the broker's /metrics, by name and sorted labels."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def cluster_sum(topo: LocalTopology, name: str) -> float:
+    return sum(scrape(b).get(name, 0.0) for b in topo.brokers.values() if b.running)
+
+
+class AckedProducer:
+    """acks=all records with unique values from a thread until stopped; acknowledged ones kept."""
+
+    def __init__(self, bootstrap: str):
+        self.producer = Producer(bootstrap, acks="all", linger_ms=2, request_timeout_ms=15000,
+                                 delivery_timeout_ms=120000, retry_backoff_ms=100, max_block_ms=60000)
+        self.futures: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="acked-producer", daemon=True)
+
+    def __enter__(self) -> "AckedProducer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.producer.close(timeout=0 if exc[0] else 120)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            for _ in range(20):
+                value = f"rolling-{i}".encode()
+                self.futures.append((value, self.producer.send(TOPIC, value, key=str(i % 97).encode())))
+                i += 1
+            time.sleep(0.02)
+
+    def acked(self) -> int:
+        return sum(1 for _, f in self.futures if f.done() and f.exception() is None)
+
+    def finish(self) -> list:
+        self._stop.set()
+        self._thread.join(30)
+        self.producer.flush(timeout=120)
+        return [(v, f.result()) for v, f in self.futures if f.exception() is None]
+
+
+# -- the tests -------------------------------------------------------------------------------------
+
+
+def test_the_compose_topology_serves_produce_and_consume(topology):
+    """Three healthy brokers from the compose file's configs: an acks=all topic with the
+    config files' durability (RF 3 by default, min.insync.replicas 2) works end to end."""
+    with Admin(topology.bootstrap, default_api_timeout_ms=30000) as admin:
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS)])  # RF: default.replication.factor
+    wait_until(lambda: all_in_sync(topology), 30, "all partitions with 3 in-sync replicas")
+    with Producer(topology.bootstrap, acks="all") as producer:
+        futures = [producer.send(TOPIC, f"v{i}".encode(), key=f"k{i}".encode()) for i in range(2000)]
+        producer.flush(timeout=60)
+    acked = [f.result() for f in futures]
+    tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+    ends = end_offsets(topology.bootstrap, tps)
+    records = consume_range(topology.bootstrap, ends)
+    got = {(r.partition, r.offset): r.value for rs in records.values() for r in rs}
+    for i, md in enumerate(acked):
+        assert got[(md.partition, md.offset)] == f"v{i}".encode()
+    scraped = scrape(topology.brokers[1])
+    assert scraped["tidelog_broker_ready"] == 1.0
+    assert cluster_sum(topology, f"tidelog_topic_messages_in_total{{topic={TOPIC}}}") == 2000
+
+
+def test_rolling_restart_loses_no_acknowledged_record(topology):
+    wait_until(lambda: all_in_sync(topology), 60, "all partitions in sync before the restart")
+    with AckedProducer(topology.bootstrap) as load:
+        wait_until(lambda: load.acked() > 500, 30, "the producer under way")
+        for broker_id, b in topology.brokers.items():
+            before = load.acked()
+            assert b.stop() == 0, f"broker {broker_id} did not shut down cleanly:\n{b.tail()}"
+            others = [i for i in topology.brokers if i != broker_id]
+            wait_until(lambda: all(broker_id not in isr for isr in isr_of(topology, others[0]).values()), 30,
+                       f"broker {broker_id} out of every ISR")
+            wait_until(lambda: load.acked() > before + 200, 60, f"acks=all progress while broker {broker_id} is down")
+            b.start()
+            wait_until(b.healthy, 60, f"broker {broker_id} healthy again", interval=0.3)
+            wait_until(lambda: all_in_sync(topology), 60, f"broker {broker_id} back in every ISR")
+        acked = load.finish()
+    assert len(acked) > 2000
+    tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+    records = consume_range(topology.bootstrap, end_offsets(topology.bootstrap, tps))
+    got = {(r.partition, r.offset): r.value for rs in records.values() for r in rs}
+    lost = [(v, md.partition, md.offset) for v, md in acked if got.get((md.partition, md.offset)) != v]
+    assert not lost, f"{len(lost)} acknowledged records lost, e.g. {lost[:5]}"
+
+
+def test_metrics_count_under_replicated_partitions_while_a_follower_is_away(topology):
+    wait_until(lambda: all_in_sync(topology), 60, "all partitions in sync")
+    wait_until(lambda: cluster_sum(topology, "tidelog_replica_manager_under_replicated_partitions") == 0, 30,
+               "no under-replicated partitions")
+    assert cluster_sum(topology, "tidelog_controller_active") == 1
+    assert cluster_sum(topology, "tidelog_controller_offline_partitions") == 0
+    expands_before = cluster_sum(topology, "tidelog_replica_manager_isr_expands_total")
+    # A broker that leads nothing of the topic is a pure follower; with 3 brokers and RF 3
+    # every broker follows something, so stop the one that leads the fewest partitions.
+    led = {i: 0 for i in topology.brokers}
+    for i in topology.brokers:
+        led[i] = scrape(topology.brokers[i])["tidelog_replica_manager_leader_partitions"]
+    follower_id = min(led, key=led.get)
+    follower = topology.brokers[follower_id]
+    assert follower.stop() == 0
+
+    # Every partition has a replica on the stopped broker (RF 3 on 3 brokers).
+    wait_until(lambda: cluster_sum(topology, "tidelog_replica_manager_under_replicated_partitions") == PARTITIONS,
+               30, "every partition counted under-replicated by its leader")
+    assert cluster_sum(topology, "tidelog_replica_manager_under_min_isr_partitions") == 0
+    assert cluster_sum(topology, "tidelog_replica_manager_at_min_isr_partitions") == PARTITIONS
+    assert cluster_sum(topology, "tidelog_controller_offline_partitions") == 0
+
+    follower.start()
+    wait_until(follower.healthy, 60, "the follower healthy again", interval=0.3)
+    wait_until(lambda: cluster_sum(topology, "tidelog_replica_manager_under_replicated_partitions") == 0, 60,
+               "no under-replicated partitions after the follower returned")
+    assert cluster_sum(topology, "tidelog_replica_manager_isr_expands_total") >= expands_before + PARTITIONS
+    back = scrape(follower)
+    assert back["tidelog_broker_ready"] == 1.0
+    assert back["tidelog_replica_manager_partitions"] == PARTITIONS
+    assert any(k.startswith('tidelog_request_duration_seconds_count{request=Produce}') for k in
+               (key for b in topology.brokers.values() for key in scrape(b)))
+
+
+def test_ready_endpoint_and_health_command_agree(topology):
+    import urllib.request
+
+    for b in topology.brokers.values():
+        with urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/ready", timeout=10) as r:
+            assert r.status == 200 and r.read() == b"ready\n"
+        assert b.healthy()
+    r = subprocess.run([sys.executable, "-m", "broker.cli", "health", "--bootstrap", topology.bootstrap],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("ready") == 3
