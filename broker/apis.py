@@ -8,6 +8,7 @@ administration, controlled shutdown) answer NOT_CONTROLLER on other brokers, as 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Awaitable, Callable
 
@@ -16,7 +17,8 @@ from broker.controller.channels import wait_all
 from broker.metadata_cache import MetadataCache
 from broker.replication.replica_manager import ReplicaManager
 from protocol.errors import (
-    INVALID_REQUEST, NONE, NOT_CONTROLLER, STALE_BROKER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION, TidelogError,
+    INVALID_REQUEST, NONE, NOT_CONTROLLER, NOT_LEADER_OR_FOLLOWER, STALE_BROKER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION,
+    TidelogError,
 )
 from protocol.messages import (
     CONSUMER_REPLICA_ID, ElectLeadersRequest, ElectLeadersResponse, ElectLeadersResult,
@@ -92,6 +94,8 @@ class Apis:
         acks=all return the coroutine that waits for replication."""
         entries = {TopicPartition(t.name, p.index): p.records for t in req.topic_data for p in t.partition_data}
         results, waiting = self.replica_manager.append_now(req.acks, entries)
+        for tp, r in results.items():
+            r["error_code"] = self._absent_as_unknown(tp, r["error_code"])
         if req.acks == 0:
             return None
         if waiting:
@@ -106,6 +110,9 @@ class Apis:
         results = await self.replica_manager.fetch(req)
         by_topic: dict[str, list] = {}
         for tp, r in results.items():
+            code = self._absent_as_unknown(tp, r.error_code)
+            if code != r.error_code:
+                r = dataclasses.replace(r, error_code=code)
             by_topic.setdefault(tp.topic, []).append(r)
         return FetchResponse([FetchTopicResponse(t, ps) for t, ps in by_topic.items()])
 
@@ -114,11 +121,23 @@ class Apis:
         # Consumers see the HW as "latest"; followers and debugging tools (replica id -2,
         # Kafka's DEBUGGING_REPLICA_ID) see the log end offset.
         from_consumer = req.replica_id == CONSUMER_REPLICA_ID
-        return ListOffsetsResponse([
-            ListOffsetsTopicResponse(t.name, [
-                rm.list_offset(TopicPartition(t.name, p.partition_index), p.timestamp, p.current_leader_epoch,
-                               from_consumer) for p in t.partitions])
-            for t in req.topics])
+        out = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                tp = TopicPartition(t.name, p.partition_index)
+                r = rm.list_offset(tp, p.timestamp, p.current_leader_epoch, from_consumer)
+                code = self._absent_as_unknown(tp, r.error_code)
+                parts.append(r if code == r.error_code else dataclasses.replace(r, error_code=code))
+            out.append(ListOffsetsTopicResponse(t.name, parts))
+        return ListOffsetsResponse(out)
+
+    def _absent_as_unknown(self, tp: TopicPartition, code: int) -> int:
+        """Kafka's distinction: a partition this broker does not host is NOT_LEADER_OR_FOLLOWER
+        when the cluster has it, UNKNOWN_TOPIC_OR_PARTITION when it does not exist at all."""
+        if code == NOT_LEADER_OR_FOLLOWER.code and self.metadata.partition_state(tp) is None:
+            return UNKNOWN_TOPIC_OR_PARTITION.code
+        return code
 
     async def offsets_for_leader_epoch(self, req: OffsetsForLeaderEpochRequest) -> OffsetsForLeaderEpochResponse:
         rm = self.replica_manager

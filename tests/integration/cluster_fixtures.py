@@ -263,8 +263,13 @@ class RawClient:
             self._buffered.extend(self.conn.receive_data(data))
         return self._buffered.pop(0)
 
-    def send_raw(self, data: bytes) -> None:
-        self.sock.sendall(data)
+    def send_raw(self, data: bytes) -> bool:
+        """Send bytes; False when the broker had already closed the connection."""
+        try:
+            self.sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        return True
 
     def read_raw_until_closed(self) -> tuple[list[bytes], bool]:
         """Read frames (raw bodies) until the broker closes or ``timeout`` passes; returns the
@@ -272,6 +277,28 @@ class RawClient:
         deadline = time.monotonic() + self.timeout
         buf = b""
         while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(1 << 16)
+            except TimeoutError:
+                break
+            except ConnectionResetError:
+                return _split_frames(buf), True
+            if not data:
+                return _split_frames(buf), True
+            buf += data
+        return _split_frames(buf), False
+
+
+    def read_raw_until(self, done: Callable[[list[bytes]], bool]) -> tuple[list[bytes], bool]:
+        """Read frames (raw bodies) until ``done(frames)``, the broker closes, or ``timeout``
+        passes; returns the frames and whether the connection was closed."""
+        deadline = time.monotonic() + self.timeout
+        buf = b""
+        while time.monotonic() < deadline:
+            frames = _split_frames(buf)
+            if done(frames):
+                return frames, False
             self.sock.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 data = self.sock.recv(1 << 16)
