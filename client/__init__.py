@@ -90,17 +90,25 @@ class Producer(_Blocking):
              partition: int | None = None, timestamp_ms: int | None = None) -> RecordFuture:
         """Queue a record and return its future (``future.result(timeout)``). Blocks only
         for the topic's first metadata or for buffer memory, at most ``max_block_ms``."""
+        # The per-record hot path: no clock read unless the record must wait.
+        r = self._aio.try_send(topic, value, key, headers, partition, timestamp_ms)
+        if type(r) is RecordFuture:
+            return r
+        return self._send_after_waiting(r, topic, value, key, headers, partition, timestamp_ms)
+
+    def _send_after_waiting(self, r: Any, topic: str, value: Any, key: Any, headers: Any,
+                            partition: int | None, timestamp_ms: int | None) -> RecordFuture:
         deadline = time.monotonic() + self._max_block_s
         aio = self._aio
         while True:
-            r = aio.try_send(topic, value, key, headers, partition, timestamp_ms)
-            if type(r) is RecordFuture:
-                return r
             if r is _NEED_METADATA:
                 self._call(aio.wait_for_topic, topic, deadline,
                            timeout=max(0.0, deadline - time.monotonic()) + 1.0)
             else:
                 aio._accumulator.wait_for_memory(r, deadline)
+            r = aio.try_send(topic, value, key, headers, partition, timestamp_ms)
+            if type(r) is RecordFuture:
+                return r
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every record sent so far is acknowledged or failed (bounded by the

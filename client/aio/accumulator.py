@@ -183,12 +183,18 @@ _batch_seq = itertools.count()
 
 
 class ProducerBatch:
-    """Records of one partition on their way to its leader."""
+    """Records of one partition on their way to its leader.
+
+    ``room`` is how many more estimated bytes fit (``batch_size`` minus the batch overhead
+    and ``memory``); a batch is *full* once ``room <= 0``, which ``mark_full`` forces (when
+    the next record does not fit, or the batch is drained). A new batch takes its first
+    record whatever its size."""
 
     __slots__ = ("tp", "builder", "result", "futures", "created", "deadline", "seq", "memory",
-                 "attempts", "retry_at", "payload", "full", "last_error")
+                 "room", "attempts", "retry_at", "payload", "last_error")
 
-    def __init__(self, tp: TopicPartition, codec: Codec, created: float, deadline: float):
+    def __init__(self, tp: TopicPartition, codec: Codec, created: float, deadline: float,
+                 batch_size: int = 16384):
         self.tp = tp
         self.builder = BatchBuilder(codec)
         self.result = ProduceResult(tp)
@@ -196,10 +202,10 @@ class ProducerBatch:
         self.deadline = deadline  # created + delivery_timeout
         self.seq = next(_batch_seq)  # creation order; keeps retried batches in order
         self.memory = 0  # bytes of buffer_memory this batch holds
+        self.room = batch_size - BATCH_OVERHEAD
         self.attempts = 0  # sends so far
         self.retry_at = 0.0  # not before this time when retrying
         self.payload: bytes | None = None  # the encoded batch, built once at first send
-        self.full = False
         self.last_error: BaseException | None = None  # why the latest attempt failed
 
     def __len__(self) -> int:
@@ -208,13 +214,20 @@ class ProducerBatch:
     def __repr__(self) -> str:
         return f"<ProducerBatch {self.tp} {len(self)} records, attempt {self.attempts}>"
 
-    def has_room(self, size: int, batch_size: int) -> bool:
-        return not self.memory or self.memory + size + BATCH_OVERHEAD <= batch_size
+    @property
+    def full(self) -> bool:
+        return self.room <= 0
+
+    def mark_full(self) -> None:
+        """Take no more records (the sender may send it as soon as it is at the head)."""
+        if self.room > 0:
+            self.room = 0
 
     def append(self, timestamp: int, key: bytes | None, value: bytes | None,
                headers: Sequence[tuple[str, bytes | None]] | None, size: int) -> RecordFuture:
         index = self.builder.append(timestamp, key, value, headers)
         self.memory += size
+        self.room -= size
         return RecordFuture(self.result, index, timestamp)
 
     def encode(self) -> bytes:
@@ -279,27 +292,32 @@ class RecordAccumulator:
     def append(self, tp: TopicPartition, timestamp: int, key: bytes | None, value: bytes | None,
                headers: Sequence[tuple[str, bytes | None]] | None, size: int) -> RecordFuture | None:
         """Add a record to ``tp``'s open batch; None when buffer memory is exhausted."""
+        # The per-record hot path (as is append_keyless), written for speed: one lock, the
+        # common case (room in the open batch) inline, no wake-up unless the batch filled.
         with self.lock:
             if self._closed:
                 raise ClientClosedError("the producer is closed")
-            if self._used + size > self.buffer_memory and self._used:
+            used = self._used + size
+            if used > self.buffer_memory and self._used:
                 return None
             dq = self._batches.get(tp)
             batch = dq[-1] if dq else None
-            if batch is not None and not batch.full and batch.memory + size + BATCH_OVERHEAD <= self.batch_size:
-                # the common case: room in the open batch
+            if batch is not None and size <= batch.room:
                 index = batch.builder.append(timestamp, key, value, headers)
                 batch.memory += size
-                self._used += size
-                wake = False
-                if batch.memory + BATCH_OVERHEAD >= self.batch_size:
-                    batch.full = True
-                    wake = self._take_wake()
+                batch.room -= size
+                self._used = used
+                if batch.room > 0 or self._wake_pending:
+                    return RecordFuture(batch.result, index, timestamp)
+                self._wake_pending = True  # newly full: ready now
                 future = RecordFuture(batch.result, index, timestamp)
             else:
-                future, _, wake = self._append_slow(tp, timestamp, key, value, headers, size)
-        if wake:
-            self.wakeup()
+                batch, opened = self._batch_with_room(tp, size)
+                future = batch.append(timestamp, key, value, headers, size)
+                self._used = used
+                if not ((opened or batch.room <= 0) and self._take_wake()):
+                    return future
+        self.wakeup()
         return future
 
     def append_keyless(self, topic: str, num_partitions: int, available: Sequence[int],
@@ -312,52 +330,59 @@ class RecordAccumulator:
         with self.lock:
             if self._closed:
                 raise ClientClosedError("the producer is closed")
-            if self._used + size > self.buffer_memory and self._used:
+            used = self._used + size
+            if used > self.buffer_memory and self._used:
                 return None
             batch = self._sticky.get(topic)
-            if batch is not None and not batch.full and batch.memory + size + BATCH_OVERHEAD <= self.batch_size:
+            if batch is not None and size <= batch.room:
                 index = batch.builder.append(timestamp, None, value, headers)
                 batch.memory += size
-                self._used += size
-                wake = False
-                if batch.memory + BATCH_OVERHEAD >= self.batch_size:
-                    batch.full = True
-                    wake = self._take_wake()
+                batch.room -= size
+                self._used = used
+                if batch.room > 0 or self._wake_pending:
+                    return RecordFuture(batch.result, index, timestamp)
+                self._wake_pending = True  # newly full: ready now
                 future = RecordFuture(batch.result, index, timestamp)
             else:
-                if batch is None:
-                    p = self.partitioner.partition(topic, num_partitions, available)
-                else:
-                    p = self.partitioner.on_new_batch(topic, num_partitions, available, batch.tp.partition)
-                future, batch, wake = self._append_slow(TopicPartition(topic, p), timestamp, None,
-                                                        value, headers, size)
-                self._sticky[topic] = batch
-        if wake:
-            self.wakeup()
+                batch, opened = self._sticky_batch(topic, num_partitions, available, batch, size)
+                future = batch.append(timestamp, None, value, headers, size)
+                self._used = used
+                if not ((opened or batch.room <= 0) and self._take_wake()):
+                    return future
+        self.wakeup()
         return future
 
-    def _append_slow(self, tp, timestamp, key, value, headers, size
-                     ) -> tuple[RecordFuture, ProducerBatch, bool]:
-        """Append under the lock, opening a batch when the tail one is closed or full."""
+    def _sticky_batch(self, topic: str, num_partitions: int, available: Sequence[int],
+                      current: ProducerBatch | None, size: int) -> tuple[ProducerBatch, bool]:
+        """Under the lock: the batch for the topic's next keyless record when the sticky one
+        is missing or has no room for ``size`` bytes: the sticky partitioner picks another
+        partition, whose open batch (or a new one) becomes the sticky batch."""
+        if current is None:
+            p = self.partitioner.partition(topic, num_partitions, available)
+        else:
+            current.mark_full()
+            p = self.partitioner.on_new_batch(topic, num_partitions, available, current.tp.partition)
+        batch, opened = self._batch_with_room(TopicPartition(topic, p), size)
+        self._sticky[topic] = batch
+        return batch, opened
+
+    def _batch_with_room(self, tp: TopicPartition, size: int) -> tuple[ProducerBatch, bool]:
+        """Under the lock: ``tp``'s open batch if ``size`` bytes fit, else a new batch (the
+        old one is marked full). Returns ``(batch, opened)``; a new batch takes its first
+        record whatever its size."""
         dq = self._batches.get(tp)
         if dq is None:
             dq = self._batches[tp] = deque()
         batch = dq[-1] if dq else None
-        opened = False
-        if batch is None or batch.full or not batch.has_room(size, self.batch_size):
-            if batch is not None:
-                batch.full = True
-            now = self.clock()
-            batch = ProducerBatch(tp, self.codec, now, now + self.delivery_timeout_s)
-            dq.append(batch)
-            self._incomplete.add(batch)
-            opened = True
-        future = batch.append(timestamp, key, value, headers, size)
-        self._used += size
-        if batch.memory + BATCH_OVERHEAD >= self.batch_size and not batch.full:
-            batch.full = True
-            opened = True  # newly full: ready now
-        return future, batch, opened and self._take_wake()
+        if batch is not None and size <= batch.room:
+            return batch, False
+        if batch is not None:
+            batch.mark_full()
+        now = self.clock()
+        batch = ProducerBatch(tp, self.codec, now, now + self.delivery_timeout_s, self.batch_size)
+        dq.append(batch)
+        self._incomplete.add(batch)
+        return batch, True
 
     def _take_wake(self) -> bool:
         """Under the lock: True if the caller should wake the sender (one pending wake-up
@@ -482,7 +507,7 @@ class RecordAccumulator:
                 dq.popleft()
                 if not dq:
                     del self._batches[tp]
-                batch.full = True
+                batch.mark_full()
                 self._in_flight[tp] = self._in_flight.get(tp, 0) + 1
                 out.setdefault(leader, []).append(batch)
                 sizes[leader] = sizes.get(leader, 0) + size

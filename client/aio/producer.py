@@ -333,6 +333,7 @@ class Sender:
 
 
 _NEED_METADATA = object()
+_time = time.time
 
 
 class AsyncProducer:
@@ -351,6 +352,7 @@ class AsyncProducer:
         self._value_serializer = value_serializer or serialize
         self._plain_keys = key_serializer is None  # None keys and bytes values skip the call
         self._plain_values = value_serializer is None
+        self._fast_keyless = key_serializer is None and value_serializer is None and partitioner is None
         self._max_record_size = min(config.max_request_size, config.buffer_memory)
         self._key_hashes: dict[bytes, int] = {}  # key -> toPositive(murmur2(key)), bounded
         self._tps: dict[str, list[TopicPartition]] = {}
@@ -475,6 +477,21 @@ class AsyncProducer:
         """The synchronous, thread-safe hot path. Returns the RecordFuture, or tells the
         caller what to wait for: ``_NEED_METADATA`` (call ``wait_for_topic``) or the record's
         size in bytes (buffer memory is exhausted: wait for that much)."""
+        # Written for speed (it runs once per record): the common record (bytes value, no
+        # key, headers, partition or timestamp, default serializers and partitioner) goes
+        # straight to the topic's sticky batch; everything else takes the general path.
+        if (key is None and headers is None and partition is None and timestamp_ms is None
+                and type(value) is bytes and self._fast_keyless):
+            info = self._cluster.metadata.topics.get(topic)
+            size = 32 + len(value)
+            if info is not None and size <= self._max_record_size:
+                return self._accumulator.append_keyless(
+                    topic, len(info.partition_ids), info.available, int(_time() * 1000), value,
+                    None, size) or size
+        return self._try_send(topic, value, key, headers, partition, timestamp_ms)
+
+    def _try_send(self, topic: str, value: Any, key: Any, headers: Headers, partition: int | None,
+                  timestamp_ms: int | None) -> Any:
         acc = self._accumulator
         if acc.closed:
             raise ClientClosedError("the producer is closed")
