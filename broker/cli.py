@@ -83,6 +83,142 @@ def _dev(args: argparse.Namespace) -> int:
     return run_dev_up(args.dir, args.brokers, args.zk_port, args.base_port)
 
 
+# -- client commands: topics, produce, consume, perf (implemented in client/cli.py) ------------
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def _client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", metavar="HOST:PORT[,HOST:PORT]",
+                   default=os.environ.get("TIDELOG_BOOTSTRAP", "localhost:9092"),
+                   help="brokers to start from (env TIDELOG_BOOTSTRAP, default localhost:9092)")
+    p.add_argument("--connect-timeout-ms", type=int, default=5000, metavar="MS",
+                   help="fail if no broker answers within this long (default 5000)")
+
+
+def _topics_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        a = sub.add_parser(name, help=help, description=help)
+        _client_options(a)
+        a.add_argument("--timeout-ms", type=int, default=30000, metavar="MS",
+                       help="bound on the admin request (default 30000)")
+        return a
+
+    a = action("create", "create a topic")
+    a.add_argument("name")
+    a.add_argument("--partitions", type=int, default=-1, help="default: the broker's num.partitions")
+    a.add_argument("--replication-factor", type=int, default=-1,
+                   help="default: the broker's default.replication.factor")
+    a.add_argument("--config", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="a topic config override (repeatable), e.g. retention.ms=86400000")
+    a.add_argument("--if-not-exists", action="store_true", help="succeed if the topic exists")
+    action("list", "list the topics, one per line")
+    a = action("describe", "kafka-topics --describe lines, with leader epoch, LEO and HW")
+    a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
+    a.add_argument("--under-replicated-partitions", action="store_true",
+                   help="only partitions whose ISR is smaller than their replica set")
+    a.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a leader")
+    a = action("alter", "add partitions, or set or delete topic configs")
+    a.add_argument("name")
+    a.add_argument("--partitions", type=int, help="the new (larger) partition count")
+    a.add_argument("--config", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="set a topic config override (repeatable)")
+    a.add_argument("--delete-config", action="append", default=[], metavar="KEY",
+                   help="remove a topic config override (repeatable)")
+    a = action("delete", "delete topics")
+    a.add_argument("names", nargs="+", metavar="NAME")
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from client.cli import topics
+
+    return topics(args)
+
+
+def _produce_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topic")
+    _client_options(p)
+    p.add_argument("--key-separator", metavar="S", help='lines are "key<S>value"')
+    p.add_argument("--acks", choices=["all", "-1", "1", "0"], default="all")
+    p.add_argument("--partition", type=int, help="send every record to this partition")
+    p.add_argument("--compression", choices=["none", "gzip", "lz4", "zstd"])
+    p.add_argument("--linger-ms", type=int)
+    p.add_argument("--producer-property", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="a producer setting by Kafka's name (repeatable), e.g. delivery.timeout.ms=60000")
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from client.cli import produce
+
+    return produce(args)
+
+
+def _consume_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topic")
+    _client_options(p)
+    p.add_argument("--group", help="consume as a member of this consumer group")
+    p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset, not the end")
+    p.add_argument("--partition", type=int, help="consume only this partition")
+    p.add_argument("--offset", help="with --partition: an offset, 'earliest' or 'latest'")
+    p.add_argument("--max-messages", type=int, metavar="N", help="exit after N records")
+    p.add_argument("--timeout-ms", type=int, metavar="MS", help="exit when no record arrived for this long")
+    p.add_argument("--print-key", action="store_true", help="print key<TAB>value")
+    p.add_argument("--print-offset", action="store_true", help='prefix "Offset:N<TAB>"')
+    p.add_argument("--print-partition", action="store_true", help='prefix "Partition:N<TAB>"')
+    p.add_argument("--consumer-property", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="a consumer setting by Kafka's name (repeatable), e.g. fetch.max.wait.ms=100")
+
+
+def _consume(args: argparse.Namespace) -> int:
+    from client.cli import consume
+
+    return consume(args)
+
+
+def _perf_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        a = sub.add_parser(name, help=help, description=help)
+        _client_options(a)
+        a.add_argument("--topic", required=True)
+        a.add_argument("--num-records", type=int, required=True)
+        a.add_argument("--json", action="store_true", help="print the result as one JSON object")
+        return a
+
+    props = {"type": _key_value, "nargs": "+", "default": [], "metavar": "KEY=VALUE"}
+    a = action("produce", "like kafka-producer-perf-test: send records, report throughput and latency")
+    a.add_argument("--record-size", type=int, required=True, help="bytes per record")
+    a.add_argument("--throughput", type=float, required=True, help="records/sec at most; -1: no limit")
+    a.add_argument("--producer-props", **props, help="producer settings by Kafka's names (acks, linger.ms, ...)")
+    a.add_argument("--bulk", type=int, nargs="?", const=1000, default=0, metavar="N",
+                   help="send N records per Producer.send_many call (default N: 1000)")
+    a = action("consume", "like kafka-consumer-perf-test: read records from the beginning (latency: "
+                          "how long the poll that returned each record waited)")
+    a.add_argument("--consumer-props", **props, help="consumer settings by Kafka's names")
+    a.add_argument("--timeout-ms", type=int, default=10000, help="give up after this long without records")
+    a = action("e2e", "like Kafka's EndToEndLatency: produce-to-consume latency, one record at a time")
+    a.add_argument("--record-size", type=int, default=100)
+    a.add_argument("--throughput", type=float, default=-1, help="records/sec at most (default -1: no limit)")
+    a.add_argument("--producer-props", **props, help="producer settings (default acks=1, linger.ms=0)")
+    a.add_argument("--consumer-props", **props, help="consumer settings")
+    a.add_argument("--timeout-ms", type=int, default=10000,
+                   help="give up waiting for records after this long without any")
+
+
+def _perf(args: argparse.Namespace) -> int:
+    from client.cli import perf
+
+    return perf(args)
+
+
 # -- health -------------------------------------------------------------------------------------
 
 
@@ -127,6 +263,20 @@ COMMANDS: tuple[Command, ...] = (
         "entries of .index and .timeindex files, and report torn or corrupt data. Exit status: "
         "0 all is well, 1 problems were found (lines starting with ERROR:), 2 usage errors.",
         _dump_log_arguments, _dump_log),
+    Command("topics", "create, list, describe, alter and delete topics (like kafka-topics)",
+            "Manage topics. describe prints kafka-topics' lines plus each partition's leader epoch, "
+            "log end offset and high watermark.", _topics_arguments, _topics),
+    Command("produce", "send stdin lines as records (like kafka-console-producer)",
+            "Read lines from stdin and send each as a record (key<S>value with --key-separator); "
+            "at EOF wait for every acknowledgement. Exit status 1 if any record failed.",
+            _produce_arguments, _produce),
+    Command("consume", "print records (like kafka-console-consumer)",
+            "Print records' values (key<TAB>value with --print-key), from the end of the topic, "
+            "or from the beginning, or from an offset; until --max-messages, --timeout-ms, or Ctrl-C.",
+            _consume_arguments, _consume),
+    Command("perf", "producer, consumer and end-to-end benchmarks (like kafka-*-perf-test)",
+            "perf produce|consume|e2e: progress every 5 s on stderr, then kafka-producer-perf-test's "
+            "summary line (or --json) on stdout.", _perf_arguments, _perf),
 )
 
 
