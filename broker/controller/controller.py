@@ -305,7 +305,7 @@ class Controller:
         for tp in tps:
             st, _ = self.ctx.states[tp]
             leader, isr = remove_from_isr(st.leader, st.isr, gone)
-            if isr != st.isr:
+            if tuple(isr) != st.isr:  # st.isr is a tuple: a list never compares equal to it
                 await self._write_state(tp, leader, isr or [leader])
                 changed.append(tp)
         self._propagate(changed)

@@ -143,22 +143,29 @@ def test_leader_killed_while_producing_loses_no_acknowledged_record(fresh_cluste
     create_topic(cluster, topic)
     with SteadyProducer(cluster.bootstrap, topic) as producer:
         producer.wait_acked(3000, 30)
-        victim = leader_of(cluster, topic, 0, via=1)
-        replicas = partitions_of(broker_metadata(cluster, victim), topic)[0].replica_nodes
+        # the leader of a partition, not the controller (killing that one is the next test):
+        # the surviving controller moves the leadership
+        ctrl = controller_id(cluster, via=1)
+        part, before = next((p, pm) for p, pm in sorted(partitions_of(broker_metadata(cluster, 1), topic).items())
+                            if pm.leader_id != ctrl)
+        victim, replicas = before.leader_id, before.replica_nodes
         cluster.brokers[victim].kill()
         killed_at = len(producer.futures)
         survivor = next(i for i in cluster.brokers if i != victim)
 
         # a new leader among the live replicas, on every live broker's metadata
         def new_leader():
-            leaders = {leader_of(cluster, topic, 0, via=i) for i in running(cluster)}
+            leaders = {leader_of(cluster, topic, part, via=i) for i in running(cluster)}
             return len(leaders) == 1 and leaders <= set(replicas) - {victim}
-        wait_until(new_leader, SESSION_S + 20, f"a new leader for {topic}-0")
+        wait_until(new_leader, SESSION_S + 20, f"a new leader for {topic}-{part}")
         assert victim not in {b.node_id for b in broker_metadata(cluster, survivor).brokers}
 
         # the same producer keeps going: records sent after the kill are acknowledged,
-        # partition 0 (the killed leader's) included
-        producer.wait_acked(1000, 30, partition=0, since=killed_at)
+        # in the killed leader's partition too
+        producer.wait_acked(1000, 30, partition=part, since=killed_at)
+        after = partitions_of(broker_metadata(cluster, survivor), topic)[part]
+        assert after.leader_epoch == before.leader_epoch + 1, f"one election, one new leader epoch: {after}"
+        assert victim not in after.isr_nodes
 
         # the killed broker restarts, recovers its logs (no clean-shutdown marker) and
         # rejoins the ISR while the load goes on
@@ -167,7 +174,7 @@ def test_leader_killed_while_producing_loses_no_acknowledged_record(fresh_cluste
         cluster.wait_ready(60)
         took = wait_rejoined(cluster, victim, {topic: PARTITIONS}, timeout=30)
         assert took * 1000 <= LAG_MS, f"broker {victim} took {took:.2f} s to rejoin the ISR"
-        producer.wait_acked(500, 30, partition=0, since=len(producer.futures))
+        producer.wait_acked(500, 30, partition=part, since=len(producer.futures))
         acked = producer.finish()
 
     assert len(acked) > 5000
