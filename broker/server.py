@@ -210,6 +210,7 @@ class BrokerServer:
         with trio.move_on_after(self.config.controlled_shutdown_max_retries *
                                 (self.config.controlled_shutdown_retry_backoff_ms / 1000 + 30)):
             await self.controlled_shutdown()
+        self.replica_manager.shutdown()  # stop fetching: leaders must not count us in their ISRs
         if self._cancel is not None:
             self._cancel.cancel()
 

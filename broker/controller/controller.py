@@ -194,6 +194,11 @@ class Controller:
             await self._load_topic(topic)
         await self._init_new_partitions(ctx.all_partitions())
         await self._elect_offline(ctx.all_partitions())
+        # brokers that died while no controller was watching (the previous controller among
+        # them) leave the ISRs now
+        dead = {r for st, _ in ctx.states.values() for r in st.isr} - set(ctx.brokers)
+        await self._shrink_isr([tp for tp, (st, _) in ctx.states.items()
+                                if st.leader in ctx.live and set(st.isr) & dead], dead)
         for b in ctx.brokers:
             self._send_leader_and_isr(b, ctx.all_partitions())
         self._send_update_metadata(ctx.all_partitions())
@@ -289,7 +294,7 @@ class Controller:
             election = offline_partition_leader(self._replicas(tp), st.isr, ctx.live, unclean)
             if election is None:
                 if st.leader != -1:
-                    await self._write_state(tp, -1, [r for r in st.isr if r in ctx.live] or st.isr)
+                    await self._write_state(tp, -1, [r for r in st.isr if r in ctx.live] or [st.leader])
                     changed.append(tp)
                 logger.error("%s has no live in-sync replica (ISR %s): offline", tp, st.isr)
                 continue
@@ -306,7 +311,9 @@ class Controller:
             st, _ = self.ctx.states[tp]
             leader, isr = remove_from_isr(st.leader, st.isr, gone)
             if tuple(isr) != st.isr:  # st.isr is a tuple: a list never compares equal to it
-                await self._write_state(tp, leader, isr or [leader])
+                # as Kafka: an ISR never becomes empty; its last member stays, so that only it
+                # (or an unclean election) can bring the partition back
+                await self._write_state(tp, leader, isr or list(st.isr[-1:]))
                 changed.append(tp)
         self._propagate(changed)
 
@@ -559,6 +566,12 @@ class Controller:
             elif broker_id in st.isr and len(st.isr) > 1:
                 await self._write_state(tp, st.leader, [r for r in st.isr if r != broker_id])
                 moved.append(tp)
+        followed = [StopReplicaPartition(tp.topic, tp.partition, st.leader_epoch, False)
+                    for tp, (st, _) in ctx.states.items()
+                    if st.leader != broker_id and broker_id in self._replicas(tp)]
+        if followed:  # so that the leaders do not take it back into their ISRs
+            self.channels.send(broker_id, ApiKey.STOP_REPLICA, StopReplicaRequest(
+                self.broker_id, ctx.epoch, ctx.broker_epochs.get(broker_id, -1), followed))
         waits = self._propagate(moved)
         logger.info("controlled shutdown of broker %d: %d partitions moved, %d remain",
                     broker_id, len(moved), len(remaining))
