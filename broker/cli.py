@@ -134,6 +134,9 @@ def _topics_arguments(p: argparse.ArgumentParser) -> None:
                    help="remove a topic config override (repeatable)")
     a = action("delete", "delete topics")
     a.add_argument("names", nargs="+", metavar="NAME")
+    a = action("elect-leaders", "move leadership back to each partition's preferred (first) replica")
+    a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
+    a.add_argument("--partition", type=int, help="only this partition of the named topics")
 
 
 def _topics(args: argparse.Namespace) -> int:

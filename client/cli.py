@@ -338,8 +338,33 @@ async def _log_offsets(args: argparse.Namespace, partitions: Sequence[Any]
     return {k: (v[0], v[1]) for k, v in found.items()}
 
 
+async def _topics_elect_leaders(args: argparse.Namespace) -> int:
+    """Preferred leader election (kafka-leader-election --election-type preferred)."""
+    from client.records import TopicPartition
+    from protocol.errors import ELECTION_NOT_NEEDED, NONE, for_code
+
+    async with _admin_session(args) as admin:
+        await _connect(admin, args)
+        partitions = None
+        if args.names:
+            descriptions = await admin.describe_topics(args.names, timeout_ms=args.timeout_ms)
+            partitions = [TopicPartition(d.name, p.partition) for d in descriptions for p in d.partitions
+                          if args.partition is None or p.partition == args.partition]
+        results = await admin.elect_leaders(partitions, timeout_ms=args.timeout_ms)
+    failed = 0
+    for tp, (code, message) in sorted(results.items()):
+        if code == NONE.code:
+            print(f"Successfully elected the preferred replica as leader of {tp.topic}-{tp.partition}.")
+        elif code == ELECTION_NOT_NEEDED.code:
+            print(f"Valid replica already elected for {tp.topic}-{tp.partition}.")
+        else:
+            failed += 1
+            print(f"Error for {tp.topic}-{tp.partition}: {for_code(code).name}: {message}", file=sys.stderr)
+    return EXIT_OK if not failed else 1
+
+
 _TOPIC_ACTIONS = {"create": _topics_create, "list": _topics_list, "describe": _topics_describe,
-                  "alter": _topics_alter, "delete": _topics_delete}
+                  "alter": _topics_alter, "delete": _topics_delete, "elect-leaders": _topics_elect_leaders}
 
 
 # =============================================================================================

@@ -421,3 +421,32 @@ def test_describe_flags_under_replicated_and_offline(tidelog, cluster):
     finally:
         cluster.brokers[stopped].start()
         cluster.wait_ready(30)
+
+
+def test_elect_leaders_moves_leadership_back_to_the_preferred_replica(tidelog, cluster):
+    create(tidelog, cluster, "preferred", 3)
+    controller = metadata(cluster.brokers[1].port).controller_id
+    bounced = 3 if controller != 3 else 2  # not the controller
+    cluster.brokers[bounced].stop()  # controlled shutdown: its leaderships move away
+    cluster.brokers[bounced].start()
+    cluster.wait_ready(30)
+
+    def partitions():
+        r = tidelog("topics", "describe", "preferred")
+        return [m for m in map(PARTITION_LINE.match, r.lines[1:]) if m]
+
+    deadline = time.monotonic() + 30
+    while not all(str(bounced) in m["isr"].split(",") for m in partitions()):
+        assert time.monotonic() < deadline, "the bounced broker did not rejoin the ISRs"
+        time.sleep(0.3)
+    assert any(m["replicas"].split(",")[0] != m["leader"] for m in partitions())  # leadership moved away
+
+    r = tidelog("topics", "elect-leaders", "preferred")
+    assert r.rc == 0, r.err
+    assert any(line.startswith("Successfully elected the preferred replica") for line in r.lines), r.out
+    deadline = time.monotonic() + 20
+    while not all(m["replicas"].split(",")[0] == m["leader"] for m in partitions()):
+        assert time.monotonic() < deadline, "leadership did not return to the preferred replicas"
+        time.sleep(0.3)
+    r = tidelog("topics", "elect-leaders", "preferred", "--partition", "0")
+    assert r.rc == 0 and r.lines == ["Valid replica already elected for preferred-0."], r.out
