@@ -21,9 +21,17 @@ from client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from client.aio import AsyncProducer
 from client.aio.partitioner import default_partition
 from client.errors import TidelogError
-from tests.integration.cluster_fixtures import (broker_metadata, cluster_3, consume_range,  # noqa: F401
-                                                end_offsets, partition_dirs, partitions_of, running,
-                                                wait_topic_ready, wait_until)
+from tests.integration.cluster_fixtures import (  # noqa: F401
+    broker_metadata,
+    cluster_3,
+    consume_range,
+    end_offsets,
+    partition_dirs,
+    partitions_of,
+    running,
+    wait_topic_ready,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,21 @@ import time
 import pytest
 
 from client import Admin, NewTopic, Producer, RecordMetadata, TopicPartition
-from tests.integration.cluster_fixtures import (FAST_FAILOVER, broker_metadata, consume_range,  # noqa: F401
-                                                controller_id, end_offsets, fresh_cluster_3, log_dirs,
-                                                partitions_of, replica_high_watermark, replica_records, running,
-                                                wait_topic_ready, wait_until)
+from tests.integration.cluster_fixtures import (  # noqa: F401
+    FAST_FAILOVER,
+    broker_metadata,
+    consume_range,
+    controller_id,
+    end_offsets,
+    fresh_cluster_3,
+    log_dirs,
+    partitions_of,
+    replica_high_watermark,
+    replica_records,
+    running,
+    wait_topic_ready,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 

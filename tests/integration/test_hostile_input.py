@@ -13,19 +13,50 @@ from __future__ import annotations
 import random
 import socket
 import struct
+import threading
 
 import pytest
 
 from client import Consumer, Producer, TopicPartition
-from protocol.errors import (CORRUPT_MESSAGE, INVALID_REQUEST, INVALID_REQUIRED_ACKS, MESSAGE_TOO_LARGE, NONE,
-                             UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION)
-from protocol.messages import (LATEST_TIMESTAMP, ApiKey, ApiVersionsRequest, FetchPartition, FetchRequest,
-                               FetchResponse, FetchTopic, ListOffsetsPartition, ListOffsetsRequest,
-                               ListOffsetsResponse, ListOffsetsTopic, MetadataRequest, MetadataResponse,
-                               PartitionProduceData, ProduceRequest, ProduceResponse, TopicProduceData,
-                               decode_response, encode_request, RequestHeader)
+from protocol.errors import (
+    CORRUPT_MESSAGE,
+    INVALID_REQUEST,
+    INVALID_REQUIRED_ACKS,
+    MESSAGE_TOO_LARGE,
+    NONE,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    UNSUPPORTED_VERSION,
+)
+from protocol.messages import (
+    LATEST_TIMESTAMP,
+    ApiKey,
+    ApiVersionsRequest,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopic,
+    MetadataRequest,
+    MetadataResponse,
+    PartitionProduceData,
+    ProduceRequest,
+    ProduceResponse,
+    RequestHeader,
+    TopicProduceData,
+    decode_response,
+    encode_request,
+)
 from protocol.records import build_batch, iter_all_records
-from tests.integration.cluster_fixtures import FAST_FAILOVER, RawClient, cluster_fixture, wait_topic_ready, wait_until
+from tests.integration.cluster_fixtures import (
+    FAST_FAILOVER,
+    RawClient,
+    cluster_fixture,
+    wait_topic_ready,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -176,19 +207,58 @@ def test_random_frame_bodies(cluster, good, seed):
     good.check()
 
 
-def test_mutated_produce_frames(cluster, good):
+@pytest.mark.parametrize("body", [
+    b"\x91" * 100_000 + b"\xc0",  # arrays nested 100,000 deep
+    b"\xdd\xff\xff\xff\xff" + b"\xc0" * 16,  # an array claiming 4 billion elements
+    b"\x95\x00\x00\x01\xdb\xff\xff\xff\xff" + b"a" * 16,  # a client_id claiming 4 GiB
+    b"\x95\x00\x00\x02\xc0\xc7\x05\x01" + b"x" * 5,  # an ext type as the body
+    b"\x95\x00\x00\x03\xc0\x81\x01\x02",  # a body map with an int key
+    b"\x95\xcb\x7f\xf8\x00\x00\x00\x00\x00\x00\x00\x04\xc0\x80",  # api key NaN
+    b"\x95\x00\x00\xd3\x7f\xff\xff\xff\xff\xff\xff\xff\xc0\x80",  # correlation id beyond int32
+    b"\x93\x00\x00\x05",  # three elements, not five
+    b"",  # an empty frame
+], ids=["deep", "huge-array", "huge-str", "ext", "int-key", "nan-key", "big-correlation", "short", "empty"])
+def test_structured_garbage_frames(cluster, good, body):
+    with RawClient(cluster.brokers[1].port, timeout=10) as raw:
+        raw.send_raw(struct.pack(">I", len(body)) + body)
+        error_or_closed(raw)
+    good.check()
+
+
+def test_mutated_produce_frames_while_a_good_client_works(cluster, good):
     """Valid Produce frames (to another topic) with random bytes changed: whatever the broker
-    answers, it answers or closes, and nothing else is affected."""
+    answers, it answers or closes. Meanwhile the well-behaved client produces and reads
+    back on its own connection, undisturbed."""
     rng = random.Random(7)
     batch = build_batch([(b"k%d" % i, b"v" * 50) for i in range(5)])
     valid = encode_request(RequestHeader(ApiKey.PRODUCE, 0, 1, "fuzzer"), produce_request(batch, topic=FUZZ_TOPIC))
-    for _ in range(150):
-        frame = bytearray(valid)
-        for _ in range(rng.randint(1, 4)):
-            frame[rng.randrange(len(frame))] = rng.randrange(256)
-        with RawClient(cluster.brokers[1].port, timeout=10) as raw:
-            raw.send_raw(struct.pack(">I", len(frame)) + bytes(frame))
-            answers_after(raw)  # answered (whatever it says; acks=0 gets nothing) or closed
+    stop, failures, rounds = threading.Event(), [], []
+
+    def steady():
+        try:
+            while not stop.is_set():
+                good.produce(b"concurrent-%d" % len(rounds))
+                rounds.append(1)
+                if len(rounds) % 10 == 0:
+                    assert good.stored() == good.values
+        except BaseException as e:
+            failures.append(e)
+
+    thread = threading.Thread(target=steady, daemon=True)
+    thread.start()
+    try:
+        for _ in range(150):
+            frame = bytearray(valid)
+            for _ in range(rng.randint(1, 4)):
+                frame[rng.randrange(len(frame))] = rng.randrange(256)
+            with RawClient(cluster.brokers[1].port, timeout=10) as raw:
+                raw.send_raw(struct.pack(">I", len(frame)) + bytes(frame))
+                answers_after(raw)  # answered (whatever it says; acks=0 gets nothing) or closed
+    finally:
+        stop.set()
+        thread.join(20)
+    assert not failures, failures
+    assert len(rounds) >= 10
     good.check()
 
 
