@@ -470,9 +470,10 @@ class BatchBuilder:
         body = compress(self.codec, msgpack.packb(records, use_bin_type=True))
         attributes = int(self.codec) | (TRANSACTIONAL_BIT if self.is_transactional else 0)
         tail = struct.pack(">hiqqqhii", attributes, n - 1, first_ts, max(max_ts, NO_TIMESTAMP),
-                           self.producer_id, self.producer_epoch, self.base_sequence, n) + body
-        crc = crc32c(tail)
-        return struct.pack(">qiibI", base_offset, len(tail) + 9, leader_epoch, MAGIC, crc) + tail
+                           self.producer_id, self.producer_epoch, self.base_sequence, n)
+        crc = crc32c(body, crc32c(tail))  # the CRC over tail + body, without joining them
+        head = struct.pack(">qiibI", base_offset, len(tail) + len(body) + 9, leader_epoch, MAGIC, crc)
+        return b"".join((head, tail, body))  # the records block is copied once
 
 
 def build_batch(records: Iterable, *, codec: int = Codec.NONE, base_offset: int = 0,

@@ -10,11 +10,11 @@ with ``await obj.close()``.
 
 from client.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, NewTopic, PartitionInfo,
                               TopicDescription)
-from client.aio.accumulator import RecordFuture
+from client.aio.accumulator import RecordFuture, RecordFutures
 from client.aio.consumer import AsyncConsumer, OffsetAndTimestamp
 from client.aio.producer import AsyncProducer
 from client.records import Record, RecordMetadata, TopicPartition
 
-__all__ = ["AsyncProducer", "AsyncConsumer", "AsyncAdmin", "RecordFuture", "Record",
+__all__ = ["AsyncProducer", "AsyncConsumer", "AsyncAdmin", "RecordFuture", "RecordFutures", "Record",
            "RecordMetadata", "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo",
            "ClusterDescription", "ConfigEntry", "OffsetAndTimestamp"]

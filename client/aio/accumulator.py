@@ -35,12 +35,13 @@ fake clock.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import trio
@@ -51,8 +52,8 @@ from client.records import RecordMetadata
 from protocol.records import HEADER_SIZE, BatchBuilder, Codec
 from protocol.topics import TopicPartition
 
-__all__ = ["ProduceResult", "RecordFuture", "ProducerBatch", "RecordAccumulator", "ReadyCheck",
-           "record_size"]
+__all__ = ["ProduceResult", "RecordFuture", "RecordFutures", "BulkRecords", "ProducerBatch",
+           "RecordAccumulator", "ReadyCheck", "record_size"]
 
 RECORD_OVERHEAD = 32  # BatchBuilder's per-record estimate
 BATCH_OVERHEAD = HEADER_SIZE + 5
@@ -177,6 +178,125 @@ class RecordFuture:
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self._result.error else "done")
         return f"<RecordFuture {self._result.tp} #{self._index} {state}>"
+
+
+class RecordFutures(Sequence[RecordFuture]):
+    """The futures of the records of one ``send_many`` call, in call order.
+
+    A read-only sequence of RecordFuture, each built when accessed: the records of one call
+    land in a few batches, so this keeps one entry per run of records sharing a batch (the
+    call index where the run starts, the batch's ProduceResult, the offset delta of the run's
+    first record in the batch), not an object per record. Whole-call helpers: ``done()``,
+    ``result(timeout)`` (every RecordMetadata, or the first failed record's error),
+    ``exception(timeout)``, ``add_done_callback`` and, in Trio, ``await futures``."""
+
+    __slots__ = ("_starts", "_results", "_deltas", "_timestamp", "_count")
+
+    def __init__(self, timestamp: int):
+        self._starts: list[int] = []
+        self._results: list[ProduceResult] = []
+        self._deltas: list[int] = []
+        self._timestamp = timestamp
+        self._count = 0
+
+    def _add_run(self, result: ProduceResult, delta: int, count: int) -> None:
+        """The next ``count`` records of the call went to ``result``'s batch, from offset
+        delta ``delta`` on (runs are added in call order)."""
+        self._starts.append(self._count)
+        self._results.append(result)
+        self._deltas.append(delta)
+        self._count += count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError("record index out of range")
+        k = bisect.bisect_right(self._starts, i) - 1
+        return RecordFuture(self._results[k], self._deltas[k] + i - self._starts[k], self._timestamp)
+
+    def __iter__(self) -> Iterator[RecordFuture]:
+        ends = self._starts[1:] + [self._count]
+        for start, end, result, delta in zip(self._starts, ends, self._results, self._deltas):
+            for index in range(delta, delta + end - start):
+                yield RecordFuture(result, index, self._timestamp)
+
+    def done(self) -> bool:
+        return all(r.done() for r in self._results)
+
+    def _wait(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for r in self._results:
+            if not r.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                raise RequestTimedOut(f"{self._count} record(s) not all acknowledged within {timeout:g} s")
+
+    def result(self, timeout: float | None = None) -> list[RecordMetadata]:
+        """Every record's RecordMetadata, in call order, once all batches completed; raises
+        the first failed record's error, or RequestTimedOut after ``timeout`` seconds."""
+        self._wait(timeout)
+        return [f._metadata() for f in self]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The error of the first failed record (in call order), or None if all succeeded."""
+        self._wait(timeout)
+        return next((r.error for r in self._results if r.error is not None), None)
+
+    def add_done_callback(self, fn: Callable[["RecordFutures"], Any]) -> None:
+        """Call ``fn(futures)`` once every record is resolved (see RecordFuture's)."""
+        pending = set(map(id, self._results))
+        if not pending:
+            fn(self)
+            return
+
+        def one_done(result: ProduceResult) -> None:
+            pending.discard(id(result))
+            if not pending:
+                fn(self)
+
+        for r in dict.fromkeys(self._results):
+            r.add_callback(lambda r=r: one_done(r))
+
+    async def _wait_async(self) -> list[RecordMetadata]:
+        for r in self._results:
+            await r.wait_async()
+        return [f._metadata() for f in self]
+
+    def __await__(self):
+        return self._wait_async().__await__()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<RecordFutures {self._count} records in {len(set(map(id, self._results)))} batch(es) {state}>"
+
+
+class BulkRecords:
+    """The serialized records of one ``send_many`` call, and how far appending them got.
+
+    ``ends[i]`` is the estimated size of records ``[0, i)`` (``ends[0] == 0``), so any run's
+    size is one subtraction and the records that fit in ``room`` bytes are one bisect.
+    ``runs`` lists ``(end, partition)``: records up to call index ``end`` go to
+    ``partition`` (None: the topic's sticky batch); None until the partitions are known."""
+
+    __slots__ = ("topic", "values", "keys", "ends", "timestamp", "runs", "futures")
+
+    def __init__(self, topic: str, values: list[bytes | None], keys: list[bytes | None] | None,
+                 ends: list[int], timestamp: int):
+        self.topic = topic
+        self.values = values
+        self.keys = keys
+        self.ends = ends
+        self.timestamp = timestamp
+        self.runs: list[tuple[int, int | None]] | None = None
+        self.futures = RecordFutures(timestamp)
+
+    @property
+    def appended(self) -> int:
+        return len(self.futures)
 
 
 _batch_seq = itertools.count()
@@ -351,6 +471,54 @@ class RecordAccumulator:
                     return future
         self.wakeup()
         return future
+
+    def append_many(self, bulk: BulkRecords, num_partitions: int, available: Sequence[int]) -> int:
+        """Append ``bulk``'s records, from the first not yet appended, in order and under one
+        lock: each run of records to its partition, or to the topic's sticky batches as
+        ``append_keyless`` does. Records are copied into batches a batch-full at a time (one
+        bisect finds how many fit), and each run is one entry in ``bulk.futures``.
+
+        Returns 0 once every record is queued, else the size of the next record, for which
+        buffer memory is exhausted: wait for it (``wait_for_memory``) and call again."""
+        ends, values, keys, runs = bulk.ends, bulk.values, bulk.keys, bulk.runs
+        n = len(values)
+        wake = False
+        with self.lock:
+            if self._closed:
+                raise ClientClosedError("the producer is closed")
+            i = bulk.appended
+            r = bisect.bisect_right([end for end, _ in runs], i) if runs else 0  # the run holding i
+            while i < n:
+                run_end, partition = runs[r] if runs else (n, None)
+                size = ends[i + 1] - ends[i]
+                if self._used and self._used + size > self.buffer_memory:
+                    break
+                if partition is None:
+                    batch = self._sticky.get(bulk.topic)
+                    opened = False
+                    if batch is None or size > batch.room:
+                        batch, opened = self._sticky_batch(bulk.topic, num_partitions, available, batch, size)
+                else:
+                    batch, opened = self._batch_with_room(TopicPartition(bulk.topic, partition), size)
+                # the records from i on that fit in the batch and in buffer memory (at least i)
+                limit = ends[i] + max(size, min(batch.room, self.buffer_memory - self._used))
+                j = bisect.bisect_right(ends, limit, i + 1, run_end + 1) - 1
+                run_size = ends[j] - ends[i]
+                delta = batch.builder.extend(bulk.timestamp, values[i:j],
+                                             None if keys is None else keys[i:j], run_size)
+                batch.memory += run_size
+                batch.room -= run_size
+                self._used += run_size
+                bulk.futures._add_run(batch.result, delta, j - i)
+                if (opened or batch.room <= 0) and self._take_wake():
+                    wake = True
+                i = j
+                if i == run_end:
+                    r += 1
+            needed = ends[i + 1] - ends[i] if i < n else 0
+        if wake:
+            self.wakeup()
+        return needed
 
     def _sticky_batch(self, topic: str, num_partitions: int, available: Sequence[int],
                       current: ProducerBatch | None, size: int) -> tuple[ProducerBatch, bool]:

@@ -28,6 +28,7 @@ one that was already in flight; once a partition is retrying it sends one batch 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import threading
@@ -38,7 +39,8 @@ from typing import Any, NamedTuple
 
 import trio
 
-from client.aio.accumulator import ProducerBatch, RecordAccumulator, RecordFuture
+from client.aio.accumulator import (BulkRecords, ProducerBatch, RecordAccumulator, RecordFuture,
+                                   RecordFutures)
 from client.aio.cluster import Backoff, Cluster, ClusterMetadata
 from client.aio.partitioner import StickyPartitioner, murmur2, to_positive
 from client.errors import (BrokerConnectionError, ClientClosedError, RequestTimedOut,
@@ -334,6 +336,14 @@ class Sender:
 
 _NEED_METADATA = object()
 _time = time.time
+_BYTES_OR_NONE = frozenset({bytes, type(None)})
+
+
+def partly_queued(error: TidelogError, bulk: BulkRecords) -> TidelogError:
+    """``error`` (a ``send_many`` that gave up waiting) with ``error.futures``: the futures of
+    the records it had queued before, which are delivered like any other."""
+    error.futures = bulk.futures
+    return error
 
 
 class AsyncProducer:
@@ -518,18 +528,112 @@ class AsyncProducer:
                 return acc.append_keyless(topic, n, info.available, timestamp_ms, value_bytes,
                                           headers, size) or size
             else:
-                h = self._key_hashes.get(key_bytes)
-                if h is None:
-                    h = to_positive(murmur2(key_bytes))
-                    if len(self._key_hashes) < KEY_HASH_CACHE:
-                        self._key_hashes[key_bytes] = h
-                partition = h % n
+                partition = self._key_partition(key_bytes, n)
         elif not 0 <= partition < n:
             raise ValueError(f"partition {partition} is not in the range [0, {n - 1}] of topic {topic!r}")
         tps = self._tps.get(topic)
         if tps is None or len(tps) < n:
             tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(n)]
         return acc.append(tps[partition], timestamp_ms, key_bytes, value_bytes, headers, size) or size
+
+    def _key_partition(self, key_bytes: bytes, num_partitions: int) -> int:
+        """Kafka's default partition for a key: toPositive(murmur2(key)) % partitions."""
+        h = self._key_hashes.get(key_bytes)
+        if h is None:
+            h = to_positive(murmur2(key_bytes))
+            if len(self._key_hashes) < KEY_HASH_CACHE:
+                self._key_hashes[key_bytes] = h
+        return h % num_partitions
+
+    # -- sending many ---------------------------------------------------------------------------
+
+    async def send_many(self, topic: str, values: Sequence[Any], keys: Sequence[Any] | None = None,
+                        partition: int | None = None, timestamp_ms: int | None = None) -> RecordFutures:
+        """Queue many records (one per value, with ``keys[i]`` as the key of ``values[i]``)
+        and return their futures, in call order (see ``client.Producer.send_many``). Waits
+        only for the topic's metadata or buffer memory, at most ``max_block_ms``."""
+        bulk = self.prepare_many(topic, values, keys, partition, timestamp_ms)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        deadline = time.monotonic() + self._max_block_s
+        while True:
+            r = self.try_append_many(bulk, partition)
+            if r is None:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return bulk.futures
+            try:
+                if r is _NEED_METADATA:
+                    await self.wait_for_topic(topic, deadline)
+                else:
+                    await self._accumulator.wait_for_memory_async(r, deadline)
+            except TidelogError as e:
+                raise partly_queued(e, bulk)
+
+    def prepare_many(self, topic: str, values: Sequence[Any], keys: Sequence[Any] | None,
+                     partition: int | None, timestamp_ms: int | None) -> BulkRecords:
+        """Serialize and size the records of a ``send_many`` call (nothing is queued yet).
+        Raises RecordTooLargeError if any record is too large, ValueError for mismatched
+        keys."""
+        if keys is not None and len(keys) != len(values):
+            raise ValueError(f"send_many got {len(values)} values but {len(keys)} keys")
+        if self._plain_values and set(map(type, values)) <= _BYTES_OR_NONE:
+            values = list(values)
+        else:
+            values = [v if type(v) is bytes and self._plain_values else self._value_serializer(v)
+                      for v in values]
+        if keys is not None:
+            keys = [k if k is None and self._plain_keys else self._key_serializer(k) for k in keys]
+        if None in values or keys is not None:  # tombstones or keys: size record by record
+            sizes = [32 + (len(v) if v is not None else 0) for v in values]
+            if keys is not None:
+                sizes = [s + (len(k) if k is not None else 0) for s, k in zip(sizes, keys)]
+        else:
+            sizes = [32 + n for n in map(len, values)]
+        if sizes and max(sizes) > self._max_record_size:
+            i = max(range(len(sizes)), key=sizes.__getitem__)
+            raise RecordTooLargeError(
+                f"record {i} of ~{sizes[i]} bytes is larger than max_request_size "
+                f"({self.config.max_request_size}) or buffer_memory ({self.config.buffer_memory}); "
+                "nothing was queued")
+        ends = list(itertools.accumulate(sizes, initial=0))
+        timestamp = int(_time() * 1000) if timestamp_ms is None else timestamp_ms
+        return BulkRecords(topic, values, keys, ends, timestamp)
+
+    def try_append_many(self, bulk: BulkRecords, partition: int | None) -> Any:
+        """The synchronous, thread-safe part of ``send_many``: append what is left of
+        ``bulk``. Returns None once every record is queued, else what to wait for, as
+        ``try_send`` does (``_NEED_METADATA`` or a size in bytes of buffer memory)."""
+        info = self._cluster.metadata.topics.get(bulk.topic)
+        if info is None:
+            if self._accumulator.closed:
+                raise ClientClosedError("the producer is closed")
+            return _NEED_METADATA
+        n = len(info.partition_ids)
+        if bulk.runs is None:
+            bulk.runs = self._runs(bulk, partition, info)
+        return self._accumulator.append_many(bulk, n, info.available) or None
+
+    def _runs(self, bulk: BulkRecords, partition: int | None, info: Any) -> list[tuple[int, int | None]]:
+        """Which partition each record goes to, as runs ``(end, partition)``; an empty list
+        means "all to the topic's sticky batches"."""
+        n, count = len(info.partition_ids), len(bulk.values)
+        if partition is not None:
+            if not 0 <= partition < n:
+                raise ValueError(f"partition {partition} is not in the range [0, {n - 1}] of topic {bulk.topic!r}")
+            return [(count, partition)]
+        keys = bulk.keys
+        if self._partitioner is not None:
+            ids, available = list(info.partition_ids), list(info.available)
+            parts = [self._partitioner(k, ids, available)
+                     for k in (keys if keys is not None else itertools.repeat(None, count))]
+        elif keys is None:
+            return []
+        else:
+            parts = [None if k is None else self._key_partition(k, n) for k in keys]
+        runs, end = [], 0
+        for p, group in itertools.groupby(parts):
+            end += sum(1 for _ in group)
+            runs.append((end, p))
+        return runs
 
     async def wait_for_topic(self, topic: str, deadline: float) -> ClusterMetadata:
         """Fetch ``topic``'s metadata until it has partitions or monotonic ``deadline``."""

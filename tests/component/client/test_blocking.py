@@ -13,6 +13,7 @@ import pytest
 from client import (Admin, Consumer, NewTopic, Producer, RecordMetadata, RequestTimedOut,
                     TidelogError, TopicPartition)
 from client.aio.partitioner import default_partition
+from protocol.messages import ApiKey
 
 pytestmark = pytest.mark.component
 
@@ -73,6 +74,50 @@ def test_many_threads_share_one_producer(threaded_fake):
             t.join()
     offsets = sorted(f.result(0).offset for f in futures)
     assert offsets == list(range(1200))
+
+
+def test_send_many_round_trip_mixed_with_send_from_threads(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 2)
+    results, lock = [], threading.Lock()
+    # one request in flight: the fake broker may append concurrent requests in any order
+    with Producer(threaded_fake.cluster.bootstrap, linger_ms=1, batch_size=2048,
+                  max_in_flight_requests_per_connection=1) as producer:
+        def work(n):
+            for i in range(5):
+                many = producer.send_many("t", [b"%d-%d-%d" % (n, i, j) for j in range(100)], partition=0)
+                one = producer.send("t", b"%d-%d-single" % (n, i), partition=0)
+                with lock:
+                    results.append((many, one))
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        producer.flush(timeout=10)
+        offsets = []
+        for many, one in results:
+            mds = many.result(5)
+            # a call's records are contiguous and in order; the send after it comes later
+            assert [md.offset for md in mds] == list(range(mds[0].offset, mds[0].offset + 100))
+            assert one.result(5).offset > mds[-1].offset
+            offsets += [md.offset for md in mds] + [one.result(0).offset]
+    assert sorted(offsets) == list(range(1515))
+
+
+def test_send_many_waits_for_metadata_then_blocks_at_most_max_block_ms_for_memory(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    threaded_fake.call(lambda: threaded_fake.cluster.inject(ApiKey.PRODUCE, delay_s=2))
+    with Producer(threaded_fake.cluster.bootstrap, buffer_memory=400, batch_size=400, max_block_ms=200,
+                  linger_ms=0, max_in_flight_requests_per_connection=1) as producer:
+        started = time.monotonic()
+        with pytest.raises(RequestTimedOut, match="buffer_memory") as info:
+            producer.send_many("t", [b"%04d" % i for i in range(40)])
+        assert 0.15 < time.monotonic() - started < 2
+        queued = info.value.futures
+        assert len(queued) == 11
+        producer.flush(timeout=10)
+        assert [md.offset for md in queued.result(5)] == list(range(11))
 
 
 def test_nothing_listening_gives_bounded_errors_not_hangs():

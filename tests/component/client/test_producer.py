@@ -302,3 +302,90 @@ async def test_an_error_in_the_body_propagates_as_itself(fake):
     with pytest.raises(Boom):
         async with AsyncProducer(fake.bootstrap):
             raise Boom
+
+
+# -- send_many ----------------------------------------------------------------------------------
+
+
+async def test_send_many_keyless_fills_sticky_batches_and_reports_offsets_in_call_order(fake):
+    fake.create_topic("t", 3)
+    values = [b"v%03d" % i for i in range(500)]
+    async with AsyncProducer(fake.bootstrap, batch_size=2000, **FAST) as producer:
+        futures = await producer.send_many("t", values)
+        assert len(futures) == 500
+        results = await futures
+    stored = {(md.partition, md.offset): v for md, v in zip(results, values)}
+    for p in range(3):
+        for r in fake.log("t", p).records():
+            assert stored[(p, r.offset)] == r.value and r.key is None
+    assert sum(len(fake.values("t", p)) for p in range(3)) == 500
+    assert len({md.timestamp for md in results}) == 1  # one timestamp per call
+
+
+async def test_send_many_with_keys_uses_kafkas_partitioner_and_none_keys_go_sticky(fake):
+    fake.create_topic("t", 4)
+    keys = [b"k%d" % (i % 7) if i % 5 else None for i in range(100)]
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        results = await (await producer.send_many("t", [b"%d" % i for i in range(100)], keys=keys))
+    for i, md in enumerate(results):
+        if keys[i] is not None:
+            assert md.partition == default_partition(keys[i], 4)
+        record = fake.log("t", md.partition).records()[md.offset]
+        assert (record.key, record.value) == (keys[i], b"%d" % i)
+
+
+async def test_send_many_to_a_partition_interleaves_with_send_in_call_order(fake):
+    fake.create_topic("t", 2)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        await producer.send("t", b"a", partition=1)
+        many = await producer.send_many("t", [b"b", None, "c"], partition=1, timestamp_ms=42)
+        await producer.send("t", b"d", partition=1)
+        await producer.flush()
+        assert [md.timestamp for md in await many] == [42, 42, 42]
+    assert fake.values("t", 1) == [b"a", b"b", None, b"c", b"d"]
+    assert [r.timestamp for r in fake.log("t", 1).records()][1:4] == [42, 42, 42]
+
+
+async def test_send_many_uses_the_serializers(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, value_serializer=lambda v: b"<%d>" % v,
+                             key_serializer=lambda k: None if k is None else k.upper().encode(),
+                             **FAST) as producer:
+        await (await producer.send_many("t", [1, 2], keys=["a", None]))
+    assert [(r.key, r.value) for r in fake.log("t").records()] == [(b"A", b"<1>"), (None, b"<2>")]
+
+
+async def test_send_many_refuses_bad_arguments_before_queueing_anything(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, max_request_size=1000, **FAST) as producer:
+        with pytest.raises(RecordTooLargeError, match="record 1"):
+            await producer.send_many("t", [b"x", b"x" * 2000])
+        with pytest.raises(ValueError, match="partition 5"):
+            await producer.send_many("t", [b"x"], partition=5)
+        with pytest.raises(ValueError, match="2 values but 1 keys"):
+            await producer.send_many("t", [b"x", b"y"], keys=[b"k"])
+        assert len(await producer.send_many("t", [])) == 0
+        await producer.flush()
+    assert fake.values("t") == []
+
+
+async def test_send_many_waits_for_buffer_memory_part_way_and_keeps_order(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, delay_s=0.1)
+    values = [b"%04d" % i for i in range(40)]
+    async with AsyncProducer(fake.bootstrap, buffer_memory=400, batch_size=200,
+                             max_in_flight_requests_per_connection=1, **FAST) as producer:
+        futures = await producer.send_many("t", values)  # 11 records fit in buffer memory at a time
+        assert [md.offset for md in await futures] == list(range(40))
+    assert fake.values("t") == values
+
+
+async def test_send_many_gives_up_after_max_block_ms_naming_the_records_it_queued(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, delay_s=2)
+    async with AsyncProducer(fake.bootstrap, buffer_memory=400, batch_size=400, max_block_ms=100,
+                             **FAST) as producer:
+        with pytest.raises(RequestTimedOut, match="buffer_memory") as info:
+            await producer.send_many("t", [b"%04d" % i for i in range(40)])
+        assert len(info.value.futures) == 11  # 11 records of 36 bytes fit in 400
+        await producer.close(timeout=0)

@@ -3,6 +3,7 @@ buffer-memory back-pressure, and the thread-safe append path."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -10,7 +11,8 @@ import time
 import pytest
 import trio
 
-from client.aio.accumulator import BATCH_OVERHEAD, RecordAccumulator, record_size
+from client.aio.accumulator import (BATCH_OVERHEAD, BulkRecords, ProduceResult, RecordAccumulator,
+                                   RecordFutures, record_size)
 from client.aio.partitioner import StickyPartitioner
 from client.errors import ClientClosedError, RequestTimedOut
 from protocol.records import iter_all_records
@@ -348,3 +350,144 @@ def test_with_guarantee_order_a_partition_has_one_batch_in_flight_even_across_le
     acc.complete(first, base_offset=0)
     [second] = acc.drain(moved, {2}, 1 << 20, clock.now)[2]
     assert second is not first
+
+
+# -- bulk appends (send_many) -----------------------------------------------------------------
+
+
+def bulk(values, keys=None, runs=None, timestamp=1000, topic="t"):
+    sizes = [record_size(None if keys is None else keys[i], v, None) for i, v in enumerate(values)]
+    b = BulkRecords(topic, list(values), keys, list(itertools.accumulate(sizes, initial=0)), timestamp)
+    b.runs = runs
+    return b
+
+
+def drain_all(acc, clock, nodes=(1, 2)):
+    out = []
+    while acc.queued_batches():
+        for batches in acc.drain(LEADERS, set(nodes), math.inf, clock.now).values():
+            out += batches
+    return out
+
+
+def test_append_many_fills_batches_a_batch_full_at_a_time_in_call_order():
+    clock = Clock()
+    wakes = []
+    acc = make(clock, wakeup=lambda: wakes.append(1))
+    values = [b"v%09d" % i for i in range(7)]
+    b = bulk(values, runs=[(7, 0)])
+    assert acc.append_many(b, 2, [0, 1]) == 0
+    assert b.appended == 7 and len(b.futures) == 7 and acc.used_memory == 7 * SIZE
+    assert acc.queued_batches() == 3 and wakes  # full batches are ready at once
+    batches = drain_all(acc, clock)
+    assert [len(x) for x in batches] == [3, 3, 1]
+    base = 0
+    for batch in batches:
+        assert [r.value for r in iter_all_records(batch.encode())] == values[base:base + len(batch)]
+        acc.complete(batch, base_offset=100 + base)
+        base += len(batch)
+    assert [md.offset for md in b.futures.result(0)] == list(range(100, 107))
+    assert all(md.timestamp == 1000 and md.partition == 0 for md in b.futures.result(0))
+    assert acc.used_memory == 0
+
+
+def test_append_many_joins_the_open_batch_and_later_sends_join_after_it():
+    clock = Clock()
+    acc = make(clock, records_per_batch=4)
+    single = add(acc, T0)[0]
+    b = bulk([VALUE] * 2, runs=[(2, 0)])
+    acc.append_many(b, 1, [0])
+    after = add(acc, T0)[0]
+    [batch] = drain_all(acc, clock)
+    acc.complete(batch, base_offset=0)
+    assert [single.result(0).offset, *[f.result(0).offset for f in b.futures], after.result(0).offset] == [0, 1, 2, 3]
+
+
+def test_append_many_without_runs_uses_the_sticky_partitioner_like_append_keyless():
+    clock = Clock()
+    choices = iter([0, 1, 0])
+    acc = make(clock, partitioner=StickyPartitioner(rng=lambda n: next(choices)))
+    b = bulk([VALUE] * 7, runs=[])
+    acc.append_many(b, 2, [0, 1])
+    assert [f.topic_partition.partition for f in b.futures] == [0, 0, 0, 1, 1, 1, 0]
+    # a single keyless send continues in the sticky batch the bulk left open
+    assert acc.append_keyless("t", 2, [0, 1], 0, VALUE, None, SIZE).topic_partition == T0
+
+
+def test_append_many_routes_each_run_to_its_partition_and_keeps_call_order_in_the_futures():
+    clock = Clock()
+    acc = make(clock, records_per_batch=10)
+    keys = [b"a", b"a", b"b", b"a", b"a"]
+    values = [b"%d" % i for i in range(5)]
+    b = bulk(values, keys=keys, runs=[(2, 0), (3, 1), (5, 0)])
+    acc.append_many(b, 2, [0, 1])
+    assert [f.topic_partition.partition for f in b.futures] == [0, 0, 1, 0, 0]
+    assert [f.topic_partition.partition for f in b.futures[1:4]] == [0, 1, 0]
+    assert b.futures[-1]._index == 3
+    by_tp = {batch.tp: batch for batch in drain_all(acc, clock)}
+    assert [(r.key, r.value) for r in iter_all_records(by_tp[T0].encode())] == [
+        (b"a", b"0"), (b"a", b"1"), (b"a", b"3"), (b"a", b"4")]
+    acc.complete(by_tp[T0], base_offset=10)
+    acc.complete(by_tp[T1], base_offset=20)
+    assert [md.offset for md in b.futures.result(0)] == [10, 11, 20, 12, 13]
+
+
+def test_append_many_stops_when_buffer_memory_is_exhausted_and_resumes_where_it_stopped():
+    clock = Clock()
+    acc = make(clock, records_per_batch=2, buffer_memory=5 * SIZE)
+    b = bulk([b"%010d" % i for i in range(8)], runs=[(8, 0)])
+    assert acc.append_many(b, 1, [0]) == SIZE  # 5 records fit; the 6th needs SIZE more bytes
+    assert b.appended == 5 and acc.used_memory == 5 * SIZE
+    base = 0
+    for appended in (7, 8):  # each completed batch of 2 makes room for 2 more records
+        [batch] = acc.drain(LEADERS, {1}, math.inf, clock.now)[1]
+        acc.complete(batch, base_offset=base)
+        base += len(batch)
+        assert acc.append_many(b, 1, [0]) == (0 if appended == 8 else SIZE) and b.appended == appended
+    for batch in drain_all(acc, clock):
+        acc.complete(batch, base_offset=base)
+        base += len(batch)
+    assert [md.offset for md in b.futures.result(0)] == list(range(8))
+
+
+def test_append_many_takes_a_record_larger_than_a_batch_alone_in_a_new_batch():
+    clock = Clock()
+    acc = make(clock, records_per_batch=2)
+    big = b"x" * (5 * SIZE)
+    b = bulk([VALUE, big, VALUE], runs=[(3, 0)])
+    acc.append_many(b, 1, [0])
+    assert [len(x) for x in drain_all(acc, clock)] == [1, 1, 1]
+
+
+def test_append_many_after_close_is_refused():
+    acc = make()
+    acc.close()
+    with pytest.raises(ClientClosedError):
+        acc.append_many(bulk([VALUE], runs=[]), 1, [0])
+
+
+def test_record_futures_resolve_together_and_report_the_first_error():
+    ok, bad = ProduceResult(T0), ProduceResult(T1)
+    futures = RecordFutures(77)
+    futures._add_run(ok, 5, 2)
+    futures._add_run(bad, 0, 1)
+    called = []
+    futures.add_done_callback(lambda fs: called.append(fs))
+    assert not futures.done() and len(futures) == 3
+    with pytest.raises(RequestTimedOut):
+        futures.result(0.01)
+    ok.complete(base_offset=10)
+    assert not called and futures[0].result(0).offset == 15
+    bad.complete(error=ClientClosedError("gone"))
+    assert called == [futures] and futures.done()
+    assert isinstance(futures.exception(0), ClientClosedError)
+    with pytest.raises(ClientClosedError):
+        futures.result(0)
+    assert [f._index for f in futures] == [5, 6, 0] == [futures[i]._index for i in range(-3, 0)]
+    with pytest.raises(IndexError):
+        futures[3]
+
+
+def test_empty_record_futures_are_done():
+    futures = RecordFutures(0)
+    assert futures.done() and futures.result(0) == [] and list(futures) == []

@@ -136,6 +136,35 @@ def test_batch_builder_round_trips(records, codec, transactional):
         for i, (key, value, headers, ts) in enumerate(records)]
 
 
+@FAST
+@given(records=records_st, split=st.integers(min_value=0, max_value=50), keyed=st.booleans())
+def test_batch_builder_extend_equals_appending_one_by_one(records, split, keyed):
+    """extend (the bulk path) interleaved with append encodes exactly what appends alone do."""
+    ts = records[0][3]
+    flat = [(key if keyed else None, value) for key, value, _, _ in records]
+    one_by_one, bulk = BatchBuilder(), BatchBuilder()
+    for key, value in flat:
+        one_by_one.append(ts, key, value)
+    head, tail = flat[:split], flat[split:]
+    for key, value in head[:1]:
+        bulk.append(ts, key, value)
+    rest = head[1:] + tail
+    if rest:
+        keys = [k for k, _ in rest] if keyed else None
+        assert bulk.extend(ts, [v for _, v in rest], keys) == min(1, len(head))
+    assert len(bulk) == len(one_by_one)
+    assert bulk.estimated_size == one_by_one.estimated_size
+    assert bulk.build(base_offset=3) == one_by_one.build(base_offset=3)
+
+
+def test_batch_builder_extend_after_a_record_with_headers_keeps_them_apart():
+    b = BatchBuilder()
+    b.append(10, None, b"a", [("h", b"1")])
+    b.extend(12, [b"b", None], [b"k", None])
+    assert [(r.timestamp, r.key, r.value, r.headers) for r in iter_records(b.build())] == [
+        (10, None, b"a", [("h", b"1")]), (12, b"k", b"b", []), (12, None, None, [])]
+
+
 def test_build_batch_accepts_values_pairs_and_four_tuples():
     buf = build_batch([b"a", None, (b"k", b"v"), (b"k2", None, [("x", None)], 99)], timestamp_ms=50)
     recs = iter_records(validate_batch(buf) and buf)

@@ -1,0 +1,249 @@
+"""Client <-> broker benchmark: produce, bulk produce, consume, end-to-end latency.
+
+One real broker process (and ZooKeeper) from ``broker.devcluster.DevCluster`` in a temporary
+directory; the client is this process. 100-byte values, acks=1.
+
+    .venv/bin/python bench/cluster_bench.py produce [--records 1000000] [--runs 3]
+    .venv/bin/python bench/cluster_bench.py bulk    [--records 3000000]
+    .venv/bin/python bench/cluster_bench.py consume [--records 2000000]
+    .venv/bin/python bench/cluster_bench.py e2e     [--rate 10000] [--seconds 10]
+
+``--profile DIR`` records py-spy profiles (raw, 200 Hz) of the broker and of this process
+during the last run. Each run uses a fresh topic; the figure reported is the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from broker.devcluster import DevCluster  # noqa: E402
+from client import Admin, Consumer, Producer, TopicPartition  # noqa: E402
+from client.aio.admin import NewTopic  # noqa: E402
+
+VALUE_SIZE = 100
+PY_SPY = Path(sys.executable).parent / "py-spy"
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    with Admin(bootstrap) as admin:
+        admin.create_topics([NewTopic(name, partitions, 1)])
+    time.sleep(0.5)  # let the leader settle before timing
+
+
+class Profiler:
+    """py-spy on the broker and on this process while a run lasts."""
+
+    def __init__(self, directory: str | None, broker_pid: int, label: str, seconds: float):
+        self.procs = []
+        if not directory:
+            return
+        os.makedirs(directory, exist_ok=True)
+        for who, pid in (("broker", broker_pid), ("client", os.getpid())):
+            out = os.path.join(directory, f"{label}-{who}.txt")
+            self.procs.append(subprocess.Popen(
+                [str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-o", out, "-d", str(int(seconds)),
+                 "-r", "200", "--threads", "--nonblocking"] + (["--idle"] if os.environ.get("PYSPY_IDLE") else []),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(1.0)  # py-spy attaches
+
+    def wait(self) -> None:
+        for p in self.procs:
+            p.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU use of the client (this process) and the broker over a run, in cores."""
+
+    def __init__(self, broker_pid: int):
+        self.pids = {"client": os.getpid(), "broker": broker_pid}
+        self.start = {k: cpu_seconds(p) for k, p in self.pids.items()}
+        self.t0 = time.perf_counter()
+
+    def report(self, records: int = 0) -> str:
+        wall = time.perf_counter() - self.t0
+        out = []
+        for k, p in self.pids.items():
+            used = cpu_seconds(p) - self.start[k]
+            per = f" = {used / records * 1e6:.2f} us/record" if records else ""
+            out.append(f"{k} {used / wall:.2f} cores{per}")
+        return ", ".join(out)
+
+
+def producer_options(args) -> dict:
+    return dict(acks=1, linger_ms=args.linger_ms, batch_size=args.batch_size,
+                buffer_memory=args.buffer_memory, max_request_size=max(1 << 20, args.batch_size + 1024))
+
+
+def run_produce(bootstrap: str, topic: str, args, bulk: bool) -> float:
+    value = os.urandom(VALUE_SIZE)
+    n = args.records
+    with Producer(bootstrap, **producer_options(args)) as producer:
+        producer.send(topic, value).result(30)  # metadata, connection
+        t0 = time.perf_counter()
+        if bulk:
+            chunk = [value] * args.chunk
+            send_many = producer.send_many
+            for _ in range(n // args.chunk):
+                send_many(topic, chunk)
+        else:
+            send = producer.send
+            for _ in range(n):
+                send(topic, value)
+        producer.flush()
+        elapsed = time.perf_counter() - t0
+    return n / elapsed
+
+
+def fill(bootstrap: str, topic: str, n: int, args) -> None:
+    value = os.urandom(VALUE_SIZE)
+    with Producer(bootstrap, **producer_options(args)) as producer:
+        if hasattr(producer, "send_many"):
+            for _ in range(n // 1000):
+                producer.send_many(topic, [value] * 1000)
+        else:
+            for _ in range(n):
+                producer.send(topic, value)
+        producer.flush()
+
+
+def run_consume(bootstrap: str, topic: str, args) -> float:
+    n = args.records
+    with Consumer(bootstrap, auto_offset_reset="earliest", max_poll_records=args.max_poll_records,
+                  check_crcs=not args.no_crc) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(args.partitions)])
+        got = 0
+        t0 = time.perf_counter()
+        while got < n:
+            got += len(consumer.poll(timeout_ms=1000))
+        elapsed = time.perf_counter() - t0
+    return n / elapsed
+
+
+def run_e2e(bootstrap: str, topic: str, args) -> tuple[float, float, float]:
+    """(p50 ms, p99 ms, achieved rate): latencies from send() to the consumer's poll()."""
+    total = int(args.rate * args.seconds)
+    pad = b"x" * (VALUE_SIZE - 8)
+    latencies: list[int] = []
+    with Producer(bootstrap, acks=1, linger_ms=0) as producer, \
+            Consumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(args.partitions)])
+        for p in range(args.partitions):
+            consumer.position(TopicPartition(topic, p))
+        producer.send(topic, b"warm").result(30)
+        done = threading.Event()
+        stats = {}
+
+        def produce() -> None:
+            clock = time.perf_counter_ns
+            send = producer.send
+            start = clock()
+            interval = 1e9 / args.rate
+            for i in range(total):
+                target = start + i * interval
+                now = clock()
+                if target > now:
+                    time.sleep((target - now) / 1e9)
+                send(topic, struct.pack(">q", clock()) + pad)
+            stats["rate"] = total / ((clock() - start) / 1e9)
+            done.set()
+
+        t = threading.Thread(target=produce)
+        t.start()
+        clock = time.perf_counter_ns
+        while len(latencies) < total:
+            records = consumer.poll(timeout_ms=2000)
+            now = clock()
+            if not records and done.is_set():
+                break
+            for r in records:
+                if len(r.value) == VALUE_SIZE:
+                    latencies.append(now - struct.unpack_from(">q", r.value)[0])
+        t.join()
+    latencies.sort()
+    # ignore the first 5%: connection warm-up
+    steady = sorted(latencies[len(latencies) // 20:])
+    q = lambda f: steady[min(len(steady) - 1, int(f * len(steady)))] / 1e6  # noqa: E731
+    return q(0.5), q(0.99), stats.get("rate", 0.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["produce", "bulk", "consume", "e2e"])
+    ap.add_argument("--records", type=int, default=None)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=1 << 18)
+    ap.add_argument("--linger-ms", type=int, default=5)
+    ap.add_argument("--buffer-memory", type=int, default=64 << 20)
+    ap.add_argument("--chunk", type=int, default=1000)
+    ap.add_argument("--max-poll-records", type=int, default=10000)
+    ap.add_argument("--no-crc", action="store_true")
+    ap.add_argument("--rate", type=float, default=10000)
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--prof-seconds", type=float, default=5)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    if args.records is None:
+        args.records = {"produce": 1_000_000, "bulk": 3_000_000, "consume": 2_000_000}.get(args.mode, 0)
+
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+        cluster = DevCluster(d, brokers=1, zk_port=0, base_port=0)
+        try:
+            cluster.start()
+            bootstrap = cluster.bootstrap
+            broker_pid = cluster.brokers[1].proc.pid
+            results = []
+            for run in range(args.runs):
+                topic = f"bench-{args.mode}-{run}"
+                create_topic(bootstrap, topic, args.partitions)
+                if args.mode == "consume":
+                    fill(bootstrap, topic, args.records, args)
+                last = run == args.runs - 1
+                prof = Profiler(args.profile if last else None, broker_pid, args.mode, args.prof_seconds)
+                cpu = CpuMeter(broker_pid)
+                if args.mode in ("produce", "bulk"):
+                    r = run_produce(bootstrap, topic, args, args.mode == "bulk")
+                    print(f"run {run + 1}: {r:,.0f} records/s ({cpu.report(args.records)})", flush=True)
+                elif args.mode == "consume":
+                    r = run_consume(bootstrap, topic, args)
+                    print(f"run {run + 1}: {r:,.0f} records/s ({cpu.report(args.records)})", flush=True)
+                else:
+                    p50, p99, rate = run_e2e(bootstrap, topic, args)
+                    r = (p50, p99)
+                    print(f"run {run + 1}: p50 {p50:.3f} ms, p99 {p99:.3f} ms at {rate:,.0f} records/s",
+                          flush=True)
+                prof.wait()
+                results.append(r)
+            if args.mode == "e2e":
+                p50s = sorted(r[0] for r in results)
+                p99s = sorted(r[1] for r in results)
+                print(f"median: p50 {statistics.median(p50s):.3f} ms ({', '.join(f'{x:.3f}' for x in p50s)}), "
+                      f"p99 {statistics.median(p99s):.3f} ms ({', '.join(f'{x:.3f}' for x in p99s)})")
+            else:
+                print(f"median: {statistics.median(results):,.0f} records/s "
+                      f"({', '.join(f'{x:,.0f}' for x in results)})")
+            print("load:", os.getloadavg()[0])
+        finally:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
