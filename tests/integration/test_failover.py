@@ -237,7 +237,9 @@ def test_controller_killed_another_takes_over_and_the_broker_rejoins(fresh_clust
         meta = producer.send("after", b"hello", partition=3).result(timeout=30)
     assert (meta.partition, meta.offset) == (3, 0)
 
-    # the old controller comes back as an ordinary broker and rejoins the ISRs
+    # the old controller comes back as an ordinary broker, recovers its logs after the crash
+    # (no clean-shutdown marker) and rejoins the ISRs
+    assert not (log_dirs(cluster)[old] / ".tidelog_cleanshutdown").exists()
     cluster.brokers[old].start()
     cluster.wait_ready(60)
     took = wait_rejoined(cluster, old, {"before": PARTITIONS}, timeout=30)
