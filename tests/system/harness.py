@@ -114,6 +114,13 @@ def wait_until(condition: Callable[[], T], timeout: float, message: str, interva
         time.sleep(interval)
 
 
+class NotYet(str):
+    """A falsy condition result that says why (``wait_until`` reports the last one)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
 def value_of(partition: int, seq: int) -> bytes:
     return b"%d:%09d" % (partition, seq)
 
@@ -469,14 +476,38 @@ class Scenario:
         for b in list(self.paused):
             self.cluster.brokers[b].resume()
         self._close_workload()
+        self._print_zookeeper_state()
         for i, b in self.cluster.brokers.items():
             state = "running" if b.running else f"exited {b.proc.returncode if b.proc else None}"
-            print(f"===== broker {i} ({state}) {b.log_path} (last 60 lines) =====")
+            print(f"===== broker {i} ({state}) {b.log_path} (last 80 lines, fetch failures left out) =====")
             try:
-                print("\n".join(b.log_path.read_text(errors="replace").splitlines()[-60:]))
+                lines = b.log_path.read_text(errors="replace").splitlines()
+                print("\n".join([x for x in lines if "request FETCH to broker" not in x][-80:]))
             except OSError as e:
                 print(f"<cannot read: {e}>")
         self.cluster.kill()
+
+    def _print_zookeeper_state(self) -> None:
+        """The controller and every partition state as ZooKeeper holds them (for diagnosis:
+        the metadata the brokers serve may lag it)."""
+        from kazoo.client import KazooClient
+
+        zk = KazooClient(hosts=self.cluster.zookeeper.connect_string, timeout=5)
+        try:
+            zk.start(timeout=5)
+            root = "/tidelog"
+            print("zookeeper /controller:", zk.get(f"{root}/controller")[0] if zk.exists(f"{root}/controller") else None)
+            print("zookeeper brokers:", sorted(zk.get_children(f"{root}/brokers/ids")))
+            for topic in sorted(zk.get_children(f"{root}/brokers/topics")):
+                for p in sorted(zk.get_children(f"{root}/brokers/topics/{topic}/partitions"), key=int):
+                    data, stat = zk.get(f"{root}/brokers/topics/{topic}/partitions/{p}/state")
+                    print(f"zookeeper {topic}-{p}: {data.decode()} (version {stat.version})")
+        except Exception as e:  # noqa: BLE001 -- diagnosis only, on the way out
+            print(f"<cannot read ZooKeeper: {e!r}>")
+        finally:
+            with contextlib.suppress(Exception):
+                zk.stop()
+                zk.close()
 
     def _close_workload(self) -> None:
         if self.producer is not None and not self._workload_stopped:
@@ -594,13 +625,16 @@ class Scenario:
 
         def full():
             running = set(self.running)
-            for md in self.views().values():
-                if not running <= {b.node_id for b in md.brokers}:
-                    return False
+            for b, md in self.views().items():
+                if not running <= {x.node_id for x in md.brokers}:
+                    return NotYet(f"broker {b} lists brokers {sorted(x.node_id for x in md.brokers)}")
                 parts = {p.partition_index: p for t in md.topics if t.name == topic for p in t.partitions}
-                if len(parts) != n or any(p.leader_id not in running or set(p.isr_nodes) != set(p.replica_nodes)
-                                          for p in parts.values()):
-                    return False
+                if len(parts) != n:
+                    return NotYet(f"broker {b} knows partitions {sorted(parts)}")
+                for p in parts.values():
+                    if p.leader_id not in running or set(p.isr_nodes) != set(p.replica_nodes):
+                        return NotYet(f"broker {b} sees partition {p.partition_index} led by {p.leader_id} "
+                                      f"(epoch {p.leader_epoch}), ISR {sorted(p.isr_nodes)}")
             return True
         wait_until(full, timeout, f"every replica of {topic!r} in its ISR")
 
