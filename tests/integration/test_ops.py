@@ -12,6 +12,15 @@ stops and back to zero when it returns.
 The brokers run with the production-like settings of deploy/config/cluster-node-*.toml
 (30 s replica lag, 18 s ZooKeeper sessions): only clean shutdowns are used here, which move
 leadership and shrink the ISRs at once. Hard failures are the fault matrix's (tests/system).
+
+A known race of controlled shutdown (reported with issue 7): the controller sends the
+shutting-down broker LeaderAndIsr for the partitions it moved, so its fetchers follow the new
+leaders for the last moments of its life, and a leader may put it back into the ISR just
+before it exits. The controller's "broker gone" handling works from its cached partition
+states and can miss that re-expansion, so the dead broker stays in the ISR until the leader
+sees it lagging for replica.lag.time.max.ms (on an idle partition: until records arrive).
+No acknowledged record is at risk (the HW waits for it); acks=all produces stall for up to
+replica.lag.time.max.ms. The waits below allow for it.
 """
 
 from __future__ import annotations
@@ -29,11 +38,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.config import BrokerConfig
 from broker.coordination.zkserver import ZooKeeperEnsemble, find_free_ports
 from broker.devcluster import metadata
 from client import Admin, NewTopic, Producer, TopicPartition
 from tests.component.ops.topology import (
-    BrokerService, Localizer, broker_services, entrypoint, listener_port, load_compose, process_environment,
+    ROOT, BrokerService, Localizer, broker_services, entrypoint, listener_port, load_compose, process_environment,
     zookeeper_services,
 )
 from tests.integration.cluster_fixtures import consume_range, end_offsets, wait_until
@@ -43,6 +53,8 @@ pytestmark = pytest.mark.integration
 PR_SET_PDEATHSIG = 1
 TOPIC = "ops-orders"
 PARTITIONS = 6
+# replica.lag.time.max.ms of the compose brokers (deploy/config/cluster-node-*.toml), in seconds
+LAG_S = BrokerConfig.load(ROOT / "deploy" / "config" / "cluster-node-1.toml", env={}).replica_lag_time_max_ms / 1000
 
 
 def _die_with_parent() -> None:
@@ -128,7 +140,6 @@ class LocalTopology:
                 d.mkdir(parents=True, exist_ok=True)
             loc = Localizer(s, addresses, metrics_port, volumes)
             env = process_environment(loc.environment())
-            from broker.config import BrokerConfig
             broker_id = BrokerConfig.load(s.config_file, env=env).broker_id
             self.brokers[broker_id] = LocalBroker(
                 s, broker_id, port, metrics_port, env, _tidelog(loc.argv(entrypoint() + s.command)),
@@ -284,10 +295,12 @@ def test_rolling_restart_loses_no_acknowledged_record(topology):
         for broker_id, b in topology.brokers.items():
             before = load.acked()
             assert b.stop() == 0, f"broker {broker_id} did not shut down cleanly:\n{b.tail()}"
-            others = [i for i in topology.brokers if i != broker_id]
-            wait_until(lambda: all(broker_id not in isr for isr in isr_of(topology, others[0]).values()), 30,
-                       f"broker {broker_id} out of every ISR")
-            wait_until(lambda: load.acked() > before + 200, 60, f"acks=all progress while broker {broker_id} is down")
+            # The controlled shutdown takes the broker out of the ISRs, so acks=all goes on with
+            # the other two replicas. (Its fetchers may still re-join an ISR just before it
+            # exits; the leader then drops it after replica.lag.time.max.ms, 30 s: hence the
+            # generous bound.)
+            wait_until(lambda: load.acked() > before + 200, LAG_S + 60,
+                       f"acks=all progress while broker {broker_id} is down")
             b.start()
             wait_until(b.healthy, 60, f"broker {broker_id} healthy again", interval=0.3)
             wait_until(lambda: all_in_sync(topology), 60, f"broker {broker_id} back in every ISR")
@@ -315,15 +328,26 @@ def test_metrics_count_under_replicated_partitions_while_a_follower_is_away(topo
     follower_id = min(led, key=led.get)
     follower = topology.brokers[follower_id]
     assert follower.stop() == 0
+    try:
+        # Every partition has a replica on the stopped broker (RF 3 on 3 brokers). The
+        # controlled shutdown takes it out of the ISRs at once; should its last fetches have
+        # put it back in an ISR (a race of controlled shutdown, see the module docstring),
+        # the leader drops it once it has fallen behind for replica.lag.time.max.ms: a
+        # trickle of records makes it fall behind.
+        with Producer(topology.bootstrap, acks=1, linger_ms=5) as trickle:
+            def every_partition_under_replicated() -> bool:
+                for p in range(PARTITIONS):
+                    trickle.send(TOPIC, b"tick", partition=p)
+                trickle.flush(timeout=10)
+                return cluster_sum(topology, "tidelog_replica_manager_under_replicated_partitions") == PARTITIONS
 
-    # Every partition has a replica on the stopped broker (RF 3 on 3 brokers).
-    wait_until(lambda: cluster_sum(topology, "tidelog_replica_manager_under_replicated_partitions") == PARTITIONS,
-               30, "every partition counted under-replicated by its leader")
-    assert cluster_sum(topology, "tidelog_replica_manager_under_min_isr_partitions") == 0
-    assert cluster_sum(topology, "tidelog_replica_manager_at_min_isr_partitions") == PARTITIONS
-    assert cluster_sum(topology, "tidelog_controller_offline_partitions") == 0
-
-    follower.start()
+            wait_until(every_partition_under_replicated, LAG_S + 30,
+                       "every partition counted under-replicated by its leader", interval=1.0)
+        assert cluster_sum(topology, "tidelog_replica_manager_under_min_isr_partitions") == 0
+        assert cluster_sum(topology, "tidelog_replica_manager_at_min_isr_partitions") == PARTITIONS
+        assert cluster_sum(topology, "tidelog_controller_offline_partitions") == 0
+    finally:
+        follower.start()
     wait_until(follower.healthy, 60, "the follower healthy again", interval=0.3)
     wait_until(lambda: cluster_sum(topology, "tidelog_replica_manager_under_replicated_partitions") == 0, 60,
                "no under-replicated partitions after the follower returned")
