@@ -50,7 +50,7 @@ import re
 import socket
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -555,7 +555,7 @@ class Scenario:
     def running(self) -> list[int]:
         return [i for i, b in self.cluster.brokers.items() if b.running and i not in self.paused]
 
-    def metadata_of(self, broker_id: int, topics: list[str] | None = None) -> MetadataResponse:
+    def metadata_of(self, broker_id: int) -> MetadataResponse:
         return metadata(self.cluster.brokers[broker_id].port, timeout=5.0)
 
     def views(self) -> dict[int, MetadataResponse]:
@@ -913,9 +913,3 @@ def verify_segments(cluster: DevCluster, topic: str, partitions: int, report: Re
                 problems = [line for line in out.getvalue().splitlines() if "ERROR" in line or "error" in line]
                 report.corrupt.append(f"broker {b} {topic}-{p}: {problems[:5]}")
 
-
-def per_partition(items: Iterable[Any], key: Callable[[Any], int]) -> dict[int, list[Any]]:
-    out: dict[int, list[Any]] = defaultdict(list)
-    for x in items:
-        out[key(x)].append(x)
-    return out
