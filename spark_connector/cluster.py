@@ -1,0 +1,105 @@
+"""What the driver asks the cluster: which partitions a query reads, and their offsets.
+
+One ``ClusterView`` per driver-side reader, opened lazily on first use (a reader must stay
+cheap and picklable: Spark pickles it to the planner and the executors) and kept for the
+query run: the streaming source runner is one long-lived process per run. Spark never calls
+``stop()`` on it (FEASIBILITY 3), so the clients' daemon threads end with that process.
+
+``partitions`` lists the partitions of the matching topics with their leader (-1 when the
+partition has none right now). With ``assign`` it asks nothing: the partitions are given,
+so no metadata request goes to a broker that is not their leader.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from client import Admin, Consumer, TidelogError, TopicPartition
+from spark_connector.options import SourceOptions, Subscription
+from spark_connector.planning import TP
+
+__all__ = ["ClusterView"]
+
+log = logging.getLogger("spark_connector")
+
+
+class ClusterView:
+    def __init__(self, opts: SourceOptions):
+        self.opts = opts
+        self._admin: Admin | None = None
+        self._consumer: Consumer | None = None
+
+    def __enter__(self) -> "ClusterView":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def admin(self) -> Admin:
+        if self._admin is None:
+            self._admin = Admin(self.opts.bootstrap_servers,
+                                **{"client_id": "tidelog-spark-driver", **self.opts.admin_options})
+        return self._admin
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            options = {"client_id": "tidelog-spark-driver", **self.opts.consumer_options}
+            self._consumer = Consumer(self.opts.bootstrap_servers, auto_offset_reset="none", **options)
+        return self._consumer
+
+    def partitions(self, subscription: Subscription | None = None) -> dict[TP, int]:
+        """``{(topic, partition): leader id}`` of every partition the query reads now."""
+        sub = subscription or self.opts.subscription
+        if sub.kind == "assign":
+            return {tp: 0 for tp in sub.assigned}
+        for attempt in range(3):
+            names = [t for t in self.admin.list_topics() if sub.matches(t)]
+            if not names:
+                return {}
+            try:
+                described = self.admin.describe_topics(names)
+            except TidelogError as e:  # a topic deleted between the two calls
+                if attempt == 2:
+                    raise
+                log.info("listing partitions again: %s", e)
+                continue
+            return {(p.topic, p.partition): p.leader for d in described for p in d.partitions}
+        raise AssertionError("unreachable")
+
+    def earliest(self, tps: list[TP]) -> dict[TP, int]:
+        if not tps:
+            return {}
+        found = self.consumer.beginning_offsets([TopicPartition(*tp) for tp in tps])
+        return {(tp.topic, tp.partition): o for tp, o in found.items()}
+
+    def latest(self, tps: list[TP]) -> dict[TP, int]:
+        """The high watermarks (what a consumer may read up to)."""
+        if not tps:
+            return {}
+        found = self.consumer.end_offsets([TopicPartition(*tp) for tp in tps])
+        return {(tp.topic, tp.partition): o for tp, o in found.items()}
+
+    def by_time(self, timestamps: dict[TP, int]) -> dict[TP, int | None]:
+        if not timestamps:
+            return {}
+        found = self.consumer.offsets_for_times({TopicPartition(*tp): ts for tp, ts in timestamps.items()})
+        return {(tp.topic, tp.partition): (None if v is None else v.offset) for tp, v in found.items()}
+
+    def commit(self, group_id: str, offsets: dict[TP, int]) -> None:
+        """Store ``offsets`` as ``group_id``'s committed offsets. Raises NotImplementedError
+        while the SDK has no consumer groups."""
+        with Consumer(self.opts.bootstrap_servers, group_id=group_id, enable_auto_commit=False,
+                      **self.opts.consumer_options) as c:
+            c.commit({TopicPartition(*tp): o for tp, o in offsets.items()})
+
+    def close(self) -> None:
+        for client in (self._admin, self._consumer):
+            if client is not None:
+                try:
+                    client.close(timeout=5.0)
+                except Exception as e:  # closing is best effort
+                    log.debug("closing %s: %s", client, e)
+        self._admin = self._consumer = None

@@ -1,0 +1,327 @@
+"""The PySpark Python Data Source ``tidelog``: a thin adapter over the pure planning code.
+
+Where each piece runs (FEASIBILITY 3):
+
+* ``TidelogStreamReader`` lives in the driver-side streaming source runner (one process per
+  query run): ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` ask the
+  cluster through a lazily opened ``ClusterView`` and decide with ``planning``.
+* ``read(partition)`` runs in executor Python workers on an unpickled copy of the reader
+  (no clients are pickled) with its own short-lived consumer, and yields Arrow record
+  batches of exactly the planned range.
+* ``TidelogBatchReader`` plans once (``partitions``) in Spark's planner process.
+* The writers send each task's rows with one producer (``produce.send_rows``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
+                                    DataSourceStreamArrowWriter, DataSourceStreamReader, InputPartition,
+                                    WriterCommitMessage)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import (ArrayType, BinaryType, DataType, IntegerType, LongType, StringType, StructField,
+                               StructType, TimestampType)
+
+from client import Record
+from spark_connector.cluster import ClusterView
+from spark_connector.fetch import DataLossError, HINT, open_consumer, read_range
+from spark_connector.options import (OptionError, SinkOptions, SourceOptions, parse_sink_options,
+                                     parse_source_options)
+from spark_connector.planning import (OffsetRange, Offsets, next_end, offsets_from_json, offsets_to_json,
+                                      plan_ranges, resolve_ending, resolve_starting)
+from spark_connector.produce import OutRow, send_rows
+
+__all__ = ["TidelogDataSource", "TidelogStreamReader", "TidelogBatchReader", "TidelogBatchWriter",
+           "TidelogStreamWriter", "RangePartition", "source_schema", "HEADERS_TYPE"]
+
+log = logging.getLogger("spark_connector")
+
+HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+_BASE_FIELDS = [StructField("key", BinaryType()), StructField("value", BinaryType()),
+                StructField("topic", StringType()), StructField("partition", IntegerType()),
+                StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+                StructField("timestampType", IntegerType())]
+
+
+def source_schema(include_headers: bool) -> StructType:
+    """Spark's Kafka schema (+ headers with includeHeaders)."""
+    return StructType(_BASE_FIELDS + ([StructField("headers", HEADERS_TYPE)] if include_headers else []))
+
+
+_ARROW = {h: to_arrow_schema(source_schema(h), timezone="UTC") for h in (False, True)}
+
+
+class RangePartition(InputPartition):
+    """One Spark task: ``value`` is the ``OffsetRange`` it reads."""
+
+    def __init__(self, value: OffsetRange):
+        super().__init__(value)
+
+    def __repr__(self) -> str:
+        r = self.value
+        return f"RangePartition({r.topic}-{r.partition} [{r.start}, {r.end}))"
+
+
+def _to_arrow(records: list[Record], include_headers: bool) -> pa.RecordBatch:
+    columns = [
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.array([r.topic for r in records], pa.string()),
+        pa.array([r.partition for r in records], pa.int32()),
+        pa.array([r.offset for r in records], pa.int64()),
+        pa.array([r.timestamp * 1000 for r in records], pa.timestamp("us", tz="UTC")),
+        pa.array([r.timestamp_type for r in records], pa.int32()),
+    ]
+    schema = _ARROW[include_headers]
+    if include_headers:
+        columns.append(pa.array([[{"key": k, "value": v if v is None or isinstance(v, bytes) else str(v).encode()}
+                                  for k, v in r.headers] for r in records], schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _read(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    r = partition.value
+    if not isinstance(r, OffsetRange) or r.end <= r.start:
+        return
+    consumer = open_consumer(opts, r)
+    try:
+        for chunk in read_range(consumer, r, fail_on_data_loss=opts.fail_on_data_loss,
+                                poll_timeout_ms=opts.poll_timeout_ms):
+            yield _to_arrow(chunk, opts.include_headers)
+    finally:
+        consumer.close()
+
+
+# -- streaming source -----------------------------------------------------------------------------
+
+
+class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: SourceOptions):
+        self.opts = opts
+        self._view: ClusterView | None = None
+        self._target: Offsets | None = None  # Trigger.AvailableNow
+        self._latest: Offsets | None = None  # for reportLatestOffset
+        self._commit_warned = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_view"] = None  # clients stay in the process that opened them
+        return state
+
+    @property
+    def view(self) -> ClusterView:
+        if self._view is None:
+            self._view = ClusterView(self.opts)
+        return self._view
+
+    def initialOffset(self) -> dict:
+        return offsets_to_json(_resolve_start(self.view, self.opts))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_offsets_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._high_watermarks({})
+        log.info("Trigger.AvailableNow: reading up to %s", offsets_to_json(self._target))
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = offsets_from_json(start)
+        latest = self._high_watermarks(begin)
+        self._latest = latest
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        step = next_end(begin, latest, max_offsets=max_rows, target=self._target)
+        for note in step.notes:
+            log.warning("%s", note)
+        if step.lost:
+            message = "data loss: " + "; ".join(step.lost)
+            if self.opts.fail_on_data_loss:
+                raise DataLossError(f"{message}. {HINT}")
+            log.warning("%s; dropping them (failOnDataLoss=false)", message)
+        return offsets_to_json(step.end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return None if self._latest is None else offsets_to_json(self._latest)
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        ranges = plan_ranges(offsets_from_json(start), offsets_from_json(end), self.opts.min_partitions)
+        return [RangePartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+    def commit(self, end: dict) -> None:
+        """Spark calls this a batch late (and the last batch's only at the next start). With
+        ``groupId`` it would store ``end`` as the group's committed offsets, for operators;
+        the checkpoint stays the source of truth."""
+        group = self.opts.group_id
+        if group is None:
+            return
+        try:
+            self.view.commit(group, offsets_from_json(end))
+        except NotImplementedError as e:
+            if not self._commit_warned:
+                self._commit_warned = True
+                log.warning("groupId %r: the query's progress is not committed: %s", group, e)
+        except Exception as e:  # advisory: never fail the query over it
+            log.warning("groupId %r: committing the query's progress failed: %s", group, e)
+
+    def stop(self) -> None:
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+
+    def _high_watermarks(self, start: Offsets) -> Offsets:
+        """The HW of every partition read now; a partition without a leader right now keeps
+        its position (``start``) instead of blocking the trigger, or is left for later."""
+        leaders = self.view.partitions()
+        ready = [tp for tp, leader in leaders.items() if leader >= 0]
+        latest = self.view.latest(ready)
+        for tp, leader in leaders.items():
+            if leader < 0 and tp in start:
+                latest[tp] = start[tp]
+        return latest
+
+
+def _resolve_start(view: ClusterView, opts: SourceOptions) -> Offsets:
+    tps = sorted(view.partitions())
+    spec = opts.starting
+    earliest = view.earliest(tps) if spec.kind in ("earliest", "offsets", "timestamps") else {}
+    latest = view.latest(tps) if spec.kind != "earliest" else {}
+    by_time = None
+    if spec.kind == "timestamp":
+        by_time = view.by_time({tp: spec.timestamp for tp in tps})
+    elif spec.kind == "timestamps":
+        by_time = view.by_time({tp: ts for tp, ts in spec.timestamps.items() if tp in set(tps)})
+    return resolve_starting(spec, tps, earliest, latest, by_time, strategy=opts.timestamp_strategy)
+
+
+# -- batch source ---------------------------------------------------------------------------------
+
+
+class TidelogBatchReader(DataSourceReader):
+    def __init__(self, opts: SourceOptions):
+        self.opts = opts
+
+    def partitions(self) -> list[InputPartition]:
+        with ClusterView(self.opts) as view:
+            start = _resolve_start(view, self.opts)
+            end = resolve_ending(self.opts.ending, list(start), view.latest(sorted(start)))
+        for tp in sorted(start):
+            if start[tp] > end[tp]:
+                raise OptionError(f"topic {tp[0]!r} partition {tp[1]}: the starting offset {start[tp]} is after "
+                                  f"the ending offset {end[tp]}")
+        return [RangePartition(r) for r in plan_ranges(start, end, self.opts.min_partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+
+# -- sink -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class WriteResult(WriterCommitMessage):
+    records: int
+
+
+_SINK_TYPES: dict[str, tuple[type[DataType], ...]] = {
+    "value": (BinaryType, StringType), "key": (BinaryType, StringType), "topic": (StringType,),
+    "partition": (IntegerType, LongType)}
+
+
+def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
+    """Spark's Kafka sink columns: value (required), key, topic, partition, headers; other
+    columns are ignored."""
+    by_name = {f.name.lower(): f for f in schema.fields}
+    if "value" not in by_name:
+        raise OptionError(f"the sink needs a value column (binary or string); the columns are {schema.fieldNames()}")
+    for name, types in _SINK_TYPES.items():
+        f = by_name.get(name)
+        if f is not None and not isinstance(f.dataType, types):
+            raise OptionError(f"sink column {name} must be {' or '.join(t.typeName() for t in types)}, "
+                              f"not {f.dataType.simpleString()}")
+    if "headers" in by_name and by_name["headers"].dataType.simpleString() != HEADERS_TYPE.simpleString():
+        raise OptionError(f"sink column headers must be {HEADERS_TYPE.simpleString()}, "
+                          f"not {by_name['headers'].dataType.simpleString()}")
+    if opts.topic is None and "topic" not in by_name:
+        raise OptionError("the sink needs a topic: set the option topic or add a topic column")
+
+
+def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[OutRow]:
+    for batch in batches:
+        names = {n.lower(): i for i, n in enumerate(batch.schema.names)}
+        n = batch.num_rows
+
+        def column(name: str) -> list:
+            i = names.get(name)
+            return [None] * n if i is None else batch.column(i).to_pylist()
+
+        headers = [None if h is None else [(e["key"], e["value"]) for e in h] for h in column("headers")]
+        yield from map(OutRow, column("topic"), column("key"), column("value"), column("partition"), headers)
+
+
+class _Writing:
+    opts: SinkOptions
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        return WriteResult(send_rows(self.opts, _rows(iterator)))
+
+
+class TidelogBatchWriter(_Writing, DataSourceArrowWriter):
+    def __init__(self, opts: SinkOptions):
+        self.opts = opts
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.info("wrote %d records", sum(m.records for m in messages if isinstance(m, WriteResult)))
+
+
+class TidelogStreamWriter(_Writing, DataSourceStreamArrowWriter):
+    def __init__(self, opts: SinkOptions):
+        self.opts = opts
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.info("batch %d: wrote %d records", batchId,
+                 sum(m.records for m in messages if isinstance(m, WriteResult)))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("batch %d aborted: records already written stay (the sink is at-least-once)", batchId)
+
+
+# -- the data source ------------------------------------------------------------------------------
+
+
+class TidelogDataSource(DataSource):
+    """``spark.readStream.format("tidelog")``, ``spark.read``, ``df.writeStream`` and ``df.write``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tidelog"
+
+    def schema(self) -> StructType:
+        """Asked for by ``load()``: the options are checked here, so a bad one fails at once."""
+        return source_schema(parse_source_options(self.options, streaming=None).include_headers)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TidelogBatchReader(parse_source_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TidelogStreamReader(parse_source_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> TidelogBatchWriter:
+        if overwrite:
+            raise OptionError("the tidelog sink appends: save mode overwrite is not supported")
+        opts = parse_sink_options(self.options)
+        check_sink_schema(schema, opts)
+        return TidelogBatchWriter(opts)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TidelogStreamWriter:
+        opts = parse_sink_options(self.options)
+        check_sink_schema(schema, opts)
+        return TidelogStreamWriter(opts)

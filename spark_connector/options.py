@@ -1,0 +1,324 @@
+"""The connector's options, parsed and checked once (pure: no Spark, no I/O).
+
+Names follow Spark's Kafka source and sink where the meaning is the same::
+
+    bootstrap.servers        host:port[,host:port]  (also kafka.bootstrap.servers)
+    subscribe                t1,t2                   exactly one of subscribe,
+    subscribePattern         regex (full match)      subscribePattern and assign
+    assign                   {"t1": [0, 1]}
+    startingOffsets          earliest | latest | {"t": {"0": 23, "1": -2}}   (-2 earliest, -1 latest)
+    startingOffsetsByTimestamp  {"t": {"0": 1700000000000}}                    (ms)
+    startingTimestamp        ms, for every partition (wins over the two above)
+    startingOffsetsByTimestampStrategy  error (default) | latest: no record at or after the time
+    endingOffsets            batch only: latest | {"t": {"0": 50, "1": -1}}
+    maxOffsetsPerTrigger     streaming: at most this many offsets per micro-batch
+    minPartitions            split offset ranges so a batch has at least this many Spark partitions
+    failOnDataLoss           true (default) | false: skip lost ranges with a warning
+    includeHeaders           false (default) | true: the headers column
+    pollTimeoutMs            how long read() may go without progress (default 120000)
+    groupId                  report progress as the group's committed offsets (see commit)
+    topic                    sink: the default topic (overrides a topic column)
+    kafka.<name>             an SDK client option by its Kafka name (kafka.request.timeout.ms)
+
+Offsets in option JSON are keyed by topic then partition, as Spark's are. A partition that
+a JSON offsets option does not mention starts at earliest (starting) or stops at latest
+(ending); Spark's Kafka source rejects that instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from client.aio.consumer import ConsumerConfig
+from client.aio.producer import ProducerConfig
+
+__all__ = ["OptionError", "EARLIEST", "LATEST", "OffsetSpec", "Subscription", "SourceOptions",
+           "SinkOptions", "parse_source_options", "parse_sink_options"]
+
+EARLIEST = -2  # Spark's sentinels in JSON offsets
+LATEST = -1
+
+# Client options the connector sets itself: a kafka.* option may not override them.
+_RESERVED = {"bootstrap_servers", "group_id", "auto_offset_reset", "enable_auto_commit", "acks",
+             "enable_idempotence"}
+_ADMIN_KEYS = {"client_id", "request_timeout_ms", "retry_backoff_ms", "retry_backoff_max_ms",
+               "default_api_timeout_ms"}
+
+
+class OptionError(ValueError):
+    """An option is missing, unknown or malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where to start or stop: ``kind`` is "earliest", "latest", "offsets" (``offsets``:
+    {(topic, partition): offset or EARLIEST/LATEST}), "timestamp" (``timestamp`` ms for every
+    partition) or "timestamps" (``timestamps``: {(topic, partition): ms})."""
+
+    kind: str
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    timestamp: int | None = None
+    timestamps: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """``kind`` is "subscribe" (``topics``), "pattern" (``pattern``) or "assign" (``assigned``)."""
+
+    kind: str
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    assigned: tuple[tuple[str, int], ...] = ()
+
+    def matches(self, topic: str) -> bool:
+        if self.kind == "subscribe":
+            return topic in self.topics
+        if self.kind == "pattern":
+            return re.fullmatch(self.pattern, topic) is not None
+        return any(t == topic for t, _ in self.assigned)
+
+    def describe(self) -> str:
+        if self.kind == "subscribe":
+            return f"subscribe={','.join(self.topics)}"
+        if self.kind == "pattern":
+            return f"subscribePattern={self.pattern}"
+        return f"assign={sorted(self.assigned)}"
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap_servers: str
+    subscription: Subscription
+    starting: OffsetSpec
+    ending: OffsetSpec
+    timestamp_strategy: str = "error"
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    poll_timeout_ms: int = 120_000
+    group_id: str | None = None
+    consumer_options: dict[str, Any] = field(default_factory=dict)
+    admin_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    bootstrap_servers: str
+    topic: str | None = None
+    producer_options: dict[str, Any] = field(default_factory=dict)
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    """Case-insensitive lookup (Spark hands a CaseInsensitiveDict; plain dicts in tests)."""
+    want = name.lower()
+    for k, v in options.items():
+        if k.lower() == want:
+            return None if v is None else str(v)
+    return None
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    if raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise OptionError(f"option {name} must be true or false, got {raw!r}")
+
+
+def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
+    raw = _get(options, name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise OptionError(f"option {name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _json(name: str, raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise OptionError(f"option {name} is not valid JSON ({e}): {raw!r}") from None
+
+
+def _per_partition(name: str, raw: str, *, minimum: int) -> dict[tuple[str, int], int]:
+    """``{"t": {"0": 23}}`` -> ``{("t", 0): 23}``."""
+    data = _json(name, raw)
+    if not isinstance(data, dict) or not data:
+        raise OptionError(f"option {name} must be a non-empty JSON object "
+                          f'{{"topic": {{"partition": value}}}}, got {raw!r}')
+    out = {}
+    for topic, parts in data.items():
+        if not isinstance(parts, dict):
+            raise OptionError(f"option {name}: topic {topic!r} must map partitions to values, got {parts!r}")
+        for p, value in parts.items():
+            try:
+                partition = int(p)
+            except (TypeError, ValueError):
+                raise OptionError(f"option {name}: topic {topic!r}: partition {p!r} is not an integer") from None
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum or partition < 0:
+                raise OptionError(f"option {name}: topic {topic!r} partition {p}: "
+                                  f"{value!r} is not a valid value (integer >= {minimum})")
+            out[(topic, partition)] = value
+    return out
+
+
+def _offset_spec(options: Mapping[str, str], name: str, default: str, allowed: set[str]) -> OffsetSpec:
+    raw = _get(options, name)
+    if raw is None:
+        return OffsetSpec(default)
+    text = raw.strip()
+    if text.lower() in ("earliest", "latest"):
+        kind = text.lower()
+        if kind not in allowed:
+            raise OptionError(f"option {name}: {kind!r} is not allowed here (use {' or '.join(sorted(allowed))} "
+                              "or JSON offsets)")
+        return OffsetSpec(kind)
+    offsets = _per_partition(name, text, minimum=EARLIEST)
+    for tp, value in offsets.items():
+        if value == LATEST and "latest" not in allowed:
+            raise OptionError(f"option {name}: -1 (latest) is not allowed for {tp[0]} partition {tp[1]}")
+        if value == EARLIEST and "earliest" not in allowed:
+            raise OptionError(f"option {name}: -2 (earliest) is not allowed for {tp[0]} partition {tp[1]}")
+    return OffsetSpec("offsets", offsets=offsets)
+
+
+def _subscription(options: Mapping[str, str]) -> Subscription:
+    given = {n: _get(options, n) for n in ("subscribe", "subscribePattern", "assign")}
+    present = [n for n, v in given.items() if v is not None]
+    if len(present) != 1:
+        raise OptionError("exactly one of the options subscribe, subscribePattern and assign is required"
+                          + (f" (got {', '.join(present)})" if present else ""))
+    name = present[0]
+    raw = given[name].strip()
+    if name == "subscribe":
+        topics = tuple(dict.fromkeys(t.strip() for t in raw.split(",") if t.strip()))
+        if not topics:
+            raise OptionError("option subscribe must name at least one topic")
+        return Subscription("subscribe", topics=topics)
+    if name == "subscribePattern":
+        if not raw:
+            raise OptionError("option subscribePattern must not be empty")
+        try:
+            re.compile(raw)
+        except re.error as e:
+            raise OptionError(f"option subscribePattern is not a valid regular expression ({e}): {raw!r}") from None
+        return Subscription("pattern", pattern=raw)
+    data = _json("assign", raw)
+    if not isinstance(data, dict) or not data:
+        raise OptionError(f'option assign must be a JSON object {{"topic": [partitions]}}, got {raw!r}')
+    assigned = []
+    for topic, parts in data.items():
+        if not isinstance(parts, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
+                                                  for p in parts):
+            raise OptionError(f"option assign: topic {topic!r} needs a list of partition numbers, got {parts!r}")
+        assigned += [(topic, p) for p in parts]
+    if not assigned:
+        raise OptionError("option assign names no partition")
+    return Subscription("assign", assigned=tuple(sorted(set(assigned))))
+
+
+def _client_options(options: Mapping[str, str], config_types: tuple[type, ...], role: str) -> dict[str, Any]:
+    """``kafka.<name>`` options -> SDK keyword options known to ``config_types``."""
+    known = set()
+    for t in config_types:
+        known |= {f.name for f in fields(t)}
+    known -= _RESERVED
+    out: dict[str, Any] = {}
+    for key, raw in options.items():
+        if not key.lower().startswith("kafka.") or key.lower() == "kafka.bootstrap.servers":
+            continue
+        name = key[6:].strip().lower().replace(".", "_").replace("-", "_")
+        if name in _RESERVED:
+            raise OptionError(f"option {key} is set by the connector and cannot be overridden")
+        if name not in known:
+            raise OptionError(f"unknown {role} option {key!r} (known: "
+                              f"{', '.join('kafka.' + k.replace('_', '.') for k in sorted(known))})")
+        value: Any = str(raw).strip()
+        if value.lstrip("-").isdigit():
+            value = int(value)
+        elif value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        out[name] = value
+    return out
+
+
+def _bootstrap(options: Mapping[str, str]) -> str:
+    servers = _get(options, "bootstrap.servers") or _get(options, "kafka.bootstrap.servers")
+    if not servers or not servers.strip():
+        raise OptionError("option bootstrap.servers is required (host:port[,host:port])")
+    return servers.strip()
+
+
+def parse_source_options(options: Mapping[str, str], *, streaming: bool | None) -> SourceOptions:
+    """Check a source's options. Streaming defaults to startingOffsets=latest and forbids
+    endingOffsets; batch defaults to earliest..latest and forbids the latest start. None
+    checks what both have in common (the schema is asked for before the kind of query is
+    known)."""
+    bootstrap = _bootstrap(options)
+    subscription = _subscription(options)
+    if streaming is None:
+        starting = _offset_spec(options, "startingOffsets", "earliest", {"earliest", "latest"})
+        ending = _offset_spec(options, "endingOffsets", "latest", {"latest"})
+    elif streaming:
+        if _get(options, "endingOffsets") is not None:
+            raise OptionError("option endingOffsets is for batch queries (spark.read) only")
+        starting = _offset_spec(options, "startingOffsets", "latest", {"earliest", "latest"})
+        ending = OffsetSpec("latest")
+    else:
+        starting = _offset_spec(options, "startingOffsets", "earliest", {"earliest"})
+        ending = _offset_spec(options, "endingOffsets", "latest", {"latest"})
+        if _get(options, "maxOffsetsPerTrigger") is not None:
+            raise OptionError("option maxOffsetsPerTrigger is for streaming queries only")
+    by_ts = _get(options, "startingOffsetsByTimestamp")
+    if by_ts is not None:
+        starting = OffsetSpec("timestamps", timestamps=_per_partition("startingOffsetsByTimestamp", by_ts,
+                                                                      minimum=0))
+    ts = _int(options, "startingTimestamp", minimum=0)
+    if ts is not None:
+        starting = OffsetSpec("timestamp", timestamp=ts)
+    strategy = (_get(options, "startingOffsetsByTimestampStrategy") or "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError(f"option startingOffsetsByTimestampStrategy must be error or latest, got {strategy!r}")
+    if subscription.kind == "assign":
+        assigned = set(subscription.assigned)
+        for spec_map, name in ((starting.offsets, "startingOffsets"), (ending.offsets, "endingOffsets"),
+                               (starting.timestamps, "startingOffsetsByTimestamp")):
+            extra = sorted(set(spec_map) - assigned)
+            if extra:
+                raise OptionError(f"option {name} names partitions that are not assigned: {extra}")
+    poll = _int(options, "pollTimeoutMs", minimum=1) or _int(options, "kafkaConsumer.pollTimeoutMs", minimum=1)
+    group = _get(options, "groupId")
+    consumer_options = _client_options(options, (ConsumerConfig,), "consumer")
+    return SourceOptions(
+        bootstrap_servers=bootstrap, subscription=subscription, starting=starting, ending=ending,
+        timestamp_strategy=strategy,
+        max_offsets_per_trigger=_int(options, "maxOffsetsPerTrigger", minimum=1),
+        min_partitions=_int(options, "minPartitions", minimum=1),
+        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        include_headers=_bool(options, "includeHeaders", False),
+        poll_timeout_ms=poll or 120_000,
+        group_id=group.strip() if group and group.strip() else None,
+        consumer_options=consumer_options,
+        admin_options={k: v for k, v in consumer_options.items() if k in _ADMIN_KEYS})
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    topic = _get(options, "topic")
+    if topic is not None and not topic.strip():
+        raise OptionError("option topic must not be empty")
+    for name in ("subscribe", "subscribePattern", "assign"):
+        if _get(options, name) is not None:
+            raise OptionError(f"option {name} is for reading; the sink takes topic (or a topic column)")
+    return SinkOptions(bootstrap_servers=_bootstrap(options), topic=topic.strip() if topic else None,
+                       producer_options=_client_options(options, (ProducerConfig,), "producer"))

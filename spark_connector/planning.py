@@ -1,0 +1,263 @@
+"""Offset and range planning for the Spark source (pure: no Spark, no I/O, no clock).
+
+Offsets. A Spark offset is the JSON object ``{topic: {partition: offset}}`` with string keys
+(Spark stores it verbatim in ``<checkpoint>/offsets/<batch>`` and compares offsets by their
+JSON text), so ``offsets_to_json`` always emits topics and partitions in one canonical
+order: equal offsets give equal JSON. Inside the connector offsets are ``{(topic,
+partition): offset}``; an offset is the next record to read, so a batch reads ``[start,
+end)`` per partition.
+
+The rules the driver follows each trigger (``next_end``):
+
+* the end never passes a partition's high watermark (the caller passes the HWs it just
+  asked the leaders for: records above the HW are not committed and are never read);
+* a partition the query has not seen before (a new partition, or a topic that starts
+  matching ``subscribePattern``) starts at offset 0, so its whole log is read; if the log no
+  longer starts at 0, ``read`` reports the missing offsets as data loss, as Spark's Kafka
+  source does for added partitions;
+* a partition that is gone (its topic was deleted) is data loss; with failOnDataLoss=false
+  it is dropped from the offsets;
+* a high watermark below the query's position (a new leader whose HW has not caught up, or
+  a log truncated by an unclean election) holds the partition where it is;
+* ``ReadMaxRows`` (maxOffsetsPerTrigger) is shared among the partitions in proportion to
+  what each has available, with the largest-remainder rule: a batch never spans more than
+  the limit, and every offset available is eventually admitted;
+* under Trigger.AvailableNow the end never passes the target recorded when the trigger
+  started, and partitions that appeared after it wait for the next run.
+
+``plan_ranges`` turns a batch's ``[start, end)`` into one range per partition and splits
+them (``minPartitions``) into at least that many nearly equal Spark partitions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spark_connector.options import EARLIEST, LATEST, OffsetSpec, OptionError
+
+__all__ = ["TP", "Offsets", "OffsetRange", "Step", "offsets_to_json", "offsets_from_json",
+           "resolve_starting", "resolve_ending", "next_end", "allocate", "plan_ranges",
+           "split_ranges", "data_loss_message", "InvalidOffsetsError"]
+
+TP = tuple[str, int]
+Offsets = dict[TP, int]
+
+
+class InvalidOffsetsError(ValueError):
+    """Offsets JSON that the connector did not write (a damaged or foreign checkpoint)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    """Records ``[start, end)`` of one partition: what one Spark task reads."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def _key(tp: TP) -> tuple[str, int]:
+    return tp[0], tp[1]
+
+
+def offsets_to_json(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
+    """``{("t", 1): 5, ("t", 0): 3}`` -> ``{"t": {"0": 3, "1": 5}}``, canonically ordered."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition) in sorted(offsets, key=_key):
+        out.setdefault(topic, {})[str(partition)] = int(offsets[(topic, partition)])
+    return out
+
+
+def offsets_from_json(data: Any) -> Offsets:
+    if not isinstance(data, dict):
+        raise InvalidOffsetsError(f"offsets must be a JSON object {{topic: {{partition: offset}}}}, got {data!r}")
+    out: Offsets = {}
+    for topic, parts in data.items():
+        if not isinstance(parts, dict):
+            raise InvalidOffsetsError(f"offsets for topic {topic!r} must be an object, got {parts!r}")
+        for p, offset in parts.items():
+            try:
+                partition = int(p)
+            except (TypeError, ValueError):
+                raise InvalidOffsetsError(f"topic {topic!r}: partition {p!r} is not a number") from None
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise InvalidOffsetsError(f"topic {topic!r} partition {p}: offset {offset!r} is not >= 0")
+            out[(topic, partition)] = offset
+    return out
+
+
+# -- where a query or batch starts and stops ------------------------------------------------------
+
+
+def resolve_starting(spec: OffsetSpec, partitions: Iterable[TP], earliest: Mapping[TP, int],
+                     latest: Mapping[TP, int], by_time: Mapping[TP, int | None] | None = None,
+                     *, strategy: str = "error") -> Offsets:
+    """Concrete starting offsets of ``partitions`` for ``spec``. ``earliest``/``latest`` are
+    the log start offsets and high watermarks; ``by_time`` the offsets found for the
+    spec's timestamps (None: no record at or after it, which is an error unless
+    ``strategy`` is "latest"). A specific offset is kept as given, even if below the log
+    start (reading it is then data loss) or above the HW (the query waits for it)."""
+    parts = sorted(set(partitions), key=_key)
+    missing = sorted(set(spec.offsets) - set(parts))
+    if missing:
+        raise OptionError(f"startingOffsets names partitions that do not exist: {missing}")
+    out: Offsets = {}
+    for tp in parts:
+        if spec.kind == "earliest":
+            out[tp] = earliest[tp]
+        elif spec.kind == "latest":
+            out[tp] = latest[tp]
+        elif spec.kind == "offsets":
+            value = spec.offsets.get(tp, EARLIEST)
+            out[tp] = earliest[tp] if value == EARLIEST else latest[tp] if value == LATEST else value
+        else:
+            if spec.kind == "timestamps" and tp not in spec.timestamps:
+                out[tp] = earliest[tp]
+                continue
+            found = (by_time or {}).get(tp)
+            if found is None:
+                if strategy != "latest":
+                    when = spec.timestamp if spec.kind == "timestamp" else spec.timestamps[tp]
+                    raise OptionError(f"no record at or after timestamp {when} in topic {tp[0]!r} partition "
+                                      f"{tp[1]} (set startingOffsetsByTimestampStrategy=latest to start at "
+                                      "the end instead)")
+                out[tp] = latest[tp]
+            else:
+                out[tp] = found
+    return out
+
+
+def resolve_ending(spec: OffsetSpec, partitions: Iterable[TP], latest: Mapping[TP, int]) -> Offsets:
+    """Concrete ending offsets (batch): ``latest`` is the high watermarks; a specific offset
+    above the HW is clamped to it (records above the HW are never read)."""
+    parts = sorted(set(partitions), key=_key)
+    missing = sorted(set(spec.offsets) - set(parts))
+    if missing:
+        raise OptionError(f"endingOffsets names partitions that do not exist: {missing}")
+    out: Offsets = {}
+    for tp in parts:
+        value = spec.offsets.get(tp, LATEST) if spec.kind == "offsets" else LATEST
+        out[tp] = latest[tp] if value == LATEST else min(value, latest[tp])
+    return out
+
+
+# -- one trigger --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """What ``next_end`` decided: the batch's end, partitions lost (data loss, already
+    dropped from ``end``), and notes worth a warning."""
+
+    end: Offsets
+    lost: list[str]
+    notes: list[str]
+
+
+def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: int | None = None,
+             target: Mapping[TP, int] | None = None) -> Step:
+    """The end of the next micro-batch from ``start`` (see the module's rules). ``latest``
+    holds the high watermark of every partition the query reads now; ``target`` is the
+    AvailableNow target, ``max_offsets`` the ReadMaxRows limit."""
+    lost = [f"topic {t!r} partition {p} (query at offset {start[(t, p)]}) no longer exists"
+            for (t, p) in sorted(set(start) - set(latest), key=_key)]
+    notes = []
+    begin: Offsets = {}
+    avail: dict[TP, int] = {}
+    for tp in sorted(latest, key=_key):
+        s = start.get(tp, 0)
+        begin[tp] = s
+        hw = latest[tp]
+        if target is not None:
+            if tp not in target:
+                if tp not in start:
+                    del begin[tp]  # appeared after the AvailableNow target was taken
+                continue
+            hw = min(hw, target[tp])
+        if hw < s:
+            if latest[tp] < s:
+                notes.append(f"topic {tp[0]!r} partition {tp[1]}: high watermark {latest[tp]} is below the "
+                             f"query's position {s}; waiting (a new leader catching up, or a truncated log)")
+            continue
+        if hw > s:
+            avail[tp] = hw - s
+    grant = allocate(avail, max_offsets)
+    end = {tp: s + grant.get(tp, 0) for tp, s in begin.items()}
+    return Step(end, lost, notes)
+
+
+def allocate(available: Mapping[TP, int], budget: int | None) -> dict[TP, int]:
+    """Share ``budget`` offsets among partitions in proportion to ``available`` (largest
+    remainder, ties to the partition listed first). The grants never exceed what each
+    has, and sum to ``min(budget, total)``; None means no limit."""
+    total = sum(available.values())
+    if budget is None or budget >= total:
+        return dict(available)
+    if budget <= 0:
+        return {tp: 0 for tp in available}
+    grant, remainders = {}, []
+    for i, (tp, n) in enumerate(available.items()):
+        share, rem = divmod(n * budget, total)
+        grant[tp] = share
+        remainders.append((-rem, i, tp))
+    left = budget - sum(grant.values())
+    for _, _, tp in sorted(remainders)[:left]:
+        grant[tp] += 1
+    return grant
+
+
+# -- ranges -------------------------------------------------------------------------------------
+
+
+def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: int | None = None
+                ) -> list[OffsetRange]:
+    """The non-empty ranges ``[start, end)`` of a batch (a partition missing from ``start``
+    starts at 0), split to give at least ``min_partitions`` ranges when there are that many
+    offsets to split."""
+    ranges = []
+    for tp in sorted(end, key=_key):
+        s, e = start.get(tp, 0), end[tp]
+        if e > s:
+            ranges.append(OffsetRange(tp[0], tp[1], s, e))
+    return split_ranges(ranges, min_partitions)
+
+
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
+    """Split ``ranges`` into ``min(min_partitions, total offsets)`` or more pieces: every
+    range keeps at least one piece, the rest go to the ranges with the most offsets per
+    piece. Pieces of one range differ in size by at most one offset."""
+    if not min_partitions or len(ranges) >= min_partitions:
+        return list(ranges)
+    want = min(min_partitions, sum(r.size for r in ranges))
+    parts = [1] * len(ranges)
+    heap = [(-float(r.size), i) for i, r in enumerate(ranges) if r.size > 1]
+    heapq.heapify(heap)
+    for _ in range(want - len(ranges)):
+        _, i = heapq.heappop(heap)
+        parts[i] += 1
+        if parts[i] < ranges[i].size:
+            heapq.heappush(heap, (-(ranges[i].size / parts[i]), i))
+    out = []
+    for r, n in zip(ranges, parts):
+        size, extra = divmod(r.size, n)
+        s = r.start
+        for k in range(n):
+            e = s + size + (1 if k < extra else 0)
+            out.append(OffsetRange(r.topic, r.partition, s, e))
+            s = e
+    return out
+
+
+def data_loss_message(r: OffsetRange, lost_from: int, lost_to: int, why: str) -> str:
+    """The message of a data-loss failure or warning: topic, partition, the lost offsets
+    and the planned range they belong to."""
+    return (f"data loss in topic {r.topic!r} partition {r.partition}: offsets [{lost_from}, {lost_to}) "
+            f"of the planned range [{r.start}, {r.end}) are no longer available ({why})")

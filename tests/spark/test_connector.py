@@ -1,0 +1,350 @@
+"""Acceptance tests of issue 6: the tidelog Spark source and sink against a real 3-broker
+cluster (RF 3) and a real local Spark (one session for the run, see conftest).
+
+Queries run with Trigger.AvailableNow into ``foreachBatch`` (deterministic, and unlike the
+memory sink it restarts from a checkpoint), so each test sees exactly which rows each
+micro-batch produced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.devcluster import DevCluster
+from client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from tests.integration.cluster_fixtures import shut_down, wait_topic_ready, wait_until
+
+pytestmark = pytest.mark.spark
+
+COLUMNS = ["topic", "partition", "offset", "value"]
+QUERY_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def cluster(request, tmp_path_factory, spark) -> Iterator[DevCluster]:
+    """3 brokers for the module. ZooKeeper ticks every 2 s (sessions up to 40 s) and followers
+    may lag 60 s before leaving the ISR, so a follower paused for up to 40 s holds the high
+    watermark back; retention runs every 500 ms."""
+    cluster = DevCluster(tmp_path_factory.mktemp("spark-cluster"), brokers=3, zk_port=0, base_port=0,
+                         extra_config={"log.retention.check.interval.ms": 500,
+                                       "zookeeper.session.timeout.ms": 40000,
+                                       "replica.lag.time.max.ms": 60000,
+                                       "auto.create.topics.enable": False})
+    cluster.zookeeper.tick_time_ms = 2000
+    failed_before = request.session.testsfailed
+    started = False
+    try:
+        cluster.start(60.0)
+        started = True
+        yield cluster
+    finally:
+        shut_down(cluster, failed=not started or request.session.testsfailed > failed_before)
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def create_topic(cluster: DevCluster, name: str, partitions: int, *, config: dict[str, str] | None = None,
+                 assignment: dict[int, list[int]] | None = None) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        if assignment is not None:
+            admin.create_topics([NewTopic(name, replica_assignment=assignment, config=config or {})])
+        else:
+            admin.create_topics([NewTopic(name, partitions, 3, config=config or {})])
+    wait_topic_ready(cluster, name, partitions, 3)
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes], *, acks: Any = "all", keys: bool = True,
+            headers: bool = False, partition: int | None = None, **options: Any) -> set[tuple]:
+    """Send ``values``; returns {(topic, partition, offset, value)} of what was acknowledged."""
+    with Producer(bootstrap, acks=acks, linger_ms=5, **options) as p:
+        futures = [p.send(topic, v, key=b"k%d" % (i % 10) if keys else None, partition=partition,
+                          headers=[("n", b"%d" % i), ("src", b"test")] if headers else None)
+                   for i, v in enumerate(values)]
+        p.flush(60)
+        out = set()
+        for v, f in zip(values, futures):
+            md = f.result(10)
+            out.add((md.topic, md.partition, md.offset, v))
+        return out
+
+
+def high_watermarks(bootstrap: str, topic: str, partitions: int, **options: Any) -> dict[int, int]:
+    with Consumer(bootstrap, **options) as c:
+        ends = c.end_offsets([TopicPartition(topic, p) for p in range(partitions)], timeout_ms=20000)
+    return {tp.partition: o for tp, o in ends.items()}
+
+
+def log_starts(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    with Consumer(bootstrap) as c:
+        starts = c.beginning_offsets([TopicPartition(topic, p) for p in range(partitions)], timeout_ms=20000)
+    return {tp.partition: o for tp, o in starts.items()}
+
+
+def reader(spark, bootstrap: str, **options: Any):
+    r = spark.readStream.format("tidelog").option("bootstrap.servers", bootstrap)
+    for k, v in options.items():
+        r = r.option(k, str(v))
+    return r.load()
+
+
+def run_available_now(spark, bootstrap: str, checkpoint: Path, columns=COLUMNS, **options: Any
+                      ) -> list[tuple[int, list[tuple], int]]:
+    """One Trigger.AvailableNow run into foreachBatch: [(batch id, rows, Spark partitions)]."""
+    batches: list[tuple[int, list[tuple], int]] = []
+
+    def collect(df, batch_id):
+        batches.append((batch_id, [tuple(r) for r in df.select(*columns).collect()], df.rdd.getNumPartitions()))
+
+    q = (reader(spark, bootstrap, **options).writeStream.foreachBatch(collect)
+         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    try:
+        assert q.awaitTermination(QUERY_TIMEOUT_S), f"the query did not finish in {QUERY_TIMEOUT_S} s"
+    finally:
+        q.stop()
+    return batches
+
+
+def rows_of(batches) -> list[tuple]:
+    return [row for _, rows, _ in batches for row in rows]
+
+
+def assert_exactly(rows: list[tuple], expected: set[tuple]) -> None:
+    dups = [r for r, n in Counter(rows).items() if n > 1]
+    assert not dups, f"{len(dups)} duplicated rows, e.g. {dups[:3]}"
+    missing, extra = expected - set(rows), set(rows) - expected
+    assert not missing and not extra, (f"{len(missing)} missing (e.g. {sorted(missing)[:3]}), "
+                                       f"{len(extra)} unexpected (e.g. {sorted(extra)[:3]})")
+
+
+# -- streaming source -----------------------------------------------------------------------------
+
+
+def test_checkpointed_restart_reads_everything_exactly_once(spark, cluster, tmp_path):
+    """I14: 50,000 records, an AvailableNow run, 10,000 more, a restart from the checkpoint:
+    the union is exactly what was produced. A replayed micro-batch (its commit removed)
+    reads the same (partition, offset) set, and a run with nothing new reads nothing."""
+    create_topic(cluster, "orders", 6)
+    first = produce(cluster.bootstrap, "orders", [b"a-%06d" % i + b"." * 92 for i in range(50_000)])
+    ckpt = tmp_path / "ckpt"
+    opts = {"subscribe": "orders", "startingOffsets": "earliest"}
+
+    run1 = run_available_now(spark, cluster.bootstrap, ckpt, **opts)
+    assert_exactly(rows_of(run1), first)
+
+    second = produce(cluster.bootstrap, "orders", [b"b-%06d" % i for i in range(10_000)])
+    run2 = run_available_now(spark, cluster.bootstrap, ckpt, **opts)
+    assert_exactly(rows_of(run2), second)
+    assert_exactly(rows_of(run1) + rows_of(run2), first | second)
+
+    last_id, last_rows, _ = run2[-1]
+    for name in (str(last_id), f".{last_id}.crc"):  # as if the query died before committing it
+        (ckpt / "commits" / name).unlink(missing_ok=True)
+    replay = run_available_now(spark, cluster.bootstrap, ckpt, **opts)
+    assert [b for b, _, _ in replay] == [last_id]
+    assert sorted(rows_of(replay)) == sorted(last_rows)
+
+    assert rows_of(run_available_now(spark, cluster.bootstrap, ckpt, **opts)) == []
+
+
+def test_records_above_the_high_watermark_are_never_read(spark, cluster, tmp_path):
+    """A paused follower holds the HW back while the leader takes acks=1 records: the query
+    stops at the HW, and reads the rest once the follower has caught up."""
+    create_topic(cluster, "held", 1, assignment={0: [1, 2, 3]})
+    leader_only = f"127.0.0.1:{cluster.brokers[1].port}"
+    fast = {"request_timeout_ms": 2000, "default_api_timeout_ms": 10000}
+    committed = produce(leader_only, "held", [b"c-%d" % i for i in range(100)])
+    wait_until(lambda: high_watermarks(leader_only, "held", 1, **fast) == {0: 100}, 10, "HW 100")
+    ckpt = tmp_path / "ckpt"
+    opts = {"assign": '{"held": [0]}', "startingOffsets": "earliest", "kafka.request.timeout.ms": 2000}
+    # warm Spark's Python workers up first: the pause must stay shorter than the session
+    assert len(rows_of(run_available_now(spark, leader_only, tmp_path / "warm-up", **opts))) == 100
+    cluster.brokers[3].pause()
+    try:
+        uncommitted = produce(leader_only, "held", [b"u-%d" % i for i in range(50)], acks=1,
+                              request_timeout_ms=2000)
+        leo = max(offset for _, _, offset, _ in uncommitted) + 1
+        assert leo == 150
+        assert high_watermarks(leader_only, "held", 1, **fast) == {0: 100}  # HW < LEO
+        run1 = run_available_now(spark, leader_only, ckpt, **opts)
+        assert_exactly(rows_of(run1), committed)
+        assert high_watermarks(leader_only, "held", 1, **fast) == {0: 100}  # still held back
+    finally:
+        cluster.brokers[3].resume()
+    wait_until(lambda: high_watermarks(leader_only, "held", 1, **fast) == {0: 150}, 30, "HW 150")
+    run2 = run_available_now(spark, leader_only, ckpt, **opts)
+    assert_exactly(rows_of(run2), uncommitted)
+
+
+def test_max_offsets_per_trigger_bounds_every_micro_batch(spark, cluster, tmp_path):
+    create_topic(cluster, "limited", 3)
+    produced = produce(cluster.bootstrap, "limited", [b"%d" % i for i in range(2_000)])
+    batches = run_available_now(spark, cluster.bootstrap, tmp_path / "ckpt", subscribe="limited",
+                                startingOffsets="earliest", maxOffsetsPerTrigger=300, minPartitions=5,
+                                groupId="spark-limited")
+    sizes = [len(rows) for _, rows, _ in batches]
+    assert all(n <= 300 for n in sizes), sizes
+    assert len(sizes) == 7 and sum(sizes) == 2_000, sizes
+    assert all(parts >= 5 for _, rows, parts in batches if len(rows) >= 5)  # minPartitions splits
+    assert_exactly(rows_of(batches), produced)
+
+
+def test_min_partitions_splits_ranges_in_a_batch_read(spark, cluster):
+    create_topic(cluster, "split", 1)
+    produced = produce(cluster.bootstrap, "split", [b"%d" % i for i in range(1_000)])
+    df = (spark.read.format("tidelog").option("bootstrap.servers", cluster.bootstrap)
+          .option("subscribe", "split").option("minPartitions", "4").load())
+    assert df.rdd.getNumPartitions() == 4
+    assert_exactly([tuple(r) for r in df.select(*COLUMNS).collect()], produced)
+    sizes = df.rdd.mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect()
+    assert sizes == [250, 250, 250, 250]
+
+
+def test_subscribe_pattern_picks_up_a_topic_created_while_the_query_runs(spark, cluster, tmp_path):
+    create_topic(cluster, "pat-a", 2)
+    seen: list[tuple] = []
+
+    def collect(df, batch_id):
+        seen.extend(tuple(r) for r in df.select(*COLUMNS).collect())
+
+    q = (reader(spark, cluster.bootstrap, subscribePattern="pat-.*", startingOffsets="earliest")
+         .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="300 milliseconds").start())
+    try:
+        a = produce(cluster.bootstrap, "pat-a", [b"a%d" % i for i in range(100)])
+        wait_until(lambda: len(seen) >= 100, 60, "pat-a's records")
+        create_topic(cluster, "pat-b", 3)
+        create_topic(cluster, "other", 1)
+        b = produce(cluster.bootstrap, "pat-b", [b"b%d" % i for i in range(150)])
+        produce(cluster.bootstrap, "other", [b"x"])
+        wait_until(lambda: len(seen) >= 250, 60, "pat-b's records")
+        q.processAllAvailable()
+        assert q.exception() is None
+    finally:
+        q.stop()
+    assert_exactly(seen, a | b)
+
+
+def test_data_loss_under_a_stopped_query(spark, cluster, tmp_path):
+    """Retention deletes segments the stopped query has not read: the restart fails naming
+    topic, partition and offsets; with failOnDataLoss=false it goes on from the log start."""
+    from pyspark.errors import StreamingQueryException
+
+    create_topic(cluster, "lossy", 1, config={"segment.bytes": "2048"})
+    small = {"batch_size": 600}
+    first = produce(cluster.bootstrap, "lossy", [b"f%03d" % i + b"." * 60 for i in range(200)], **small)
+    ckpt = tmp_path / "ckpt"
+    opts = {"subscribe": "lossy", "startingOffsets": "earliest"}
+    assert_exactly(rows_of(run_available_now(spark, cluster.bootstrap, ckpt, **opts)), first)
+
+    second = produce(cluster.bootstrap, "lossy", [b"s%03d" % i + b"." * 60 for i in range(200)], **small)
+    with Admin(cluster.bootstrap) as admin:
+        admin.alter_configs("lossy", {"retention.bytes": "4096"})
+    start = wait_until(lambda: (lambda s: s if s > 250 else None)(log_starts(cluster.bootstrap, "lossy", 1)[0]),
+                       30, "retention to delete segments")
+    assert start < 400
+
+    with pytest.raises(StreamingQueryException) as failure:
+        run_available_now(spark, cluster.bootstrap, ckpt, **opts)
+    message = str(failure.value)
+    assert f"data loss in topic 'lossy' partition 0: offsets [200, {start}) of the planned range [200, 400)" \
+        in message, message[:3000]
+    assert "failOnDataLoss=false" in message
+
+    resumed = run_available_now(spark, cluster.bootstrap, ckpt, failOnDataLoss="false", **opts)
+    assert_exactly(rows_of(resumed), {r for r in second if r[2] >= start})
+
+
+# -- batch source ---------------------------------------------------------------------------------
+
+
+def test_batch_read_of_explicit_offset_ranges(spark, cluster):
+    create_topic(cluster, "ranges", 2)
+    by_partition = {p: produce(cluster.bootstrap, "ranges", [b"p%d-%d" % (p, i) for i in range(100)],
+                               partition=p, headers=True) for p in (0, 1)}
+    df = (spark.read.format("tidelog").option("bootstrap.servers", cluster.bootstrap)
+          .option("subscribe", "ranges").option("includeHeaders", "true")
+          .option("startingOffsets", '{"ranges": {"0": 10, "1": -2}}')
+          .option("endingOffsets", '{"ranges": {"0": 25, "1": 5}}').load())
+    assert [f.name for f in df.schema.fields] == ["key", "value", "topic", "partition", "offset", "timestamp",
+                                                  "timestampType", "headers"]
+    assert df.schema.simpleString() == ("struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+                                        "timestamp:timestamp,timestampType:int,"
+                                        "headers:array<struct<key:string,value:binary>>>")
+    rows = df.collect()
+    expected = {r for r in by_partition[0] if 10 <= r[2] < 25} | {r for r in by_partition[1] if r[2] < 5}
+    assert_exactly([(r.topic, r.partition, r.offset, r.value) for r in rows], expected)
+    now = time.time()
+    for r in rows:
+        assert r.key == b"k%d" % (r.offset % 10)
+        assert [(h.key, h.value) for h in r.headers] == [("n", b"%d" % r.offset), ("src", b"test")]
+        assert r.timestampType == 0 and abs(r.timestamp.timestamp() - now) < 600
+
+    whole = (spark.read.format("tidelog").option("bootstrap.servers", cluster.bootstrap)
+             .option("assign", '{"ranges": [1]}').load())
+    assert whole.count() == 100
+
+
+# -- sink -----------------------------------------------------------------------------------------
+
+
+def test_sink_round_trip_with_keys_and_headers(spark, cluster):
+    create_topic(cluster, "sunk", 3)
+    rows = [(b"key-%d" % i, "value-%d" % i, i % 3, [("i", b"%d" % i), ("empty", None)]) for i in range(300)]
+    df = spark.createDataFrame(rows, "key binary, value string, partition int, "
+                                     "headers array<struct<key: string, value: binary>>")
+    (df.write.format("tidelog").option("bootstrap.servers", cluster.bootstrap).option("topic", "sunk")
+     .mode("append").save())
+    ends = high_watermarks(cluster.bootstrap, "sunk", 3)
+    assert ends == {0: 100, 1: 100, 2: 100}
+    got = []
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([TopicPartition("sunk", p) for p in range(3)])
+        deadline = time.monotonic() + 30
+        while len(got) < 300 and time.monotonic() < deadline:
+            got += c.poll(timeout_ms=500)
+    assert sorted((r.key, r.value, r.partition, r.headers) for r in got) == \
+        sorted((k, v.encode(), p, h) for k, v, p, h in rows)
+
+
+def test_streaming_sink_and_the_topic_column(spark, cluster, tmp_path):
+    """tidelog -> tidelog: each record is written to the topic its row names."""
+    create_topic(cluster, "fan-in", 2)
+    create_topic(cluster, "even", 1)
+    create_topic(cluster, "odd", 1)
+    produce(cluster.bootstrap, "fan-in", [b"%d" % i for i in range(400)])
+    from pyspark.sql import functions as F
+
+    src = reader(spark, cluster.bootstrap, subscribe="fan-in", startingOffsets="earliest")
+    out = src.select(F.when(F.col("value").cast("string").cast("int") % 2 == 0, "even").otherwise("odd")
+                     .alias("topic"), "key", "value")
+    q = (out.writeStream.format("tidelog").option("bootstrap.servers", cluster.bootstrap)
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    assert q.awaitTermination(QUERY_TIMEOUT_S)
+    assert high_watermarks(cluster.bootstrap, "even", 1) == {0: 200}
+    assert high_watermarks(cluster.bootstrap, "odd", 1) == {0: 200}
+
+
+def test_a_failed_write_fails_the_task_with_the_brokers_error(spark, cluster):
+    create_topic(cluster, "tiny", 1, config={"max.message.bytes": "1000"})
+    df = spark.createDataFrame([("x" * 5000,)], "value string")
+    with pytest.raises(Exception) as failure:
+        (df.write.format("tidelog").option("bootstrap.servers", cluster.bootstrap).option("topic", "tiny")
+         .mode("append").save())
+    message = str(failure.value)
+    assert "topic 'tiny' partition 0" in message and "TOO_LARGE" in message, message[:3000]
+
+
+def test_bad_options_fail_at_start_with_a_clear_message(spark, cluster):
+    with pytest.raises(Exception, match="exactly one of the options subscribe, subscribePattern and assign"):
+        reader(spark, cluster.bootstrap).writeStream.foreachBatch(lambda df, i: None).start()
+    df = spark.createDataFrame([("v",)], "value string")
+    with pytest.raises(Exception, match="the sink needs a topic"):
+        df.write.format("tidelog").option("bootstrap.servers", cluster.bootstrap).mode("append").save()
+

@@ -1,0 +1,435 @@
+"""The connector's pure parts, without Spark or a cluster: options, offset and range
+planning, reading a range against a scripted consumer, and the sink's sends against a fake
+producer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client import Record, TopicPartition
+from client.errors import OffsetOutOfRangeError, RequestTimedOut
+from spark_connector.fetch import DataLossError, RangeReadTimeout, read_range
+from spark_connector.options import (EARLIEST, LATEST, OffsetSpec, OptionError, parse_sink_options,
+                                     parse_source_options)
+from spark_connector.planning import (InvalidOffsetsError, OffsetRange, allocate, next_end, offsets_from_json,
+                                      offsets_to_json, plan_ranges, resolve_ending, resolve_starting,
+                                      split_ranges)
+from spark_connector.produce import OutRow, SinkWriteError, send_rows
+
+pytestmark = pytest.mark.unit
+
+B = {"bootstrap.servers": "h:1"}
+
+
+# -- options --------------------------------------------------------------------------------------
+
+
+def test_source_options_defaults_follow_spark():
+    s = parse_source_options({**B, "subscribe": "a, b,a"}, streaming=True)
+    assert s.subscription.topics == ("a", "b")
+    assert s.starting == OffsetSpec("latest")
+    assert s.fail_on_data_loss and not s.include_headers and s.max_offsets_per_trigger is None
+    b = parse_source_options({**B, "subscribe": "a"}, streaming=False)
+    assert b.starting == OffsetSpec("earliest") and b.ending == OffsetSpec("latest")
+
+
+def test_option_names_are_case_insensitive_and_json_offsets_parse():
+    s = parse_source_options({"BOOTSTRAP.SERVERS": "h:1", "subscribepattern": "t-.*",
+                              "STARTINGOFFSETS": '{"t-1": {"0": 5, "1": -2}, "t-2": {"3": -1}}',
+                              "maxoffsetspertrigger": "100", "minPartitions": "4", "failondataloss": "False",
+                              "includeheaders": "true"}, streaming=True)
+    assert s.subscription.matches("t-1") and not s.subscription.matches("xt-1")
+    assert s.starting.offsets == {("t-1", 0): 5, ("t-1", 1): EARLIEST, ("t-2", 3): LATEST}
+    assert (s.max_offsets_per_trigger, s.min_partitions, s.fail_on_data_loss, s.include_headers) == \
+        (100, 4, False, True)
+
+
+@pytest.mark.parametrize("options,streaming,fragment", [
+    ({}, True, "bootstrap.servers is required"),
+    ({**B}, True, "exactly one of"),
+    ({**B, "subscribe": "a", "assign": '{"a": [0]}'}, True, "exactly one of"),
+    ({**B, "subscribePattern": "("}, True, "not a valid regular expression"),
+    ({**B, "assign": '{"a": [0, "x"]}'}, True, "list of partition numbers"),
+    ({**B, "assign": "[1]"}, True, "JSON object"),
+    ({**B, "subscribe": "a", "startingOffsets": "{bad"}, True, "not valid JSON"),
+    ({**B, "subscribe": "a", "startingOffsets": '{"a": {"0": -3}}'}, True, "not a valid value"),
+    ({**B, "subscribe": "a", "endingOffsets": "latest"}, True, "batch queries"),
+    ({**B, "subscribe": "a", "startingOffsets": "latest"}, False, "not allowed"),
+    ({**B, "subscribe": "a", "endingOffsets": '{"a": {"0": -2}}'}, False, "-2 (earliest) is not allowed"),
+    ({**B, "subscribe": "a", "maxOffsetsPerTrigger": "0"}, True, "must be >= 1"),
+    ({**B, "subscribe": "a", "maxOffsetsPerTrigger": "10"}, False, "streaming queries only"),
+    ({**B, "subscribe": "a", "failOnDataLoss": "maybe"}, True, "true or false"),
+    ({**B, "subscribe": "a", "kafka.no.such": "1"}, True, "unknown consumer option 'kafka.no.such'"),
+    ({**B, "subscribe": "a", "kafka.auto.offset.reset": "earliest"}, True, "cannot be overridden"),
+    ({**B, "assign": '{"a": [0]}', "startingOffsets": '{"a": {"1": 3}}'}, True, "not assigned"),
+])
+def test_bad_source_options_are_named(options, streaming, fragment):
+    with pytest.raises(OptionError, match=None) as e:
+        parse_source_options(options, streaming=streaming)
+    assert fragment in str(e.value)
+
+
+def test_kafka_prefixed_options_reach_the_clients():
+    s = parse_source_options({**B, "subscribe": "a", "kafka.request.timeout.ms": "2000",
+                              "kafka.max.partition.fetch.bytes": "4194304", "kafka.check.crcs": "false"},
+                             streaming=True)
+    assert s.consumer_options == {"request_timeout_ms": 2000, "max_partition_fetch_bytes": 4194304,
+                                  "check_crcs": False}
+    assert s.admin_options == {"request_timeout_ms": 2000}
+    k = parse_sink_options({**B, "topic": "t", "kafka.linger.ms": "20"})
+    assert (k.topic, k.producer_options) == ("t", {"linger_ms": 20})
+    with pytest.raises(OptionError, match="cannot be overridden"):
+        parse_sink_options({**B, "kafka.acks": "1"})
+    with pytest.raises(OptionError, match="for reading"):
+        parse_sink_options({**B, "subscribe": "t"})
+
+
+def test_timestamp_options_win_over_starting_offsets():
+    s = parse_source_options({**B, "subscribe": "a", "startingOffsets": "earliest",
+                              "startingOffsetsByTimestamp": '{"a": {"0": 10}}', "startingTimestamp": "99"},
+                             streaming=True)
+    assert s.starting == OffsetSpec("timestamp", timestamp=99)
+    s = parse_source_options({**B, "subscribe": "a", "startingOffsetsByTimestamp": '{"a": {"0": 10}}'},
+                             streaming=True)
+    assert s.starting.kind == "timestamps" and s.starting.timestamps == {("a", 0): 10}
+
+
+# -- offsets JSON ---------------------------------------------------------------------------------
+
+
+def test_offsets_json_is_canonical_and_string_keyed():
+    a = offsets_to_json({("b", 10): 1, ("a", 2): 5, ("b", 9): 0, ("a", 10): 7})
+    assert json.dumps(a) == '{"a": {"2": 5, "10": 7}, "b": {"9": 0, "10": 1}}'
+    assert offsets_from_json(json.loads(json.dumps(a))) == {("b", 10): 1, ("a", 2): 5, ("b", 9): 0, ("a", 10): 7}
+    same = offsets_to_json(offsets_from_json({"b": {"10": 1, "9": 0}, "a": {"10": 7, "2": 5}}))
+    assert json.dumps(same) == json.dumps(a)
+
+
+@pytest.mark.parametrize("bad", [[], {"t": [1]}, {"t": {"x": 1}}, {"t": {"0": -1}}, {"t": {"0": "5"}}])
+def test_foreign_offsets_are_rejected(bad):
+    with pytest.raises(InvalidOffsetsError):
+        offsets_from_json(bad)
+
+
+# -- starting and ending offsets ------------------------------------------------------------------
+
+TPS = [("t", 0), ("t", 1)]
+EARLY = {("t", 0): 10, ("t", 1): 0}
+LATE = {("t", 0): 50, ("t", 1): 30}
+
+
+def test_resolve_starting_offsets():
+    assert resolve_starting(OffsetSpec("earliest"), TPS, EARLY, LATE) == EARLY
+    assert resolve_starting(OffsetSpec("latest"), TPS, EARLY, LATE) == LATE
+    spec = OffsetSpec("offsets", offsets={("t", 0): LATEST, ("t", 1): 7})
+    assert resolve_starting(spec, TPS, EARLY, LATE) == {("t", 0): 50, ("t", 1): 7}
+    spec = OffsetSpec("offsets", offsets={("t", 1): 7})  # unnamed partitions start at earliest
+    assert resolve_starting(spec, TPS, EARLY, LATE) == {("t", 0): 10, ("t", 1): 7}
+    with pytest.raises(OptionError, match="do not exist"):
+        resolve_starting(OffsetSpec("offsets", offsets={("u", 0): 1}), TPS, EARLY, LATE)
+
+
+def test_resolve_starting_by_timestamp():
+    spec = OffsetSpec("timestamp", timestamp=1000)
+    assert resolve_starting(spec, TPS, EARLY, LATE, {("t", 0): 12, ("t", 1): 3}) == {("t", 0): 12, ("t", 1): 3}
+    with pytest.raises(OptionError, match="no record at or after timestamp 1000 in topic 't' partition 1"):
+        resolve_starting(spec, TPS, EARLY, LATE, {("t", 0): 12, ("t", 1): None})
+    assert resolve_starting(spec, TPS, EARLY, LATE, {("t", 0): 12, ("t", 1): None}, strategy="latest") == \
+        {("t", 0): 12, ("t", 1): 30}
+    per = OffsetSpec("timestamps", timestamps={("t", 1): 5})
+    assert resolve_starting(per, TPS, EARLY, LATE, {("t", 1): 4}) == {("t", 0): 10, ("t", 1): 4}
+
+
+def test_resolve_ending_never_passes_the_high_watermark():
+    assert resolve_ending(OffsetSpec("latest"), TPS, LATE) == LATE
+    spec = OffsetSpec("offsets", offsets={("t", 0): 20, ("t", 1): 999})
+    assert resolve_ending(spec, TPS, LATE) == {("t", 0): 20, ("t", 1): 30}
+
+
+# -- one trigger ----------------------------------------------------------------------------------
+
+
+def test_next_end_reads_up_to_the_high_watermark():
+    step = next_end({("t", 0): 5, ("t", 1): 30}, LATE)
+    assert step.end == LATE and not step.lost and not step.notes
+
+
+def test_next_end_starts_new_partitions_at_zero_and_reports_vanished_ones():
+    step = next_end({("t", 0): 5, ("gone", 0): 8}, {("t", 0): 9, ("t", 1): 4})
+    assert step.end == {("t", 0): 9, ("t", 1): 4}
+    assert step.lost == ["topic 'gone' partition 0 (query at offset 8) no longer exists"]
+
+
+def test_next_end_holds_a_partition_whose_high_watermark_went_back():
+    step = next_end({("t", 0): 40}, {("t", 0): 25})
+    assert step.end == {("t", 0): 40} and "below the query's position 40" in step.notes[0]
+
+
+def test_next_end_respects_the_read_limit_and_the_available_now_target():
+    step = next_end({("t", 0): 0, ("t", 1): 0}, {("t", 0): 300, ("t", 1): 100}, max_offsets=100)
+    assert step.end == {("t", 0): 75, ("t", 1): 25}
+    target = {("t", 0): 200}
+    step = next_end({("t", 0): 150}, {("t", 0): 300, ("t", 1): 100}, target=target)
+    assert step.end == {("t", 0): 200}  # (t, 1) appeared after the target: next run
+    step = next_end({("t", 0): 200}, {("t", 0): 300}, target=target)
+    assert step.end == {("t", 0): 200}
+
+
+def test_next_end_of_nothing_new_is_the_start_itself():
+    start = {("t", 0): 50, ("t", 1): 30}
+    assert json.dumps(offsets_to_json(next_end(start, LATE).end)) == json.dumps(offsets_to_json(start))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.tuples(st.sampled_from("abc"), st.integers(0, 4)), st.integers(0, 10_000), max_size=8),
+       st.integers(1, 5000))
+def test_allocate_never_exceeds_the_budget_or_what_is_there(available, budget):
+    grant = allocate(available, budget)
+    assert set(grant) == set(available)
+    assert all(0 <= grant[tp] <= n for tp, n in available.items())
+    assert sum(grant.values()) == min(budget, sum(available.values()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 500), min_size=1, max_size=6), st.integers(1, 400))
+def test_repeated_triggers_admit_everything_and_bound_every_batch(his, limit):
+    latest = {("t", i): hw for i, hw in enumerate(his)}
+    start: dict = {}
+    batches = 0
+    while True:
+        end = next_end(start, latest, max_offsets=limit).end
+        size = sum(end[tp] - start.get(tp, 0) for tp in end)
+        assert size <= limit
+        start = end
+        if size == 0:
+            break
+        batches += 1
+    assert start == latest and batches == -(-sum(his) // limit)
+
+
+# -- ranges ---------------------------------------------------------------------------------------
+
+
+def test_plan_ranges_skips_empty_partitions():
+    ranges = plan_ranges({("t", 0): 5, ("t", 1): 30}, {("t", 0): 50, ("t", 1): 30, ("u", 0): 3})
+    assert ranges == [OffsetRange("t", 0, 5, 50), OffsetRange("u", 0, 0, 3)]
+
+
+def test_min_partitions_splits_large_ranges():
+    ranges = plan_ranges({("t", 0): 0, ("t", 1): 0}, {("t", 0): 900, ("t", 1): 100}, min_partitions=5)
+    assert len(ranges) == 5
+    assert [r for r in ranges if r.partition == 1] == [OffsetRange("t", 1, 0, 100)]
+    assert [(r.start, r.end) for r in ranges if r.partition == 0] == [(0, 225), (225, 450), (450, 675),
+                                                                         (675, 900)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=6), st.integers(1, 50))
+def test_split_ranges_covers_each_range_exactly(sizes, n):
+    ranges = [OffsetRange("t", i, 100 * i, 100 * i + s) for i, s in enumerate(sizes)]
+    out = split_ranges(ranges, n)
+    assert len(out) >= min(n, sum(sizes))
+    for r in ranges:
+        pieces = [x for x in out if x.partition == r.partition]
+        assert pieces[0].start == r.start and pieces[-1].end == r.end
+        assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+        assert all(x.size > 0 for x in pieces)
+        assert max(x.size for x in pieces) - min(x.size for x in pieces) <= 1
+
+
+# -- reading a range ------------------------------------------------------------------------------
+
+
+class ScriptedConsumer:
+    """A one-partition consumer over a log with offsets [log_start, hw); ``events`` maps a
+    poll number to something that happens before that poll (retention, truncation)."""
+
+    def __init__(self, log_start: int, hw: int, batch: int = 7, events=None, gaps=()):
+        self.log_start, self.hw, self.batch, self.events = log_start, hw, batch, dict(events or {})
+        self.pos = None
+        self.polls = 0
+        self.gaps = set(gaps)
+        self.stopped = False
+
+    def assign(self, tps):
+        self.tp = tps[0]
+
+    def seek(self, tp, offset):
+        self.pos, self.stopped = offset, False
+
+    def poll(self, timeout_ms=0, max_records=None):
+        self.polls += 1
+        if self.polls in self.events:
+            self.events.pop(self.polls)(self)
+        if self.stopped:
+            return []
+        if self.pos < self.log_start or self.pos > self.hw:
+            self.stopped = True
+            raise OffsetOutOfRangeError(f"partition {self.tp} at offset {self.pos}: OFFSET_OUT_OF_RANGE")
+        # whole "batches" of ``batch`` offsets, starting with the one holding the position
+        first = self.pos - self.pos % self.batch
+        out = [Record("t", 0, o, 1000 + o, b"k", b"v%d" % o) for o in range(first, min(first + 2 * self.batch, self.hw))
+               if o not in self.gaps]
+        self.pos = max(self.pos, min(first + 2 * self.batch, self.hw))
+        return out
+
+    def position(self, tp, timeout_ms=None):
+        return self.pos
+
+    def beginning_offsets(self, tps):
+        return {tps[0]: self.log_start}
+
+    def end_offsets(self, tps):
+        return {tps[0]: self.hw}
+
+
+def _offsets(chunks):
+    return [r.offset for c in chunks for r in c]
+
+
+def test_read_range_returns_exactly_the_range():
+    c = ScriptedConsumer(0, 100)
+    chunks = list(read_range(c, OffsetRange("t", 0, 10, 53), chunk=16))
+    assert _offsets(chunks) == list(range(10, 53))
+    assert all(len(x) <= 16 + 14 for x in chunks)
+
+
+def test_read_range_steps_over_gaps():
+    c = ScriptedConsumer(0, 100, gaps=range(20, 60))
+    assert _offsets(read_range(c, OffsetRange("t", 0, 10, 70))) == list(range(10, 20)) + list(range(60, 70))
+
+
+def test_read_range_data_loss_fails_naming_topic_partition_and_offsets():
+    c = ScriptedConsumer(40, 100)
+    with pytest.raises(DataLossError) as e:
+        list(read_range(c, OffsetRange("t", 0, 10, 60)))
+    assert "topic 't' partition 0: offsets [10, 40) of the planned range [10, 60)" in str(e.value)
+    assert "failOnDataLoss=false" in str(e.value)
+
+
+def test_read_range_skips_lost_offsets_with_a_warning():
+    warnings = []
+    c = ScriptedConsumer(40, 100)
+    got = _offsets(read_range(c, OffsetRange("t", 0, 10, 60), fail_on_data_loss=False, warn=warnings.append))
+    assert got == list(range(40, 60))
+    assert "offsets [10, 40)" in warnings[0] and "skipping" in warnings[0]
+    c = ScriptedConsumer(80, 100)  # the whole range is gone
+    assert _offsets(read_range(c, OffsetRange("t", 0, 10, 60), fail_on_data_loss=False, warn=warnings.append)) == []
+
+
+def test_read_range_notices_retention_in_the_middle_of_a_range():
+    def retention(c):
+        c.log_start = 45
+
+    warnings = []
+    c = ScriptedConsumer(0, 100, batch=5, events={3: retention})
+    got = _offsets(read_range(c, OffsetRange("t", 0, 0, 70), fail_on_data_loss=False, warn=warnings.append))
+    assert got == list(range(0, 20)) + list(range(45, 70))
+    assert "offsets [20, 45)" in warnings[0]
+
+
+def test_read_range_reports_truncation_below_the_planned_end():
+    now = [0.0]
+
+    class Truncated(ScriptedConsumer):
+        def poll(self, timeout_ms=0, max_records=None):
+            now[0] += 0.5
+            return super().poll(timeout_ms, max_records)
+
+    def truncate(c):
+        c.hw = 15
+
+    c = Truncated(0, 100, batch=5, events={2: truncate})
+    with pytest.raises(DataLossError, match=r"offsets \[15, 30\) of the planned range \[0, 30\)"):
+        list(read_range(c, OffsetRange("t", 0, 0, 30), poll_timeout_ms=1000, clock=lambda: now[0]))
+    warnings = []
+    c = Truncated(0, 100, batch=5, events={2: truncate})
+    got = _offsets(read_range(c, OffsetRange("t", 0, 0, 30), poll_timeout_ms=1000, clock=lambda: now[0],
+                              fail_on_data_loss=False, warn=warnings.append))
+    assert got == list(range(15)) and "truncated" in warnings[0]
+
+
+def test_read_range_times_out_when_nothing_comes_although_it_should():
+    now = [0.0]
+
+    class Stuck(ScriptedConsumer):
+        def poll(self, timeout_ms=0, max_records=None):
+            now[0] += 0.5
+            return []
+
+    with pytest.raises(RangeReadTimeout, match="no records read for 2000 ms at offset 0"):
+        list(read_range(Stuck(0, 100), OffsetRange("t", 0, 0, 30), poll_timeout_ms=2000, clock=lambda: now[0]))
+
+
+# -- the sink's sends -----------------------------------------------------------------------------
+
+
+class FakeFuture:
+    def __init__(self, topic, partition, error=None):
+        self.topic_partition = TopicPartition(topic, partition)
+        self.error = error
+
+    def exception(self, timeout=None):
+        return self.error
+
+    def add_done_callback(self, fn):
+        fn(self)
+
+
+class FakeProducer:
+    instances: list = []
+
+    def __init__(self, bootstrap, **options):
+        self.options, self.sent, self.flushed, self.closed = options, [], False, None
+        self.fail_at = options.pop("fail_at", None)
+        FakeProducer.instances.append(self)
+
+    def send(self, topic, value, key=None, headers=None, partition=None):
+        self.sent.append((topic, key, value, partition, headers))
+        error = RuntimeError("NOT_ENOUGH_REPLICAS: not enough replicas") if len(self.sent) == self.fail_at else None
+        return FakeFuture(topic, partition or 0, error)
+
+    def flush(self, timeout=None):
+        self.flushed = True
+
+    def close(self, timeout=None):
+        self.closed = timeout
+
+
+def test_send_rows_uses_acks_all_flushes_and_closes():
+    opts = parse_sink_options({**B, "topic": "out"})
+    rows = [OutRow("ignored", b"k", b"v", None, [("h", b"x")]), OutRow(None, None, "text", 2)]
+    assert send_rows(opts, rows, producer_factory=FakeProducer) == 2
+    p = FakeProducer.instances[-1]
+    assert p.options["acks"] == "all" and p.flushed and p.closed is None
+    assert p.sent == [("out", b"k", b"v", None, [("h", b"x")]), ("out", None, "text", 2, None)]
+
+
+def test_send_rows_fails_with_the_brokers_error():
+    opts = parse_sink_options({**B, "topic": "out", "kafka.client.id": "c"})
+
+    def factory(bootstrap, **options):
+        return FakeProducer(bootstrap, fail_at=2, **options)
+
+    with pytest.raises(SinkWriteError, match="topic 'out' partition 0 failed: NOT_ENOUGH_REPLICAS"):
+        send_rows(opts, [OutRow(None, None, b"v")] * 5, producer_factory=factory)
+    assert FakeProducer.instances[-1].closed == 0 and len(FakeProducer.instances[-1].sent) == 2
+
+
+def test_send_rows_needs_a_topic():
+    opts = parse_sink_options(B)
+    with pytest.raises(SinkWriteError, match="no topic"):
+        send_rows(opts, [OutRow(None, None, b"v")], producer_factory=FakeProducer)
+
+
+def test_send_rows_reports_unacknowledged_records():
+    class Slow(FakeProducer):
+        def flush(self, timeout=None):
+            raise RequestTimedOut("flush did not complete within 1 s")
+
+    with pytest.raises(SinkWriteError, match="not all were acknowledged"):
+        send_rows(parse_sink_options({**B, "topic": "t"}), [OutRow(None, None, b"v")], producer_factory=Slow)
