@@ -33,7 +33,7 @@ import zlib
 from dataclasses import dataclass
 from enum import IntEnum
 from itertools import repeat
-from operator import sub
+from operator import itemgetter, sub
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import msgpack
@@ -503,34 +503,102 @@ def build_batch(records: Iterable, *, codec: int = Codec.NONE, base_offset: int 
 # reading records
 
 
+class RecordColumns(NamedTuple):
+    """The records of one batch field by field, for readers that build their own record
+    objects without a Python loop per record. Record ``i`` has offset ``base_offset + i``."""
+
+    base_offset: int
+    timestamps: tuple[int, ...]  # absolute (the batch's max timestamp under LogAppendTime)
+    keys: tuple[bytes | None, ...]
+    values: tuple[bytes | None, ...]
+    headers: list[list[tuple[str, bytes | None]]] | None  # None: no record has headers
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.values)
+
+
+_TUPLE = {tuple}
+_INT = {int}
+_BLOB_TYPES = {bytes, type(None)}
+
+
+def record_columns(buf, pos: int = 0, header: BatchHeader | None = None, *,
+                   max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> RecordColumns:
+    """Decode the records of the (already validated) batch at ``pos`` into columns.
+
+    Raises CorruptRecordError if the records block does not match the header's grammar.
+    The records block is checked a column at a time by C-level passes (shapes, types,
+    offset deltas); only a batch that fails them, or has headers, is walked record by
+    record, which names the first bad record.
+    """
+    h = header or read_header(buf, pos)
+    block = memoryview(buf)[pos + HEADER_SIZE:pos + h.batch_length + LOG_OVERHEAD]
+    raw = decompress(h.codec, block, max_uncompressed_bytes)
+    try:
+        items = msgpack.unpackb(raw, use_list=False, raw=False, strict_map_key=True)
+    except Exception as e:
+        raise CorruptRecordError(f"records of batch at offset {h.base_offset} are not valid msgpack: "
+                                 f"{type(e).__name__} {e}".rstrip()) from None
+    n = h.record_count
+    if type(items) is not tuple or len(items) != n:
+        raise CorruptRecordError(
+            f"batch at offset {h.base_offset} declares {h.record_count} records, "
+            f"its records block holds {len(items) if isinstance(items, tuple) else 'no array'}")
+    if not n:
+        return RecordColumns(h.base_offset, (), (), (), None)
+    columns = _columns(items, n)
+    if columns is None:
+        _find_malformed(items, h.base_offset)  # raises, naming the record
+    ts_deltas, _, keys, values, headers = columns
+    if h.attributes & TIMESTAMP_TYPE_BIT:
+        timestamps = (h.max_timestamp,) * n
+    else:
+        timestamps = tuple(map(h.first_timestamp.__add__, ts_deltas))
+    if headers.count(None) == n:
+        return RecordColumns(h.base_offset, timestamps, keys, values, None)
+    return RecordColumns(h.base_offset, timestamps, keys, values,
+                         [_headers(x, h.base_offset + i) for i, x in enumerate(headers)])
+
+
+_FIELDS = tuple(itemgetter(i) for i in range(5))
+
+
+def _columns(items: tuple, n: int) -> list[tuple] | None:
+    """The five fields of every record as columns, if every record is ``(int, i, blob, blob,
+    headers)``, else None. Checked a column at a time (itemgetter, not zip(*items): that
+    would allocate an iterator per record)."""
+    try:
+        if set(map(type, items)) != _TUPLE or set(map(len, items)) != {5}:
+            return None
+    except TypeError:
+        return None
+    columns = [tuple(map(field, items)) for field in _FIELDS]
+    ts_deltas, deltas, keys, values, _ = columns
+    if (set(map(type, ts_deltas)) == _INT and deltas == tuple(range(n))
+            and set(map(type, keys)) <= _BLOB_TYPES and set(map(type, values)) <= _BLOB_TYPES):
+        return columns
+    return None
+
+
+def _find_malformed(items: tuple, base: int) -> None:
+    for i, r in enumerate(items):
+        if (not isinstance(r, tuple) or len(r) != 5 or type(r[0]) is not int or r[1] != i
+                or not _is_blob(r[2]) or not _is_blob(r[3])):
+            raise CorruptRecordError(f"record {i} of batch at offset {base} is malformed")
+    raise CorruptRecordError(f"a record of batch at offset {base} is malformed")
+
+
 def iter_records(buf, pos: int = 0, header: BatchHeader | None = None, *,
                  max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> list[BatchRecord]:
     """Decode the records of the (already validated) batch at ``pos``.
 
     Raises CorruptRecordError if the records block does not match the header's grammar.
     """
-    h = header or read_header(buf, pos)
-    block = memoryview(buf)[pos + HEADER_SIZE:pos + h.batch_length + LOG_OVERHEAD]
-    raw = decompress(h.codec, block, max_uncompressed_bytes)
-    try:
-        items = msgpack.unpackb(raw, use_list=True, raw=False, strict_map_key=True)
-    except Exception as e:
-        raise CorruptRecordError(f"records of batch at offset {h.base_offset} are not valid msgpack: "
-                                 f"{type(e).__name__} {e}".rstrip()) from None
-    if not isinstance(items, list) or len(items) != h.record_count:
-        raise CorruptRecordError(
-            f"batch at offset {h.base_offset} declares {h.record_count} records, "
-            f"its records block holds {len(items) if isinstance(items, list) else 'no array'}")
-    log_append = h.attributes & TIMESTAMP_TYPE_BIT
-    base, first_ts = h.base_offset, h.first_timestamp
-    out = []
-    for i, r in enumerate(items):
-        if (not isinstance(r, list) or len(r) != 5 or type(r[0]) is not int or r[1] != i
-                or not _is_blob(r[2]) or not _is_blob(r[3])):
-            raise CorruptRecordError(f"record {i} of batch at offset {base} is malformed")
-        ts = h.max_timestamp if log_append else first_ts + r[0]
-        out.append(BatchRecord(base + i, ts, r[2], r[3], _headers(r[4], base + i)))
-    return out
+    c = record_columns(buf, pos, header, max_uncompressed_bytes=max_uncompressed_bytes)
+    n = len(c)
+    headers = c.headers if c.headers is not None else map(list, repeat((), n))
+    return list(map(BatchRecord._make, zip(range(c.base_offset, c.base_offset + n), c.timestamps,
+                                           c.keys, c.values, headers)))
 
 
 def _is_blob(v) -> bool:
@@ -540,11 +608,11 @@ def _is_blob(v) -> bool:
 def _headers(raw, offset: int) -> list[tuple[str, bytes | None]]:
     if raw is None:
         return []
-    if not isinstance(raw, list):
+    if not isinstance(raw, tuple):
         raise CorruptRecordError(f"headers of record at offset {offset} are not an array")
     out = []
     for h in raw:
-        if not isinstance(h, list) or len(h) != 2 or type(h[0]) is not str or not _is_blob(h[1]):
+        if not isinstance(h, tuple) or len(h) != 2 or type(h[0]) is not str or not _is_blob(h[1]):
             raise CorruptRecordError(f"a header of record at offset {offset} is malformed")
         out.append((h[0], h[1]))
     return out

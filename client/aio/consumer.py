@@ -14,7 +14,7 @@ Theory of operation.
   a position, nothing buffered and no backoff (``plan_fetches``, pure). Fetches long-poll
   (``fetch_max_wait_ms``, ``fetch_min_bytes``).
 * ``poll`` hands out buffered records (decoding one batch at a time with
-  ``protocol.records.iter_records``, checking CRCs when ``check_crcs``, skipping records
+  ``protocol.records.record_columns``, checking CRCs when ``check_crcs``, skipping records
   below the position: a fetch returns whole batches starting with the one that holds the
   fetch offset). When it empties a partition's buffer it wakes the fetch loop, so the next
   fetch is in flight while the application works on the records just returned (Kafka's
@@ -38,6 +38,7 @@ import logging
 import math
 import time
 from collections import deque
+from itertools import repeat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -54,7 +55,7 @@ from protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, Fet
                                FetchPartitionResponse, FetchRequest, FetchResponse, FetchTopic,
                                ListOffsetsPartition, ListOffsetsRequest, ListOffsetsResponse,
                                ListOffsetsTopic)
-from protocol.records import BatchHeader, iter_headers, iter_records, validate_batch
+from protocol.records import BatchHeader, RecordColumns, iter_headers, record_columns, validate_batch
 from protocol.topics import TopicPartition
 
 __all__ = ["AsyncConsumer", "ConsumerConfig", "SubscriptionState", "PartitionState",
@@ -113,45 +114,54 @@ class ConsumerConfig:
 class CompletedFetch:
     """The record batches one fetch returned for one partition, decoded a batch at a time."""
 
-    __slots__ = ("tp", "buf", "batches", "records", "index", "header")
+    __slots__ = ("tp", "buf", "batches", "columns", "index", "header")
 
     def __init__(self, tp: TopicPartition, buf: bytes, batches: Iterable[tuple[int, BatchHeader]]):
         self.tp = tp
         self.buf = buf
         self.batches: deque[tuple[int, BatchHeader]] = deque(batches)
-        self.records: list = []  # decoded records of the current batch
-        self.index = 0
+        self.columns: RecordColumns | None = None  # the current batch's records
+        self.index = 0  # of the next record of the current batch to hand out
         self.header: BatchHeader | None = None  # the current batch
 
     @property
     def exhausted(self) -> bool:
-        return not self.batches and self.index >= len(self.records)
+        return not self.batches and (self.columns is None or self.index >= len(self.columns))
 
     def take(self, state: "PartitionState", max_records: int, check_crcs: bool) -> list[Record]:
         """Up to ``max_records`` records at or above ``state.position``, advancing it.
         Raises CorruptRecordError for a batch that fails its CRC (or does not decode)."""
         out: list[Record] = []
-        topic, partition = self.tp
         while len(out) < max_records:
-            if self.index >= len(self.records):
+            columns = self.columns
+            if columns is None or self.index >= len(columns):
                 if self.header is not None:  # the current batch is done: skip any gap after it
                     state.position = max(state.position, self.header.next_offset)
-                    self.header = None
+                    self.header = self.columns = None
                 if not self.batches:
                     break
                 self._next_batch(state, check_crcs)
                 continue
-            records, i, position = self.records, self.index, state.position
-            end = min(len(records), i + max_records - len(out))
-            ts_type = 1 if self.header.attributes & 0x08 else 0
-            for r in records[i:end]:
-                if r.offset >= position:
-                    out.append(Record(topic, partition, r.offset, r.timestamp, r.key, r.value,
-                                      r.headers, ts_type))
-            self.index = end
-            if out and out[-1].offset >= state.position:
-                state.position = out[-1].offset + 1
+            # offsets within a batch are consecutive: records below the position are skipped
+            # by starting further in
+            start = max(self.index, state.position - columns.base_offset)
+            end = min(len(columns), start + max_records - len(out))
+            if start < end:
+                out += self._records(columns, start, end)
+                state.position = columns.base_offset + end
+            self.index = max(start, end)
         return out
+
+    def _records(self, c: RecordColumns, start: int, end: int) -> list[Record]:
+        """Records ``[start, end)`` of the current batch. The per-record hot path of every
+        consumer, written for speed: C-level iterators feed the Record constructor."""
+        topic, partition = self.tp
+        n = end - start
+        headers = c.headers[start:end] if c.headers is not None else repeat(None, n)  # lazily []
+        ts_type = 1 if self.header.attributes & 0x08 else 0
+        return list(map(Record, repeat(topic, n), repeat(partition, n),
+                        range(c.base_offset + start, c.base_offset + end), c.timestamps[start:end],
+                        c.keys[start:end], c.values[start:end], headers, repeat(ts_type, n)))
 
     def _next_batch(self, state: "PartitionState", check_crcs: bool) -> None:
         pos, h = self.batches.popleft()
@@ -160,11 +170,11 @@ class CompletedFetch:
         if check_crcs:
             validate_batch(self.buf, pos)
         self.header = h
-        if h.is_control:
-            self.records, self.index = [], 0
-            return
-        self.records = iter_records(self.buf, pos, h)
         self.index = 0
+        self.columns = _NO_RECORDS if h.is_control else record_columns(self.buf, pos, h)
+
+
+_NO_RECORDS = RecordColumns(0, (), (), (), None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ decoding fetched batches at the position."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from client.aio.cluster import ClusterMetadata
@@ -14,6 +16,7 @@ from protocol.errors import (CORRUPT_MESSAGE, FENCED_LEADER_EPOCH, NOT_LEADER_OR
 from protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerMetadata,
                                FetchPartitionResponse, MetadataResponse, PartitionMetadata,
                                TopicMetadata)
+from client.records import Record
 from protocol.records import build_batch, iter_headers, patch_batch
 from protocol.topics import TopicPartition
 
@@ -204,6 +207,19 @@ def test_take_detects_a_corrupt_batch_when_checking_crcs():
     data[-1] ^= 0xFF
     with pytest.raises(CorruptRecordError):
         completed(A0, bytes(data)).take(state_at(0), 10, check_crcs=True)
+
+
+def test_take_builds_records_with_their_own_headers_and_timestamp_type():
+    with_headers = build_batch([(b"k", b"v", [("h", b"1")], 7), (None, b"w", None, 8)], base_offset=0)
+    without = build_batch([b"x", b"y"], base_offset=2, timestamp_ms=9)
+    records = completed(A0, with_headers + without).take(state_at(0), 10, check_crcs=False)
+    assert [(r.offset, r.key, r.value, r.headers, r.timestamp, r.timestamp_type) for r in records] == [
+        (0, b"k", b"v", [("h", b"1")], 7, 0), (1, None, b"w", [], 8, 0), (2, None, b"x", [], 9, 0),
+        (3, None, b"y", [], 9, 0)]
+    records[2].headers.append(("added", None))  # each record's (lazily made) list is its own
+    assert records[3].headers == [] and records[2].headers == [("added", None)]
+    assert dataclasses.asdict(records[3])["headers"] == []
+    assert records[3] == Record("a", 0, 3, 9, None, b"y")
 
 
 def test_consumer_config_validates():
