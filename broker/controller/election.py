@@ -21,6 +21,7 @@ def offline_partition_leader(assignment: list[int], isr: Iterable[int], live: se
     """The first live replica, in assignment order, that is in the ISR. With none, and only
     when unclean election is allowed, the first live replica at all (acknowledged records
     it does not have are lost: the caller must report it)."""
+    isr = list(isr)  # iterated twice: a one-shot iterable would leave the new ISR empty
     in_isr = set(isr)
     live_isr = [r for r in isr if r in live]
     for r in assignment:

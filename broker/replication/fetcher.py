@@ -27,6 +27,7 @@ from protocol.messages import (
     ApiKey, FetchPartition, FetchRequest, FetchResponse, FetchTopic, OffsetForLeaderPartition,
     OffsetForLeaderTopic, OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse,
 )
+from protocol.records import read_header
 from protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.fetcher")
@@ -154,6 +155,10 @@ class ReplicaFetcher:
             logger.info("%s: truncating to offset %d (leader epoch %d ends at %d)",
                         tp, target, r.leader_epoch, r.end_offset)
             log.truncate_to(target)
+        # an epoch this broker led without writing starts at its LEO: no batch of ours is in
+        # it, so drop it, or we would ask about it forever, and refuse the leader's batches of
+        # older epochs that belong there
+        log.epoch_cache.truncate_from_end(log.log_end_offset)
         st.truncating = not done
 
     # -- fetching ------------------------------------------------------------------------------
@@ -194,6 +199,7 @@ class ReplicaFetcher:
             return
         try:
             if p.records:
+                _maybe_restart_at_first_batch(tp, log, p.records)
                 log.append_as_follower(p.records)
         except TidelogError as e:
             logger.error("%s: cannot append the leader's batches: %s", tp, e)
@@ -201,14 +207,36 @@ class ReplicaFetcher:
             self._delay(tp)
             return
         log.update_high_watermark(min(p.high_watermark, log.log_end_offset))
+        # follow the leader's log start, as Kafka's follower does: what we hold below it may
+        # have diverged from what the leader held there, and must not be served as the log
+        if p.log_start_offset > log.log_start_offset:
+            log.maybe_increment_log_start_offset(min(p.log_start_offset, log.high_watermark))
 
     def _out_of_range(self, tp: TopicPartition, log: Log, p) -> None:
         if p.log_start_offset >= 0 and log.log_end_offset < p.log_start_offset:
             logger.warning("%s: log end %d is below the leader's log start %d; restarting the log there",
                            tp, log.log_end_offset, p.log_start_offset)
             log.truncate_fully_and_start_at(p.log_start_offset)
+        elif 0 <= p.high_watermark < log.log_end_offset:
+            # not below the leader's log start, so beyond its LEO: the leader's log is shorter
+            # than ours (our truncation fell back to an offset it does not have). Kafka cuts to
+            # the leader's LEO; its HW, at or below it, is what the answer tells us
+            logger.warning("%s: log end %d is beyond leader %d's log end; truncating to its high watermark %d",
+                           tp, log.log_end_offset, self.leader_id, p.high_watermark)
+            log.truncate_to(p.high_watermark)
         else:
             self.partitions[tp].truncating = True
+
+
+def _maybe_restart_at_first_batch(tp: TopicPartition, log: Log, records: bytes) -> None:
+    """An empty log whose start falls inside the leader's first batch (our start came from our
+    own, diverged, segments) restarts at that batch, as Kafka's follower does on
+    UnexpectedAppendOffsetException: the batch cannot be split, and refetching cannot help."""
+    first = read_header(records)
+    if log.log_end_offset == log.log_start_offset and first.base_offset < log.log_end_offset <= first.last_offset:
+        logger.info("%s: the leader's batch at %d starts below our empty log's start %d; restarting the log there",
+                    tp, first.base_offset, log.log_start_offset)
+        log.truncate_fully_and_start_at(first.base_offset)
 
 
 def truncation_target(log: Log, leader_epoch: int, leader_end_offset: int) -> tuple[int, bool]:

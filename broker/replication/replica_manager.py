@@ -273,13 +273,15 @@ class ReplicaManager:
             if p is None:
                 raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
             log = p.fetch_log(fp.current_leader_epoch, from_follower)
+            max_offset = None if from_follower else log.high_watermark
+            records = log.read(fp.fetch_offset, min(fp.partition_max_bytes, budget), max_offset,
+                               min_one_message=first)
+            # only a fetch the log could serve says where the follower is (as in Kafka): one
+            # beyond our LEO holds records we lack, and must not count as caught up
             if from_follower and p.record_follower_fetch(replica_id, fp.fetch_offset, self.clock()):
                 p.notify()
             if from_follower:
                 self._maybe_expand_isr(p)
-            max_offset = None if from_follower else log.high_watermark
-            records = log.read(fp.fetch_offset, min(fp.partition_max_bytes, budget), max_offset,
-                               min_one_message=first)
         except TidelogError as e:
             return FetchPartitionResponse(tp.partition, e.code, error_message=str(e),
                                           high_watermark=p.log.high_watermark if p and p.log else -1,
