@@ -69,6 +69,7 @@ WORKDIR /opt/tidelog
 RUN pip install --no-cache-dir -c requirements-lock.txt ".[spark]"
 USER 10001:10001
 WORKDIR /var/lib/tidelog
+HEALTHCHECK NONE
 ENTRYPOINT ["python"]
 CMD ["-c", "import pyspark; print('pyspark', pyspark.__version__)"]
 

@@ -78,7 +78,12 @@ def test_our_reading_of_the_file_matches_docker_compose(compose):
         assert [(v.target, v.read_only) for v in volumes_of(theirs)] == \
                [(v.target, v.read_only) for v in volumes_of(service)], name
         assert theirs.get("command") == service.get("command"), name
-        assert theirs.get("healthcheck", {}).get("test") == service.get("healthcheck", {}).get("test"), name
+        assert _healthcheck(theirs) == _healthcheck(service), name
+
+
+def _healthcheck(service: dict) -> list | None:
+    hc = service.get("healthcheck") or {}
+    return ["NONE"] if hc.get("disable") else hc.get("test")
 
 
 def test_no_top_level_keys_that_docker_compose_1_rejects(compose):
@@ -186,14 +191,22 @@ def test_brokers_wait_for_a_healthy_ensemble_and_check_their_own_readiness(compo
 
 
 def test_spark_profile_runs_the_deploy_spark_example_after_the_brokers(compose):
-    spark = [s for s in compose["services"].values() if "spark" in (s.get("profiles") or [])]
-    assert len(spark) == 1
-    service = spark[0]
-    assert service["build"]["target"] == "spark"
-    assert any(v.source == "./deploy/spark" for v in volumes_of(service))
-    assert {n for n, d in service["depends_on"].items() if d["condition"] == "service_healthy"} == \
-        {b.name for b in broker_services(compose)}
-    job = service["command"][0]
-    assert job.startswith("deploy/spark/")
-    if (ROOT / "deploy" / "spark").is_dir():
-        assert (ROOT / job).exists(), f"the spark profile runs {job}, which deploy/spark/ does not have"
+    spark = {n: s for n, s in compose["services"].items() if "spark" in (s.get("profiles") or [])}
+    assert set(spark) == {"spark-events", "spark-example"}
+    brokers = {b.name for b in broker_services(compose)}
+    for name, service in spark.items():
+        assert any(v.source == "./deploy/spark" and v.read_only for v in volumes_of(service)), name
+        assert {n for n, d in service["depends_on"].items() if d["condition"] == "service_healthy"} == brokers
+        assert service["environment"]["TIDELOG_BOOTSTRAP"] == "broker-1:9092,broker-2:9093,broker-3:9094"
+        # not brokers: the broker image's healthcheck does not apply (the spark image has none)
+        assert service.get("healthcheck") == {"disable": True} or service["build"]["target"] == "spark"
+    job = spark["spark-example"]["command"][0]
+    assert spark["spark-example"]["build"]["target"] == "spark"
+    feeder = spark["spark-events"]["entrypoint"][1]
+    for script in (job, feeder):
+        assert script.startswith("deploy/spark/")
+        if (ROOT / "deploy" / "spark").is_dir():
+            assert (ROOT / script).exists(), f"the spark profile runs {script}, which deploy/spark/ does not have"
+    checkpoint = spark["spark-example"]["command"][spark["spark-example"]["command"].index("--checkpoint") + 1]
+    assert any(checkpoint.startswith(v.target) and v.named for v in volumes_of(spark["spark-example"])), \
+        "the job's checkpoint must be on a named volume (the image's work tree is not writable)"
