@@ -254,17 +254,18 @@ def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
         raise OptionError("the sink needs a topic: set the option topic or add a topic column")
 
 
+def _column(batch: pa.RecordBatch, names: dict[str, int], name: str) -> list:
+    i = names.get(name)
+    return [None] * batch.num_rows if i is None else batch.column(i).to_pylist()
+
+
 def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[OutRow]:
     for batch in batches:
         names = {n.lower(): i for i, n in enumerate(batch.schema.names)}
-        n = batch.num_rows
-
-        def column(name: str) -> list:
-            i = names.get(name)
-            return [None] * n if i is None else batch.column(i).to_pylist()
-
-        headers = [None if h is None else [(e["key"], e["value"]) for e in h] for h in column("headers")]
-        yield from map(OutRow, column("topic"), column("key"), column("value"), column("partition"), headers)
+        headers = [None if h is None else [(e["key"], e["value"]) for e in h]
+                   for h in _column(batch, names, "headers")]
+        yield from map(OutRow, _column(batch, names, "topic"), _column(batch, names, "key"),
+                       _column(batch, names, "value"), _column(batch, names, "partition"), headers)
 
 
 class _Writing:

@@ -224,6 +224,12 @@ def test_subscribe_pattern_picks_up_a_topic_created_while_the_query_runs(spark, 
         b = produce(cluster.bootstrap, "pat-b", [b"b%d" % i for i in range(150)])
         produce(cluster.bootstrap, "other", [b"x"])
         wait_until(lambda: len(seen) >= 250, 60, "pat-b's records")
+        with Admin(cluster.bootstrap) as admin:  # new partitions of a topic already read
+            admin.create_partitions({"pat-a": 4})
+        wait_topic_ready(cluster, "pat-a", 4, 3)
+        for p in (2, 3):
+            b |= produce(cluster.bootstrap, "pat-a", [b"a%d-%d" % (p, i) for i in range(20)], partition=p)
+        wait_until(lambda: len(seen) >= 290, 60, "the records of pat-a's new partitions")
         q.processAllAvailable()
         assert q.exception() is None
     finally:
@@ -246,8 +252,8 @@ def test_data_loss_under_a_stopped_query(spark, cluster, tmp_path):
     second = produce(cluster.bootstrap, "lossy", [b"s%03d" % i + b"." * 60 for i in range(200)], **small)
     with Admin(cluster.bootstrap) as admin:
         admin.alter_configs("lossy", {"retention.bytes": "4096"})
-    start = wait_until(lambda: (lambda s: s if s > 250 else None)(log_starts(cluster.bootstrap, "lossy", 1)[0]),
-                       30, "retention to delete segments")
+    start = wait_until(lambda: log_starts(cluster.bootstrap, "lossy", 1)[0] > 250, 30, "retention to delete segments")
+    start = log_starts(cluster.bootstrap, "lossy", 1)[0]
     assert start < 400
 
     with pytest.raises(StreamingQueryException) as failure:
@@ -289,6 +295,22 @@ def test_batch_read_of_explicit_offset_ranges(spark, cluster):
     whole = (spark.read.format("tidelog").option("bootstrap.servers", cluster.bootstrap)
              .option("assign", '{"ranges": [1]}').load())
     assert whole.count() == 100
+
+
+def test_starting_timestamp(spark, cluster):
+    create_topic(cluster, "timed", 2)
+    base = int(time.time() * 1000) - 600_000  # recent: retention.ms (7 days) keeps it
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for i in range(100):
+            p.send("timed", b"%d" % i, partition=i % 2, timestamp_ms=base + 1000 * i)
+        p.flush(30)
+    df = (spark.read.format("tidelog").option("bootstrap.servers", cluster.bootstrap).option("subscribe", "timed")
+          .option("startingTimestamp", str(base + 1000 * 60 + 500)).load())
+    assert sorted(int(r.value) for r in df.select("value").collect()) == list(range(61, 100))
+    late = (spark.read.format("tidelog").option("bootstrap.servers", cluster.bootstrap).option("subscribe", "timed")
+            .option("startingTimestamp", str(base + 10**9)).load())
+    with pytest.raises(Exception, match="no record at or after timestamp"):
+        late.collect()
 
 
 # -- sink -----------------------------------------------------------------------------------------
@@ -348,3 +370,43 @@ def test_bad_options_fail_at_start_with_a_clear_message(spark, cluster):
     with pytest.raises(Exception, match="the sink needs a topic"):
         df.write.format("tidelog").option("bootstrap.servers", cluster.bootstrap).mode("append").save()
 
+
+
+# -- the example pipeline (deploy/spark/windowed_counts.py) -------------------------------------------
+
+
+def test_example_pipeline_counts_per_key_and_window(spark, cluster, tmp_path):
+    import importlib.util
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "spark" / "windowed_counts.py"
+    spec = importlib.util.spec_from_file_location("windowed_counts", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    create_topic(cluster, "events", 3)
+    create_topic(cluster, "event-counts", 2)
+    base = int(time.time()) // 10 * 10_000 - 120_000  # whole 10 s: the window [base, base + 10 s)
+    sent = Counter()
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for i in range(600):
+            key = f"user-{i % 7 % 3}"
+            p.send("events", b"{}", key=key, timestamp_ms=base + (i * 13) % 9000)
+            sent[key] += 1
+        p.send("events", b"{}", key="marker", timestamp_ms=base + 60_000)  # moves the watermark on
+        p.flush(30)
+    q = example.build_query(spark, bootstrap=cluster.bootstrap, source="events", sink="event-counts",
+                            checkpoint=str(tmp_path / "ckpt"), window="10 seconds", watermark="5 seconds",
+                            trigger={"availableNow": True}).start()
+    assert q.awaitTermination(QUERY_TIMEOUT_S)
+    ends = high_watermarks(cluster.bootstrap, "event-counts", 2)
+    got = {}
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([TopicPartition("event-counts", p) for p in range(2)])
+        deadline = time.monotonic() + 30
+        while len(got) < sum(ends.values()) and time.monotonic() < deadline:
+            for r in c.poll(timeout_ms=500):
+                got[r.key.decode()] = json.loads(r.value)
+    assert sum(ends.values()) == 3  # one final count per key and closed window, nothing else
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(base / 1000))
+    assert {k: v["count"] for k, v in got.items()} == {f"{k}@{start}Z": n for k, n in sent.items()}
+    assert all(v["window_start"] == f"{start}.000Z" for v in got.values())
