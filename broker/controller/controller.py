@@ -326,11 +326,16 @@ class Controller:
         ctx.states[tp] = (new, new_version)
 
     def _propagate(self, tps: list[TopicPartition]) -> list[Outgoing | None]:
-        """Send the new states of ``tps`` to their replicas, and metadata to everyone."""
+        """Send the new states of ``tps`` to their replicas, and metadata to everyone.
+
+        A broker in controlled shutdown gets no LeaderAndIsr: it would start fetching under
+        the new epoch, and a leader could take it back into the ISR just before it stops."""
         if not tps:
             return []
         out = []
         for b in self.ctx.brokers:
+            if b in self.ctx.shutting_down:
+                continue
             mine = [tp for tp in tps if b in self._replicas(tp)]
             if mine:
                 out.append(self._send_leader_and_isr(b, mine))
@@ -384,17 +389,7 @@ class Controller:
     async def _on_new_topic(self, topic: str) -> list[Outgoing | None]:
         await self._load_topic(topic)
         created = await self._init_new_partitions(self.ctx.partitions_of(topic))
-        return self._propagate_new(created)
-
-    def _propagate_new(self, tps: list[TopicPartition]) -> list[Outgoing | None]:
-        if not tps:
-            return []
-        out = []
-        for b in self.ctx.brokers:
-            mine = [tp for tp in tps if b in self._replicas(tp)]
-            if mine:
-                out.append(self._send_leader_and_isr(b, mine))
-        return out + self._send_update_metadata(tps)
+        return self._propagate(created)
 
     async def create_topics(self, topics, validate_only: bool) -> tuple[list[TopicResult], list]:
         """CreateTopics, on the controller. Returns results and the propagation waits."""
@@ -470,7 +465,7 @@ class Controller:
         await self.zk.set_assignment(topic, merged)
         ctx.assignments[topic] = merged
         created = await self._init_new_partitions([TopicPartition(topic, p) for p in sorted(new)])
-        return self._propagate_new(created)
+        return self._propagate(created)
 
     async def alter_topic_config(self, topic: str, changes: dict[str, str | None], validate_only: bool):
         ctx = self.ctx
@@ -543,6 +538,12 @@ class Controller:
                 self.ctx.states[tp] = state
         self._send_update_metadata(sorted(tp for tp in tps if tp in self.ctx.states))
         await self.zk.delete_isr_change_notifications([path for path, _ in notes])
+        # a leader may have taken a broker into its ISR just before the broker died
+        dead = {r for tp in tps if tp in self.ctx.states for r in self.ctx.states[tp][0].isr} - set(self.ctx.brokers)
+        if dead:
+            await self._shrink_isr([tp for tp in tps if tp in self.ctx.states
+                                    and self.ctx.states[tp][0].leader in self.ctx.live
+                                    and set(self.ctx.states[tp][0].isr) & dead], dead)
 
     # -- controlled shutdown -------------------------------------------------------------------
 
