@@ -318,7 +318,8 @@ class Cluster:
             with trio.move_on_after(max(0.0, self.metadata_max_age_s - age)):
                 await self._update_requested.wait()
             since = time.monotonic() - self._last_refresh
-            if since < self.retry_backoff_s:  # at most one refresh per retry_backoff_ms
+            new_topics = not self._topics <= self._last_refreshed_topics  # as Kafka: no wait for those
+            if since < self.retry_backoff_s and not new_topics:  # else one refresh per retry_backoff_ms
                 await trio.sleep(self.retry_backoff_s - since)
             self._update_requested = trio.Event()
             try:
