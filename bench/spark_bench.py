@@ -12,6 +12,9 @@ Trigger.AvailableNow, the ``noop`` sink); the figure is records / (first batch s
 last batch end) from the query's progress events, i.e. the reading itself without the
 query's start-up, which is reported separately (start() .. termination).
 
+small: the same query while 100 records arrive once a second: the median duration of those
+micro-batches (planning, one task per partition with new data, commit).
+
 idle: a query caught up with the topic, triggered every 100 ms with progress events for
 empty triggers (``spark.sql.streaming.noDataProgressEventInterval=0``): the median
 ``triggerExecution`` and ``latestOffset`` durations of the empty triggers (what each
@@ -109,6 +112,30 @@ def idle_run(spark, bootstrap: str, seconds: float) -> tuple[float, float, int]:
     return statistics.median(total), statistics.median(latest), len(progress)
 
 
+def small_batches(spark, bootstrap: str, seconds: float) -> tuple[float, float, int]:
+    """Median triggerExecution and addBatch (ms) of micro-batches of about 100 new records,
+    produced once a second while the query runs."""
+    ckpt = tempfile.mkdtemp(prefix="spark-bench-small-")
+    q = (spark.readStream.format("tidelog").option("bootstrap.servers", bootstrap).option("subscribe", TOPIC)
+         .option("startingOffsets", "latest").load()
+         .writeStream.format("noop").option("checkpointLocation", ckpt).trigger(processingTime="100 milliseconds")
+         .start())
+    time.sleep(3)
+    seen = len(q.recentProgress)
+    with Producer(bootstrap, acks="all", linger_ms=5) as p:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for i in range(100):
+                p.send(TOPIC, VALUE, key=b"%d" % i)
+            p.flush()
+            time.sleep(1)
+    time.sleep(2)
+    progress = [p for p in q.recentProgress[seen:] if p["numInputRows"] > 0]
+    q.stop()
+    return (statistics.median(p["durationMs"]["triggerExecution"] for p in progress),
+            statistics.median(p["durationMs"].get("addBatch", 0) for p in progress), len(progress))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=500_000)
@@ -151,6 +178,14 @@ def main() -> int:
                   f"latestOffset {latest:.0f} ms", flush=True)
         print(f"IDLE median triggerExecution {statistics.median(t for t, _ in idles):.0f} ms, "
               f"latestOffset {statistics.median(x for _, x in idles):.0f} ms", flush=True)
+        smalls = []
+        for i in range(args.runs):
+            total, add, n = small_batches(spark, bootstrap, args.idle_seconds)
+            smalls.append((total, add))
+            print(f"small-batch run {i + 1}: {n} batches of ~100 records, median triggerExecution {total:.0f} ms, "
+                  f"addBatch {add:.0f} ms", flush=True)
+        print(f"SMALL median triggerExecution {statistics.median(t for t, _ in smalls):.0f} ms, "
+              f"addBatch {statistics.median(x for _, x in smalls):.0f} ms", flush=True)
         print(f"load average {os.getloadavg()[0]:.1f}")
         spark.stop()
     finally:
