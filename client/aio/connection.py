@@ -15,6 +15,11 @@ section 2: responses come back in request order). This module only moves bytes:
   while a write is in progress are coalesced into the next write (never a syscall per record;
   a produce request already carries whole batches). The write is shielded from cancellation
   (with its own deadline): a half-written frame would corrupt the stream for everybody.
+  When no write is in progress and the kernel takes the whole outbox at once (the usual
+  case), the frame is written straight away with ``os.write``, without the lock, the shield
+  or any trip through Trio's scheduler; the reader likewise reads with ``os.read`` and waits
+  only when nothing is there (each Trio socket call yields once even when it need not wait,
+  and those round trips cost more than a small request's own work).
 * At most ``max_in_flight`` requests await a response (a semaphore); acks=0 produce requests
   (``send_no_response``) expect none and do not count.
 * Any I/O error, protocol violation or request timeout fails the connection for good: every
@@ -26,6 +31,7 @@ section 2: responses come back in request order). This module only moves bytes:
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from typing import Any
 
@@ -130,9 +136,16 @@ class BrokerConnection:
         fails, InvalidRequestError if the response body does not match its schema."""
         timeout = self.request_timeout_s if timeout is None else timeout
         with trio.move_on_after(timeout) as scope:
-            async with self._slots:
+            # a free slot is taken without a trip through the scheduler (acquire always yields)
+            try:
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                await self._slots.acquire()
+            try:
                 pending = await self._write(api_key, api_version, message, expect_response=True)
                 await pending.event.wait()
+            finally:
+                self._slots.release()
         if scope.cancelled_caught:
             self._fail(BrokerConnectionError(f"{self}: a request timed out, connection closed"))
             raise RequestTimedOut(f"{ApiKey(api_key).name} request to node {self.node_id} "
@@ -154,14 +167,38 @@ class BrokerConnection:
         if expect_response:
             self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
         self._outbox.append(frame)
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + self.request_timeout_s) as scope:
-            async with self._send_lock:
-                await self._flush_outbox()
-        if scope.cancelled_caught:
-            self._fail(BrokerConnectionError(f"{self}: writing a request timed out, connection closed"))
+        if not self._write_now():
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + self.request_timeout_s) as scope:
+                async with self._send_lock:
+                    await self._flush_outbox()
+            if scope.cancelled_caught:
+                self._fail(BrokerConnectionError(f"{self}: writing a request timed out, connection closed"))
         if not expect_response:
             self._raise_if_failed()
         return pending
+
+    def _write_now(self) -> bool:
+        """The fast path of a write: with no writer in progress, hand the outbox to the
+        kernel right now (nothing awaits, so nothing can interrupt the frame). Returns False
+        if the caller must take the locked, awaiting path for what is left (at the front of
+        the outbox, so frames stay in order)."""
+        if self._send_lock.locked():
+            return False
+        if not self._outbox or self._failure is not None:
+            return True
+        data = self._outbox[0] if len(self._outbox) == 1 else b"".join(self._outbox)
+        try:
+            sent = os.write(self._stream.socket.fileno(), data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as e:
+            self._fail(BrokerConnectionError(f"{self}: write failed: {e or type(e).__name__}"))
+            return True
+        if sent == len(data):
+            self._outbox.clear()
+            return True
+        self._outbox[:] = [memoryview(data)[sent:]]
+        return False
 
     async def _flush_outbox(self) -> None:
         if not self._outbox or self._failure is not None:
@@ -169,7 +206,7 @@ class BrokerConnection:
         data = self._outbox[0] if len(self._outbox) == 1 else b"".join(self._outbox)
         self._outbox.clear()
         try:
-            await self._stream.send_all(data)
+            await send_all(self._stream, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             self._fail(BrokerConnectionError(f"{self}: write failed: {e or type(e).__name__}"))
 
@@ -177,8 +214,9 @@ class BrokerConnection:
 
     async def _read_loop(self) -> None:
         try:
+            reader = Reader(self._stream, READ_SIZE)
             while True:
-                data = await self._stream.receive_some(READ_SIZE)
+                data = await reader.receive_some()
                 if not data:
                     raise BrokerConnectionError(f"{self}: the broker closed the connection")
                 for _, body in self._proto.receive_data(data):
@@ -213,6 +251,49 @@ class BrokerConnection:
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise _copy(self._failure)
+
+
+async def send_all(stream: trio.SocketStream, data: bytes) -> None:
+    """``stream.send_all(data)``, except that when the kernel takes all of ``data`` at once
+    (the usual case) it is one ``os.write``, with no trip through Trio's scheduler: every
+    Trio socket operation yields to the scheduler once even when it need not wait, and in
+    this VM a request/response spent more time in those round trips than in its own work.
+    Whatever the kernel did not take goes through ``send_all``. The caller serializes
+    writers (as ``send_all`` requires)."""
+    try:
+        sent = os.write(stream.socket.fileno(), data)
+    except BlockingIOError:
+        sent = 0
+    if sent < len(data):
+        await stream.send_all(memoryview(data)[sent:])
+
+
+class Reader:
+    """``receive_some`` for one reader of a socket, by ``os.read`` on the non-blocking socket:
+    it waits (``wait_readable``, a checkpoint) only when nothing is there, and otherwise
+    checkpoints every ``YIELD_EVERY`` reads so a busy socket cannot starve other tasks."""
+
+    YIELD_EVERY = 16
+
+    def __init__(self, stream: trio.SocketStream, max_bytes: int):
+        self._socket = stream.socket
+        self._max_bytes = max_bytes
+        self._unyielding = 0
+
+    async def receive_some(self) -> bytes:
+        """The next bytes (b"" at end of stream); raises OSError or trio.ClosedResourceError."""
+        while True:
+            try:
+                data = os.read(self._socket.fileno(), self._max_bytes)
+            except BlockingIOError:
+                self._unyielding = 0
+                await trio.lowlevel.wait_readable(self._socket)
+                continue
+            self._unyielding += 1
+            if self._unyielding >= self.YIELD_EVERY:
+                self._unyielding = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
 
 
 def _copy(error: BaseException) -> BaseException:

@@ -305,12 +305,14 @@ class Sender:
             log.exception("cannot send %d batch(es) to node %s", len(batches), node)
             decisions = [(b, Decision("fail", error=e)) for b in batches]
         finally:
+            was_busy = self._in_flight[node] >= config.max_in_flight_requests_per_connection
             self._in_flight[node] -= 1
             if decisions is None:  # cancelled (close) or a bug: never drop records silently
                 for batch in batches:
                     acc.complete(batch, error=ClientClosedError(
                         f"the producer closed before {batch.tp} was acknowledged"))
-            self._event.set()
+            if was_busy or acc.has_queued():  # else nothing waits for this request to end
+                self._event.set()
         self._apply(decisions)
 
     def _apply(self, decisions: list[tuple[ProducerBatch, Decision]]) -> None:
@@ -321,6 +323,7 @@ class Sender:
             if d.action == "retry" and not acc.closed_for_retries:
                 batch.last_error = d.error
                 acc.reenqueue(batch, acc.clock())
+                self._event.set()
             elif d.action == "retry":
                 acc.complete(batch, error=ClientClosedError(
                     f"the producer closed while {batch.tp} was being retried"))
