@@ -9,8 +9,12 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
   request order: ``handler(header, body)``. An ``async def`` handler returns a coroutine at
   once; a plain function may do its order-sensitive work (a log append, say) before it
   returns, so that work happens in the order the client sent the requests, and return the
-  response or an awaitable of it. Whatever it returned is then awaited in the request's own
-  task in the connection's nursery, so requests are handled concurrently.
+  response or an awaitable of it. An awaitable is awaited in the request's own task in the
+  connection's nursery, so requests are handled concurrently; a response returned at once
+  (a produce with acks 0 or 1) is answered by the reader itself, with no task. The reader
+  reads with ``os.read`` and waits for the socket only when nothing is there (a Trio
+  ``receive_some`` yields to the scheduler even when data is waiting; for small requests
+  those round trips cost more than the request), yielding every ``YIELD_EVERY`` reads.
 * **Responses in request order.** A handler's result goes to ``ServerConnection``, which parks
   a response until every older one is ready and hands out the bytes that may be written now
   (``send_response``; ``skip_response`` when the handler returns None, as for acks=0). Those
@@ -18,7 +22,9 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
 * **One locked writer.** Whoever finishes a response and finds the write lock free becomes the
   writer: it sends the whole outbox in one ``send_all`` and repeats while responses keep
   arriving, so responses that become ready together leave in one syscall (notes/LIMITS.md).
-  A task that finds the lock held leaves its bytes to the current writer.
+  A task that finds the lock held leaves its bytes to the current writer. With no writer at
+  work, the outbox is first offered to the kernel with one ``os.write`` (nothing awaits, so
+  nothing can interleave); only what the kernel did not take waits for ``send_all``.
 * **Back-pressure.** ``pending`` counts requests read and not yet written to the socket
   (handled, parked or queued in the outbox). The reader waits while ``pending`` is at
   ``max_in_flight_per_connection``, both before reading and before starting each request of a
