@@ -391,6 +391,9 @@ async def _wait_any(events: list[trio.Event]) -> None:
     """Return as soon as any of ``events`` is set."""
     if any(e.is_set() for e in events):
         return
+    if len(events) == 1:  # the common long poll (one partition): no nursery, no tasks
+        await events[0].wait()
+        return
     async with trio.open_nursery() as nursery:
         async def waiter(ev: trio.Event) -> None:
             await ev.wait()
