@@ -652,13 +652,18 @@ class RecordAccumulator:
 
     def drain(self, metadata: LeaderView, nodes: Iterable[int], max_request_size: int,
               now: float) -> dict[int, list[ProducerBatch]]:
-        """Take at most one sendable batch per partition led by each of ``nodes``, up to
-        ``max_request_size`` bytes per node (always at least one batch). Drained batches are
+        """Take the sendable batches of the partitions led by each of ``nodes``, up to
+        ``max_request_size`` bytes per node (always at least one batch): the head batch of
+        each partition, and behind it the partition's other closed (full) batches, which go
+        in the same request as one run of back-to-back batches (the broker appends them
+        together, in order), so a partition that fills batches faster than requests return
+        does not pay one request per batch. A retried batch goes alone. Drained batches are
         in flight until ``complete`` or ``reenqueue``."""
         wanted = set(nodes)
         out: dict[int, list[ProducerBatch]] = {}
         sizes: dict[int, int] = {}
         with self.lock:
+            urgent = self._memory_waiters > 0 or self._flushing > 0 or self._closed
             for tp in list(self._batches):
                 dq = self._batches[tp]
                 leader = metadata.leader_for(tp)
@@ -672,13 +677,25 @@ class RecordAccumulator:
                 size = batch.size
                 if leader in out and sizes[leader] + size > max_request_size:
                     continue
-                dq.popleft()
+                taken = out.setdefault(leader, [])
+                total, n = sizes.get(leader, 0), 0
+                while True:
+                    dq.popleft()
+                    batch.mark_full()
+                    taken.append(batch)
+                    total += size
+                    n += 1
+                    if batch.attempts or not dq:
+                        break
+                    batch = dq[0]
+                    size = batch.size
+                    if (batch.attempts or not (batch.full or len(dq) > 1 or urgent)
+                            or total + size > max_request_size):
+                        break
+                self._in_flight[tp] = self._in_flight.get(tp, 0) + n
+                sizes[leader] = total
                 if not dq:
                     del self._batches[tp]
-                batch.mark_full()
-                self._in_flight[tp] = self._in_flight.get(tp, 0) + 1
-                out.setdefault(leader, []).append(batch)
-                sizes[leader] = sizes.get(leader, 0) + size
         return out
 
     def reenqueue(self, batch: ProducerBatch, now: float) -> None:

@@ -169,11 +169,16 @@ def decide(batch: ProducerBatch, error_code: int, *, now: float, retries: int,
 
 
 def build_produce_request(batches: Sequence[ProducerBatch], *, acks: int, timeout_ms: int) -> ProduceRequest:
-    """One ProduceRequest for batches bound for one node (at most one per partition)."""
-    by_topic: dict[str, list[PartitionProduceData]] = {}
+    """One ProduceRequest for batches bound for one node. Several batches of one partition
+    (in their order) become one run of back-to-back batches, which the broker appends
+    together or not at all."""
+    by_tp: dict[TopicPartition, list[bytes]] = {}
     for batch in batches:
-        by_topic.setdefault(batch.tp.topic, []).append(
-            PartitionProduceData(batch.tp.partition, batch.encode()))
+        by_tp.setdefault(batch.tp, []).append(batch.encode())
+    by_topic: dict[str, list[PartitionProduceData]] = {}
+    for tp, payloads in by_tp.items():
+        by_topic.setdefault(tp.topic, []).append(
+            PartitionProduceData(tp.partition, payloads[0] if len(payloads) == 1 else b"".join(payloads)))
     return ProduceRequest(acks=acks, timeout_ms=timeout_ms,
                           topic_data=[TopicProduceData(t, parts) for t, parts in by_topic.items()])
 
@@ -189,6 +194,7 @@ def decide_response(response: ProduceResponse, batches: Sequence[ProducerBatch],
                     retries: int) -> list[tuple[ProducerBatch, Decision]]:
     results = partition_results(response)
     out = []
+    skip: dict[TopicPartition, int] = {}  # records of earlier batches of the partition's run
     for batch in batches:
         r = results.get(batch.tp)
         if r is None:
@@ -197,6 +203,10 @@ def decide_response(response: ProduceResponse, batches: Sequence[ProducerBatch],
                 "the produce response has no result for this partition"))))
             continue
         code, base_offset, append_time, message = r
+        before = skip.get(batch.tp, 0)
+        skip[batch.tp] = before + len(batch)
+        if base_offset >= 0:
+            base_offset += before
         out.append((batch, decide(batch, code, now=now, retries=retries, base_offset=base_offset,
                                   log_append_time=append_time, message=message)))
     return out

@@ -92,6 +92,20 @@ def test_drain_takes_one_batch_per_partition_grouped_by_leader():
     assert acc.queued_batches() == 1  # T0's second batch waits for the next request
 
 
+def test_drain_takes_a_partitions_full_batches_together_but_not_its_open_one():
+    clock = Clock()
+    acc = make(clock, linger_s=60)
+    futures = add(acc, T0, 8)  # batches of 3, 3 and 2 (still open)
+    [run] = [acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]]
+    assert [len(b) for b in run] == [3, 3] and acc.queued_batches() == 1
+    assert [len(b) for b in acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]] == [2]  # drained alone
+    for batch, base in zip(run, (0, 3)):
+        acc.complete(batch, base_offset=base)
+    assert [f.result(0).offset for f in futures[:6]] == list(range(6))
+    add(acc, T0, 7)
+    assert [len(b) for b in acc.drain(LEADERS, {1}, 2 * (BATCH_OVERHEAD + 3 * SIZE), clock.now)[1]] == [3, 3]
+
+
 def test_drain_respects_max_request_size_but_always_sends_one_batch():
     clock = Clock()
     acc = make(clock, linger_s=0)
@@ -161,8 +175,9 @@ def test_a_retried_batch_goes_back_in_front_waits_its_backoff_and_flies_alone():
     clock = Clock()
     acc = make(clock, linger_s=0, records_per_batch=1)
     a, b, c = (add(acc)[0] for _ in range(3))
-    [first] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
-    [second] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]  # pipelined: two in flight
+    # a 1-byte request limit: one batch per request (else the full batches would share one)
+    [first] = acc.drain(LEADERS, {1}, 1, clock.now)[1]
+    [second] = acc.drain(LEADERS, {1}, 1, clock.now)[1]  # pipelined: two in flight
     first.attempts = second.attempts = 1
     acc.reenqueue(second, clock.now)  # the later batch fails first...
     acc.reenqueue(first, clock.now)   # ...the earlier one still goes first
@@ -175,7 +190,7 @@ def test_a_retried_batch_goes_back_in_front_waits_its_backoff_and_flies_alone():
     assert acc.ready(LEADERS, clock.now).nodes == set()
     assert acc.drain(LEADERS, {1}, 1 << 20, clock.now) == {}
     acc.complete(first, base_offset=0)
-    [then] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    [then] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]  # a retry flies alone
     assert then is second
     assert a.result(0).offset == 0 and not b.done() and not c.done()
 
@@ -338,7 +353,7 @@ def test_with_guarantee_order_a_partition_has_one_batch_in_flight_even_across_le
     acc.guarantee_order = True
     add(acc)
     add(acc)
-    [first] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    [first] = acc.drain(LEADERS, {1}, 1, clock.now)[1]  # one batch per request
     moved = Leaders({T0: 2})
     assert acc.ready(moved, clock.now).nodes == set()
     assert acc.drain(moved, {2}, 1 << 20, clock.now) == {}
@@ -440,7 +455,7 @@ def test_append_many_stops_when_buffer_memory_is_exhausted_and_resumes_where_it_
     assert b.appended == 5 and acc.used_memory == 5 * SIZE
     base = 0
     for appended in (7, 8):  # each completed batch of 2 makes room for 2 more records
-        [batch] = acc.drain(LEADERS, {1}, math.inf, clock.now)[1]
+        [batch] = acc.drain(LEADERS, {1}, 1, clock.now)[1]
         acc.complete(batch, base_offset=base)
         base += len(batch)
         assert acc.append_many(b, 1, [0]) == (0 if appended == 8 else SIZE) and b.appended == appended

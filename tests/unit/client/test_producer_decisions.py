@@ -90,6 +90,22 @@ def test_decide_response_matches_partitions_and_fails_missing_ones():
     assert bb is b and db.action == "fail" and "no result" in str(db.error)
 
 
+def test_batches_of_one_partition_travel_as_one_run_and_get_consecutive_offsets():
+    first, second, other = batch(n=2), batch(n=3), batch(tp=TopicPartition("orders", 4))
+    request = build_produce_request([first, second, other], acks=1, timeout_ms=30000)
+    [topic] = request.topic_data
+    assert [p.index for p in topic.partition_data] == [3, 4]
+    assert [r.value for r in iter_all_records(topic.partition_data[0].records)] == [b"v0", b"v1", b"v0", b"v1", b"v2"]
+    response = ProduceResponse([TopicProduceResponse("orders", [
+        PartitionProduceResponse(3, 0, base_offset=10), PartitionProduceResponse(4, 0, base_offset=7)])])
+    decisions = decide_response(response, [first, second, other], now=1, retries=3)
+    assert [d.base_offset for _, d in decisions] == [10, 12, 7]
+    failed = ProduceResponse([TopicProduceResponse("orders", [
+        PartitionProduceResponse(3, NOT_LEADER_OR_FOLLOWER.code), PartitionProduceResponse(4, 0, base_offset=7)])])
+    assert [d.action for _, d in decide_response(failed, [first, second, other], now=1, retries=3)] == \
+        ["retry", "retry", "done"]
+
+
 def test_build_produce_request_groups_by_topic_with_the_encoded_batches():
     a, b, c = batch(), batch(tp=TopicPartition("orders", 4)), batch(tp=TopicPartition("audit", 0))
     request = build_produce_request([a, b, c], acks=-1, timeout_ms=30000)
