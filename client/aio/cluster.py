@@ -280,17 +280,26 @@ class Cluster:
         wanted = frozenset(self._topics)
         timeout = self.request_timeout_s if timeout is None else timeout
         deadline = trio.current_time() + timeout
+        acquired = False
         with trio.move_on_at(deadline):
-            async with self._refresh_lock:  # may wait for a refresh already under way
-                if self._completed_seq >= ticket and wanted <= self._last_refreshed_topics:
-                    return self.metadata  # a refresh that started after we asked covers us
-                self._refresh_seq += 1
-                seq = self._refresh_seq
-                await self.fetch_metadata(sorted(self._topics), timeout=deadline - trio.current_time())
-                self._completed_seq = seq
-                return self.metadata
-        raise NoBrokersAvailable(f"metadata refresh did not complete within {timeout:g} s "
-                                 f"(bootstrap {self._bootstrap_text()}; last error: {self.last_error or 'none'})")
+            await self._refresh_lock.acquire()  # may wait for a refresh already under way
+            acquired = True
+        if not acquired:
+            raise NoBrokersAvailable(f"metadata refresh did not complete within {timeout:g} s "
+                                     f"(bootstrap {self._bootstrap_text()}; last error: {self.last_error or 'none'})")
+        try:
+            if self._completed_seq >= ticket and wanted <= self._last_refreshed_topics:
+                return self.metadata  # a refresh that started after we asked covers us
+            self._refresh_seq += 1
+            seq = self._refresh_seq
+            # not under a cancel scope of the same deadline: request_any bounds itself, and a
+            # request that times out must do so in its own scope, which closes the connection
+            # (else a broker that accepts but never answers would be picked again and again)
+            await self.fetch_metadata(sorted(self._topics), timeout=max(0.0, deadline - trio.current_time()))
+            self._completed_seq = seq
+            return self.metadata
+        finally:
+            self._refresh_lock.release()
 
     async def fetch_metadata(self, topics: list[str] | None, *, timeout: float | None = None,
                              allow_auto_topic_creation: bool | None = None) -> MetadataResponse:
