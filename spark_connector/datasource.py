@@ -15,6 +15,7 @@ Where each piece runs (FEASIBILITY 3):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,7 @@ def source_schema(include_headers: bool) -> StructType:
     return StructType(_BASE_FIELDS + ([StructField("headers", HEADERS_TYPE)] if include_headers else []))
 
 
+MISSING_RECHECK_S = 1.0
 _ARROW = {h: to_arrow_schema(source_schema(h), timezone="UTC") for h in (False, True)}
 
 
@@ -178,9 +180,15 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._view = None
 
     def _high_watermarks(self, start: Offsets) -> Offsets:
-        """The HW of every partition read now; a partition without a leader right now keeps
-        its position (``start``) instead of blocking the trigger, or is left for later."""
+        """The HW of every partition read now. A partition without a leader right now keeps
+        its position (``start``) instead of blocking the trigger, or is left for later. When
+        the metadata no longer lists a partition the query reads, it is asked again after
+        ``MISSING_RECHECK_S`` (the broker that answered may not have learnt of a new topic
+        yet) before ``next_end`` reports the partition as lost."""
         leaders = self.view.partitions()
+        if set(start) - set(leaders):
+            time.sleep(MISSING_RECHECK_S)
+            leaders = self.view.partitions()
         ready = [tp for tp, leader in leaders.items() if leader >= 0]
         latest = self.view.latest(ready)
         for tp, leader in leaders.items():

@@ -61,12 +61,18 @@ def create_topic(cluster: DevCluster, name: str, partitions: int, *, config: dic
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes], *, acks: Any = "all", keys: bool = True,
-            headers: bool = False, partition: int | None = None, **options: Any) -> set[tuple]:
-    """Send ``values``; returns {(topic, partition, offset, value)} of what was acknowledged."""
+            headers: bool = False, partition: int | None = None, one_by_one: bool = False,
+            **options: Any) -> set[tuple]:
+    """Send ``values`` (``one_by_one``: each its own request, so no produce request holds
+    more than one small batch); returns {(topic, partition, offset, value)} of what was
+    acknowledged."""
     with Producer(bootstrap, acks=acks, linger_ms=5, **options) as p:
-        futures = [p.send(topic, v, key=b"k%d" % (i % 10) if keys else None, partition=partition,
-                          headers=[("n", b"%d" % i), ("src", b"test")] if headers else None)
-                   for i, v in enumerate(values)]
+        futures = []
+        for i, v in enumerate(values):
+            futures.append(p.send(topic, v, key=b"k%d" % (i % 10) if keys else None, partition=partition,
+                                  headers=[("n", b"%d" % i), ("src", b"test")] if headers else None))
+            if one_by_one:
+                p.flush(30)
         p.flush(60)
         out = set()
         for v, f in zip(values, futures):
@@ -243,7 +249,7 @@ def test_data_loss_under_a_stopped_query(spark, cluster, tmp_path):
     from pyspark.errors import StreamingQueryException
 
     create_topic(cluster, "lossy", 1, config={"segment.bytes": "2048"})
-    small = {"batch_size": 600}
+    small = {"one_by_one": True}  # segments of 2 KiB take no produce request of more
     first = produce(cluster.bootstrap, "lossy", [b"f%03d" % i + b"." * 60 for i in range(200)], **small)
     ckpt = tmp_path / "ckpt"
     opts = {"subscribe": "lossy", "startingOffsets": "earliest"}
@@ -265,6 +271,24 @@ def test_data_loss_under_a_stopped_query(spark, cluster, tmp_path):
 
     resumed = run_available_now(spark, cluster.bootstrap, ckpt, failOnDataLoss="false", **opts)
     assert_exactly(rows_of(resumed), {r for r in second if r[2] >= start})
+
+
+def test_a_deleted_topic_is_data_loss(spark, cluster, tmp_path):
+    from pyspark.errors import StreamingQueryException
+
+    create_topic(cluster, "doomed", 1)
+    produce(cluster.bootstrap, "doomed", [b"%d" % i for i in range(10)])
+    ckpt = tmp_path / "ckpt"
+    assert len(rows_of(run_available_now(spark, cluster.bootstrap, ckpt, subscribe="doomed",
+                                         startingOffsets="earliest"))) == 10
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topics(["doomed"])
+        wait_until(lambda: "doomed" not in admin.list_topics(), 30, "the topic to be deleted")
+    with pytest.raises(StreamingQueryException, match=r"topic 'doomed' partition 0 \(query at offset 10\) "
+                                                      "no longer exists"):
+        run_available_now(spark, cluster.bootstrap, ckpt, subscribe="doomed")
+    assert rows_of(run_available_now(spark, cluster.bootstrap, ckpt, subscribe="doomed",
+                                     failOnDataLoss="false")) == []
 
 
 # -- batch source ---------------------------------------------------------------------------------
