@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from broker.devcluster import DevCluster
 from client import Admin, NewTopic, Producer
 
 TOPIC = "spark-bench"
+CHECKPOINTS: list[str] = []  # removed at exit
 VALUE = b"x" * 100
 
 
@@ -80,6 +82,7 @@ def _ts(text: str) -> float:
 def read_run(spark, bootstrap: str, n: int, options: dict[str, str]) -> tuple[float, float, int, int]:
     """(records/s while reading, wall seconds start..end, rows, batches)."""
     ckpt = tempfile.mkdtemp(prefix="spark-bench-")
+    CHECKPOINTS.append(ckpt)
     r = spark.readStream.format("tidelog").option("bootstrap.servers", bootstrap).option("subscribe", TOPIC) \
         .option("startingOffsets", "earliest")
     for k, v in options.items():
@@ -98,6 +101,7 @@ def read_run(spark, bootstrap: str, n: int, options: dict[str, str]) -> tuple[fl
 def idle_run(spark, bootstrap: str, seconds: float) -> tuple[float, float, int]:
     """Median triggerExecution and latestOffset (ms) of triggers without new data."""
     ckpt = tempfile.mkdtemp(prefix="spark-bench-idle-")
+    CHECKPOINTS.append(ckpt)
     q = (spark.readStream.format("tidelog").option("bootstrap.servers", bootstrap).option("subscribe", TOPIC)
          .option("startingOffsets", "latest").load()
          .writeStream.format("noop").option("checkpointLocation", ckpt).trigger(processingTime="100 milliseconds")
@@ -116,6 +120,7 @@ def small_batches(spark, bootstrap: str, seconds: float) -> tuple[float, float, 
     """Median triggerExecution and addBatch (ms) of micro-batches of about 100 new records,
     produced once a second while the query runs."""
     ckpt = tempfile.mkdtemp(prefix="spark-bench-small-")
+    CHECKPOINTS.append(ckpt)
     q = (spark.readStream.format("tidelog").option("bootstrap.servers", bootstrap).option("subscribe", TOPIC)
          .option("startingOffsets", "latest").load()
          .writeStream.format("noop").option("checkpointLocation", ckpt).trigger(processingTime="100 milliseconds")
@@ -191,6 +196,9 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+            shutil.rmtree(cluster.dir, ignore_errors=True)
+        for ckpt in CHECKPOINTS:
+            shutil.rmtree(ckpt, ignore_errors=True)
     return 0
 
 
