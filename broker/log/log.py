@@ -165,17 +165,20 @@ class Log:
         return self._append(records, batches, first, expected - 1, -1)
 
     def _validate(self, records: bytes) -> list[tuple[int, BatchHeader]]:
+        """Every batch valid, and each small enough for a segment (a set of batches larger
+        than a segment is fine: it is spread over several, see ``_append``)."""
         batches = validate_batches(records, self.config.max_message_bytes)
-        if len(records) > self.config.segment_bytes:
-            raise TidelogError(
-                f"{len(records)} bytes of batches exceed segment.bytes {self.config.segment_bytes}",
-                error=RECORD_LIST_TOO_LARGE)
+        for pos, h in batches:
+            if h.batch_length + 12 > self.config.segment_bytes:
+                raise TidelogError(
+                    f"batch at position {pos} is {h.batch_length + 12} bytes, larger than "
+                    f"segment.bytes {self.config.segment_bytes}", error=RECORD_LIST_TOO_LARGE)
         return batches
 
     def _append(self, buf, batches: list[tuple[int, BatchHeader]], first: int, last: int,
                 log_append_time: int) -> LogAppendInfo:
-        segment = self._maybe_roll(len(buf), batches, first, last)
-        segment.append(buf, batches)
+        for group in self._segment_sized_groups(buf, batches):
+            self._append_group(*group)
         max_ts = -1
         for _, h in batches:
             if h.leader_epoch > self.epoch_cache.latest_epoch:
@@ -186,6 +189,28 @@ class Log:
             self.flush()
         count = sum(h.record_count for _, h in batches)
         return LogAppendInfo(first, last, max_ts, log_append_time, count, len(buf), self.log_start_offset)
+
+    def _segment_sized_groups(self, buf, batches: list[tuple[int, BatchHeader]]):
+        """Split back-to-back batches into runs that each fit in one segment (usually one run)."""
+        limit = self.config.segment_bytes
+        if len(buf) <= limit:
+            yield buf, batches
+            return
+        view = memoryview(buf)
+        start, run = 0, []
+        for pos, h in batches:
+            end = pos + h.batch_length + 12
+            if run and end - start > limit:
+                yield view[start:pos], [(p - start, x) for p, x in run]
+                start, run = pos, []
+            run.append((pos, h))
+        yield view[start:], [(p - start, x) for p, x in run]
+
+    def _append_group(self, buf, batches: list[tuple[int, BatchHeader]]) -> None:
+        first = batches[0][1].base_offset
+        last_h = batches[-1][1]
+        segment = self._maybe_roll(len(buf), batches, first, last_h.base_offset + last_h.last_offset_delta)
+        segment.append(buf, batches)
 
     def _maybe_roll(self, size: int, batches, first: int, last: int) -> LogSegment:
         seg = self._segments[-1]

@@ -16,6 +16,7 @@ from protocol.errors import (
     RecordTooLargeError, TidelogError,
 )
 from protocol.records import (
+    patch_batch,
     CRC_AT, CRC_START, LOG_OVERHEAD, MAGIC_AT, NO_TIMESTAMP, BatchBuilder, Codec, TimestampType,
     iter_all_records, iter_headers, read_header, validate_batches,
 )
@@ -220,13 +221,32 @@ def test_read_out_of_range_raises(tmp_path):
     assert log.read(8, 100) == b""
 
 
-def test_record_list_larger_than_a_segment_is_rejected(tmp_path):
+def test_a_batch_larger_than_a_segment_is_rejected(tmp_path):
     log = open_log(tmp_path, small_config(segment_bytes=300))
-    records = make_batch(1, 200) + make_batch(1, 200)
+    records = make_batch(1, 100) + make_batch(1, 400)
     with pytest.raises(TidelogError) as e:
         log.append_as_leader(records, 0)
     assert e.value.error is RECORD_LIST_TOO_LARGE
     assert log.log_end_offset == 0 and log.size == 0
+
+
+@pytest.mark.parametrize("as_leader", [True, False])
+def test_batches_larger_than_a_segment_together_are_spread_over_segments(tmp_path, as_leader):
+    """A follower's fetch (or a producer's run of batches) may carry more than a segment."""
+    log = open_log(tmp_path, small_config(segment_bytes=300))
+    batches = [make_batch(1, 200) for _ in range(4)]
+    if as_leader:
+        log.append_as_leader(b"".join(batches), 0)
+    else:
+        stamped = bytearray()
+        for i, b in enumerate(batches):
+            b = bytearray(b)
+            patch_batch(b, 0, i, 0)
+            stamped += b
+        log.append_as_follower(bytes(stamped))
+    assert log.log_end_offset == 4 and len(log.segments) == 4
+    assert all(seg.size <= 300 for seg in log.segments)
+    assert [read_header(log.read(o, 1)).base_offset for o in range(4)] == [0, 1, 2, 3]
 
 
 # -- timestamps ---------------------------------------------------------------------------------
