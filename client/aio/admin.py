@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from client.aio._lifecycle import RunsInOwnNursery
 from client.aio.cluster import Backoff, Cluster, PartitionInfo
 from client.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
 from protocol.errors import NONE, NOT_CONTROLLER
@@ -71,7 +72,7 @@ class ClusterDescription:
 Outcomes = dict[str, tuple[int, str | None]]  # name -> (error code, message)
 
 
-class AsyncAdmin:
+class AsyncAdmin(RunsInOwnNursery):
     """Use ``async with AsyncAdmin(...) as admin:`` or ``await nursery.start(admin.run)``."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
@@ -86,7 +87,6 @@ class AsyncAdmin:
                                 retry_backoff_ms=retry_backoff_ms,
                                 retry_backoff_max_ms=retry_backoff_max_ms)
         self._nursery: trio.Nursery | None = None
-        self._exit_stack: contextlib.AsyncExitStack | None = None
         self._started = False
         self._stopped = trio.Event()
 
@@ -103,24 +103,6 @@ class AsyncAdmin:
                 task_status.started()
         finally:
             self._stopped.set()
-
-    async def __aenter__(self) -> "AsyncAdmin":
-        self._exit_stack = contextlib.AsyncExitStack()
-        nursery = await self._exit_stack.enter_async_context(trio.open_nursery())
-        try:
-            await nursery.start(self.run)
-        except BaseException:
-            await self._exit_stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        # The body's exception is not handed to the internal nursery, so it propagates as
-        # itself rather than wrapped in an ExceptionGroup.
-        try:
-            await self.close()
-        finally:
-            await self._exit_stack.aclose()
 
     async def close(self) -> None:
         if self._nursery is not None:

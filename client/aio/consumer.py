@@ -33,7 +33,6 @@ drive ``assign`` from a coordinator and seed positions from committed offsets in
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -45,6 +44,7 @@ from typing import Any, NamedTuple
 
 import trio
 
+from client.aio._lifecycle import RunsInOwnNursery
 from client.aio.cluster import Backoff, Cluster, ClusterMetadata
 from client.errors import (BrokerConnectionError, ClientClosedError, NoOffsetForPartitionError, RequestTimedOut,
                            TidelogError, broker_error)
@@ -343,7 +343,7 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
 # the consumer
 
 
-class AsyncConsumer:
+class AsyncConsumer(RunsInOwnNursery):
     """A Trio consumer with manual assignment. Use ``async with AsyncConsumer(...) as c:``
     or ``await nursery.start(consumer.run)`` ... ``await consumer.close()``."""
 
@@ -362,7 +362,6 @@ class AsyncConsumer:
         self._wake = trio.Event()  # the fetch loop's
         self._data = trio.Event()  # poll's: data or an error arrived
         self._nursery: trio.Nursery | None = None
-        self._exit_stack: contextlib.AsyncExitStack | None = None
         self._started = False
         self._closed = False
         self._stopped = trio.Event()
@@ -385,24 +384,6 @@ class AsyncConsumer:
             self._closed = True
             self._data.set()
             self._stopped.set()
-
-    async def __aenter__(self) -> "AsyncConsumer":
-        self._exit_stack = contextlib.AsyncExitStack()
-        nursery = await self._exit_stack.enter_async_context(trio.open_nursery())
-        try:
-            await nursery.start(self.run)
-        except BaseException:
-            await self._exit_stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        # The body's exception is not handed to the internal nursery, so it propagates as
-        # itself rather than wrapped in an ExceptionGroup.
-        try:
-            await self.close()
-        finally:
-            await self._exit_stack.aclose()
 
     async def close(self) -> None:
         self._closed = True

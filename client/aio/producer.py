@@ -27,7 +27,6 @@ one that was already in flight; once a partition is retrying it sends one batch 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
@@ -41,6 +40,7 @@ import trio
 
 from client.aio.accumulator import (BulkRecords, ProducerBatch, RecordAccumulator, RecordFuture,
                                    RecordFutures)
+from client.aio._lifecycle import RunsInOwnNursery
 from client.aio.cluster import Backoff, Cluster, ClusterMetadata
 from client.aio.partitioner import StickyPartitioner, murmur2, to_positive
 from client.errors import (BrokerConnectionError, ClientClosedError, RequestTimedOut,
@@ -359,7 +359,7 @@ def partly_queued(error: TidelogError, bulk: BulkRecords) -> TidelogError:
     return error
 
 
-class AsyncProducer:
+class AsyncProducer(RunsInOwnNursery):
     """A Trio producer. Use ``async with AsyncProducer(...) as producer:`` or start it in a
     nursery of your own: ``await nursery.start(producer.run)`` ... ``await producer.close()``.
 
@@ -397,7 +397,6 @@ class AsyncProducer:
         self._accumulator.wakeup = self._sender.wakeup
         self._accumulator.guarantee_order = config.max_in_flight_requests_per_connection == 1
         self._nursery: trio.Nursery | None = None
-        self._exit_stack: contextlib.AsyncExitStack | None = None
         self._started = False
         self._stopped = trio.Event()
         self._max_block_s = config.max_block_ms / 1000
@@ -418,24 +417,6 @@ class AsyncProducer:
         finally:
             self._fail_everything(ClientClosedError("the producer closed before the record was sent"))
             self._stopped.set()
-
-    async def __aenter__(self) -> "AsyncProducer":
-        self._exit_stack = contextlib.AsyncExitStack()
-        nursery = await self._exit_stack.enter_async_context(trio.open_nursery())
-        try:
-            await nursery.start(self.run)
-        except BaseException:
-            await self._exit_stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        # The body's exception is not handed to the internal nursery, so it propagates as
-        # itself rather than wrapped in an ExceptionGroup.
-        try:
-            await self.close()
-        finally:
-            await self._exit_stack.aclose()
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop accepting records, deliver what is pending within ``timeout`` seconds (None:

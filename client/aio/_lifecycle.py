@@ -1,0 +1,35 @@
+"""The context-manager lifecycle shared by AsyncProducer, AsyncConsumer and AsyncAdmin.
+
+``async with client:`` starts the client's ``run`` in a nursery of its own and closes it on
+exit. The body's exception is not handed to that internal nursery, so it propagates as
+itself rather than wrapped in an ExceptionGroup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import trio
+
+
+class RunsInOwnNursery:
+    """Mixin: the subclass provides ``async run(*, task_status)`` and ``async close()``."""
+
+    _exit_stack: contextlib.AsyncExitStack | None = None
+
+    async def __aenter__(self):
+        self._exit_stack = contextlib.AsyncExitStack()
+        nursery = await self._exit_stack.enter_async_context(trio.open_nursery())
+        try:
+            await nursery.start(self.run)
+        except BaseException:
+            await self._exit_stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            await self.close()
+        finally:
+            await self._exit_stack.aclose()
