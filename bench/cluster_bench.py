@@ -1,7 +1,18 @@
 """Client <-> broker benchmark: produce, bulk produce, consume, end-to-end latency.
 
 One real broker process (and ZooKeeper) from ``broker.devcluster.DevCluster`` in a temporary
-directory; the client is this process. 100-byte values, acks=1.
+directory; the client is this process. 100-byte values, acks=1, the clients' default options
+unless given (``--batch-size``, ``--linger-ms``, ``--max-poll-records``, ...). Each run
+reports the CPU the client and the broker used, per record.
+
+* produce: ``Producer.send`` per record, then ``flush``.
+* bulk: ``Producer.send_many`` with ``--chunk`` values per call, then ``flush``.
+* consume: fill the topic (not timed), then one Consumer polls it from the start.
+* e2e: a thread sends at ``--rate`` (one ``send`` per record, linger_ms 0) while the main
+  thread long-polls a Consumer (fetch_max_wait_ms 500); latency is from just before
+  ``send`` to the ``poll`` that returned the record (same process, monotonic clock in the
+  value); the first 5 % are dropped. Also reports the produce (send to acknowledgement)
+  latency of every 50th record and the number of produce and fetch requests.
 
     .venv/bin/python bench/cluster_bench.py produce [--records 1000000] [--runs 3]
     .venv/bin/python bench/cluster_bench.py bulk    [--records 3000000]
@@ -68,12 +79,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary + involuntary context switches of every thread of a process so far."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.endswith("ctxt_switches:") or "ctxt_switches" in line:
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
 class CpuMeter:
     """CPU use of the client (this process) and the broker over a run, in cores."""
 
     def __init__(self, broker_pid: int):
         self.pids = {"client": os.getpid(), "broker": broker_pid}
         self.start = {k: cpu_seconds(p) for k, p in self.pids.items()}
+        self.switches = {k: context_switches(p) for k, p in self.pids.items()}
         self.t0 = time.perf_counter()
 
     def report(self, records: int = 0) -> str:
@@ -82,13 +107,24 @@ class CpuMeter:
         for k, p in self.pids.items():
             used = cpu_seconds(p) - self.start[k]
             per = f" = {used / records * 1e6:.2f} us/record" if records else ""
+            if records and os.environ.get("BENCH_SWITCHES"):
+                per += f", {(context_switches(p) - self.switches[k]) / records:.1f} switches/record"
             out.append(f"{k} {used / wall:.2f} cores{per}")
         return ", ".join(out)
 
 
 def producer_options(args) -> dict:
-    return dict(acks=1, linger_ms=args.linger_ms, batch_size=args.batch_size,
-                buffer_memory=args.buffer_memory, max_request_size=max(1 << 20, args.batch_size + 1024))
+    """acks=1 and the producer's defaults (batch_size 16384, linger_ms 5, buffer_memory 32 MiB)
+    unless the command line says otherwise."""
+    options: dict = dict(acks=1)
+    if args.linger_ms is not None:
+        options["linger_ms"] = args.linger_ms
+    if args.batch_size is not None:
+        options["batch_size"] = args.batch_size
+        options["max_request_size"] = max(1 << 20, args.batch_size + 1024)
+    if args.buffer_memory is not None:
+        options["buffer_memory"] = args.buffer_memory
+    return options
 
 
 def run_produce(bootstrap: str, topic: str, args, bulk: bool) -> float:
@@ -96,6 +132,15 @@ def run_produce(bootstrap: str, topic: str, args, bulk: bool) -> float:
     n = args.records
     with Producer(bootstrap, **producer_options(args)) as producer:
         producer.send(topic, value).result(30)  # metadata, connection
+        sender = producer._aio._sender
+        requests = {"n": 0}
+        send_request = sender._send
+
+        async def counting_send(*a):
+            requests["n"] += 1
+            return await send_request(*a)
+
+        sender._send = counting_send
         t0 = time.perf_counter()
         if bulk:
             chunk = [value] * args.chunk
@@ -108,6 +153,7 @@ def run_produce(bootstrap: str, topic: str, args, bulk: bool) -> float:
                 send(topic, value)
         producer.flush()
         elapsed = time.perf_counter() - t0
+    print(f"  {requests['n']} produce requests, {n / max(1, requests['n']):.0f} records per request", flush=True)
     return n / elapsed
 
 
@@ -133,15 +179,18 @@ def run_consume(bootstrap: str, topic: str, args) -> float:
         while got < n:
             got += len(consumer.poll(timeout_ms=1000))
         elapsed = time.perf_counter() - t0
+        if os.environ.get("BENCH_THREADS"):
+            print("  by thread:", thread_cpu(), flush=True)
     return n / elapsed
 
 
-def run_e2e(bootstrap: str, topic: str, args) -> tuple[float, float, float]:
+def run_e2e(bootstrap: str, topic: str, args, broker_pid: int) -> tuple[float, float, float]:
     """(p50 ms, p99 ms, achieved rate): latencies from send() to the consumer's poll()."""
     total = int(args.rate * args.seconds)
     pad = b"x" * (VALUE_SIZE - 8)
     latencies: list[int] = []
-    with Producer(bootstrap, acks=1, linger_ms=0) as producer, \
+    with Producer(bootstrap, acks=1, linger_ms=0,
+                  max_in_flight_requests_per_connection=args.max_in_flight) as producer, \
             Consumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500) as consumer:
         consumer.assign([TopicPartition(topic, p) for p in range(args.partitions)])
         for p in range(args.partitions):
@@ -155,15 +204,21 @@ def run_e2e(bootstrap: str, topic: str, args) -> tuple[float, float, float]:
             send = producer.send
             start = clock()
             interval = 1e9 / args.rate
+            acks = stats["acks"] = []
             for i in range(total):
                 target = start + i * interval
                 now = clock()
                 if target > now:
                     time.sleep((target - now) / 1e9)
-                send(topic, struct.pack(">q", clock()) + pad)
+                sent = clock()
+                future = send(topic, struct.pack(">q", sent) + pad)
+                if not i % 50:  # the produce (send to acknowledgement) share of the latency
+                    future.add_done_callback(lambda f, sent=sent: acks.append(clock() - sent))
             stats["rate"] = total / ((clock() - start) / 1e9)
             done.set()
 
+        counts = count_requests(producer, consumer)
+        cpu = CpuMeter(broker_pid)
         t = threading.Thread(target=produce)
         t.start()
         clock = time.perf_counter_ns
@@ -176,11 +231,48 @@ def run_e2e(bootstrap: str, topic: str, args) -> tuple[float, float, float]:
                 if len(r.value) == VALUE_SIZE:
                     latencies.append(now - struct.unpack_from(">q", r.value)[0])
         t.join()
+        stats["cpu"] = cpu.report(total)
+        if os.environ.get("BENCH_THREADS"):
+            stats["cpu"] += "; by thread: " + thread_cpu()
+        stats["requests"] = dict(counts)
     latencies.sort()
     # ignore the first 5%: connection warm-up
     steady = sorted(latencies[len(latencies) // 20:])
     q = lambda f: steady[min(len(steady) - 1, int(f * len(steady)))] / 1e6  # noqa: E731
+    acks = sorted(stats["acks"])
+    print(f"  {stats['cpu']}; requests: {stats['requests']}; produce acks p50 "
+          f"{acks[len(acks) // 2] / 1e6:.3f} ms, p99 {acks[int(len(acks) * 0.99)] / 1e6:.3f} ms", flush=True)
     return q(0.5), q(0.99), stats.get("rate", 0.0)
+
+
+def thread_cpu() -> str:
+    """CPU seconds used so far by each live thread of this process, by name."""
+    out = []
+    for t in threading.enumerate():
+        try:
+            fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out.append(f"{t.name} {(int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK'):.2f}s")
+    return ", ".join(out)
+
+
+def count_requests(producer: Producer, consumer: Consumer) -> dict:
+    """Count produce requests and fetches (wrapping the clients' own methods; bench only)."""
+    counts = {"produce": 0, "fetch": 0}
+    sender, aio = producer._aio._sender, consumer._aio
+    send, fetch = sender._send, aio._fetch
+
+    async def counting_send(*a):
+        counts["produce"] += 1
+        return await send(*a)
+
+    async def counting_fetch(*a):
+        counts["fetch"] += 1
+        return await fetch(*a)
+
+    sender._send, aio._fetch = counting_send, counting_fetch
+    return counts
 
 
 def main() -> None:
@@ -189,18 +281,23 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=None)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=1)
-    ap.add_argument("--batch-size", type=int, default=1 << 18)
-    ap.add_argument("--linger-ms", type=int, default=5)
-    ap.add_argument("--buffer-memory", type=int, default=64 << 20)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--linger-ms", type=int, default=None)
+    ap.add_argument("--buffer-memory", type=int, default=None)
     ap.add_argument("--chunk", type=int, default=1000)
-    ap.add_argument("--max-poll-records", type=int, default=10000)
+    ap.add_argument("--max-poll-records", type=int, default=500)
     ap.add_argument("--no-crc", action="store_true")
     ap.add_argument("--rate", type=float, default=10000)
+    ap.add_argument("--max-in-flight", type=int, default=5, help="e2e: the producer's max in-flight requests")
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--prof-seconds", type=float, default=5)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="sys.setswitchinterval for this process (the GIL hand-over period)")
     args = ap.parse_args()
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     if args.records is None:
         args.records = {"produce": 1_000_000, "bulk": 3_000_000, "consume": 2_000_000}.get(args.mode, 0)
 
@@ -226,7 +323,7 @@ def main() -> None:
                     r = run_consume(bootstrap, topic, args)
                     print(f"run {run + 1}: {r:,.0f} records/s ({cpu.report(args.records)})", flush=True)
                 else:
-                    p50, p99, rate = run_e2e(bootstrap, topic, args)
+                    p50, p99, rate = run_e2e(bootstrap, topic, args, broker_pid)
                     r = (p50, p99)
                     print(f"run {run + 1}: p50 {p50:.3f} ms, p99 {p99:.3f} ms at {rate:,.0f} records/s",
                           flush=True)
