@@ -111,6 +111,8 @@ FENCED_INSTANCE_ID = _register("FENCED_INSTANCE_ID", 82, "Another member with th
 ELIGIBLE_LEADERS_NOT_AVAILABLE = _register("ELIGIBLE_LEADERS_NOT_AVAILABLE", 83, "No eligible leader is available for the partition", retriable=R)
 ELECTION_NOT_NEEDED = _register("ELECTION_NOT_NEEDED", 84, "The leader is already the preferred one")
 INVALID_RECORD = _register("INVALID_RECORD", 87, "A record in the batch failed broker-side validation")
+UNSTABLE_OFFSET_COMMIT = _register("UNSTABLE_OFFSET_COMMIT", 88, "There are unstable offsets that need to be cleared", retriable=R)
+PRODUCER_FENCED = _register("PRODUCER_FENCED", 90, "A newer epoch of this producer id was initialised; this one is fenced")
 
 del R, M
 

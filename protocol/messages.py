@@ -1057,6 +1057,316 @@ class ElectLeadersResponse(Message):
     results: list[ElectLeadersResult] = field(default_factory=list)
 
 
+
+# ---------------------------------------------------------------------------------------------
+# Consumer groups (keys 8-16, 42) and the idempotent producer (22). Field names are Kafka's
+# JSON schema names in snake_case. Member metadata and assignments are opaque bytes to the
+# coordinator: the client's assignor encodes and decodes them (client/aio/assignors.py).
+
+GROUP_KEY = 0  # FindCoordinator key types, as in Kafka
+TRANSACTION_KEY = 1
+UNKNOWN_MEMBER = ""  # member_id of a member joining for the first time
+NO_GENERATION = -1
+NO_OFFSET = -1  # OffsetFetch: nothing committed for the partition
+
+
+@dataclass(frozen=True, slots=True)
+class FindCoordinatorRequest(Message):
+    key: str
+    key_type: int = field(default=GROUP_KEY, metadata=INT8)
+
+
+@dataclass(frozen=True, slots=True)
+class FindCoordinatorResponse(Message):
+    error_code: int
+    node_id: int = -1
+    host: str = ""
+    port: int = -1
+    error_message: str | None = None
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupProtocol(Message):
+    name: str
+    metadata: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupRequest(Message):
+    group_id: str
+    session_timeout_ms: int = field(metadata=INT32)
+    member_id: str
+    protocol_type: str
+    protocols: list[JoinGroupProtocol]
+    rebalance_timeout_ms: int = field(default=-1, metadata=INT32)  # -1: the session timeout
+    group_instance_id: str | None = None  # static membership
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupMember(Message):
+    member_id: str
+    metadata: bytes
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupResponse(Message):
+    error_code: int
+    generation_id: int = NO_GENERATION
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    members: list[JoinGroupMember] = field(default_factory=list)  # only for the leader
+    skip_assignment: bool = False
+    error_message: str | None = None
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroupAssignment(Message):
+    member_id: str
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroupRequest(Message):
+    group_id: str
+    generation_id: int = field(metadata=INT32)
+    member_id: str
+    assignments: list[SyncGroupAssignment] = field(default_factory=list)  # only the leader's
+    group_instance_id: str | None = None
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroupResponse(Message):
+    error_code: int
+    assignment: bytes = b""
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    error_message: str | None = None
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest(Message):
+    group_id: str
+    generation_id: int = field(metadata=INT32)
+    member_id: str
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse(Message):
+    error_code: int
+    error_message: str | None = None
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemberIdentity(Message):
+    member_id: str
+    group_instance_id: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroupRequest(Message):
+    group_id: str
+    members: list[MemberIdentity]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberResponse(Message):
+    member_id: str
+    error_code: int
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroupResponse(Message):
+    error_code: int
+    members: list[MemberResponse] = field(default_factory=list)
+    error_message: str | None = None
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitPartition(Message):
+    partition_index: int = field(metadata=INT32)
+    committed_offset: int = field(metadata=INT64)
+    committed_leader_epoch: int = field(default=-1, metadata=INT32)
+    committed_metadata: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitTopic(Message):
+    name: str
+    partitions: list[OffsetCommitPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitRequest(Message):
+    """generation_id -1 with member_id "": a commit outside group management (allowed only
+    while the group has no members, as in Kafka)."""
+    group_id: str
+    topics: list[OffsetCommitTopic]
+    generation_id: int = field(default=NO_GENERATION, metadata=INT32)
+    member_id: str = UNKNOWN_MEMBER
+    group_instance_id: str | None = None
+    retention_time_ms: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitPartitionResponse(Message):
+    partition_index: int
+    error_code: int
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitTopicResponse(Message):
+    name: str
+    partitions: list[OffsetCommitPartitionResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitResponse(Message):
+    topics: list[OffsetCommitTopicResponse]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchTopic(Message):
+    name: str
+    partition_indexes: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchRequest(Message):
+    """topics None: every partition the group has committed offsets for."""
+    group_id: str
+    topics: list[OffsetFetchTopic] | None = None
+    require_stable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchPartitionResponse(Message):
+    partition_index: int
+    committed_offset: int = NO_OFFSET
+    committed_leader_epoch: int = -1
+    metadata: str | None = None
+    error_code: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchTopicResponse(Message):
+    name: str
+    partitions: list[OffsetFetchPartitionResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchResponse(Message):
+    error_code: int
+    topics: list[OffsetFetchTopicResponse] = field(default_factory=list)
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroupsRequest(Message):
+    states_filter: list[str] = field(default_factory=list)  # empty: every state
+
+
+@dataclass(frozen=True, slots=True)
+class ListedGroup(Message):
+    group_id: str
+    protocol_type: str
+    group_state: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroupsResponse(Message):
+    error_code: int
+    groups: list[ListedGroup] = field(default_factory=list)
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroupsRequest(Message):
+    groups: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedGroupMember(Message):
+    member_id: str
+    client_id: str
+    client_host: str
+    member_metadata: bytes
+    member_assignment: bytes
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedGroup(Message):
+    """group_state: Empty, PreparingRebalance, CompletingRebalance, Stable or Dead (Kafka's)."""
+    error_code: int
+    group_id: str
+    group_state: str = ""
+    protocol_type: str = ""
+    protocol_data: str = ""  # the chosen protocol (assignor) name
+    members: list[DescribedGroupMember] = field(default_factory=list)
+    generation_id: int = NO_GENERATION
+    leader: str = ""
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroupsResponse(Message):
+    groups: list[DescribedGroup]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupsRequest(Message):
+    groups_names: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeletableGroupResult(Message):
+    group_id: str
+    error_code: int
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupsResponse(Message):
+    results: list[DeletableGroupResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InitProducerIdRequest(Message):
+    """A new idempotent producer asks for an id (producer_id -1), or an existing one for a new
+    epoch of its id (after a fatal sequence error)."""
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = field(default=60000, metadata=INT32)
+    producer_id: int = field(default=-1, metadata=INT64)
+    producer_epoch: int = field(default=-1, metadata=INT16)
+
+
+@dataclass(frozen=True, slots=True)
+class InitProducerIdResponse(Message):
+    error_code: int
+    producer_id: int = -1
+    producer_epoch: int = -1
+    error_message: str | None = None
+    throttle_time_ms: int = 0
+
+
 # The typed body of each API, by key.
 REQUESTS: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsRequest,
@@ -1075,6 +1385,17 @@ REQUESTS: dict[ApiKey, type[Message]] = {
     ApiKey.STOP_REPLICA: StopReplicaRequest,
     ApiKey.CONTROLLED_SHUTDOWN: ControlledShutdownRequest,
     ApiKey.ELECT_LEADERS: ElectLeadersRequest,
+    ApiKey.FIND_COORDINATOR: FindCoordinatorRequest,
+    ApiKey.JOIN_GROUP: JoinGroupRequest,
+    ApiKey.SYNC_GROUP: SyncGroupRequest,
+    ApiKey.HEARTBEAT: HeartbeatRequest,
+    ApiKey.LEAVE_GROUP: LeaveGroupRequest,
+    ApiKey.OFFSET_COMMIT: OffsetCommitRequest,
+    ApiKey.OFFSET_FETCH: OffsetFetchRequest,
+    ApiKey.LIST_GROUPS: ListGroupsRequest,
+    ApiKey.DESCRIBE_GROUPS: DescribeGroupsRequest,
+    ApiKey.DELETE_GROUPS: DeleteGroupsRequest,
+    ApiKey.INIT_PRODUCER_ID: InitProducerIdRequest,
 }
 RESPONSES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsResponse,
@@ -1093,4 +1414,15 @@ RESPONSES: dict[ApiKey, type[Message]] = {
     ApiKey.STOP_REPLICA: StopReplicaResponse,
     ApiKey.CONTROLLED_SHUTDOWN: ControlledShutdownResponse,
     ApiKey.ELECT_LEADERS: ElectLeadersResponse,
+    ApiKey.FIND_COORDINATOR: FindCoordinatorResponse,
+    ApiKey.JOIN_GROUP: JoinGroupResponse,
+    ApiKey.SYNC_GROUP: SyncGroupResponse,
+    ApiKey.HEARTBEAT: HeartbeatResponse,
+    ApiKey.LEAVE_GROUP: LeaveGroupResponse,
+    ApiKey.OFFSET_COMMIT: OffsetCommitResponse,
+    ApiKey.OFFSET_FETCH: OffsetFetchResponse,
+    ApiKey.LIST_GROUPS: ListGroupsResponse,
+    ApiKey.DESCRIBE_GROUPS: DescribeGroupsResponse,
+    ApiKey.DELETE_GROUPS: DeleteGroupsResponse,
+    ApiKey.INIT_PRODUCER_ID: InitProducerIdResponse,
 }
