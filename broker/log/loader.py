@@ -12,7 +12,9 @@ Each cut is logged at ERROR level with the bytes and offsets lost, and kept in
 Leftovers of interrupted operations are cleaned first: ``*.tmp`` (checkpoint writes),
 ``*.deleted`` (segment deletion), ``*.cleaned`` (compaction output not yet swapped in).
 Index files without a ``.log`` are removed. A missing or corrupt leader-epoch checkpoint is
-rebuilt from the epochs in the batch headers.
+rebuilt from the epochs in the batch headers. The idempotent producers' state is loaded from
+the newest ``.snapshot`` at or below the log end and the batch headers after it (snapshots
+beyond the recovered log end are deleted).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def load_log(directory: str, topic_partition: TopicPartition, config: LogConfig,
         log.truncate_fully_and_start_at(start)
     epochs.truncate_from_end(log.log_end_offset)
     epochs.truncate_from_start(log.log_start_offset)
+    log.reload_producer_state()  # the latest snapshot, then the batch headers after it
     log.update_high_watermark(high_watermark)
     log.flush()  # what was re-validated is made durable; the recovery point moves to the LEO
     log.recovery_report = report

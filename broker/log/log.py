@@ -27,6 +27,14 @@ never one that reaches ``max_offset`` (the HW, for consumers), checked against t
 from its leader's); ``truncate_fully_and_start_at`` empties the log and restarts it at an
 offset. Both keep the leader epoch cache in step.
 
+The log owns its partition's idempotent-producer state (``producer_state``, see
+``producer_state``): the leader's append checks each batch's producer id, epoch and
+sequence against it inside the append (a duplicate of a recent batch returns the original
+offsets and appends nothing); every append, leader or follower, updates it; truncation
+rebuilds it from the latest snapshot and the batch headers after it; a rising log start
+forgets producers with nothing left in the log. A snapshot is written at every roll and at
+``close``.
+
 The log is synchronous and not thread-safe: one owner serialises calls. Time is passed in
 through ``clock`` (milliseconds), so tests control it.
 """
@@ -49,6 +57,7 @@ from protocol.topics import TopicPartition
 
 from broker.log.config import LogConfig
 from broker.log.epoch import LeaderEpochCache
+from broker.log.producer_state import ProducerStateManager
 from broker.log.segment import LogSegment
 
 logger = logging.getLogger("tidelog.log")
@@ -74,7 +83,8 @@ class LogAppendInfo:
 class Log:
     def __init__(self, directory: str, topic_partition: TopicPartition, config: LogConfig,
                  segments: list[LogSegment], *, log_start_offset: int, recovery_point: int,
-                 high_watermark: int, epoch_cache: LeaderEpochCache, clock: Clock = wall_clock_ms):
+                 high_watermark: int, epoch_cache: LeaderEpochCache, clock: Clock = wall_clock_ms,
+                 producer_state: ProducerStateManager | None = None):
         if not segments:
             raise ValueError("a log has at least one segment")
         self.directory = directory
@@ -89,6 +99,10 @@ class Log:
         self._clock = clock
         self.last_flush_ms = clock()
         self.recovery_report: list[str] = []
+        if producer_state is None:
+            producer_state = ProducerStateManager(directory)
+            producer_state.map_end_offset = self.log_end_offset
+        self.producer_state = producer_state
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -134,6 +148,12 @@ class Log:
             raise TidelogError(
                 f"{self.topic_partition}: append as leader in epoch {leader_epoch}, below the "
                 f"log's latest epoch {self.epoch_cache.latest_epoch}", error=FENCED_LEADER_EPOCH)
+        for _, h in batches:
+            if h.producer_id >= 0:  # idempotent batches: checked against the producer state
+                duplicate = self.producer_state.check_leader_append(batches, self.topic_partition)
+                if duplicate is not None:
+                    return self._duplicate_info(duplicate)
+                break
         buf = bytearray(records)
         offset = first = self.log_end_offset
         now = self._clock() if self.config.log_append_time else -1
@@ -146,6 +166,12 @@ class Log:
             stamped.append((pos, h._replace(base_offset=offset, leader_epoch=leader_epoch)))
             offset += h.record_count
         return self._append(buf, stamped, first, offset - 1, now)
+
+    def _duplicate_info(self, d) -> LogAppendInfo:
+        """A retried batch already in the log: its original offsets, nothing appended."""
+        append_time = d.max_timestamp if self.config.log_append_time else -1
+        return LogAppendInfo(d.first_offset, d.last_offset, d.max_timestamp, append_time, 0, 0,
+                             self.log_start_offset)
 
     def append_as_follower(self, records: bytes) -> LogAppendInfo:
         """Append the leader's batches as they are; offsets must follow this log's end."""
@@ -211,6 +237,7 @@ class Log:
         last_h = batches[-1][1]
         segment = self._maybe_roll(len(buf), batches, first, last_h.base_offset + last_h.last_offset_delta)
         segment.append(buf, batches)
+        self.producer_state.update(batches)
 
     def _maybe_roll(self, size: int, batches, first: int, last: int) -> LogSegment:
         seg = self._segments[-1]
@@ -256,7 +283,16 @@ class Log:
                 self._replace_empty_active(base)
             return self._segments[-1]
         old.on_become_inactive()
+        self._snapshot_producer_state()
         return self._add_segment(base)
+
+    def _snapshot_producer_state(self) -> None:
+        """Snapshot at the log end; older snapshots inside the active segment are superseded."""
+        ps, leo = self.producer_state, self.log_end_offset
+        if ps.map_end_offset == leo:
+            base = self._segments[-1].base_offset
+            ps.delete_snapshots(lambda offset: base < offset < leo)
+            ps.take_snapshot()
 
     def flush_rolled_segments(self) -> None:
         """fsync the segments closed by rolls since the last flush (not the active one)."""
@@ -323,6 +359,7 @@ class Log:
         self.epoch_cache.truncate_from_end(leo)
         self._high_watermark = min(self._high_watermark, leo)
         self.recovery_point = min(self.recovery_point, leo)
+        self.reload_producer_state()
         logger.info("%s: truncated to offset %d (log end offset now %d)", self.topic_partition, offset, leo)
         return True
 
@@ -336,6 +373,8 @@ class Log:
         self._high_watermark = offset
         self.recovery_point = offset
         self.epoch_cache.clear()
+        self.producer_state.clear(offset)
+        self.producer_state.delete_snapshots(lambda _: True)
         logger.info("%s: truncated fully, restarting at offset %d", self.topic_partition, offset)
 
     # -- retention -----------------------------------------------------------------------------
@@ -350,6 +389,7 @@ class Log:
             return False
         self.log_start_offset = offset
         self.epoch_cache.truncate_from_start(offset)
+        self.producer_state.truncate_head(offset)
         return True
 
     def delete_old_segments(self) -> list[int]:
@@ -400,6 +440,7 @@ class Log:
         del self._segments[:n], self._bases[:n]
         self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
+        self.producer_state.truncate_head(self.log_start_offset)
         for seg in doomed:
             logger.info("%s: deleting segment %d (%d bytes, offsets below %d) because of %s",
                         self.topic_partition, seg.base_offset, seg.size, seg.next_offset, reason)
@@ -421,7 +462,24 @@ class Log:
                 seg.flush()
         self.recovery_point = target
 
+    def reload_producer_state(self) -> None:
+        """Rebuild the producer state from the newest snapshot at or below the log end and the
+        batch headers after it (loading, truncation)."""
+        ps, leo = self.producer_state, self.log_end_offset
+        start = ps.load_latest_snapshot(leo)
+        start = max(start or 0, self._segments[0].base_offset)
+        i = max(0, bisect.bisect_right(self._bases, start) - 1)
+        for seg in self._segments[i:]:
+            found = seg.translate_offset(start) if seg.next_offset > start else None
+            if found is not None:
+                ps.update(seg.headers_from(found[0]))
+        ps.map_end_offset = leo
+        ps.truncate_head(self.log_start_offset)
+
     def close(self) -> None:
+        """Close the segments, with a snapshot of the producer state at the log end (so the
+        next start loads it and replays nothing)."""
+        self._snapshot_producer_state()
         for seg in self._segments:
             seg.close()
 

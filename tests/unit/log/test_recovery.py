@@ -115,7 +115,7 @@ def seg_files(directory: str) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     for name in sorted(os.listdir(directory)):
         stem, _, suffix = name.partition(".")
-        if len(stem) == 20 and stem.isdigit():
+        if len(stem) == 20 and stem.isdigit() and suffix != "snapshot":  # producer state snapshots aside
             out.setdefault(int(stem), []).append("." + suffix)
     return out
 

@@ -1,0 +1,340 @@
+"""Per-partition state of idempotent producers: what makes a retried batch a duplicate.
+
+Theory of operation (Kafka's ProducerStateManager and ProducerAppendInfo)
+-------------------------------------------------------------------------
+An idempotent producer stamps every batch with its producer id, its producer epoch and a
+base sequence: per partition, the sequences of one (id, epoch) count records from 0 with no
+gap (``last sequence = base sequence + record count - 1``, wrapping from 2**31 - 1 to 0).
+For each producer id that has a batch in the log, the partition keeps its epoch and the
+metadata of its last ``BATCH_METADATA_MAX`` (5) batches: first and last sequence, first and
+last offset, max timestamp. Five, because a producer has at most five requests in flight
+per connection, so a retried batch is always one of the last five it appended.
+
+The leader checks each batch of an append (``check_leader_append``) against that state,
+reading only the header fields (producer id, epoch, base sequence: bytes 43..56), never
+the records, and decides before anything is written:
+
+* a batch equal (same epoch, first and last sequence) to one of the last five: a
+  *duplicate*. Nothing is appended; the produce answers NONE with the original offsets;
+* an epoch older than the known one: INVALID_PRODUCER_EPOCH (a newer epoch took over);
+* a newer epoch must start at sequence 0; the same epoch must continue at last + 1;
+  anything else is a gap: OUT_OF_ORDER_SEQUENCE_NUMBER (nothing appended: the client
+  resends the missing batch first);
+* a producer id with no state (never seen, or its batches all removed by retention) must
+  start at sequence 0, else UNKNOWN_PRODUCER_ID.
+
+Several batches of one producer in one append are checked in order against each other. A
+run of batches is appended whole or not at all, so a run that mixes duplicates with new
+batches is refused (DUPLICATE_SEQUENCE_NUMBER): clients send a retried batch alone.
+
+Every appended batch (leader or follower: ``update``) moves the state, so a follower that
+becomes leader deduplicates exactly as the old leader did. Truncation (a follower cutting
+its divergent tail) rebuilds the state: the latest snapshot at or below the new log end,
+then a replay of the batch headers after it. When the log start offset moves (retention,
+DeleteRecords), producers whose last batch lies wholly below it are forgotten.
+
+Snapshots
+---------
+``<20-digit offset>.snapshot`` in the partition directory holds the state of every
+producer as of ``offset`` (everything below it applied, nothing at or above), written at
+segment roll and at clean shutdown (temp file and rename, so a reader sees a whole file or
+none). Format::
+
+    magic    4 bytes  b"TLPS"
+    version  int16    1
+    crc      uint32   CRC-32C of the body
+    body     msgpack  [offset, [[producer_id, epoch, [[first_seq, last_seq, first_offset,
+                                                      last_offset, max_timestamp], ...]], ...]]
+
+A snapshot that fails any check (a torn write after a crash) is deleted and the next older
+one is used: at worst the whole log is replayed. Loading then replays the batch headers from
+the snapshot's offset to the log end.
+
+Pure and synchronous: no I/O but the snapshot files, no clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections import deque
+from typing import Iterable, NamedTuple
+
+import msgpack
+from crc32c import crc32c
+
+from protocol.errors import (
+    DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, INVALID_RECORD, OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID,
+    TidelogError,
+)
+from protocol.records import BatchHeader
+
+logger = logging.getLogger("tidelog.log.producer_state")
+
+BATCH_METADATA_MAX = 5
+MAX_SEQUENCE = 2**31 - 1
+SNAPSHOT_SUFFIX = ".snapshot"
+SNAPSHOT_MAGIC = b"TLPS"
+SNAPSHOT_VERSION = 1
+_SNAPSHOT_HEADER = struct.Struct(">4shI")
+MAX_SNAPSHOT_BYTES = 256 << 20
+
+
+class BatchMetadata(NamedTuple):
+    first_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+
+
+class ProducerStateEntry:
+    """One producer id on one partition: its epoch and its last few batches."""
+
+    __slots__ = ("producer_id", "producer_epoch", "batches")
+
+    def __init__(self, producer_id: int, producer_epoch: int, batches: Iterable[BatchMetadata] = ()):
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.batches: deque[BatchMetadata] = deque(batches, maxlen=BATCH_METADATA_MAX)
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else -1
+
+    @property
+    def last_offset(self) -> int:
+        return self.batches[-1].last_offset if self.batches else -1
+
+    def find_duplicate(self, first_seq: int, last_seq: int) -> BatchMetadata | None:
+        for b in self.batches:
+            if b.first_seq == first_seq and b.last_seq == last_seq:
+                return b
+        return None
+
+    def add(self, epoch: int, batch: BatchMetadata) -> None:
+        if epoch != self.producer_epoch:
+            self.producer_epoch = epoch
+            self.batches.clear()
+        self.batches.append(batch)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, ProducerStateEntry) and self.producer_id == other.producer_id
+                and self.producer_epoch == other.producer_epoch and list(self.batches) == list(other.batches))
+
+    def __repr__(self) -> str:
+        return f"ProducerStateEntry({self.producer_id}, epoch={self.producer_epoch}, {list(self.batches)})"
+
+
+def next_sequence(seq: int, increment: int = 1) -> int:
+    """``seq + increment``, wrapping from 2**31 - 1 to 0 (Kafka's incrementSequence)."""
+    return (seq + increment) & MAX_SEQUENCE
+
+
+def in_sequence(last_seq: int, first_seq: int) -> bool:
+    return first_seq == next_sequence(last_seq)
+
+
+def batch_metadata(h: BatchHeader) -> BatchMetadata:
+    """The metadata of a stamped batch (its base offset is set)."""
+    return BatchMetadata(h.base_sequence, next_sequence(h.base_sequence, h.last_offset_delta), h.base_offset,
+                         h.base_offset + h.last_offset_delta, h.max_timestamp)
+
+
+class ProducerStateManager:
+    """The producer state of one partition (see the module docstring)."""
+
+    def __init__(self, directory: str | None = None):
+        self.directory = directory
+        self.producers: dict[int, ProducerStateEntry] = {}
+        self.map_end_offset = 0  # batches below this offset are applied
+
+    # -- the leader's check (pure: nothing changes) ---------------------------------------------
+
+    def check_leader_append(self, batches: list[tuple[int, BatchHeader]], where: object = "") -> BatchMetadata | None:
+        """Check a producer's run of batches before it is appended. Returns None when every
+        batch is new, the original batch's metadata (offsets spanning the whole run) when every
+        batch is a duplicate; raises TidelogError with the error code otherwise."""
+        pending: dict[int, tuple[int, int]] = {}  # producer id -> (epoch, last seq) within this run
+        duplicates: list[BatchMetadata] = []
+        fresh = 0
+        for _, h in batches:
+            pid = h.producer_id
+            if pid < 0:
+                fresh += 1
+                continue
+            if h.base_sequence < 0 or h.producer_epoch < 0:
+                raise TidelogError(f"{where}: a batch of producer id {pid} has epoch {h.producer_epoch} and "
+                                   f"base sequence {h.base_sequence}; an idempotent batch needs both",
+                                   error=INVALID_RECORD)
+            dup = self._check_batch(h, pending.get(pid), where)
+            if dup is not None:
+                duplicates.append(dup)
+            else:
+                fresh += 1
+                pending[pid] = (h.producer_epoch, next_sequence(h.base_sequence, h.last_offset_delta))
+        if not duplicates:
+            return None
+        if fresh or any(b.first_offset != a.last_offset + 1 for a, b in zip(duplicates, duplicates[1:])):
+            raise TidelogError(f"{where}: a run of {len(batches)} batches mixes {len(duplicates)} duplicate(s) "
+                               "of appended batches with new ones; send a retried batch alone",
+                               error=DUPLICATE_SEQUENCE_NUMBER)
+        first, last = duplicates[0], duplicates[-1]
+        return BatchMetadata(first.first_seq, last.last_seq, first.first_offset, last.last_offset,
+                             max(d.max_timestamp for d in duplicates))
+
+    def _check_batch(self, h: BatchHeader, pending: tuple[int, int] | None, where: object) -> BatchMetadata | None:
+        pid, epoch, first_seq = h.producer_id, h.producer_epoch, h.base_sequence
+        entry = self.producers.get(pid)
+        if pending is not None:
+            known_epoch, last_seq = pending
+        elif entry is not None:
+            known_epoch, last_seq = entry.producer_epoch, entry.last_seq
+        else:
+            if first_seq != 0:
+                raise TidelogError(
+                    f"{where}: no state for producer id {pid} (never seen, or its batches were removed by "
+                    f"retention), and its batch starts at sequence {first_seq}, not 0", error=UNKNOWN_PRODUCER_ID)
+            return None
+        if epoch < known_epoch:
+            raise TidelogError(f"{where}: producer id {pid} epoch {epoch} is older than its current epoch "
+                               f"{known_epoch}", error=INVALID_PRODUCER_EPOCH)
+        if epoch > known_epoch:
+            if first_seq != 0:
+                raise TidelogError(f"{where}: producer id {pid} starts its new epoch {epoch} at sequence "
+                                   f"{first_seq}, not 0", error=OUT_OF_ORDER_SEQUENCE_NUMBER)
+            return None
+        if pending is None:
+            dup = entry.find_duplicate(first_seq, next_sequence(first_seq, h.last_offset_delta))
+            if dup is not None:
+                return dup
+        if not in_sequence(last_seq, first_seq):
+            raise TidelogError(f"{where}: producer id {pid} epoch {epoch} sent sequence {first_seq}, expected "
+                               f"{next_sequence(last_seq)}", error=OUT_OF_ORDER_SEQUENCE_NUMBER)
+        return None
+
+    # -- updates -------------------------------------------------------------------------------
+
+    def update(self, batches: Iterable[tuple[int, BatchHeader]]) -> None:
+        """Apply appended (stamped) batches, in offset order: leader, follower and replay."""
+        producers = self.producers
+        h = None
+        for _, h in batches:
+            if h.producer_id < 0:
+                continue
+            entry = producers.get(h.producer_id)
+            if entry is None:
+                entry = producers[h.producer_id] = ProducerStateEntry(h.producer_id, h.producer_epoch)
+            entry.add(h.producer_epoch, batch_metadata(h))
+        if h is not None:
+            self.map_end_offset = h.base_offset + h.last_offset_delta + 1
+
+    def truncate_head(self, log_start_offset: int) -> None:
+        """Forget producers whose batches all lie below the log start (retention)."""
+        gone = [pid for pid, e in self.producers.items() if e.last_offset < log_start_offset]
+        for pid in gone:
+            del self.producers[pid]
+        for e in self.producers.values():
+            while e.batches and e.batches[0].last_offset < log_start_offset:
+                e.batches.popleft()
+        self.map_end_offset = max(self.map_end_offset, log_start_offset)
+        self.delete_snapshots(lambda offset: offset < log_start_offset)
+
+    def clear(self, offset: int = 0) -> None:
+        self.producers.clear()
+        self.map_end_offset = offset
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def snapshot_offsets(self) -> list[int]:
+        if self.directory is None:
+            return []
+        return sorted(offset for name in os.listdir(self.directory) if (offset := _snapshot_offset(name)) is not None)
+
+    def take_snapshot(self) -> str | None:
+        """Write the state as of ``map_end_offset``; returns the file's path."""
+        if self.directory is None:
+            return None
+        path = snapshot_path(self.directory, self.map_end_offset)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(encode_snapshot(self.map_end_offset, self.producers.values()))
+        os.replace(tmp, path)
+        return path
+
+    def delete_snapshots(self, doomed) -> None:
+        for offset in self.snapshot_offsets():
+            if doomed(offset):
+                _unlink(snapshot_path(self.directory, offset))
+
+    def load_latest_snapshot(self, max_offset: int) -> int | None:
+        """Adopt the newest valid snapshot at or below ``max_offset`` (newer ones are deleted:
+        they describe batches no longer in the log); returns its offset, or None (empty state)."""
+        self.clear()
+        for offset in reversed(self.snapshot_offsets()):
+            path = snapshot_path(self.directory, offset)
+            if offset > max_offset:
+                _unlink(path)
+                continue
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(MAX_SNAPSHOT_BYTES + 1)
+                snap_offset, entries = decode_snapshot(data)
+                if snap_offset != offset:
+                    raise ValueError(f"it holds offset {snap_offset}")
+            except (OSError, ValueError) as e:
+                logger.warning("deleting unreadable producer state snapshot %s: %s", path, e)
+                _unlink(path)
+                continue
+            self.producers = {e.producer_id: e for e in entries}
+            self.map_end_offset = offset
+            return offset
+        return None
+
+
+def snapshot_path(directory: str, offset: int) -> str:
+    return os.path.join(directory, f"{offset:020d}{SNAPSHOT_SUFFIX}")
+
+
+def _snapshot_offset(name: str) -> int | None:
+    stem = name[:-len(SNAPSHOT_SUFFIX)]
+    if not name.endswith(SNAPSHOT_SUFFIX) or len(stem) != 20 or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def encode_snapshot(offset: int, entries: Iterable[ProducerStateEntry]) -> bytes:
+    body = msgpack.packb([offset, [[e.producer_id, e.producer_epoch, [list(b) for b in e.batches]]
+                                   for e in entries]])
+    return _SNAPSHOT_HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, crc32c(body)) + body
+
+
+def decode_snapshot(data: bytes) -> tuple[int, list[ProducerStateEntry]]:
+    """Parse a snapshot file; raises ValueError naming what is wrong."""
+    if len(data) < _SNAPSHOT_HEADER.size:
+        raise ValueError(f"{len(data)} bytes, shorter than the {_SNAPSHOT_HEADER.size}-byte header")
+    if len(data) > MAX_SNAPSHOT_BYTES:
+        raise ValueError(f"larger than {MAX_SNAPSHOT_BYTES} bytes")
+    magic, version, crc = _SNAPSHOT_HEADER.unpack_from(data)
+    if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
+        raise ValueError(f"magic {magic!r} version {version}, expected {SNAPSHOT_MAGIC!r} {SNAPSHOT_VERSION}")
+    body = data[_SNAPSHOT_HEADER.size:]
+    if crc32c(body) != crc:
+        raise ValueError("CRC mismatch")
+    try:
+        offset, raw = msgpack.unpackb(body, use_list=True, strict_map_key=True)
+        entries = [ProducerStateEntry(int(pid), int(epoch), [BatchMetadata(*map(int, b)) for b in batches])
+                   for pid, epoch, batches in raw]
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise ValueError(f"malformed body: {e}") from None
+    if type(offset) is not int or offset < 0:
+        raise ValueError(f"malformed offset {offset!r}")
+    return offset, entries

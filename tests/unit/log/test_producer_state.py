@@ -1,0 +1,312 @@
+"""The idempotent producer's state in the log: duplicates, gaps, epochs, snapshots, truncation
+and retention, example by example and against an oracle (a Hypothesis state machine that
+recomputes the expected state from the batches in the log after every step)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from broker.log.config import LogConfig
+from broker.log.producer_state import (
+    MAX_SEQUENCE, BatchMetadata, ProducerStateManager, decode_snapshot, next_sequence, snapshot_path,
+)
+from protocol.errors import (
+    DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, INVALID_RECORD, OUT_OF_ORDER_SEQUENCE_NUMBER,
+    UNKNOWN_PRODUCER_ID, TidelogError,
+)
+from protocol.records import build_batch, iter_headers, read_header
+
+from tests.unit.log.helpers import FakeClock, open_log, read_batches
+
+pytestmark = pytest.mark.unit
+
+
+def batch(pid: int, epoch: int, seq: int, n: int = 1, tag: str = "v") -> bytes:
+    return build_batch([f"{tag}{seq + i}".encode() for i in range(n)], timestamp_ms=1000,
+                       producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+
+def config(**kw) -> LogConfig:
+    return LogConfig(**{"segment_bytes": 400, "index_interval_bytes": 100, "retention_ms": -1, **kw})
+
+
+@pytest.fixture
+def log_dir(tmp_path):
+    return str(tmp_path / "events-0")
+
+
+def error_of(fn) -> str:
+    with pytest.raises(TidelogError) as e:
+        fn()
+    return e.value.error.name
+
+
+def test_a_duplicate_returns_the_original_offsets_and_appends_nothing(log_dir):
+    log = open_log(log_dir, config())
+    log.append_as_leader(batch(7, 0, 0, 2), 0)
+    first = log.append_as_leader(batch(7, 0, 2, 3), 0)
+    log.append_as_leader(batch(9, 0, 0), 0)  # another producer in between
+    end = log.log_end_offset
+    again = log.append_as_leader(batch(7, 0, 2, 3), 0)
+    assert (again.first_offset, again.last_offset, again.record_count) == (first.first_offset, first.last_offset, 0)
+    assert log.log_end_offset == end
+    assert [h.base_sequence for _, h in iter_headers(read_batches(log))] == [0, 2, 0]
+
+
+def test_only_the_last_five_batches_are_remembered(log_dir):
+    log = open_log(log_dir, config(segment_bytes=1 << 20))
+    for seq in range(6):
+        log.append_as_leader(batch(1, 0, seq), 0)
+    assert log.append_as_leader(batch(1, 0, 1), 0).first_offset == 1
+    assert error_of(lambda: log.append_as_leader(batch(1, 0, 0), 0)) == OUT_OF_ORDER_SEQUENCE_NUMBER.name
+
+
+def test_gaps_epochs_and_unknown_producers_are_refused(log_dir):
+    log = open_log(log_dir, config())
+    assert error_of(lambda: log.append_as_leader(batch(1, 0, 3), 0)) == UNKNOWN_PRODUCER_ID.name
+    log.append_as_leader(batch(1, 2, 0, 2), 0)
+    assert error_of(lambda: log.append_as_leader(batch(1, 2, 3), 0)) == OUT_OF_ORDER_SEQUENCE_NUMBER.name
+    assert error_of(lambda: log.append_as_leader(batch(1, 1, 2), 0)) == INVALID_PRODUCER_EPOCH.name
+    assert error_of(lambda: log.append_as_leader(batch(1, 3, 5), 0)) == OUT_OF_ORDER_SEQUENCE_NUMBER.name
+    assert error_of(lambda: log.append_as_leader(build_batch([b"x"], producer_id=1), 0)) == INVALID_RECORD.name
+    assert log.log_end_offset == 2
+    log.append_as_leader(batch(1, 3, 0), 0)  # a new epoch starts at 0
+    assert error_of(lambda: log.append_as_leader(batch(1, 2, 2), 0)) == INVALID_PRODUCER_EPOCH.name
+    assert log.producer_state.producers[1].producer_epoch == 3
+
+
+def test_a_run_is_checked_batch_after_batch_and_never_mixes_duplicates(log_dir):
+    log = open_log(log_dir, config(segment_bytes=1 << 20))
+    log.append_as_leader(batch(1, 0, 0) + batch(1, 0, 1) + batch(2, 0, 0) + batch(1, 0, 2), 0)
+    assert error_of(lambda: log.append_as_leader(batch(1, 0, 3) + batch(1, 0, 5), 0)) == \
+        OUT_OF_ORDER_SEQUENCE_NUMBER.name
+    assert error_of(lambda: log.append_as_leader(batch(1, 0, 2) + batch(1, 0, 3), 0)) == \
+        DUPLICATE_SEQUENCE_NUMBER.name
+    assert log.append_as_leader(batch(1, 0, 0) + batch(1, 0, 1), 0).first_offset == 0  # all duplicates
+    assert log.log_end_offset == 4
+
+
+def test_sequences_wrap_at_int32_max():
+    ps = ProducerStateManager()
+    h = read_header(batch(5, 0, MAX_SEQUENCE - 1, 3))._replace(base_offset=10)  # MAX-1, MAX, 0
+    ps.update([(0, h)])
+    assert ps.producers[5].last_seq == 0 == next_sequence(MAX_SEQUENCE)
+    nxt = read_header(batch(5, 0, 1, 3))
+    assert ps.check_leader_append([(0, nxt)]) is None
+    assert ps.check_leader_append([(0, read_header(batch(5, 0, MAX_SEQUENCE - 1, 3)))]).first_offset == 10
+    with pytest.raises(TidelogError):
+        ps.check_leader_append([(0, read_header(batch(5, 0, 0, 1)))])
+
+
+def test_followers_build_the_same_state_and_truncation_rebuilds_it(log_dir, tmp_path):
+    leader = open_log(log_dir, config())
+    for seq in range(0, 12, 2):
+        leader.append_as_leader(batch(1, 0, seq, 2), 0)
+    follower = open_log(str(tmp_path / "f" / "events-0"), config())
+    follower.append_as_follower(read_batches(leader))
+    assert follower.producer_state.producers == leader.producer_state.producers
+    follower.truncate_to(5)  # the batch at 4..5 goes with everything after it
+    assert follower.log_end_offset == 4
+    assert follower.producer_state.producers[1].last_seq == 3
+    assert follower.append_as_leader(batch(1, 0, 4, 2), 1).first_offset == 4
+    follower.truncate_fully_and_start_at(20)
+    assert follower.producer_state.producers == {}
+
+
+def test_retention_forgets_producers_with_nothing_left(log_dir):
+    log = open_log(log_dir, config())
+    log.append_as_leader(batch(1, 0, 0), 0)
+    for seq in range(20):
+        log.append_as_leader(batch(2, 0, seq, 1), 0)
+    log.update_high_watermark(log.log_end_offset)
+    log.maybe_increment_log_start_offset(1)
+    assert 1 not in log.producer_state.producers
+    assert error_of(lambda: log.append_as_leader(batch(1, 0, 1), 0)) == UNKNOWN_PRODUCER_ID.name
+    assert log.append_as_leader(batch(1, 1, 0), 0).first_offset == log.log_end_offset - 1
+
+
+def test_deduplication_survives_clean_and_unclean_restarts(log_dir):
+    cfg = config()
+    log = open_log(log_dir, cfg)
+    infos = [log.append_as_leader(batch(1, 0, seq, 3), 0) for seq in range(0, 30, 3)]
+    assert len(log.segments) > 2
+    snapshots = log.producer_state.snapshot_offsets()
+    assert snapshots == [s.base_offset for s in log.segments[1:]]  # one per roll
+    log.close()
+    log = open_log(log_dir, cfg, had_clean_shutdown=True, recovery_point=log.log_end_offset)
+    assert log.producer_state.snapshot_offsets()[-1] == log.log_end_offset  # written at close
+    assert log.append_as_leader(batch(1, 0, 27, 3), 0).first_offset == infos[-1].first_offset
+    # unclean: the close snapshot is gone, so the state is the roll snapshot plus a replay
+    os.unlink(snapshot_path(log_dir, log.log_end_offset))
+    for seg in log.segments:
+        os.close(seg._fd)
+    log = open_log(log_dir, cfg)
+    assert log.append_as_leader(batch(1, 0, 24, 3), 0).first_offset == infos[-2].first_offset
+    assert log.append_as_leader(batch(1, 0, 30, 1), 0).first_offset == 30
+
+
+def test_a_damaged_snapshot_is_ignored_and_the_log_replayed(log_dir):
+    cfg = config()
+    log = open_log(log_dir, cfg)
+    for seq in range(0, 30, 3):
+        log.append_as_leader(batch(1, 0, seq, 3), 0)
+    expected = dict(log.producer_state.producers)
+    log.close()
+    for offset in log.producer_state.snapshot_offsets():
+        with open(snapshot_path(log_dir, offset), "r+b") as f:
+            f.seek(12)
+            f.write(b"\xff\xff")
+    log = open_log(log_dir, cfg, had_clean_shutdown=True, recovery_point=30)
+    assert log.producer_state.producers == expected
+    assert log.producer_state.snapshot_offsets() == []
+
+
+def test_snapshot_format_rejects_garbage():
+    for data in (b"", b"TLPS", b"XXXX\x00\x01\x00\x00\x00\x00\x90", b"TLPS\x00\x01\x00\x00\x00\x00\x90"):
+        with pytest.raises(ValueError):
+            decode_snapshot(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# the state machine
+
+
+class ProducerStateMachine(RuleBasedStateMachine):
+    """Appends of three producers (in sequence, duplicates, gaps, epoch changes), rolls,
+    truncations, retention, clean restarts and crashes; after each step the log's producer
+    state must equal the one recomputed from the batches it holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="tidelog-pstate-")
+        self.path = os.path.join(self.dir, "events-0")
+        self.batches: list[tuple[int, int, int, int, int]] = []  # (base offset, pid, epoch, first seq, count)
+        self.log = None
+
+    @initialize(segment_bytes=st.integers(250, 1200))
+    def open(self, segment_bytes):
+        self.config = config(segment_bytes=segment_bytes)
+        self.log = open_log(self.path, self.config, clock=FakeClock())
+
+    def teardown(self):
+        if self.log is not None:
+            self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- the oracle ---------------------------------------------------------------------------
+
+    def expected(self) -> dict[int, tuple[int, list[BatchMetadata]]]:
+        start = self.log.log_start_offset
+        out: dict[int, tuple[int, list[BatchMetadata]]] = {}
+        for base, pid, epoch, seq, n in self.batches:
+            meta = BatchMetadata(seq, next_sequence(seq, n - 1), base, base + n - 1, 1000)
+            old = out.get(pid)
+            kept = old[1] if old is not None and old[0] == epoch else []
+            out[pid] = (epoch, (kept + [meta])[-5:])
+        out = {pid: (e, [b for b in bs if b.last_offset >= start]) for pid, (e, bs) in out.items()}
+        return {pid: v for pid, v in out.items() if v[1]}
+
+    def outcome(self, pid: int, epoch: int, seq: int, n: int):
+        state = self.expected().get(pid)
+        if state is None:
+            return None if seq == 0 else UNKNOWN_PRODUCER_ID.name
+        known, metas = state
+        if epoch < known:
+            return INVALID_PRODUCER_EPOCH.name
+        if epoch > known:
+            return None if seq == 0 else OUT_OF_ORDER_SEQUENCE_NUMBER.name
+        for m in metas:
+            if (m.first_seq, m.last_seq) == (seq, next_sequence(seq, n - 1)):
+                return m
+        return None if seq == next_sequence(metas[-1].last_seq) else OUT_OF_ORDER_SEQUENCE_NUMBER.name
+
+    # -- rules --------------------------------------------------------------------------------
+
+    @rule(pid=st.integers(0, 2), n=st.integers(1, 3),
+          kind=st.sampled_from(["next", "next", "next", "duplicate", "gap", "zero", "older", "newer"]),
+          data=st.data())
+    def append(self, pid, n, kind, data):
+        state = self.expected().get(pid)
+        epoch, metas = state if state is not None else (0, [])
+        seq = next_sequence(metas[-1].last_seq) if metas else 0
+        if kind == "duplicate" and metas:
+            m = data.draw(st.sampled_from(metas))
+            seq, n = m.first_seq, m.last_seq - m.first_seq + 1
+        elif kind == "gap":
+            seq += data.draw(st.integers(1, 3))
+        elif kind == "zero":
+            seq = 0
+        elif kind == "older":
+            epoch -= 1
+        elif kind == "newer":
+            epoch, seq = epoch + 1, data.draw(st.sampled_from([0, 0, 1]))
+        if epoch < 0:
+            return
+        expect = self.outcome(pid, epoch, seq, n)
+        end = self.log.log_end_offset
+        try:
+            info = self.log.append_as_leader(batch(pid, epoch, seq, n), 0)
+        except TidelogError as e:
+            assert e.error.name == expect
+            assert self.log.log_end_offset == end
+            return
+        if isinstance(expect, BatchMetadata):
+            assert (info.first_offset, info.last_offset) == (expect.first_offset, expect.last_offset)
+            assert self.log.log_end_offset == end
+        else:
+            assert expect is None and info.first_offset == end
+            self.batches.append((end, pid, epoch, seq, n))
+
+    @rule()
+    def roll(self):
+        self.log.roll()
+
+    @precondition(lambda self: self.batches)
+    @rule(data=st.data())
+    def truncate(self, data):
+        offset = data.draw(st.integers(self.log.log_start_offset, self.log.log_end_offset))
+        self.log.truncate_to(offset)
+        self.batches = [b for b in self.batches if b[0] + b[4] <= offset]
+        if not self.batches or offset <= self.log.segments[0].base_offset:
+            self.batches = [b for b in self.batches if b[0] >= self.log.log_start_offset]
+
+    @precondition(lambda self: self.batches)
+    @rule(data=st.data())
+    def advance_log_start(self, data):
+        self.log.update_high_watermark(self.log.log_end_offset)
+        self.log.maybe_increment_log_start_offset(data.draw(st.integers(0, self.log.log_end_offset)))
+        self.log.delete_old_segments()
+
+    @rule()
+    def clean_restart(self):
+        log = self.log
+        log.close()
+        self.log = open_log(self.path, self.config, had_clean_shutdown=True, recovery_point=log.log_end_offset,
+                            log_start_offset=log.log_start_offset, high_watermark=log.high_watermark)
+
+    @rule()
+    def crash(self):
+        log = self.log
+        for seg in log.segments:
+            os.close(seg._fd)
+        self.log = open_log(self.path, self.config, log_start_offset=log.log_start_offset,
+                            high_watermark=log.high_watermark)
+
+    @invariant()
+    def state_matches_the_log(self):
+        if self.log is None:
+            return
+        got = {pid: (e.producer_epoch, list(e.batches)) for pid, e in self.log.producer_state.producers.items()}
+        assert got == self.expected()
+        assert self.log.producer_state.map_end_offset == self.log.log_end_offset
+
+
+ProducerStateMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestProducerStateMachine = ProducerStateMachine.TestCase
