@@ -12,7 +12,9 @@ Hierarchy (every exception the SDK raises on purpose is a ``TidelogError``, so i
           |- BrokerConnectionError                 connect/read/write failed; retriable
           |    '- NoBrokersAvailable               no bootstrap or known broker answered
           |- ClientClosedError                     the producer/consumer/admin is closed
-          '- NoOffsetForPartitionError             auto_offset_reset="none" and no position
+          |- NoOffsetForPartitionError             auto_offset_reset="none" and no position
+          '- CommitFailedError                     the group rebalanced: the commit was not applied
+               '- RebalanceInProgressError         a rebalance is under way: poll, then commit again
 
 ``broker_error`` is the client's single code-to-exception boundary: everything that reads an
 ``error_code`` from a response and decides to raise goes through it, so the message always
@@ -21,14 +23,15 @@ names where the error came from (topic, partition, node) and what the code means
 
 from __future__ import annotations
 
-from protocol.errors import (BROKER_NOT_AVAILABLE, NETWORK_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE,
-                             REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR, CorruptRecordError,
+from protocol.errors import (BROKER_NOT_AVAILABLE, ILLEGAL_GENERATION, NETWORK_EXCEPTION, NONE,
+                             OFFSET_OUT_OF_RANGE, REBALANCE_IN_PROGRESS, REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR, CorruptRecordError,
                              ErrorCode, OffsetOutOfRangeError, RecordTooLargeError, TidelogError,
                              error_for, for_code)
 
 __all__ = [
     "TidelogError", "TidelogClientError", "RequestTimedOut", "BrokerConnectionError",
-    "NoBrokersAvailable", "ClientClosedError", "NoOffsetForPartitionError",
+    "NoBrokersAvailable", "ClientClosedError", "NoOffsetForPartitionError", "CommitFailedError",
+    "RebalanceInProgressError",
     "OffsetOutOfRangeError", "CorruptRecordError", "RecordTooLargeError", "broker_error",
 ]
 
@@ -66,6 +69,21 @@ class NoOffsetForPartitionError(TidelogClientError):
     """A partition has no position and ``auto_offset_reset`` is "none" (seek first)."""
 
     error = OFFSET_OUT_OF_RANGE
+
+
+class CommitFailedError(TidelogClientError):
+    """An offset commit the coordinator refused because this member's generation is over:
+    the group rebalanced and its partitions may belong to other members now. Not retriable:
+    the message says why and what to change (``error`` is the broker's code when it sent one)."""
+
+    error = ILLEGAL_GENERATION
+
+
+class RebalanceInProgressError(CommitFailedError):
+    """A commit was attempted while the group is rebalancing: call ``poll`` to complete the
+    rebalance, then commit again (or commit in ``on_partitions_revoked``)."""
+
+    error = REBALANCE_IN_PROGRESS
 
 
 def broker_error(code: int, where: str, message: str | None = None) -> TidelogError:

@@ -196,6 +196,7 @@ class Cluster:
         self.metadata = ClusterMetadata()
         self._topics: set[str] = set()
         self._conns: dict[int, BrokerConnection] = {}
+        self._extra_nodes: dict[int, tuple[str, int]] = {}  # node id -> address, outside the metadata
         self._connect_locks: dict[int, trio.Lock] = {}
         self._reconnect: dict[int, tuple[Backoff, float, BaseException]] = {}  # node -> (backoff, not before, why)
         self._refresh_lock = trio.Lock()
@@ -399,7 +400,23 @@ class Cluster:
 
     # -- connection pool ------------------------------------------------------------------------
 
+    def add_node(self, node_id: int, host: str, port: int) -> None:
+        """Address a node the metadata does not list under that id: the group coordinator gets
+        a connection of its own (id ``COORDINATOR_ID_BASE - broker id``, as in Kafka), so its
+        requests never queue behind long-polling fetches to the same broker."""
+        if self._extra_nodes.get(node_id) != (host, port):
+            self._extra_nodes[node_id] = (host, port)
+            self.close_connection(node_id)
+
+    def close_connection(self, node_id: int) -> None:
+        """Drop the pooled connection to ``node_id`` (its pending requests fail)."""
+        conn = self._conns.pop(node_id, None)
+        if conn is not None:
+            conn._fail(BrokerConnectionError(f"{conn}: closed by the client"))
+
     def address_of(self, node_id: int) -> tuple[str, int]:
+        if node_id in self._extra_nodes:
+            return self._extra_nodes[node_id]
         if node_id < 0:
             index = -node_id - 1
             if index < len(self.bootstrap):

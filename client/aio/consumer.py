@@ -25,10 +25,13 @@ Theory of operation.
   UNKNOWN_TOPIC_OR_PARTITION, FENCED_LEADER_EPOCH, ...) refresh metadata and back off;
   other retriable errors back off; anything else is raised from ``poll``.
 
-Consumer groups (``subscribe``, ``commit``, ``committed``) are not available yet: they will
-drive ``assign`` from a coordinator and seed positions from committed offsets instead of
-``auto_offset_reset``. The extension points are ``SubscriptionState.assign`` and
-``_reset_strategy``.
+* Consumer groups (``group_id`` with ``subscribe``): ``client.aio.group.ConsumerCoordinator``
+  joins the group, heartbeats in its own task, and in ``poll`` runs rebalances (the listener's
+  callbacks), the automatic commit and the lookup of committed offsets. A partition the group
+  assigns starts *awaiting its committed offset* (``PartitionState.awaiting_committed``):
+  neither fetched nor reset until the coordinator's OffsetFetch answers; with nothing
+  committed it falls back to ``auto_offset_reset``. With ``assign`` and a ``group_id`` the
+  consumer uses the group only to store offsets (``commit``/``committed``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ import trio
 
 from client.aio._lifecycle import RunsInOwnNursery
 from client.aio.cluster import Backoff, Cluster, ClusterMetadata
+from client.aio.assignors import assignors_for
+from client.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
 from client.errors import (BrokerConnectionError, ClientClosedError, NoOffsetForPartitionError, RequestTimedOut,
                            TidelogError, broker_error)
 from client.records import Record
@@ -76,8 +81,16 @@ class ConsumerConfig:
     bootstrap_servers: str | Sequence[str] = "localhost:9092"
     client_id: str | None = None
     group_id: str | None = None
+    group_instance_id: str | None = None  # static membership
+    session_timeout_ms: int = 45000
+    heartbeat_interval_ms: int = 3000
+    max_poll_interval_ms: int = 300000
+    rebalance_timeout_ms: int | None = None  # None: max_poll_interval_ms, as in Kafka
+    partition_assignment_strategy: tuple[str, ...] | str = ("range", "cooperative-sticky")
+    enable_auto_commit: bool = True
+    auto_commit_interval_ms: int = 5000
+    exclude_internal_topics: bool = True
     auto_offset_reset: str = "latest"
-    enable_auto_commit: bool = True  # meaningful once consumer groups exist
     fetch_min_bytes: int = 1
     fetch_max_wait_ms: int = 500
     fetch_max_bytes: int = 50 << 20
@@ -95,16 +108,29 @@ class ConsumerConfig:
         if self.auto_offset_reset not in RESET_STRATEGIES:
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
                              f"got {self.auto_offset_reset!r}")
-        if self.group_id is not None:
-            raise NotImplementedError("consumer groups are not available yet: use assign() "
-                                      "without group_id")
+        self._check_group_options()
         for name in ("fetch_max_wait_ms", "fetch_min_bytes", "retry_backoff_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("fetch_max_bytes", "max_partition_fetch_bytes", "max_poll_records",
-                     "request_timeout_ms", "default_api_timeout_ms"):
+                     "request_timeout_ms", "default_api_timeout_ms", "session_timeout_ms",
+                     "heartbeat_interval_ms", "max_poll_interval_ms", "auto_commit_interval_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+
+    def _check_group_options(self) -> None:
+        if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
+            raise ValueError(f"group_id must be a non-empty string, got {self.group_id!r}")
+        if self.group_instance_id is not None and self.group_id is None:
+            raise ValueError("group_instance_id (static membership) needs a group_id")
+        if self.group_instance_id is not None and not self.group_instance_id:
+            raise ValueError("group_instance_id must be a non-empty string")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be lower than "
+                             f"session_timeout_ms ({self.session_timeout_ms}); a third of it is usual")
+        if self.rebalance_timeout_ms is not None and self.rebalance_timeout_ms <= 0:
+            raise ValueError("rebalance_timeout_ms must be > 0")
+        assignors_for(self.partition_assignment_strategy)  # ValueError for an unknown name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,6 +217,7 @@ class PartitionState:
     log_start_offset: int = -1
     retry_at: float = 0.0
     stopped: bool = False  # an error was raised; waits for a seek
+    awaiting_committed: bool = False  # assigned by the group: the committed offset is looked up first
     fetching: bool = False
     resetting: bool = False
     buffered: deque[CompletedFetch] = field(default_factory=deque)
@@ -203,6 +230,7 @@ class PartitionState:
         self.position = self.fetch_offset = offset
         self.reset = None
         self.stopped = False
+        self.awaiting_committed = False
         self.generation += 1
         self.buffered.clear()
         self.retry_at = 0.0
@@ -210,6 +238,7 @@ class PartitionState:
     def request_reset(self, strategy: int) -> None:
         self.reset = strategy
         self.stopped = False
+        self.awaiting_committed = False
         self.generation += 1
         self.buffered.clear()
 
@@ -222,17 +251,34 @@ class SubscriptionState:
         self.partitions: dict[TopicPartition, PartitionState] = {}
         self._rotation = 0
 
-    def assign(self, tps: Iterable[TopicPartition]) -> None:
-        """Replace the assignment; partitions kept keep their state, new ones need a position
-        (from ``auto_offset_reset``; from committed offsets once groups exist)."""
+    def assign(self, tps: Iterable[TopicPartition], need_committed: bool = False) -> None:
+        """Replace the assignment; partitions kept keep their state, new ones need a position:
+        from ``auto_offset_reset``, or (``need_committed``, a group's assignment) from the
+        group's committed offset first."""
         wanted = list(dict.fromkeys(TopicPartition(*tp) for tp in tps))
-        self.partitions = {tp: self.partitions.get(tp) or self._new_state() for tp in wanted}
+        self.partitions = {tp: self.partitions.get(tp) or self._new_state(need_committed) for tp in wanted}
 
-    def _new_state(self) -> PartitionState:
+    def _new_state(self, need_committed: bool = False) -> PartitionState:
         state = PartitionState()
-        if self.default_reset is not None:
+        if need_committed:
+            state.awaiting_committed = True
+        elif self.default_reset is not None:
             state.reset = self.default_reset
         return state
+
+    def reset_to_default(self, tp: TopicPartition) -> None:
+        """No committed offset: start per auto_offset_reset (or stay without a position)."""
+        state = self.partitions[tp]
+        state.awaiting_committed = False
+        if self.default_reset is not None:
+            state.request_reset(self.default_reset)
+
+    def awaiting_committed(self) -> list[TopicPartition]:
+        return [tp for tp, s in self.partitions.items() if s.awaiting_committed]
+
+    def consumed_positions(self) -> dict[TopicPartition, int]:
+        """The position of every partition that has one: what an automatic commit sends."""
+        return {tp: s.position for tp, s in self.partitions.items() if s.has_position}
 
     def state(self, tp: TopicPartition) -> PartitionState:
         try:
@@ -245,7 +291,8 @@ class SubscriptionState:
 
     def missing_position(self) -> list[TopicPartition]:
         """Partitions with neither a position nor a pending reset (auto_offset_reset none)."""
-        return [tp for tp, s in self.partitions.items() if s.position is None and s.reset is None]
+        return [tp for tp, s in self.partitions.items()
+                if s.position is None and s.reset is None and not s.awaiting_committed]
 
     def fetchable(self, now: float) -> list[TopicPartition]:
         return [tp for tp, s in self.partitions.items()
@@ -344,8 +391,12 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
 
 
 class AsyncConsumer(RunsInOwnNursery):
-    """A Trio consumer with manual assignment. Use ``async with AsyncConsumer(...) as c:``
-    or ``await nursery.start(consumer.run)`` ... ``await consumer.close()``."""
+    """A Trio consumer: manual assignment (``assign``), or a member of a consumer group
+    (``group_id`` + ``subscribe``). Use ``async with AsyncConsumer(...) as c:`` or
+    ``await nursery.start(consumer.run)`` ... ``await consumer.close()``.
+
+    Rebalance listener methods and ``commit_async`` callbacks run inside ``poll`` (and
+    ``close``/``unsubscribe``), on the Trio thread; they may be ``async def``."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Any):
         self.config = config = ConsumerConfig(bootstrap_servers=bootstrap_servers, **options)
@@ -367,6 +418,12 @@ class AsyncConsumer(RunsInOwnNursery):
         self._stopped = trio.Event()
         self._backoff_s = config.retry_backoff_ms / 1000
         self._cluster.add_listener(lambda _m: self._wake.set())
+        self.invoke_callback = call_maybe_async  # the blocking facade runs them on its caller's thread
+        self._coordinator: ConsumerCoordinator | None = None
+        if config.group_id is not None:
+            self._coordinator = ConsumerCoordinator(self._cluster, config, self._subscriptions,
+                                                    lambda fn, *a: self.invoke_callback(fn, *a),
+                                                    lambda: self._wake.set())
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -379,13 +436,26 @@ class AsyncConsumer(RunsInOwnNursery):
                 self._nursery = nursery
                 await nursery.start(self._cluster.run)
                 nursery.start_soon(self._fetch_loop)
+                if self._coordinator is not None:
+                    self._coordinator.start(nursery)
                 task_status.started()
         finally:
             self._closed = True
             self._data.set()
             self._stopped.set()
 
-    async def close(self) -> None:
+    async def close(self, timeout_ms: int | None = None) -> None:
+        """Close: with a group, first commit the consumed positions (when auto-commit is on),
+        run ``on_partitions_revoked`` and leave the group (static members do not leave: a
+        restart within the session timeout keeps their assignment), all within
+        ``timeout_ms`` (default 30 s)."""
+        if self._coordinator is not None and self._started and not self._closed and self._nursery is not None:
+            with trio.move_on_after((30000 if timeout_ms is None else timeout_ms) / 1000):
+                try:
+                    await self._coordinator.leave("the consumer is closing",
+                                                  commit=self.config.enable_auto_commit)
+                except TidelogError as e:
+                    log.warning("leaving group %r on close: %s", self.config.group_id, e)
         self._closed = True
         self._data.set()
         if self._nursery is not None:
@@ -400,17 +470,87 @@ class AsyncConsumer(RunsInOwnNursery):
 
     # -- assignment and positions ---------------------------------------------------------------
 
-    def subscribe(self, topics: Sequence[str] | None = None, pattern: str | None = None) -> None:
-        raise NotImplementedError("consumer groups are not available yet: use assign()")
+    # -- consumer groups ------------------------------------------------------------------------
 
-    async def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
-        raise NotImplementedError("committing offsets needs consumer groups, which are not available yet")
+    def _group(self, what: str) -> ConsumerCoordinator:
+        if self._coordinator is None:
+            raise ValueError(f"{what} needs a consumer group: create the consumer with group_id=...")
+        return self._coordinator
 
-    async def committed(self, partition: TopicPartition) -> int | None:
-        raise NotImplementedError("committed offsets need consumer groups, which are not available yet")
+    def subscribe(self, topics: Sequence[str] | None = None, pattern: str | None = None,
+                  listener: ConsumerRebalanceListener | None = None) -> None:
+        """Join the group for ``topics`` (a list) or every topic matching ``pattern`` (a regular
+        expression, matched against the cluster's topics on each metadata refresh,
+        ``metadata_max_age_ms``). Replaces an earlier subscription; takes effect in the next
+        poll. ``listener`` gets the rebalance callbacks."""
+        group = self._group("subscribe()")
+        if self._subscriptions.partitions and not group.is_managed:
+            raise ValueError("subscribe() and assign() are mutually exclusive: call unsubscribe() first")
+        group.subscribe(topics, pattern, listener)
+        self._wake.set()
+
+    def subscription(self) -> set[str]:
+        return set(self._coordinator.subscribed_topics) if self._coordinator is not None else set()
+
+    async def unsubscribe(self) -> None:
+        """Give up the subscription: revoke the partitions (listener), leave the group and
+        clear the assignment. Also clears a manual assignment."""
+        self._require_running()
+        if self._coordinator is not None and self._coordinator.is_managed:
+            await self._coordinator.leave("the consumer unsubscribed", commit=self.config.enable_auto_commit)
+            self._coordinator.unsubscribe_state()
+        self._subscriptions.assign([])
+        self._cluster.set_topics(())
+
+    async def commit(self, offsets: dict[TopicPartition, int] | None = None,
+                     timeout_ms: int | None = None) -> None:
+        """Commit ``offsets`` ({partition: next offset to read}), or the consumed position of
+        every assigned partition, and wait for the coordinator to store them. A commit the
+        group refuses because it rebalanced raises CommitFailedError (RebalanceInProgressError
+        while a rebalance is under way: poll, then commit again)."""
+        self._require_running()
+        group = self._group("commit()")
+        await group._invoke_completed_commits()
+        wanted = self._offsets_to_commit(offsets)
+        await group.commit(wanted, trio.current_time() + self._deadline_s(timeout_ms))
+
+    def commit_async(self, offsets: dict[TopicPartition, int] | None = None, callback: Any = None) -> None:
+        """Commit in the background; ``callback(offsets, exception_or_None)`` runs in a later
+        ``poll`` or ``commit``. Commits are applied in the order they were made."""
+        self._require_running()
+        self._group("commit_async()").commit_async(self._offsets_to_commit(offsets), callback)
+
+    def _offsets_to_commit(self, offsets: dict[TopicPartition, int] | None) -> dict[TopicPartition, int]:
+        if offsets is None:
+            return self._subscriptions.consumed_positions()
+        return {TopicPartition(*tp): offset for tp, offset in offsets.items()}
+
+    async def committed(self, partitions: TopicPartition | Iterable[TopicPartition],
+                        timeout_ms: int | None = None) -> Any:
+        """The group's committed offset (next offset to read; None: nothing committed) of a
+        partition, or ``{partition: offset}`` for an iterable of partitions."""
+        self._require_running()
+        group = self._group("committed()")
+        single = isinstance(partitions, tuple) and len(partitions) == 2 and isinstance(partitions[0], str)
+        tps = [TopicPartition(*partitions)] if single else [TopicPartition(*tp) for tp in partitions]
+        found = await group.fetch_committed(tps, trio.current_time() + self._deadline_s(timeout_ms))
+        return found[tps[0]] if single else found
+
+    def _deadline_s(self, timeout_ms: int | None) -> float:
+        return (self.config.default_api_timeout_ms if timeout_ms is None else timeout_ms) / 1000
+
+    @property
+    def group_generation(self) -> tuple[int, str] | None:
+        """(generation id, member id) while the consumer is a member of a generation."""
+        g = self._coordinator.generation if self._coordinator is not None else None
+        return (g.generation_id, g.member_id) if g is not None and g.valid else None
+
+    # -- assignment and positions ---------------------------------------------------------------
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Consume exactly these partitions (replacing any earlier assignment)."""
+        if self._coordinator is not None and self._coordinator.is_managed:
+            raise ValueError("assign() and subscribe() are mutually exclusive: call unsubscribe() first")
         self._subscriptions.assign(partitions)
         topics = {tp.topic for tp in self._subscriptions.partitions}
         self._cluster.set_topics(topics)
@@ -568,6 +708,8 @@ class AsyncConsumer(RunsInOwnNursery):
         await trio.lowlevel.checkpoint_if_cancelled()
         limit = max_records or self.config.max_poll_records
         deadline = trio.current_time() + max(0, timeout_ms) / 1000
+        if self._coordinator is not None:
+            await self._coordinator.poll(deadline)
         while True:
             self._raise_pending()
             records = self._drain(limit)

@@ -225,5 +225,4 @@ def test_take_builds_records_with_their_own_headers_and_timestamp_type():
 def test_consumer_config_validates():
     with pytest.raises(ValueError, match="auto_offset_reset"):
         ConsumerConfig(auto_offset_reset="smallest")
-    with pytest.raises(NotImplementedError, match="consumer groups"):
-        ConsumerConfig(group_id="g")
+    assert ConsumerConfig(group_id="g").group_id == "g"
