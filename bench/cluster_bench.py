@@ -1,6 +1,7 @@
 """Client <-> broker benchmark: produce, bulk produce, consume, end-to-end latency.
 
-One real broker process (and ZooKeeper) from ``broker.devcluster.DevCluster`` in a temporary
+One real broker process (``--brokers N`` for more, with ``--replication-factor``, ``--min-isr``
+and ``--acks all``) and ZooKeeper from ``broker.devcluster.DevCluster`` in a temporary
 directory; the client is this process. 100-byte values, acks=1, the clients' default options
 unless given (``--batch-size``, ``--linger-ms``, ``--max-poll-records``, ...). Each run
 reports the CPU the client and the broker used, per record.
@@ -8,10 +9,11 @@ reports the CPU the client and the broker used, per record.
 * produce: ``Producer.send`` per record, then ``flush``.
 * bulk: ``Producer.send_many`` with ``--chunk`` values per call, then ``flush``.
 * consume: fill the topic (not timed), then one Consumer polls it from the start.
-* e2e: a thread sends at ``--rate`` (one ``send`` per record, linger_ms 0) while the main
-  thread long-polls a Consumer (fetch_max_wait_ms 500); latency is from just before
-  ``send`` to the ``poll`` that returned the record (same process, monotonic clock in the
-  value); the first 5 % are dropped. Also reports the produce (send to acknowledgement)
+* e2e: a thread sends at ``--rate`` (one ``send`` per record, linger_ms 0 unless
+  ``--linger-ms``) while the main thread long-polls a Consumer (fetch_max_wait_ms 500), or
+  with ``--consumer-process`` a consumer in a process of its own, as a consuming application
+  is; latency is from just before ``send`` to the ``poll`` that returned the record
+  (monotonic clock in the value); the first 5 % are dropped. Also reports the produce (send to acknowledgement)
   latency of every 50th record and the number of produce and fetch requests.
 
     .venv/bin/python bench/cluster_bench.py produce [--records 1000000] [--runs 3]
@@ -46,9 +48,9 @@ VALUE_SIZE = 100
 PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
-def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+def create_topic(bootstrap: str, name: str, partitions: int, rf: int = 1, min_isr: int = 1) -> None:
     with Admin(bootstrap) as admin:
-        admin.create_topics([NewTopic(name, partitions, 1)])
+        admin.create_topics([NewTopic(name, partitions, rf, config={"min.insync.replicas": str(min_isr)})])
     time.sleep(0.5)  # let the leader settle before timing
 
 
@@ -95,8 +97,9 @@ def context_switches(pid: int) -> int:
 class CpuMeter:
     """CPU use of the client (this process) and the broker over a run, in cores."""
 
-    def __init__(self, broker_pid: int):
-        self.pids = {"client": os.getpid(), "broker": broker_pid}
+    def __init__(self, broker_pid: int | dict[str, int]):
+        brokers = broker_pid if isinstance(broker_pid, dict) else {"broker": broker_pid}
+        self.pids = {"client": os.getpid(), **brokers}
         self.start = {k: cpu_seconds(p) for k, p in self.pids.items()}
         self.switches = {k: context_switches(p) for k, p in self.pids.items()}
         self.t0 = time.perf_counter()
@@ -114,9 +117,9 @@ class CpuMeter:
 
 
 def producer_options(args) -> dict:
-    """acks=1 and the producer's defaults (batch_size 16384, linger_ms 5, buffer_memory 32 MiB)
+    """acks (--acks, default 1) and the producer's defaults (batch_size 16384, linger_ms 5, buffer_memory 32 MiB)
     unless the command line says otherwise."""
-    options: dict = dict(acks=1)
+    options: dict = dict(acks=args.acks)
     if args.linger_ms is not None:
         options["linger_ms"] = args.linger_ms
     if args.batch_size is not None:
@@ -184,20 +187,15 @@ def run_consume(bootstrap: str, topic: str, args) -> float:
     return n / elapsed
 
 
-def run_e2e(bootstrap: str, topic: str, args, broker_pid: int) -> tuple[float, float, float]:
+def run_e2e(bootstrap: str, topic: str, args, broker_pid) -> tuple[float, float, float]:
     """(p50 ms, p99 ms, achieved rate): latencies from send() to the consumer's poll()."""
     total = int(args.rate * args.seconds)
     pad = b"x" * (VALUE_SIZE - 8)
-    latencies: list[int] = []
-    with Producer(bootstrap, acks=1, linger_ms=0,
-                  max_in_flight_requests_per_connection=args.max_in_flight) as producer, \
-            Consumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500) as consumer:
-        consumer.assign([TopicPartition(topic, p) for p in range(args.partitions)])
-        for p in range(args.partitions):
-            consumer.position(TopicPartition(topic, p))
+    with Producer(bootstrap, acks=args.acks, linger_ms=args.linger_ms or 0,
+                  max_in_flight_requests_per_connection=args.max_in_flight) as producer:
         producer.send(topic, b"warm").result(30)
+        stats: dict = {}
         done = threading.Event()
-        stats = {}
 
         def produce() -> None:
             clock = time.perf_counter_ns
@@ -217,32 +215,91 @@ def run_e2e(bootstrap: str, topic: str, args, broker_pid: int) -> tuple[float, f
             stats["rate"] = total / ((clock() - start) / 1e9)
             done.set()
 
-        counts = count_requests(producer, consumer)
-        cpu = CpuMeter(broker_pid)
-        t = threading.Thread(target=produce)
-        t.start()
-        clock = time.perf_counter_ns
-        while len(latencies) < total:
-            records = consumer.poll(timeout_ms=2000)
-            now = clock()
-            if not records and done.is_set():
-                break
-            for r in records:
-                if len(r.value) == VALUE_SIZE:
-                    latencies.append(now - struct.unpack_from(">q", r.value)[0])
-        t.join()
-        stats["cpu"] = cpu.report(total)
-        if os.environ.get("BENCH_THREADS"):
-            stats["cpu"] += "; by thread: " + thread_cpu()
-        stats["requests"] = dict(counts)
+        if args.consumer_process:
+            latencies = _e2e_with_consumer_process(bootstrap, topic, args, total, produce, stats, broker_pid)
+        else:
+            latencies = _e2e_with_consumer_thread(bootstrap, topic, args, total, produce, done, stats,
+                                                  broker_pid, producer)
     latencies.sort()
     # ignore the first 5%: connection warm-up
     steady = sorted(latencies[len(latencies) // 20:])
     q = lambda f: steady[min(len(steady) - 1, int(f * len(steady)))] / 1e6  # noqa: E731
     acks = sorted(stats["acks"])
-    print(f"  {stats['cpu']}; requests: {stats['requests']}; produce acks p50 "
+    print(f"  {stats['cpu']}; requests: {stats.get('requests', '-')}; produce acks p50 "
           f"{acks[len(acks) // 2] / 1e6:.3f} ms, p99 {acks[int(len(acks) * 0.99)] / 1e6:.3f} ms", flush=True)
     return q(0.5), q(0.99), stats.get("rate", 0.0)
+
+
+def _open_e2e_consumer(bootstrap: str, topic: str, partitions: int) -> Consumer:
+    consumer = Consumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500)
+    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    for p in range(partitions):
+        consumer.position(TopicPartition(topic, p))
+    return consumer
+
+
+def _consume_latencies(consumer: Consumer, total: int, finished) -> list[int]:
+    """Poll until ``total`` timestamped records arrived or ``finished()`` and nothing came."""
+    latencies: list[int] = []
+    clock = time.perf_counter_ns
+    while len(latencies) < total:
+        records = consumer.poll(timeout_ms=2000)
+        now = clock()
+        if not records and finished():
+            break
+        for r in records:
+            if len(r.value) == VALUE_SIZE:
+                latencies.append(now - struct.unpack_from(">q", r.value)[0])
+    return latencies
+
+
+def _e2e_with_consumer_thread(bootstrap, topic, args, total, produce, done, stats, broker_pid, producer):
+    with _open_e2e_consumer(bootstrap, topic, args.partitions) as consumer:
+        counts = count_requests(producer, consumer)
+        cpu = CpuMeter(broker_pid)
+        t = threading.Thread(target=produce)
+        t.start()
+        latencies = _consume_latencies(consumer, total, done.is_set)
+        t.join()
+        stats["cpu"] = cpu.report(total)
+        if os.environ.get("BENCH_THREADS"):
+            stats["cpu"] += "; by thread: " + thread_cpu()
+        stats["requests"] = dict(counts)
+    return latencies
+
+
+def _e2e_consumer_main(bootstrap: str, topic: str, partitions: int, total: int, conn) -> None:
+    """The consumer of ``e2e --consumer-process``: its own process, as a consuming application
+    is (perf_counter_ns is CLOCK_MONOTONIC, shared by the processes of one machine)."""
+    with _open_e2e_consumer(bootstrap, topic, partitions) as consumer:
+        conn.send("ready")
+        latencies = _consume_latencies(consumer, total, conn.poll)
+    conn.send(latencies)
+
+
+def _e2e_with_consumer_process(bootstrap, topic, args, total, produce, stats, broker_pid) -> list[int]:
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_e2e_consumer_main, args=(bootstrap, topic, args.partitions, total, child),
+                       daemon=True)
+    proc.start()
+    try:
+        if not parent.poll(60) or parent.recv() != "ready":
+            raise RuntimeError("the e2e consumer process did not start")
+        pids = broker_pid if isinstance(broker_pid, dict) else {"broker": broker_pid}
+        cpu = CpuMeter({**pids, "consumer": proc.pid})
+        produce()
+        parent.send("done")
+        if not parent.poll(args.seconds + 60):
+            raise RuntimeError("the e2e consumer process did not finish")
+        latencies = parent.recv()
+        stats["cpu"] = cpu.report(total)
+        return latencies
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
 
 
 def thread_cpu() -> str:
@@ -293,28 +350,38 @@ def main() -> None:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--prof-seconds", type=float, default=5)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--brokers", type=int, default=1, help="broker processes in the cluster")
+    ap.add_argument("--replication-factor", type=int, default=1)
+    ap.add_argument("--min-isr", type=int, default=1, help="the topic's min.insync.replicas")
+    ap.add_argument("--acks", default="1", help="1, 0 or all")
+    ap.add_argument("--consumer-process", action="store_true",
+                    help="e2e: the consumer in a process of its own (the producer stays in this one)")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="sys.setswitchinterval for this process (the GIL hand-over period)")
     args = ap.parse_args()
+    args.acks = args.acks if args.acks == "all" else int(args.acks)
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     if args.records is None:
         args.records = {"produce": 1_000_000, "bulk": 3_000_000, "consume": 2_000_000}.get(args.mode, 0)
 
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        cluster = DevCluster(d, brokers=1, zk_port=0, base_port=0)
+        cluster = DevCluster(d, brokers=args.brokers, zk_port=0, base_port=0)
         try:
             cluster.start()
             bootstrap = cluster.bootstrap
-            broker_pid = cluster.brokers[1].proc.pid
+            broker_pid = {f"broker{i}": b.proc.pid for i, b in cluster.brokers.items()} \
+                if args.brokers > 1 else cluster.brokers[1].proc.pid
             results = []
             for run in range(args.runs):
                 topic = f"bench-{args.mode}-{run}"
-                create_topic(bootstrap, topic, args.partitions)
+                create_topic(bootstrap, topic, args.partitions, args.replication_factor, args.min_isr)
                 if args.mode == "consume":
                     fill(bootstrap, topic, args.records, args)
                 last = run == args.runs - 1
-                prof = Profiler(args.profile if last else None, broker_pid, args.mode, args.prof_seconds)
+                prof = Profiler(args.profile if last else None,
+                                broker_pid if isinstance(broker_pid, int) else next(iter(broker_pid.values())),
+                                args.mode, args.prof_seconds)
                 cpu = CpuMeter(broker_pid)
                 if args.mode in ("produce", "bulk"):
                     r = run_produce(bootstrap, topic, args, args.mode == "bulk")
