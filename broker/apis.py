@@ -35,6 +35,16 @@ from protocol.messages import (
 )
 from protocol.topics import TopicPartition
 
+from broker.network import current_peer
+from protocol.errors import COORDINATOR_NOT_AVAILABLE
+from protocol.messages import (
+    DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
+    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, SyncGroupRequest,
+    SyncGroupResponse,
+)
+
 logger = logging.getLogger("tidelog.apis")
 
 Handler = Callable[[Any], Awaitable[Message | None]]
@@ -62,6 +72,16 @@ class Apis:
             ApiKey.STOP_REPLICA: self.stop_replica,
             ApiKey.CONTROLLED_SHUTDOWN: self.controlled_shutdown,
             ApiKey.ELECT_LEADERS: self.elect_leaders,
+            ApiKey.FIND_COORDINATOR: self.find_coordinator,
+            ApiKey.JOIN_GROUP: self.join_group,
+            ApiKey.SYNC_GROUP: self.sync_group,
+            ApiKey.HEARTBEAT: self.heartbeat,
+            ApiKey.LEAVE_GROUP: self.leave_group,
+            ApiKey.OFFSET_COMMIT: self.offset_commit,
+            ApiKey.OFFSET_FETCH: self.offset_fetch,
+            ApiKey.LIST_GROUPS: self.list_groups,
+            ApiKey.DESCRIBE_GROUPS: self.describe_groups,
+            ApiKey.DELETE_GROUPS: self.delete_groups,
         }
 
     def handle(self, header: RequestHeader, body: dict):
@@ -73,6 +93,8 @@ class Apis:
         handler = self._handlers.get(header.api_key)
         if handler is None:
             raise TidelogError(f"api key {header.api_key} is not served by this broker", error=INVALID_REQUEST)
+        if header.api_key == ApiKey.JOIN_GROUP:  # the member's client id and host are recorded
+            return handler(REQUESTS[header.api_key].from_body(body), header)
         return handler(REQUESTS[header.api_key].from_body(body))
 
     # -- metadata ------------------------------------------------------------------------------
@@ -240,6 +262,46 @@ class Apis:
         # new leaders learn of their leadership before the old one goes away
         await wait_all([w for w in waits if w is not None and w.api_key == ApiKey.LEADER_AND_ISR], 10)
         return ControlledShutdownResponse(NONE.code, [TopicPartitionRef(tp.topic, tp.partition) for tp in remaining])
+
+    # -- consumer groups (broker/coordinator/group_coordinator.py) ------------------------------
+
+    @property
+    def group_coordinator(self):
+        c = getattr(self.broker, "group_coordinator", None)
+        if c is None:
+            raise TidelogError("this broker runs no group coordinator", error=COORDINATOR_NOT_AVAILABLE)
+        return c
+
+    async def find_coordinator(self, req: FindCoordinatorRequest) -> FindCoordinatorResponse:
+        return await self.group_coordinator.find_coordinator(req)
+
+    async def join_group(self, req: JoinGroupRequest, header: RequestHeader) -> JoinGroupResponse:
+        host = current_peer.get().rpartition(":")[0]
+        return await self.group_coordinator.join_group(req, header.client_id, host)
+
+    async def sync_group(self, req: SyncGroupRequest) -> SyncGroupResponse:
+        return await self.group_coordinator.sync_group(req)
+
+    async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
+        return await self.group_coordinator.heartbeat(req)
+
+    async def leave_group(self, req: LeaveGroupRequest) -> LeaveGroupResponse:
+        return await self.group_coordinator.leave_group(req)
+
+    async def offset_commit(self, req: OffsetCommitRequest) -> OffsetCommitResponse:
+        return await self.group_coordinator.offset_commit(req)
+
+    async def offset_fetch(self, req: OffsetFetchRequest) -> OffsetFetchResponse:
+        return await self.group_coordinator.offset_fetch(req)
+
+    async def list_groups(self, req: ListGroupsRequest) -> ListGroupsResponse:
+        return await self.group_coordinator.list_groups(req)
+
+    async def describe_groups(self, req: DescribeGroupsRequest) -> DescribeGroupsResponse:
+        return await self.group_coordinator.describe_groups(req)
+
+    async def delete_groups(self, req: DeleteGroupsRequest) -> DeleteGroupsResponse:
+        return await self.group_coordinator.delete_groups(req)
 
     # -- from the controller -------------------------------------------------------------------
 

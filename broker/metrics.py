@@ -23,9 +23,11 @@ Theory of operation. Nothing here runs per record, and almost nothing per reques
   structures; ``GET /ready`` answers 200 when the broker is ready (broker/health.py) and 503
   with the failing checks otherwise; ``GET /live`` answers 200 while the loop runs.
 
-Consumer group lag is not exported: Tidelog has no consumer groups yet (issue 5). When the
-group coordinator lands, its committed offsets against the partitions' high watermarks give
-``tidelog_group_lag{group,topic,partition}`` here, read at scrape time like the rest.
+Consumer group lag comes from the group coordinator (broker/coordinator): each broker exports
+``tidelog_group_lag{group,topic,partition}`` for the groups it coordinates, read at scrape
+time: the partition's high watermark (this broker's own when it leads the partition, else the
+leader's answer to a ListOffsets refreshed every few seconds) minus the group's committed
+offset; and ``tidelog_group_count{state}``, the groups it coordinates by state.
 
 Request latency is measured from the moment the socket server hands the parsed request to
 the handler until the handler's response is ready (Kafka's LocalTimeMs + RemoteTimeMs: for
@@ -225,6 +227,30 @@ class BrokerCollector:
         yield from self._topics()
         yield from self._logs()
         yield from self._network()
+        yield from self._groups()
+
+    def _groups(self) -> Iterator[Metric]:
+        coordinator = getattr(self.server, "group_coordinator", None)
+        if coordinator is None:
+            return
+        lag = GaugeMetricFamily("tidelog_group_lag",
+                                "Records a consumer group has not committed yet: the partition's high "
+                                "watermark minus the group's committed offset (groups coordinated here)",
+                                labels=["group", "topic", "partition"])
+        committed = GaugeMetricFamily("tidelog_group_committed_offset",
+                                      "A consumer group's committed offset (groups coordinated here)",
+                                      labels=["group", "topic", "partition"])
+        for group, tp, offset, behind in coordinator.lag():
+            labels = [group, tp.topic, str(tp.partition)]
+            lag.add_metric(labels, float(behind))
+            committed.add_metric(labels, float(offset))
+        yield lag
+        yield committed
+        count = GaugeMetricFamily("tidelog_group_count", "Consumer groups coordinated by this broker, by state",
+                                  labels=["state"])
+        for state, n in sorted(coordinator.state_counts().items()):
+            count.add_metric([state], float(n))
+        yield count
 
     def _broker(self) -> Iterator[Metric]:
         s = self.server

@@ -53,6 +53,7 @@ Closing rules:
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 import math
@@ -74,6 +75,11 @@ if TYPE_CHECKING:
     from broker.config import BrokerConfig
 
 log = logging.getLogger(__name__)
+
+# "host:port" of the client whose request is being handled (set in each connection's task and
+# inherited by its request tasks), for handlers that record it: the group coordinator keeps
+# each member's client host for DescribeGroups.
+current_peer: contextvars.ContextVar[str] = contextvars.ContextVar("tidelog_current_peer", default="")
 
 Body = dict[str, Any]
 Response = Body | Message | None  # None: no response (acks=0)
@@ -230,6 +236,7 @@ class _Connection:
         self._read_scope.cancel()
 
     async def run(self) -> None:
+        current_peer.set(self._peer)
         try:
             with self._scope:
                 async with self._stream, trio.open_nursery() as requests:

@@ -35,6 +35,7 @@ from broker.log.config import LogConfig
 from broker.log.manager import LogManager
 from broker.metadata_cache import MetadataCache
 from broker.apis import Apis
+from broker.coordinator.group_coordinator import CoordinatorConfig, GroupCoordinator
 from broker.network import SocketServer
 from broker.replication.fetcher import FetcherConfig, RemoteLeaderEndpoint
 from broker.replication.replica_manager import ReplicaConfig, ReplicaManager
@@ -65,6 +66,11 @@ class BrokerServer:
                 max(config.replica_fetch_max_bytes * 10, 10 << 20), config.replica_fetch_max_bytes,
                 config.replica_fetch_backoff_ms / 1000)),
             self.log_manager, self.topic_log_config, self._endpoint_for, self._write_isr)
+        self.group_coordinator = GroupCoordinator(
+            CoordinatorConfig.from_broker_config(config), self.replica_manager, self.metadata,
+            create_topic=self._create_internal_topic, list_offsets=self._list_offsets_at)
+        self.replica_manager.leadership_listeners.append(self.group_coordinator.on_leadership_change)
+        self._coordinator_channels: dict[int, BrokerChannel] = {}
         self.apis = Apis(self, self.replica_manager, self.metadata)
         self.broker_epoch = -1
         self.port: int | None = None
@@ -92,6 +98,7 @@ class BrokerServer:
         finally:
             with trio.CancelScope(shield=True):
                 await self._close_channels()
+            self.group_coordinator.shutdown()
             self.replica_manager.shutdown()
             self.log_manager.shutdown()
             logger.info("broker %d stopped", self.broker_id)
@@ -116,6 +123,7 @@ class BrokerServer:
         self._socket_server = SocketServer.from_config(self.config, handler)
         self.port = await nursery.start(self._socket_server.run)
         await nursery.start(self.replica_manager.run)
+        await nursery.start(self.group_coordinator.run)
         await self._register()
         await nursery.start(self.controller.run)
         nursery.start_soon(self._watch_session)
@@ -215,7 +223,7 @@ class BrokerServer:
             self._cancel.cancel()
 
     async def _close_channels(self) -> None:
-        for ch in self._leader_channels.values():
+        for ch in [*self._leader_channels.values(), *self._coordinator_channels.values()]:
             await ch.aclose()
 
     # -- hooks used by the replica manager and the APIs ----------------------------------------
@@ -265,6 +273,27 @@ class BrokerServer:
                 logger.info("auto-created topic %s", name)
             except Exception as e:  # another broker created it first, or the name is invalid
                 logger.info("auto-creation of topic %s skipped: %s", name, e)
+
+
+    async def _create_internal_topic(self, name: str, partitions: int, replication_factor: int,
+                                     configs: dict[str, str]) -> None:
+        """For the group coordinator: create ``__consumer_offsets`` in ZooKeeper (the controller
+        picks it up from its topics watch, as for any topic)."""
+        live = sorted(self.metadata.brokers)
+        assignment = layout.assign_replicas(live, partitions, replication_factor)
+        await self.zk.create_topic(name, assignment, configs)
+
+    async def _list_offsets_at(self, broker_id: int, request):
+        """For the group coordinator's lag gauge: ListOffsets at another broker."""
+        broker = self.metadata.brokers.get(broker_id)
+        if broker is None:
+            raise BrokerUnreachable(f"broker {broker_id} is not in the metadata")
+        ch = self._coordinator_channels.get(broker_id)
+        if ch is None:
+            ch = self._coordinator_channels[broker_id] = BrokerChannel(
+                broker_id, broker.host, broker.port, client_id=f"group-coordinator-{self.broker_id}")
+        ch.retarget(broker.host, broker.port)
+        return await ch.request(ApiKey.LIST_OFFSETS, request, self.config.request_timeout_ms / 1000)
 
 
 class _RetargetingEndpoint(RemoteLeaderEndpoint):

@@ -86,6 +86,9 @@ class ReplicaManager:
         self._nursery: trio.Nursery | None = None
         self.isr_shrinks = 0
         self.isr_expands = 0
+        # called with (partition, leads it now, leader epoch) after each LeaderAndIsr and
+        # StopReplica: the group coordinator loads and unloads __consumer_offsets partitions
+        self.leadership_listeners: list[Callable[[TopicPartition, bool, int], None]] = []
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -128,7 +131,15 @@ class ReplicaManager:
             if st.leader >= 0:
                 to_follow.setdefault(st.leader, {})[tp] = st.leader_epoch
         p.notify()
+        self._leadership_changed(p)
         return NONE.code
+
+    def _leadership_changed(self, p: NotifyingPartition) -> None:
+        for listener in self.leadership_listeners:
+            try:
+                listener(p.tp, p.is_leader, p.leader_epoch)
+            except Exception:  # a listener's bug must not fail the controller's request
+                logger.exception("%s: leadership listener failed", p.tp)
 
     def stop_replicas(self, req: StopReplicaRequest) -> StopReplicaResponse:
         if req.controller_epoch < self.controller_epoch:
@@ -142,6 +153,7 @@ class ReplicaManager:
             if p is not None:
                 p.leader_id = -1
                 p.notify()
+                self._leadership_changed(p)
             if sp.delete_partition:
                 self.log_manager.delete_log(tp)
             errors.append(PartitionError(tp.topic, tp.partition, NONE.code))

@@ -1,0 +1,720 @@
+"""The group coordinator: consumer groups and their committed offsets, on the broker leading
+the group's partition of ``__consumer_offsets`` (Kafka's GroupCoordinator and
+GroupMetadataManager).
+
+Which broker coordinates a group
+--------------------------------
+Group ``g`` lives in partition ``abs(java_hashcode(g)) % partitions`` of the internal topic
+``__consumer_offsets`` (the hash is Java's ``String.hashCode``, so the placement is Kafka's);
+the leader of that partition is its coordinator. Any broker answers FindCoordinator from its
+metadata cache (COORDINATOR_NOT_AVAILABLE while the partition has no live leader). The topic
+is created on first need with ``offsets.topic.num.partitions`` partitions,
+``cleanup.policy=compact`` and ``offsets.topic.replication.factor`` replicas. Kafka refuses
+to create it while fewer brokers are alive than that factor; Tidelog creates it with as many
+replicas as there are live brokers and logs a warning saying so (a dev cluster of one broker
+works out of the box; a production cluster should have all brokers up before the first
+group arrives, or raise the factor later by reassignment).
+
+Loading and unloading (leadership callbacks from the replica manager)
+---------------------------------------------------------------------
+When this broker becomes leader of a partition of ``__consumer_offsets`` it reads the
+partition from its log start to its log end, off the Trio thread (``trio.to_thread``), and
+folds the records into groups and offsets (``offsets_records.load``); meanwhile requests for
+its groups get COORDINATOR_LOAD_IN_PROGRESS. A load that finishes after leadership moved on
+(another leader epoch) is discarded. When the broker stops leading the partition, its groups
+are dropped, every waiting JoinGroup or SyncGroup is answered NOT_COORDINATOR, and later
+requests get NOT_COORDINATOR: the client finds the new coordinator, which loads the same
+records (they were committed with acks=all, so every in-sync replica has them).
+
+The commit path
+---------------
+OffsetCommit is validated against the group (``GroupMetadata.commit_error``: stale
+generation, unknown member, rebalance in progress; generation -1 only while Empty). The
+offsets are then appended to the group's partition as one batch of keyed records through
+the replica manager's leader append, with acks=all: the response waits in the same purgatory
+as an acks=all produce until the high watermark passes the batch. Only then are the offsets
+put in the cache that OffsetFetch reads, so a fetched offset is always one that survives a
+coordinator failover. Of two commits for one partition, the later record wins (the cache
+keeps each offset's record position). Group metadata (generation, protocol, leader, members
+and their assignments) is written the same way when a rebalance completes, so a new
+coordinator knows the group's generation and members after a failover.
+
+Time: every group decision gets ``now_ms`` from ``clock`` (wall time, as the records'
+timestamps are); one timer task wakes at the earliest group deadline (session expiry, end of
+a join phase) and calls ``GroupMetadata.tick``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from broker.coordinator.group_metadata import (
+    Effect, GroupConfig, GroupMetadata, GroupState, Reply, StoreGroup, join_error, sync_error,
+)
+from broker.coordinator.offsets_records import (
+    LoadedPartition, OffsetValue, group_key, group_value, offset_key, offset_value,
+)
+from protocol.errors import (
+    COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND, INVALID_COMMIT_OFFSET_SIZE,
+    INVALID_GROUP_ID, INVALID_REQUEST, KAFKA_STORAGE_ERROR, MESSAGE_TOO_LARGE, NON_EMPTY_GROUP, NONE,
+    NOT_COORDINATOR, NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER,
+    OFFSET_METADATA_TOO_LARGE, REBALANCE_IN_PROGRESS, RECORD_LIST_TOO_LARGE, REQUEST_TIMED_OUT,
+    UNKNOWN_MEMBER_ID, UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_OR_PARTITION, ErrorCode, OffsetOutOfRangeError,
+    for_code,
+)
+from protocol.messages import (
+    GROUP_KEY, LATEST_TIMESTAMP, NO_OFFSET, UNKNOWN_MEMBER, DeletableGroupResult, DeleteGroupsRequest,
+    DeleteGroupsResponse, DescribedGroup, DescribeGroupsRequest, DescribeGroupsResponse, FindCoordinatorRequest,
+    FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
+    LeaveGroupRequest, LeaveGroupResponse, ListedGroup, ListGroupsRequest, ListGroupsResponse,
+    ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic, MemberResponse, OffsetCommitPartitionResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetCommitTopicResponse, OffsetFetchPartitionResponse,
+    OffsetFetchRequest, OffsetFetchResponse, OffsetFetchTopicResponse, SyncGroupRequest, SyncGroupResponse,
+)
+from protocol.records import build_batch, iter_all_records, iter_headers
+from protocol.topics import TopicPartition
+
+logger = logging.getLogger("tidelog.group_coordinator")
+
+OFFSETS_TOPIC = "__consumer_offsets"
+LOAD_BUFFER_BYTES = 5 << 20  # Kafka's offsets.load.buffer.size
+LAG_REFRESH_INTERVAL_S = 5.0  # end offsets of partitions led elsewhere, for the lag gauge
+WAIT_MARGIN_MS = 10_000  # a JoinGroup/SyncGroup never waits longer than its timeout plus this
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def java_string_hashcode(s: str) -> int:
+    """Java's ``String.hashCode``: over UTF-16 code units, int32 arithmetic."""
+    data = s.encode("utf-16-be", "surrogatepass")
+    h = 0
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_for(group_id: str, partitions: int) -> int:
+    """Kafka's ``Utils.abs(groupId.hashCode) % partitions`` (abs of Integer.MIN_VALUE is 0)."""
+    h = java_string_hashcode(group_id)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+# Append errors as the committer sees them (Kafka's GroupMetadataManager mapping).
+_APPEND_ERRORS = {
+    UNKNOWN_TOPIC_OR_PARTITION.code: COORDINATOR_NOT_AVAILABLE,
+    NOT_ENOUGH_REPLICAS.code: COORDINATOR_NOT_AVAILABLE,
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND.code: COORDINATOR_NOT_AVAILABLE,
+    REQUEST_TIMED_OUT.code: COORDINATOR_NOT_AVAILABLE,
+    NOT_LEADER_OR_FOLLOWER.code: NOT_COORDINATOR,
+    KAFKA_STORAGE_ERROR.code: NOT_COORDINATOR,
+    MESSAGE_TOO_LARGE.code: INVALID_COMMIT_OFFSET_SIZE,
+    RECORD_LIST_TOO_LARGE.code: INVALID_COMMIT_OFFSET_SIZE,
+}
+
+
+def append_error(code: int) -> ErrorCode:
+    if code == NONE.code:
+        return NONE
+    return _APPEND_ERRORS.get(code, UNKNOWN_SERVER_ERROR)
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    broker_id: int
+    offsets_topic_num_partitions: int = 50
+    offsets_topic_replication_factor: int = 3
+    offsets_topic_segment_bytes: int = 100 << 20
+    offsets_commit_timeout_ms: int = 5000
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+    offsets_retention_check_interval_ms: int = 600_000
+    offset_metadata_max_bytes: int = 4096
+    group: GroupConfig = field(default_factory=GroupConfig)
+
+    @classmethod
+    def from_broker_config(cls, c) -> "CoordinatorConfig":
+        return cls(c.broker_id, c.offsets_topic_num_partitions, c.offsets_topic_replication_factor,
+                   c.offsets_topic_segment_bytes, c.offsets_commit_timeout_ms,
+                   c.offsets_retention_minutes * 60_000, c.offsets_retention_check_interval_ms,
+                   c.offset_metadata_max_bytes,
+                   GroupConfig(c.group_initial_rebalance_delay_ms, c.group_min_session_timeout_ms,
+                               c.group_max_session_timeout_ms, c.group_max_size))
+
+
+class _Waiter:
+    """A JoinGroup or SyncGroup waiting for its Reply."""
+
+    __slots__ = ("event", "response")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.response = None
+
+
+CreateTopic = Callable[[str, int, int, dict[str, str]], Awaitable[None]]
+ListOffsets = Callable[[int, ListOffsetsRequest], Awaitable[object]]
+
+
+class GroupCoordinator:
+    def __init__(self, config: CoordinatorConfig, replica_manager, metadata, *,
+                 create_topic: CreateTopic | None = None, list_offsets: ListOffsets | None = None,
+                 clock: Callable[[], int] = wall_ms):
+        self.config = config
+        self.replica_manager = replica_manager
+        self.metadata = metadata
+        self.create_topic = create_topic
+        self.list_offsets = list_offsets
+        self.clock = clock
+        self.groups: dict[str, GroupMetadata] = {}
+        self.epochs: dict[int, int] = {}  # partitions of __consumer_offsets led here -> leader epoch
+        self.loading: set[int] = set()
+        self.remote_end_offsets: dict[TopicPartition, int] = {}
+        self._waiters: dict[tuple[str, str, str], list[_Waiter]] = {}
+        self._wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._pending_loads: list[tuple[int, int]] = []
+        self._creating_topic = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for partition, epoch in self._pending_loads:
+                nursery.start_soon(self._load, partition, epoch)
+            self._pending_loads.clear()
+            nursery.start_soon(self._timer_loop)
+            nursery.start_soon(self._retention_loop)
+            if self.list_offsets is not None:
+                nursery.start_soon(self._lag_refresh_loop)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def shutdown(self) -> None:
+        for partition in list(self.epochs):
+            self._unload(partition)
+
+    @property
+    def num_partitions(self) -> int:
+        return self.metadata.partition_count(OFFSETS_TOPIC) or self.config.offsets_topic_num_partitions
+
+    def partition_of(self, group_id: str) -> int:
+        return partition_for(group_id, self.num_partitions)
+
+    # -- leadership of __consumer_offsets partitions --------------------------------------------
+
+    def on_leadership_change(self, tp: TopicPartition, is_leader: bool, leader_epoch: int) -> None:
+        """Called by the replica manager after each LeaderAndIsr / StopReplica of a partition."""
+        if tp.topic != OFFSETS_TOPIC:
+            return
+        if not is_leader:
+            if tp.partition in self.epochs:
+                self._unload(tp.partition)
+            return
+        if self.epochs.get(tp.partition) == leader_epoch:
+            return
+        if tp.partition in self.epochs:
+            self._unload(tp.partition)
+        self.epochs[tp.partition] = leader_epoch
+        self.loading.add(tp.partition)
+        if self._nursery is None:
+            self._pending_loads.append((tp.partition, leader_epoch))
+        else:
+            self._nursery.start_soon(self._load, tp.partition, leader_epoch)
+
+    async def _load(self, partition: int, epoch: int) -> None:
+        tp = TopicPartition(OFFSETS_TOPIC, partition)
+        p = self.replica_manager.partitions.get(tp)
+        if p is None or p.log is None:
+            return
+        started = time.monotonic()
+        try:
+            loaded = await self._read_partition(p.log)
+        except Exception:
+            logger.exception("loading %s failed; its groups stay unavailable until leadership changes", tp)
+            return
+        if self.epochs.get(partition) != epoch:
+            logger.info("%s: load for leader epoch %d discarded (leadership moved)", tp, epoch)
+            return
+        self._install(partition, loaded)
+        logger.info("%s: loaded %d groups and %d offsets in %.0f ms (leader epoch %d)%s", tp,
+                    len(loaded.group_ids()), sum(len(o) for o in loaded.offsets.values()),
+                    (time.monotonic() - started) * 1000, epoch,
+                    f"; {len(loaded.skipped)} undecodable records skipped" if loaded.skipped else "")
+        for record_offset, problem in loaded.skipped[:10]:
+            logger.warning("%s: record at offset %d skipped: %s", tp, record_offset, problem)
+
+    async def _read_partition(self, log) -> LoadedPartition:
+        loaded = LoadedPartition()
+        end = log.log_end_offset
+        offset = log.log_start_offset
+        for _ in range(1 << 30):  # each round moves past at least one batch
+            if offset >= end:
+                break
+            next_offset = await trio.to_thread.run_sync(_fold_chunk, log, offset, end, loaded)
+            if next_offset <= offset:
+                break
+            offset = next_offset
+        return loaded
+
+    def _install(self, partition: int, loaded: LoadedPartition) -> None:
+        now = self.clock()
+        for group_id in loaded.group_ids():
+            group = GroupMetadata.restore(group_id, loaded.groups.get(group_id),
+                                          loaded.offsets.get(group_id, {}), now)
+            self.groups[group_id] = group
+        self.loading.discard(partition)
+        self._wake.set()
+
+    def _unload(self, partition: int) -> None:
+        self.epochs.pop(partition, None)
+        self.loading.discard(partition)
+        gone = [g for gid, g in self.groups.items() if self.partition_of(gid) == partition]
+        for group in gone:
+            del self.groups[group.group_id]
+            group.state = GroupState.DEAD
+            self._answer_all(group.group_id, NOT_COORDINATOR)
+        if gone:
+            logger.info("%s-%d: unloaded %d groups (no longer the leader)", OFFSETS_TOPIC, partition, len(gone))
+
+    def _answer_all(self, group_id: str, error: ErrorCode) -> None:
+        message = f"this broker is no longer the coordinator of group {group_id}; find it again"
+        for key in [k for k in self._waiters if k[0] == group_id]:
+            response = join_error(error, key[1], message) if key[2] == "join" else sync_error(error, message)
+            self._deliver(key, response)
+
+    # -- FindCoordinator -----------------------------------------------------------------------
+
+    async def find_coordinator(self, req: FindCoordinatorRequest) -> FindCoordinatorResponse:
+        if req.key_type != GROUP_KEY:
+            return FindCoordinatorResponse(INVALID_REQUEST.code, error_message=(
+                f"key type {req.key_type} is not supported (only groups, {GROUP_KEY}; no transactions)"))
+        if not req.key:
+            return FindCoordinatorResponse(INVALID_GROUP_ID.code, error_message="the group id is empty")
+        if not self.metadata.contains_topic(OFFSETS_TOPIC):
+            await self._create_offsets_topic()
+            return FindCoordinatorResponse(COORDINATOR_NOT_AVAILABLE.code, error_message=(
+                f"{OFFSETS_TOPIC} is being created; retry"))
+        tp = TopicPartition(OFFSETS_TOPIC, self.partition_of(req.key))
+        leader = self.metadata.brokers.get(self.metadata.leader_of(tp))
+        if leader is None:
+            return FindCoordinatorResponse(COORDINATOR_NOT_AVAILABLE.code, error_message=(
+                f"{tp} (the partition of group {req.key!r}) has no live leader"))
+        return FindCoordinatorResponse(NONE.code, leader.broker_id, leader.host, leader.port)
+
+    async def _create_offsets_topic(self) -> None:
+        if self._creating_topic or self.create_topic is None:
+            return
+        self._creating_topic = True
+        try:
+            live = len(self.metadata.brokers)
+            rf = min(self.config.offsets_topic_replication_factor, max(live, 1))
+            if rf < self.config.offsets_topic_replication_factor:
+                logger.warning("creating %s with replication factor %d, not offsets.topic.replication.factor=%d: "
+                               "only %d brokers are alive (Kafka would refuse; committed offsets are less "
+                               "protected until the topic is reassigned)", OFFSETS_TOPIC, rf,
+                               self.config.offsets_topic_replication_factor, live)
+            configs = {"cleanup.policy": "compact", "segment.bytes": str(self.config.offsets_topic_segment_bytes)}
+            await self.create_topic(OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, rf, configs)
+            logger.info("created %s: %d partitions, replication factor %d", OFFSETS_TOPIC,
+                        self.config.offsets_topic_num_partitions, rf)
+        except Exception as e:  # another broker created it first
+            logger.info("%s not created here: %s", OFFSETS_TOPIC, e)
+        finally:
+            self._creating_topic = False
+
+    # -- group APIs ----------------------------------------------------------------------------
+
+    def coordinator_error(self, group_id: str) -> ErrorCode | None:
+        """Why this broker cannot answer for ``group_id`` now (None: it can)."""
+        if not group_id:
+            return INVALID_GROUP_ID
+        partition = self.partition_of(group_id)
+        if partition in self.loading:
+            return COORDINATOR_LOAD_IN_PROGRESS
+        if partition not in self.epochs:
+            return NOT_COORDINATOR
+        return None
+
+    async def join_group(self, req: JoinGroupRequest, client_id: str | None, client_host: str) -> JoinGroupResponse:
+        error = self.coordinator_error(req.group_id)
+        if error is not None:
+            return join_error(error, req.member_id)
+        group = self.groups.get(req.group_id)
+        if group is None:
+            if req.member_id != UNKNOWN_MEMBER:
+                return join_error(UNKNOWN_MEMBER_ID, req.member_id, f"group {req.group_id} does not exist")
+            group = self.groups[req.group_id] = GroupMetadata(req.group_id, state_timestamp_ms=self.clock())
+        prefix = req.group_instance_id or client_id or "member"
+        result = group.join(req, client_id or "", client_host, f"{prefix}-{uuid.uuid4()}", self.clock(),
+                            self.config.group)
+        if result.immediate is not None:
+            self._apply(group, result.effects)
+            return result.immediate
+        waiter = self._register(req.group_id, result.wait_for, "join")
+        self._apply(group, result.effects)
+        wait_ms = max(req.rebalance_timeout_ms, req.session_timeout_ms) + self.config.group.initial_rebalance_delay_ms
+        return await self._await(waiter, (req.group_id, result.wait_for, "join"), wait_ms,
+                                 join_error(REBALANCE_IN_PROGRESS, result.wait_for))
+
+    async def sync_group(self, req: SyncGroupRequest) -> SyncGroupResponse:
+        error = self.coordinator_error(req.group_id)
+        if error is not None:
+            return sync_error(error)
+        group = self.groups.get(req.group_id)
+        if group is None:
+            return sync_error(UNKNOWN_MEMBER_ID, f"group {req.group_id} does not exist")
+        result = group.sync(req, self.clock())
+        if result.immediate is not None:
+            self._apply(group, result.effects)
+            return result.immediate
+        waiter = self._register(req.group_id, req.member_id, "sync")
+        self._apply(group, result.effects)
+        return await self._await(waiter, (req.group_id, req.member_id, "sync"), group.rebalance_timeout_ms,
+                                 sync_error(REBALANCE_IN_PROGRESS))
+
+    async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
+        error = self.coordinator_error(req.group_id)
+        if error is not None:
+            return HeartbeatResponse(error.code, error.message)
+        group = self.groups.get(req.group_id)
+        if group is None:
+            return HeartbeatResponse(UNKNOWN_MEMBER_ID.code, f"group {req.group_id} does not exist")
+        error, message = group.heartbeat(req.member_id, req.group_instance_id, req.generation_id, self.clock())
+        return HeartbeatResponse(error.code, message)
+
+    async def leave_group(self, req: LeaveGroupRequest) -> LeaveGroupResponse:
+        error = self.coordinator_error(req.group_id)
+        if error is not None:
+            return LeaveGroupResponse(error.code, error_message=error.message)
+        group = self.groups.get(req.group_id)
+        if group is None or group.is_(GroupState.DEAD):
+            members = [MemberResponse(m.member_id, UNKNOWN_MEMBER_ID.code, m.group_instance_id) for m in req.members]
+            return LeaveGroupResponse(_single_error(members), members)
+        members, effects = group.leave(req.members, self.clock(), self.config.group)
+        self._apply(group, effects)
+        return LeaveGroupResponse(_single_error(members), members)
+
+    async def list_groups(self, req: ListGroupsRequest) -> ListGroupsResponse:
+        wanted = {s.lower() for s in req.states_filter}
+        groups = [ListedGroup(g.group_id, g.protocol_type or "", str(g.state)) for g in self.groups.values()
+                  if not wanted or str(g.state).lower() in wanted]
+        error = COORDINATOR_LOAD_IN_PROGRESS if self.loading else NONE
+        return ListGroupsResponse(error.code, groups)
+
+    async def describe_groups(self, req: DescribeGroupsRequest) -> DescribeGroupsResponse:
+        out = []
+        for group_id in req.groups:
+            error = self.coordinator_error(group_id)
+            group = self.groups.get(group_id)
+            if error is not None:
+                out.append(DescribedGroup(error.code, group_id, error_message=error.message))
+            elif group is None:
+                out.append(DescribedGroup(NONE.code, group_id, str(GroupState.DEAD)))
+            else:
+                out.append(group.describe())
+        return DescribeGroupsResponse(out)
+
+    async def delete_groups(self, req: DeleteGroupsRequest) -> DeleteGroupsResponse:
+        results = []
+        for group_id in req.groups_names:
+            error, message = await self._delete_group(group_id)
+            results.append(DeletableGroupResult(group_id, error.code, message))
+        return DeleteGroupsResponse(results)
+
+    async def _delete_group(self, group_id: str) -> tuple[ErrorCode, str | None]:
+        error = self.coordinator_error(group_id)
+        if error is not None:
+            return error, error.message
+        group = self.groups.get(group_id)
+        if group is None or group.is_(GroupState.DEAD):
+            return GROUP_ID_NOT_FOUND, f"group {group_id} does not exist"
+        if not group.is_(GroupState.EMPTY):
+            return NON_EMPTY_GROUP, (f"group {group_id} has {len(group.members)} members ({group.state}); "
+                                     "only a group without members can be deleted")
+        group.transition_to(GroupState.DEAD, self.clock())
+        del self.groups[group_id]
+        records = [(offset_key(group_id, tp), None) for tp in group.offsets] + [(group_key(group_id), None)]
+        error, _ = await self._append(self.partition_of(group_id), records)
+        return error, None if error is NONE else f"the group's tombstones were not written: {error.message}"
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    async def offset_commit(self, req: OffsetCommitRequest) -> OffsetCommitResponse:
+        errors = self._commit_errors(req)
+        valid = [(t.name, p) for t in req.topics for p in t.partitions
+                 if errors.get((t.name, p.partition_index)) is None]
+        if valid:
+            group = self.groups[req.group_id]
+            outcome = await self._write_offsets(group, req, valid)
+            for (topic, p), error in zip(valid, outcome):
+                errors[(topic, p.partition_index)] = (error, None if error is NONE else error.message)
+        return OffsetCommitResponse([OffsetCommitTopicResponse(t.name, [
+            OffsetCommitPartitionResponse(p.partition_index, errors[(t.name, p.partition_index)][0].code,
+                                          errors[(t.name, p.partition_index)][1])
+            for p in t.partitions]) for t in req.topics])
+
+    def _commit_errors(self, req: OffsetCommitRequest) -> dict[tuple[str, int], tuple[ErrorCode, str | None] | None]:
+        """Per partition: the error that refuses its commit, or None (to be written)."""
+        keys = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
+        error = self.coordinator_error(req.group_id)
+        refusal = (error, error.message) if error is not None else self._group_refusal(req)
+        if refusal is not None:
+            return dict.fromkeys(keys, refusal)
+        out: dict = {}
+        for t in req.topics:
+            for p in t.partitions:
+                too_large = p.committed_metadata is not None and len(
+                    p.committed_metadata.encode()) > self.config.offset_metadata_max_bytes
+                out[(t.name, p.partition_index)] = (OFFSET_METADATA_TOO_LARGE, (
+                    f"metadata is larger than offset.metadata.max.bytes={self.config.offset_metadata_max_bytes}"
+                )) if too_large else None
+        return out
+
+    def _group_refusal(self, req: OffsetCommitRequest) -> tuple[ErrorCode, str] | None:
+        group = self.groups.get(req.group_id)
+        if group is None:
+            if req.generation_id >= 0:
+                return UNKNOWN_MEMBER_ID, (f"group {req.group_id} does not exist (its members expired or its "
+                                           "coordinator moved): rejoin before committing")
+            group = self.groups[req.group_id] = GroupMetadata(req.group_id, state_timestamp_ms=self.clock())
+        return group.commit_error(req.generation_id, req.member_id, req.group_instance_id, self.clock())
+
+    async def _write_offsets(self, group: GroupMetadata, req: OffsetCommitRequest, valid) -> list[ErrorCode]:
+        now = self.clock()
+        expire = now + req.retention_time_ms if req.retention_time_ms >= 0 else -1
+        values = [OffsetValue(p.committed_offset, p.committed_leader_epoch, p.committed_metadata, now, expire)
+                  for _, p in valid]
+        records = [(offset_key(req.group_id, TopicPartition(topic, p.partition_index)), offset_value(v))
+                   for (topic, p), v in zip(valid, values)]
+        error, base_offset = await self._append(self.partition_of(req.group_id), records)
+        if error is not NONE:
+            return [error] * len(valid)
+        if self.groups.get(req.group_id) is group:
+            for i, ((topic, p), v) in enumerate(zip(valid, values)):
+                group.apply_offset(TopicPartition(topic, p.partition_index),
+                                   OffsetValue(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp_ms,
+                                               v.expire_timestamp_ms, base_offset + i))
+        return [NONE] * len(valid)
+
+    async def offset_fetch(self, req: OffsetFetchRequest) -> OffsetFetchResponse:
+        error = self.coordinator_error(req.group_id)
+        if error is not None:
+            return OffsetFetchResponse(error.code)
+        group = self.groups.get(req.group_id)
+        offsets = group.offsets if group is not None else {}
+        if req.topics is None:
+            wanted: dict[str, list[int]] = {}
+            for tp in sorted(offsets):
+                wanted.setdefault(tp.topic, []).append(tp.partition)
+        else:
+            wanted = {t.name: list(t.partition_indexes) for t in req.topics}
+        return OffsetFetchResponse(NONE.code, [OffsetFetchTopicResponse(topic, [
+            _fetched(p, offsets.get(TopicPartition(topic, p))) for p in parts]) for topic, parts in wanted.items()])
+
+    # -- writing to __consumer_offsets -----------------------------------------------------------
+
+    async def _append(self, partition: int, records: list[tuple[bytes, bytes | None]]) -> tuple[ErrorCode, int]:
+        """Append keyed records to our partition with acks=all and wait until committed:
+        (error, base offset)."""
+        tp = TopicPartition(OFFSETS_TOPIC, partition)
+        epoch = self.epochs.get(partition)
+        if epoch is None:
+            return NOT_COORDINATOR, -1
+        rm = self.replica_manager
+        results, waiting = rm.append_now(-1, {tp: build_batch(records, timestamp_ms=self.clock())})
+        if waiting:
+            await rm.await_replication(waiting, self.config.offsets_commit_timeout_ms, results)
+        r = results[tp]
+        error = append_error(r["error_code"])
+        if error is NONE and self.epochs.get(partition) != epoch:
+            error = NOT_COORDINATOR
+        if error is not NONE:
+            logger.info("%s: append of %d records failed: %s (%s)", tp, len(records), for_code(r["error_code"]),
+                        r.get("error_message"))
+        return error, r["base_offset"]
+
+    async def _store_group(self, group: GroupMetadata, store: StoreGroup) -> None:
+        records = [(group_key(group.group_id), group_value(store.value))]
+        error, _ = await self._append(self.partition_of(group.group_id), records)
+        if self.groups.get(group.group_id) is group:
+            self._apply(group, group.on_store_complete(store, error, self.clock(), self.config.group))
+
+    # -- effects and waiting -------------------------------------------------------------------
+
+    def _register(self, group_id: str, member_id: str, kind: str) -> _Waiter:
+        waiter = _Waiter()
+        self._waiters.setdefault((group_id, member_id, kind), []).append(waiter)
+        return waiter
+
+    def _deliver(self, key: tuple[str, str, str], response) -> None:
+        for waiter in self._waiters.pop(key, []):
+            waiter.response = response
+            waiter.event.set()
+
+    def _apply(self, group: GroupMetadata, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, Reply):
+                self._deliver((group.group_id, e.member_id, e.kind), e.response)
+            elif self._nursery is not None:
+                self._nursery.start_soon(self._store_group, group, e)
+        self._wake.set()
+
+    async def _await(self, waiter: _Waiter, key, wait_ms: int, fallback):
+        with trio.move_on_after((wait_ms + WAIT_MARGIN_MS) / 1000):
+            await waiter.event.wait()
+        if waiter.response is None:
+            with contextlib.suppress(ValueError, KeyError):
+                self._waiters[key].remove(waiter)
+            return fallback
+        return waiter.response
+
+    # -- timers --------------------------------------------------------------------------------
+
+    def tick(self) -> float | None:
+        """Run every due group deadline; returns the next deadline (clock ms) or None."""
+        now = self.clock()
+        earliest = None
+        for group in list(self.groups.values()):
+            deadline = group.next_deadline_ms()
+            if deadline is not None and deadline <= now:
+                self._apply(group, group.tick(now, self.config.group))
+                deadline = group.next_deadline_ms()
+            if deadline is not None and (earliest is None or deadline < earliest):
+                earliest = deadline
+        return earliest
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._wake = trio.Event()
+            earliest = self.tick()
+            delay_s = 1.0 if earliest is None else (earliest - self.clock()) / 1000
+            with trio.move_on_after(min(1.0, max(0.005, delay_s))):
+                await self._wake.wait()
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
+            await self.expire_offsets()
+
+    async def expire_offsets(self) -> int:
+        """Drop expired offsets (and groups left Empty without offsets), writing tombstones."""
+        now = self.clock()
+        tombstones: dict[int, list[tuple[bytes, None]]] = {}
+        for group_id, group in list(self.groups.items()):
+            if self.coordinator_error(group_id) is not None:
+                continue
+            expired = group.expire_offsets(now, self.config.offsets_retention_ms)
+            out = tombstones.setdefault(self.partition_of(group_id), [])
+            out += [(offset_key(group_id, tp), None) for tp in expired]
+            if group.is_(GroupState.EMPTY) and not group.offsets and not group.pending_members:
+                group.transition_to(GroupState.DEAD, now)
+                del self.groups[group_id]
+                out.append((group_key(group_id), None))
+        written = 0
+        for partition, records in tombstones.items():
+            if records and (await self._append(partition, records))[0] is NONE:
+                written += len(records)
+        if written:
+            logger.info("expired offsets and groups: %d tombstones written", written)
+        return written
+
+    # -- lag -----------------------------------------------------------------------------------
+
+    def lag(self) -> list[tuple[str, TopicPartition, int, int]]:
+        """(group, partition, committed offset, lag) for every committed offset of the groups
+        coordinated here whose partition's end is known: the local high watermark where this
+        broker leads the partition, else the last ListOffsets answer of its leader."""
+        out = []
+        for group_id, group in sorted(self.groups.items()):
+            for tp, v in sorted(group.offsets.items()):
+                end = self._end_offset(tp)
+                if end is not None:
+                    out.append((group_id, tp, v.offset, max(0, end - v.offset)))
+        return out
+
+    def _end_offset(self, tp: TopicPartition) -> int | None:
+        p = self.replica_manager.partitions.get(tp)
+        if p is not None and p.is_leader and p.log is not None:
+            return p.log.high_watermark
+        return self.remote_end_offsets.get(tp)
+
+    async def _lag_refresh_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.refresh_remote_end_offsets()
+            await trio.sleep(LAG_REFRESH_INTERVAL_S)
+
+    async def refresh_remote_end_offsets(self) -> None:
+        by_leader: dict[int, set[TopicPartition]] = {}
+        for group in list(self.groups.values()):
+            for tp in group.offsets:
+                leader = self.metadata.leader_of(tp)
+                if leader >= 0 and self._end_offset_is_remote(tp):
+                    by_leader.setdefault(leader, set()).add(tp)
+        known = set().union(*by_leader.values()) if by_leader else set()
+        for tp in [tp for tp in self.remote_end_offsets if tp not in known]:
+            del self.remote_end_offsets[tp]
+        for leader, tps in by_leader.items():
+            with contextlib.suppress(Exception):
+                await self._refresh_from(leader, tps)
+
+    def _end_offset_is_remote(self, tp: TopicPartition) -> bool:
+        p = self.replica_manager.partitions.get(tp)
+        return not (p is not None and p.is_leader)
+
+    async def _refresh_from(self, leader: int, tps: set[TopicPartition]) -> None:
+        by_topic: dict[str, list[ListOffsetsPartition]] = {}
+        for tp in sorted(tps):
+            by_topic.setdefault(tp.topic, []).append(ListOffsetsPartition(tp.partition, LATEST_TIMESTAMP))
+        req = ListOffsetsRequest(topics=[ListOffsetsTopic(t, ps) for t, ps in by_topic.items()])
+        resp = await self.list_offsets(leader, req)
+        for t in resp.topics:
+            for p in t.partitions:
+                if p.error_code == NONE.code:
+                    self.remote_end_offsets[TopicPartition(t.name, p.partition_index)] = p.offset
+
+    def state_counts(self) -> dict[str, int]:
+        counts = {str(s): 0 for s in GroupState if s is not GroupState.DEAD}
+        for g in self.groups.values():
+            if not g.is_(GroupState.DEAD):
+                counts[str(g.state)] += 1
+        return counts
+
+
+def _fold_chunk(log, offset: int, end: int, loaded: LoadedPartition) -> int:
+    """Worker thread: read whole batches from ``offset`` (below ``end``), fold their records
+    into ``loaded``; returns the offset to continue from."""
+    try:
+        data = log.read(offset, LOAD_BUFFER_BYTES, max_offset=end, min_one_message=True)
+    except OffsetOutOfRangeError:  # retention or the cleaner moved the log start
+        return max(offset + 1, log.log_start_offset)
+    if not data:
+        return end
+    next_offset = offset
+    for _, header in iter_headers(data):
+        next_offset = header.next_offset
+    for r in iter_all_records(data):
+        if offset <= r.offset < end:
+            loaded.apply(r.offset, r.key, r.value)
+    return next_offset
+
+
+def _fetched(partition: int, v: OffsetValue | None) -> OffsetFetchPartitionResponse:
+    if v is None:
+        return OffsetFetchPartitionResponse(partition, NO_OFFSET)
+    return OffsetFetchPartitionResponse(partition, v.offset, v.leader_epoch, v.metadata)
+
+
+def _single_error(members) -> int:
+    """Top-level LeaveGroup error: the member's own when one member left (what clients of
+    the single-member LeaveGroup read), else NONE (per-member errors say the rest)."""
+    return members[0].error_code if len(members) == 1 else NONE.code

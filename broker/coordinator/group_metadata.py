@@ -1,0 +1,740 @@
+"""One consumer group's state machine (Kafka's GroupMetadata plus the decisions of its
+GroupCoordinator), pure: requests and the time go in, replies and effects come out.
+
+States (Kafka's, the names DescribeGroups reports)
+--------------------------------------------------
+``Empty``               no members; offsets may exist (a group whose members all left, or
+                        one used only to commit offsets).
+``PreparingRebalance``  a rebalance started: members must (re)join. The join phase ends
+                        when every known member has rejoined, or when the rebalance timeout
+                        (the largest of the members') passes; members that did not rejoin
+                        are removed. An Empty group waits ``group.initial.rebalance.delay.ms``
+                        first (extended by that delay while new members keep arriving, up to
+                        the rebalance timeout) so that a starting fleet joins one generation.
+``CompletingRebalance`` the join phase ended: the generation was bumped, a protocol (assignor)
+                        supported by every member chosen, the leader got the member list and
+                        computes the assignment; members wait in SyncGroup for it.
+``Stable``              the leader's assignment was written to ``__consumer_offsets`` and
+                        handed to every member; members heartbeat.
+``Dead``                the group was deleted or moved away; nothing is answered from it.
+
+``VALID_PREVIOUS_STATES`` is the table of allowed transitions; ``transition_to`` enforces it.
+
+Events: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit validation, the timer
+(``tick``: join deadline, session expiry, members that never sent SyncGroup), and the
+completion of a group metadata write (``on_store_complete``).
+
+Replies: a request either gets its answer at once (``JoinResult.immediate``) or waits for a
+``Reply`` addressed to its member id; every method returns the list of effects to carry out,
+in order: ``Reply`` (answer a waiting JoinGroup or SyncGroup) and ``StoreGroup`` (write the
+group's metadata record, then call ``on_store_complete``). The coordinator owns the waiting
+and the writing; this module reads no clock, does no I/O and never awaits.
+
+Membership rules that matter for clients (Kafka's):
+
+* A new dynamic member (empty member id, no group instance id) gets MEMBER_ID_REQUIRED with
+  the member id to rejoin with; until it rejoins (or its session timeout passes) the join
+  phase waits for it.
+* A static member (group instance id) keeps its identity across restarts: rejoining with an
+  unknown member id replaces the old member id; in a Stable group whose chosen protocol and
+  the member's metadata are unchanged this happens without a rebalance and the member gets
+  its old assignment. Requests carrying the old member id are then FENCED_INSTANCE_ID.
+* Heartbeats answer REBALANCE_IN_PROGRESS while the group prepares a rebalance (the member
+  must rejoin); a member that sends no heartbeat within its session timeout is removed and
+  the group rebalances. LeaveGroup removes a member at once and rebalances.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+
+from broker.coordinator.offsets_records import GroupMetadataValue, MemberValue, OffsetValue
+from protocol.errors import (
+    COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, ILLEGAL_GENERATION,
+    INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT, MEMBER_ID_REQUIRED, NONE, REBALANCE_IN_PROGRESS,
+    UNKNOWN_MEMBER_ID, ErrorCode,
+)
+from protocol.messages import (
+    NO_GENERATION, UNKNOWN_MEMBER, DescribedGroup, DescribedGroupMember, JoinGroupMember, JoinGroupRequest,
+    JoinGroupResponse, MemberIdentity, MemberResponse, SyncGroupRequest, SyncGroupResponse,
+)
+from protocol.topics import TopicPartition
+
+
+class GroupState(Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = GroupState
+VALID_PREVIOUS_STATES: dict[GroupState, frozenset[GroupState]] = {
+    S.EMPTY: frozenset({S.PREPARING_REBALANCE}),
+    S.PREPARING_REBALANCE: frozenset({S.STABLE, S.COMPLETING_REBALANCE, S.EMPTY}),
+    S.COMPLETING_REBALANCE: frozenset({S.PREPARING_REBALANCE}),
+    S.STABLE: frozenset({S.COMPLETING_REBALANCE}),
+    S.DEAD: frozenset({S.STABLE, S.PREPARING_REBALANCE, S.COMPLETING_REBALANCE, S.EMPTY, S.DEAD}),
+}
+CAN_REBALANCE = frozenset({S.STABLE, S.COMPLETING_REBALANCE, S.EMPTY})
+
+
+class IllegalStateTransition(RuntimeError):
+    """A transition the table does not allow: a bug in the coordinator, never a client error."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    initial_rebalance_delay_ms: int = 3000
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 1800000
+    max_size: int = 2**31 - 1
+
+
+# -- effects -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer the JoinGroup ("join") or SyncGroup ("sync") that ``member_id`` waits in."""
+    member_id: str
+    kind: str
+    response: JoinGroupResponse | SyncGroupResponse
+
+
+@dataclass(frozen=True, slots=True)
+class StoreGroup:
+    """Write the group's metadata record (``value``), then call ``on_store_complete(self, ..)``.
+    ``reason``: "sync" (the leader's assignment), "empty" (a generation without members),
+    "static" (a static member replaced without a rebalance)."""
+    reason: str
+    generation: int
+    value: GroupMetadataValue
+    member_id: str = ""
+    old_member_id: str = ""
+
+
+Effect = Reply | StoreGroup
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    """``immediate``: the response now; else wait for a Reply to ``wait_for``."""
+    effects: list[Effect]
+    immediate: JoinGroupResponse | None = None
+    wait_for: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    effects: list[Effect]
+    immediate: SyncGroupResponse | None = None
+
+
+def join_error(error: ErrorCode, member_id: str = UNKNOWN_MEMBER, message: str | None = None) -> JoinGroupResponse:
+    return JoinGroupResponse(error.code, member_id=member_id, error_message=message or error.message)
+
+
+def sync_error(error: ErrorCode, message: str | None = None) -> SyncGroupResponse:
+    return SyncGroupResponse(error.code, error_message=message or error.message)
+
+
+# -- members -------------------------------------------------------------------------------------
+
+
+@dataclass
+class MemberMetadata:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    last_heartbeat_ms: int = 0
+    awaiting_join: bool = False
+    awaiting_sync: bool = False
+    is_new: bool = False
+
+    def metadata_for(self, protocol: str | None) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        return b""
+
+    def protocol_names(self) -> list[str]:
+        return [name for name, _ in self.protocols]
+
+    def session_expired(self, now_ms: int) -> bool:
+        return now_ms >= self.last_heartbeat_ms + self.session_timeout_ms
+
+    def vote(self, candidates: set[str]) -> str:
+        """The member's most preferred protocol among ``candidates``."""
+        return next(name for name in self.protocol_names() if name in candidates)
+
+
+def _protocols(req: JoinGroupRequest) -> list[tuple[str, bytes]]:
+    return [(p.name, p.metadata) for p in req.protocols]
+
+
+# -- the group -----------------------------------------------------------------------------------
+
+
+@dataclass
+class GroupMetadata:
+    group_id: str
+    state: GroupState = S.EMPTY
+    state_timestamp_ms: int = 0
+    generation_id: int = 0
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader_id: str | None = None
+    members: dict[str, MemberMetadata] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> member id
+    pending_members: dict[str, int] = field(default_factory=dict)  # member id -> expiry (ms)
+    offsets: dict[TopicPartition, OffsetValue] = field(default_factory=dict)
+    join_deadline_ms: int | None = None  # while PreparingRebalance
+    initial_delay_remaining_ms: int | None = None  # not None: the initial (Empty group) delay
+    initial_delay_ms: int = 0
+    new_member_added: bool = False
+    sync_deadline_ms: int | None = None  # while CompletingRebalance
+    pending_sync: set[str] = field(default_factory=set)  # members that have not sent SyncGroup
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def transition_to(self, target: GroupState, now_ms: int) -> None:
+        if self.state not in VALID_PREVIOUS_STATES[target]:
+            raise IllegalStateTransition(f"group {self.group_id}: {self.state} -> {target} is not allowed")
+        self.state = target
+        self.state_timestamp_ms = now_ms
+
+    def is_(self, state: GroupState) -> bool:
+        return self.state is state
+
+    @property
+    def rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def has_all_members_joined(self) -> bool:
+        return all(m.awaiting_join for m in self.members.values()) and not self.pending_members
+
+    def candidate_protocols(self) -> set[str]:
+        """Protocols every member supports."""
+        sets = [set(m.protocol_names()) for m in self.members.values()]
+        return set.intersection(*sets) if sets else set()
+
+    def supports_protocols(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
+        names = {name for name, _ in protocols}
+        if self.is_(S.EMPTY) or not self.members:
+            return bool(protocol_type) and bool(names)
+        return protocol_type == self.protocol_type and bool(names & self.candidate_protocols())
+
+    def select_protocol(self) -> str:
+        """Each member votes for its most preferred protocol among those every member
+        supports; the most votes wins, ties going to the earlier member's preference."""
+        candidates = self.candidate_protocols()
+        votes = Counter(m.vote(candidates) for m in self.members.values())
+        order = [m.vote(candidates) for m in self.members.values()]
+        return max(votes, key=lambda name: (votes[name], -order.index(name)))
+
+    def is_static_member_fenced(self, instance_id: str | None, member_id: str) -> bool:
+        return instance_id is not None and self.static_members.get(instance_id, member_id) != member_id
+
+    # -- JoinGroup -----------------------------------------------------------------------------
+
+    def join(self, req: JoinGroupRequest, client_id: str, client_host: str, new_member_id: str,
+             now_ms: int, config: GroupConfig) -> JoinResult:
+        """A JoinGroup. ``new_member_id`` is the id a member joining without one gets."""
+        if not config.min_session_timeout_ms <= req.session_timeout_ms <= config.max_session_timeout_ms:
+            return JoinResult([], join_error(INVALID_SESSION_TIMEOUT, req.member_id, (
+                f"session timeout {req.session_timeout_ms} ms is outside the broker's bounds "
+                f"[{config.min_session_timeout_ms}, {config.max_session_timeout_ms}] "
+                "(group.min.session.timeout.ms, group.max.session.timeout.ms)")))
+        if self.is_(S.DEAD):
+            return JoinResult([], join_error(COORDINATOR_NOT_AVAILABLE, req.member_id,
+                                             f"group {self.group_id} is being removed; find its coordinator again"))
+        if not self.supports_protocols(req.protocol_type, _protocols(req)):
+            return JoinResult([], join_error(INCONSISTENT_GROUP_PROTOCOL, req.member_id, (
+                f"protocol type {req.protocol_type!r} with protocols {[p.name for p in req.protocols]} "
+                f"is not compatible with group {self.group_id} (type {self.protocol_type!r}, "
+                f"protocols all members support: {sorted(self.candidate_protocols())})")))
+        if req.member_id == UNKNOWN_MEMBER:
+            return self._join_unknown(req, client_id, client_host, new_member_id, now_ms, config)
+        return self._join_known(req, client_id, client_host, now_ms, config)
+
+    def _join_unknown(self, req, client_id, client_host, new_member_id, now_ms, config) -> JoinResult:
+        known_static = req.group_instance_id is not None and req.group_instance_id in self.static_members
+        if not known_static and len(self.members) + len(self.pending_members) >= config.max_size:
+            return JoinResult([], join_error(GROUP_MAX_SIZE_REACHED, UNKNOWN_MEMBER, (
+                f"group {self.group_id} has reached group.max.size={config.max_size} members")))
+        if known_static:
+            return self._replace_static_member(req, client_id, client_host, new_member_id, now_ms, config)
+        if req.group_instance_id is None:  # a new dynamic member first learns its id
+            self.pending_members[new_member_id] = now_ms + req.session_timeout_ms
+            return JoinResult([], JoinGroupResponse(
+                MEMBER_ID_REQUIRED.code, member_id=new_member_id,
+                error_message="rejoin with the member id given (Kafka's MEMBER_ID_REQUIRED handshake)"))
+        return self._add_member_and_rebalance(req, client_id, client_host, new_member_id, now_ms, config)
+
+    def _join_known(self, req, client_id, client_host, now_ms, config) -> JoinResult:
+        member_id = req.member_id
+        if member_id in self.pending_members:
+            del self.pending_members[member_id]
+            return self._add_member_and_rebalance(req, client_id, client_host, member_id, now_ms, config)
+        if self.is_static_member_fenced(req.group_instance_id, member_id):
+            return JoinResult([], join_error(FENCED_INSTANCE_ID, member_id, (
+                f"member {member_id} was replaced by a newer member with group instance id "
+                f"{req.group_instance_id!r}")))
+        member = self.members.get(member_id)
+        if member is None:
+            return JoinResult([], join_error(UNKNOWN_MEMBER_ID, member_id, (
+                f"group {self.group_id} has no member {member_id}: it was removed (session timeout or "
+                "rebalance timeout); rejoin with an empty member id")))
+        same = member.protocols == _protocols(req)
+        if self.is_(S.PREPARING_REBALANCE):
+            return self._update_member_and_rebalance(member, req, client_id, client_host, now_ms, config)
+        if self.is_(S.COMPLETING_REBALANCE) and same:
+            return JoinResult([], self._join_response(member))
+        if self.is_(S.STABLE) and same and member_id != self.leader_id:
+            return JoinResult([], self._join_response(member))
+        return self._update_member_and_rebalance(member, req, client_id, client_host, now_ms, config)
+
+    def _add_member_and_rebalance(self, req, client_id, client_host, member_id, now_ms, config) -> JoinResult:
+        member = MemberMetadata(member_id, req.group_instance_id, client_id, client_host,
+                                _rebalance_timeout(req), req.session_timeout_ms, req.protocol_type,
+                                _protocols(req), last_heartbeat_ms=now_ms, awaiting_join=True, is_new=True)
+        self.add(member)
+        if self.is_(S.PREPARING_REBALANCE) and self.generation_id == 0:
+            self.new_member_added = True
+        return JoinResult(self._after_join(now_ms, config), wait_for=member_id)
+
+    def _update_member_and_rebalance(self, member, req, client_id, client_host, now_ms, config) -> JoinResult:
+        member.protocols = _protocols(req)
+        member.rebalance_timeout_ms = _rebalance_timeout(req)
+        member.session_timeout_ms = req.session_timeout_ms
+        member.client_id, member.client_host = client_id, client_host
+        member.awaiting_join = True
+        member.last_heartbeat_ms = now_ms
+        return JoinResult(self._after_join(now_ms, config), wait_for=member.member_id)
+
+    def _after_join(self, now_ms: int, config: GroupConfig) -> list[Effect]:
+        effects = self.maybe_prepare_rebalance(now_ms, config)
+        return effects + self.maybe_complete_join(now_ms)
+
+    def _replace_static_member(self, req, client_id, client_host, new_member_id, now_ms, config) -> JoinResult:
+        old_id = self.static_members[req.group_instance_id]
+        old = self.members[old_id]
+        effects = self._fence(old)
+        metadata_changed = old.metadata_for(self.protocol_name) != dict(_protocols(req)).get(self.protocol_name)
+        member = self._rename(old, new_member_id)
+        member.protocols, member.rebalance_timeout_ms = _protocols(req), _rebalance_timeout(req)
+        member.session_timeout_ms, member.client_id, member.client_host = req.session_timeout_ms, client_id, client_host
+        member.last_heartbeat_ms = now_ms
+        if self.is_(S.PREPARING_REBALANCE):
+            member.awaiting_join = True
+            return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
+        if self.is_(S.COMPLETING_REBALANCE):
+            return JoinResult(effects, self._join_response(member))
+        if metadata_changed or self.select_protocol() != self.protocol_name:
+            member.awaiting_join = True
+            effects += self.prepare_rebalance(now_ms, config)
+            return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
+        store = StoreGroup("static", self.generation_id, self.snapshot(), new_member_id, old_id)
+        return JoinResult(effects + [store], wait_for=new_member_id)
+
+    def _fence(self, old: MemberMetadata) -> list[Effect]:
+        """Answer what the replaced member of a static identity still waits in."""
+        msg = f"member {old.member_id} was replaced by a newer member with its group instance id"
+        effects: list[Effect] = []
+        if old.awaiting_join:
+            effects.append(Reply(old.member_id, "join", join_error(FENCED_INSTANCE_ID, old.member_id, msg)))
+        if old.awaiting_sync:
+            effects.append(Reply(old.member_id, "sync", sync_error(FENCED_INSTANCE_ID, msg)))
+        old.awaiting_join = old.awaiting_sync = False
+        return effects
+
+    def _rename(self, member: MemberMetadata, new_id: str) -> MemberMetadata:
+        """Move a member to a new id, keeping its place (order, leadership, pending sync)."""
+        old_id = member.member_id
+        self.members = {(new_id if k == old_id else k): v for k, v in self.members.items()}
+        member.member_id = new_id
+        if member.group_instance_id is not None:
+            self.static_members[member.group_instance_id] = new_id
+        if self.leader_id == old_id:
+            self.leader_id = new_id
+        if old_id in self.pending_sync:
+            self.pending_sync.discard(old_id)
+            self.pending_sync.add(new_id)
+        return member
+
+    def _join_response(self, member: MemberMetadata, skip_assignment: bool = False) -> JoinGroupResponse:
+        is_leader = member.member_id == self.leader_id
+        members = [JoinGroupMember(m.member_id, m.metadata_for(self.protocol_name), m.group_instance_id)
+                   for m in self.members.values()] if is_leader else []
+        return JoinGroupResponse(NONE.code, self.generation_id, self.protocol_type, self.protocol_name,
+                                 self.leader_id or "", member.member_id, members, skip_assignment)
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def add(self, member: MemberMetadata) -> None:
+        if not self.members:
+            self.protocol_type = member.protocol_type
+        self.members[member.member_id] = member
+        if member.group_instance_id is not None:
+            self.static_members[member.group_instance_id] = member.member_id
+        if self.leader_id is None:
+            self.leader_id = member.member_id
+
+    def remove(self, member_id: str) -> MemberMetadata | None:
+        member = self.members.pop(member_id, None)
+        if member is None:
+            return None
+        if member.group_instance_id is not None and self.static_members.get(member.group_instance_id) == member_id:
+            del self.static_members[member.group_instance_id]
+        self.pending_sync.discard(member_id)
+        if self.leader_id == member_id:
+            self.leader_id = next(iter(self.members), None)
+        return member
+
+    def remove_member_and_update(self, member_id: str, now_ms: int, config: GroupConfig) -> list[Effect]:
+        """A member leaves (LeaveGroup) or expires: answer what it waits in, then rebalance."""
+        member = self.members.get(member_id)
+        if member is None:
+            return []
+        effects: list[Effect] = []
+        if member.awaiting_join:
+            effects.append(Reply(member_id, "join", join_error(UNKNOWN_MEMBER_ID, member_id, "the member left the group")))
+        if member.awaiting_sync:
+            effects.append(Reply(member_id, "sync", sync_error(UNKNOWN_MEMBER_ID, "the member left the group")))
+        self.remove(member_id)
+        if self.state in (S.STABLE, S.COMPLETING_REBALANCE):
+            effects += self.maybe_prepare_rebalance(now_ms, config)
+        return effects + self.maybe_complete_join(now_ms)
+
+    # -- rebalance -----------------------------------------------------------------------------
+
+    def maybe_prepare_rebalance(self, now_ms: int, config: GroupConfig) -> list[Effect]:
+        return self.prepare_rebalance(now_ms, config) if self.state in CAN_REBALANCE else []
+
+    def prepare_rebalance(self, now_ms: int, config: GroupConfig) -> list[Effect]:
+        effects = self._reset_assignment(REBALANCE_IN_PROGRESS) if self.is_(S.COMPLETING_REBALANCE) else []
+        if self.is_(S.EMPTY):
+            delay = self.initial_delay_ms = config.initial_rebalance_delay_ms
+            self.join_deadline_ms = now_ms + delay
+            self.initial_delay_remaining_ms = max(self.rebalance_timeout_ms - delay, 0)
+        else:
+            self.join_deadline_ms = now_ms + self.rebalance_timeout_ms
+            self.initial_delay_remaining_ms = None
+        self.sync_deadline_ms, self.pending_sync = None, set()
+        self.transition_to(S.PREPARING_REBALANCE, now_ms)
+        return effects
+
+    def _reset_assignment(self, error: ErrorCode) -> list[Effect]:
+        effects: list[Effect] = []
+        for m in self.members.values():
+            m.assignment = b""
+            if m.awaiting_sync:
+                m.awaiting_sync = False
+                effects.append(Reply(m.member_id, "sync", sync_error(error)))
+        return effects
+
+    def maybe_complete_join(self, now_ms: int) -> list[Effect]:
+        """End the join phase when it may end: every member rejoined (except during the
+        initial delay, which always runs out), or the deadline passed."""
+        if not self.is_(S.PREPARING_REBALANCE):
+            return []
+        if self.join_deadline_ms is not None and now_ms >= self.join_deadline_ms:
+            if self.initial_delay_remaining_ms and self.new_member_added:
+                return self._extend_initial_delay(now_ms)
+            return self.complete_join(now_ms)
+        if self.initial_delay_remaining_ms is None and self.has_all_members_joined():
+            return self.complete_join(now_ms)
+        return []
+
+    def _extend_initial_delay(self, now_ms: int) -> list[Effect]:
+        remaining = self.initial_delay_remaining_ms or 0
+        delay = min(remaining, self.initial_delay_ms)
+        self.new_member_added = False
+        self.join_deadline_ms = now_ms + delay
+        self.initial_delay_remaining_ms = max(remaining - delay, 0)
+        return []
+
+    def complete_join(self, now_ms: int) -> list[Effect]:
+        """Remove members that did not rejoin; bump the generation; answer every member."""
+        for m in [m for m in self.members.values() if not m.awaiting_join]:
+            self.remove(m.member_id)
+        self.join_deadline_ms = self.initial_delay_remaining_ms = None
+        self.new_member_added = False
+        self.generation_id += 1
+        if not self.members:
+            self.protocol_name = None
+            self.transition_to(S.EMPTY, now_ms)
+            return [StoreGroup("empty", self.generation_id, self.snapshot())]
+        if self.leader_id not in self.members:
+            self.leader_id = next(iter(self.members))
+        self.protocol_name = self.select_protocol()
+        self.transition_to(S.COMPLETING_REBALANCE, now_ms)
+        self.sync_deadline_ms = now_ms + self.rebalance_timeout_ms
+        self.pending_sync = set(self.members)
+        effects: list[Effect] = []
+        for m in self.members.values():
+            m.awaiting_join, m.is_new, m.last_heartbeat_ms = False, False, now_ms
+            effects.append(Reply(m.member_id, "join", self._join_response(m)))
+        return effects
+
+    # -- SyncGroup -----------------------------------------------------------------------------
+
+    def sync(self, req: SyncGroupRequest, now_ms: int) -> SyncResult:
+        error = self._check_member(req.member_id, req.group_instance_id, req.generation_id)
+        if error is not None:
+            return SyncResult([], sync_error(*error))
+        if (req.protocol_type is not None and req.protocol_type != self.protocol_type) or (
+                req.protocol_name is not None and req.protocol_name != self.protocol_name):
+            return SyncResult([], sync_error(INCONSISTENT_GROUP_PROTOCOL, (
+                f"protocol {req.protocol_type}/{req.protocol_name} differs from the group's "
+                f"{self.protocol_type}/{self.protocol_name}")))
+        member = self.members[req.member_id]
+        member.last_heartbeat_ms = now_ms
+        if self.is_(S.EMPTY):
+            return SyncResult([], sync_error(UNKNOWN_MEMBER_ID))
+        if self.is_(S.PREPARING_REBALANCE):
+            return SyncResult([], sync_error(REBALANCE_IN_PROGRESS, "the group is rebalancing: rejoin it"))
+        if self.is_(S.STABLE):
+            return SyncResult([], self._sync_response(member))
+        member.awaiting_sync = True
+        self.pending_sync.discard(member.member_id)
+        if member.member_id != self.leader_id:
+            return SyncResult([])
+        assignment = {a.member_id: a.assignment for a in req.assignments}
+        value = self.snapshot({m: assignment.get(m, b"") for m in self.members})
+        return SyncResult([StoreGroup("sync", self.generation_id, value)])
+
+    def _sync_response(self, member: MemberMetadata) -> SyncGroupResponse:
+        return SyncGroupResponse(NONE.code, member.assignment, self.protocol_type, self.protocol_name)
+
+    def _check_member(self, member_id: str, instance_id: str | None, generation_id: int) -> tuple | None:
+        """The error of a SyncGroup or Heartbeat from this member, if any (Kafka's order)."""
+        if self.is_(S.DEAD):
+            return COORDINATOR_NOT_AVAILABLE, f"group {self.group_id} is being removed; find its coordinator again"
+        if self.is_static_member_fenced(instance_id, member_id):
+            return FENCED_INSTANCE_ID, f"member {member_id} was replaced by a newer member with its group instance id"
+        if member_id not in self.members:
+            return UNKNOWN_MEMBER_ID, f"group {self.group_id} has no member {member_id}; rejoin with an empty member id"
+        if generation_id != self.generation_id:
+            return ILLEGAL_GENERATION, (f"generation {generation_id} is not the group's current generation "
+                                        f"{self.generation_id}; rejoin the group")
+        return None
+
+    def on_store_complete(self, store: StoreGroup, error: ErrorCode, now_ms: int, config: GroupConfig) -> list[Effect]:
+        """The metadata write of ``store`` finished with ``error`` (NONE when committed)."""
+        if store.reason == "sync":
+            return self._on_sync_stored(store, error, now_ms, config)
+        if store.reason == "static":
+            return self._on_static_stored(store, error)
+        return []
+
+    def _on_sync_stored(self, store: StoreGroup, error: ErrorCode, now_ms: int, config: GroupConfig) -> list[Effect]:
+        if not self.is_(S.COMPLETING_REBALANCE) or self.generation_id != store.generation:
+            return []
+        if error is not NONE:
+            return self._reset_assignment(error) + self.maybe_prepare_rebalance(now_ms, config)
+        assignment = {m.member_id: m.assignment for m in store.value.members}
+        effects: list[Effect] = []
+        for m in self.members.values():
+            m.assignment = assignment.get(m.member_id, b"")
+            if m.awaiting_sync:
+                m.awaiting_sync = False
+                effects.append(Reply(m.member_id, "sync", self._sync_response(m)))
+        self.sync_deadline_ms, self.pending_sync = None, set()
+        self.transition_to(S.STABLE, now_ms)
+        return effects
+
+    def _on_static_stored(self, store: StoreGroup, error: ErrorCode) -> list[Effect]:
+        member = self.members.get(store.member_id)
+        if member is None:
+            return []
+        if error is not NONE:  # undo the replacement: the old member id stays valid
+            self._rename(member, store.old_member_id)
+            return [Reply(store.member_id, "join", join_error(error, store.member_id))]
+        skip = member.member_id == self.leader_id  # the leader keeps the current assignment
+        return [Reply(member.member_id, "join", self._join_response(member, skip_assignment=skip))]
+
+    # -- Heartbeat, LeaveGroup -------------------------------------------------------------------
+
+    def heartbeat(self, member_id: str, instance_id: str | None, generation_id: int, now_ms: int) -> tuple:
+        """(error, message) of a heartbeat; a known member's session is renewed."""
+        error = self._check_member(member_id, instance_id, generation_id)
+        if error is not None:
+            return error
+        if self.is_(S.EMPTY):
+            return UNKNOWN_MEMBER_ID, None
+        self.members[member_id].last_heartbeat_ms = now_ms
+        if self.is_(S.PREPARING_REBALANCE):
+            return REBALANCE_IN_PROGRESS, "the group is rebalancing: rejoin it"
+        return NONE, None
+
+    def leave(self, identities: list[MemberIdentity], now_ms: int, config: GroupConfig
+              ) -> tuple[list[MemberResponse], list[Effect]]:
+        responses, effects = [], []
+        for ident in identities:
+            member_id, error = self._leaving_member(ident)
+            if error is NONE:
+                effects += self.remove_member_and_update(member_id, now_ms, config)
+            responses.append(MemberResponse(ident.member_id, error.code, ident.group_instance_id))
+        return responses, effects
+
+    def _leaving_member(self, ident: MemberIdentity) -> tuple[str, ErrorCode]:
+        if ident.group_instance_id is not None:
+            member_id = self.static_members.get(ident.group_instance_id)
+            if member_id is None:
+                return ident.member_id, UNKNOWN_MEMBER_ID
+            if ident.member_id not in (UNKNOWN_MEMBER, member_id):
+                return ident.member_id, FENCED_INSTANCE_ID
+            return member_id, NONE
+        if ident.member_id in self.pending_members:
+            del self.pending_members[ident.member_id]
+            return ident.member_id, NONE
+        return ident.member_id, NONE if ident.member_id in self.members else UNKNOWN_MEMBER_ID
+
+    # -- OffsetCommit --------------------------------------------------------------------------
+
+    def commit_error(self, generation_id: int, member_id: str, instance_id: str | None,
+                     now_ms: int) -> tuple[ErrorCode, str] | None:
+        """Why an OffsetCommit must be refused (None: accept it). A commit from a member
+        counts as its heartbeat. Outside group management (generation -1, no member id) a
+        commit is accepted only while the group is Empty."""
+        if self.is_(S.DEAD):
+            return COORDINATOR_NOT_AVAILABLE, f"group {self.group_id} is being removed; find its coordinator again"
+        if self.is_static_member_fenced(instance_id, member_id):
+            return FENCED_INSTANCE_ID, f"member {member_id} was replaced by a newer member with its group instance id"
+        if generation_id < 0 and self.is_(S.EMPTY):
+            return None
+        if self.is_(S.COMPLETING_REBALANCE):
+            return REBALANCE_IN_PROGRESS, ("the group is completing a rebalance: the commit is refused; "
+                                           "rejoin, then commit the offsets of the partitions assigned to you")
+        if member_id not in self.members:
+            if generation_id < 0:
+                return UNKNOWN_MEMBER_ID, (f"group {self.group_id} has active members ({self.state}); "
+                                           "offsets can be committed without a member id only while it is empty")
+            return UNKNOWN_MEMBER_ID, (f"group {self.group_id} has no member {member_id}: it was removed from "
+                                       "the group (rebalanced); rejoin before committing")
+        if generation_id != self.generation_id:
+            return ILLEGAL_GENERATION, (f"generation {generation_id} is not the group's current generation "
+                                        f"{self.generation_id}: a rebalance happened; rejoin before committing")
+        self.members[member_id].last_heartbeat_ms = now_ms
+        return None
+
+    def apply_offset(self, tp: TopicPartition, value: OffsetValue) -> None:
+        """Take a committed offset into the cache unless a later record is there already."""
+        current = self.offsets.get(tp)
+        if current is None or value.record_offset >= current.record_offset:
+            self.offsets[tp] = value
+
+    def expire_offsets(self, now_ms: int, retention_ms: int) -> list[TopicPartition]:
+        """Drop and return the offsets past retention: all of an Empty consumer group's once
+        it has been Empty for ``retention_ms``; for a group that only commits (no protocol),
+        each offset ``retention_ms`` after its commit (or at its explicit expire time)."""
+        if not self.is_(S.EMPTY):
+            return []
+        if self.protocol_type is not None:
+            expired = list(self.offsets) if now_ms - self.state_timestamp_ms >= retention_ms else []
+        else:
+            expired = [tp for tp, v in self.offsets.items() if _offset_expired(v, now_ms, retention_ms)]
+        for tp in expired:
+            del self.offsets[tp]
+        return expired
+
+    # -- the timer -----------------------------------------------------------------------------
+
+    def next_deadline_ms(self) -> int | None:
+        """When ``tick`` next has something to do (None: nothing scheduled)."""
+        deadlines = [m.last_heartbeat_ms + m.session_timeout_ms for m in self.members.values()
+                     if not m.awaiting_join and not m.awaiting_sync]
+        deadlines += self.pending_members.values()
+        if self.join_deadline_ms is not None:
+            deadlines.append(self.join_deadline_ms)
+        if self.sync_deadline_ms is not None and self.pending_sync:
+            deadlines.append(self.sync_deadline_ms)
+        return min(deadlines, default=None)
+
+    def tick(self, now_ms: int, config: GroupConfig) -> list[Effect]:
+        """Everything time decides: expired sessions and pending members, members that did not
+        send SyncGroup in time, the end of the join phase."""
+        if self.is_(S.DEAD):
+            return []
+        effects: list[Effect] = []
+        for member_id, expiry in list(self.pending_members.items()):
+            if now_ms >= expiry:
+                del self.pending_members[member_id]
+        for m in list(self.members.values()):
+            if not m.awaiting_join and not m.awaiting_sync and m.session_expired(now_ms):
+                effects += self.remove_member_and_update(m.member_id, now_ms, config)
+        if self.is_(S.COMPLETING_REBALANCE) and self.sync_deadline_ms is not None and now_ms >= self.sync_deadline_ms:
+            for member_id in list(self.pending_sync):
+                effects += self.remove_member_and_update(member_id, now_ms, config)
+        return effects + self.maybe_complete_join(now_ms)
+
+    # -- views and persistence -----------------------------------------------------------------
+
+    def snapshot(self, assignment: dict[str, bytes] | None = None) -> GroupMetadataValue:
+        """The group metadata record's value (``assignment`` overrides the members')."""
+        members = tuple(MemberValue(
+            m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
+            m.session_timeout_ms, m.metadata_for(self.protocol_name),
+            m.assignment if assignment is None else assignment.get(m.member_id, b""))
+            for m in self.members.values())
+        return GroupMetadataValue(self.protocol_type, self.generation_id, self.protocol_name, self.leader_id,
+                                  self.state_timestamp_ms, members)
+
+    @classmethod
+    def restore(cls, group_id: str, value: GroupMetadataValue | None,
+                offsets: dict[TopicPartition, OffsetValue], now_ms: int) -> "GroupMetadata":
+        """A group as loaded from ``__consumer_offsets``: Stable with its members (their
+        sessions start now) or Empty; a group with only offsets is Empty at generation 0."""
+        group = cls(group_id, state_timestamp_ms=now_ms, offsets=dict(offsets))
+        if value is None:
+            return group
+        group.generation_id, group.protocol_type = value.generation, value.protocol_type
+        group.protocol_name = value.protocol
+        group.state_timestamp_ms = value.current_state_timestamp_ms if value.current_state_timestamp_ms >= 0 else now_ms
+        for mv in value.members:
+            group.add(MemberMetadata(mv.member_id, mv.group_instance_id, mv.client_id, mv.client_host,
+                                     mv.rebalance_timeout_ms, mv.session_timeout_ms, value.protocol_type or "",
+                                     [(value.protocol or "", mv.subscription)], mv.assignment, now_ms))
+        if group.members:
+            group.leader_id = value.leader if value.leader in group.members else next(iter(group.members))
+            group.state, group.state_timestamp_ms = S.STABLE, now_ms
+        return group
+
+    def describe(self) -> DescribedGroup:
+        """Kafka's summary: member metadata and assignments only while Stable."""
+        stable = self.is_(S.STABLE)
+        members = [DescribedGroupMember(m.member_id, m.client_id, m.client_host,
+                                        m.metadata_for(self.protocol_name) if stable else b"",
+                                        m.assignment if stable else b"", m.group_instance_id)
+                   for m in self.members.values()]
+        return DescribedGroup(NONE.code, self.group_id, str(self.state), self.protocol_type or "",
+                              (self.protocol_name or "") if stable else "", members,
+                              self.generation_id, self.leader_id or "")
+
+
+def _rebalance_timeout(req: JoinGroupRequest) -> int:
+    return req.rebalance_timeout_ms if req.rebalance_timeout_ms >= 0 else req.session_timeout_ms
+
+
+def _offset_expired(v: OffsetValue, now_ms: int, retention_ms: int) -> bool:
+    if v.expire_timestamp_ms >= 0:
+        return now_ms >= v.expire_timestamp_ms
+    return now_ms - v.commit_timestamp_ms >= retention_ms
+
+
+__all__ = ["GroupState", "VALID_PREVIOUS_STATES", "GroupMetadata", "MemberMetadata", "GroupConfig",
+           "Reply", "StoreGroup", "JoinResult", "SyncResult", "NO_GENERATION"]

@@ -1,0 +1,271 @@
+"""The group coordinator through the broker's API layer (broker/apis.py), over a real
+ReplicaManager and LogManager (one broker, no sockets, no ZooKeeper) and a fake clock:
+join/sync/heartbeat/leave, the acks=all commit path, OffsetFetch, DescribeGroups,
+DeleteGroups, loading the groups back from the log, unloading, and lag."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import trio
+
+from broker.apis import Apis
+from broker.coordinator.group_coordinator import OFFSETS_TOPIC, CoordinatorConfig, GroupCoordinator
+from broker.coordinator.group_metadata import GroupConfig
+from broker.log.config import LogConfig
+from broker.log.manager import LogManager
+from broker.metadata_cache import MetadataCache
+from broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from protocol.errors import (
+    COORDINATOR_LOAD_IN_PROGRESS, GROUP_ID_NOT_FOUND, ILLEGAL_GENERATION, MEMBER_ID_REQUIRED, NON_EMPTY_GROUP,
+    NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
+)
+from protocol.messages import (
+    ApiKey, DeleteGroupsRequest, DescribeGroupsRequest, FindCoordinatorRequest, HeartbeatRequest,
+    JoinGroupProtocol, JoinGroupRequest, LeaderAndIsrRequest, LeaveGroupRequest, ListGroupsRequest,
+    LiveBroker, MemberIdentity, OffsetCommitPartition, OffsetCommitRequest, OffsetCommitTopic,
+    OffsetFetchRequest, OffsetFetchTopic, PartitionState, RequestHeader, SyncGroupAssignment, SyncGroupRequest,
+    UpdateMetadataRequest,
+)
+from protocol.records import build_batch
+from protocol.topics import TopicPartition
+
+pytestmark = pytest.mark.component
+
+OFFSETS_TP = TopicPartition(OFFSETS_TOPIC, 0)
+DATA_TP = TopicPartition("orders", 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def state(tp: TopicPartition, epoch: int = 1, leader: int = 1) -> PartitionState:
+    return PartitionState(tp.topic, tp.partition, 1, leader, epoch, [1], epoch, [1])
+
+
+class Broker:
+    """One broker's replica manager, metadata and coordinator, behind the real Apis."""
+
+    def __init__(self, log_dir: str):
+        self.clock = Clock()
+        self.log_manager = LogManager([log_dir], LogConfig(), broker_id=1)
+        self.log_manager.startup()
+        self.replica_manager = ReplicaManager(ReplicaConfig(1), self.log_manager, lambda t: LogConfig(),
+                                              lambda leader: None, clock=self.clock)
+        self.metadata = MetadataCache(1)
+        self.metadata.update(UpdateMetadataRequest(1, 1, 0, [state(OFFSETS_TP), state(DATA_TP)],
+                                                   [LiveBroker(1, "127.0.0.1", 9092)]))
+        self.config = CoordinatorConfig(1, offsets_topic_num_partitions=1, group=GroupConfig(
+            initial_rebalance_delay_ms=100, min_session_timeout_ms=10))
+        self.coordinator = self.new_coordinator()
+        self.apis = Apis(types.SimpleNamespace(group_coordinator=self.coordinator), self.replica_manager,
+                         self.metadata)
+
+    def new_coordinator(self) -> GroupCoordinator:
+        c = GroupCoordinator(self.config, self.replica_manager, self.metadata, clock=self.clock)
+        self.replica_manager.leadership_listeners[:] = [c.on_leadership_change]
+        return c
+
+    def lead(self, epoch: int = 1) -> None:
+        self.replica_manager.become_leader_or_follower(
+            LeaderAndIsrRequest(1, 1, 0, [state(OFFSETS_TP, epoch), state(DATA_TP, epoch)]))
+
+    async def call(self, api_key: ApiKey, request, client_id: str = "client"):
+        result = self.apis.handle(RequestHeader(api_key, 0, 1, client_id), request.to_body())
+        return await result if hasattr(result, "__await__") else result
+
+
+@pytest.fixture
+async def broker(tmp_path, nursery):
+    b = Broker(str(tmp_path))
+    b.lead()
+    await nursery.start(b.coordinator.run)
+    await wait_loaded(b.coordinator)
+    yield b
+    b.log_manager.shutdown()
+
+
+async def wait_loaded(c: GroupCoordinator) -> None:
+    with trio.fail_after(10):
+        while c.loading:
+            await trio.sleep(0.01)
+
+
+def join(group="g", member_id="", instance=None, metadata=b"topics"):
+    return JoinGroupRequest(group, 1000, member_id, "consumer", [JoinGroupProtocol("range", metadata)], 5000, instance)
+
+
+async def form_group(b: Broker, n: int) -> tuple[list, int]:
+    """``n`` members join together; returns their JoinGroup responses (leader first) and the
+    generation, after the leader's SyncGroup."""
+    ids = []
+    for _ in range(n):
+        r = await b.call(ApiKey.JOIN_GROUP, join())
+        assert r.error_code == MEMBER_ID_REQUIRED.code
+        ids.append(r.member_id)
+    responses = {}
+
+    async def rejoin(member_id):
+        responses[member_id] = await b.call(ApiKey.JOIN_GROUP, join(member_id=member_id))
+
+    async with trio.open_nursery() as n_:
+        for member_id in ids:
+            n_.start_soon(rejoin, member_id)
+        await trio.sleep(0.05)
+        for _ in range(20):  # the initial delay ends (extended while members arrived)
+            b.clock.now += 100
+            b.coordinator.tick()
+            await trio.sleep(0.01)
+            if len(responses) == n:
+                break
+    leader = next(r for r in responses.values() if r.members)
+    assert {m.member_id for m in leader.members} == set(ids)
+    ordered = [leader] + [r for r in responses.values() if r is not leader]
+    sync = await b.call(ApiKey.SYNC_GROUP, SyncGroupRequest("g", leader.generation_id, leader.member_id, [
+        SyncGroupAssignment(m, m.encode()) for m in ids]))
+    assert sync.error_code == NONE.code and sync.assignment == leader.member_id.encode()
+    return ordered, leader.generation_id
+
+
+def commit(offset: int, generation: int = -1, member_id: str = "", group: str = "g", tp: TopicPartition = DATA_TP):
+    return OffsetCommitRequest(group, [OffsetCommitTopic(tp.topic, [OffsetCommitPartition(tp.partition, offset)])],
+                               generation, member_id)
+
+
+def committed_code(resp) -> int:
+    return resp.topics[0].partitions[0].error_code
+
+
+async def fetched(b: Broker, group: str = "g") -> dict[TopicPartition, int]:
+    r = await b.call(ApiKey.OFFSET_FETCH, OffsetFetchRequest(group, [OffsetFetchTopic(DATA_TP.topic, [0, 1])]))
+    assert r.error_code == NONE.code
+    return {TopicPartition(t.name, p.partition_index): p.committed_offset for t in r.topics for p in t.partitions}
+
+
+async def test_find_coordinator_names_the_leader_of_the_groups_partition(broker):
+    r = await broker.call(ApiKey.FIND_COORDINATOR, FindCoordinatorRequest("g"))
+    assert (r.error_code, r.node_id, r.host, r.port) == (NONE.code, 1, "127.0.0.1", 9092)
+
+
+async def test_join_sync_heartbeat_commit_fetch_leave_delete(broker):
+    (leader, follower), generation = await form_group(broker, 2)
+    r = await broker.call(ApiKey.SYNC_GROUP, SyncGroupRequest("g", generation, follower.member_id))
+    assert r.error_code == NONE.code and r.assignment == follower.member_id.encode()
+    hb = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, follower.member_id))
+    assert hb.error_code == NONE.code
+
+    assert committed_code(await broker.call(ApiKey.OFFSET_COMMIT, commit(42, generation, leader.member_id))) == 0
+    assert await fetched(broker) == {DATA_TP: 42, TopicPartition("orders", 1): -1}
+    assert committed_code(await broker.call(ApiKey.OFFSET_COMMIT, commit(7, generation - 1, leader.member_id))) \
+        == ILLEGAL_GENERATION.code
+    assert committed_code(await broker.call(ApiKey.OFFSET_COMMIT, commit(7))) == UNKNOWN_MEMBER_ID.code
+    assert await fetched(broker) == {DATA_TP: 42, TopicPartition("orders", 1): -1}  # refused commits left no trace
+
+    d = (await broker.call(ApiKey.DESCRIBE_GROUPS, DescribeGroupsRequest(["g", "nope"]))).groups
+    assert (d[0].group_state, d[0].protocol_data, d[0].generation_id) == ("Stable", "range", generation)
+    assert {m.member_id: m.member_assignment for m in d[0].members} == {
+        leader.member_id: leader.member_id.encode(), follower.member_id: follower.member_id.encode()}
+    assert {m.client_id for m in d[0].members} == {"client"} and d[1].group_state == "Dead"
+
+    r = await broker.call(ApiKey.DELETE_GROUPS, DeleteGroupsRequest(["g"]))
+    assert r.results[0].error_code == NON_EMPTY_GROUP.code
+
+    r = await broker.call(ApiKey.LEAVE_GROUP, LeaveGroupRequest("g", [MemberIdentity(follower.member_id)]))
+    assert r.error_code == NONE.code
+    hb = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))
+    assert hb.error_code == REBALANCE_IN_PROGRESS.code
+    await broker.call(ApiKey.LEAVE_GROUP, LeaveGroupRequest("g", [MemberIdentity(leader.member_id)]))
+    listed = await broker.call(ApiKey.LIST_GROUPS, ListGroupsRequest())
+    assert [(g.group_id, g.group_state) for g in listed.groups] == [("g", "Empty")]
+
+    assert committed_code(await broker.call(ApiKey.OFFSET_COMMIT, commit(50))) == NONE.code  # a reset, as Empty
+    assert (await fetched(broker))[DATA_TP] == 50
+    r = await broker.call(ApiKey.DELETE_GROUPS, DeleteGroupsRequest(["g"]))
+    assert r.results[0].error_code == NONE.code
+    assert (await fetched(broker))[DATA_TP] == -1
+    r = await broker.call(ApiKey.DELETE_GROUPS, DeleteGroupsRequest(["g"]))
+    assert r.results[0].error_code == GROUP_ID_NOT_FOUND.code
+
+
+async def test_a_new_coordinator_loads_groups_and_offsets_from_the_log(broker, nursery):
+    (leader,), generation = await form_group(broker, 1)
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(10, generation, leader.member_id))
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(11, generation, leader.member_id))
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(3, group="other"))
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(4, group="deleted"))
+    await broker.call(ApiKey.DELETE_GROUPS, DeleteGroupsRequest(["deleted"]))
+
+    broker.coordinator.on_leadership_change(OFFSETS_TP, False, 1)  # leadership moves away ...
+    r = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))
+    assert r.error_code == NOT_COORDINATOR.code
+
+    new = broker.new_coordinator()  # ... and to a coordinator that knows nothing
+    broker.apis.broker.group_coordinator = new
+    broker.lead(epoch=2)
+    assert new.coordinator_error("g") is COORDINATOR_LOAD_IN_PROGRESS
+    await nursery.start(new.run)
+    await wait_loaded(new)
+    assert await fetched(broker) == {DATA_TP: 11, TopicPartition("orders", 1): -1}
+    assert (await fetched(broker, "other"))[DATA_TP] == 3
+    assert (await fetched(broker, "deleted"))[DATA_TP] == -1
+    d = (await broker.call(ApiKey.DESCRIBE_GROUPS, DescribeGroupsRequest(["g"]))).groups[0]
+    assert (d.group_state, d.generation_id, [m.member_id for m in d.members]) == ("Stable", generation,
+                                                                                   [leader.member_id])
+    hb = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))
+    assert hb.error_code == NONE.code  # the member carries on with the new coordinator
+
+
+async def test_unloading_answers_waiting_joins_not_coordinator(broker, nursery):
+    (leader,), generation = await form_group(broker, 1)
+    r = await broker.call(ApiKey.JOIN_GROUP, join())
+    responses = []
+
+    async def second_join():
+        responses.append(await broker.call(ApiKey.JOIN_GROUP, join(member_id=r.member_id)))
+
+    nursery.start_soon(second_join)
+    await trio.sleep(0.05)
+    broker.coordinator.on_leadership_change(OFFSETS_TP, False, 1)
+    with trio.fail_after(5):
+        while not responses:
+            await trio.sleep(0.01)
+    assert responses[0].error_code == NOT_COORDINATOR.code
+
+
+async def test_session_expiry_then_lag(broker):
+    (leader,), generation = await form_group(broker, 1)
+    broker.replica_manager.append_now(1, {DATA_TP: build_batch([b"a", b"b", b"c", b"d"])})
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(1, generation, leader.member_id))
+    assert broker.coordinator.lag() == [("g", DATA_TP, 1, 3)]
+    broker.clock.now += 1000  # the session timeout
+    broker.coordinator.tick()
+    d = (await broker.call(ApiKey.DESCRIBE_GROUPS, DescribeGroupsRequest(["g"]))).groups[0]
+    assert d.group_state == "Empty" and d.members == []
+    assert broker.coordinator.state_counts()["Empty"] == 1
+
+
+async def test_the_metrics_endpoint_exports_lag_and_group_counts(broker, tmp_path):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from broker.metrics import RequestMetrics, build_registry
+    from tests.component.ops.test_metrics import FakeServer
+
+    (leader,), generation = await form_group(broker, 1)
+    broker.replica_manager.append_now(1, {DATA_TP: build_batch([b"a", b"b", b"c"])})
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(1, generation, leader.member_id))
+    server = FakeServer(broker.replica_manager, broker.log_manager)
+    server.group_coordinator = broker.coordinator
+    text = generate_latest(build_registry(server, RequestMetrics(), process=False)).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    labels = (("group", "g"), ("partition", "0"), ("topic", "orders"))
+    assert samples[("tidelog_group_lag", labels)] == 2
+    assert samples[("tidelog_group_committed_offset", labels)] == 1
+    assert samples[("tidelog_group_count", (("state", "Stable"),))] == 1

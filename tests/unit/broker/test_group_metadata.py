@@ -1,0 +1,407 @@
+"""The group state machine (broker/coordinator/group_metadata.py): transitions as a table,
+membership scenarios with time passed in, and a Hypothesis state machine driving random
+joins, syncs, heartbeats, leaves, commits and time against the invariants."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from broker.coordinator.group_metadata import (
+    VALID_PREVIOUS_STATES, GroupConfig, GroupMetadata, GroupState, IllegalStateTransition, Reply, StoreGroup,
+)
+from broker.coordinator.offsets_records import decode_group_value, group_value
+from protocol.errors import (
+    FENCED_INSTANCE_ID, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT,
+    MEMBER_ID_REQUIRED, NONE, REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
+)
+from protocol.messages import (
+    JoinGroupProtocol, JoinGroupRequest, MemberIdentity, SyncGroupAssignment, SyncGroupRequest,
+)
+
+pytestmark = pytest.mark.unit
+
+S = GroupState
+CONFIG = GroupConfig(initial_rebalance_delay_ms=100, min_session_timeout_ms=10, max_session_timeout_ms=60000)
+SESSION = 1000
+REBALANCE = 5000
+
+
+def join_req(member_id="", instance=None, protocols=(("range", b"m"),), session=SESSION, rebalance=REBALANCE,
+             group="g"):
+    return JoinGroupRequest(group, session, member_id, "consumer",
+                            [JoinGroupProtocol(n, m) for n, m in protocols], rebalance, instance)
+
+
+def replies(effects, kind=None):
+    return {e.member_id: e.response for e in effects if isinstance(e, Reply) and (kind is None or e.kind == kind)}
+
+
+def stores(effects):
+    return [e for e in effects if isinstance(e, StoreGroup)]
+
+
+class Ids:
+    def __init__(self):
+        self.n = itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"m{next(self.n)}"
+
+
+def stable_group(n: int, now: int = 0) -> tuple[GroupMetadata, list[str], int]:
+    """A Stable group of ``n`` dynamic members (generation 1), and the time it got there."""
+    g, ids = GroupMetadata("g"), Ids()
+    members = []
+    for _ in range(n):
+        r = g.join(join_req(), "client", "host", ids(), now, CONFIG)
+        assert r.immediate.error_code == MEMBER_ID_REQUIRED.code
+        r = g.join(join_req(r.immediate.member_id), "client", "host", "unused", now, CONFIG)
+        members.append(r.wait_for)
+    effects = []
+    for _ in range(10):  # the initial delay, extended while members arrived
+        now += CONFIG.initial_rebalance_delay_ms
+        effects = g.tick(now, CONFIG)
+        if effects:
+            break
+    assert set(replies(effects, "join")) == set(members) and g.is_(S.COMPLETING_REBALANCE)
+    leader = g.leader_id
+    sync = g.sync(SyncGroupRequest("g", g.generation_id, leader, [
+        SyncGroupAssignment(m, m.encode()) for m in members]), now)
+    (store,) = stores(sync.effects)
+    effects = g.on_store_complete(store, NONE, now, CONFIG)
+    assert g.is_(S.STABLE) and replies(effects, "sync")[leader].assignment == leader.encode()
+    return g, members, now
+
+
+# -- the transition table ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source,target", list(itertools.product(GroupState, GroupState)))
+def test_transitions_follow_the_table(source, target):
+    g = GroupMetadata("g", state=source)
+    if source in VALID_PREVIOUS_STATES[target]:
+        g.transition_to(target, 5)
+        assert g.state is target and g.state_timestamp_ms == 5
+    else:
+        with pytest.raises(IllegalStateTransition):
+            g.transition_to(target, 5)
+
+
+# -- joining -----------------------------------------------------------------------------------
+
+
+def test_a_new_dynamic_member_is_given_a_member_id_first():
+    g = GroupMetadata("g")
+    r = g.join(join_req(), "c", "h", "c-1", 0, CONFIG)
+    assert r.immediate.error_code == MEMBER_ID_REQUIRED.code and r.immediate.member_id == "c-1"
+    assert g.is_(S.EMPTY) and not g.members
+    r = g.join(join_req("c-1"), "c", "h", "c-2", 0, CONFIG)
+    assert r.immediate is None and r.wait_for == "c-1"
+    assert g.is_(S.PREPARING_REBALANCE) and g.members["c-1"].awaiting_join
+
+
+def test_the_initial_delay_waits_for_more_members_then_one_generation_forms():
+    g, ids = GroupMetadata("g"), Ids()
+    first = g.join(join_req(), "c", "h", ids(), 0, CONFIG).immediate.member_id
+    g.join(join_req(first), "c", "h", ids(), 0, CONFIG)
+    assert g.tick(50, CONFIG) == [] and g.is_(S.PREPARING_REBALANCE)  # within the delay
+    second = g.join(join_req(), "c", "h", ids(), 60, CONFIG).immediate.member_id
+    g.join(join_req(second), "c", "h", ids(), 60, CONFIG)
+    assert g.tick(100, CONFIG) == []  # a member arrived during the delay: extended once
+    effects = g.tick(200, CONFIG)
+    joined = replies(effects, "join")
+    assert set(joined) == {first, second} and g.generation_id == 1 and g.is_(S.COMPLETING_REBALANCE)
+    assert [m.member_id for m in joined[g.leader_id].members] == [first, second]
+    follower = second if g.leader_id == first else first
+    assert joined[follower].members == [] and joined[follower].leader == g.leader_id
+    assert joined[first].protocol_name == "range"
+
+
+def test_session_timeout_bounds_are_enforced():
+    r = GroupMetadata("g").join(join_req(session=5), "c", "h", "x", 0, CONFIG)
+    assert r.immediate.error_code == INVALID_SESSION_TIMEOUT.code
+    assert "group.min.session.timeout.ms" in r.immediate.error_message
+
+
+def test_a_member_without_a_common_protocol_is_refused():
+    g, members, now = stable_group(1)
+    r = g.join(join_req(protocols=(("roundrobin", b""),)), "c", "h", "x", now, CONFIG)
+    assert r.immediate.error_code == INCONSISTENT_GROUP_PROTOCOL.code
+
+
+def test_the_protocol_every_member_supports_and_most_prefer_is_chosen():
+    g, ids = GroupMetadata("g"), Ids()
+    prefs = [(("sticky", b""), ("range", b"")), (("range", b""), ("sticky", b"")), (("range", b""),)]
+    for p in prefs:
+        mid = g.join(join_req(protocols=p), "c", "h", ids(), 0, CONFIG).immediate.member_id
+        g.join(join_req(mid, protocols=p), "c", "h", ids(), 0, CONFIG)
+    g.tick(CONFIG.initial_rebalance_delay_ms, CONFIG)  # members kept arriving: extended once
+    g.tick(3 * CONFIG.initial_rebalance_delay_ms, CONFIG)
+    assert g.protocol_name == "range"
+
+
+def test_a_new_member_makes_a_stable_group_rebalance_and_heartbeats_say_so():
+    g, (m1,), now = stable_group(1)
+    m2 = g.join(join_req(), "c", "h", "m2", now, CONFIG).immediate.member_id
+    g.join(join_req(m2), "c", "h", "x", now, CONFIG)
+    assert g.is_(S.PREPARING_REBALANCE)
+    assert g.heartbeat(m1, None, 1, now)[0] is REBALANCE_IN_PROGRESS
+    effects = g.join(join_req(m1), "c", "h", "x", now + 10, CONFIG).effects  # everyone rejoined: done
+    assert set(replies(effects, "join")) == {m1, m2} and g.generation_id == 2
+    assert g.heartbeat(m1, None, 1, now)[0] is ILLEGAL_GENERATION
+    assert g.heartbeat(m1, None, 2, now)[0] is NONE
+
+
+def test_a_member_that_does_not_rejoin_within_the_rebalance_timeout_is_removed():
+    g, (m1, m2), now = stable_group(2)
+    g.join(join_req(m1, protocols=(("range", b"changed"),)), "c", "h", "x", now, CONFIG)
+    assert g.is_(S.PREPARING_REBALANCE)
+    g.heartbeat(m2, None, 1, now + REBALANCE - 1)  # alive, but never rejoins
+    effects = g.tick(now + REBALANCE, CONFIG)
+    assert set(replies(effects, "join")) == {m1} and list(g.members) == [m1] and g.generation_id == 2
+
+
+def test_session_expiry_removes_the_member_and_rebalances():
+    g, (m1, m2), now = stable_group(2)
+    g.heartbeat(m1, None, 1, now + SESSION - 1)
+    effects = g.tick(now + SESSION, CONFIG)  # m2 sent nothing
+    assert effects == [] and m2 not in g.members and g.is_(S.PREPARING_REBALANCE)
+    effects = g.join(join_req(m1), "c", "h", "x", now + SESSION + 1, CONFIG).effects
+    assert set(replies(effects, "join")) == {m1} and g.leader_id == m1
+
+
+def test_leave_rebalances_at_once_and_the_last_leave_empties_the_group():
+    g, (m1, m2), now = stable_group(2)
+    responses, effects = g.leave([MemberIdentity(m2)], now, CONFIG)
+    assert responses[0].error_code == NONE.code and g.is_(S.PREPARING_REBALANCE)
+    responses, effects = g.leave([MemberIdentity(m1), MemberIdentity("nobody")], now, CONFIG)
+    assert [r.error_code for r in responses] == [NONE.code, UNKNOWN_MEMBER_ID.code]
+    assert g.is_(S.EMPTY) and g.generation_id == 2
+    (store,) = stores(effects)
+    assert store.reason == "empty" and store.value.members == ()
+
+
+def test_sync_before_the_leader_waits_and_a_rebalance_answers_it():
+    g, (m1, m2), now = stable_group(2)
+    g.join(join_req(m1, protocols=(("range", b"x"),)), "c", "h", "x", now, CONFIG)
+    g.join(join_req(m2), "c", "h", "x", now, CONFIG)
+    follower = m2 if g.leader_id == m1 else m1
+    r = g.sync(SyncGroupRequest("g", 2, follower), now)
+    assert r.immediate is None and r.effects == []
+    effects = g.leave([MemberIdentity(g.leader_id)], now, CONFIG)[1]  # leader leaves: rebalance
+    assert replies(effects, "sync")[follower].error_code == REBALANCE_IN_PROGRESS.code
+
+
+def test_a_failed_assignment_write_answers_the_error_and_rebalances():
+    g, (m1,), now = stable_group(1)
+    g.join(join_req(m1, protocols=(("range", b"x"),)), "c", "h", "x", now, CONFIG)
+    (store,) = stores(g.sync(SyncGroupRequest("g", 2, m1, [SyncGroupAssignment(m1, b"a")]), now).effects)
+    from protocol.errors import NOT_COORDINATOR
+    effects = g.on_store_complete(store, NOT_COORDINATOR, now, CONFIG)
+    assert replies(effects, "sync")[m1].error_code == NOT_COORDINATOR.code and g.is_(S.PREPARING_REBALANCE)
+
+
+def test_a_member_that_never_syncs_is_removed_after_the_rebalance_timeout():
+    g, (m1, m2), now = stable_group(2)
+    g.join(join_req(m1, protocols=(("range", b"x"),)), "c", "h", "x", now, CONFIG)
+    g.join(join_req(m2), "c", "h", "x", now, CONFIG)
+    g.sync(SyncGroupRequest("g", 2, g.leader_id, []), now)  # only the leader syncs... not stored yet
+    g.tick(now + REBALANCE, CONFIG)
+    assert len(g.members) == 1 and g.is_(S.PREPARING_REBALANCE)
+
+
+# -- static membership ---------------------------------------------------------------------------
+
+
+def static_group(now=0):
+    g = GroupMetadata("g")
+    r = g.join(join_req(instance="i1"), "c", "h", "old", now, CONFIG)
+    assert r.wait_for == "old"  # no MEMBER_ID_REQUIRED round for static members
+    g.tick(now + CONFIG.initial_rebalance_delay_ms, CONFIG)
+    (store,) = stores(g.sync(SyncGroupRequest("g", 1, "old", [SyncGroupAssignment("old", b"A")]), now).effects)
+    g.on_store_complete(store, NONE, now, CONFIG)
+    return g
+
+
+def test_a_static_member_rejoins_a_stable_group_without_a_rebalance_and_keeps_its_assignment():
+    g = static_group()
+    r = g.join(join_req(instance="i1"), "c", "h", "new", 200, CONFIG)
+    (store,) = stores(r.effects)
+    assert store.reason == "static" and r.wait_for == "new" and g.is_(S.STABLE) and g.generation_id == 1
+    (join,) = replies(g.on_store_complete(store, NONE, 200, CONFIG), "join").values()
+    assert join.member_id == "new" and join.generation_id == 1 and join.skip_assignment
+    assert g.sync(SyncGroupRequest("g", 1, "new", group_instance_id="i1"), 200).immediate.assignment == b"A"
+    assert g.heartbeat("old", "i1", 1, 200)[0] is FENCED_INSTANCE_ID
+    assert g.commit_error(1, "old", "i1", 200)[0] is FENCED_INSTANCE_ID
+    assert g.commit_error(1, "new", "i1", 200) is None
+
+
+def test_a_static_replacement_whose_write_fails_is_undone():
+    g = static_group()
+    (store,) = stores(g.join(join_req(instance="i1"), "c", "h", "new", 200, CONFIG).effects)
+    from protocol.errors import COORDINATOR_NOT_AVAILABLE
+    effects = g.on_store_complete(store, COORDINATOR_NOT_AVAILABLE, 200, CONFIG)
+    assert replies(effects)["new"].error_code == COORDINATOR_NOT_AVAILABLE.code
+    assert list(g.members) == ["old"] and g.static_members == {"i1": "old"}
+
+
+def test_a_static_member_with_changed_metadata_triggers_a_rebalance():
+    g = static_group()
+    r = g.join(join_req(instance="i1", protocols=(("range", b"other topics"),)), "c", "h", "new", 200, CONFIG)
+    assert not stores(r.effects)  # a rebalance, which the only member completes at once
+    assert replies(r.effects, "join")["new"].generation_id == 2 and g.is_(S.COMPLETING_REBALANCE)
+
+
+# -- offset commits --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setup,generation,member,expected", [
+    ("empty", -1, "", None),
+    ("stable", -1, "", UNKNOWN_MEMBER_ID),
+    ("stable", 1, "m1", None),
+    ("stable", 0, "m1", ILLEGAL_GENERATION),
+    ("stable", 1, "ghost", UNKNOWN_MEMBER_ID),
+    ("completing", 2, "m1", REBALANCE_IN_PROGRESS),
+    ("preparing", 1, "m1", None),  # the current generation may still commit while others rejoin
+])
+def test_commit_rules(setup, generation, member, expected):
+    if setup == "empty":
+        g = GroupMetadata("g")
+    elif setup == "preparing":  # another member rejoined; m1 has not yet
+        g, (m1, other), now = stable_group(2)
+        g._rename(g.members[m1], "m1")
+        g.join(join_req(other, protocols=(("range", b"x"),)), "c", "h", "x", now, CONFIG)
+        assert g.is_(S.PREPARING_REBALANCE)
+    else:
+        g, (m1,), now = stable_group(1)
+        g._rename(g.members[m1], "m1")
+        if setup == "completing":
+            g.join(join_req("m1", protocols=(("range", b"x"),)), "c", "h", "x", now, CONFIG)
+            assert g.is_(S.COMPLETING_REBALANCE)
+    refusal = g.commit_error(generation, member, None, 0)
+    assert (refusal[0] if refusal else None) is expected
+
+
+def test_expiry_of_an_empty_groups_offsets():
+    from broker.coordinator.offsets_records import OffsetValue
+    from protocol.topics import TopicPartition
+    g = GroupMetadata("g", protocol_type="consumer", state_timestamp_ms=0)
+    g.offsets[TopicPartition("t", 0)] = OffsetValue(5, commit_timestamp_ms=0)
+    assert g.expire_offsets(99, 100) == [] and g.expire_offsets(100, 100) == [TopicPartition("t", 0)]
+    simple = GroupMetadata("s")  # commits only: each offset by its own commit time
+    simple.offsets = {TopicPartition("t", 0): OffsetValue(1, commit_timestamp_ms=0),
+                      TopicPartition("t", 1): OffsetValue(1, commit_timestamp_ms=50)}
+    assert simple.expire_offsets(120, 100) == [TopicPartition("t", 0)]
+
+
+# -- persistence -----------------------------------------------------------------------------------
+
+
+def test_snapshot_and_restore_keep_generation_members_and_assignments():
+    g, members, now = stable_group(2)
+    value = decode_group_value(group_value(g.snapshot()))
+    restored = GroupMetadata.restore("g", value, {}, 10_000)
+    assert restored.is_(S.STABLE) and restored.generation_id == g.generation_id == 1
+    assert restored.leader_id == g.leader_id and restored.protocol_name == "range"
+    assert {m: restored.members[m].assignment for m in members} == {m: m.encode() for m in members}
+    assert restored.heartbeat(members[0], None, 1, 10_000)[0] is NONE
+    assert restored.commit_error(0, members[0], None, 10_000)[0] is ILLEGAL_GENERATION
+
+
+# -- random histories ------------------------------------------------------------------------------
+
+
+class GroupMachine(RuleBasedStateMachine):
+    """Random joins, syncs, heartbeats, leaves and time; the group must stay coherent."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = GroupMetadata("g")
+        self.now = 0
+        self.ids = Ids()
+        self.known: list[str] = []
+        self.generations = [0]
+        self.pending_stores: list[StoreGroup] = []
+
+    def _effects(self, effects):
+        self.pending_stores += stores(effects)
+        for member_id, response in replies(effects, "join").items():
+            if response.error_code == NONE.code:
+                assert response.generation_id == self.g.generation_id
+
+    @rule(instance=st.sampled_from([None, None, "i1", "i2"]), metadata=st.sampled_from([b"a", b"b"]))
+    def join_new(self, instance, metadata):
+        r = self.g.join(join_req(instance=instance, protocols=(("range", metadata),)), "c", "h", self.ids(),
+                        self.now, CONFIG)
+        if r.immediate is not None and r.immediate.error_code == MEMBER_ID_REQUIRED.code:
+            self.known.append(r.immediate.member_id)
+        elif r.wait_for:
+            self.known.append(r.wait_for)
+        self._effects(r.effects)
+
+    @rule(data=st.data(), metadata=st.sampled_from([b"a", b"b"]))
+    def rejoin(self, data, metadata):
+        if self.known:
+            mid = data.draw(st.sampled_from(self.known))
+            m = self.g.members.get(mid)
+            r = self.g.join(join_req(mid, instance=m.group_instance_id if m else None,
+                                     protocols=(("range", metadata),)), "c", "h", self.ids(), self.now, CONFIG)
+            self._effects(r.effects)
+
+    @rule(data=st.data())
+    def sync(self, data):
+        if self.known:
+            mid = data.draw(st.sampled_from(self.known))
+            r = self.g.sync(SyncGroupRequest("g", self.g.generation_id, mid,
+                                             [SyncGroupAssignment(m, b"x") for m in self.g.members]), self.now)
+            self._effects(r.effects)
+
+    @rule(ok=st.booleans())
+    def store_completes(self, ok):
+        if self.pending_stores:
+            from protocol.errors import NOT_COORDINATOR
+            store = self.pending_stores.pop(0)
+            self._effects(self.g.on_store_complete(store, NONE if ok else NOT_COORDINATOR, self.now, CONFIG))
+
+    @rule(data=st.data())
+    def heartbeat(self, data):
+        if self.known:
+            mid = data.draw(st.sampled_from(self.known))
+            self.g.heartbeat(mid, None, self.g.generation_id, self.now)
+
+    @rule(data=st.data())
+    def leave(self, data):
+        if self.known:
+            mid = data.draw(st.sampled_from(self.known))
+            self._effects(self.g.leave([MemberIdentity(mid)], self.now, CONFIG)[1])
+
+    @rule(ms=st.integers(1, 3 * REBALANCE))
+    def time_passes(self, ms):
+        self.now += ms
+        self._effects(self.g.tick(self.now, CONFIG))
+
+    @invariant()
+    def coherent(self):
+        g = self.g
+        assert g.generation_id >= self.generations[-1]
+        self.generations.append(g.generation_id)
+        assert (g.leader_id in g.members) if g.members else g.leader_id is None
+        assert all(g.members[mid].group_instance_id == iid for iid, mid in g.static_members.items())
+        if g.is_(S.EMPTY):
+            assert not g.members
+        if g.state in (S.STABLE, S.COMPLETING_REBALANCE):
+            assert g.members and not any(m.awaiting_join for m in g.members.values())
+            assert g.protocol_name in g.candidate_protocols()
+        if g.is_(S.PREPARING_REBALANCE):
+            assert g.join_deadline_ms is not None
+        if not g.is_(S.COMPLETING_REBALANCE):
+            assert not any(m.awaiting_sync for m in g.members.values())
+
+
+TestGroupMachine = GroupMachine.TestCase
+TestGroupMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
