@@ -21,7 +21,7 @@ from protocol.errors import (
     TidelogError,
 )
 from protocol.messages import (
-    CONSUMER_REPLICA_ID, ElectLeadersRequest, ElectLeadersResponse, ElectLeadersResult,
+    CONSUMER_REPLICA_ID, DEBUGGING_REPLICA_ID, ElectLeadersRequest, ElectLeadersResponse, ElectLeadersResult,
     BROKER_RESOURCE, TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResponse, AlterConfigsResult, ApiKey,
     ApiVersionsResponse, ConfigEntry, ControlledShutdownRequest, ControlledShutdownResponse,
     CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
@@ -141,14 +141,16 @@ class Apis:
     async def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
         rm = self.replica_manager
         # Consumers see the HW as "latest"; followers and debugging tools (replica id -2,
-        # Kafka's DEBUGGING_REPLICA_ID) see the log end offset.
+        # Kafka's DEBUGGING_REPLICA_ID) see the log end offset. Only the debugging replica id
+        # is answered by a follower too (from its own log), as in Kafka.
         from_consumer = req.replica_id == CONSUMER_REPLICA_ID
+        from_any_replica = req.replica_id == DEBUGGING_REPLICA_ID
         out = []
         for t in req.topics:
             parts = []
             for p in t.partitions:
                 tp = TopicPartition(t.name, p.partition_index)
-                r = rm.list_offset(tp, p.timestamp, p.current_leader_epoch, from_consumer)
+                r = rm.list_offset(tp, p.timestamp, p.current_leader_epoch, from_consumer, from_any_replica)
                 code = self._absent_as_unknown(tp, r.error_code)
                 parts.append(r if code == r.error_code else dataclasses.replace(r, error_code=code))
             out.append(ListOffsetsTopicResponse(t.name, parts))

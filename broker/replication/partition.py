@@ -199,6 +199,15 @@ class Partition:
 
     # -- reads ---------------------------------------------------------------------------------
 
+    def local_log(self, requested_epoch: int = -1) -> Log:
+        """This replica's own log, leader or follower (Kafka's ``localLogWithEpochOrThrow``
+        with requireLeader false: ListOffsets from the debugging replica id)."""
+        if self.log is None:
+            raise TidelogError(f"broker {self.local_broker_id} has no replica of {self.tp}",
+                               error=NOT_LEADER_OR_FOLLOWER)
+        check_leader_epoch(requested_epoch, self.leader_epoch)
+        return self.log
+
     def fetch_log(self, current_leader_epoch: int, from_follower: bool) -> Log:
         """The log to read for a fetch: the leader's (fencing stale epochs)."""
         return self._leader_log(current_leader_epoch)

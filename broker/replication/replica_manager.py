@@ -304,12 +304,14 @@ class ReplicaManager:
     # -- offsets -------------------------------------------------------------------------------
 
     def list_offset(self, tp: TopicPartition, timestamp: int, current_leader_epoch: int,
-                    from_consumer: bool) -> ListOffsetsPartitionResponse:
+                    from_consumer: bool, from_any_replica: bool = False) -> ListOffsetsPartitionResponse:
+        """``from_any_replica`` (the debugging replica id): a follower answers from its own
+        log too, as Kafka does; otherwise only the leader answers."""
         p = self.partitions.get(tp)
         try:
             if p is None:
                 raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
-            log = p.fetch_log(current_leader_epoch, False)
+            log = p.local_log(current_leader_epoch) if from_any_replica else p.fetch_log(current_leader_epoch, False)
             offset, ts = self._offset_for(log, timestamp, from_consumer)
         except TidelogError as e:
             return ListOffsetsPartitionResponse(tp.partition, e.code, error_message=str(e))

@@ -1,0 +1,54 @@
+"""ListOffsets "latest" on a leader and a follower: consumers get the leader's HW, the debugging
+replica id (-2, Kafka's DEBUGGING_REPLICA_ID) gets the log end offset of whichever replica it
+asks, leader or follower (the fault matrix samples every ISR member's LEO this way)."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.errors import FENCED_LEADER_EPOCH, NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
+from protocol.messages import (
+    CONSUMER_REPLICA_ID,
+    DEBUGGING_REPLICA_ID,
+    LATEST_TIMESTAMP,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+)
+
+from tests.unit.replication.test_fetcher import make_cluster, produce
+from tests.unit.replication.memory_leader import TP
+
+pytestmark = pytest.mark.unit
+
+
+async def latest(broker, replica_id: int, current_leader_epoch: int = -1):
+    req = ListOffsetsRequest([ListOffsetsTopic(TP.topic, [ListOffsetsPartition(
+        TP.partition, LATEST_TIMESTAMP, current_leader_epoch)])], replica_id=replica_id)
+    return (await broker.apis.list_offsets(req)).topics[0].partitions[0]
+
+
+async def test_debugging_replica_id_reads_any_replica(tmp_path, autojump_clock):
+    cluster, brokers = make_cluster(str(tmp_path))
+    try:
+        leader, follower = brokers
+        cluster.elect(1)
+        produce(leader, 3)
+        await cluster.sync()
+        produce(leader, 2)  # on the leader only: its LEO 5, the follower's 3, the HW 3
+        assert (await latest(leader, CONSUMER_REPLICA_ID)).offset == 3
+        assert (await latest(leader, DEBUGGING_REPLICA_ID)).offset == 5
+        r = await latest(follower, DEBUGGING_REPLICA_ID)
+        assert (r.error_code, r.offset, r.leader_epoch) == (NONE.code, 3, 0)
+        # consumers and brokers are answered by the leader only (NOT_LEADER_OR_FOLLOWER; these
+        # brokers have no metadata, so the handler reports the partition as unknown)
+        for replica_id in (CONSUMER_REPLICA_ID, leader.broker_id):
+            r = await latest(follower, replica_id)
+            assert r.error_code in (NOT_LEADER_OR_FOLLOWER.code, UNKNOWN_TOPIC_OR_PARTITION.code), r
+            assert "not the leader" in r.error_message
+        # a stale view of the epoch is fenced on a follower too
+        cluster.elect(1)
+        assert (await latest(follower, DEBUGGING_REPLICA_ID, 0)).error_code == FENCED_LEADER_EPOCH.code
+    finally:
+        for b in brokers:
+            b.close()
