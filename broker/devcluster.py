@@ -7,6 +7,8 @@ A second run over the same directory reuses the data.
 
 Children are started from the main thread with PR_SET_PDEATHSIG, so they die with the
 process that started them, even if it is killed. Tests use the same class, on free ports.
+The network-partition tests give each broker its own address and a named network namespace
+(``ip netns``) that its process enters before it runs (``hosts``, ``netns``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from broker.coordination.zkserver import ZooKeeperServer, find_free_port
@@ -25,6 +28,7 @@ from protocol.connection import ClientConnection
 from protocol.messages import ApiKey, MetadataRequest, MetadataResponse
 
 PR_SET_PDEATHSIG = 1
+CLONE_NEWNET = 0x40000000
 
 
 def _die_with_parent() -> None:
@@ -32,13 +36,33 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def _enter_netns(name: str) -> None:
+    """Move the calling process into the named network namespace (``ip netns add NAME``)."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 class BrokerProcess:
-    def __init__(self, broker_id: int, config_path: Path, log_path: Path, port: int):
+    def __init__(self, broker_id: int, config_path: Path, log_path: Path, port: int,
+                 host: str = "127.0.0.1", netns: str | None = None):
         self.broker_id = broker_id
         self.config_path = config_path
         self.log_path = log_path
         self.port = port
+        self.host = host
+        self.netns = netns  # a named network namespace the process runs in, or None
         self.proc: subprocess.Popen | None = None
+
+    def _preexec(self) -> None:
+        _die_with_parent()
+        if self.netns is not None:
+            _enter_netns(self.netns)
 
     @property
     def running(self) -> bool:
@@ -52,7 +76,7 @@ class BrokerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "broker.cli", "broker", "--config", str(self.config_path)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            preexec_fn=_die_with_parent, start_new_session=True)
+            preexec_fn=self._preexec, start_new_session=True)
         log.close()
 
     def stop(self, timeout: float = 60.0) -> int | None:
@@ -81,32 +105,43 @@ class BrokerProcess:
 
 class DevCluster:
     def __init__(self, directory: str | os.PathLike, brokers: int = 3, *, zk_port: int = 2181,
-                 base_port: int = 9092, extra_config: dict[str, object] | None = None):
+                 base_port: int = 9092, extra_config: dict[str, object] | None = None,
+                 zk_host: str = "127.0.0.1", hosts: Mapping[int, str] | None = None,
+                 netns: Mapping[int, str] | None = None):
+        """``hosts``: broker id -> the address it listens on and advertises (default
+        127.0.0.1); ``netns``: broker id -> the named network namespace it runs in."""
         self.dir = Path(directory).absolute()
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.zookeeper = ZooKeeperServer(self.dir / "zookeeper", port=zk_port or find_free_port())
+        # an address of its own (not loopback) is ZooKeeper's alone: its usual port is free there
+        zk_port = zk_port or (find_free_port() if zk_host == "127.0.0.1" else 2181)
+        self.zookeeper = ZooKeeperServer(self.dir / "zookeeper", port=zk_port, host=zk_host)
         self.extra_config = extra_config or {}
+        self.hosts = dict(hosts or {})
+        self.netns = dict(netns or {})
         self.brokers: dict[int, BrokerProcess] = {}
         for i in range(1, brokers + 1):
             self.brokers[i] = self._broker(i, base_port + i - 1 if base_port else 0)
 
     def _broker(self, broker_id: int, port: int) -> BrokerProcess:
         config_path = self.dir / f"broker-{broker_id}.toml"
+        host = self.hosts.get(broker_id, "127.0.0.1")
         if config_path.exists():
             port = _port_of(config_path) or port
         else:
-            port = port or find_free_port()
+            # a broker in its own namespace has its address to itself: any port is free there
+            port = port or (9092 if broker_id in self.netns else find_free_port())
             lines = [f"\"broker.id\" = {broker_id}",
-                     f"listeners = \"PLAINTEXT://127.0.0.1:{port}\"",
+                     f"listeners = \"PLAINTEXT://{host}:{port}\"",
                      f"\"log.dirs\" = [\"{self.dir / f'broker-{broker_id}' / 'logs'}\"]",
                      f"\"zookeeper.connect\" = \"{self.zookeeper.connect_string}\""]
             lines += [f"\"{k}\" = {_toml(v)}" for k, v in self.extra_config.items()]
             config_path.write_text("\n".join(lines) + "\n")
-        return BrokerProcess(broker_id, config_path, self.dir / f"broker-{broker_id}.log", port)
+        return BrokerProcess(broker_id, config_path, self.dir / f"broker-{broker_id}.log", port,
+                             host=host, netns=self.netns.get(broker_id))
 
     @property
     def bootstrap(self) -> str:
-        return ",".join(f"127.0.0.1:{b.port}" for b in self.brokers.values())
+        return ",".join(f"{b.host}:{b.port}" for b in self.brokers.values())
 
     def start(self, timeout: float = 60.0) -> None:
         self.zookeeper.start()
@@ -126,7 +161,7 @@ class DevCluster:
                     raise RuntimeError(f"broker {i} exited with status {b.proc.returncode if b.proc else None}; "
                                        f"see {b.log_path}")
             try:
-                seen = [metadata(b.port) for i, b in self.brokers.items() if i in want]
+                seen = [metadata(b.port, b.host) for i, b in self.brokers.items() if i in want]
                 last = seen[-1]
                 if all({x.node_id for x in m.brokers} >= want and m.controller_id >= 0 for m in seen):
                     return last

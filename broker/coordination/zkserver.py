@@ -144,8 +144,9 @@ class ZooKeeperServer:
 
     def __init__(self, data_dir: str | os.PathLike, port: int | None = None, tick_time_ms: int = 500,
                  force_sync: bool = False, *, myid: int | None = None, quorum: tuple[str, ...] = (),
-                 java: str = "java", jar: str = ZOOKEEPER_JAR):
+                 java: str = "java", jar: str = ZOOKEEPER_JAR, host: str = "127.0.0.1"):
         self.data_dir = Path(data_dir).absolute()
+        self.host = host  # the client port's address (clientPortAddress)
         self.port = port if port is not None else self._previous_or_free_port()
         self.tick_time_ms = tick_time_ms
         self.force_sync = force_sync
@@ -156,15 +157,15 @@ class ZooKeeperServer:
 
     def _previous_or_free_port(self) -> int:
         previous = _read_cfg(Path(self.data_dir) / "zoo.cfg").get("clientPort", "")
-        if previous.isdigit() and port_is_free(int(previous)):
+        if previous.isdigit() and port_is_free(int(previous), self.host):
             return int(previous)
-        return find_free_port()
+        return find_free_port(self.host)
 
     # ---------------------------------------------------------------- properties
 
     @property
     def connect_string(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -183,7 +184,7 @@ class ZooKeeperServer:
     def config_text(self) -> str:
         lines = [f"tickTime={self.tick_time_ms}", "initLimit=10", "syncLimit=5",
                  f"dataDir={self.data_dir / 'data'}", f"clientPort={self.port}",
-                 "clientPortAddress=127.0.0.1", "maxClientCnxns=0", "admin.enableServer=false",
+                 f"clientPortAddress={self.host}", "maxClientCnxns=0", "admin.enableServer=false",
                  "4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,conf", "preAllocSize=4096",
                  "snapCount=10000", f"forceSync={'yes' if self.force_sync else 'no'}",
                  "autopurge.purgeInterval=0"]
@@ -227,7 +228,7 @@ class ZooKeeperServer:
         while True:
             if self._proc is None or self._proc.poll() is not None:
                 raise ZooKeeperStartError(self._exit_report())
-            answer = four_letter_word(self.port, "srvr")
+            answer = four_letter_word(self.port, "srvr", self.host)
             if "Mode:" in answer:
                 return answer.split("Mode:", 1)[1].split()[0]
             if time.monotonic() > deadline:
@@ -236,7 +237,7 @@ class ZooKeeperServer:
             time.sleep(0.05)
 
     def mode(self) -> str | None:
-        answer = four_letter_word(self.port, "srvr")
+        answer = four_letter_word(self.port, "srvr", self.host)
         return answer.split("Mode:", 1)[1].split()[0] if "Mode:" in answer else None
 
     def _exit_report(self) -> str:

@@ -17,7 +17,15 @@ and runs the workload in background threads:
 
 Faults are injected with ``stop`` (SIGTERM: controlled shutdown), ``kill`` (SIGKILL),
 ``pause``/``resume`` (SIGSTOP/SIGCONT) and ``start``; each is written to a timeline that is
-printed with the report. Who leads a partition and who is the controller is read from the
+printed with the report. Network faults need ``Scenario(..., network=True)``: every broker
+then runs in its own network namespace with its own address on a bridge, ZooKeeper and the
+test's clients on two addresses of the bridge (``netlab``, which explains the mechanism), and
+``cut(a, b)`` drops every packet between two brokers, ``isolate(b)`` every packet between a
+broker and ZooKeeper or another broker, while clients still reach every broker; ``heal``
+removes the cuts. ``IsrSampler`` checks I8 while a fault lasts: every replica in the ISR that
+ZooKeeper holds has a log end offset (asked of that replica) at or past the leader's high
+watermark. ``produce_to``, ``read_from``, ``high_watermark_of`` and ``log_end_offset_of`` ask
+one broker directly (no metadata, no retries), to see what a zombie leader does. Who leads a partition and who is the controller is read from the
 metadata of every running broker, and only a view they all agree on counts (a broker's cache
 lags the controller by one UpdateMetadata). Every wait polls a condition under a deadline.
 
@@ -36,7 +44,8 @@ read their segment files:
 * I2  after a clean stop of every broker, every replica's segment files, read from disk,
       agree record by record (with each other and with what the consumer read) up to the
       smallest high watermark in the replicas' replication-offset-checkpoint files;
-* I5  ``dump-log --verify`` finds no problem in any segment of any replica.
+* I5  ``dump-log --verify`` finds no problem in any segment of any replica;
+* I8  (when an ``IsrSampler`` ran) no sample found an ISR member below the high watermark.
 
 The ``Report`` carries the counts (acked, consumed, lost, diverged, ...) and the first few
 examples of each violation; ``Report.assert_ok`` fails with the whole report.
@@ -62,14 +71,28 @@ from client import Admin, Consumer, NewTopic, Producer, TidelogError, TopicParti
 from client.errors import OffsetOutOfRangeError
 from protocol.connection import ClientConnection
 from protocol.messages import (
+    CONSUMER_REPLICA_ID,
+    DEBUGGING_REPLICA_ID,
+    LATEST_TIMESTAMP,
     ApiKey,
     FetchPartition,
+    FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
     FetchTopic,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopic,
     MetadataResponse,
+    PartitionProduceData,
+    PartitionProduceResponse,
+    ProduceRequest,
+    ProduceResponse,
+    TopicProduceData,
 )
-from protocol.records import iter_all_records
+from protocol.records import build_batch, iter_all_records
+from tests.system.netlab import NetworkLab
 
 T = TypeVar("T")
 
@@ -164,11 +187,12 @@ class ProducerWorker:
     """The steady acks=all producer (a thread): ``rate`` records a second, round-robin over
     the partitions, every outcome recorded by its future's callback."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int):
+    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int, **config: Any):
         self.topic, self.partitions, self.rate = topic, partitions, rate
-        self.producer = Producer(bootstrap, acks="all", max_in_flight_requests_per_connection=1,
-                                 linger_ms=5, request_timeout_ms=10000, delivery_timeout_ms=60000,
-                                 retry_backoff_ms=100, max_block_ms=20000, client_id="system-producer")
+        config = {"acks": "all", "max_in_flight_requests_per_connection": 1, "linger_ms": 5,
+                  "request_timeout_ms": 10000, "delivery_timeout_ms": 60000, "retry_backoff_ms": 100,
+                  "max_block_ms": 20000, "client_id": "system-producer", **config}
+        self.producer = Producer(bootstrap, **config)
         self.acked: list[Ack] = []
         self.failed: list[Failure] = []
         self.sent = 0
@@ -393,13 +417,16 @@ class Report:
     not_consumed: list = field(default_factory=list)  # acked, never received by a live consumer
     diverged: list = field(default_factory=list)      # I2: replicas differ below the HW
     corrupt: list = field(default_factory=list)       # I5: dump-log --verify problems
+    isr_behind: list = field(default_factory=list)    # I8: an ISR member in ZooKeeper below the HW
+    isr_samples: int = 0         # I8 samples of ZooKeeper's ISR and the replicas' LEOs (IsrSampler)
     replicas_compared: int = 0
     segments_verified: int = 0
     lost_records: list[Ack] = field(default_factory=list)  # the acks behind ``lost``
     phantom_records: list[tuple[str, int, int]] = field(default_factory=list)  # (consumer, partition, offset)
     timeline: list[str] = field(default_factory=list)
 
-    COUNTS = ("lost", "misordered", "phantom", "silent_skips", "not_consumed", "diverged", "corrupt")
+    COUNTS = ("lost", "misordered", "phantom", "silent_skips", "not_consumed", "diverged", "corrupt",
+              "isr_behind")
 
     def count(self, what: str) -> int:
         return len(getattr(self, what))
@@ -413,7 +440,7 @@ class Report:
                   f"final log {self.final_records} records, HWs {self.high_watermarks}, "
                   f"duplicates {self.duplicates}, out-of-range resets {self.out_of_range_resets}, "
                   f"consumer errors {dict(self.consumer_errors)}, replicas compared {self.replicas_compared}, "
-                  f"segments verified {self.segments_verified}"),
+                  f"segments verified {self.segments_verified}, ISR samples {self.isr_samples}"),
                  "   " + ", ".join(f"{k} {self.count(k)}" for k in self.COUNTS)]
         for k in self.COUNTS:
             for example in getattr(self, k)[:self.EXAMPLES]:
@@ -436,14 +463,25 @@ class Scenario:
 
     def __init__(self, directory: Path, name: str, *, topic: str = "chaos", partitions: int = 3,
                  replication_factor: int = 3, topic_config: dict[str, str] | None = None,
-                 extra_config: dict[str, object] | None = None, rate: int = 600, consumers: int = 2):
+                 extra_config: dict[str, object] | None = None, rate: int = 600, consumers: int = 2,
+                 network: bool = False, producer_config: dict[str, Any] | None = None):
+        """``network``: run every broker in its own network namespace (``netlab``), so that
+        ``cut`` and ``isolate`` can partition the network. ``producer_config``: options of the
+        steady producer that differ from ``ProducerWorker``'s."""
         self.name = name
         self.topic, self.partitions, self.replication_factor = topic, partitions, replication_factor
         self.topic_config = {"min.insync.replicas": "2", "unclean.leader.election.enable": "false",
                              **(topic_config or {})}
         self.rate, self.n_consumers = rate, consumers
+        self.producer_config = dict(producer_config or {})
+        self.lab = NetworkLab([1, 2, 3]) if network else None
+        where = {} if self.lab is None else {"zk_host": self.lab.zookeeper_host, "hosts": self.lab.hosts,
+                                             "netns": self.lab.netns}
         self.cluster = DevCluster(directory, brokers=3, zk_port=0, base_port=0,
-                                  extra_config={**SYSTEM_CONFIG, **(extra_config or {})})
+                                  extra_config={**SYSTEM_CONFIG, **(extra_config or {})}, **where)
+        self.final_log: dict[int, dict[int, bytes | None]] = {}  # partition -> offset -> value (check)
+        self.isr_samples = 0              # I8 samples taken (``IsrSampler``)
+        self.isr_behind: list[str] = []   # I8 violations
         self.producer: ProducerWorker | None = None
         self.consumers: list[ConsumerWorker] = []
         self.paused: set[int] = set()
@@ -455,6 +493,9 @@ class Scenario:
 
     def __enter__(self) -> Self:
         try:
+            if self.lab is not None:
+                self.lab.create()
+                self.note(f"network lab: {self.lab.describe()}")
             self.note("starting ZooKeeper and 3 brokers")
             self.cluster.start(60.0)
             self.create_topic(self.topic, self.partitions, self.replication_factor, self.topic_config)
@@ -470,6 +511,8 @@ class Scenario:
             return
         self._close_workload()
         self.cluster.kill()  # the oracle stopped the brokers cleanly; ZooKeeper and leftovers
+        if self.lab is not None:
+            self.lab.close()
 
     def _abort(self) -> None:
         print("\n".join(["timeline:"] + self.timeline))
@@ -486,6 +529,8 @@ class Scenario:
             except OSError as e:
                 print(f"<cannot read: {e}>")
         self.cluster.kill()
+        if self.lab is not None:
+            self.lab.close()
 
     def _print_zookeeper_state(self) -> None:
         """The controller and every partition state as ZooKeeper holds them (for diagnosis:
@@ -541,7 +586,8 @@ class Scenario:
         self.note(f"topic {name!r} created: {partitions} partitions, RF {replication_factor}, {config}")
 
     def start_workload(self) -> None:
-        self.producer = ProducerWorker(self.bootstrap, self.topic, self.partitions, self.rate)
+        self.producer = ProducerWorker(self.bootstrap, self.topic, self.partitions, self.rate,
+                                       **self.producer_config)
         self.consumers = [ConsumerWorker(self.bootstrap, self.topic, self.partitions, f"system-consumer-{i}")
                           for i in range(self.n_consumers)]
         self.producer.start()
@@ -556,7 +602,8 @@ class Scenario:
         return [i for i, b in self.cluster.brokers.items() if b.running and i not in self.paused]
 
     def metadata_of(self, broker_id: int) -> MetadataResponse:
-        return metadata(self.cluster.brokers[broker_id].port, timeout=5.0)
+        b = self.cluster.brokers[broker_id]
+        return metadata(b.port, b.host, timeout=5.0)
 
     def views(self) -> dict[int, MetadataResponse]:
         """The metadata of every running (not paused) broker."""
@@ -691,9 +738,26 @@ class Scenario:
             self.cluster.wait_ready(ELECTION_TIMEOUT_S, brokers=set(self.running))
             self.note(f"broker {broker_id} is registered")
 
+    def cut(self, a: int, b: int) -> None:
+        """A network partition between brokers ``a`` and ``b`` (every packet dropped, both ways)."""
+        self.note(f"network: cut broker {a} <-> broker {b}")
+        self.lab.cut(a, b)
+
+    def isolate(self, broker_id: int) -> None:
+        """Cut ``broker_id`` off from ZooKeeper and from every other broker; clients still reach it."""
+        self.note(f"network: isolate broker {broker_id} from ZooKeeper and the other brokers")
+        self.lab.isolate_from_zookeeper(broker_id)
+        for other in self.cluster.brokers:
+            if other != broker_id:
+                self.lab.cut(broker_id, other)
+
     def heal(self, timeout: float = HEAL_TIMEOUT_S) -> None:
-        """Resume what is paused, start what is stopped, wait until every replica is in its ISR."""
+        """Remove network cuts, resume what is paused, start what is stopped, wait until every
+        replica is in its ISR."""
         self.note("healing")
+        if self.lab is not None and self.lab.is_cut():
+            self.lab.heal()
+            self.note("network: every cut removed")
         for b in sorted(self.paused):
             self.resume(b)
         for i, b in self.cluster.brokers.items():
@@ -703,23 +767,75 @@ class Scenario:
         self.wait_isr_full(timeout=timeout)
         self.note("healed: every replica is in its ISR")
 
-    def fetch_error_from(self, broker_id: int, partition: int, topic: str | None = None) -> int:
-        """The error code a consumer fetch of ``partition`` (offset 0, no wait) gets from
-        ``broker_id`` directly (0: it serves the partition, i.e. it thinks it leads it)."""
-        topic = topic or self.topic
+    def ask(self, broker_id: int, api_key: ApiKey, request: Any, timeout: float = 5.0) -> dict:
+        """One request straight to ``broker_id`` (no metadata, no retries): the response body."""
+        b = self.cluster.brokers[broker_id]
         conn = ClientConnection(client_id="system-probe")
-        req = FetchRequest([FetchTopic(topic, [FetchPartition(partition, 0, 1024)])], max_wait_ms=0,
-                           min_bytes=0, max_bytes=1024)
-        with socket.create_connection(("127.0.0.1", self.cluster.brokers[broker_id].port), timeout=5) as s:
-            _, frame = conn.send_request(ApiKey.FETCH, 0, req)
+        with socket.create_connection((b.host, b.port), timeout=timeout) as s:
+            _, frame = conn.send_request(api_key, 0, request)
             s.sendall(frame)
             while True:
                 data = s.recv(1 << 16)
                 if not data:
-                    raise ConnectionError("the broker closed the connection")
+                    raise ConnectionError(f"broker {broker_id} closed the connection")
                 for _, body in conn.receive_data(data):
-                    resp = FetchResponse.from_body(body)
-                    return resp.responses[0].partitions[0].error_code
+                    return body
+
+    def fetch_from(self, broker_id: int, partition: int, offset: int = 0, max_bytes: int = 1024,
+                   topic: str | None = None) -> FetchPartitionResponse:
+        """A consumer fetch of ``partition`` from ``offset`` (no wait) straight to ``broker_id``."""
+        topic = topic or self.topic
+        req = FetchRequest([FetchTopic(topic, [FetchPartition(partition, offset, max_bytes)])], max_wait_ms=0,
+                           min_bytes=0, max_bytes=max_bytes)
+        return FetchResponse.from_body(self.ask(broker_id, ApiKey.FETCH, req)).responses[0].partitions[0]
+
+    def fetch_error_from(self, broker_id: int, partition: int, topic: str | None = None) -> int:
+        """The error code a consumer fetch of ``partition`` (offset 0, no wait) gets from
+        ``broker_id`` directly (0: it serves the partition, i.e. it thinks it leads it)."""
+        return self.fetch_from(broker_id, partition, topic=topic).error_code
+
+    def read_from(self, broker_id: int, partition: int, max_fetches: int = 1000,
+                  topic: str | None = None) -> tuple[int, list[tuple[int, bytes | None]]]:
+        """Everything ``broker_id`` serves a consumer of ``partition``, fetched from offset 0
+        straight from it: ``(error code of the last fetch, [(offset, value), ...])``."""
+        out: list[tuple[int, bytes | None]] = []
+        offset = 0
+        for _ in range(max_fetches):
+            r = self.fetch_from(broker_id, partition, offset, 1 << 16, topic)
+            records = [(x.offset, x.value) for x in iter_all_records(r.records or b"") if x.offset >= offset]
+            if r.error_code != 0 or not records:
+                return r.error_code, out
+            out += records
+            offset = records[-1][0] + 1
+        raise AssertionError(f"broker {broker_id} kept serving partition {partition} past offset {offset}")
+
+    def produce_to(self, broker_id: int, partition: int, value: bytes, timeout_ms: int = 4000,
+                   topic: str | None = None) -> PartitionProduceResponse:
+        """One acks=all Produce of ``value`` straight to ``broker_id`` (whoever it thinks leads)."""
+        req = ProduceRequest(-1, timeout_ms, [TopicProduceData(topic or self.topic, [
+            PartitionProduceData(partition, build_batch([value], timestamp_ms=int(time.time() * 1000)))])])
+        body = self.ask(broker_id, ApiKey.PRODUCE, req, timeout=timeout_ms / 1000 + 10)
+        return ProduceResponse.from_body(body).responses[0].partition_responses[0]
+
+    def log_end_offset_of(self, broker_id: int, partition: int, topic: str | None = None) -> int | None:
+        """``broker_id``'s own log end offset of ``partition`` (ListOffsets "latest" as the
+        debugging replica, which any replica answers), or None when it has none."""
+        return self._latest_from(broker_id, partition, DEBUGGING_REPLICA_ID, topic)
+
+    def high_watermark_of(self, broker_id: int, partition: int, topic: str | None = None) -> int | None:
+        """``broker_id``'s high watermark of ``partition`` (ListOffsets "latest" as a consumer)."""
+        return self._latest_from(broker_id, partition, CONSUMER_REPLICA_ID, topic)
+
+    def _latest_from(self, broker_id: int, partition: int, replica_id: int, topic: str | None) -> int | None:
+        req = ListOffsetsRequest([ListOffsetsTopic(topic or self.topic,
+                                                   [ListOffsetsPartition(partition, LATEST_TIMESTAMP)])],
+                                 replica_id=replica_id)
+        r = ListOffsetsResponse.from_body(self.ask(broker_id, ApiKey.LIST_OFFSETS, req)).topics[0].partitions[0]
+        return r.offset if r.error_code == 0 else None
+
+    def zookeeper(self) -> ZooKeeperView:
+        """A client of the cluster's ZooKeeper (a context manager) for reading partition states."""
+        return ZooKeeperView(self.cluster.zookeeper.connect_string)
 
     # -- the end -------------------------------------------------------------------------------
 
@@ -740,6 +856,7 @@ class Scenario:
     def check(self, timeout: float = SETTLE_TIMEOUT_S) -> Report:
         """The oracle (after ``heal`` and ``stop_workload``). Stops every broker cleanly."""
         report = Report(self.name, timeline=self.timeline)
+        report.isr_samples, report.isr_behind = self.isr_samples, list(self.isr_behind)
         prod = self.producer
         report.sent, report.acked, report.failed = prod.sent, len(prod.acked), len(prod.failed)
         report.failures_by_error = dict(Counter(f.error for f in prod.failed))
@@ -747,6 +864,7 @@ class Scenario:
         report.high_watermarks = {p: len(recs) for p, recs in final.items()}
         report.final_records = sum(len(recs) for recs in final.values())
         by_offset = check_final_log(final, report)
+        self.final_log = by_offset
         check_acked(prod.acked, by_offset, report)
         check_consumers(self.consumers, by_offset, prod.acked, report)
         self.note("stopping every broker cleanly to read their segment files")
@@ -778,6 +896,118 @@ class Scenario:
                         next_offset[r.partition] = r.offset + 1
         self.note(f"final log read: log starts {starts}, HWs {ends}")
         return out
+
+
+# -- ZooKeeper's view and I8 ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """A partition's state znode: ``{"leader", "leader_epoch", "isr", ...}`` and its version."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    version: int
+
+
+class ZooKeeperView:
+    """A plain kazoo client of the cluster's ZooKeeper (a context manager), read-only."""
+
+    ROOT = "/tidelog"
+
+    def __init__(self, connect_string: str):
+        import logging
+
+        from kazoo.client import KazooClient
+
+        logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+        self.zk = KazooClient(hosts=connect_string, timeout=5)
+
+    def __enter__(self) -> Self:
+        self.zk.start(timeout=15)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with contextlib.suppress(Exception):
+            self.zk.stop()
+            self.zk.close()
+
+    def partition_state(self, topic: str, partition: int) -> PartitionState | None:
+        import json
+
+        from kazoo.exceptions import NoNodeError
+        try:
+            data, stat = self.zk.get(f"{self.ROOT}/brokers/topics/{topic}/partitions/{partition}/state")
+        except NoNodeError:
+            return None
+        st = json.loads(data)
+        return PartitionState(st["leader"], st["leader_epoch"], tuple(sorted(st["isr"])), stat.version)
+
+
+class IsrSampler:
+    """I8 while a fault lasts (a thread; a context manager): the ISR in ZooKeeper only holds
+    replicas that have the committed prefix.
+
+    One sample of a partition: its state znode (leader, epoch), the leader's high watermark
+    HW, the state znode again (the ISR, skipped if the leader or epoch changed), then the log
+    end offset of every ISR member, asked of that replica itself. Every member must have
+    LEO >= HW. The order makes this exact, not a race: a replica in the ISR at the second read
+    either was in the leader's ISR when HW was read (so HW <= its LEO then, and a LEO only
+    grows while the replica stays in sync) or joined after, which takes LEO >= the HW of that
+    later moment. The samples that saw each ISR are counted (``isrs``), so a test can show
+    that the shrunk ISR was sampled too."""
+
+    def __init__(self, scenario: Scenario, interval: float = 0.2):
+        self.s, self.interval = scenario, interval
+        self.samples = 0
+        self.behind: list[str] = []
+        self.isrs: Counter = Counter()   # (partition, isr) -> samples
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="system-isr-sampler", daemon=True)
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.s.isr_samples += self.samples
+        self.s.isr_behind += self.behind
+        self.s.note(f"I8: {self.samples} samples of ZooKeeper's ISR and the replicas' LEOs, "
+                    f"{len(self.behind)} violations; ISRs seen {dict(sorted(self.isrs.items()))}")
+        if self.error is not None and exc[0] is None:
+            raise AssertionError(f"the ISR sampler failed: {self.error!r}") from self.error
+
+    def _run(self) -> None:
+        try:
+            with self.s.zookeeper() as zk:
+                while not self._stop.wait(self.interval):
+                    for p in range(self.s.partitions):
+                        with contextlib.suppress(OSError, TidelogError):
+                            self._sample(zk, p)
+        except BaseException as e:  # noqa: BLE001 -- reported on exit
+            self.error = e
+
+    def _sample(self, zk: ZooKeeperView, p: int) -> None:
+        topic = self.s.topic
+        before = zk.partition_state(topic, p)
+        if before is None or before.leader < 0:
+            return
+        hw = self.s.high_watermark_of(before.leader, p)
+        state = zk.partition_state(topic, p)
+        if hw is None or state is None or (state.leader, state.leader_epoch) != (before.leader, before.leader_epoch):
+            return
+        leos = {r: self.s.log_end_offset_of(r, p) for r in state.isr}
+        self.samples += 1
+        self.isrs[(p, state.isr)] += 1
+        behind = {r: leo for r, leo in leos.items() if leo is None or leo < hw}
+        if behind:
+            self.behind.append(f"partition {p}: ZooKeeper's ISR {list(state.isr)} (leader {state.leader}, epoch "
+                               f"{state.leader_epoch}, znode version {state.version}) holds {behind} "
+                               f"below the HW {hw}; LEOs {leos}")
 
 
 # -- the oracle's checks -------------------------------------------------------------------------

@@ -25,8 +25,8 @@ Covered here:
       with ``unclean.leader.election.enable=true`` a stale follower leads, and the loss it
       causes is announced to consumers by OFFSET_OUT_OF_RANGE, never skipped silently (I10).
 
-Not covered yet: F4 and F5 (network partitions need a namespace per broker or a proxy), F9,
-F10 and F12-F16 (other suites or later versions).
+F4 and F5, the network partitions, are in ``test_network_faults`` (a network namespace per
+broker, see ``netlab``). Not covered yet: F9, F10 and F12-F16 (other suites or later versions).
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
 bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
