@@ -17,26 +17,33 @@ futures as one ``RecordFutures``.
 
 from __future__ import annotations
 
+import queue
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
+
+import trio
 
 from client._portal import GRACE_S, Portal
 from client.aio.accumulator import RecordFuture, RecordFutures
 from client.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, NewTopic, PartitionInfo,
                               TopicDescription)
+from client.aio.admin import ConsumerGroupDescription, GroupOffsets, ListedGroup, MemberDescription
 from client.aio.consumer import AsyncConsumer, OffsetAndTimestamp
+from client.aio.group import ConsumerRebalanceListener
 from client.aio.producer import _NEED_METADATA, AsyncProducer, partly_queued
-from client.errors import (BrokerConnectionError, ClientClosedError, NoBrokersAvailable,
-                           NoOffsetForPartitionError, RequestTimedOut, TidelogClientError,
-                           TidelogError)
+from client.errors import (BrokerConnectionError, ClientClosedError, CommitFailedError,
+                           NoBrokersAvailable, NoOffsetForPartitionError, RebalanceInProgressError,
+                           RequestTimedOut, TidelogClientError, TidelogError)
 from client.records import Record, RecordMetadata, TopicPartition
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",
            "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
            "ConfigEntry", "OffsetAndTimestamp", "TidelogError", "TidelogClientError",
            "RequestTimedOut", "BrokerConnectionError", "NoBrokersAvailable", "ClientClosedError",
-           "NoOffsetForPartitionError"]
+           "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError",
+           "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
+           "ListedGroup"]
 
 
 class _Blocking:
@@ -166,14 +173,23 @@ class Producer(_Blocking):
 
 
 class Consumer(_Blocking):
-    """A blocking consumer with manual assignment; options as ``client.aio.AsyncConsumer``,
-    plus ``consumer_timeout_ms`` (iteration stops after that long without records)."""
+    """A blocking consumer; options as ``client.aio.AsyncConsumer`` (``group_id`` and
+    ``subscribe`` for a consumer group, or ``assign``), plus ``consumer_timeout_ms``
+    (iteration stops after that long without records).
+
+    Rebalance listener callbacks and ``commit_async`` callbacks run on the application's
+    thread: inside the ``poll`` (or ``commit``, ``unsubscribe``, ``close``) call that runs the
+    rebalance, as in Kafka. They may call this consumer (``commit``, ``seek``, ``position``).
+    Like Kafka's, the consumer is not meant to be used from several threads at once."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
                  consumer_timeout_ms: float = float("inf"), **options: Any):
         self._aio = AsyncConsumer(bootstrap_servers, **options)
         self._api_timeout_s = self._aio.config.default_api_timeout_ms / 1000
+        self._request_timeout_s = self._aio.config.request_timeout_ms / 1000
         self.consumer_timeout_ms = consumer_timeout_ms
+        self._inboxes: list[queue.SimpleQueue] = []  # the serving calls' inboxes, innermost last
+        self._aio.invoke_callback = self._callback_on_caller
         self._start("tidelog-consumer")
 
     def _sync(self, fn: Any, *args: Any) -> Any:
@@ -181,14 +197,107 @@ class Consumer(_Blocking):
             raise ClientClosedError("the consumer is closed")
         return self._portal.run_sync(fn, *args)
 
-    def subscribe(self, topics: Sequence[str] | None = None, pattern: str | None = None) -> None:
-        self._aio.subscribe(topics, pattern)
+    # -- callbacks on the caller's thread ---------------------------------------------------------
 
-    def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
-        raise NotImplementedError("committing offsets needs consumer groups, which are not available yet")
+    async def _callback_on_caller(self, fn: Callable, *args: Any) -> Any:
+        """On the Trio thread: hand ``fn(*args)`` to the application thread that is inside a
+        serving call, and wait (shielded) for it to finish there."""
+        inbox = self._inboxes[-1] if self._inboxes else None
+        if inbox is None:  # not inside a serving call: run it here
+            from client.aio.group import call_maybe_async
+            return await call_maybe_async(fn, *args)
+        done = trio.Event()
+        outcome: list[Any] = []
 
-    def committed(self, partition: TopicPartition) -> int | None:
-        raise NotImplementedError("committed offsets need consumer groups, which are not available yet")
+        def complete(result: Any, error: BaseException | None) -> None:
+            outcome[:] = [result, error]
+            done.set()
+
+        inbox.put((fn, args, complete))
+        with trio.CancelScope(shield=True):
+            await done.wait()
+        result, error = outcome
+        if error is not None:
+            raise error
+        return result
+
+    def _serve(self, afn: Any, *args: Any, timeout: float) -> Any:
+        """Call ``afn`` on the loop while running the callbacks it hands over on this thread.
+        ``timeout`` bounds the wait, not counting the time the callbacks take."""
+        if self._closed:
+            raise ClientClosedError("the consumer is closed")
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inboxes.append(inbox)
+        try:
+            call = self._portal.submit(afn, *args, timeout=None)
+            call.future.add_done_callback(lambda _f: inbox.put(None))
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    item = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    self._portal.cancel(call)
+                    raise RequestTimedOut(f"{getattr(afn, '__name__', 'call')} did not complete "
+                                          f"within {timeout:g} s") from None
+                except BaseException:  # Ctrl-C
+                    self._portal.cancel(call)
+                    raise
+                if item is None:
+                    return call.future.result()
+                started = time.monotonic()
+                self._run_callback(*item)
+                deadline += time.monotonic() - started
+        finally:
+            self._inboxes.remove(inbox)
+
+    def _run_callback(self, fn: Callable, args: tuple, complete: Callable) -> None:
+        try:
+            result = fn(*args)
+        except Exception as e:
+            self._portal.run_soon(complete, None, e)
+            return
+        except BaseException:
+            self._portal.run_soon(complete, None, ClientClosedError("the callback was interrupted"))
+            raise
+        self._portal.run_soon(complete, result, None)
+
+    # -- groups ---------------------------------------------------------------------------------
+
+    def subscribe(self, topics: Sequence[str] | None = None, pattern: str | None = None,
+                  listener: ConsumerRebalanceListener | None = None) -> None:
+        """Join ``group_id`` for these topics (or every topic matching ``pattern``); takes
+        effect in the next ``poll``. ``listener``'s callbacks run in ``poll`` on this thread."""
+        self._sync(self._aio.subscribe, None if topics is None else list(topics) if not isinstance(topics, str)
+                   else [topics], pattern, listener)
+
+    def subscription(self) -> set[str]:
+        return self._sync(self._aio.subscription)
+
+    def unsubscribe(self) -> None:
+        self._serve(self._aio.unsubscribe, timeout=self._request_timeout_s * 2 + GRACE_S)
+
+    def commit(self, offsets: dict[TopicPartition, int] | None = None, timeout_ms: int | None = None) -> None:
+        """Commit ``offsets`` ({partition: next offset to read}, default: the consumed
+        positions) and wait for the coordinator. Raises CommitFailedError when the group
+        rebalanced meanwhile (see its message)."""
+        self._serve(self._aio.commit, None if offsets is None else dict(offsets), timeout_ms,
+                    timeout=self._timeout(timeout_ms))
+
+    def commit_async(self, offsets: dict[TopicPartition, int] | None = None,
+                     callback: Callable[[dict, BaseException | None], Any] | None = None) -> None:
+        """Commit in the background; ``callback(offsets, error_or_None)`` runs on this thread
+        in a later ``poll`` or ``commit``."""
+        self._sync(self._aio.commit_async, None if offsets is None else dict(offsets), callback)
+
+    def committed(self, partitions: Any, timeout_ms: int | None = None) -> Any:
+        """The group's committed offset of a partition (None: none), or a dict for a list."""
+        arg = partitions if isinstance(partitions, tuple) else list(partitions)
+        return self._call(self._aio.committed, arg, timeout_ms, timeout=self._timeout(timeout_ms))
+
+    @property
+    def group_generation(self) -> tuple[int, str] | None:
+        """(generation id, member id) while the consumer is a member of a generation."""
+        return self._aio.group_generation
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         self._sync(self._aio.assign, list(partitions))
@@ -212,8 +321,11 @@ class Consumer(_Blocking):
         return self._call(self._aio.position, partition, timeout_ms, timeout=self._timeout(timeout_ms))
 
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
-        """Up to ``max_records`` records, waiting at most ``timeout_ms`` for some."""
-        return self._call(self._aio.poll, timeout_ms, max_records, timeout=timeout_ms / 1000 + GRACE_S)
+        """Up to ``max_records`` records, waiting at most ``timeout_ms`` for some. With a
+        group, a poll also runs rebalances (and their callbacks, on this thread), which may
+        take up to ``request_timeout_ms`` more."""
+        return self._serve(self._aio.poll, timeout_ms, max_records,
+                           timeout=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition],
                           timeout_ms: int | None = None) -> dict[TopicPartition, int]:
@@ -245,8 +357,16 @@ class Consumer(_Blocking):
             elif (time.monotonic() - idle_since) * 1000 >= self.consumer_timeout_ms:
                 return
 
-    def close(self, timeout: float = 10.0) -> None:
-        self._stop(self._aio.close, timeout=timeout)
+    def close(self, timeout: float = 30.0) -> None:
+        """Commit (with auto-commit), revoke through the listener and leave the group, within
+        ``timeout`` seconds; then stop."""
+        if self._closed:
+            return
+        try:
+            self._serve(self._aio.close, int(timeout * 1000), timeout=timeout + GRACE_S)
+        finally:
+            self._closed = True
+            self._portal.stop()
 
 
 class Admin(_Blocking):
@@ -298,6 +418,34 @@ class Admin(_Blocking):
         """Preferred leader election; see ``AsyncAdmin.elect_leaders``."""
         return self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
                           timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def list_groups(self, states: Iterable[str] | None = None, timeout_ms: int | None = None) -> list[ListedGroup]:
+        return self._call(self._aio.list_groups, None if states is None else list(states), timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
+    def describe_groups(self, group_ids: Iterable[str],
+                        timeout_ms: int | None = None) -> list[ConsumerGroupDescription]:
+        return self._call(self._aio.describe_groups, list(group_ids), timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def delete_groups(self, group_ids: Iterable[str], timeout_ms: int | None = None) -> None:
+        return self._call(self._aio.delete_groups, list(group_ids), timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def list_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None,
+                           timeout_ms: int | None = None) -> list[GroupOffsets]:
+        """Committed offset, log end offset and lag per partition of the group."""
+        return self._call(self._aio.list_group_offsets, group_id, None if partitions is None else list(partitions),
+                          timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def alter_group_offsets(self, group_id: str, offsets: dict[TopicPartition, int],
+                            timeout_ms: int | None = None) -> None:
+        """Reset the group's committed offsets; only while the group has no members."""
+        return self._call(self._aio.alter_group_offsets, group_id, dict(offsets), timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
+    def list_offsets(self, specs: dict[TopicPartition, int],
+                     timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, int]]:
+        """See ``AsyncAdmin.list_offsets``."""
+        return self._call(self._aio.list_offsets, dict(specs), timeout_ms, timeout=self._timeout(timeout_ms))
 
     def close(self, timeout: float = 10.0) -> None:
         self._stop(self._aio.close, timeout=timeout)

@@ -97,6 +97,12 @@ class Portal:
     def call(self, afn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None) -> T:
         """Run ``await afn(*args)`` on the loop and return its result (or raise its error).
         ``timeout`` seconds bound the call (RequestTimedOut); None leaves it to ``afn``."""
+        call = self.submit(afn, *args, timeout=timeout)
+        return self._wait(call, None if timeout is None else timeout + GRACE_S)
+
+    def submit(self, afn: Callable[..., Awaitable[Any]], *args: Any, timeout: float | None) -> _Call:
+        """Start ``await afn(*args)`` on the loop; ``call.future`` completes with its outcome.
+        The caller waits for it itself (and cancels with ``cancel`` if interrupted)."""
         call = _Call()
 
         async def runner() -> None:
@@ -124,7 +130,7 @@ class Portal:
                     raise
 
         self._submit(lambda: self._nursery.start_soon(runner))
-        return self._wait(call, None if timeout is None else timeout + GRACE_S)
+        return call
 
     def run_sync(self, fn: Callable[..., T], *args: Any, timeout: float = 30.0) -> T:
         """Run ``fn(*args)`` on the loop's thread (for code that touches Trio objects)."""
@@ -163,6 +169,16 @@ class Portal:
                 raise RequestTimedOut(
                     f"the client's event loop did not answer within {timeout:g} s") from None
             raise
+
+    def run_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        """Schedule ``fn(*args)`` on the loop's thread without waiting (from any thread)."""
+        try:
+            self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            pass
+
+    def cancel(self, call: _Call) -> None:
+        self._cancel(call)
 
     def _cancel(self, call: _Call) -> None:
         try:

@@ -8,13 +8,16 @@ manager, or start it in your own nursery with ``await nursery.start(obj.run)`` a
 with ``await obj.close()``.
 """
 
-from client.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, NewTopic, PartitionInfo,
+from client.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, ConsumerGroupDescription,
+                              GroupOffsets, ListedGroup, MemberDescription, NewTopic, PartitionInfo,
                               TopicDescription)
 from client.aio.accumulator import RecordFuture, RecordFutures
 from client.aio.consumer import AsyncConsumer, OffsetAndTimestamp
+from client.aio.group import ConsumerRebalanceListener
 from client.aio.producer import AsyncProducer
 from client.records import Record, RecordMetadata, TopicPartition
 
 __all__ = ["AsyncProducer", "AsyncConsumer", "AsyncAdmin", "RecordFuture", "RecordFutures", "Record",
            "RecordMetadata", "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo",
-           "ClusterDescription", "ConfigEntry", "OffsetAndTimestamp"]
+           "ClusterDescription", "ConfigEntry", "OffsetAndTimestamp", "ConsumerRebalanceListener",
+           "ConsumerGroupDescription", "MemberDescription", "GroupOffsets", "ListedGroup"]

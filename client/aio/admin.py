@@ -6,6 +6,15 @@ AlterConfigs (and, for read-your-writes, DescribeConfigs) go to the controller
 refreshes the metadata and retries the affected topics, with backoff, until the call's
 timeout. Metadata reads (describe_topics, list_topics, describe_cluster) go to any broker.
 
+Consumer groups (Kafka's AdminClient for groups): ListGroups goes to every broker (each lists
+the groups it coordinates); DescribeGroups, DeleteGroups, OffsetFetch and OffsetCommit go to
+the group's coordinator (FindCoordinator), retried with backoff while it answers
+COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS.
+``alter_group_offsets`` (a reset) first checks that the group has no members: the
+coordinator only accepts a commit without a generation from an empty group, and the error
+says to stop the group's consumers first. Log end offsets and offsets for timestamps come from
+ListOffsets to each partition's leader.
+
 Per-topic error codes become exceptions in one place (``client.errors.broker_error``), whose
 message names the topic and the cause. A call over several topics raises the first topic's
 error, with ``.results`` (topic -> None or exception) attached so the others are not lost.
@@ -22,10 +31,17 @@ from typing import Any
 import trio
 
 from client.aio._lifecycle import RunsInOwnNursery
+from client.aio.assignors import PROTOCOL_TYPE, decode_assignment
 from client.aio.cluster import Backoff, Cluster, PartitionInfo
 from client.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
-from protocol.errors import NONE, NOT_CONTROLLER
-from protocol.messages import (TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResource, ApiKey,
+from protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND,
+                             ILLEGAL_GENERATION, NON_EMPTY_GROUP, NONE, NOT_CONTROLLER, NOT_COORDINATOR,
+                             UNKNOWN_MEMBER_ID, for_code)
+from protocol.messages import (LATEST_TIMESTAMP, NO_OFFSET, DeleteGroupsRequest,
+                               DescribeGroupsRequest, FindCoordinatorRequest, ListGroupsRequest,
+                               ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
+                               OffsetCommitPartition, OffsetCommitRequest, OffsetCommitTopic,
+                               OffsetFetchRequest, OffsetFetchTopic, TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResource, ApiKey,
                                BrokerMetadata, ConfigEntry, CreatableTopic, CreatePartitionsRequest,
                                CreatePartitionsTopic, CreateTopicsRequest, DeleteTopicsRequest,
                                DescribeConfigsRequest, DescribeConfigsResource, ElectLeadersRequest,
@@ -33,7 +49,8 @@ from protocol.messages import (TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigs
 from protocol.topics import TopicPartition, validate_topic_name
 
 __all__ = ["AsyncAdmin", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
-           "ConfigEntry", "BrokerMetadata"]
+           "ConfigEntry", "BrokerMetadata", "ListedGroup", "MemberDescription", "ConsumerGroupDescription",
+           "GroupOffsets"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +85,51 @@ class ClusterDescription:
     controller_id: int
     brokers: list[BrokerMetadata]
 
+
+@dataclass(frozen=True, slots=True)
+class ListedGroup:
+    group_id: str
+    protocol_type: str
+    state: str
+    coordinator: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDescription:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    host: str
+    assignment: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescription:
+    """state: Empty, PreparingRebalance, CompletingRebalance, Stable or Dead (no such group)."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+    assignor: str
+    generation: int
+    leader: str
+    coordinator: int
+    members: tuple[MemberDescription, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOffsets:
+    """One partition of a group: its committed offset (None: none), the partition's log end
+    offset (the high watermark: what a consumer can read) and the lag between them."""
+
+    partition: TopicPartition
+    committed: int | None
+    log_end_offset: int | None
+    lag: int | None
+
+
+_COORDINATOR_RETRY = {COORDINATOR_NOT_AVAILABLE.code, NOT_COORDINATOR.code, COORDINATOR_LOAD_IN_PROGRESS.code}
+INACTIVE_STATES = ("Empty", "Dead")
 
 Outcomes = dict[str, tuple[int, str | None]]  # name -> (error code, message)
 
@@ -239,6 +301,253 @@ class AsyncAdmin(RunsInOwnNursery):
         return {TopicPartition(x.topic_name, x.partition_index): (x.error_code, x.error_message)
                 for x in answers[-1].results}
 
+    # -- consumer groups ------------------------------------------------------------------------
+
+    async def list_groups(self, states: Iterable[str] | None = None,
+                          timeout_ms: int | None = None) -> list[ListedGroup]:
+        """Every group of the cluster (each broker lists the groups it coordinates)."""
+        deadline = self._deadline(timeout_ms)
+        await self._cluster.refresh(timeout=self._remaining(deadline))
+        request = ListGroupsRequest(list(states or []))
+        found: dict[str, ListedGroup] = {}
+
+        async def ask(node: int) -> None:
+            r = await self._retry_coordinator_codes(
+                lambda: self._cluster.request(node, request, api_key=ApiKey.LIST_GROUPS,
+                                              timeout=self._request_s(deadline)),
+                lambda r: r.error_code, deadline, f"ListGroups to broker {node}")
+            for g in r.groups:
+                found[g.group_id] = ListedGroup(g.group_id, g.protocol_type, g.group_state, node)
+
+        async with trio.open_nursery() as nursery:
+            for node in self._cluster.metadata.brokers:
+                nursery.start_soon(ask, node)
+        return sorted(found.values(), key=lambda g: g.group_id)
+
+    async def describe_groups(self, group_ids: Iterable[str],
+                              timeout_ms: int | None = None) -> list[ConsumerGroupDescription]:
+        """State, assignor, generation and members (with their assignments) of each group; a
+        group that does not exist is described with state "Dead"."""
+        deadline = self._deadline(timeout_ms)
+        out = []
+        for group_id in dict.fromkeys(group_ids):
+            node, r = await self._to_coordinator(
+                group_id, DescribeGroupsRequest([group_id]), ApiKey.DESCRIBE_GROUPS,
+                lambda r: r.groups[0].error_code if r.groups else NONE.code, deadline)
+            g = r.groups[0]
+            if g.error_code not in (NONE.code, GROUP_ID_NOT_FOUND.code):
+                raise broker_error(g.error_code, f"group {group_id!r}", g.error_message)
+            out.append(_group_description(g, node))
+        return out
+
+    async def delete_groups(self, group_ids: Iterable[str], timeout_ms: int | None = None) -> None:
+        """Delete each group and its committed offsets; a group with members is refused."""
+        deadline = self._deadline(timeout_ms)
+        for group_id in dict.fromkeys(group_ids):
+            _, r = await self._to_coordinator(
+                group_id, DeleteGroupsRequest([group_id]), ApiKey.DELETE_GROUPS,
+                lambda r: r.results[0].error_code if r.results else NONE.code, deadline)
+            result = r.results[0] if r.results else None
+            if result is not None and result.error_code == NON_EMPTY_GROUP.code:
+                raise broker_error(result.error_code, f"cannot delete group {group_id!r}",
+                                   "the group has active members; stop its consumers first")
+            if result is not None and result.error_code != NONE.code:
+                raise broker_error(result.error_code, f"cannot delete group {group_id!r}", result.error_message)
+
+    async def list_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None,
+                                 timeout_ms: int | None = None) -> list[GroupOffsets]:
+        """The group's committed offset, log end offset and lag per partition (every partition
+        with a committed offset when ``partitions`` is None)."""
+        deadline = self._deadline(timeout_ms)
+        committed = await self._fetch_group_offsets(group_id, partitions, deadline)
+        ends = await self._log_end_offsets(list(committed), deadline)
+        out = []
+        for tp in sorted(committed):
+            c, end = committed[tp], ends.get(tp)
+            lag = None if c is None or end is None else max(0, end - c)
+            out.append(GroupOffsets(tp, c, end, lag))
+        return out
+
+    async def alter_group_offsets(self, group_id: str, offsets: dict[TopicPartition, int],
+                                  timeout_ms: int | None = None) -> None:
+        """Set the group's committed offsets (a reset). Only while the group has no members:
+        raises NON_EMPTY_GROUP naming its state otherwise."""
+        deadline = self._deadline(timeout_ms)
+        for tp, offset in offsets.items():
+            if not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"offset for {tp} must be an int >= 0, got {offset!r}")
+        (description,) = await self.describe_groups([group_id], timeout_ms=self._left_ms(deadline))
+        if description.state not in INACTIVE_STATES:
+            raise _active_group_error(group_id, description.state, len(description.members))
+        by_topic: dict[str, list[OffsetCommitPartition]] = {}
+        for tp, offset in sorted(offsets.items()):
+            by_topic.setdefault(tp.topic, []).append(OffsetCommitPartition(tp.partition, offset))
+        request = OffsetCommitRequest(group_id, [OffsetCommitTopic(t, ps) for t, ps in by_topic.items()])
+        _, r = await self._to_coordinator(
+            group_id, request, ApiKey.OFFSET_COMMIT,
+            lambda r: next((p.error_code for t in r.topics for p in t.partitions if p.error_code != NONE.code),
+                           NONE.code), deadline)
+        for t in r.topics:
+            for p in t.partitions:
+                if p.error_code in (UNKNOWN_MEMBER_ID.code, ILLEGAL_GENERATION.code):
+                    raise _active_group_error(group_id, "not empty", None)
+                if p.error_code != NONE.code:
+                    raise broker_error(p.error_code, f"group {group_id!r} offset of {t.name}-{p.partition_index}",
+                                       p.error_message)
+
+    async def list_offsets(self, specs: dict[TopicPartition, int], timeout_ms: int | None = None
+                           ) -> dict[TopicPartition, tuple[int, int]]:
+        """ListOffsets: per partition ``EARLIEST_TIMESTAMP`` (-2), ``LATEST_TIMESTAMP`` (-1, the
+        high watermark) or a timestamp in ms -> (offset, timestamp); offset -1 when no record
+        has that timestamp or a later one."""
+        return await self._list_offsets(dict(specs), self._deadline(timeout_ms))
+
+    async def _fetch_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None,
+                                   deadline: float) -> dict[TopicPartition, int | None]:
+        topics = None
+        if partitions is not None:
+            by_topic: dict[str, list[int]] = {}
+            for tp in partitions:
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            topics = [OffsetFetchTopic(t, ps) for t, ps in by_topic.items()]
+        _, r = await self._to_coordinator(
+            group_id, OffsetFetchRequest(group_id, topics), ApiKey.OFFSET_FETCH,
+            lambda r: r.error_code, deadline)
+        if r.error_code != NONE.code:
+            raise broker_error(r.error_code, f"group {group_id!r} (OffsetFetch)")
+        out: dict[TopicPartition, int | None] = {}
+        for t in r.topics:
+            for p in t.partitions:
+                if p.error_code != NONE.code:
+                    raise broker_error(p.error_code, f"group {group_id!r} offset of {t.name}-{p.partition_index}")
+                out[TopicPartition(t.name, p.partition_index)] = \
+                    None if p.committed_offset == NO_OFFSET else p.committed_offset
+        return out
+
+    async def _log_end_offsets(self, tps: list[TopicPartition], deadline: float) -> dict[TopicPartition, int]:
+        if not tps:
+            return {}
+        try:
+            found = await self._list_offsets({tp: LATEST_TIMESTAMP for tp in tps}, deadline, tolerate_missing=True)
+        except TidelogError:
+            return {}
+        return {tp: r[0] for tp, r in found.items()}
+
+    async def _list_offsets(self, wanted: dict[TopicPartition, int], deadline: float,
+                            tolerate_missing: bool = False) -> dict[TopicPartition, tuple[int, int]]:
+        found: dict[TopicPartition, tuple[int, int]] = {}
+        remaining = dict(wanted)
+        backoff = Backoff(*self._backoff)
+        last: BaseException | None = None
+        topics = sorted({tp.topic for tp in wanted})
+        while remaining:
+            try:
+                md = await self._cluster.fetch_metadata(topics, timeout=self._remaining(deadline))
+            except TidelogError as e:
+                last = e
+                md = None
+            if md is not None:
+                last = await self._list_offsets_round(remaining, found, tolerate_missing) or last
+            if not remaining:
+                break
+            if time.monotonic() + backoff.initial_s >= deadline:
+                raise RequestTimedOut(f"offsets of {sorted(map(str, remaining))} not found in time "
+                                      f"(last error: {last or 'none'})")
+            await trio.sleep(min(backoff.next_delay(), self._remaining(deadline)))
+        return found
+
+    async def _list_offsets_round(self, remaining: dict[TopicPartition, int],
+                                  found: dict[TopicPartition, tuple[int, int]],
+                                  tolerate_missing: bool) -> BaseException | None:
+        metadata = self._cluster.metadata
+        by_node: dict[int, dict[str, list[ListOffsetsPartition]]] = {}
+        last = None
+        for tp, ts in list(remaining.items()):
+            leader = metadata.leader_for(tp)
+            code = metadata.topic_errors.get(tp.topic)
+            if leader is None:
+                if tolerate_missing and code is not None and not for_code(code).retriable:
+                    del remaining[tp]
+                elif code is not None and not for_code(code).retriable:
+                    raise broker_error(code, f"topic {tp.topic!r}")
+                continue
+            by_node.setdefault(leader, {}).setdefault(tp.topic, []).append(ListOffsetsPartition(tp.partition, ts))
+        for node, topics in by_node.items():
+            try:
+                r = await self._cluster.request(node, ListOffsetsRequest([ListOffsetsTopic(t, ps) for t, ps in topics.items()]),
+                                                api_key=ApiKey.LIST_OFFSETS, timeout=self.request_timeout_ms / 1000)
+            except (BrokerConnectionError, RequestTimedOut) as e:
+                last = e
+                continue
+            for t in r.topics:
+                for p in t.partitions:
+                    tp = TopicPartition(t.name, p.partition_index)
+                    if tp not in remaining:
+                        continue
+                    if p.error_code == NONE.code:
+                        found[tp] = (p.offset, p.timestamp)
+                        del remaining[tp]
+                    elif for_code(p.error_code).retriable:
+                        last = broker_error(p.error_code, f"partition {tp}", p.error_message)
+                    else:
+                        raise broker_error(p.error_code, f"partition {tp}", p.error_message)
+        return last
+
+    async def _find_coordinator(self, group_id: str, deadline: float) -> int:
+        async def find() -> Any:
+            return await self._cluster.request_any(FindCoordinatorRequest(group_id), api_key=ApiKey.FIND_COORDINATOR,
+                                                   timeout=self._request_s(deadline))
+        r = await self._retry_coordinator_codes(find, lambda r: r.error_code, deadline,
+                                                f"FindCoordinator for group {group_id!r}")
+        if r.node_id not in self._cluster.metadata.brokers:
+            await self._cluster.refresh(timeout=self._remaining(deadline))
+        return r.node_id
+
+    async def _to_coordinator(self, group_id: str, request: Message, api_key: ApiKey,
+                              code_of: Callable[[Any], int], deadline: float) -> tuple[int, Any]:
+        """Send ``request`` to the group's coordinator until it answers with something other
+        than "not the coordinator (yet)"; returns (coordinator node, response)."""
+        node = -1
+
+        async def attempt() -> Any:
+            nonlocal node
+            node = await self._find_coordinator(group_id, deadline)
+            return await self._cluster.request(node, request, api_key=api_key, timeout=self._request_s(deadline))
+
+        response = await self._retry_coordinator_codes(attempt, code_of, deadline,
+                                                       f"{api_key.name} for group {group_id!r}")
+        return node, response
+
+    async def _retry_coordinator_codes(self, attempt: Callable[[], Any], code_of: Callable[[Any], int],
+                                       deadline: float, what: str) -> Any:
+        backoff = Backoff(*self._backoff)
+        last: BaseException | None = None
+        while True:
+            try:
+                response = await attempt()
+                code = code_of(response)
+                if code not in _COORDINATOR_RETRY:
+                    return response  # the caller reads the codes it knows
+                last = broker_error(code, what)
+            except (BrokerConnectionError, RequestTimedOut) as e:
+                last = e
+                self._cluster.request_update()
+            if time.monotonic() + backoff.initial_s >= deadline:
+                raise RequestTimedOut(f"{what} did not complete in time (last error: {last})")
+            await trio.sleep(min(backoff.next_delay(), self._remaining(deadline)))
+
+    def _deadline(self, timeout_ms: int | None) -> float:
+        return time.monotonic() + self._timeout_ms(timeout_ms) / 1000
+
+    def _remaining(self, deadline: float) -> float:
+        return max(0.001, deadline - time.monotonic())
+
+    def _left_ms(self, deadline: float) -> int:
+        return max(1, int(self._remaining(deadline) * 1000))
+
+    def _request_s(self, deadline: float) -> float:
+        return min(self._remaining(deadline), self.request_timeout_ms / 1000)
+
     # -- routing --------------------------------------------------------------------------------
 
     def _timeout_ms(self, timeout_ms: int | None) -> int:
@@ -299,3 +608,25 @@ def _raise_for(outcomes: Outcomes, verb: str) -> dict[str, None]:
         error.results = results
         raise error
     return {name: None for name in results}
+
+
+def _group_description(g: Any, node: int) -> ConsumerGroupDescription:
+    members = []
+    for m in g.members:
+        assignment: tuple[TopicPartition, ...] = ()
+        if g.protocol_type == PROTOCOL_TYPE and m.member_assignment:
+            try:
+                assignment = decode_assignment(m.member_assignment).partitions
+            except TidelogError:
+                assignment = ()
+        members.append(MemberDescription(m.member_id, m.group_instance_id, m.client_id, m.client_host, assignment))
+    state = "Dead" if g.error_code == GROUP_ID_NOT_FOUND.code else g.group_state
+    return ConsumerGroupDescription(g.group_id, state, g.protocol_type, g.protocol_data, g.generation_id,
+                                    g.leader, node, tuple(sorted(members, key=lambda m: m.member_id)))
+
+
+def _active_group_error(group_id: str, state: str, members: int | None) -> TidelogError:
+    count = "" if members is None else f" with {members} member{'s' if members != 1 else ''}"
+    return broker_error(NON_EMPTY_GROUP.code, f"group {group_id!r}",
+                        f"offsets can be reset only when the group is inactive, but it is {state}{count}: "
+                        "stop its consumers first (and wait for their session timeout if they were killed)")
