@@ -358,12 +358,20 @@ class GroupCoordinator:
                             self.config.group)
         if result.immediate is not None:
             self._apply(group, result.effects)
+            self._forget_if_unused(group)
             return result.immediate
         waiter = self._register(req.group_id, result.wait_for, "join")
         self._apply(group, result.effects)
         wait_ms = max(req.rebalance_timeout_ms, req.session_timeout_ms) + self.config.group.initial_rebalance_delay_ms
         return await self._await(waiter, (req.group_id, result.wait_for, "join"), wait_ms,
                                  join_error(REBALANCE_IN_PROGRESS, result.wait_for))
+
+    def _forget_if_unused(self, group: GroupMetadata) -> None:
+        """A group that a refused first JoinGroup created and that holds nothing is not kept
+        (it would show in ListGroups until the next retention check)."""
+        if (group.is_(GroupState.EMPTY) and group.generation_id == 0 and not group.members
+                and not group.pending_members and not group.offsets and self.groups.get(group.group_id) is group):
+            del self.groups[group.group_id]
 
     async def sync_group(self, req: SyncGroupRequest) -> SyncGroupResponse:
         error = self.coordinator_error(req.group_id)

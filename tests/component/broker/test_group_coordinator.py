@@ -269,3 +269,10 @@ async def test_the_metrics_endpoint_exports_lag_and_group_counts(broker, tmp_pat
     assert samples[("tidelog_group_lag", labels)] == 2
     assert samples[("tidelog_group_committed_offset", labels)] == 1
     assert samples[("tidelog_group_count", (("state", "Stable"),))] == 1
+
+
+async def test_a_refused_first_join_leaves_no_group_behind(broker):
+    bad = JoinGroupRequest("typo", 1, "", "consumer", [JoinGroupProtocol("range", b"")])  # session 1 ms
+    r = await broker.call(ApiKey.JOIN_GROUP, bad)
+    assert r.error_code == 26 and "group.min.session.timeout.ms" in r.error_message  # INVALID_SESSION_TIMEOUT
+    assert (await broker.call(ApiKey.LIST_GROUPS, ListGroupsRequest())).groups == []
