@@ -103,7 +103,7 @@ def sweep_stale() -> list[str]:
 
 def _subnet_in_use(prefix: str) -> bool:
     used = _run("ip", "-4", "-o", "addr", "show") + _run("ip", "-4", "route", "show")
-    return f" {prefix}." in used or f"\n{prefix}." in used or used.startswith(f"{prefix}.")
+    return f"{prefix}." in used  # may also match a longer address: then another subnet is picked
 
 
 def _pick_subnet() -> str:
