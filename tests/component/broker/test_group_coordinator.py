@@ -276,3 +276,18 @@ async def test_a_refused_first_join_leaves_no_group_behind(broker):
     r = await broker.call(ApiKey.JOIN_GROUP, bad)
     assert r.error_code == 26 and "group.min.session.timeout.ms" in r.error_message  # INVALID_SESSION_TIMEOUT
     assert (await broker.call(ApiKey.LIST_GROUPS, ListGroupsRequest())).groups == []
+
+
+async def test_offsets_of_an_empty_group_expire_with_tombstones(broker, nursery):
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(9, group="idle"))
+    assert await broker.coordinator.expire_offsets() == 0  # not yet
+    broker.clock.now += broker.config.offsets_retention_ms
+    assert await broker.coordinator.expire_offsets() == 2  # the offset and the group
+    assert (await fetched(broker, "idle"))[DATA_TP] == -1
+    assert (await broker.call(ApiKey.LIST_GROUPS, ListGroupsRequest())).groups == []
+    new = broker.new_coordinator()  # the tombstones are in the log: a reload finds nothing
+    broker.apis.broker.group_coordinator = new
+    broker.lead(epoch=2)
+    await nursery.start(new.run)
+    await wait_loaded(new)
+    assert (await fetched(broker, "idle"))[DATA_TP] == -1
