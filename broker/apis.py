@@ -27,7 +27,7 @@ from protocol.messages import (
     CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
     CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeConfigsRequest,
     DescribeConfigsResponse, DescribeConfigsResult, FetchRequest, FetchResponse,
-    FetchTopicResponse, LeaderAndIsrRequest, LeaderAndIsrResponse, ListOffsetsRequest, ListOffsetsResponse,
+    FetchTopicResponse, InitProducerIdRequest, InitProducerIdResponse, LeaderAndIsrRequest, LeaderAndIsrResponse, ListOffsetsRequest, ListOffsetsResponse,
     ListOffsetsTopicResponse, Message, MetadataRequest, MetadataResponse, OffsetForLeaderTopicResult,
     OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse, PartitionProduceResponse, ProduceRequest,
     ProduceResponse, RequestHeader, REQUESTS, StopReplicaRequest, StopReplicaResponse, TopicPartitionRef,
@@ -72,6 +72,7 @@ class Apis:
             ApiKey.STOP_REPLICA: self.stop_replica,
             ApiKey.CONTROLLED_SHUTDOWN: self.controlled_shutdown,
             ApiKey.ELECT_LEADERS: self.elect_leaders,
+            ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
             ApiKey.FIND_COORDINATOR: self.find_coordinator,
             ApiKey.JOIN_GROUP: self.join_group,
             ApiKey.SYNC_GROUP: self.sync_group,
@@ -248,6 +249,19 @@ class Apis:
             except TidelogError as e:
                 out.append(AlterConfigsResult(e.code, r.resource_type, r.resource_name, str(e)))
         return AlterConfigsResponse(out)
+
+    # -- idempotent producers ------------------------------------------------------------------
+
+    async def init_producer_id(self, req: InitProducerIdRequest) -> InitProducerIdResponse:
+        """Any broker answers: a new producer id at epoch 0, or the next epoch of the given one."""
+        try:
+            if req.transactional_id is not None:
+                raise TidelogError("transactional producers are not supported (transactional_id must be null)",
+                                   error=INVALID_REQUEST)
+            pid, epoch = await self.broker.producer_ids.init_producer_id(req.producer_id, req.producer_epoch)
+        except TidelogError as e:
+            return InitProducerIdResponse(e.code, error_message=str(e))
+        return InitProducerIdResponse(NONE.code, pid, epoch)
 
     async def elect_leaders(self, req: ElectLeadersRequest) -> ElectLeadersResponse:
         c = self._controller()

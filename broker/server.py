@@ -31,6 +31,7 @@ from broker.health import Readiness, broker_readiness
 from broker.coordination import layout
 from broker.coordination.layout import BrokerInfo, LeaderAndIsr
 from broker.coordination.zk import ZkClient
+from broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
 from broker.log.config import LogConfig
 from broker.log.manager import LogManager
 from broker.metadata_cache import MetadataCache
@@ -66,6 +67,8 @@ class BrokerServer:
                 max(config.replica_fetch_max_bytes * 10, 10 << 20), config.replica_fetch_max_bytes,
                 config.replica_fetch_backoff_ms / 1000)),
             self.log_manager, self.topic_log_config, self._endpoint_for, self._write_isr)
+        self.producer_ids = ProducerIdManager(
+            lambda: self.zk.allocate_producer_id_block(self.broker_id, PRODUCER_ID_BLOCK_SIZE))
         self.group_coordinator = GroupCoordinator(
             CoordinatorConfig.from_broker_config(config), self.replica_manager, self.metadata,
             create_topic=self._create_internal_topic, list_offsets=self._list_offsets_at)

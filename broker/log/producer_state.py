@@ -10,11 +10,20 @@ metadata of its last ``BATCH_METADATA_MAX`` (5) batches: first and last sequence
 last offset, max timestamp. Five, because a producer has at most five requests in flight
 per connection, so a retried batch is always one of the last five it appended.
 
+Tidelog's producer sends a partition's full batches as one run in one request, so one
+request may carry more than five batches. Consecutive batches of a producer that continue
+both its sequence and the offsets (nothing of another producer between them) are therefore
+kept as one entry spanning them all (up to ``MAX_MERGED_RECORDS`` records), and a batch is a
+duplicate when its sequence range lies inside an entry: inside an entry, offset and
+sequence advance together, so its original offset is ``first offset + (its first sequence -
+the entry's first sequence)``. The merge depends only on the batches in the log, so leader,
+followers and a replay after a restart build the same entries.
+
 The leader checks each batch of an append (``check_leader_append``) against that state,
 reading only the header fields (producer id, epoch, base sequence: bytes 43..56), never
 the records, and decides before anything is written:
 
-* a batch equal (same epoch, first and last sequence) to one of the last five: a
+* a batch of the current epoch whose sequences lie inside one of the last five: a
   *duplicate*. Nothing is appended; the produce answers NONE with the original offsets;
 * an epoch older than the known one: INVALID_PRODUCER_EPOCH (a newer epoch took over);
 * a newer epoch must start at sequence 0; the same epoch must continue at last + 1;
@@ -73,6 +82,7 @@ from protocol.records import BatchHeader
 logger = logging.getLogger("tidelog.log.producer_state")
 
 BATCH_METADATA_MAX = 5
+MAX_MERGED_RECORDS = 1 << 20  # an entry spans at most this many records (offsets)
 MAX_SEQUENCE = 2**31 - 1
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_MAGIC = b"TLPS"
@@ -107,16 +117,28 @@ class ProducerStateEntry:
     def last_offset(self) -> int:
         return self.batches[-1].last_offset if self.batches else -1
 
-    def find_duplicate(self, first_seq: int, last_seq: int) -> BatchMetadata | None:
+    def find_duplicate(self, first_seq: int, count: int) -> BatchMetadata | None:
+        """The original of a batch of ``count`` records from ``first_seq``, if its sequences
+        lie inside one of the entries."""
         for b in self.batches:
-            if b.first_seq == first_seq and b.last_seq == last_seq:
-                return b
+            delta = (first_seq - b.first_seq) & MAX_SEQUENCE
+            if delta + count - 1 <= b.last_offset - b.first_offset:
+                offset = b.first_offset + delta
+                return BatchMetadata(first_seq, next_sequence(first_seq, count - 1), offset, offset + count - 1,
+                                     b.max_timestamp)
         return None
 
     def add(self, epoch: int, batch: BatchMetadata) -> None:
         if epoch != self.producer_epoch:
             self.producer_epoch = epoch
             self.batches.clear()
+        elif self.batches:
+            last = self.batches[-1]
+            if (batch.first_offset == last.last_offset + 1 and in_sequence(last.last_seq, batch.first_seq)
+                    and batch.last_offset - last.first_offset < MAX_MERGED_RECORDS):
+                self.batches[-1] = BatchMetadata(last.first_seq, batch.last_seq, last.first_offset, batch.last_offset,
+                                                 max(last.max_timestamp, batch.max_timestamp))
+                return
         self.batches.append(batch)
 
     def __eq__(self, other) -> bool:
@@ -206,7 +228,7 @@ class ProducerStateManager:
                                    f"{first_seq}, not 0", error=OUT_OF_ORDER_SEQUENCE_NUMBER)
             return None
         if pending is None:
-            dup = entry.find_duplicate(first_seq, next_sequence(first_seq, h.last_offset_delta))
+            dup = entry.find_duplicate(first_seq, h.last_offset_delta + 1)
             if dup is not None:
                 return dup
         if not in_sequence(last_seq, first_seq):

@@ -311,7 +311,7 @@ class ProducerBatch:
     record whatever its size."""
 
     __slots__ = ("tp", "builder", "result", "futures", "created", "deadline", "seq", "memory",
-                 "room", "attempts", "retry_at", "payload", "last_error")
+                 "room", "attempts", "retry_at", "payload", "last_error", "sent_in_line")
 
     def __init__(self, tp: TopicPartition, codec: Codec, created: float, deadline: float,
                  batch_size: int = 16384):
@@ -327,6 +327,7 @@ class ProducerBatch:
         self.retry_at = 0.0  # not before this time when retrying
         self.payload: bytes | None = None  # the encoded batch, built once at first send
         self.last_error: BaseException | None = None  # why the latest attempt failed
+        self.sent_in_line = False  # idempotent: every earlier sequence was acknowledged when last sent
 
     def __len__(self) -> int:
         return len(self.builder)
@@ -354,6 +355,25 @@ class ProducerBatch:
         if self.payload is None:
             self.payload = self.builder.build()
         return self.payload
+
+    # the idempotent producer's fields (-1 until the batch is first drained)
+    @property
+    def producer_id(self) -> int:
+        return self.builder.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self.builder.producer_epoch
+
+    @property
+    def base_sequence(self) -> int:
+        return self.builder.base_sequence
+
+    def set_producer_state(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+        """Stamp (or, with -1s, clear) id, epoch and sequence; the batch is encoded anew."""
+        b = self.builder
+        b.producer_id, b.producer_epoch, b.base_sequence = producer_id, producer_epoch, base_sequence
+        self.payload = None
 
     @property
     def size(self) -> int:
@@ -399,6 +419,9 @@ class RecordAccumulator:
         # partition in flight, even across a leader change (Kafka's muted partitions), so a
         # retried batch can never land after a newer one sent to the new leader meanwhile
         self.guarantee_order = False
+        # the idempotent producer's sequences (client.aio.idempotence.IdempotenceState, set by
+        # the producer): a batch gets its sequence when first drained, and keeps it
+        self.idempotence = None
         self._sticky: dict[str, ProducerBatch] = {}  # topic -> the open batch of keyless records
         self._used = 0
         self._memory_waiters = 0
@@ -642,6 +665,8 @@ class RecordAccumulator:
         happens, e.g. the partition's in-flight retry completes)."""
         if self.guarantee_order and self._in_flight.get(tp):
             return math.inf
+        if self.idempotence is not None and batch.base_sequence < 0 and not self.idempotence.may_assign(tp):
+            return math.inf  # no producer id yet, or the partition waits to move to a new epoch
         if batch.attempts:  # a retry: alone, in order, after its backoff
             if self._in_flight.get(tp):
                 return math.inf
@@ -674,6 +699,9 @@ class RecordAccumulator:
                     continue
                 if batch.attempts and (self._in_flight.get(tp) or batch.retry_at > now):
                     continue
+                seqs = self.idempotence
+                if seqs is not None and batch.base_sequence < 0 and not seqs.may_assign(tp):
+                    continue
                 size = batch.size
                 if leader in out and sizes[leader] + size > max_request_size:
                     continue
@@ -682,6 +710,8 @@ class RecordAccumulator:
                 while True:
                     dq.popleft()
                     batch.mark_full()
+                    if seqs is not None and batch.base_sequence < 0:
+                        seqs.assign(batch)
                     taken.append(batch)
                     total += size
                     n += 1
@@ -719,6 +749,8 @@ class RecordAccumulator:
             if in_flight:
                 self._release_in_flight(batch.tp)
             self._incomplete.discard(batch)
+            if self.idempotence is not None and batch.base_sequence >= 0:
+                self.idempotence.on_complete(batch, base_offset, error is not None)
             self._used -= batch.memory
             batch.memory = 0
             self._memory_freed.notify_all()

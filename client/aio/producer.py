@@ -42,14 +42,15 @@ from client.aio.accumulator import (BulkRecords, ProducerBatch, RecordAccumulato
                                    RecordFutures)
 from client.aio._lifecycle import RunsInOwnNursery
 from client.aio.cluster import Backoff, Cluster, ClusterMetadata
+from client.aio.idempotence import IdempotenceState, SequenceVerdict
 from client.aio.partitioner import StickyPartitioner, murmur2, to_positive
 from client.errors import (BrokerConnectionError, ClientClosedError, RequestTimedOut,
                            TidelogError, broker_error)
 from client.records import RecordMetadata
 from protocol.errors import (NETWORK_EXCEPTION, NONE, REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR,
                              InvalidRequestError, RecordTooLargeError, for_code)
-from protocol.messages import (ApiKey, PartitionProduceData, ProduceRequest, ProduceResponse,
-                               TopicProduceData)
+from protocol.messages import (ApiKey, InitProducerIdRequest, PartitionProduceData, ProduceRequest,
+                               ProduceResponse, TopicProduceData)
 from protocol.records import Codec
 from protocol.topics import TopicPartition, validate_topic_name
 
@@ -62,6 +63,7 @@ Headers = Sequence[tuple[str, bytes | str | None]] | None
 Partitioner = Callable[[bytes | None, list[int], list[int]], int]
 
 KEY_HASH_CACHE = 1 << 16  # distinct keys whose partition hash is remembered
+MAX_IDEMPOTENT_IN_FLIGHT = 5  # the broker remembers each producer's last 5 batches
 
 _ACKS = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}
 
@@ -106,7 +108,9 @@ class ProducerConfig:
     max_block_ms: int = 60000
     max_request_size: int = 1048576
     metadata_max_age_ms: int = 300000
-    enable_idempotence: bool = False
+    # None: on when the other options allow it (acks=all, at most 5 in flight, retries > 0),
+    # as Kafka 3's default; True with options that contradict it is an error
+    enable_idempotence: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "acks", parse_acks(self.acks))
@@ -121,9 +125,25 @@ class ProducerConfig:
         if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
             raise ValueError("delivery_timeout_ms must be >= linger_ms + request_timeout_ms "
                              f"({self.delivery_timeout_ms} < {self.linger_ms} + {self.request_timeout_ms})")
-        if self.enable_idempotence:
-            raise NotImplementedError("the idempotent producer is not available yet "
-                                      "(enable_idempotence=True needs InitProducerId)")
+        object.__setattr__(self, "enable_idempotence", self._idempotence())
+
+    def _idempotence(self) -> bool:
+        """Resolve ``enable_idempotence`` against acks, in-flight requests and retries."""
+        conflicts = []
+        if self.acks != -1:
+            conflicts.append(f"acks={self.acks} (it needs acks='all')")
+        if self.max_in_flight_requests_per_connection > MAX_IDEMPOTENT_IN_FLIGHT:
+            conflicts.append(f"max_in_flight_requests_per_connection={self.max_in_flight_requests_per_connection} "
+                             f"(the broker deduplicates the last {MAX_IDEMPOTENT_IN_FLIGHT} batches: at most "
+                             f"{MAX_IDEMPOTENT_IN_FLIGHT})")
+        if self.retries == 0:
+            conflicts.append("retries=0 (a lost response could not be resent)")
+        if self.enable_idempotence is None:
+            return not conflicts
+        if self.enable_idempotence and conflicts:
+            raise ValueError("enable_idempotence=True cannot be combined with " + " and ".join(conflicts)
+                             + "; change those options or set enable_idempotence=False")
+        return bool(self.enable_idempotence)
 
     @property
     def codec(self) -> Codec:
@@ -142,6 +162,7 @@ class Decision(NamedTuple):
     log_append_time: int = -1
     error: BaseException | None = None
     refresh_metadata: bool = False
+    error_code: int = 0  # the broker's code behind a retry or a failure (0: none / client-side)
 
 
 def decide(batch: ProducerBatch, error_code: int, *, now: float, retries: int,
@@ -155,17 +176,40 @@ def decide(batch: ProducerBatch, error_code: int, *, now: float, retries: int,
     where = f"topic {batch.tp.topic!r} partition {batch.tp.partition}"
     if not err.retriable:
         return Decision("fail", error=broker_error(error_code, where, message),
-                        refresh_metadata=err.invalid_metadata)
+                        refresh_metadata=err.invalid_metadata, error_code=error_code)
+    return _retry_or_give_up(batch, error_code, now=now, retries=retries, message=message)
+
+
+def _retry_or_give_up(batch: ProducerBatch, error_code: int, *, now: float, retries: int,
+                      message: str | None) -> Decision:
+    err = for_code(error_code)
+    where = f"topic {batch.tp.topic!r} partition {batch.tp.partition}"
     if now >= batch.deadline:
         return Decision("fail", error=RequestTimedOut(
             f"{where}: {len(batch)} record(s) not delivered within delivery_timeout_ms "
             f"after {batch.attempts} attempt(s); last error {err.name}: {message or err.message}"),
-            refresh_metadata=err.invalid_metadata)
+            refresh_metadata=err.invalid_metadata, error_code=error_code)
     if batch.attempts > retries:
         return Decision("fail", error=broker_error(error_code, f"{where} (retries exhausted)", message),
-                        refresh_metadata=err.invalid_metadata)
+                        refresh_metadata=err.invalid_metadata, error_code=error_code)
     return Decision("retry", error=broker_error(error_code, where, message),
-                    refresh_metadata=err.invalid_metadata)
+                    refresh_metadata=err.invalid_metadata, error_code=error_code)
+
+
+def decide_sequenced(batch: ProducerBatch, d: Decision, verdict: SequenceVerdict, *, now: float,
+                     retries: int, message: str | None = None) -> Decision:
+    """An idempotent batch's decision once its sequence is taken into account (``verdict``
+    from ``IdempotenceState.decide``): a duplicate is done (with the original offsets when the
+    broker sent them), a batch behind a failed one is retried after it, a fatal sequence or
+    epoch error fails the batch with an error that explains it."""
+    if verdict.action == "keep" or d.action == "done":
+        return d
+    if verdict.action == "done":
+        return Decision("done", d.base_offset, d.log_append_time)
+    if verdict.action == "fatal":
+        where = f"topic {batch.tp.topic!r} partition {batch.tp.partition}"
+        return Decision("fail", error=broker_error(d.error_code, where, verdict.why), error_code=d.error_code)
+    return _retry_or_give_up(batch, d.error_code, now=now, retries=retries, message=message)
 
 
 def build_produce_request(batches: Sequence[ProducerBatch], *, acks: int, timeout_ms: int) -> ProduceRequest:
@@ -230,10 +274,13 @@ def decide_failure(batches: Sequence[ProducerBatch], error: BaseException, *, no
 class Sender:
     """The background task moving batches from the accumulator to the leaders."""
 
-    def __init__(self, cluster: Cluster, accumulator: RecordAccumulator, config: ProducerConfig):
+    def __init__(self, cluster: Cluster, accumulator: RecordAccumulator, config: ProducerConfig,
+                 idempotence: IdempotenceState | None = None):
         self.cluster = cluster
         self.accumulator = accumulator
         self.config = config
+        self.idempotence = idempotence
+        self._initializing = False  # an InitProducerId task is running
         self._event = trio.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread: int | None = None
@@ -267,6 +314,9 @@ class Sender:
         acc, config = self.accumulator, self.config
         while True:
             self._event = trio.Event()  # any wake-up from here on is seen
+            if self.idempotence is not None and not self.idempotence.ready and not self._initializing:
+                self._initializing = True
+                self._nursery.start_soon(self._init_producer_id)
             now = acc.clock()
             for batch in acc.expire(now):
                 acc.complete(batch, error=self._expired(batch, now), in_flight=False)
@@ -285,6 +335,33 @@ class Sender:
             with trio.move_on_after(delay):
                 await self._event.wait()
 
+    async def _init_producer_id(self) -> None:
+        """Get a producer id (or, with one, the next epoch) from any broker; retried with
+        backoff until it succeeds or the producer closes. Batches wait for it (and expire
+        meanwhile like any other)."""
+        seqs, config = self.idempotence, self.config
+        backoff = Backoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
+        try:
+            while True:
+                current = seqs.producer
+                request = InitProducerIdRequest(producer_id=current.producer_id, producer_epoch=current.epoch)
+                try:
+                    response = await self.cluster.request_any(request, api_key=ApiKey.INIT_PRODUCER_ID)
+                    if response.error_code == NONE.code:
+                        log.info("producer id %d epoch %d (was %d epoch %d)", response.producer_id,
+                                 response.producer_epoch, current.producer_id, current.epoch)
+                        seqs.set_producer(response.producer_id, response.producer_epoch)
+                        return
+                    error: BaseException = broker_error(response.error_code, "InitProducerId",
+                                                        response.error_message)
+                except TidelogError as e:
+                    error = e
+                log.warning("cannot get a producer id: %s; retrying", error)
+                await trio.sleep(backoff.next_delay())
+        finally:
+            self._initializing = False
+            self._event.set()
+
     def _expired(self, batch: ProducerBatch, now: float) -> RequestTimedOut:
         last = f"; {batch.attempts} attempt(s), last error: {batch.last_error}" if batch.last_error else ""
         return RequestTimedOut(
@@ -298,6 +375,8 @@ class Sender:
         try:
             for batch in batches:
                 batch.attempts += 1
+            if self.idempotence is not None:
+                self.idempotence.mark_sent(batches)
             request = build_produce_request(batches, acks=config.acks, timeout_ms=config.request_timeout_ms)
             try:
                 conn = await self.cluster.connection(node)
@@ -328,7 +407,13 @@ class Sender:
     def _apply(self, decisions: list[tuple[ProducerBatch, Decision]]) -> None:
         acc = self.accumulator
         refresh = False
+        seqs = self.idempotence
         for batch, d in decisions:
+            if seqs is not None and batch.base_sequence >= 0 and d.action != "done":
+                verdict = seqs.decide(batch, d.error_code)
+                d = decide_sequenced(batch, d, verdict, now=acc.clock(), retries=self.config.retries)
+                if verdict.action == "resequence" and d.action == "retry":
+                    seqs.clear_sequence(batch)  # refused after an epoch bump: not in the log
             refresh |= d.refresh_metadata
             if d.action == "retry" and not acc.closed_for_retries:
                 batch.last_error = d.error
@@ -393,7 +478,9 @@ class AsyncProducer(RunsInOwnNursery):
             linger_s=config.linger_ms / 1000, codec=config.codec,
             delivery_timeout_s=config.delivery_timeout_ms / 1000,
             retry_backoff_s=config.retry_backoff_ms / 1000, partitioner=StickyPartitioner())
-        self._sender = Sender(self._cluster, self._accumulator, config)
+        idempotence = IdempotenceState() if config.enable_idempotence else None
+        self._accumulator.idempotence = idempotence
+        self._sender = Sender(self._cluster, self._accumulator, config, idempotence)
         self._accumulator.wakeup = self._sender.wakeup
         self._accumulator.guarantee_order = config.max_in_flight_requests_per_connection == 1
         self._nursery: trio.Nursery | None = None

@@ -11,8 +11,11 @@ administration only on the controller (else NOT_CONTROLLER). The high watermark 
 end offset (there is no replication).
 
 Faults are injected per request (``inject``): answer with an error code, drop the connection
-before doing anything, or delay. A produce fault always fires before anything is appended, so
-the log holds each record exactly once when the client retries correctly.
+before doing anything, or delay. A produce fault fires before anything is appended (so
+the log holds each record exactly once when the client retries correctly), except
+``drop_after_append``: the batches are appended, then the connection is dropped instead of
+answering (a lost response). Idempotent batches are checked and deduplicated by the broker's
+own ``ProducerStateManager``, and InitProducerId hands out ids (or bumps the given epoch).
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from protocol.messages import (REQUESTS, AlterConfigsResponse, AlterConfigsResul
                                BrokerMetadata, ConfigEntry, CreatePartitionsResponse,
                                CreateTopicsResponse, DeleteTopicsResponse, DescribeConfigsResponse,
                                DescribeConfigsResult, FetchPartitionResponse, FetchResponse,
-                               FetchTopicResponse, ListOffsetsPartitionResponse, ListOffsetsResponse,
+                               FetchTopicResponse, InitProducerIdResponse, ListOffsetsPartitionResponse, ListOffsetsResponse,
                                ListOffsetsTopicResponse, MetadataResponse, PartitionMetadata,
                                PartitionProduceResponse, ProduceResponse, TopicMetadata,
                                TopicProduceResponse, TopicResult, check_supported)
 from protocol.records import BatchRecord, iter_all_records, iter_headers, patch_batch, validate_batches
+
+from broker.log.producer_state import ProducerStateManager
 
 HOST = "127.0.0.1"
 
@@ -45,9 +50,13 @@ class PartitionLog:
         self.log_end_offset = 0
         self.log_start_offset = 0
         self.leader_epoch = 0
+        self.producer_state = ProducerStateManager()
 
     def append(self, records: bytes) -> int:
         headers = validate_batches(records)
+        duplicate = self.producer_state.check_leader_append(headers)
+        if duplicate is not None:
+            return duplicate.first_offset
         base = self.log_end_offset
         buf = bytearray(records)
         for pos, h in headers:
@@ -55,6 +64,7 @@ class PartitionLog:
             size = h.batch_length + 12
             self.batches.append((self.log_end_offset, bytes(buf[pos:pos + size])))
             self.log_end_offset += h.record_count
+        self.producer_state.update(iter_headers(buf))
         return base
 
     def read(self, offset: int, max_bytes: int) -> bytes:
@@ -93,6 +103,7 @@ class Fault:
     delay_s: float = 0.0
     count: int = 1  # how many matching requests it hits (math.inf: all)
     hits: int = 0
+    drop_after_append: bool = False  # produce: append, then drop the connection (a lost response)
 
 
 @dataclass
@@ -117,6 +128,7 @@ class FakeCluster:
         self.faults: list[Fault] = []
         self.requests: list[tuple[int, ApiKey, Any]] = []  # (node, api, typed request)
         self.connections = 0
+        self.next_producer_id = 1000
         self._data = trio.Event()
         self._streams: set[trio.SocketStream] = set()
         self._nursery: trio.Nursery | None = None
@@ -143,8 +155,10 @@ class FakeCluster:
         return [r.value for r in self.log(topic, partition).records()]
 
     def inject(self, api_key: ApiKey, *, node: int | None = None, error_code: int | None = None,
-               drop_connection: bool = False, delay_s: float = 0.0, count: float = 1) -> Fault:
-        fault = Fault(api_key, node, error_code, drop_connection, delay_s, count)
+               drop_connection: bool = False, delay_s: float = 0.0, count: float = 1,
+               drop_after_append: bool = False) -> Fault:
+        fault = Fault(api_key, node, error_code, drop_connection, delay_s, count,
+                      drop_after_append=drop_after_append)
         self.faults.append(fault)
         return fault
 
@@ -206,6 +220,10 @@ class FakeCluster:
         if fault is not None and fault.drop_connection:
             stream.socket.close()
             return
+        if fault is not None and fault.drop_after_append:
+            self._append_produce(node, request, None)
+            stream.socket.close()
+            return
         if key == ApiKey.PRODUCE and request.acks == 0:
             if fault is None or fault.error_code is None:
                 self._append_produce(node, request, None)
@@ -245,6 +263,14 @@ class FakeCluster:
             topics.append(TopicMetadata(0, name, parts))
         brokers = [BrokerMetadata(n, HOST, self.ports[n]) for n in self.node_ids]
         return MetadataResponse(brokers, self.cluster_id, self.controller, topics)
+
+    async def _init_producer_id(self, node: int, request: Any, error: int | None) -> InitProducerIdResponse:
+        if error is not None:
+            return InitProducerIdResponse(error)
+        if request.producer_id >= 0:
+            return InitProducerIdResponse(NONE.code, request.producer_id, request.producer_epoch + 1)
+        self.next_producer_id += 1
+        return InitProducerIdResponse(NONE.code, self.next_producer_id - 1, 0)
 
     async def _produce(self, node: int, request: Any, error: int | None) -> ProduceResponse:
         return self._append_produce(node, request, error)

@@ -152,6 +152,17 @@ def test_config_rejects_bad_options(options, match):
         ProducerConfig(**options)
 
 
-def test_idempotence_is_refused_until_it_exists():
-    with pytest.raises(NotImplementedError):
-        ProducerConfig(enable_idempotence=True)
+def test_idempotence_is_on_by_default_with_acks_all_only():
+    assert ProducerConfig().enable_idempotence
+    assert not ProducerConfig(acks=1).enable_idempotence
+    assert not ProducerConfig(max_in_flight_requests_per_connection=6).enable_idempotence
+    assert not ProducerConfig(enable_idempotence=False).enable_idempotence
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"acks": 1}, "acks=1"), ({"acks": 0}, "acks=0"),
+    ({"max_in_flight_requests_per_connection": 6}, "max_in_flight"), ({"retries": 0}, "retries=0"),
+])
+def test_idempotence_refuses_contradicting_options(options, match):
+    with pytest.raises(ValueError, match=match):
+        ProducerConfig(enable_idempotence=True, **options)

@@ -64,8 +64,24 @@ def test_only_the_last_five_batches_are_remembered(log_dir):
     log = open_log(log_dir, config(segment_bytes=1 << 20))
     for seq in range(6):
         log.append_as_leader(batch(1, 0, seq), 0)
-    assert log.append_as_leader(batch(1, 0, 1), 0).first_offset == 1
+        log.append_as_leader(batch(2, 0, seq), 0)  # interleaved: nothing merges
+    assert log.append_as_leader(batch(1, 0, 1), 0).first_offset == 2
     assert error_of(lambda: log.append_as_leader(batch(1, 0, 0), 0)) == OUT_OF_ORDER_SEQUENCE_NUMBER.name
+
+
+def test_a_run_of_many_batches_is_one_entry_and_any_batch_of_it_a_duplicate(log_dir):
+    log = open_log(log_dir, config(segment_bytes=1 << 20))
+    log.append_as_leader(b"".join(batch(1, 0, seq * 2, 2) for seq in range(8)), 0)
+    log.append_as_leader(batch(2, 0, 0), 0)
+    log.append_as_leader(batch(1, 0, 16, 2), 0)  # continues the sequence, not the offsets
+    assert [(b.first_seq, b.last_seq, b.first_offset, b.last_offset) for b in log.producer_state.producers[1].batches] \
+        == [(0, 15, 0, 15), (16, 17, 17, 18)]
+    for seq in (0, 6, 14):
+        info = log.append_as_leader(batch(1, 0, seq, 2), 0)
+        assert (info.first_offset, info.last_offset) == (seq, seq + 1)
+    assert log.append_as_leader(batch(1, 0, 16, 2), 0).first_offset == 17
+    assert error_of(lambda: log.append_as_leader(batch(1, 0, 15, 2), 0)) == OUT_OF_ORDER_SEQUENCE_NUMBER.name
+    assert log.log_end_offset == 19
 
 
 def test_gaps_epochs_and_unknown_producers_are_refused(log_dir):
@@ -101,8 +117,11 @@ def test_sequences_wrap_at_int32_max():
     nxt = read_header(batch(5, 0, 1, 3))
     assert ps.check_leader_append([(0, nxt)]) is None
     assert ps.check_leader_append([(0, read_header(batch(5, 0, MAX_SEQUENCE - 1, 3)))]).first_offset == 10
+    assert ps.check_leader_append([(0, read_header(batch(5, 0, 0, 1)))]).first_offset == 12  # inside, wrapped
+    ps.update([(0, nxt._replace(base_offset=13))])  # merges across the wrap
+    assert ps.producers[5].batches[-1][:4] == (MAX_SEQUENCE - 1, 3, 10, 15)
     with pytest.raises(TidelogError):
-        ps.check_leader_append([(0, read_header(batch(5, 0, 0, 1)))])
+        ps.check_leader_append([(0, read_header(batch(5, 0, 5, 1)))])
 
 
 def test_followers_build_the_same_state_and_truncation_rebuilds_it(log_dir, tmp_path):
@@ -209,6 +228,9 @@ class ProducerStateMachine(RuleBasedStateMachine):
             meta = BatchMetadata(seq, next_sequence(seq, n - 1), base, base + n - 1, 1000)
             old = out.get(pid)
             kept = old[1] if old is not None and old[0] == epoch else []
+            if kept and kept[-1].last_offset + 1 == base and next_sequence(kept[-1].last_seq) == seq:
+                last = kept.pop()
+                meta = BatchMetadata(last.first_seq, meta.last_seq, last.first_offset, meta.last_offset, 1000)
             out[pid] = (epoch, (kept + [meta])[-5:])
         out = {pid: (e, [b for b in bs if b.last_offset >= start]) for pid, (e, bs) in out.items()}
         return {pid: v for pid, v in out.items() if v[1]}
@@ -223,8 +245,9 @@ class ProducerStateMachine(RuleBasedStateMachine):
         if epoch > known:
             return None if seq == 0 else OUT_OF_ORDER_SEQUENCE_NUMBER.name
         for m in metas:
-            if (m.first_seq, m.last_seq) == (seq, next_sequence(seq, n - 1)):
-                return m
+            delta = seq - m.first_seq
+            if 0 <= delta and delta + n - 1 <= m.last_seq - m.first_seq:
+                return BatchMetadata(seq, seq + n - 1, m.first_offset + delta, m.first_offset + delta + n - 1, 1000)
         return None if seq == next_sequence(metas[-1].last_seq) else OUT_OF_ORDER_SEQUENCE_NUMBER.name
 
     # -- rules --------------------------------------------------------------------------------
@@ -238,7 +261,8 @@ class ProducerStateMachine(RuleBasedStateMachine):
         seq = next_sequence(metas[-1].last_seq) if metas else 0
         if kind == "duplicate" and metas:
             m = data.draw(st.sampled_from(metas))
-            seq, n = m.first_seq, m.last_seq - m.first_seq + 1
+            seq = data.draw(st.integers(m.first_seq, m.last_seq))
+            n = data.draw(st.integers(1, m.last_seq - seq + 1))
         elif kind == "gap":
             seq += data.draw(st.integers(1, 3))
         elif kind == "zero":

@@ -1,0 +1,79 @@
+"""The idempotent producer against the fake cluster (which deduplicates with the broker's own
+producer state): lost responses, several requests in flight with a failed one, a broker that
+forgot the producer, and the epoch bump that follows."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from client.aio import AsyncProducer
+from client.errors import TidelogError
+from protocol.errors import NOT_LEADER_OR_FOLLOWER, UNKNOWN_PRODUCER_ID
+from protocol.messages import ApiKey
+from protocol.records import iter_headers
+
+pytestmark = pytest.mark.component
+
+FAST = dict(retry_backoff_ms=10, linger_ms=0)
+
+
+def stored_batches(fake, topic="t", partition=0):
+    return [h for _, data in fake.log(topic, partition).batches for _, h in iter_headers(data)]
+
+
+async def test_acks_all_producers_are_idempotent_by_default(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        await producer.send_and_wait("t", b"a")
+        await producer.send_and_wait("t", b"b")
+    [init] = fake.sent(ApiKey.INIT_PRODUCER_ID)
+    assert (init.producer_id, init.producer_epoch) == (-1, -1)
+    assert [(h.producer_id, h.producer_epoch, h.base_sequence) for h in stored_batches(fake)] == \
+        [(1000, 0, 0), (1000, 0, 1)]
+
+
+async def test_lost_responses_are_resent_and_deduplicated_with_the_original_offsets(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, drop_after_append=True, count=3)
+    async with AsyncProducer(fake.bootstrap, batch_size=200, **FAST) as producer:
+        futures = [await producer.send("t", b"v%03d" % i, partition=0) for i in range(60)]
+        with trio.fail_after(20):
+            offsets = [(await f).offset for f in futures]
+    assert fake.values("t") == [b"v%03d" % i for i in range(60)]
+    assert offsets == list(range(60))
+    assert len(fake.sent(ApiKey.PRODUCE)) > len(stored_batches(fake))  # some were sent twice
+
+
+async def test_with_several_in_flight_a_failed_batch_is_resent_before_the_ones_behind_it(fake):
+    fake.create_topic("t", 1)
+    # the first produce is held back, then refused; the ones sent behind it meanwhile reach the
+    # broker first and are refused for their sequence (the producer is unknown there)
+    fake.inject(ApiKey.PRODUCE, error_code=NOT_LEADER_OR_FOLLOWER.code, delay_s=0.3)
+    async with AsyncProducer(fake.bootstrap, batch_size=200, **FAST) as producer:
+        futures = []
+        for i in range(40):
+            futures.append(await producer.send("t", b"v%03d" % i, partition=0))
+            await trio.sleep(0.002)
+        with trio.fail_after(20):
+            offsets = [(await f).offset for f in futures]
+    assert fake.values("t") == [b"v%03d" % i for i in range(40)]
+    assert offsets == list(range(40))
+    sequences = [h.base_sequence for h in stored_batches(fake)]
+    assert sequences == sorted(sequences) and sequences[0] == 0
+
+
+async def test_a_broker_that_forgot_the_producer_fails_that_batch_and_the_epoch_is_bumped(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        await producer.send_and_wait("t", b"a")
+        fake.log("t").producer_state.clear()  # as if retention removed its batches
+        with pytest.raises(TidelogError) as e:
+            await producer.send_and_wait("t", b"lost")
+        assert e.value.error is UNKNOWN_PRODUCER_ID and "not written" in str(e.value)
+        with trio.fail_after(10):
+            md = await producer.send_and_wait("t", b"c")
+    assert md.offset == 1 and fake.values("t") == [b"a", b"c"]
+    inits = fake.sent(ApiKey.INIT_PRODUCER_ID)
+    assert [(r.producer_id, r.producer_epoch) for r in inits] == [(-1, -1), (1000, 0)]
+    assert [(h.producer_epoch, h.base_sequence) for h in stored_batches(fake)] == [(0, 0), (1, 0)]

@@ -1,0 +1,53 @@
+"""InitProducerId on the broker: ids from ZooKeeper blocks, epoch bumps, bad requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.producer_ids import MAX_PRODUCER_EPOCH, ProducerIdManager, bumped_epoch
+from protocol.errors import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, TidelogError
+
+pytestmark = pytest.mark.unit
+
+
+class Blocks:
+    """Hands out blocks of 3 ids, as successive check-and-set writes would."""
+
+    def __init__(self, fail: int = 0):
+        self.calls, self.fail = 0, fail
+
+    async def __call__(self) -> tuple[int, int]:
+        self.calls += 1
+        if self.calls <= self.fail:
+            raise TidelogError("zookeeper unreachable")
+        first = (self.calls - self.fail - 1) * 3
+        return first, first + 2
+
+
+async def test_new_producers_get_ids_from_blocks_at_epoch_zero():
+    blocks = Blocks()
+    manager = ProducerIdManager(blocks)
+    got = [await manager.init_producer_id(-1, -1) for _ in range(7)]
+    assert got == [(i, 0) for i in range(7)]
+    assert blocks.calls == 3  # a block is claimed only when the last one is used up
+
+
+async def test_an_existing_producer_gets_its_next_epoch_and_a_new_id_when_exhausted():
+    manager = ProducerIdManager(Blocks())
+    assert await manager.init_producer_id(42, 3) == (42, 4)
+    assert await manager.init_producer_id(42, MAX_PRODUCER_EPOCH - 1) == (0, 0)
+
+
+@pytest.mark.parametrize("pid, epoch", [(5, -1), (-1, 2), (5, MAX_PRODUCER_EPOCH + 1)])
+def test_inconsistent_requests_are_refused(pid, epoch):
+    with pytest.raises(TidelogError) as e:
+        bumped_epoch(pid, epoch)
+    assert e.value.error is INVALID_REQUEST
+
+
+async def test_a_zookeeper_failure_is_retriable_for_the_client():
+    manager = ProducerIdManager(Blocks(fail=1))
+    with pytest.raises(TidelogError) as e:
+        await manager.generate_producer_id()
+    assert e.value.error is COORDINATOR_NOT_AVAILABLE and e.value.error.retriable
+    assert await manager.generate_producer_id() == 0
