@@ -216,6 +216,18 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
        "How often logs are checked for a time-based flush (ms); the default never checks.", minimum=1),
     _S("log.retention.check.interval.ms", int, 300000,
        "How often logs are checked for segments to delete (ms).", minimum=1),
+    # log cleaner (compaction, broker/log/cleaner.py)
+    _S("log.cleaner.enable", bool, True,
+       "Run the log cleaner, which compacts topics with cleanup.policy compact."),
+    _S("log.cleaner.threads", int, 1,
+       "Logs cleaned at the same time, each in a worker thread off the event loop.", minimum=1),
+    _S("log.cleaner.backoff.ms", int, 15000,
+       "Wait before looking again when no log needs cleaning (ms).", minimum=0),
+    _S("log.cleaner.dedupe.buffer.size", int, 128 * MIB,
+       "Memory for the cleaners' key -> offset maps, shared by all cleaner threads; 24 bytes per "
+       "key, as Kafka counts (bytes).", minimum=1024),
+    _S("log.cleaner.io.buffer.load.factor", float, 0.9,
+       "How full a cleaner's key -> offset map may get (0 to 1).", minimum=0, maximum=1),
     # network
     _S("socket.request.max.bytes", int, 100 * MIB,
        "Largest request frame accepted; a larger one closes the connection (bytes).", minimum=1),
@@ -256,7 +268,18 @@ del _S
 
 
 def _from_topic_config(d: Any) -> Setting:
-    return Setting(d.broker_key, d.type, d.default, d.doc, minimum=d.minimum, choices=d.choices)
+    return Setting(d.broker_key, d.type, d.default, d.doc, minimum=d.minimum, maximum=d.maximum,
+                   choices=d.choices, check=_normalize_check(d.normalize) if d.normalize else None)
+
+
+def _normalize_check(normalize: Callable[[Any], Any]) -> Check:
+    def check(value: Any) -> str | None:
+        try:
+            normalize(value)
+        except ValueError as e:
+            return str(e)
+        return None
+    return check
 
 
 _LOG_SETTINGS: tuple[Setting, ...] = tuple(
@@ -311,7 +334,9 @@ def _expected(s: Setting | Alias) -> str:
         return _bounded("an integer", s.minimum, None)
     if s.choices:
         return "one of " + ", ".join(s.choices)
-    return {bool: "true or false", float: "a number",
+    if s.type is float:
+        return _bounded("a number", s.minimum, s.maximum)
+    return {bool: "true or false",
             tuple: "a list of strings or a comma-separated string",
             str: "a string"}.get(s.type) or _bounded("an integer", s.minimum, s.maximum)
 

@@ -226,6 +226,7 @@ class BrokerCollector:
         yield from self._requests()
         yield from self._topics()
         yield from self._logs()
+        yield from self._log_cleaner()
         yield from self._network()
         yield from self._groups()
 
@@ -358,6 +359,32 @@ class BrokerCollector:
             families["end"].add_metric(labels, float(log.log_end_offset))
             families["hw"].add_metric(labels, float(log.high_watermark))
         yield from families.values()
+
+    def _log_cleaner(self) -> Iterator[Metric]:
+        """Kafka's LogCleaner / LogCleanerManager gauges (broker/log/cleaner.py)."""
+        cleaner = getattr(self.server, "log_cleaner", None)
+        if cleaner is None:
+            return
+        for name, doc, value in (
+                ("tidelog_log_cleaner_max_dirty_ratio",
+                 "Dirty ratio (cleanable / total bytes) of the dirtiest compacted log at the last check",
+                 cleaner.max_dirty_ratio),
+                ("tidelog_log_cleaner_last_clean_time_ms",
+                 "Wall-clock time of the last completed cleaning (ms since the epoch; -1: none yet)",
+                 cleaner.last_clean_ms),
+                ("tidelog_log_cleaner_cleanings_in_progress", "Logs being cleaned now", len(cleaner.in_progress)),
+                ("tidelog_log_cleaner_uncleanable_partitions",
+                 "Partitions whose cleaning failed (see the log); not cleaned until restart", len(cleaner.uncleanable))):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], float(value))
+            yield g
+        for name, doc, value in (
+                ("tidelog_log_cleaner_bytes_cleaned", "Bytes read by completed cleanings", cleaner.bytes_cleaned),
+                ("tidelog_log_cleaner_bytes_written", "Bytes written by completed cleanings", cleaner.bytes_written),
+                ("tidelog_log_cleaner_cleanings", "Completed cleanings", cleaner.cleanings)):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], float(value))
+            yield c
 
     def _network(self) -> Iterator[Metric]:
         stats = self.server.socket_stats()

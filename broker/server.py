@@ -13,6 +13,11 @@ leadership away from this broker (retrying a few times), then stops the listener
 fetchers, flushes every log, writes the checkpoints and the clean-shutdown marker, and
 closes the ZooKeeper session. A broker killed instead recovers its logs on the next start.
 
+Compacted topics are cleaned by ``log.cleaner.threads`` cleaner tasks (default 1): each picks
+the dirtiest compacted log, runs the cleaning's heavy steps in a worker thread and swaps the
+cleaned segments in on the event loop (broker/log/cleaner.py). On shutdown a cleaning in
+progress is aborted and its thread waited for before the logs are closed.
+
 If the ZooKeeper session is lost (and a new one established), the broker registers again
 with a new broker epoch; the controller treats that as a restart.
 """
@@ -32,6 +37,7 @@ from broker.coordination import layout
 from broker.coordination.layout import BrokerInfo, LeaderAndIsr
 from broker.coordination.zk import ZkClient
 from broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
+from broker.log.cleaner import CleanerConfig, LogCleaner, cleaning_steps
 from broker.log.config import LogConfig
 from broker.log.manager import LogManager
 from broker.metadata_cache import MetadataCache
@@ -75,6 +81,7 @@ class BrokerServer:
         self.replica_manager.leadership_listeners.append(self.group_coordinator.on_leadership_change)
         self._coordinator_channels: dict[int, BrokerChannel] = {}
         self.apis = Apis(self, self.replica_manager, self.metadata)
+        self.log_cleaner = LogCleaner(self.log_manager, CleanerConfig.from_broker_config(config))
         self.broker_epoch = -1
         self.port: int | None = None
         self.ready = trio.Event()
@@ -131,6 +138,9 @@ class BrokerServer:
         await nursery.start(self.controller.run)
         nursery.start_soon(self._watch_session)
         nursery.start_soon(self._periodic_work)
+        if self.config.log_cleaner_enable:
+            for _ in range(self.config.log_cleaner_threads):
+                nursery.start_soon(self._run_log_cleaner)
         logger.info("broker %d listening on %s:%d (broker epoch %d)", self.broker_id, host, self.port,
                     self.broker_epoch)
 
@@ -168,6 +178,42 @@ class BrokerServer:
             except (OSError, StorageError) as e:
                 logger.error("periodic %s failed: %s", job.__name__, e)
             due[i] = trio.current_time() + ms / 1000
+
+    async def _run_log_cleaner(self) -> None:
+        """One log cleaner (Kafka's CleanerThread): clean the filthiest compacted log, its
+        heavy work in a worker thread (broker/log/cleaner.py); back off when none is dirty."""
+        cleaner = self.log_cleaner
+        while True:
+            job = cleaner.grab_filthiest_log()
+            if job is None:
+                await trio.sleep(self.config.log_cleaner_backoff_ms / 1000)
+                continue
+            try:
+                await self._clean(job)
+            except trio.Cancelled:
+                cleaner.abandon(job)
+                raise
+            except Exception as e:  # noqa: BLE001 - the cleaner reports it and skips the log
+                cleaner.abandon(job, e)
+            else:
+                cleaner.done_cleaning(job)
+            await trio.sleep(0)
+
+    async def _clean(self, job) -> None:
+        steps = cleaning_steps(job)
+        result = None
+        while True:
+            try:
+                work = steps.send(result)
+            except StopIteration:
+                return
+            try:
+                result = await trio.to_thread.run_sync(job.run_work, work, abandon_on_cancel=True)
+            except trio.Cancelled:
+                job.abort()  # the thread stops at its next batch; the log is not closed before
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(job.wait_idle, 30.0)
+                raise
 
     def readiness(self) -> Readiness:
         """Logs loaded, registered in ZooKeeper, metadata received (broker/health.py)."""

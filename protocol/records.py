@@ -20,7 +20,9 @@ the broker validates a batch, patches those two fields and appends the bytes. It
 re-encodes a batch and never decodes its records.
 
 attributes: bits 0-2 codec (0 none, 1 gzip, 3 lz4, 4 zstd); bit 3 timestamp type
-(0 CreateTime, 1 LogAppendTime); bit 4 transactional; bit 5 control.
+(0 CreateTime, 1 LogAppendTime); bit 4 transactional; bit 5 control; bit 6 delete horizon
+(set only by the log cleaner: ``first_timestamp`` is then the time after which the batch's
+tombstones may be removed, and record timestamps are still ``first_timestamp + delta``).
 
 This module is sans-IO: bytes in, typed values out, and the reverse.
 """
@@ -71,6 +73,10 @@ CODEC_MASK = 0x07
 TIMESTAMP_TYPE_BIT = 0x08
 TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
+# Set by the log cleaner on a batch holding tombstones: ``first_timestamp`` then holds the
+# delete horizon (the time after which the cleaner may drop them) and the records' timestamp
+# deltas are relative to it, so every record keeps its timestamp (Kafka's KIP-534 layout).
+DELETE_HORIZON_BIT = 0x40
 
 DEFAULT_MAX_UNCOMPRESSED_BYTES = 256 * 1024 * 1024
 
@@ -151,6 +157,11 @@ class BatchHeader(NamedTuple):
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & CONTROL_BIT)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """When the cleaner may drop this batch's tombstones; None until it first cleans them."""
+        return self.first_timestamp if self.attributes & DELETE_HORIZON_BIT else None
 
     @property
     def last_sequence(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from protocol.errors import INVALID_CONFIG, TidelogError
 
@@ -31,6 +31,24 @@ class ConfigDef:
     doc: str
     minimum: int | None = None
     choices: tuple[str, ...] | None = None
+    maximum: float | None = None
+    # canonical form of a valid value; raises ValueError naming what is wrong
+    normalize: Callable[[Any], Any] | None = None
+
+
+CLEANUP_POLICIES = ("compact", "delete")
+
+
+def normalize_cleanup_policy(value: str) -> str:
+    """``cleanup.policy`` is a list, as in Kafka: ``delete``, ``compact`` or both in any order
+    (``compact,delete``, ``delete, compact``); returned as ``delete``, ``compact`` or
+    ``compact,delete``."""
+    parts = {p.strip() for p in value.split(",")}
+    unknown = sorted(parts - set(CLEANUP_POLICIES))
+    if unknown:
+        raise ValueError(f"expected a comma-separated list of {' and '.join(CLEANUP_POLICIES)}, "
+                         f"not {', '.join(map(repr, unknown))}")
+    return ",".join(p for p in CLEANUP_POLICIES if p in parts)
 
 
 TOPIC_CONFIGS: tuple[ConfigDef, ...] = (
@@ -58,12 +76,21 @@ TOPIC_CONFIGS: tuple[ConfigDef, ...] = (
     ConfigDef("file.delete.delay.ms", "file_delete_delay_ms", int, 60000, "log.segment.delete.delay.ms",
               "Delay before the files of a deleted segment are removed (ms).", minimum=0),
     ConfigDef("cleanup.policy", "cleanup_policy", str, "delete", "log.cleanup.policy",
-              "delete (retention), compact (keep the last record per key) or compact,delete.",
-              choices=("delete", "compact", "compact,delete", "delete,compact")),
+              "delete (retention), compact (keep the last record per key) or compact,delete (both).",
+              normalize=normalize_cleanup_policy),
     ConfigDef("delete.retention.ms", "delete_retention_ms", int, 24 * 3600 * 1000, "log.cleaner.delete.retention.ms",
-              "How long tombstones are kept on compacted topics (ms).", minimum=0),
+              "How long the cleaner keeps tombstones after it first cleaned them, on compacted topics (ms).",
+              minimum=0),
     ConfigDef("min.cleanable.dirty.ratio", "min_cleanable_dirty_ratio", float, 0.5,
-              "log.cleaner.min.cleanable.ratio", "Dirty fraction that makes a compacted log eligible for cleaning."),
+              "log.cleaner.min.cleanable.ratio",
+              "Fraction of a compacted log's bytes not yet cleaned that makes it eligible for cleaning "
+              "(0 to 1).", minimum=0, maximum=1),
+    ConfigDef("min.compaction.lag.ms", "min_compaction_lag_ms", int, 0, "log.cleaner.min.compaction.lag.ms",
+              "A record stays uncompacted at least this long (a segment is cleaned once its newest "
+              "record is this old) (ms).", minimum=0),
+    ConfigDef("max.compaction.lag.ms", "max_compaction_lag_ms", int, MAX_LONG, "log.cleaner.max.compaction.lag.ms",
+              "A record is compacted at most this long after it was written, whatever the dirty "
+              "ratio (ms).", minimum=1),
     ConfigDef("message.timestamp.type", "message_timestamp_type", str, "CreateTime", "log.message.timestamp.type",
               "CreateTime keeps the producer's timestamps; LogAppendTime stamps the broker's clock.",
               choices=("CreateTime", "LogAppendTime")),
@@ -95,6 +122,8 @@ class LogConfig:
     cleanup_policy: str = "delete"
     delete_retention_ms: int = 24 * 3600 * 1000
     min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = MAX_LONG
     message_timestamp_type: str = "CreateTime"
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
@@ -140,6 +169,13 @@ def parse_value(name: str, raw: Any) -> Any:
         raise InvalidConfigError(f"invalid value {raw!r} for {name}: expected {d.type.__name__}") from None
     if d.minimum is not None and value < d.minimum:
         raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be at least {d.minimum}")
+    if d.maximum is not None and value > d.maximum:
+        raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be at most {d.maximum}")
+    if d.normalize is not None:
+        try:
+            value = d.normalize(value)
+        except ValueError as e:
+            raise InvalidConfigError(f"invalid value {raw!r} for {name}: {e}") from None
     if d.choices is not None and value not in d.choices:
         raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be one of {', '.join(d.choices)}")
     return value

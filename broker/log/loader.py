@@ -9,8 +9,12 @@ batch, and every later segment is deleted: a log is always a prefix of what was 
 Each cut is logged at ERROR level with the bytes and offsets lost, and kept in
 ``Log.recovery_report``.
 
-Leftovers of interrupted operations are cleaned first: ``*.tmp`` (checkpoint writes),
-``*.deleted`` (segment deletion), ``*.cleaned`` (compaction output not yet swapped in).
+Leftovers of interrupted operations are cleaned first: a swap of cleaned segments that a
+crash interrupted is completed or rolled back (``broker.log.swap``), then ``*.tmp``
+(checkpoint writes), ``*.deleted`` (segment deletion) and ``*.cleaned`` are removed.
+A compacted log's segments may end before the next one starts (the cleaner removed the
+records in between): the rule that cuts the log after a lost unflushed tail does not apply
+to them.
 Index files without a ``.log`` are removed. A missing or corrupt leader-epoch checkpoint is
 rebuilt from the epochs in the batch headers. The idempotent producers' state is loaded from
 the newest ``.snapshot`` at or below the log end and the batch headers after it (snapshots
@@ -27,6 +31,7 @@ from broker.log.config import LogConfig
 from broker.log.epoch import LeaderEpochCache
 from broker.log.index import CorruptIndexError
 from broker.log.log import Clock, Log, wall_clock_ms
+from broker.log.swap import complete_interrupted_swaps
 from broker.log.segment import (
     INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, RecoveryResult, parse_base_offset,
 )
@@ -39,13 +44,18 @@ LEFTOVER_SUFFIXES = (".tmp", ".deleted", ".cleaned")
 
 def load_log(directory: str, topic_partition: TopicPartition, config: LogConfig, *,
              recovery_point: int = 0, log_start_offset: int = 0, high_watermark: int = 0,
-             had_clean_shutdown: bool = False, clock: Clock = wall_clock_ms) -> Log:
-    """Open (creating if needed) the log in ``directory`` and bring it to a consistent state."""
+             had_clean_shutdown: bool = False, clock: Clock = wall_clock_ms,
+             cleaned_offset: int = 0) -> Log:
+    """Open (creating if needed) the log in ``directory`` and bring it to a consistent state.
+
+    ``cleaned_offset``: the log cleaner's checkpoint (segments below it may end in a gap)."""
     os.makedirs(directory, exist_ok=True)
     report: list[str] = []
+    swapped = complete_interrupted_swaps(directory)
     _remove_leftovers(directory)
     segments = _open_segments(directory, config)
-    segments = _recover(segments, recovery_point, had_clean_shutdown, topic_partition, report)
+    gaps_allowed = _GapsAllowed(config.compacts, cleaned_offset, swapped)
+    segments = _recover(segments, recovery_point, had_clean_shutdown, topic_partition, report, gaps_allowed)
     if not segments:
         segments = [LogSegment.create(directory, max(log_start_offset, 0), config, clock())]
     log_end = segments[-1].next_offset
@@ -87,8 +97,21 @@ def _open_segments(directory: str, config: LogConfig) -> list[LogSegment]:
     return [LogSegment.open(directory, b, config) for b in bases]
 
 
+class _GapsAllowed:
+    """Whether a segment may end before the next one starts: in a compacted log (the cleaner
+    removes records, and a follower copies its leader's gaps), in a segment below the cleaner
+    checkpoint (the topic may no longer be compacted), and in one a swap just put in place."""
+
+    def __init__(self, compacted: bool, cleaned_offset: int, swapped: set[int]):
+        self.compacted, self.cleaned_offset, self.swapped = compacted, cleaned_offset, swapped
+
+    def __call__(self, seg: LogSegment, upper: int) -> bool:
+        return self.compacted or upper <= self.cleaned_offset or seg.base_offset in self.swapped
+
+
 def _recover(segments: list[LogSegment], recovery_point: int, clean: bool,
-             tp: TopicPartition, report: list[str]) -> list[LogSegment]:
+             tp: TopicPartition, report: list[str],
+             gaps_allowed=lambda seg, upper: False) -> list[LogSegment]:
     for i, seg in enumerate(segments):
         upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
         must_recover = not clean and (upper is None or upper > recovery_point)
@@ -103,7 +126,8 @@ def _recover(segments: list[LogSegment], recovery_point: int, clean: bool,
             result = RecoveryResult(result.truncated_bytes + end - seg.size, seg.size,
                                     f"batch at position {seg.size}: its offsets reach into the next "
                                     f"segment, which starts at offset {upper}")
-        if must_recover and upper is not None and seg.next_offset < upper and not result.truncated_bytes:
+        if (must_recover and upper is not None and seg.next_offset < upper and not result.truncated_bytes
+                and not gaps_allowed(seg, upper)):
             # its unflushed tail was lost whole (the file ends at a batch boundary) while a later
             # segment survived: keeping that one would leave a hole, not a prefix. (Leader logs
             # have no gaps; a follower's copy of one is fetched again.)

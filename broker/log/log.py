@@ -35,6 +35,12 @@ rebuilds it from the latest snapshot and the batch headers after it; a rising lo
 forgets producers with nothing left in the log. A snapshot is written at every roll and at
 ``close``.
 
+With ``cleanup.policy`` compact the log cleaner (``cleaner``) rewrites closed segments,
+keeping the last record per key: offsets are never renumbered, so a compacted log has gaps
+between batches (reads return the first batch at or after the offset asked for), and
+``replace_segments`` swaps the cleaned segments in. A leader refuses records without a key
+for a compacted topic (INVALID_RECORD).
+
 The log is synchronous and not thread-safe: one owner serialises calls. Time is passed in
 through ``clock`` (milliseconds), so tests control it.
 """
@@ -49,16 +55,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 from protocol.errors import (
-    FENCED_LEADER_EPOCH, RECORD_LIST_TOO_LARGE, CorruptRecordError, OffsetOutOfRangeError,
+    FENCED_LEADER_EPOCH, INVALID_RECORD, RECORD_LIST_TOO_LARGE, CorruptRecordError, OffsetOutOfRangeError,
     TidelogError,
 )
-from protocol.records import BatchHeader, patch_batch, set_log_append_time, validate_batches
+from protocol.records import BatchHeader, patch_batch, record_columns, set_log_append_time, validate_batches
 from protocol.topics import TopicPartition
 
 from broker.log.config import LogConfig
 from broker.log.epoch import LeaderEpochCache
 from broker.log.producer_state import ProducerStateManager
-from broker.log.segment import LogSegment
+from broker.log.segment import DELETED_SUFFIX, LogSegment
+from broker.log.swap import apply_ops, plan_swap
 
 logger = logging.getLogger("tidelog.log")
 
@@ -143,6 +150,8 @@ class Log:
     def append_as_leader(self, records: bytes, leader_epoch: int) -> LogAppendInfo:
         """Validate, assign offsets and the leader epoch, append. Nothing is written on error."""
         batches = self._validate(records)
+        if self.config.compacts:
+            self._check_keys(records, batches)
         if leader_epoch < self.epoch_cache.latest_epoch:
             # recovery cuts a segment where epochs go backwards: such an append would be lost
             raise TidelogError(
@@ -189,6 +198,16 @@ class Log:
             expected, epoch = h.base_offset + h.last_offset_delta + 1, h.leader_epoch
         first = batches[0][1].base_offset
         return self._append(records, batches, first, expected - 1, -1)
+
+    def _check_keys(self, records: bytes, batches: list[tuple[int, BatchHeader]]) -> None:
+        """A compacted topic keeps the last record per key: a record without a key has no
+        place in it (Kafka's rule). The only case where the leader decodes records."""
+        for pos, h in batches:
+            if not h.is_control and None in record_columns(records, pos, h).keys:
+                raise TidelogError(
+                    f"compacted topic {self.topic_partition.topic} (partition {self.topic_partition.partition}, "
+                    f"cleanup.policy {self.config.cleanup_policy}) cannot accept a record without a key: "
+                    f"the batch at position {pos} has one; give every record a key", error=INVALID_RECORD)
 
     def _validate(self, records: bytes) -> list[tuple[int, BatchHeader]]:
         """Every batch valid, and each small enough for a segment (a set of batches larger
@@ -429,7 +448,8 @@ class Log:
         segs = self._segments
         for i, seg in enumerate(segs):
             upper = segs[i + 1].base_offset if i + 1 < len(segs) else self.log_end_offset
-            if seg.size == 0 or upper > self._high_watermark or not predicate(seg, upper):
+            empty_active = seg.size == 0 and i == len(segs) - 1  # (a cleaned segment may be empty)
+            if empty_active or upper > self._high_watermark or not predicate(seg, upper):
                 break
             n += 1
         if n == 0:
@@ -446,6 +466,27 @@ class Log:
                         self.topic_partition, seg.base_offset, seg.size, seg.next_offset, reason)
             seg.delete()
         return [s.base_offset for s in doomed]
+
+    # -- compaction ----------------------------------------------------------------------------
+
+    def replace_segments(self, new: list[LogSegment], old: list[LogSegment]) -> None:
+        """Swap the log cleaner's output ``new`` (fsynced ``.cleaned`` segments) in for the
+        consecutive segments ``old`` (never the active one), crash-safely: the file protocol
+        and its recovery are in ``broker.log.swap``. Readers run on this log's owner thread,
+        so none is in progress; the next read sees the new segments."""
+        i = self._segments.index(old[0])
+        if self._segments[i:i + len(old)] != old or i + len(old) >= len(self._segments):
+            raise ValueError(f"{self.topic_partition}: segments to replace are not consecutive closed segments")
+        apply_ops(plan_swap(self.directory, [s.base_offset for s in new], [s.base_offset for s in old]))
+        for seg in old:
+            seg.set_file_suffix(DELETED_SUFFIX)  # its files are gone; close without touching the new ones
+            seg.delete()
+        for seg in new:
+            seg.set_file_suffix("")
+        self._segments[i:i + len(old)] = new
+        self._bases = [s.base_offset for s in self._segments]
+        logger.info("%s: swapped in cleaned segment(s) %s for segment(s) %s", self.topic_partition,
+                    [s.base_offset for s in new], [s.base_offset for s in old])
 
     # -- durability ----------------------------------------------------------------------------
 

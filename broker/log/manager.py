@@ -2,7 +2,9 @@
 
 Per log directory it owns ``meta.properties`` (broker id, cluster id, version), three
 checkpoint files (recovery points, high watermarks, log start offsets, one line per
-partition) and the clean-shutdown marker ``.tidelog_cleanshutdown``.
+partition), the log cleaner's ``cleaner-offset-checkpoint`` (first dirty offset of each
+compacted partition, read and written for ``broker.log.cleaner``) and the clean-shutdown
+marker ``.tidelog_cleanshutdown``.
 
 Startup loads every ``<topic>-<partition>`` directory. The marker is removed as soon as
 the logs are loaded, so any later crash counts as unclean; ``shutdown`` flushes every log,
@@ -25,6 +27,7 @@ from broker.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,
     CorruptCheckpointError, OffsetCheckpoint, atomic_write, fsync_dir,
 )
+from broker.log.cleaner import CLEANER_OFFSET_CHECKPOINT
 from broker.log.config import LogConfig
 from broker.log.loader import load_log
 from broker.log.log import Clock, Log, wall_clock_ms
@@ -50,6 +53,7 @@ class LogManager:
         self._clock = clock
         self._logs: dict[TopicPartition, Log] = {}
         self._dir_of: dict[TopicPartition, str] = {}
+        self._cleaned: dict[TopicPartition, int] = {}  # cleaner checkpoints of the dir being loaded
         self.had_clean_shutdown: dict[str, bool] = {}
 
     # -- startup and shutdown --------------------------------------------------------------------
@@ -66,6 +70,7 @@ class LogManager:
             recovery, hws, starts = (self._read_checkpoint(d, name) for name in
                                      (RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,
                                       LOG_START_OFFSET_CHECKPOINT))
+            self._cleaned = self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT)
             for name in sorted(os.listdir(d)):
                 self._load_dir(d, name, clean, recovery, hws, starts, topic_configs)
             if clean:
@@ -91,7 +96,8 @@ class LogManager:
         # With no recovery-point checkpoint (missing or corrupt) everything is re-validated.
         log = load_log(path, tp, config, recovery_point=recovery.get(tp, 0),
                        log_start_offset=starts.get(tp, 0), high_watermark=hws.get(tp, 0),
-                       had_clean_shutdown=clean and tp in recovery, clock=self._clock)
+                       had_clean_shutdown=clean and tp in recovery, clock=self._clock,
+                       cleaned_offset=self._cleaned.get(tp, 0))
         self._logs[tp] = log
         self._dir_of[tp] = d
 
@@ -213,6 +219,22 @@ class LogManager:
 
     def checkpoint_log_start_offsets(self) -> None:
         self._checkpoint(LOG_START_OFFSET_CHECKPOINT, lambda log: log.log_start_offset)
+
+    def cleaner_checkpoints(self) -> dict[TopicPartition, int]:
+        """The log cleaner's first dirty offset of every partition that has one."""
+        out: dict[TopicPartition, int] = {}
+        for d in self.log_dirs:
+            out.update((tp, o) for tp, o in self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT).items()
+                       if self._dir_of.get(tp) == d)
+        return out
+
+    def update_cleaner_checkpoint(self, tp: TopicPartition, offset: int) -> None:
+        """Record ``tp``'s first dirty offset (entries of partitions no longer here are dropped)."""
+        d = self._dir_of[tp]
+        offsets = {t: o for t, o in self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT).items()
+                   if self._dir_of.get(t) == d}
+        offsets[tp] = offset
+        OffsetCheckpoint(os.path.join(d, CLEANER_OFFSET_CHECKPOINT)).write(offsets)
 
     def _checkpoint(self, name: str, offset_of) -> None:
         for d in self.log_dirs:

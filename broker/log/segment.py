@@ -38,6 +38,10 @@ from broker.log.index import CorruptIndexError, OffsetIndex, TimeIndex
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+# suffixes added to the three file names during log compaction's swap (broker.log.swap)
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+DELETED_SUFFIX = ".deleted"
 SCAN_CHUNK_BYTES = 1 << 20
 MAX_RELATIVE_OFFSET = 2**32 - 1
 # Disk blocks are reserved ahead of the active segment's end in steps of this size
@@ -118,6 +122,26 @@ class LogSegment:
         for idx in (seg.index, seg.time_index):
             idx.delete()
         return seg
+
+    @classmethod
+    def create_cleaned(cls, directory: str, base_offset: int, config: LogConfig, now_ms: int) -> "LogSegment":
+        """A new segment whose three files carry the ``.cleaned`` suffix: the log cleaner's
+        output before it is swapped in (``broker.log.swap`` renames the files, then
+        ``set_file_suffix("")`` points the object at their final names)."""
+        prefix = os.path.join(directory, filename_prefix(base_offset))
+        fd = os.open(prefix + LOG_SUFFIX + CLEANED_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        seg = cls(directory, base_offset, config, fd, now_ms)
+        seg.set_file_suffix(CLEANED_SUFFIX)
+        for idx in (seg.index, seg.time_index):
+            idx.delete()
+        return seg
+
+    def set_file_suffix(self, suffix: str) -> None:
+        """Name the segment's files ``<base>.log<suffix>`` etc. (the renames are the caller's)."""
+        prefix = os.path.join(self.directory, filename_prefix(self.base_offset))
+        self.log_path = prefix + LOG_SUFFIX + suffix
+        self.index.path = prefix + INDEX_SUFFIX + suffix
+        self.time_index.path = prefix + TIME_INDEX_SUFFIX + suffix
 
     @classmethod
     def open(cls, directory: str, base_offset: int, config: LogConfig) -> "LogSegment":

@@ -1,0 +1,335 @@
+"""Log compaction (broker.log.cleaner, broker.log.swap): a real LogManager in a temp dir.
+
+Every test appends keyed records to compacted logs, rolls segments, runs the cleaner inline
+(``LogCleaner.clean_once``: the same steps the broker runs in a worker thread) and reads the
+log back through ``Log.read``. The oracle is "the last record of each key", with the
+records' offsets, timestamps and headers as appended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from broker.log.cleaner import (
+    CLEANER_OFFSET_CHECKPOINT, CleanerConfig, LogCleaner, OffsetMap, cleanable_offsets, retain_record,
+)
+from broker.log.checkpoint import OffsetCheckpoint
+from broker.log.config import InvalidConfigError, LogConfig
+from broker.log.dump import run as dump_run
+from broker.log.manager import LogManager
+from broker.log.segment import LOG_SUFFIX
+from protocol.errors import INVALID_RECORD, TidelogError
+from protocol.records import BatchBuilder, Codec, build_batch, iter_headers
+from protocol.topics import TopicPartition
+
+from tests.unit.log.helpers import FakeClock, read_batches, read_records
+
+pytestmark = pytest.mark.unit
+
+TP = TopicPartition("profiles", 0)
+COMPACT = LogConfig(segment_bytes=700, index_interval_bytes=100, cleanup_policy="compact",
+                    delete_retention_ms=10_000, retention_ms=-1)
+
+
+class Env:
+    def __init__(self, path, config: LogConfig = COMPACT, cleaner: CleanerConfig | None = None):
+        self.path = str(path)
+        self.clock = FakeClock()
+        self.config = config
+        self.cleaner_config = cleaner or CleanerConfig()
+        self.expected: dict[int, tuple] = {}  # offset -> (key, value, timestamp, headers)
+        self.open()
+
+    def open(self):
+        self.manager = LogManager([self.path], self.config, clock=self.clock)
+        self.manager.startup({TP.topic: self.config})
+        self.log = self.manager.get_or_create_log(TP, self.config)
+        self.cleaner = LogCleaner(self.manager, self.cleaner_config, self.clock)
+
+    def restart(self):
+        self.manager.shutdown()
+        self.open()
+
+    def append(self, *records, producer_id=-1, codec=Codec.NONE, sequence=-1):
+        """records: (key, value) or (key, value, headers)."""
+        b = BatchBuilder(codec, producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+                         base_sequence=sequence)
+        for r in records:
+            b.append(self.clock(), r[0], r[1], r[2] if len(r) > 2 else None)
+        info = self.log.append_as_leader(b.build(), 0)
+        for i, r in enumerate(records):
+            self.expected[info.first_offset + i] = (r[0], r[1], self.clock(), list(r[2]) if len(r) > 2 else [])
+        self.clock.advance(1)
+        self.log.update_high_watermark(self.log.log_end_offset)
+        return info
+
+    def roll(self):
+        self.log.roll()
+
+    def clean(self):
+        return self.cleaner.clean_once()
+
+    def records(self):
+        return [(r.offset, (r.key, r.value, r.timestamp, list(r.headers))) for r in read_records(self.log)]
+
+    def latest(self) -> dict[bytes, int]:
+        out = {}
+        for offset, (key, *_rest) in sorted(self.expected.items()):
+            out[key] = offset
+        return out
+
+    def check_records_are_appended_ones(self):
+        got = self.records()
+        offsets = [o for o, _ in got]
+        assert offsets == sorted(set(offsets))
+        for offset, record in got:
+            assert self.expected[offset] == record
+
+
+def keys_below(records, end):
+    keys = [r[1][0] for r in records if r[0] < end]
+    return keys
+
+
+def test_compaction_keeps_the_last_record_of_each_key_with_its_offset_timestamp_and_headers(tmp_path):
+    env = Env(tmp_path)
+    for i in range(120):
+        env.append((f"k{i % 7}".encode(), f"value-{i}".encode(), [("h", str(i).encode())]))
+    env.roll()
+    before_active = env.log.active_segment
+    size_before = env.log.size
+    job = env.clean()
+    assert job is not None and job.end_offset == env.log.active_segment.base_offset
+    assert env.log.active_segment is before_active
+    got = dict(env.records())
+    latest = env.latest()
+    assert sorted(got) == sorted(latest.values())  # exactly one record per key: its last one
+    env.check_records_are_appended_ones()
+    assert env.log.size < size_before / 5
+    assert env.log.log_end_offset == 120
+    ckpt = OffsetCheckpoint(os.path.join(env.path, CLEANER_OFFSET_CHECKPOINT)).read()
+    assert ckpt == {TP: 120}
+
+
+def test_reads_from_inside_a_gap_return_the_next_batch(tmp_path):
+    env = Env(tmp_path)
+    for i in range(40):
+        env.append((f"k{i % 3}".encode(), f"v{i}".encode()))
+    env.roll()
+    env.clean()
+    kept = [o for o, _ in env.records()]
+    assert kept == [37, 38, 39]
+    data = env.log.read(5, 1 << 20)
+    first = next(iter_headers(data))[1]
+    assert first.base_offset == 37
+    assert env.log.read(39, 1 << 20, max_offset=39) == b""
+
+
+def test_the_active_segment_and_records_above_the_high_watermark_are_not_cleaned(tmp_path):
+    env = Env(tmp_path)
+    for i in range(30):
+        env.append((b"same", f"v{i}".encode()))
+    env.roll()
+    for i in range(30, 60):
+        env.append((b"same", f"v{i}".encode()))
+    env.log.update_high_watermark(30)  # the second run of segments is not committed yet
+    env.clean()
+    offsets = [o for o, _ in env.records()]
+    assert offsets == [29] + list(range(30, 60))
+
+
+def test_tombstones_are_kept_until_delete_retention_ms_after_their_first_cleaning(tmp_path):
+    env = Env(tmp_path)
+    for i in range(30):
+        env.append((f"k{i % 3}".encode(), f"v{i}".encode()))
+    env.append((b"k1", None))  # the tombstone of k1
+    env.roll()
+    horizon = env.clock() + COMPACT.delete_retention_ms
+    env.clean()
+    assert [(o, r[0], r[1]) for o, r in env.records()] == [(27, b"k0", b"v27"), (29, b"k2", b"v29"),
+                                                         (30, b"k1", None)]
+    tomb = [h for _, h in iter_headers(read_batches(env.log)) if h.base_offset == 30][0]
+    assert tomb.delete_horizon_ms == horizon
+    assert env.records()[-1][1][2] == env.expected[30][2]  # its timestamp survives the horizon stamp
+
+    # dirty the log again; a cleaning before the horizon keeps the tombstone
+    for i in range(40):
+        env.append((b"k0", f"w{i}".encode()))
+    env.roll()
+    env.clock.now_ms = horizon - 1
+    assert env.clean() is not None
+    assert (30, b"k1") in [(o, r[0]) for o, r in env.records()]
+    # after the horizon the next cleaning drops it
+    for i in range(40):
+        env.append((b"k0", f"x{i}".encode()))
+    env.roll()
+    env.clock.now_ms = horizon + 1
+    assert env.clean() is not None
+    assert b"k1" not in [r[0] for _, r in env.records()]
+    env.check_records_are_appended_ones()
+
+
+def test_a_compacted_topic_refuses_records_without_a_key(tmp_path):
+    env = Env(tmp_path)
+    with pytest.raises(TidelogError) as e:
+        env.log.append_as_leader(build_batch([(b"k", b"v"), (None, b"no key")]), 0)
+    assert e.value.error is INVALID_RECORD
+    assert "profiles" in str(e.value) and "without a key" in str(e.value)
+    assert env.log.log_end_offset == 0
+
+
+def test_keyless_records_left_from_before_compaction_are_dropped_not_fatal(tmp_path):
+    env = Env(tmp_path, dataclasses.replace(COMPACT, cleanup_policy="delete"))
+    for i in range(20):
+        env.append((None if i % 2 else b"k", f"v{i}".encode()))
+    env.roll()
+    compacted = COMPACT
+    env.manager.update_config(TP, compacted)
+    env.config = compacted
+    assert env.clean() is not None
+    assert [(o, r[0]) for o, r in env.records()] == [(18, b"k")]
+
+
+def test_the_last_record_of_each_idempotent_producer_survives(tmp_path):
+    env = Env(tmp_path)
+    env.append((b"a", b"1"), (b"b", b"2"), producer_id=7, sequence=0)  # producer 7's last batch
+    for i in range(30):
+        env.append((b"a", f"x{i}".encode()), (b"b", f"y{i}".encode()))
+    env.roll()
+    env.clean()
+    got = env.records()
+    assert 1 in [o for o, _ in got]  # (b, 2): superseded, but it carries producer 7's last sequence
+    batch = [h for _, h in iter_headers(read_batches(env.log)) if h.base_offset == 1][0]
+    assert (batch.producer_id, batch.base_sequence, batch.last_sequence) == (7, 1, 1)
+    assert 0 not in [o for o, _ in got]
+
+
+def test_compressed_batches_are_cleaned_record_by_record(tmp_path):
+    env = Env(tmp_path)
+    for i in range(20):
+        env.append(*[(f"k{j}".encode(), f"v{i}-{j}".encode() * 3) for j in range(4)], codec=Codec.GZIP)
+    env.roll()
+    env.clean()
+    assert sorted(o for o, _ in env.records()) == sorted(env.latest().values())
+    env.check_records_are_appended_ones()
+
+
+def test_a_small_offset_map_cleans_in_rounds_and_converges(tmp_path):
+    env = Env(tmp_path, dataclasses.replace(COMPACT, min_cleanable_dirty_ratio=0.0),
+              cleaner=CleanerConfig(dedupe_buffer_size=24 * 4, io_buffer_load_factor=1.0))
+    for i in range(100):
+        env.append((f"k{i % 10}".encode(), f"v{i}".encode()))
+    env.roll()
+    ends = []
+    for _ in range(60):
+        job = env.clean()
+        if job is None:
+            break
+        assert len(job.map) <= 4
+        ends.append(job.end_offset)
+        env.check_records_are_appended_ones()
+        assert set(env.latest().values()) <= {o for o, _ in env.records()}
+    assert ends == sorted(ends) and ends[0] < 100 and ends[-1] == 100
+    assert sorted(o for o, _ in env.records()) == sorted(env.latest().values())
+
+
+def test_dirty_ratio_and_compaction_lags_decide_when_to_clean(tmp_path):
+    env = Env(tmp_path, dataclasses.replace(COMPACT, min_cleanable_dirty_ratio=0.9))
+    for i in range(30):
+        env.append((f"k{i}".encode(), b"v"))
+    env.roll()
+    env.clean()  # all dirty: ratio 1.0
+    for i in range(3):
+        env.append((f"k{i}".encode(), b"w"))
+    env.roll()
+    assert env.clean() is None  # a little dirt on a large clean section
+    lagged = dataclasses.replace(env.config, max_compaction_lag_ms=1000)
+    env.manager.update_config(TP, lagged)
+    env.clock.advance(2000)
+    assert env.clean() is not None  # the dirty records are overdue
+    young = dataclasses.replace(COMPACT, min_cleanable_dirty_ratio=0.0, min_compaction_lag_ms=60_000)
+    env.manager.update_config(TP, young)
+    env.append((b"k0", b"z"))
+    env.roll()
+    offsets = cleanable_offsets(env.log, env.manager.cleaner_checkpoints().get(TP), env.clock())
+    assert offsets.first_uncleanable_offset == offsets.first_dirty_offset  # too young to clean
+
+
+def test_a_delete_policy_log_is_never_cleaned(tmp_path):
+    env = Env(tmp_path, dataclasses.replace(COMPACT, cleanup_policy="delete"))
+    for i in range(30):
+        env.append((b"k", b"v"))
+    env.roll()
+    assert env.clean() is None
+
+
+def test_compaction_survives_restarts_and_dump_log_verifies_it(tmp_path, capsys):
+    env = Env(tmp_path)
+    for i in range(100):
+        env.append((f"k{i % 9}".encode(), None if i % 17 == 0 else f"v{i}".encode()))
+    env.roll()
+    env.clean()
+    before = env.records()
+    env.restart()
+    assert env.records() == before
+    # an unclean restart with no recovery point re-validates every (gapped) segment and keeps them all
+    for seg in env.log.segments:
+        os.close(seg._fd)
+    os.unlink(os.path.join(env.path, "recovery-point-offset-checkpoint"))
+    env.open()
+    assert env.records() == before
+    logs = sorted(os.path.join(env.log.directory, n) for n in os.listdir(env.log.directory) if n.endswith(LOG_SUFFIX))
+    assert dump_run(logs, verify=True) == 0, capsys.readouterr().out
+
+
+def test_a_follower_copies_a_compacted_log_with_its_gaps(tmp_path):
+    env = Env(tmp_path / "leader")
+    for i in range(50):
+        env.append((f"k{i % 4}".encode(), f"v{i}".encode()))
+    env.roll()
+    env.clean()
+    follower = Env(tmp_path / "follower")
+    offset = 0
+    while offset < env.log.log_end_offset:
+        data = env.log.read(offset, 300)
+        info = follower.log.append_as_follower(data)
+        offset = info.last_offset + 1
+    assert read_batches(follower.log) == read_batches(env.log)
+
+
+def test_cleaner_checkpoint_outside_the_log_is_reset(tmp_path):
+    env = Env(tmp_path)
+    for i in range(20):
+        env.append((b"k", b"v"))
+    env.roll()
+    env.manager.update_cleaner_checkpoint(TP, 10_000)
+    env.clean()
+    assert env.manager.cleaner_checkpoints()[TP] == env.log.active_segment.base_offset
+    assert [o for o, _ in env.records()] == [19]
+
+
+def test_pure_rules():
+    assert retain_record(10, b"k", b"v", latest_in_map=5, map_offset=-1, horizon=None, now_ms=0)
+    assert not retain_record(3, None, b"v", 5, -1, None, 0)
+    assert not retain_record(3, b"k", b"v", 5, 4, None, 0)
+    assert retain_record(4, b"k", None, 5, 4, None, 0)  # a tombstone never cleaned before
+    assert retain_record(4, b"k", None, 5, 4, 100, 99)
+    assert not retain_record(4, b"k", None, 5, 4, 100, 100)
+    m = OffsetMap(2)
+    assert m.put(b"a", 1) and m.put(b"b", 2) and m.put(b"a", 3)
+    assert not m.put(b"c", 4) and m.get(b"a") == 3 and m.get(b"c") == -1
+    assert CleanerConfig(dedupe_buffer_size=2400, threads=2, io_buffer_load_factor=0.5).map_capacity == 25
+
+
+def test_topic_config_validation():
+    assert LogConfig.from_props({"cleanup.policy": "delete, compact"}).cleanup_policy == "compact,delete"
+    assert LogConfig.from_props({"cleanup.policy": "compact"}).compacts
+    for bad in ({"cleanup.policy": "compacted"}, {"cleanup.policy": ""},
+                {"min.cleanable.dirty.ratio": "1.5"}, {"min.cleanable.dirty.ratio": -0.1},
+                {"min.compaction.lag.ms": -1}, {"max.compaction.lag.ms": 0}):
+        with pytest.raises(InvalidConfigError) as e:
+            LogConfig.from_props(bad)
+        assert next(iter(bad)) in str(e.value)
