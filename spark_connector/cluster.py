@@ -89,11 +89,11 @@ class ClusterView:
         return {(tp.topic, tp.partition): (None if v is None else v.offset) for tp, v in found.items()}
 
     def commit(self, group_id: str, offsets: dict[TP, int]) -> None:
-        """Store ``offsets`` as ``group_id``'s committed offsets. Raises NotImplementedError
-        while the SDK has no consumer groups."""
-        with Consumer(self.opts.bootstrap_servers, group_id=group_id, enable_auto_commit=False,
-                      **self.opts.consumer_options) as c:
-            c.commit({TopicPartition(*tp): o for tp, o in offsets.items()})
+        """Store ``offsets`` as ``group_id``'s committed offsets, as a commit outside group
+        management (the query is not a group member): the coordinator accepts it while the
+        group has no members, and refuses it (NON_EMPTY_GROUP) if consumers joined it."""
+        if offsets:
+            self.admin.alter_group_offsets(group_id, {TopicPartition(*tp): o for tp, o in offsets.items()})
 
     def close(self) -> None:
         for client in (self._admin, self._consumer):

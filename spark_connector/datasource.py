@@ -159,20 +159,21 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _read(self.opts, partition)
 
     def commit(self, end: dict) -> None:
-        """Spark calls this a batch late (and the last batch's only at the next start). With
-        ``groupId`` it would store ``end`` as the group's committed offsets, for operators;
-        the checkpoint stays the source of truth."""
+        """Spark calls this once a batch's output is committed (for the last batch of a run,
+        possibly only at the next start). With ``groupId`` it stores ``end`` as the group's
+        committed offsets, so ``tidelog groups describe`` shows the query's lag; the
+        checkpoint stays the source of truth, so a failure is logged, never raised."""
         group = self.opts.group_id
         if group is None:
             return
         try:
             self.view.commit(group, offsets_from_json(end))
-        except NotImplementedError as e:
+        except Exception as e:  # advisory: never fail the query over it
             if not self._commit_warned:
                 self._commit_warned = True
-                log.warning("groupId %r: the query's progress is not committed: %s", group, e)
-        except Exception as e:  # advisory: never fail the query over it
-            log.warning("groupId %r: committing the query's progress failed: %s", group, e)
+                log.warning("groupId %r: committing the query's progress failed: %s", group, e)
+            else:
+                log.debug("groupId %r: committing the query's progress failed: %s", group, e)
 
     def stop(self) -> None:
         if self._view is not None:

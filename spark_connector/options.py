@@ -16,7 +16,8 @@ Names follow Spark's Kafka source and sink where the meaning is the same::
     failOnDataLoss           true (default) | false: skip lost ranges with a warning
     includeHeaders           false (default) | true: the headers column
     pollTimeoutMs            how long read() may go without progress (default 120000)
-    groupId                  report progress as the group's committed offsets (see commit)
+    groupId                  report progress as the group's committed offsets (one micro-batch
+                             behind: Spark commits a batch to the source when it plans the next)
     topic                    sink: the default topic (overrides a topic column)
     kafka.<name>             an SDK client option by its Kafka name (kafka.request.timeout.ms)
 

@@ -201,6 +201,37 @@ def test_max_offsets_per_trigger_bounds_every_micro_batch(spark, cluster, tmp_pa
     assert_exactly(rows_of(batches), produced)
 
 
+def test_group_id_shows_the_query_progress_as_the_group_committed_offsets(spark, cluster, tmp_path):
+    """Spark's checkpoint is the truth; groupId makes the progress visible to operators:
+    `tidelog groups describe` (Admin.list_group_offsets) shows the query's offsets and lag."""
+    create_topic(cluster, "progress", 2)
+    produced = produce(cluster.bootstrap, "progress", [b"%d" % i for i in range(600)])
+    ends = Counter(partition for _, partition, _, _ in produced)
+    ckpt, group = tmp_path / "ckpt", "spark-progress"
+    opts = dict(subscribe="progress", startingOffsets="earliest", maxOffsetsPerTrigger=200, groupId=group)
+    first = run_available_now(spark, cluster.bootstrap, ckpt, **opts)
+    assert_exactly(rows_of(first), produced)
+
+    def committed() -> dict[int, int | None]:
+        with Admin(cluster.bootstrap) as admin:
+            return {g.partition.partition: g.committed for g in admin.list_group_offsets(group)}
+
+    # the batches before the run's last are committed, never more than was read
+    after_first = committed()
+    assert after_first and all(c is not None and 0 < c <= ends[p] for p, c in after_first.items()), after_first
+    more = produce(cluster.bootstrap, "progress", [b"more-%d" % i for i in range(100)])
+    ends.update(partition for _, partition, _, _ in more)
+    second = run_available_now(spark, cluster.bootstrap, ckpt, **opts)
+    assert_exactly(rows_of(second), more)
+    # Spark commits a batch's end to the source when it plans the next batch: the first
+    # run's last batch is committed by the second run, and the group shows it with its lag
+    wait_until(lambda: committed() == {p: ends[p] - n for p, n in Counter(
+        partition for _, partition, _, _ in more).items()}, 30, "the first run's end committed")
+    with Admin(cluster.bootstrap) as admin:
+        shown = {g.partition.partition: (g.committed, g.log_end_offset, g.lag) for g in admin.list_group_offsets(group)}
+    assert shown == {p: (c, ends[p], ends[p] - c) for p, c in committed().items()}, shown
+
+
 def test_min_partitions_splits_ranges_in_a_batch_read(spark, cluster):
     create_topic(cluster, "split", 1)
     produced = produce(cluster.bootstrap, "split", [b"%d" % i for i in range(1_000)])
