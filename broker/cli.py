@@ -166,7 +166,7 @@ def _produce(args: argparse.Namespace) -> int:
 def _consume_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("topic")
     _client_options(p)
-    p.add_argument("--group", help="consume as a member of this consumer group")
+    p.add_argument("--group", help="consume as a member of this consumer group (committing as it goes)")
     p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset, not the end")
     p.add_argument("--partition", type=int, help="consume only this partition")
     p.add_argument("--offset", help="with --partition: an offset, 'earliest' or 'latest'")
@@ -183,6 +183,49 @@ def _consume(args: argparse.Namespace) -> int:
     from client.cli import consume
 
     return consume(args)
+
+
+def _groups_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        a = sub.add_parser(name, help=help, description=help)
+        _client_options(a)
+        a.add_argument("--timeout-ms", type=int, default=30000, metavar="MS",
+                       help="bound on the admin requests (default 30000)")
+        return a
+
+    action("list", "list the consumer groups, one per line")
+    a = action("describe", "per partition: GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG "
+                           "CONSUMER-ID HOST CLIENT-ID (like kafka-consumer-groups --describe)")
+    a.add_argument("--group", action="append", dest="groups", metavar="GROUP", help="repeatable")
+    a.add_argument("--all-groups", action="store_true", help="describe every group")
+    a.add_argument("--members", action="store_true", help="list the members instead of the offsets")
+    a.add_argument("--state", action="store_true", help="print the group's state, assignor and generation")
+    a = action("reset-offsets", "reset a group's committed offsets (the group must be inactive); prints "
+                                "the plan, applied only with --execute")
+    a.add_argument("--group", required=True)
+    a.add_argument("--topic", action="append", dest="topics", metavar="TOPIC[:P,P...]",
+                   help="repeatable; default with --all-topics: every topic the group has offsets for")
+    a.add_argument("--all-topics", action="store_true", help="every partition of the topics the group has offsets for")
+    how = a.add_mutually_exclusive_group(required=True)
+    how.add_argument("--to-earliest", action="store_true")
+    how.add_argument("--to-latest", action="store_true")
+    how.add_argument("--to-offset", type=int, metavar="N")
+    how.add_argument("--shift-by", type=int, metavar="N", help="move by N (negative: back)")
+    how.add_argument("--to-datetime", metavar="YYYY-MM-DDTHH:mm:SS[.sss][TZ]",
+                     help="the first offset at or after this time (ISO 8601; local time without a zone)")
+    run = a.add_mutually_exclusive_group()
+    run.add_argument("--dry-run", action="store_true", help="only print the plan (the default)")
+    run.add_argument("--execute", action="store_true", help="apply the plan")
+    a = action("delete", "delete consumer groups and their committed offsets (inactive groups only)")
+    a.add_argument("--group", action="append", dest="groups", required=True, metavar="GROUP", help="repeatable")
+
+
+def _groups(args: argparse.Namespace) -> int:
+    from client.cli import groups
+
+    return groups(args)
 
 
 def _perf_arguments(p: argparse.ArgumentParser) -> None:
@@ -277,6 +320,10 @@ COMMANDS: tuple[Command, ...] = (
             "Print records' values (key<TAB>value with --print-key), from the end of the topic, "
             "or from the beginning, or from an offset; until --max-messages, --timeout-ms, or Ctrl-C.",
             _consume_arguments, _consume),
+    Command("groups", "list, describe, reset offsets of and delete consumer groups (like kafka-consumer-groups)",
+            "Manage consumer groups. describe prints each partition's committed offset, log end "
+            "offset, lag and owner; reset-offsets prints its plan and applies it only with --execute.",
+            _groups_arguments, _groups),
     Command("perf", "producer, consumer and end-to-end benchmarks (like kafka-*-perf-test)",
             "perf produce|consume|e2e: progress every 5 s on stderr, then kafka-producer-perf-test's "
             "summary line (or --json) on stdout.", _perf_arguments, _perf),

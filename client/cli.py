@@ -1,5 +1,5 @@
 """The client commands of the ``tidelog`` CLI (DESIGN.md section 7): topics, produce, consume,
-perf. ``broker.cli`` defines their arguments (so ``tidelog --help`` stays light) and calls
+groups, perf. ``broker.cli`` defines their arguments (so ``tidelog --help`` stays light) and calls
 ``topics``, ``produce``, ``consume`` or ``perf`` here with the parsed ``argparse.Namespace``;
 each returns the exit status: 0 success, 1 failure (explained on stderr), 2 usage errors.
 
@@ -9,7 +9,13 @@ cluster that is down is reported as such within seconds; every later wait is bou
 timeout).
 
 ``topics describe`` prints kafka-topics' lines plus the leader epoch, the log end offset and
-the high watermark. The SDK has no call for the LEO: it is read with a ListOffsets request
+the high watermark. ``groups`` follows kafka-consumer-groups: ``describe`` prints one line per
+partition (GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID HOST CLIENT-ID,
+"-" where there is nothing); ``reset-offsets`` computes a plan (earliest, latest, an offset
+clamped into the partition's range, a shift from the committed offset, or the first offset at
+a time), prints it, and applies it only with ``--execute`` and only while the group is
+inactive. ``consume --group`` commits the offsets of the records it printed after each batch
+and when it exits (never past what it printed). The SDK has no call for the LEO: it is read with a ListOffsets request
 of the replica kind (``replica_id`` = the leader's id, for which a broker answers with its
 LEO instead of the HW), sent through ``client.aio.cluster.Cluster``; "-" when unknown.
 """
@@ -33,6 +39,9 @@ from protocol.errors import (
 
 __all__ = [
     "consume",
+    "groups",
+    "group_describe_lines",
+    "reset_plan",
     "describe_lines",
     "kafka_options",
     "perf",
@@ -50,8 +59,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 CONSOLE_PRODUCER_DEFAULTS = {"request_timeout_ms": 10000, "delivery_timeout_ms": 30000,
                              "max_block_ms": 10000}
 MAX_ERRORS_SHOWN = 10
-_NO_GROUPS = ("--group: consumer groups are not available yet in the SDK; consume without --group "
-              "(every partition, or one with --partition)")
 
 
 class CommandError(Exception):
@@ -483,19 +490,16 @@ def _consume(args: argparse.Namespace) -> int:
                            f"(partitions 0-{max(partitions)})")
     if args.group is not None:
         options["group_id"] = args.group
+        options["enable_auto_commit"] = False  # it commits what it printed, not what it fetched
     try:
         consumer = Consumer(args.bootstrap, client_id="tidelog-consume", **options)
-    except NotImplementedError:
-        raise CommandError(_NO_GROUPS) from None
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
     printed = [0]
+    printed_upto: dict[Any, int] = {}  # partition -> the offset after the last record printed
     try:
         if args.group is not None:
-            try:
-                consumer.subscribe([args.topic])
-            except NotImplementedError:
-                raise CommandError(_NO_GROUPS) from None
+            consumer.subscribe([args.topic])
         else:
             tps = [TopicPartition(args.topic, p) for p in
                    ([args.partition] if args.partition is not None else partitions)]
@@ -506,10 +510,19 @@ def _consume(args: argparse.Namespace) -> int:
                 consumer.seek_to_end(*tps)
             elif offset is not None:
                 consumer.seek(tps[0], offset)
-        _print_records(consumer, args, printed)
+        on_batch = None
+        if args.group is not None:
+            def on_batch(records: Sequence[Any]) -> None:
+                _commit_printed(consumer, records, printed_upto)
+        _print_records(consumer, args, printed, on_batch)
     except KeyboardInterrupt:
         pass  # Ctrl-C is how an unbounded consume ends
     finally:
+        if printed_upto:
+            try:
+                consumer.commit(printed_upto)
+            except TidelogError as e:
+                print(f"tidelog consume: final commit failed: {e}", file=sys.stderr)
         consumer.close()
         print(f"Processed a total of {printed[0]} messages", file=sys.stderr)
     return EXIT_OK
@@ -527,7 +540,8 @@ def _parse_offset(text: str) -> int | str:
     return value
 
 
-def _print_records(consumer: Any, args: argparse.Namespace, printed: list[int]) -> None:
+def _print_records(consumer: Any, args: argparse.Namespace, printed: list[int],
+                   on_batch: Callable[[Sequence[Any]], None] | None = None) -> None:
     """Print records until --max-messages or --timeout-ms; ``printed[0]`` counts them."""
     out = _binary_stdout()
     limit = args.max_messages
@@ -562,6 +576,202 @@ def _print_records(consumer: Any, args: argparse.Namespace, printed: list[int]) 
         out.flush()
         count += len(records)
         printed[0] = count
+        if on_batch is not None:
+            on_batch(records)
+
+
+def _commit_printed(consumer: Any, records: Sequence[Any], printed_upto: dict[Any, int]) -> None:
+    """Commit (in the background) the offset after the last printed record of each partition."""
+    from client import TopicPartition
+
+    offsets = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in records}
+    printed_upto.update(offsets)
+    consumer.commit_async(offsets)
+
+
+# =============================================================================================
+# groups
+
+
+def groups(args: argparse.Namespace) -> int:
+    action = args.action
+    return _run(f"groups {action}", _GROUP_ACTIONS[action], args)
+
+
+def _admin(args: argparse.Namespace) -> Any:
+    from client import Admin
+
+    return Admin(args.bootstrap, client_id="tidelog-groups", request_timeout_ms=min(args.timeout_ms, 30000),
+                 default_api_timeout_ms=args.timeout_ms)
+
+
+def _groups_list(args: argparse.Namespace) -> int:
+    _check_cluster(args)
+    with _admin(args) as admin:
+        for g in admin.list_groups():
+            print(g.group_id)
+    return EXIT_OK
+
+
+def _groups_describe(args: argparse.Namespace) -> int:
+    if not args.groups and not args.all_groups:
+        raise UsageError("give --group GROUP (repeatable) or --all-groups")
+    _check_cluster(args)
+    with _admin(args) as admin:
+        names = [g.group_id for g in admin.list_groups()] if args.all_groups else args.groups
+        status = EXIT_OK
+        for name in names:
+            (d,) = admin.describe_groups([name])
+            if d.state == "Dead":
+                print(f"Error: Consumer group '{name}' does not exist.", file=sys.stderr)
+                status = EXIT_FAILED
+                continue
+            if args.state:
+                lines = _state_lines(d)
+            elif args.members:
+                lines = _member_lines(d)
+            else:
+                lines = group_describe_lines(d, admin.list_group_offsets(name))
+            print()
+            if not d.members and not args.state:
+                print(f"Consumer group '{name}' has no active members.\n")
+            for line in lines:
+                print(line)
+    return status
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [" ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def group_describe_lines(description: Any, offsets: Sequence[Any]) -> list[str]:
+    """kafka-consumer-groups --describe: one line per partition the group has an offset for or
+    a member owns, with the owner's member id, host and client id ("-" when none)."""
+    owners = {tp: m for m in description.members for tp in m.assignment}
+    by_tp = {o.partition: o for o in offsets}
+    rows = [["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
+             "HOST", "CLIENT-ID"]]
+    for tp in sorted(set(by_tp) | set(owners)):
+        o, m = by_tp.get(tp), owners.get(tp)
+        rows.append([description.group_id, tp.topic, str(tp.partition),
+                     _or_dash(o.committed if o else None), _or_dash(o.log_end_offset if o else None),
+                     _or_dash(o.lag if o else None), m.member_id if m else "-",
+                     m.host if m else "-", m.client_id if m else "-"])
+    return _table(rows)
+
+
+def _member_lines(d: Any) -> list[str]:
+    rows = [["GROUP", "CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "ASSIGNMENT"]]
+    for m in d.members:
+        assignment = ",".join(f"{tp.topic}-{tp.partition}" for tp in m.assignment) or "-"
+        rows.append([d.group_id, m.member_id, m.group_instance_id or "-", m.host, m.client_id,
+                     str(len(m.assignment)), assignment])
+    return _table(rows)
+
+
+def _state_lines(d: Any) -> list[str]:
+    rows = [["GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE", "GENERATION", "#MEMBERS"],
+            [d.group_id, str(d.coordinator), d.assignor or "-", d.state, str(d.generation), str(len(d.members))]]
+    return _table(rows)
+
+
+def _groups_delete(args: argparse.Namespace) -> int:
+    _check_cluster(args)
+    with _admin(args) as admin:
+        for name in args.groups:
+            (d,) = admin.describe_groups([name])
+            if d.state == "Dead":
+                raise CommandError(f"group '{name}' does not exist")
+            admin.delete_groups([name])
+            print(f"Deletion of requested consumer group '{name}' was successful.")
+    return EXIT_OK
+
+
+def _groups_reset_offsets(args: argparse.Namespace) -> int:
+    from client import TopicPartition
+
+    if not args.topics and not args.all_topics:
+        raise UsageError("give --topic TOPIC[:P,P...] (repeatable) or --all-topics")
+    target_ms = _parse_datetime(args.to_datetime) if args.to_datetime is not None else None
+    _check_cluster(args)
+    with _admin(args) as admin:
+        (d,) = admin.describe_groups([args.group])
+        if d.state not in ("Empty", "Dead"):
+            raise CommandError(f"assignments can only be reset if the group '{args.group}' is inactive, but "
+                               f"the current state is {d.state} ({len(d.members)} members): stop its consumers first")
+        committed = {o.partition: o.committed for o in admin.list_group_offsets(args.group)}
+        tps = _reset_partitions(admin, args, committed, TopicPartition)
+        earliest = {tp: o for tp, (o, _) in admin.list_offsets({tp: -2 for tp in tps}).items()}
+        latest = {tp: o for tp, (o, _) in admin.list_offsets({tp: -1 for tp in tps}).items()}
+        at_time = None
+        if target_ms is not None:
+            at_time = {tp: o for tp, (o, _) in admin.list_offsets({tp: target_ms for tp in tps}).items()}
+        plan = reset_plan(tps, args, committed, earliest, latest, at_time)
+        for line in _table([["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"]] +
+                           [[args.group, tp.topic, str(tp.partition), str(o)] for tp, o in sorted(plan.items())]):
+            print(line)
+        if args.execute:
+            admin.alter_group_offsets(args.group, plan)
+        else:
+            print("\n(dry run: nothing changed; add --execute to apply)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _reset_partitions(admin: Any, args: argparse.Namespace, committed: dict, tp_cls: Any) -> list[Any]:
+    specs = sorted({tp.topic for tp in committed}) if args.all_topics else args.topics
+    out = []
+    for spec in specs:
+        topic, _, parts = spec.partition(":")
+        if parts:
+            try:
+                out += [tp_cls(topic, int(p)) for p in parts.split(",")]
+            except ValueError:
+                raise UsageError(f"--topic {spec!r}: expected TOPIC or TOPIC:P,P,...") from None
+        else:
+            (description,) = admin.describe_topics([topic])
+            out += [tp_cls(topic, p.partition) for p in description.partitions]
+    return sorted(set(out))
+
+
+def reset_plan(tps: Sequence[Any], args: argparse.Namespace, committed: dict, earliest: dict, latest: dict,
+               at_time: dict | None) -> dict:
+    """The new committed offset of each partition (clamped into [earliest, latest], as
+    kafka-consumer-groups does)."""
+    plan = {}
+    for tp in tps:
+        lo, hi = earliest[tp], latest[tp]
+        if args.to_earliest:
+            target = lo
+        elif args.to_latest:
+            target = hi
+        elif args.to_offset is not None:
+            target = args.to_offset
+        elif args.shift_by is not None:
+            base = committed.get(tp)
+            target = (lo if base is None else base) + args.shift_by
+        else:
+            found = at_time[tp]
+            target = hi if found < 0 else found
+        plan[tp] = min(max(target, lo), hi)
+    return plan
+
+
+def _parse_datetime(text: str) -> int:
+    from datetime import datetime
+
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--to-datetime {text!r}: expected ISO 8601, e.g. 2024-05-01T12:00:00 or "
+                         "2024-05-01T12:00:00+00:00") from None
+    return int(when.timestamp() * 1000)
+
+
+_GROUP_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "list": _groups_list, "describe": _groups_describe, "reset-offsets": _groups_reset_offsets,
+    "delete": _groups_delete,
+}
 
 
 # =============================================================================================

@@ -787,7 +787,7 @@ class ConsumerCoordinator:
                 log.info("group %r: LeaveGroup failed (the session will expire instead): %s", self.group_id, e)
         self.generation = NO_GENERATION_INFO
         self.state = MemberState.UNJOINED
-        self.request_rejoin(reason)
+        self.rejoin_needed, self.rejoin_reason = True, reason
 
     # -- leaving (unsubscribe, close) -----------------------------------------------------------
 

@@ -1,0 +1,347 @@
+"""Consumer groups end to end: real ZooKeeper, three broker processes, consumers as processes
+where being killed matters (``group_member.py``) and as blocking Consumers otherwise.
+
+Acceptance (issue 5): three members of a 6-partition topic get two partitions each; after one
+is SIGKILLed the others take its partitions over and resume at the committed offsets, no record
+below a committed offset is skipped and the group's committed offsets never go backwards; a
+slow member within max_poll_interval_ms keeps its partitions; one past it leaves, and its
+commit fails with CommitFailedError saying why; a restarted static member rejoins without a
+rebalance; the ``tidelog groups`` commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.cli import main as tidelog_main
+from client import (Admin, CommitFailedError, Consumer, ConsumerRebalanceListener, NewTopic, Producer,
+                    TidelogError, TopicPartition)
+from tests.integration.cluster_fixtures import FAST_FAILOVER, cluster_fixture, wait_topic_ready, wait_until
+
+pytestmark = pytest.mark.integration
+
+GROUP_CONFIG = dict(FAST_FAILOVER, **{"group.initial.rebalance.delay.ms": 300,
+                                      "group.min.session.timeout.ms": 1000})
+FAST_MEMBER = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 300, "fetch_max_wait_ms": 100}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster(request, tmp_path_factory):
+    yield from cluster_fixture(request, tmp_path_factory.mktemp("groups"), 3, GROUP_CONFIG)
+
+
+def create_topic(cluster, name: str, partitions: int, records: int = 0) -> dict[TopicPartition, int]:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(name, partitions, 3)])
+    wait_topic_ready(cluster, name, partitions, 3)
+    if records:
+        with Producer(cluster.bootstrap, linger_ms=5) as producer:
+            for i in range(records):
+                producer.send(name, b"value-%d" % i, key=b"key-%d" % i)
+            producer.flush()
+    with Consumer(cluster.bootstrap) as c:
+        return c.end_offsets([TopicPartition(name, p) for p in range(partitions)])
+
+
+class Recorder(ConsumerRebalanceListener):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, set]] = []
+        self.threads: set[str] = set()
+
+    def on_partitions_assigned(self, assigned):
+        self.events.append(("assigned", set(assigned)))
+        self.threads.add(threading.current_thread().name)
+
+    def on_partitions_revoked(self, revoked):
+        self.events.append(("revoked", set(revoked)))
+
+    def on_partitions_lost(self, lost):
+        self.events.append(("lost", set(lost)))
+
+
+def poll_until(consumers, condition, timeout: float, message: str):
+    """Poll every consumer in turn (100 ms each) until ``condition()``; bounded."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message}: not reached within {timeout} s")
+        for c in consumers:
+            c.poll(timeout_ms=100)
+
+
+# -- members in processes -------------------------------------------------------------------------
+
+
+class Member:
+    def __init__(self, cluster, group: str, topic: str, path: Path, **options):
+        self.path = path
+        with open(path.with_suffix(".log"), "wb") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.integration.group_member", cluster.bootstrap, group, topic,
+                 str(path), json.dumps(options)], cwd=ROOT, stdout=log, stderr=log,
+                env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    def events(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def assignment(self) -> tuple[set, int | None]:
+        """The partitions of the last assignment (and its generation) still held."""
+        owned: set = set()
+        generation = None
+        for e in self.events():
+            if e["e"] == "assigned":
+                owned |= {tuple(tp) for tp in e["tps"]}
+                generation = e["generation"][0] if e["generation"] else None
+            elif e["e"] in ("revoked", "lost"):
+                owned -= {tuple(tp) for tp in e["tps"]}
+        return owned, generation
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def test_three_members_share_six_partitions_and_survivors_take_over_a_killed_one(cluster, tmp_path):
+    topic, group = "churn", "churn-group"
+    ends = create_topic(cluster, topic, 6, records=9000)
+    options = dict(FAST_MEMBER, max_poll_records=50, delay_per_batch_s=0.1, run_s=120)
+    members = [Member(cluster, group, topic, tmp_path / f"m{i}.jsonl", **options) for i in range(3)]
+    samples: dict[TopicPartition, list[int]] = {tp: [] for tp in ends}
+    stop_sampling = threading.Event()
+
+    def sample_commits():  # the group's committed offsets as the coordinator reports them
+        with Admin(cluster.bootstrap) as admin:
+            while not stop_sampling.wait(0.2):
+                try:
+                    for o in admin.list_group_offsets(group, timeout_ms=5000):
+                        if o.committed is not None and (not samples[o.partition] or samples[o.partition][-1] != o.committed):
+                            samples[o.partition].append(o.committed)
+                except TidelogError:
+                    pass
+
+    sampler = threading.Thread(target=sample_commits, daemon=True)
+    sampler.start()
+    try:
+        def balanced():
+            views = [m.assignment() for m in members]
+            parts = [v[0] for v in views]
+            return (all(len(p) == 2 for p in parts) and len(set().union(*parts)) == 6
+                    and len({v[1] for v in views}) == 1)
+
+        wait_until(balanced, 60, "three members with two partitions each in one generation", interval=0.2)
+        victim = members[0]
+        victim_owned, _ = victim.assignment()
+        wait_until(lambda: any(e["e"] == "committed" for e in victim.events()), 30, "a commit by the victim")
+        killed_at = time.time()
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait(10)
+        victim_events = victim.events()
+
+        survivors = members[1:]
+        wait_until(lambda: set().union(*(m.assignment()[0] for m in survivors)) == {(topic, p) for p in range(6)},
+                   60, "the survivors own all six partitions", interval=0.2)
+        with Admin(cluster.bootstrap) as admin:
+            wait_until(lambda: {o.partition: o.committed for o in admin.list_group_offsets(group)} == ends,
+                       120, "every record consumed and committed", interval=0.5)
+    finally:
+        stop_sampling.set()
+        for m in members:
+            m.stop()
+        sampler.join(10)
+
+    # each survivor ends with three partitions
+    assert sorted(len(m.assignment()[0]) for m in survivors) == [3, 3]
+    consumed: dict[tuple, set[int]] = {}
+    for m in members:
+        for e in m.events():
+            if e["e"] == "records":
+                consumed.setdefault(tuple(e["tp"]), set()).update(e["offsets"])
+    # nothing skipped: every offset of every partition was consumed by somebody
+    for tp, end in ends.items():
+        assert consumed.get((tp.topic, tp.partition), set()) >= set(range(end)), f"a gap in {tp}"
+    # the takers of the victim's partitions resumed at its committed offset: not below what it
+    # had committed, not above what it had consumed (nothing skipped)
+    victim_committed: dict[str, int] = {}
+    victim_consumed: dict[tuple, int] = {}
+    for e in victim_events:
+        if e["e"] == "committed":
+            victim_committed.update(e["offsets"])
+        elif e["e"] == "records":
+            victim_consumed[tuple(e["tp"])] = max(e["offsets"] + [victim_consumed.get(tuple(e["tp"]), -1)])
+    for tp in victim_owned:
+        committed = victim_committed.get(f"{tp[0]}:{tp[1]}", 0)
+        firsts = []
+        for m in survivors:
+            taken = False
+            for e in m.events():
+                if e["e"] == "assigned" and list(tp) in e["tps"] and e["t"] > killed_at:
+                    taken = True
+                elif taken and e["e"] == "records" and tuple(e["tp"]) == tp:
+                    firsts.append(e["offsets"][0])
+                    break
+        first = min(firsts)
+        assert committed <= first <= victim_consumed.get(tp, -1) + 1, (tp, committed, first)
+    # committed offsets never went backwards: per member, and as the coordinator reported them
+    for m in members:
+        last: dict[str, int] = {}
+        for e in m.events():
+            if e["e"] == "committed":
+                for k, o in e["offsets"].items():
+                    assert o >= last.get(k, 0), f"{k} went back from {last[k]} to {o}"
+                    last[k] = o
+    for tp, seen in samples.items():
+        assert seen == sorted(seen), f"committed offsets of {tp} went backwards: {seen}"
+
+
+# -- members in this process ----------------------------------------------------------------------
+
+
+def group_consumer(cluster, group: str, **options) -> tuple[Consumer, Recorder]:
+    consumer = Consumer(cluster.bootstrap, group_id=group, auto_offset_reset="earliest",
+                        **{**FAST_MEMBER, **options})
+    return consumer, Recorder()
+
+
+def test_slow_member_within_max_poll_interval_keeps_its_partitions(cluster):
+    topic, group = "slow", "slow-group"
+    create_topic(cluster, topic, 2, records=20)
+    a, a_events = group_consumer(cluster, group, session_timeout_ms=2000, max_poll_interval_ms=30000)
+    b, b_events = group_consumer(cluster, group, session_timeout_ms=2000, max_poll_interval_ms=30000)
+    with a, b:
+        a.subscribe([topic], listener=a_events)
+        b.subscribe([topic], listener=b_events)
+        poll_until([a, b], lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1
+                   and a.group_generation[0] == b.group_generation[0], 60, "one partition each")
+        generation, assignment = a.group_generation, a.assignment()
+        before = len(b_events.events)
+        stop = time.monotonic() + 5.0  # no poll from a for 2.5 session timeouts: heartbeats go on
+        while time.monotonic() < stop:
+            b.poll(timeout_ms=200)
+        a.poll(timeout_ms=200)
+        b.poll(timeout_ms=200)
+        assert a.group_generation == generation and a.assignment() == assignment
+        assert b.group_generation[0] == generation[0] and b_events.events[before:] == []
+        assert a_events.threads == {threading.current_thread().name}  # callbacks on the caller's thread
+
+
+def test_member_past_max_poll_interval_leaves_and_its_commit_fails_saying_why(cluster):
+    topic, group = "stale", "stale-group"
+    create_topic(cluster, topic, 2, records=20)
+    a, a_events = group_consumer(cluster, group, max_poll_interval_ms=2000)
+    b, b_events = group_consumer(cluster, group)
+    with a, b:
+        a.subscribe([topic], listener=a_events)
+        b.subscribe([topic], listener=b_events)
+        poll_until([a, b], lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, 60, "one partition each")
+        a.poll(timeout_ms=100)
+        time.sleep(4.0)  # processing "takes" longer than max_poll_interval_ms: a leaves the group
+        with pytest.raises(CommitFailedError) as info:
+            a.commit()
+        text = str(info.value)
+        assert "rebalanced" in text and "reassigned" in text and "max_poll_interval_ms" in text
+        poll_until([b], lambda: len(b.assignment()) == 2, 30, "b takes both partitions")
+        poll_until([a, b], lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, 60,
+                   "a rejoined at its next poll")
+        assert [kind for kind, _ in a_events.events] == ["assigned", "lost", "assigned"]
+
+
+def test_restarted_static_member_rejoins_without_a_rebalance(cluster):
+    topic, group = "static", "static-group"
+    create_topic(cluster, topic, 4, records=40)
+    static = {"session_timeout_ms": 10000}
+    a, a_events = group_consumer(cluster, group, group_instance_id="a", **static)
+    b, b_events = group_consumer(cluster, group, group_instance_id="b", **static)
+    with b:
+        b.subscribe([topic], listener=b_events)
+        with a:
+            a.subscribe([topic], listener=a_events)
+            poll_until([a, b], lambda: len(a.assignment()) == 2 and len(b.assignment()) == 2
+                       and a.group_generation[0] == b.group_generation[0], 60, "two partitions each")
+            generation, a_partitions = a.group_generation[0], a.assignment()
+            a.commit()
+        # a is closed: a static member sends no LeaveGroup; a new process with its instance id
+        b_before = len(b_events.events)
+        a2, a2_events = group_consumer(cluster, group, group_instance_id="a", **static)
+        with a2:
+            a2.subscribe([topic], listener=a2_events)
+            poll_until([a2, b], lambda: a2.assignment() == a_partitions, 30, "the restarted member's partitions")
+            for _ in range(5):
+                b.poll(timeout_ms=100)
+            assert a2.group_generation[0] == generation and b.group_generation[0] == generation
+            assert b_events.events[b_before:] == []  # b never saw a rebalance
+
+
+def test_groups_cli(cluster, capsys):
+    topic, group = "cli-groups", "cli-group"
+    ends = create_topic(cluster, topic, 3, records=30)
+
+    def tidelog(*argv):
+        capsys.readouterr()
+        rc = tidelog_main([*argv, "--bootstrap", cluster.bootstrap])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    rc, out, err = tidelog("consume", topic, "--group", group, "--from-beginning", "--max-messages", "10",
+                           "--timeout-ms", "30000", "--consumer-property", "session.timeout.ms=3000",
+                           "--consumer-property", "heartbeat.interval.ms=300")
+    assert rc == 0 and len(out.splitlines()) == 10, err
+    with Admin(cluster.bootstrap) as admin:
+        wait_until(lambda: any(g.group_id == group and g.state == "Empty" for g in admin.list_groups()),
+                   30, "the console consumer left its group")
+        assert sum(o.committed or 0 for o in admin.list_group_offsets(group)) == 10
+
+    rc, out, _ = tidelog("groups", "list")
+    assert rc == 0 and group in out.splitlines()
+
+    rc, out, _ = tidelog("groups", "describe", "--group", group)
+    lines = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("Consumer group")]
+    assert lines[0] == ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
+                        "HOST", "CLIENT-ID"]
+    rows = {int(r[2]): r for r in lines[1:]}
+    for p, row in rows.items():
+        assert row[0] == group and row[1] == topic and int(row[4]) == ends[TopicPartition(topic, p)]
+        assert int(row[5]) == int(row[4]) - int(row[3]) and row[6:] == ["-", "-", "-"]
+
+    rc, out, err = tidelog("groups", "reset-offsets", "--group", group, "--topic", topic, "--to-earliest")
+    assert rc == 0 and "dry run" in err
+    plan = [line.split() for line in out.splitlines()[1:]]
+    assert sorted((int(r[2]), int(r[3])) for r in plan) == [(0, 0), (1, 0), (2, 0)]
+    with Admin(cluster.bootstrap) as admin:  # nothing changed
+        assert sum(o.committed or 0 for o in admin.list_group_offsets(group)) == 10
+    rc, out, _ = tidelog("groups", "reset-offsets", "--group", group, "--topic", f"{topic}:1", "--shift-by", "-100",
+                         "--execute")
+    assert rc == 0 and out.splitlines()[1].split()[2:] == ["1", "0"]
+    rc, out, _ = tidelog("groups", "reset-offsets", "--group", group, "--all-topics", "--to-latest", "--execute")
+    with Admin(cluster.bootstrap) as admin:
+        assert {o.partition: o.committed for o in admin.list_group_offsets(group)} == ends
+
+    # an active group's offsets are not reset
+    member, _ = group_consumer(cluster, group)
+    with member:
+        member.subscribe([topic])
+        poll_until([member], lambda: len(member.assignment()) == 3, 30, "the member joined")
+        rc, out, err = tidelog("groups", "reset-offsets", "--group", group, "--all-topics", "--to-earliest",
+                               "--execute")
+        assert rc == 1 and "inactive" in err and "Stable" in err
+        rc, out, _ = tidelog("groups", "describe", "--group", group, "--members")
+        assert rc == 0 and member.group_generation[1] in out and " 3 " in out
+        rc, out, err = tidelog("groups", "delete", "--group", group)
+        assert rc == 1 and "active members" in err
+    rc, out, _ = tidelog("groups", "delete", "--group", group)
+    assert rc == 0 and "successful" in out
+    rc, out, err = tidelog("groups", "describe", "--group", group)
+    assert rc == 1 and "does not exist" in err
