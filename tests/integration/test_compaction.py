@@ -110,3 +110,43 @@ def test_a_compacted_topic_converges_and_a_consumer_sees_the_latest_values(clust
         files = segment_files(cluster, broker_id)
         with open(os.devnull, "w") as out:
             assert dump_run(files, verify=True, out=out) == 0, f"broker {broker_id}: dump-log --verify failed"
+
+
+OFFSETS_SEGMENT_BYTES = 4096
+
+
+@pytest.fixture(scope="module")
+def offsets_cluster(request, tmp_path_factory):
+    yield from cluster_fixture(request, tmp_path_factory.mktemp("offsets-compaction"), 1, {
+        **FAST_FAILOVER, "log.cleaner.backoff.ms": 200, "offsets.topic.num.partitions": 1,
+        "offsets.topic.replication.factor": 1, "offsets.topic.segment.bytes": OFFSETS_SEGMENT_BYTES})
+
+
+def offsets_partition_bytes(cluster):
+    d = log_dirs(cluster)[1] / "__consumer_offsets-0"
+    try:
+        return sum(p.stat().st_size for p in d.glob("*.log"))
+    except FileNotFoundError:  # a swap renamed a segment under us
+        return None
+
+
+def test_consumer_offsets_stay_bounded_under_a_commit_load(offsets_cluster):
+    """Thousands of commits of the same few (group, partition) keys: the cleaner keeps
+    __consumer_offsets to about one record per key (plus the segments it may not clean yet)."""
+    cluster = offsets_cluster
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        admin.create_topics([NewTopic("events", 4, 1)], timeout_ms=30000)
+        wait_topic_ready(cluster, "events", 4, 1)
+        tps = [TopicPartition("events", p) for p in range(4)]
+        commits = 600
+        for n in range(commits):
+            admin.alter_group_offsets(f"group-{n % 3}", {tp: n for tp in tps})
+        written = commits * len(tps) * 60  # at least ~60 bytes a committed offset record
+        assert offsets_partition_bytes(cluster) is not None
+        bound = 6 * OFFSETS_SEGMENT_BYTES  # a few segments: the active one, the uncleaned, the cleaned
+        wait_until(lambda: (offsets_partition_bytes(cluster) or written) <= bound, 60,
+                   f"__consumer_offsets-0 compacted below {bound} bytes ({written} bytes were committed)")
+        for g in range(3):  # the last commit of each group survived
+            committed = admin.list_group_offsets(f"group-{g}", tps)
+            last = max(n for n in range(commits) if n % 3 == g)
+            assert {o.partition: o.committed for o in committed} == {tp: last for tp in tps}
