@@ -345,3 +345,46 @@ def test_groups_cli(cluster, capsys):
     assert rc == 0 and "successful" in out
     rc, out, err = tidelog("groups", "describe", "--group", group)
     assert rc == 1 and "does not exist" in err
+
+
+# -- the delivery semantics examples (docs/delivery-semantics.md) -------------------------------
+
+
+def run_example(name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / name), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("example", ["at_most_once.py", "at_least_once.py"])
+def test_delivery_examples_consume_everything_once_and_commit(cluster, example):
+    topic = example.removesuffix(".py").replace("_", "-")
+    ends = create_topic(cluster, topic, 3, records=60)
+    common = ("--bootstrap", cluster.bootstrap, "--topic", topic, "--group", topic, "--idle-ms", "3000")
+    r = run_example(example, *common)
+    assert r.returncode == 0, r.stderr
+    seen = sorted(line.split(":")[0] for line in r.stdout.splitlines())
+    assert seen == sorted(f"{tp.topic}-{tp.partition}@{o}" for tp, end in ends.items() for o in range(end))
+    with Admin(cluster.bootstrap) as admin:
+        assert {o.partition: o.committed for o in admin.list_group_offsets(topic)} == ends
+    r = run_example(example, *common)  # a second run of the group finds nothing left
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+
+
+def test_exactly_once_example_survives_a_crash_between_store_and_commit(cluster, tmp_path):
+    import sqlite3
+
+    topic = "exactly-once"
+    ends = create_topic(cluster, topic, 3, records=300)
+    db = tmp_path / "events.sqlite"
+    args = ("--bootstrap", cluster.bootstrap, "--topic", topic, "--group", "loader", "--db", str(db),
+            "--idle-ms", "3000", "--session-timeout-ms", "3000")
+    crashed = run_example("exactly_once_sqlite.py", *args, "--crash-after", "100")
+    assert crashed.returncode == 17, crashed.stderr
+    done = run_example("exactly_once_sqlite.py", *args)
+    assert done.returncode == 0 and "300 events stored" in done.stdout, done.stderr
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT topic, partition, offset FROM events").fetchall()
+        positions = dict(((t, p), o) for t, p, o in conn.execute("SELECT * FROM positions"))
+    assert sorted(rows) == sorted((tp.topic, tp.partition, o) for tp, end in ends.items() for o in range(end))
+    assert positions == {(tp.topic, tp.partition): end for tp, end in ends.items()}
