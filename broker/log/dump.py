@@ -13,6 +13,9 @@ What is read (the formats are in ``protocol.records``, ``broker.log.segment`` an
 * ``<base>.index`` (8-byte entries: uint32 relative offset, uint32 position) and
   ``<base>.timeindex`` (12-byte entries: int64 timestamp, uint32 relative offset) are decoded
   directly, not through the index classes, so a damaged file is shown as it is.
+* ``<offset>.snapshot``: an idempotent producer state snapshot (``broker.log.producer_state``),
+  one ``producerId: ...`` line per producer and its last batches; a snapshot that does not
+  decode (CRC, format) is a problem line.
 
 Problems are ``Problem`` lines (``ERROR: ...``). Damage to the bytes (a torn or corrupt tail,
 a batch failing validation, an index file that is not whole entries) is always reported.
@@ -52,6 +55,7 @@ from protocol.records import (
     TimestampType, compute_crc, iter_records, read_header, validate_batch,
 )
 
+from broker.log.producer_state import MAX_SNAPSHOT_BYTES, decode_snapshot
 from broker.log.segment import (
     INDEX_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, TIME_INDEX_SUFFIX, filename_prefix,
 )
@@ -64,7 +68,8 @@ READ_CHUNK_BYTES = 1 << 20
 _ENTRY_CHUNK_BYTES = 24 << 12  # a multiple of both entry sizes
 _INT64_MAX = 2**63 - 1
 # ASCII digits only: str.isdigit (used by parse_base_offset) also accepts other scripts' digits
-SEGMENT_FILE_NAME = re.compile(r"([0-9]{20})(\.log|\.index|\.timeindex)", re.ASCII)
+SEGMENT_FILE_NAME = re.compile(r"([0-9]{20})(\.log|\.index|\.timeindex|\.snapshot)", re.ASCII)
+SNAPSHOT_SUFFIX = ".snapshot"
 
 ReadAt = Callable[[int, int], bytes]  # (position, length) -> up to length bytes
 
@@ -548,8 +553,8 @@ def segment_file(path: str) -> tuple[int, str]:
     m = SEGMENT_FILE_NAME.fullmatch(os.path.basename(path))
     if m is None:
         raise DumpUsageError(
-            f"{path}: not a segment file name: expected a 20-digit base offset and .log, .index "
-            "or .timeindex, like 00000000000000000000.log")
+            f"{path}: not a segment file name: expected a 20-digit base offset and .log, .index, "
+            ".timeindex or .snapshot, like 00000000000000000000.log")
     return int(m.group(1)), m.group(2)
 
 
@@ -583,10 +588,27 @@ def _dump_open_file(f: BinaryIO, path: str, base_offset: int, suffix: str, verif
         try:
             if suffix == LOG_SUFFIX:
                 yield from _dump_log_file(f, path, base_offset, verify, print_data, also_named)
+            elif suffix == SNAPSHOT_SUFFIX:
+                yield from dump_producer_snapshot(f.read(MAX_SNAPSHOT_BYTES + 1))
             else:
                 yield from _dump_index_file(f, path, base_offset, suffix, verify)
         except OSError as e:
             yield Problem(f"cannot read {e.filename or path}: {e.strerror or e}")
+
+
+def dump_producer_snapshot(data: bytes) -> Iterator[str]:
+    """Lines for a producer state snapshot, like kafka-dump-log's for ``.snapshot`` files."""
+    try:
+        offset, entries = decode_snapshot(data)
+    except ValueError as e:
+        yield Problem(f"not a readable producer state snapshot: {e}")
+        return
+    yield f"Producer state as of offset {offset}: {len(entries)} producers"
+    for e in entries:
+        for b in e.batches:
+            yield (f"producerId: {e.producer_id} producerEpoch: {e.producer_epoch} "
+                   f"firstSequence: {b.first_seq} lastSequence: {b.last_seq} "
+                   f"firstOffset: {b.first_offset} lastOffset: {b.last_offset} lastTimestamp: {b.max_timestamp}")
 
 
 def _dump_log_file(f: BinaryIO, path: str, base_offset: int, verify: bool, print_data: bool,

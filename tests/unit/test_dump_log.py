@@ -514,3 +514,28 @@ def test_damaged_real_segments_never_raise(tmp_path_factory, data):
     victim.write_bytes(bytes(raw[:cut]))
     code, _ = _run_quietly("--verify", "--print-data", *sorted(directory.glob("0*")))
     assert code in (0, 1)
+
+
+# -- producer state snapshots ---------------------------------------------------------------
+
+
+def test_a_producer_snapshot_shows_each_producer_and_a_damaged_one_is_an_error(capsys, tmp_path):
+    from broker.log.producer_state import BatchMetadata, ProducerStateEntry, encode_snapshot
+
+    entries = [ProducerStateEntry(7, 1, [BatchMetadata(0, 4, 10, 14, 1700), BatchMetadata(5, 9, 20, 24, 1800)]),
+               ProducerStateEntry(9, 0, [BatchMetadata(0, 0, 30, 30, 1900)])]
+    good = tmp_path / "00000000000000000031.snapshot"
+    good.write_bytes(encode_snapshot(31, entries))
+    code, out, err = dump(capsys, good)
+    assert (code, err, errors(out)) == (0, "", [])
+    assert "Producer state as of offset 31: 2 producers" in out
+    assert ("producerId: 7 producerEpoch: 1 firstSequence: 5 lastSequence: 9 firstOffset: 20 "
+            "lastOffset: 24 lastTimestamp: 1800") in out
+    assert "producerId: 9 producerEpoch: 0 firstSequence: 0" in out
+
+    bad = tmp_path / "00000000000000000032.snapshot"
+    data = bytearray(good.read_bytes())
+    data[-1] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    code, out, err = dump(capsys, bad)
+    assert [e for e in errors(out) if "CRC mismatch" in e], out
