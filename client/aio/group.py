@@ -387,6 +387,8 @@ class ConsumerCoordinator:
         await self._invoke_completed_commits()
         if self.is_managed:
             self._maybe_refresh_pattern()
+            if self.pattern is not None and self._pattern_refreshed == -float("inf"):
+                return  # join once the pattern has been matched against the cluster's topics
             self._check_metadata_changes()
             if not await self.ensure_coordinator(deadline):
                 return
@@ -500,7 +502,8 @@ class ConsumerCoordinator:
                 await self._call_listener("on_partitions_revoked", done.revoked)
         finally:
             self.subscriptions.assign(done.assignment, need_committed=True)
-            self.cluster.set_topics(self.subscribed_topics | {tp.topic for tp in done.assignment})
+            watched = set(self._assignment_snapshot or ())  # the leader watches every member's topics
+            self.cluster.set_topics(self.subscribed_topics | watched | {tp.topic for tp in done.assignment})
             self._wake_fetcher()
             if done.rejoin:
                 self.request_rejoin("partitions were revoked for the cooperative handover")
@@ -758,9 +761,10 @@ class ConsumerCoordinator:
         elif action == RESET_MEMBER:
             self.reset_generation(f"heartbeat: {for_code(r.error_code).name}")
         elif action == FATAL:
-            log.error("group %r: heartbeat failed: %s", self.group_id,
-                      broker_error(r.error_code, f"group {self.group_id!r}", r.error_message))
+            error = broker_error(r.error_code, f"group {self.group_id!r} (Heartbeat)", r.error_message)
+            log.error("group %r: heartbeat failed: %s", self.group_id, error)
             self.reset_generation(f"heartbeat: {for_code(r.error_code).name}")
+            self._fatal = error  # raised by the next poll (e.g. FENCED_INSTANCE_ID)
 
     async def _leave_for_poll_timeout(self) -> None:
         log.warning("group %r: consumer poll timeout has expired: the time between calls to poll() "

@@ -285,6 +285,39 @@ def test_restarted_static_member_rejoins_without_a_rebalance(cluster):
             assert b_events.events[b_before:] == []  # b never saw a rebalance
 
 
+def test_cooperative_sticky_moves_only_the_partitions_that_change_owner(cluster):
+    topic, group = "coop", "coop-group"
+    create_topic(cluster, topic, 4, records=40)
+    strategy = {"partition_assignment_strategy": ["cooperative-sticky"]}
+    a, a_events = group_consumer(cluster, group, **strategy)
+    b, b_events = group_consumer(cluster, group, **strategy)
+    with a, b:
+        a.subscribe([topic], listener=a_events)
+        poll_until([a], lambda: len(a.assignment()) == 4, 60, "a owns all four partitions")
+        b.subscribe([topic], listener=b_events)
+        poll_until([a, b], lambda: len(a.assignment()) == 2 and len(b.assignment()) == 2, 60, "two each")
+        moved = b.assignment()
+        revoked = set().union(*(tps for kind, tps in a_events.events if kind == "revoked"))
+        assert revoked == moved  # a kept consuming the other two through both rebalances
+        assert [tps for kind, tps in a_events.events if kind == "assigned"][1:] == \
+            [set()] * (sum(kind == "assigned" for kind, _ in a_events.events) - 1)
+        assert not any(kind == "lost" for kind, _ in a_events.events)
+
+
+def test_pattern_subscription_picks_up_new_matching_topics(cluster):
+    group = "pattern-group"
+    create_topic(cluster, "pat-1", 1)
+    create_topic(cluster, "unmatched-pat", 1)
+    consumer, events = group_consumer(cluster, group, metadata_max_age_ms=500)
+    with consumer:
+        consumer.subscribe(pattern=r"pat-\d+", listener=events)
+        poll_until([consumer], lambda: consumer.assignment() == {TopicPartition("pat-1", 0)}, 60, "pat-1")
+        create_topic(cluster, "pat-2", 2)
+        poll_until([consumer], lambda: consumer.assignment() == {TopicPartition("pat-1", 0), TopicPartition("pat-2", 0),
+                                                                  TopicPartition("pat-2", 1)}, 60, "pat-2 added")
+        assert consumer.subscription() == {"pat-1", "pat-2"}
+
+
 def test_groups_cli(cluster, capsys):
     topic, group = "cli-groups", "cli-group"
     ends = create_topic(cluster, topic, 3, records=30)
