@@ -127,6 +127,8 @@ def producer_options(args) -> dict:
         options["max_request_size"] = max(1 << 20, args.batch_size + 1024)
     if args.buffer_memory is not None:
         options["buffer_memory"] = args.buffer_memory
+    if args.idempotence != "default":
+        options["enable_idempotence"] = args.idempotence == "on"
     return options
 
 
@@ -354,6 +356,8 @@ def main() -> None:
     ap.add_argument("--replication-factor", type=int, default=1)
     ap.add_argument("--min-isr", type=int, default=1, help="the topic's min.insync.replicas")
     ap.add_argument("--acks", default="1", help="1, 0 or all")
+    ap.add_argument("--idempotence", choices=["default", "on", "off"], default="default",
+                    help="enable_idempotence (default: the producer's, on with acks=all)")
     ap.add_argument("--consumer-process", action="store_true",
                     help="e2e: the consumer in a process of its own (the producer stays in this one)")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
