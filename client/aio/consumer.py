@@ -424,6 +424,7 @@ class AsyncConsumer(RunsInOwnNursery):
             self._coordinator = ConsumerCoordinator(self._cluster, config, self._subscriptions,
                                                     lambda fn, *a: self.invoke_callback(fn, *a),
                                                     lambda: self._wake.set())
+            self._coordinator.wake_poll = self._signal_data
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -717,6 +718,9 @@ class AsyncConsumer(RunsInOwnNursery):
                 return records
             if trio.current_time() >= deadline or self._closed:
                 return []
+            if self._coordinator is not None and self._coordinator.poll_step_due():
+                await self._coordinator.poll(deadline)  # a rebalance to run or to finish
+                continue
             data = self._data
             with trio.move_on_at(deadline):
                 await data.wait()

@@ -375,6 +375,18 @@ class ConsumerCoordinator:
             log.info("group %r: rejoining (%s)", self.group_id, reason)
         self.rejoin_needed = True
         self.rejoin_reason = reason
+        self.wake_poll()
+
+    def wake_poll(self) -> None:
+        """Replaced by the consumer: wakes a poll waiting for records (group work to do)."""
+
+    def poll_step_due(self) -> bool:
+        """Whether a poll waiting for records should run the group step again now: a join
+        finished, or a rejoin is wanted and can start (the coordinator is known)."""
+        if self._join_done is not None:
+            return self._join_done.is_set()
+        return self.is_managed and self.rejoin_needed and self.coordinator_id is not None and (
+            self.pattern is None or self._pattern_refreshed != -float("inf"))
 
     # -- the poll step --------------------------------------------------------------------------
 
@@ -529,6 +541,7 @@ class ConsumerCoordinator:
         finally:
             self._join_scope = None
             done.set()
+            self.wake_poll()
 
     async def _join_and_sync(self) -> JoinResult:
         """JoinGroup then SyncGroup until the member has an assignment; retriable failures
