@@ -318,6 +318,45 @@ def test_pattern_subscription_picks_up_new_matching_topics(cluster):
         assert consumer.subscription() == {"pat-1", "pat-2"}
 
 
+async def test_async_consumer_group_with_async_listener_commit_async_and_committed(cluster):
+    import trio
+
+    from client.aio import AsyncConsumer
+
+    topic, group = "async-group", "async-group"
+    ends = create_topic(cluster, topic, 2, records=20)
+    calls: list = []
+
+    class AsyncListener(ConsumerRebalanceListener):
+        async def on_partitions_assigned(self, assigned):
+            await trio.sleep(0)
+            calls.append(("assigned", set(assigned)))
+
+        async def on_partitions_revoked(self, revoked):
+            calls.append(("revoked", set(revoked)))
+
+    async with AsyncConsumer(cluster.bootstrap, group_id=group, auto_offset_reset="earliest",
+                             enable_auto_commit=False, **FAST_MEMBER) as consumer:
+        consumer.subscribe([topic], listener=AsyncListener())
+        seen = 0
+        with trio.fail_after(60):
+            while seen < 20:
+                seen += len(await consumer.poll(timeout_ms=500))
+        assert calls == [("assigned", set(ends))]
+        done: list = []
+        consumer.commit_async(callback=lambda offsets, error: done.append((offsets, error)))
+        with trio.fail_after(30):
+            while not done:
+                await consumer.poll(timeout_ms=100)  # the callback runs in a later poll
+        assert done == [(ends, None)]
+        assert await consumer.committed(list(ends)) == ends
+        assert await consumer.committed(TopicPartition(topic, 0)) == ends[TopicPartition(topic, 0)]
+        await consumer.commit({TopicPartition(topic, 0): 3})  # explicit: may move back
+        assert await consumer.committed(TopicPartition(topic, 0)) == 3
+        await consumer.unsubscribe()
+        assert calls[-1] == ("revoked", set(ends)) and consumer.assignment() == set()
+
+
 def test_groups_cli(cluster, capsys):
     topic, group = "cli-groups", "cli-group"
     ends = create_topic(cluster, topic, 3, records=30)
