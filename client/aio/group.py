@@ -87,7 +87,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ConsumerRebalanceListener", "MemberState", "Generation", "HeartbeatTimer",
            "ConsumerCoordinator", "prepare_join", "complete_join", "auto_commit_offsets",
-           "matching_topics", "JOIN_ACTIONS", "SYNC_ACTIONS", "HEARTBEAT_ACTIONS",
+           "matching_topics", "not_superseded", "JOIN_ACTIONS", "SYNC_ACTIONS", "HEARTBEAT_ACTIONS",
            "COMMIT_ACTIONS", "COORDINATOR_ID_BASE", "commit_failed_message"]
 
 log = logging.getLogger(__name__)
@@ -255,6 +255,14 @@ def auto_commit_offsets(positions: Mapping[TopicPartition, int],
     """The consumed positions an automatic commit sends: only those past the last committed
     offset (an automatic commit never moves a committed offset back)."""
     return {tp: pos for tp, pos in positions.items() if pos > committed.get(tp, -1)}
+
+
+def not_superseded(offsets: Mapping[TopicPartition, int], seq: int,
+                   sent_seq: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """The offsets of commit number ``seq`` still worth sending: a partition whose offset from
+    a later commit (higher seq) was already stored is left out, so commits that reach the lock
+    out of order never move a committed offset back."""
+    return {tp: o for tp, o in offsets.items() if sent_seq.get(tp, 0) < seq}
 
 
 def matching_topics(pattern: re.Pattern[str], metadata: ClusterMetadata,
@@ -857,7 +865,7 @@ class ConsumerCoordinator:
         seq = self._commit_seq
         generation = self._commit_generation()
         async with self._commit_lock:
-            fresh = {tp: o for tp, o in offsets.items() if self._sent_seq.get(tp, 0) < seq}
+            fresh = not_superseded(offsets, seq, self._sent_seq)
             if not fresh:
                 return
             await self._commit_with_retries(fresh, generation, deadline)

@@ -13,7 +13,7 @@ from client.aio.consumer import ConsumerConfig, SubscriptionState
 from client.aio.group import (COMMIT_ACTIONS, FATAL, HEARTBEAT_ACTIONS, JOIN_ACTIONS, OK, REDISCOVER,
                               REJOIN, RESET_MEMBER, RETRY, SYNC_ACTIONS, TAKE_MEMBER_ID, HeartbeatTimer,
                               action_for, auto_commit_offsets, commit_failed_message, complete_join,
-                              matching_topics, prepare_join)
+                              matching_topics, not_superseded, prepare_join)
 from protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID,
                              GROUP_AUTHORIZATION_FAILED, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL,
                              MEMBER_ID_REQUIRED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS,
@@ -135,3 +135,12 @@ def test_group_assignment_awaits_committed_offsets():
 def test_group_options_are_checked(options, problem):
     with pytest.raises(ValueError, match=problem):
         ConsumerConfig(**options)
+
+
+def test_commits_reaching_the_lock_out_of_order_never_move_back():
+    sent = {}
+    later = {A0: 10, A1: 7}
+    assert not_superseded(later, 2, sent) == later
+    sent.update(dict.fromkeys(later, 2))
+    assert not_superseded({A0: 5, B0: 3}, 1, sent) == {B0: 3}  # the older commit's A0 is stale
+    assert not_superseded({A0: 4}, 3, sent) == {A0: 4}  # a newer explicit commit may move back

@@ -1,0 +1,73 @@
+"""The blocking Consumer's bridge for group callbacks (no cluster needed): listener and
+commit callbacks handed over by the Trio core run on the thread that made the call, their
+results and exceptions travel back, and the call's own timeout does not count their time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from client import Consumer, RequestTimedOut
+
+pytestmark = pytest.mark.component
+
+NOWHERE = "127.0.0.1:9"  # nothing is contacted: no request is made in these tests
+
+
+def test_callbacks_run_on_the_calling_thread_and_return_their_result():
+    with Consumer(NOWHERE, group_id="g") as consumer:
+        async def work():
+            first = await consumer._aio.invoke_callback(lambda x: (threading.current_thread().name, x), 5)
+            second = await consumer._aio.invoke_callback(lambda: "again")
+            return first, second
+
+        assert consumer._serve(work, timeout=5) == ((threading.current_thread().name, 5), "again")
+
+
+def test_a_callback_exception_reaches_the_trio_side_and_the_caller():
+    with Consumer(NOWHERE, group_id="g") as consumer:
+        def boom():
+            raise ValueError("listener failed")
+
+        async def work():
+            try:
+                await consumer._aio.invoke_callback(boom)
+            except ValueError as e:
+                return f"seen on the loop: {e}"
+
+        assert consumer._serve(work, timeout=5) == "seen on the loop: listener failed"
+
+
+def test_time_spent_in_callbacks_does_not_count_against_the_timeout():
+    with Consumer(NOWHERE, group_id="g") as consumer:
+        async def work():
+            await consumer._aio.invoke_callback(time.sleep, 0.6)
+            return "done"
+
+        assert consumer._serve(work, timeout=0.3) == "done"
+
+
+def test_a_call_that_does_not_finish_times_out():
+    import trio
+
+    with Consumer(NOWHERE, group_id="g") as consumer:
+        async def hang():
+            await trio.sleep_forever()
+
+        with pytest.raises(RequestTimedOut):
+            consumer._serve(hang, timeout=0.2)
+
+
+def test_group_calls_need_a_group_and_validate():
+    with Consumer(NOWHERE) as consumer:
+        with pytest.raises(ValueError, match="needs a consumer group"):
+            consumer.subscribe(["t"])
+    with Consumer(NOWHERE, group_id="g") as consumer:
+        with pytest.raises(ValueError, match="exactly one"):
+            consumer.subscribe(["t"], pattern="t.*")
+        consumer.subscribe("t")
+        assert consumer.subscription() == {"t"}
+        with pytest.raises(ValueError, match="mutually exclusive"):
+            consumer.assign([("t", 0)])
