@@ -357,6 +357,60 @@ async def test_async_consumer_group_with_async_listener_commit_async_and_committ
         assert calls[-1] == ("revoked", set(ends)) and consumer.assignment() == set()
 
 
+@pytest.fixture
+def own_cluster(request, tmp_path_factory):
+    """A cluster of the test's own (for a test that kills a broker)."""
+    yield from cluster_fixture(request, tmp_path_factory.mktemp("groups-own"), 3, GROUP_CONFIG)
+
+
+def test_members_follow_the_coordinator_when_its_broker_is_killed(own_cluster):
+    cluster, topic, group = own_cluster, "coordinator-moves", "mover-group"
+    before = create_topic(cluster, topic, 2, records=20)
+    options = {"session_timeout_ms": 12000, "heartbeat_interval_ms": 500, "request_timeout_ms": 5000}
+    a, _ = group_consumer(cluster, group, enable_auto_commit=False, **options)
+    b, _ = group_consumer(cluster, group, enable_auto_commit=False, **options)
+    consumed: dict[TopicPartition, set[int]] = {}
+
+    def drain(consumer):
+        for r in consumer.poll(timeout_ms=100):
+            consumed.setdefault(TopicPartition(r.topic, r.partition), set()).add(r.offset)
+        try:
+            consumer.commit()
+        except TidelogError:
+            pass  # the coordinator is moving: the next commit covers it
+
+    with a, b:
+        a.subscribe([topic])
+        b.subscribe([topic])
+        poll_until([a, b], lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, 60, "one partition each")
+        with Admin(cluster.bootstrap) as admin:
+            (description,) = admin.describe_groups([group])
+        cluster.brokers[description.coordinator].kill()
+        with Producer(cluster.bootstrap, linger_ms=5) as producer:
+            for i in range(20):
+                producer.send(topic, b"after-%d" % i, key=b"k%d" % i)
+            producer.flush(60)
+        with Consumer(cluster.bootstrap) as c:
+            ends = c.end_offsets([TopicPartition(topic, p) for p in range(2)], timeout_ms=30000)
+
+        def all_committed():
+            for c in (a, b):
+                drain(c)
+            with Admin(cluster.bootstrap, default_api_timeout_ms=5000) as admin:
+                try:
+                    return {o.partition: o.committed for o in admin.list_group_offsets(group)} == ends
+                except TidelogError:
+                    return False
+
+        wait_until(all_committed, 90, "every record consumed and committed through the new coordinator",
+                   interval=0.1)
+        with Admin(cluster.bootstrap) as admin:
+            (after,) = admin.describe_groups([group])
+        assert after.coordinator != description.coordinator and len(after.members) == 2
+    for tp, end in ends.items():  # what was produced after the kill was all consumed
+        assert consumed.get(tp, set()) >= set(range(before[tp], end))
+
+
 def test_groups_cli(cluster, capsys):
     topic, group = "cli-groups", "cli-group"
     ends = create_topic(cluster, topic, 3, records=30)
