@@ -12,6 +12,14 @@ All work happens in one task that drains one event channel (ZooKeeper watches on
 API calls such as CreateTopics are enqueued as closures), so the controller's view of the
 cluster (``ControllerContext``) is never touched concurrently.
 
+Leaders write their own ISR changes to the same state znodes, so the controller's copy of a
+state can be stale when it writes (a leader shrank or expanded its ISR and the notification
+has not been handled yet). Every partition-state change is therefore a decision on the
+current state (``_update_state``): on a version conflict the state is read again and the
+decision made again, as Kafka's controller retries the partitions whose update hit BADVERSION.
+A conflict never aborts the rest of the work (the other partitions, the LeaderAndIsr and
+metadata that follow).
+
 Events and what they do:
 
 * controller znode changed: try to become controller; on success, *failover*: read brokers,
@@ -41,7 +49,7 @@ from broker.controller.election import (
     Election, controlled_shutdown_leader, offline_partition_leader, preferred_replica_leader, remove_from_isr,
 )
 from broker.coordination import layout
-from broker.coordination.layout import BrokerInfo, LeaderAndIsr
+from broker.coordination.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
 from broker.log.config import InvalidConfigError, LogConfig
 from protocol.errors import (
     ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE, INVALID_CONFIG, INVALID_PARTITIONS, INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR,
@@ -54,6 +62,10 @@ from protocol.messages import (
 from protocol.topics import TopicPartition, validate_topic_name
 
 logger = logging.getLogger("tidelog.controller")
+
+# how often one partition-state change is decided again after a version conflict before the
+# controller gives up on it (each conflict is a leader's ISR write, which takes a round trip)
+STATE_UPDATE_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -284,38 +296,57 @@ class Controller:
         return created
 
     async def _elect_offline(self, tps: list[TopicPartition]) -> None:
-        ctx, changed = self.ctx, []
+        changed = []
         for tp in tps:
-            st, _ = ctx.states[tp]
-            if st.leader in ctx.live:
-                continue
-            unclean = self.config.unclean_leader_election or \
-                ctx.topic_configs.get(tp.topic, {}).get("unclean.leader.election.enable") == "true"
-            election = offline_partition_leader(self._replicas(tp), st.isr, ctx.live, unclean)
-            if election is None:
-                if st.leader != -1:
-                    await self._write_state(tp, -1, [r for r in st.isr if r in ctx.live] or [st.leader])
-                    changed.append(tp)
-                logger.error("%s has no live in-sync replica (ISR %s): offline", tp, st.isr)
-                continue
-            if election.unclean:
-                logger.error("%s: unclean leader election of broker %d (ISR was %s): "
-                             "acknowledged records may be lost", tp, election.leader, st.isr)
-            await self._write_state(tp, election.leader, election.isr)
-            changed.append(tp)
+            if await self._update_state(tp, lambda st, tp=tp: self._offline_election(tp, st)):
+                changed.append(tp)
         self._propagate(changed)
+
+    def _offline_election(self, tp: TopicPartition, st: LeaderAndIsr) -> tuple[int, list[int]] | None:
+        """The new (leader, ISR) of ``tp`` if its leader is not live, else None."""
+        ctx = self.ctx
+        if st.leader in ctx.live:
+            return None
+        unclean = self.config.unclean_leader_election or \
+            ctx.topic_configs.get(tp.topic, {}).get("unclean.leader.election.enable") == "true"
+        election = offline_partition_leader(self._replicas(tp), st.isr, ctx.live, unclean)
+        if election is None:
+            logger.error("%s has no live in-sync replica (ISR %s): offline", tp, st.isr)
+            return None if st.leader == -1 else (-1, [r for r in st.isr if r in ctx.live] or [st.leader])
+        if election.unclean:
+            logger.error("%s: unclean leader election of broker %d (ISR was %s): "
+                         "acknowledged records may be lost", tp, election.leader, st.isr)
+        return election.leader, election.isr
 
     async def _shrink_isr(self, tps: list[TopicPartition], gone: set[int]) -> None:
         changed = []
         for tp in tps:
-            st, _ = self.ctx.states[tp]
-            leader, isr = remove_from_isr(st.leader, st.isr, gone)
-            if tuple(isr) != st.isr:  # st.isr is a tuple: a list never compares equal to it
-                # as Kafka: an ISR never becomes empty; its last member stays, so that only it
-                # (or an unclean election) can bring the partition back
-                await self._write_state(tp, leader, isr or list(st.isr[-1:]))
+            if await self._update_state(tp, lambda st: _without(st, gone)):
                 changed.append(tp)
         self._propagate(changed)
+
+    async def _update_state(self, tp: TopicPartition,
+                            decide: Callable[[LeaderAndIsr], tuple[int, list[int]] | None]) -> bool:
+        """Write the (leader, ISR) that ``decide`` makes of ``tp``'s current state (nothing if
+        it returns None); True if written. On a version conflict (a leader changed its ISR
+        since the state was read) the state is read again and ``decide`` asked again."""
+        for _ in range(STATE_UPDATE_ATTEMPTS):
+            decision = decide(self.ctx.states[tp][0])
+            if decision is None:
+                return False
+            try:
+                await self._write_state(tp, *decision)
+                return True
+            except ZkVersionConflict:
+                fresh = await self.zk.get_partition_state(tp.topic, tp.partition)
+                if fresh is None:
+                    return False
+                logger.info("%s: state changed since it was read (now %s, version %d): deciding again",
+                            tp, fresh[0], fresh[1])
+                self.ctx.states[tp] = fresh
+        logger.error("%s: state changed under the controller %d times in a row: left as it is",
+                     tp, STATE_UPDATE_ATTEMPTS)
+        return False
 
     async def _write_state(self, tp: TopicPartition, leader: int, isr: list[int]) -> None:
         ctx = self.ctx
@@ -555,18 +586,21 @@ class Controller:
             return [], []
         ctx.shutting_down.add(broker_id)
         moved, remaining = [], []
-        for tp, (st, _) in list(ctx.states.items()):
+
+        def decide(tp: TopicPartition, st: LeaderAndIsr) -> tuple[int, list[int]] | None:
             if st.leader == broker_id:
                 election = controlled_shutdown_leader(self._replicas(tp), st.isr, set(ctx.brokers),
                                                       ctx.shutting_down)
-                if election is None:
-                    remaining.append(tp)
-                    continue
-                await self._write_state(tp, election.leader, election.isr)
+                return None if election is None else (election.leader, election.isr)
+            if broker_id in st.isr and len(st.isr) > 1:
+                return st.leader, [r for r in st.isr if r != broker_id]
+            return None
+
+        for tp in list(ctx.states):
+            if await self._update_state(tp, lambda st, tp=tp: decide(tp, st)):
                 moved.append(tp)
-            elif broker_id in st.isr and len(st.isr) > 1:
-                await self._write_state(tp, st.leader, [r for r in st.isr if r != broker_id])
-                moved.append(tp)
+            elif ctx.states[tp][0].leader == broker_id:
+                remaining.append(tp)
         followed = [StopReplicaPartition(tp.topic, tp.partition, st.leader_epoch, False)
                     for tp, (st, _) in ctx.states.items()
                     if st.leader != broker_id and broker_id in self._replicas(tp)]
@@ -600,7 +634,10 @@ class Controller:
                                 f"preferred replica {replicas[0] if replicas else None} of {tp} is not live "
                                 f"and in the ISR {st.isr}"))
                 continue
-            await self._write_state(tp, election.leader, election.isr)
+            if not await self._update_state(tp, lambda st, tp=tp, replicas=replicas: _preferred(replicas, st, ctx.live)):
+                results.append((tp, PREFERRED_LEADER_NOT_AVAILABLE.code,
+                                f"the state of {tp} changed during the election: {ctx.states[tp][0]}"))
+                continue
             changed.append(tp)
             results.append((tp, NONE.code, None))
         waits = self._propagate(changed)
@@ -631,6 +668,24 @@ class Controller:
         "delete_topics": _on_delete_topics,
         "isr_change": _on_isr_change,
     }
+
+
+def _without(st: LeaderAndIsr, gone: set[int]) -> tuple[int, list[int]] | None:
+    """``st`` with the ``gone`` brokers out of its ISR, or None if none of them is in it. As
+    Kafka: an ISR never becomes empty; its last member stays, so that only it (or an unclean
+    election) can bring the partition back."""
+    leader, isr = remove_from_isr(st.leader, st.isr, gone)
+    if tuple(isr) == tuple(st.isr):
+        return None
+    return leader, isr or list(st.isr[-1:])
+
+
+def _preferred(replicas: list[int], st: LeaderAndIsr, live: set[int]) -> tuple[int, list[int]] | None:
+    """The preferred replica as leader of ``st``, if it is live, in the ISR and not leading."""
+    if replicas and st.leader == replicas[0]:
+        return None
+    election = preferred_replica_leader(replicas, st.isr, live)
+    return None if election is None else (election.leader, election.isr)
 
 
 def _check_assignment(assignment: dict[int, list[int]], known: set[int]) -> None:
