@@ -151,6 +151,7 @@ class AsyncAdmin(RunsInOwnNursery):
         self._nursery: trio.Nursery | None = None
         self._started = False
         self._stopped = trio.Event()
+        self._coordinators: dict[str, int] = {}  # group id -> coordinator node, until it moves
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -511,8 +512,18 @@ class AsyncAdmin(RunsInOwnNursery):
 
         async def attempt() -> Any:
             nonlocal node
-            node = await self._find_coordinator(group_id, deadline)
-            return await self._cluster.request(node, request, api_key=api_key, timeout=self._request_s(deadline))
+            node = self._coordinators.get(group_id)
+            if node is None:
+                node = self._coordinators[group_id] = await self._find_coordinator(group_id, deadline)
+            try:
+                response = await self._cluster.request(node, request, api_key=api_key,
+                                                       timeout=self._request_s(deadline))
+            except (BrokerConnectionError, RequestTimedOut):
+                self._coordinators.pop(group_id, None)
+                raise
+            if code_of(response) in _COORDINATOR_RETRY:
+                self._coordinators.pop(group_id, None)  # look it up again
+            return response
 
         response = await self._retry_coordinator_codes(attempt, code_of, deadline,
                                                        f"{api_key.name} for group {group_id!r}")
