@@ -101,15 +101,21 @@ def _client_options(p: argparse.ArgumentParser) -> None:
                    help="fail if no broker answers within this long (default 5000)")
 
 
-def _topics_arguments(p: argparse.ArgumentParser) -> None:
+def _admin_actions(p: argparse.ArgumentParser) -> Callable[[str, str], argparse.ArgumentParser]:
+    """A function adding one ACTION subcommand with the client options and ``--timeout-ms``."""
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def action(name: str, help: str) -> argparse.ArgumentParser:
         a = sub.add_parser(name, help=help, description=help)
         _client_options(a)
         a.add_argument("--timeout-ms", type=int, default=30000, metavar="MS",
-                       help="bound on the admin request (default 30000)")
+                       help="bound on the admin requests (default 30000)")
         return a
+    return action
+
+
+def _topics_arguments(p: argparse.ArgumentParser) -> None:
+    action = _admin_actions(p)
 
     a = action("create", "create a topic")
     a.add_argument("name")
@@ -186,14 +192,7 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def _groups_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    def action(name: str, help: str) -> argparse.ArgumentParser:
-        a = sub.add_parser(name, help=help, description=help)
-        _client_options(a)
-        a.add_argument("--timeout-ms", type=int, default=30000, metavar="MS",
-                       help="bound on the admin requests (default 30000)")
-        return a
+    action = _admin_actions(p)
 
     action("list", "list the consumer groups, one per line")
     a = action("describe", "per partition: GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG "

@@ -32,7 +32,7 @@ import trio
 
 from client.aio._lifecycle import RunsInOwnNursery
 from client.aio.assignors import PROTOCOL_TYPE, decode_assignment
-from client.aio.cluster import Backoff, Cluster, PartitionInfo
+from client.aio.cluster import Backoff, Cluster, PartitionInfo, absorb_list_offsets
 from client.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
 from protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND,
                              ILLEGAL_GENERATION, NON_EMPTY_GROUP, NONE, NOT_CONTROLLER, NOT_COORDINATOR,
@@ -480,18 +480,7 @@ class AsyncAdmin(RunsInOwnNursery):
             except (BrokerConnectionError, RequestTimedOut) as e:
                 last = e
                 continue
-            for t in r.topics:
-                for p in t.partitions:
-                    tp = TopicPartition(t.name, p.partition_index)
-                    if tp not in remaining:
-                        continue
-                    if p.error_code == NONE.code:
-                        found[tp] = (p.offset, p.timestamp)
-                        del remaining[tp]
-                    elif for_code(p.error_code).retriable:
-                        last = broker_error(p.error_code, f"partition {tp}", p.error_message)
-                    else:
-                        raise broker_error(p.error_code, f"partition {tp}", p.error_message)
+            last = absorb_list_offsets(self._cluster, r, remaining, found) or last
         return last
 
     async def _find_coordinator(self, group_id: str, deadline: float) -> int:

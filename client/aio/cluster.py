@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import trio
 
 from client.aio.connection import BrokerConnection
-from client.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut
+from client.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
 from protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError
 from protocol.messages import (NO_LEADER, ApiKey, BrokerMetadata, Message, MetadataRequest,
                                MetadataResponse)
@@ -462,3 +462,26 @@ class Cluster:
         self._conns[node_id] = conn
         return conn
 
+
+def absorb_list_offsets(cluster: "Cluster", response, remaining: dict[TopicPartition, int],
+                        found: dict[TopicPartition, tuple[int, int]]) -> TidelogError | None:
+    """Move the partitions a ListOffsets response answered from ``remaining`` to ``found``
+    (offset, timestamp). Returns the last retriable error (asking for fresh metadata when it
+    says ours is stale) for the caller's retry; raises a non-retriable one."""
+    last = None
+    for t in response.topics:
+        for p in t.partitions:
+            tp = TopicPartition(t.name, p.partition_index)
+            if tp not in remaining:
+                continue
+            if p.error_code == NONE.code:
+                found[tp] = (p.offset, p.timestamp)
+                del remaining[tp]
+                continue
+            err = broker_error(p.error_code, f"partition {tp}", p.error_message)
+            if not err.retriable:
+                raise err
+            if err.invalid_metadata:
+                cluster.request_update()
+            last = err
+    return last

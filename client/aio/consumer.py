@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import trio
 
 from client.aio._lifecycle import RunsInOwnNursery
-from client.aio.cluster import Backoff, Cluster, ClusterMetadata
+from client.aio.cluster import Backoff, Cluster, ClusterMetadata, absorb_list_offsets
 from client.aio.assignors import assignors_for
 from client.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
 from client.errors import (BrokerConnectionError, ClientClosedError, NoOffsetForPartitionError, RequestTimedOut,
@@ -58,8 +58,7 @@ from protocol.errors import (NONE, OFFSET_OUT_OF_RANGE, CorruptRecordError, Inva
                              OffsetOutOfRangeError, RecordTooLargeError, for_code)
 from protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, FetchPartition,
                                FetchPartitionResponse, FetchRequest, FetchResponse, FetchTopic,
-                               ListOffsetsPartition, ListOffsetsRequest, ListOffsetsResponse,
-                               ListOffsetsTopic)
+                               ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic)
 from protocol.records import BatchHeader, RecordColumns, iter_headers, record_columns, validate_batch
 from protocol.topics import TopicPartition
 
@@ -669,7 +668,7 @@ class AsyncConsumer(RunsInOwnNursery):
                     last = e
                     self._cluster.request_update()
                     continue
-                last = self._absorb_offsets(response, remaining, found) or last
+                last = absorb_list_offsets(self._cluster, response, remaining, found) or last
             if not remaining:
                 return found
             delay = backoff.next_delay()
@@ -677,26 +676,6 @@ class AsyncConsumer(RunsInOwnNursery):
                 raise RequestTimedOut(f"offsets for {sorted(map(str, remaining))} not found in time "
                                       f"(last error: {last or 'none'})")
             await trio.sleep(delay)
-
-    def _absorb_offsets(self, response: ListOffsetsResponse, remaining: dict[TopicPartition, int],
-                        found: dict[TopicPartition, tuple[int, int]]) -> TidelogError | None:
-        last = None
-        for t in response.topics:
-            for p in t.partitions:
-                tp = TopicPartition(t.name, p.partition_index)
-                if tp not in remaining:
-                    continue
-                if p.error_code == NONE.code:
-                    found[tp] = (p.offset, p.timestamp)
-                    del remaining[tp]
-                    continue
-                err = broker_error(p.error_code, f"partition {tp}", p.error_message)
-                if not err.retriable:
-                    raise err
-                if err.invalid_metadata:
-                    self._cluster.request_update()
-                last = err
-        return last
 
     # -- polling --------------------------------------------------------------------------------
 
