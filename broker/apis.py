@@ -17,8 +17,8 @@ from broker.controller.channels import wait_all
 from broker.metadata_cache import MetadataCache
 from broker.replication.replica_manager import ReplicaManager
 from protocol.errors import (
-    INVALID_REQUEST, NONE, NOT_CONTROLLER, NOT_LEADER_OR_FOLLOWER, STALE_BROKER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION,
-    TidelogError,
+    INVALID_REQUEST, INVALID_TOPIC_EXCEPTION, NONE, NOT_CONTROLLER, NOT_LEADER_OR_FOLLOWER, STALE_BROKER_EPOCH,
+    UNKNOWN_TOPIC_OR_PARTITION, TidelogError,
 )
 from protocol.messages import (
     CONSUMER_REPLICA_ID, DEBUGGING_REPLICA_ID, ElectLeadersRequest, ElectLeadersResponse, ElectLeadersResult,
@@ -33,7 +33,7 @@ from protocol.messages import (
     ProduceResponse, RequestHeader, REQUESTS, StopReplicaRequest, StopReplicaResponse, TopicPartitionRef,
     TopicProduceResponse, TopicResult, UpdateMetadataRequest, UpdateMetadataResponse, supported_api_versions,
 )
-from protocol.topics import TopicPartition
+from protocol.topics import TopicPartition, is_internal_topic
 
 from broker.network import current_peer
 from protocol.errors import COORDINATOR_NOT_AVAILABLE
@@ -116,9 +116,12 @@ class Apis:
         """Append now (so pipelined produces of a connection append in the order sent); for
         acks=all return the coroutine that waits for replication."""
         entries = {TopicPartition(t.name, p.index): p.records for t in req.topic_data for p in t.partition_data}
-        results, waiting = self.replica_manager.append_now(req.acks, entries)
+        refused = {tp: _internal_topic_refused(tp) for tp in entries if is_internal_topic(tp.topic)}
+        results, waiting = self.replica_manager.append_now(
+            req.acks, {tp: records for tp, records in entries.items() if tp not in refused})
         for tp, r in results.items():
             r["error_code"] = self._absent_as_unknown(tp, r["error_code"])
+        results.update(refused)
         if req.acks == 0:
             return None
         if waiting:
@@ -354,6 +357,14 @@ class Apis:
         except TidelogError as e:
             return StopReplicaResponse(e.code)
         return self.replica_manager.stop_replicas(req)
+
+
+def _internal_topic_refused(tp: TopicPartition) -> dict:
+    """A client's Produce to an internal topic (Kafka: ``internalTopicsAllowed`` is false for
+    clients). The group coordinator appends through the replica manager, not through here."""
+    return {"error_code": INVALID_TOPIC_EXCEPTION.code,
+            "error_message": f"cannot append to internal topic {tp.topic} (partition {tp.partition}): only the "
+                             "broker writes it; commit consumer offsets with OffsetCommit (Consumer.commit)"}
 
 
 def _produce_response(results: dict) -> ProduceResponse:

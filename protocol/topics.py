@@ -10,6 +10,18 @@ from protocol.errors import INVALID_TOPIC_EXCEPTION, TidelogError
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 
+# Kafka's internal topics (``Topic.isInternal``): only the broker's own components (the group
+# coordinator, a transaction coordinator) append to them, straight through the replica
+# manager; a client's Produce to one is refused with INVALID_TOPIC_EXCEPTION. Reading them is
+# allowed.
+OFFSETS_TOPIC = "__consumer_offsets"
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
+
+
+def is_internal_topic(name: str) -> bool:
+    return name in INTERNAL_TOPICS
+
 
 class TopicPartition(NamedTuple):
     topic: str
