@@ -370,7 +370,8 @@ class GroupCoordinator:
         """A group that a refused first JoinGroup created and that holds nothing is not kept
         (it would show in ListGroups until the next retention check)."""
         if (group.is_(GroupState.EMPTY) and group.generation_id == 0 and not group.members
-                and not group.pending_members and not group.offsets and self.groups.get(group.group_id) is group):
+                and not group.pending_members and not group.has_offsets()
+                and self.groups.get(group.group_id) is group):
             del self.groups[group.group_id]
 
     async def sync_group(self, req: SyncGroupRequest) -> SyncGroupResponse:
@@ -501,9 +502,13 @@ class GroupCoordinator:
         expire = now + req.retention_time_ms if req.retention_time_ms >= 0 else -1
         values = [OffsetValue(p.committed_offset, p.committed_leader_epoch, p.committed_metadata, now, expire)
                   for _, p in valid]
-        records = [(offset_key(req.group_id, TopicPartition(topic, p.partition_index)), offset_value(v))
-                   for (topic, p), v in zip(valid, values)]
-        error, base_offset = await self._append(self.partition_of(req.group_id), records)
+        tps = [TopicPartition(topic, p.partition_index) for topic, p in valid]
+        records = [(offset_key(req.group_id, tp), offset_value(v)) for tp, v in zip(tps, values)]
+        group.begin_offset_commit(tps)
+        try:
+            error, base_offset = await self._append(self.partition_of(req.group_id), records)
+        finally:
+            group.end_offset_commit(tps)
         if error is not NONE:
             return [error] * len(valid)
         if self.groups.get(req.group_id) is group:
@@ -623,7 +628,7 @@ class GroupCoordinator:
             expired = group.expire_offsets(now, self.config.offsets_retention_ms)
             out = tombstones.setdefault(self.partition_of(group_id), [])
             out += [(offset_key(group_id, tp), None) for tp in expired]
-            if group.is_(GroupState.EMPTY) and not group.offsets and not group.pending_members:
+            if group.is_(GroupState.EMPTY) and not group.has_offsets() and not group.pending_members:
                 group.transition_to(GroupState.DEAD, now)
                 del self.groups[group_id]
                 out.append((group_key(group_id), None))

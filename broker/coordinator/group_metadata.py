@@ -201,6 +201,10 @@ class GroupMetadata:
     static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> member id
     pending_members: dict[str, int] = field(default_factory=dict)  # member id -> expiry (ms)
     offsets: dict[TopicPartition, OffsetValue] = field(default_factory=dict)
+    # commits written but not yet acknowledged (Kafka's pendingOffsetCommits): their group is
+    # not removed and their partitions' offsets are not expired meanwhile, so the tombstone
+    # of an expiry never lands after a commit that is then acknowledged
+    pending_offset_commits: Counter[TopicPartition] = field(default_factory=Counter)
     join_deadline_ms: int | None = None  # while PreparingRebalance
     initial_delay_remaining_ms: int | None = None  # not None: the initial (Empty group) delay
     initial_delay_ms: int = 0
@@ -341,9 +345,9 @@ class GroupMetadata:
         if self.is_(S.PREPARING_REBALANCE):
             member.awaiting_join = True
             return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
-        if self.is_(S.COMPLETING_REBALANCE):
-            return JoinResult(effects, self._join_response(member))
-        if metadata_changed or self.select_protocol() != self.protocol_name:
+        # CompletingRebalance: the leader may be assigning to the old member id, which would
+        # leave the new one without partitions (Kafka's updateStaticMemberAndRebalance)
+        if self.is_(S.COMPLETING_REBALANCE) or metadata_changed or self.select_protocol() != self.protocol_name:
             member.awaiting_join = True
             effects += self.prepare_rebalance(now_ms, config)
             return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
@@ -405,7 +409,10 @@ class GroupMetadata:
         return member
 
     def remove_member_and_update(self, member_id: str, now_ms: int, config: GroupConfig) -> list[Effect]:
-        """A member leaves (LeaveGroup) or expires: answer what it waits in, then rebalance."""
+        """A member leaves (LeaveGroup) or expires: answer what it waits in, then rebalance.
+        A pending member (never joined) only stops the join phase from waiting for it."""
+        if self.pending_members.pop(member_id, None) is not None:
+            return self.maybe_complete_join(now_ms)
         member = self.members.get(member_id)
         if member is None:
             return []
@@ -599,8 +606,7 @@ class GroupMetadata:
             if ident.member_id not in (UNKNOWN_MEMBER, member_id):
                 return ident.member_id, FENCED_INSTANCE_ID
             return member_id, NONE
-        if ident.member_id in self.pending_members:
-            del self.pending_members[ident.member_id]
+        if ident.member_id in self.pending_members:  # removed by the caller (remove_member_and_update)
             return ident.member_id, NONE
         return ident.member_id, NONE if ident.member_id in self.members else UNKNOWN_MEMBER_ID
 
@@ -632,6 +638,16 @@ class GroupMetadata:
         self.members[member_id].last_heartbeat_ms = now_ms
         return None
 
+    def has_offsets(self) -> bool:
+        return bool(self.offsets) or bool(+self.pending_offset_commits)
+
+    def begin_offset_commit(self, tps: list[TopicPartition]) -> None:
+        self.pending_offset_commits.update(tps)
+
+    def end_offset_commit(self, tps: list[TopicPartition]) -> None:
+        self.pending_offset_commits.subtract(tps)
+        self.pending_offset_commits = +self.pending_offset_commits
+
     def apply_offset(self, tp: TopicPartition, value: OffsetValue) -> None:
         """Take a committed offset into the cache unless a later record is there already."""
         current = self.offsets.get(tp)
@@ -648,6 +664,7 @@ class GroupMetadata:
             expired = list(self.offsets) if now_ms - self.state_timestamp_ms >= retention_ms else []
         else:
             expired = [tp for tp, v in self.offsets.items() if _offset_expired(v, now_ms, retention_ms)]
+        expired = [tp for tp in expired if tp not in self.pending_offset_commits]
         for tp in expired:
             del self.offsets[tp]
         return expired

@@ -291,3 +291,49 @@ async def test_offsets_of_an_empty_group_expire_with_tombstones(broker, nursery)
     await nursery.start(new.run)
     await wait_loaded(new)
     assert (await fetched(broker, "idle"))[DATA_TP] == -1
+
+
+async def test_a_commit_waiting_for_replication_keeps_its_group_and_partition_from_cleanup(broker, nursery):
+    """An acknowledged commit must be fetchable: while it waits for acks=all, neither the
+    retention check nor a refused first JoinGroup may drop its (new, still empty) group, and
+    an expired offset of the same partition is not tombstoned after it (Kafka's
+    pendingOffsetCommits)."""
+    release, calls = trio.Event(), []
+    replicate = broker.replica_manager.await_replication
+
+    async def held(*args):
+        calls.append(args)
+        if len(calls) <= 2:  # only the two commits under test wait
+            await release.wait()
+        await replicate(*args)
+
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(3, group="old"))
+    broker.clock.now += broker.config.offsets_retention_ms
+    broker.replica_manager.await_replication = held
+    responses = []
+
+    async def commit_in_background(request):
+        responses.append(await broker.call(ApiKey.OFFSET_COMMIT, request))
+
+    nursery.start_soon(commit_in_background, commit(9, group="fresh"))
+    nursery.start_soon(commit_in_background, commit(4, group="old"))
+    with trio.fail_after(5):
+        while len(calls) < 2:
+            await trio.sleep(0.01)
+    bad = JoinGroupRequest("fresh", 1, "", "consumer", [JoinGroupProtocol("range", b"")])  # refused: 1 ms
+    assert (await broker.call(ApiKey.JOIN_GROUP, bad)).error_code == 26
+    await broker.coordinator.expire_offsets()
+    release.set()
+    with trio.fail_after(5):
+        while len(responses) < 2:
+            await trio.sleep(0.01)
+    assert [committed_code(r) for r in responses] == [NONE.code, NONE.code]
+    assert (await fetched(broker, "fresh"))[DATA_TP] == 9
+    assert (await fetched(broker, "old"))[DATA_TP] == 4
+    new = broker.new_coordinator()  # the log agrees with what was fetched
+    broker.apis.broker.group_coordinator = new
+    broker.lead(epoch=2)
+    await nursery.start(new.run)
+    await wait_loaded(new)
+    assert (await fetched(broker, "fresh"))[DATA_TP] == 9
+    assert (await fetched(broker, "old"))[DATA_TP] == 4

@@ -257,6 +257,40 @@ def test_a_static_member_with_changed_metadata_triggers_a_rebalance():
     assert replies(r.effects, "join")["new"].generation_id == 2 and g.is_(S.COMPLETING_REBALANCE)
 
 
+def test_a_static_member_replaced_while_the_group_completes_a_rebalance_rebalances_again():
+    """The leader may already be assigning to the old member id (Kafka's
+    updateStaticMemberAndRebalance): answering the new id with the current generation would
+    leave it without partitions, so the group rebalances."""
+    g = GroupMetadata("g")
+    g.join(join_req(instance="i1"), "c", "h", "a1", 0, CONFIG)
+    g.join(join_req(instance="i2"), "c", "h", "b1", 0, CONFIG)
+    now = 0
+    for _ in range(10):
+        now += CONFIG.initial_rebalance_delay_ms
+        if replies(g.tick(now, CONFIG), "join"):
+            break
+    assert g.is_(S.COMPLETING_REBALANCE) and g.leader_id == "a1"
+    r = g.join(join_req(instance="i2"), "c", "h", "b2", now, CONFIG)  # i2 restarted
+    assert r.immediate is None and r.wait_for == "b2" and g.is_(S.PREPARING_REBALANCE)
+    sync = g.sync(SyncGroupRequest("g", 1, "a1", [SyncGroupAssignment("a1", b"A"), SyncGroupAssignment("b1", b"B")],
+                                   group_instance_id="i1"), now)
+    assert sync.immediate.error_code == REBALANCE_IN_PROGRESS.code and not stores(sync.effects)
+    effects = g.join(join_req("a1", instance="i1"), "c", "h", "x", now, CONFIG).effects
+    joined = replies(effects, "join")
+    assert set(joined) == {"a1", "b2"} and {j.generation_id for j in joined.values()} == {2}
+    assert {m.member_id for m in joined["a1"].members} == {"a1", "b2"}  # the leader assigns to the new id
+
+
+def test_a_pending_member_that_leaves_lets_the_join_phase_end_at_once():
+    g, (m1,), now = stable_group(1)
+    pending = g.join(join_req(), "c", "h", "p", now, CONFIG).immediate.member_id  # MEMBER_ID_REQUIRED
+    r = g.join(join_req(m1, protocols=(("range", b"x"),)), "c", "h", "x", now, CONFIG)
+    assert g.is_(S.PREPARING_REBALANCE) and not replies(r.effects, "join")  # waits for the pending member
+    responses, effects = g.leave([MemberIdentity(pending)], now, CONFIG)
+    assert responses[0].error_code == NONE.code
+    assert replies(effects, "join")[m1].generation_id == 2 and g.is_(S.COMPLETING_REBALANCE)
+
+
 # -- offset commits --------------------------------------------------------------------------------
 
 
