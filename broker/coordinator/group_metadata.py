@@ -623,9 +623,6 @@ class GroupMetadata:
             return FENCED_INSTANCE_ID, f"member {member_id} was replaced by a newer member with its group instance id"
         if generation_id < 0 and self.is_(S.EMPTY):
             return None
-        if self.is_(S.COMPLETING_REBALANCE):
-            return REBALANCE_IN_PROGRESS, ("the group is completing a rebalance: the commit is refused; "
-                                           "rejoin, then commit the offsets of the partitions assigned to you")
         if member_id not in self.members:
             if generation_id < 0:
                 return UNKNOWN_MEMBER_ID, (f"group {self.group_id} has active members ({self.state}); "
@@ -635,6 +632,9 @@ class GroupMetadata:
         if generation_id != self.generation_id:
             return ILLEGAL_GENERATION, (f"generation {generation_id} is not the group's current generation "
                                         f"{self.generation_id}: a rebalance happened; rejoin before committing")
+        if self.is_(S.COMPLETING_REBALANCE):  # after the member checks, as Kafka's order
+            return REBALANCE_IN_PROGRESS, ("the group is completing a rebalance: the commit is refused; "
+                                           "rejoin, then commit the offsets of the partitions assigned to you")
         self.members[member_id].last_heartbeat_ms = now_ms
         return None
 

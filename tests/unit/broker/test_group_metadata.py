@@ -301,6 +301,9 @@ def test_a_pending_member_that_leaves_lets_the_join_phase_end_at_once():
     ("stable", 0, "m1", ILLEGAL_GENERATION),
     ("stable", 1, "ghost", UNKNOWN_MEMBER_ID),
     ("completing", 2, "m1", REBALANCE_IN_PROGRESS),
+    ("completing", 1, "m1", ILLEGAL_GENERATION),  # a stale generation is told so, as in Kafka
+    ("completing", 2, "ghost", UNKNOWN_MEMBER_ID),
+    ("completing", -1, "", UNKNOWN_MEMBER_ID),
     ("preparing", 1, "m1", None),  # the current generation may still commit while others rejoin
 ])
 def test_commit_rules(setup, generation, member, expected):
