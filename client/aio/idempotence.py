@@ -19,10 +19,14 @@ answer means depends on them (``decide``):
 * when it was sent, an earlier batch of the partition was still unresolved: that one may
   have failed, or reached the broker later (another connection after a leader change), and
   is resent first, so this one is simply retried after it;
-* when it was sent, every earlier sequence had been acknowledged (``mark_sent``): the broker
-  lost what it had acknowledged (unclean leader election) or forgot the producer (retention
-  removed all its batches). The batch fails with an error that says so, and the producer
-  bumps its epoch.
+* when it was sent, every earlier sequence had been acknowledged (``mark_sent``):
+  - UNKNOWN_PRODUCER_ID: the broker has no state for the producer (retention removed all its
+    batches, or producer id expiration forgot an idle producer). Nothing of the batch was
+    written, so, as Kafka's producer does (KIP-360), the producer bumps its epoch and the
+    batch is sent again from sequence 0 of the new epoch (``reset``): an idle producer's
+    next records are not failed;
+  - OUT_OF_ORDER_SEQUENCE_NUMBER: the broker lost what it had acknowledged (unclean leader
+    election). The batch fails with an error that says so, and the producer bumps its epoch.
 
 The epoch is bumped (InitProducerId with the current id and epoch) whenever a batch with a
 sequence fails for good (fatal sequence error, fenced epoch, delivery timeout, retries
@@ -80,7 +84,7 @@ class PartitionSequences:
 
 
 class SequenceVerdict(NamedTuple):
-    action: str  # "done" | "retry" | "resequence" | "fatal" | "keep" (not a sequence matter)
+    action: str  # "done" | "retry" | "resequence" | "reset" | "fatal" | "keep" (not a sequence matter)
     why: str = ""
 
 
@@ -142,17 +146,24 @@ class IdempotenceState:
             return SequenceVerdict("keep")
         if self._stale(batch):
             return SequenceVerdict("resequence")
+        if batch.sent_in_line and error_code == UNKNOWN_PRODUCER_ID.code:
+            return SequenceVerdict("reset", "the broker has no state for this producer (its batches were "
+                                   "removed by retention, or it was idle longer than producer.id.expiration.ms); "
+                                   "the batch is sent again under a new epoch")
         if batch.sent_in_line:
-            why = ("the broker has no state for this producer (its batches were removed by retention, "
-                   "or the partition lost them)" if error_code == UNKNOWN_PRODUCER_ID.code else
-                   "the broker's sequence for this producer skipped: records it acknowledged earlier are "
-                   "gone (an unclean leader election?)")
-            return SequenceVerdict("fatal", why + "; these records were not written, the producer takes a "
-                                   "new epoch")
+            return SequenceVerdict("fatal", "the broker's sequence for this producer skipped: records it "
+                                   "acknowledged earlier are gone (an unclean leader election?); these records "
+                                   "were not written, the producer takes a new epoch")
         return SequenceVerdict("retry")
 
     def _stale(self, batch) -> bool:
         return self.bump_requested or (batch.producer_id, batch.producer_epoch) != self.producer
+
+    def reset_sequence(self, batch) -> None:
+        """The broker forgot the producer and refused ``batch`` (``reset``): a new epoch, and
+        the batch gets a sequence of it when it is sent again."""
+        self.request_bump()
+        self.clear_sequence(batch)
 
     def clear_sequence(self, batch) -> None:
         """Take the sequence back from a batch known not to be in the log (after a bump)."""

@@ -414,6 +414,8 @@ class Sender:
                 d = decide_sequenced(batch, d, verdict, now=acc.clock(), retries=self.config.retries)
                 if verdict.action == "resequence" and d.action == "retry":
                     seqs.clear_sequence(batch)  # refused after an epoch bump: not in the log
+                elif verdict.action == "reset" and d.action == "retry":
+                    seqs.reset_sequence(batch)  # the broker forgot the producer: a new epoch
             refresh |= d.refresh_metadata
             if d.action == "retry" and not acc.closed_for_retries:
                 batch.last_error = d.error

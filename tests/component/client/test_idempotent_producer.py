@@ -9,7 +9,7 @@ import trio
 
 from client.aio import AsyncProducer
 from client.errors import TidelogError
-from protocol.errors import NOT_LEADER_OR_FOLLOWER, UNKNOWN_PRODUCER_ID
+from protocol.errors import NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER
 from protocol.messages import ApiKey
 from protocol.records import iter_headers
 
@@ -63,14 +63,34 @@ async def test_with_several_in_flight_a_failed_batch_is_resent_before_the_ones_b
     assert sequences == sorted(sequences) and sequences[0] == 0
 
 
-async def test_a_broker_that_forgot_the_producer_fails_that_batch_and_the_epoch_is_bumped(fake):
+async def test_a_broker_that_forgot_the_producer_gets_the_batch_again_under_a_new_epoch(fake):
+    # retention (or producer id expiration) removed the producer's state while it was idle:
+    # nothing of the refused batch is in the log, so it is resent from sequence 0 of a new
+    # epoch, as Kafka's producer does (KIP-360), instead of failing the caller's records
     fake.create_topic("t", 1)
     async with AsyncProducer(fake.bootstrap, **FAST) as producer:
         await producer.send_and_wait("t", b"a")
         fake.log("t").producer_state.clear()  # as if retention removed its batches
+        with trio.fail_after(10):
+            md = await producer.send_and_wait("t", b"b")
+            assert md.offset == 1
+            md = await producer.send_and_wait("t", b"c")
+    assert md.offset == 2 and fake.values("t") == [b"a", b"b", b"c"]
+    inits = fake.sent(ApiKey.INIT_PRODUCER_ID)
+    assert [(r.producer_id, r.producer_epoch) for r in inits] == [(-1, -1), (1000, 0)]
+    assert [(h.producer_epoch, h.base_sequence) for h in stored_batches(fake)] == [(0, 0), (1, 0), (1, 1)]
+
+
+async def test_a_gap_in_the_brokers_sequence_fails_that_batch_and_the_epoch_is_bumped(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        await producer.send_and_wait("t", b"a")
+        [entry] = fake.log("t").producer_state.producers.values()
+        last = entry.batches[-1]  # as if the broker lost acknowledged records (unclean election)
+        entry.batches[-1] = last._replace(last_seq=last.last_seq + 3)
         with pytest.raises(TidelogError) as e:
             await producer.send_and_wait("t", b"lost")
-        assert e.value.error is UNKNOWN_PRODUCER_ID and "not written" in str(e.value)
+        assert e.value.error is OUT_OF_ORDER_SEQUENCE_NUMBER and "not written" in str(e.value)
         with trio.fail_after(10):
             md = await producer.send_and_wait("t", b"c")
     assert md.offset == 1 and fake.values("t") == [b"a", b"c"]

@@ -92,7 +92,10 @@ def test_a_batch_behind_a_failed_one_is_retried_and_the_next_one_is_fatal():
     s.mark_sent([a, b])
     for code in (OUT_OF_ORDER_SEQUENCE_NUMBER.code, UNKNOWN_PRODUCER_ID.code):
         assert s.decide(b, code).action == "retry"  # a (sequence 0) goes first
-        assert s.decide(a, code).action == "fatal"  # a followed only acknowledged sequences
+    # a followed only acknowledged sequences: the broker lost acknowledged records (fatal), or
+    # forgot the producer (a is sent again under a new epoch)
+    assert s.decide(a, OUT_OF_ORDER_SEQUENCE_NUMBER.code).action == "fatal"
+    assert s.decide(a, UNKNOWN_PRODUCER_ID.code).action == "reset"
     s.on_complete(a, 10, failed=False)
     # b was sent while a was unresolved: it may simply have overtaken a
     assert s.decide(b, OUT_OF_ORDER_SEQUENCE_NUMBER.code).action == "retry"
@@ -139,3 +142,19 @@ def test_a_failed_batch_bumps_the_epoch_and_partitions_move_once_resolved():
     d = batch(1, OTHER)
     s.assign(d)
     assert (d.producer_epoch, d.base_sequence) == (1, 0)
+
+
+def test_a_batch_refused_by_a_broker_that_forgot_the_producer_moves_to_a_new_epoch():
+    s = ready_state()
+    a, b = batch(), batch()
+    s.assign(a)
+    s.on_complete(a, 10, failed=False)
+    s.assign(b)
+    s.mark_sent([b])
+    assert s.decide(b, UNKNOWN_PRODUCER_ID.code).action == "reset"
+    s.reset_sequence(b)
+    assert s.bump_requested and b.base_sequence == -1 and not s.may_assign(TP)
+    s.set_producer(7, 1)
+    assert s.may_assign(TP)
+    s.assign(b)
+    assert (b.producer_epoch, b.base_sequence) == (1, 0)
