@@ -864,7 +864,12 @@ class ConsumerCoordinator:
         self._commit_seq += 1
         seq = self._commit_seq
         generation = self._commit_generation()
-        async with self._commit_lock:
+        with trio.move_on_at(deadline) as waiting:  # an earlier commit may hold the lock: wait only this long
+            await self._commit_lock.acquire()
+        if waiting.cancelled_caught:
+            raise RequestTimedOut(f"commit of group {self.group_id!r} did not start in time: an earlier "
+                                  "commit of this consumer was still waiting for the coordinator")
+        try:
             fresh = not_superseded(offsets, seq, self._sent_seq)
             if not fresh:
                 return
@@ -872,6 +877,8 @@ class ConsumerCoordinator:
             for tp, offset in fresh.items():
                 self._sent_seq[tp] = seq
                 self.committed[tp] = offset
+        finally:
+            self._commit_lock.release()
 
     async def _commit_with_retries(self, offsets: dict[TopicPartition, int], generation: Generation,
                                    deadline: float) -> None:
@@ -1020,6 +1027,7 @@ class ConsumerCoordinator:
     async def _refresh_committed_positions(self) -> None:
         """New partitions start at the committed offset, else per auto_offset_reset."""
         waiting = self.subscriptions.awaiting_committed()
+        asked = {tp: self.subscriptions.partitions[tp] for tp in waiting}
         try:
             found = await self.fetch_committed(waiting, trio.current_time() + self.config.request_timeout_ms / 1000)
         except (RequestTimedOut, BrokerConnectionError) as e:
@@ -1030,8 +1038,8 @@ class ConsumerCoordinator:
             return
         for tp, offset in found.items():
             state = self.subscriptions.partitions.get(tp)
-            if state is None or not state.awaiting_committed:
-                continue  # revoked, or the application seeked meanwhile
+            if state is not asked[tp] or not state.awaiting_committed:
+                continue  # revoked (maybe assigned again: ask again), or the application seeked meanwhile
             if offset is not None:
                 self.committed[tp] = offset
                 state.seek(offset)
