@@ -263,6 +263,11 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
     _S("group.max.size", int, 2**31 - 1, "Most members a consumer group may have.", minimum=1),
     _S("producer.id.block.size", int, 1000,
        "Producer ids a broker claims from ZooKeeper at a time.", minimum=1),
+    _S("producer.id.expiration.ms", int, 86400000,
+       "A partition forgets an idempotent producer whose last batch is this old; its next batch "
+       "then starts a new epoch (ms).", minimum=1),
+    _S("producer.id.expiration.check.interval.ms", int, 600000,
+       "How often partitions look for expired producer ids (ms).", minimum=1),
 )
 del _S
 

@@ -59,7 +59,8 @@ class BrokerServer:
         self.broker_id = config.broker_id
         self.log_defaults: LogConfig = config.log_config()
         self.topic_overrides: dict[str, dict[str, str]] = {}
-        self.log_manager = LogManager(config.log_dirs, self.log_defaults, broker_id=self.broker_id)
+        self.log_manager = LogManager(config.log_dirs, self.log_defaults, broker_id=self.broker_id,
+                                      producer_id_expiration_ms=config.producer_id_expiration_ms)
         self.metadata = MetadataCache(self.broker_id)
         self.zk = ZkClient(config.zookeeper_connect, chroot=config.zookeeper_chroot,
                            session_timeout_ms=config.zookeeper_session_timeout_ms)
@@ -167,7 +168,8 @@ class BrokerServer:
                 (c.log_flush_offset_checkpoint_interval_ms, self.log_manager.checkpoint_recovery_points),
                 (c.log_flush_offset_checkpoint_interval_ms, self.log_manager.checkpoint_log_start_offsets),
                 (c.log_retention_check_interval_ms, self.log_manager.cleanup_logs),
-                (c.log_flush_scheduler_interval_ms, self.log_manager.flush_dirty_logs)]
+                (c.log_flush_scheduler_interval_ms, self.log_manager.flush_dirty_logs),
+                (c.producer_id_expiration_check_interval_ms, self.log_manager.remove_expired_producers)]
         due = {i: trio.current_time() + ms / 1000 for i, (ms, _) in enumerate(jobs)}
         while True:
             i = min(due, key=due.get)

@@ -35,8 +35,12 @@ Cleaning a log (``CleaningJob``):
    time the cleaner keeps a batch with tombstones it stamps ``now + delete.retention.ms``
    into it (attribute bit 6, ``first_timestamp``), so a tombstone survives at least
    ``delete.retention.ms`` after it was first cleaned: long enough for a consumer that read
-   the value before to see the delete. The last record of each idempotent producer's last
-   batch in the log is always kept, so its last sequence number survives.
+   the value before to see the delete. The last record of the last batch of each idempotent
+   producer the log's producer state knows (Kafka's active producers) is kept, so its last
+   sequence number survives a rebuild of the state from the log. A producer forgotten by
+   producer id expiration is not protected any more (the log manager then moves the
+   checkpoint back to its record, so the next cleaning reconsiders it): otherwise a compacted
+   topic would keep one record for every producer id that ever wrote to it.
 4. *Re-encoding*: a batch whose records are all kept is copied byte for byte (leader epoch,
    CRC and all). Otherwise each run of consecutive kept records becomes a batch of its own:
    the DESIGN's batch has consecutive offsets (``last_offset_delta = record_count - 1``), so a
@@ -323,17 +327,6 @@ def iter_file_batches(fd: int, size: int, check: Callable[[], None]) -> Iterator
         position += consumed
 
 
-def iter_file_headers(fd: int, size: int) -> Iterator[BatchHeader]:
-    """Batch headers only (one small read each): for the producers' last batches."""
-    position = 0
-    while position + HEADER_SIZE <= size:
-        h = read_header(os.pread(fd, HEADER_SIZE, position))
-        if h.batch_length < MIN_BATCH_LENGTH:
-            return
-        yield h
-        position += h.size
-
-
 def decode_records(batch: bytes, h: BatchHeader) -> tuple:
     """The raw records ``(timestamp_delta, offset_delta, key, value, headers)`` of a batch."""
     raw = decompress(h.codec, memoryview(batch)[HEADER_SIZE:h.size])
@@ -449,7 +442,8 @@ class CleaningJob:
         self.sources = [SourceSegment.snapshot(s, u) for s, u in zip(segments, uppers)]
         self.first_segment = segments[0]
         self.end_offset = self.first_dirty_offset  # set by build_offset_map
-        self.last_batch_of_producer: dict[int, int] = {}
+        # the last offset of each known producer's last batch (read here, on the owner thread)
+        self.last_batch_of_producer = {pid: e.last_offset for pid, e in log.producer_state.producers.items()}
         self.swapped_groups = 0
         self._dropped = False  # whether the last _filter_batch dropped records
 
@@ -494,7 +488,6 @@ class CleaningJob:
                 break
             m.latest_offset = src.upper - 1  # a trailing gap holds no keys either
         self.end_offset = m.latest_offset + 1
-        self._find_producers_last_batches()
 
     def _map_segment(self, src: SourceSegment) -> bool:
         """Put the segment's keys; False if the map filled up (``latest_offset`` says where)."""
@@ -510,12 +503,6 @@ class CleaningJob:
                     self.stats.map_records += 1
                 m.latest_offset = offset
         return True
-
-    def _find_producers_last_batches(self) -> None:
-        for src in self.sources:
-            for h in iter_file_headers(src.fd, src.size):
-                if h.producer_id >= 0:
-                    self.last_batch_of_producer[h.producer_id] = h.last_offset
 
     def groups(self) -> list[list[SourceSegment]]:
         """The groups of this round: every segment from the first up to ``end_offset``."""
@@ -683,7 +670,11 @@ class LogCleaner:
         """The job completed: move the checkpoint, account it."""
         self._release(job)
         if self.logs.logs.get(job.topic_partition) is job.log:
-            self.logs.update_cleaner_checkpoint(job.topic_partition, job.end_offset)
+            end = job.end_offset
+            current = self.logs.cleaner_checkpoints().get(job.topic_partition)
+            if current is not None and current < job.first_dirty_offset:
+                end = current  # moved back while the job ran (expired producers): it stays back
+            self.logs.update_cleaner_checkpoint(job.topic_partition, end)
         s = job.stats
         self.bytes_cleaned += s.bytes_read
         self.bytes_written += s.bytes_written

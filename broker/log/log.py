@@ -517,6 +517,11 @@ class Log:
         ps.map_end_offset = leo
         ps.truncate_head(self.log_start_offset)
 
+    def remove_expired_producers(self, expiration_ms: int) -> list:
+        """Forget producers idle for ``expiration_ms`` (producer.id.expiration.ms); returns
+        their entries (see ``producer_state``)."""
+        return self.producer_state.remove_expired_producers(self._clock(), expiration_ms)
+
     def close(self) -> None:
         """Close the segments, with a snapshot of the producer state at the log end (so the
         next start loads it and replays nothing)."""

@@ -11,8 +11,9 @@ the logs are loaded, so any later crash counts as unclean; ``shutdown`` flushes 
 writes the checkpoints and only then writes the marker. Directories renamed for deletion
 (``<topic>-<partition>.<id>-delete``) are removed at startup.
 
-Retention (``cleanup_logs``), time-based flushing (``flush_dirty_logs``) and checkpointing
-are methods for a periodic caller; the manager keeps no threads or timers of its own.
+Retention (``cleanup_logs``), time-based flushing (``flush_dirty_logs``), producer id
+expiration (``remove_expired_producers``) and checkpointing are methods for a periodic
+caller; the manager keeps no threads or timers of its own.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ DELETE_DIR_SUFFIX = "-delete"
 
 class LogManager:
     def __init__(self, log_dirs: Iterable[str], default_config: LogConfig | None = None, *,
-                 broker_id: int = 0, cluster_id: str | None = None, clock: Clock = wall_clock_ms):
+                 broker_id: int = 0, cluster_id: str | None = None, clock: Clock = wall_clock_ms,
+                 producer_id_expiration_ms: int = 86_400_000):
         self.log_dirs = [os.path.abspath(d) for d in log_dirs]
         if not self.log_dirs:
             raise ValueError("at least one log directory is required")
@@ -51,6 +53,7 @@ class LogManager:
         self.broker_id = broker_id
         self.cluster_id = cluster_id
         self._clock = clock
+        self.producer_id_expiration_ms = producer_id_expiration_ms
         self._logs: dict[TopicPartition, Log] = {}
         self._dir_of: dict[TopicPartition, str] = {}
         self._cleaned: dict[TopicPartition, int] = {}  # cleaner checkpoints of the dir being loaded
@@ -196,6 +199,25 @@ class LogManager:
         if deleted:
             self.checkpoint_log_start_offsets()
         return deleted
+
+    def remove_expired_producers(self) -> int:
+        """Forget idle idempotent producers in every log (``producer.id.expiration.ms``);
+        returns how many. In a compacted log the cleaner checkpoint moves back to the first
+        record the cleaner kept only as such a producer's last one, so the next cleaning may
+        remove it if a later record of its key supersedes it."""
+        forgotten = 0
+        checkpoints = None
+        for tp, log in list(self._logs.items()):
+            gone = log.remove_expired_producers(self.producer_id_expiration_ms)
+            forgotten += len(gone)
+            if not gone or not log.config.compacts:
+                continue
+            if checkpoints is None:
+                checkpoints = self.cleaner_checkpoints()
+            first = min(e.last_offset for e in gone)
+            if checkpoints.get(tp, first) > first:
+                self.update_cleaner_checkpoint(tp, first)
+        return forgotten
 
     def flush_dirty_logs(self) -> None:
         """fsync segments closed by rolls, and whole logs whose last flush is older than flush.ms."""

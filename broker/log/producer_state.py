@@ -42,6 +42,14 @@ its divergent tail) rebuilds the state: the latest snapshot at or below the new 
 then a replay of the batch headers after it. When the log start offset moves (retention,
 DeleteRecords), producers whose last batch lies wholly below it are forgotten.
 
+Producer id expiration (Kafka's ``producer.id.expiration.ms``): a producer whose last batch
+is older than the expiration time is forgotten (``remove_expired_producers``, run
+periodically by the log manager). Without it the state of a log that retention does not
+shorten (a compacted topic, where the cleaner also keeps each known producer's last record)
+would grow by one entry for every producer id that ever wrote to it. A forgotten producer
+that comes back is refused with UNKNOWN_PRODUCER_ID, and the client sends the refused batch
+again under a new epoch.
+
 Snapshots
 ---------
 ``<20-digit offset>.snapshot`` in the partition directory holds the state of every
@@ -262,6 +270,15 @@ class ProducerStateManager:
                 e.batches.popleft()
         self.map_end_offset = max(self.map_end_offset, log_start_offset)
         self.delete_snapshots(lambda offset: offset < log_start_offset)
+
+    def remove_expired_producers(self, now_ms: int, expiration_ms: int) -> list[ProducerStateEntry]:
+        """Forget producers whose last batch's timestamp is ``expiration_ms`` or more before
+        ``now_ms`` (Kafka's ``isProducerExpired``); returns their entries."""
+        gone = [e for e in self.producers.values()
+                if e.batches and now_ms - e.batches[-1].max_timestamp >= expiration_ms]
+        for e in gone:
+            del self.producers[e.producer_id]
+        return gone
 
     def clear(self, offset: int = 0) -> None:
         self.producers.clear()
