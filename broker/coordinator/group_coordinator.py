@@ -35,7 +35,9 @@ the replica manager's leader append, with acks=all: the response waits in the sa
 as an acks=all produce until the high watermark passes the batch. Only then are the offsets
 put in the cache that OffsetFetch reads, so a fetched offset is always one that survives a
 coordinator failover. Of two commits for one partition, the later record wins (the cache
-keeps each offset's record position). Group metadata (generation, protocol, leader, members
+keeps each offset's record position). While a commit waits, its group counts as holding
+offsets and its partitions are exempt from expiry (Kafka's pending offset commits), so no
+cleanup drops the group it will be cached in or writes a tombstone after its record. Group metadata (generation, protocol, leader, members
 and their assignments) is written the same way when a rebalance completes, so a new
 coordinator knows the group's generation and members after a failover.
 
