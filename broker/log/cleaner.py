@@ -65,7 +65,11 @@ concurrent append, roll, retention or truncation nor the closing of a segment di
 (Linux keeps an unlinked file readable through an open descriptor). The swap (step 5) runs
 on the owner thread and first checks that the group's segments are still the log's, with the
 sizes of the snapshot; if not (retention deleted one, a follower truncated), the group is
-abandoned and its output deleted. Readers run on the owner thread too, so no read is ever in
+abandoned and its output deleted. A truncation anywhere, even of segments after the group,
+or the log's close or deletion abandons the whole cleaning (``Log.cleaner_fence``, checked
+per batch in the worker and before each swap): the offset map may hold keys whose records
+are gone, and a record they supersede must stay; and a deleted log's directory may already
+hold a new topic of the same name. Readers run on the owner thread too, so no read is ever in
 progress during a swap, and a read after it sees the new segments.
 
 ``cleaning_steps`` expresses one cleaning as a generator of the work to run off the owner
@@ -435,6 +439,7 @@ class CleaningJob:
         self.map = OffsetMap(map_capacity)
         self.stats = CleanerStats()
         self._aborted = threading.Event()
+        self._fence = log.cleaner_fence
         self._idle = threading.Event()
         self._idle.set()
         segments = log.segments
@@ -455,6 +460,8 @@ class CleaningJob:
     def check(self) -> None:
         if self._aborted.is_set():
             raise CleaningAborted(f"cleaning of {self.topic_partition} aborted")
+        if self.log.cleaner_fence != self._fence:  # an int read: safe from the worker thread
+            raise CleaningAborted(f"{self.topic_partition} was truncated, closed or deleted during its cleaning")
 
     def run_work(self, work: Callable[[], object]) -> object:
         """Run one step of work (in a worker thread); ``wait_idle`` waits for it to return."""

@@ -38,8 +38,11 @@ forgets producers with nothing left in the log. A snapshot is written at every r
 With ``cleanup.policy`` compact the log cleaner (``cleaner``) rewrites closed segments,
 keeping the last record per key: offsets are never renumbered, so a compacted log has gaps
 between batches (reads return the first batch at or after the offset asked for), and
-``replace_segments`` swaps the cleaned segments in. A leader refuses records without a key
-for a compacted topic (INVALID_RECORD).
+``replace_segments`` swaps the cleaned segments in. A cleaning decides from a snapshot of
+the log which records later ones supersede; whatever can invalidate those decisions
+(truncation, close, delete) moves ``cleaner_fence``, and the cleaner abandons a cleaning
+whose fence moved (Kafka aborts cleaning on truncation and deletion). A leader refuses
+records without a key for a compacted topic (INVALID_RECORD).
 
 The log is synchronous and not thread-safe: one owner serialises calls. Time is passed in
 through ``clock`` (milliseconds), so tests control it.
@@ -106,6 +109,7 @@ class Log:
         self._clock = clock
         self.last_flush_ms = clock()
         self.recovery_report: list[str] = []
+        self.cleaner_fence = 0  # moved by truncation, close and delete (see the module docstring)
         if producer_state is None:
             producer_state = ProducerStateManager(directory)
             producer_state.map_end_offset = self.log_end_offset
@@ -367,6 +371,7 @@ class Log:
         if offset <= self._segments[0].base_offset:
             self.truncate_fully_and_start_at(offset)
             return True
+        self.cleaner_fence += 1
         while self._segments[-1].base_offset >= offset:
             self._segments.pop().delete()
             self._bases.pop()
@@ -384,6 +389,7 @@ class Log:
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and restart the (empty) log at ``offset``."""
+        self.cleaner_fence += 1
         for seg in self._segments:
             seg.delete()
         self._segments, self._bases = [], []
@@ -525,12 +531,14 @@ class Log:
     def close(self) -> None:
         """Close the segments, with a snapshot of the producer state at the log end (so the
         next start loads it and replays nothing)."""
+        self.cleaner_fence += 1
         self._snapshot_producer_state()
         for seg in self._segments:
             seg.close()
 
     def delete(self) -> None:
         """Remove the log's files and directory."""
+        self.cleaner_fence += 1
         for seg in self._segments:
             seg.delete()
         for name in os.listdir(self.directory):

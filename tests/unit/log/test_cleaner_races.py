@@ -1,0 +1,98 @@
+"""A cleaning in progress while the log changes under it on the owner thread: a truncation
+(a follower after an unclean leader election) or the deletion of the topic (and a new topic
+of the same name). The cleaning's heavy steps run between the owner thread's calls, as in the
+broker; here they are called one by one, with the change in between."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from broker.log.cleaner import CleaningAborted, run_steps_inline
+
+from tests.unit.log.test_cleaner import COMPACT, TP, Env
+
+pytestmark = pytest.mark.unit
+
+EAGER = dataclasses.replace(COMPACT, min_cleanable_dirty_ratio=0.01)
+
+
+def fill(env, tag: str, n: int = 15) -> None:
+    for i in range(n):
+        env.append((f"f{i}".encode(), f"{tag}{i}".encode()))
+
+
+def clean_groups(job) -> None:
+    """The groups' cleanings and swaps, as ``cleaning_steps`` runs them."""
+    for group in job.groups():
+        job.swap(group, job.clean_group(group))
+
+
+def test_a_truncation_during_a_cleaning_abandons_it_and_loses_no_latest_record(tmp_path):
+    env = Env(tmp_path, EAGER)
+    env.append((b"k", b"old"))  # offset 0: k's latest record once the tail below is truncated
+    fill(env, "a")
+    env.roll()
+    fill(env, "b")
+    env.roll()
+    truncation_point = env.log.log_end_offset
+    env.append((b"k", b"new"))  # superseded k=old; lost by the truncation below
+    fill(env, "c")
+    env.roll()
+    assert len(env.log.segments) >= 4
+    job = env.cleaner.grab_filthiest_log()
+    job.build_offset_map()
+    assert job.end_offset > truncation_point
+    # an unclean leader election: this replica truncates below its high watermark
+    assert env.log.truncate_to(truncation_point)
+    with pytest.raises(CleaningAborted):
+        clean_groups(job)
+    env.cleaner.abandon(job, CleaningAborted("truncated"))
+    assert (b"k", b"old") in [r[:2] for _, r in env.records()]
+    assert not env.cleaner.uncleanable
+    env.log.update_high_watermark(env.log.log_end_offset)
+    env.roll()
+    env.clean()  # a later cleaning sees the truncated log: k=old stays, it is k's latest
+    assert [(o, r[:2]) for o, r in env.records() if r[0] == b"k"] == [(0, (b"k", b"old"))]
+
+
+def test_a_topic_deleted_and_created_again_during_a_cleaning_keeps_the_new_topics_data(tmp_path):
+    env = Env(tmp_path, EAGER)
+    for round_ in range(3):
+        fill(env, f"r{round_}-")
+        env.roll()
+    job = env.cleaner.grab_filthiest_log()
+    job.build_offset_map()
+    groups = job.groups()
+    cleaned = job.clean_group(groups[0])
+    assert cleaned is not None
+    env.manager.delete_log(TP)
+    env.log = env.manager.get_or_create_log(TP, EAGER)  # the topic is created again
+    env.expected = {}
+    fill(env, "new-", 30)
+    env.roll()
+    with pytest.raises(CleaningAborted):
+        job.swap(groups[0], cleaned)
+    env.cleaner.abandon(job, CleaningAborted("deleted"))
+    assert not env.cleaner.uncleanable
+    env.check_records_are_appended_ones()
+    assert len(env.records()) == 30
+    env.restart()  # nothing of the new topic is left renamed aside for the loader to remove
+    env.check_records_are_appended_ones()
+    assert len(env.records()) == 30
+
+
+def test_a_log_closed_during_a_cleaning_is_not_swapped(tmp_path):
+    env = Env(tmp_path, EAGER)
+    for round_ in range(3):
+        fill(env, f"r{round_}-")
+        env.roll()
+    job = env.cleaner.grab_filthiest_log()
+    env.manager.shutdown()  # the broker stops while the worker thread is busy
+    with pytest.raises(CleaningAborted):
+        run_steps_inline(job)
+    env.cleaner.abandon(job, CleaningAborted("closed"))
+    env.open()
+    env.check_records_are_appended_ones()
+    assert len(env.records()) == 45
