@@ -224,8 +224,8 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
     _S("log.cleaner.backoff.ms", int, 15000,
        "Wait before looking again when no log needs cleaning (ms).", minimum=0),
     _S("log.cleaner.dedupe.buffer.size", int, 128 * MIB,
-       "Memory for the cleaners' key -> offset maps, shared by all cleaner threads; 24 bytes per "
-       "key, as Kafka counts (bytes).", minimum=1024),
+       "Memory for the cleaners' key -> offset maps, shared by all cleaner threads; a key takes "
+       "176 bytes (Kafka's map: 24) (bytes).", minimum=1024),
     _S("log.cleaner.io.buffer.load.factor", float, 0.9,
        "How full a cleaner's key -> offset map may get (0 to 1).", minimum=0, maximum=1),
     # network

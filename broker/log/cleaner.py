@@ -20,9 +20,11 @@ Cleaning a log (``CleaningJob``):
 
 1. *Offset map* (``build_offset_map``): key -> offset of its last record in the cleanable
    dirty section, read in offset order. The map holds at most ``log.cleaner.dedupe.buffer.size
-   / 24 * log.cleaner.io.buffer.load.factor`` keys (24 bytes a key, as Kafka counts: a
-   16-byte MD5 of the key and an 8-byte offset); when it is full, the map ends at the last
-   offset it covers, and this round cleans only up to there (``end_offset``).
+   / 176 * log.cleaner.io.buffer.load.factor`` keys: Kafka's SkimpyOffsetMap packs a key in
+   24 bytes (a 16-byte MD5 of the key and an 8-byte offset), but in a Python dict of digest
+   -> offset a key costs up to 176 bytes (the objects and the table, while it grows), and
+   the buffer size is a memory bound; when it is full, the map ends at the last offset it
+   covers, and this round cleans only up to there (``end_offset``).
 2. *Groups*: every segment from the log's first up to ``end_offset`` (clean ones too: they
    may hold records superseded in the dirty section), grouped so a group's files stay below
    ``segment.bytes`` and ``segment.index.bytes`` (``group_segments_by_size``).
@@ -106,7 +108,9 @@ from broker.log.segment import MAX_RELATIVE_OFFSET, LogSegment
 logger = logging.getLogger("tidelog.log.cleaner")
 
 CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
-BYTES_PER_MAP_ENTRY = 24  # Kafka's SkimpyOffsetMap: 16-byte MD5 + 8-byte offset
+# memory of one key in OffsetMap (dict of 16-byte MD5 -> offset: bytes and int objects and
+# the dict's table, at its peak while the table grows); Kafka's SkimpyOffsetMap needs 24
+BYTES_PER_MAP_ENTRY = 176
 READ_CHUNK_BYTES = 1 << 20
 _HEAD = struct.Struct(">qiibI")
 _TAIL = struct.Struct(">hiqqqhii")

@@ -14,7 +14,8 @@ import os
 import pytest
 
 from broker.log.cleaner import (
-    CLEANER_OFFSET_CHECKPOINT, CleanerConfig, LogCleaner, OffsetMap, cleanable_offsets, retain_record,
+    BYTES_PER_MAP_ENTRY, CLEANER_OFFSET_CHECKPOINT, CleanerConfig, LogCleaner, OffsetMap, cleanable_offsets,
+    retain_record,
 )
 from broker.log.checkpoint import OffsetCheckpoint
 from broker.log.config import InvalidConfigError, LogConfig
@@ -219,7 +220,7 @@ def test_compressed_batches_are_cleaned_record_by_record(tmp_path):
 
 def test_a_small_offset_map_cleans_in_rounds_and_converges(tmp_path):
     env = Env(tmp_path, dataclasses.replace(COMPACT, min_cleanable_dirty_ratio=0.0),
-              cleaner=CleanerConfig(dedupe_buffer_size=24 * 4, io_buffer_load_factor=1.0))
+              cleaner=CleanerConfig(dedupe_buffer_size=BYTES_PER_MAP_ENTRY * 4, io_buffer_load_factor=1.0))
     for i in range(100):
         env.append((f"k{i % 10}".encode(), f"v{i}".encode()))
     env.roll()
@@ -321,7 +322,7 @@ def test_pure_rules():
     m = OffsetMap(2)
     assert m.put(b"a", 1) and m.put(b"b", 2) and m.put(b"a", 3)
     assert not m.put(b"c", 4) and m.get(b"a") == 3 and m.get(b"c") == -1
-    assert CleanerConfig(dedupe_buffer_size=2400, threads=2, io_buffer_load_factor=0.5).map_capacity == 25
+    assert CleanerConfig(dedupe_buffer_size=17600, threads=2, io_buffer_load_factor=0.5).map_capacity == 25
 
 
 def test_topic_config_validation():

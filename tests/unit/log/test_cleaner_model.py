@@ -19,7 +19,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from broker.log.cleaner import CleanerConfig, LogCleaner
+from broker.log.cleaner import BYTES_PER_MAP_ENTRY, CleanerConfig, LogCleaner
 from broker.log.config import LogConfig
 from broker.log.manager import LogManager
 from protocol.records import BatchBuilder, Codec
@@ -46,7 +46,7 @@ class CompactedLogMachine(RuleBasedStateMachine):
         self.config = LogConfig(segment_bytes=segment_bytes, index_interval_bytes=128, cleanup_policy="compact",
                                 delete_retention_ms=retention, min_cleanable_dirty_ratio=min_ratio,
                                 max_message_bytes=segment_bytes, retention_ms=-1)
-        self.cleaner_config = CleanerConfig(dedupe_buffer_size=24 * map_keys, io_buffer_load_factor=1.0)
+        self.cleaner_config = CleanerConfig(dedupe_buffer_size=BYTES_PER_MAP_ENTRY * map_keys, io_buffer_load_factor=1.0)
         self.appended: dict[int, tuple] = {}
         self._open()
 

@@ -96,3 +96,22 @@ def test_a_log_closed_during_a_cleaning_is_not_swapped(tmp_path):
     env.open()
     env.check_records_are_appended_ones()
     assert len(env.records()) == 45
+
+
+def test_a_full_offset_map_stays_within_the_dedupe_buffer():
+    # log.cleaner.dedupe.buffer.size bounds the memory of the cleaners' key -> offset maps
+    import tracemalloc
+
+    from broker.log.cleaner import CleanerConfig, OffsetMap
+    buffer_bytes = 8 * 1024 * 1024
+    capacity = CleanerConfig(dedupe_buffer_size=buffer_bytes, io_buffer_load_factor=1.0).map_capacity
+    tracemalloc.start()
+    try:
+        m = OffsetMap(capacity)
+        for i in range(capacity):
+            assert m.put(b"key-%d" % i, 1_000_000_000 + i)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not m.put(b"one more", 0)
+    assert peak <= buffer_bytes
