@@ -175,6 +175,13 @@ class HeartbeatTimer:
         self.last_received = self.last_sent = now
         self.in_flight = False
 
+    def coordinator_found(self, now: float) -> None:
+        """Kafka's resetSessionTimeout when FindCoordinator answers: the session is judged
+        from now, so a member whose coordinator was away longer than the session timeout
+        heartbeats the new one (due at once) instead of finding the session expired again and
+        dropping the coordinator it just found, which would never let it hear of a rebalance."""
+        self.last_received = now
+
     def time_to_next_heartbeat(self, now: float) -> float:
         if self.in_flight:
             return self.heartbeat_interval_s
@@ -712,6 +719,7 @@ class ConsumerCoordinator:
         node = COORDINATOR_ID_BASE - response.node_id
         self.cluster.add_node(node, response.host, response.port)
         self.coordinator_id = node
+        self.timer.coordinator_found(time.monotonic())
         self._coordinator_found.set()
         self._wake_heartbeat.set()
         log.debug("group %r: coordinator is broker %d", self.group_id, response.node_id)
