@@ -742,6 +742,18 @@ class RecordAccumulator:
                 index += 1
             dq.insert(index, batch)
 
+    def clear_queued_sequences(self, refused: ProducerBatch) -> None:
+        """``refused`` is known not to be in the log and takes a sequence of a new epoch: so do
+        the batches of its partition and producer epoch queued for a retry behind it (a broker
+        takes a producer's sequences only in order, so none of them is in the log either).
+        Kept, they would hold the partition on the old epoch while waiting behind ``refused``,
+        which waits for the partition to move to the new one."""
+        old = (refused.producer_id, refused.producer_epoch)
+        with self.lock:
+            for b in self._batches.get(refused.tp, ()):
+                if b.seq > refused.seq and b.base_sequence >= 0 and (b.producer_id, b.producer_epoch) == old:
+                    self.idempotence.clear_sequence(b)
+
     def complete(self, batch: ProducerBatch, base_offset: int = -1, log_append_time: int = -1,
                  error: BaseException | None = None, *, in_flight: bool = True) -> None:
         """Resolve an in-flight (or expired/aborted) batch and release its memory."""

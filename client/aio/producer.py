@@ -412,6 +412,8 @@ class Sender:
             if seqs is not None and batch.base_sequence >= 0 and d.action != "done":
                 verdict = seqs.decide(batch, d.error_code)
                 d = decide_sequenced(batch, d, verdict, now=acc.clock(), retries=self.config.retries)
+                if verdict.action in ("resequence", "reset") and d.action == "retry":
+                    acc.clear_queued_sequences(batch)
                 if verdict.action == "resequence" and d.action == "retry":
                     seqs.clear_sequence(batch)  # refused after an epoch bump: not in the log
                 elif verdict.action == "reset" and d.action == "retry":

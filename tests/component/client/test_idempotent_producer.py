@@ -97,3 +97,24 @@ async def test_a_gap_in_the_brokers_sequence_fails_that_batch_and_the_epoch_is_b
     inits = fake.sent(ApiKey.INIT_PRODUCER_ID)
     assert [(r.producer_id, r.producer_epoch) for r in inits] == [(-1, -1), (1000, 0)]
     assert [(h.producer_epoch, h.base_sequence) for h in stored_batches(fake)] == [(0, 0), (1, 0)]
+
+
+async def test_queued_retries_behind_a_batch_moved_to_a_new_epoch_follow_it(fake):
+    # a connection drop fails several pipelined requests: their batches wait for a retry with
+    # their sequences; the first one is then refused by a broker that forgot the producer and
+    # moves to a new epoch, and the ones queued behind it (not in the log either: the broker
+    # takes a producer's sequences only in order) must follow it, not wait for it forever
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, batch_size=200, **FAST) as producer:
+        await producer.send_and_wait("t", b"first")
+        fake.inject(ApiKey.PRODUCE, drop_connection=True, delay_s=0.3)
+        futures = []
+        for i in range(12):
+            futures.append(await producer.send("t", b"v%03d" % i, partition=0))
+            await trio.sleep(0.01)
+        fake.log("t").producer_state.clear()  # as if retention removed its batches
+        with trio.fail_after(20):
+            offsets = [(await f).offset for f in futures]
+    values = fake.values("t")
+    assert values == [b"first"] + [b"v%03d" % i for i in range(12)]
+    assert offsets == list(range(1, 13))

@@ -158,3 +158,24 @@ def test_a_batch_refused_by_a_broker_that_forgot_the_producer_moves_to_a_new_epo
     assert s.may_assign(TP)
     s.assign(b)
     assert (b.producer_epoch, b.base_sequence) == (1, 0)
+
+
+def test_batches_queued_behind_one_moved_to_a_new_epoch_follow_it():
+    s = ready_state()
+    acc = RecordAccumulator(linger_s=0, clock=lambda: 0.0, batch_size=60)
+    acc.idempotence = s
+    for i in range(4):
+        acc.append(TP, i, None, b"x" * 20, None, 42)
+    drained = acc.drain(Leaders(), {1}, 1 << 20, 0.0)[1]
+    assert len(drained) >= 3
+    for b in drained:  # the request failed: every batch waits for a retry with its sequence
+        b.attempts = 1
+        acc.reenqueue(b, 0.0)
+    first, rest = drained[0], drained[1:]
+    acc.clear_queued_sequences(first)  # refused by a broker that forgot the producer
+    s.reset_sequence(first)
+    assert [b.base_sequence for b in drained] == [-1] * len(drained)
+    s.set_producer(7, 1)
+    again = acc.drain(Leaders(), {1}, 1 << 20, 1.0)[1]
+    assert again == [first] and (first.producer_epoch, first.base_sequence) == (1, 0)
+    assert all(b.base_sequence == -1 for b in rest)
