@@ -181,7 +181,14 @@ class LogManager:
         fsync_dir(d)
         shutil.rmtree(doomed, ignore_errors=True)
         self.checkpoint_all()
+        self._drop_cleaner_checkpoint(d, tp)  # a topic created again under the name starts dirty
         return True
+
+    def _drop_cleaner_checkpoint(self, d: str, tp: TopicPartition) -> None:
+        offsets = self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT)
+        if tp in offsets:
+            del offsets[tp]
+            OffsetCheckpoint(os.path.join(d, CLEANER_OFFSET_CHECKPOINT)).write(offsets)
 
     def update_config(self, tp: TopicPartition, config: LogConfig) -> None:
         log = self._logs[tp]

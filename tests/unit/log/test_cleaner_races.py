@@ -115,3 +115,21 @@ def test_a_full_offset_map_stays_within_the_dedupe_buffer():
         tracemalloc.stop()
     assert not m.put(b"one more", 0)
     assert peak <= buffer_bytes
+
+
+def test_a_topic_created_again_does_not_inherit_the_deleted_ones_cleaner_checkpoint(tmp_path):
+    env = Env(tmp_path, EAGER)
+    for round_ in range(3):
+        fill(env, f"r{round_}-")
+        env.roll()
+    assert env.clean() is not None  # the checkpoint is now 45
+    env.manager.delete_log(TP)
+    env.log = env.manager.get_or_create_log(TP, EAGER)
+    env.expected = {}
+    for round_ in range(3):
+        fill(env, f"new{round_}-")
+    fill(env, "new3-", 5)
+    env.roll()
+    assert env.clean() is not None  # all of the new log is dirty: every key once
+    assert sorted(r[0] for _, r in env.records()) == sorted(f"f{i}".encode() for i in range(15))
+    env.check_records_are_appended_ones()
