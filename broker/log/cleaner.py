@@ -39,7 +39,10 @@ Cleaning a log (``CleaningJob``):
    ``delete.retention.ms`` after it was first cleaned: long enough for a consumer that read
    the value before to see the delete. The last record of the last batch of each idempotent
    producer the log's producer state knows (Kafka's active producers) is kept, so its last
-   sequence number survives a rebuild of the state from the log. A producer forgotten by
+   sequence number survives a rebuild of the state from the log, unless a later record of
+   its key supersedes it: Kafka keeps such a batch empty, but a batch here holds at least one
+   record, and an old value kept would come back once the later records are gone (a
+   tombstone past its delete horizon). A producer forgotten by
    producer id expiration is not protected any more (the log manager then moves the
    checkpoint back to its record, so the next cleaning reconsiders it): otherwise a compacted
    topic would keep one record for every producer id that ever wrote to it.
@@ -569,12 +572,16 @@ class CleaningJob:
                 for run in _runs(keep)]
 
     def _retain(self, h: BatchHeader, offset: int, r: tuple, horizon: int | None) -> bool:
-        if h.producer_id >= 0 and offset == h.last_offset \
-                and self.last_batch_of_producer.get(h.producer_id) == offset:
-            return True  # the producer's last sequence number stays in the log
         key = r[2]
-        return retain_record(offset, key, r[3], self.map.latest_offset,
-                             self.map.get(key) if key is not None else -1, horizon, self.now_ms)
+        map_offset = self.map.get(key) if key is not None else -1
+        if retain_record(offset, key, r[3], self.map.latest_offset, map_offset, horizon, self.now_ms):
+            return True
+        # a known producer's last record carries its last sequence number: it stays, unless a
+        # later record of its key supersedes it (kept, its old value would come back once the
+        # later ones are gone, e.g. a tombstone past its delete horizon)
+        return (h.producer_id >= 0 and offset == h.last_offset
+                and self.last_batch_of_producer.get(h.producer_id) == offset
+                and (key is None or offset >= map_offset))
 
     # -- owner thread --------------------------------------------------------------------------
 

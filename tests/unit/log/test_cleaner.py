@@ -194,18 +194,25 @@ def test_keyless_records_left_from_before_compaction_are_dropped_not_fatal(tmp_p
     assert [(o, r[0]) for o, r in env.records()] == [(18, b"k")]
 
 
-def test_the_last_record_of_each_idempotent_producer_survives(tmp_path):
+def test_the_last_record_of_each_idempotent_producer_survives_unless_superseded(tmp_path):
     env = Env(tmp_path)
-    env.append((b"a", b"1"), (b"b", b"2"), producer_id=7, sequence=0)  # producer 7's last batch
+    env.append((b"a", b"1"), (b"b", None), producer_id=7, sequence=0)  # producer 7's last batch
+    env.append((b"c", b"1"), producer_id=8, sequence=0)  # producer 8's last batch
     for i in range(30):
-        env.append((b"a", f"x{i}".encode()), (b"b", f"y{i}".encode()))
+        env.append((b"a", f"x{i}".encode()), (b"c", f"y{i}".encode()))
     env.roll()
     env.clean()
-    got = env.records()
-    assert 1 in [o for o, _ in got]  # (b, 2): superseded, but it carries producer 7's last sequence
+    env.clock.advance(COMPACT.delete_retention_ms + 1)
+    for i in range(30):
+        env.append((b"a", f"z{i}".encode()))
+    env.roll()
+    env.clean()
+    got = [o for o, _ in env.records()]
+    # (b, None): a tombstone past its delete horizon, kept: it carries producer 7's last sequence
+    assert 1 in got and 0 not in got
     batch = [h for _, h in iter_headers(read_batches(env.log)) if h.base_offset == 1][0]
     assert (batch.producer_id, batch.base_sequence, batch.last_sequence) == (7, 1, 1)
-    assert 0 not in [o for o, _ in got]
+    assert 2 not in got  # (c, 1): producer 8's last record, superseded by later values of c
 
 
 def test_compressed_batches_are_cleaned_record_by_record(tmp_path):
