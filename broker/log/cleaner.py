@@ -667,7 +667,13 @@ class LogCleaner:
         for tp, log in self.logs.logs.items():
             if not log.config.compacts or tp in self.in_progress or tp in self.uncleanable:
                 continue
-            offsets = cleanable_offsets(log, checkpoints.get(tp), now)
+            checkpoint = checkpoints.get(tp)
+            if log.truncated_to is not None:  # records written again below it were never cleaned
+                if checkpoint is not None and checkpoint > log.truncated_to:
+                    checkpoint = log.truncated_to
+                    self.logs.update_cleaner_checkpoint(tp, checkpoint)
+                log.truncated_to = None
+            offsets = cleanable_offsets(log, checkpoint, now)
             if offsets.force_update_checkpoint:
                 self.logs.update_cleaner_checkpoint(tp, offsets.first_dirty_offset)
             candidate = log_to_clean(tp, log, offsets, now)

@@ -110,6 +110,7 @@ class Log:
         self.last_flush_ms = clock()
         self.recovery_report: list[str] = []
         self.cleaner_fence = 0  # moved by truncation, close and delete (see the module docstring)
+        self.truncated_to: int | None = None  # lowest log end left by a truncation, for the cleaner
         if producer_state is None:
             producer_state = ProducerStateManager(directory)
             producer_state.map_end_offset = self.log_end_offset
@@ -383,6 +384,7 @@ class Log:
         self.epoch_cache.truncate_from_end(leo)
         self._high_watermark = min(self._high_watermark, leo)
         self.recovery_point = min(self.recovery_point, leo)
+        self._note_truncation(leo)
         self.reload_producer_state()
         logger.info("%s: truncated to offset %d (log end offset now %d)", self.topic_partition, offset, leo)
         return True
@@ -400,7 +402,13 @@ class Log:
         self.epoch_cache.clear()
         self.producer_state.clear(offset)
         self.producer_state.delete_snapshots(lambda _: True)
+        self._note_truncation(offset)
         logger.info("%s: truncated fully, restarting at offset %d", self.topic_partition, offset)
+
+    def _note_truncation(self, offset: int) -> None:
+        """The cleaner's checkpoint must not stay above ``offset``: what is appended there
+        next was never cleaned (``LogCleaner`` takes this, as Kafka's truncateTo moves it)."""
+        self.truncated_to = offset if self.truncated_to is None else min(self.truncated_to, offset)
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -133,3 +133,25 @@ def test_a_topic_created_again_does_not_inherit_the_deleted_ones_cleaner_checkpo
     assert env.clean() is not None  # all of the new log is dirty: every key once
     assert sorted(r[0] for _, r in env.records()) == sorted(f"f{i}".encode() for i in range(15))
     env.check_records_are_appended_ones()
+
+
+def test_records_written_again_below_the_cleaner_checkpoint_after_a_truncation_are_cleaned(tmp_path):
+    env = Env(tmp_path, EAGER)
+    fill(env, "a")
+    env.roll()
+    fill(env, "b")
+    env.roll()
+    assert env.clean() is not None  # the checkpoint is now 30
+    # an unclean leader election: this replica truncates below its checkpoint, then copies the
+    # new leader's records, which were never cleaned
+    assert env.log.truncate_to(10)
+    for offset in [o for o in env.expected if o >= 10]:
+        del env.expected[offset]
+    start = env.log.log_end_offset
+    for i in range(40 - start):  # past the checkpoint, with keys of its own after it
+        env.append((b"g%d" % (i % 3) if env.log.log_end_offset < 30 else b"h", b"new%d" % i))
+    env.roll()
+    env.clean()
+    keys = [r[0] for _, r in env.records()]
+    assert sorted(keys) == sorted(set(keys))  # one record per key
+    env.check_records_are_appended_ones()
