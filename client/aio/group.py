@@ -272,6 +272,25 @@ def not_superseded(offsets: Mapping[TopicPartition, int], seq: int,
     return {tp: o for tp, o in offsets.items() if sent_seq.get(tp, 0) < seq}
 
 
+def coalesce_commit(fresh: Mapping[TopicPartition, int], seq: int, generation: "Generation",
+                    requested: Mapping[TopicPartition, tuple[int, int, "Generation"]]
+                    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """What commit number ``seq`` sends: for each of its partitions the offset of the latest
+    commit requested so far for it (``requested``: partition -> (seq, offset, generation)),
+    if that commit is of the same generation, else its own. Returns (offsets, seq per
+    partition). Commits queued behind one in flight are thus sent together: the later one
+    finds its offsets already stored (``not_superseded``) and returns at once; the stored
+    offset is the one the latest commit asked for, so nothing moves back."""
+    offsets, seqs = {}, {}
+    for tp, offset in fresh.items():
+        latest = requested.get(tp)
+        if latest is not None and latest[0] > seq and latest[2] == generation:
+            offsets[tp], seqs[tp] = latest[1], latest[0]
+        else:
+            offsets[tp], seqs[tp] = offset, seq
+    return offsets, seqs
+
+
 def matching_topics(pattern: re.Pattern[str], metadata: ClusterMetadata,
                     exclude_internal: bool = True) -> set[str]:
     """The topics a pattern subscription covers (fullmatch, as Java's Pattern.matches)."""
@@ -333,6 +352,7 @@ class ConsumerCoordinator:
         self._commit_lock = trio.Lock()
         self._commit_seq = 0
         self._sent_seq: dict[TopicPartition, int] = {}
+        self._requested: dict[TopicPartition, tuple[int, int, Generation]] = {}  # latest commit asked
         self._completed_commits: list[tuple[Callable, dict, BaseException | None]] = []
         self._next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
         self._wake_heartbeat = trio.Event()
@@ -872,6 +892,8 @@ class ConsumerCoordinator:
         self._commit_seq += 1
         seq = self._commit_seq
         generation = self._commit_generation()
+        for tp, offset in offsets.items():
+            self._requested[tp] = (seq, offset, generation)
         with trio.move_on_at(deadline) as waiting:  # an earlier commit may hold the lock: wait only this long
             await self._commit_lock.acquire()
         if waiting.cancelled_caught:
@@ -881,9 +903,10 @@ class ConsumerCoordinator:
             fresh = not_superseded(offsets, seq, self._sent_seq)
             if not fresh:
                 return
-            await self._commit_with_retries(fresh, generation, deadline)
-            for tp, offset in fresh.items():
-                self._sent_seq[tp] = seq
+            sending, seqs = coalesce_commit(fresh, seq, generation, self._requested)
+            await self._commit_with_retries(sending, generation, deadline)
+            for tp, offset in sending.items():
+                self._sent_seq[tp] = max(self._sent_seq.get(tp, 0), seqs[tp])
                 self.committed[tp] = offset
         finally:
             self._commit_lock.release()

@@ -13,7 +13,7 @@ from client.aio.consumer import ConsumerConfig, SubscriptionState
 from client.aio.group import (COMMIT_ACTIONS, FATAL, HEARTBEAT_ACTIONS, JOIN_ACTIONS, OK, REDISCOVER,
                               REJOIN, RESET_MEMBER, RETRY, SYNC_ACTIONS, TAKE_MEMBER_ID, HeartbeatTimer,
                               action_for, auto_commit_offsets, commit_failed_message, complete_join,
-                              matching_topics, not_superseded, prepare_join)
+                              matching_topics, not_superseded, prepare_join, coalesce_commit, Generation)
 from protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID,
                              GROUP_AUTHORIZATION_FAILED, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL,
                              MEMBER_ID_REQUIRED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS,
@@ -144,3 +144,16 @@ def test_commits_reaching_the_lock_out_of_order_never_move_back():
     sent.update(dict.fromkeys(later, 2))
     assert not_superseded({A0: 5, B0: 3}, 1, sent) == {B0: 3}  # the older commit's A0 is stale
     assert not_superseded({A0: 4}, 3, sent) == {A0: 4}  # a newer explicit commit may move back
+
+
+def test_a_commit_sends_the_latest_offset_asked_for_its_partitions_in_its_generation():
+    g1, g2 = Generation(1, "m"), Generation(2, "m")
+    requested = {A0: (5, 50, g1), A1: (3, 30, g1), B0: (6, 60, g2)}
+    # commit 3 asked for A0 and B0; commit 5 (same generation) later asked A0 -> 50
+    assert coalesce_commit({A0: 20, B0: 21}, 3, g1, requested) == ({A0: 50, B0: 21}, {A0: 5, B0: 3})
+    # its own request is the latest: sent as asked
+    assert coalesce_commit({A1: 30}, 3, g1, requested) == ({A1: 30}, {A1: 3})
+    # a later commit of another generation is not borrowed (that member may no longer own it)
+    assert coalesce_commit({B0: 40}, 4, g1, requested) == ({B0: 40}, {B0: 4})
+    # a later commit asking a lower offset (after a seek back) still wins: the latest request is what is stored
+    assert coalesce_commit({A0: 70}, 4, g1, requested) == ({A0: 50}, {A0: 5})
