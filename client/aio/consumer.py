@@ -344,14 +344,22 @@ def plan_fetches(subscriptions: SubscriptionState, metadata: ClusterMetadata, bu
 
 
 class PartitionOutcome(NamedTuple):
-    action: str  # "data" | "empty" | "stale" | "reset" | "retry" | "refresh" | "error"
+    action: str  # "data" | "empty" | "gap" | "stale" | "reset" | "retry" | "refresh" | "error"
     error: TidelogError | None = None
 
 
 def handle_partition_response(tp: TopicPartition, state: PartitionState | None, generation: int,
                               fetch_offset: int, p: FetchPartitionResponse, *, now: float,
-                              backoff_s: float) -> PartitionOutcome:
-    """Apply one partition's fetch result to its state (pure); says what happened."""
+                              backoff_s: float, first: bool = False) -> PartitionOutcome:
+    """Apply one partition's fetch result to its state (pure); says what happened.
+
+    ``first``: the partition came first in its fetch request, so the broker returned at
+    least one batch if any lies between the fetch offset and the high watermark. Nothing
+    returned then means those offsets hold no records (a compacted topic's cleaner removed
+    them, at the end of a segment): the position moves to the high watermark ("gap"), where
+    a consumer waiting for new records would jump anyway, so a reader of a range ending
+    below the high watermark (the Spark source) is not left waiting for offsets that will
+    never come."""
     if state is None or state.generation != generation or state.fetch_offset != fetch_offset:
         return PartitionOutcome("stale")
     if p.error_code == NONE.code:
@@ -360,6 +368,11 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
         if p.log_start_offset >= 0:
             state.log_start_offset = p.log_start_offset
         if not p.records:
+            if first and fetch_offset < p.high_watermark and not state.buffered:
+                if state.position == fetch_offset:
+                    state.position = p.high_watermark
+                state.fetch_offset = p.high_watermark
+                return PartitionOutcome("gap")
             return PartitionOutcome("empty")
         batches = list(iter_headers(p.records))
         if not batches:
@@ -830,6 +843,9 @@ class AsyncConsumer(RunsInOwnNursery):
     def _absorb_fetch(self, response: FetchResponse, plan: FetchPlan) -> None:
         subs, now = self._subscriptions, time.monotonic()
         got_data = refresh = False
+        first_topic = plan.request.topics[0] if plan.request.topics else None
+        first = TopicPartition(first_topic.topic, first_topic.partitions[0].partition) \
+            if first_topic is not None and first_topic.partitions else None
         for t in response.responses:
             for p in t.partitions:
                 tp = TopicPartition(t.topic, p.partition_index)
@@ -840,7 +856,7 @@ class AsyncConsumer(RunsInOwnNursery):
                 generation, offset = plan.sent[tp]
                 state = subs.partitions.get(tp)
                 outcome = handle_partition_response(tp, state, generation, offset, p, now=now,
-                                                    backoff_s=self._backoff_s)
+                                                    backoff_s=self._backoff_s, first=tp == first)
                 if outcome.action == "data":
                     got_data = True
                 elif outcome.action == "refresh":

@@ -136,6 +136,27 @@ def test_empty_fetch_changes_nothing_but_the_watermarks():
     assert outcome.action == "empty" and state.fetch_offset == 3 and state.log_start_offset == 1
 
 
+def test_nothing_below_the_high_watermark_for_the_first_partition_is_a_compacted_gap():
+    # the broker answers the first partition of a fetch with a batch whenever one lies between
+    # the fetch offset and the HW: none means the offsets were cleaned away
+    state = state_at(3)
+    outcome = handle_partition_response(A0, state, state.generation, 3, FetchPartitionResponse(0, 0, 9, 0),
+                                        now=0, backoff_s=0, first=True)
+    assert outcome.action == "gap" and (state.position, state.fetch_offset) == (9, 9)
+    # not first: its share of the response may have been used up by the partitions before it
+    state = state_at(3)
+    outcome = handle_partition_response(A0, state, state.generation, 3, FetchPartitionResponse(0, 0, 9, 0),
+                                        now=0, backoff_s=0, first=False)
+    assert outcome.action == "empty" and (state.position, state.fetch_offset) == (3, 3)
+    # records still buffered: it waits until they are read (then the next empty answer moves it)
+    state = state_at(3)
+    handle_partition_response(A0, state, state.generation, 3,
+                              FetchPartitionResponse(0, 0, 9, 0, batches((3, 2))), now=0, backoff_s=0)
+    outcome = handle_partition_response(A0, state, state.generation, 5, FetchPartitionResponse(0, 0, 9, 0),
+                                        now=0, backoff_s=0, first=True)
+    assert outcome.action == "empty" and state.fetch_offset == 5
+
+
 def test_offset_out_of_range_asks_for_a_reset():
     state = state_at(99)
     outcome = handle_partition_response(A0, state, state.generation, 99,

@@ -18,7 +18,7 @@ from protocol.errors import (
 from protocol.records import (
     patch_batch,
     CRC_AT, CRC_START, LOG_OVERHEAD, MAGIC_AT, NO_TIMESTAMP, BatchBuilder, Codec, TimestampType,
-    iter_all_records, iter_headers, read_header, validate_batches,
+    build_batch, iter_all_records, iter_headers, read_header, validate_batches,
 )
 
 from broker.log.config import LogConfig
@@ -858,3 +858,19 @@ def test_stored_batch_sizes_add_up(tmp_path):
     for seg in log.segments:
         assert seg.size == os.path.getsize(seg.log_path)
         assert sum(h.batch_length + LOG_OVERHEAD for h in headers_of(seg.read_all())) == seg.size
+
+
+def test_a_read_inside_a_gap_returns_the_next_batch_below_max_offset_or_nothing(tmp_path):
+    """What a consumer relies on for compacted topics (client.aio.consumer: "gap"): a read
+    with min_one_message from an offset in a gap returns the first batch after it when one
+    starts below ``max_offset`` (the HW), across segments, and b"" only when none does."""
+    log = open_log(tmp_path, small_config(segment_bytes=10_000))
+    log.append_as_follower(build_batch([b"a", b"b"], base_offset=0, leader_epoch=0))  # offsets 0-1, then a gap 2-4
+    log.roll(5)
+    log.append_as_follower(build_batch([b"c"], base_offset=7, leader_epoch=0))  # a gap 5-6, then offset 7
+    log.roll(8)  # the active segment starts at 8 and is empty
+    log.update_high_watermark(8)
+    assert read_header(log.read(2, 100, max_offset=8)).base_offset == 7
+    assert read_header(log.read(5, 100, max_offset=8)).base_offset == 7
+    assert log.read(5, 100, max_offset=7) == b""  # the next batch is not below the HW yet
+    assert log.read(8, 100, max_offset=8) == b""
