@@ -19,8 +19,11 @@ faults:
 Throughout, a ``CommitSampler`` thread asks the group's coordinator (FindCoordinator, then
 OffsetFetch, straight to the brokers, no retries) for the committed offsets a few times a
 second. ``kept_acknowledged_commits(broker)`` asks a coordinator for the offsets and compares
-them with every commit acknowledged to a member before the question was sent (F2/F3 against
-the coordinator: no acknowledged commit is lost when the coordinator moves).
+them with every commit acknowledged to a member before the question was sent (the coordinator's
+broker bounced: no acknowledged commit is lost when the coordinator moves).
+``group_coordinated_by(s, broker, prefix)`` picks a group id that a given broker coordinates
+(one per ``__consumer_offsets`` partition is asked about), so that a scenario can place the
+group on the controller's broker before its members start.
 
 ``check_group`` is the oracle, run after the workload settled (every record consumed and
 committed) and ``Scenario.check`` read the final log:
@@ -58,11 +61,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from broker.coordinator.group_coordinator import partition_for
 from client import TidelogError
 from protocol.errors import ILLEGAL_GENERATION, NONE, NOT_COORDINATOR, UNKNOWN_MEMBER_ID, for_code
 from protocol.messages import (ApiKey, FindCoordinatorRequest, FindCoordinatorResponse, OffsetCommitPartition,
                                OffsetCommitRequest, OffsetCommitResponse, OffsetCommitTopic, OffsetFetchRequest,
                                OffsetFetchResponse, OffsetFetchTopic)
+from protocol.topics import OFFSETS_TOPIC
 from tests.system.harness import ELECTION_TIMEOUT_S, SETTLE_TIMEOUT_S, NotYet, Scenario, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,6 +164,36 @@ class Incarnation:
 def find_coordinator(s: Scenario, broker_id: int, group: str) -> int | None:
     r = FindCoordinatorResponse.from_body(s.ask(broker_id, ApiKey.FIND_COORDINATOR, FindCoordinatorRequest(group)))
     return r.node_id if r.error_code == NONE.code else None
+
+
+def group_coordinated_by(s: Scenario, broker_id: int, prefix: str, candidates: int = 200,
+                         timeout: float = ELECTION_TIMEOUT_S) -> str:
+    """The first of ``prefix-0``, ``prefix-1``, ... that every running broker says (FindCoordinator)
+    is coordinated by ``broker_id``: a group id placed on a ``__consumer_offsets`` partition that
+    ``broker_id`` leads. Candidates are tried one per offsets partition (Kafka's placement,
+    ``abs(hashCode) % offsets.topic.num.partitions``), so at most that many are asked about. The
+    first FindCoordinator creates the topic; until its partitions have leaders the brokers answer
+    COORDINATOR_NOT_AVAILABLE and the search starts again, within ``timeout``."""
+    offsets_partitions = int(GROUP_BROKER_CONFIG["offsets.topic.num.partitions"])
+    names: dict[int, str] = {}  # one candidate per offsets partition
+    for i in range(candidates):
+        names.setdefault(partition_for(f"{prefix}-{i}", offsets_partitions), f"{prefix}-{i}")
+    if len(names) < offsets_partitions:
+        raise AssertionError(f"{candidates} candidates {prefix}-N cover only offsets partitions {sorted(names)}")
+
+    def pick():
+        for group in names.values():
+            named = {b: find_coordinator(s, b, group) for b in s.running}
+            if None in named.values() or len(set(named.values())) != 1:
+                return NotYet(f"FindCoordinator for {group} answers {named}")
+            if set(named.values()) == {broker_id}:
+                return group
+        raise AssertionError(f"broker {broker_id} leads no partition of {OFFSETS_TOPIC}: no group id coordinated "
+                             f"by it among {sorted(names.values())}")
+    group = wait_until(pick, timeout, f"a group id {prefix}-N coordinated by broker {broker_id}")
+    s.note(f"group {group} (offsets partition {partition_for(group, offsets_partitions)}) is coordinated by "
+           f"broker {broker_id}")
+    return group
 
 
 def offset_fetch(s: Scenario, broker_id: int, group: str, topic: str, partitions: int) -> dict[int, int] | NotYet:

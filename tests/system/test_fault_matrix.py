@@ -26,8 +26,9 @@ Covered here:
       causes is announced to consumers by OFFSET_OUT_OF_RANGE, never skipped silently (I10).
 
 F4 and F5, the network partitions, are in ``test_network_faults`` (a network namespace per
-broker, see ``netlab``). F14 (consumer group churn) and F2/F3 against the group coordinator's
-broker, checked by I12 and I13, are in ``test_group_faults``. Not covered yet: F9, F10, F12,
+broker, see ``netlab``). F14 (consumer group churn) and F1/F2/F3 against the group coordinator's
+broker (F3: SIGKILL of the broker that is both controller and coordinator), checked by I12
+and I13, are in ``test_group_faults``. Not covered yet: F9, F10, F12,
 F13, F15 and F16 (other suites or later versions).
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the

@@ -1,4 +1,4 @@
-"""The consumer-group rows of the fault matrix (RELIABILITY.md): F14, and F2/F3 against the
+"""The consumer-group rows of the fault matrix (RELIABILITY.md): F14, and F1/F2/F3 against the
 group coordinator's broker, checked by I12 and I13 (``group_harness``, which explains the
 oracle) on top of the harness's I1, I2, I3, I5 for the topic the group consumes.
 
@@ -11,19 +11,28 @@ at-least-once (commit after processing), with 4 s sessions:
   SIGSTOPped mid-batch past its session timeout: the coordinator refuses a commit of its
   generation and, resumed, its own pending commit fails with CommitFailedError; a client's
   Produce to ``__consumer_offsets`` is refused with INVALID_TOPIC_EXCEPTION meanwhile.
-* F2 (kill -9) and F3 (SIGTERM: controlled shutdown) of the broker that is the group
-  coordinator (leader of the group's ``__consumer_offsets`` partition) while the group
-  consumes and commits: the members find the new coordinator and commit through it, and its
-  OffsetFetch returns at least every commit acknowledged before (no acknowledged commit lost);
-  the broker is restarted (after its ZooKeeper session expired, for F2) and the group goes on.
-  (RELIABILITY.md's F2 is the hard bounce of a leader, here the leader of the group's
-  partition; the SIGTERM bounce is F1's injection, applied to the coordinator as issue 5 asks
-  for F3.)
+* The broker that is the group coordinator (leader of the group's ``__consumer_offsets``
+  partition) bounced while the group consumes and commits, a member dying mid-batch with it:
+
+  - F2, the leader hard bounce: SIGKILL, restart once its ZooKeeper session expired, 3 times;
+  - F3, the controller hard kill: SIGKILL of the broker that is both the controller (holds
+    ``/controller``) and the group coordinator, restarted once its session expired; so both
+    move at once, the new controller electing the new leader of the group's offsets partition.
+    The group id is chosen for it at scenario start (``group_coordinated_by``: the first
+    candidate whose coordinator is the controller's broker). Once: after the restart the
+    controller and the coordinator are, in general, different brokers;
+  - F1's injection, the clean bounce: SIGTERM (controlled shutdown moves the offsets
+    partition's leadership away first), restart, 3 times.
+
+  Each time the members find the new coordinator and commit through it, and its OffsetFetch
+  returns at least every commit acknowledged before (no acknowledged commit lost); the group
+  rebalances on the new coordinator (a member was killed) and resumes at the offsets it
+  serves (I13).
 
 Each scenario ends by stopping the producer, letting the group consume and commit everything
 (its committed offsets reach the high watermarks), closing the members, then both oracles.
-``--soak`` multiplies the kills and bounces. Every wait is bounded; the members and the
-cluster are killed even when the scenario fails.
+``--soak`` multiplies the kills and bounces (F3's one bounce excepted). Every wait is bounded;
+the members and the cluster are killed even when the scenario fails.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import pytest
 from client import Producer
 from protocol.errors import INVALID_TOPIC_EXCEPTION
 from protocol.topics import OFFSETS_TOPIC
-from tests.system.group_harness import GROUP_BROKER_CONFIG, GroupWorkload, check_group
+from tests.system.group_harness import GROUP_BROKER_CONFIG, GroupWorkload, check_group, group_coordinated_by
 from tests.system.harness import Scenario
 
 pytestmark = pytest.mark.system
@@ -104,36 +113,65 @@ def test_f14_consumer_group_churn(tmp_path: Path, soak: int) -> None:
     assert group_report.kills == KILLS * soak + 2 and group_report.pauses[0]["outcome"] == "commit_failed"
 
 
-@pytest.mark.parametrize("fault", ["kill", "stop"], ids=["F2-coordinator-kill-9", "F3-coordinator-sigterm"])
+# fault id -> (scenario name, the broker's signal, bounces without --soak)
+COORDINATOR_FAULTS = {
+    "F2": ("F2 group coordinator hard bounce", "kill", COORDINATOR_BOUNCES),
+    "F3": ("F3 controller and group coordinator hard kill", "kill", 1),
+    "F1": ("F1 group coordinator controlled shutdown", "stop", COORDINATOR_BOUNCES),
+}
+
+
+@pytest.mark.parametrize("fault", list(COORDINATOR_FAULTS),
+                         ids=["F2-coordinator-kill-9", "F3-controller-coordinator-kill-9", "F1-coordinator-sigterm"])
 def test_group_coordinator_bounce(tmp_path: Path, soak: int, fault: str) -> None:
-    name = {"kill": "F2 group coordinator hard bounce", "stop": "F3 group coordinator controlled shutdown"}[fault]
-    with group_scenario(tmp_path, name) as s, GroupWorkload(s, "bounce") as g:
-        generation = g.wait_balanced()
-        g.wait_progress(since=time.time())
-        for i in range(COORDINATOR_BOUNCES * soak):
-            coordinator = g.coordinator()
-            slot = i % len(g.slots)
-            s.note(f"bounce {i + 1}: broker {coordinator} is the group coordinator")
-            # a member dies mid-batch with the coordinator, so that the group rebalances on the
-            # new coordinator and resumes at the offsets it serves (I13)
-            held = g.hold(slot)
-            if fault == "kill":
-                s.kill(coordinator)
-            else:
-                s.stop(coordinator)
-            g.kill_held(slot, held)
-            new = g.coordinator(not_in=[coordinator])
-            s.note(f"broker {new} is the group coordinator")
-            served = g.kept_acknowledged_commits(new)
-            g.restart(slot)
-            generation = g.wait_balanced(newer_than=generation)
-            g.wait_commits_through(new, served)
-            if fault == "kill":
-                s.wait_gone(coordinator)
-            s.start(coordinator)
-            s.wait_isr_full()
-        report, group_report = settle_and_check(s, g)
+    name, how, bounces = COORDINATOR_FAULTS[fault]
+    bounces = bounces if fault == "F3" else bounces * soak
+    with group_scenario(tmp_path, name) as s:
+        group = group_coordinated_by(s, s.controller(), "controller") if fault == "F3" else "bounce"
+        with GroupWorkload(s, group) as g:
+            generation = g.wait_balanced()
+            g.wait_progress(since=time.time())
+            for i in range(bounces):
+                generation = bounce_coordinator(s, g, i, how, generation, with_controller=fault == "F3")
+            report, group_report = settle_and_check(s, g)
     report.assert_ok()
     group_report.assert_ok()
-    assert len(group_report.coordinator_checks) == COORDINATOR_BOUNCES * soak
-    assert group_report.kills == COORDINATOR_BOUNCES * soak
+    assert len(group_report.coordinator_checks) == bounces
+    assert group_report.kills == bounces
+
+
+def bounce_coordinator(s: Scenario, g: GroupWorkload, i: int, how: str, generation: int,
+                       with_controller: bool) -> int:
+    """SIGKILL (``how="kill"``) or SIGTERM the group coordinator's broker, a member dying
+    mid-batch with it; check the new coordinator kept every acknowledged commit and the group
+    rebalances and commits through it; restart the broker. ``with_controller``: the coordinator
+    must also be the controller, and the controller moves too. Returns the new generation."""
+    coordinator = g.coordinator()
+    slot = i % len(g.slots)
+    s.note(f"bounce {i + 1}: broker {coordinator} is the group coordinator")
+    if with_controller:
+        controller = s.controller()
+        assert controller == coordinator, \
+            f"broker {controller} is the controller, broker {coordinator} the coordinator of {g.group}"
+        s.note(f"broker {controller} is also the controller")
+    # a member dies mid-batch with the coordinator, so that the group rebalances on the new
+    # coordinator and resumes at the offsets it serves (I13)
+    held = g.hold(slot)
+    if how == "kill":
+        s.kill(coordinator)
+    else:
+        s.stop(coordinator)
+    g.kill_held(slot, held)
+    new = g.coordinator(not_in=[coordinator])
+    s.note(f"broker {new} is the group coordinator")
+    if with_controller:
+        s.note(f"broker {s.controller(not_in=[coordinator])} is the controller")
+    served = g.kept_acknowledged_commits(new)
+    g.restart(slot)
+    generation = g.wait_balanced(newer_than=generation)
+    g.wait_commits_through(new, served)
+    if how == "kill":
+        s.wait_gone(coordinator)
+    s.start(coordinator)
+    s.wait_isr_full()
+    return generation
