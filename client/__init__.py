@@ -322,8 +322,12 @@ class Consumer(_Blocking):
 
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for some. With a
-        group, a poll also runs rebalances (and their callbacks, on this thread), which may
-        take up to ``request_timeout_ms`` more."""
+        group, a poll also runs rebalances, within the same ``timeout_ms`` (what is not done
+        by then, such as a slow commit before a rebalance, goes on in the background and the
+        next poll continues it); the rebalance listener and commit callbacks run on this
+        thread, and their time is not counted. The wait for the client's event loop is
+        bounded by ``timeout_ms + request_timeout_ms`` plus a grace period: a margin over the
+        poll's own bound, reached only when the loop is stuck."""
         return self._serve(self._aio.poll, timeout_ms, max_records,
                            timeout=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
 

@@ -696,7 +696,14 @@ class AsyncConsumer(RunsInOwnNursery):
         """Records from the assigned partitions, in offset order per partition: at most
         ``max_records`` (default ``max_poll_records``), waiting up to ``timeout_ms`` for some.
         Raises an error a fetch ran into (e.g. OffsetOutOfRangeError with
-        auto_offset_reset "none", CorruptRecordError) once, then carries on."""
+        auto_offset_reset "none", CorruptRecordError) once, then carries on.
+
+        With a group, poll also does the group's work (finding the coordinator, the commit
+        before a rebalance, the JoinGroup/SyncGroup exchange) within the same ``timeout_ms``:
+        what is not done by then goes on in the background and the next poll continues it.
+        Only the rebalance listener and commit callbacks, which run inside poll, can make it
+        take longer. A non-retriable error of the group (e.g. GROUP_AUTHORIZATION_FAILED
+        from FindCoordinator) is raised by every poll until it is resolved."""
         self._require_running()
         await trio.lowlevel.checkpoint_if_cancelled()
         limit = max_records or self.config.max_poll_records
@@ -705,7 +712,8 @@ class AsyncConsumer(RunsInOwnNursery):
             await self._coordinator.poll(deadline)
         while True:
             self._raise_pending()
-            records = self._drain(limit)
+            holding = self._coordinator is not None and self._coordinator.holds_records()
+            records = [] if holding else self._drain(limit)  # the commit before a rebalance is under way
             if records:
                 return records
             if trio.current_time() >= deadline or self._closed:

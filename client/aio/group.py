@@ -7,7 +7,11 @@ Theory of operation.
   ``COORDINATOR_ID_BASE - broker id``) so that a JoinGroup that waits for a whole rebalance,
   or a heartbeat, never queues behind a long-polling fetch. COORDINATOR_NOT_AVAILABLE,
   NOT_COORDINATOR, a lost connection or a timeout mark it unknown; it is looked up again with
-  backoff (COORDINATOR_LOAD_IN_PROGRESS is retried against the same broker).
+  backoff (COORDINATOR_LOAD_IN_PROGRESS is retried against the same broker). One background
+  task looks it up, retrying with backoff up to ``retry_backoff_max_ms`` while anyone waits
+  for it; a non-retriable answer (GROUP_AUTHORIZATION_FAILED, INVALID_GROUP_ID) is raised by
+  every poll (and commit) while it is the latest answer, as Kafka's ensureCoordinatorReady
+  does, and a join waiting for the coordinator goes on once it is found: never a silent stall.
 * **Membership** is a small state machine (``MemberState``): UNJOINED -> PREPARING_REBALANCE
   (JoinGroup sent) -> COMPLETING_REBALANCE (SyncGroup sent) -> STABLE. What to do with each
   error code is a table per request (``JOIN_ACTIONS``, ``SYNC_ACTIONS``, ``HEARTBEAT_ACTIONS``,
@@ -16,20 +20,28 @@ Theory of operation.
   member's first join), or fail.
 * **Rebalances happen in poll**, as in Kafka, so the application's rebalance listener runs
   where the application expects it: ``poll`` first runs the *join prepare* step (auto-commit
-  of the consumed positions while the generation is still valid, then
+  of the consumed positions while the generation is still valid: in the background, with
+  ``request_timeout_ms`` of its own, while poll waits for it only until its own deadline and
+  hands out no records, so a later poll continues the step, as Kafka's onJoinPrepare; then
   ``on_partitions_revoked``: every partition for the eager protocol, only the partitions no
   longer subscribed for the cooperative one; ``on_partitions_lost`` instead when the
   generation was lost), then starts the JoinGroup/SyncGroup exchange as a background task
   (it survives a ``poll`` that returns at its timeout) and waits for it within the poll's
-  timeout. When it completes, the next step of ``poll`` applies the assignment (*join
-  complete*): eager: everything assigned is new; cooperative: partitions no longer assigned
-  are revoked (then the member rejoins at once, so the partitions can be handed over in a
-  second rebalance) and only the added ones are passed to ``on_partitions_assigned``. New
+  timeout. All group work ``poll`` does inline is thus bounded by its deadline, except the
+  application's own rebalance listener and commit callbacks. When the exchange completes,
+  the next step of ``poll`` applies the assignment (*join complete*): eager: everything
+  assigned is new; cooperative: partitions no longer assigned are revoked (then the member
+  rejoins at once, so the partitions can be handed over in a second rebalance) and only the added ones are passed to ``on_partitions_assigned``. New
   partitions start at the group's committed offset (OffsetFetch), else per
   ``auto_offset_reset``. Decisions of these steps are pure functions (``prepare_join``,
   ``complete_join``).
 * **Heartbeats are independent of poll**: a background task heartbeats every
-  ``heartbeat_interval_ms`` while the member is STABLE (including after a heartbeat said
+  ``heartbeat_interval_ms`` from the JoinGroup answer on: while COMPLETING_REBALANCE (the
+  leader may refresh metadata for up to ``request_timeout_ms`` to compute the assignment,
+  longer than a session; REBALANCE_IN_PROGRESS is then ignored, the SyncGroup's answer
+  decides, as in Kafka), but not while the SyncGroup is in flight (the coordinator keeps a
+  member awaiting it alive, and a heartbeat's answer would wait behind the SyncGroup's:
+  responses come in request order), and while STABLE (including after a heartbeat said
   REBALANCE_IN_PROGRESS, until poll rejoins: the coordinator waits up to the rebalance
   timeout, ``max_poll_interval_ms`` by default). A handler slower than the session timeout
   therefore keeps its partitions; one slower than ``max_poll_interval_ms`` does not: the
@@ -54,6 +66,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -87,8 +100,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ConsumerRebalanceListener", "MemberState", "Generation", "HeartbeatTimer",
            "ConsumerCoordinator", "prepare_join", "complete_join", "auto_commit_offsets",
-           "matching_topics", "not_superseded", "JOIN_ACTIONS", "SYNC_ACTIONS", "HEARTBEAT_ACTIONS",
-           "COMMIT_ACTIONS", "COORDINATOR_ID_BASE", "commit_failed_message"]
+           "matching_topics", "not_superseded", "heartbeats_due", "JOIN_ACTIONS", "SYNC_ACTIONS",
+           "HEARTBEAT_ACTIONS", "COMMIT_ACTIONS", "COORDINATOR_ID_BASE", "commit_failed_message"]
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +188,12 @@ class HeartbeatTimer:
         self.last_received = self.last_sent = now
         self.in_flight = False
 
+    def joined(self, now: float) -> None:
+        """JoinGroup answered (Kafka's resetTimeouts when the heartbeat thread is enabled):
+        session and poll interval start now; the first heartbeat follows an interval."""
+        self.reset_session(now)
+        self.last_poll = now
+
     def coordinator_found(self, now: float) -> None:
         """Kafka's resetSessionTimeout when FindCoordinator answers: the session is judged
         from now, so a member whose coordinator was away longer than the session timeout
@@ -195,6 +214,19 @@ class HeartbeatTimer:
 
     def time_to_poll_timeout(self, now: float) -> float:
         return max(0.0, self.last_poll + self.max_poll_interval_s - now)
+
+
+def heartbeats_due(state: MemberState, generation_valid: bool, sync_in_flight: bool) -> bool:
+    """Whether the heartbeat task heartbeats: from the JoinGroup answer on (STABLE and
+    COMPLETING_REBALANCE, as Kafka's heartbeat thread: the leader computing the assignment may
+    take longer than the session timeout), except while the SyncGroup is in flight (the
+    coordinator keeps a member awaiting its SyncGroup answer alive, and with responses in
+    request order a heartbeat's answer would wait behind the SyncGroup's)."""
+    if not generation_valid:
+        return False
+    if state is MemberState.COMPLETING_REBALANCE:
+        return not sync_in_flight
+    return state is MemberState.STABLE
 
 
 # Actions for error codes, per request type (anything not listed: FATAL).
@@ -346,6 +378,7 @@ class ConsumerCoordinator:
         self._backoff_s = config.retry_backoff_ms / 1000
         self._backoff_max_s = config.retry_backoff_max_ms / 1000
         self._join_done: trio.Event | None = None
+        self._prepare_commit: trio.Event | None = None  # set when the commit before a rebalance ended
         self._join_outcome: JoinResult | BaseException | None = None
         self._join_scope: trio.CancelScope | None = None
         self._assignment_snapshot: dict[str, int] | None = None  # leader: partition counts assigned
@@ -356,7 +389,10 @@ class ConsumerCoordinator:
         self._completed_commits: list[tuple[Callable, dict, BaseException | None]] = []
         self._next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
         self._wake_heartbeat = trio.Event()
-        self._coordinator_found = trio.Event()
+        self._lookup_done = trio.Event()  # set when a FindCoordinator attempt ends (then renewed)
+        self._lookup_error: TidelogError | None = None  # the last attempt's non-retriable error
+        self._coordinator_waiters = 0
+        self._sync_in_flight = False  # no heartbeat then: its answer would wait behind the SyncGroup's
         self._nursery: trio.Nursery | None = None
         self._pattern_refreshed = -float("inf")
         self._left_for_poll_timeout = False
@@ -420,6 +456,8 @@ class ConsumerCoordinator:
         finished, or a rejoin is wanted and can start (the coordinator is known)."""
         if self._join_done is not None:
             return self._join_done.is_set()
+        if self._prepare_commit is not None:
+            return self._prepare_commit.is_set()
         return self.is_managed and self.rejoin_needed and self.coordinator_id is not None and (
             self.pattern is None or self._pattern_refreshed != -float("inf"))
 
@@ -440,7 +478,7 @@ class ConsumerCoordinator:
             if not await self.ensure_coordinator(deadline):
                 return
             if self._join_done is None and (self.rejoin_needed or self.state is MemberState.UNJOINED):
-                await self._prepare_and_start_join()
+                await self._prepare_and_start_join(deadline)
             if self._join_done is not None:
                 with trio.move_on_at(deadline):
                     await self._join_done.wait()
@@ -501,10 +539,10 @@ class ConsumerCoordinator:
 
     # -- rebalance: prepare, join + sync, complete ----------------------------------------------
 
-    async def _prepare_and_start_join(self) -> None:
+    async def _prepare_and_start_join(self, deadline: float) -> None:
+        if not await self._committed_before_rebalance(deadline):
+            return  # the commit goes on; a later poll revokes and joins
         owned = set(self.subscriptions.partitions)
-        if self.generation.valid and self.config.enable_auto_commit:
-            await self._commit_before_rebalance()
         prep = prepare_join(self.protocol, owned, self.generation.valid, self.subscribed_topics)
         try:
             if prep.lose:
@@ -522,8 +560,44 @@ class ConsumerCoordinator:
             self._join_outcome = None
             self._nursery.start_soon(self._join_task, self._join_done)
 
-    async def _commit_before_rebalance(self) -> None:
-        offsets = auto_commit_offsets(self.subscriptions.consumed_positions(), self.committed)
+    async def _committed_before_rebalance(self, deadline: float) -> bool:
+        """Kafka's onJoinPrepare commit, within the poll's ``deadline``: with auto-commit, the
+        consumed positions are committed before any partition is revoked. The commit runs in
+        the background with its own deadline (``request_timeout_ms``); this poll waits for it
+        until ``deadline`` and True means it is over (done, failed or not needed). Meanwhile
+        ``holds_records``: poll returns no records, so the positions committed are the ones
+        the partitions are revoked at."""
+        if self._prepare_commit is None:
+            if not (self.generation.valid and self.config.enable_auto_commit):
+                return True
+            offsets = auto_commit_offsets(self.subscriptions.consumed_positions(), self.committed)
+            if not offsets:
+                return True
+            self._prepare_commit = done = trio.Event()
+
+            async def run() -> None:
+                try:
+                    await self._commit_before_rebalance(offsets)
+                finally:
+                    done.set()
+                    self.wake_poll()
+
+            self._nursery.start_soon(run)
+        done = self._prepare_commit
+        with trio.move_on_at(deadline):
+            await done.wait()
+        if not done.is_set():
+            return False
+        self._prepare_commit = None
+        return True
+
+    def holds_records(self) -> bool:
+        """Whether poll must not hand out records now: the commit before a rebalance is under way."""
+        return self._prepare_commit is not None and not self._prepare_commit.is_set()
+
+    async def _commit_before_rebalance(self, offsets: dict[TopicPartition, int] | None = None) -> None:
+        if offsets is None:
+            offsets = auto_commit_offsets(self.subscriptions.consumed_positions(), self.committed)
         if not offsets:
             return
         try:
@@ -625,6 +699,9 @@ class ConsumerCoordinator:
         self._raise_unless_ok(action, r.error_code, "JoinGroup", r.error_message)
         self.generation = Generation(r.generation_id, r.member_id, r.protocol_name)
         self.state = MemberState.COMPLETING_REBALANCE
+        self.timer.joined(time.monotonic())
+        self._wake_heartbeat.set()
+        generation = self.generation
         is_leader = r.leader == r.member_id
         assignments = []
         if is_leader and not r.skip_assignment:
@@ -633,7 +710,14 @@ class ConsumerCoordinator:
             self._assignment_snapshot = None
         sync = SyncGroupRequest(self.group_id, r.generation_id, r.member_id, assignments,
                                 self.config.group_instance_id, PROTOCOL_TYPE, r.protocol_name)
-        response: SyncGroupResponse = await self._coordinator_request(sync, ApiKey.SYNC_GROUP, self._join_timeout_s())
+        self._sync_in_flight = True
+        try:
+            response: SyncGroupResponse = await self._coordinator_request(sync, ApiKey.SYNC_GROUP,
+                                                                          self._join_timeout_s())
+        finally:
+            self._sync_in_flight = False
+        if self.generation != generation:
+            return None  # reset meanwhile (a heartbeat's UNKNOWN_MEMBER_ID, say): join again
         action = action_for(SYNC_ACTIONS, response.error_code)
         if action in (RESET_MEMBER, REJOIN):
             if action == RESET_MEMBER:
@@ -693,41 +777,58 @@ class ConsumerCoordinator:
                      COORDINATOR_ID_BASE - self.coordinator_id, reason)
             self.cluster.close_connection(self.coordinator_id)
         self.coordinator_id = None
-        if self._coordinator_found.is_set():
-            self._coordinator_found = trio.Event()
 
-    async def ensure_coordinator(self, deadline: float | None) -> bool:
+    async def ensure_coordinator(self, deadline: float | None, *, raise_errors: bool = True) -> bool:
         """Wait (until ``deadline``, trio time; None: no limit) for the coordinator, which a
-        background task looks up with backoff. True once it is known."""
-        while self.coordinator_id is None:
-            self._spawn_once("lookup", self._lookup_coordinator)
-            found = self._coordinator_found
-            if deadline is None:
-                await found.wait()
-                continue
-            with trio.move_on_at(deadline):
-                await found.wait()
-            if not found.is_set():
-                return self.coordinator_id is not None
-        return True
+        background task looks up with backoff. True once it is known. A lookup refused with a
+        non-retriable error (GROUP_AUTHORIZATION_FAILED, INVALID_GROUP_ID) is raised to every
+        caller while it is the latest answer (``raise_errors``; the join task and the heartbeat
+        task leave that to poll and go on waiting while the lookup retries)."""
+        self._coordinator_waiters += 1
+        try:
+            while self.coordinator_id is None:
+                self._spawn_once("lookup", self._lookup_coordinator)
+                attempt = self._lookup_done
+                with trio.move_on_at(math.inf if deadline is None else deadline):
+                    await attempt.wait()
+                if self.coordinator_id is None and raise_errors and self._lookup_error is not None:
+                    raise self._lookup_error
+                if not attempt.is_set():
+                    break
+            return self.coordinator_id is not None
+        finally:
+            self._coordinator_waiters -= 1
 
     async def _wait_for_coordinator(self) -> None:
-        await self.ensure_coordinator(None)
+        await self.ensure_coordinator(None, raise_errors=False)
 
     async def _lookup_coordinator(self) -> None:
+        """FindCoordinator until it answers, with backoff (``retry_backoff_ms`` doubling up to
+        ``retry_backoff_max_ms``), as Kafka's ensureCoordinatorReady. After a non-retriable
+        answer it stops when nobody waits (the next ``ensure_coordinator`` starts it again),
+        so a member whose lookup is refused neither stalls nor keeps asking unasked."""
         backoff = Backoff(self._backoff_s, self._backoff_max_s)
         while self.coordinator_id is None:
             try:
                 await self._find_coordinator(self.config.request_timeout_ms / 1000)
-                return
+                self._lookup_error = None
             except (BrokerConnectionError, RequestTimedOut) as e:
+                self._lookup_error = None
                 log.debug("group %r: no coordinator yet: %s", self.group_id, e)
             except TidelogError as e:
-                if not e.retriable:
-                    self._fatal = e
-                    return
-                log.debug("group %r: no coordinator yet: %s", self.group_id, e)
+                self._lookup_error = None if e.retriable else e
+                log.log(logging.DEBUG if e.retriable else logging.WARNING,
+                        "group %r: no coordinator yet: %s", self.group_id, e)
+            self._end_lookup_attempt()
+            if self.coordinator_id is not None:
+                return
             await trio.sleep(backoff.next_delay())
+            if self._lookup_error is not None and not self._coordinator_waiters:
+                return
+
+    def _end_lookup_attempt(self) -> None:
+        done, self._lookup_done = self._lookup_done, trio.Event()
+        done.set()
 
     async def _find_coordinator(self, timeout: float) -> None:
         response: FindCoordinatorResponse = await self.cluster.request_any(
@@ -740,7 +841,6 @@ class ConsumerCoordinator:
         self.cluster.add_node(node, response.host, response.port)
         self.coordinator_id = node
         self.timer.coordinator_found(time.monotonic())
-        self._coordinator_found.set()
         self._wake_heartbeat.set()
         log.debug("group %r: coordinator is broker %d", self.group_id, response.node_id)
 
@@ -767,13 +867,13 @@ class ConsumerCoordinator:
     async def _heartbeat_step(self, now: float) -> float:
         """One round of the heartbeat task; returns how long to sleep."""
         idle = self.config.heartbeat_interval_ms / 1000
-        if self.state is not MemberState.STABLE or not self.generation.valid:
+        if not heartbeats_due(self.state, self.generation.valid, self._sync_in_flight):
             return idle
         if self.timer.poll_timeout_expired(now):
             await self._leave_for_poll_timeout()
             return idle
         if self.coordinator_id is None:
-            await self.ensure_coordinator(trio.current_time() + idle)
+            await self.ensure_coordinator(trio.current_time() + idle, raise_errors=False)
             return 0.0 if self.coordinator_id is not None else self._backoff_s
         if self.timer.session_expired(now):
             self.mark_coordinator_unknown("no heartbeat answered within the session timeout")
@@ -803,7 +903,10 @@ class ConsumerCoordinator:
             self.timer.failed()
         if generation != self.generation:
             return  # the member rejoined meanwhile: this answer is about the old generation
-        if action == REJOIN:
+        if action == REJOIN and self.state is not MemberState.STABLE:
+            log.debug("group %r: heartbeat answered REBALANCE_IN_PROGRESS while completing the "
+                      "rebalance: the SyncGroup's answer decides", self.group_id)
+        elif action == REJOIN:
             self.request_rejoin("the coordinator started a rebalance")
         elif action == REDISCOVER:
             self.mark_coordinator_unknown(f"heartbeat: {for_code(r.error_code).name}")
@@ -856,7 +959,7 @@ class ConsumerCoordinator:
             finally:
                 self._drop_partitions(owned)
                 await self.maybe_leave_group(reason)
-                self._join_done = None
+                self._join_done = self._prepare_commit = None
         elif commit:
             await self._commit_before_rebalance()
 

@@ -157,6 +157,33 @@ def test_a_new_member_makes_a_stable_group_rebalance_and_heartbeats_say_so():
     assert g.heartbeat(m1, None, 2, now)[0] is NONE
 
 
+def test_heartbeats_in_completing_rebalance_keep_a_leader_that_is_still_assigning():
+    """Kafka's handleHeartbeat in CompletingRebalance: NONE for a member of the current
+    generation, its session renewed (a leader refreshing metadata to assign may take longer
+    than the session timeout); the follower awaiting its SyncGroup answer is kept alive
+    without heartbeats; a leader that neither heartbeats nor syncs is removed."""
+    g, ids = GroupMetadata("g"), Ids()
+    for _ in range(2):
+        r = g.join(join_req(), "c", "h", ids(), 0, CONFIG)
+        g.join(join_req(r.immediate.member_id), "c", "h", "unused", 0, CONFIG)
+    now = 0
+    for _ in range(10):
+        now += CONFIG.initial_rebalance_delay_ms
+        if g.tick(now, CONFIG):
+            break
+    assert g.is_(S.COMPLETING_REBALANCE) and g.generation_id == 1
+    leader = g.leader_id
+    (follower,) = set(g.members) - {leader}
+    g.sync(SyncGroupRequest("g", 1, follower, []), now)  # waits for the leader's assignment
+    assert g.heartbeat(leader, None, 0, now)[0] is ILLEGAL_GENERATION
+    for t in range(now, now + 3 * SESSION, SESSION // 2):
+        assert g.heartbeat(leader, None, 1, t)[0] is NONE
+        g.tick(t, CONFIG)
+    assert g.is_(S.COMPLETING_REBALANCE) and set(g.members) == {leader, follower}
+    g.tick(t + SESSION, CONFIG)
+    assert leader not in g.members and not g.is_(S.COMPLETING_REBALANCE)
+
+
 def test_a_member_that_does_not_rejoin_within_the_rebalance_timeout_is_removed():
     g, (m1, m2), now = stable_group(2)
     g.join(join_req(m1, protocols=(("range", b"changed"),)), "c", "h", "x", now, CONFIG)

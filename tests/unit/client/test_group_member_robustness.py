@@ -1,0 +1,297 @@
+"""The consumer group client (client/aio/group.py ConsumerCoordinator) against a scripted
+coordinator, for three ways a member could stall or time out:
+
+* FindCoordinator answered with a non-retriable error (GROUP_AUTHORIZATION_FAILED): every
+  poll raises it until it is resolved, and the lookup goes on with backoff, so a join waiting
+  for the coordinator proceeds once it is found (before, the lookup stopped after the first
+  such answer and a join in progress waited for ever).
+* Heartbeats while the member is COMPLETING_REBALANCE (JoinGroup answered, SyncGroup not yet
+  sent: the leader refreshing metadata to compute the assignment can take longer than the
+  session timeout), as Kafka's heartbeat thread does; none while the SyncGroup is in flight
+  (the coordinator keeps a member awaiting SyncGroup alive, and responses come in request
+  order, so a heartbeat would wait behind the SyncGroup).
+* ``poll(deadline)`` does its group work within the deadline: the automatic commit before a
+  rebalance goes on in the background and the next poll continues the rebalance, as Kafka's
+  onJoinPrepare does.
+
+Time is Trio's autojump clock (the module's ``time.monotonic`` is Trio's clock here, so the
+heartbeat timer moves with it); the tests assert the order of events only."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+
+import client.aio.group as group_module
+from client.aio.assignors import Assignment, encode_assignment
+from client.aio.cluster import ClusterMetadata
+from client.aio.consumer import ConsumerConfig, SubscriptionState
+from client.aio.group import ConsumerCoordinator, Generation, MemberState, call_maybe_async, heartbeats_due
+from client.errors import TidelogError
+from protocol.errors import GROUP_AUTHORIZATION_FAILED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS
+from protocol.messages import (EARLIEST_TIMESTAMP, ApiKey, FindCoordinatorResponse, HeartbeatResponse,
+                               JoinGroupMember, JoinGroupResponse, OffsetCommitPartitionResponse,
+                               OffsetCommitResponse, OffsetCommitTopicResponse, OffsetFetchResponse,
+                               SyncGroupResponse)
+from protocol.topics import TopicPartition as TP
+
+pytestmark = pytest.mark.unit
+
+A0 = TP("a", 0)
+
+
+@pytest.fixture(autouse=True)
+def trio_monotonic(monkeypatch):
+    """The group module's clock is Trio's (autojump) clock."""
+    monkeypatch.setattr(group_module, "time", SimpleNamespace(monotonic=trio.current_time))
+
+
+class ScriptedCoordinator:
+    """What ConsumerCoordinator uses of client.aio.cluster.Cluster. ``events`` records what the
+    coordinator saw and answered, in order; handlers may be replaced per test."""
+
+    def __init__(self, *, leader: bool = False) -> None:
+        self.metadata = ClusterMetadata()
+        self.events: list[str] = []
+        self.find_error = NONE.code
+        self.join_errors: list[int] = []  # answers for the next JoinGroups, then NONE
+        self.heartbeat_error = NONE.code
+        self.leader = leader
+        self.assignment: tuple[TP, ...] = ()
+        self.refresh_s = 0.0  # how long the leader's metadata refresh takes
+        self.sync_hold: trio.Event | None = None
+        self.commit_hold: trio.Event | None = None
+        self.generations: list[int] = []  # generation of each heartbeat
+
+    async def request_any(self, message: Any, *, api_key: ApiKey, timeout: float) -> Any:
+        assert api_key is ApiKey.FIND_COORDINATOR
+        error = self.find_error
+        self.events.append("find" if error == NONE.code else "find-refused")
+        await trio.sleep(0.01)
+        if error != NONE.code:
+            return FindCoordinatorResponse(error, error_message="not authorized")
+        return FindCoordinatorResponse(NONE.code, 1, "127.0.0.1", 9092)
+
+    async def request(self, node: int, message: Any, *, api_key: ApiKey, timeout: float) -> Any:
+        await trio.sleep(0.01)
+        if api_key is ApiKey.JOIN_GROUP:
+            if self.join_errors:
+                self.events.append("join-refused")
+                return JoinGroupResponse(self.join_errors.pop(0))
+            self.events.append("join")
+            leader = "m-1" if self.leader else "m-0"
+            members = [JoinGroupMember("m-1", message.protocols[0].metadata)] if self.leader else []
+            return JoinGroupResponse(NONE.code, 1, "consumer", message.protocols[0].name, leader, "m-1", members)
+        if api_key is ApiKey.SYNC_GROUP:
+            self.events.append("sync")
+            if self.sync_hold is not None:
+                await self.sync_hold.wait()
+            self.events.append("sync-answered")
+            return SyncGroupResponse(NONE.code, encode_assignment(Assignment(self.assignment)))
+        if api_key is ApiKey.HEARTBEAT:
+            self.events.append("heartbeat")
+            self.generations.append(message.generation_id)
+            return HeartbeatResponse(self.heartbeat_error)
+        if api_key is ApiKey.OFFSET_COMMIT:
+            self.events.append("commit")
+            if self.commit_hold is not None:
+                await self.commit_hold.wait()
+            self.events.append("commit-answered")
+            return OffsetCommitResponse([OffsetCommitTopicResponse(t.name, [
+                OffsetCommitPartitionResponse(p.partition_index, NONE.code) for p in t.partitions])
+                for t in message.topics])
+        if api_key is ApiKey.OFFSET_FETCH:
+            return OffsetFetchResponse(NONE.code, [])
+        if api_key is ApiKey.LEAVE_GROUP:
+            raise AssertionError("no member leaves in these scripts")
+        raise AssertionError(f"unexpected {api_key}")
+
+    async def refresh(self, timeout: float) -> ClusterMetadata:
+        self.events.append("refresh")
+        await trio.sleep(self.refresh_s)
+        self.events.append("refreshed")
+        return self.metadata
+
+    def add_node(self, node: int, host: str, port: int) -> None:
+        pass
+
+    def add_topics(self, topics: Any) -> None:
+        pass
+
+    def set_topics(self, topics: Any) -> None:
+        pass
+
+    def request_update(self) -> None:
+        pass
+
+    def close_connection(self, node: int) -> None:
+        pass
+
+
+def new_member(cluster: ScriptedCoordinator, *, coordinator_known: bool = True, **config: Any
+               ) -> ConsumerCoordinator:
+    group = ConsumerCoordinator(cluster, ConsumerConfig(group_id="g", **config),
+                                SubscriptionState(EARLIEST_TIMESTAMP), call_maybe_async, lambda: None)
+    if coordinator_known:
+        group.coordinator_id = 1
+    group.subscribe(["a"], None, None)
+    return group
+
+
+def without_heartbeats(events: list[str]) -> list[str]:
+    return [e for e in events if e != "heartbeat"]
+
+
+async def poll_until(group: ConsumerCoordinator, done: Any, *, polls: int = 50, timeout_s: float = 1.0) -> None:
+    for _ in range(polls):
+        await group.poll(trio.current_time() + timeout_s)
+        if done():
+            return
+    raise AssertionError(f"not done after {polls} polls")
+
+
+# -- 1. FindCoordinator with a non-retriable error ------------------------------------------------
+
+
+async def test_a_refused_coordinator_lookup_is_raised_by_every_poll_until_resolved(autojump_clock):
+    cluster = ScriptedCoordinator()
+    cluster.find_error = GROUP_AUTHORIZATION_FAILED.code
+    group = new_member(cluster, coordinator_known=False)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        for _ in range(3):  # each poll raises it, not only the first
+            with pytest.raises(TidelogError) as raised:
+                await group.poll(trio.current_time() + 5)
+            assert raised.value.error is GROUP_AUTHORIZATION_FAILED and "FindCoordinator" in str(raised.value)
+        cluster.find_error = NONE.code  # the ACL was fixed
+        await poll_until(group, lambda: group.state is MemberState.STABLE)
+        nursery.cancel_scope.cancel()
+    assert cluster.events.count("find-refused") >= 3  # looked up again, not given up on
+    assert cluster.events[-4:] == ["find", "join", "sync", "sync-answered"]
+
+
+async def test_a_join_waiting_for_the_coordinator_goes_on_after_a_refused_lookup(autojump_clock):
+    """The join task waits for the coordinator while the lookup retries with backoff: it
+    proceeds once the coordinator is found, even with no poll in between."""
+    cluster = ScriptedCoordinator()
+    cluster.join_errors = [NOT_COORDINATOR.code]
+    group = new_member(cluster)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        cluster.find_error = GROUP_AUTHORIZATION_FAILED.code
+        await group.poll(trio.current_time() + 0.005)  # starts the join; returns before its answer
+        assert group._join_done is not None
+        with trio.fail_after(30):
+            while "find-refused" not in cluster.events:
+                await trio.sleep(0.01)
+        cluster.find_error = NONE.code
+        with trio.fail_after(60):
+            await group._join_done.wait()  # no poll needed for the join to complete
+        await group.poll(trio.current_time() + 1)
+        nursery.cancel_scope.cancel()
+    assert group.state is MemberState.STABLE
+    assert cluster.events[0] == "join-refused" and cluster.events[-3:] == ["join", "sync", "sync-answered"]
+    assert cluster.events.index("find-refused") < cluster.events.index("find")
+
+
+# -- 2. heartbeats while completing the rebalance -------------------------------------------------
+
+
+@pytest.mark.parametrize("state,valid,sync_in_flight,due", [
+    (MemberState.STABLE, True, False, True),
+    (MemberState.COMPLETING_REBALANCE, True, False, True),
+    (MemberState.COMPLETING_REBALANCE, True, True, False),
+    (MemberState.PREPARING_REBALANCE, True, False, False),
+    (MemberState.UNJOINED, False, False, False),
+    (MemberState.STABLE, False, False, False),
+])
+def test_when_heartbeats_are_due(state, valid, sync_in_flight, due):
+    assert heartbeats_due(state, valid, sync_in_flight) is due
+
+
+async def test_the_leader_heartbeats_while_it_computes_the_assignment(autojump_clock):
+    """The leader's metadata refresh before assigning takes three session timeouts: its
+    heartbeats of the new generation keep its session (Kafka heartbeats in
+    COMPLETING_REBALANCE)."""
+    cluster = ScriptedCoordinator(leader=True)
+    cluster.refresh_s = 3 * 6.0
+    group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
+        nursery.cancel_scope.cancel()
+    events = cluster.events
+    during = events[events.index("refresh"):events.index("refreshed")]
+    assert during.count("heartbeat") >= 3  # at least one per session timeout of the refresh
+    assert set(cluster.generations) == {1}
+    assert events.index("join") < events.index("refresh") < events.index("sync")
+
+
+async def test_no_heartbeat_waits_behind_a_sync_group_in_flight(autojump_clock):
+    """A follower's SyncGroup waits for the leader: the coordinator keeps the member alive
+    meanwhile, and a heartbeat's answer would come only after the SyncGroup's (responses in
+    request order), so none is sent until the SyncGroup is answered."""
+    cluster = ScriptedCoordinator()
+    cluster.sync_hold = trio.Event()
+    group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await group.poll(trio.current_time() + 0.1)
+        with trio.fail_after(30):
+            while "sync" not in cluster.events:
+                await trio.sleep(0.01)
+        await trio.sleep(3 * 6.0)
+        cluster.sync_hold.set()
+        await poll_until(group, lambda: group.state is MemberState.STABLE)
+        nursery.cancel_scope.cancel()
+    events = cluster.events
+    assert "heartbeat" not in events[events.index("sync"):events.index("sync-answered")]
+
+
+async def test_rebalance_in_progress_answered_to_a_heartbeat_while_completing_is_ignored(autojump_clock):
+    """As Kafka: the SyncGroup of this generation tells whether the member must rejoin; the
+    heartbeat's REBALANCE_IN_PROGRESS during COMPLETING_REBALANCE does not start another one."""
+    cluster = ScriptedCoordinator(leader=True)
+    cluster.refresh_s = 3.0
+    cluster.heartbeat_error = REBALANCE_IN_PROGRESS.code
+    group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
+        nursery.cancel_scope.cancel()
+    events = cluster.events
+    assert "heartbeat" in events[events.index("refresh"):events.index("refreshed")]
+    assert not group.rejoin_needed and events.count("join") == 1
+
+
+# -- 3. poll's group work within its deadline -----------------------------------------------------
+
+
+async def test_poll_returns_at_its_deadline_while_the_commit_before_a_rebalance_waits(autojump_clock):
+    cluster = ScriptedCoordinator()
+    cluster.commit_hold = trio.Event()
+    cluster.assignment = (A0,)
+    group = new_member(cluster)
+    group.generation, group.state, group.rejoin_needed = Generation(1, "m-1", "range"), MemberState.STABLE, False
+    group.subscriptions.assign([A0])
+    group.subscriptions.partitions[A0].seek(5)
+    group.request_rejoin("a new member joined")
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await group.poll(trio.current_time() + 1)
+        assert without_heartbeats(cluster.events) == ["commit"]  # returned at its deadline, the commit still waiting
+        assert group.subscriptions.partitions.keys() == {A0}  # not revoked before the commit ends
+        assert group.holds_records()  # poll returns no records meanwhile: the commit is of these positions
+        await group.poll(trio.current_time() + 1)
+        assert without_heartbeats(cluster.events) == ["commit"]
+        cluster.commit_hold.set()
+        with trio.fail_after(30):
+            while group.holds_records():
+                await trio.sleep(0.01)
+        await poll_until(group, lambda: group.state is MemberState.STABLE and not group.rejoin_needed)
+        nursery.cancel_scope.cancel()
+    assert without_heartbeats(cluster.events) == ["commit", "commit-answered", "join", "sync", "sync-answered"]
+    assert set(group.subscriptions.partitions) == {A0}
