@@ -722,7 +722,10 @@ class AsyncConsumer(RunsInOwnNursery):
                 await self._coordinator.poll(deadline)  # a rebalance to run or to finish
                 continue
             data = self._data
-            with trio.move_on_at(deadline):
+            wait_until = deadline
+            if self._coordinator is not None:
+                wait_until = min(deadline, trio.current_time() + self._coordinator.waiting_in_poll())
+            with trio.move_on_at(wait_until):
                 await data.wait()
 
     def _raise_pending(self) -> None:

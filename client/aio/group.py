@@ -451,6 +451,14 @@ class ConsumerCoordinator:
     def wake_poll(self) -> None:
         """Replaced by the consumer: wakes a poll waiting for records (group work to do)."""
 
+    def waiting_in_poll(self) -> float:
+        """The application is inside ``poll``, waiting for records: that is polling (Kafka
+        refreshes its poll timer in its poll loop), so a ``poll(timeout_ms)`` longer than
+        ``max_poll_interval_ms`` does not make the member leave. Returns how long the wait may
+        last before this must be called again (seconds)."""
+        self.timer.polled(time.monotonic())
+        return self.timer.max_poll_interval_s / 2
+
     def poll_step_due(self) -> bool:
         """Whether a poll waiting for records should run the group step again now: a join
         finished, or a rejoin is wanted and can start (the coordinator is known)."""

@@ -259,6 +259,20 @@ def test_member_past_max_poll_interval_leaves_and_its_commit_fails_saying_why(cl
         assert [kind for kind, _ in a_events.events] == ["assigned", "lost", "assigned"]
 
 
+def test_one_poll_longer_than_max_poll_interval_waiting_for_records_keeps_the_member(cluster):
+    topic, group = "long-poll", "long-poll-group"
+    create_topic(cluster, topic, 1)
+    a, a_events = group_consumer(cluster, group, max_poll_interval_ms=2000)
+    with a:
+        a.subscribe([topic], listener=a_events)
+        poll_until([a], lambda: len(a.assignment()) == 1, 60, "the partition assigned")
+        generation = a.group_generation
+        assert a.poll(timeout_ms=5000) == []  # 2.5 x max_poll_interval_ms, waiting inside poll
+        a.commit({TopicPartition(topic, 0): 0})  # still a member: the commit is accepted
+        assert a.group_generation == generation
+        assert [kind for kind, _ in a_events.events] == ["assigned"]
+
+
 def test_restarted_static_member_rejoins_without_a_rebalance(cluster):
     topic, group = "static", "static-group"
     create_topic(cluster, topic, 4, records=40)
