@@ -579,8 +579,8 @@ class Controller:
     # -- controlled shutdown -------------------------------------------------------------------
 
     async def controlled_shutdown(self, broker_id: int, broker_epoch: int):
-        """Move leadership off ``broker_id``; returns the partitions it still leads and the
-        propagation waits."""
+        """Move leadership off ``broker_id``; returns the partitions it still leads that have
+        other replicas (those the broker should wait for) and the propagation waits."""
         ctx = self.ctx
         if broker_id not in ctx.brokers:
             return [], []
@@ -599,8 +599,8 @@ class Controller:
         for tp in list(ctx.states):
             if await self._update_state(tp, lambda st, tp=tp: decide(tp, st)):
                 moved.append(tp)
-            elif ctx.states[tp][0].leader == broker_id:
-                remaining.append(tp)
+            elif ctx.states[tp][0].leader == broker_id and len(self._replicas(tp)) > 1:
+                remaining.append(tp)  # as in Kafka, a partition with no other replica cannot move: not waited for
         followed = [StopReplicaPartition(tp.topic, tp.partition, st.leader_epoch, False)
                     for tp, (st, _) in ctx.states.items()
                     if st.leader != broker_id and broker_id in self._replicas(tp)]

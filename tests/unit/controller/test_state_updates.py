@@ -95,6 +95,14 @@ async def test_controlled_shutdown_moves_leadership_despite_a_conflict():
     assert remaining == [] and (st.leader, st.isr) == (1, (1,))
 
 
+async def test_controlled_shutdown_does_not_wait_for_partitions_with_no_other_replica():
+    # as Kafka's doControlledShutdown: only partitions with more than one replica remain
+    c, zk = controller_with({0: LeaderAndIsr(2, 0, (2,), 1), 1: LeaderAndIsr(2, 0, (2, 1), 1)}, [2])
+    c.ctx.assignments[T] = {0: [2], 1: [2, 1]}
+    remaining, _ = await c.controlled_shutdown(2, broker_epoch=0)
+    assert remaining == [TopicPartition(T, 1)]  # 1 is offline: no ISR member to move to yet
+
+
 async def test_gives_up_after_repeated_conflicts():
     c, zk = controller_with({0: LeaderAndIsr(1, 0, (1, 2, 3), 1)}, [1, 2])
     real_get = zk.get_partition_state
