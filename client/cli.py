@@ -97,13 +97,18 @@ def kafka_options(pairs: Iterable[tuple[str, str]], config_type: type, what: str
         if name not in known:
             raise UsageError(f"unknown {what} property {key!r} (known: "
                              f"{', '.join(sorted(k.replace('_', '.') for k in known))})")
-        value: Any = raw.strip()
-        if value.lstrip("-").isdigit():
-            value = int(value)
-        elif value.lower() in ("true", "false"):
-            value = value.lower() == "true"
-        out[name] = value
+        out[name] = property_value(raw)
     return out
+
+
+def property_value(raw: Any) -> int | bool | str:
+    """A Kafka property's text as the SDK option value: an integer, true/false, or the text."""
+    value = str(raw).strip()
+    if value.lstrip("-").isdigit():
+        return int(value)
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
 
 
 def _unreachable(bootstrap: str, e: BaseException) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 
 from client.aio.consumer import ConsumerConfig
 from client.aio.producer import ProducerConfig
+from client.cli import property_value
 
 __all__ = ["OptionError", "EARLIEST", "LATEST", "OffsetSpec", "Subscription", "SourceOptions",
            "SinkOptions", "parse_source_options", "parse_sink_options"]
@@ -245,12 +246,7 @@ def _client_options(options: Mapping[str, str], config_types: tuple[type, ...], 
         if name not in known:
             raise OptionError(f"unknown {role} option {key!r} (known: "
                               f"{', '.join('kafka.' + k.replace('_', '.') for k in sorted(known))})")
-        value: Any = str(raw).strip()
-        if value.lstrip("-").isdigit():
-            value = int(value)
-        elif value.lower() in ("true", "false"):
-            value = value.lower() == "true"
-        out[name] = value
+        out[name] = property_value(raw)
     return out
 
 
