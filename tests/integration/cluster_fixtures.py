@@ -113,13 +113,17 @@ def started_cluster(directory: Path, brokers: int, extra_config: dict[str, objec
 
 
 def cluster_fixture(request: pytest.FixtureRequest, directory: Path, brokers: int,
-                    extra_config: dict[str, object] | None = None) -> Iterator[DevCluster]:
+                    extra_config: dict[str, object] | None = None, *,
+                    zk_tick_time_ms: int | None = None) -> Iterator[DevCluster]:
     """The body of a cluster fixture of any scope: the cluster is killed (and its logs shown)
-    when any test failed while it was up, else stopped cleanly."""
+    when any test failed while it was up, else stopped cleanly. ``zk_tick_time_ms`` sets
+    ZooKeeper's tick (its sessions may last at most 20 ticks)."""
     session = request.session
     failed_before = session.testsfailed
     cluster = DevCluster(directory, brokers=brokers, zk_port=0, base_port=0,
                          extra_config=dict(extra_config or {}))
+    if zk_tick_time_ms is not None:
+        cluster.zookeeper.tick_time_ms = zk_tick_time_ms
     started = False
     try:
         cluster.start(60.0)

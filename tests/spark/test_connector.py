@@ -18,7 +18,7 @@ import pytest
 
 from broker.devcluster import DevCluster
 from client import Admin, Consumer, NewTopic, Producer, TopicPartition
-from tests.integration.cluster_fixtures import shut_down, wait_topic_ready, wait_until
+from tests.integration.cluster_fixtures import cluster_fixture, wait_topic_ready, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -31,20 +31,12 @@ def cluster(request, tmp_path_factory, spark) -> Iterator[DevCluster]:
     """3 brokers for the module. ZooKeeper ticks every 2 s (sessions up to 40 s) and followers
     may lag 60 s before leaving the ISR, so a follower paused for up to 40 s holds the high
     watermark back; retention runs every 500 ms."""
-    cluster = DevCluster(tmp_path_factory.mktemp("spark-cluster"), brokers=3, zk_port=0, base_port=0,
-                         extra_config={"log.retention.check.interval.ms": 500,
-                                       "zookeeper.session.timeout.ms": 40000,
-                                       "replica.lag.time.max.ms": 60000,
-                                       "auto.create.topics.enable": False})
-    cluster.zookeeper.tick_time_ms = 2000
-    failed_before = request.session.testsfailed
-    started = False
-    try:
-        cluster.start(60.0)
-        started = True
-        yield cluster
-    finally:
-        shut_down(cluster, failed=not started or request.session.testsfailed > failed_before)
+    yield from cluster_fixture(request, tmp_path_factory.mktemp("spark-cluster"), 3,
+                               {"log.retention.check.interval.ms": 500,
+                                "zookeeper.session.timeout.ms": 40000,
+                                "replica.lag.time.max.ms": 60000,
+                                "auto.create.topics.enable": False},
+                               zk_tick_time_ms=2000)
 
 
 # -- helpers --------------------------------------------------------------------------------------
