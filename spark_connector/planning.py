@@ -97,6 +97,15 @@ def offsets_from_json(data: Any) -> Offsets:
 # -- where a query or batch starts and stops ------------------------------------------------------
 
 
+def _existing(spec: OffsetSpec, partitions: Iterable[TP], option: str) -> list[TP]:
+    """``partitions`` in order; OptionError if ``spec`` names offsets of any other one."""
+    parts = sorted(set(partitions), key=_key)
+    missing = sorted(set(spec.offsets) - set(parts))
+    if missing:
+        raise OptionError(f"{option} names partitions that do not exist: {missing}")
+    return parts
+
+
 def resolve_starting(spec: OffsetSpec, partitions: Iterable[TP], earliest: Mapping[TP, int],
                      latest: Mapping[TP, int], by_time: Mapping[TP, int | None] | None = None,
                      *, strategy: str = "error") -> Offsets:
@@ -105,10 +114,7 @@ def resolve_starting(spec: OffsetSpec, partitions: Iterable[TP], earliest: Mappi
     spec's timestamps (None: no record at or after it, which is an error unless
     ``strategy`` is "latest"). A specific offset is kept as given, even if below the log
     start (reading it is then data loss) or above the HW (the query waits for it)."""
-    parts = sorted(set(partitions), key=_key)
-    missing = sorted(set(spec.offsets) - set(parts))
-    if missing:
-        raise OptionError(f"startingOffsets names partitions that do not exist: {missing}")
+    parts = _existing(spec, partitions, "startingOffsets")
     out: Offsets = {}
     for tp in parts:
         if spec.kind == "earliest":
@@ -138,10 +144,7 @@ def resolve_starting(spec: OffsetSpec, partitions: Iterable[TP], earliest: Mappi
 def resolve_ending(spec: OffsetSpec, partitions: Iterable[TP], latest: Mapping[TP, int]) -> Offsets:
     """Concrete ending offsets (batch): ``latest`` is the high watermarks; a specific offset
     above the HW is clamped to it (records above the HW are never read)."""
-    parts = sorted(set(partitions), key=_key)
-    missing = sorted(set(spec.offsets) - set(parts))
-    if missing:
-        raise OptionError(f"endingOffsets names partitions that do not exist: {missing}")
+    parts = _existing(spec, partitions, "endingOffsets")
     out: Offsets = {}
     for tp in parts:
         value = spec.offsets.get(tp, LATEST) if spec.kind == "offsets" else LATEST
