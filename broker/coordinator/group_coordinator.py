@@ -63,6 +63,7 @@ from broker.coordinator.group_metadata import (
 from broker.coordinator.offsets_records import (
     LoadedPartition, OffsetValue, group_key, group_value, offset_key, offset_value,
 )
+from broker.replication.replica_manager import wall_ms
 from protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND, INVALID_COMMIT_OFFSET_SIZE,
     INVALID_GROUP_ID, INVALID_REQUEST, KAFKA_STORAGE_ERROR, MESSAGE_TOO_LARGE, NON_EMPTY_GROUP, NONE,
@@ -81,18 +82,13 @@ from protocol.messages import (
     OffsetFetchRequest, OffsetFetchResponse, OffsetFetchTopicResponse, SyncGroupRequest, SyncGroupResponse,
 )
 from protocol.records import build_batch, iter_all_records, iter_headers
-from protocol.topics import TopicPartition
+from protocol.topics import OFFSETS_TOPIC, TopicPartition
 
 logger = logging.getLogger("tidelog.group_coordinator")
 
-OFFSETS_TOPIC = "__consumer_offsets"
 LOAD_BUFFER_BYTES = 5 << 20  # Kafka's offsets.load.buffer.size
 LAG_REFRESH_INTERVAL_S = 5.0  # end offsets of partitions led elsewhere, for the lag gauge
 WAIT_MARGIN_MS = 10_000  # a JoinGroup/SyncGroup never waits longer than its timeout plus this
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def java_string_hashcode(s: str) -> int:
