@@ -66,7 +66,7 @@ class Profiler:
             out = os.path.join(directory, f"{label}-{who}.txt")
             self.procs.append(subprocess.Popen(
                 [str(PY_SPY), "record", "-p", str(pid), "-f", "raw", "-o", out, "-d", str(int(seconds)),
-                 "-r", "200", "--threads", "--nonblocking"] + (["--idle"] if os.environ.get("PYSPY_IDLE") else []),
+                 "-r", "200", "--threads"] + (["--idle"] if os.environ.get("PYSPY_IDLE") else []),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         time.sleep(1.0)  # py-spy attaches
 

@@ -18,6 +18,7 @@ futures as one ``RecordFutures``.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -44,6 +45,9 @@ __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordF
            "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError",
            "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
            "ListedGroup"]
+
+
+HANDOFF_WAIT_S = 0.001  # see Consumer._poll_waiting
 
 
 class _Blocking:
@@ -328,8 +332,46 @@ class Consumer(_Blocking):
         thread, and their time is not counted. The wait for the client's event loop is
         bounded by ``timeout_ms + request_timeout_ms`` plus a grace period: a margin over the
         poll's own bound, reached only when the loop is stuck."""
+        if self._aio.polls_without_task:
+            return self._poll_waiting(timeout_ms, max_records)
         return self._serve(self._aio.poll, timeout_ms, max_records,
                            timeout=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
+
+    def _poll_waiting(self, timeout_ms: int, max_records: int | None) -> list[Record]:
+        """``poll`` without a group: a waiter on the loop (``AsyncConsumer.add_poll_waiter``)
+        hands the outcome to this thread in the scheduler pass that received the records.
+
+        The loop thread then waits (at most ``HANDOFF_WAIT_S``, the GIL released) until this
+        thread has the outcome: woken threads take a while to run in a VM, and the loop
+        thread, carrying on with its bookkeeping (the next fetch), would otherwise hold the
+        GIL and keep this thread, and the application's records, waiting until the loop
+        sleeps. The next fetch is sent as soon as this thread blocks or yields the GIL."""
+        if self._closed:
+            raise ClientClosedError("the consumer is closed")
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        picked_up = threading.Event()
+
+        def deliver(outcome: Any) -> None:  # on the loop's thread
+            inbox.put(outcome)
+            picked_up.wait(HANDOFF_WAIT_S)
+
+        self._portal.call_soon(self._aio.add_poll_waiter, max_records or self._aio.config.max_poll_records,
+                               deliver)
+        try:
+            try:
+                outcome = inbox.get(timeout=max(0, timeout_ms) / 1000)
+            except queue.Empty:
+                if self._portal.run_sync(self._aio.remove_poll_waiter, deliver):
+                    return []
+                outcome = inbox.get(timeout=GRACE_S)  # served just before it was removed
+            except BaseException:  # Ctrl-C
+                self._portal.run_soon(self._aio.remove_poll_waiter, deliver)
+                raise
+        finally:
+            picked_up.set()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition],
                           timeout_ms: int | None = None) -> dict[TopicPartition, int]:

@@ -170,6 +170,11 @@ class Portal:
                     f"the client's event loop did not answer within {timeout:g} s") from None
             raise
 
+    def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        """Schedule ``fn(*args)`` on the loop's thread without waiting; ClientClosedError if
+        the loop is not running (``run_soon`` ignores that)."""
+        self._submit(lambda: fn(*args))
+
     def run_soon(self, fn: Callable[..., None], *args: Any) -> None:
         """Schedule ``fn(*args)`` on the loop's thread without waiting (from any thread)."""
         try:

@@ -43,6 +43,7 @@ CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 DELETED_SUFFIX = ".deleted"
 SCAN_CHUNK_BYTES = 1 << 20
+RECENT_BATCHES = 64  # batch positions remembered from the last appends (see LogSegment._recent)
 MAX_RELATIVE_OFFSET = 2**32 - 1
 # Disk blocks are reserved ahead of the active segment's end in steps of this size
 # (fallocate with FALLOC_FL_KEEP_SIZE: the file size is unchanged). Appends into reserved
@@ -111,6 +112,11 @@ class LogSegment:
         self.last_epoch = -1
         self._bytes_since_index_entry = 0
         self._reserved_to = 0  # blocks reserved up to here (0: none beyond the file size)
+        # base offset -> (position, header) of the batches appended last: a reader at the
+        # log end (a consumer's long poll, a follower) asks for exactly such an offset, and
+        # finds it without the index lookup and the scan of the headers after the entry
+        # (up to index.interval.bytes of them). Cleared whenever the file is cut.
+        self._recent: dict[int, tuple[int, BatchHeader]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -220,6 +226,11 @@ class LogSegment:
             self._bytes_since_index_entry += h.batch_length + LOG_OVERHEAD
         if self.first_batch_timestamp is None and batches:
             self.first_batch_timestamp = batches[0][1].max_timestamp
+        recent = self._recent
+        if len(recent) > RECENT_BATCHES:
+            recent.clear()
+        for pos, h in batches[-RECENT_BATCHES:]:
+            recent[h.base_offset] = (start + pos, h)
         last = batches[-1][1]
         self.max_timestamp = max_ts
         self.next_offset = last.base_offset + last.last_offset_delta + 1
@@ -250,6 +261,7 @@ class LogSegment:
         if found is None:
             return 0
         pos, h = found
+        self._recent.clear()
         self.index.truncate_to(h.base_offset)
         self.time_index.truncate_to(h.base_offset)
         removed = self.size - pos
@@ -284,6 +296,9 @@ class LogSegment:
 
     def translate_offset(self, offset: int) -> tuple[int, BatchHeader] | None:
         """The first batch whose last offset is >= ``offset``: ``(position, header)``."""
+        hit = self._recent.get(offset)
+        if hit is not None:
+            return hit
         position = self._scan_start(offset)
         end = position
         for pos, h in self.headers_from(position):
@@ -364,6 +379,7 @@ class LogSegment:
         """Re-validate every batch, rebuild both indexes, truncate at the first bad byte."""
         self.index.reset()
         self.time_index.reset()
+        self._recent.clear()
         self._bytes_since_index_entry = 0
         self.next_offset, self.max_timestamp, self.last_epoch = self.base_offset, -1, -1
         self.first_batch_timestamp = None

@@ -426,6 +426,11 @@ class Cluster:
             raise BrokerConnectionError(f"node {node_id} is not in the cluster metadata")
         return broker.host, broker.port
 
+    def open_connection(self, node_id: int) -> BrokerConnection | None:
+        """The open connection to ``node_id`` if there is one (no connecting, no waiting)."""
+        conn = self._conns.get(node_id)
+        return conn if conn is not None and not conn.closed else None
+
     async def connection(self, node_id: int) -> BrokerConnection:
         """The open connection to ``node_id``, connecting if needed. Raises
         BrokerConnectionError when it cannot connect or is in reconnect backoff."""

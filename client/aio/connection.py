@@ -146,6 +146,49 @@ class BrokerConnection:
                 await pending.event.wait()
             finally:
                 self._slots.release()
+        return self._outcome(pending, scope, api_key, timeout)
+
+    def start_request(self, message: Message, *, api_key: ApiKey, api_version: int = 0) -> _Pending | None:
+        """The first half of ``request``, synchronous: when a slot is free and no write is in
+        progress, frame ``message`` and hand it to the kernel right now, and return its
+        pending entry (the caller then MUST ``await finish_request(pending, ...)``, which
+        holds the slot until the response). None: nothing was done, use ``request``.
+
+        A caller woken by another thread (the blocking producer's sender) writes its request
+        in the same scheduler pass instead of two passes later in a task of its own: every
+        pass costs a poll of the event loop, in which another thread can take the GIL."""
+        self._raise_if_failed()
+        if self._send_lock.locked():
+            return None
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            return None
+        try:
+            _, frame = self._proto.send_request(api_key, api_version, message, True)
+        except BaseException:
+            self._slots.release()
+            raise
+        pending = _Pending()
+        self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
+        self._outbox.append(frame)
+        self._write_now()  # what the kernel does not take now, finish_request writes
+        return pending
+
+    async def finish_request(self, pending: _Pending, *, api_key: ApiKey, timeout: float | None = None) -> Any:
+        """The second half of a ``start_request``: the typed response, or the errors of
+        ``request``. Releases the slot ``start_request`` took."""
+        timeout = self.request_timeout_s if timeout is None else timeout
+        try:
+            with trio.move_on_after(timeout) as scope:
+                if self._outbox and self._failure is None:  # the kernel did not take it all
+                    await self._flush_shielded()
+                await pending.event.wait()
+        finally:
+            self._slots.release()
+        return self._outcome(pending, scope, api_key, timeout)
+
+    def _outcome(self, pending: _Pending, scope: trio.CancelScope, api_key: ApiKey, timeout: float) -> Any:
         if scope.cancelled_caught:
             self._fail(BrokerConnectionError(f"{self}: a request timed out, connection closed"))
             raise RequestTimedOut(f"{ApiKey(api_key).name} request to node {self.node_id} "
@@ -168,14 +211,19 @@ class BrokerConnection:
             self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
         self._outbox.append(frame)
         if not self._write_now():
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + self.request_timeout_s) as scope:
-                async with self._send_lock:
-                    await self._flush_outbox()
-            if scope.cancelled_caught:
-                self._fail(BrokerConnectionError(f"{self}: writing a request timed out, connection closed"))
+            await self._flush_shielded()
         if not expect_response:
             self._raise_if_failed()
         return pending
+
+    async def _flush_shielded(self) -> None:
+        """Write the outbox under the lock, shielded from cancellation (a half-written frame
+        would corrupt the stream) but with its own deadline."""
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + self.request_timeout_s) as scope:
+            async with self._send_lock:
+                await self._flush_outbox()
+        if scope.cancelled_caught:
+            self._fail(BrokerConnectionError(f"{self}: writing a request timed out, connection closed"))
 
     def _write_now(self) -> bool:
         """The fast path of a write: with no writer in progress, hand the outbox to the

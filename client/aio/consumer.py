@@ -41,7 +41,7 @@ import math
 import time
 from collections import deque
 from itertools import repeat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -424,6 +424,7 @@ class AsyncConsumer(RunsInOwnNursery):
         self._iter_buffer: deque[Record] = deque()
         self._wake = trio.Event()  # the fetch loop's
         self._data = trio.Event()  # poll's: data or an error arrived
+        self._poll_waiter: tuple[int, Callable[[Any], Any]] | None = None  # see add_poll_waiter
         self._nursery: trio.Nursery | None = None
         self._started = False
         self._closed = False
@@ -455,6 +456,7 @@ class AsyncConsumer(RunsInOwnNursery):
         finally:
             self._closed = True
             self._data.set()
+            self._serve_poll_waiter()
             self._stopped.set()
 
     async def close(self, timeout_ms: int | None = None) -> None:
@@ -471,6 +473,7 @@ class AsyncConsumer(RunsInOwnNursery):
                     log.warning("leaving group %r on close: %s", self.config.group_id, e)
         self._closed = True
         self._data.set()
+        self._serve_poll_waiter()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
         if self._started:
@@ -728,6 +731,53 @@ class AsyncConsumer(RunsInOwnNursery):
             with trio.move_on_at(wait_until):
                 await data.wait()
 
+    # A poll without a task, for the blocking facade (manual assignment only: a group's poll
+    # runs the group's work, which needs poll's task). The application thread registers a
+    # waiter (through the portal, on the Trio thread) and blocks on its own queue; records
+    # are handed over in the same scheduler pass that absorbed the fetch response, instead
+    # of waking poll's task, which returns through the portal's call machinery two passes
+    # later. Every pass polls the event loop, and the application thread, once woken, waits
+    # for the GIL until the loop thread sleeps or polls: fewer passes, less waiting.
+
+    @property
+    def polls_without_task(self) -> bool:
+        """True when ``add_poll_waiter`` may serve ``poll`` (no group)."""
+        return self._coordinator is None
+
+    def add_poll_waiter(self, limit: int, deliver: Callable[[Any], Any]) -> None:
+        """On the Trio thread: ``deliver`` gets poll's outcome once there is one: a
+        non-empty list of at most ``limit`` records, an exception poll would raise, or []
+        when the consumer closes. Replaces any earlier waiter (which gets [])."""
+        previous, self._poll_waiter = self._poll_waiter, (limit, deliver)
+        if previous is not None:
+            previous[1]([])
+        self._serve_poll_waiter()
+
+    def remove_poll_waiter(self, deliver: Callable[[Any], Any]) -> bool:
+        """On the Trio thread: forget ``deliver``'s waiter; False if it was served already."""
+        if self._poll_waiter is not None and self._poll_waiter[1] is deliver:
+            self._poll_waiter = None
+            return True
+        return False
+
+    def _serve_poll_waiter(self) -> None:
+        waiter = self._poll_waiter
+        if waiter is None:
+            return
+        limit, deliver = waiter
+        if self._closed:
+            outcome: Any = []
+        else:
+            try:
+                self._raise_pending()
+                outcome = self._drain(limit)
+            except Exception as e:  # what poll would raise
+                outcome = e
+            if not outcome and not isinstance(outcome, Exception):
+                return  # keep waiting
+        self._poll_waiter = None
+        deliver(outcome)
+
     def _raise_pending(self) -> None:
         if self._errors:
             raise self._errors.popleft()
@@ -890,6 +940,7 @@ class AsyncConsumer(RunsInOwnNursery):
     def _signal_data(self) -> None:
         data, self._data = self._data, trio.Event()
         data.set()
+        self._serve_poll_waiter()
 
 
 def _list_offsets_request(timestamps: dict[TopicPartition, int], metadata: ClusterMetadata) -> ListOffsetsRequest:

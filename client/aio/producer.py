@@ -295,9 +295,24 @@ class Sender:
             self._event.set()
         else:
             try:
-                self._token.run_sync_soon(self._set_event)
+                self._token.run_sync_soon(self._kick)
             except trio.RunFinishedError:
                 pass
+
+    def _kick(self) -> None:
+        """A wake-up from another thread (a blocking ``send``), on the Trio thread: send what
+        is ready right now, in this scheduler pass, rather than waking the loop task to do it
+        in the next one (each pass polls the event loop, giving the application's threads a
+        chance to take the GIL before the request is on the wire)."""
+        if self._stopping or self._nursery is None:
+            self._event.set()
+            return
+        try:
+            if self._step() < math.inf:  # something waits (linger, backoff): the loop's timer
+                self._event.set()
+        except Exception:  # never out of a run_sync_soon callback: the loop's step reports it
+            log.debug("the sender's step failed on a wake-up; the loop retries it", exc_info=True)
+            self._event.set()
 
     def _set_event(self) -> None:
         self._event.set()
@@ -305,35 +320,69 @@ class Sender:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._thread = threading.get_ident()
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await self._loop()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await self._loop()
+        finally:
+            self._nursery = None
 
     async def _loop(self) -> None:
-        acc, config = self.accumulator, self.config
         while True:
             self._event = trio.Event()  # any wake-up from here on is seen
-            if self.idempotence is not None and not self.idempotence.ready and not self._initializing:
-                self._initializing = True
-                self._nursery.start_soon(self._init_producer_id)
-            now = acc.clock()
-            for batch in acc.expire(now):
-                acc.complete(batch, error=self._expired(batch, now), in_flight=False)
-            metadata = self.cluster.metadata
-            busy = [n for n, k in self._in_flight.items() if k >= config.max_in_flight_requests_per_connection]
-            check = acc.ready(metadata, now, busy)
-            delay = check.next_delay
-            if check.unknown_leaders:
-                self.cluster.request_update()
-                delay = min(delay, config.retry_backoff_ms / 1000)
-            if check.nodes:
-                drained = acc.drain(metadata, check.nodes, config.max_request_size, now)
-                for node, batches in drained.items():
-                    self._in_flight[node] = self._in_flight.get(node, 0) + 1
-                    self._nursery.start_soon(self._send, node, batches)
+            delay = self._step()
             with trio.move_on_after(delay):
                 await self._event.wait()
+
+    def _step(self) -> float:
+        """Expire, drain and send what is ready (synchronous); seconds until the next look."""
+        acc, config = self.accumulator, self.config
+        if self.idempotence is not None and not self.idempotence.ready and not self._initializing:
+            self._initializing = True
+            self._nursery.start_soon(self._init_producer_id)
+        now = acc.clock()
+        for batch in acc.expire(now):
+            acc.complete(batch, error=self._expired(batch, now), in_flight=False)
+        metadata = self.cluster.metadata
+        busy = [n for n, k in self._in_flight.items() if k >= config.max_in_flight_requests_per_connection]
+        check = acc.ready(metadata, now, busy)
+        delay = check.next_delay
+        if check.unknown_leaders:
+            self.cluster.request_update()
+            delay = min(delay, config.retry_backoff_ms / 1000)
+        if check.nodes:
+            drained = acc.drain(metadata, check.nodes, config.max_request_size, now)
+            for node, batches in drained.items():
+                self._dispatch(node, batches)
+        return delay
+
+    def _dispatch(self, node: int, batches: list[ProducerBatch]) -> None:
+        """Send ``batches`` to ``node``. The request is built and, when the connection is
+        open with a free slot, written right now; a task awaits the response (or, when the
+        request could not be written here, connects and sends it first)."""
+        config = self.config
+        self._in_flight[node] = self._in_flight.get(node, 0) + 1
+        for batch in batches:
+            batch.attempts += 1
+        if self.idempotence is not None:
+            self.idempotence.mark_sent(batches)
+        written = None
+        try:
+            request: ProduceRequest | Exception = build_produce_request(
+                batches, acks=config.acks, timeout_ms=config.request_timeout_ms)
+        except Exception as e:  # e.g. a codec library missing: _send fails these records
+            request = e
+        else:
+            conn = self.cluster.open_connection(node) if config.acks != 0 else None
+            if conn is not None:
+                try:
+                    pending = conn.start_request(request, api_key=ApiKey.PRODUCE)
+                except BrokerConnectionError:
+                    pending = None  # the connection failed: _send reconnects or reports it
+                if pending is not None:
+                    written = (conn, pending)
+        self._nursery.start_soon(self._send, node, batches, request, written)
 
     async def _init_producer_id(self) -> None:
         """Get a producer id (or, with one, the next epoch) from any broker; retried with
@@ -369,24 +418,27 @@ class Sender:
             f"{(now - batch.created) * 1000:.0f} ms have passed since the batch was created "
             f"(delivery_timeout_ms {self.config.delivery_timeout_ms}){last}")
 
-    async def _send(self, node: int, batches: list[ProducerBatch]) -> None:
+    async def _send(self, node: int, batches: list[ProducerBatch], request: ProduceRequest | Exception,
+                    written: tuple[Any, Any] | None) -> None:
         decisions: list[tuple[ProducerBatch, Decision]] | None = None
         config, acc = self.config, self.accumulator
+        timeout = config.request_timeout_ms / 1000 + 1.0
         try:
-            for batch in batches:
-                batch.attempts += 1
-            if self.idempotence is not None:
-                self.idempotence.mark_sent(batches)
-            request = build_produce_request(batches, acks=config.acks, timeout_ms=config.request_timeout_ms)
+            if isinstance(request, Exception):
+                raise request
             try:
-                conn = await self.cluster.connection(node)
-                if config.acks == 0:
-                    await conn.send_no_response(request, api_key=ApiKey.PRODUCE)
-                    decisions = [(b, Decision("done")) for b in batches]
-                else:
-                    response = await conn.request(request, api_key=ApiKey.PRODUCE,
-                                                  timeout=config.request_timeout_ms / 1000 + 1.0)
+                if written is not None:
+                    conn, pending = written
+                    response = await conn.finish_request(pending, api_key=ApiKey.PRODUCE, timeout=timeout)
                     decisions = decide_response(response, batches, now=acc.clock(), retries=config.retries)
+                else:
+                    conn = await self.cluster.connection(node)
+                    if config.acks == 0:
+                        await conn.send_no_response(request, api_key=ApiKey.PRODUCE)
+                        decisions = [(b, Decision("done")) for b in batches]
+                    else:
+                        response = await conn.request(request, api_key=ApiKey.PRODUCE, timeout=timeout)
+                        decisions = decide_response(response, batches, now=acc.clock(), retries=config.retries)
             except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
                 log.debug("produce request to node %s failed: %s", node, e)
                 decisions = decide_failure(batches, e, now=acc.clock(), retries=config.retries)

@@ -874,3 +874,22 @@ def test_a_read_inside_a_gap_returns_the_next_batch_below_max_offset_or_nothing(
     assert read_header(log.read(5, 100, max_offset=8)).base_offset == 7
     assert log.read(5, 100, max_offset=7) == b""  # the next batch is not below the HW yet
     assert log.read(8, 100, max_offset=8) == b""
+
+
+def test_reads_at_recently_appended_offsets_follow_truncation_and_new_appends(tmp_path):
+    """A read at the base offset of a batch just appended (a reader at the log end) is
+    served from the segment's memory of recent batch positions; truncation must not leave
+    a position behind that now holds other bytes."""
+    log = open_log(tmp_path, small_config(segment_bytes=1_000_000))
+    for _ in range(6):
+        log.append_as_leader(make_batch(2, 20), 0)  # [0-1] [2-3] [4-5] [6-7] [8-9] [10-11]
+    assert headers_of(log.read(6, 1 << 20))[0].base_offset == 6
+    log.truncate_to(4)
+    for _ in range(3):
+        log.append_as_leader(make_batch(3, 200), 0)  # [4-6] [7-9] [10-12], longer than before
+    for offset, first in ((4, 4), (6, 4), (7, 7), (8, 7), (10, 10), (12, 10)):
+        got = headers_of(log.read(offset, 1 << 20))
+        assert got[0].base_offset == first and got[-1].base_offset == 10
+        assert log.read(offset, 1 << 20) == read_batches(log, first)
+    reopened = open_log(tmp_path, small_config(segment_bytes=1_000_000))
+    assert read_batches(reopened) == read_batches(log)
