@@ -30,6 +30,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 import trio
@@ -369,9 +370,10 @@ class Cluster:
             await trio.sleep(delay)
 
     async def request(self, node_id: int, message: Message, *, api_key: ApiKey,
-                      timeout: float | None = None) -> Message:
+                      timeout: float | None = None, early: Callable[[Any], None] | None = None) -> Message:
+        """``BrokerConnection.request`` on the connection to ``node_id`` (see ``early`` there)."""
         conn = await self.connection(node_id)
-        return await conn.request(message, api_key=api_key, timeout=timeout)
+        return await conn.request(message, api_key=api_key, timeout=timeout, early=early)
 
     def _candidates(self) -> list[int]:
         """Node ids to try for a metadata-like request: connected brokers (least loaded

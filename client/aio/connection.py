@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -49,14 +50,27 @@ READ_SIZE = 256 * 1024
 
 
 class _Pending:
-    """A request awaiting its response: completed by the reader (body) or by a failure."""
+    """A request awaiting its response: completed by the reader (body) or by a failure.
+    With ``early`` (see ``BrokerConnection.request``), the reader also decodes the body
+    and calls ``early(response)`` before waking the waiting task."""
 
-    __slots__ = ("event", "body", "error")
+    __slots__ = ("event", "body", "error", "early", "api_key", "response", "early_error")
 
-    def __init__(self) -> None:
+    def __init__(self, early: Callable[[Any], None] | None = None, api_key: int = -1) -> None:
         self.event = trio.Event()
         self.body: dict[str, Any] | None = None
         self.error: BaseException | None = None
+        self.early = early
+        self.api_key = api_key
+        self.response: Any = None
+        self.early_error: BaseException | None = None
+
+    def run_early(self) -> None:
+        try:
+            self.response = RESPONSES[self.api_key].from_body(self.body)
+            self.early(self.response)
+        except Exception as e:  # raised by ``request`` in the waiting task
+            self.early_error = e
 
 
 class BrokerConnection:
@@ -128,12 +142,17 @@ class BrokerConnection:
     # -- requests -------------------------------------------------------------------------------
 
     async def request(self, message: Message, *, api_key: ApiKey, timeout: float | None = None,
-                      api_version: int = 0) -> Any:
+                      api_version: int = 0, early: Callable[[Any], None] | None = None) -> Any:
         """Send ``message`` and return the typed response (``RESPONSES[api_key]``).
 
         Raises RequestTimedOut after ``timeout`` seconds (default: the connection's request
         timeout; the connection is then closed), BrokerConnectionError if the connection
-        fails, InvalidRequestError if the response body does not match its schema."""
+        fails, InvalidRequestError if the response body does not match its schema.
+
+        ``early(response)``, if given, is called by the reader with the typed response as
+        soon as it is read, in the same scheduler pass (this task wakes a pass later): the
+        consumer hands fetched records to a waiting application thread that way. What it
+        raises (and a body that does not decode) is raised here instead of the response."""
         timeout = self.request_timeout_s if timeout is None else timeout
         with trio.move_on_after(timeout) as scope:
             # a free slot is taken without a trip through the scheduler (acquire always yields)
@@ -142,7 +161,8 @@ class BrokerConnection:
             except trio.WouldBlock:
                 await self._slots.acquire()
             try:
-                pending = await self._write(api_key, api_version, message, expect_response=True)
+                pending = await self._write(api_key, api_version, message, expect_response=True,
+                                            early=early)
                 await pending.event.wait()
             finally:
                 self._slots.release()
@@ -195,6 +215,10 @@ class BrokerConnection:
                                   f"({self.host}:{self.port}) timed out after {timeout:g} s")
         if pending.error is not None:
             raise _copy(pending.error)
+        if pending.early is not None:
+            if pending.early_error is not None:
+                raise pending.early_error
+            return pending.response
         return RESPONSES[api_key].from_body(pending.body)
 
     async def send_no_response(self, message: Message, *, api_key: ApiKey, api_version: int = 0) -> None:
@@ -203,10 +227,10 @@ class BrokerConnection:
         await self._write(api_key, api_version, message, expect_response=False)
 
     async def _write(self, api_key: int, api_version: int, message: Message,
-                     expect_response: bool) -> _Pending:
+                     expect_response: bool, early: Callable[[Any], None] | None = None) -> _Pending:
         self._raise_if_failed()
         _, frame = self._proto.send_request(api_key, api_version, message, expect_response)
-        pending = _Pending()
+        pending = _Pending(early, api_key)
         if expect_response:
             self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
         self._outbox.append(frame)
@@ -270,6 +294,8 @@ class BrokerConnection:
                 for _, body in self._proto.receive_data(data):
                     pending = self._pending.popleft()
                     pending.body = body
+                    if pending.early is not None:
+                        pending.run_early()
                     pending.event.set()
         except BrokerConnectionError as e:
             self._fail(e)

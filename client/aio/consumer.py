@@ -879,10 +879,19 @@ class AsyncConsumer(RunsInOwnNursery):
 
     async def _fetch(self, node: int, plan: FetchPlan) -> None:
         subs = self._subscriptions
+        absorbed = False
+
+        def absorb_now(response: FetchResponse) -> None:
+            # by the connection's reader, the pass the response arrived in: records reach a
+            # waiting poll without waiting for this task to be scheduled
+            nonlocal absorbed
+            absorbed = True
+            self._absorb_fetch(response, plan)
+
         try:
             timeout = (self.config.request_timeout_ms + self.config.fetch_max_wait_ms) / 1000
             response: FetchResponse = await self._cluster.request(node, plan.request, api_key=ApiKey.FETCH,
-                                                                  timeout=timeout)
+                                                                  timeout=timeout, early=absorb_now)
         except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
             log.debug("fetch from node %s failed: %s", node, e)
             self._cluster.request_update()
@@ -899,7 +908,8 @@ class AsyncConsumer(RunsInOwnNursery):
                 if state is not None:
                     state.fetching = False
             self._wake.set()
-        self._absorb_fetch(response, plan)
+        if not absorbed:
+            self._absorb_fetch(response, plan)
 
     def _absorb_fetch(self, response: FetchResponse, plan: FetchPlan) -> None:
         subs, now = self._subscriptions, time.monotonic()
