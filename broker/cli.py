@@ -249,9 +249,14 @@ def _perf_arguments(p: argparse.ArgumentParser) -> None:
                           "how long the poll that returned each record waited)")
     a.add_argument("--consumer-props", **props, help="consumer settings by Kafka's names")
     a.add_argument("--timeout-ms", type=int, default=10000, help="give up after this long without records")
-    a = action("e2e", "like Kafka's EndToEndLatency: produce-to-consume latency, one record at a time")
+    a = action("e2e", "like Kafka's EndToEndLatency: produce-to-consume latency, one record at a time "
+                      "(or up to --in-flight records awaiting acknowledgement, for a latency at a rate)")
     a.add_argument("--record-size", type=int, default=100)
     a.add_argument("--throughput", type=float, default=-1, help="records/sec at most (default -1: no limit)")
+    a.add_argument("--in-flight", type=int, default=1, metavar="N",
+                   help="records sent before waiting for the oldest one's acknowledgement (default 1: "
+                        "one at a time, as EndToEndLatency; with --throughput 10000 and N 1000, the "
+                        "latency at 10,000 records/s)")
     a.add_argument("--producer-props", **props, help="producer settings (default acks=1, linger.ms=0)")
     a.add_argument("--consumer-props", **props, help="consumer settings")
     a.add_argument("--timeout-ms", type=int, default=10000,

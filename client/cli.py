@@ -833,6 +833,8 @@ def _check_perf_args(args: argparse.Namespace) -> None:
         raise UsageError("--num-records must be positive")
     if getattr(args, "throughput", -1) == 0:
         raise UsageError("--throughput must be positive, or -1 for no limit")
+    if getattr(args, "in_flight", 1) <= 0:
+        raise UsageError("--in-flight must be positive")
     if getattr(args, "record_size", 1) <= 0:
         raise UsageError("--record-size must be positive")
     if getattr(args, "bulk", 0) < 0:
@@ -929,7 +931,8 @@ def _perf_e2e(args: argparse.Namespace) -> int:
             consumer.position(tp)
         result = end_to_end(producer, consumer, args.topic, num_records=args.num_records,
                             record_size=args.record_size, throughput=args.throughput,
-                            idle_timeout_s=args.timeout_ms / 1000, progress=_print_progress)
+                            in_flight=args.in_flight, idle_timeout_s=args.timeout_ms / 1000,
+                            progress=_print_progress)
     finally:
         producer.close(5.0)
         consumer.close()

@@ -37,6 +37,7 @@ import struct
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -413,14 +414,20 @@ _STAMP = struct.Struct(">8sd")  # run marker, send time (the clock, seconds)
 
 def end_to_end(producer: Any, consumer: Any, topic: str, *, num_records: int, record_size: int = 100,
                throughput: float = -1, partition: int | None = None, ack_timeout_s: float = 30.0,
-               idle_timeout_s: float = 10.0, progress: Progress = None,
+               in_flight: int = 1, idle_timeout_s: float = 10.0, progress: Progress = None,
                interval_s: float = REPORT_INTERVAL_S, clock: Clock = time.perf_counter,
                sleep: Callable[[float], Any] = time.sleep) -> PerfResult:
     """Send ``num_records`` records one at a time (each waits for its acknowledgement), at
     most ``throughput`` per second, while a thread polls ``consumer`` (already positioned at the
     end of the topic's partitions) for them. Values carry a marker of this run and the send
     time, so records of other producers are ignored. Stops receiving once all arrived, or
-    nothing arrived for ``idle_timeout_s`` after the last send. A failed send raises."""
+    nothing arrived for ``idle_timeout_s`` after the last send. A failed send raises.
+
+    ``in_flight`` > 1: up to that many records await their acknowledgement (the oldest is
+    waited for before another is sent), so the records flow at ``throughput`` (paced as
+    Kafka's ThroughputThrottler does) rather than one round trip at a time."""
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     if record_size < _STAMP.size:
         raise ValueError(f"record_size must be >= {_STAMP.size} bytes for end-to-end latency")
     marker = os.urandom(8)
@@ -453,6 +460,7 @@ def end_to_end(producer: Any, consumer: Any, topic: str, *, num_records: int, re
         except Exception as e:  # noqa: BLE001 - raised again by the sending thread
             failure.append(e)
 
+    unacknowledged: deque = deque()
     receiver = threading.Thread(target=receive, name="tidelog-perf-e2e-consumer", daemon=True)
     throttler = Throttler(throughput, start, sleep=sleep)
     receiver.start()
@@ -464,11 +472,15 @@ def end_to_end(producer: Any, consumer: Any, topic: str, *, num_records: int, re
             if failure:
                 raise failure[0]
             value = _STAMP.pack(marker, clock()) + padding
-            producer.send(topic, value, partition=partition).result(ack_timeout_s)
+            unacknowledged.append(producer.send(topic, value, partition=partition))
+            if len(unacknowledged) >= in_flight:
+                unacknowledged.popleft().result(ack_timeout_s)
             now = clock()
             if now >= windows.next_at:
                 with lock:
                     windows.report(now)
+        while unacknowledged:
+            unacknowledged.popleft().result(ack_timeout_s)
         last_sent = clock()
         while receiver.is_alive():
             receiver.join(min(0.1, interval_s))

@@ -289,6 +289,14 @@ def test_perf_e2e(tidelog, cluster):
     assert r.rc == 0, r.err
     result = json.loads(r.out)
     assert result["records"] == 30 and result["latency_ms"]["max"] > 0
+    # records in flight (a latency at a rate): all arrive, each with its own latency
+    r = tidelog("perf", "e2e", "--topic", "e2e", "--num-records", "3000", "--throughput", "3000",
+                "--in-flight", "500", "--json")
+    assert r.rc == 0, r.err
+    result = json.loads(r.out)
+    assert result["records"] == 3000 and len(set(result["latency_ms"].values())) > 1
+    r = tidelog("perf", "e2e", "--topic", "e2e", "--num-records", "3", "--in-flight", "0")
+    assert r.rc == 2 and "--in-flight must be positive" in r.err
 
 
 def test_perf_functions_report_progress(cluster):
