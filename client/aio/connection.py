@@ -168,7 +168,8 @@ class BrokerConnection:
                 self._slots.release()
         return self._outcome(pending, scope, api_key, timeout)
 
-    def start_request(self, message: Message, *, api_key: ApiKey, api_version: int = 0) -> _Pending | None:
+    def start_request(self, message: Message, *, api_key: ApiKey, api_version: int = 0,
+                      early: Callable[[Any], None] | None = None) -> _Pending | None:
         """The first half of ``request``, synchronous: when a slot is free and no write is in
         progress, frame ``message`` and hand it to the kernel right now, and return its
         pending entry (the caller then MUST ``await finish_request(pending, ...)``, which
@@ -176,7 +177,8 @@ class BrokerConnection:
 
         A caller woken by another thread (the blocking producer's sender) writes its request
         in the same scheduler pass instead of two passes later in a task of its own: every
-        pass costs a poll of the event loop, in which another thread can take the GIL."""
+        pass costs a poll of the event loop, in which another thread can take the GIL.``early``: as for ``request``.
+        """
         self._raise_if_failed()
         if self._send_lock.locked():
             return None
@@ -189,7 +191,7 @@ class BrokerConnection:
         except BaseException:
             self._slots.release()
             raise
-        pending = _Pending()
+        pending = _Pending(early, api_key)
         self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
         self._outbox.append(frame)
         self._write_now()  # what the kernel does not take now, finish_request writes

@@ -376,12 +376,20 @@ class Sender:
         else:
             conn = self.cluster.open_connection(node) if config.acks != 0 else None
             if conn is not None:
+                applied: list[bool] = []
+
+                def on_response(response: ProduceResponse) -> None:
+                    # by the connection's reader, in response order, the pass it arrived in
+                    applied.append(True)
+                    self._apply(decide_response(response, batches, now=self.accumulator.clock(),
+                                                retries=config.retries))
+
                 try:
-                    pending = conn.start_request(request, api_key=ApiKey.PRODUCE)
+                    pending = conn.start_request(request, api_key=ApiKey.PRODUCE, early=on_response)
                 except BrokerConnectionError:
                     pending = None  # the connection failed: _send reconnects or reports it
                 if pending is not None:
-                    written = (conn, pending)
+                    written = (conn, pending, applied)
         self._nursery.start_soon(self._send, node, batches, request, written)
 
     async def _init_producer_id(self) -> None:
@@ -419,7 +427,7 @@ class Sender:
             f"(delivery_timeout_ms {self.config.delivery_timeout_ms}){last}")
 
     async def _send(self, node: int, batches: list[ProducerBatch], request: ProduceRequest | Exception,
-                    written: tuple[Any, Any] | None) -> None:
+                    written: tuple[Any, Any, list[bool]] | None) -> None:
         decisions: list[tuple[ProducerBatch, Decision]] | None = None
         config, acc = self.config, self.accumulator
         timeout = config.request_timeout_ms / 1000 + 1.0
@@ -428,9 +436,10 @@ class Sender:
                 raise request
             try:
                 if written is not None:
-                    conn, pending = written
+                    conn, pending, applied = written
                     response = await conn.finish_request(pending, api_key=ApiKey.PRODUCE, timeout=timeout)
-                    decisions = decide_response(response, batches, now=acc.clock(), retries=config.retries)
+                    decisions = [] if applied else decide_response(response, batches, now=acc.clock(),
+                                                                   retries=config.retries)
                 else:
                     conn = await self.cluster.connection(node)
                     if config.acks == 0:
@@ -448,6 +457,8 @@ class Sender:
         finally:
             was_busy = self._in_flight[node] >= config.max_in_flight_requests_per_connection
             self._in_flight[node] -= 1
+            if written is not None and written[2]:
+                decisions = []  # the connection's reader applied the response already
             if decisions is None:  # cancelled (close) or a bug: never drop records silently
                 for batch in batches:
                     acc.complete(batch, error=ClientClosedError(
