@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 
 from broker.controller.channels import wait_all
@@ -28,7 +28,7 @@ from protocol.messages import (
     CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeConfigsRequest,
     DescribeConfigsResponse, DescribeConfigsResult, FetchRequest, FetchResponse,
     FetchTopicResponse, InitProducerIdRequest, InitProducerIdResponse, LeaderAndIsrRequest, LeaderAndIsrResponse, ListOffsetsRequest, ListOffsetsResponse,
-    ListOffsetsTopicResponse, Message, MetadataRequest, MetadataResponse, OffsetForLeaderTopicResult,
+    ListOffsetsTopicResponse, MetadataRequest, MetadataResponse, OffsetForLeaderTopicResult,
     OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse, PartitionProduceResponse, ProduceRequest,
     ProduceResponse, RequestHeader, REQUESTS, StopReplicaRequest, StopReplicaResponse, TopicPartitionRef,
     TopicProduceResponse, TopicResult, UpdateMetadataRequest, UpdateMetadataResponse, supported_api_versions,
@@ -47,7 +47,8 @@ from protocol.messages import (
 
 logger = logging.getLogger("tidelog.apis")
 
-Handler = Callable[[Any], Awaitable[Message | None]]
+# a handler returns its response, an awaitable of it, or a DeferredResponse (a consumer fetch)
+Handler = Callable[..., Any]
 
 
 class Apis:
@@ -59,7 +60,7 @@ class Apis:
             ApiKey.API_VERSIONS: self.api_versions,
             ApiKey.METADATA: self.metadata_,
             ApiKey.PRODUCE: self.produce,
-            ApiKey.FETCH: self.fetch,
+            ApiKey.FETCH: self._fetch_dispatch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             ApiKey.CREATE_TOPICS: self.create_topics,
@@ -88,8 +89,10 @@ class Apis:
     def handle(self, header: RequestHeader, body: dict):
         """Called by the network layer in request order; returns the response or an awaitable.
 
-        Produce appends before returning (see ``produce``); every other API returns its
-        coroutine, which the network layer awaits in the request's own task.
+        Produce appends before returning (see ``produce``); a consumer's fetch returns the
+        response or a ``DeferredResponse`` answered by the append that satisfies it or at
+        its ``max_wait_ms`` (``_fetch_dispatch``); every other API returns its coroutine,
+        which the network layer awaits in the request's own task.
         """
         handler = self._handlers.get(header.api_key)
         if handler is None:
@@ -132,8 +135,18 @@ class Apis:
         await self.replica_manager.await_replication(waiting, req.timeout_ms, results)
         return _produce_response(results)
 
+    def _fetch_dispatch(self, req: FetchRequest):
+        """A fetch from the network: a consumer's is answered now or deferred (a DelayedFetch,
+        answered by the append that satisfies it or at max_wait_ms, see ReplicaManager.
+        consumer_fetch); a follower's runs as ``fetch`` in a task of its own."""
+        if req.replica_id >= 0:
+            return self.fetch(req)
+        return self.replica_manager.consumer_fetch(req, self._fetch_response)
+
     async def fetch(self, req: FetchRequest) -> FetchResponse:
-        results = await self.replica_manager.fetch(req)
+        return self._fetch_response(await self.replica_manager.fetch(req))
+
+    def _fetch_response(self, results) -> FetchResponse:
         by_topic: dict[str, list] = {}
         for tp, r in results.items():
             code = self._absent_as_unknown(tp, r.error_code)

@@ -12,7 +12,12 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
   response or an awaitable of it. An awaitable is awaited in the request's own task in the
   connection's nursery, so requests are handled concurrently; a response returned at once
   (a produce with acks 0 or 1) is answered by the reader itself, with no handler task, and
-  written on the next scheduler pass (after the long polls the request woke). The reader
+  written on the next scheduler pass (after the long polls the request woke). A handler may
+  also return a ``broker.deferred.DeferredResponse`` (a consumer's long-poll fetch): it gets
+  no task; the connection attaches a completion callback, and whoever satisfies the
+  operation (the append that gives a waiting fetch its bytes, or the expiry timer) answers
+  it synchronously, in that scheduler pass. When the connection closes first, the deferred
+  operations are cancelled and a later completion is ignored. The reader
   reads with ``os.read`` and waits for the socket only when nothing is there (a Trio
   ``receive_some`` yields to the scheduler even when data is waiting; for small requests
   those round trips cost more than the request), yielding every ``YIELD_EVERY`` reads.
@@ -54,6 +59,7 @@ Closing rules:
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import logging
 import math
@@ -65,6 +71,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import trio
+
+from broker.deferred import DeferredResponse
 
 from protocol.connection import BadRequest, Request, ServerConnection
 from protocol.errors import UNKNOWN_SERVER_ERROR, ErrorCode, TidelogError, code_of
@@ -229,6 +237,9 @@ class _Connection:
         self._changed = trio.Event()  # set (and replaced) when pending drops and someone waits
         self._room_wanted = False  # the reader waits on _changed for pending to drop
         self._unyielding = 0  # reads in a row that found data without waiting
+        self._requests: trio.Nursery | None = None  # the request tasks' nursery, while open
+        self._deferred: set[DeferredResponse] = set()  # requests answered by a callback later
+        self._deferred_done = trio.Event()  # set when the last of them was answered
         self._touch()
 
     def stop_reading(self) -> None:
@@ -240,7 +251,14 @@ class _Connection:
         try:
             with self._scope:
                 async with self._stream, trio.open_nursery() as requests:
-                    await self._read_loop(requests)
+                    self._requests = requests
+                    try:
+                        await self._read_loop(requests)
+                        while self._deferred:  # answer what was read (a graceful shutdown)
+                            self._deferred_done = trio.Event()
+                            await self._deferred_done.wait()
+                    finally:
+                        self._cancel_deferred()
             if self._scope.cancelled_caught:
                 log.debug("closed the connection from %s: idle for %.1f s", self._peer,
                           self._server.idle_timeout_s)
@@ -269,6 +287,12 @@ class _Connection:
                 if inspect.isawaitable(started):
                     self._scope.deadline = math.inf  # not idle while a handler works (a long poll)
                     requests.start_soon(self._finish, event, started)
+                elif isinstance(started, DeferredResponse):
+                    # answered by whoever completes it (a consumer's long poll: the append
+                    # that satisfies it), in that scheduler pass, without a task of its own
+                    self._scope.deadline = math.inf
+                    self._deferred.add(started)
+                    started.attach(functools.partial(self._complete_deferred, started, _correlation_id(event)))
                 else:
                     # answered already (a produce, say): respond from the reader, no handler
                     # task. The write waits until the long polls this request woke (its
@@ -345,6 +369,29 @@ class _Connection:
         self._respond(_correlation_id(event), body)
         if not self._write_now():
             await self._flush()
+
+    def _complete_deferred(self, deferred: DeferredResponse, correlation_id: int | None,
+                           body: Body | Message | None) -> None:
+        """A deferred request's answer (called by whoever completed it, on the Trio thread)."""
+        if deferred not in self._deferred:
+            return  # the connection closed (cancelled) or answered already
+        self._deferred.discard(deferred)
+        self._handler_done()
+        self._respond(correlation_id, body)
+        if not self._write_now() and self._requests is not None:
+            self._requests.start_soon(self._flush)
+        if not self._deferred:
+            self._deferred_done.set()
+
+    def _cancel_deferred(self) -> None:
+        self._requests = None
+        deferred, self._deferred = self._deferred, set()
+        for d in deferred:
+            try:
+                d.cancel()
+            except Exception:
+                log.exception("cancelling a deferred request of %s failed", self._peer)
+        self._deferred_done.set()
 
     def _handler_done(self) -> None:
         self._running -= 1

@@ -15,13 +15,17 @@ Everything here runs on the broker's Trio thread; the logs it calls are synchron
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 
+from broker.deferred import DeferredResponse
 from broker.log.config import LogConfig
 from broker.log.log import Log
 from broker.log.manager import LogManager
@@ -30,7 +34,7 @@ from broker.replication.partition import Partition, check_leader_epoch
 from protocol.errors import (
     NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE,
     REQUEST_TIMED_OUT, STALE_CONTROLLER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUIRED_ACKS,
-    TidelogError, code_of,
+    UNKNOWN_SERVER_ERROR, TidelogError, code_of,
 )
 from protocol.messages import (
     EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, EpochEndOffsetResult, FetchPartitionResponse,
@@ -57,15 +61,73 @@ class ReplicaConfig:
 
 
 class NotifyingPartition(Partition):
-    """A partition with a "changed" event for waiters (long polls and acks=all)."""
+    """A partition with a "changed" event for waiters (follower long polls and acks=all),
+    and the consumers' delayed fetches watching it (tried again, synchronously, on every
+    change)."""
 
     def __init__(self, tp: TopicPartition, local_broker_id: int):
         super().__init__(tp, local_broker_id)
         self.changed = trio.Event()
+        self.watchers: dict[DelayedFetch, None] = {}  # insertion-ordered set
 
     def notify(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
+        if self.watchers:
+            for d in list(self.watchers):
+                d.try_complete()
+
+
+class DelayedFetch(DeferredResponse):
+    """A consumer's long poll waiting for records: Kafka's DelayedFetch in its purgatory.
+
+    It watches its partitions: every change of one (an append, a high watermark move, a
+    leadership change) tries it again, and the change that satisfies it (``min_bytes``
+    available, or an error) answers it right there, synchronously, without a task of its
+    own; at ``max_wait_ms`` the replica manager's timer answers it with what there is."""
+
+    __slots__ = ("manager", "request", "deadline", "partitions", "respond", "complete", "done")
+
+    def __init__(self, manager: "ReplicaManager", request: FetchRequest, deadline: float,
+                 partitions: list[NotifyingPartition], respond: Callable[[dict], Any]):
+        self.manager = manager
+        self.request = request
+        self.deadline = deadline
+        self.partitions = partitions
+        self.respond = respond  # results -> the response body
+        self.complete: Callable[[Any], None] | None = None
+        self.done = False
+
+    def attach(self, complete: Callable[[Any], None]) -> None:
+        self.complete = complete
+        for p in self.partitions:
+            p.watchers[self] = None
+        self.manager._add_delayed(self)
+
+    def try_complete(self, force: bool = False) -> bool:
+        """Answer if satisfied (or ``force``: the deadline passed); True once answered."""
+        if self.done:
+            return True
+        try:
+            results, size = self.manager._read_all(self.request, False)
+            if not force and size < self.request.min_bytes and not _has_errors(results):
+                return False
+            body = self.respond(results)
+        except Exception:  # a bug must not fail the append that woke us, nor leave it waiting
+            logger.exception("a delayed fetch failed; answering it with an error")
+            from broker.network import error_body
+            body = error_body(UNKNOWN_SERVER_ERROR)
+        self._finish()
+        self.complete(body)
+        return True
+
+    def cancel(self) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        self.done = True
+        for p in self.partitions:
+            p.watchers.pop(self, None)
 
 
 class ReplicaManager:
@@ -89,11 +151,15 @@ class ReplicaManager:
         # called with (partition, leads it now, leader epoch) after each LeaderAndIsr and
         # StopReplica: the group coordinator loads and unloads __consumer_offsets partitions
         self.leadership_listeners: list[Callable[[TopicPartition, bool, int], None]] = []
+        self._delayed: list[tuple[float, int, DelayedFetch]] = []  # deadline heap (see _expire_delayed)
+        self._delayed_seq = itertools.count()
+        self._timer: trio.CancelScope | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._isr_maintenance)
+            await nursery.start(self._expire_delayed)
             task_status.started()
             await trio.sleep_forever()
 
@@ -266,6 +332,46 @@ class ReplicaManager:
                 return results
             with trio.move_on_at(deadline):
                 await _wait_any(events)
+
+    def consumer_fetch(self, req: FetchRequest, respond: Callable[[dict], Any]) -> Any:
+        """A consumer's fetch: ``respond(results)`` now when it can be answered now, else a
+        DelayedFetch that answers when satisfied or at ``max_wait_ms`` (the same outcome as
+        ``fetch``, without a task waiting). Without the timer running (``run``), the
+        coroutine of ``fetch`` instead."""
+        deadline = trio.current_time() + req.max_wait_ms / 1000
+        results, size = self._read_all(req, False)
+        if size >= req.min_bytes or req.max_wait_ms <= 0 or _has_errors(results):
+            return respond(results)
+        watched = [self.partitions[tp] for tp in results if tp in self.partitions]
+        if not watched:
+            return respond(results)
+        if self._timer is None:
+            return self._respond_after(self.fetch(req), respond)
+        return DelayedFetch(self, req, deadline, watched, respond)
+
+    @staticmethod
+    async def _respond_after(fetching: Awaitable[dict], respond: Callable[[dict], Any]) -> Any:
+        return respond(await fetching)
+
+    def _add_delayed(self, d: DelayedFetch) -> None:
+        heapq.heappush(self._delayed, (d.deadline, next(self._delayed_seq), d))
+        if self._timer is not None and d.deadline < self._timer.deadline:
+            self._timer.deadline = d.deadline
+
+    async def _expire_delayed(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Answer delayed fetches whose ``max_wait_ms`` passed (the purgatory's reaper)."""
+        heap = self._delayed
+        started = False
+        while True:
+            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as self._timer:
+                if not started:
+                    started = True
+                    task_status.started()
+                await trio.sleep_forever()
+            now = trio.current_time()
+            while heap and (heap[0][0] <= now or heap[0][2].done):
+                _, _, d = heapq.heappop(heap)
+                d.try_complete(force=True)
 
     def _read_all(self, req: FetchRequest, from_follower: bool):
         results, size, budget = {}, 0, req.max_bytes

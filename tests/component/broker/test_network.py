@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from broker.config import BrokerConfig
+from broker.deferred import DeferredResponse
 from broker.network import SocketServer
 from protocol.connection import ClientConnection
 from protocol.errors import (INVALID_REQUEST, NOT_LEADER_OR_FOLLOWER, UNKNOWN_SERVER_ERROR,
@@ -447,3 +448,96 @@ def test_request_frames_are_what_the_server_expects():
     # guards the raw frames above: the envelope as protocol.messages encodes it
     frame = encode_request(RequestHeader(ApiKey.METADATA, 0, 77, "c"), {})
     assert msgpack.unpackb(frame) == [int(ApiKey.METADATA), 0, 77, "c", {}]
+
+
+# -- deferred responses (answered by a callback, no task) -------------------------------------
+
+
+class Deferred(DeferredResponse):
+    def __init__(self, n) -> None:
+        self.n = n
+        self.complete = None
+        self.cancelled = False
+
+    def attach(self, complete) -> None:
+        self.complete = complete
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class DeferringHandler:
+    """Synchronous: ``{"deferred": True}`` gets a Deferred (kept in ``waiting``), others an answer."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Deferred] = []
+
+    def __call__(self, header: RequestHeader, body: dict):
+        if body.get("deferred"):
+            d = Deferred(body["n"])
+            self.waiting.append(d)
+            return d
+        return {"n": body["n"]}
+
+
+async def until(predicate) -> None:
+    with trio.fail_after(TIMEOUT_S):
+        while not predicate():
+            await trio.sleep(0.005)
+
+
+async def test_a_deferred_response_is_written_when_completed_and_keeps_request_order(net):
+    handler = DeferringHandler()
+    server, _, bystander = await net.start(handler)
+    client = await net.connect(server.port)
+    await client.stream.send_all(client.frame({"n": 0, "deferred": True}) + client.frame({"n": 1}))
+    await until(lambda: handler.waiting and handler.waiting[0].complete)
+    await assert_serves(bystander)
+    with trio.move_on_after(0.1):
+        await client.receive(1)
+        raise AssertionError("the answer to request 1 overtook the deferred request 0")
+    handler.waiting[0].complete({"n": 0, "late": True})  # synchronously, as an append would
+    responses = await client.receive(2)
+    assert [body for _, body in responses] == [{"n": 0, "late": True}, {"n": 1}]
+
+
+async def test_graceful_shutdown_waits_for_deferred_responses(net):
+    handler = DeferringHandler()
+    server, _, _ = await net.start(handler)
+    client = await net.connect(server.port)
+    await client.send({"n": 7, "deferred": True})
+    await until(lambda: handler.waiting and handler.waiting[0].complete)
+    async with trio.open_nursery() as inner:
+        inner.start_soon(server.aclose, 10)
+        await trio.sleep(0.1)
+        assert not handler.waiting[0].cancelled
+        handler.waiting[0].complete({"n": 7})
+        [(_, body)] = await client.receive(1)
+    assert body == {"n": 7}
+    assert await client.closed_by_server()
+
+
+async def test_a_client_gone_with_a_deferred_request_is_contained(net):
+    handler = DeferringHandler()
+    server, _, bystander = await net.start(handler)
+    client = await net.connect(server.port)
+    await client.send({"n": 1, "deferred": True})
+    await until(lambda: handler.waiting and handler.waiting[0].complete)
+    await trio.aclose_forcefully(client.stream)
+    await trio.sleep(0.05)
+    handler.waiting[0].complete({"n": 1})  # written into a closed connection: contained
+    await assert_serves(bystander)
+    await until(lambda: len(server._connections) == 1)
+
+
+async def test_the_shutdown_deadline_cancels_deferred_requests_and_late_answers_are_ignored(net):
+    handler = DeferringHandler()
+    server, _, _ = await net.start(handler)
+    client = await net.connect(server.port)
+    await client.send({"n": 1, "deferred": True})
+    await until(lambda: handler.waiting and handler.waiting[0].complete)
+    with trio.fail_after(TIMEOUT_S):
+        await server.aclose(0.2)
+    assert handler.waiting[0].cancelled
+    handler.waiting[0].complete({"n": 1})  # nothing raised, nothing written
+    assert await client.closed_by_server()

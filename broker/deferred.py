@@ -1,0 +1,28 @@
+"""Responses completed later by a callback rather than by a task (Kafka's delayed operations).
+
+A request handler may return a ``DeferredResponse`` instead of a body or an awaitable: the
+network layer then ``attach``-es the function that answers the request, and whoever
+completes the operation calls it, synchronously, in the scheduler pass that made the
+answer possible (the append that satisfies a consumer's long poll answers it right there,
+instead of waking a task that answers one pass later). ``cancel`` is called when the
+connection closes first; a completion after that is ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["DeferredResponse"]
+
+
+class DeferredResponse:
+    """Base class of operations answered later; see the module docstring."""
+
+    def attach(self, complete: Callable[[Any], None]) -> None:
+        """Start waiting; ``complete(body)`` answers the request (exactly once)."""
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        """The request will not be answered (its connection closed): stop waiting."""
+        raise NotImplementedError
