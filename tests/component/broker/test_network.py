@@ -541,3 +541,44 @@ async def test_the_shutdown_deadline_cancels_deferred_requests_and_late_answers_
     assert handler.waiting[0].cancelled
     handler.waiting[0].complete({"n": 1})  # nothing raised, nothing written
     assert await client.closed_by_server()
+
+
+async def test_a_direct_response_that_woke_a_task_is_written_after_that_tasks_response(net, monkeypatch):
+    """A produce acknowledgement waits for the long polls its append woke (their responses are
+    written first); one that woke nothing is written by the reader itself."""
+    gate = trio.Event()
+
+    def handler(header, body):
+        if body.get("wait"):
+            return _woken(body)
+        if body.get("open"):
+            gate.set()
+        return {"n": body["n"]}
+
+    async def _woken(body):
+        await gate.wait()
+        return {"n": body["n"]}
+
+    import broker.network as network
+    written: list[bytes] = []
+    original = network.os.write
+
+    def recording_write(fd, data):
+        written.append(bytes(data))
+        return original(fd, data)
+
+    server, _, bystander = await net.start(handler)
+    waiter = await net.connect(server.port)
+    waker = await net.connect(server.port)
+    await waiter.send({"n": "woken", "wait": True})
+    await until(lambda: gate.statistics().tasks_waiting == 1)
+    monkeypatch.setattr(network.os, "write", recording_write)
+    await waker.send({"n": "waker", "open": True})
+    assert [body["n"] for _, body in await waiter.receive()] == ["woken"]
+    assert [body["n"] for _, body in await waker.receive()] == ["waker"]
+    order = [name for w in written for name in (b"woken", b"waker") if name in w]
+    assert order == [b"woken", b"waker"], order
+    written.clear()
+    assert (await waker.call({"n": "alone"}))["n"] == "alone"
+    assert any(b"alone" in w for w in written)
+    await assert_serves(bystander)
