@@ -51,6 +51,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from broker.deferred import DeferredResponse
 from protocol.messages import ApiKey, FetchResponse, ProduceResponse
 from protocol.records import BATCH_LENGTH_AT, HEADER_SIZE, LOG_OVERHEAD
 
@@ -129,6 +130,7 @@ class RequestMetrics:
         self.messages_out: Counter[str] = Counter()
         self.replication_bytes_out = 0
         self.produce_purgatory_size = 0
+        self.fetch_purgatory_size = 0  # consumers' long polls waiting (DelayedFetch)
 
     def instrument(self, handler: Handler) -> Handler:
         """``handler`` (the socket server's: header, body -> response or awaitable) with one
@@ -144,6 +146,8 @@ class RequestMetrics:
                 raise
             if inspect.isawaitable(result):
                 return self._complete_later(header.api_key, body, start, result)
+            if isinstance(result, DeferredResponse):  # a consumer's long poll: when answered
+                return _ObservedDeferred(self, header.api_key, body, start, result)
             self._observe(header.api_key, body, start)
             self._account(header.api_key, body, result)
             return result
@@ -160,6 +164,10 @@ class RequestMetrics:
             self._observe(api_key, body, start)
         self._account(api_key, body, response)
         return response
+
+    def _completed(self, api_key: int, body: dict, start: float, response: Any) -> None:
+        self._observe(api_key, body, start)
+        self._account(api_key, body, response)
 
     def _observe(self, api_key: int, body: Any, start: float) -> None:
         name = request_name(api_key, body)
@@ -302,6 +310,10 @@ class BrokerCollector:
                                       "acks=all produce requests waiting for the high watermark")
         purgatory.add_metric([], float(self.requests.produce_purgatory_size))
         yield purgatory
+        fetches = GaugeMetricFamily("tidelog_fetch_purgatory_size",
+                                    "consumers' fetches waiting for records (long polls)")
+        fetches.add_metric([], float(self.requests.fetch_purgatory_size))
+        yield fetches
 
     def _controller(self) -> Iterator[Metric]:
         controller = self.server.controller
@@ -535,3 +547,28 @@ def _http(status: int, body: bytes, content_type: str = "text/plain; charset=utf
     head = (f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode() + extra + b"\r\n"
     return head if head_only else head + body
+
+
+class _ObservedDeferred(DeferredResponse):
+    """A deferred response observed when it is answered (its latency includes the long
+    poll, and the bytes it carries out are counted), or when it is cancelled."""
+
+    __slots__ = ("metrics", "api_key", "body", "start", "inner")
+
+    def __init__(self, metrics: RequestMetrics, api_key: int, body: dict, start: float,
+                 inner: DeferredResponse):
+        self.metrics, self.api_key, self.body, self.start, self.inner = metrics, api_key, body, start, inner
+
+    def attach(self, complete: Callable[[Any], None]) -> None:
+        def completed(response: Any) -> None:
+            self.metrics.fetch_purgatory_size -= 1
+            self.metrics._completed(self.api_key, self.body, self.start, response)
+            complete(response)
+
+        self.metrics.fetch_purgatory_size += 1
+        self.inner.attach(completed)
+
+    def cancel(self) -> None:
+        self.metrics.fetch_purgatory_size -= 1
+        self.inner.cancel()
+        self.metrics._observe(self.api_key, self.body, self.start)

@@ -11,6 +11,7 @@ import trio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.deferred import DeferredResponse
 from broker.coordination.layout import LeaderAndIsr
 from broker.health import Readiness
 from broker.log.config import LogConfig
@@ -276,6 +277,45 @@ async def test_fetches_count_bytes_out_for_consumers_and_replication_for_followe
     assert rm.bytes_out == {"t": len(b1) + len(b2)} and rm.messages_out == {"t": 5}
     assert rm.replication_bytes_out == len(b1) + len(b2)
     assert rm.latency["FetchConsumer"].count == rm.latency["FetchFollower"].count == 1
+
+
+class _Deferred(DeferredResponse):
+    def __init__(self):
+        self.complete = None
+        self.cancelled = False
+
+    def attach(self, complete):
+        self.complete = complete
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_a_deferred_consumer_fetch_is_observed_and_counted_when_answered():
+    """A consumer's long poll answered later (a DelayedFetch): its latency includes the wait
+    and the bytes it carries out are counted, when it is answered, not when it was read."""
+    clock = Clock()
+    rm = RequestMetrics(clock)
+    batch = build_batch([b"a"] * 3)
+    response = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, 3, 0, batch)])])
+    inner = _Deferred()
+    result = rm.instrument(lambda h, b: inner)(header(ApiKey.FETCH), {"replica_id": -1})
+    assert isinstance(result, DeferredResponse) and "FetchConsumer" not in rm.latency
+    answered = []
+    result.attach(answered.append)
+    assert rm.fetch_purgatory_size == 1
+    clock.now += 0.25
+    inner.complete(response)
+    assert answered == [response] and rm.fetch_purgatory_size == 0
+    assert rm.latency["FetchConsumer"].count == 1 and rm.latency["FetchConsumer"].sum == pytest.approx(0.25)
+    assert rm.bytes_out == {"t": len(batch)} and rm.messages_out == {"t": 3}
+    cancelled = _Deferred()
+    result = rm.instrument(lambda h, b: cancelled)(header(ApiKey.FETCH), {"replica_id": -1})
+    result.attach(answered.append)
+    assert rm.fetch_purgatory_size == 1
+    result.cancel()
+    assert rm.fetch_purgatory_size == 0
+    assert cancelled.cancelled and rm.latency["FetchConsumer"].count == 2 and rm.messages_out == {"t": 3}
 
 
 def test_a_malformed_body_never_fails_the_request():
