@@ -501,45 +501,43 @@ async def test_a_deferred_response_is_written_when_completed_and_keeps_request_o
     assert [body for _, body in responses] == [{"n": 0, "late": True}, {"n": 1}]
 
 
-async def test_graceful_shutdown_waits_for_deferred_responses(net):
+async def one_deferred_request(net, n: int):
+    """A server with a DeferringHandler, and a client whose request ``n`` waits, deferred."""
     handler = DeferringHandler()
-    server, _, _ = await net.start(handler)
+    server, _, bystander = await net.start(handler)
     client = await net.connect(server.port)
-    await client.send({"n": 7, "deferred": True})
+    await client.send({"n": n, "deferred": True})
     await until(lambda: handler.waiting and handler.waiting[0].complete)
+    return server, handler.waiting[0], client, bystander
+
+
+async def test_graceful_shutdown_waits_for_deferred_responses(net):
+    server, waiting, client, _ = await one_deferred_request(net, 7)
     async with trio.open_nursery() as inner:
         inner.start_soon(server.aclose, 10)
         await trio.sleep(0.1)
-        assert not handler.waiting[0].cancelled
-        handler.waiting[0].complete({"n": 7})
+        assert not waiting.cancelled
+        waiting.complete({"n": 7})
         [(_, body)] = await client.receive(1)
     assert body == {"n": 7}
     assert await client.closed_by_server()
 
 
 async def test_a_client_gone_with_a_deferred_request_is_contained(net):
-    handler = DeferringHandler()
-    server, _, bystander = await net.start(handler)
-    client = await net.connect(server.port)
-    await client.send({"n": 1, "deferred": True})
-    await until(lambda: handler.waiting and handler.waiting[0].complete)
+    server, waiting, client, bystander = await one_deferred_request(net, 1)
     await trio.aclose_forcefully(client.stream)
     await trio.sleep(0.05)
-    handler.waiting[0].complete({"n": 1})  # written into a closed connection: contained
+    waiting.complete({"n": 1})  # written into a closed connection: contained
     await assert_serves(bystander)
     await until(lambda: len(server._connections) == 1)
 
 
 async def test_the_shutdown_deadline_cancels_deferred_requests_and_late_answers_are_ignored(net):
-    handler = DeferringHandler()
-    server, _, _ = await net.start(handler)
-    client = await net.connect(server.port)
-    await client.send({"n": 1, "deferred": True})
-    await until(lambda: handler.waiting and handler.waiting[0].complete)
+    server, waiting, client, _ = await one_deferred_request(net, 1)
     with trio.fail_after(TIMEOUT_S):
         await server.aclose(0.2)
-    assert handler.waiting[0].cancelled
-    handler.waiting[0].complete({"n": 1})  # nothing raised, nothing written
+    assert waiting.cancelled
+    waiting.complete({"n": 1})  # nothing raised, nothing written
     assert await client.closed_by_server()
 
 

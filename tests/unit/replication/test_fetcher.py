@@ -66,7 +66,7 @@ async def reconcile(cluster: MemoryCluster) -> None:
 
 
 async def test_truncation_target_rules(cluster, autojump_clock):
-    a, b = cluster.brokers[1], cluster.brokers[2]
+    a = cluster.brokers[1]
     cluster.elect(1)  # epoch 0 on [0, 3)
     produce(a, 3)
     cluster.elect(1)  # epoch 1 on [3, 5)
@@ -370,7 +370,7 @@ async def test_fetch_beyond_the_leader_log_end_is_not_a_caught_up_follower(clust
     """A follower fetching past the leader's LEO holds records the leader does not: Kafka
     records no fetch state for a read that failed, so it neither counts as caught up nor
     becomes eligible for the ISR."""
-    a, b = cluster.brokers[1], cluster.brokers[2]
+    a = cluster.brokers[1]
     cluster.elect(1, isr=[1])
     produce(a, 3)
     p = a.partition()
