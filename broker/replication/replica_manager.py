@@ -60,6 +60,9 @@ class ReplicaConfig:
     fetcher: FetcherConfig | None = None
 
 
+PURGE_DELAYED_AT = 1000  # answered delayed fetches tolerated in the deadline heap before a purge
+
+
 class NotifyingPartition(Partition):
     """A partition with a "changed" event for waiters (follower long polls and acks=all),
     and the consumers' delayed fetches watching it (tried again, synchronously, on every
@@ -86,7 +89,7 @@ class DelayedFetch(DeferredResponse):
     available, or an error) answers it right there, synchronously, without a task of its
     own; at ``max_wait_ms`` the replica manager's timer answers it with what there is."""
 
-    __slots__ = ("manager", "request", "deadline", "partitions", "respond", "complete", "done")
+    __slots__ = ("manager", "request", "deadline", "partitions", "respond", "complete", "done", "queued")
 
     def __init__(self, manager: "ReplicaManager", request: FetchRequest, deadline: float,
                  partitions: list[NotifyingPartition], respond: Callable[[dict], Any]):
@@ -97,6 +100,7 @@ class DelayedFetch(DeferredResponse):
         self.respond = respond  # results -> the response body
         self.complete: Callable[[Any], None] | None = None
         self.done = False
+        self.queued = False  # in the manager's deadline heap
 
     def attach(self, complete: Callable[[Any], None]) -> None:
         self.complete = complete
@@ -118,16 +122,23 @@ class DelayedFetch(DeferredResponse):
             from broker.network import error_body
             body = error_body(UNKNOWN_SERVER_ERROR)
         self._finish()
-        self.complete(body)
+        try:
+            self.complete(body)
+        except Exception:  # the connection's problem: not the append's, nor the timer's
+            logger.exception("answering a delayed fetch failed")
         return True
 
     def cancel(self) -> None:
         self._finish()
 
     def _finish(self) -> None:
+        if self.done:
+            return
         self.done = True
         for p in self.partitions:
             p.watchers.pop(self, None)
+        if self.queued:
+            self.manager._delayed_finished()
 
 
 class ReplicaManager:
@@ -151,7 +162,10 @@ class ReplicaManager:
         # called with (partition, leads it now, leader epoch) after each LeaderAndIsr and
         # StopReplica: the group coordinator loads and unloads __consumer_offsets partitions
         self.leadership_listeners: list[Callable[[TopicPartition, bool, int], None]] = []
-        self._delayed: list[tuple[float, int, DelayedFetch]] = []  # deadline heap (see _expire_delayed)
+        # deadline heap of the delayed fetches (see _expire_delayed); answered ones stay in it
+        # until they reach the top or are purged (_delayed_finished)
+        self._delayed: list[tuple[float, int, DelayedFetch]] = []
+        self._delayed_done = 0  # answered or cancelled fetches still in the heap
         self._delayed_seq = itertools.count()
         self._timer: trio.CancelScope | None = None
 
@@ -355,8 +369,21 @@ class ReplicaManager:
 
     def _add_delayed(self, d: DelayedFetch) -> None:
         heapq.heappush(self._delayed, (d.deadline, next(self._delayed_seq), d))
+        d.queued = True
         if self._timer is not None and d.deadline < self._timer.deadline:
             self._timer.deadline = d.deadline
+
+    def _delayed_finished(self) -> None:
+        """A delayed fetch was answered or cancelled. Once most of the heap is such entries
+        (and there are more than PURGE_DELAYED_AT), rebuild it without them, as Kafka's
+        purgatory purges completed operations: a consumer answered at once every time but
+        asking for a long ``max_wait_ms`` must not grow the heap until its deadlines pass."""
+        self._delayed_done += 1
+        heap = self._delayed
+        if self._delayed_done > PURGE_DELAYED_AT and self._delayed_done * 2 > len(heap):
+            heap[:] = [entry for entry in heap if not entry[2].done]  # in place: the timer holds it
+            heapq.heapify(heap)
+            self._delayed_done = 0
 
     async def _expire_delayed(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Answer delayed fetches whose ``max_wait_ms`` passed (the purgatory's reaper)."""
@@ -371,7 +398,11 @@ class ReplicaManager:
             now = trio.current_time()
             while heap and (heap[0][0] <= now or heap[0][2].done):
                 _, _, d = heapq.heappop(heap)
-                d.try_complete(force=True)
+                if d.done:
+                    self._delayed_done -= 1
+                else:
+                    d.queued = False  # out of the heap: its answer is not counted there
+                    d.try_complete(force=True)
 
     def _read_all(self, req: FetchRequest, from_follower: bool):
         results, size, budget = {}, 0, req.max_bytes

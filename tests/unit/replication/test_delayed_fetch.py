@@ -122,3 +122,23 @@ async def test_without_the_timer_running_a_fetch_waits_in_a_coroutine(tmp_path):
         for b in brokers:
             b.close()
 
+
+
+async def test_answered_fetches_with_long_deadlines_are_purged_from_the_timer_heap(leader, autojump_clock):
+    """Consumers answered at once every time while asking for a long max_wait_ms must not
+    grow the purgatory until their deadlines pass (Kafka purges completed operations)."""
+    from broker.replication.replica_manager import PURGE_DELAYED_AT
+    rm = leader.replica_manager
+    answered = 0
+    for offset in range(3 * PURGE_DELAYED_AT):
+        answers = attach(consumer_fetch(leader, offset, max_wait_ms=3_600_000))
+        leader.produce(make_batch(1))
+        answered += len(answers)
+    assert answered == 3 * PURGE_DELAYED_AT
+    assert len(rm._delayed) <= 2 * PURGE_DELAYED_AT + 2
+    assert 0 <= rm._delayed_done <= len(rm._delayed)
+    waiting = attach(consumer_fetch(leader, 3 * PURGE_DELAYED_AT, max_wait_ms=200))
+    await trio.sleep(0.3)  # the timer still answers what is left
+    assert len(waiting) == 1
+    await trio.sleep(3600)
+    assert rm._delayed == [] and rm._delayed_done == 0
