@@ -219,6 +219,9 @@ class PartitionState:
     awaiting_committed: bool = False  # assigned by the group: the committed offset is looked up first
     fetching: bool = False
     resetting: bool = False
+    # its last answer was empty below the high watermark while it was not first in its
+    # fetch request: the next request to its leader puts it first (see handle_partition_response)
+    fetch_first: bool = False
     buffered: deque[CompletedFetch] = field(default_factory=deque)
 
     @property
@@ -315,12 +318,15 @@ class FetchPlan(NamedTuple):
 def plan_fetches(subscriptions: SubscriptionState, metadata: ClusterMetadata, busy_nodes: Iterable[int],
                  now: float, config: ConsumerConfig) -> tuple[dict[int, FetchPlan], bool]:
     """One FetchRequest per leader node that has no fetch in flight, for its fetchable
-    partitions. Returns ``(plans by node, some partition has no known leader)``."""
+    partitions, those marked ``fetch_first`` first. Returns ``(plans by node, some partition
+    has no known leader)``."""
     busy = set(busy_nodes)
     by_node: dict[int, dict[str, list[FetchPartition]]] = {}
     sent: dict[int, dict[TopicPartition, tuple[int, int]]] = {}
     unknown = False
-    for tp in subscriptions.fetchable(now):
+    states = subscriptions.partitions
+    # a partition waiting to be first goes first (its topic first, and first in its topic)
+    for tp in sorted(subscriptions.fetchable(now), key=lambda tp: not states[tp].fetch_first):
         leader = metadata.leader_for(tp)
         if leader is None:
             unknown = True
@@ -359,9 +365,12 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
     them, at the end of a segment): the position moves to the high watermark ("gap"), where
     a consumer waiting for new records would jump anyway, so a reader of a range ending
     below the high watermark (the Spark source) is not left waiting for offsets that will
-    never come."""
+    never come. Nothing returned below the high watermark for a partition that was not
+    first may be a gap too, or the response's bytes used up before it: it is marked
+    ``fetch_first``, so its next fetch answers the question."""
     if state is None or state.generation != generation or state.fetch_offset != fetch_offset:
         return PartitionOutcome("stale")
+    state.fetch_first = False
     if p.error_code == NONE.code:
         if p.high_watermark >= 0:
             state.high_watermark = p.high_watermark
@@ -373,6 +382,7 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
                     state.position = p.high_watermark
                 state.fetch_offset = p.high_watermark
                 return PartitionOutcome("gap")
+            state.fetch_first = not first and fetch_offset < p.high_watermark and not state.buffered
             return PartitionOutcome("empty")
         batches = list(iter_headers(p.records))
         if not batches:

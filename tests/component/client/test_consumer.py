@@ -71,6 +71,24 @@ async def test_latest_starts_at_the_end_and_a_long_poll_waits_for_new_records(to
         assert trio.current_time() - started < 1.5  # woken by the data, not by max_wait
 
 
+async def test_a_compacted_gap_is_passed_in_a_partition_that_is_not_first_in_the_fetch(topic):
+    # t-1's offsets 3-6 were cleaned away at the end of its log: nothing lies between its
+    # position and the high watermark. Only a fetch with t-1 first can tell (the broker
+    # returns a batch for the first partition whenever one lies below the HW), so the
+    # consumer puts it first after an empty answer and then moves its position to the HW.
+    topic.move_leader("t", 1, 0)  # both partitions in one fetch request
+    topic.log("t", 1).log_end_offset = 7
+    async with AsyncConsumer(topic.bootstrap, fetch_max_wait_ms=50) as consumer:
+        consumer.assign([T0, T1])
+        consumer.seek(T0, 12)  # t-0 at its end: first in every fetch, with nothing to return
+        consumer.seek(T1, 3)
+        with trio.fail_after(5):
+            while await consumer.position(T1) != 7:
+                assert await consumer.poll(timeout_ms=50) == []
+        fill(topic, T1, [b"after the gap"])
+        assert [(r.offset, r.value) for r in await poll_until(consumer, 1)] == [(7, b"after the gap")]
+
+
 async def test_seek_reads_from_the_middle_of_a_batch(topic):
     async with AsyncConsumer(topic.bootstrap) as consumer:
         consumer.assign([T0])

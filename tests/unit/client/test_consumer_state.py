@@ -104,6 +104,28 @@ def test_plan_fetches_skips_busy_nodes_buffered_backing_off_and_leaderless_parti
     assert unknown
 
 
+def test_plan_fetches_puts_a_partition_marked_fetch_first_first_in_its_request():
+    subs = SubscriptionState(None)
+    subs.assign([A0, A1, B0])
+    for tp in (A0, A1, B0):
+        subs.state(tp).seek(5)
+    leaders = metadata({A0: 1, A1: 1, B0: 1})
+    plans, _ = plan_fetches(subs, leaders, busy_nodes=(), now=0, config=CONFIG)
+    assert [(t.topic, [p.partition for p in t.partitions]) for t in plans[1].request.topics] == \
+        [("a", [0, 1]), ("b", [0])]
+    # b-0 got nothing below its high watermark while a-0 came first: b-0 goes first next time
+    handle_partition_response(B0, subs.state(B0), subs.state(B0).generation, 5,
+                              FetchPartitionResponse(0, 0, 9, 0), now=0, backoff_s=0, first=False)
+    plans, _ = plan_fetches(subs, leaders, busy_nodes=(), now=0, config=CONFIG)
+    assert [(t.topic, [p.partition for p in t.partitions]) for t in plans[1].request.topics] == \
+        [("b", [0]), ("a", [0, 1])]
+    subs.state(B0).fetch_first = False
+    subs.state(A1).fetch_first = True
+    plans, _ = plan_fetches(subs, leaders, busy_nodes=(), now=0, config=CONFIG)
+    assert [(t.topic, [p.partition for p in t.partitions]) for t in plans[1].request.topics] == \
+        [("a", [1, 0]), ("b", [0])]
+
+
 def state_at(offset):
     state = PartitionState()
     state.seek(offset)
@@ -143,11 +165,21 @@ def test_nothing_below_the_high_watermark_for_the_first_partition_is_a_compacted
     outcome = handle_partition_response(A0, state, state.generation, 3, FetchPartitionResponse(0, 0, 9, 0),
                                         now=0, backoff_s=0, first=True)
     assert outcome.action == "gap" and (state.position, state.fetch_offset) == (9, 9)
-    # not first: its share of the response may have been used up by the partitions before it
+    # not first: its share of the response may have been used up by the partitions before it;
+    # it asks to be first in its next fetch, which tells
     state = state_at(3)
     outcome = handle_partition_response(A0, state, state.generation, 3, FetchPartitionResponse(0, 0, 9, 0),
                                         now=0, backoff_s=0, first=False)
     assert outcome.action == "empty" and (state.position, state.fetch_offset) == (3, 3)
+    assert state.fetch_first
+    outcome = handle_partition_response(A0, state, state.generation, 3, FetchPartitionResponse(0, 0, 9, 0),
+                                        now=0, backoff_s=0, first=True)
+    assert outcome.action == "gap" and (state.position, state.fetch_offset) == (9, 9)
+    assert not state.fetch_first
+    # caught up (nothing below the HW): nothing to ask
+    outcome = handle_partition_response(A0, state, state.generation, 9, FetchPartitionResponse(0, 0, 9, 0),
+                                        now=0, backoff_s=0, first=False)
+    assert outcome.action == "empty" and not state.fetch_first
     # records still buffered: it waits until they are read (then the next empty answer moves it)
     state = state_at(3)
     handle_partition_response(A0, state, state.generation, 3,
