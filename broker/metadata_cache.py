@@ -12,7 +12,7 @@ from protocol.messages import (
     NO_LEADER, BrokerMetadata, LiveBroker, PartitionMetadata, PartitionState, TopicMetadata,
     UpdateMetadataRequest,
 )
-from protocol.topics import TopicPartition
+from protocol.topics import TopicPartition, is_internal_topic
 
 
 class MetadataCache:
@@ -73,7 +73,7 @@ class MetadataCache:
             return TopicMetadata(UNKNOWN_TOPIC_OR_PARTITION.code, name,
                                  error_message=f"topic {name!r} does not exist")
         return TopicMetadata(NONE.code, name, [self._one_partition(p) for _, p in sorted(parts.items())],
-                             is_internal=name.startswith("__"))
+                             is_internal=is_internal_topic(name))
 
     def _one_partition(self, st: PartitionState) -> PartitionMetadata:
         offline = [r for r in st.replicas if r not in self.brokers]

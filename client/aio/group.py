@@ -325,9 +325,10 @@ def coalesce_commit(fresh: Mapping[TopicPartition, int], seq: int, generation: "
 
 def matching_topics(pattern: re.Pattern[str], metadata: ClusterMetadata,
                     exclude_internal: bool = True) -> set[str]:
-    """The topics a pattern subscription covers (fullmatch, as Java's Pattern.matches)."""
+    """The topics a pattern subscription covers (fullmatch, as Java's Pattern.matches);
+    internal topics (as the broker's metadata marks them) only with ``exclude_internal`` off."""
     return {name for name, t in metadata.topics.items()
-            if pattern.fullmatch(name) and not (exclude_internal and (t.is_internal or name.startswith("__")))}
+            if pattern.fullmatch(name) and not (exclude_internal and t.is_internal)}
 
 
 def commit_failed_message(group_id: str, detail: str) -> str:

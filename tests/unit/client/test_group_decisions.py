@@ -100,9 +100,10 @@ def test_matching_topics_full_match_without_internal():
     md = ClusterMetadata().merge(MetadataResponse([BrokerMetadata(1, "h", 1)], None, 1, [
         TopicMetadata(0, name, [PartitionMetadata(0, 0, 1, 0, [1], [1])], internal)
         for name, internal in [("orders", False), ("orders-eu", False), ("x-orders", False),
-                               ("__consumer_offsets", True)]]), None)
+                               ("__consumer_offsets", True), ("__audit", False)]]), None)
     assert matching_topics(re.compile("orders.*"), md) == {"orders", "orders-eu"}
-    assert matching_topics(re.compile(".*"), md) == {"orders", "orders-eu", "x-orders"}
+    # as Kafka: a user topic named with "__" is not internal, only the broker's own topics are
+    assert matching_topics(re.compile(".*"), md) == {"orders", "orders-eu", "x-orders", "__audit"}
     assert "__consumer_offsets" in matching_topics(re.compile(".*"), md, exclude_internal=False)
 
 

@@ -1,0 +1,36 @@
+"""The broker's metadata cache: what a Metadata request is answered from."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.metadata_cache import MetadataCache
+from protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION
+from protocol.messages import LiveBroker, PartitionState, UpdateMetadataRequest
+
+pytestmark = pytest.mark.unit
+
+
+def cache_with(*topics: str, controller_epoch: int = 3) -> MetadataCache:
+    cache = MetadataCache(1)
+    cache.update(UpdateMetadataRequest(
+        1, controller_epoch, 0, [PartitionState(t, 0, controller_epoch, 1, 0, [1], 0, [1]) for t in topics],
+        [LiveBroker(1, "127.0.0.1", 9092)]))
+    return cache
+
+
+def test_only_kafkas_internal_topics_are_marked_internal():
+    cache = cache_with("orders", "__consumer_offsets", "__transaction_state", "__audit")
+    marked = {t.name: t.is_internal for t in cache.topic_metadata(None)}
+    # a user topic whose name starts with "__" is an ordinary topic, as in Kafka
+    assert marked == {"orders": False, "__consumer_offsets": True, "__transaction_state": True,
+                      "__audit": False}
+
+
+def test_an_update_from_an_older_controller_epoch_is_ignored():
+    cache = cache_with("orders", controller_epoch=3)
+    stale = UpdateMetadataRequest(2, 2, 0, [PartitionState("stale", 0, 2, 2, 0, [2], 0, [2])], [])
+    assert not cache.update(stale)
+    assert cache.topics == ["orders"] and cache.controller_id == 1 and 1 in cache.brokers
+    (known, unknown) = cache.topic_metadata(["orders", "stale"])
+    assert known.error_code == NONE.code and unknown.error_code == UNKNOWN_TOPIC_OR_PARTITION.code
