@@ -352,7 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tidelog`` with ``argv`` (default: the process's arguments); returns the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named by the (sub)command they were given to, with its usage
+            _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help (0), or a usage error argparse has already explained (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
     try:
@@ -362,6 +364,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``tidelog dump-log ... | head``)
         _silence_stdout()
         return 1
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand's parser that ``args`` came through (``tidelog groups describe``)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else ()):
+            return parser
+        parser = subs[0].choices[chosen]
 
 
 def _tolerate_unencodable(stream) -> None:
