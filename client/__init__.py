@@ -312,6 +312,17 @@ class Consumer(_Blocking):
     def seek(self, partition: TopicPartition, offset: int) -> None:
         self._sync(self._aio.seek, partition, offset)
 
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop fetching and returning records of these partitions until ``resume``
+        (see ``AsyncConsumer.pause``)."""
+        self._sync(self._aio.pause, *partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._sync(self._aio.resume, *partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return self._sync(self._aio.paused)
+
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         self._sync(self._aio.seek_to_beginning, *partitions)
 

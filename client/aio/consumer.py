@@ -222,6 +222,7 @@ class PartitionState:
     # its last answer was empty below the high watermark while it was not first in its
     # fetch request: the next request to its leader puts it first (see handle_partition_response)
     fetch_first: bool = False
+    paused: bool = False  # pause(): not fetched, its buffered records not returned, until resume()
     buffered: deque[CompletedFetch] = field(default_factory=deque)
 
     @property
@@ -299,7 +300,7 @@ class SubscriptionState:
     def fetchable(self, now: float) -> list[TopicPartition]:
         return [tp for tp, s in self.partitions.items()
                 if s.has_position and not s.fetching and not s.buffered and not s.stopped
-                and s.retry_at <= now]
+                and not s.paused and s.retry_at <= now]
 
     def rotation(self) -> list[TopicPartition]:
         """The assigned partitions, starting one further along each call (fair polling)."""
@@ -594,6 +595,27 @@ class AsyncConsumer(RunsInOwnNursery):
         self._subscriptions.state(TopicPartition(*partition)).seek(offset)
         self._wake.set()
 
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop fetching these assigned partitions, and keep ``poll`` from returning their
+        records, until ``resume`` (Kafka's ``pause``: flow control, e.g. while downstream is
+        busy). Records already fetched stay buffered and come back after ``resume``; the
+        position does not move, and a group member keeps polling (and stays in the group).
+        A partition that a rebalance revokes loses its pause."""
+        for state in [self._subscriptions.state(TopicPartition(*tp)) for tp in partitions]:
+            state.paused = True
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        """Fetch these paused partitions again; their buffered records are returned by the
+        next ``poll`` (a ``poll`` waiting now gets them at once)."""
+        for state in [self._subscriptions.state(TopicPartition(*tp)) for tp in partitions]:
+            state.paused = False
+        self._wake.set()
+        self._signal_data()
+
+    def paused(self) -> set[TopicPartition]:
+        """The assigned partitions that are paused."""
+        return {tp for tp, s in self._subscriptions.partitions.items() if s.paused}
+
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         self._seek_reset(partitions, EARLIEST_TIMESTAMP)
 
@@ -803,7 +825,7 @@ class AsyncConsumer(RunsInOwnNursery):
         drained_one = False
         for tp in self._subscriptions.rotation():
             state = self._subscriptions.partitions[tp]
-            while state.buffered and len(out) < limit:
+            while state.buffered and len(out) < limit and not state.paused:
                 completed = state.buffered[0]
                 try:
                     out.extend(completed.take(state, limit - len(out), check))

@@ -58,6 +58,29 @@ def test_iteration_stops_after_consumer_timeout(threaded_fake):
         assert [r.value for r in consumer] == [b"0", b"1", b"2", b"3", b"4"]
 
 
+def test_pause_and_resume_from_the_blocking_consumer(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    tp = TopicPartition("t", 0)
+    with Producer(bootstrap) as producer:
+        for i in range(5):
+            producer.send("t", b"%d" % i)
+    with Consumer(bootstrap, auto_offset_reset="earliest", max_poll_records=2) as consumer:
+        consumer.assign([tp])
+        got = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got = consumer.poll(timeout_ms=200)
+        consumer.pause(tp)
+        assert consumer.paused() == {tp}
+        assert consumer.poll(timeout_ms=300) == []  # the rest is fetched, but held back
+        consumer.resume(tp)
+        assert consumer.paused() == set()
+        while len(got) < 5 and time.monotonic() < deadline:
+            got += consumer.poll(timeout_ms=200)
+        assert [r.value for r in got] == [b"0", b"1", b"2", b"3", b"4"]
+
+
 def test_many_threads_share_one_producer(threaded_fake):
     threaded_fake.call(threaded_fake.cluster.create_topic, "t", 2)
     futures, lock = [], threading.Lock()

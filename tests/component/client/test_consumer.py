@@ -119,6 +119,43 @@ async def test_seek_to_beginning_and_end(topic):
         assert len(got) == 15
 
 
+async def test_a_paused_partition_is_neither_fetched_nor_returned_until_resumed(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T0, T1])
+        consumer.pause(T0)
+        assert consumer.paused() == {T0}
+        assert values(await poll_until(consumer, 3)) == [b"b0", b"b1", b"b2"]
+        fill(topic, T0, [b"while paused"])
+        assert await consumer.poll(timeout_ms=300) == []
+        assert not any(p.partition == 0 for r in topic.sent(ApiKey.FETCH)
+                       for t in r.topics for p in t.partitions)  # t-0 was never fetched
+        assert await consumer.position(T0) == 0
+        consumer.resume(T0)
+        assert consumer.paused() == set()
+        got = await poll_until(consumer, 13)
+        assert [r.offset for r in got] == list(range(13)) and got[-1].value == b"while paused"
+        with pytest.raises(ValueError, match="not assigned"):
+            consumer.pause(TopicPartition("other", 0))
+
+
+async def test_resume_wakes_a_poll_waiting_for_the_records_of_the_paused_partition(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest", max_poll_records=1) as consumer:
+        consumer.assign([T1])
+        assert values(await poll_until(consumer, 1)) == [b"b0"]  # b1 and b2 stay buffered
+        consumer.pause(T1)
+        assert await consumer.poll(timeout_ms=100) == []
+
+        async def resume_soon():
+            await trio.sleep(0.1)
+            consumer.resume(T1)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(resume_soon)
+            started = trio.current_time()
+            got = await consumer.poll(timeout_ms=5000)
+        assert values(got) == [b"b1"] and trio.current_time() - started < 4  # woken, not timed out
+
+
 async def test_max_poll_records_bounds_each_poll(topic):
     async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest", max_poll_records=4) as consumer:
         consumer.assign([T0])

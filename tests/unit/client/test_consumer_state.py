@@ -126,6 +126,22 @@ def test_plan_fetches_puts_a_partition_marked_fetch_first_first_in_its_request()
         [("a", [1, 0]), ("b", [0])]
 
 
+def test_a_paused_partition_is_not_fetchable_and_keeps_its_pause_while_it_stays_assigned():
+    subs = SubscriptionState(None)
+    subs.assign([A0, A1])
+    for tp in (A0, A1):
+        subs.state(tp).seek(0)
+    subs.state(A0).paused = True
+    assert subs.fetchable(now=0) == [A1]
+    plans, _ = plan_fetches(subs, metadata({A0: 1, A1: 1}), busy_nodes=(), now=0, config=CONFIG)
+    assert list(plans[1].sent) == [A1]
+    subs.assign([A0, B0])  # a cooperative rebalance keeps a-0
+    assert subs.state(A0).paused and not subs.state(B0).paused
+    subs.assign([])
+    subs.assign([A0])  # revoked, then assigned again: a fresh state
+    assert not subs.state(A0).paused
+
+
 def state_at(offset):
     state = PartitionState()
     state.seek(offset)
