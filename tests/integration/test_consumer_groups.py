@@ -273,6 +273,36 @@ def test_one_poll_longer_than_max_poll_interval_waiting_for_records_keeps_the_me
         assert [kind for kind, _ in a_events.events] == ["assigned"]
 
 
+def test_a_member_that_pauses_its_partitions_stays_in_the_group_and_resumes_where_it_was(cluster):
+    topic, group = "paused", "paused-group"
+    create_topic(cluster, topic, 1, records=10)
+    tp = TopicPartition(topic, 0)
+    a, a_events = group_consumer(cluster, group, max_poll_interval_ms=2000, max_poll_records=4,
+                                 enable_auto_commit=False)
+
+    def poll_records(count: int, timeout: float) -> list:
+        got, deadline = [], time.monotonic() + timeout
+        while len(got) < count and time.monotonic() < deadline:
+            got += a.poll(timeout_ms=200)
+        return got
+
+    with a:
+        a.subscribe([topic], listener=a_events)
+        got = poll_records(1, 60)
+        generation = a.group_generation
+        a.pause(tp)
+        paused_at = a.position(tp)
+        stop = time.monotonic() + 4.0  # 2 x max_poll_interval_ms of polls that return nothing
+        while time.monotonic() < stop:
+            assert a.poll(timeout_ms=200) == []
+        assert a.group_generation == generation and a.paused() == {tp} and a.position(tp) == paused_at
+        a.commit()  # still a member: the commit of the position is accepted
+        a.resume(tp)
+        got += poll_records(10 - len(got), 30)
+        assert [r.offset for r in got] == list(range(10))
+        assert [kind for kind, _ in a_events.events] == ["assigned"]
+
+
 def test_restarted_static_member_rejoins_without_a_rebalance(cluster):
     topic, group = "static", "static-group"
     create_topic(cluster, topic, 4, records=40)
