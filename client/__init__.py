@@ -35,14 +35,14 @@ from client.aio.group import ConsumerRebalanceListener
 from client.aio.producer import _NEED_METADATA, AsyncProducer, partly_queued
 from client.errors import (BrokerConnectionError, ClientClosedError, CommitFailedError,
                            NoBrokersAvailable, NoOffsetForPartitionError, RebalanceInProgressError,
-                           RequestTimedOut, TidelogClientError, TidelogError)
+                           RequestTimedOut, TidelogClientError, TidelogError, WakeupError)
 from client.records import Record, RecordMetadata, TopicPartition
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",
            "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
            "ConfigEntry", "OffsetAndTimestamp", "TidelogError", "TidelogClientError",
            "RequestTimedOut", "BrokerConnectionError", "NoBrokersAvailable", "ClientClosedError",
-           "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError",
+           "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError", "WakeupError",
            "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
            "ListedGroup"]
 
@@ -184,7 +184,8 @@ class Consumer(_Blocking):
     Rebalance listener callbacks and ``commit_async`` callbacks run on the application's
     thread: inside the ``poll`` (or ``commit``, ``unsubscribe``, ``close``) call that runs the
     rebalance, as in Kafka. They may call this consumer (``commit``, ``seek``, ``position``).
-    Like Kafka's, the consumer is not meant to be used from several threads at once."""
+    Like Kafka's, the consumer is not meant to be used from several threads at once
+    (``wakeup`` excepted)."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
                  consumer_timeout_ms: float = float("inf"), **options: Any):
@@ -311,6 +312,14 @@ class Consumer(_Blocking):
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         self._sync(self._aio.seek, partition, offset)
+
+    def wakeup(self) -> None:
+        """From any thread: the ``poll`` waiting now (or else the next one) raises
+        WakeupError (Kafka's ``wakeup``), e.g. to leave a poll loop from a signal handler or
+        another thread and then ``close``. The only method that may be called from another
+        thread than the one using the consumer."""
+        if not self._closed:
+            self._portal.run_soon(self._aio.wakeup)
 
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop fetching and returning records of these partitions until ``resume``

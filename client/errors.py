@@ -65,6 +65,12 @@ class ClientClosedError(TidelogClientError):
     """The client object was closed (or is closing) before the operation could complete."""
 
 
+class WakeupError(TidelogClientError):
+    """``Consumer.wakeup()`` was called: the poll that was waiting (or the next one) stops
+    with this error instead of returning records (Kafka's WakeupException). The consumer is
+    still usable; the usual reaction is to leave the poll loop and ``close`` it."""
+
+
 class NoOffsetForPartitionError(TidelogClientError):
     """A partition has no position and ``auto_offset_reset`` is "none" (seek first)."""
 

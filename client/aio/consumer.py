@@ -52,7 +52,7 @@ from client.aio.cluster import Backoff, Cluster, ClusterMetadata, absorb_list_of
 from client.aio.assignors import assignors_for
 from client.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
 from client.errors import (BrokerConnectionError, ClientClosedError, NoOffsetForPartitionError, RequestTimedOut,
-                           TidelogError, broker_error)
+                           TidelogError, WakeupError, broker_error)
 from client.records import Record
 from protocol.errors import (NONE, OFFSET_OUT_OF_RANGE, CorruptRecordError, InvalidRequestError,
                              OffsetOutOfRangeError, RecordTooLargeError, for_code)
@@ -432,6 +432,7 @@ class AsyncConsumer(RunsInOwnNursery):
         self._subscriptions = SubscriptionState(RESET_STRATEGIES[config.auto_offset_reset])
         self._fetching_nodes: set[int] = set()
         self._errors: deque[TidelogError] = deque()
+        self._wakeup_pending = False  # wakeup() was called: the current or next poll raises
         self._iter_buffer: deque[Record] = deque()
         self._wake = trio.Event()  # the fetch loop's
         self._data = trio.Event()  # poll's: data or an error arrived
@@ -810,7 +811,17 @@ class AsyncConsumer(RunsInOwnNursery):
         self._poll_waiter = None
         deliver(outcome)
 
+    def wakeup(self) -> None:
+        """Make the poll that is waiting, or else the next one, raise WakeupError (Kafka's
+        ``wakeup``: how another task, or thread through the blocking ``Consumer``, ends a
+        long poll to shut down)."""
+        self._wakeup_pending = True
+        self._signal_data()
+
     def _raise_pending(self) -> None:
+        if self._wakeup_pending:
+            self._wakeup_pending = False
+            raise WakeupError("the poll was interrupted by wakeup()")
         if self._errors:
             raise self._errors.popleft()
         missing = self._subscriptions.missing_position()

@@ -24,7 +24,7 @@ import pytest
 
 from broker.cli import main as tidelog_main
 from client import (Admin, CommitFailedError, Consumer, ConsumerRebalanceListener, NewTopic, Producer,
-                    TidelogError, TopicPartition)
+                    TidelogError, TopicPartition, WakeupError)
 from tests.integration.cluster_fixtures import FAST_FAILOVER, cluster_fixture, wait_topic_ready, wait_until
 
 pytestmark = pytest.mark.integration
@@ -273,7 +273,7 @@ def test_one_poll_longer_than_max_poll_interval_waiting_for_records_keeps_the_me
         assert [kind for kind, _ in a_events.events] == ["assigned"]
 
 
-def test_a_member_that_pauses_its_partitions_stays_in_the_group_and_resumes_where_it_was(cluster):
+def test_a_paused_member_stays_in_the_group_resumes_where_it_was_and_wakeup_ends_its_poll(cluster):
     topic, group = "paused", "paused-group"
     create_topic(cluster, topic, 1, records=10)
     tp = TopicPartition(topic, 0)
@@ -300,6 +300,10 @@ def test_a_member_that_pauses_its_partitions_stays_in_the_group_and_resumes_wher
         a.resume(tp)
         got += poll_records(10 - len(got), 30)
         assert [r.offset for r in got] == list(range(10))
+        threading.Timer(0.3, a.wakeup).start()  # another thread ends the member's long poll
+        with pytest.raises(WakeupError):
+            a.poll(timeout_ms=20000)
+        assert a.group_generation == generation
         assert [kind for kind, _ in a_events.events] == ["assigned"]
 
 

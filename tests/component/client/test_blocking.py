@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from client import (Admin, Consumer, NewTopic, Producer, RecordMetadata, RequestTimedOut,
+from client import (Admin, Consumer, NewTopic, Producer, RecordMetadata, RequestTimedOut, WakeupError,
                     TidelogError, TopicPartition)
 from client.aio.partitioner import default_partition
 from protocol.messages import ApiKey
@@ -79,6 +79,23 @@ def test_pause_and_resume_from_the_blocking_consumer(threaded_fake):
         while len(got) < 5 and time.monotonic() < deadline:
             got += consumer.poll(timeout_ms=200)
         assert [r.value for r in got] == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_wakeup_from_another_thread_ends_a_waiting_poll(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    with Consumer(threaded_fake.cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("t", 0)])
+        timer = threading.Timer(0.2, consumer.wakeup)
+        started = time.monotonic()
+        timer.start()
+        with pytest.raises(WakeupError, match="wakeup"):
+            consumer.poll(timeout_ms=10_000)
+        assert time.monotonic() - started < 5  # woken, not timed out
+        assert consumer.poll(timeout_ms=10) == []  # once: the next poll is an ordinary one
+        consumer.wakeup()  # with no poll waiting, the next poll raises at once
+        with pytest.raises(WakeupError):
+            consumer.poll(timeout_ms=10_000)
+    consumer.wakeup()  # closed: nothing to wake, no error
 
 
 def test_many_threads_share_one_producer(threaded_fake):

@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from client.aio import AsyncConsumer, TopicPartition
-from client.errors import NoOffsetForPartitionError, RequestTimedOut
+from client.errors import NoOffsetForPartitionError, RequestTimedOut, WakeupError
 from protocol.errors import NOT_LEADER_OR_FOLLOWER, OffsetOutOfRangeError, TidelogError
 from protocol.messages import ApiKey
 from protocol.records import build_batch
@@ -154,6 +154,24 @@ async def test_resume_wakes_a_poll_waiting_for_the_records_of_the_paused_partiti
             started = trio.current_time()
             got = await consumer.poll(timeout_ms=5000)
         assert values(got) == [b"b1"] and trio.current_time() - started < 4  # woken, not timed out
+
+
+async def test_wakeup_ends_a_waiting_poll_and_records_stay_for_the_next(topic):
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="latest") as consumer:
+        consumer.assign([T0])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_call_later, 0.1, consumer.wakeup)
+            started = trio.current_time()
+            with pytest.raises(WakeupError):
+                await consumer.poll(timeout_ms=5000)
+            assert trio.current_time() - started < 4
+        fill(topic, T0, [b"after"])
+        assert values(await poll_until(consumer, 1)) == [b"after"]
+
+
+async def _call_later(delay_s, fn):
+    await trio.sleep(delay_s)
+    fn()
 
 
 async def test_max_poll_records_bounds_each_poll(topic):
