@@ -181,6 +181,10 @@ def _consume_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-key", action="store_true", help="print key<TAB>value")
     p.add_argument("--print-offset", action="store_true", help='prefix "Offset:N<TAB>"')
     p.add_argument("--print-partition", action="store_true", help='prefix "Partition:N<TAB>"')
+    p.add_argument("--print-timestamp", action="store_true",
+                   help='prefix "CreateTime:MS<TAB>" (or LogAppendTime:, as the topic says)')
+    p.add_argument("--print-headers", action="store_true",
+                   help='prefix "name:value,name:value<TAB>" ("NO_HEADERS" when there are none)')
     p.add_argument("--consumer-property", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="a consumer setting by Kafka's name (repeatable), e.g. fetch.max.wait.ms=100")
 

@@ -566,23 +566,35 @@ def _print_records(consumer: Any, args: argparse.Namespace, printed: list[int],
         last_data = time.monotonic()
         if limit is not None:
             records = records[:limit - count]
-        chunks = []
-        for r in records:
-            if args.print_partition:
-                chunks.append(b"Partition:%d\t" % r.partition)
-            if args.print_offset:
-                chunks.append(b"Offset:%d\t" % r.offset)
-            if args.print_key:
-                chunks.append(b"null" if r.key is None else r.key)
-                chunks.append(b"\t")
-            chunks.append(b"null" if r.value is None else r.value)
-            chunks.append(b"\n")
-        out.write(b"".join(chunks))
+        out.write(b"".join([record_line(r, args) for r in records]))
         out.flush()
         count += len(records)
         printed[0] = count
         if on_batch is not None:
             on_batch(records)
+
+
+_TIMESTAMP_TYPES = {0: b"CreateTime", 1: b"LogAppendTime"}
+
+
+def record_line(r: Any, args: argparse.Namespace) -> bytes:
+    """One record as kafka-console-consumer prints it: the fields asked for, in Kafka's
+    order (timestamp, partition, offset, headers, key), tab-separated, then the value."""
+    chunks = []
+    if args.print_timestamp:
+        chunks.append(b"NO_TIMESTAMP" if r.timestamp < 0 else
+                      b"%s:%d" % (_TIMESTAMP_TYPES.get(r.timestamp_type, b"CreateTime"), r.timestamp))
+    if args.print_partition:
+        chunks.append(b"Partition:%d" % r.partition)
+    if args.print_offset:
+        chunks.append(b"Offset:%d" % r.offset)
+    if args.print_headers:
+        chunks.append(b",".join(k.encode() + b":" + (b"null" if v is None else v) for k, v in r.headers)
+                      or b"NO_HEADERS")
+    if args.print_key:
+        chunks.append(b"null" if r.key is None else r.key)
+    chunks.append(b"null" if r.value is None else r.value)
+    return b"\t".join(chunks) + b"\n"
 
 
 def _commit_printed(consumer: Any, records: Sequence[Any], printed_upto: dict[Any, int]) -> None:

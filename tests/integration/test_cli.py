@@ -206,6 +206,11 @@ def test_produce_with_keys_and_options(tidelog, cluster, monkeypatch):
     r = tidelog("consume", "keyed", "--partition", "2", "--offset", "earliest", "--timeout-ms", "1000",
                 "--print-partition", "--print-key")
     assert r.lines[-2:] == ["Partition:2\tnull\ta", "Partition:2\tnull\tb"]
+    r = tidelog("consume", "keyed", "--partition", "2", "--offset", "earliest", "--max-messages", "1",
+                "--print-timestamp", "--print-headers", "--print-offset")
+    timestamp, rest = r.lines[0].split("\t", 1)
+    assert timestamp.startswith("CreateTime:") and abs(int(timestamp[11:]) / 1000 - time.time()) < 600
+    assert rest.split("\t")[1] == "NO_HEADERS"
 
     r = produce_stdin(tidelog, monkeypatch, "keyed", b"no separator here\n", "--key-separator", "|")
     assert r.rc == 1 and "line 1 has no key separator" in r.err
