@@ -32,14 +32,13 @@ import trio
 
 from client.aio._lifecycle import RunsInOwnNursery
 from client.aio.assignors import PROTOCOL_TYPE, decode_assignment
-from client.aio.cluster import Backoff, Cluster, PartitionInfo, absorb_list_offsets
+from client.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets
 from client.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
 from protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND,
                              ILLEGAL_GENERATION, NON_EMPTY_GROUP, NONE, NOT_CONTROLLER, NOT_COORDINATOR,
-                             UNKNOWN_MEMBER_ID, for_code)
+                             UNKNOWN_MEMBER_ID)
 from protocol.messages import (LATEST_TIMESTAMP, NO_OFFSET, DeleteGroupsRequest,
                                DescribeGroupsRequest, FindCoordinatorRequest, ListGroupsRequest,
-                               ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
                                OffsetCommitPartition, OffsetCommitRequest, OffsetCommitTopic,
                                OffsetFetchRequest, OffsetFetchTopic, TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResource, ApiKey,
                                BrokerMetadata, ConfigEntry, CreatableTopic, CreatePartitionsRequest,
@@ -436,52 +435,8 @@ class AsyncAdmin(RunsInOwnNursery):
 
     async def _list_offsets(self, wanted: dict[TopicPartition, int], deadline: float,
                             tolerate_missing: bool = False) -> dict[TopicPartition, tuple[int, int]]:
-        found: dict[TopicPartition, tuple[int, int]] = {}
-        remaining = dict(wanted)
-        backoff = Backoff(*self._backoff)
-        last: BaseException | None = None
-        topics = sorted({tp.topic for tp in wanted})
-        while remaining:
-            try:
-                md = await self._cluster.fetch_metadata(topics, timeout=self._remaining(deadline))
-            except TidelogError as e:
-                last = e
-                md = None
-            if md is not None:
-                last = await self._list_offsets_round(remaining, found, tolerate_missing) or last
-            if not remaining:
-                break
-            if time.monotonic() + backoff.initial_s >= deadline:
-                raise RequestTimedOut(f"offsets of {sorted(map(str, remaining))} not found in time "
-                                      f"(last error: {last or 'none'})")
-            await trio.sleep(min(backoff.next_delay(), self._remaining(deadline)))
-        return found
-
-    async def _list_offsets_round(self, remaining: dict[TopicPartition, int],
-                                  found: dict[TopicPartition, tuple[int, int]],
-                                  tolerate_missing: bool) -> BaseException | None:
-        metadata = self._cluster.metadata
-        by_node: dict[int, dict[str, list[ListOffsetsPartition]]] = {}
-        last = None
-        for tp, ts in list(remaining.items()):
-            leader = metadata.leader_for(tp)
-            code = metadata.topic_errors.get(tp.topic)
-            if leader is None:
-                if tolerate_missing and code is not None and not for_code(code).retriable:
-                    del remaining[tp]
-                elif code is not None and not for_code(code).retriable:
-                    raise broker_error(code, f"topic {tp.topic!r}")
-                continue
-            by_node.setdefault(leader, {}).setdefault(tp.topic, []).append(ListOffsetsPartition(tp.partition, ts))
-        for node, topics in by_node.items():
-            try:
-                r = await self._cluster.request(node, ListOffsetsRequest([ListOffsetsTopic(t, ps) for t, ps in topics.items()]),
-                                                api_key=ApiKey.LIST_OFFSETS, timeout=self.request_timeout_ms / 1000)
-            except (BrokerConnectionError, RequestTimedOut) as e:
-                last = e
-                continue
-            last = absorb_list_offsets(self._cluster, r, remaining, found) or last
-        return last
+        return await list_offsets(self._cluster, wanted, deadline, backoff=Backoff(*self._backoff),
+                                  refetch_metadata=True, tolerate_missing=tolerate_missing)
 
     async def _find_coordinator(self, group_id: str, deadline: float) -> int:
         async def find() -> Any:

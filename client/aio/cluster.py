@@ -37,9 +37,9 @@ import trio
 
 from client.aio.connection import BrokerConnection
 from client.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
-from protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError
-from protocol.messages import (NO_LEADER, ApiKey, BrokerMetadata, Message, MetadataRequest,
-                               MetadataResponse)
+from protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, for_code
+from protocol.messages import (NO_LEADER, ApiKey, BrokerMetadata, ListOffsetsPartition, ListOffsetsRequest,
+                               ListOffsetsTopic, Message, MetadataRequest, MetadataResponse)
 from protocol.topics import TopicPartition
 
 __all__ = ["parse_bootstrap", "PartitionInfo", "TopicInfo", "ClusterMetadata", "Cluster", "Backoff"]
@@ -468,6 +468,86 @@ class Cluster:
         self._reconnect.pop(node_id, None)
         self._conns[node_id] = conn
         return conn
+
+
+async def list_offsets(cluster: "Cluster", wanted: dict[TopicPartition, int], deadline: float, *,
+                       backoff: Backoff, refetch_metadata: bool = False,
+                       tolerate_missing: bool = False) -> dict[TopicPartition, tuple[int, int]]:
+    """ListOffsets for each partition (-2 earliest, -1 latest, i.e. the high watermark, else a
+    timestamp in ms) -> (offset, timestamp), from its leader, with the leader epoch the
+    metadata knows it by; retriable errors are retried with ``backoff`` until monotonic
+    ``deadline``, then RequestTimedOut names what is missing and the last error.
+
+    Metadata: a consumer's cluster tracks the wanted topics and refreshes them only when a
+    leader is unknown (an error that invalidates them asks for a refresh in the background);
+    an admin's (``refetch_metadata``), which tracks no topics, fetches theirs every round.
+    ``tolerate_missing``: partitions of topics that do not exist are left out of the result
+    (an admin's lag of a deleted topic) instead of failing the call."""
+    topics = sorted({tp.topic for tp in wanted})
+    if not refetch_metadata:
+        cluster.add_topics(topics)
+    remaining = dict(wanted)
+    found: dict[TopicPartition, tuple[int, int]] = {}
+    last: BaseException | None = None
+    while True:
+        timeout = max(0.001, deadline - time.monotonic())
+        try:
+            if refetch_metadata:
+                await cluster.fetch_metadata(topics, timeout=timeout)
+            elif any(cluster.metadata.leader_for(tp) is None for tp in remaining):
+                await cluster.refresh(timeout=timeout)
+        except TidelogError as e:
+            last = e
+        last = await _list_offsets_round(cluster, remaining, found, deadline, tolerate_missing) or last
+        if not remaining:
+            return found
+        if time.monotonic() + backoff.initial_s >= deadline:
+            raise RequestTimedOut(f"offsets of {sorted(map(str, remaining))} not found in time "
+                                  f"(last error: {last or 'none'})")
+        await trio.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
+
+
+async def _list_offsets_round(cluster: "Cluster", remaining: dict[TopicPartition, int],
+                              found: dict[TopicPartition, tuple[int, int]], deadline: float,
+                              tolerate_missing: bool) -> BaseException | None:
+    """One ListOffsets request per leader for the ``remaining`` partitions; what is answered
+    moves to ``found``. Returns the last retriable error; raises a non-retriable one."""
+    metadata = cluster.metadata
+    by_node: dict[int, dict[TopicPartition, int]] = {}
+    last: BaseException | None = None
+    for tp, ts in list(remaining.items()):
+        leader = metadata.leader_for(tp)
+        if leader is not None:
+            by_node.setdefault(leader, {})[tp] = ts
+            continue
+        code = metadata.topic_errors.get(tp.topic)
+        if code is not None and not for_code(code).retriable:
+            if not tolerate_missing:
+                raise broker_error(code, f"topic {tp.topic!r}")
+            del remaining[tp]
+        else:
+            last = broker_error(code, f"topic {tp.topic!r}") if code else \
+                BrokerConnectionError(f"no leader known for partition {tp}")
+    for node, timestamps in by_node.items():
+        try:
+            response = await cluster.request(
+                node, list_offsets_request(timestamps, metadata), api_key=ApiKey.LIST_OFFSETS,
+                timeout=max(0.001, min(deadline - time.monotonic(), cluster.request_timeout_s)))
+        except (BrokerConnectionError, RequestTimedOut) as e:
+            last = e
+            cluster.request_update()
+            continue
+        last = absorb_list_offsets(cluster, response, remaining, found) or last
+    return last
+
+
+def list_offsets_request(timestamps: dict[TopicPartition, int], metadata: ClusterMetadata) -> ListOffsetsRequest:
+    by_topic: dict[str, list[ListOffsetsPartition]] = {}
+    for tp, ts in timestamps.items():
+        info = metadata.partition(tp)
+        epoch = info.leader_epoch if info is not None else -1
+        by_topic.setdefault(tp.topic, []).append(ListOffsetsPartition(tp.partition, ts, epoch))
+    return ListOffsetsRequest(topics=[ListOffsetsTopic(t, ps) for t, ps in by_topic.items()])
 
 
 def absorb_list_offsets(cluster: "Cluster", response, remaining: dict[TopicPartition, int],

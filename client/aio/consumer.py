@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import trio
 
 from client.aio._lifecycle import RunsInOwnNursery
-from client.aio.cluster import Backoff, Cluster, ClusterMetadata, absorb_list_offsets
+from client.aio.cluster import Backoff, Cluster, ClusterMetadata, list_offsets
 from client.aio.assignors import assignors_for
 from client.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
 from client.errors import (BrokerConnectionError, ClientClosedError, NoOffsetForPartitionError, RequestTimedOut,
@@ -57,8 +57,7 @@ from client.records import Record
 from protocol.errors import (NONE, OFFSET_OUT_OF_RANGE, CorruptRecordError, InvalidRequestError,
                              OffsetOutOfRangeError, RecordTooLargeError, for_code)
 from protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, FetchPartition,
-                               FetchPartitionResponse, FetchRequest, FetchResponse, FetchTopic,
-                               ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic)
+                               FetchPartitionResponse, FetchRequest, FetchResponse, FetchTopic)
 from protocol.records import BatchHeader, RecordColumns, iter_headers, record_columns, validate_batch
 from protocol.topics import TopicPartition
 
@@ -685,46 +684,8 @@ class AsyncConsumer(RunsInOwnNursery):
         """ListOffsets to each partition's leader, retrying retriable errors (with a metadata
         refresh when they invalidate it) until monotonic ``deadline``."""
         self._require_running()
-        self._cluster.add_topics(tp.topic for tp in wanted)
-        remaining = dict(wanted)
-        found: dict[TopicPartition, tuple[int, int]] = {}
-        backoff = Backoff(self._backoff_s, self.config.retry_backoff_max_ms / 1000)
-        last: BaseException | None = None
-        while True:
-            metadata = self._cluster.metadata
-            if any(metadata.leader_for(tp) is None for tp in remaining):
-                try:
-                    metadata = await self._cluster.refresh(timeout=max(0.0, deadline - time.monotonic()))
-                except TidelogError as e:
-                    last = e
-            by_node: dict[int, dict[TopicPartition, int]] = {}
-            for tp, ts in remaining.items():
-                leader = metadata.leader_for(tp)
-                if leader is None:
-                    code = metadata.topic_errors.get(tp.topic)
-                    last = broker_error(code, f"topic {tp.topic!r}") if code else \
-                        BrokerConnectionError(f"no leader known for partition {tp}")
-                    if code and not for_code(code).retriable:
-                        raise last
-                else:
-                    by_node.setdefault(leader, {})[tp] = ts
-            for node, tss in by_node.items():
-                try:
-                    response = await self._cluster.request(
-                        node, _list_offsets_request(tss, metadata), api_key=ApiKey.LIST_OFFSETS,
-                        timeout=max(0.001, min(deadline - time.monotonic(), self.config.request_timeout_ms / 1000)))
-                except (BrokerConnectionError, RequestTimedOut) as e:
-                    last = e
-                    self._cluster.request_update()
-                    continue
-                last = absorb_list_offsets(self._cluster, response, remaining, found) or last
-            if not remaining:
-                return found
-            delay = backoff.next_delay()
-            if time.monotonic() + delay >= deadline:
-                raise RequestTimedOut(f"offsets for {sorted(map(str, remaining))} not found in time "
-                                      f"(last error: {last or 'none'})")
-            await trio.sleep(delay)
+        return await list_offsets(self._cluster, wanted, deadline,
+                                  backoff=Backoff(self._backoff_s, self.config.retry_backoff_max_ms / 1000))
 
     # -- polling --------------------------------------------------------------------------------
 
@@ -994,12 +955,3 @@ class AsyncConsumer(RunsInOwnNursery):
         data, self._data = self._data, trio.Event()
         data.set()
         self._serve_poll_waiter()
-
-
-def _list_offsets_request(timestamps: dict[TopicPartition, int], metadata: ClusterMetadata) -> ListOffsetsRequest:
-    by_topic: dict[str, list[ListOffsetsPartition]] = {}
-    for tp, ts in timestamps.items():
-        info = metadata.partition(tp)
-        epoch = info.leader_epoch if info is not None else -1
-        by_topic.setdefault(tp.topic, []).append(ListOffsetsPartition(tp.partition, ts, epoch))
-    return ListOffsetsRequest(topics=[ListOffsetsTopic(t, ps) for t, ps in by_topic.items()])
