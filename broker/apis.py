@@ -25,7 +25,8 @@ from protocol.messages import (
     BROKER_RESOURCE, TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResponse, AlterConfigsResult, ApiKey,
     ApiVersionsResponse, ConfigEntry, ControlledShutdownRequest, ControlledShutdownResponse,
     CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
-    CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeConfigsRequest,
+    CreateTopicsResponse, DeleteRecordsPartitionResult, DeleteRecordsRequest, DeleteRecordsResponse,
+    DeleteRecordsTopicResult, DeleteTopicsRequest, DeleteTopicsResponse, DescribeConfigsRequest,
     DescribeConfigsResponse, DescribeConfigsResult, FetchRequest, FetchResponse,
     FetchTopicResponse, InitProducerIdRequest, InitProducerIdResponse, LeaderAndIsrRequest, LeaderAndIsrResponse, ListOffsetsRequest, ListOffsetsResponse,
     ListOffsetsTopicResponse, MetadataRequest, MetadataResponse, OffsetForLeaderTopicResult,
@@ -62,6 +63,7 @@ class Apis:
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self._fetch_dispatch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
+            ApiKey.DELETE_RECORDS: self.delete_records,
             ApiKey.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             ApiKey.CREATE_TOPICS: self.create_topics,
             ApiKey.DELETE_TOPICS: self.delete_topics,
@@ -172,6 +174,21 @@ class Apis:
                 parts.append(r if code == r.error_code else dataclasses.replace(r, error_code=code))
             out.append(ListOffsetsTopicResponse(t.name, parts))
         return ListOffsetsResponse(out)
+
+    async def delete_records(self, req: DeleteRecordsRequest) -> DeleteRecordsResponse:
+        offsets = {TopicPartition(t.name, p.partition_index): p.offset for t in req.topics for p in t.partitions}
+        refused = {tp: {"error_code": INVALID_TOPIC_EXCEPTION.code, "low_watermark": -1,
+                        "error_message": f"records of the internal topic {tp.topic} cannot be deleted"}
+                   for tp in offsets if is_internal_topic(tp.topic)}
+        results = await self.replica_manager.delete_records(
+            {tp: o for tp, o in offsets.items() if tp not in refused}, req.timeout_ms)
+        results.update(refused)
+        by_topic: dict[str, list[DeleteRecordsPartitionResult]] = {}
+        for tp, r in results.items():
+            code = self._absent_as_unknown(tp, r["error_code"])
+            by_topic.setdefault(tp.topic, []).append(
+                DeleteRecordsPartitionResult(tp.partition, code, r["low_watermark"], r["error_message"]))
+        return DeleteRecordsResponse([DeleteRecordsTopicResult(t, ps) for t, ps in by_topic.items()])
 
     def _absent_as_unknown(self, tp: TopicPartition, code: int) -> int:
         """Kafka's distinction: a partition this broker does not host is NOT_LEADER_OR_FOLLOWER

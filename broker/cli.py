@@ -140,6 +140,12 @@ def _topics_arguments(p: argparse.ArgumentParser) -> None:
                    help="remove a topic config override (repeatable)")
     a = action("delete", "delete topics")
     a.add_argument("names", nargs="+", metavar="NAME")
+    a = action("delete-records", "delete the records below an offset (like kafka-delete-records)")
+    a.add_argument("name")
+    a.add_argument("--offset", type=int, required=True,
+                   help="delete every record below this offset; -1: below the high watermark")
+    a.add_argument("--partition", type=int, action="append", default=[],
+                   help="this partition (repeatable); default: every partition of the topic")
     a = action("elect-leaders", "move leadership back to each partition's preferred (first) replica")
     a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
     a.add_argument("--partition", type=int, help="only this partition of the named topics")

@@ -508,6 +508,12 @@ class Admin(_Blocking):
         return self._call(self._aio.alter_group_offsets, group_id, dict(offsets), timeout_ms,
                           timeout=self._timeout(timeout_ms))
 
+    def delete_records(self, offsets: dict[TopicPartition, int], timeout_ms: int | None = None
+                       ) -> dict[TopicPartition, int]:
+        """Delete every record below ``offsets[tp]`` (-1: the high watermark); returns each
+        partition's low watermark (see ``AsyncAdmin.delete_records``)."""
+        return self._call(self._aio.delete_records, dict(offsets), timeout_ms, timeout=self._timeout(timeout_ms))
+
     def list_offsets(self, specs: dict[TopicPartition, int],
                      timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, int]]:
         """See ``AsyncAdmin.list_offsets``."""

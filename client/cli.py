@@ -375,8 +375,28 @@ async def _topics_elect_leaders(args: argparse.Namespace) -> int:
     return EXIT_OK if not failed else 1
 
 
+async def _topics_delete_records(args: argparse.Namespace) -> int:
+    """kafka-delete-records: each partition's low watermark after the deletion."""
+    from client.records import TopicPartition
+
+    if args.offset < -1:
+        raise UsageError(f"--offset must be >= 0, or -1 for the high watermark, not {args.offset}")
+    async with _admin_session(args) as admin:
+        await _connect(admin, args)
+        partitions = args.partition
+        if not partitions:
+            (description,) = await admin.describe_topics([args.name], timeout_ms=args.timeout_ms)
+            partitions = [p.partition for p in description.partitions]
+        low = await admin.delete_records({TopicPartition(args.name, p): args.offset for p in partitions},
+                                         timeout_ms=args.timeout_ms)
+    for tp, low_watermark in sorted(low.items()):
+        print(f"partition: {tp.topic}-{tp.partition}\tlow_watermark: {low_watermark}")
+    return EXIT_OK
+
+
 _TOPIC_ACTIONS = {"create": _topics_create, "list": _topics_list, "describe": _topics_describe,
-                  "alter": _topics_alter, "delete": _topics_delete, "elect-leaders": _topics_elect_leaders}
+                  "alter": _topics_alter, "delete": _topics_delete, "delete-records": _topics_delete_records,
+                  "elect-leaders": _topics_elect_leaders}
 
 
 # =============================================================================================

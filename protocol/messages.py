@@ -885,6 +885,44 @@ class ListOffsetsResponse(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class DeleteRecordsPartition(Message):
+    partition_index: int = field(metadata=INT32)
+    offset: int = field(metadata=INT64)  # the new log start offset; -1: the high watermark
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsTopic(Message):
+    name: str
+    partitions: list[DeleteRecordsPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsRequest(Message):
+    topics: list[DeleteRecordsTopic]
+    timeout_ms: int = 30000  # how long to wait for every live in-sync replica to follow
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsPartitionResult(Message):
+    partition_index: int
+    error_code: int
+    low_watermark: int = -1  # the smallest log start offset of the replicas
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsTopicResult(Message):
+    name: str
+    partitions: list[DeleteRecordsPartitionResult]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsResponse(Message):
+    topics: list[DeleteRecordsTopicResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class OffsetForLeaderPartition(Message):
     partition: int
     leader_epoch: int
@@ -1379,6 +1417,7 @@ REQUESTS: dict[ApiKey, type[Message]] = {
     ApiKey.PRODUCE: ProduceRequest,
     ApiKey.FETCH: FetchRequest,
     ApiKey.LIST_OFFSETS: ListOffsetsRequest,
+    ApiKey.DELETE_RECORDS: DeleteRecordsRequest,
     ApiKey.OFFSETS_FOR_LEADER_EPOCH: OffsetsForLeaderEpochRequest,
     ApiKey.LEADER_AND_ISR: LeaderAndIsrRequest,
     ApiKey.UPDATE_METADATA: UpdateMetadataRequest,
@@ -1408,6 +1447,7 @@ RESPONSES: dict[ApiKey, type[Message]] = {
     ApiKey.PRODUCE: ProduceResponse,
     ApiKey.FETCH: FetchResponse,
     ApiKey.LIST_OFFSETS: ListOffsetsResponse,
+    ApiKey.DELETE_RECORDS: DeleteRecordsResponse,
     ApiKey.OFFSETS_FOR_LEADER_EPOCH: OffsetsForLeaderEpochResponse,
     ApiKey.LEADER_AND_ISR: LeaderAndIsrResponse,
     ApiKey.UPDATE_METADATA: UpdateMetadataResponse,

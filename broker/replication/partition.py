@@ -44,14 +44,16 @@ class ReplicaState:
     last_caught_up_time_ms: int = 0
     last_fetch_leader_log_end_offset: int = UNKNOWN_OFFSET
     last_fetch_time_ms: int = 0
+    log_start_offset: int = UNKNOWN_OFFSET  # as the follower last reported it (DeleteRecords)
 
-    def after_fetch(self, fetch_offset: int, leader_end_offset: int, now_ms: int) -> "ReplicaState":
+    def after_fetch(self, fetch_offset: int, leader_end_offset: int, now_ms: int,
+                    log_start_offset: int = UNKNOWN_OFFSET) -> "ReplicaState":
         caught_up = self.last_caught_up_time_ms
         if fetch_offset >= leader_end_offset:
             caught_up = max(caught_up, now_ms)
         elif fetch_offset >= self.last_fetch_leader_log_end_offset >= 0:
             caught_up = max(caught_up, self.last_fetch_time_ms)
-        return ReplicaState(fetch_offset, caught_up, leader_end_offset, now_ms)
+        return ReplicaState(fetch_offset, caught_up, leader_end_offset, now_ms, log_start_offset)
 
     def is_caught_up(self, leader_end_offset: int, now_ms: int, replica_lag_time_max_ms: int) -> bool:
         return (self.log_end_offset == leader_end_offset
@@ -172,13 +174,26 @@ class Partition:
             return True
         return False
 
-    def record_follower_fetch(self, follower_id: int, fetch_offset: int, now_ms: int) -> bool:
-        """Update a follower's state from its fetch; True if the HW moved."""
-        if follower_id not in self.remote:
+    def record_follower_fetch(self, follower_id: int, fetch_offset: int, now_ms: int,
+                              log_start_offset: int = UNKNOWN_OFFSET) -> bool:
+        """Update a follower's state from its fetch; True if the HW or the follower's log
+        start offset (what ``low_watermark`` waits for) moved."""
+        before = self.remote.get(follower_id)
+        if before is None:
             return False
-        self.remote[follower_id] = self.remote[follower_id].after_fetch(
-            fetch_offset, self.log.log_end_offset, now_ms)
-        return self.maybe_increment_high_watermark()
+        self.remote[follower_id] = before.after_fetch(fetch_offset, self.log.log_end_offset, now_ms,
+                                                      log_start_offset)
+        return self.maybe_increment_high_watermark() or log_start_offset != before.log_start_offset
+
+    @property
+    def low_watermark(self) -> int:
+        """Kafka's low watermark: the smallest log start offset of the leader and of the
+        followers in the ISR (as each last reported it), so a DeleteRecords is done once every
+        replica that could become leader no longer serves the deleted records. A follower that
+        has not reported one yet counts as not there yet (-1)."""
+        followers = [self.remote.get(r, ReplicaState()).log_start_offset
+                     for r in self.isr if r != self.local_broker_id]
+        return min([self.log.log_start_offset, *followers])
 
     def isr_to_expand(self) -> frozenset[int] | None:
         """The ISR with every caught-up follower added, or None if nobody qualifies."""

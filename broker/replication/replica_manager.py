@@ -331,6 +331,54 @@ class ReplicaManager:
             return True, NOT_ENOUGH_REPLICAS_AFTER_APPEND.code
         return False, NONE.code
 
+    # -- DeleteRecords -------------------------------------------------------------------------
+
+    async def delete_records(self, offsets: dict[TopicPartition, int], timeout_ms: int) -> dict[TopicPartition, dict]:
+        """Kafka's DeleteRecords: move each led partition's log start offset up to its
+        requested offset (-1: the high watermark; never above it), then wait up to
+        ``timeout_ms`` until its low watermark (every in-sync follower's log start, which each
+        learns from its next fetch) has followed. Whole segments below the log start are
+        deleted by the next retention pass. Per partition: ``error_code``, ``low_watermark``,
+        ``error_message``."""
+        results: dict[TopicPartition, dict] = {}
+        waiting: dict[TopicPartition, int] = {}
+        for tp, offset in offsets.items():
+            p = self.partitions.get(tp)
+            if p is None or not p.is_leader or p.log is None:
+                results[tp] = _delete_error(NOT_LEADER_OR_FOLLOWER.code, f"broker {self.broker_id} is not the leader of {tp}")
+                continue
+            log = p.log
+            target = log.high_watermark if offset == -1 else offset
+            if not 0 <= target <= log.high_watermark:
+                results[tp] = _delete_error(OFFSET_OUT_OF_RANGE.code, (
+                    f"{tp}: cannot delete records below offset {offset}: it must be between 0 and the "
+                    f"high watermark {log.high_watermark} (or -1 for the high watermark)"))
+                continue
+            if log.maybe_increment_log_start_offset(target):
+                p.notify()
+            waiting[tp] = target
+        with trio.move_on_after(timeout_ms / 1000):
+            while waiting:
+                events = []
+                for tp, target in list(waiting.items()):
+                    p = self.partitions.get(tp)
+                    if p is None or not p.is_leader or p.log is None:
+                        results[tp] = _delete_error(NOT_LEADER_OR_FOLLOWER.code, f"{tp}: leadership moved while waiting")
+                        del waiting[tp]
+                    elif p.low_watermark >= target:
+                        results[tp] = {"error_code": NONE.code, "low_watermark": p.low_watermark, "error_message": None}
+                        del waiting[tp]
+                    else:
+                        events.append(p.changed)
+                if events:
+                    await _wait_any(events)
+        for tp, target in waiting.items():
+            p = self.partitions[tp]
+            results[tp] = _delete_error(REQUEST_TIMED_OUT.code, (
+                f"{tp}: the log start offset is {target} on the leader, but the in-sync replicas did not all "
+                f"follow within {timeout_ms} ms (low watermark {p.low_watermark})"), p.low_watermark)
+        return results
+
     # -- fetch ---------------------------------------------------------------------------------
 
     async def fetch(self, req: FetchRequest) -> dict[TopicPartition, FetchPartitionResponse]:
@@ -427,7 +475,8 @@ class ReplicaManager:
                                min_one_message=first)
             # only a fetch the log could serve says where the follower is (as in Kafka): one
             # beyond our LEO holds records we lack, and must not count as caught up
-            if from_follower and p.record_follower_fetch(replica_id, fp.fetch_offset, self.clock()):
+            if from_follower and p.record_follower_fetch(replica_id, fp.fetch_offset, self.clock(),
+                                                         fp.log_start_offset):
                 p.notify()
             if from_follower:
                 self._maybe_expand_isr(p)
@@ -532,6 +581,10 @@ class ReplicaManager:
 def _error(code: int, message: str) -> dict:
     return {"error_code": code, "base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1,
             "error_message": message}
+
+
+def _delete_error(code: int, message: str, low_watermark: int = -1) -> dict:
+    return {"error_code": code, "low_watermark": low_watermark, "error_message": message}
 
 
 def _has_errors(results) -> bool:

@@ -32,12 +32,13 @@ import trio
 
 from client.aio._lifecycle import RunsInOwnNursery
 from client.aio.assignors import PROTOCOL_TYPE, decode_assignment
-from client.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets
+from client.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets, to_leaders
 from client.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
 from protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND,
                              ILLEGAL_GENERATION, NON_EMPTY_GROUP, NONE, NOT_CONTROLLER, NOT_COORDINATOR,
                              UNKNOWN_MEMBER_ID)
-from protocol.messages import (LATEST_TIMESTAMP, NO_OFFSET, DeleteGroupsRequest,
+from protocol.messages import (LATEST_TIMESTAMP, NO_OFFSET, DeleteGroupsRequest, DeleteRecordsPartition,
+                               DeleteRecordsRequest, DeleteRecordsTopic,
                                DescribeGroupsRequest, FindCoordinatorRequest, ListGroupsRequest,
                                OffsetCommitPartition, OffsetCommitRequest, OffsetCommitTopic,
                                OffsetFetchRequest, OffsetFetchTopic, TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResource, ApiKey,
@@ -401,6 +402,32 @@ class AsyncAdmin(RunsInOwnNursery):
         high watermark) or a timestamp in ms -> (offset, timestamp); offset -1 when no record
         has that timestamp or a later one."""
         return await self._list_offsets(dict(specs), self._deadline(timeout_ms))
+
+    async def delete_records(self, offsets: dict[TopicPartition, int], timeout_ms: int | None = None
+                             ) -> dict[TopicPartition, int]:
+        """Kafka's ``deleteRecords``: every record below ``offsets[tp]`` (-1: below the high
+        watermark) is deleted; the partition's log start offset moves there on every in-sync
+        replica, and consumers asking for an older offset get OFFSET_OUT_OF_RANGE (and follow
+        ``auto_offset_reset``). Returns each partition's low watermark (the replicas' smallest
+        log start offset). An offset above the high watermark raises OffsetOutOfRangeError."""
+        wanted = {TopicPartition(*tp): offset for tp, offset in offsets.items()}
+        for tp, offset in wanted.items():
+            if offset < -1:
+                raise ValueError(f"{tp}: the offset to delete records below must be >= 0 or -1 (the high "
+                                 f"watermark), got {offset}")
+
+        def request_for(values: dict[TopicPartition, int], _metadata: Any, timeout_s: float) -> DeleteRecordsRequest:
+            by_topic: dict[str, list[DeleteRecordsPartition]] = {}
+            for tp, offset in values.items():
+                by_topic.setdefault(tp.topic, []).append(DeleteRecordsPartition(tp.partition, offset))
+            # the broker's wait for the replicas ends half a second before the request's timeout
+            return DeleteRecordsRequest([DeleteRecordsTopic(t, ps) for t, ps in by_topic.items()],
+                                        timeout_ms=max(0, int(timeout_s * 1000) - 500))
+
+        return await to_leaders(self._cluster, wanted, self._deadline(timeout_ms), backoff=Backoff(*self._backoff),
+                                api_key=ApiKey.DELETE_RECORDS, request_for=request_for,
+                                answer_of=lambda p: p.low_watermark, what="records deleted",
+                                refetch_metadata=True)
 
     async def _fetch_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None,
                                    deadline: float) -> dict[TopicPartition, int | None]:

@@ -475,70 +475,11 @@ async def list_offsets(cluster: "Cluster", wanted: dict[TopicPartition, int], de
                        tolerate_missing: bool = False) -> dict[TopicPartition, tuple[int, int]]:
     """ListOffsets for each partition (-2 earliest, -1 latest, i.e. the high watermark, else a
     timestamp in ms) -> (offset, timestamp), from its leader, with the leader epoch the
-    metadata knows it by; retriable errors are retried with ``backoff`` until monotonic
-    ``deadline``, then RequestTimedOut names what is missing and the last error.
-
-    Metadata: a consumer's cluster tracks the wanted topics and refreshes them only when a
-    leader is unknown (an error that invalidates them asks for a refresh in the background);
-    an admin's (``refetch_metadata``), which tracks no topics, fetches theirs every round.
-    ``tolerate_missing``: partitions of topics that do not exist are left out of the result
-    (an admin's lag of a deleted topic) instead of failing the call."""
-    topics = sorted({tp.topic for tp in wanted})
-    if not refetch_metadata:
-        cluster.add_topics(topics)
-    remaining = dict(wanted)
-    found: dict[TopicPartition, tuple[int, int]] = {}
-    last: BaseException | None = None
-    while True:
-        timeout = max(0.001, deadline - time.monotonic())
-        try:
-            if refetch_metadata:
-                await cluster.fetch_metadata(topics, timeout=timeout)
-            elif any(cluster.metadata.leader_for(tp) is None for tp in remaining):
-                await cluster.refresh(timeout=timeout)
-        except TidelogError as e:
-            last = e
-        last = await _list_offsets_round(cluster, remaining, found, deadline, tolerate_missing) or last
-        if not remaining:
-            return found
-        if time.monotonic() + backoff.initial_s >= deadline:
-            raise RequestTimedOut(f"offsets of {sorted(map(str, remaining))} not found in time "
-                                  f"(last error: {last or 'none'})")
-        await trio.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
-
-
-async def _list_offsets_round(cluster: "Cluster", remaining: dict[TopicPartition, int],
-                              found: dict[TopicPartition, tuple[int, int]], deadline: float,
-                              tolerate_missing: bool) -> BaseException | None:
-    """One ListOffsets request per leader for the ``remaining`` partitions; what is answered
-    moves to ``found``. Returns the last retriable error; raises a non-retriable one."""
-    metadata = cluster.metadata
-    by_node: dict[int, dict[TopicPartition, int]] = {}
-    last: BaseException | None = None
-    for tp, ts in list(remaining.items()):
-        leader = metadata.leader_for(tp)
-        if leader is not None:
-            by_node.setdefault(leader, {})[tp] = ts
-            continue
-        code = metadata.topic_errors.get(tp.topic)
-        if code is not None and not for_code(code).retriable:
-            if not tolerate_missing:
-                raise broker_error(code, f"topic {tp.topic!r}")
-            del remaining[tp]
-        else:
-            last = broker_error(code, f"topic {tp.topic!r}") if code else \
-                BrokerConnectionError(f"no leader known for partition {tp}")
-    for node, timestamps in by_node.items():
-        try:
-            response = await cluster.request(
-                node, list_offsets_request(timestamps, metadata), api_key=ApiKey.LIST_OFFSETS,
-                timeout=max(0.001, min(deadline - time.monotonic(), cluster.request_timeout_s)))
-        except (BrokerConnectionError, RequestTimedOut) as e:
-            last = e
-            cluster.request_update()
-            continue
-        last = absorb_list_offsets(cluster, response, remaining, found) or last
-    return last
+    metadata knows it by (see ``to_leaders`` for retries, metadata and ``tolerate_missing``)."""
+    return await to_leaders(cluster, wanted, deadline, backoff=backoff, api_key=ApiKey.LIST_OFFSETS,
+                            request_for=lambda timestamps, metadata, _timeout_s: list_offsets_request(timestamps, metadata),
+                            answer_of=lambda p: (p.offset, p.timestamp), what="offsets",
+                            refetch_metadata=refetch_metadata, tolerate_missing=tolerate_missing)
 
 
 def list_offsets_request(timestamps: dict[TopicPartition, int], metadata: ClusterMetadata) -> ListOffsetsRequest:
@@ -550,11 +491,86 @@ def list_offsets_request(timestamps: dict[TopicPartition, int], metadata: Cluste
     return ListOffsetsRequest(topics=[ListOffsetsTopic(t, ps) for t, ps in by_topic.items()])
 
 
-def absorb_list_offsets(cluster: "Cluster", response, remaining: dict[TopicPartition, int],
-                        found: dict[TopicPartition, tuple[int, int]]) -> TidelogError | None:
-    """Move the partitions a ListOffsets response answered from ``remaining`` to ``found``
-    (offset, timestamp). Returns the last retriable error (asking for fresh metadata when it
-    says ours is stale) for the caller's retry; raises a non-retriable one."""
+async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], deadline: float, *,
+                     backoff: Backoff, api_key: ApiKey,
+                     request_for: Callable[[dict[TopicPartition, Any], ClusterMetadata, float], Message],
+                     answer_of: Callable[[Any], Any], what: str, refetch_metadata: bool = False,
+                     tolerate_missing: bool = False) -> dict[TopicPartition, Any]:
+    """Ask each partition's leader (ListOffsets, DeleteRecords: one request per leader, built by
+    ``request_for(its partitions' values, metadata, request timeout in s)``, whose response
+    lists ``topics`` of ``partitions`` with ``partition_index``, ``error_code`` and
+    ``error_message``) and return ``answer_of(partition result)`` per partition. Retriable
+    errors are retried with ``backoff`` until monotonic ``deadline`` (with one last attempt),
+    then RequestTimedOut names what is missing and the last error; a non-retriable one is
+    raised at once.
+
+    Metadata: a consumer's cluster tracks the wanted topics and refreshes them only when a
+    leader is unknown (an error that invalidates them asks for a refresh in the background);
+    an admin's (``refetch_metadata``), which tracks no topics, fetches theirs every round.
+    ``tolerate_missing``: partitions of topics that do not exist are left out of the result
+    (an admin's lag of a deleted topic) instead of failing the call."""
+    topics = sorted({tp.topic for tp in wanted})
+    if not refetch_metadata:
+        cluster.add_topics(topics)
+    remaining = dict(wanted)
+    found: dict[TopicPartition, Any] = {}
+    last: BaseException | None = None
+    while True:
+        timeout = max(0.001, deadline - time.monotonic())
+        try:
+            if refetch_metadata:
+                await cluster.fetch_metadata(topics, timeout=timeout)
+            elif any(cluster.metadata.leader_for(tp) is None for tp in remaining):
+                await cluster.refresh(timeout=timeout)
+        except TidelogError as e:
+            last = e
+        by_node, unknown = _by_leader(cluster.metadata, remaining, tolerate_missing)
+        last = unknown or last
+        for node, values in by_node.items():
+            timeout = max(0.001, min(deadline - time.monotonic(), cluster.request_timeout_s))
+            try:
+                response = await cluster.request(node, request_for(values, cluster.metadata, timeout),
+                                                 api_key=api_key, timeout=timeout)
+            except (BrokerConnectionError, RequestTimedOut) as e:
+                last = e
+                cluster.request_update()
+                continue
+            last = _absorb_answers(cluster, response, remaining, found, answer_of) or last
+        if not remaining:
+            return found
+        if time.monotonic() + backoff.initial_s >= deadline:
+            raise RequestTimedOut(f"{what} of {sorted(map(str, remaining))} not found in time "
+                                  f"(last error: {last or 'none'})")
+        await trio.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
+
+
+def _by_leader(metadata: ClusterMetadata, remaining: dict[TopicPartition, Any], tolerate_missing: bool
+               ) -> tuple[dict[int, dict[TopicPartition, Any]], BaseException | None]:
+    """``remaining`` grouped by leader, and why some partition has none (retriable); raises
+    when a topic's error is not retriable (or drops its partitions with ``tolerate_missing``)."""
+    by_node: dict[int, dict[TopicPartition, Any]] = {}
+    last: BaseException | None = None
+    for tp, value in list(remaining.items()):
+        leader = metadata.leader_for(tp)
+        if leader is not None:
+            by_node.setdefault(leader, {})[tp] = value
+            continue
+        code = metadata.topic_errors.get(tp.topic)
+        if code is not None and not for_code(code).retriable:
+            if not tolerate_missing:
+                raise broker_error(code, f"topic {tp.topic!r}")
+            del remaining[tp]
+        else:
+            last = broker_error(code, f"topic {tp.topic!r}") if code else \
+                BrokerConnectionError(f"no leader known for partition {tp}")
+    return by_node, last
+
+
+def _absorb_answers(cluster: "Cluster", response: Any, remaining: dict[TopicPartition, Any],
+                    found: dict[TopicPartition, Any], answer_of: Callable[[Any], Any]) -> TidelogError | None:
+    """Move the partitions a response answered from ``remaining`` to ``found``. Returns the
+    last retriable error (asking for fresh metadata when it says ours is stale) for the
+    caller's retry; raises a non-retriable one."""
     last = None
     for t in response.topics:
         for p in t.partitions:
@@ -562,7 +578,7 @@ def absorb_list_offsets(cluster: "Cluster", response, remaining: dict[TopicParti
             if tp not in remaining:
                 continue
             if p.error_code == NONE.code:
-                found[tp] = (p.offset, p.timestamp)
+                found[tp] = answer_of(p)
                 del remaining[tp]
                 continue
             err = broker_error(p.error_code, f"partition {tp}", p.error_message)

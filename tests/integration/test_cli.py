@@ -21,7 +21,7 @@ import pytest
 
 from broker.cli import main
 from broker.devcluster import DevCluster, metadata
-from client import Producer
+from client import Admin, Producer, TopicPartition
 from client.perf import Latency, Throttler, consume, produce
 
 pytestmark = pytest.mark.integration
@@ -467,3 +467,36 @@ def test_elect_leaders_moves_leadership_back_to_the_preferred_replica(tidelog, c
         time.sleep(0.3)
     r = tidelog("topics", "elect-leaders", "preferred", "--partition", "0")
     assert r.rc == 0 and r.lines == ["Valid replica already elected for preferred-0."], r.out
+
+
+def test_delete_records_moves_the_log_start_on_every_replica(tidelog, cluster, monkeypatch):
+    create(tidelog, cluster, "purge", 2)
+    r = produce_stdin(tidelog, monkeypatch, "purge", b"".join(b"r%d\n" % i for i in range(20)), "--partition", "0")
+    assert r.rc == 0, r.err
+    r = produce_stdin(tidelog, monkeypatch, "purge", b"".join(b"s%d\n" % i for i in range(10)), "--partition", "1")
+    assert r.rc == 0, r.err
+
+    r = tidelog("topics", "delete-records", "purge", "--partition", "0", "--offset", "5")
+    assert r.rc == 0 and r.lines == ["partition: purge-0\tlow_watermark: 5"], r.out + r.err
+    # the low watermark says every in-sync replica moved its log start: the next leader has too
+    leader = next(p.leader_id for t in metadata(cluster.brokers[1].port).topics if t.name == "purge"
+                  for p in t.partitions if p.partition_index == 0)
+    cluster.brokers[leader].stop()  # controlled shutdown: leadership moves to a follower
+    try:
+        r = tidelog("consume", "purge", "--partition", "0", "--offset", "earliest", "--max-messages", "1",
+                    "--print-offset", bootstrap=",".join(f"{b.host}:{b.port}" for i, b in cluster.brokers.items()
+                                                          if i != leader))
+        assert r.rc == 0 and r.lines == ["Offset:5\tr5"], r.out + r.err
+    finally:
+        cluster.brokers[leader].start()
+        cluster.wait_ready(30)
+
+    r = tidelog("topics", "delete-records", "purge", "--partition", "1", "--offset", "99")
+    assert r.rc == 1 and "OFFSET_OUT_OF_RANGE" in r.err and "high watermark 10" in r.err, r.err
+    r = tidelog("topics", "delete-records", "purge", "--offset", "-1")
+    assert r.rc == 0 and r.lines == ["partition: purge-0\tlow_watermark: 20",
+                                     "partition: purge-1\tlow_watermark: 10"], r.out + r.err
+    with Admin(cluster.bootstrap) as admin:  # an offset below the log start changes nothing
+        assert admin.delete_records({TopicPartition("purge", 0): 3}) == {TopicPartition("purge", 0): 20}
+        with pytest.raises(ValueError, match="-1"):
+            admin.delete_records({TopicPartition("purge", 0): -5})

@@ -1,0 +1,67 @@
+"""DeleteRecords through the broker's API layer over a real ReplicaManager and LogManager
+(``test_group_coordinator.Broker``, one broker leading its partitions alone): the log start
+offset moves to the requested offset (-1: the high watermark), reads below it are out of
+range, offsets above the high watermark, internal topics and unknown partitions are refused
+with a reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.coordinator.group_coordinator import OFFSETS_TOPIC
+from protocol.errors import INVALID_TOPIC_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION
+from protocol.messages import (ApiKey, DeleteRecordsPartition, DeleteRecordsRequest, DeleteRecordsTopic,
+                               ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic)
+from tests.component.broker.test_group_coordinator import DATA_TP, broker
+from tests.component.broker.test_internal_topics import produce
+
+pytestmark = pytest.mark.component
+
+__all__ = ["broker"]  # the fixture, shared with test_group_coordinator
+
+
+def delete(*specs, timeout_ms=1000) -> DeleteRecordsRequest:
+    by_topic: dict[str, list[DeleteRecordsPartition]] = {}
+    for topic, partition, offset in specs:
+        by_topic.setdefault(topic, []).append(DeleteRecordsPartition(partition, offset))
+    return DeleteRecordsRequest([DeleteRecordsTopic(t, ps) for t, ps in by_topic.items()], timeout_ms)
+
+
+def results(r) -> dict:
+    return {(t.name, p.partition_index): p for t in r.topics for p in t.partitions}
+
+
+async def earliest(b) -> int:
+    r = await b.call(ApiKey.LIST_OFFSETS, ListOffsetsRequest([ListOffsetsTopic(DATA_TP.topic, [
+        ListOffsetsPartition(DATA_TP.partition, -2)])]))
+    return r.topics[0].partitions[0].offset
+
+
+async def test_records_below_the_offset_are_deleted_and_reads_below_it_are_out_of_range(broker):
+    for _ in range(3):
+        await broker.call(ApiKey.PRODUCE, produce(1, DATA_TP))  # 2 records each: offsets 0-5
+    log = broker.replica_manager.partitions[DATA_TP].log
+    assert log.high_watermark == 6
+    r = results(await broker.call(ApiKey.DELETE_RECORDS, delete((DATA_TP.topic, 0, 3))))[(DATA_TP.topic, 0)]
+    assert (r.error_code, r.low_watermark) == (NONE.code, 3)
+    assert log.log_start_offset == 3 and await earliest(broker) == 3
+    with pytest.raises(Exception, match="log start offset 3"):
+        log.read(1, 1000)
+    # a smaller offset changes nothing; -1 means the high watermark
+    r = results(await broker.call(ApiKey.DELETE_RECORDS, delete((DATA_TP.topic, 0, 1))))[(DATA_TP.topic, 0)]
+    assert (r.error_code, r.low_watermark) == (NONE.code, 3)
+    r = results(await broker.call(ApiKey.DELETE_RECORDS, delete((DATA_TP.topic, 0, -1))))[(DATA_TP.topic, 0)]
+    assert (r.error_code, r.low_watermark) == (NONE.code, 6) and await earliest(broker) == 6
+
+
+async def test_bad_requests_are_refused_with_a_reason_and_change_nothing(broker):
+    await broker.call(ApiKey.PRODUCE, produce(1, DATA_TP))
+    r = results(await broker.call(ApiKey.DELETE_RECORDS, delete(
+        (DATA_TP.topic, 0, 3), (DATA_TP.topic, 7, 0), ("nosuch", 0, 0), (OFFSETS_TOPIC, 0, 0))))
+    above = r[(DATA_TP.topic, 0)]
+    assert above.error_code == OFFSET_OUT_OF_RANGE.code and "high watermark 2" in above.error_message
+    assert r[(DATA_TP.topic, 7)].error_code == UNKNOWN_TOPIC_OR_PARTITION.code
+    assert r[("nosuch", 0)].error_code == UNKNOWN_TOPIC_OR_PARTITION.code
+    internal = r[(OFFSETS_TOPIC, 0)]
+    assert internal.error_code == INVALID_TOPIC_EXCEPTION.code and OFFSETS_TOPIC in internal.error_message
+    assert broker.replica_manager.partitions[DATA_TP].log.log_start_offset == 0
