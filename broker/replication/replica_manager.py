@@ -373,10 +373,11 @@ class ReplicaManager:
                 if events:
                     await _wait_any(events)
         for tp, target in waiting.items():
-            p = self.partitions[tp]
+            p = self.partitions.get(tp)
+            low = p.low_watermark if p is not None and p.log is not None else -1
             results[tp] = _delete_error(REQUEST_TIMED_OUT.code, (
                 f"{tp}: the log start offset is {target} on the leader, but the in-sync replicas did not all "
-                f"follow within {timeout_ms} ms (low watermark {p.low_watermark})"), p.low_watermark)
+                f"follow within {timeout_ms} ms (low watermark {low})"), low)
         return results
 
     # -- fetch ---------------------------------------------------------------------------------

@@ -2,16 +2,18 @@
 (``test_group_coordinator.Broker``, one broker leading its partitions alone): the log start
 offset moves to the requested offset (-1: the high watermark), reads below it are out of
 range, offsets above the high watermark, internal topics and unknown partitions are refused
-with a reason."""
+with a reason, and an in-sync follower that does not follow makes it REQUEST_TIMED_OUT."""
 
 from __future__ import annotations
 
 import pytest
 
 from broker.coordinator.group_coordinator import OFFSETS_TOPIC
-from protocol.errors import INVALID_TOPIC_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION
+from protocol.errors import (INVALID_TOPIC_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE, REQUEST_TIMED_OUT,
+                             UNKNOWN_TOPIC_OR_PARTITION)
 from protocol.messages import (ApiKey, DeleteRecordsPartition, DeleteRecordsRequest, DeleteRecordsTopic,
-                               ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic)
+                               LeaderAndIsrRequest, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
+                               PartitionState)
 from tests.component.broker.test_group_coordinator import DATA_TP, broker
 from tests.component.broker.test_internal_topics import produce
 
@@ -65,3 +67,13 @@ async def test_bad_requests_are_refused_with_a_reason_and_change_nothing(broker)
     internal = r[(OFFSETS_TOPIC, 0)]
     assert internal.error_code == INVALID_TOPIC_EXCEPTION.code and OFFSETS_TOPIC in internal.error_message
     assert broker.replica_manager.partitions[DATA_TP].log.log_start_offset == 0
+
+
+async def test_an_in_sync_follower_that_does_not_follow_times_the_request_out(broker):
+    # broker 2 is in the ISR but never fetches: it never reports a log start offset
+    broker.replica_manager.become_leader_or_follower(LeaderAndIsrRequest(1, 1, 0, [
+        PartitionState(DATA_TP.topic, DATA_TP.partition, 1, 1, 2, [1, 2], 2, [1, 2])]))
+    r = results(await broker.call(ApiKey.DELETE_RECORDS, delete((DATA_TP.topic, 0, 0), timeout_ms=100)))
+    timed_out = r[(DATA_TP.topic, 0)]
+    assert timed_out.error_code == REQUEST_TIMED_OUT.code and timed_out.low_watermark == -1
+    assert "did not all follow within 100 ms" in timed_out.error_message
