@@ -181,7 +181,8 @@ class Apis:
                         "error_message": f"records of the internal topic {tp.topic} cannot be deleted"}
                    for tp in offsets if is_internal_topic(tp.topic)}
         results = await self.replica_manager.delete_records(
-            {tp: o for tp, o in offsets.items() if tp not in refused}, req.timeout_ms)
+            {tp: o for tp, o in offsets.items() if tp not in refused}, req.timeout_ms,
+            live_brokers=lambda: self.metadata.brokers)
         results.update(refused)
         by_topic: dict[str, list[DeleteRecordsPartitionResult]] = {}
         for tp, r in results.items():

@@ -24,6 +24,7 @@ passed in. The replica manager owns the awaiting (ZooKeeper writes, purgatory, f
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 from broker.log.log import Log, LogAppendInfo
@@ -185,14 +186,14 @@ class Partition:
                                                       log_start_offset)
         return self.maybe_increment_high_watermark() or log_start_offset != before.log_start_offset
 
-    @property
-    def low_watermark(self) -> int:
+    def low_watermark(self, live_brokers: Container[int] | None = None) -> int:
         """Kafka's low watermark: the smallest log start offset of the leader and of the
-        followers in the ISR (as each last reported it), so a DeleteRecords is done once every
-        replica that could become leader no longer serves the deleted records. A follower that
-        has not reported one yet counts as not there yet (-1)."""
-        followers = [self.remote.get(r, ReplicaState()).log_start_offset
-                     for r in self.isr if r != self.local_broker_id]
+        followers in the ISR (as each last reported it) whose broker is alive (all, when
+        ``live_brokers`` is None), so a DeleteRecords is done once every replica that could
+        become leader no longer serves the deleted records. A follower that has not
+        reported one yet counts as not there yet (-1)."""
+        followers = [self.remote.get(r, ReplicaState()).log_start_offset for r in self.isr
+                     if r != self.local_broker_id and (live_brokers is None or r in live_brokers)]
         return min([self.log.log_start_offset, *followers])
 
     def isr_to_expand(self) -> frozenset[int] | None:

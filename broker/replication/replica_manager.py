@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Container
 
 import trio
 
@@ -32,7 +32,7 @@ from broker.log.manager import LogManager
 from broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
 from broker.replication.partition import Partition, check_leader_epoch
 from protocol.errors import (
-    NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE,
+    NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, POLICY_VIOLATION,
     REQUEST_TIMED_OUT, STALE_CONTROLLER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUIRED_ACKS,
     UNKNOWN_SERVER_ERROR, TidelogError, code_of,
 )
@@ -303,7 +303,7 @@ class ReplicaManager:
                 "error_message": None, "_last_offset": info.last_offset}
 
     async def await_replication(self, waiting: dict[TopicPartition, int], timeout_ms: int, results) -> None:
-        with trio.move_on_after(timeout_ms / 1000):
+        with trio.move_on_after(max(0, timeout_ms) / 1000):
             while waiting:
                 events = []
                 for tp in list(waiting):
@@ -333,13 +333,15 @@ class ReplicaManager:
 
     # -- DeleteRecords -------------------------------------------------------------------------
 
-    async def delete_records(self, offsets: dict[TopicPartition, int], timeout_ms: int) -> dict[TopicPartition, dict]:
+    async def delete_records(self, offsets: dict[TopicPartition, int], timeout_ms: int,
+                             live_brokers: Callable[[], Container[int]] | None = None) -> dict[TopicPartition, dict]:
         """Kafka's DeleteRecords: move each led partition's log start offset up to its
         requested offset (-1: the high watermark; never above it), then wait up to
-        ``timeout_ms`` until its low watermark (every in-sync follower's log start, which each
-        learns from its next fetch) has followed. Whole segments below the log start are
-        deleted by the next retention pass. Per partition: ``error_code``, ``low_watermark``,
-        ``error_message``."""
+        ``timeout_ms`` until its low watermark (the log start of every in-sync follower on a
+        live broker, which each learns from its next fetch) has followed. Refused for a topic
+        whose ``cleanup.policy`` does not delete (POLICY_VIOLATION, as Kafka). Whole segments
+        below the log start are deleted by the next retention pass. Per partition:
+        ``error_code``, ``low_watermark``, ``error_message``."""
         results: dict[TopicPartition, dict] = {}
         waiting: dict[TopicPartition, int] = {}
         for tp, offset in offsets.items():
@@ -348,6 +350,11 @@ class ReplicaManager:
                 results[tp] = _delete_error(NOT_LEADER_OR_FOLLOWER.code, f"broker {self.broker_id} is not the leader of {tp}")
                 continue
             log = p.log
+            if not log.config.deletes:
+                results[tp] = _delete_error(POLICY_VIOLATION.code, (
+                    f"{tp}: records cannot be deleted from a topic whose cleanup.policy does not include "
+                    f"delete ({log.config.cleanup_policy})"))
+                continue
             target = log.high_watermark if offset == -1 else offset
             if not 0 <= target <= log.high_watermark:
                 results[tp] = _delete_error(OFFSET_OUT_OF_RANGE.code, (
@@ -357,7 +364,10 @@ class ReplicaManager:
             if log.maybe_increment_log_start_offset(target):
                 p.notify()
             waiting[tp] = target
-        with trio.move_on_after(timeout_ms / 1000):
+        def low_watermark(p: NotifyingPartition) -> int:
+            return p.low_watermark(None if live_brokers is None else live_brokers())
+
+        with trio.move_on_after(max(0, timeout_ms) / 1000):
             while waiting:
                 events = []
                 for tp, target in list(waiting.items()):
@@ -365,16 +375,17 @@ class ReplicaManager:
                     if p is None or not p.is_leader or p.log is None:
                         results[tp] = _delete_error(NOT_LEADER_OR_FOLLOWER.code, f"{tp}: leadership moved while waiting")
                         del waiting[tp]
-                    elif p.low_watermark >= target:
-                        results[tp] = {"error_code": NONE.code, "low_watermark": p.low_watermark, "error_message": None}
+                    elif low_watermark(p) >= target:
+                        results[tp] = {"error_code": NONE.code, "low_watermark": low_watermark(p), "error_message": None}
                         del waiting[tp]
                     else:
                         events.append(p.changed)
                 if events:
-                    await _wait_any(events)
+                    with trio.move_on_after(0.25):  # also look again as brokers die (no partition event)
+                        await _wait_any(events)
         for tp, target in waiting.items():
             p = self.partitions.get(tp)
-            low = p.low_watermark if p is not None and p.log is not None else -1
+            low = low_watermark(p) if p is not None and p.log is not None else -1
             results[tp] = _delete_error(REQUEST_TIMED_OUT.code, (
                 f"{tp}: the log start offset is {target} on the leader, but the in-sync replicas did not all "
                 f"follow within {timeout_ms} ms (low watermark {low})"), low)

@@ -36,7 +36,7 @@ from client.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets, to
 from client.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
 from protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND,
                              ILLEGAL_GENERATION, NON_EMPTY_GROUP, NONE, NOT_CONTROLLER, NOT_COORDINATOR,
-                             UNKNOWN_MEMBER_ID)
+                             UNKNOWN_MEMBER_ID, error_for)
 from protocol.messages import (LATEST_TIMESTAMP, NO_OFFSET, DeleteGroupsRequest, DeleteRecordsPartition,
                                DeleteRecordsRequest, DeleteRecordsTopic,
                                DescribeGroupsRequest, FindCoordinatorRequest, ListGroupsRequest,
@@ -424,10 +424,16 @@ class AsyncAdmin(RunsInOwnNursery):
             return DeleteRecordsRequest([DeleteRecordsTopic(t, ps) for t, ps in by_topic.items()],
                                         timeout_ms=max(0, int(timeout_s * 1000) - 500))
 
-        return await to_leaders(self._cluster, wanted, self._deadline(timeout_ms), backoff=Backoff(*self._backoff),
-                                api_key=ApiKey.DELETE_RECORDS, request_for=request_for,
-                                answer_of=lambda p: p.low_watermark, what="records deleted",
-                                refetch_metadata=True)
+        errors: dict[TopicPartition, TidelogError] = {}
+        low = await to_leaders(self._cluster, wanted, self._deadline(timeout_ms), backoff=Backoff(*self._backoff),
+                               api_key=ApiKey.DELETE_RECORDS, request_for=request_for,
+                               answer_of=lambda p: p.low_watermark, what="records deleted",
+                               refetch_metadata=True, errors=errors)
+        if errors:  # every partition was tried: say which failed and which were done
+            first = next(iter(errors.values()))
+            done = ", ".join(f"{tp} (low watermark {w})" for tp, w in sorted(low.items())) or "none"
+            raise error_for(first.code, f"{'; '.join(str(e) for _, e in sorted(errors.items()))}; done: {done}")
+        return low
 
     async def _fetch_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None,
                                    deadline: float) -> dict[TopicPartition, int | None]:

@@ -495,14 +495,16 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
                      backoff: Backoff, api_key: ApiKey,
                      request_for: Callable[[dict[TopicPartition, Any], ClusterMetadata, float], Message],
                      answer_of: Callable[[Any], Any], what: str, refetch_metadata: bool = False,
-                     tolerate_missing: bool = False) -> dict[TopicPartition, Any]:
+                     tolerate_missing: bool = False,
+                     errors: dict[TopicPartition, TidelogError] | None = None) -> dict[TopicPartition, Any]:
     """Ask each partition's leader (ListOffsets, DeleteRecords: one request per leader, built by
     ``request_for(its partitions' values, metadata, request timeout in s)``, whose response
     lists ``topics`` of ``partitions`` with ``partition_index``, ``error_code`` and
     ``error_message``) and return ``answer_of(partition result)`` per partition. Retriable
     errors are retried with ``backoff`` until monotonic ``deadline`` (with one last attempt),
-    then RequestTimedOut names what is missing and the last error; a non-retriable one is
-    raised at once.
+    then RequestTimedOut names what is missing and the last error. The leaders are asked
+    at the same time; a partition's non-retriable error is raised once the round is over,
+    or, with ``errors``, stored there (the other partitions are still answered).
 
     Metadata: a consumer's cluster tracks the wanted topics and refreshes them only when a
     leader is unknown (an error that invalidates them asks for a refresh in the background);
@@ -526,16 +528,28 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
             last = e
         by_node, unknown = _by_leader(cluster.metadata, remaining, tolerate_missing)
         last = unknown or last
-        for node, values in by_node.items():
+        failed: dict[TopicPartition, TidelogError] = {}
+        retriable: list[BaseException] = []
+
+        async def ask(node: int, values: dict[TopicPartition, Any]) -> None:
             timeout = max(0.001, min(deadline - time.monotonic(), cluster.request_timeout_s))
             try:
                 response = await cluster.request(node, request_for(values, cluster.metadata, timeout),
                                                  api_key=api_key, timeout=timeout)
             except (BrokerConnectionError, RequestTimedOut) as e:
-                last = e
+                retriable.append(e)
                 cluster.request_update()
-                continue
-            last = _absorb_answers(cluster, response, remaining, found, answer_of) or last
+                return
+            _absorb_answers(cluster, response, remaining, found, answer_of, failed, retriable)
+
+        async with trio.open_nursery() as nursery:
+            for node, values in by_node.items():
+                nursery.start_soon(ask, node, values)
+        last = retriable[-1] if retriable else last
+        if failed and errors is None:
+            raise next(iter(failed.values()))
+        if failed:
+            errors.update(failed)
         if not remaining:
             return found
         if time.monotonic() + backoff.initial_s >= deadline:
@@ -567,11 +581,11 @@ def _by_leader(metadata: ClusterMetadata, remaining: dict[TopicPartition, Any], 
 
 
 def _absorb_answers(cluster: "Cluster", response: Any, remaining: dict[TopicPartition, Any],
-                    found: dict[TopicPartition, Any], answer_of: Callable[[Any], Any]) -> TidelogError | None:
-    """Move the partitions a response answered from ``remaining`` to ``found``. Returns the
-    last retriable error (asking for fresh metadata when it says ours is stale) for the
-    caller's retry; raises a non-retriable one."""
-    last = None
+                    found: dict[TopicPartition, Any], answer_of: Callable[[Any], Any],
+                    failed: dict[TopicPartition, TidelogError], retriable: list[BaseException]) -> None:
+    """Move the partitions a response answered from ``remaining`` to ``found``, or, for a
+    non-retriable error, to ``failed``; a retriable error stays for the caller's retry (in
+    ``retriable``, asking for fresh metadata when it says ours is stale)."""
     for t in response.topics:
         for p in t.partitions:
             tp = TopicPartition(t.name, p.partition_index)
@@ -583,8 +597,9 @@ def _absorb_answers(cluster: "Cluster", response: Any, remaining: dict[TopicPart
                 continue
             err = broker_error(p.error_code, f"partition {tp}", p.error_message)
             if not err.retriable:
-                raise err
+                failed[tp] = err
+                del remaining[tp]
+                continue
             if err.invalid_metadata:
                 cluster.request_update()
-            last = err
-    return last
+            retriable.append(err)

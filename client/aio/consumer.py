@@ -705,6 +705,8 @@ class AsyncConsumer(RunsInOwnNursery):
         await trio.lowlevel.checkpoint_if_cancelled()
         limit = max_records or self.config.max_poll_records
         deadline = trio.current_time() + max(0, timeout_ms) / 1000
+        if self._wakeup_pending:
+            self._raise_pending()
         if self._coordinator is not None:
             await self._coordinator.poll(deadline)
         while True:
@@ -777,11 +779,15 @@ class AsyncConsumer(RunsInOwnNursery):
         ``wakeup``: how another task, or thread through the blocking ``Consumer``, ends a
         long poll to shut down)."""
         self._wakeup_pending = True
+        if self._coordinator is not None:
+            self._coordinator.interrupt_poll()  # a wait for the group's work ends too
         self._signal_data()
 
     def _raise_pending(self) -> None:
         if self._wakeup_pending:
             self._wakeup_pending = False
+            if self._coordinator is not None:
+                self._coordinator.poll_interrupted = False
             raise WakeupError("the poll was interrupted by wakeup()")
         if self._errors:
             raise self._errors.popleft()

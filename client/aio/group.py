@@ -64,12 +64,13 @@ Theory of operation.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -398,6 +399,8 @@ class ConsumerCoordinator:
         self._pattern_refreshed = -float("inf")
         self._left_for_poll_timeout = False
         self._running: set[str] = set()  # names of background tasks under way
+        self.poll_interrupted = False  # the consumer's wakeup(): poll's waits end (interrupt_poll)
+        self._poll_waits: set[trio.CancelScope] = set()
         self._fatal: TidelogError | None = None  # raised by the next poll
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -484,18 +487,37 @@ class ConsumerCoordinator:
             if self.pattern is not None and self._pattern_refreshed == -float("inf"):
                 return  # join once the pattern has been matched against the cluster's topics
             self._check_metadata_changes()
-            if not await self.ensure_coordinator(deadline):
+            if not await self.ensure_coordinator(deadline, interruptible=True):
                 return
             if self._join_done is None and (self.rejoin_needed or self.state is MemberState.UNJOINED):
                 await self._prepare_and_start_join(deadline)
             if self._join_done is not None:
-                with trio.move_on_at(deadline):
+                with self._poll_wait(deadline):
                     await self._join_done.wait()
                 if self._join_done.is_set():
                     await self._finish_join()
         if self.subscriptions.awaiting_committed():
             self._spawn_once("committed", self._refresh_committed_positions)
         self._maybe_auto_commit()
+
+    def interrupt_poll(self) -> None:
+        """The consumer's ``wakeup``: the waits of the poll under way (or of the next one, until
+        the consumer clears ``poll_interrupted``) end now, as at the poll's deadline."""
+        self.poll_interrupted = True
+        for scope in list(self._poll_waits):
+            scope.cancel()
+
+    @contextlib.contextmanager
+    def _poll_wait(self, deadline: float) -> Iterator[None]:
+        """One of poll's waits: it ends at ``deadline`` or at ``interrupt_poll``."""
+        with trio.move_on_at(deadline) as scope:
+            if self.poll_interrupted:
+                scope.cancel()
+            self._poll_waits.add(scope)
+            try:
+                yield
+            finally:
+                self._poll_waits.discard(scope)
 
     def _raise_fatal(self) -> None:
         if self._fatal is not None:
@@ -593,7 +615,7 @@ class ConsumerCoordinator:
 
             self._nursery.start_soon(run)
         done = self._prepare_commit
-        with trio.move_on_at(deadline):
+        with self._poll_wait(deadline):
             await done.wait()
         if not done.is_set():
             return False
@@ -787,18 +809,21 @@ class ConsumerCoordinator:
             self.cluster.close_connection(self.coordinator_id)
         self.coordinator_id = None
 
-    async def ensure_coordinator(self, deadline: float | None, *, raise_errors: bool = True) -> bool:
+    async def ensure_coordinator(self, deadline: float | None, *, raise_errors: bool = True,
+                                 interruptible: bool = False) -> bool:
         """Wait (until ``deadline``, trio time; None: no limit) for the coordinator, which a
         background task looks up with backoff. True once it is known. A lookup refused with a
         non-retriable error (GROUP_AUTHORIZATION_FAILED, INVALID_GROUP_ID) is raised to every
         caller while it is the latest answer (``raise_errors``; the join task and the heartbeat
-        task leave that to poll and go on waiting while the lookup retries)."""
+        task leave that to poll and go on waiting while the lookup retries). ``interruptible``:
+        poll's wait, which ``interrupt_poll`` ends too."""
         self._coordinator_waiters += 1
         try:
             while self.coordinator_id is None:
                 self._spawn_once("lookup", self._lookup_coordinator)
                 attempt = self._lookup_done
-                with trio.move_on_at(math.inf if deadline is None else deadline):
+                limit = math.inf if deadline is None else deadline
+                with self._poll_wait(limit) if interruptible else trio.move_on_at(limit):
                     await attempt.wait()
                 if self.coordinator_id is None and raise_errors and self._lookup_error is not None:
                     raise self._lookup_error

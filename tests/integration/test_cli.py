@@ -491,8 +491,10 @@ def test_delete_records_moves_the_log_start_on_every_replica(tidelog, cluster, m
         cluster.brokers[leader].start()
         cluster.wait_ready(30)
 
-    r = tidelog("topics", "delete-records", "purge", "--partition", "1", "--offset", "99")
+    # partition 1 cannot go to 15 (its high watermark is 10), partition 0 can: both are tried
+    r = tidelog("topics", "delete-records", "purge", "--offset", "15")
     assert r.rc == 1 and "OFFSET_OUT_OF_RANGE" in r.err and "high watermark 10" in r.err, r.err
+    assert "purge-1" in r.err and "done: purge-0 (low watermark 15)" in r.err, r.err
     r = tidelog("topics", "delete-records", "purge", "--offset", "-1")
     assert r.rc == 0 and r.lines == ["partition: purge-0\tlow_watermark: 20",
                                      "partition: purge-1\tlow_watermark: 10"], r.out + r.err

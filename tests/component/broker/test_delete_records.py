@@ -2,18 +2,21 @@
 (``test_group_coordinator.Broker``, one broker leading its partitions alone): the log start
 offset moves to the requested offset (-1: the high watermark), reads below it are out of
 range, offsets above the high watermark, internal topics and unknown partitions are refused
-with a reason, and an in-sync follower that does not follow makes it REQUEST_TIMED_OUT."""
+with a reason, a topic that does not delete (compact only) is POLICY_VIOLATION, and an
+in-sync follower on a live broker that does not follow makes it REQUEST_TIMED_OUT."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from broker.coordinator.group_coordinator import OFFSETS_TOPIC
-from protocol.errors import (INVALID_TOPIC_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE, REQUEST_TIMED_OUT,
-                             UNKNOWN_TOPIC_OR_PARTITION)
+from protocol.errors import (INVALID_TOPIC_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE, POLICY_VIOLATION,
+                             REQUEST_TIMED_OUT, UNKNOWN_TOPIC_OR_PARTITION)
 from protocol.messages import (ApiKey, DeleteRecordsPartition, DeleteRecordsRequest, DeleteRecordsTopic,
                                LeaderAndIsrRequest, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
-                               PartitionState)
+                               LiveBroker, PartitionState, UpdateMetadataRequest)
 from tests.component.broker.test_group_coordinator import DATA_TP, broker
 from tests.component.broker.test_internal_topics import produce
 
@@ -56,6 +59,15 @@ async def test_records_below_the_offset_are_deleted_and_reads_below_it_are_out_o
     assert (r.error_code, r.low_watermark) == (NONE.code, 6) and await earliest(broker) == 6
 
 
+async def test_a_compacted_topic_refuses_with_policy_violation(broker):
+    await broker.call(ApiKey.PRODUCE, produce(1, DATA_TP))
+    log = broker.replica_manager.partitions[DATA_TP].log
+    log.config = dataclasses.replace(log.config, cleanup_policy="compact")
+    r = results(await broker.call(ApiKey.DELETE_RECORDS, delete((DATA_TP.topic, 0, 1))))[(DATA_TP.topic, 0)]
+    assert r.error_code == POLICY_VIOLATION.code and "cleanup.policy" in r.error_message
+    assert log.log_start_offset == 0
+
+
 async def test_bad_requests_are_refused_with_a_reason_and_change_nothing(broker):
     await broker.call(ApiKey.PRODUCE, produce(1, DATA_TP))
     r = results(await broker.call(ApiKey.DELETE_RECORDS, delete(
@@ -73,6 +85,11 @@ async def test_an_in_sync_follower_that_does_not_follow_times_the_request_out(br
     # broker 2 is in the ISR but never fetches: it never reports a log start offset
     broker.replica_manager.become_leader_or_follower(LeaderAndIsrRequest(1, 1, 0, [
         PartitionState(DATA_TP.topic, DATA_TP.partition, 1, 1, 2, [1, 2], 2, [1, 2])]))
+    # while broker 2 is not alive (not in the metadata), it is not waited for, as in Kafka
+    r = results(await broker.call(ApiKey.DELETE_RECORDS, delete((DATA_TP.topic, 0, 0), timeout_ms=5000)))
+    assert (r[(DATA_TP.topic, 0)].error_code, r[(DATA_TP.topic, 0)].low_watermark) == (NONE.code, 0)
+    broker.metadata.update(UpdateMetadataRequest(1, 1, 0, [], [LiveBroker(1, "127.0.0.1", 9092),
+                                                               LiveBroker(2, "127.0.0.1", 9093)]))
     r = results(await broker.call(ApiKey.DELETE_RECORDS, delete((DATA_TP.topic, 0, 0), timeout_ms=100)))
     timed_out = r[(DATA_TP.topic, 0)]
     assert timed_out.error_code == REQUEST_TIMED_OUT.code and timed_out.low_watermark == -1

@@ -26,13 +26,13 @@ from typing import Any
 import trio
 
 from protocol.connection import BadRequest, ServerConnection
-from protocol.errors import (INVALID_PARTITIONS, NONE, NOT_CONTROLLER, NOT_LEADER_OR_FOLLOWER,
+from protocol.errors import (COORDINATOR_NOT_AVAILABLE, INVALID_PARTITIONS, NONE, NOT_CONTROLLER, NOT_LEADER_OR_FOLLOWER,
                              OFFSET_OUT_OF_RANGE, TOPIC_ALREADY_EXISTS, UNKNOWN_TOPIC_OR_PARTITION,
                              TidelogError)
 from protocol.messages import (REQUESTS, AlterConfigsResponse, AlterConfigsResult, ApiKey,
                                BrokerMetadata, ConfigEntry, CreatePartitionsResponse,
                                CreateTopicsResponse, DeleteTopicsResponse, DescribeConfigsResponse,
-                               DescribeConfigsResult, FetchPartitionResponse, FetchResponse,
+                               DescribeConfigsResult, FetchPartitionResponse, FetchResponse, FindCoordinatorResponse,
                                FetchTopicResponse, InitProducerIdResponse, ListOffsetsPartitionResponse, ListOffsetsResponse,
                                ListOffsetsTopicResponse, MetadataResponse, PartitionMetadata,
                                PartitionProduceResponse, ProduceResponse, TopicMetadata,
@@ -263,6 +263,10 @@ class FakeCluster:
             topics.append(TopicMetadata(0, name, parts))
         brokers = [BrokerMetadata(n, HOST, self.ports[n]) for n in self.node_ids]
         return MetadataResponse(brokers, self.cluster_id, self.controller, topics)
+
+    async def _find_coordinator(self, node: int, request: Any, error: int | None) -> FindCoordinatorResponse:
+        # no group coordinator here: as a cluster whose coordinator is down
+        return FindCoordinatorResponse(COORDINATOR_NOT_AVAILABLE.code)
 
     async def _init_producer_id(self, node: int, request: Any, error: int | None) -> InitProducerIdResponse:
         if error is not None:

@@ -98,6 +98,21 @@ def test_wakeup_from_another_thread_ends_a_waiting_poll(threaded_fake):
     consumer.wakeup()  # closed: nothing to wake, no error
 
 
+def test_wakeup_ends_a_group_members_poll_waiting_for_its_coordinator(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)  # the fake has no coordinator
+    with Consumer(threaded_fake.cluster.bootstrap, group_id="g") as consumer:
+        consumer.subscribe(["t"])
+        threading.Timer(0.3, consumer.wakeup).start()
+        started = time.monotonic()
+        with pytest.raises(WakeupError):
+            consumer.poll(timeout_ms=10_000)
+        assert time.monotonic() - started < 5  # woken, not at the poll's deadline
+        consumer.wakeup()  # pending before the poll: raised before any group work
+        with pytest.raises(WakeupError):
+            consumer.poll(timeout_ms=10_000)
+        assert consumer.poll(timeout_ms=200) == []  # then an ordinary poll again (waits its time)
+
+
 def test_many_threads_share_one_producer(threaded_fake):
     threaded_fake.call(threaded_fake.cluster.create_topic, "t", 2)
     futures, lock = [], threading.Lock()

@@ -174,15 +174,18 @@ def test_the_low_watermark_waits_for_the_log_start_of_every_isr_follower(leader)
     p.append_as_leader(make_batch(6), -1)
     for f in (F1, F2):
         p.record_follower_fetch(f, 6, 1000, log_start_offset=0)
-    assert log.high_watermark == 6 and p.low_watermark == 0
-    assert log.maybe_increment_log_start_offset(4) and p.low_watermark == 0  # the followers still start at 0
+    assert log.high_watermark == 6 and p.low_watermark() == 0
+    assert log.maybe_increment_log_start_offset(4) and p.low_watermark() == 0  # the followers still start at 0
     assert not p.record_follower_fetch(F1, 6, 1100, log_start_offset=0)  # nothing moved
     assert p.record_follower_fetch(F1, 6, 1200, log_start_offset=4)  # its log start moved: waiters wake
-    assert p.low_watermark == 0
-    assert p.record_follower_fetch(F2, 6, 1200, log_start_offset=4) and p.low_watermark == 4
+    assert p.low_watermark() == 0
+    assert p.record_follower_fetch(F2, 6, 1200, log_start_offset=4) and p.low_watermark() == 4
     p.isr = frozenset({LEADER, F1})  # a follower outside the ISR is not waited for
     p.record_follower_fetch(F1, 6, 1300, log_start_offset=5)
-    assert p.low_watermark == 4  # the leader's own log start bounds it
+    assert p.low_watermark() == 4  # the leader's own log start bounds it
+    p.isr = frozenset({LEADER, F1, F2})
+    p.record_follower_fetch(F2, 6, 1400, log_start_offset=3)
+    assert p.low_watermark() == 3 and p.low_watermark(live_brokers={LEADER, F1}) == 4  # F2's broker is dead
 
 
 def test_acks_all_needs_min_isr_at_append_time(leader):
