@@ -303,23 +303,36 @@ class ReplicaManager:
                 "error_message": None, "_last_offset": info.last_offset}
 
     async def await_replication(self, waiting: dict[TopicPartition, int], timeout_ms: int, results) -> None:
-        with trio.move_on_after(max(0, timeout_ms) / 1000):
-            while waiting:
-                events = []
-                for tp in list(waiting):
-                    done, code = self._replication_done(tp, waiting[tp])
-                    if done:
-                        del waiting[tp]
-                        if code != NONE.code:
-                            results[tp].update(_error(code, f"{tp}: the in-sync replicas shrank below "
-                                                            "min.insync.replicas before the batch was committed"))
-                    else:
-                        events.append(self.partitions[tp].changed)
-                if events:
-                    await _wait_any(events)
+        def settle(tp: TopicPartition, last_offset: int) -> bool:
+            done, code = self._replication_done(tp, last_offset)
+            if done and code != NONE.code:
+                results[tp].update(_error(code, f"{tp}: the in-sync replicas shrank below "
+                                                "min.insync.replicas before the batch was committed"))
+            return done
+
+        await self._await_partitions(waiting, timeout_ms, settle)
         for tp in waiting:
             results[tp].update(_error(REQUEST_TIMED_OUT.code,
                                       f"{tp}: the batch was not replicated to the in-sync replicas within {timeout_ms} ms"))
+
+    async def _await_partitions(self, waiting: dict[TopicPartition, Any], timeout_ms: int,
+                                settle: Callable[[TopicPartition, Any], bool], recheck_s: float = math.inf) -> None:
+        """Until ``timeout_ms`` passes or ``waiting`` is empty: drop each partition for which
+        ``settle(tp, value)`` is True (it records the outcome; it must settle a partition this
+        broker no longer has), then wait until one of the others changes (or ``recheck_s``).
+        What is left in ``waiting`` timed out."""
+        with trio.move_on_after(max(0, timeout_ms) / 1000):
+            while waiting:
+                for tp in [tp for tp, value in waiting.items() if settle(tp, value)]:
+                    del waiting[tp]
+                if not waiting:
+                    break
+                events = [self.partitions[tp].changed for tp in waiting]
+                if recheck_s == math.inf:  # acks=all: no extra cancel scope per wait
+                    await _wait_any(events)
+                else:
+                    with trio.move_on_after(recheck_s):
+                        await _wait_any(events)
 
     def _replication_done(self, tp: TopicPartition, last_offset: int) -> tuple[bool, int]:
         p = self.partitions.get(tp)
@@ -367,22 +380,18 @@ class ReplicaManager:
         def low_watermark(p: NotifyingPartition) -> int:
             return p.low_watermark(None if live_brokers is None else live_brokers())
 
-        with trio.move_on_after(max(0, timeout_ms) / 1000):
-            while waiting:
-                events = []
-                for tp, target in list(waiting.items()):
-                    p = self.partitions.get(tp)
-                    if p is None or not p.is_leader or p.log is None:
-                        results[tp] = _delete_error(NOT_LEADER_OR_FOLLOWER.code, f"{tp}: leadership moved while waiting")
-                        del waiting[tp]
-                    elif low_watermark(p) >= target:
-                        results[tp] = {"error_code": NONE.code, "low_watermark": low_watermark(p), "error_message": None}
-                        del waiting[tp]
-                    else:
-                        events.append(p.changed)
-                if events:
-                    with trio.move_on_after(0.25):  # also look again as brokers die (no partition event)
-                        await _wait_any(events)
+        def settle(tp: TopicPartition, target: int) -> bool:
+            p = self.partitions.get(tp)
+            if p is None or not p.is_leader or p.log is None:
+                results[tp] = _delete_error(NOT_LEADER_OR_FOLLOWER.code, f"{tp}: leadership moved while waiting")
+                return True
+            low = low_watermark(p)
+            if low >= target:
+                results[tp] = {"error_code": NONE.code, "low_watermark": low, "error_message": None}
+            return low >= target
+
+        # also looks again every 0.25 s: a broker's death moves no partition event
+        await self._await_partitions(waiting, timeout_ms, settle, recheck_s=0.25)
         for tp, target in waiting.items():
             p = self.partitions.get(tp)
             low = low_watermark(p) if p is not None and p.log is not None else -1
