@@ -18,10 +18,10 @@ import sys
 import tempfile
 import time
 
-from broker.log.config import LogConfig
-from broker.log.loader import load_log
-from protocol.records import BatchBuilder, read_header
-from protocol.topics import TopicPartition
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.loader import load_log
+from tidelog.protocol.records import BatchBuilder, read_header
+from tidelog.protocol.topics import TopicPartition
 
 TP = TopicPartition("bench", 0)
 

@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.devcluster import DevCluster
-from client import Admin, NewTopic, Producer
+from tidelog.broker.devcluster import DevCluster
+from tidelog import Admin, NewTopic, Producer
 
 TOPIC = "spark-bench"
 CHECKPOINTS: list[str] = []  # removed at exit
@@ -49,7 +49,7 @@ def spark_session():
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from pyspark.sql import SparkSession
 
-    from spark_connector import register
+    from tidelog.spark import register
 
     spark = (SparkSession.builder.master("local[2]").appName("tidelog-bench")
              .config("spark.driver.memory", "1g").config("spark.ui.enabled", "false")

@@ -13,14 +13,14 @@ import logging
 from typing import Any, Callable
 
 
-from broker.controller.channels import wait_all
-from broker.metadata_cache import MetadataCache
-from broker.replication.replica_manager import ReplicaManager
-from protocol.errors import (
+from tidelog.broker.controller.channels import wait_all
+from tidelog.broker.metadata_cache import MetadataCache
+from tidelog.broker.replication.replica_manager import ReplicaManager
+from tidelog.protocol.errors import (
     INVALID_REQUEST, INVALID_TOPIC_EXCEPTION, NONE, NOT_CONTROLLER, NOT_LEADER_OR_FOLLOWER, STALE_BROKER_EPOCH,
     UNKNOWN_TOPIC_OR_PARTITION, TidelogError,
 )
-from protocol.messages import (
+from tidelog.protocol.messages import (
     CONSUMER_REPLICA_ID, DEBUGGING_REPLICA_ID, ElectLeadersRequest, ElectLeadersResponse, ElectLeadersResult,
     BROKER_RESOURCE, TOPIC_RESOURCE, AlterConfigsRequest, AlterConfigsResponse, AlterConfigsResult, ApiKey,
     ApiVersionsResponse, ConfigEntry, ControlledShutdownRequest, ControlledShutdownResponse,
@@ -34,11 +34,11 @@ from protocol.messages import (
     ProduceResponse, RequestHeader, REQUESTS, StopReplicaRequest, StopReplicaResponse, TopicPartitionRef,
     TopicProduceResponse, TopicResult, UpdateMetadataRequest, UpdateMetadataResponse, supported_api_versions,
 )
-from protocol.topics import TopicPartition, is_internal_topic
+from tidelog.protocol.topics import TopicPartition, is_internal_topic
 
-from broker.network import current_peer
-from protocol.errors import COORDINATOR_NOT_AVAILABLE
-from protocol.messages import (
+from tidelog.broker.network import current_peer
+from tidelog.protocol.errors import COORDINATOR_NOT_AVAILABLE
+from tidelog.protocol.messages import (
     DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
     FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
     JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,

@@ -13,10 +13,10 @@ import logging
 
 import trio
 
-from protocol.connection import ClientConnection
-from protocol.errors import NETWORK_EXCEPTION, TidelogError
-from protocol.frames import MAX_FRAME_BYTES_DEFAULT
-from protocol.messages import RESPONSES, ApiKey, Message
+from tidelog.protocol.connection import ClientConnection
+from tidelog.protocol.errors import NETWORK_EXCEPTION, TidelogError
+from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
+from tidelog.protocol.messages import RESPONSES, ApiKey, Message
 
 logger = logging.getLogger("tidelog.channel")
 

@@ -46,7 +46,7 @@ def _dump_log_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _dump_log(args: argparse.Namespace) -> int:
-    from broker.log.dump import run
+    from tidelog.broker.log.dump import run
 
     _tolerate_unencodable(sys.stdout)
     return run(args.files, verify=args.verify, print_data=args.print_data,
@@ -64,7 +64,7 @@ def _broker_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _broker(args: argparse.Namespace) -> int:
-    from broker.main import run
+    from tidelog.broker.main import run
 
     return run(args.config, args.set, args.log_level)
 
@@ -78,7 +78,7 @@ def _dev_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _dev(args: argparse.Namespace) -> int:
-    from broker.devcluster import run_dev_up
+    from tidelog.broker.devcluster import run_dev_up
 
     return run_dev_up(args.dir, args.brokers, args.zk_port, args.base_port)
 
@@ -152,7 +152,7 @@ def _topics_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _topics(args: argparse.Namespace) -> int:
-    from client.cli import topics
+    from tidelog.cli import topics
 
     return topics(args)
 
@@ -170,7 +170,7 @@ def _produce_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from client.cli import produce
+    from tidelog.cli import produce
 
     return produce(args)
 
@@ -196,7 +196,7 @@ def _consume_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _consume(args: argparse.Namespace) -> int:
-    from client.cli import consume
+    from tidelog.cli import consume
 
     return consume(args)
 
@@ -232,7 +232,7 @@ def _groups_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _groups(args: argparse.Namespace) -> int:
-    from client.cli import groups
+    from tidelog.cli import groups
 
     return groups(args)
 
@@ -274,7 +274,7 @@ def _perf_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _perf(args: argparse.Namespace) -> int:
-    from client.cli import perf
+    from tidelog.cli import perf
 
     return perf(args)
 
@@ -297,7 +297,7 @@ def _health_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _health(args: argparse.Namespace) -> int:
-    from broker.health import run
+    from tidelog.broker.health import run
 
     bootstrap = args.bootstrap or (None if args.config else os.environ.get("TIDELOG_BOOTSTRAP"))
     return run(bootstrap, args.config, args.broker_id, args.timeout_ms, args.wait, args.quiet,

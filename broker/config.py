@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
+from tidelog.broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
 
 MAX_LONG = 2**63 - 1
 MIB = 1024 * 1024

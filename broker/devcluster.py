@@ -23,9 +23,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from broker.coordination.zkserver import ZooKeeperServer, find_free_port
-from protocol.connection import ClientConnection
-from protocol.messages import ApiKey, MetadataRequest, MetadataResponse
+from tidelog.broker.coordination.zkserver import ZooKeeperServer, find_free_port
+from tidelog.protocol.connection import ClientConnection
+from tidelog.protocol.messages import ApiKey, MetadataRequest, MetadataResponse
 
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNET = 0x40000000
@@ -74,7 +74,7 @@ class BrokerProcess:
         log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "broker", "--config", str(self.config_path)],
+            [sys.executable, "-m", "tidelog.broker.cli", "broker", "--config", str(self.config_path)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             preexec_fn=self._preexec, start_new_session=True)
         log.close()

@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.connection import ClientConnection
-from protocol.messages import ApiKey, MetadataRequest, MetadataResponse
+from tidelog.protocol.connection import ClientConnection
+from tidelog.protocol.messages import ApiKey, MetadataRequest, MetadataResponse
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +151,7 @@ def run(bootstrap: str | None, config_path: str | None, broker_id: int | None, t
     """``tidelog health``: 0 when every probed broker is ready, 1 otherwise, 2 on a bad config."""
     addresses = [a for a in (bootstrap or "").split(",") if a.strip()]
     if config_path is not None:
-        from broker.config import BrokerConfig, ConfigError
+        from tidelog.broker.config import BrokerConfig, ConfigError
 
         try:
             config = BrokerConfig.load(config_path)

@@ -12,8 +12,8 @@ import sys
 
 import trio
 
-from broker.config import BrokerConfig, ConfigError
-from broker.server import BrokerServer
+from tidelog.broker.config import BrokerConfig, ConfigError
+from tidelog.broker.server import BrokerServer
 
 logger = logging.getLogger("tidelog.broker")
 

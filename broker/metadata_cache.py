@@ -7,12 +7,12 @@ epoch than the newest one seen is ignored (the sender was deposed).
 
 from __future__ import annotations
 
-from protocol.errors import LEADER_NOT_AVAILABLE, NONE, UNKNOWN_TOPIC_OR_PARTITION
-from protocol.messages import (
+from tidelog.protocol.errors import LEADER_NOT_AVAILABLE, NONE, UNKNOWN_TOPIC_OR_PARTITION
+from tidelog.protocol.messages import (
     NO_LEADER, BrokerMetadata, LiveBroker, PartitionMetadata, PartitionState, TopicMetadata,
     UpdateMetadataRequest,
 )
-from protocol.topics import TopicPartition, is_internal_topic
+from tidelog.protocol.topics import TopicPartition, is_internal_topic
 
 
 class MetadataCache:

@@ -51,9 +51,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from broker.deferred import DeferredResponse
-from protocol.messages import ApiKey, FetchResponse, ProduceResponse
-from protocol.records import BATCH_LENGTH_AT, HEADER_SIZE, LOG_OVERHEAD
+from tidelog.broker.deferred import DeferredResponse
+from tidelog.protocol.messages import ApiKey, FetchResponse, ProduceResponse
+from tidelog.protocol.records import BATCH_LENGTH_AT, HEADER_SIZE, LOG_OVERHEAD
 
 logger = logging.getLogger("tidelog.metrics")
 

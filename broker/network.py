@@ -73,15 +73,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.deferred import DeferredResponse
+from tidelog.broker.deferred import DeferredResponse
 
-from protocol.connection import BadRequest, Request, ServerConnection
-from protocol.errors import UNKNOWN_SERVER_ERROR, ErrorCode, TidelogError, code_of
-from protocol.frames import MAX_FRAME_BYTES_DEFAULT
-from protocol.messages import Message, RequestHeader, check_supported
+from tidelog.protocol.connection import BadRequest, Request, ServerConnection
+from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR, ErrorCode, TidelogError, code_of
+from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
+from tidelog.protocol.messages import Message, RequestHeader, check_supported
 
 if TYPE_CHECKING:
-    from broker.config import BrokerConfig
+    from tidelog.broker.config import BrokerConfig
 
 log = logging.getLogger(__name__)
 

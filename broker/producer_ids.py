@@ -21,7 +21,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from protocol.errors import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, TidelogError
+from tidelog.protocol.errors import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, TidelogError
 
 PRODUCER_ID_BLOCK_SIZE = 1000
 MAX_PRODUCER_EPOCH = 2**15 - 1  # int16

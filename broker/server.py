@@ -29,26 +29,26 @@ import uuid
 
 import trio
 
-from broker.channel import BrokerChannel, BrokerUnreachable
-from broker.config import BrokerConfig
-from broker.controller.controller import Controller, ControllerConfig
-from broker.health import Readiness, broker_readiness
-from broker.coordination import layout
-from broker.coordination.layout import BrokerInfo, LeaderAndIsr
-from broker.coordination.zk import ZkClient
-from broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
-from broker.log.cleaner import CleanerConfig, LogCleaner, cleaning_steps
-from broker.log.config import LogConfig
-from broker.log.manager import LogManager
-from broker.metadata_cache import MetadataCache
-from broker.apis import Apis
-from broker.coordinator.group_coordinator import CoordinatorConfig, GroupCoordinator
-from broker.network import SocketServer
-from broker.replication.fetcher import FetcherConfig, RemoteLeaderEndpoint
-from broker.replication.replica_manager import ReplicaConfig, ReplicaManager
-from protocol.errors import NONE, StorageError, TidelogError
-from protocol.messages import ApiKey, ControlledShutdownRequest
-from protocol.topics import TopicPartition
+from tidelog.broker.channel import BrokerChannel, BrokerUnreachable
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.controller.controller import Controller, ControllerConfig
+from tidelog.broker.health import Readiness, broker_readiness
+from tidelog.broker.coordination import layout
+from tidelog.broker.coordination.layout import BrokerInfo, LeaderAndIsr
+from tidelog.broker.coordination.zk import ZkClient
+from tidelog.broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
+from tidelog.broker.log.cleaner import CleanerConfig, LogCleaner, cleaning_steps
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.manager import LogManager
+from tidelog.broker.metadata_cache import MetadataCache
+from tidelog.broker.apis import Apis
+from tidelog.broker.coordinator.group_coordinator import CoordinatorConfig, GroupCoordinator
+from tidelog.broker.network import SocketServer
+from tidelog.broker.replication.fetcher import FetcherConfig, RemoteLeaderEndpoint
+from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from tidelog.protocol.errors import NONE, StorageError, TidelogError
+from tidelog.protocol.messages import ApiKey, ControlledShutdownRequest
+from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.broker")
 
@@ -126,7 +126,7 @@ class BrokerServer:
         host, _ = self.config.listener
         handler = self.apis.handle
         if self.config.metrics_port >= 0:  # Prometheus endpoint and per-request hook (broker/metrics.py)
-            from broker.metrics import BrokerMetrics
+            from tidelog.broker.metrics import BrokerMetrics
 
             self.metrics = BrokerMetrics(self)
             handler = self.metrics.instrument(handler)

@@ -1,8 +1,8 @@
 """The Tidelog SDK, blocking facade.
 
-    from client import Producer, Consumer, Admin, Record, TopicPartition
+    from tidelog import Producer, Consumer, Admin, Record, TopicPartition
 
-Each object runs the Trio core (``client.aio``) on its own background thread (see
+Each object runs the Trio core (``tidelog.aio``) on its own background thread (see
 ``client._portal``). Every blocking call is bounded (its own timeout, or the client's
 ``max_block_ms`` / ``request_timeout_ms`` / ``default_api_timeout_ms``), raises
 ``RequestTimedOut`` instead of hanging when the cluster is down, and lets Ctrl-C through.
@@ -25,18 +25,18 @@ from typing import Any
 
 import trio
 
-from client._portal import GRACE_S, Portal
-from client.aio.accumulator import RecordFuture, RecordFutures
-from client.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, NewTopic, PartitionInfo,
+from tidelog._portal import GRACE_S, Portal
+from tidelog.aio.accumulator import RecordFuture, RecordFutures
+from tidelog.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, NewTopic, PartitionInfo,
                               TopicDescription)
-from client.aio.admin import ConsumerGroupDescription, GroupOffsets, ListedGroup, MemberDescription
-from client.aio.consumer import AsyncConsumer, OffsetAndTimestamp
-from client.aio.group import ConsumerRebalanceListener
-from client.aio.producer import _NEED_METADATA, AsyncProducer, partly_queued
-from client.errors import (BrokerConnectionError, ClientClosedError, CommitFailedError,
+from tidelog.aio.admin import ConsumerGroupDescription, GroupOffsets, ListedGroup, MemberDescription
+from tidelog.aio.consumer import AsyncConsumer, OffsetAndTimestamp
+from tidelog.aio.group import ConsumerRebalanceListener
+from tidelog.aio.producer import _NEED_METADATA, AsyncProducer, partly_queued
+from tidelog.errors import (BrokerConnectionError, ClientClosedError, CommitFailedError,
                            NoBrokersAvailable, NoOffsetForPartitionError, RebalanceInProgressError,
                            RequestTimedOut, TidelogClientError, TidelogError, WakeupError)
-from client.records import Record, RecordMetadata, TopicPartition
+from tidelog.records import Record, RecordMetadata, TopicPartition
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",
            "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
@@ -90,7 +90,7 @@ class _Blocking:
 
 
 class Producer(_Blocking):
-    """A blocking producer; options as ``client.aio.AsyncProducer`` (Kafka's names)."""
+    """A blocking producer; options as ``tidelog.aio.AsyncProducer`` (Kafka's names)."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Any):
         self._aio = AsyncProducer(bootstrap_servers, **options)
@@ -177,7 +177,7 @@ class Producer(_Blocking):
 
 
 class Consumer(_Blocking):
-    """A blocking consumer; options as ``client.aio.AsyncConsumer`` (``group_id`` and
+    """A blocking consumer; options as ``tidelog.aio.AsyncConsumer`` (``group_id`` and
     ``subscribe`` for a consumer group, or ``assign``), plus ``consumer_timeout_ms``
     (iteration stops after that long without records).
 
@@ -209,7 +209,7 @@ class Consumer(_Blocking):
         serving call, and wait (shielded) for it to finish there."""
         inbox = self._inboxes[-1] if self._inboxes else None
         if inbox is None:  # not inside a serving call: run it here
-            from client.aio.group import call_maybe_async
+            from tidelog.aio.group import call_maybe_async
             return await call_maybe_async(fn, *args)
         done = trio.Event()
         outcome: list[Any] = []
@@ -436,7 +436,7 @@ class Consumer(_Blocking):
 
 
 class Admin(_Blocking):
-    """A blocking admin client; options as ``client.aio.AsyncAdmin``."""
+    """A blocking admin client; options as ``tidelog.aio.AsyncAdmin``."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Any):
         self._aio = AsyncAdmin(bootstrap_servers, **options)

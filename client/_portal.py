@@ -17,7 +17,7 @@ Calls from the application's threads go through ``call`` (an async function) or
   thread, or any other exception while waiting), and the interruption is re-raised.
 
 The producer's hot path does not come here: it appends to the accumulator from the caller's
-thread (see client.aio.accumulator).
+thread (see tidelog.aio.accumulator).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from client.errors import ClientClosedError, RequestTimedOut
+from tidelog.errors import ClientClosedError, RequestTimedOut
 
 __all__ = ["Portal"]
 

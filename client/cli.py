@@ -1,5 +1,5 @@
 """The client commands of the ``tidelog`` CLI (DESIGN.md section 7): topics, produce, consume,
-groups, perf. ``broker.cli`` defines their arguments (so ``tidelog --help`` stays light) and calls
+groups, perf. ``tidelog.broker.cli`` defines their arguments (so ``tidelog --help`` stays light) and calls
 ``topics``, ``produce``, ``consume`` or ``perf`` here with the parsed ``argparse.Namespace``;
 each returns the exit status: 0 success, 1 failure (explained on stderr), 2 usage errors.
 
@@ -17,7 +17,7 @@ a time), prints it, and applies it only with ``--execute`` and only while the gr
 inactive. ``consume --group`` commits the offsets of the records it printed after each batch
 and when it exits (never past what it printed). The SDK has no call for the LEO: it is read with a ListOffsets request
 of the replica kind (``replica_id`` = the leader's id, for which a broker answers with its
-LEO instead of the HW), sent through ``client.aio.cluster.Cluster``; "-" when unknown.
+LEO instead of the HW), sent through ``tidelog.aio.cluster.Cluster``; "-" when unknown.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
 from typing import Any, BinaryIO
 
-from client.perf import PerfResult, Window
-from protocol.errors import (
+from tidelog.perf import PerfResult, Window
+from tidelog.protocol.errors import (
     TOPIC_ALREADY_EXISTS,
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
@@ -70,7 +70,7 @@ class UsageError(CommandError):
 
 
 def _run(name: str, body: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    from client.aio.cluster import parse_bootstrap
+    from tidelog.aio.cluster import parse_bootstrap
 
     try:
         try:
@@ -118,7 +118,7 @@ def _unreachable(bootstrap: str, e: BaseException) -> str:
 def _check_cluster(args: argparse.Namespace, topic: str | None = None) -> list[int]:
     """Fail (CommandError) unless some broker answers within --connect-timeout-ms; with
     ``topic``, return its partition ids (failing if it does not exist)."""
-    from client import Admin
+    from tidelog import Admin
 
     timeout_ms = args.connect_timeout_ms
     with Admin(args.bootstrap, client_id="tidelog-cli", request_timeout_ms=timeout_ms,
@@ -168,7 +168,7 @@ def topics(args: argparse.Namespace) -> int:
 
 
 def _admin_session(args: argparse.Namespace) -> Any:
-    from client.aio import AsyncAdmin
+    from tidelog.aio import AsyncAdmin
 
     return AsyncAdmin(args.bootstrap, client_id="tidelog-topics",
                       request_timeout_ms=min(args.timeout_ms, 30000), default_api_timeout_ms=args.timeout_ms)
@@ -182,7 +182,7 @@ async def _connect(admin: Any, args: argparse.Namespace) -> None:
 
 
 async def _topics_create(args: argparse.Namespace) -> int:
-    from client.aio import NewTopic
+    from tidelog.aio import NewTopic
 
     config = dict(args.config)
     async with _admin_session(args) as admin:
@@ -301,9 +301,9 @@ async def _log_offsets(args: argparse.Namespace, partitions: Sequence[Any]
     leader, or whose leader does not answer in time, are left out."""
     import trio
 
-    from client.aio.cluster import Cluster
-    from protocol.errors import NONE
-    from protocol.messages import (
+    from tidelog.aio.cluster import Cluster
+    from tidelog.protocol.errors import NONE
+    from tidelog.protocol.messages import (
         LATEST_TIMESTAMP,
         ApiKey,
         ListOffsetsPartition,
@@ -352,8 +352,8 @@ async def _log_offsets(args: argparse.Namespace, partitions: Sequence[Any]
 
 async def _topics_elect_leaders(args: argparse.Namespace) -> int:
     """Preferred leader election (kafka-leader-election --election-type preferred)."""
-    from client.records import TopicPartition
-    from protocol.errors import ELECTION_NOT_NEEDED, NONE, for_code
+    from tidelog.records import TopicPartition
+    from tidelog.protocol.errors import ELECTION_NOT_NEEDED, NONE, for_code
 
     async with _admin_session(args) as admin:
         await _connect(admin, args)
@@ -377,7 +377,7 @@ async def _topics_elect_leaders(args: argparse.Namespace) -> int:
 
 async def _topics_delete_records(args: argparse.Namespace) -> int:
     """kafka-delete-records: each partition's low watermark after the deletion."""
-    from client.records import TopicPartition
+    from tidelog.records import TopicPartition
 
     if args.offset < -1:
         raise UsageError(f"--offset must be >= 0, or -1 for the high watermark, not {args.offset}")
@@ -408,7 +408,7 @@ def produce(args: argparse.Namespace) -> int:
 
 
 def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
-    from client.aio.producer import ProducerConfig
+    from tidelog.aio.producer import ProducerConfig
 
     options = dict(CONSOLE_PRODUCER_DEFAULTS)
     options["acks"] = args.acks
@@ -421,7 +421,7 @@ def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from client import Producer
+    from tidelog import Producer
 
     options = _producer_options(args)
     separator = args.key_separator.encode() if args.key_separator is not None else None
@@ -497,8 +497,8 @@ def consume(args: argparse.Namespace) -> int:
 
 
 def _consume(args: argparse.Namespace) -> int:
-    from client import Consumer, TopicPartition
-    from client.aio.consumer import ConsumerConfig
+    from tidelog import Consumer, TopicPartition
+    from tidelog.aio.consumer import ConsumerConfig
 
     if args.offset is not None and args.partition is None:
         raise UsageError("--offset needs --partition")
@@ -619,7 +619,7 @@ def record_line(r: Any, args: argparse.Namespace) -> bytes:
 
 def _commit_printed(consumer: Any, records: Sequence[Any], printed_upto: dict[Any, int]) -> None:
     """Commit (in the background) the offset after the last printed record of each partition."""
-    from client import TopicPartition
+    from tidelog import TopicPartition
 
     offsets = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in records}
     printed_upto.update(offsets)
@@ -636,7 +636,7 @@ def groups(args: argparse.Namespace) -> int:
 
 
 def _admin(args: argparse.Namespace) -> Any:
-    from client import Admin
+    from tidelog import Admin
 
     return Admin(args.bootstrap, client_id="tidelog-groups", request_timeout_ms=min(args.timeout_ms, 30000),
                  default_api_timeout_ms=args.timeout_ms)
@@ -726,7 +726,7 @@ def _groups_delete(args: argparse.Namespace) -> int:
 
 
 def _groups_reset_offsets(args: argparse.Namespace) -> int:
-    from client import TopicPartition
+    from tidelog import TopicPartition
 
     if not args.topics and not args.all_topics:
         raise UsageError("give --topic TOPIC[:P,P...] (repeatable) or --all-topics")
@@ -874,10 +874,10 @@ def _check_perf_args(args: argparse.Namespace) -> None:
 
 
 def _perf_produce(args: argparse.Namespace) -> int:
-    from client import Producer
-    from client.aio.producer import ProducerConfig
-    from client.perf import make_payload
-    from client.perf import produce as measure
+    from tidelog import Producer
+    from tidelog.aio.producer import ProducerConfig
+    from tidelog.perf import make_payload
+    from tidelog.perf import produce as measure
 
     _check_perf_args(args)
     options = kafka_options(args.producer_props, ProducerConfig, "producer")
@@ -899,9 +899,9 @@ def _perf_produce(args: argparse.Namespace) -> int:
 
 
 def _perf_consume(args: argparse.Namespace) -> int:
-    from client import Consumer, TopicPartition
-    from client.aio.consumer import ConsumerConfig
-    from client.perf import consume as measure
+    from tidelog import Consumer, TopicPartition
+    from tidelog.aio.consumer import ConsumerConfig
+    from tidelog.perf import consume as measure
 
     _check_perf_args(args)
     options = {"auto_offset_reset": "earliest"}
@@ -923,10 +923,10 @@ def _perf_consume(args: argparse.Namespace) -> int:
 
 
 def _perf_e2e(args: argparse.Namespace) -> int:
-    from client import Admin, Consumer, NewTopic, Producer, TopicPartition
-    from client.aio.consumer import ConsumerConfig
-    from client.aio.producer import ProducerConfig
-    from client.perf import end_to_end
+    from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
+    from tidelog.aio.consumer import ConsumerConfig
+    from tidelog.aio.producer import ProducerConfig
+    from tidelog.perf import end_to_end
 
     _check_perf_args(args)
     producer_options: dict[str, Any] = {"acks": 1, "linger_ms": 0}

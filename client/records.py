@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.records import TimestampType
-from protocol.topics import TopicPartition
+from tidelog.protocol.records import TimestampType
+from tidelog.protocol.topics import TopicPartition
 
 __all__ = ["Record", "RecordMetadata", "TopicPartition", "TimestampType"]
 

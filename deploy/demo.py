@@ -20,8 +20,8 @@ import subprocess
 import sys
 import time
 
-from broker.devcluster import DevCluster
-from client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.broker.devcluster import DevCluster
+from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 
 TOPIC = "orders"
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in cluster.brokers:
             part = cluster.dir / f"broker-{i}" / "logs" / f"{TOPIC}-0"
             files = sorted(str(part / f) for f in os.listdir(part) if f.endswith((".log", ".index", ".timeindex")))
-            out = subprocess.run([sys.executable, "-m", "broker.cli", "dump-log", "--verify", *files],
+            out = subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "dump-log", "--verify", *files],
                                  capture_output=True, text=True)
             problems = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
             print(f"  broker {i}: {len(files)} files of {part.name}: "

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.config import ALIASES, ENV_PREFIX, REQUIRED, SETTINGS, Setting, settings_reference  # noqa: E402
+from tidelog.broker.config import ALIASES, ENV_PREFIX, REQUIRED, SETTINGS, Setting, settings_reference  # noqa: E402
 
 CONFIGURATION_MD = ROOT / "docs" / "configuration.md"
 ENV_EXAMPLE = ROOT / "deploy" / "config" / "broker.env.example"

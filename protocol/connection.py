@@ -38,9 +38,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.errors import FrameTooLargeError, InvalidRequestError, TidelogError
-from protocol.frames import MAX_FRAME_BYTES_DEFAULT, FrameDecoder, encode_frame
-from protocol.messages import (Message, RequestHeader, decode_request, decode_response,
+from tidelog.protocol.errors import FrameTooLargeError, InvalidRequestError, TidelogError
+from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT, FrameDecoder, encode_frame
+from tidelog.protocol.messages import (Message, RequestHeader, decode_request, decode_response,
                                encode_request, encode_response)
 
 MAX_CORRELATION_ID = 0x7FFFFFFF

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import struct
 
-from protocol.errors import FrameTooLargeError
+from tidelog.protocol.errors import FrameTooLargeError
 
 MAX_FRAME_BYTES_DEFAULT = 100 * 1024 * 1024  # socket.request.max.bytes
 MAX_UINT32 = 0xFFFFFFFF

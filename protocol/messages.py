@@ -38,7 +38,7 @@ from typing import Any, NamedTuple, Self
 
 import msgpack
 
-from protocol.errors import InvalidRequestError, UnsupportedVersionError
+from tidelog.protocol.errors import InvalidRequestError, UnsupportedVersionError
 
 INT8 = types.MappingProxyType({"min": -(1 << 7), "max": (1 << 7) - 1})
 INT16 = types.MappingProxyType({"min": -(1 << 15), "max": (1 << 15) - 1})

@@ -41,7 +41,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 import msgpack
 from crc32c import crc32c
 
-from protocol.errors import CorruptRecordError, RecordTooLargeError, UnsupportedCompressionError
+from tidelog.protocol.errors import CorruptRecordError, RecordTooLargeError, UnsupportedCompressionError
 
 MAGIC = 2
 HEADER = struct.Struct(">qiibIhiqqqhii")

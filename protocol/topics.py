@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from protocol.errors import INVALID_TOPIC_EXCEPTION, TidelogError
+from tidelog.protocol.errors import INVALID_TOPIC_EXCEPTION, TidelogError
 
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")

@@ -1,6 +1,6 @@
 """Tidelog for Spark Structured Streaming, through PySpark's Python Data Source API.
 
-    from spark_connector import register
+    from tidelog.spark import register
     register(spark)
     spark.readStream.format("tidelog").option("bootstrap.servers", "localhost:9092") \\
         .option("subscribe", "orders").load()
@@ -22,14 +22,14 @@ __all__ = ["register", "TidelogDataSource"]
 
 def register(spark: Any) -> None:
     """Register the ``tidelog`` format with ``spark`` (a SparkSession)."""
-    from spark_connector.datasource import TidelogDataSource
+    from tidelog.spark.datasource import TidelogDataSource
 
     spark.dataSource.register(TidelogDataSource)
 
 
 def __getattr__(name: str) -> Any:
     if name == "TidelogDataSource":
-        from spark_connector.datasource import TidelogDataSource
+        from tidelog.spark.datasource import TidelogDataSource
 
         return TidelogDataSource
     raise AttributeError(f"module 'spark_connector' has no attribute {name!r}")

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from client import Admin, Consumer, TidelogError, TopicPartition
-from spark_connector.options import SourceOptions, Subscription
-from spark_connector.planning import TP
+from tidelog import Admin, Consumer, TidelogError, TopicPartition
+from tidelog.spark.options import SourceOptions, Subscription
+from tidelog.spark.planning import TP
 
 __all__ = ["ClusterView"]
 

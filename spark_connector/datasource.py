@@ -29,14 +29,14 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import (ArrayType, BinaryType, DataType, IntegerType, LongType, StringType, StructField,
                                StructType, TimestampType)
 
-from client import Record
-from spark_connector.cluster import ClusterView
-from spark_connector.fetch import DataLossError, HINT, open_consumer, read_range
-from spark_connector.options import (OptionError, SinkOptions, SourceOptions, parse_sink_options,
+from tidelog import Record
+from tidelog.spark.cluster import ClusterView
+from tidelog.spark.fetch import DataLossError, HINT, open_consumer, read_range
+from tidelog.spark.options import (OptionError, SinkOptions, SourceOptions, parse_sink_options,
                                      parse_source_options)
-from spark_connector.planning import (OffsetRange, Offsets, next_end, offsets_from_json, offsets_to_json,
+from tidelog.spark.planning import (OffsetRange, Offsets, next_end, offsets_from_json, offsets_to_json,
                                       plan_ranges, resolve_ending, resolve_starting)
-from spark_connector.produce import OutRow, send_rows
+from tidelog.spark.produce import OutRow, send_rows
 
 __all__ = ["TidelogDataSource", "TidelogStreamReader", "TidelogBatchReader", "TidelogBatchWriter",
            "TidelogStreamWriter", "RangePartition", "source_schema", "HEADERS_TYPE"]

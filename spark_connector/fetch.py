@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from client import Consumer, NoOffsetForPartitionError, Record, TopicPartition
-from client.errors import OffsetOutOfRangeError, TidelogError
-from spark_connector.options import SourceOptions
-from spark_connector.planning import OffsetRange, data_loss_message
+from tidelog import Consumer, NoOffsetForPartitionError, Record, TopicPartition
+from tidelog.errors import OffsetOutOfRangeError, TidelogError
+from tidelog.spark.options import SourceOptions
+from tidelog.spark.planning import OffsetRange, data_loss_message
 
 __all__ = ["DataLossError", "RangeReadTimeout", "RangeConsumer", "read_range", "open_consumer"]
 

@@ -34,9 +34,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from client.aio.consumer import ConsumerConfig
-from client.aio.producer import ProducerConfig
-from client.cli import property_value
+from tidelog.aio.consumer import ConsumerConfig
+from tidelog.aio.producer import ProducerConfig
+from tidelog.cli import property_value
 
 __all__ = ["OptionError", "EARLIEST", "LATEST", "OffsetSpec", "Subscription", "SourceOptions",
            "SinkOptions", "parse_source_options", "parse_sink_options"]

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spark_connector.options import EARLIEST, LATEST, OffsetSpec, OptionError
+from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError
 
 __all__ = ["TP", "Offsets", "OffsetRange", "Step", "offsets_to_json", "offsets_from_json",
            "resolve_starting", "resolve_ending", "next_end", "allocate", "plan_ranges",

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from client import Producer, RecordFuture, RequestTimedOut, TidelogError
-from spark_connector.options import SinkOptions
+from tidelog import Producer, RecordFuture, RequestTimedOut, TidelogError
+from tidelog.spark.options import SinkOptions
 
 __all__ = ["OutRow", "SinkWriteError", "send_rows"]
 

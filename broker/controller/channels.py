@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from broker.channel import BrokerChannel, BrokerUnreachable
-from protocol.messages import ApiKey, Message
+from tidelog.broker.channel import BrokerChannel, BrokerUnreachable
+from tidelog.protocol.messages import ApiKey, Message
 
 logger = logging.getLogger("tidelog.controller.channels")
 

@@ -31,9 +31,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from protocol.errors import (INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, NOT_CONTROLLER,
+from tidelog.protocol.errors import (INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, NOT_CONTROLLER,
                              REQUEST_TIMED_OUT, TOPIC_ALREADY_EXISTS, TidelogError)
-from protocol.topics import MAX_TOPIC_NAME_LENGTH
+from tidelog.protocol.topics import MAX_TOPIC_NAME_LENGTH
 
 DEFAULT_CHROOT = "/tidelog"
 NO_LEADER = -1          # Kafka's LeaderAndIsr.NoLeader

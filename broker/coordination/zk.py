@@ -50,7 +50,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
-from broker.coordination.layout import (
+from tidelog.broker.coordination.layout import (
     BrokerIdInUseError, BrokerInfo, ControllerMovedError, DEFAULT_CHROOT, INITIAL_CONTROLLER_EPOCH,
     LeaderAndIsr, ProducerIdBlock, TopicExistsError, ZkConnectionError, ZkError, ZkNodeExistsError,
     ZkNoNodeError, ZkPaths, ZkTimeoutError, ZkVersionConflict, decode_broker_info, decode_cluster_id,
@@ -59,7 +59,7 @@ from broker.coordination.layout import (
     encode_cluster_id, encode_controller, encode_controller_epoch, encode_isr_change,
     encode_partition_state, encode_producer_id_block, encode_topic_assignment, encode_topic_config,
     next_producer_id_block, split_connect)
-from protocol.topics import validate_topic_name
+from tidelog.protocol.topics import validate_topic_name
 
 __all__ = ["ZkClient", "ZkError", "ZkTimeoutError", "ZkConnectionError", "ZkNoNodeError",
            "ZkNodeExistsError", "ZkVersionConflict", "ControllerMovedError", "TopicExistsError",

@@ -57,14 +57,14 @@ from dataclasses import dataclass, field
 
 import trio
 
-from broker.coordinator.group_metadata import (
+from tidelog.broker.coordinator.group_metadata import (
     Effect, GroupConfig, GroupMetadata, GroupState, Reply, StoreGroup, join_error, sync_error,
 )
-from broker.coordinator.offsets_records import (
+from tidelog.broker.coordinator.offsets_records import (
     LoadedPartition, OffsetValue, group_key, group_value, offset_key, offset_value,
 )
-from broker.replication.replica_manager import wall_ms
-from protocol.errors import (
+from tidelog.broker.replication.replica_manager import wall_ms
+from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND, INVALID_COMMIT_OFFSET_SIZE,
     INVALID_GROUP_ID, INVALID_REQUEST, KAFKA_STORAGE_ERROR, MESSAGE_TOO_LARGE, NON_EMPTY_GROUP, NONE,
     NOT_COORDINATOR, NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER,
@@ -72,7 +72,7 @@ from protocol.errors import (
     UNKNOWN_MEMBER_ID, UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_OR_PARTITION, ErrorCode, OffsetOutOfRangeError,
     for_code,
 )
-from protocol.messages import (
+from tidelog.protocol.messages import (
     GROUP_KEY, LATEST_TIMESTAMP, NO_OFFSET, UNKNOWN_MEMBER, DeletableGroupResult, DeleteGroupsRequest,
     DeleteGroupsResponse, DescribedGroup, DescribeGroupsRequest, DescribeGroupsResponse, FindCoordinatorRequest,
     FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
@@ -81,8 +81,8 @@ from protocol.messages import (
     OffsetCommitRequest, OffsetCommitResponse, OffsetCommitTopicResponse, OffsetFetchPartitionResponse,
     OffsetFetchRequest, OffsetFetchResponse, OffsetFetchTopicResponse, SyncGroupRequest, SyncGroupResponse,
 )
-from protocol.records import build_batch, iter_all_records, iter_headers
-from protocol.topics import OFFSETS_TOPIC, TopicPartition
+from tidelog.protocol.records import build_batch, iter_all_records, iter_headers
+from tidelog.protocol.topics import OFFSETS_TOPIC, TopicPartition
 
 logger = logging.getLogger("tidelog.group_coordinator")
 

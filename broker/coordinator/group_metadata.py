@@ -50,17 +50,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
-from broker.coordinator.offsets_records import GroupMetadataValue, MemberValue, OffsetValue
-from protocol.errors import (
+from tidelog.broker.coordinator.offsets_records import GroupMetadataValue, MemberValue, OffsetValue
+from tidelog.protocol.errors import (
     COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, ILLEGAL_GENERATION,
     INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT, MEMBER_ID_REQUIRED, NONE, REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID, ErrorCode,
 )
-from protocol.messages import (
+from tidelog.protocol.messages import (
     NO_GENERATION, UNKNOWN_MEMBER, DescribedGroup, DescribedGroupMember, JoinGroupMember, JoinGroupRequest,
     JoinGroupResponse, MemberIdentity, MemberResponse, SyncGroupRequest, SyncGroupResponse,
 )
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 
 class GroupState(Enum):

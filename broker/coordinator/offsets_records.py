@@ -34,7 +34,7 @@ from typing import Any
 
 import msgpack
 
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 OFFSET_COMMIT_KEY_VERSIONS = (0, 1)
 OFFSET_COMMIT_KEY_VERSION = 1

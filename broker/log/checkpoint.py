@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Generic, Iterable, TypeVar
 
-from protocol.errors import StorageError
-from protocol.topics import TopicPartition
+from tidelog.protocol.errors import StorageError
+from tidelog.protocol.topics import TopicPartition
 
 T = TypeVar("T")
 

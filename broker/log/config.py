@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from protocol.errors import INVALID_CONFIG, TidelogError
+from tidelog.protocol.errors import INVALID_CONFIG, TidelogError
 
 MAX_LONG = 2**63 - 1
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 
-from broker.log.checkpoint import LeaderEpochCheckpoint
+from tidelog.broker.log.checkpoint import LeaderEpochCheckpoint
 
 UNDEFINED_EPOCH = -1
 UNDEFINED_OFFSET = -1

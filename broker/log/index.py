@@ -27,7 +27,7 @@ import struct
 import sys
 from array import array
 
-from protocol.errors import StorageError
+from tidelog.protocol.errors import StorageError
 
 _BIG_ENDIAN = sys.byteorder == "big"
 _TIME_ENTRY = struct.Struct(">qI")

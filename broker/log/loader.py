@@ -26,16 +26,16 @@ from __future__ import annotations
 import logging
 import os
 
-from broker.log.checkpoint import LEADER_EPOCH_CHECKPOINT, CorruptCheckpointError, LeaderEpochCheckpoint
-from broker.log.config import LogConfig
-from broker.log.epoch import LeaderEpochCache
-from broker.log.index import CorruptIndexError
-from broker.log.log import Clock, Log, wall_clock_ms
-from broker.log.swap import complete_interrupted_swaps
-from broker.log.segment import (
+from tidelog.broker.log.checkpoint import LEADER_EPOCH_CHECKPOINT, CorruptCheckpointError, LeaderEpochCheckpoint
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.epoch import LeaderEpochCache
+from tidelog.broker.log.index import CorruptIndexError
+from tidelog.broker.log.log import Clock, Log, wall_clock_ms
+from tidelog.broker.log.swap import complete_interrupted_swaps
+from tidelog.broker.log.segment import (
     INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, RecoveryResult, parse_base_offset,
 )
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.log.loader")
 

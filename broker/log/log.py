@@ -57,18 +57,18 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from protocol.errors import (
+from tidelog.protocol.errors import (
     FENCED_LEADER_EPOCH, INVALID_RECORD, RECORD_LIST_TOO_LARGE, CorruptRecordError, OffsetOutOfRangeError,
     TidelogError,
 )
-from protocol.records import BatchHeader, patch_batch, record_columns, set_log_append_time, validate_batches
-from protocol.topics import TopicPartition
+from tidelog.protocol.records import BatchHeader, patch_batch, record_columns, set_log_append_time, validate_batches
+from tidelog.protocol.topics import TopicPartition
 
-from broker.log.config import LogConfig
-from broker.log.epoch import LeaderEpochCache
-from broker.log.producer_state import ProducerStateManager
-from broker.log.segment import DELETED_SUFFIX, LogSegment
-from broker.log.swap import apply_ops, plan_swap
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.epoch import LeaderEpochCache
+from tidelog.broker.log.producer_state import ProducerStateManager
+from tidelog.broker.log.segment import DELETED_SUFFIX, LogSegment
+from tidelog.broker.log.swap import apply_ops, plan_swap
 
 logger = logging.getLogger("tidelog.log")
 

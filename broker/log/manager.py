@@ -24,16 +24,16 @@ import shutil
 import uuid
 from typing import Iterable
 
-from broker.log.checkpoint import (
+from tidelog.broker.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,
     CorruptCheckpointError, OffsetCheckpoint, atomic_write, fsync_dir,
 )
-from broker.log.cleaner import CLEANER_OFFSET_CHECKPOINT
-from broker.log.config import LogConfig
-from broker.log.loader import load_log
-from broker.log.log import Clock, Log, wall_clock_ms
-from protocol.errors import StorageError
-from protocol.topics import TopicPartition
+from tidelog.broker.log.cleaner import CLEANER_OFFSET_CHECKPOINT
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.loader import load_log
+from tidelog.broker.log.log import Clock, Log, wall_clock_ms
+from tidelog.protocol.errors import StorageError
+from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.log.manager")
 

@@ -81,11 +81,11 @@ from typing import Iterable, NamedTuple
 import msgpack
 from crc32c import crc32c
 
-from protocol.errors import (
+from tidelog.protocol.errors import (
     DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, INVALID_RECORD, OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID,
     TidelogError,
 )
-from protocol.records import BatchHeader
+from tidelog.protocol.records import BatchHeader
 
 logger = logging.getLogger("tidelog.log.producer_state")
 

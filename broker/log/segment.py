@@ -26,14 +26,14 @@ import os
 import re
 from typing import Iterator, NamedTuple
 
-from protocol.errors import CorruptRecordError, StorageError
-from protocol.records import (
+from tidelog.protocol.errors import CorruptRecordError, StorageError
+from tidelog.protocol.records import (
     HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_headers,
     iter_records, read_header, scan_batches,
 )
 
-from broker.log.config import LogConfig
-from broker.log.index import CorruptIndexError, OffsetIndex, TimeIndex
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.index import CorruptIndexError, OffsetIndex, TimeIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -302,6 +302,11 @@ class LogSegment:
         position = self._scan_start(offset)
         end = position
         for pos, h in self.headers_from(position):
+            if h.last_offset_delta < 0:  # damaged (CRC-covered) header: skipping it would skip offsets
+                raise CorruptRecordError(
+                    f"{self.log_path}: the batch at position {pos} (base offset {h.base_offset}) has a "
+                    f"damaged header (last offset delta {h.last_offset_delta}), so offset {offset} "
+                    "cannot be located")
             if h.base_offset + h.last_offset_delta >= offset:
                 return pos, h
             end = pos + h.size

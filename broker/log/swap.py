@@ -42,8 +42,8 @@ import os
 from dataclasses import dataclass
 from typing import Iterable
 
-from broker.log.checkpoint import fsync_dir
-from broker.log.segment import (
+from tidelog.broker.log.checkpoint import fsync_dir
+from tidelog.broker.log.segment import (
     CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TIME_INDEX_SUFFIX,
     filename_prefix, parse_base_offset,
 )

@@ -21,14 +21,14 @@ from typing import Callable, Protocol
 
 import trio
 
-from broker.log.log import Log
-from protocol.errors import NONE, OFFSET_OUT_OF_RANGE, TidelogError, for_code
-from protocol.messages import (
+from tidelog.broker.log.log import Log
+from tidelog.protocol.errors import NONE, OFFSET_OUT_OF_RANGE, TidelogError, for_code
+from tidelog.protocol.messages import (
     ApiKey, FetchPartition, FetchRequest, FetchResponse, FetchTopic, OffsetForLeaderPartition,
     OffsetForLeaderTopic, OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse,
 )
-from protocol.records import read_header
-from protocol.topics import TopicPartition
+from tidelog.protocol.records import read_header
+from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.fetcher")
 

@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Container
 from dataclasses import dataclass
 
-from broker.log.log import Log, LogAppendInfo
-from protocol.errors import (
+from tidelog.broker.log.log import Log, LogAppendInfo
+from tidelog.protocol.errors import (
     FENCED_LEADER_EPOCH, NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH, TidelogError,
 )
-from protocol.messages import PartitionState
-from protocol.topics import TopicPartition
+from tidelog.protocol.messages import PartitionState
+from tidelog.protocol.topics import TopicPartition
 
 UNKNOWN_OFFSET = -1
 

@@ -25,23 +25,23 @@ from typing import Any, Awaitable, Callable, Container
 
 import trio
 
-from broker.deferred import DeferredResponse
-from broker.log.config import LogConfig
-from broker.log.log import Log
-from broker.log.manager import LogManager
-from broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
-from broker.replication.partition import Partition, check_leader_epoch
-from protocol.errors import (
+from tidelog.broker.deferred import DeferredResponse
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.log import Log
+from tidelog.broker.log.manager import LogManager
+from tidelog.broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
+from tidelog.broker.replication.partition import Partition, check_leader_epoch
+from tidelog.protocol.errors import (
     NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, POLICY_VIOLATION,
     REQUEST_TIMED_OUT, STALE_CONTROLLER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUIRED_ACKS,
     UNKNOWN_SERVER_ERROR, TidelogError, code_of,
 )
-from protocol.messages import (
+from tidelog.protocol.messages import (
     EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, EpochEndOffsetResult, FetchPartitionResponse,
     FetchRequest, LeaderAndIsrRequest, LeaderAndIsrResponse, ListOffsetsPartitionResponse,
     PartitionError, PartitionState, StopReplicaRequest, StopReplicaResponse,
 )
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.replica_manager")
 
@@ -119,7 +119,7 @@ class DelayedFetch(DeferredResponse):
             body = self.respond(results)
         except Exception:  # a bug must not fail the append that woke us, nor leave it waiting
             logger.exception("a delayed fetch failed; answering it with an error")
-            from broker.network import error_body
+            from tidelog.broker.network import error_body
             body = error_body(UNKNOWN_SERVER_ERROR)
         self._finish()
         try:

@@ -1,6 +1,6 @@
 """The Trio core of the Tidelog SDK.
 
-    from client.aio import AsyncProducer, AsyncConsumer, AsyncAdmin
+    from tidelog.aio import AsyncProducer, AsyncConsumer, AsyncAdmin
 
 Each client object runs its background tasks (metadata refresh, connection readers, the
 producer's sender, the consumer's fetcher) in a nursery it owns: use it as an async context
@@ -8,14 +8,14 @@ manager, or start it in your own nursery with ``await nursery.start(obj.run)`` a
 with ``await obj.close()``.
 """
 
-from client.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, ConsumerGroupDescription,
+from tidelog.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, ConsumerGroupDescription,
                               GroupOffsets, ListedGroup, MemberDescription, NewTopic, PartitionInfo,
                               TopicDescription)
-from client.aio.accumulator import RecordFuture, RecordFutures
-from client.aio.consumer import AsyncConsumer, OffsetAndTimestamp
-from client.aio.group import ConsumerRebalanceListener
-from client.aio.producer import AsyncProducer
-from client.records import Record, RecordMetadata, TopicPartition
+from tidelog.aio.accumulator import RecordFuture, RecordFutures
+from tidelog.aio.consumer import AsyncConsumer, OffsetAndTimestamp
+from tidelog.aio.group import ConsumerRebalanceListener
+from tidelog.aio.producer import AsyncProducer
+from tidelog.records import Record, RecordMetadata, TopicPartition
 
 __all__ = ["AsyncProducer", "AsyncConsumer", "AsyncAdmin", "RecordFuture", "RecordFutures", "Record",
            "RecordMetadata", "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo",

@@ -46,11 +46,11 @@ from typing import Any, NamedTuple, Protocol
 
 import trio
 
-from client.aio.partitioner import StickyPartitioner
-from client.errors import ClientClosedError, RequestTimedOut, TidelogError
-from client.records import RecordMetadata
-from protocol.records import HEADER_SIZE, BatchBuilder, Codec
-from protocol.topics import TopicPartition
+from tidelog.aio.partitioner import StickyPartitioner
+from tidelog.errors import ClientClosedError, RequestTimedOut, TidelogError
+from tidelog.records import RecordMetadata
+from tidelog.protocol.records import HEADER_SIZE, BatchBuilder, Codec
+from tidelog.protocol.topics import TopicPartition
 
 __all__ = ["ProduceResult", "RecordFuture", "RecordFutures", "BulkRecords", "ProducerBatch",
            "RecordAccumulator", "ReadyCheck", "record_size"]
@@ -419,7 +419,7 @@ class RecordAccumulator:
         # partition in flight, even across a leader change (Kafka's muted partitions), so a
         # retried batch can never land after a newer one sent to the new leader meanwhile
         self.guarantee_order = False
-        # the idempotent producer's sequences (client.aio.idempotence.IdempotenceState, set by
+        # the idempotent producer's sequences (tidelog.aio.idempotence.IdempotenceState, set by
         # the producer): a batch gets its sequence when first drained, and keeps it
         self.idempotence = None
         self._sticky: dict[str, ProducerBatch] = {}  # topic -> the open batch of keyless records

@@ -30,14 +30,14 @@ from typing import Any
 
 import trio
 
-from client.aio._lifecycle import RunsInOwnNursery
-from client.aio.assignors import PROTOCOL_TYPE, decode_assignment
-from client.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets, to_leaders
-from client.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
-from protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND,
+from tidelog.aio._lifecycle import RunsInOwnNursery
+from tidelog.aio.assignors import PROTOCOL_TYPE, decode_assignment
+from tidelog.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets, to_leaders
+from tidelog.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
+from tidelog.protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND,
                              ILLEGAL_GENERATION, NON_EMPTY_GROUP, NONE, NOT_CONTROLLER, NOT_COORDINATOR,
                              UNKNOWN_MEMBER_ID, error_for)
-from protocol.messages import (LATEST_TIMESTAMP, NO_OFFSET, DeleteGroupsRequest, DeleteRecordsPartition,
+from tidelog.protocol.messages import (LATEST_TIMESTAMP, NO_OFFSET, DeleteGroupsRequest, DeleteRecordsPartition,
                                DeleteRecordsRequest, DeleteRecordsTopic,
                                DescribeGroupsRequest, FindCoordinatorRequest, ListGroupsRequest,
                                OffsetCommitPartition, OffsetCommitRequest, OffsetCommitTopic,
@@ -46,7 +46,7 @@ from protocol.messages import (LATEST_TIMESTAMP, NO_OFFSET, DeleteGroupsRequest,
                                CreatePartitionsTopic, CreateTopicsRequest, DeleteTopicsRequest,
                                DescribeConfigsRequest, DescribeConfigsResource, ElectLeadersRequest,
                                ElectLeadersResponse, Message, MetadataResponse, TopicPartitionRef)
-from protocol.topics import TopicPartition, validate_topic_name
+from tidelog.protocol.topics import TopicPartition, validate_topic_name
 
 __all__ = ["AsyncAdmin", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
            "ConfigEntry", "BrokerMetadata", "ListedGroup", "MemberDescription", "ConsumerGroupDescription",

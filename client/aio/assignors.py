@@ -49,9 +49,9 @@ from dataclasses import dataclass
 
 import msgpack
 
-from protocol.errors import INCONSISTENT_GROUP_PROTOCOL, TidelogError
-from protocol.messages import NO_GENERATION
-from protocol.topics import TopicPartition
+from tidelog.protocol.errors import INCONSISTENT_GROUP_PROTOCOL, TidelogError
+from tidelog.protocol.messages import NO_GENERATION
+from tidelog.protocol.topics import TopicPartition
 
 __all__ = ["PROTOCOL_TYPE", "EAGER", "COOPERATIVE", "Subscription", "Assignment",
            "encode_subscription", "decode_subscription", "encode_assignment", "decode_assignment",

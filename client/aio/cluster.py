@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 
 import trio
 
-from client.aio.connection import BrokerConnection
-from client.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
-from protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, for_code
-from protocol.messages import (NO_LEADER, ApiKey, BrokerMetadata, ListOffsetsPartition, ListOffsetsRequest,
+from tidelog.aio.connection import BrokerConnection
+from tidelog.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
+from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, for_code
+from tidelog.protocol.messages import (NO_LEADER, ApiKey, BrokerMetadata, ListOffsetsPartition, ListOffsetsRequest,
                                ListOffsetsTopic, Message, MetadataRequest, MetadataResponse)
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 __all__ = ["parse_bootstrap", "PartitionInfo", "TopicInfo", "ClusterMetadata", "Cluster", "Backoff"]
 

@@ -38,11 +38,11 @@ from typing import Any
 
 import trio
 
-from client.errors import BrokerConnectionError, RequestTimedOut
-from protocol.connection import ClientConnection
-from protocol.errors import InvalidRequestError
-from protocol.frames import MAX_FRAME_BYTES_DEFAULT
-from protocol.messages import RESPONSES, ApiKey, Message
+from tidelog.errors import BrokerConnectionError, RequestTimedOut
+from tidelog.protocol.connection import ClientConnection
+from tidelog.protocol.errors import InvalidRequestError
+from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
+from tidelog.protocol.messages import RESPONSES, ApiKey, Message
 
 __all__ = ["BrokerConnection"]
 

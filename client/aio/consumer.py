@@ -25,7 +25,7 @@ Theory of operation.
   UNKNOWN_TOPIC_OR_PARTITION, FENCED_LEADER_EPOCH, ...) refresh metadata and back off;
   other retriable errors back off; anything else is raised from ``poll``.
 
-* Consumer groups (``group_id`` with ``subscribe``): ``client.aio.group.ConsumerCoordinator``
+* Consumer groups (``group_id`` with ``subscribe``): ``tidelog.aio.group.ConsumerCoordinator``
   joins the group, heartbeats in its own task, and in ``poll`` runs rebalances (the listener's
   callbacks), the automatic commit and the lookup of committed offsets. A partition the group
   assigns starts *awaiting its committed offset* (``PartitionState.awaiting_committed``):
@@ -47,19 +47,19 @@ from typing import Any, NamedTuple
 
 import trio
 
-from client.aio._lifecycle import RunsInOwnNursery
-from client.aio.cluster import Backoff, Cluster, ClusterMetadata, list_offsets
-from client.aio.assignors import assignors_for
-from client.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
-from client.errors import (BrokerConnectionError, ClientClosedError, NoOffsetForPartitionError, RequestTimedOut,
+from tidelog.aio._lifecycle import RunsInOwnNursery
+from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata, list_offsets
+from tidelog.aio.assignors import assignors_for
+from tidelog.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
+from tidelog.errors import (BrokerConnectionError, ClientClosedError, NoOffsetForPartitionError, RequestTimedOut,
                            TidelogError, WakeupError, broker_error)
-from client.records import Record
-from protocol.errors import (NONE, OFFSET_OUT_OF_RANGE, CorruptRecordError, InvalidRequestError,
+from tidelog.records import Record
+from tidelog.protocol.errors import (NONE, OFFSET_OUT_OF_RANGE, CorruptRecordError, InvalidRequestError,
                              OffsetOutOfRangeError, RecordTooLargeError, for_code)
-from protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, FetchPartition,
+from tidelog.protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, FetchPartition,
                                FetchPartitionResponse, FetchRequest, FetchResponse, FetchTopic)
-from protocol.records import BatchHeader, RecordColumns, iter_headers, record_columns, validate_batch
-from protocol.topics import TopicPartition
+from tidelog.protocol.records import BatchHeader, RecordColumns, iter_headers, record_columns, validate_batch
+from tidelog.protocol.topics import TopicPartition
 
 __all__ = ["AsyncConsumer", "ConsumerConfig", "SubscriptionState", "PartitionState",
            "CompletedFetch", "plan_fetches", "handle_partition_response", "OffsetAndTimestamp"]

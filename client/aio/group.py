@@ -77,27 +77,27 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from client.aio.assignors import (COOPERATIVE, EAGER, PROTOCOL_TYPE, Assignor, Subscription,
+from tidelog.aio.assignors import (COOPERATIVE, EAGER, PROTOCOL_TYPE, Assignor, Subscription,
                                   assignors_for, decode_assignment, decode_subscription,
                                   encode_assignment, encode_subscription, rebalance_protocol)
-from client.aio.cluster import Backoff, Cluster, ClusterMetadata
-from client.errors import (BrokerConnectionError, CommitFailedError, RebalanceInProgressError,
+from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
+from tidelog.errors import (BrokerConnectionError, CommitFailedError, RebalanceInProgressError,
                            RequestTimedOut, TidelogError, broker_error)
-from protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE,
+from tidelog.protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE,
                              FENCED_INSTANCE_ID, ILLEGAL_GENERATION, MEMBER_ID_REQUIRED, NONE,
                              NOT_COORDINATOR, REBALANCE_IN_PROGRESS, REQUEST_TIMED_OUT,
                              UNKNOWN_MEMBER_ID, UNSTABLE_OFFSET_COMMIT, for_code)
-from protocol.messages import (NO_GENERATION, NO_OFFSET, UNKNOWN_MEMBER, ApiKey,
+from tidelog.protocol.messages import (NO_GENERATION, NO_OFFSET, UNKNOWN_MEMBER, ApiKey,
                                FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
                                JoinGroupProtocol, JoinGroupRequest, JoinGroupResponse,
                                LeaveGroupRequest, MemberIdentity, Message, OffsetCommitPartition,
                                OffsetCommitRequest, OffsetCommitResponse, OffsetCommitTopic,
                                OffsetFetchRequest, OffsetFetchResponse, OffsetFetchTopic,
                                SyncGroupAssignment, SyncGroupRequest, SyncGroupResponse)
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 if TYPE_CHECKING:
-    from client.aio.consumer import ConsumerConfig, SubscriptionState
+    from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
 
 __all__ = ["ConsumerRebalanceListener", "MemberState", "Generation", "HeartbeatTimer",
            "ConsumerCoordinator", "prepare_join", "complete_join", "auto_commit_offsets",

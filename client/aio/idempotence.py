@@ -44,11 +44,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.errors import (
+from tidelog.protocol.errors import (
     DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCER_FENCED,
     UNKNOWN_PRODUCER_ID,
 )
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 __all__ = ["IdempotenceState", "PartitionSequences", "next_sequence", "SEQUENCE_ERRORS", "FENCED_ERRORS"]
 

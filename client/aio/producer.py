@@ -38,21 +38,21 @@ from typing import Any, NamedTuple
 
 import trio
 
-from client.aio.accumulator import (BulkRecords, ProducerBatch, RecordAccumulator, RecordFuture,
+from tidelog.aio.accumulator import (BulkRecords, ProducerBatch, RecordAccumulator, RecordFuture,
                                    RecordFutures)
-from client.aio._lifecycle import RunsInOwnNursery
-from client.aio.cluster import Backoff, Cluster, ClusterMetadata
-from client.aio.idempotence import IdempotenceState, SequenceVerdict
-from client.aio.partitioner import StickyPartitioner, murmur2, to_positive
-from client.errors import (BrokerConnectionError, ClientClosedError, RequestTimedOut,
+from tidelog.aio._lifecycle import RunsInOwnNursery
+from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
+from tidelog.aio.idempotence import IdempotenceState, SequenceVerdict
+from tidelog.aio.partitioner import StickyPartitioner, murmur2, to_positive
+from tidelog.errors import (BrokerConnectionError, ClientClosedError, RequestTimedOut,
                            TidelogError, broker_error)
-from client.records import RecordMetadata
-from protocol.errors import (NETWORK_EXCEPTION, NONE, REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR,
+from tidelog.records import RecordMetadata
+from tidelog.protocol.errors import (NETWORK_EXCEPTION, NONE, REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR,
                              InvalidRequestError, RecordTooLargeError, for_code)
-from protocol.messages import (ApiKey, InitProducerIdRequest, PartitionProduceData, ProduceRequest,
+from tidelog.protocol.messages import (ApiKey, InitProducerIdRequest, PartitionProduceData, ProduceRequest,
                                ProduceResponse, TopicProduceData)
-from protocol.records import Codec
-from protocol.topics import TopicPartition, validate_topic_name
+from tidelog.protocol.records import Codec
+from tidelog.protocol.topics import TopicPartition, validate_topic_name
 
 __all__ = ["AsyncProducer", "ProducerConfig", "Sender", "Decision", "decide",
            "build_produce_request", "partition_results", "parse_acks", "serialize"]

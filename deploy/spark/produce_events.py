@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from client import Admin, NewTopic, Producer
+from tidelog import Admin, NewTopic, Producer
 
 
 def main() -> int:

@@ -71,7 +71,7 @@ def main() -> int:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from client import Admin, NewTopic
+    from tidelog import Admin, NewTopic
 
     with Admin(args.bootstrap) as admin:
         deadline = time.monotonic() + args.wait
@@ -89,7 +89,7 @@ def main() -> int:
 
     from pyspark.sql import SparkSession
 
-    from spark_connector import register
+    from tidelog.spark import register
 
     spark = (SparkSession.builder.master(os.environ.get("SPARK_MASTER", "local[2]")).appName("tidelog-windowed-counts")
              .config("spark.sql.shuffle.partitions", "2").config("spark.ui.showConsoleProgress", "false")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from client import CommitFailedError, Consumer, TopicPartition
+from tidelog import CommitFailedError, Consumer, TopicPartition
 
 
 def process(record) -> None:

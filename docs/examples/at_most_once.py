@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from client import Consumer, TopicPartition
+from tidelog import Consumer, TopicPartition
 
 
 def process(record) -> None:

@@ -18,7 +18,7 @@ import argparse
 import os
 import sqlite3
 
-from client import Consumer, ConsumerRebalanceListener, TopicPartition
+from tidelog import Consumer, ConsumerRebalanceListener, TopicPartition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (topic TEXT, partition INTEGER, offset INTEGER, value BLOB,

@@ -24,11 +24,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from broker.devcluster import DevCluster, metadata
-from client import Consumer, Record, TopicPartition
-from protocol.connection import ClientConnection
-from protocol.messages import MetadataResponse, PartitionMetadata, TopicMetadata
-from protocol.records import iter_all_records
+from tidelog.broker.devcluster import DevCluster, metadata
+from tidelog import Consumer, Record, TopicPartition
+from tidelog.protocol.connection import ClientConnection
+from tidelog.protocol.messages import MetadataResponse, PartitionMetadata, TopicMetadata
+from tidelog.protocol.records import iter_all_records
 
 T = TypeVar("T")
 

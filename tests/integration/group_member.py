@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from client import CommitFailedError, Consumer, ConsumerRebalanceListener, TidelogError
+from tidelog import CommitFailedError, Consumer, ConsumerRebalanceListener, TidelogError
 
 
 def _die_with_parent() -> None:

@@ -1,7 +1,7 @@
 """The client commands of the ``tidelog`` CLI (topics, produce, consume, perf) against a real
 cluster: one DevCluster (ZooKeeper + 3 broker processes on free ports) for the module.
 
-Commands run in-process through ``broker.cli.main`` (output captured with capsys); one
+Commands run in-process through ``tidelog.broker.cli.main`` (output captured with capsys); one
 produce runs as a subprocess to feed the real entry point a stdin pipe. The test that stops a
 broker runs last and starts it again.
 """
@@ -19,10 +19,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.cli import main
-from broker.devcluster import DevCluster, metadata
-from client import Admin, Producer, TopicPartition
-from client.perf import Latency, Throttler, consume, produce
+from tidelog.broker.cli import main
+from tidelog.broker.devcluster import DevCluster, metadata
+from tidelog import Admin, Producer, TopicPartition
+from tidelog.perf import Latency, Throttler, consume, produce
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +163,7 @@ def test_topics_alter_and_delete(tidelog, cluster):
 def test_produce_stdin_then_consume_from_beginning(tidelog, cluster):
     create(tidelog, cluster, "lines", 1)
     lines = [f"line {i} ünïcode" for i in range(50)] + ["", "last"]
-    proc = subprocess.run([sys.executable, "-m", "broker.cli", "produce", "lines", "--acks", "all",
+    proc = subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "produce", "lines", "--acks", "all",
                            "--bootstrap", cluster.bootstrap],
                           input="\n".join(lines).encode() + b"\n", capture_output=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr.decode()

@@ -16,11 +16,11 @@ from collections import defaultdict
 import pytest
 import trio
 
-from broker.coordination.layout import assign_replicas
-from client import Admin, Consumer, NewTopic, Producer, TopicPartition
-from client.aio import AsyncProducer
-from client.aio.partitioner import default_partition
-from client.errors import TidelogError
+from tidelog.broker.coordination.layout import assign_replicas
+from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.aio import AsyncProducer
+from tidelog.aio.partitioner import default_partition
+from tidelog.errors import TidelogError
 from tests.integration.cluster_fixtures import (  # noqa: F401
     broker_metadata,
     cluster_3,

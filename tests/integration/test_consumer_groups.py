@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main as tidelog_main
-from client import (Admin, CommitFailedError, Consumer, ConsumerRebalanceListener, NewTopic, Producer,
+from tidelog.broker.cli import main as tidelog_main
+from tidelog import (Admin, CommitFailedError, Consumer, ConsumerRebalanceListener, NewTopic, Producer,
                     TidelogError, TopicPartition, WakeupError)
 from tests.integration.cluster_fixtures import FAST_FAILOVER, cluster_fixture, wait_topic_ready, wait_until
 
@@ -369,7 +369,7 @@ def test_pattern_subscription_picks_up_new_matching_topics(cluster):
 async def test_async_consumer_group_with_async_listener_commit_async_and_committed(cluster):
     import trio
 
-    from client.aio import AsyncConsumer
+    from tidelog.aio import AsyncConsumer
 
     topic, group = "async-group", "async-group"
     ends = create_topic(cluster, topic, 2, records=20)

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from client import Admin, NewTopic, Producer, RecordMetadata, TopicPartition
+from tidelog import Admin, NewTopic, Producer, RecordMetadata, TopicPartition
 from tests.integration.cluster_fixtures import (  # noqa: F401
     FAST_FAILOVER,
     broker_metadata,

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.coordination.zkserver import find_free_port
-from broker.devcluster import DevCluster
-from client import Admin, NewTopic, Producer
-from protocol.errors import (
+from tidelog.broker.coordination.zkserver import find_free_port
+from tidelog.broker.devcluster import DevCluster
+from tidelog import Admin, NewTopic, Producer
+from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID, GROUP_ID_NOT_FOUND,
     ILLEGAL_GENERATION, MEMBER_ID_REQUIRED, NONE, NOT_COORDINATOR,
 )
-from protocol.messages import (
+from tidelog.protocol.messages import (
     RESPONSES, ApiKey, DeleteGroupsRequest, DescribeGroupsRequest, FindCoordinatorRequest, HeartbeatRequest,
     JoinGroupProtocol, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest, MemberIdentity,
     OffsetCommitPartition, OffsetCommitRequest, OffsetCommitTopic, OffsetFetchRequest, SyncGroupAssignment,

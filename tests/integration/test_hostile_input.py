@@ -17,8 +17,8 @@ import threading
 
 import pytest
 
-from client import Consumer, Producer, TopicPartition
-from protocol.errors import (
+from tidelog import Consumer, Producer, TopicPartition
+from tidelog.protocol.errors import (
     CORRUPT_MESSAGE,
     INVALID_REQUEST,
     INVALID_REQUIRED_ACKS,
@@ -27,7 +27,7 @@ from protocol.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     UNSUPPORTED_VERSION,
 )
-from protocol.messages import (
+from tidelog.protocol.messages import (
     LATEST_TIMESTAMP,
     ApiKey,
     ApiVersionsRequest,
@@ -49,7 +49,7 @@ from protocol.messages import (
     decode_response,
     encode_request,
 )
-from protocol.records import build_batch, iter_all_records
+from tidelog.protocol.records import build_batch, iter_all_records
 from tests.integration.cluster_fixtures import (
     FAST_FAILOVER,
     RawClient,
@@ -126,7 +126,7 @@ def good(cluster):
 
 
 def admin_topics(cluster) -> None:
-    from client import Admin, NewTopic
+    from tidelog import Admin, NewTopic
     with Admin(cluster.bootstrap) as admin:
         admin.create_topics([NewTopic(TOPIC, 1, 1, config={"max.message.bytes": str(MAX_MESSAGE)}),
                              NewTopic(FUZZ_TOPIC, 1, 1)])
@@ -417,7 +417,7 @@ def test_fetch_and_produce_to_a_topic_that_does_not_exist(cluster, good):
 
 
 def test_fetch_out_of_range_offsets(cluster, good):
-    from protocol.errors import OFFSET_OUT_OF_RANGE
+    from tidelog.protocol.errors import OFFSET_OUT_OF_RANGE
     with RawClient(cluster.brokers[1].port) as raw:
         for offset in (-1, len(good.values) + 10, (1 << 63) - 1):
             fetch = FetchResponse.from_body(raw.request(ApiKey.FETCH, FetchRequest(

@@ -22,12 +22,12 @@ import time
 import msgpack
 import pytest
 
-from client import Admin, NewTopic, Producer, TopicPartition
-from protocol.errors import NONE
-from protocol.messages import (
+from tidelog import Admin, NewTopic, Producer, TopicPartition
+from tidelog.protocol.errors import NONE
+from tidelog.protocol.messages import (
     ApiKey, InitProducerIdRequest, PartitionProduceData, ProduceRequest, TopicProduceData,
 )
-from protocol.records import build_batch
+from tidelog.protocol.records import build_batch
 from tests.integration.cluster_fixtures import (
     FAST_FAILOVER, RawClient, broker_metadata, cluster_fixture, consume_range, end_offsets, partitions_of, running,
     wait_topic_ready, wait_until,

@@ -38,10 +38,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.config import BrokerConfig
-from broker.coordination.zkserver import ZooKeeperEnsemble, find_free_ports
-from broker.devcluster import metadata
-from client import Admin, NewTopic, Producer, TopicPartition
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.coordination.zkserver import ZooKeeperEnsemble, find_free_ports
+from tidelog.broker.devcluster import metadata
+from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tests.component.ops.topology import (
     ROOT, BrokerService, Localizer, broker_services, entrypoint, listener_port, load_compose, process_environment,
     zookeeper_services,
@@ -64,7 +64,7 @@ def _die_with_parent() -> None:
 def _tidelog(argv: list[str]) -> list[str]:
     """A `tidelog ...` command line of the image, run with this interpreter."""
     assert argv[0] == "tidelog"
-    return [sys.executable, "-m", "broker.cli", *argv[1:]]
+    return [sys.executable, "-m", "tidelog.broker.cli", *argv[1:]]
 
 
 @dataclass
@@ -366,7 +366,7 @@ def test_ready_endpoint_and_health_command_agree(topology):
         with urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/ready", timeout=10) as r:
             assert r.status == 200 and r.read() == b"ready\n"
         assert b.healthy()
-    r = subprocess.run([sys.executable, "-m", "broker.cli", "health", "--bootstrap", topology.bootstrap],
+    r = subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "health", "--bootstrap", topology.bootstrap],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("ready") == 3

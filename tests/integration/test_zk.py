@@ -13,13 +13,13 @@ import threading
 import pytest
 import trio
 
-from broker.coordination.layout import BrokerInfo, LeaderAndIsr, decode_controller
-from broker.coordination.zk import (LOST, SUSPENDED, BrokerIdInUseError, ControllerMovedError,
+from tidelog.broker.coordination.layout import BrokerInfo, LeaderAndIsr, decode_controller
+from tidelog.broker.coordination.zk import (LOST, SUSPENDED, BrokerIdInUseError, ControllerMovedError,
                                     TopicExistsError, ZkClient, ZkConnectionError,
                                     ZkNodeExistsError, ZkTimeoutError, ZkVersionConflict)
-from broker.coordination.zkserver import (ZooKeeperEnsemble, ZooKeeperNotInstalledError,
+from tidelog.broker.coordination.zkserver import (ZooKeeperEnsemble, ZooKeeperNotInstalledError,
                                           ZooKeeperServer, find_free_port)
-from protocol.errors import TidelogError
+from tidelog.protocol.errors import TidelogError
 
 pytestmark = pytest.mark.integration
 

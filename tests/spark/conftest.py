@@ -54,7 +54,7 @@ def spark(tmp_path_factory) -> Iterator[object]:
     os.environ["SPARK_CONF_DIR"] = str(conf_dir)
     from pyspark.sql import SparkSession
 
-    from spark_connector import register
+    from tidelog.spark import register
 
     session = (SparkSession.builder.master("local[2]").appName("tidelog-tests")
                .config("spark.driver.memory", "1g")

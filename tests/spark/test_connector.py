@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from broker.devcluster import DevCluster
-from client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.broker.devcluster import DevCluster
+from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tests.integration.cluster_fixtures import cluster_fixture, wait_topic_ready, wait_until
 
 pytestmark = pytest.mark.spark

@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client import Record, TopicPartition
-from client.errors import OffsetOutOfRangeError, RequestTimedOut
-from spark_connector.fetch import DataLossError, RangeReadTimeout, read_range
-from spark_connector.options import (EARLIEST, LATEST, OffsetSpec, OptionError, parse_sink_options,
+from tidelog import Record, TopicPartition
+from tidelog.errors import OffsetOutOfRangeError, RequestTimedOut
+from tidelog.spark.fetch import DataLossError, RangeReadTimeout, read_range
+from tidelog.spark.options import (EARLIEST, LATEST, OffsetSpec, OptionError, parse_sink_options,
                                      parse_source_options)
-from spark_connector.planning import (InvalidOffsetsError, OffsetRange, allocate, next_end, offsets_from_json,
+from tidelog.spark.planning import (InvalidOffsetsError, OffsetRange, allocate, next_end, offsets_from_json,
                                       offsets_to_json, plan_ranges, resolve_ending, resolve_starting,
                                       split_ranges)
-from spark_connector.produce import OutRow, SinkWriteError, send_rows
+from tidelog.spark.produce import OutRow, SinkWriteError, send_rows
 
 pytestmark = pytest.mark.unit
 

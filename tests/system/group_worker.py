@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client import CommitFailedError, Consumer, ConsumerRebalanceListener, TidelogError, TopicPartition
+from tidelog import CommitFailedError, Consumer, ConsumerRebalanceListener, TidelogError, TopicPartition
 
 PR_SET_PDEATHSIG = 1
 HOLD_MAX_S = 120.0

@@ -65,12 +65,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from broker.devcluster import DevCluster, metadata
-from broker.log import dump
-from client import Admin, Consumer, NewTopic, Producer, TidelogError, TopicPartition
-from client.errors import OffsetOutOfRangeError
-from protocol.connection import ClientConnection
-from protocol.messages import (
+from tidelog.broker.devcluster import DevCluster, metadata
+from tidelog.broker.log import dump
+from tidelog import Admin, Consumer, NewTopic, Producer, TidelogError, TopicPartition
+from tidelog.errors import OffsetOutOfRangeError
+from tidelog.protocol.connection import ClientConnection
+from tidelog.protocol.messages import (
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,
@@ -91,7 +91,7 @@ from protocol.messages import (
     ProduceResponse,
     TopicProduceData,
 )
-from protocol.records import build_batch, iter_all_records
+from tidelog.protocol.records import build_batch, iter_all_records
 from tests.system.netlab import NetworkLab
 
 T = TypeVar("T")

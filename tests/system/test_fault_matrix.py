@@ -44,8 +44,8 @@ from pathlib import Path
 
 import pytest
 
-from client import Producer
-from protocol.errors import NOT_ENOUGH_REPLICAS
+from tidelog import Producer
+from tidelog.protocol.errors import NOT_ENOUGH_REPLICAS
 from tests.system.harness import (
     ELECTION_TIMEOUT_S,
     SESSION_S,

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import pytest
 
-from client import Producer
-from protocol.errors import INVALID_TOPIC_EXCEPTION
-from protocol.topics import OFFSETS_TOPIC
+from tidelog import Producer
+from tidelog.protocol.errors import INVALID_TOPIC_EXCEPTION
+from tidelog.protocol.topics import OFFSETS_TOPIC
 from tests.system.group_harness import GROUP_BROKER_CONFIG, GroupWorkload, check_group, group_coordinated_by
 from tests.system.harness import Scenario
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.cli import EXIT_USAGE, main
+from tidelog.broker.cli import EXIT_USAGE, main
 
 pytestmark = pytest.mark.unit
 

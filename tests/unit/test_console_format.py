@@ -6,8 +6,8 @@ from argparse import Namespace
 
 import pytest
 
-from client.cli import record_line
-from client.records import Record
+from tidelog.cli import record_line
+from tidelog.records import Record
 
 pytestmark = pytest.mark.unit
 

@@ -22,13 +22,13 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.cli import main
-from broker.log.config import LogConfig
-from broker.log.dump import bytes_reader, dump_log, next_segment_base, show_bytes
-from broker.log.index import OffsetIndex, TimeIndex
-from broker.log.loader import load_log
-from protocol.records import CRC_START, HEADER_SIZE, build_batch, compress, iter_headers
-from protocol.topics import TopicPartition
+from tidelog.broker.cli import main
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.dump import bytes_reader, dump_log, next_segment_base, show_bytes
+from tidelog.broker.log.index import OffsetIndex, TimeIndex
+from tidelog.broker.log.loader import load_log
+from tidelog.protocol.records import CRC_START, HEADER_SIZE, build_batch, compress, iter_headers
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 
@@ -419,9 +419,9 @@ def test_help_and_unknown_commands(capsys):
 
 
 def test_the_installed_command(seg_dir):
-    """Once through a real process: the console script (or ``python -m broker.cli``)."""
+    """Once through a real process: the console script (or ``python -m tidelog.broker.cli``)."""
     script = Path(sys.executable).with_name("tidelog")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "broker.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "tidelog.broker.cli"]
     log_path = segment_files(seg_dir, ".log")[0]
     ok = subprocess.run([*command, "dump-log", "--verify", str(log_path)],
                         capture_output=True, text=True, timeout=60)
@@ -520,7 +520,7 @@ def test_damaged_real_segments_never_raise(tmp_path_factory, data):
 
 
 def test_a_producer_snapshot_shows_each_producer_and_a_damaged_one_is_an_error(capsys, tmp_path):
-    from broker.log.producer_state import BatchMetadata, ProducerStateEntry, encode_snapshot
+    from tidelog.broker.log.producer_state import BatchMetadata, ProducerStateEntry, encode_snapshot
 
     entries = [ProducerStateEntry(7, 1, [BatchMetadata(0, 4, 10, 14, 1700), BatchMetadata(5, 9, 20, 24, 1800)]),
                ProducerStateEntry(9, 0, [BatchMetadata(0, 0, 30, 30, 1900)])]

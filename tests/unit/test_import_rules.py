@@ -1,10 +1,14 @@
-"""The import rules of DESIGN.md section 1, checked on the source tree.
+"""The import rules of docs/architecture.md, checked on the source tree.
+
+Modules are named as installed: the folders client/, protocol/, broker/ and spark_connector/
+are the packages ``tidelog``, ``tidelog.protocol``, ``tidelog.broker`` and ``tidelog.spark``.
 
 - ``protocol`` imports no other project package, and nothing but the stdlib and msgpack
   (plus the CRC-32C and compression libraries the record batch needs);
 - ``broker/log`` knows nothing of networking, Trio or ZooKeeper;
 - exactly one module imports ``kazoo``; only ``spark_connector`` imports ``pyspark``;
-- ``client`` and ``spark_connector`` never import ``broker``.
+- the SDK and ``tidelog.spark`` never import ``tidelog.broker``;
+- nothing imports the folder names (``client``, ``protocol``...), which are not installed.
 """
 
 from __future__ import annotations
@@ -18,86 +22,97 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("protocol", "broker", "client", "spark_connector")
+# folder in the repository -> the name it is installed under (pyproject.toml's package-dir)
+PACKAGES = {"protocol": "tidelog.protocol", "broker": "tidelog.broker", "client": "tidelog",
+            "spark_connector": "tidelog.spark"}
+OLD_NAMES = set(PACKAGES)  # not installed: an import of one of them works only by accident
 PROTOCOL_THIRD_PARTY = {"msgpack", "crc32c", "lz4", "zstandard"}
-NETWORK_MODULES = {"trio", "kazoo", "socket", "ssl", "asyncio", "selectors", "client"}
+NETWORK_MODULES = {"trio", "kazoo", "socket", "ssl", "asyncio", "selectors"}
+SUBPACKAGES = ("tidelog.protocol", "tidelog.broker", "tidelog.spark")
+
+
+def _installed_name(path: Path) -> str:
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    if rest[-1] == "__init__":
+        rest = rest[:-1]
+    return ".".join([PACKAGES[folder], *rest])
 
 
 def _modules() -> list[tuple[str, Path]]:
-    out = []
-    for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            out.append((".".join(path.relative_to(ROOT).with_suffix("").parts), path))
-    return out
+    return [(_installed_name(path), path) for folder in PACKAGES for path in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _sdk(name: str) -> bool:
+    """The SDK is the top-level ``tidelog`` package minus the subpackages installed under it."""
+    return _in(name, "tidelog") and not any(_in(name, p) for p in SUBPACKAGES)
 
 
 def _imports(path: Path) -> set[str]:
-    """Top-level names of every module imported anywhere in the file (also inside functions)."""
+    """Full names of every module imported anywhere in the file (also inside functions)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
+            names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
         elif isinstance(node, ast.ImportFrom) and node.level > 0:
             names.add("<relative>")
     return names
 
 
-def _full_imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-    return out
+def _top(names: set[str]) -> set[str]:
+    return {n.split(".")[0] for n in names}
 
 
 MODULES = _modules()
 
 
 def test_the_packages_exist():
-    assert {name.split(".")[0] for name, _ in MODULES} == set(PACKAGES)
+    assert {name for name, _ in MODULES} >= set(PACKAGES.values())
 
 
-@pytest.mark.parametrize("name,path", [m for m in MODULES if m[0].startswith("protocol")],
+@pytest.mark.parametrize("name,path", [m for m in MODULES if _in(m[0], "tidelog.protocol")],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_protocol_is_self_contained(name, path):
     imported = _imports(path)
-    project = imported & (set(PACKAGES) - {"protocol"})
+    project = {m for m in imported if _in(m, "tidelog") and not _in(m, "tidelog.protocol")}
     assert not project, f"{name} imports project packages {project}"
-    third = {m for m in imported if m not in sys.stdlib_module_names and m != "protocol"}
+    third = {m for m in _top(imported) if m not in sys.stdlib_module_names and m != "tidelog"}
     assert third <= PROTOCOL_THIRD_PARTY, f"{name} imports {third - PROTOCOL_THIRD_PARTY}"
-    assert not imported & {"socket", "ssl", "trio", "asyncio", "logging", "time"}, \
+    assert not _top(imported) & {"socket", "ssl", "trio", "asyncio", "logging", "time"}, \
         f"{name} is sans-IO: no sockets, clocks or logging"
 
 
-@pytest.mark.parametrize("name,path", [m for m in MODULES if m[0].startswith("broker.log")],
+@pytest.mark.parametrize("name,path", [m for m in MODULES if _in(m[0], "tidelog.broker.log")],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_storage_knows_no_networking(name, path):
-    bad = _imports(path) & NETWORK_MODULES
+    imported = _imports(path)
+    bad = _top(imported) & NETWORK_MODULES
     assert not bad, f"{name} imports {bad}"
-    assert not any(m.startswith("broker.") and not m.startswith("broker.log")
-                   for m in _full_imports(path)), f"{name} imports broker code outside broker.log"
+    outside = {m for m in imported if _in(m, "tidelog") and not _in(m, "tidelog.broker.log")
+               and not _in(m, "tidelog.protocol")}
+    assert not outside, f"{name} imports project code outside tidelog.broker.log and the protocol: {outside}"
 
 
-@pytest.mark.parametrize("name,path", [m for m in MODULES if m[0].split(".")[0] in ("client", "spark_connector")],
+@pytest.mark.parametrize("name,path", [m for m in MODULES if _sdk(m[0]) or _in(m[0], "tidelog.spark")],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_clients_never_import_the_broker(name, path):
-    assert "broker" not in _imports(path), f"{name} imports broker"
+    assert not any(_in(m, "tidelog.broker") for m in _imports(path)), f"{name} imports the broker"
 
 
 def test_only_one_module_imports_kazoo():
-    users = [name for name, path in MODULES if "kazoo" in _imports(path)]
+    users = [name for name, path in MODULES if "kazoo" in _top(_imports(path))]
     assert len(users) <= 1, f"kazoo is imported by {users}"
 
 
-def test_only_spark_connector_imports_pyspark():
-    users = [name for name, path in MODULES if "pyspark" in _imports(path)]
-    assert all(u.startswith("spark_connector") for u in users), users
+def test_only_the_spark_connector_imports_pyspark():
+    users = [name for name, path in MODULES if "pyspark" in _top(_imports(path))]
+    assert all(_in(u, "tidelog.spark") for u in users), users
 
 
 def test_no_relative_imports():
@@ -105,7 +120,15 @@ def test_no_relative_imports():
     assert not users, f"use absolute imports: {users}"
 
 
+def test_nothing_imports_the_folder_names():
+    """Code, tests, benchmarks and examples import what users import: ``tidelog...``."""
+    files = [p for d in ("client", "broker", "protocol", "spark_connector", "tests", "bench", "deploy", "docs")
+             for p in sorted((ROOT / d).rglob("*.py"))]
+    users = {str(p.relative_to(ROOT)): _top(_imports(p)) & OLD_NAMES for p in files}
+    assert not {k: v for k, v in users.items() if v}
+
+
 def test_the_rules_catch_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import trio\nfrom broker.log import log\n")
-    assert {"trio", "broker"} <= _imports(bad)
+    bad.write_text("import trio\nfrom tidelog.broker.log import log\nfrom client import Producer\n")
+    assert {"trio", "tidelog.broker.log", "client"} <= _imports(bad)

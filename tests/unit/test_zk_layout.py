@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from broker.coordination.layout import (
+from tidelog.broker.coordination.layout import (
     BrokerInfo, InvalidPartitionsError, InvalidReplicationFactorError, LeaderAndIsr,
     ProducerIdBlock, ZkPaths, assign_replicas, decode_broker_info, decode_cluster_id,
     decode_controller, decode_controller_epoch, decode_isr_change, decode_partition_state,
@@ -17,7 +17,7 @@ from broker.coordination.layout import (
     encode_isr_change, encode_partition_state, encode_producer_id_block, encode_reassignment,
     encode_topic_assignment, encode_topic_config, next_producer_id_block,
     rack_alternated_broker_list, split_connect)
-from protocol.errors import INVALID_REPLICATION_FACTOR
+from tidelog.protocol.errors import INVALID_REPLICATION_FACTOR
 
 pytestmark = pytest.mark.unit
 

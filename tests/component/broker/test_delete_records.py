@@ -11,10 +11,10 @@ import dataclasses
 
 import pytest
 
-from broker.coordinator.group_coordinator import OFFSETS_TOPIC
-from protocol.errors import (INVALID_TOPIC_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE, POLICY_VIOLATION,
+from tidelog.broker.coordinator.group_coordinator import OFFSETS_TOPIC
+from tidelog.protocol.errors import (INVALID_TOPIC_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE, POLICY_VIOLATION,
                              REQUEST_TIMED_OUT, UNKNOWN_TOPIC_OR_PARTITION)
-from protocol.messages import (ApiKey, DeleteRecordsPartition, DeleteRecordsRequest, DeleteRecordsTopic,
+from tidelog.protocol.messages import (ApiKey, DeleteRecordsPartition, DeleteRecordsRequest, DeleteRecordsTopic,
                                LeaderAndIsrRequest, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
                                LiveBroker, PartitionState, UpdateMetadataRequest)
 from tests.component.broker.test_group_coordinator import DATA_TP, broker

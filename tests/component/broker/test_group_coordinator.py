@@ -10,26 +10,26 @@ import types
 import pytest
 import trio
 
-from broker.apis import Apis
-from broker.coordinator.group_coordinator import OFFSETS_TOPIC, CoordinatorConfig, GroupCoordinator
-from broker.coordinator.group_metadata import GroupConfig
-from broker.log.config import LogConfig
-from broker.log.manager import LogManager
-from broker.metadata_cache import MetadataCache
-from broker.replication.replica_manager import ReplicaConfig, ReplicaManager
-from protocol.errors import (
+from tidelog.broker.apis import Apis
+from tidelog.broker.coordinator.group_coordinator import OFFSETS_TOPIC, CoordinatorConfig, GroupCoordinator
+from tidelog.broker.coordinator.group_metadata import GroupConfig
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.manager import LogManager
+from tidelog.broker.metadata_cache import MetadataCache
+from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS, GROUP_ID_NOT_FOUND, ILLEGAL_GENERATION, MEMBER_ID_REQUIRED, NON_EMPTY_GROUP,
     NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
 )
-from protocol.messages import (
+from tidelog.protocol.messages import (
     ApiKey, DeleteGroupsRequest, DescribeGroupsRequest, FindCoordinatorRequest, HeartbeatRequest,
     JoinGroupProtocol, JoinGroupRequest, LeaderAndIsrRequest, LeaveGroupRequest, ListGroupsRequest,
     LiveBroker, MemberIdentity, OffsetCommitPartition, OffsetCommitRequest, OffsetCommitTopic,
     OffsetFetchRequest, OffsetFetchTopic, PartitionState, RequestHeader, SyncGroupAssignment, SyncGroupRequest,
     UpdateMetadataRequest,
 )
-from protocol.records import build_batch
-from protocol.topics import TopicPartition
+from tidelog.protocol.records import build_batch
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.component
 
@@ -254,7 +254,7 @@ async def test_the_metrics_endpoint_exports_lag_and_group_counts(broker, tmp_pat
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from broker.metrics import RequestMetrics, build_registry
+    from tidelog.broker.metrics import RequestMetrics, build_registry
     from tests.component.ops.test_metrics import FakeServer
 
     (leader,), generation = await form_group(broker, 1)

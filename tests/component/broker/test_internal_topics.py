@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from broker.coordinator.group_coordinator import OFFSETS_TOPIC
-from protocol.errors import INVALID_TOPIC_EXCEPTION, NONE
-from protocol.messages import ApiKey, PartitionProduceData, ProduceRequest, TopicProduceData
-from protocol.records import build_batch
-from protocol.topics import INTERNAL_TOPICS, is_internal_topic
+from tidelog.broker.coordinator.group_coordinator import OFFSETS_TOPIC
+from tidelog.protocol.errors import INVALID_TOPIC_EXCEPTION, NONE
+from tidelog.protocol.messages import ApiKey, PartitionProduceData, ProduceRequest, TopicProduceData
+from tidelog.protocol.records import build_batch
+from tidelog.protocol.topics import INTERNAL_TOPICS, is_internal_topic
 from tests.component.broker.test_group_coordinator import (DATA_TP, OFFSETS_TP, broker, commit, committed_code,
                                                            fetched, form_group)
 

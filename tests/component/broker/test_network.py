@@ -15,14 +15,14 @@ import msgpack
 import pytest
 import trio
 
-from broker.config import BrokerConfig
-from broker.deferred import DeferredResponse
-from broker.network import SocketServer
-from protocol.connection import ClientConnection
-from protocol.errors import (INVALID_REQUEST, NOT_LEADER_OR_FOLLOWER, UNKNOWN_SERVER_ERROR,
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.deferred import DeferredResponse
+from tidelog.broker.network import SocketServer
+from tidelog.protocol.connection import ClientConnection
+from tidelog.protocol.errors import (INVALID_REQUEST, NOT_LEADER_OR_FOLLOWER, UNKNOWN_SERVER_ERROR,
                              UNSUPPORTED_VERSION, TidelogError)
-from protocol.frames import encode_frame
-from protocol.messages import ApiKey, RequestHeader, encode_request
+from tidelog.protocol.frames import encode_frame
+from tidelog.protocol.messages import ApiKey, RequestHeader, encode_request
 
 pytestmark = pytest.mark.component
 
@@ -321,7 +321,7 @@ async def test_unknown_api_keys_and_versions_get_unsupported_version(net):
 async def test_a_failing_handler_gets_an_error_response_and_the_connection_goes_on(net, caplog):
     server, handler, bystander = await net.start()
     client = await net.connect(server.port)
-    with caplog.at_level(logging.ERROR, logger="broker.network"):
+    with caplog.at_level(logging.ERROR, logger="tidelog.broker.network"):
         unexpected = await client.call({"n": 1, "raise": "runtime"})
     assert unexpected == {"error_code": UNKNOWN_SERVER_ERROR.code,
                           "error_message": UNKNOWN_SERVER_ERROR.message}  # internals not leaked
@@ -557,7 +557,7 @@ async def test_a_direct_response_that_woke_a_task_is_written_after_that_tasks_re
         await gate.wait()
         return {"n": body["n"]}
 
-    import broker.network as network
+    import tidelog.broker.network as network
     written: list[bytes] = []
     original = network.os.write
 

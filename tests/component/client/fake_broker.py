@@ -25,11 +25,11 @@ from typing import Any
 
 import trio
 
-from protocol.connection import BadRequest, ServerConnection
-from protocol.errors import (COORDINATOR_NOT_AVAILABLE, INVALID_PARTITIONS, NONE, NOT_CONTROLLER, NOT_LEADER_OR_FOLLOWER,
+from tidelog.protocol.connection import BadRequest, ServerConnection
+from tidelog.protocol.errors import (COORDINATOR_NOT_AVAILABLE, INVALID_PARTITIONS, NONE, NOT_CONTROLLER, NOT_LEADER_OR_FOLLOWER,
                              OFFSET_OUT_OF_RANGE, TOPIC_ALREADY_EXISTS, UNKNOWN_TOPIC_OR_PARTITION,
                              TidelogError)
-from protocol.messages import (REQUESTS, AlterConfigsResponse, AlterConfigsResult, ApiKey,
+from tidelog.protocol.messages import (REQUESTS, AlterConfigsResponse, AlterConfigsResult, ApiKey,
                                BrokerMetadata, ConfigEntry, CreatePartitionsResponse,
                                CreateTopicsResponse, DeleteTopicsResponse, DescribeConfigsResponse,
                                DescribeConfigsResult, FetchPartitionResponse, FetchResponse, FindCoordinatorResponse,
@@ -37,9 +37,9 @@ from protocol.messages import (REQUESTS, AlterConfigsResponse, AlterConfigsResul
                                ListOffsetsTopicResponse, MetadataResponse, PartitionMetadata,
                                PartitionProduceResponse, ProduceResponse, TopicMetadata,
                                TopicProduceResponse, TopicResult, check_supported)
-from protocol.records import BatchRecord, iter_all_records, iter_headers, patch_batch, validate_batches
+from tidelog.protocol.records import BatchRecord, iter_all_records, iter_headers, patch_batch, validate_batches
 
-from broker.log.producer_state import ProducerStateManager
+from tidelog.broker.log.producer_state import ProducerStateManager
 
 HOST = "127.0.0.1"
 

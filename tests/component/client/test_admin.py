@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client.aio import AsyncAdmin, NewTopic
-from client.errors import RequestTimedOut
-from protocol.errors import (INVALID_PARTITIONS, NOT_CONTROLLER, TOPIC_ALREADY_EXISTS,
+from tidelog.aio import AsyncAdmin, NewTopic
+from tidelog.errors import RequestTimedOut
+from tidelog.protocol.errors import (INVALID_PARTITIONS, NOT_CONTROLLER, TOPIC_ALREADY_EXISTS,
                              UNKNOWN_TOPIC_OR_PARTITION, TidelogError)
-from protocol.messages import ApiKey
+from tidelog.protocol.messages import ApiKey
 
 pytestmark = pytest.mark.component
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from client import (Admin, Consumer, NewTopic, Producer, RecordMetadata, RequestTimedOut, WakeupError,
+from tidelog import (Admin, Consumer, NewTopic, Producer, RecordMetadata, RequestTimedOut, WakeupError,
                     TidelogError, TopicPartition)
-from client.aio.partitioner import default_partition
-from protocol.messages import ApiKey
+from tidelog.aio.partitioner import default_partition
+from tidelog.protocol.messages import ApiKey
 
 pytestmark = pytest.mark.component
 
@@ -203,8 +203,8 @@ def test_records_pending_when_the_producer_closes_fail_with_an_error():
 
 
 def _fake_metadata():
-    from client.aio.cluster import ClusterMetadata
-    from protocol.messages import BrokerMetadata, MetadataResponse, PartitionMetadata, TopicMetadata
+    from tidelog.aio.cluster import ClusterMetadata
+    from tidelog.protocol.messages import BrokerMetadata, MetadataResponse, PartitionMetadata, TopicMetadata
     return ClusterMetadata().merge(MetadataResponse(
         [BrokerMetadata(0, "127.0.0.1", 1)], None, 0,
         [TopicMetadata(0, "t", [PartitionMetadata(0, 0, 0, 0, [0], [0])])]), None)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client.aio.cluster import Cluster
-from client.errors import BrokerConnectionError, NoBrokersAvailable
-from protocol.messages import ApiKey
-from protocol.topics import TopicPartition
+from tidelog.aio.cluster import Cluster
+from tidelog.errors import BrokerConnectionError, NoBrokersAvailable
+from tidelog.protocol.messages import ApiKey
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.component
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client.aio.connection import BrokerConnection
-from client.errors import BrokerConnectionError, RequestTimedOut
-from protocol.connection import ServerConnection
-from protocol.messages import ApiKey, ApiVersionsRequest, ApiVersionsResponse, supported_api_versions
+from tidelog.aio.connection import BrokerConnection
+from tidelog.errors import BrokerConnectionError, RequestTimedOut
+from tidelog.protocol.connection import ServerConnection
+from tidelog.protocol.messages import ApiKey, ApiVersionsRequest, ApiVersionsResponse, supported_api_versions
 
 pytestmark = pytest.mark.component
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client.aio import AsyncConsumer, TopicPartition
-from client.errors import NoOffsetForPartitionError, RequestTimedOut, WakeupError
-from protocol.errors import NOT_LEADER_OR_FOLLOWER, OffsetOutOfRangeError, TidelogError
-from protocol.messages import ApiKey
-from protocol.records import build_batch
+from tidelog.aio import AsyncConsumer, TopicPartition
+from tidelog.errors import NoOffsetForPartitionError, RequestTimedOut, WakeupError
+from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OffsetOutOfRangeError, TidelogError
+from tidelog.protocol.messages import ApiKey
+from tidelog.protocol.records import build_batch
 
 pytestmark = pytest.mark.component
 

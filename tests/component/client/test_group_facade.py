@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from client import Consumer, RequestTimedOut
+from tidelog import Consumer, RequestTimedOut
 
 pytestmark = pytest.mark.component
 

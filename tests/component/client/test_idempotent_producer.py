@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client.aio import AsyncProducer
-from client.errors import TidelogError
-from protocol.errors import NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER
-from protocol.messages import ApiKey
-from protocol.records import iter_headers
+from tidelog.aio import AsyncProducer
+from tidelog.errors import TidelogError
+from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER
+from tidelog.protocol.messages import ApiKey
+from tidelog.protocol.records import iter_headers
 
 pytestmark = pytest.mark.component
 

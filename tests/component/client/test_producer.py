@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client.aio import AsyncConsumer, AsyncProducer, TopicPartition
-from client.aio.partitioner import default_partition
-from client.errors import ClientClosedError, RequestTimedOut
-from protocol.errors import MESSAGE_TOO_LARGE, NOT_LEADER_OR_FOLLOWER, RecordTooLargeError
-from protocol.messages import ApiKey
-from protocol.records import Codec, iter_headers
+from tidelog.aio import AsyncConsumer, AsyncProducer, TopicPartition
+from tidelog.aio.partitioner import default_partition
+from tidelog.errors import ClientClosedError, RequestTimedOut
+from tidelog.protocol.errors import MESSAGE_TOO_LARGE, NOT_LEADER_OR_FOLLOWER, RecordTooLargeError
+from tidelog.protocol.messages import ApiKey
+from tidelog.protocol.records import Codec, iter_headers
 
 pytestmark = pytest.mark.component
 

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import yaml
 
-from broker.config import BrokerConfig, SETTINGS
+from tidelog.broker.config import BrokerConfig, SETTINGS
 from tests.component.ops.topology import (
     COMPOSE_FILE, CONFIG_IN_CONTAINER, ROOT, TOOL_VARIABLES, broker_services, environment_of, load_compose,
     ports_of, volumes_of, zookeeper_services,

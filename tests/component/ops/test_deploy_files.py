@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import ALIASES, REQUIRED, SETTINGS, BrokerConfig
+from tidelog.broker.config import ALIASES, REQUIRED, SETTINGS, BrokerConfig
 from tests.component.ops.topology import ROOT
 
 pytestmark = pytest.mark.component
@@ -240,10 +240,10 @@ def test_bad_arguments_are_usage_errors(stub_docker):
 def test_operations_guide_documents_every_metric(tmp_path):
     """Every family the endpoint exports has a row (name, meaning, when to alert)."""
     from tests.component.ops.test_metrics import FakeServer
-    from broker.log.config import LogConfig
-    from broker.log.manager import LogManager
-    from broker.metrics import RequestMetrics, build_registry
-    from broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+    from tidelog.broker.log.config import LogConfig
+    from tidelog.broker.log.manager import LogManager
+    from tidelog.broker.metrics import RequestMetrics, build_registry
+    from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig
+from tidelog.broker.config import BrokerConfig
 from tests.component.ops.topology import CONFIG_IN_CONTAINER, DOCKERFILE, ROOT
 
 pytestmark = pytest.mark.component
@@ -187,7 +187,7 @@ def test_healthcheck_runs_the_readiness_command(broker_image):
 
 
 def test_the_readiness_command_parses_as_the_healthcheck_writes_it(broker_image):
-    from broker.cli import build_parser
+    from tidelog.broker.cli import build_parser
 
     argv = json.loads(effective(broker_image, "HEALTHCHECK").args.partition("CMD ")[2])
     args = build_parser().parse_args(argv[1:])

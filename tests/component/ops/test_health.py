@@ -10,12 +10,12 @@ import types
 import pytest
 import trio
 
-from broker.cli import main
-from broker.health import Readiness, address_from_config, broker_readiness, parse_address, probe, run
-from broker.network import SocketServer
-from broker.config import BrokerConfig
-from broker.coordination.zkserver import find_free_port
-from protocol.messages import ApiKey, BrokerMetadata, MetadataResponse
+from tidelog.broker.cli import main
+from tidelog.broker.health import Readiness, address_from_config, broker_readiness, parse_address, probe, run
+from tidelog.broker.network import SocketServer
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.coordination.zkserver import find_free_port
+from tidelog.protocol.messages import ApiKey, BrokerMetadata, MetadataResponse
 
 pytestmark = pytest.mark.component
 

@@ -254,7 +254,7 @@ def process_environment(service_env: dict[str, str]) -> dict[str, str]:
 
 def listener_port(broker: BrokerService) -> int:
     """The container port the broker listens on (from TIDELOG_LISTENERS or its config file)."""
-    from broker.config import BrokerConfig
+    from tidelog.broker.config import BrokerConfig
 
     config = BrokerConfig.load(broker.config_file, env=broker.environment)
     return config.listener[1]

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.config import (ALIASES, REQUIRED, SETTINGS, BrokerConfig, ConfigError, parse_listener,
+from tidelog.broker.config import (ALIASES, REQUIRED, SETTINGS, BrokerConfig, ConfigError, parse_listener,
                            settings_reference)
-from broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
+from tidelog.broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
 
 pytestmark = pytest.mark.unit
 

@@ -11,15 +11,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broker.coordinator.group_metadata import (
+from tidelog.broker.coordinator.group_metadata import (
     VALID_PREVIOUS_STATES, GroupConfig, GroupMetadata, GroupState, IllegalStateTransition, Reply, StoreGroup,
 )
-from broker.coordinator.offsets_records import decode_group_value, group_value
-from protocol.errors import (
+from tidelog.broker.coordinator.offsets_records import decode_group_value, group_value
+from tidelog.protocol.errors import (
     FENCED_INSTANCE_ID, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT,
     MEMBER_ID_REQUIRED, NONE, REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
 )
-from protocol.messages import (
+from tidelog.protocol.messages import (
     JoinGroupProtocol, JoinGroupRequest, MemberIdentity, SyncGroupAssignment, SyncGroupRequest,
 )
 
@@ -228,7 +228,7 @@ def test_a_failed_assignment_write_answers_the_error_and_rebalances():
     g, (m1,), now = stable_group(1)
     g.join(join_req(m1, protocols=(("range", b"x"),)), "c", "h", "x", now, CONFIG)
     (store,) = stores(g.sync(SyncGroupRequest("g", 2, m1, [SyncGroupAssignment(m1, b"a")]), now).effects)
-    from protocol.errors import NOT_COORDINATOR
+    from tidelog.protocol.errors import NOT_COORDINATOR
     effects = g.on_store_complete(store, NOT_COORDINATOR, now, CONFIG)
     assert replies(effects, "sync")[m1].error_code == NOT_COORDINATOR.code and g.is_(S.PREPARING_REBALANCE)
 
@@ -271,7 +271,7 @@ def test_a_static_member_rejoins_a_stable_group_without_a_rebalance_and_keeps_it
 def test_a_static_replacement_whose_write_fails_is_undone():
     g = static_group()
     (store,) = stores(g.join(join_req(instance="i1"), "c", "h", "new", 200, CONFIG).effects)
-    from protocol.errors import COORDINATOR_NOT_AVAILABLE
+    from tidelog.protocol.errors import COORDINATOR_NOT_AVAILABLE
     effects = g.on_store_complete(store, COORDINATOR_NOT_AVAILABLE, 200, CONFIG)
     assert replies(effects)["new"].error_code == COORDINATOR_NOT_AVAILABLE.code
     assert list(g.members) == ["old"] and g.static_members == {"i1": "old"}
@@ -352,8 +352,8 @@ def test_commit_rules(setup, generation, member, expected):
 
 
 def test_expiry_of_an_empty_groups_offsets():
-    from broker.coordinator.offsets_records import OffsetValue
-    from protocol.topics import TopicPartition
+    from tidelog.broker.coordinator.offsets_records import OffsetValue
+    from tidelog.protocol.topics import TopicPartition
     g = GroupMetadata("g", protocol_type="consumer", state_timestamp_ms=0)
     g.offsets[TopicPartition("t", 0)] = OffsetValue(5, commit_timestamp_ms=0)
     assert g.expire_offsets(99, 100) == [] and g.expire_offsets(100, 100) == [TopicPartition("t", 0)]
@@ -428,7 +428,7 @@ class GroupMachine(RuleBasedStateMachine):
     @rule(ok=st.booleans())
     def store_completes(self, ok):
         if self.pending_stores:
-            from protocol.errors import NOT_COORDINATOR
+            from tidelog.protocol.errors import NOT_COORDINATOR
             store = self.pending_stores.pop(0)
             self._effects(self.g.on_store_complete(store, NONE if ok else NOT_COORDINATOR, self.now, CONFIG))
 

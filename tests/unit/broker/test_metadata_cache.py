@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.metadata_cache import MetadataCache
-from protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION
-from protocol.messages import LiveBroker, PartitionState, UpdateMetadataRequest
+from tidelog.broker.metadata_cache import MetadataCache
+from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION
+from tidelog.protocol.messages import LiveBroker, PartitionState, UpdateMetadataRequest
 
 pytestmark = pytest.mark.unit
 

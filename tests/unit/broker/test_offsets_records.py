@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.coordinator.group_coordinator import java_string_hashcode, partition_for
-from broker.coordinator.offsets_records import (
+from tidelog.broker.coordinator.group_coordinator import java_string_hashcode, partition_for
+from tidelog.broker.coordinator.offsets_records import (
     GroupKey, GroupMetadataValue, MemberValue, OffsetKey, OffsetsRecordError, OffsetValue, decode_group_value,
     decode_key, decode_offset_value, group_key, group_value, load, offset_key, offset_value,
 )
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.producer_ids import MAX_PRODUCER_EPOCH, ProducerIdManager, bumped_epoch
-from protocol.errors import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, TidelogError
+from tidelog.broker.producer_ids import MAX_PRODUCER_EPOCH, ProducerIdManager, bumped_epoch
+from tidelog.protocol.errors import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, TidelogError
 
 pytestmark = pytest.mark.unit
 

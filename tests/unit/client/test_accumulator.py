@@ -11,12 +11,12 @@ import time
 import pytest
 import trio
 
-from client.aio.accumulator import (BATCH_OVERHEAD, BulkRecords, ProduceResult, RecordAccumulator,
+from tidelog.aio.accumulator import (BATCH_OVERHEAD, BulkRecords, ProduceResult, RecordAccumulator,
                                    RecordFutures, record_size)
-from client.aio.partitioner import StickyPartitioner
-from client.errors import ClientClosedError, RequestTimedOut
-from protocol.records import iter_all_records
-from protocol.topics import TopicPartition
+from tidelog.aio.partitioner import StickyPartitioner
+from tidelog.errors import ClientClosedError, RequestTimedOut
+from tidelog.protocol.records import iter_all_records
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 

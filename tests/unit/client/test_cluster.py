@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from client.aio.cluster import Backoff, ClusterMetadata, parse_bootstrap
-from protocol.errors import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION
-from protocol.messages import BrokerMetadata, MetadataResponse, PartitionMetadata, TopicMetadata
-from protocol.topics import TopicPartition
+from tidelog.aio.cluster import Backoff, ClusterMetadata, parse_bootstrap
+from tidelog.protocol.errors import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION
+from tidelog.protocol.messages import BrokerMetadata, MetadataResponse, PartitionMetadata, TopicMetadata
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 

@@ -7,13 +7,13 @@ import threading
 import pytest
 import trio
 
-from client.aio.accumulator import ProduceResult, RecordFuture
-from client.errors import (BrokerConnectionError, ClientClosedError, NoBrokersAvailable,
+from tidelog.aio.accumulator import ProduceResult, RecordFuture
+from tidelog.errors import (BrokerConnectionError, ClientClosedError, NoBrokersAvailable,
                            RequestTimedOut, TidelogClientError, broker_error)
-from client.records import RecordMetadata
-from protocol.errors import (NETWORK_EXCEPTION, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE,
+from tidelog.records import RecordMetadata
+from tidelog.protocol.errors import (NETWORK_EXCEPTION, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE,
                              OffsetOutOfRangeError, TidelogError)
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 

@@ -15,17 +15,17 @@ from typing import Any
 import pytest
 import trio
 
-from client.aio.cluster import ClusterMetadata
-from client.aio.consumer import ConsumerConfig, SubscriptionState
-from client.aio.group import ConsumerCoordinator, Generation, HeartbeatTimer, MemberState, call_maybe_async
-from protocol.errors import NONE, REBALANCE_IN_PROGRESS
-from protocol.messages import EARLIEST_TIMESTAMP, ApiKey, FindCoordinatorResponse, HeartbeatResponse
+from tidelog.aio.cluster import ClusterMetadata
+from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
+from tidelog.aio.group import ConsumerCoordinator, Generation, HeartbeatTimer, MemberState, call_maybe_async
+from tidelog.protocol.errors import NONE, REBALANCE_IN_PROGRESS
+from tidelog.protocol.messages import EARLIEST_TIMESTAMP, ApiKey, FindCoordinatorResponse, HeartbeatResponse
 
 pytestmark = pytest.mark.unit
 
 
 class MovedCoordinatorCluster:
-    """What ConsumerCoordinator uses of client.aio.cluster.Cluster: FindCoordinator names
+    """What ConsumerCoordinator uses of tidelog.aio.cluster.Cluster: FindCoordinator names
     broker 2; broker 2 answers heartbeats with REBALANCE_IN_PROGRESS."""
 
     def __init__(self) -> None:

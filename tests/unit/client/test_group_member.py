@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import trio
 
-from client.aio.cluster import ClusterMetadata
-from client.aio.consumer import ConsumerConfig, SubscriptionState
-from client.aio.group import ConsumerCoordinator, call_maybe_async
-from client.errors import RequestTimedOut
-from protocol.errors import NONE
-from protocol.messages import (EARLIEST_TIMESTAMP, ApiKey, OffsetCommitPartitionResponse, OffsetCommitResponse,
+from tidelog.aio.cluster import ClusterMetadata
+from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
+from tidelog.aio.group import ConsumerCoordinator, call_maybe_async
+from tidelog.errors import RequestTimedOut
+from tidelog.protocol.errors import NONE
+from tidelog.protocol.messages import (EARLIEST_TIMESTAMP, ApiKey, OffsetCommitPartitionResponse, OffsetCommitResponse,
                                OffsetCommitTopicResponse, OffsetFetchPartitionResponse, OffsetFetchResponse,
                                OffsetFetchTopicResponse)
-from protocol.topics import TopicPartition as TP
+from tidelog.protocol.topics import TopicPartition as TP
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +27,7 @@ A0 = TP("a", 0)
 
 
 class ScriptedCluster:
-    """What ConsumerCoordinator uses of client.aio.cluster.Cluster; the coordinator is node 1."""
+    """What ConsumerCoordinator uses of tidelog.aio.cluster.Cluster; the coordinator is node 1."""
 
     def __init__(self) -> None:
         self.metadata = ClusterMetadata()

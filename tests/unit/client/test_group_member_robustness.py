@@ -25,18 +25,18 @@ from typing import Any
 import pytest
 import trio
 
-import client.aio.group as group_module
-from client.aio.assignors import Assignment, encode_assignment
-from client.aio.cluster import ClusterMetadata
-from client.aio.consumer import ConsumerConfig, SubscriptionState
-from client.aio.group import ConsumerCoordinator, Generation, MemberState, call_maybe_async, heartbeats_due
-from client.errors import TidelogError
-from protocol.errors import GROUP_AUTHORIZATION_FAILED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS
-from protocol.messages import (EARLIEST_TIMESTAMP, ApiKey, FindCoordinatorResponse, HeartbeatResponse,
+import tidelog.aio.group as group_module
+from tidelog.aio.assignors import Assignment, encode_assignment
+from tidelog.aio.cluster import ClusterMetadata
+from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
+from tidelog.aio.group import ConsumerCoordinator, Generation, MemberState, call_maybe_async, heartbeats_due
+from tidelog.errors import TidelogError
+from tidelog.protocol.errors import GROUP_AUTHORIZATION_FAILED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS
+from tidelog.protocol.messages import (EARLIEST_TIMESTAMP, ApiKey, FindCoordinatorResponse, HeartbeatResponse,
                                JoinGroupMember, JoinGroupResponse, OffsetCommitPartitionResponse,
                                OffsetCommitResponse, OffsetCommitTopicResponse, OffsetFetchResponse,
                                SyncGroupResponse)
-from protocol.topics import TopicPartition as TP
+from tidelog.protocol.topics import TopicPartition as TP
 
 pytestmark = pytest.mark.unit
 
@@ -50,7 +50,7 @@ def trio_monotonic(monkeypatch):
 
 
 class ScriptedCoordinator:
-    """What ConsumerCoordinator uses of client.aio.cluster.Cluster. ``events`` records what the
+    """What ConsumerCoordinator uses of tidelog.aio.cluster.Cluster. ``events`` records what the
     coordinator saw and answered, in order; handlers may be replaced per test."""
 
     def __init__(self, *, leader: bool = False) -> None:

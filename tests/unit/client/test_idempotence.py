@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from client.aio.accumulator import ProducerBatch, RecordAccumulator
-from client.aio.idempotence import MAX_SEQUENCE, IdempotenceState, next_sequence
-from client.aio.producer import Decision, decide, decide_sequenced
-from protocol.errors import (
+from tidelog.aio.accumulator import ProducerBatch, RecordAccumulator
+from tidelog.aio.idempotence import MAX_SEQUENCE, IdempotenceState, next_sequence
+from tidelog.aio.producer import Decision, decide, decide_sequenced
+from tidelog.protocol.errors import (
     DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER,
     UNKNOWN_PRODUCER_ID,
 )
-from protocol.records import Codec, read_header
-from protocol.topics import TopicPartition
+from tidelog.protocol.records import Codec, read_header
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.aio.accumulator import RecordAccumulator
-from client.aio.partitioner import StickyPartitioner, default_partition, murmur2, to_positive
+from tidelog.aio.accumulator import RecordAccumulator
+from tidelog.aio.partitioner import StickyPartitioner, default_partition, murmur2, to_positive
 
 pytestmark = pytest.mark.unit
 

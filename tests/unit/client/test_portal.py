@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client._portal import Portal
-from client.errors import ClientClosedError, RequestTimedOut
+from tidelog._portal import Portal
+from tidelog.errors import ClientClosedError, RequestTimedOut
 
 pytestmark = pytest.mark.unit
 

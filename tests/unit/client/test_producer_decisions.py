@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from client.aio.accumulator import ProducerBatch
-from client.aio.producer import (Decision, ProducerConfig, build_produce_request, decide,
+from tidelog.aio.accumulator import ProducerBatch
+from tidelog.aio.producer import (Decision, ProducerConfig, build_produce_request, decide,
                                  decide_failure, decide_response, parse_acks, serialize)
-from client.errors import BrokerConnectionError, RequestTimedOut
-from protocol.errors import (CORRUPT_MESSAGE, LEADER_NOT_AVAILABLE, MESSAGE_TOO_LARGE,
+from tidelog.errors import BrokerConnectionError, RequestTimedOut
+from tidelog.protocol.errors import (CORRUPT_MESSAGE, LEADER_NOT_AVAILABLE, MESSAGE_TOO_LARGE,
                              NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, TOPIC_AUTHORIZATION_FAILED,
                              UNKNOWN_TOPIC_OR_PARTITION, RecordTooLargeError, TidelogError)
-from protocol.messages import (PartitionProduceResponse, ProduceRequest, ProduceResponse,
+from tidelog.protocol.messages import (PartitionProduceResponse, ProduceRequest, ProduceResponse,
                                TopicProduceResponse)
-from protocol.records import Codec, iter_all_records
-from protocol.topics import TopicPartition
+from tidelog.protocol.records import Codec, iter_all_records
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.controller.controller import Controller, ControllerConfig, ControllerContext
-from broker.coordination.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
-from protocol.topics import TopicPartition
+from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerContext
+from tidelog.broker.coordination.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 

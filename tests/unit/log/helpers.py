@@ -5,14 +5,14 @@ from __future__ import annotations
 import itertools
 import os
 
-from protocol.records import (
+from tidelog.protocol.records import (
     CRC_START, BatchBuilder, BatchRecord, Codec, iter_all_records, iter_headers, validate_batches,
 )
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
-from broker.log.config import LogConfig
-from broker.log.loader import load_log
-from broker.log.log import Log
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.loader import load_log
+from tidelog.broker.log.log import Log
 
 TP = TopicPartition("events", 0)
 

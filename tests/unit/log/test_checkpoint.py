@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.log.checkpoint import (
+from tidelog.broker.log.checkpoint import (
     LEADER_EPOCH_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT,
     REPLICATION_CHECKPOINT, CheckpointFile, CorruptCheckpointError, LeaderEpochCheckpoint,
     OffsetCheckpoint, atomic_write,
 )
-from protocol.errors import StorageError
-from protocol.topics import TopicPartition
+from tidelog.protocol.errors import StorageError
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 

@@ -13,18 +13,18 @@ import os
 
 import pytest
 
-from broker.log.cleaner import (
+from tidelog.broker.log.cleaner import (
     BYTES_PER_MAP_ENTRY, CLEANER_OFFSET_CHECKPOINT, CleanerConfig, LogCleaner, OffsetMap, cleanable_offsets,
     retain_record,
 )
-from broker.log.checkpoint import OffsetCheckpoint
-from broker.log.config import InvalidConfigError, LogConfig
-from broker.log.dump import run as dump_run
-from broker.log.manager import LogManager
-from broker.log.segment import LOG_SUFFIX
-from protocol.errors import INVALID_RECORD, TidelogError
-from protocol.records import BatchBuilder, Codec, build_batch, iter_headers
-from protocol.topics import TopicPartition
+from tidelog.broker.log.checkpoint import OffsetCheckpoint
+from tidelog.broker.log.config import InvalidConfigError, LogConfig
+from tidelog.broker.log.dump import run as dump_run
+from tidelog.broker.log.manager import LogManager
+from tidelog.broker.log.segment import LOG_SUFFIX
+from tidelog.protocol.errors import INVALID_RECORD, TidelogError
+from tidelog.protocol.records import BatchBuilder, Codec, build_batch, iter_headers
+from tidelog.protocol.topics import TopicPartition
 
 from tests.unit.log.helpers import FakeClock, read_batches, read_records
 

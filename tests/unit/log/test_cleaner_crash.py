@@ -17,13 +17,13 @@ import shutil
 
 import pytest
 
-from broker.log.cleaner import CleanerConfig, LogCleaner
-from broker.log.dump import run as dump_run
-from broker.log.manager import LogManager
-from broker.log.segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX
-from broker.log.swap import apply_ops, plan_swap
-from protocol.records import build_batch
-from protocol.topics import TopicPartition
+from tidelog.broker.log.cleaner import CleanerConfig, LogCleaner
+from tidelog.broker.log.dump import run as dump_run
+from tidelog.broker.log.manager import LogManager
+from tidelog.broker.log.segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX
+from tidelog.broker.log.swap import apply_ops, plan_swap
+from tidelog.protocol.records import build_batch
+from tidelog.protocol.topics import TopicPartition
 
 from tests.unit.log.helpers import FakeClock, read_records
 
@@ -33,7 +33,7 @@ TP = TopicPartition("compacted", 0)
 
 
 def _config():
-    from broker.log.config import LogConfig
+    from tidelog.broker.log.config import LogConfig
     return LogConfig(segment_bytes=700, index_interval_bytes=100, cleanup_policy="compact",
                      min_cleanable_dirty_ratio=0.0, retention_ms=-1)
 

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from broker.log.cleaner import CleaningAborted, run_steps_inline
+from tidelog.broker.log.cleaner import CleaningAborted, run_steps_inline
 
 from tests.unit.log.test_cleaner import COMPACT, TP, Env
 
@@ -102,7 +102,7 @@ def test_a_full_offset_map_stays_within_the_dedupe_buffer():
     # log.cleaner.dedupe.buffer.size bounds the memory of the cleaners' key -> offset maps
     import tracemalloc
 
-    from broker.log.cleaner import CleanerConfig, OffsetMap
+    from tidelog.broker.log.cleaner import CleanerConfig, OffsetMap
     buffer_bytes = 8 * 1024 * 1024
     capacity = CleanerConfig(dedupe_buffer_size=buffer_bytes, io_buffer_load_factor=1.0).map_capacity
     tracemalloc.start()

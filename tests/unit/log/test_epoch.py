@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.log.checkpoint import LeaderEpochCheckpoint
-from broker.log.epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
+from tidelog.broker.log.checkpoint import LeaderEpochCheckpoint
+from tidelog.broker.log.epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.log.index import CorruptIndexError, OffsetIndex, TimeIndex
+from tidelog.broker.log.index import CorruptIndexError, OffsetIndex, TimeIndex
 
 pytestmark = pytest.mark.unit
 

@@ -11,18 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import (
+from tidelog.protocol.errors import (
     FENCED_LEADER_EPOCH, RECORD_LIST_TOO_LARGE, CorruptRecordError, OffsetOutOfRangeError,
     RecordTooLargeError, TidelogError,
 )
-from protocol.records import (
+from tidelog.protocol.records import (
     patch_batch,
     CRC_AT, CRC_START, LOG_OVERHEAD, MAGIC_AT, NO_TIMESTAMP, BatchBuilder, Codec, TimestampType,
     build_batch, iter_all_records, iter_headers, read_header, validate_batches,
 )
 
-from broker.log.config import LogConfig
-from broker.log.segment import LOG_SUFFIX
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.segment import LOG_SUFFIX
 
 from tests.unit.log.helpers import (
     FakeClock, headers_of, make_batch, open_log, read_batches, read_records, segment_file_sizes,
@@ -861,7 +861,7 @@ def test_stored_batch_sizes_add_up(tmp_path):
 
 
 def test_a_read_inside_a_gap_returns_the_next_batch_below_max_offset_or_nothing(tmp_path):
-    """What a consumer relies on for compacted topics (client.aio.consumer: "gap"): a read
+    """What a consumer relies on for compacted topics (tidelog.aio.consumer: "gap"): a read
     with min_one_message from an offset in a gap returns the first batch after it when one
     starts below ``max_offset`` (the HW), across segments, and b"" only when none does."""
     log = open_log(tmp_path, small_config(segment_bytes=10_000))

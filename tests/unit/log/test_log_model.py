@@ -23,11 +23,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from protocol.records import (
+from tidelog.protocol.records import (
     CRC_START, BatchBuilder, Codec, iter_headers, iter_records, validate_batches,
 )
 
-from broker.log.config import LogConfig
+from tidelog.broker.log.config import LogConfig
 
 from tests.unit.log.helpers import FakeClock, open_log
 

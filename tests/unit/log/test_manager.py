@@ -15,16 +15,16 @@ import os
 
 import pytest
 
-from broker.log.checkpoint import (
+from tidelog.broker.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT, OffsetCheckpoint,
 )
-from broker.log.config import LogConfig
-from broker.log.log import Log
-from broker.log.manager import CLEAN_SHUTDOWN_MARKER, META_PROPERTIES, LogManager
-from broker.log.segment import LOG_SUFFIX, filename_prefix
-from protocol.errors import StorageError
-from protocol.records import build_batch, iter_headers, iter_records, validate_batch
-from protocol.topics import TopicPartition
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.log import Log
+from tidelog.broker.log.manager import CLEAN_SHUTDOWN_MARKER, META_PROPERTIES, LogManager
+from tidelog.broker.log.segment import LOG_SUFFIX, filename_prefix
+from tidelog.protocol.errors import StorageError
+from tidelog.protocol.records import build_batch, iter_headers, iter_records, validate_batch
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from broker.log.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
+from tidelog.broker.log.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
 
 from tests.unit.log.test_cleaner import COMPACT, Env
 

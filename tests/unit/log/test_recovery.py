@@ -32,16 +32,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.log.config import LogConfig
-from broker.log.index import OffsetIndex, TimeIndex
-from broker.log.loader import load_log
-from broker.log.log import Log
-from broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, filename_prefix
-from protocol.errors import CorruptRecordError
-from protocol.records import (
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.index import OffsetIndex, TimeIndex
+from tidelog.broker.log.loader import load_log
+from tidelog.broker.log.log import Log
+from tidelog.broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, filename_prefix
+from tidelog.protocol.errors import CorruptRecordError
+from tidelog.protocol.records import (
     CRC_START, LOG_OVERHEAD, Codec, build_batch, iter_headers, iter_records, validate_batch,
 )
-from protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit
 
@@ -527,7 +527,7 @@ def test_bit_flip_in_a_leader_epoch_keeps_a_prefix(pristine, seed, bit):
 def test_recovery_through_the_log_manager(pristine, checkpoint, caplog):
     """The same cut, reached the way a restarted broker reaches it: no clean-shutdown marker,
     and a recovery-point checkpoint that is missing, corrupt or older than the damage."""
-    from broker.log.manager import LogManager
+    from tidelog.broker.log.manager import LogManager
 
     rnd = random.Random(99)
     k, seg_base, pos, h = _closed_batch(pristine, rnd)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.errors import FrameTooLargeError, InvalidRequestError
-from protocol.frames import MAX_FRAME_BYTES_DEFAULT, PREFIX_SIZE, FrameDecoder, encode_frame
+from tidelog.protocol.errors import FrameTooLargeError, InvalidRequestError
+from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT, PREFIX_SIZE, FrameDecoder, encode_frame
 
 pytestmark = pytest.mark.unit
 

@@ -20,8 +20,8 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import CorruptRecordError, RecordTooLargeError, UnsupportedCompressionError
-from protocol.records import (
+from tidelog.protocol.errors import CorruptRecordError, RecordTooLargeError, UnsupportedCompressionError
+from tidelog.protocol.records import (
     ATTRIBUTES_AT, BATCH_LENGTH_AT, CRC_AT, CRC_START, HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC,
     MAGIC_AT, MIN_BATCH_LENGTH, NO_PRODUCER_ID, NO_SEQUENCE, BatchBuilder, BatchRecord, Codec,
     TimestampType, build_batch, compress, compute_crc, decompress, iter_all_records, iter_headers,
@@ -659,7 +659,7 @@ def test_header_layout_is_61_bytes_big_endian():
 
 
 def test_describe_names_the_fields():
-    from protocol.records import BatchSummary
+    from tidelog.protocol.records import BatchSummary
 
     buf = _sample_batch(2, Codec.ZSTD, base_offset=5)
     text = BatchSummary(0, read_header(buf), True).describe()

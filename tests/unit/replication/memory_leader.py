@@ -24,20 +24,20 @@ from typing import Callable
 
 import trio
 
-from broker.apis import Apis
-from broker.log.config import LogConfig
-from broker.log.log import Log
-from broker.log.manager import LogManager
-from broker.metadata_cache import MetadataCache
-from broker.replication.fetcher import FetcherConfig, ReplicaFetcher
-from broker.replication.replica_manager import NotifyingPartition, ReplicaConfig, ReplicaManager
-from protocol.errors import NONE
-from protocol.messages import (
+from tidelog.broker.apis import Apis
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.log import Log
+from tidelog.broker.log.manager import LogManager
+from tidelog.broker.metadata_cache import MetadataCache
+from tidelog.broker.replication.fetcher import FetcherConfig, ReplicaFetcher
+from tidelog.broker.replication.replica_manager import NotifyingPartition, ReplicaConfig, ReplicaManager
+from tidelog.protocol.errors import NONE
+from tidelog.protocol.messages import (
     FetchRequest, FetchResponse, LeaderAndIsrRequest, OffsetsForLeaderEpochRequest,
     OffsetsForLeaderEpochResponse, PartitionState,
 )
-from protocol.records import validate_batches
-from protocol.topics import TopicPartition
+from tidelog.protocol.records import validate_batches
+from tidelog.protocol.topics import TopicPartition
 
 TP = TopicPartition("replicated", 0)
 CONTROLLER_EPOCH = 1

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from broker.deferred import DeferredResponse
-from broker.replication.replica_manager import DelayedFetch
-from protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION
-from protocol.messages import (FetchPartition, FetchRequest, FetchResponse, FetchTopic, StopReplicaPartition,
+from tidelog.broker.deferred import DeferredResponse
+from tidelog.broker.replication.replica_manager import DelayedFetch
+from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION
+from tidelog.protocol.messages import (FetchPartition, FetchRequest, FetchResponse, FetchTopic, StopReplicaPartition,
                                StopReplicaRequest)
 
 from tests.unit.log.helpers import make_batch
@@ -127,7 +127,7 @@ async def test_without_the_timer_running_a_fetch_waits_in_a_coroutine(tmp_path):
 async def test_answered_fetches_with_long_deadlines_are_purged_from_the_timer_heap(leader, autojump_clock):
     """Consumers answered at once every time while asking for a long max_wait_ms must not
     grow the purgatory until their deadlines pass (Kafka purges completed operations)."""
-    from broker.replication.replica_manager import PURGE_DELAYED_AT
+    from tidelog.broker.replication.replica_manager import PURGE_DELAYED_AT
     rm = leader.replica_manager
     answered = 0
     for offset in range(3 * PURGE_DELAYED_AT):

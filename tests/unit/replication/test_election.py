@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.controller.election import (
+from tidelog.broker.controller.election import (
     Election, controlled_shutdown_leader, offline_partition_leader, preferred_replica_leader, remove_from_isr,
 )
 

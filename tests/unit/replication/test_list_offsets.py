@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.errors import FENCED_LEADER_EPOCH, NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
-from protocol.messages import (
+from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
+from tidelog.protocol.messages import (
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,

@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from broker.log.config import LogConfig
-from broker.log.loader import load_log
-from broker.replication.partition import (
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.loader import load_log
+from tidelog.broker.replication.partition import (
     Partition, ReplicaState, can_join_isr, check_leader_epoch, high_watermark,
 )
-from protocol.errors import (
+from tidelog.protocol.errors import (
     FENCED_LEADER_EPOCH, NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH, TidelogError,
 )
-from protocol.messages import PartitionState
+from tidelog.protocol.messages import PartitionState
 
 from tests.unit.log.helpers import TP, FakeClock, make_batch
 from tests.unit.replication.memory_leader import scratch_dir
