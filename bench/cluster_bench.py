@@ -40,9 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tidelog.broker.devcluster import DevCluster  # noqa: E402
 from tidelog import Admin, Consumer, Producer, TopicPartition  # noqa: E402
 from tidelog.aio.admin import NewTopic  # noqa: E402
+from tidelog.broker.devcluster import DevCluster  # noqa: E402
 
 VALUE_SIZE = 100
 PY_SPY = Path(sys.executable).parent / "py-spy"

@@ -20,8 +20,8 @@ import sys
 import tempfile
 import time
 
-from tidelog.broker.devcluster import DevCluster
 from tidelog import Admin, NewTopic, Producer
+from tidelog.broker.devcluster import DevCluster
 
 TOPIC = "failover"
 

@@ -50,8 +50,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tidelog.broker.devcluster import DevCluster
 from tidelog import Admin, Consumer, ConsumerRebalanceListener, NewTopic, TopicPartition
+from tidelog.broker.devcluster import DevCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 

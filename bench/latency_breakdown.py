@@ -24,11 +24,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tidelog.broker.devcluster import DevCluster  # noqa: E402
 from tidelog import Admin, Consumer, Producer, TopicPartition  # noqa: E402
 from tidelog.aio import AsyncConsumer, AsyncProducer  # noqa: E402
 from tidelog.aio.admin import NewTopic  # noqa: E402
 from tidelog.aio.connection import BrokerConnection  # noqa: E402
+from tidelog.broker.devcluster import DevCluster  # noqa: E402
 from tidelog.protocol.messages import ApiKey, ApiVersionsRequest  # noqa: E402
 
 VALUE = b"x" * 100

@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tidelog.broker.devcluster import DevCluster
 from tidelog import Admin, NewTopic, Producer
+from tidelog.broker.devcluster import DevCluster
 
 TOPIC = "spark-bench"
 CHECKPOINTS: list[str] = []  # removed at exit

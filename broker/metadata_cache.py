@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from tidelog.protocol.errors import LEADER_NOT_AVAILABLE, NONE, UNKNOWN_TOPIC_OR_PARTITION
 from tidelog.protocol.messages import (
-    NO_LEADER, BrokerMetadata, LiveBroker, PartitionMetadata, PartitionState, TopicMetadata,
+    NO_LEADER,
+    BrokerMetadata,
+    LiveBroker,
+    PartitionMetadata,
+    PartitionState,
+    TopicMetadata,
     UpdateMetadataRequest,
 )
 from tidelog.protocol.topics import TopicPartition, is_internal_topic

@@ -19,7 +19,8 @@ Theory of operation. Nothing here runs per record, and almost nothing per reques
   waiting requests.
 * **The endpoint** is a small HTTP/1.0 server on the broker's Trio loop (``MetricsServer``):
   ``GET /metrics`` renders the registry with prometheus_client's encoder (the text format,
-  or OpenMetrics when the scraper's Accept header asks for it) on the Trio thread, so a scrape sees a consistent snapshot and never races the broker's data
+  or OpenMetrics when the scraper's Accept header asks for it) on the Trio thread, so a scrape
+  sees a consistent snapshot and never races the broker's data
   structures; ``GET /ready`` answers 200 when the broker is ready (broker/health.py) and 503
   with the failing checks otherwise; ``GET /live`` answers 200 while the loop runs.
 
@@ -48,8 +49,8 @@ from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 
 from tidelog.broker.deferred import DeferredResponse
 from tidelog.protocol.messages import ApiKey, FetchResponse, ProduceResponse

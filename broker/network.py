@@ -74,7 +74,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from tidelog.broker.deferred import DeferredResponse
-
 from tidelog.protocol.connection import BadRequest, Request, ServerConnection
 from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR, ErrorCode, TidelogError, code_of
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT

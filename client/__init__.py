@@ -27,15 +27,33 @@ import trio
 
 from tidelog._portal import GRACE_S, Portal
 from tidelog.aio.accumulator import RecordFuture, RecordFutures
-from tidelog.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, NewTopic, PartitionInfo,
-                              TopicDescription)
-from tidelog.aio.admin import ConsumerGroupDescription, GroupOffsets, ListedGroup, MemberDescription
+from tidelog.aio.admin import (
+    AsyncAdmin,
+    ClusterDescription,
+    ConfigEntry,
+    ConsumerGroupDescription,
+    GroupOffsets,
+    ListedGroup,
+    MemberDescription,
+    NewTopic,
+    PartitionInfo,
+    TopicDescription,
+)
 from tidelog.aio.consumer import AsyncConsumer, OffsetAndTimestamp
 from tidelog.aio.group import ConsumerRebalanceListener
 from tidelog.aio.producer import _NEED_METADATA, AsyncProducer, partly_queued
-from tidelog.errors import (BrokerConnectionError, ClientClosedError, CommitFailedError,
-                           NoBrokersAvailable, NoOffsetForPartitionError, RebalanceInProgressError,
-                           RequestTimedOut, TidelogClientError, TidelogError, WakeupError)
+from tidelog.errors import (
+    BrokerConnectionError,
+    ClientClosedError,
+    CommitFailedError,
+    NoBrokersAvailable,
+    NoOffsetForPartitionError,
+    RebalanceInProgressError,
+    RequestTimedOut,
+    TidelogClientError,
+    TidelogError,
+    WakeupError,
+)
 from tidelog.records import Record, RecordMetadata, TopicPartition
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",

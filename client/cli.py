@@ -352,8 +352,8 @@ async def _log_offsets(args: argparse.Namespace, partitions: Sequence[Any]
 
 async def _topics_elect_leaders(args: argparse.Namespace) -> int:
     """Preferred leader election (kafka-leader-election --election-type preferred)."""
-    from tidelog.records import TopicPartition
     from tidelog.protocol.errors import ELECTION_NOT_NEEDED, NONE, for_code
+    from tidelog.records import TopicPartition
 
     async with _admin_session(args) as admin:
         await _connect(admin, args)

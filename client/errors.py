@@ -23,10 +23,23 @@ names where the error came from (topic, partition, node) and what the code means
 
 from __future__ import annotations
 
-from tidelog.protocol.errors import (BROKER_NOT_AVAILABLE, ILLEGAL_GENERATION, NETWORK_EXCEPTION, NONE,
-                             OFFSET_OUT_OF_RANGE, REBALANCE_IN_PROGRESS, REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR, CorruptRecordError,
-                             ErrorCode, OffsetOutOfRangeError, RecordTooLargeError, TidelogError,
-                             error_for, for_code)
+from tidelog.protocol.errors import (
+    BROKER_NOT_AVAILABLE,
+    ILLEGAL_GENERATION,
+    NETWORK_EXCEPTION,
+    NONE,
+    OFFSET_OUT_OF_RANGE,
+    REBALANCE_IN_PROGRESS,
+    REQUEST_TIMED_OUT,
+    UNKNOWN_SERVER_ERROR,
+    CorruptRecordError,
+    ErrorCode,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    TidelogError,
+    error_for,
+    for_code,
+)
 
 __all__ = [
     "TidelogError", "TidelogClientError", "RequestTimedOut", "BrokerConnectionError",

@@ -1,7 +1,8 @@
 """The values the SDK hands to applications: consumed records and produce acknowledgements.
 
 ``Record`` is built once per consumed record, so it is a plain slotted dataclass (no frozen
-``__setattr__`` detour, its empty headers list made only when asked for); treat it as a value. ``TopicPartition`` is the protocol's NamedTuple.
+``__setattr__`` detour, its empty headers list made only when asked for); treat it as a value.
+``TopicPartition`` is the protocol's NamedTuple.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ import subprocess
 import sys
 import time
 
-from tidelog.broker.devcluster import DevCluster
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.broker.devcluster import DevCluster
 
 TOPIC = "orders"
 

@@ -40,8 +40,14 @@ from typing import Any
 
 from tidelog.protocol.errors import FrameTooLargeError, InvalidRequestError, TidelogError
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT, FrameDecoder, encode_frame
-from tidelog.protocol.messages import (Message, RequestHeader, decode_request, decode_response,
-                               encode_request, encode_response)
+from tidelog.protocol.messages import (
+    Message,
+    RequestHeader,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
 
 MAX_CORRELATION_ID = 0x7FFFFFFF
 MAX_IN_FLIGHT_DEFAULT = 16

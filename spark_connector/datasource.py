@@ -21,21 +21,43 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
-                                    DataSourceStreamArrowWriter, DataSourceStreamReader, InputPartition,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
-from pyspark.sql.types import (ArrayType, BinaryType, DataType, IntegerType, LongType, StringType, StructField,
-                               StructType, TimestampType)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from tidelog import Record
 from tidelog.spark.cluster import ClusterView
-from tidelog.spark.fetch import DataLossError, HINT, open_consumer, read_range
-from tidelog.spark.options import (OptionError, SinkOptions, SourceOptions, parse_sink_options,
-                                     parse_source_options)
-from tidelog.spark.planning import (OffsetRange, Offsets, next_end, offsets_from_json, offsets_to_json,
-                                      plan_ranges, resolve_ending, resolve_starting)
+from tidelog.spark.fetch import HINT, DataLossError, open_consumer, read_range
+from tidelog.spark.options import OptionError, SinkOptions, SourceOptions, parse_sink_options, parse_source_options
+from tidelog.spark.planning import (
+    OffsetRange,
+    Offsets,
+    next_end,
+    offsets_from_json,
+    offsets_to_json,
+    plan_ranges,
+    resolve_ending,
+    resolve_starting,
+)
 from tidelog.spark.produce import OutRow, send_rows
 
 __all__ = ["TidelogDataSource", "TidelogStreamReader", "TidelogBatchReader", "TidelogBatchWriter",

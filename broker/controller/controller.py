@@ -46,18 +46,37 @@ import trio
 
 from tidelog.broker.controller.channels import ChannelManager, Outgoing
 from tidelog.broker.controller.election import (
-    Election, controlled_shutdown_leader, offline_partition_leader, preferred_replica_leader, remove_from_isr,
+    Election,
+    controlled_shutdown_leader,
+    offline_partition_leader,
+    preferred_replica_leader,
+    remove_from_isr,
 )
 from tidelog.broker.coordination import layout
 from tidelog.broker.coordination.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
 from tidelog.broker.log.config import InvalidConfigError, LogConfig
 from tidelog.protocol.errors import (
-    ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE, INVALID_CONFIG, INVALID_PARTITIONS, INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR,
-    NONE, TOPIC_ALREADY_EXISTS, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, code_of,
+    ELECTION_NOT_NEEDED,
+    INVALID_CONFIG,
+    INVALID_PARTITIONS,
+    INVALID_REPLICA_ASSIGNMENT,
+    INVALID_REPLICATION_FACTOR,
+    NONE,
+    PREFERRED_LEADER_NOT_AVAILABLE,
+    TOPIC_ALREADY_EXISTS,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    TidelogError,
+    code_of,
 )
 from tidelog.protocol.messages import (
-    ApiKey, LeaderAndIsrRequest, LiveBroker, PartitionState, StopReplicaPartition, StopReplicaRequest,
-    TopicResult, UpdateMetadataRequest,
+    ApiKey,
+    LeaderAndIsrRequest,
+    LiveBroker,
+    PartitionState,
+    StopReplicaPartition,
+    StopReplicaRequest,
+    TopicResult,
+    UpdateMetadataRequest,
 )
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
 

@@ -31,8 +31,14 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from tidelog.protocol.errors import (INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, NOT_CONTROLLER,
-                             REQUEST_TIMED_OUT, TOPIC_ALREADY_EXISTS, TidelogError)
+from tidelog.protocol.errors import (
+    INVALID_PARTITIONS,
+    INVALID_REPLICATION_FACTOR,
+    NOT_CONTROLLER,
+    REQUEST_TIMED_OUT,
+    TOPIC_ALREADY_EXISTS,
+    TidelogError,
+)
 from tidelog.protocol.topics import MAX_TOPIC_NAME_LENGTH
 
 DEFAULT_CHROOT = "/tidelog"

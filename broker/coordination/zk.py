@@ -43,22 +43,59 @@ from typing import Any, Callable, Iterable, Mapping
 
 import trio
 from kazoo.client import KazooClient
-from kazoo.exceptions import (BadVersionError, ConnectionDropped, ConnectionLoss, KazooException,
-                              NodeExistsError, NoNodeError, OperationTimeoutError, RolledBackError,
-                              RuntimeInconsistency, SessionExpiredError)
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionDropped,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    RolledBackError,
+    RuntimeInconsistency,
+    SessionExpiredError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
 from tidelog.broker.coordination.layout import (
-    BrokerIdInUseError, BrokerInfo, ControllerMovedError, DEFAULT_CHROOT, INITIAL_CONTROLLER_EPOCH,
-    LeaderAndIsr, ProducerIdBlock, TopicExistsError, ZkConnectionError, ZkError, ZkNodeExistsError,
-    ZkNoNodeError, ZkPaths, ZkTimeoutError, ZkVersionConflict, decode_broker_info, decode_cluster_id,
-    decode_controller, decode_controller_epoch, decode_isr_change, decode_partition_state,
-    decode_producer_id_block, decode_topic_assignment, decode_topic_config, encode_broker_info,
-    encode_cluster_id, encode_controller, encode_controller_epoch, encode_isr_change,
-    encode_partition_state, encode_producer_id_block, encode_topic_assignment, encode_topic_config,
-    next_producer_id_block, split_connect)
+    DEFAULT_CHROOT,
+    INITIAL_CONTROLLER_EPOCH,
+    BrokerIdInUseError,
+    BrokerInfo,
+    ControllerMovedError,
+    LeaderAndIsr,
+    ProducerIdBlock,
+    TopicExistsError,
+    ZkConnectionError,
+    ZkError,
+    ZkNodeExistsError,
+    ZkNoNodeError,
+    ZkPaths,
+    ZkTimeoutError,
+    ZkVersionConflict,
+    decode_broker_info,
+    decode_cluster_id,
+    decode_controller,
+    decode_controller_epoch,
+    decode_isr_change,
+    decode_partition_state,
+    decode_producer_id_block,
+    decode_topic_assignment,
+    decode_topic_config,
+    encode_broker_info,
+    encode_cluster_id,
+    encode_controller,
+    encode_controller_epoch,
+    encode_isr_change,
+    encode_partition_state,
+    encode_producer_id_block,
+    encode_topic_assignment,
+    encode_topic_config,
+    next_producer_id_block,
+    split_connect,
+)
 from tidelog.protocol.topics import validate_topic_name
 
 __all__ = ["ZkClient", "ZkError", "ZkTimeoutError", "ZkConnectionError", "ZkNoNodeError",

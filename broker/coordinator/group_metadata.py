@@ -52,13 +52,30 @@ from enum import Enum
 
 from tidelog.broker.coordinator.offsets_records import GroupMetadataValue, MemberValue, OffsetValue
 from tidelog.protocol.errors import (
-    COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, ILLEGAL_GENERATION,
-    INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT, MEMBER_ID_REQUIRED, NONE, REBALANCE_IN_PROGRESS,
-    UNKNOWN_MEMBER_ID, ErrorCode,
+    COORDINATOR_NOT_AVAILABLE,
+    FENCED_INSTANCE_ID,
+    GROUP_MAX_SIZE_REACHED,
+    ILLEGAL_GENERATION,
+    INCONSISTENT_GROUP_PROTOCOL,
+    INVALID_SESSION_TIMEOUT,
+    MEMBER_ID_REQUIRED,
+    NONE,
+    REBALANCE_IN_PROGRESS,
+    UNKNOWN_MEMBER_ID,
+    ErrorCode,
 )
 from tidelog.protocol.messages import (
-    NO_GENERATION, UNKNOWN_MEMBER, DescribedGroup, DescribedGroupMember, JoinGroupMember, JoinGroupRequest,
-    JoinGroupResponse, MemberIdentity, MemberResponse, SyncGroupRequest, SyncGroupResponse,
+    NO_GENERATION,
+    UNKNOWN_MEMBER,
+    DescribedGroup,
+    DescribedGroupMember,
+    JoinGroupMember,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    MemberIdentity,
+    MemberResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
 )
 from tidelog.protocol.topics import TopicPartition
 

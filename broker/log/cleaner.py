@@ -96,17 +96,29 @@ from typing import Callable, Iterator, NamedTuple
 import msgpack
 from crc32c import crc32c
 
-from tidelog.protocol.errors import CorruptRecordError, StorageError, TidelogError
-from tidelog.protocol.records import (
-    CODEC_MASK, DELETE_HORIZON_BIT, HEADER_SIZE, MAGIC, MIN_BATCH_LENGTH, NO_SEQUENCE, NO_TIMESTAMP,
-    TIMESTAMP_TYPE_BIT, BatchHeader, Codec, compress, decompress, iter_headers, read_header,
-    record_columns, validate_batch,
-)
-from tidelog.protocol.topics import TopicPartition
-
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.log import Clock, Log, wall_clock_ms
 from tidelog.broker.log.segment import MAX_RELATIVE_OFFSET, LogSegment
+from tidelog.protocol.errors import CorruptRecordError, StorageError, TidelogError
+from tidelog.protocol.records import (
+    CODEC_MASK,
+    DELETE_HORIZON_BIT,
+    HEADER_SIZE,
+    MAGIC,
+    MIN_BATCH_LENGTH,
+    NO_SEQUENCE,
+    NO_TIMESTAMP,
+    TIMESTAMP_TYPE_BIT,
+    BatchHeader,
+    Codec,
+    compress,
+    decompress,
+    iter_headers,
+    read_header,
+    record_columns,
+    validate_batch,
+)
+from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.log.cleaner")
 

@@ -49,15 +49,28 @@ from array import array
 from contextlib import ExitStack
 from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple, TextIO
 
-from tidelog.protocol.errors import TidelogError
-from tidelog.protocol.records import (
-    HEADER_SIZE, MAGIC, MIN_BATCH_LENGTH, NO_SEQUENCE, BatchHeader, BatchRecord, BatchSummary,
-    TimestampType, compute_crc, iter_records, read_header, validate_batch,
-)
-
 from tidelog.broker.log.producer_state import MAX_SNAPSHOT_BYTES, decode_snapshot
 from tidelog.broker.log.segment import (
-    INDEX_SUFFIX, LOG_SUFFIX, MAX_RELATIVE_OFFSET, TIME_INDEX_SUFFIX, filename_prefix,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    MAX_RELATIVE_OFFSET,
+    TIME_INDEX_SUFFIX,
+    filename_prefix,
+)
+from tidelog.protocol.errors import TidelogError
+from tidelog.protocol.records import (
+    HEADER_SIZE,
+    MAGIC,
+    MIN_BATCH_LENGTH,
+    NO_SEQUENCE,
+    BatchHeader,
+    BatchRecord,
+    BatchSummary,
+    TimestampType,
+    compute_crc,
+    iter_records,
+    read_header,
+    validate_batch,
 )
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2

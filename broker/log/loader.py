@@ -31,10 +31,15 @@ from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.epoch import LeaderEpochCache
 from tidelog.broker.log.index import CorruptIndexError
 from tidelog.broker.log.log import Clock, Log, wall_clock_ms
-from tidelog.broker.log.swap import complete_interrupted_swaps
 from tidelog.broker.log.segment import (
-    INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, RecoveryResult, parse_base_offset,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+    RecoveryResult,
+    parse_base_offset,
 )
+from tidelog.broker.log.swap import complete_interrupted_swaps
 from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.log.loader")

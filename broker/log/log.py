@@ -57,18 +57,21 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from tidelog.protocol.errors import (
-    FENCED_LEADER_EPOCH, INVALID_RECORD, RECORD_LIST_TOO_LARGE, CorruptRecordError, OffsetOutOfRangeError,
-    TidelogError,
-)
-from tidelog.protocol.records import BatchHeader, patch_batch, record_columns, set_log_append_time, validate_batches
-from tidelog.protocol.topics import TopicPartition
-
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.epoch import LeaderEpochCache
 from tidelog.broker.log.producer_state import ProducerStateManager
 from tidelog.broker.log.segment import DELETED_SUFFIX, LogSegment
 from tidelog.broker.log.swap import apply_ops, plan_swap
+from tidelog.protocol.errors import (
+    FENCED_LEADER_EPOCH,
+    INVALID_RECORD,
+    RECORD_LIST_TOO_LARGE,
+    CorruptRecordError,
+    OffsetOutOfRangeError,
+    TidelogError,
+)
+from tidelog.protocol.records import BatchHeader, patch_batch, record_columns, set_log_append_time, validate_batches
+from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.log")
 

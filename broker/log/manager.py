@@ -25,8 +25,13 @@ import uuid
 from typing import Iterable
 
 from tidelog.broker.log.checkpoint import (
-    LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,
-    CorruptCheckpointError, OffsetCheckpoint, atomic_write, fsync_dir,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_CHECKPOINT,
+    CorruptCheckpointError,
+    OffsetCheckpoint,
+    atomic_write,
+    fsync_dir,
 )
 from tidelog.broker.log.cleaner import CLEANER_OFFSET_CHECKPOINT
 from tidelog.broker.log.config import LogConfig

@@ -82,7 +82,11 @@ import msgpack
 from crc32c import crc32c
 
 from tidelog.protocol.errors import (
-    DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, INVALID_RECORD, OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID,
+    DUPLICATE_SEQUENCE_NUMBER,
+    INVALID_PRODUCER_EPOCH,
+    INVALID_RECORD,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    UNKNOWN_PRODUCER_ID,
     TidelogError,
 )
 from tidelog.protocol.records import BatchHeader

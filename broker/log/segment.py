@@ -26,14 +26,21 @@ import os
 import re
 from typing import Iterator, NamedTuple
 
-from tidelog.protocol.errors import CorruptRecordError, StorageError
-from tidelog.protocol.records import (
-    HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_headers,
-    iter_records, read_header, scan_batches,
-)
-
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.index import CorruptIndexError, OffsetIndex, TimeIndex
+from tidelog.protocol.errors import CorruptRecordError, StorageError
+from tidelog.protocol.records import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
+    MIN_BATCH_LENGTH,
+    BatchHeader,
+    compute_crc,
+    iter_headers,
+    iter_records,
+    read_header,
+    scan_batches,
+)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"

@@ -44,8 +44,14 @@ from typing import Iterable
 
 from tidelog.broker.log.checkpoint import fsync_dir
 from tidelog.broker.log.segment import (
-    CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TIME_INDEX_SUFFIX,
-    filename_prefix, parse_base_offset,
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    filename_prefix,
+    parse_base_offset,
 )
 
 logger = logging.getLogger("tidelog.log.swap")

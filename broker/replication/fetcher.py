@@ -24,8 +24,15 @@ import trio
 from tidelog.broker.log.log import Log
 from tidelog.protocol.errors import NONE, OFFSET_OUT_OF_RANGE, TidelogError, for_code
 from tidelog.protocol.messages import (
-    ApiKey, FetchPartition, FetchRequest, FetchResponse, FetchTopic, OffsetForLeaderPartition,
-    OffsetForLeaderTopic, OffsetsForLeaderEpochRequest, OffsetsForLeaderEpochResponse,
+    ApiKey,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+    OffsetForLeaderPartition,
+    OffsetForLeaderTopic,
+    OffsetsForLeaderEpochRequest,
+    OffsetsForLeaderEpochResponse,
 )
 from tidelog.protocol.records import read_header
 from tidelog.protocol.topics import TopicPartition

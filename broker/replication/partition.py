@@ -29,7 +29,11 @@ from dataclasses import dataclass
 
 from tidelog.broker.log.log import Log, LogAppendInfo
 from tidelog.protocol.errors import (
-    FENCED_LEADER_EPOCH, NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH, TidelogError,
+    FENCED_LEADER_EPOCH,
+    NOT_ENOUGH_REPLICAS,
+    NOT_LEADER_OR_FOLLOWER,
+    UNKNOWN_LEADER_EPOCH,
+    TidelogError,
 )
 from tidelog.protocol.messages import PartitionState
 from tidelog.protocol.topics import TopicPartition

@@ -32,14 +32,33 @@ from tidelog.broker.log.manager import LogManager
 from tidelog.broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
 from tidelog.broker.replication.partition import Partition, check_leader_epoch
 from tidelog.protocol.errors import (
-    NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, POLICY_VIOLATION,
-    REQUEST_TIMED_OUT, STALE_CONTROLLER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUIRED_ACKS,
-    UNKNOWN_SERVER_ERROR, TidelogError, code_of,
+    INVALID_REQUIRED_ACKS,
+    NONE,
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    NOT_LEADER_OR_FOLLOWER,
+    OFFSET_OUT_OF_RANGE,
+    POLICY_VIOLATION,
+    REQUEST_TIMED_OUT,
+    STALE_CONTROLLER_EPOCH,
+    UNKNOWN_SERVER_ERROR,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    TidelogError,
+    code_of,
 )
 from tidelog.protocol.messages import (
-    EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, EpochEndOffsetResult, FetchPartitionResponse,
-    FetchRequest, LeaderAndIsrRequest, LeaderAndIsrResponse, ListOffsetsPartitionResponse,
-    PartitionError, PartitionState, StopReplicaRequest, StopReplicaResponse,
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
+    EpochEndOffsetResult,
+    FetchPartitionResponse,
+    FetchRequest,
+    LeaderAndIsrRequest,
+    LeaderAndIsrResponse,
+    ListOffsetsPartitionResponse,
+    PartitionError,
+    PartitionState,
+    StopReplicaRequest,
+    StopReplicaResponse,
 )
 from tidelog.protocol.topics import TopicPartition
 

@@ -8,10 +8,19 @@ manager, or start it in your own nursery with ``await nursery.start(obj.run)`` a
 with ``await obj.close()``.
 """
 
-from tidelog.aio.admin import (AsyncAdmin, ClusterDescription, ConfigEntry, ConsumerGroupDescription,
-                              GroupOffsets, ListedGroup, MemberDescription, NewTopic, PartitionInfo,
-                              TopicDescription)
 from tidelog.aio.accumulator import RecordFuture, RecordFutures
+from tidelog.aio.admin import (
+                              AsyncAdmin,
+                              ClusterDescription,
+                              ConfigEntry,
+                              ConsumerGroupDescription,
+                              GroupOffsets,
+                              ListedGroup,
+                              MemberDescription,
+                              NewTopic,
+                              PartitionInfo,
+                              TopicDescription,
+)
 from tidelog.aio.consumer import AsyncConsumer, OffsetAndTimestamp
 from tidelog.aio.group import ConsumerRebalanceListener
 from tidelog.aio.producer import AsyncProducer

@@ -48,9 +48,9 @@ import trio
 
 from tidelog.aio.partitioner import StickyPartitioner
 from tidelog.errors import ClientClosedError, RequestTimedOut, TidelogError
-from tidelog.records import RecordMetadata
 from tidelog.protocol.records import HEADER_SIZE, BatchBuilder, Codec
 from tidelog.protocol.topics import TopicPartition
+from tidelog.records import RecordMetadata
 
 __all__ = ["ProduceResult", "RecordFuture", "RecordFutures", "BulkRecords", "ProducerBatch",
            "RecordAccumulator", "ReadyCheck", "record_size"]

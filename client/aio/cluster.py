@@ -30,16 +30,25 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from tidelog.aio.connection import BrokerConnection
 from tidelog.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
 from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, for_code
-from tidelog.protocol.messages import (NO_LEADER, ApiKey, BrokerMetadata, ListOffsetsPartition, ListOffsetsRequest,
-                               ListOffsetsTopic, Message, MetadataRequest, MetadataResponse)
+from tidelog.protocol.messages import (
+    NO_LEADER,
+    ApiKey,
+    BrokerMetadata,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+    Message,
+    MetadataRequest,
+    MetadataResponse,
+)
 from tidelog.protocol.topics import TopicPartition
 
 __all__ = ["parse_bootstrap", "PartitionInfo", "TopicInfo", "ClusterMetadata", "Cluster", "Backoff"]

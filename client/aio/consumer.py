@@ -40,26 +40,48 @@ import logging
 import math
 import time
 from collections import deque
-from itertools import repeat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import trio
 
 from tidelog.aio._lifecycle import RunsInOwnNursery
-from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata, list_offsets
 from tidelog.aio.assignors import assignors_for
+from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata, list_offsets
 from tidelog.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
-from tidelog.errors import (BrokerConnectionError, ClientClosedError, NoOffsetForPartitionError, RequestTimedOut,
-                           TidelogError, WakeupError, broker_error)
-from tidelog.records import Record
-from tidelog.protocol.errors import (NONE, OFFSET_OUT_OF_RANGE, CorruptRecordError, InvalidRequestError,
-                             OffsetOutOfRangeError, RecordTooLargeError, for_code)
-from tidelog.protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, FetchPartition,
-                               FetchPartitionResponse, FetchRequest, FetchResponse, FetchTopic)
+from tidelog.errors import (
+    BrokerConnectionError,
+    ClientClosedError,
+    NoOffsetForPartitionError,
+    RequestTimedOut,
+    TidelogError,
+    WakeupError,
+    broker_error,
+)
+from tidelog.protocol.errors import (
+    NONE,
+    OFFSET_OUT_OF_RANGE,
+    CorruptRecordError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    for_code,
+)
+from tidelog.protocol.messages import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    ApiKey,
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+)
 from tidelog.protocol.records import BatchHeader, RecordColumns, iter_headers, record_columns, validate_batch
 from tidelog.protocol.topics import TopicPartition
+from tidelog.records import Record
 
 __all__ = ["AsyncConsumer", "ConsumerConfig", "SubscriptionState", "PartitionState",
            "CompletedFetch", "plan_fetches", "handle_partition_response", "OffsetAndTimestamp"]

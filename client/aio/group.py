@@ -31,7 +31,8 @@ Theory of operation.
   application's own rebalance listener and commit callbacks. When the exchange completes,
   the next step of ``poll`` applies the assignment (*join complete*): eager: everything
   assigned is new; cooperative: partitions no longer assigned are revoked (then the member
-  rejoins at once, so the partitions can be handed over in a second rebalance) and only the added ones are passed to ``on_partitions_assigned``. New
+  rejoins at once, so the partitions can be handed over in a second rebalance) and only the
+  added ones are passed to ``on_partitions_assigned``. New
   partitions start at the group's committed offset (OffsetFetch), else per
   ``auto_offset_reset``. Decisions of these steps are pure functions (``prepare_join``,
   ``complete_join``).
@@ -77,23 +78,67 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from tidelog.aio.assignors import (COOPERATIVE, EAGER, PROTOCOL_TYPE, Assignor, Subscription,
-                                  assignors_for, decode_assignment, decode_subscription,
-                                  encode_assignment, encode_subscription, rebalance_protocol)
+from tidelog.aio.assignors import (
+    COOPERATIVE,
+    EAGER,
+    PROTOCOL_TYPE,
+    Assignor,
+    Subscription,
+    assignors_for,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+    rebalance_protocol,
+)
 from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
-from tidelog.errors import (BrokerConnectionError, CommitFailedError, RebalanceInProgressError,
-                           RequestTimedOut, TidelogError, broker_error)
-from tidelog.protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE,
-                             FENCED_INSTANCE_ID, ILLEGAL_GENERATION, MEMBER_ID_REQUIRED, NONE,
-                             NOT_COORDINATOR, REBALANCE_IN_PROGRESS, REQUEST_TIMED_OUT,
-                             UNKNOWN_MEMBER_ID, UNSTABLE_OFFSET_COMMIT, for_code)
-from tidelog.protocol.messages import (NO_GENERATION, NO_OFFSET, UNKNOWN_MEMBER, ApiKey,
-                               FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
-                               JoinGroupProtocol, JoinGroupRequest, JoinGroupResponse,
-                               LeaveGroupRequest, MemberIdentity, Message, OffsetCommitPartition,
-                               OffsetCommitRequest, OffsetCommitResponse, OffsetCommitTopic,
-                               OffsetFetchRequest, OffsetFetchResponse, OffsetFetchTopic,
-                               SyncGroupAssignment, SyncGroupRequest, SyncGroupResponse)
+from tidelog.errors import (
+    BrokerConnectionError,
+    CommitFailedError,
+    RebalanceInProgressError,
+    RequestTimedOut,
+    TidelogError,
+    broker_error,
+)
+from tidelog.protocol.errors import (
+    COORDINATOR_LOAD_IN_PROGRESS,
+    COORDINATOR_NOT_AVAILABLE,
+    FENCED_INSTANCE_ID,
+    ILLEGAL_GENERATION,
+    MEMBER_ID_REQUIRED,
+    NONE,
+    NOT_COORDINATOR,
+    REBALANCE_IN_PROGRESS,
+    REQUEST_TIMED_OUT,
+    UNKNOWN_MEMBER_ID,
+    UNSTABLE_OFFSET_COMMIT,
+    for_code,
+)
+from tidelog.protocol.messages import (
+    NO_GENERATION,
+    NO_OFFSET,
+    UNKNOWN_MEMBER,
+    ApiKey,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    HeartbeatRequest,
+    JoinGroupProtocol,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    MemberIdentity,
+    Message,
+    OffsetCommitPartition,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetCommitTopic,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    OffsetFetchTopic,
+    SyncGroupAssignment,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
 from tidelog.protocol.topics import TopicPartition
 
 if TYPE_CHECKING:

@@ -45,7 +45,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tidelog.protocol.errors import (
-    DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCER_FENCED,
+    DUPLICATE_SEQUENCE_NUMBER,
+    INVALID_PRODUCER_EPOCH,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    PRODUCER_FENCED,
     UNKNOWN_PRODUCER_ID,
 )
 from tidelog.protocol.topics import TopicPartition

@@ -38,21 +38,32 @@ from typing import Any, NamedTuple
 
 import trio
 
-from tidelog.aio.accumulator import (BulkRecords, ProducerBatch, RecordAccumulator, RecordFuture,
-                                   RecordFutures)
 from tidelog.aio._lifecycle import RunsInOwnNursery
+from tidelog.aio.accumulator import BulkRecords, ProducerBatch, RecordAccumulator, RecordFuture, RecordFutures
 from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
 from tidelog.aio.idempotence import IdempotenceState, SequenceVerdict
 from tidelog.aio.partitioner import StickyPartitioner, murmur2, to_positive
-from tidelog.errors import (BrokerConnectionError, ClientClosedError, RequestTimedOut,
-                           TidelogError, broker_error)
-from tidelog.records import RecordMetadata
-from tidelog.protocol.errors import (NETWORK_EXCEPTION, NONE, REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR,
-                             InvalidRequestError, RecordTooLargeError, for_code)
-from tidelog.protocol.messages import (ApiKey, InitProducerIdRequest, PartitionProduceData, ProduceRequest,
-                               ProduceResponse, TopicProduceData)
+from tidelog.errors import BrokerConnectionError, ClientClosedError, RequestTimedOut, TidelogError, broker_error
+from tidelog.protocol.errors import (
+    NETWORK_EXCEPTION,
+    NONE,
+    REQUEST_TIMED_OUT,
+    UNKNOWN_SERVER_ERROR,
+    InvalidRequestError,
+    RecordTooLargeError,
+    for_code,
+)
+from tidelog.protocol.messages import (
+    ApiKey,
+    InitProducerIdRequest,
+    PartitionProduceData,
+    ProduceRequest,
+    ProduceResponse,
+    TopicProduceData,
+)
 from tidelog.protocol.records import Codec
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
+from tidelog.records import RecordMetadata
 
 __all__ = ["AsyncProducer", "ProducerConfig", "Sender", "Decision", "decide",
            "build_produce_request", "partition_results", "parse_acks", "serialize"]

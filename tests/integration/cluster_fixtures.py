@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tidelog.broker.devcluster import DevCluster, metadata
 from tidelog import Consumer, Record, TopicPartition
+from tidelog.broker.devcluster import DevCluster, metadata
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.messages import MetadataResponse, PartitionMetadata, TopicMetadata
 from tidelog.protocol.records import iter_all_records

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from tidelog import Admin, Producer, TopicPartition
 from tidelog.broker.cli import main
 from tidelog.broker.devcluster import DevCluster, metadata
-from tidelog import Admin, Producer, TopicPartition
 from tidelog.perf import Latency, Throttler, consume, produce
 
 pytestmark = pytest.mark.integration

@@ -16,11 +16,6 @@ from collections import defaultdict
 import pytest
 import trio
 
-from tidelog.broker.coordination.layout import assign_replicas
-from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
-from tidelog.aio import AsyncProducer
-from tidelog.aio.partitioner import default_partition
-from tidelog.errors import TidelogError
 from tests.integration.cluster_fixtures import (  # noqa: F401
     broker_metadata,
     cluster_3,
@@ -32,6 +27,11 @@ from tests.integration.cluster_fixtures import (  # noqa: F401
     wait_topic_ready,
     wait_until,
 )
+from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.aio import AsyncProducer
+from tidelog.aio.partitioner import default_partition
+from tidelog.broker.coordination.layout import assign_replicas
+from tidelog.errors import TidelogError
 
 pytestmark = pytest.mark.integration
 

@@ -15,12 +15,18 @@ from collections import Counter
 
 import pytest
 
-from tidelog.broker.log.dump import run as dump_run
-from tidelog import Admin, NewTopic, Producer, TopicPartition
-from tidelog.protocol.records import iter_all_records
 from tests.integration.cluster_fixtures import (
-    FAST_FAILOVER, cluster_fixture, consume_range, end_offsets, log_dirs, wait_topic_ready, wait_until,
+    FAST_FAILOVER,
+    cluster_fixture,
+    consume_range,
+    end_offsets,
+    log_dirs,
+    wait_topic_ready,
+    wait_until,
 )
+from tidelog import Admin, NewTopic, Producer, TopicPartition
+from tidelog.broker.log.dump import run as dump_run
+from tidelog.protocol.records import iter_all_records
 
 pytestmark = pytest.mark.integration
 

@@ -22,10 +22,19 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.broker.cli import main as tidelog_main
-from tidelog import (Admin, CommitFailedError, Consumer, ConsumerRebalanceListener, NewTopic, Producer,
-                    TidelogError, TopicPartition, WakeupError)
 from tests.integration.cluster_fixtures import FAST_FAILOVER, cluster_fixture, wait_topic_ready, wait_until
+from tidelog import (
+    Admin,
+    CommitFailedError,
+    Consumer,
+    ConsumerRebalanceListener,
+    NewTopic,
+    Producer,
+    TidelogError,
+    TopicPartition,
+    WakeupError,
+)
+from tidelog.broker.cli import main as tidelog_main
 
 pytestmark = pytest.mark.integration
 

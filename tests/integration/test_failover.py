@@ -17,7 +17,6 @@ import time
 
 import pytest
 
-from tidelog import Admin, NewTopic, Producer, RecordMetadata, TopicPartition
 from tests.integration.cluster_fixtures import (  # noqa: F401
     FAST_FAILOVER,
     broker_metadata,
@@ -33,6 +32,7 @@ from tests.integration.cluster_fixtures import (  # noqa: F401
     wait_topic_ready,
     wait_until,
 )
+from tidelog import Admin, NewTopic, Producer, RecordMetadata, TopicPartition
 
 pytestmark = pytest.mark.integration
 

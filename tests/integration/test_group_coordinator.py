@@ -17,21 +17,44 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration.cluster_fixtures import (
+    FAST_FAILOVER,
+    RawClient,
+    shut_down,
+    wait_topic_ready,
+    wait_until,
+)
+from tidelog import Admin, NewTopic, Producer
 from tidelog.broker.coordination.zkserver import find_free_port
 from tidelog.broker.devcluster import DevCluster
-from tidelog import Admin, NewTopic, Producer
 from tidelog.protocol.errors import (
-    COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID, GROUP_ID_NOT_FOUND,
-    ILLEGAL_GENERATION, MEMBER_ID_REQUIRED, NONE, NOT_COORDINATOR,
+    COORDINATOR_LOAD_IN_PROGRESS,
+    COORDINATOR_NOT_AVAILABLE,
+    FENCED_INSTANCE_ID,
+    GROUP_ID_NOT_FOUND,
+    ILLEGAL_GENERATION,
+    MEMBER_ID_REQUIRED,
+    NONE,
+    NOT_COORDINATOR,
 )
 from tidelog.protocol.messages import (
-    RESPONSES, ApiKey, DeleteGroupsRequest, DescribeGroupsRequest, FindCoordinatorRequest, HeartbeatRequest,
-    JoinGroupProtocol, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest, MemberIdentity,
-    OffsetCommitPartition, OffsetCommitRequest, OffsetCommitTopic, OffsetFetchRequest, SyncGroupAssignment,
+    RESPONSES,
+    ApiKey,
+    DeleteGroupsRequest,
+    DescribeGroupsRequest,
+    FindCoordinatorRequest,
+    HeartbeatRequest,
+    JoinGroupProtocol,
+    JoinGroupRequest,
+    LeaveGroupRequest,
+    ListGroupsRequest,
+    MemberIdentity,
+    OffsetCommitPartition,
+    OffsetCommitRequest,
+    OffsetCommitTopic,
+    OffsetFetchRequest,
+    SyncGroupAssignment,
     SyncGroupRequest,
-)
-from tests.integration.cluster_fixtures import (
-    FAST_FAILOVER, RawClient, shut_down, wait_topic_ready, wait_until,
 )
 
 pytestmark = pytest.mark.integration

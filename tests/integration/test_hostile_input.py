@@ -17,6 +17,13 @@ import threading
 
 import pytest
 
+from tests.integration.cluster_fixtures import (
+    FAST_FAILOVER,
+    RawClient,
+    cluster_fixture,
+    wait_topic_ready,
+    wait_until,
+)
 from tidelog import Consumer, Producer, TopicPartition
 from tidelog.protocol.errors import (
     CORRUPT_MESSAGE,
@@ -50,13 +57,6 @@ from tidelog.protocol.messages import (
     encode_request,
 )
 from tidelog.protocol.records import build_batch, iter_all_records
-from tests.integration.cluster_fixtures import (
-    FAST_FAILOVER,
-    RawClient,
-    cluster_fixture,
-    wait_topic_ready,
-    wait_until,
-)
 
 pytestmark = pytest.mark.integration
 

@@ -22,16 +22,28 @@ import time
 import msgpack
 import pytest
 
+from tests.integration.cluster_fixtures import (
+    FAST_FAILOVER,
+    RawClient,
+    broker_metadata,
+    cluster_fixture,
+    consume_range,
+    end_offsets,
+    partitions_of,
+    running,
+    wait_topic_ready,
+    wait_until,
+)
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.protocol.errors import NONE
 from tidelog.protocol.messages import (
-    ApiKey, InitProducerIdRequest, PartitionProduceData, ProduceRequest, TopicProduceData,
+    ApiKey,
+    InitProducerIdRequest,
+    PartitionProduceData,
+    ProduceRequest,
+    TopicProduceData,
 )
 from tidelog.protocol.records import build_batch
-from tests.integration.cluster_fixtures import (
-    FAST_FAILOVER, RawClient, broker_metadata, cluster_fixture, consume_range, end_offsets, partitions_of, running,
-    wait_topic_ready, wait_until,
-)
 
 pytestmark = pytest.mark.integration
 

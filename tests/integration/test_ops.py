@@ -38,15 +38,22 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tidelog.broker.config import BrokerConfig
-from tidelog.broker.coordination.zkserver import ZooKeeperEnsemble, find_free_ports
-from tidelog.broker.devcluster import metadata
-from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tests.component.ops.topology import (
-    ROOT, BrokerService, Localizer, broker_services, entrypoint, listener_port, load_compose, process_environment,
+    ROOT,
+    BrokerService,
+    Localizer,
+    broker_services,
+    entrypoint,
+    listener_port,
+    load_compose,
+    process_environment,
     zookeeper_services,
 )
 from tests.integration.cluster_fixtures import consume_range, end_offsets, wait_until
+from tidelog import Admin, NewTopic, Producer, TopicPartition
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.coordination.zkserver import ZooKeeperEnsemble, find_free_ports
+from tidelog.broker.devcluster import metadata
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,24 @@ import pytest
 import trio
 
 from tidelog.broker.coordination.layout import BrokerInfo, LeaderAndIsr, decode_controller
-from tidelog.broker.coordination.zk import (LOST, SUSPENDED, BrokerIdInUseError, ControllerMovedError,
-                                    TopicExistsError, ZkClient, ZkConnectionError,
-                                    ZkNodeExistsError, ZkTimeoutError, ZkVersionConflict)
-from tidelog.broker.coordination.zkserver import (ZooKeeperEnsemble, ZooKeeperNotInstalledError,
-                                          ZooKeeperServer, find_free_port)
+from tidelog.broker.coordination.zk import (
+    LOST,
+    SUSPENDED,
+    BrokerIdInUseError,
+    ControllerMovedError,
+    TopicExistsError,
+    ZkClient,
+    ZkConnectionError,
+    ZkNodeExistsError,
+    ZkTimeoutError,
+    ZkVersionConflict,
+)
+from tidelog.broker.coordination.zkserver import (
+    ZooKeeperEnsemble,
+    ZooKeeperNotInstalledError,
+    ZooKeeperServer,
+    find_free_port,
+)
 from tidelog.protocol.errors import TidelogError
 
 pytestmark = pytest.mark.integration

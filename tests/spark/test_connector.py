@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tidelog.broker.devcluster import DevCluster
-from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tests.integration.cluster_fixtures import cluster_fixture, wait_topic_ready, wait_until
+from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.broker.devcluster import DevCluster
 
 pytestmark = pytest.mark.spark
 

@@ -13,11 +13,19 @@ from hypothesis import strategies as st
 from tidelog import Record, TopicPartition
 from tidelog.errors import OffsetOutOfRangeError, RequestTimedOut
 from tidelog.spark.fetch import DataLossError, RangeReadTimeout, read_range
-from tidelog.spark.options import (EARLIEST, LATEST, OffsetSpec, OptionError, parse_sink_options,
-                                     parse_source_options)
-from tidelog.spark.planning import (InvalidOffsetsError, OffsetRange, allocate, next_end, offsets_from_json,
-                                      offsets_to_json, plan_ranges, resolve_ending, resolve_starting,
-                                      split_ranges)
+from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, parse_sink_options, parse_source_options
+from tidelog.spark.planning import (
+    InvalidOffsetsError,
+    OffsetRange,
+    allocate,
+    next_end,
+    offsets_from_json,
+    offsets_to_json,
+    plan_ranges,
+    resolve_ending,
+    resolve_starting,
+    split_ranges,
+)
 from tidelog.spark.produce import OutRow, SinkWriteError, send_rows
 
 pytestmark = pytest.mark.unit

@@ -61,14 +61,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from tidelog.broker.coordinator.group_coordinator import partition_for
-from tidelog import TidelogError
-from tidelog.protocol.errors import ILLEGAL_GENERATION, NONE, NOT_COORDINATOR, UNKNOWN_MEMBER_ID, for_code
-from tidelog.protocol.messages import (ApiKey, FindCoordinatorRequest, FindCoordinatorResponse, OffsetCommitPartition,
-                               OffsetCommitRequest, OffsetCommitResponse, OffsetCommitTopic, OffsetFetchRequest,
-                               OffsetFetchResponse, OffsetFetchTopic)
-from tidelog.protocol.topics import OFFSETS_TOPIC
 from tests.system.harness import ELECTION_TIMEOUT_S, SETTLE_TIMEOUT_S, NotYet, Scenario, wait_until
+from tidelog import TidelogError
+from tidelog.broker.coordinator.group_coordinator import partition_for
+from tidelog.protocol.errors import ILLEGAL_GENERATION, NONE, NOT_COORDINATOR, UNKNOWN_MEMBER_ID, for_code
+from tidelog.protocol.messages import (
+    ApiKey,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    OffsetCommitPartition,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetCommitTopic,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    OffsetFetchTopic,
+)
+from tidelog.protocol.topics import OFFSETS_TOPIC
 
 ROOT = Path(__file__).resolve().parents[2]
 

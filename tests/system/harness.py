@@ -25,7 +25,8 @@ broker and ZooKeeper or another broker, while clients still reach every broker; 
 removes the cuts. ``IsrSampler`` checks I8 while a fault lasts: every replica in the ISR that
 ZooKeeper holds has a log end offset (asked of that replica) at or past the leader's high
 watermark. ``produce_to``, ``read_from``, ``high_watermark_of`` and ``log_end_offset_of`` ask
-one broker directly (no metadata, no retries), to see what a zombie leader does. Who leads a partition and who is the controller is read from the
+one broker directly (no metadata, no retries), to see what a zombie leader does. Who leads a
+partition and who is the controller is read from the
 metadata of every running broker, and only a view they all agree on counts (a broker's cache
 lags the controller by one UpdateMetadata). Every wait polls a condition under a deadline.
 
@@ -65,9 +66,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from tests.system.netlab import NetworkLab
+from tidelog import Admin, Consumer, NewTopic, Producer, TidelogError, TopicPartition
 from tidelog.broker.devcluster import DevCluster, metadata
 from tidelog.broker.log import dump
-from tidelog import Admin, Consumer, NewTopic, Producer, TidelogError, TopicPartition
 from tidelog.errors import OffsetOutOfRangeError
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.messages import (
@@ -92,7 +94,6 @@ from tidelog.protocol.messages import (
     TopicProduceData,
 )
 from tidelog.protocol.records import build_batch, iter_all_records
-from tests.system.netlab import NetworkLab
 
 T = TypeVar("T")
 

@@ -44,8 +44,6 @@ from pathlib import Path
 
 import pytest
 
-from tidelog import Producer
-from tidelog.protocol.errors import NOT_ENOUGH_REPLICAS
 from tests.system.harness import (
     ELECTION_TIMEOUT_S,
     SESSION_S,
@@ -54,6 +52,8 @@ from tests.system.harness import (
     value_of,
     wait_until,
 )
+from tidelog import Producer
+from tidelog.protocol.errors import NOT_ENOUGH_REPLICAS
 
 pytestmark = pytest.mark.system
 

@@ -42,11 +42,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.system.group_harness import GROUP_BROKER_CONFIG, GroupWorkload, check_group, group_coordinated_by
+from tests.system.harness import Scenario
 from tidelog import Producer
 from tidelog.protocol.errors import INVALID_TOPIC_EXCEPTION
 from tidelog.protocol.topics import OFFSETS_TOPIC
-from tests.system.group_harness import GROUP_BROKER_CONFIG, GroupWorkload, check_group, group_coordinated_by
-from tests.system.harness import Scenario
 
 pytestmark = pytest.mark.system
 

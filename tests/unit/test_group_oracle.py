@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.system.group_harness import (GroupReport, Sample, check_commits_monotonic, check_coverage,
-                                        check_one_committer, check_records, check_resumes, check_sampled_monotonic)
+from tests.system.group_harness import (
+    GroupReport,
+    Sample,
+    check_commits_monotonic,
+    check_coverage,
+    check_one_committer,
+    check_records,
+    check_resumes,
+    check_sampled_monotonic,
+)
 
 pytestmark = pytest.mark.unit
 

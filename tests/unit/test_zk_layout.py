@@ -9,14 +9,37 @@ from collections import Counter
 import pytest
 
 from tidelog.broker.coordination.layout import (
-    BrokerInfo, InvalidPartitionsError, InvalidReplicationFactorError, LeaderAndIsr,
-    ProducerIdBlock, ZkPaths, assign_replicas, decode_broker_info, decode_cluster_id,
-    decode_controller, decode_controller_epoch, decode_isr_change, decode_partition_state,
-    decode_producer_id_block, decode_reassignment, decode_topic_assignment, decode_topic_config,
-    encode_broker_info, encode_cluster_id, encode_controller, encode_controller_epoch,
-    encode_isr_change, encode_partition_state, encode_producer_id_block, encode_reassignment,
-    encode_topic_assignment, encode_topic_config, next_producer_id_block,
-    rack_alternated_broker_list, split_connect)
+    BrokerInfo,
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    LeaderAndIsr,
+    ProducerIdBlock,
+    ZkPaths,
+    assign_replicas,
+    decode_broker_info,
+    decode_cluster_id,
+    decode_controller,
+    decode_controller_epoch,
+    decode_isr_change,
+    decode_partition_state,
+    decode_producer_id_block,
+    decode_reassignment,
+    decode_topic_assignment,
+    decode_topic_config,
+    encode_broker_info,
+    encode_cluster_id,
+    encode_controller,
+    encode_controller_epoch,
+    encode_isr_change,
+    encode_partition_state,
+    encode_producer_id_block,
+    encode_reassignment,
+    encode_topic_assignment,
+    encode_topic_config,
+    next_producer_id_block,
+    rack_alternated_broker_list,
+    split_connect,
+)
 from tidelog.protocol.errors import INVALID_REPLICATION_FACTOR
 
 pytestmark = pytest.mark.unit

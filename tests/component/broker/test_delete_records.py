@@ -11,14 +11,30 @@ import dataclasses
 
 import pytest
 
-from tidelog.broker.coordinator.group_coordinator import OFFSETS_TOPIC
-from tidelog.protocol.errors import (INVALID_TOPIC_EXCEPTION, NONE, OFFSET_OUT_OF_RANGE, POLICY_VIOLATION,
-                             REQUEST_TIMED_OUT, UNKNOWN_TOPIC_OR_PARTITION)
-from tidelog.protocol.messages import (ApiKey, DeleteRecordsPartition, DeleteRecordsRequest, DeleteRecordsTopic,
-                               LeaderAndIsrRequest, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
-                               LiveBroker, PartitionState, UpdateMetadataRequest)
 from tests.component.broker.test_group_coordinator import DATA_TP, broker
 from tests.component.broker.test_internal_topics import produce
+from tidelog.broker.coordinator.group_coordinator import OFFSETS_TOPIC
+from tidelog.protocol.errors import (
+    INVALID_TOPIC_EXCEPTION,
+    NONE,
+    OFFSET_OUT_OF_RANGE,
+    POLICY_VIOLATION,
+    REQUEST_TIMED_OUT,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
+from tidelog.protocol.messages import (
+    ApiKey,
+    DeleteRecordsPartition,
+    DeleteRecordsRequest,
+    DeleteRecordsTopic,
+    LeaderAndIsrRequest,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+    LiveBroker,
+    PartitionState,
+    UpdateMetadataRequest,
+)
 
 pytestmark = pytest.mark.component
 

@@ -18,14 +18,38 @@ from tidelog.broker.log.manager import LogManager
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.protocol.errors import (
-    COORDINATOR_LOAD_IN_PROGRESS, GROUP_ID_NOT_FOUND, ILLEGAL_GENERATION, MEMBER_ID_REQUIRED, NON_EMPTY_GROUP,
-    NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
+    COORDINATOR_LOAD_IN_PROGRESS,
+    GROUP_ID_NOT_FOUND,
+    ILLEGAL_GENERATION,
+    MEMBER_ID_REQUIRED,
+    NON_EMPTY_GROUP,
+    NONE,
+    NOT_COORDINATOR,
+    REBALANCE_IN_PROGRESS,
+    UNKNOWN_MEMBER_ID,
 )
 from tidelog.protocol.messages import (
-    ApiKey, DeleteGroupsRequest, DescribeGroupsRequest, FindCoordinatorRequest, HeartbeatRequest,
-    JoinGroupProtocol, JoinGroupRequest, LeaderAndIsrRequest, LeaveGroupRequest, ListGroupsRequest,
-    LiveBroker, MemberIdentity, OffsetCommitPartition, OffsetCommitRequest, OffsetCommitTopic,
-    OffsetFetchRequest, OffsetFetchTopic, PartitionState, RequestHeader, SyncGroupAssignment, SyncGroupRequest,
+    ApiKey,
+    DeleteGroupsRequest,
+    DescribeGroupsRequest,
+    FindCoordinatorRequest,
+    HeartbeatRequest,
+    JoinGroupProtocol,
+    JoinGroupRequest,
+    LeaderAndIsrRequest,
+    LeaveGroupRequest,
+    ListGroupsRequest,
+    LiveBroker,
+    MemberIdentity,
+    OffsetCommitPartition,
+    OffsetCommitRequest,
+    OffsetCommitTopic,
+    OffsetFetchRequest,
+    OffsetFetchTopic,
+    PartitionState,
+    RequestHeader,
+    SyncGroupAssignment,
+    SyncGroupRequest,
     UpdateMetadataRequest,
 )
 from tidelog.protocol.records import build_batch
@@ -254,8 +278,8 @@ async def test_the_metrics_endpoint_exports_lag_and_group_counts(broker, tmp_pat
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from tidelog.broker.metrics import RequestMetrics, build_registry
     from tests.component.ops.test_metrics import FakeServer
+    from tidelog.broker.metrics import RequestMetrics, build_registry
 
     (leader,), generation = await form_group(broker, 1)
     broker.replica_manager.append_now(1, {DATA_TP: build_batch([b"a", b"b", b"c"])})

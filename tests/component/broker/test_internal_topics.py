@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import pytest
 
+from tests.component.broker.test_group_coordinator import (
+    DATA_TP,
+    OFFSETS_TP,
+    broker,
+    commit,
+    committed_code,
+    fetched,
+    form_group,
+)
 from tidelog.broker.coordinator.group_coordinator import OFFSETS_TOPIC
 from tidelog.protocol.errors import INVALID_TOPIC_EXCEPTION, NONE
 from tidelog.protocol.messages import ApiKey, PartitionProduceData, ProduceRequest, TopicProduceData
 from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import INTERNAL_TOPICS, is_internal_topic
-from tests.component.broker.test_group_coordinator import (DATA_TP, OFFSETS_TP, broker, commit, committed_code,
-                                                           fetched, form_group)
 
 pytestmark = pytest.mark.component
 

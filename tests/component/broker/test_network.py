@@ -19,8 +19,13 @@ from tidelog.broker.config import BrokerConfig
 from tidelog.broker.deferred import DeferredResponse
 from tidelog.broker.network import SocketServer
 from tidelog.protocol.connection import ClientConnection
-from tidelog.protocol.errors import (INVALID_REQUEST, NOT_LEADER_OR_FOLLOWER, UNKNOWN_SERVER_ERROR,
-                             UNSUPPORTED_VERSION, TidelogError)
+from tidelog.protocol.errors import (
+    INVALID_REQUEST,
+    NOT_LEADER_OR_FOLLOWER,
+    UNKNOWN_SERVER_ERROR,
+    UNSUPPORTED_VERSION,
+    TidelogError,
+)
 from tidelog.protocol.frames import encode_frame
 from tidelog.protocol.messages import ApiKey, RequestHeader, encode_request
 

@@ -25,21 +25,49 @@ from typing import Any
 
 import trio
 
-from tidelog.protocol.connection import BadRequest, ServerConnection
-from tidelog.protocol.errors import (COORDINATOR_NOT_AVAILABLE, INVALID_PARTITIONS, NONE, NOT_CONTROLLER, NOT_LEADER_OR_FOLLOWER,
-                             OFFSET_OUT_OF_RANGE, TOPIC_ALREADY_EXISTS, UNKNOWN_TOPIC_OR_PARTITION,
-                             TidelogError)
-from tidelog.protocol.messages import (REQUESTS, AlterConfigsResponse, AlterConfigsResult, ApiKey,
-                               BrokerMetadata, ConfigEntry, CreatePartitionsResponse,
-                               CreateTopicsResponse, DeleteTopicsResponse, DescribeConfigsResponse,
-                               DescribeConfigsResult, FetchPartitionResponse, FetchResponse, FindCoordinatorResponse,
-                               FetchTopicResponse, InitProducerIdResponse, ListOffsetsPartitionResponse, ListOffsetsResponse,
-                               ListOffsetsTopicResponse, MetadataResponse, PartitionMetadata,
-                               PartitionProduceResponse, ProduceResponse, TopicMetadata,
-                               TopicProduceResponse, TopicResult, check_supported)
-from tidelog.protocol.records import BatchRecord, iter_all_records, iter_headers, patch_batch, validate_batches
-
 from tidelog.broker.log.producer_state import ProducerStateManager
+from tidelog.protocol.connection import BadRequest, ServerConnection
+from tidelog.protocol.errors import (
+    COORDINATOR_NOT_AVAILABLE,
+    INVALID_PARTITIONS,
+    NONE,
+    NOT_CONTROLLER,
+    NOT_LEADER_OR_FOLLOWER,
+    OFFSET_OUT_OF_RANGE,
+    TOPIC_ALREADY_EXISTS,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    TidelogError,
+)
+from tidelog.protocol.messages import (
+    REQUESTS,
+    AlterConfigsResponse,
+    AlterConfigsResult,
+    ApiKey,
+    BrokerMetadata,
+    ConfigEntry,
+    CreatePartitionsResponse,
+    CreateTopicsResponse,
+    DeleteTopicsResponse,
+    DescribeConfigsResponse,
+    DescribeConfigsResult,
+    FetchPartitionResponse,
+    FetchResponse,
+    FetchTopicResponse,
+    FindCoordinatorResponse,
+    InitProducerIdResponse,
+    ListOffsetsPartitionResponse,
+    ListOffsetsResponse,
+    ListOffsetsTopicResponse,
+    MetadataResponse,
+    PartitionMetadata,
+    PartitionProduceResponse,
+    ProduceResponse,
+    TopicMetadata,
+    TopicProduceResponse,
+    TopicResult,
+    check_supported,
+)
+from tidelog.protocol.records import BatchRecord, iter_all_records, iter_headers, patch_batch, validate_batches
 
 HOST = "127.0.0.1"
 

@@ -7,8 +7,13 @@ import trio
 
 from tidelog.aio import AsyncAdmin, NewTopic
 from tidelog.errors import RequestTimedOut
-from tidelog.protocol.errors import (INVALID_PARTITIONS, NOT_CONTROLLER, TOPIC_ALREADY_EXISTS,
-                             UNKNOWN_TOPIC_OR_PARTITION, TidelogError)
+from tidelog.protocol.errors import (
+    INVALID_PARTITIONS,
+    NOT_CONTROLLER,
+    TOPIC_ALREADY_EXISTS,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    TidelogError,
+)
 from tidelog.protocol.messages import ApiKey
 
 pytestmark = pytest.mark.component

@@ -10,8 +10,17 @@ import time
 
 import pytest
 
-from tidelog import (Admin, Consumer, NewTopic, Producer, RecordMetadata, RequestTimedOut, WakeupError,
-                    TidelogError, TopicPartition)
+from tidelog import (
+    Admin,
+    Consumer,
+    NewTopic,
+    Producer,
+    RecordMetadata,
+    RequestTimedOut,
+    TidelogError,
+    TopicPartition,
+    WakeupError,
+)
 from tidelog.aio.partitioner import default_partition
 from tidelog.protocol.messages import ApiKey
 

@@ -14,11 +14,19 @@ import subprocess
 import pytest
 import yaml
 
-from tidelog.broker.config import BrokerConfig, SETTINGS
 from tests.component.ops.topology import (
-    COMPOSE_FILE, CONFIG_IN_CONTAINER, ROOT, TOOL_VARIABLES, broker_services, environment_of, load_compose,
-    ports_of, volumes_of, zookeeper_services,
+    COMPOSE_FILE,
+    CONFIG_IN_CONTAINER,
+    ROOT,
+    TOOL_VARIABLES,
+    broker_services,
+    environment_of,
+    load_compose,
+    ports_of,
+    volumes_of,
+    zookeeper_services,
 )
+from tidelog.broker.config import SETTINGS, BrokerConfig
 
 pytestmark = pytest.mark.component
 

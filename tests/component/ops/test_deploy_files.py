@@ -12,12 +12,11 @@ import re
 import shutil
 import subprocess
 import types
-from pathlib import Path
 
 import pytest
 
-from tidelog.broker.config import ALIASES, REQUIRED, SETTINGS, BrokerConfig
 from tests.component.ops.topology import ROOT
+from tidelog.broker.config import ALIASES, REQUIRED, SETTINGS, BrokerConfig
 
 pytestmark = pytest.mark.component
 
@@ -239,13 +238,14 @@ def test_bad_arguments_are_usage_errors(stub_docker):
 
 def test_operations_guide_documents_every_metric(tmp_path):
     """Every family the endpoint exports has a row (name, meaning, when to alert)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
     from tests.component.ops.test_metrics import FakeServer
     from tidelog.broker.log.config import LogConfig
     from tidelog.broker.log.manager import LogManager
     from tidelog.broker.metrics import RequestMetrics, build_registry
     from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
-    from prometheus_client import generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
 
     lm = LogManager([str(tmp_path)], LogConfig())
     rm = ReplicaManager(ReplicaConfig(1), lm, lambda t: LogConfig(), lambda leader: None)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.broker.config import BrokerConfig
 from tests.component.ops.topology import CONFIG_IN_CONTAINER, DOCKERFILE, ROOT
+from tidelog.broker.config import BrokerConfig
 
 pytestmark = pytest.mark.component
 
@@ -240,7 +240,8 @@ def test_the_image_install_step_builds_from_exactly_what_the_dockerfile_copies(b
                         "--no-deps", "--target", str(site), "."], cwd=workdir, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    for module in ("broker/metrics.py", "broker/health.py", "protocol/records.py", "client/__init__.py"):
+    for module in ("tidelog/broker/metrics.py", "tidelog/broker/health.py", "tidelog/protocol/records.py",
+                   "tidelog/__init__.py"):
         assert (site / module).exists(), module
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site)}
     r = subprocess.run([sys.executable, str(site / "bin" / "tidelog"), "health", "--help"], cwd=tmp_path,

@@ -11,18 +11,35 @@ import trio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tidelog.broker.deferred import DeferredResponse
 from tidelog.broker.coordination.layout import LeaderAndIsr
+from tidelog.broker.deferred import DeferredResponse
 from tidelog.broker.health import Readiness
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
-from tidelog.broker.metrics import (LATENCY_BUCKETS_S, BrokerMetrics, MetricsServer, RequestMetrics, batch_stats,
-                            build_registry, offline_partitions, request_name)
+from tidelog.broker.metrics import (
+    LATENCY_BUCKETS_S,
+    BrokerMetrics,
+    MetricsServer,
+    RequestMetrics,
+    batch_stats,
+    build_registry,
+    offline_partitions,
+    request_name,
+)
 from tidelog.broker.network import NetworkStats
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
-from tidelog.protocol.messages import (ApiKey, FetchPartitionResponse, FetchResponse, FetchTopicResponse, LeaderAndIsrRequest,
-                               PartitionProduceResponse, PartitionState, ProduceResponse, RequestHeader,
-                               TopicProduceResponse)
+from tidelog.protocol.messages import (
+    ApiKey,
+    FetchPartitionResponse,
+    FetchResponse,
+    FetchTopicResponse,
+    LeaderAndIsrRequest,
+    PartitionProduceResponse,
+    PartitionState,
+    ProduceResponse,
+    RequestHeader,
+    TopicProduceResponse,
+)
 from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import TopicPartition
 

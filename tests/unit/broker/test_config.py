@@ -10,8 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidelog.broker.config import (ALIASES, REQUIRED, SETTINGS, BrokerConfig, ConfigError, parse_listener,
-                           settings_reference)
+from tidelog.broker.config import (
+    ALIASES,
+    REQUIRED,
+    SETTINGS,
+    BrokerConfig,
+    ConfigError,
+    parse_listener,
+    settings_reference,
+)
 from tidelog.broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
 
 pytestmark = pytest.mark.unit

@@ -12,15 +12,31 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tidelog.broker.coordinator.group_metadata import (
-    VALID_PREVIOUS_STATES, GroupConfig, GroupMetadata, GroupState, IllegalStateTransition, Reply, StoreGroup,
+    VALID_PREVIOUS_STATES,
+    GroupConfig,
+    GroupMetadata,
+    GroupState,
+    IllegalStateTransition,
+    Reply,
+    StoreGroup,
 )
 from tidelog.broker.coordinator.offsets_records import decode_group_value, group_value
 from tidelog.protocol.errors import (
-    FENCED_INSTANCE_ID, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT,
-    MEMBER_ID_REQUIRED, NONE, REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
+    FENCED_INSTANCE_ID,
+    ILLEGAL_GENERATION,
+    INCONSISTENT_GROUP_PROTOCOL,
+    INVALID_SESSION_TIMEOUT,
+    MEMBER_ID_REQUIRED,
+    NONE,
+    REBALANCE_IN_PROGRESS,
+    UNKNOWN_MEMBER_ID,
 )
 from tidelog.protocol.messages import (
-    JoinGroupProtocol, JoinGroupRequest, MemberIdentity, SyncGroupAssignment, SyncGroupRequest,
+    JoinGroupProtocol,
+    JoinGroupRequest,
+    MemberIdentity,
+    SyncGroupAssignment,
+    SyncGroupRequest,
 )
 
 pytestmark = pytest.mark.unit

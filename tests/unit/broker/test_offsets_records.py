@@ -10,8 +10,20 @@ from hypothesis import strategies as st
 
 from tidelog.broker.coordinator.group_coordinator import java_string_hashcode, partition_for
 from tidelog.broker.coordinator.offsets_records import (
-    GroupKey, GroupMetadataValue, MemberValue, OffsetKey, OffsetsRecordError, OffsetValue, decode_group_value,
-    decode_key, decode_offset_value, group_key, group_value, load, offset_key, offset_value,
+    GroupKey,
+    GroupMetadataValue,
+    MemberValue,
+    OffsetKey,
+    OffsetsRecordError,
+    OffsetValue,
+    decode_group_value,
+    decode_key,
+    decode_offset_value,
+    group_key,
+    group_value,
+    load,
+    offset_key,
+    offset_value,
 )
 from tidelog.protocol.topics import TopicPartition
 

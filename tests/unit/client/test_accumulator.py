@@ -11,8 +11,14 @@ import time
 import pytest
 import trio
 
-from tidelog.aio.accumulator import (BATCH_OVERHEAD, BulkRecords, ProduceResult, RecordAccumulator,
-                                   RecordFutures, record_size)
+from tidelog.aio.accumulator import (
+    BATCH_OVERHEAD,
+    BulkRecords,
+    ProduceResult,
+    RecordAccumulator,
+    RecordFutures,
+    record_size,
+)
 from tidelog.aio.partitioner import StickyPartitioner
 from tidelog.errors import ClientClosedError, RequestTimedOut
 from tidelog.protocol.records import iter_all_records

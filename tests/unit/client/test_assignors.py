@@ -8,11 +8,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidelog.aio.assignors import (COOPERATIVE, EAGER, Assignment, CooperativeStickyAssignor,
-                                  RangeAssignor, RoundRobinAssignor, Subscription, assignors_for,
-                                  decode_assignment, decode_subscription, encode_assignment,
-                                  encode_subscription, rebalance_protocol, sticky_assignment,
-                                  valid_owners)
+from tidelog.aio.assignors import (
+    COOPERATIVE,
+    EAGER,
+    Assignment,
+    CooperativeStickyAssignor,
+    RangeAssignor,
+    RoundRobinAssignor,
+    Subscription,
+    assignors_for,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+    rebalance_protocol,
+    sticky_assignment,
+    valid_owners,
+)
 from tidelog.protocol.errors import INCONSISTENT_GROUP_PROTOCOL, TidelogError
 from tidelog.protocol.topics import TopicPartition as TP
 

@@ -8,17 +8,36 @@ import dataclasses
 import pytest
 
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.consumer import (CompletedFetch, ConsumerConfig, PartitionState, SubscriptionState,
-                                 handle_partition_response, plan_fetches)
-from tidelog.protocol.errors import (CORRUPT_MESSAGE, FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER,
-                             OFFSET_OUT_OF_RANGE, TOPIC_AUTHORIZATION_FAILED, UNKNOWN_LEADER_EPOCH,
-                             CorruptRecordError, OffsetOutOfRangeError)
-from tidelog.protocol.messages import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerMetadata,
-                               FetchPartitionResponse, MetadataResponse, PartitionMetadata,
-                               TopicMetadata)
-from tidelog.records import Record
+from tidelog.aio.consumer import (
+    CompletedFetch,
+    ConsumerConfig,
+    PartitionState,
+    SubscriptionState,
+    handle_partition_response,
+    plan_fetches,
+)
+from tidelog.protocol.errors import (
+    CORRUPT_MESSAGE,
+    FENCED_LEADER_EPOCH,
+    NOT_LEADER_OR_FOLLOWER,
+    OFFSET_OUT_OF_RANGE,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_LEADER_EPOCH,
+    CorruptRecordError,
+    OffsetOutOfRangeError,
+)
+from tidelog.protocol.messages import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    BrokerMetadata,
+    FetchPartitionResponse,
+    MetadataResponse,
+    PartitionMetadata,
+    TopicMetadata,
+)
 from tidelog.protocol.records import build_batch, iter_headers, patch_batch
 from tidelog.protocol.topics import TopicPartition
+from tidelog.records import Record
 
 pytestmark = pytest.mark.unit
 

@@ -8,12 +8,23 @@ import pytest
 import trio
 
 from tidelog.aio.accumulator import ProduceResult, RecordFuture
-from tidelog.errors import (BrokerConnectionError, ClientClosedError, NoBrokersAvailable,
-                           RequestTimedOut, TidelogClientError, broker_error)
-from tidelog.records import RecordMetadata
-from tidelog.protocol.errors import (NETWORK_EXCEPTION, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE,
-                             OffsetOutOfRangeError, TidelogError)
+from tidelog.errors import (
+    BrokerConnectionError,
+    ClientClosedError,
+    NoBrokersAvailable,
+    RequestTimedOut,
+    TidelogClientError,
+    broker_error,
+)
+from tidelog.protocol.errors import (
+    NETWORK_EXCEPTION,
+    NOT_LEADER_OR_FOLLOWER,
+    OFFSET_OUT_OF_RANGE,
+    OffsetOutOfRangeError,
+    TidelogError,
+)
 from tidelog.protocol.topics import TopicPartition
+from tidelog.records import RecordMetadata
 
 pytestmark = pytest.mark.unit
 

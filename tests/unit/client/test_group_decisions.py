@@ -10,16 +10,49 @@ import pytest
 from tidelog.aio.assignors import COOPERATIVE, EAGER
 from tidelog.aio.cluster import ClusterMetadata
 from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
-from tidelog.aio.group import (COMMIT_ACTIONS, FATAL, HEARTBEAT_ACTIONS, JOIN_ACTIONS, OK, REDISCOVER,
-                              REJOIN, RESET_MEMBER, RETRY, SYNC_ACTIONS, TAKE_MEMBER_ID, HeartbeatTimer,
-                              action_for, auto_commit_offsets, commit_failed_message, complete_join,
-                              matching_topics, not_superseded, prepare_join, coalesce_commit, Generation)
-from tidelog.protocol.errors import (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID,
-                             GROUP_AUTHORIZATION_FAILED, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL,
-                             MEMBER_ID_REQUIRED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS,
-                             UNKNOWN_MEMBER_ID)
-from tidelog.protocol.messages import (EARLIEST_TIMESTAMP, BrokerMetadata, MetadataResponse, PartitionMetadata,
-                               TopicMetadata)
+from tidelog.aio.group import (
+    COMMIT_ACTIONS,
+    FATAL,
+    HEARTBEAT_ACTIONS,
+    JOIN_ACTIONS,
+    OK,
+    REDISCOVER,
+    REJOIN,
+    RESET_MEMBER,
+    RETRY,
+    SYNC_ACTIONS,
+    TAKE_MEMBER_ID,
+    Generation,
+    HeartbeatTimer,
+    action_for,
+    auto_commit_offsets,
+    coalesce_commit,
+    commit_failed_message,
+    complete_join,
+    matching_topics,
+    not_superseded,
+    prepare_join,
+)
+from tidelog.protocol.errors import (
+    COORDINATOR_LOAD_IN_PROGRESS,
+    COORDINATOR_NOT_AVAILABLE,
+    FENCED_INSTANCE_ID,
+    GROUP_AUTHORIZATION_FAILED,
+    ILLEGAL_GENERATION,
+    INCONSISTENT_GROUP_PROTOCOL,
+    MEMBER_ID_REQUIRED,
+    NONE,
+    NOT_COORDINATOR,
+    REBALANCE_IN_PROGRESS,
+    UNKNOWN_MEMBER_ID,
+)
+from tidelog.protocol.messages import (
+    EARLIEST_TIMESTAMP,
+    BrokerMetadata,
+    MetadataResponse,
+    PartitionMetadata,
+    TopicMetadata,
+)
 from tidelog.protocol.topics import TopicPartition as TP
 
 pytestmark = pytest.mark.unit

@@ -16,9 +16,16 @@ from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
 from tidelog.aio.group import ConsumerCoordinator, call_maybe_async
 from tidelog.errors import RequestTimedOut
 from tidelog.protocol.errors import NONE
-from tidelog.protocol.messages import (EARLIEST_TIMESTAMP, ApiKey, OffsetCommitPartitionResponse, OffsetCommitResponse,
-                               OffsetCommitTopicResponse, OffsetFetchPartitionResponse, OffsetFetchResponse,
-                               OffsetFetchTopicResponse)
+from tidelog.protocol.messages import (
+    EARLIEST_TIMESTAMP,
+    ApiKey,
+    OffsetCommitPartitionResponse,
+    OffsetCommitResponse,
+    OffsetCommitTopicResponse,
+    OffsetFetchPartitionResponse,
+    OffsetFetchResponse,
+    OffsetFetchTopicResponse,
+)
 from tidelog.protocol.topics import TopicPartition as TP
 
 pytestmark = pytest.mark.unit

@@ -32,10 +32,19 @@ from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
 from tidelog.aio.group import ConsumerCoordinator, Generation, MemberState, call_maybe_async, heartbeats_due
 from tidelog.errors import TidelogError
 from tidelog.protocol.errors import GROUP_AUTHORIZATION_FAILED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS
-from tidelog.protocol.messages import (EARLIEST_TIMESTAMP, ApiKey, FindCoordinatorResponse, HeartbeatResponse,
-                               JoinGroupMember, JoinGroupResponse, OffsetCommitPartitionResponse,
-                               OffsetCommitResponse, OffsetCommitTopicResponse, OffsetFetchResponse,
-                               SyncGroupResponse)
+from tidelog.protocol.messages import (
+    EARLIEST_TIMESTAMP,
+    ApiKey,
+    FindCoordinatorResponse,
+    HeartbeatResponse,
+    JoinGroupMember,
+    JoinGroupResponse,
+    OffsetCommitPartitionResponse,
+    OffsetCommitResponse,
+    OffsetCommitTopicResponse,
+    OffsetFetchResponse,
+    SyncGroupResponse,
+)
 from tidelog.protocol.topics import TopicPartition as TP
 
 pytestmark = pytest.mark.unit

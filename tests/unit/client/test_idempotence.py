@@ -10,7 +10,10 @@ from tidelog.aio.accumulator import ProducerBatch, RecordAccumulator
 from tidelog.aio.idempotence import MAX_SEQUENCE, IdempotenceState, next_sequence
 from tidelog.aio.producer import Decision, decide, decide_sequenced
 from tidelog.protocol.errors import (
-    DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER,
+    DUPLICATE_SEQUENCE_NUMBER,
+    INVALID_PRODUCER_EPOCH,
+    NOT_LEADER_OR_FOLLOWER,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
     UNKNOWN_PRODUCER_ID,
 )
 from tidelog.protocol.records import Codec, read_header

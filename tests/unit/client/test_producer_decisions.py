@@ -6,14 +6,29 @@ from __future__ import annotations
 import pytest
 
 from tidelog.aio.accumulator import ProducerBatch
-from tidelog.aio.producer import (Decision, ProducerConfig, build_produce_request, decide,
-                                 decide_failure, decide_response, parse_acks, serialize)
+from tidelog.aio.producer import (
+    Decision,
+    ProducerConfig,
+    build_produce_request,
+    decide,
+    decide_failure,
+    decide_response,
+    parse_acks,
+    serialize,
+)
 from tidelog.errors import BrokerConnectionError, RequestTimedOut
-from tidelog.protocol.errors import (CORRUPT_MESSAGE, LEADER_NOT_AVAILABLE, MESSAGE_TOO_LARGE,
-                             NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, TOPIC_AUTHORIZATION_FAILED,
-                             UNKNOWN_TOPIC_OR_PARTITION, RecordTooLargeError, TidelogError)
-from tidelog.protocol.messages import (PartitionProduceResponse, ProduceRequest, ProduceResponse,
-                               TopicProduceResponse)
+from tidelog.protocol.errors import (
+    CORRUPT_MESSAGE,
+    LEADER_NOT_AVAILABLE,
+    MESSAGE_TOO_LARGE,
+    NOT_ENOUGH_REPLICAS,
+    NOT_LEADER_OR_FOLLOWER,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    RecordTooLargeError,
+    TidelogError,
+)
+from tidelog.protocol.messages import PartitionProduceResponse, ProduceRequest, ProduceResponse, TopicProduceResponse
 from tidelog.protocol.records import Codec, iter_all_records
 from tidelog.protocol.topics import TopicPartition
 

@@ -5,14 +5,19 @@ from __future__ import annotations
 import itertools
 import os
 
-from tidelog.protocol.records import (
-    CRC_START, BatchBuilder, BatchRecord, Codec, iter_all_records, iter_headers, validate_batches,
-)
-from tidelog.protocol.topics import TopicPartition
-
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.loader import load_log
 from tidelog.broker.log.log import Log
+from tidelog.protocol.records import (
+    CRC_START,
+    BatchBuilder,
+    BatchRecord,
+    Codec,
+    iter_all_records,
+    iter_headers,
+    validate_batches,
+)
+from tidelog.protocol.topics import TopicPartition
 
 TP = TopicPartition("events", 0)
 

@@ -14,9 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tidelog.broker.log.checkpoint import (
-    LEADER_EPOCH_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT,
-    REPLICATION_CHECKPOINT, CheckpointFile, CorruptCheckpointError, LeaderEpochCheckpoint,
-    OffsetCheckpoint, atomic_write,
+    LEADER_EPOCH_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_CHECKPOINT,
+    CheckpointFile,
+    CorruptCheckpointError,
+    LeaderEpochCheckpoint,
+    OffsetCheckpoint,
+    atomic_write,
 )
 from tidelog.protocol.errors import StorageError
 from tidelog.protocol.topics import TopicPartition

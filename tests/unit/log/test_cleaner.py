@@ -13,11 +13,17 @@ import os
 
 import pytest
 
+from tests.unit.log.helpers import FakeClock, read_batches, read_records
+from tidelog.broker.log.checkpoint import OffsetCheckpoint
 from tidelog.broker.log.cleaner import (
-    BYTES_PER_MAP_ENTRY, CLEANER_OFFSET_CHECKPOINT, CleanerConfig, LogCleaner, OffsetMap, cleanable_offsets,
+    BYTES_PER_MAP_ENTRY,
+    CLEANER_OFFSET_CHECKPOINT,
+    CleanerConfig,
+    LogCleaner,
+    OffsetMap,
+    cleanable_offsets,
     retain_record,
 )
-from tidelog.broker.log.checkpoint import OffsetCheckpoint
 from tidelog.broker.log.config import InvalidConfigError, LogConfig
 from tidelog.broker.log.dump import run as dump_run
 from tidelog.broker.log.manager import LogManager
@@ -25,8 +31,6 @@ from tidelog.broker.log.segment import LOG_SUFFIX
 from tidelog.protocol.errors import INVALID_RECORD, TidelogError
 from tidelog.protocol.records import BatchBuilder, Codec, build_batch, iter_headers
 from tidelog.protocol.topics import TopicPartition
-
-from tests.unit.log.helpers import FakeClock, read_batches, read_records
 
 pytestmark = pytest.mark.unit
 

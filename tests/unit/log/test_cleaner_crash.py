@@ -17,6 +17,7 @@ import shutil
 
 import pytest
 
+from tests.unit.log.helpers import FakeClock, read_records
 from tidelog.broker.log.cleaner import CleanerConfig, LogCleaner
 from tidelog.broker.log.dump import run as dump_run
 from tidelog.broker.log.manager import LogManager
@@ -24,8 +25,6 @@ from tidelog.broker.log.segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFI
 from tidelog.broker.log.swap import apply_ops, plan_swap
 from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import TopicPartition
-
-from tests.unit.log.helpers import FakeClock, read_records
 
 pytestmark = pytest.mark.unit
 

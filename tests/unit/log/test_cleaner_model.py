@@ -19,13 +19,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from tests.unit.log.helpers import FakeClock, read_records
 from tidelog.broker.log.cleaner import BYTES_PER_MAP_ENTRY, CleanerConfig, LogCleaner
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.protocol.records import BatchBuilder, Codec
 from tidelog.protocol.topics import TopicPartition
-
-from tests.unit.log.helpers import FakeClock, read_records
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,8 @@ import dataclasses
 
 import pytest
 
-from tidelog.broker.log.cleaner import CleaningAborted, run_steps_inline
-
 from tests.unit.log.test_cleaner import COMPACT, TP, Env
+from tidelog.broker.log.cleaner import CleaningAborted, run_steps_inline
 
 pytestmark = pytest.mark.unit
 

@@ -11,21 +11,40 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidelog.protocol.errors import (
-    FENCED_LEADER_EPOCH, RECORD_LIST_TOO_LARGE, CorruptRecordError, OffsetOutOfRangeError,
-    RecordTooLargeError, TidelogError,
+from tests.unit.log.helpers import (
+    FakeClock,
+    headers_of,
+    make_batch,
+    open_log,
+    read_batches,
+    read_records,
+    segment_file_sizes,
 )
-from tidelog.protocol.records import (
-    patch_batch,
-    CRC_AT, CRC_START, LOG_OVERHEAD, MAGIC_AT, NO_TIMESTAMP, BatchBuilder, Codec, TimestampType,
-    build_batch, iter_all_records, iter_headers, read_header, validate_batches,
-)
-
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.segment import LOG_SUFFIX
-
-from tests.unit.log.helpers import (
-    FakeClock, headers_of, make_batch, open_log, read_batches, read_records, segment_file_sizes,
+from tidelog.protocol.errors import (
+    FENCED_LEADER_EPOCH,
+    RECORD_LIST_TOO_LARGE,
+    CorruptRecordError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    TidelogError,
+)
+from tidelog.protocol.records import (
+    CRC_AT,
+    CRC_START,
+    LOG_OVERHEAD,
+    MAGIC_AT,
+    NO_TIMESTAMP,
+    BatchBuilder,
+    Codec,
+    TimestampType,
+    build_batch,
+    iter_all_records,
+    iter_headers,
+    patch_batch,
+    read_header,
+    validate_batches,
 )
 
 pytestmark = pytest.mark.unit

@@ -23,13 +23,16 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tidelog.protocol.records import (
-    CRC_START, BatchBuilder, Codec, iter_headers, iter_records, validate_batches,
-)
-
-from tidelog.broker.log.config import LogConfig
-
 from tests.unit.log.helpers import FakeClock, open_log
+from tidelog.broker.log.config import LogConfig
+from tidelog.protocol.records import (
+    CRC_START,
+    BatchBuilder,
+    Codec,
+    iter_headers,
+    iter_records,
+    validate_batches,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,10 @@ import os
 import pytest
 
 from tidelog.broker.log.checkpoint import (
-    LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT, OffsetCheckpoint,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_CHECKPOINT,
+    OffsetCheckpoint,
 )
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.log import Log

@@ -10,9 +10,8 @@ import dataclasses
 
 import pytest
 
-from tidelog.broker.log.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
-
 from tests.unit.log.test_cleaner import COMPACT, Env
+from tidelog.broker.log.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
 
 pytestmark = pytest.mark.unit
 

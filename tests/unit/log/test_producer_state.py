@@ -13,17 +13,25 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tests.unit.log.helpers import FakeClock, open_log, read_batches
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.producer_state import (
-    MAX_SEQUENCE, BatchMetadata, ProducerStateManager, decode_snapshot, next_sequence, snapshot_path,
+    MAX_SEQUENCE,
+    BatchMetadata,
+    ProducerStateManager,
+    decode_snapshot,
+    next_sequence,
+    snapshot_path,
 )
 from tidelog.protocol.errors import (
-    DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, INVALID_RECORD, OUT_OF_ORDER_SEQUENCE_NUMBER,
-    UNKNOWN_PRODUCER_ID, TidelogError,
+    DUPLICATE_SEQUENCE_NUMBER,
+    INVALID_PRODUCER_EPOCH,
+    INVALID_RECORD,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    UNKNOWN_PRODUCER_ID,
+    TidelogError,
 )
 from tidelog.protocol.records import build_batch, iter_headers, read_header
-
-from tests.unit.log.helpers import FakeClock, open_log, read_batches
 
 pytestmark = pytest.mark.unit
 

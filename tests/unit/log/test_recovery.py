@@ -39,7 +39,13 @@ from tidelog.broker.log.log import Log
 from tidelog.broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, filename_prefix
 from tidelog.protocol.errors import CorruptRecordError
 from tidelog.protocol.records import (
-    CRC_START, LOG_OVERHEAD, Codec, build_batch, iter_headers, iter_records, validate_batch,
+    CRC_START,
+    LOG_OVERHEAD,
+    Codec,
+    build_batch,
+    iter_headers,
+    iter_records,
+    validate_batch,
 )
 from tidelog.protocol.topics import TopicPartition
 

@@ -10,10 +10,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidelog.protocol.errors import InvalidRequestError, TidelogError, UnsupportedVersionError
-from tidelog.protocol.messages import (INT16, INT32, REQUESTS, RESPONSES, SUPPORTED_VERSIONS, ApiKey,
-                               ApiVersion, ApiVersionsRequest, ApiVersionsResponse, Message,
-                               RequestHeader, check_supported, decode_request, decode_response,
-                               encode_request, encode_response, supported_api_versions)
+from tidelog.protocol.messages import (
+    INT16,
+    INT32,
+    REQUESTS,
+    RESPONSES,
+    SUPPORTED_VERSIONS,
+    ApiKey,
+    ApiVersion,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    Message,
+    RequestHeader,
+    check_supported,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    supported_api_versions,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -33,8 +33,12 @@ from tidelog.broker.replication.fetcher import FetcherConfig, ReplicaFetcher
 from tidelog.broker.replication.replica_manager import NotifyingPartition, ReplicaConfig, ReplicaManager
 from tidelog.protocol.errors import NONE
 from tidelog.protocol.messages import (
-    FetchRequest, FetchResponse, LeaderAndIsrRequest, OffsetsForLeaderEpochRequest,
-    OffsetsForLeaderEpochResponse, PartitionState,
+    FetchRequest,
+    FetchResponse,
+    LeaderAndIsrRequest,
+    OffsetsForLeaderEpochRequest,
+    OffsetsForLeaderEpochResponse,
+    PartitionState,
 )
 from tidelog.protocol.records import validate_batches
 from tidelog.protocol.topics import TopicPartition

@@ -6,15 +6,20 @@ from __future__ import annotations
 import pytest
 import trio
 
-from tidelog.broker.deferred import DeferredResponse
-from tidelog.broker.replication.replica_manager import DelayedFetch
-from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION
-from tidelog.protocol.messages import (FetchPartition, FetchRequest, FetchResponse, FetchTopic, StopReplicaPartition,
-                               StopReplicaRequest)
-
 from tests.unit.log.helpers import make_batch
 from tests.unit.replication.memory_leader import TP, MemoryBroker
 from tests.unit.replication.test_fetcher import make_cluster
+from tidelog.broker.deferred import DeferredResponse
+from tidelog.broker.replication.replica_manager import DelayedFetch
+from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION
+from tidelog.protocol.messages import (
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+    StopReplicaPartition,
+    StopReplicaRequest,
+)
 
 pytestmark = pytest.mark.unit
 

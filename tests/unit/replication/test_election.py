@@ -10,7 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidelog.broker.controller.election import (
-    Election, controlled_shutdown_leader, offline_partition_leader, preferred_replica_leader, remove_from_isr,
+    Election,
+    controlled_shutdown_leader,
+    offline_partition_leader,
+    preferred_replica_leader,
+    remove_from_isr,
 )
 
 pytestmark = pytest.mark.unit

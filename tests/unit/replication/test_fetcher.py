@@ -16,15 +16,19 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.log.helpers import FakeClock, make_batch, read_batches
+from tests.unit.replication.memory_leader import (
+    TP,
+    MemoryBroker,
+    MemoryCluster,
+    assert_same_log,
+    log_bytes,
+    scratch_dir,
+)
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.replication.fetcher import truncation_target
 from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH
 from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic
-
-from tests.unit.log.helpers import FakeClock, make_batch, read_batches
-from tests.unit.replication.memory_leader import (
-    TP, MemoryBroker, MemoryCluster, assert_same_log, log_bytes, scratch_dir,
-)
 
 pytestmark = pytest.mark.unit
 
@@ -389,7 +393,11 @@ async def test_fencing_error_codes_from_the_leader(cluster, autojump_clock):
     cluster.elect(1)  # epoch 1
 
     async def epoch_answer(current: int) -> int:
-        from tidelog.protocol.messages import OffsetForLeaderPartition, OffsetForLeaderTopic, OffsetsForLeaderEpochRequest
+        from tidelog.protocol.messages import (
+            OffsetForLeaderPartition,
+            OffsetForLeaderTopic,
+            OffsetsForLeaderEpochRequest,
+        )
         r = await a.offsets_for_leader_epoch(OffsetsForLeaderEpochRequest(
             [OffsetForLeaderTopic(TP.topic, [OffsetForLeaderPartition(TP.partition, 0, current)])], replica_id=2))
         return r.topics[0].partitions[0].error_code

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.replication.memory_leader import TP
+from tests.unit.replication.test_fetcher import make_cluster, produce
 from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
 from tidelog.protocol.messages import (
     CONSUMER_REPLICA_ID,
@@ -15,9 +17,6 @@ from tidelog.protocol.messages import (
     ListOffsetsRequest,
     ListOffsetsTopic,
 )
-
-from tests.unit.replication.test_fetcher import make_cluster, produce
-from tests.unit.replication.memory_leader import TP
 
 pytestmark = pytest.mark.unit
 

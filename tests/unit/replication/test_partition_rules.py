@@ -7,24 +7,30 @@ and leader epoch bumps, checking the invariants that keep acknowledged records s
 
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tests.unit.log.helpers import TP, FakeClock, make_batch
+from tests.unit.replication.memory_leader import scratch_dir
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.loader import load_log
 from tidelog.broker.replication.partition import (
-    Partition, ReplicaState, can_join_isr, check_leader_epoch, high_watermark,
+    Partition,
+    ReplicaState,
+    can_join_isr,
+    check_leader_epoch,
+    high_watermark,
 )
 from tidelog.protocol.errors import (
-    FENCED_LEADER_EPOCH, NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH, TidelogError,
+    FENCED_LEADER_EPOCH,
+    NOT_ENOUGH_REPLICAS,
+    NOT_LEADER_OR_FOLLOWER,
+    UNKNOWN_LEADER_EPOCH,
+    TidelogError,
 )
 from tidelog.protocol.messages import PartitionState
-
-from tests.unit.log.helpers import TP, FakeClock, make_batch
-from tests.unit.replication.memory_leader import scratch_dir
 
 pytestmark = pytest.mark.unit
 
