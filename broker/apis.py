@@ -374,7 +374,7 @@ class Apis:
         await wait_all([w for w in waits if w is not None and w.api_key == ApiKey.LEADER_AND_ISR], 10)
         return ControlledShutdownResponse(NONE.code, [TopicPartitionRef(tp.topic, tp.partition) for tp in remaining])
 
-    # -- consumer groups (broker/coordinator/group_coordinator.py) ------------------------------
+    # -- consumer groups (broker/groups/group_coordinator.py) ------------------------------
 
     @property
     def group_coordinator(self):

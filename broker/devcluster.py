@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from tidelog.broker.coordination.zkserver import ZooKeeperServer, find_free_port
+from tidelog.broker.zookeeper.zkserver import ZooKeeperServer, find_free_port
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.messages import ApiKey, MetadataRequest, MetadataResponse
 

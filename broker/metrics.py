@@ -24,7 +24,7 @@ Theory of operation. Nothing here runs per record, and almost nothing per reques
   structures; ``GET /ready`` answers 200 when the broker is ready (broker/health.py) and 503
   with the failing checks otherwise; ``GET /live`` answers 200 while the loop runs.
 
-Consumer group lag comes from the group coordinator (broker/coordinator): each broker exports
+Consumer group lag comes from the group coordinator (broker/groups): each broker exports
 ``tidelog_group_lag{group,topic,partition}`` for the groups it coordinates, read at scrape
 time: the partition's high watermark (this broker's own when it leads the partition, else the
 leader's answer to a ListOffsets refreshed every few seconds) minus the group's committed

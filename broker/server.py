@@ -33,10 +33,7 @@ from tidelog.broker.apis import Apis
 from tidelog.broker.channel import BrokerChannel, BrokerUnreachable
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.controller.controller import Controller, ControllerConfig
-from tidelog.broker.coordination import layout
-from tidelog.broker.coordination.layout import BrokerInfo, LeaderAndIsr
-from tidelog.broker.coordination.zk import ZkClient
-from tidelog.broker.coordinator.group_coordinator import CoordinatorConfig, GroupCoordinator
+from tidelog.broker.groups.group_coordinator import CoordinatorConfig, GroupCoordinator
 from tidelog.broker.health import Readiness, broker_readiness
 from tidelog.broker.log.cleaner import CleanerConfig, LogCleaner, cleaning_steps
 from tidelog.broker.log.config import LogConfig
@@ -46,6 +43,9 @@ from tidelog.broker.network import SocketServer
 from tidelog.broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
 from tidelog.broker.replication.fetcher import FetcherConfig, RemoteLeaderEndpoint
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from tidelog.broker.zookeeper import layout
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr
+from tidelog.broker.zookeeper.zk import ZkClient
 from tidelog.protocol.errors import NONE, StorageError, TidelogError
 from tidelog.protocol.messages import ApiKey, ControlledShutdownRequest
 from tidelog.protocol.topics import TopicPartition

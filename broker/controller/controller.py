@@ -52,9 +52,9 @@ from tidelog.broker.controller.election import (
     preferred_replica_leader,
     remove_from_isr,
 )
-from tidelog.broker.coordination import layout
-from tidelog.broker.coordination.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
 from tidelog.broker.log.config import InvalidConfigError, LogConfig
+from tidelog.broker.zookeeper import layout
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
 from tidelog.protocol.errors import (
     ELECTION_NOT_NEEDED,
     INVALID_CONFIG,

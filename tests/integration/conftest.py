@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from tidelog.broker.coordination.zkserver import ZooKeeperServer
+from tidelog.broker.zookeeper.zkserver import ZooKeeperServer
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ from tests.integration.cluster_fixtures import (  # noqa: F401
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.aio import AsyncProducer
 from tidelog.aio.partitioner import default_partition
-from tidelog.broker.coordination.layout import assign_replicas
+from tidelog.broker.zookeeper.layout import assign_replicas
 from tidelog.errors import TidelogError
 
 pytestmark = pytest.mark.integration

@@ -25,8 +25,8 @@ from tests.integration.cluster_fixtures import (
     wait_until,
 )
 from tidelog import Admin, NewTopic, Producer
-from tidelog.broker.coordination.zkserver import find_free_port
 from tidelog.broker.devcluster import DevCluster
+from tidelog.broker.zookeeper.zkserver import find_free_port
 from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,

@@ -52,8 +52,8 @@ from tests.component.ops.topology import (
 from tests.integration.cluster_fixtures import consume_range, end_offsets, wait_until
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.coordination.zkserver import ZooKeeperEnsemble, find_free_ports
 from tidelog.broker.devcluster import metadata
+from tidelog.broker.zookeeper.zkserver import ZooKeeperEnsemble, find_free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import threading
 import pytest
 import trio
 
-from tidelog.broker.coordination.layout import BrokerInfo, LeaderAndIsr, decode_controller
-from tidelog.broker.coordination.zk import (
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, decode_controller
+from tidelog.broker.zookeeper.zk import (
     LOST,
     SUSPENDED,
     BrokerIdInUseError,
@@ -26,7 +26,7 @@ from tidelog.broker.coordination.zk import (
     ZkTimeoutError,
     ZkVersionConflict,
 )
-from tidelog.broker.coordination.zkserver import (
+from tidelog.broker.zookeeper.zkserver import (
     ZooKeeperEnsemble,
     ZooKeeperNotInstalledError,
     ZooKeeperServer,

@@ -63,7 +63,7 @@ from typing import Any, Self
 
 from tests.system.harness import ELECTION_TIMEOUT_S, SETTLE_TIMEOUT_S, NotYet, Scenario, wait_until
 from tidelog import TidelogError
-from tidelog.broker.coordinator.group_coordinator import partition_for
+from tidelog.broker.groups.group_coordinator import partition_for
 from tidelog.protocol.errors import ILLEGAL_GENERATION, NONE, NOT_COORDINATOR, UNKNOWN_MEMBER_ID, for_code
 from tidelog.protocol.messages import (
     ApiKey,

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from tidelog.broker.coordination.layout import (
+from tidelog.broker.zookeeper.layout import (
     BrokerInfo,
     InvalidPartitionsError,
     InvalidReplicationFactorError,

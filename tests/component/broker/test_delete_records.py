@@ -13,7 +13,7 @@ import pytest
 
 from tests.component.broker.test_group_coordinator import DATA_TP, broker
 from tests.component.broker.test_internal_topics import produce
-from tidelog.broker.coordinator.group_coordinator import OFFSETS_TOPIC
+from tidelog.broker.groups.group_coordinator import OFFSETS_TOPIC
 from tidelog.protocol.errors import (
     INVALID_TOPIC_EXCEPTION,
     NONE,

@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from tidelog.broker.apis import Apis
-from tidelog.broker.coordinator.group_coordinator import OFFSETS_TOPIC, CoordinatorConfig, GroupCoordinator
-from tidelog.broker.coordinator.group_metadata import GroupConfig
+from tidelog.broker.groups.group_coordinator import OFFSETS_TOPIC, CoordinatorConfig, GroupCoordinator
+from tidelog.broker.groups.group_metadata import GroupConfig
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.metadata_cache import MetadataCache

@@ -16,7 +16,7 @@ from tests.component.broker.test_group_coordinator import (
     fetched,
     form_group,
 )
-from tidelog.broker.coordinator.group_coordinator import OFFSETS_TOPIC
+from tidelog.broker.groups.group_coordinator import OFFSETS_TOPIC
 from tidelog.protocol.errors import INVALID_TOPIC_EXCEPTION, NONE
 from tidelog.protocol.messages import ApiKey, PartitionProduceData, ProduceRequest, TopicProduceData
 from tidelog.protocol.records import build_batch

@@ -12,9 +12,9 @@ import trio
 
 from tidelog.broker.cli import main
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.coordination.zkserver import find_free_port
 from tidelog.broker.health import Readiness, address_from_config, broker_readiness, parse_address, probe, run
 from tidelog.broker.network import SocketServer
+from tidelog.broker.zookeeper.zkserver import find_free_port
 from tidelog.protocol.messages import ApiKey, BrokerMetadata, MetadataResponse
 
 pytestmark = pytest.mark.component

@@ -11,7 +11,6 @@ import trio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tidelog.broker.coordination.layout import LeaderAndIsr
 from tidelog.broker.deferred import DeferredResponse
 from tidelog.broker.health import Readiness
 from tidelog.broker.log.config import LogConfig
@@ -28,6 +27,7 @@ from tidelog.broker.metrics import (
 )
 from tidelog.broker.network import NetworkStats
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from tidelog.broker.zookeeper.layout import LeaderAndIsr
 from tidelog.protocol.messages import (
     ApiKey,
     FetchPartitionResponse,

@@ -1,4 +1,4 @@
-"""The group state machine (broker/coordinator/group_metadata.py): transitions as a table,
+"""The group state machine (broker/groups/group_metadata.py): transitions as a table,
 membership scenarios with time passed in, and a Hypothesis state machine driving random
 joins, syncs, heartbeats, leaves, commits and time against the invariants."""
 
@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from tidelog.broker.coordinator.group_metadata import (
+from tidelog.broker.groups.group_metadata import (
     VALID_PREVIOUS_STATES,
     GroupConfig,
     GroupMetadata,
@@ -20,7 +20,7 @@ from tidelog.broker.coordinator.group_metadata import (
     Reply,
     StoreGroup,
 )
-from tidelog.broker.coordinator.offsets_records import decode_group_value, group_value
+from tidelog.broker.groups.offsets_records import decode_group_value, group_value
 from tidelog.protocol.errors import (
     FENCED_INSTANCE_ID,
     ILLEGAL_GENERATION,
@@ -368,7 +368,7 @@ def test_commit_rules(setup, generation, member, expected):
 
 
 def test_expiry_of_an_empty_groups_offsets():
-    from tidelog.broker.coordinator.offsets_records import OffsetValue
+    from tidelog.broker.groups.offsets_records import OffsetValue
     from tidelog.protocol.topics import TopicPartition
     g = GroupMetadata("g", protocol_type="consumer", state_timestamp_ms=0)
     g.offsets[TopicPartition("t", 0)] = OffsetValue(5, commit_timestamp_ms=0)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidelog.broker.coordinator.group_coordinator import java_string_hashcode, partition_for
-from tidelog.broker.coordinator.offsets_records import (
+from tidelog.broker.groups.group_coordinator import java_string_hashcode, partition_for
+from tidelog.broker.groups.offsets_records import (
     GroupKey,
     GroupMetadataValue,
     MemberValue,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerContext
-from tidelog.broker.coordination.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
 from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.unit

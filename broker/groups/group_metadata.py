@@ -50,7 +50,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tidelog.broker.coordinator.offsets_records import GroupMetadataValue, MemberValue, OffsetValue
+from tidelog.broker.groups.offsets_records import GroupMetadataValue, MemberValue, OffsetValue
 from tidelog.protocol.errors import (
     COORDINATOR_NOT_AVAILABLE,
     FENCED_INSTANCE_ID,

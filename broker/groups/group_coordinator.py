@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from tidelog.broker.coordinator.group_metadata import (
+from tidelog.broker.groups.group_metadata import (
     Effect,
     GroupConfig,
     GroupMetadata,
@@ -67,7 +67,7 @@ from tidelog.broker.coordinator.group_metadata import (
     join_error,
     sync_error,
 )
-from tidelog.broker.coordinator.offsets_records import (
+from tidelog.broker.groups.offsets_records import (
     LoadedPartition,
     OffsetValue,
     group_key,

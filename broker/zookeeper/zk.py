@@ -18,7 +18,7 @@ threads must never block on Trio. So:
   nothing ever blocks or drops) and return at once. Closing the receiving end of a watch
   channel stops the watch at its next event;
 * kazoo's exceptions never leave this module: they become the ZkError family of
-  ``broker.coordination.layout``.
+  ``broker.zookeeper.layout``.
 
 Sessions: ``session_events`` carries ("CONNECTED" | "SUSPENDED" | "LOST", monotonic time).
 SUSPENDED means the connection dropped and the session may still be alive (ephemerals kept);
@@ -59,7 +59,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
-from tidelog.broker.coordination.layout import (
+from tidelog.broker.zookeeper.layout import (
     DEFAULT_CHROOT,
     INITIAL_CONTROLLER_EPOCH,
     BrokerIdInUseError,

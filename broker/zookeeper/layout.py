@@ -1,6 +1,6 @@
 """Tidelog's ZooKeeper layout as pure data: znode paths, JSON codecs, replica placement.
 
-Nothing here talks to ZooKeeper (that is ``broker.coordination.zk``, the only module that
+Nothing here talks to ZooKeeper (that is ``broker.zookeeper.zk``, the only module that
 imports kazoo); everything here is testable without a server. The layout is DESIGN.md
 section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
 
