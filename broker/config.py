@@ -52,6 +52,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tidelog.broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
+from tidelog.protocol.address import parse_host_port
 
 MAX_LONG = 2**63 - 1
 MIB = 1024 * 1024
@@ -114,12 +115,11 @@ def parse_listener(value: str) -> tuple[str, str, int]:
         raise ValueError("expected PROTOCOL://host:port, e.g. PLAINTEXT://127.0.0.1:9092")
     if scheme.upper() != "PLAINTEXT":
         raise ValueError(f"protocol {scheme!r} is not supported (only PLAINTEXT)")
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError("expected PROTOCOL://host:port with a port from 0 to 65535")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return scheme.upper(), host, int(port)
+    try:
+        host, port = parse_host_port(rest)
+    except ValueError:
+        raise ValueError("expected PROTOCOL://host:port with a port from 0 to 65535") from None
+    return scheme.upper(), host, port
 
 
 def _check_listeners(value: str) -> str | None:

@@ -16,16 +16,16 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from tidelog.broker.config import parse_listener
+from tidelog.broker.health import metadata_request
 from tidelog.broker.zookeeper.zkserver import ZooKeeperServer, find_free_port
-from tidelog.protocol.connection import ClientConnection
-from tidelog.protocol.messages import ApiKey, MetadataRequest, MetadataResponse
+from tidelog.protocol.messages import MetadataResponse
 
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNET = 0x40000000
@@ -189,25 +189,16 @@ class DevCluster:
 
 
 def metadata(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> MetadataResponse:
-    """One blocking Metadata request (for readiness checks)."""
-    conn = ClientConnection(client_id="tidelog-dev")
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        _, frame = conn.send_request(ApiKey.METADATA, 0, MetadataRequest(topics=None))
-        s.sendall(frame)
-        while True:
-            data = s.recv(1 << 16)
-            if not data:
-                raise ConnectionError("broker closed the connection")
-            for _, body in conn.receive_data(data):
-                return MetadataResponse.from_body(body)
+    """One blocking Metadata request for every topic (for readiness checks)."""
+    return metadata_request(host, port, timeout, all_topics=True, client_id="tidelog-dev")
 
 
 def _port_of(config_path: Path) -> int | None:
     import tomllib
     listeners = tomllib.loads(config_path.read_text()).get("listeners", "")
     try:
-        return int(str(listeners).rsplit(":", 1)[1])
-    except (IndexError, ValueError):
+        return parse_listener(str(listeners))[2]
+    except ValueError:
         return None
 
 

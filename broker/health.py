@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tidelog.protocol.address import parse_host_port
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.messages import ApiKey, MetadataRequest, MetadataResponse
 
@@ -74,33 +75,39 @@ class ProbeResult:
 
 
 def parse_address(text: str, default_port: int = 9092) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or ``host`` -> (host, port)."""
-    text = text.strip()
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else default_port
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text, default_port
-    if not port.isdigit():
-        raise ValueError(f"bad address {text!r}: expected host:port")
-    return host or "127.0.0.1", int(port)
+    """``host:port``, ``[v6]:port`` or ``host`` -> (host, port); an empty host is the loopback."""
+    try:
+        host, port = parse_host_port(text, default_port)
+    except ValueError:
+        raise ValueError(f"bad address {text.strip()!r}: expected host:port") from None
+    return host or "127.0.0.1", port
 
 
-def metadata_request(host: str, port: int, timeout: float) -> MetadataResponse:
-    """One blocking Metadata request for no topics (cheap on a broker with many)."""
-    conn = ClientConnection(client_id="tidelog-health")
+def request(host: str, port: int, api_key: int, body: Any, *, timeout: float = 5.0,
+            client_id: str = "tidelog-health", api_version: int = 0) -> dict[str, Any]:
+    """One blocking request on a connection of its own, the whole exchange bounded by
+    ``timeout``: the response body. The broker's tools and the tests share this one."""
+    conn = ClientConnection(client_id=client_id)
     deadline = time.monotonic() + timeout
     with socket.create_connection((host, port), timeout=timeout) as s:
-        _, frame = conn.send_request(ApiKey.METADATA, 0, MetadataRequest(topics=[]))
+        _, frame = conn.send_request(api_key, api_version, body)
         s.sendall(frame)
         while True:
             s.settimeout(max(0.01, deadline - time.monotonic()))
             data = s.recv(1 << 16)
             if not data:
-                raise ConnectionError("the broker closed the connection")
-            for _, body in conn.receive_data(data):
-                return MetadataResponse.from_body(body)
+                raise ConnectionError(f"the broker at {host}:{port} closed the connection")
+            for _, response in conn.receive_data(data):
+                return response
+
+
+def metadata_request(host: str, port: int, timeout: float, *, all_topics: bool = False,
+                     client_id: str = "tidelog-health") -> MetadataResponse:
+    """One blocking Metadata request: for no topics (cheap on a broker with many), or with
+    ``all_topics`` for every one."""
+    body = MetadataRequest(topics=None if all_topics else [])
+    return MetadataResponse.from_body(request(host, port, ApiKey.METADATA, body, timeout=timeout,
+                                              client_id=client_id))
 
 
 def probe(address: str, timeout: float = 5.0, broker_id: int | None = None) -> ProbeResult:

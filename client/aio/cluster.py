@@ -26,6 +26,7 @@ Everything but ``metadata`` and ``parse_bootstrap`` must be used from the Trio t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -37,6 +38,7 @@ import trio
 
 from tidelog.aio.connection import BrokerConnection
 from tidelog.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
+from tidelog.protocol.address import parse_host_port
 from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, for_code
 from tidelog.protocol.messages import (
     NO_LEADER,
@@ -65,12 +67,12 @@ def parse_bootstrap(servers: str | Sequence[str]) -> list[tuple[str, int]]:
         item = raw.strip()
         if not item:
             continue
-        host, sep, port = item.rpartition(":")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        host, port = "", 0
+        with contextlib.suppress(ValueError):
+            host, port = parse_host_port(item, min_port=1)
+        if not host:
             raise ValueError(f"invalid bootstrap server {item!r}: expected host:port")
-        out.append((host, int(port)))
+        out.append((host, port))
     if not out:
         raise ValueError(f"no bootstrap servers in {servers!r}")
     return out
