@@ -40,7 +40,7 @@ from tidelog.aio.admin import (
     TopicDescription,
 )
 from tidelog.aio.consumer import AsyncConsumer, OffsetAndTimestamp
-from tidelog.aio.group import ConsumerRebalanceListener
+from tidelog.aio.group import ConsumerRebalanceListener, call_maybe_async
 from tidelog.aio.producer import _NEED_METADATA, AsyncProducer, partly_queued
 from tidelog.errors import (
     BrokerConnectionError,
@@ -207,12 +207,11 @@ class Consumer(_Blocking):
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
                  consumer_timeout_ms: float = float("inf"), **options: Any):
-        self._aio = AsyncConsumer(bootstrap_servers, **options)
+        self._aio = AsyncConsumer(bootstrap_servers, invoke_callback=self._callback_on_caller, **options)
         self._api_timeout_s = self._aio.config.default_api_timeout_ms / 1000
         self._request_timeout_s = self._aio.config.request_timeout_ms / 1000
         self.consumer_timeout_ms = consumer_timeout_ms
         self._inboxes: list[queue.SimpleQueue] = []  # the serving calls' inboxes, innermost last
-        self._aio.invoke_callback = self._callback_on_caller
         self._start("tidelog-consumer")
 
     def _sync(self, fn: Any, *args: Any) -> Any:
@@ -227,7 +226,6 @@ class Consumer(_Blocking):
         serving call, and wait (shielded) for it to finish there."""
         inbox = self._inboxes[-1] if self._inboxes else None
         if inbox is None:  # not inside a serving call: run it here
-            from tidelog.aio.group import call_maybe_async
             return await call_maybe_async(fn, *args)
         done = trio.Event()
         outcome: list[Any] = []

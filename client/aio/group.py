@@ -74,7 +74,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -92,6 +92,7 @@ from tidelog.aio.assignors import (
     rebalance_protocol,
 )
 from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
+from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.errors import (
     BrokerConnectionError,
     CommitFailedError,
@@ -100,6 +101,7 @@ from tidelog.errors import (
     TidelogError,
     broker_error,
 )
+from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
@@ -118,7 +120,6 @@ from tidelog.protocol.messages import (
     NO_GENERATION,
     NO_OFFSET,
     UNKNOWN_MEMBER,
-    ApiKey,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     HeartbeatRequest,
@@ -127,7 +128,6 @@ from tidelog.protocol.messages import (
     JoinGroupResponse,
     LeaveGroupRequest,
     MemberIdentity,
-    Message,
     OffsetCommitPartition,
     OffsetCommitRequest,
     OffsetCommitResponse,
@@ -140,9 +140,6 @@ from tidelog.protocol.messages import (
     SyncGroupResponse,
 )
 from tidelog.protocol.topics import TopicPartition
-
-if TYPE_CHECKING:
-    from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
 
 __all__ = ["ConsumerRebalanceListener", "MemberState", "Generation", "HeartbeatTimer",
            "ConsumerCoordinator", "prepare_join", "complete_join", "auto_commit_offsets",
@@ -401,8 +398,12 @@ class ConsumerCoordinator:
     """The member's side of the group protocol. Driven by the consumer's ``poll`` (rebalances,
     automatic commits, committed offsets) plus one heartbeat task of its own."""
 
-    def __init__(self, cluster: Cluster, config: "ConsumerConfig", subscriptions: "SubscriptionState",
-                 invoke: Callable[..., Awaitable[Any]], wake_fetcher: Callable[[], None]):
+    def __init__(self, cluster: Cluster, config: ConsumerConfig, subscriptions: SubscriptionState,
+                 invoke: Callable[..., Awaitable[Any]], wake_fetcher: Callable[[], None], *,
+                 wake_poll: Callable[[], None] = lambda: None):
+        """``invoke(fn, *args)`` runs the listener's methods and commit callbacks;
+        ``wake_fetcher()`` says the assignment or positions changed; ``wake_poll()`` wakes a
+        poll waiting for records (group work to do)."""
         self.cluster = cluster
         self.config = config
         self.group_id = config.group_id
@@ -411,6 +412,7 @@ class ConsumerCoordinator:
         self.protocol = rebalance_protocol(self.assignors)
         self._invoke = invoke
         self._wake_fetcher = wake_fetcher
+        self.wake_poll = wake_poll
         self.generation = NO_GENERATION_INFO
         self.state = MemberState.UNJOINED
         self.coordinator_id: int | None = None
@@ -497,9 +499,6 @@ class ConsumerCoordinator:
         self.rejoin_reason = reason
         self.wake_poll()
 
-    def wake_poll(self) -> None:
-        """Replaced by the consumer: wakes a poll waiting for records (group work to do)."""
-
     def waiting_in_poll(self) -> float:
         """The application is inside ``poll``, waiting for records: that is polling (Kafka
         refreshes its poll timer in its poll loop), so a ``poll(timeout_ms)`` longer than
@@ -526,7 +525,7 @@ class ConsumerCoordinator:
         new partitions and the automatic commit."""
         self.timer.polled(time.monotonic())
         self._raise_fatal()
-        await self._invoke_completed_commits()
+        await self.invoke_completed_commits()
         if self.is_managed:
             self._maybe_refresh_pattern()
             if self.pattern is not None and self._pattern_refreshed == -float("inf"):
@@ -1168,7 +1167,7 @@ class ConsumerCoordinator:
 
         self._nursery.start_soon(run)
 
-    async def _invoke_completed_commits(self) -> None:
+    async def invoke_completed_commits(self) -> None:
         while self._completed_commits:
             callback, offsets, error = self._completed_commits.pop(0)
             await self._invoke(callback, offsets, error)

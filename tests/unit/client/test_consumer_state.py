@@ -8,14 +8,8 @@ import dataclasses
 import pytest
 
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.consumer import (
-    CompletedFetch,
-    ConsumerConfig,
-    PartitionState,
-    SubscriptionState,
-    handle_partition_response,
-    plan_fetches,
-)
+from tidelog.aio.fetcher import CompletedFetch, handle_partition_response, plan_fetches
+from tidelog.aio.subscription import ConsumerConfig, PartitionState, SubscriptionState
 from tidelog.protocol.errors import (
     CORRUPT_MESSAGE,
     FENCED_LEADER_EPOCH,

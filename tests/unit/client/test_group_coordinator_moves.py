@@ -16,10 +16,11 @@ import pytest
 import trio
 
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
 from tidelog.aio.group import ConsumerCoordinator, Generation, HeartbeatTimer, MemberState, call_maybe_async
+from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, REBALANCE_IN_PROGRESS
-from tidelog.protocol.messages import EARLIEST_TIMESTAMP, ApiKey, FindCoordinatorResponse, HeartbeatResponse
+from tidelog.protocol.messages import EARLIEST_TIMESTAMP, FindCoordinatorResponse, HeartbeatResponse
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,6 @@ import pytest
 
 from tidelog.aio.assignors import COOPERATIVE, EAGER
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
 from tidelog.aio.group import (
     COMMIT_ACTIONS,
     FATAL,
@@ -33,6 +32,7 @@ from tidelog.aio.group import (
     not_superseded,
     prepare_join,
 )
+from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,

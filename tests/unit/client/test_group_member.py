@@ -12,13 +12,13 @@ import pytest
 import trio
 
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
 from tidelog.aio.group import ConsumerCoordinator, call_maybe_async
+from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.errors import RequestTimedOut
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE
 from tidelog.protocol.messages import (
     EARLIEST_TIMESTAMP,
-    ApiKey,
     OffsetCommitPartitionResponse,
     OffsetCommitResponse,
     OffsetCommitTopicResponse,

@@ -28,13 +28,13 @@ import trio
 import tidelog.aio.group as group_module
 from tidelog.aio.assignors import Assignment, encode_assignment
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.consumer import ConsumerConfig, SubscriptionState
 from tidelog.aio.group import ConsumerCoordinator, Generation, MemberState, call_maybe_async, heartbeats_due
+from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.errors import TidelogError
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import GROUP_AUTHORIZATION_FAILED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS
 from tidelog.protocol.messages import (
     EARLIEST_TIMESTAMP,
-    ApiKey,
     FindCoordinatorResponse,
     HeartbeatResponse,
     JoinGroupMember,

@@ -1,0 +1,428 @@
+"""The consumer's fetcher: which partitions to fetch from which leader, and what a fetch
+response does to their state.
+
+Theory of operation.
+
+* One background task (``Fetcher.run``) resets positions that need it (ListOffsets to each
+  leader) and keeps at most one Fetch in flight per leader node, for the partitions that have
+  a position, nothing buffered and no backoff (``plan_fetches``, pure). Fetches long-poll
+  (``fetch_max_wait_ms``, ``fetch_min_bytes``).
+* A partition marked ``fetch_first`` goes first in its leader's request: its last answer
+  was empty below the high watermark while it was not first, which means either a gap (a
+  compacted topic's cleaner removed those offsets) or a response whose bytes were used up
+  before it; coming first answers the question (``handle_partition_response``).
+* ``handle_partition_response`` (pure) applies one partition's result: data is buffered;
+  an empty answer for the first partition below the high watermark moves the position to
+  the high watermark (the gap rule); OFFSET_OUT_OF_RANGE asks for a reset per
+  ``auto_offset_reset``, or with "none" is raised from ``poll`` (the partition stays
+  stopped until a seek); errors that invalidate metadata (NOT_LEADER_OR_FOLLOWER,
+  UNKNOWN_TOPIC_OR_PARTITION, FENCED_LEADER_EPOCH, ...) refresh metadata and back off; other
+  retriable errors back off; anything else is raised from ``poll``. An answer for an older
+  generation (a seek happened meanwhile) is discarded.
+* ``drain`` hands out buffered records (decoding one batch at a time with
+  ``protocol.records.record_columns``, checking CRCs when ``check_crcs``, skipping records
+  below the position: a fetch returns whole batches starting with the one that holds the
+  fetch offset). When it empties a partition's buffer it wakes the fetch loop, so the next
+  fetch is in flight while the application works on the records just returned (Kafka's
+  fetch pipelining).
+
+Errors for ``poll`` to raise collect in ``Fetcher.errors``; ``on_data`` (given to the
+constructor) is called whenever records or errors arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from itertools import repeat
+from typing import NamedTuple
+
+import trio
+
+from tidelog.aio.cluster import Cluster, ClusterMetadata
+from tidelog.aio.subscription import ConsumerConfig, PartitionState, SubscriptionState
+from tidelog.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
+from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.errors import (
+    NONE,
+    OFFSET_OUT_OF_RANGE,
+    CorruptRecordError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    for_code,
+)
+from tidelog.protocol.messages import (
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+)
+from tidelog.protocol.records import BatchHeader, RecordColumns, iter_headers, record_columns, validate_batch
+from tidelog.protocol.topics import TopicPartition
+from tidelog.records import Record
+
+__all__ = ["Fetcher", "CompletedFetch", "FetchPlan", "plan_fetches", "PartitionOutcome",
+           "handle_partition_response"]
+
+log = logging.getLogger(__name__)
+
+ListOffsets = Callable[[dict[TopicPartition, int], float], Awaitable[dict[TopicPartition, tuple[int, int]]]]
+
+
+class CompletedFetch:
+    """The record batches one fetch returned for one partition, decoded a batch at a time."""
+
+    __slots__ = ("tp", "buf", "batches", "columns", "index", "header")
+
+    def __init__(self, tp: TopicPartition, buf: bytes, batches: Iterable[tuple[int, BatchHeader]]):
+        self.tp = tp
+        self.buf = buf
+        self.batches: deque[tuple[int, BatchHeader]] = deque(batches)
+        self.columns: RecordColumns | None = None  # the current batch's records
+        self.index = 0  # of the next record of the current batch to hand out
+        self.header: BatchHeader | None = None  # the current batch
+
+    @property
+    def exhausted(self) -> bool:
+        return not self.batches and (self.columns is None or self.index >= len(self.columns))
+
+    def take(self, state: PartitionState, max_records: int, check_crcs: bool) -> list[Record]:
+        """Up to ``max_records`` records at or above ``state.position``, advancing it.
+        Raises CorruptRecordError for a batch that fails its CRC (or does not decode)."""
+        out: list[Record] = []
+        while len(out) < max_records:
+            columns = self.columns
+            if columns is None or self.index >= len(columns):
+                if self.header is not None:  # the current batch is done: skip any gap after it
+                    state.position = max(state.position, self.header.next_offset)
+                    self.header = self.columns = None
+                if not self.batches:
+                    break
+                self._next_batch(state, check_crcs)
+                continue
+            # offsets within a batch are consecutive: records below the position are skipped
+            # by starting further in
+            start = max(self.index, state.position - columns.base_offset)
+            end = min(len(columns), start + max_records - len(out))
+            if start < end:
+                out += self._records(columns, start, end)
+                state.position = columns.base_offset + end
+            self.index = max(start, end)
+        return out
+
+    def _records(self, c: RecordColumns, start: int, end: int) -> list[Record]:
+        """Records ``[start, end)`` of the current batch. The per-record hot path of every
+        consumer, written for speed: C-level iterators feed the Record constructor."""
+        topic, partition = self.tp
+        n = end - start
+        headers = c.headers[start:end] if c.headers is not None else repeat(None, n)  # lazily []
+        ts_type = 1 if self.header.attributes & 0x08 else 0
+        return list(map(Record, repeat(topic, n), repeat(partition, n),
+                        range(c.base_offset + start, c.base_offset + end), c.timestamps[start:end],
+                        c.keys[start:end], c.values[start:end], headers, repeat(ts_type, n)))
+
+    def _next_batch(self, state: PartitionState, check_crcs: bool) -> None:
+        pos, h = self.batches.popleft()
+        if h.next_offset <= state.position:
+            return  # wholly below the position: never decoded
+        if check_crcs:
+            validate_batch(self.buf, pos)
+        self.header = h
+        self.index = 0
+        self.columns = _NO_RECORDS if h.is_control else record_columns(self.buf, pos, h)
+
+
+_NO_RECORDS = RecordColumns(0, (), (), (), None)
+
+
+class FetchPlan(NamedTuple):
+    request: FetchRequest
+    sent: dict[TopicPartition, tuple[int, int]]  # tp -> (generation, fetch offset)
+
+
+def plan_fetches(subscriptions: SubscriptionState, metadata: ClusterMetadata, busy_nodes: Iterable[int],
+                 now: float, config: ConsumerConfig) -> tuple[dict[int, FetchPlan], bool]:
+    """One FetchRequest per leader node that has no fetch in flight, for its fetchable
+    partitions, those marked ``fetch_first`` first. Returns ``(plans by node, some partition
+    has no known leader)``."""
+    busy = set(busy_nodes)
+    by_node: dict[int, dict[str, list[FetchPartition]]] = {}
+    sent: dict[int, dict[TopicPartition, tuple[int, int]]] = {}
+    unknown = False
+    states = subscriptions.partitions
+    # a partition waiting to be first goes first (its topic first, and first in its topic)
+    for tp in sorted(subscriptions.fetchable(now), key=lambda tp: not states[tp].fetch_first):
+        leader = metadata.leader_for(tp)
+        if leader is None:
+            unknown = True
+            continue
+        if leader in busy:
+            continue
+        state = subscriptions.partitions[tp]
+        info = metadata.partition(tp)
+        epoch = info.leader_epoch if info is not None else -1
+        by_node.setdefault(leader, {}).setdefault(tp.topic, []).append(
+            FetchPartition(tp.partition, state.fetch_offset, config.max_partition_fetch_bytes,
+                           current_leader_epoch=epoch))
+        sent.setdefault(leader, {})[tp] = (state.generation, state.fetch_offset)
+    plans = {}
+    for node, topics in by_node.items():
+        request = FetchRequest(topics=[FetchTopic(t, parts) for t, parts in topics.items()],
+                               max_wait_ms=config.fetch_max_wait_ms, min_bytes=config.fetch_min_bytes,
+                               max_bytes=config.fetch_max_bytes)
+        plans[node] = FetchPlan(request, sent[node])
+    return plans, unknown
+
+
+class PartitionOutcome(NamedTuple):
+    action: str  # "data" | "empty" | "gap" | "stale" | "reset" | "retry" | "refresh" | "error"
+    error: TidelogError | None = None
+
+
+def handle_partition_response(tp: TopicPartition, state: PartitionState | None, generation: int,
+                              fetch_offset: int, p: FetchPartitionResponse, *, now: float,
+                              backoff_s: float, first: bool = False) -> PartitionOutcome:
+    """Apply one partition's fetch result to its state (pure); says what happened.
+
+    ``first``: the partition came first in its fetch request, so the broker returned at
+    least one batch if any lies between the fetch offset and the high watermark. Nothing
+    returned then means those offsets hold no records (a compacted topic's cleaner removed
+    them, at the end of a segment): the position moves to the high watermark ("gap"), where
+    a consumer waiting for new records would jump anyway, so a reader of a range ending
+    below the high watermark (the Spark source) is not left waiting for offsets that will
+    never come. Nothing returned below the high watermark for a partition that was not
+    first may be a gap too, or the response's bytes used up before it: it is marked
+    ``fetch_first``, so its next fetch answers the question."""
+    if state is None or state.generation != generation or state.fetch_offset != fetch_offset:
+        return PartitionOutcome("stale")
+    state.fetch_first = False
+    if p.error_code == NONE.code:
+        if p.high_watermark >= 0:
+            state.high_watermark = p.high_watermark
+        if p.log_start_offset >= 0:
+            state.log_start_offset = p.log_start_offset
+        if not p.records:
+            if first and fetch_offset < p.high_watermark and not state.buffered:
+                if state.position == fetch_offset:
+                    state.position = p.high_watermark
+                state.fetch_offset = p.high_watermark
+                return PartitionOutcome("gap")
+            state.fetch_first = not first and fetch_offset < p.high_watermark and not state.buffered
+            return PartitionOutcome("empty")
+        batches = list(iter_headers(p.records))
+        if not batches:
+            state.stopped = True
+            return PartitionOutcome("error", RecordTooLargeError(
+                f"partition {tp}: the batch at offset {fetch_offset} is larger than "
+                f"max_partition_fetch_bytes and the broker returned only part of it"))
+        state.buffered.append(CompletedFetch(tp, p.records, batches))
+        state.fetch_offset = max(fetch_offset, batches[-1][1].next_offset)
+        return PartitionOutcome("data")
+    err = for_code(p.error_code)
+    where = f"partition {tp} at offset {fetch_offset}"
+    if p.error_code == OFFSET_OUT_OF_RANGE.code:
+        if state.reset is not None or fetch_offset != state.position:
+            return PartitionOutcome("stale")
+        return PartitionOutcome("reset", OffsetOutOfRangeError(
+            f"{where}: OFFSET_OUT_OF_RANGE: the offset is outside the partition's range "
+            f"(log start {p.log_start_offset}, high watermark {p.high_watermark})"))
+    if err.retriable:
+        state.retry_at = now + backoff_s
+        return PartitionOutcome("refresh" if err.invalid_metadata else "retry")
+    state.stopped = True
+    return PartitionOutcome("error", broker_error(p.error_code, where, p.error_message))
+
+
+
+# ---------------------------------------------------------------------------------------------
+# the fetch loop
+
+
+class Fetcher:
+    """The consumer's background fetching for ``subscriptions``. ``list_offsets(wanted,
+    deadline)`` resets positions; ``on_data()`` is called when records or errors arrive."""
+
+    def __init__(self, cluster: Cluster, config: ConsumerConfig, subscriptions: SubscriptionState, *,
+                 list_offsets: ListOffsets, on_data: Callable[[], None]):
+        self._cluster = cluster
+        self._config = config
+        self._subscriptions = subscriptions
+        self._list_offsets = list_offsets
+        self._on_data = on_data
+        self._backoff_s = config.retry_backoff_ms / 1000
+        self._fetching_nodes: set[int] = set()
+        self._wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self.errors: deque[TidelogError] = deque()  # for poll to raise, oldest first
+
+    def wake(self) -> None:
+        """Something changed (assignment, position, metadata, a drained buffer): plan again."""
+        self._wake.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self._loop()
+
+    async def _loop(self) -> None:
+        subs = self._subscriptions
+        while True:
+            self._wake = trio.Event()
+            now = time.monotonic()
+            self._start_resets(now)
+            plans, unknown = plan_fetches(subs, self._cluster.metadata, self._fetching_nodes, now, self._config)
+            if unknown:
+                self._cluster.request_update()
+            for node, plan in plans.items():
+                self._fetching_nodes.add(node)
+                for tp in plan.sent:
+                    subs.partitions[tp].fetching = True
+                self._nursery.start_soon(self._fetch, node, plan)
+            delay = self._next_retry(now) if not unknown else self._backoff_s
+            with trio.move_on_after(delay):
+                await self._wake.wait()
+
+    def _start_resets(self, now: float) -> None:
+        subs = self._subscriptions
+        for tp in subs.needing_reset():
+            state = subs.partitions[tp]
+            if state.retry_at <= now:
+                state.resetting = True
+                self._nursery.start_soon(self._reset_one, tp, state, state.generation, state.reset)
+
+    def _next_retry(self, now: float) -> float:
+        waits = [s.retry_at - now for s in self._subscriptions.partitions.values() if s.retry_at > now]
+        return min(waits) if waits else math.inf
+
+    async def _reset_one(self, tp: TopicPartition, state: PartitionState, generation: int,
+                         strategy: int) -> None:
+        try:
+            deadline = time.monotonic() + self._config.request_timeout_ms / 1000
+            found = await self._list_offsets({tp: strategy}, deadline)
+            if state.generation == generation and state.reset == strategy:
+                state.seek(found[tp][0])
+        except (RequestTimedOut, BrokerConnectionError) as e:
+            log.debug("offset reset for %s failed: %s", tp, e)
+            state.retry_at = time.monotonic() + self._backoff_s
+        except TidelogError as e:
+            state.stopped = True
+            self.errors.append(e)
+            self._on_data()
+        finally:
+            state.resetting = False
+            self._wake.set()
+
+    async def _fetch(self, node: int, plan: FetchPlan) -> None:
+        subs = self._subscriptions
+        absorbed = False
+
+        def absorb_now(response: FetchResponse) -> None:
+            # by the connection's reader, the pass the response arrived in: records reach a
+            # waiting poll without waiting for this task to be scheduled
+            nonlocal absorbed
+            absorbed = True
+            self._absorb(response, plan)
+
+        try:
+            timeout = (self._config.request_timeout_ms + self._config.fetch_max_wait_ms) / 1000
+            response: FetchResponse = await self._cluster.request(node, plan.request, api_key=ApiKey.FETCH,
+                                                                  timeout=timeout, early=absorb_now)
+        except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
+            log.debug("fetch from node %s failed: %s", node, e)
+            self._cluster.request_update()
+            retry_at = time.monotonic() + self._backoff_s
+            for tp in plan.sent:
+                state = subs.partitions.get(tp)
+                if state is not None:
+                    state.retry_at = retry_at
+            return
+        finally:
+            self._fetching_nodes.discard(node)
+            for tp in plan.sent:
+                state = subs.partitions.get(tp)
+                if state is not None:
+                    state.fetching = False
+            self._wake.set()
+        if not absorbed:
+            self._absorb(response, plan)
+
+    def _absorb(self, response: FetchResponse, plan: FetchPlan) -> None:
+        subs, now = self._subscriptions, time.monotonic()
+        got_data = refresh = False
+        first = _first_partition(plan.request)
+        for t in response.responses:
+            for p in t.partitions:
+                tp = TopicPartition(t.topic, p.partition_index)
+                if tp not in plan.sent:
+                    continue
+                if response.error_code != NONE.code and p.error_code == NONE.code:
+                    p = FetchPartitionResponse(p.partition_index, response.error_code)
+                generation, offset = plan.sent[tp]
+                state = subs.partitions.get(tp)
+                outcome = handle_partition_response(tp, state, generation, offset, p, now=now,
+                                                    backoff_s=self._backoff_s, first=tp == first)
+                got_data |= self._apply(outcome, state)
+                refresh |= outcome.action == "refresh"
+        if refresh:
+            self._cluster.request_update()
+        if got_data:
+            self._on_data()
+
+    def _apply(self, outcome: PartitionOutcome, state: PartitionState | None) -> bool:
+        """Carry out what one partition's outcome asks; True when poll has something new."""
+        if outcome.action == "data":
+            return True
+        if outcome.action == "reset":
+            default = self._subscriptions.default_reset
+            if default is not None:
+                state.request_reset(default)
+                return False
+            state.stopped = True
+            self.errors.append(outcome.error)
+            return True
+        if outcome.action == "error":
+            self.errors.append(outcome.error)
+            return True
+        return False
+
+    # -- handing out records --------------------------------------------------------------------
+
+    def drain(self, limit: int) -> list[Record]:
+        """Up to ``limit`` buffered records, the partitions taken in rotation. A batch that fails
+        its CRC stops its partition and is reported through ``errors``."""
+        out: list[Record] = []
+        check = self._config.check_crcs
+        drained_one = False
+        for tp in self._subscriptions.rotation():
+            state = self._subscriptions.partitions[tp]
+            while state.buffered and len(out) < limit and not state.paused:
+                completed = state.buffered[0]
+                try:
+                    out.extend(completed.take(state, limit - len(out), check))
+                except CorruptRecordError as e:
+                    state.buffered.clear()
+                    state.stopped = True
+                    self.errors.append(CorruptRecordError(f"partition {tp}: {e}"))
+                    break
+                if completed.exhausted:
+                    state.buffered.popleft()
+                    drained_one |= not state.buffered
+            if len(out) >= limit:
+                break
+        if drained_one:
+            self._wake.set()  # pipelining: fetch again while the application works
+        return out
+
+
+def _first_partition(request: FetchRequest) -> TopicPartition | None:
+    """The partition that came first in a fetch request (see ``handle_partition_response``)."""
+    if not request.topics or not request.topics[0].partitions:
+        return None
+    topic = request.topics[0]
+    return TopicPartition(topic.topic, topic.partitions[0].partition)

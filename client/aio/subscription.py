@@ -1,0 +1,200 @@
+"""What a consumer is configured with and what it has been assigned: pure, no I/O, no clock.
+
+* ``ConsumerConfig`` holds every option of a consumer (Kafka's names) and checks them once.
+* ``PartitionState`` is one assigned partition: the *position* (the offset of the next
+  record ``poll`` returns), a pending *reset* (earliest/latest, from ``auto_offset_reset``,
+  ``seek_to_beginning``/``seek_to_end`` or an out-of-range error), the *fetch offset* (where
+  the next fetch starts: the position, or just past data already buffered), the buffered
+  fetch results, and a *generation* that every seek bumps: a fetch or offset lookup answered
+  for an older generation is discarded, so a seek is never undone by a response that was
+  already on its way.
+* ``SubscriptionState`` is the assignment: partitions kept across a new assignment keep
+  their state; new ones start with a pending reset, or (a group's assignment) *awaiting
+  their committed offset*: neither fetched nor reset until the coordinator's OffsetFetch
+  answers, and with nothing committed they fall back to ``auto_offset_reset``.
+
+The fetcher (``tidelog.aio.fetcher``) and the group member (``tidelog.aio.group``) both work
+on this state; neither imports the other.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tidelog.aio.assignors import assignors_for
+from tidelog.protocol.messages import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from tidelog.protocol.topics import TopicPartition
+
+if TYPE_CHECKING:
+    from tidelog.aio.fetcher import CompletedFetch
+
+__all__ = ["ConsumerConfig", "PartitionState", "SubscriptionState", "RESET_STRATEGIES"]
+
+RESET_STRATEGIES = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP, "none": None}
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    bootstrap_servers: str | Sequence[str] = "localhost:9092"
+    client_id: str | None = None
+    group_id: str | None = None
+    group_instance_id: str | None = None  # static membership
+    session_timeout_ms: int = 45000
+    heartbeat_interval_ms: int = 3000
+    max_poll_interval_ms: int = 300000
+    rebalance_timeout_ms: int | None = None  # None: max_poll_interval_ms, as in Kafka
+    partition_assignment_strategy: tuple[str, ...] | str = ("range", "cooperative-sticky")
+    enable_auto_commit: bool = True
+    auto_commit_interval_ms: int = 5000
+    exclude_internal_topics: bool = True
+    auto_offset_reset: str = "latest"
+    fetch_min_bytes: int = 1
+    fetch_max_wait_ms: int = 500
+    fetch_max_bytes: int = 50 << 20
+    max_partition_fetch_bytes: int = 1 << 20
+    max_poll_records: int = 500
+    request_timeout_ms: int = 30000
+    default_api_timeout_ms: int = 60000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
+    metadata_max_age_ms: int = 300000
+    check_crcs: bool = True
+    allow_auto_create_topics: bool = False
+
+    def __post_init__(self) -> None:
+        if self.auto_offset_reset not in RESET_STRATEGIES:
+            raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
+                             f"got {self.auto_offset_reset!r}")
+        self._check_group_options()
+        for name in ("fetch_max_wait_ms", "fetch_min_bytes", "retry_backoff_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        for name in ("fetch_max_bytes", "max_partition_fetch_bytes", "max_poll_records",
+                     "request_timeout_ms", "default_api_timeout_ms", "session_timeout_ms",
+                     "heartbeat_interval_ms", "max_poll_interval_ms", "auto_commit_interval_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+
+    def _check_group_options(self) -> None:
+        if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
+            raise ValueError(f"group_id must be a non-empty string, got {self.group_id!r}")
+        if self.group_instance_id is not None and self.group_id is None:
+            raise ValueError("group_instance_id (static membership) needs a group_id")
+        if self.group_instance_id is not None and not self.group_instance_id:
+            raise ValueError("group_instance_id must be a non-empty string")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be lower than "
+                             f"session_timeout_ms ({self.session_timeout_ms}); a third of it is usual")
+        if self.rebalance_timeout_ms is not None and self.rebalance_timeout_ms <= 0:
+            raise ValueError("rebalance_timeout_ms must be > 0")
+        assignors_for(self.partition_assignment_strategy)  # ValueError for an unknown name
+
+
+
+@dataclass(slots=True)
+class PartitionState:
+    position: int | None = None
+    reset: int | None = None  # EARLIEST_TIMESTAMP / LATEST_TIMESTAMP pending
+    fetch_offset: int | None = None
+    generation: int = 0
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    retry_at: float = 0.0
+    stopped: bool = False  # an error was raised; waits for a seek
+    awaiting_committed: bool = False  # assigned by the group: the committed offset is looked up first
+    fetching: bool = False
+    resetting: bool = False
+    # its last answer was empty below the high watermark while it was not first in its
+    # fetch request: the next request to its leader puts it first (see handle_partition_response)
+    fetch_first: bool = False
+    paused: bool = False  # pause(): not fetched, its buffered records not returned, until resume()
+    buffered: deque[CompletedFetch] = field(default_factory=deque)
+
+    @property
+    def has_position(self) -> bool:
+        return self.position is not None and self.reset is None
+
+    def seek(self, offset: int) -> None:
+        self.position = self.fetch_offset = offset
+        self.reset = None
+        self.stopped = False
+        self.awaiting_committed = False
+        self.generation += 1
+        self.buffered.clear()
+        self.retry_at = 0.0
+
+    def request_reset(self, strategy: int) -> None:
+        self.reset = strategy
+        self.stopped = False
+        self.awaiting_committed = False
+        self.generation += 1
+        self.buffered.clear()
+
+
+class SubscriptionState:
+    """The assigned partitions and their positions. Pure: no I/O, no clock."""
+
+    def __init__(self, default_reset: int | None):
+        self.default_reset = default_reset
+        self.partitions: dict[TopicPartition, PartitionState] = {}
+        self._rotation = 0
+
+    def assign(self, tps: Iterable[TopicPartition], need_committed: bool = False) -> None:
+        """Replace the assignment; partitions kept keep their state, new ones need a position:
+        from ``auto_offset_reset``, or (``need_committed``, a group's assignment) from the
+        group's committed offset first."""
+        wanted = list(dict.fromkeys(TopicPartition(*tp) for tp in tps))
+        self.partitions = {tp: self.partitions.get(tp) or self._new_state(need_committed) for tp in wanted}
+
+    def _new_state(self, need_committed: bool = False) -> PartitionState:
+        state = PartitionState()
+        if need_committed:
+            state.awaiting_committed = True
+        elif self.default_reset is not None:
+            state.reset = self.default_reset
+        return state
+
+    def reset_to_default(self, tp: TopicPartition) -> None:
+        """No committed offset: start per auto_offset_reset (or stay without a position)."""
+        state = self.partitions[tp]
+        state.awaiting_committed = False
+        if self.default_reset is not None:
+            state.request_reset(self.default_reset)
+
+    def awaiting_committed(self) -> list[TopicPartition]:
+        return [tp for tp, s in self.partitions.items() if s.awaiting_committed]
+
+    def consumed_positions(self) -> dict[TopicPartition, int]:
+        """The position of every partition that has one: what an automatic commit sends."""
+        return {tp: s.position for tp, s in self.partitions.items() if s.has_position}
+
+    def state(self, tp: TopicPartition) -> PartitionState:
+        try:
+            return self.partitions[tp]
+        except KeyError:
+            raise ValueError(f"partition {tp} is not assigned to this consumer") from None
+
+    def needing_reset(self) -> list[TopicPartition]:
+        return [tp for tp, s in self.partitions.items() if s.reset is not None and not s.resetting]
+
+    def missing_position(self) -> list[TopicPartition]:
+        """Partitions with neither a position nor a pending reset (auto_offset_reset none)."""
+        return [tp for tp, s in self.partitions.items()
+                if s.position is None and s.reset is None and not s.awaiting_committed]
+
+    def fetchable(self, now: float) -> list[TopicPartition]:
+        return [tp for tp, s in self.partitions.items()
+                if s.has_position and not s.fetching and not s.buffered and not s.stopped
+                and not s.paused and s.retry_at <= now]
+
+    def rotation(self) -> list[TopicPartition]:
+        """The assigned partitions, starting one further along each call (fair polling)."""
+        tps = list(self.partitions)
+        if not tps:
+            return tps
+        self._rotation = (self._rotation + 1) % len(tps)
+        return tps[self._rotation:] + tps[:self._rotation]
+
