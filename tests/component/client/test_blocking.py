@@ -219,7 +219,18 @@ def _fake_metadata():
         [TopicMetadata(0, "t", [PartitionMetadata(0, 0, 0, 0, [0], [0])])]), None)
 
 
-def test_ctrl_c_interrupts_a_blocking_call(threaded_fake):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt for the test's duration, also when the suite runs as a
+    background job (which inherits SIGINT ignored); the previous handler is restored after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_interrupts_a_blocking_call(threaded_fake, ctrl_c_raises):
     threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
     with Consumer(threaded_fake.cluster.bootstrap) as consumer:
         consumer.assign([TopicPartition("t", 0)])
