@@ -29,7 +29,8 @@ from tidelog.aio import AsyncConsumer, AsyncProducer  # noqa: E402
 from tidelog.aio.admin import NewTopic  # noqa: E402
 from tidelog.aio.connection import BrokerConnection  # noqa: E402
 from tidelog.broker.devcluster import DevCluster  # noqa: E402
-from tidelog.protocol.messages import ApiKey, ApiVersionsRequest  # noqa: E402
+from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.messages import ApiVersionsRequest
 
 VALUE = b"x" * 100
 

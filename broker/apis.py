@@ -1,21 +1,44 @@
-"""One handler per API key: typed request in, typed response out.
+"""One handler per served API: typed request and its context in, typed response out.
 
-This is the broker's one boundary between exceptions and error codes: a handler raises a
-``TidelogError`` (or a per-partition error is recorded in the response), and the network
-layer turns an escaping exception into an error response. Controller-only APIs (topic
-administration, controlled shutdown) answer NOT_CONTROLLER on other brokers, as Kafka does.
+Every row of the API registry (``protocol.apis.APIS``) has exactly one handler here, declared
+with ``@handles(key, kind)``; ``Apis`` checks the table against the registry when it is built,
+so ApiVersions never advertises an API the broker does not serve. A handler takes
+``(request, context)``: the typed request body and the ``RequestContext`` (header, peer,
+listener, principal). Its kind says how the network layer runs it:
+
+============  ===========================================================================
+kind          what the handler is and returns
+============  ===========================================================================
+ORDERED       a plain function called by the connection's reader in request order; it does
+              its order-sensitive work (the produce append) before it returns, and returns
+              the response, None (acks=0) or an awaitable of the response (the acks=all wait)
+ASYNC         a coroutine function: the network layer awaits it in the request's own task
+DEFERRED      a plain function returning a deferred response (``broker.deferred``: a
+              consumer's long-poll fetch, answered by the append that satisfies it or at
+              ``max_wait_ms``) or, for a follower's fetch, the coroutine that serves it
+============  ===========================================================================
+
+Errors: a handler raises a ``TidelogError`` (or records a per-partition error in its
+response); the network layer is the one place where an escaping exception becomes an error
+body. Controller-only APIs (topic administration, controlled shutdown) answer NOT_CONTROLLER
+on other brokers, as Kafka does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import inspect
 import logging
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
+from tidelog.broker.context import RequestContext
 from tidelog.broker.controller.channels import wait_all
 from tidelog.broker.metadata_cache import MetadataCache
-from tidelog.broker.network import current_peer
 from tidelog.broker.replication.replica_manager import ReplicaManager
+from tidelog.protocol.apis import APIS, api_versions
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     COORDINATOR_NOT_AVAILABLE,
     INVALID_REQUEST,
@@ -31,12 +54,10 @@ from tidelog.protocol.messages import (
     BROKER_RESOURCE,
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
-    REQUESTS,
     TOPIC_RESOURCE,
     AlterConfigsRequest,
     AlterConfigsResponse,
     AlterConfigsResult,
-    ApiKey,
     ApiVersionsResponse,
     ConfigEntry,
     ControlledShutdownRequest,
@@ -93,7 +114,6 @@ from tidelog.protocol.messages import (
     PartitionProduceResponse,
     ProduceRequest,
     ProduceResponse,
-    RequestHeader,
     StopReplicaRequest,
     StopReplicaResponse,
     SyncGroupRequest,
@@ -103,82 +123,101 @@ from tidelog.protocol.messages import (
     TopicResult,
     UpdateMetadataRequest,
     UpdateMetadataResponse,
-    supported_api_versions,
 )
 from tidelog.protocol.topics import TopicPartition, is_internal_topic
 
 logger = logging.getLogger("tidelog.apis")
 
-# a handler returns its response, an awaitable of it, or a DeferredResponse (a consumer fetch)
-Handler = Callable[..., Any]
+
+class Kind(enum.Enum):
+    """How the network layer runs a handler (the module docstring's table)."""
+
+    ORDERED = "ordered"
+    ASYNC = "async"
+    DEFERRED = "deferred"
+
+
+_HANDLERS: dict[ApiKey, tuple[Kind, Callable[..., Any]]] = {}
+
+
+def handles(key: ApiKey, kind: Kind) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated ``Apis`` method as the handler of ``key``."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if key in _HANDLERS:
+            raise ValueError(f"{key.name} has two handlers")
+        if inspect.iscoroutinefunction(fn) != (kind is Kind.ASYNC):
+            raise TypeError(f"{fn.__name__}: an {kind.name} handler must "
+                            f"{'' if kind is Kind.ASYNC else 'not '}be a coroutine function")
+        _HANDLERS[key] = (kind, fn)
+        return fn
+
+    return register
+
+
+def handler_table() -> Mapping[ApiKey, tuple[Kind, Callable[..., Any]]]:
+    """The registered handlers: api key -> (kind, ``Apis`` method)."""
+    return dict(_HANDLERS)
+
+
+class BrokerState(Protocol):
+    """What the handlers read and change of the broker beyond its components."""
+
+    broker_epoch: int
+    log_defaults: Any  # broker.log.config.LogConfig
+    topic_overrides: dict[str, dict[str, str]]
+
+    def update_topic_overrides(self, configs: Mapping[str, Mapping[str, str]]) -> None: ...
+
+    def metadata_updated(self) -> None: ...
+
+    async def auto_create_topics(self, topics: Iterable[str]) -> None: ...
 
 
 class Apis:
-    def __init__(self, broker, replica_manager: ReplicaManager, metadata: MetadataCache):
-        self.broker = broker  # the server: config, controller, zk, topic configs, broker epoch
+    """The broker's request handlers, built from the components they use."""
+
+    def __init__(self, config: Any, replica_manager: ReplicaManager, metadata: MetadataCache, *,
+                 broker: BrokerState | None = None, controller: Any = None, group_coordinator: Any = None,
+                 producer_ids: Any = None):
+        self.config = config  # broker.config.BrokerConfig
         self.replica_manager = replica_manager
         self.metadata = metadata
-        self._handlers: dict[int, Handler] = {
-            ApiKey.API_VERSIONS: self.api_versions,
-            ApiKey.METADATA: self.metadata_,
-            ApiKey.PRODUCE: self.produce,
-            ApiKey.FETCH: self._fetch_dispatch,
-            ApiKey.LIST_OFFSETS: self.list_offsets,
-            ApiKey.DELETE_RECORDS: self.delete_records,
-            ApiKey.OFFSETS_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
-            ApiKey.CREATE_TOPICS: self.create_topics,
-            ApiKey.DELETE_TOPICS: self.delete_topics,
-            ApiKey.CREATE_PARTITIONS: self.create_partitions,
-            ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
-            ApiKey.ALTER_CONFIGS: self.alter_configs,
-            ApiKey.LEADER_AND_ISR: self.leader_and_isr,
-            ApiKey.UPDATE_METADATA: self.update_metadata,
-            ApiKey.STOP_REPLICA: self.stop_replica,
-            ApiKey.CONTROLLED_SHUTDOWN: self.controlled_shutdown,
-            ApiKey.ELECT_LEADERS: self.elect_leaders,
-            ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
-            ApiKey.FIND_COORDINATOR: self.find_coordinator,
-            ApiKey.JOIN_GROUP: self.join_group,
-            ApiKey.SYNC_GROUP: self.sync_group,
-            ApiKey.HEARTBEAT: self.heartbeat,
-            ApiKey.LEAVE_GROUP: self.leave_group,
-            ApiKey.OFFSET_COMMIT: self.offset_commit,
-            ApiKey.OFFSET_FETCH: self.offset_fetch,
-            ApiKey.LIST_GROUPS: self.list_groups,
-            ApiKey.DESCRIBE_GROUPS: self.describe_groups,
-            ApiKey.DELETE_GROUPS: self.delete_groups,
-        }
+        self.broker = broker
+        self.controller = controller  # broker.controller.Controller
+        self.coordinator = group_coordinator  # broker.groups.GroupCoordinator
+        self.producer_ids = producer_ids  # broker.producer_ids.ProducerIdManager
+        missing = set(APIS) - set(_HANDLERS)
+        if missing or set(_HANDLERS) - set(APIS):
+            raise RuntimeError(f"the handlers do not match the API registry: no handler for "
+                               f"{sorted(k.name for k in missing)}, unregistered "
+                               f"{sorted(k.name for k in set(_HANDLERS) - set(APIS))}")
 
-    def handle(self, header: RequestHeader, body: dict):
-        """Called by the network layer in request order; returns the response or an awaitable.
-
-        Produce appends before returning (see ``produce``); a consumer's fetch returns the
-        response or a ``DeferredResponse`` answered by the append that satisfies it or at
-        its ``max_wait_ms`` (``_fetch_dispatch``); every other API returns its coroutine,
-        which the network layer awaits in the request's own task.
-        """
-        handler = self._handlers.get(header.api_key)
-        if handler is None:
-            raise TidelogError(f"api key {header.api_key} is not served by this broker", error=INVALID_REQUEST)
-        if header.api_key == ApiKey.JOIN_GROUP:  # the member's client id and host are recorded
-            return handler(REQUESTS[header.api_key].from_body(body), header)
-        return handler(REQUESTS[header.api_key].from_body(body))
+    def handle(self, context: RequestContext, body: dict) -> Any:
+        """Called by the network layer in request order, for a key the registry serves (the
+        network layer checked it with ``protocol.apis.api_for``); see the kinds above."""
+        key = context.header.api_key
+        request = APIS[key].request.from_body(body)
+        return _HANDLERS[key][1](self, request, context)
 
     # -- metadata ------------------------------------------------------------------------------
 
-    async def api_versions(self, req) -> ApiVersionsResponse:
-        return ApiVersionsResponse(NONE.code, supported_api_versions())
+    @handles(ApiKey.API_VERSIONS, Kind.ASYNC)
+    async def api_versions(self, req, ctx: RequestContext | None = None) -> ApiVersionsResponse:
+        return ApiVersionsResponse(NONE.code, api_versions())
 
-    async def metadata_(self, req: MetadataRequest) -> MetadataResponse:
+    @handles(ApiKey.METADATA, Kind.ASYNC)
+    async def metadata_(self, req: MetadataRequest, ctx: RequestContext | None = None) -> MetadataResponse:
         missing = [t for t in req.topics or [] if not self.metadata.contains_topic(t)]
-        if missing and req.allow_auto_topic_creation and self.broker.config.auto_create_topics_enable:
+        if missing and req.allow_auto_topic_creation and self.config.auto_create_topics_enable:
             await self.broker.auto_create_topics(missing)
         return MetadataResponse(self.metadata.broker_metadata(), self.metadata.cluster_id,
                                 self.metadata.controller_id, self.metadata.topic_metadata(req.topics))
 
     # -- data ----------------------------------------------------------------------------------
 
-    def produce(self, req: ProduceRequest):
+    @handles(ApiKey.PRODUCE, Kind.ORDERED)
+    def produce(self, req: ProduceRequest, ctx: RequestContext | None = None):
         """Append now (so pipelined produces of a connection append in the order sent); for
         acks=all return the coroutine that waits for replication."""
         entries = {TopicPartition(t.name, p.index): p.records for t in req.topic_data for p in t.partition_data}
@@ -198,15 +237,16 @@ class Apis:
         await self.replica_manager.await_replication(waiting, req.timeout_ms, results)
         return _produce_response(results)
 
-    def _fetch_dispatch(self, req: FetchRequest):
+    @handles(ApiKey.FETCH, Kind.DEFERRED)
+    def fetch(self, req: FetchRequest, ctx: RequestContext | None = None):
         """A fetch from the network: a consumer's is answered now or deferred (a DelayedFetch,
         answered by the append that satisfies it or at max_wait_ms, see ReplicaManager.
         consumer_fetch); a follower's runs as ``fetch`` in a task of its own."""
         if req.replica_id >= 0:
-            return self.fetch(req)
+            return self.replica_fetch(req)
         return self.replica_manager.consumer_fetch(req, self._fetch_response)
 
-    async def fetch(self, req: FetchRequest) -> FetchResponse:
+    async def replica_fetch(self, req: FetchRequest) -> FetchResponse:
         return self._fetch_response(await self.replica_manager.fetch(req))
 
     def _fetch_response(self, results) -> FetchResponse:
@@ -218,7 +258,8 @@ class Apis:
             by_topic.setdefault(tp.topic, []).append(r)
         return FetchResponse([FetchTopicResponse(t, ps) for t, ps in by_topic.items()])
 
-    async def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
+    @handles(ApiKey.LIST_OFFSETS, Kind.ASYNC)
+    async def list_offsets(self, req: ListOffsetsRequest, ctx: RequestContext | None = None) -> ListOffsetsResponse:
         rm = self.replica_manager
         # Consumers see the HW as "latest"; followers and debugging tools (replica id -2,
         # Kafka's DEBUGGING_REPLICA_ID) see the log end offset. Only the debugging replica id
@@ -236,7 +277,8 @@ class Apis:
             out.append(ListOffsetsTopicResponse(t.name, parts))
         return ListOffsetsResponse(out)
 
-    async def delete_records(self, req: DeleteRecordsRequest) -> DeleteRecordsResponse:
+    @handles(ApiKey.DELETE_RECORDS, Kind.ASYNC)
+    async def delete_records(self, req: DeleteRecordsRequest, ctx: RequestContext | None = None) -> DeleteRecordsResponse:
         offsets = {TopicPartition(t.name, p.partition_index): p.offset for t in req.topics for p in t.partitions}
         refused = {tp: {"error_code": INVALID_TOPIC_EXCEPTION.code, "low_watermark": -1,
                         "error_message": f"records of the internal topic {tp.topic} cannot be deleted"}
@@ -259,7 +301,9 @@ class Apis:
             return UNKNOWN_TOPIC_OR_PARTITION.code
         return code
 
-    async def offsets_for_leader_epoch(self, req: OffsetsForLeaderEpochRequest) -> OffsetsForLeaderEpochResponse:
+    @handles(ApiKey.OFFSETS_FOR_LEADER_EPOCH, Kind.ASYNC)
+    async def offsets_for_leader_epoch(self, req: OffsetsForLeaderEpochRequest,
+                                       ctx: RequestContext | None = None) -> OffsetsForLeaderEpochResponse:
         rm = self.replica_manager
         return OffsetsForLeaderEpochResponse([
             OffsetForLeaderTopicResult(t.topic, [
@@ -270,13 +314,14 @@ class Apis:
     # -- controller-only administration --------------------------------------------------------
 
     def _controller(self):
-        c = self.broker.controller
+        c = self.controller
         if c is None or not c.is_active:
-            raise TidelogError(f"broker {self.broker.broker_id} is not the controller "
+            raise TidelogError(f"broker {self.config.broker_id} is not the controller "
                                f"(controller: {self.metadata.controller_id})", error=NOT_CONTROLLER)
         return c
 
-    async def create_topics(self, req: CreateTopicsRequest) -> CreateTopicsResponse:
+    @handles(ApiKey.CREATE_TOPICS, Kind.ASYNC)
+    async def create_topics(self, req: CreateTopicsRequest, ctx: RequestContext | None = None) -> CreateTopicsResponse:
         try:
             c = self._controller()
         except TidelogError as e:
@@ -285,17 +330,19 @@ class Apis:
         await wait_all(waits, req.timeout_ms / 1000)
         return CreateTopicsResponse(results)
 
-    async def delete_topics(self, req: DeleteTopicsRequest) -> DeleteTopicsResponse:
+    @handles(ApiKey.DELETE_TOPICS, Kind.ASYNC)
+    async def delete_topics(self, req: DeleteTopicsRequest, ctx: RequestContext | None = None) -> DeleteTopicsResponse:
         try:
             c = self._controller()
-            if not self.broker.config.delete_topic_enable:
+            if not self.config.delete_topic_enable:
                 raise TidelogError("topic deletion is disabled (delete.topic.enable=false)",
                                    error=INVALID_REQUEST)
         except TidelogError as e:
             return DeleteTopicsResponse([TopicResult(n, e.code, str(e)) for n in req.topic_names])
         return DeleteTopicsResponse(await c.call(lambda: c.delete_topics(req.topic_names)))
 
-    async def create_partitions(self, req: CreatePartitionsRequest) -> CreatePartitionsResponse:
+    @handles(ApiKey.CREATE_PARTITIONS, Kind.ASYNC)
+    async def create_partitions(self, req: CreatePartitionsRequest, ctx: RequestContext | None = None) -> CreatePartitionsResponse:
         results = []
         for t in req.topics:
             try:
@@ -307,7 +354,8 @@ class Apis:
                 results.append(TopicResult(t.name, e.code, str(e)))
         return CreatePartitionsResponse(results)
 
-    async def describe_configs(self, req: DescribeConfigsRequest) -> DescribeConfigsResponse:
+    @handles(ApiKey.DESCRIBE_CONFIGS, Kind.ASYNC)
+    async def describe_configs(self, req: DescribeConfigsRequest, ctx: RequestContext | None = None) -> DescribeConfigsResponse:
         out = []
         for r in req.resources:
             try:
@@ -326,12 +374,13 @@ class Apis:
             return [ConfigEntry(k, _render(v), is_default=k not in overrides)
                     for k, v in sorted(effective.items()) if keys is None or k in keys]
         if resource_type == BROKER_RESOURCE:
-            props = self.broker.config.to_props()
+            props = self.config.to_props()
             return [ConfigEntry(k, _render(v), read_only=True)
                     for k, v in sorted(props.items()) if keys is None or k in keys]
         raise TidelogError(f"unknown config resource type {resource_type}", error=INVALID_REQUEST)
 
-    async def alter_configs(self, req: AlterConfigsRequest) -> AlterConfigsResponse:
+    @handles(ApiKey.ALTER_CONFIGS, Kind.ASYNC)
+    async def alter_configs(self, req: AlterConfigsRequest, ctx: RequestContext | None = None) -> AlterConfigsResponse:
         out = []
         for r in req.resources:
             try:
@@ -347,18 +396,20 @@ class Apis:
 
     # -- idempotent producers ------------------------------------------------------------------
 
-    async def init_producer_id(self, req: InitProducerIdRequest) -> InitProducerIdResponse:
+    @handles(ApiKey.INIT_PRODUCER_ID, Kind.ASYNC)
+    async def init_producer_id(self, req: InitProducerIdRequest, ctx: RequestContext | None = None) -> InitProducerIdResponse:
         """Any broker answers: a new producer id at epoch 0, or the next epoch of the given one."""
         try:
             if req.transactional_id is not None:
                 raise TidelogError("transactional producers are not supported (transactional_id must be null)",
                                    error=INVALID_REQUEST)
-            pid, epoch = await self.broker.producer_ids.init_producer_id(req.producer_id, req.producer_epoch)
+            pid, epoch = await self.producer_ids.init_producer_id(req.producer_id, req.producer_epoch)
         except TidelogError as e:
             return InitProducerIdResponse(e.code, error_message=str(e))
         return InitProducerIdResponse(NONE.code, pid, epoch)
 
-    async def elect_leaders(self, req: ElectLeadersRequest) -> ElectLeadersResponse:
+    @handles(ApiKey.ELECT_LEADERS, Kind.ASYNC)
+    async def elect_leaders(self, req: ElectLeadersRequest, ctx: RequestContext | None = None) -> ElectLeadersResponse:
         c = self._controller()
         tps = None if req.topic_partitions is None else [
             TopicPartition(r.topic_name, r.partition_index) for r in req.topic_partitions]
@@ -367,7 +418,8 @@ class Apis:
         return ElectLeadersResponse(NONE.code, [ElectLeadersResult(tp.topic, tp.partition, code, msg)
                                                 for tp, code, msg in results])
 
-    async def controlled_shutdown(self, req: ControlledShutdownRequest) -> ControlledShutdownResponse:
+    @handles(ApiKey.CONTROLLED_SHUTDOWN, Kind.ASYNC)
+    async def controlled_shutdown(self, req: ControlledShutdownRequest, ctx: RequestContext | None = None) -> ControlledShutdownResponse:
         c = self._controller()
         remaining, waits = await c.call(lambda: c.controlled_shutdown(req.broker_id, req.broker_epoch))
         # new leaders learn of their leadership before the old one goes away
@@ -378,40 +430,49 @@ class Apis:
 
     @property
     def group_coordinator(self):
-        c = getattr(self.broker, "group_coordinator", None)
+        c = self.coordinator
         if c is None:
             raise TidelogError("this broker runs no group coordinator", error=COORDINATOR_NOT_AVAILABLE)
         return c
 
-    async def find_coordinator(self, req: FindCoordinatorRequest) -> FindCoordinatorResponse:
+    @handles(ApiKey.FIND_COORDINATOR, Kind.ASYNC)
+    async def find_coordinator(self, req: FindCoordinatorRequest, ctx: RequestContext | None = None) -> FindCoordinatorResponse:
         return await self.group_coordinator.find_coordinator(req)
 
-    async def join_group(self, req: JoinGroupRequest, header: RequestHeader) -> JoinGroupResponse:
-        host = current_peer.get().rpartition(":")[0]
-        return await self.group_coordinator.join_group(req, header.client_id, host)
+    @handles(ApiKey.JOIN_GROUP, Kind.ASYNC)
+    async def join_group(self, req: JoinGroupRequest, ctx: RequestContext | None = None) -> JoinGroupResponse:
+        return await self.group_coordinator.join_group(req, ctx.client_id, ctx.peer_host)
 
-    async def sync_group(self, req: SyncGroupRequest) -> SyncGroupResponse:
+    @handles(ApiKey.SYNC_GROUP, Kind.ASYNC)
+    async def sync_group(self, req: SyncGroupRequest, ctx: RequestContext | None = None) -> SyncGroupResponse:
         return await self.group_coordinator.sync_group(req)
 
-    async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
+    @handles(ApiKey.HEARTBEAT, Kind.ASYNC)
+    async def heartbeat(self, req: HeartbeatRequest, ctx: RequestContext | None = None) -> HeartbeatResponse:
         return await self.group_coordinator.heartbeat(req)
 
-    async def leave_group(self, req: LeaveGroupRequest) -> LeaveGroupResponse:
+    @handles(ApiKey.LEAVE_GROUP, Kind.ASYNC)
+    async def leave_group(self, req: LeaveGroupRequest, ctx: RequestContext | None = None) -> LeaveGroupResponse:
         return await self.group_coordinator.leave_group(req)
 
-    async def offset_commit(self, req: OffsetCommitRequest) -> OffsetCommitResponse:
+    @handles(ApiKey.OFFSET_COMMIT, Kind.ASYNC)
+    async def offset_commit(self, req: OffsetCommitRequest, ctx: RequestContext | None = None) -> OffsetCommitResponse:
         return await self.group_coordinator.offset_commit(req)
 
-    async def offset_fetch(self, req: OffsetFetchRequest) -> OffsetFetchResponse:
+    @handles(ApiKey.OFFSET_FETCH, Kind.ASYNC)
+    async def offset_fetch(self, req: OffsetFetchRequest, ctx: RequestContext | None = None) -> OffsetFetchResponse:
         return await self.group_coordinator.offset_fetch(req)
 
-    async def list_groups(self, req: ListGroupsRequest) -> ListGroupsResponse:
+    @handles(ApiKey.LIST_GROUPS, Kind.ASYNC)
+    async def list_groups(self, req: ListGroupsRequest, ctx: RequestContext | None = None) -> ListGroupsResponse:
         return await self.group_coordinator.list_groups(req)
 
-    async def describe_groups(self, req: DescribeGroupsRequest) -> DescribeGroupsResponse:
+    @handles(ApiKey.DESCRIBE_GROUPS, Kind.ASYNC)
+    async def describe_groups(self, req: DescribeGroupsRequest, ctx: RequestContext | None = None) -> DescribeGroupsResponse:
         return await self.group_coordinator.describe_groups(req)
 
-    async def delete_groups(self, req: DeleteGroupsRequest) -> DeleteGroupsResponse:
+    @handles(ApiKey.DELETE_GROUPS, Kind.ASYNC)
+    async def delete_groups(self, req: DeleteGroupsRequest, ctx: RequestContext | None = None) -> DeleteGroupsResponse:
         return await self.group_coordinator.delete_groups(req)
 
     # -- from the controller -------------------------------------------------------------------
@@ -423,7 +484,8 @@ class Apis:
             raise TidelogError(f"request for broker epoch {epoch}, this broker's is {self.broker.broker_epoch}",
                                error=STALE_BROKER_EPOCH)
 
-    async def leader_and_isr(self, req: LeaderAndIsrRequest) -> LeaderAndIsrResponse:
+    @handles(ApiKey.LEADER_AND_ISR, Kind.ASYNC)
+    async def leader_and_isr(self, req: LeaderAndIsrRequest, ctx: RequestContext | None = None) -> LeaderAndIsrResponse:
         try:
             self._check_broker_epoch(req.broker_epoch)
         except TidelogError as e:
@@ -431,7 +493,8 @@ class Apis:
         self.broker.update_topic_overrides(req.topic_configs)
         return self.replica_manager.become_leader_or_follower(req)
 
-    async def update_metadata(self, req: UpdateMetadataRequest) -> UpdateMetadataResponse:
+    @handles(ApiKey.UPDATE_METADATA, Kind.ASYNC)
+    async def update_metadata(self, req: UpdateMetadataRequest, ctx: RequestContext | None = None) -> UpdateMetadataResponse:
         try:
             self._check_broker_epoch(req.broker_epoch)
         except TidelogError as e:
@@ -443,7 +506,8 @@ class Apis:
         self.broker.metadata_updated()
         return UpdateMetadataResponse(NONE.code)
 
-    async def stop_replica(self, req: StopReplicaRequest) -> StopReplicaResponse:
+    @handles(ApiKey.STOP_REPLICA, Kind.ASYNC)
+    async def stop_replica(self, req: StopReplicaRequest, ctx: RequestContext | None = None) -> StopReplicaResponse:
         try:
             self._check_broker_epoch(req.broker_epoch)
         except TidelogError as e:

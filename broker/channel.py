@@ -13,10 +13,11 @@ import logging
 
 import trio
 
+from tidelog.protocol.apis import response_type
+from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.errors import NETWORK_EXCEPTION, TidelogError
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
-from tidelog.protocol.messages import RESPONSES, ApiKey, Message
 
 logger = logging.getLogger("tidelog.channel")
 
@@ -65,7 +66,7 @@ class BrokerChannel:
             if not data:
                 raise BrokerUnreachable("connection closed by the peer")
             for _, body in self._conn.receive_data(data):
-                return RESPONSES[api_key].from_body(body)
+                return response_type(api_key).from_body(body)
 
     async def _connect(self) -> None:
         with trio.fail_after(self.connect_timeout_s):

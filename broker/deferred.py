@@ -11,18 +11,26 @@ connection closes first; a completion after that is ignored.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["DeferredResponse"]
+__all__ = ["DeferredResponse", "is_deferred"]
 
 
-class DeferredResponse:
-    """Base class of operations answered later; see the module docstring."""
+class DeferredResponse(Protocol):
+    """What an operation answered later provides; see the module docstring. A protocol, not a
+    base class, so the layers that produce them (the replica manager's DelayedFetch) import
+    nothing of the network layer."""
 
     def attach(self, complete: Callable[[Any], None]) -> None:
         """Start waiting; ``complete(body)`` answers the request (exactly once)."""
-        raise NotImplementedError
+        ...
 
     def cancel(self) -> None:
         """The request will not be answered (its connection closed): stop waiting."""
-        raise NotImplementedError
+        ...
+
+
+def is_deferred(result: Any) -> bool:
+    """True for a handler result that is a deferred response (it has ``attach``). Cheaper than
+    an isinstance check against the protocol, on the path of every response."""
+    return getattr(type(result), "attach", None) is not None

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidelog.protocol.address import parse_host_port
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import ClientConnection
-from tidelog.protocol.messages import ApiKey, MetadataRequest, MetadataResponse
+from tidelog.protocol.messages import MetadataRequest, MetadataResponse
 
 
 @dataclass(frozen=True, slots=True)

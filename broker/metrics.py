@@ -52,8 +52,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from tidelog.broker.deferred import DeferredResponse
-from tidelog.protocol.messages import ApiKey, FetchResponse, ProduceResponse
+from tidelog.broker.deferred import DeferredResponse, is_deferred
+from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.messages import FetchResponse, ProduceResponse
 from tidelog.protocol.records import BATCH_LENGTH_AT, HEADER_SIZE, LOG_OVERHEAD
 
 logger = logging.getLogger("tidelog.metrics")
@@ -134,23 +135,24 @@ class RequestMetrics:
         self.fetch_purgatory_size = 0  # consumers' long polls waiting (DelayedFetch)
 
     def instrument(self, handler: Handler) -> Handler:
-        """``handler`` (the socket server's: header, body -> response or awaitable) with one
+        """``handler`` (the socket server's: context, body -> response or awaitable) with one
         observation per request. The handler's order-sensitive synchronous part (the produce
         append) still runs before this returns, so request order is unchanged."""
 
-        def handle(header, body):
+        def handle(context, body):
             start = self.clock()
+            api_key = context.header.api_key
             try:
-                result = handler(header, body)
+                result = handler(context, body)
             except BaseException:
-                self._observe(header.api_key, body, start)
+                self._observe(api_key, body, start)
                 raise
             if inspect.isawaitable(result):
-                return self._complete_later(header.api_key, body, start, result)
-            if isinstance(result, DeferredResponse):  # a consumer's long poll: when answered
-                return _ObservedDeferred(self, header.api_key, body, start, result)
-            self._observe(header.api_key, body, start)
-            self._account(header.api_key, body, result)
+                return self._complete_later(api_key, body, start, result)
+            if is_deferred(result):  # a consumer's long poll: when answered
+                return _ObservedDeferred(self, api_key, body, start, result)
+            self._observe(api_key, body, start)
+            self._account(api_key, body, result)
             return result
 
         return handle

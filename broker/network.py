@@ -6,7 +6,8 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
 
 * **One reader.** The connection's own task reads with ``receive_some`` and feeds the bytes to
   ``ServerConnection.receive_data``. For each parsed request it calls the handler itself, in
-  request order: ``handler(header, body)``. An ``async def`` handler returns a coroutine at
+  request order: ``handler(context, body)``, where the context (``broker.context``) carries
+  the header, the peer's address and the listener. An ``async def`` handler returns a coroutine at
   once; a plain function may do its order-sensitive work (a log append, say) before it
   returns, so that work happens in the order the client sent the requests, and return the
   response or an awaitable of it. An awaitable is awaited in the request's own task in the
@@ -59,7 +60,6 @@ Closing rules:
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import inspect
 import logging
@@ -73,37 +73,29 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from tidelog.broker.deferred import DeferredResponse
+from tidelog.broker.context import DEFAULT_LISTENER, RequestContext
+from tidelog.broker.deferred import DeferredResponse, is_deferred
+from tidelog.protocol.apis import api_for
+from tidelog.protocol.codec import Message, RequestHeader
 from tidelog.protocol.connection import BadRequest, Request, ServerConnection
-from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR, ErrorCode, TidelogError, code_of
+from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR, TidelogError, code_of, error_body
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
-from tidelog.protocol.messages import Message, RequestHeader, check_supported
 
 if TYPE_CHECKING:
     from tidelog.broker.config import BrokerConfig
 
 log = logging.getLogger(__name__)
 
-# "host:port" of the client whose request is being handled (set in each connection's task and
-# inherited by its request tasks), for handlers that record it: the group coordinator keeps
-# each member's client host for DescribeGroups.
-current_peer: contextvars.ContextVar[str] = contextvars.ContextVar("tidelog_current_peer", default="")
-
 Body = dict[str, Any]
 Response = Body | Message | None  # None: no response (acks=0)
 Result = Response | Awaitable[Response]
-Handler = Callable[[RequestHeader, Body], Result]
+Handler = Callable[[RequestContext, Body], Result]
 
 READ_BYTES = 64 * 1024
 YIELD_EVERY = 16  # reads in a row without waiting before the reader yields anyway
 MAX_IN_FLIGHT_DEFAULT = 100
 IDLE_TIMEOUT_MS_DEFAULT = 600_000
 _CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
-
-
-def error_body(error: ErrorCode, message: str | None = None) -> Body:
-    """The response body for a request that failed as a whole."""
-    return {"error_code": error.code, "error_message": message or error.message}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +121,11 @@ class SocketServer:
     def __init__(self, handler: Handler, *, host: str | None = "127.0.0.1", port: int = 0,
                  max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT,
                  max_in_flight_per_connection: int = MAX_IN_FLIGHT_DEFAULT,
-                 idle_timeout_ms: int | None = IDLE_TIMEOUT_MS_DEFAULT):
+                 idle_timeout_ms: int | None = IDLE_TIMEOUT_MS_DEFAULT, listener: str = DEFAULT_LISTENER):
         if max_in_flight_per_connection < 1:
             raise ValueError(f"max_in_flight_per_connection must be >= 1, got {max_in_flight_per_connection}")
         self.handler = handler
+        self.listener = listener  # its name, as requests' contexts report it
         self.host = host or None  # "" or None: every interface
         self.port = port  # the bound port once run() has started
         self.max_frame_bytes = max_frame_bytes
@@ -151,7 +144,8 @@ class SocketServer:
         host, port = config.listener
         return cls(handler, host=host, port=port, max_frame_bytes=config.socket_request_max_bytes,
                    max_in_flight_per_connection=config.queued_max_requests,
-                   idle_timeout_ms=config.connections_max_idle_ms)
+                   idle_timeout_ms=config.connections_max_idle_ms,
+                   listener=config.listeners.partition("://")[0] or DEFAULT_LISTENER)
 
     @property
     def closing(self) -> bool:
@@ -247,7 +241,6 @@ class _Connection:
         self._read_scope.cancel()
 
     async def run(self) -> None:
-        current_peer.set(self._peer)
         try:
             with self._scope:
                 async with self._stream, trio.open_nursery() as requests:
@@ -287,7 +280,7 @@ class _Connection:
                 if inspect.isawaitable(started):
                     self._scope.deadline = math.inf  # not idle while a handler works (a long poll)
                     requests.start_soon(self._finish, event, started)
-                elif isinstance(started, DeferredResponse):
+                elif is_deferred(started):
                     # answered by whoever completes it (a consumer's long poll: the append
                     # that satisfies it), in that scheduler pass, without a task of its own
                     self._scope.deadline = math.inf
@@ -358,8 +351,9 @@ class _Connection:
             return error_body(event.error.error, str(event.error))
         counters.requests[int(event.header.api_key)] += 1
         try:
-            check_supported(event.header)
-            return self._server.handler(event.header, event.body)
+            api_for(event.header)
+            context = RequestContext(event.header, self._peer, self._server.listener)
+            return self._server.handler(context, event.body)
         except Exception as exc:
             return self._handler_error(event.header, exc)
 

@@ -46,8 +46,9 @@ from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaMan
 from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr
 from tidelog.broker.zookeeper.zk import ZkClient
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, StorageError, TidelogError
-from tidelog.protocol.messages import ApiKey, ControlledShutdownRequest
+from tidelog.protocol.messages import ControlledShutdownRequest
 from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.broker")
@@ -81,7 +82,8 @@ class BrokerServer:
             create_topic=self._create_internal_topic, list_offsets=self._list_offsets_at)
         self.replica_manager.leadership_listeners.append(self.group_coordinator.on_leadership_change)
         self._coordinator_channels: dict[int, BrokerChannel] = {}
-        self.apis = Apis(self, self.replica_manager, self.metadata)
+        self.apis = Apis(config, self.replica_manager, self.metadata, broker=self, controller=self.controller,
+                         group_coordinator=self.group_coordinator, producer_ids=self.producer_ids)
         self.log_cleaner = LogCleaner(self.log_manager, CleanerConfig.from_broker_config(config))
         self.broker_epoch = -1
         self.port: int | None = None

@@ -38,9 +38,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from tidelog.protocol.errors import FrameTooLargeError, InvalidRequestError, TidelogError
-from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT, FrameDecoder, encode_frame
-from tidelog.protocol.messages import (
+from tidelog.protocol.codec import (
     Message,
     RequestHeader,
     decode_request,
@@ -48,6 +46,8 @@ from tidelog.protocol.messages import (
     encode_request,
     encode_response,
 )
+from tidelog.protocol.errors import FrameTooLargeError, InvalidRequestError, TidelogError
+from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT, FrameDecoder, encode_frame
 
 MAX_CORRELATION_ID = 0x7FFFFFFF
 MAX_IN_FLIGHT_DEFAULT = 16

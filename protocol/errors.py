@@ -14,6 +14,7 @@ project invents error numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +187,11 @@ def code_of(exc: BaseException) -> ErrorCode:
     if isinstance(exc, TidelogError):
         return exc.error
     return UNKNOWN_SERVER_ERROR
+
+
+def error_body(error: ErrorCode, message: str | None = None) -> dict[str, Any]:
+    """The response body for a request that failed as a whole."""
+    return {"error_code": error.code, "error_message": message or error.message}
 
 
 def error_for(code: int, message: str | None = None) -> TidelogError:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import trio
 
 from tidelog.broker.channel import BrokerChannel, BrokerUnreachable
-from tidelog.protocol.messages import ApiKey, Message
+from tidelog.protocol.codec import ApiKey, Message
 
 logger = logging.getLogger("tidelog.controller.channels")
 

@@ -55,6 +55,7 @@ from tidelog.broker.controller.election import (
 from tidelog.broker.log.config import InvalidConfigError, LogConfig
 from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     ELECTION_NOT_NEEDED,
     INVALID_CONFIG,
@@ -69,7 +70,6 @@ from tidelog.protocol.errors import (
     code_of,
 )
 from tidelog.protocol.messages import (
-    ApiKey,
     LeaderAndIsrRequest,
     LiveBroker,
     PartitionState,

@@ -22,9 +22,9 @@ from typing import Callable, Protocol
 import trio
 
 from tidelog.broker.log.log import Log
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, OFFSET_OUT_OF_RANGE, TidelogError, for_code
 from tidelog.protocol.messages import (
-    ApiKey,
     FetchPartition,
     FetchRequest,
     FetchResponse,

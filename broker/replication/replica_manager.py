@@ -25,7 +25,6 @@ from typing import Any, Awaitable, Callable, Container
 
 import trio
 
-from tidelog.broker.deferred import DeferredResponse
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.log import Log
 from tidelog.broker.log.manager import LogManager
@@ -44,6 +43,7 @@ from tidelog.protocol.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
     code_of,
+    error_body,
 )
 from tidelog.protocol.messages import (
     EARLIEST_TIMESTAMP,
@@ -100,8 +100,10 @@ class NotifyingPartition(Partition):
                 d.try_complete()
 
 
-class DelayedFetch(DeferredResponse):
+class DelayedFetch:
     """A consumer's long poll waiting for records: Kafka's DelayedFetch in its purgatory.
+    It is a deferred response (``attach`` / ``cancel``, see broker/deferred.py): the network
+    layer attaches the function that answers the request.
 
     It watches its partitions: every change of one (an append, a high watermark move, a
     leadership change) tries it again, and the change that satisfies it (``min_bytes``
@@ -138,7 +140,6 @@ class DelayedFetch(DeferredResponse):
             body = self.respond(results)
         except Exception:  # a bug must not fail the append that woke us, nor leave it waiting
             logger.exception("a delayed fetch failed; answering it with an error")
-            from tidelog.broker.network import error_body
             body = error_body(UNKNOWN_SERVER_ERROR)
         self._finish()
         try:

@@ -39,15 +39,14 @@ import trio
 from tidelog.aio.connection import BrokerConnection
 from tidelog.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
 from tidelog.protocol.address import parse_host_port
+from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, for_code
 from tidelog.protocol.messages import (
     NO_LEADER,
-    ApiKey,
     BrokerMetadata,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsTopic,
-    Message,
     MetadataRequest,
     MetadataResponse,
 )

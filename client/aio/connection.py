@@ -39,10 +39,11 @@ from typing import Any
 import trio
 
 from tidelog.errors import BrokerConnectionError, RequestTimedOut
+from tidelog.protocol.apis import response_type
+from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.errors import InvalidRequestError
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
-from tidelog.protocol.messages import RESPONSES, ApiKey, Message
 
 __all__ = ["BrokerConnection"]
 
@@ -67,7 +68,7 @@ class _Pending:
 
     def run_early(self) -> None:
         try:
-            self.response = RESPONSES[self.api_key].from_body(self.body)
+            self.response = response_type(self.api_key).from_body(self.body)
             self.early(self.response)
         except Exception as e:  # raised by ``request`` in the waiting task
             self.early_error = e
@@ -143,7 +144,7 @@ class BrokerConnection:
 
     async def request(self, message: Message, *, api_key: ApiKey, timeout: float | None = None,
                       api_version: int = 0, early: Callable[[Any], None] | None = None) -> Any:
-        """Send ``message`` and return the typed response (``RESPONSES[api_key]``).
+        """Send ``message`` and return the typed response (``protocol.apis.response_type(api_key)``).
 
         Raises RequestTimedOut after ``timeout`` seconds (default: the connection's request
         timeout; the connection is then closed), BrokerConnectionError if the connection
@@ -221,7 +222,7 @@ class BrokerConnection:
             if pending.early_error is not None:
                 raise pending.early_error
             return pending.response
-        return RESPONSES[api_key].from_body(pending.body)
+        return response_type(api_key).from_body(pending.body)
 
     async def send_no_response(self, message: Message, *, api_key: ApiKey, api_version: int = 0) -> None:
         """Write a request the broker will not answer (an acks=0 produce). Returns once the

@@ -27,6 +27,8 @@ from tests.integration.cluster_fixtures import (
 from tidelog import Admin, NewTopic, Producer
 from tidelog.broker.devcluster import DevCluster
 from tidelog.broker.zookeeper.zkserver import find_free_port
+from tidelog.protocol.apis import response_type
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
@@ -38,8 +40,6 @@ from tidelog.protocol.errors import (
     NOT_COORDINATOR,
 )
 from tidelog.protocol.messages import (
-    RESPONSES,
-    ApiKey,
     DeleteGroupsRequest,
     DescribeGroupsRequest,
     FindCoordinatorRequest,
@@ -89,7 +89,7 @@ def cluster(request, tmp_path_factory):
 
 def call(port: int, api_key: ApiKey, message, timeout: float = 30.0):
     with RawClient(port, timeout=timeout) as client:
-        return RESPONSES[api_key].from_body(client.request(api_key, message))
+        return response_type(api_key).from_body(client.request(api_key, message))
 
 
 def coordinator_port(cluster, group: str) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from tests.integration.cluster_fixtures import (
     wait_until,
 )
 from tidelog import Consumer, Producer, TopicPartition
+from tidelog.protocol.codec import ApiKey, RequestHeader, decode_response, encode_request
 from tidelog.protocol.errors import (
     CORRUPT_MESSAGE,
     INVALID_REQUEST,
@@ -36,7 +37,6 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.messages import (
     LATEST_TIMESTAMP,
-    ApiKey,
     ApiVersionsRequest,
     FetchPartition,
     FetchRequest,
@@ -51,10 +51,7 @@ from tidelog.protocol.messages import (
     PartitionProduceData,
     ProduceRequest,
     ProduceResponse,
-    RequestHeader,
     TopicProduceData,
-    decode_response,
-    encode_request,
 )
 from tidelog.protocol.records import build_batch, iter_all_records
 

@@ -35,14 +35,9 @@ from tests.integration.cluster_fixtures import (
     wait_until,
 )
 from tidelog import Admin, NewTopic, Producer, TopicPartition
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE
-from tidelog.protocol.messages import (
-    ApiKey,
-    InitProducerIdRequest,
-    PartitionProduceData,
-    ProduceRequest,
-    TopicProduceData,
-)
+from tidelog.protocol.messages import InitProducerIdRequest, PartitionProduceData, ProduceRequest, TopicProduceData
 from tidelog.protocol.records import build_batch
 
 pytestmark = pytest.mark.integration

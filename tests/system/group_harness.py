@@ -64,9 +64,9 @@ from typing import Any, Self
 from tests.system.harness import ELECTION_TIMEOUT_S, SETTLE_TIMEOUT_S, NotYet, Scenario, wait_until
 from tidelog import TidelogError
 from tidelog.broker.groups.group_coordinator import partition_for
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import ILLEGAL_GENERATION, NONE, NOT_COORDINATOR, UNKNOWN_MEMBER_ID, for_code
 from tidelog.protocol.messages import (
-    ApiKey,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     OffsetCommitPartition,

@@ -71,12 +71,12 @@ from tidelog import Admin, Consumer, NewTopic, Producer, TidelogError, TopicPart
 from tidelog.broker.devcluster import DevCluster, metadata
 from tidelog.broker.log import dump
 from tidelog.errors import OffsetOutOfRangeError
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.messages import (
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,
-    ApiKey,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,

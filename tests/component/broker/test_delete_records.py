@@ -14,6 +14,7 @@ import pytest
 from tests.component.broker.test_group_coordinator import DATA_TP, broker
 from tests.component.broker.test_internal_topics import produce
 from tidelog.broker.groups.group_coordinator import OFFSETS_TOPIC
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     INVALID_TOPIC_EXCEPTION,
     NONE,
@@ -23,7 +24,6 @@ from tidelog.protocol.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from tidelog.protocol.messages import (
-    ApiKey,
     DeleteRecordsPartition,
     DeleteRecordsRequest,
     DeleteRecordsTopic,

@@ -5,18 +5,18 @@ DeleteGroups, loading the groups back from the log, unloading, and lag."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import trio
 
 from tidelog.broker.apis import Apis
+from tidelog.broker.context import RequestContext
 from tidelog.broker.groups.group_coordinator import OFFSETS_TOPIC, CoordinatorConfig, GroupCoordinator
 from tidelog.broker.groups.group_metadata import GroupConfig
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from tidelog.protocol.codec import ApiKey, RequestHeader
 from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
     GROUP_ID_NOT_FOUND,
@@ -29,7 +29,6 @@ from tidelog.protocol.errors import (
     UNKNOWN_MEMBER_ID,
 )
 from tidelog.protocol.messages import (
-    ApiKey,
     DeleteGroupsRequest,
     DescribeGroupsRequest,
     FindCoordinatorRequest,
@@ -47,7 +46,6 @@ from tidelog.protocol.messages import (
     OffsetFetchRequest,
     OffsetFetchTopic,
     PartitionState,
-    RequestHeader,
     SyncGroupAssignment,
     SyncGroupRequest,
     UpdateMetadataRequest,
@@ -88,8 +86,7 @@ class Broker:
         self.config = CoordinatorConfig(1, offsets_topic_num_partitions=1, group=GroupConfig(
             initial_rebalance_delay_ms=100, min_session_timeout_ms=10))
         self.coordinator = self.new_coordinator()
-        self.apis = Apis(types.SimpleNamespace(group_coordinator=self.coordinator), self.replica_manager,
-                         self.metadata)
+        self.apis = Apis(None, self.replica_manager, self.metadata, group_coordinator=self.coordinator)
 
     def new_coordinator(self) -> GroupCoordinator:
         c = GroupCoordinator(self.config, self.replica_manager, self.metadata, clock=self.clock)
@@ -101,7 +98,8 @@ class Broker:
             LeaderAndIsrRequest(1, 1, 0, [state(OFFSETS_TP, epoch), state(DATA_TP, epoch)]))
 
     async def call(self, api_key: ApiKey, request, client_id: str = "client"):
-        result = self.apis.handle(RequestHeader(api_key, 0, 1, client_id), request.to_body())
+        result = self.apis.handle(RequestContext(RequestHeader(api_key, 0, 1, client_id), "127.0.0.1:5000"),
+                                  request.to_body())
         return await result if hasattr(result, "__await__") else result
 
 
@@ -230,7 +228,7 @@ async def test_a_new_coordinator_loads_groups_and_offsets_from_the_log(broker, n
     assert r.error_code == NOT_COORDINATOR.code
 
     new = broker.new_coordinator()  # ... and to a coordinator that knows nothing
-    broker.apis.broker.group_coordinator = new
+    broker.apis.coordinator = new
     broker.lead(epoch=2)
     assert new.coordinator_error("g") is COORDINATOR_LOAD_IN_PROGRESS
     await nursery.start(new.run)
@@ -310,7 +308,7 @@ async def test_offsets_of_an_empty_group_expire_with_tombstones(broker, nursery)
     assert (await fetched(broker, "idle"))[DATA_TP] == -1
     assert (await broker.call(ApiKey.LIST_GROUPS, ListGroupsRequest())).groups == []
     new = broker.new_coordinator()  # the tombstones are in the log: a reload finds nothing
-    broker.apis.broker.group_coordinator = new
+    broker.apis.coordinator = new
     broker.lead(epoch=2)
     await nursery.start(new.run)
     await wait_loaded(new)
@@ -355,7 +353,7 @@ async def test_a_commit_waiting_for_replication_keeps_its_group_and_partition_fr
     assert (await fetched(broker, "fresh"))[DATA_TP] == 9
     assert (await fetched(broker, "old"))[DATA_TP] == 4
     new = broker.new_coordinator()  # the log agrees with what was fetched
-    broker.apis.broker.group_coordinator = new
+    broker.apis.coordinator = new
     broker.lead(epoch=2)
     await nursery.start(new.run)
     await wait_loaded(new)

@@ -17,8 +17,9 @@ from tests.component.broker.test_group_coordinator import (
     form_group,
 )
 from tidelog.broker.groups.group_coordinator import OFFSETS_TOPIC
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import INVALID_TOPIC_EXCEPTION, NONE
-from tidelog.protocol.messages import ApiKey, PartitionProduceData, ProduceRequest, TopicProduceData
+from tidelog.protocol.messages import PartitionProduceData, ProduceRequest, TopicProduceData
 from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import INTERNAL_TOPICS, is_internal_topic
 

@@ -16,8 +16,10 @@ import pytest
 import trio
 
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.context import RequestContext
 from tidelog.broker.deferred import DeferredResponse
 from tidelog.broker.network import SocketServer
+from tidelog.protocol.codec import ApiKey, RequestHeader, encode_request
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.errors import (
     INVALID_REQUEST,
@@ -27,7 +29,6 @@ from tidelog.protocol.errors import (
     TidelogError,
 )
 from tidelog.protocol.frames import encode_frame
-from tidelog.protocol.messages import ApiKey, RequestHeader, encode_request
 
 pytestmark = pytest.mark.component
 
@@ -88,7 +89,8 @@ class Handler:
         self.finished: list = []
         self.gate = trio.Event()
 
-    async def __call__(self, header: RequestHeader, body: dict):
+    async def __call__(self, context: RequestContext, body: dict):
+        header = context.header
         n = body.get("n")
         self.called.append(n)
         if "sleep" in body:
@@ -195,7 +197,7 @@ async def test_many_requests_in_one_segment_are_answered_in_order_with_few_write
 async def test_the_handler_is_called_in_request_order(net):
     order = []
 
-    def handler(header, body):  # the synchronous part runs in request order
+    def handler(context, body):  # the synchronous part runs in request order
         order.append(body["n"])
         return _later(body)
 
@@ -316,8 +318,11 @@ async def test_unknown_api_keys_and_versions_get_unsupported_version(net):
     client = await net.connect(server.port)
     unknown_key = await client.call({"n": 1}, api_key=999)
     unknown_version = await client.call({"n": 2}, api_key=ApiKey.METADATA, version=99)
-    assert unknown_key["error_code"] == unknown_version["error_code"] == UNSUPPORTED_VERSION.code
+    not_served = await client.call({"n": 3}, api_key=ApiKey.SASL_HANDSHAKE)  # named by Kafka, not served
+    assert unknown_key["error_code"] == unknown_version["error_code"] == not_served["error_code"] \
+        == UNSUPPORTED_VERSION.code
     assert "999" in unknown_key["error_message"] and "99" in unknown_version["error_message"]
+    assert "SASL_HANDSHAKE" in not_served["error_message"]
     assert handler.called == []
     assert server.stats().requests_handled[999] == 1
     await assert_serves(bystander)
@@ -340,7 +345,7 @@ async def test_a_failing_handler_gets_an_error_response_and_the_connection_goes_
 
 
 async def test_a_handler_failing_before_its_first_await_or_returning_garbage_is_contained(net):
-    def handler(header, body):
+    def handler(context, body):
         if body["n"] == "sync-raise":
             raise ValueError("broken")
         if body["n"] == "garbage":
@@ -477,7 +482,7 @@ class DeferringHandler:
     def __init__(self) -> None:
         self.waiting: list[Deferred] = []
 
-    def __call__(self, header: RequestHeader, body: dict):
+    def __call__(self, context: RequestContext, body: dict):
         if body.get("deferred"):
             d = Deferred(body["n"])
             self.waiting.append(d)
@@ -551,7 +556,7 @@ async def test_a_direct_response_that_woke_a_task_is_written_after_that_tasks_re
     written first); one that woke nothing is written by the reader itself."""
     gate = trio.Event()
 
-    def handler(header, body):
+    def handler(context, body):
         if body.get("wait"):
             return _woken(body)
         if body.get("open"):

@@ -26,6 +26,8 @@ from typing import Any
 import trio
 
 from tidelog.broker.log.producer_state import ProducerStateManager
+from tidelog.protocol.apis import api_for
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import BadRequest, ServerConnection
 from tidelog.protocol.errors import (
     COORDINATOR_NOT_AVAILABLE,
@@ -39,10 +41,8 @@ from tidelog.protocol.errors import (
     TidelogError,
 )
 from tidelog.protocol.messages import (
-    REQUESTS,
     AlterConfigsResponse,
     AlterConfigsResult,
-    ApiKey,
     BrokerMetadata,
     ConfigEntry,
     CreatePartitionsResponse,
@@ -65,7 +65,6 @@ from tidelog.protocol.messages import (
     TopicMetadata,
     TopicProduceResponse,
     TopicResult,
-    check_supported,
 )
 from tidelog.protocol.records import BatchRecord, iter_all_records, iter_headers, patch_batch, validate_batches
 
@@ -239,8 +238,9 @@ class FakeCluster:
     async def _handle(self, node: int, conn: ServerConnection, stream: trio.SocketStream,
                       lock: trio.Lock, event: Any) -> None:
         header = event.header
-        key = check_supported(header)
-        request = REQUESTS[key].from_body(event.body)
+        api = api_for(header)
+        key = api.key
+        request = api.request.from_body(event.body)
         self.requests.append((node, key, request))
         fault = self._fault_for(key, node)
         if fault is not None and fault.delay_s:

@@ -7,6 +7,7 @@ import trio
 
 from tidelog.aio import AsyncAdmin, NewTopic
 from tidelog.errors import RequestTimedOut
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     INVALID_PARTITIONS,
     NOT_CONTROLLER,
@@ -14,7 +15,6 @@ from tidelog.protocol.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
 )
-from tidelog.protocol.messages import ApiKey
 
 pytestmark = pytest.mark.component
 

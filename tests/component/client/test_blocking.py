@@ -22,7 +22,7 @@ from tidelog import (
     WakeupError,
 )
 from tidelog.aio.partitioner import default_partition
-from tidelog.protocol.messages import ApiKey
+from tidelog.protocol.codec import ApiKey
 
 pytestmark = pytest.mark.component
 

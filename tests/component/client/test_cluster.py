@@ -8,7 +8,7 @@ import trio
 
 from tidelog.aio.cluster import Cluster
 from tidelog.errors import BrokerConnectionError, NoBrokersAvailable
-from tidelog.protocol.messages import ApiKey
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.topics import TopicPartition
 
 pytestmark = pytest.mark.component

@@ -7,8 +7,10 @@ import trio
 
 from tidelog.aio.connection import BrokerConnection
 from tidelog.errors import BrokerConnectionError, RequestTimedOut
+from tidelog.protocol.apis import api_versions
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import ServerConnection
-from tidelog.protocol.messages import ApiKey, ApiVersionsRequest, ApiVersionsResponse, supported_api_versions
+from tidelog.protocol.messages import ApiVersionsRequest, ApiVersionsResponse
 
 pytestmark = pytest.mark.component
 
@@ -49,7 +51,7 @@ class Server:
         await trio.sleep(self.delay_s)
         if not self.answer:
             return
-        out = conn.send_response(correlation_id, ApiVersionsResponse(0, supported_api_versions()))
+        out = conn.send_response(correlation_id, ApiVersionsResponse(0, api_versions()))
         async with lock:
             await stream.send_all(out)
 

@@ -8,8 +8,8 @@ import trio
 
 from tidelog.aio import AsyncConsumer, TopicPartition
 from tidelog.errors import NoOffsetForPartitionError, RequestTimedOut, WakeupError
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OffsetOutOfRangeError, TidelogError
-from tidelog.protocol.messages import ApiKey
 from tidelog.protocol.records import build_batch
 
 pytestmark = pytest.mark.component

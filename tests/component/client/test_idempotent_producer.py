@@ -9,8 +9,8 @@ import trio
 
 from tidelog.aio import AsyncProducer
 from tidelog.errors import TidelogError
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER
-from tidelog.protocol.messages import ApiKey
 from tidelog.protocol.records import iter_headers
 
 pytestmark = pytest.mark.component

@@ -9,8 +9,8 @@ import trio
 from tidelog.aio import AsyncConsumer, AsyncProducer, TopicPartition
 from tidelog.aio.partitioner import default_partition
 from tidelog.errors import ClientClosedError, RequestTimedOut
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import MESSAGE_TOO_LARGE, NOT_LEADER_OR_FOLLOWER, RecordTooLargeError
-from tidelog.protocol.messages import ApiKey
 from tidelog.protocol.records import Codec, iter_headers
 
 pytestmark = pytest.mark.component

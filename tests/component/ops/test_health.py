@@ -15,7 +15,8 @@ from tidelog.broker.config import BrokerConfig
 from tidelog.broker.health import Readiness, address_from_config, broker_readiness, parse_address, probe, run
 from tidelog.broker.network import SocketServer
 from tidelog.broker.zookeeper.zkserver import find_free_port
-from tidelog.protocol.messages import ApiKey, BrokerMetadata, MetadataResponse
+from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.messages import BrokerMetadata, MetadataResponse
 
 pytestmark = pytest.mark.component
 
@@ -60,8 +61,8 @@ class FakeBroker:
         self.controller_id = -1
         self.requests = 0
 
-    def handle(self, header, body):
-        assert header.api_key == ApiKey.METADATA and body["topics"] == []
+    def handle(self, context, body):
+        assert context.header.api_key == ApiKey.METADATA and body["topics"] == []
         self.requests += 1
         return MetadataResponse([BrokerMetadata(i, "h", 1) for i in self.brokers], "c", self.controller_id, [])
 

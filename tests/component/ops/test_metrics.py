@@ -11,7 +11,8 @@ import trio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tidelog.broker.deferred import DeferredResponse
+from tidelog.broker.context import RequestContext
+from tidelog.broker.deferred import DeferredResponse, is_deferred
 from tidelog.broker.health import Readiness
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
@@ -28,8 +29,8 @@ from tidelog.broker.metrics import (
 from tidelog.broker.network import NetworkStats
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.broker.zookeeper.layout import LeaderAndIsr
+from tidelog.protocol.codec import ApiKey, RequestHeader
 from tidelog.protocol.messages import (
-    ApiKey,
     FetchPartitionResponse,
     FetchResponse,
     FetchTopicResponse,
@@ -37,7 +38,6 @@ from tidelog.protocol.messages import (
     PartitionProduceResponse,
     PartitionState,
     ProduceResponse,
-    RequestHeader,
     TopicProduceResponse,
 )
 from tidelog.protocol.records import build_batch
@@ -46,8 +46,9 @@ from tidelog.protocol.topics import TopicPartition
 pytestmark = pytest.mark.component
 
 
-def header(api_key: ApiKey) -> RequestHeader:
-    return RequestHeader(api_key, 0, 1, "test")
+def header(api_key: ApiKey) -> RequestContext:
+    """The context the network layer passes a handler (the metrics hook reads its header)."""
+    return RequestContext(RequestHeader(api_key, 0, 1, "test"))
 
 
 class FakeServer:
@@ -317,7 +318,7 @@ def test_a_deferred_consumer_fetch_is_observed_and_counted_when_answered():
     response = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, 3, 0, batch)])])
     inner = _Deferred()
     result = rm.instrument(lambda h, b: inner)(header(ApiKey.FETCH), {"replica_id": -1})
-    assert isinstance(result, DeferredResponse) and "FetchConsumer" not in rm.latency
+    assert is_deferred(result) and "FetchConsumer" not in rm.latency
     answered = []
     result.attach(answered.append)
     assert rm.fetch_purgatory_size == 1

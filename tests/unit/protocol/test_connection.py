@@ -9,18 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidelog.protocol.connection import MAX_CORRELATION_ID, BadRequest, ClientConnection, Request, ServerConnection
-from tidelog.protocol.errors import FrameTooLargeError, InvalidRequestError, TidelogError
-from tidelog.protocol.frames import FrameDecoder, encode_frame
-from tidelog.protocol.messages import (
+from tidelog.protocol.codec import (
     ApiKey,
-    ApiVersionsRequest,
     RequestHeader,
     decode_request,
     decode_response,
     encode_request,
     encode_response,
 )
+from tidelog.protocol.connection import MAX_CORRELATION_ID, BadRequest, ClientConnection, Request, ServerConnection
+from tidelog.protocol.errors import FrameTooLargeError, InvalidRequestError, TidelogError
+from tidelog.protocol.frames import FrameDecoder, encode_frame
+from tidelog.protocol.messages import ApiVersionsRequest
 
 pytestmark = pytest.mark.unit
 

@@ -9,26 +9,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidelog.protocol.errors import InvalidRequestError, TidelogError, UnsupportedVersionError
-from tidelog.protocol.messages import (
+from tidelog.protocol.apis import APIS, api_for, api_versions
+from tidelog.protocol.codec import (
     INT16,
     INT32,
-    REQUESTS,
-    RESPONSES,
-    SUPPORTED_VERSIONS,
     ApiKey,
-    ApiVersion,
-    ApiVersionsRequest,
-    ApiVersionsResponse,
     Message,
     RequestHeader,
-    check_supported,
     decode_request,
     decode_response,
     encode_request,
     encode_response,
-    supported_api_versions,
 )
+from tidelog.protocol.errors import InvalidRequestError, TidelogError, UnsupportedVersionError
+from tidelog.protocol.messages import ApiVersion, ApiVersionsRequest, ApiVersionsResponse
 
 pytestmark = pytest.mark.unit
 
@@ -65,24 +59,27 @@ def test_api_keys_use_kafkas_numbers():
     assert len(ApiKey) == 30
 
 
-def test_every_api_key_has_a_supported_version_range():
-    assert set(SUPPORTED_VERSIONS) == set(ApiKey)
-    assert all(low <= high for low, high in SUPPORTED_VERSIONS.values())
+def test_the_registry_holds_served_apis_with_their_version_ranges():
+    assert all(key == api.key and api.min_version <= api.max_version for key, api in APIS.items())
+    assert ApiKey.SASL_HANDSHAKE not in APIS and ApiKey.SASL_AUTHENTICATE not in APIS  # not served yet
+    assert all(api.request.__name__ == api.response.__name__.replace("Response", "Request") for api in APIS.values())
 
 
-def test_check_supported_accepts_a_known_key_and_version():
-    assert check_supported(RequestHeader(18, 0, 1)) is ApiKey.API_VERSIONS
+def test_api_for_accepts_a_served_key_and_version():
+    assert api_for(RequestHeader(18, 0, 1)) is APIS[ApiKey.API_VERSIONS]
 
 
-def test_check_supported_rejects_an_unknown_key():
-    with pytest.raises(UnsupportedVersionError, match="api_key 99"):
-        check_supported(RequestHeader(99, 0, 1))
+@pytest.mark.parametrize("key,named", [(99, "api key 99 is not served"),
+                                       (ApiKey.SASL_HANDSHAKE, r"api key 17 \(SASL_HANDSHAKE\) is not served")])
+def test_api_for_refuses_a_key_that_is_not_served(key, named):
+    with pytest.raises(UnsupportedVersionError, match=named):
+        api_for(RequestHeader(key, 0, 1))
 
 
 @pytest.mark.parametrize("version", [-1, 1, 7])
-def test_check_supported_rejects_a_version_outside_the_range(version):
+def test_api_for_refuses_a_version_outside_the_range(version):
     with pytest.raises(UnsupportedVersionError, match=f"METADATA version {version} is not supported"):
-        check_supported(RequestHeader(ApiKey.METADATA, version, 1))
+        api_for(RequestHeader(ApiKey.METADATA, version, 1))
 
 
 # --- envelope round trips ----------------------------------------------------------------------
@@ -399,8 +396,8 @@ def test_unsupported_annotations_are_refused_when_first_used(cls):
 
 
 def test_api_versions_messages_are_registered():
-    assert REQUESTS[ApiKey.API_VERSIONS] is ApiVersionsRequest
-    assert RESPONSES[ApiKey.API_VERSIONS] is ApiVersionsResponse
+    assert APIS[ApiKey.API_VERSIONS].request is ApiVersionsRequest
+    assert APIS[ApiKey.API_VERSIONS].response is ApiVersionsResponse
 
 
 def test_api_versions_request_fields_are_optional():
@@ -408,11 +405,11 @@ def test_api_versions_request_fields_are_optional():
 
 
 def test_api_versions_response_lists_the_supported_versions():
-    response = ApiVersionsResponse(0, supported_api_versions())
+    response = ApiVersionsResponse(0, api_versions())
     decoded = ApiVersionsResponse.from_body(wire(response.to_body()))
     assert decoded == response
     assert {v.api_key: (v.min_version, v.max_version) for v in decoded.api_keys} == \
-        {int(k): r for k, r in SUPPORTED_VERSIONS.items()}
+        {int(k): (api.min_version, api.max_version) for k, api in APIS.items()}
 
 
 def test_api_version_fields_are_int16():

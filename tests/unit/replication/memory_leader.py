@@ -76,7 +76,7 @@ class MemoryBroker:
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
         self.fetch_requests += 1
-        return await self.apis.fetch(request)
+        return await self.apis.replica_fetch(request)
 
     async def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> OffsetsForLeaderEpochResponse:
         self.epoch_requests += 1

@@ -39,7 +39,7 @@ async def leader(tmp_path, nursery):
 def consumer_fetch(broker: MemoryBroker, offset: int, max_wait_ms: int = 500, min_bytes: int = 1):
     req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, offset, 1 << 20, -1)])],
                        max_wait_ms=max_wait_ms, min_bytes=min_bytes)
-    return broker.apis._fetch_dispatch(req)
+    return broker.apis.fetch(req)
 
 
 def attach(deferred: DeferredResponse) -> list:

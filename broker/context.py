@@ -1,0 +1,33 @@
+"""What a handler knows about the request it serves besides its body: ``RequestContext``.
+
+The network layer builds one per request and passes it to the handler with the body; the
+handler gets it with the typed request (``broker.apis``). It is the one place where the
+connection's identity reaches the APIs: the peer's address (the group coordinator records a
+member's host), the listener the request came in on, and the principal the connection
+authenticated as (``ANONYMOUS`` until a listener authenticates its clients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidelog.protocol.codec import RequestHeader
+
+ANONYMOUS = "User:ANONYMOUS"  # Kafka's principal for unauthenticated connections
+DEFAULT_LISTENER = "PLAINTEXT"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    header: RequestHeader
+    peer: str = "?"  # "host:port" of the client, "?" when the socket could not tell
+    listener: str = DEFAULT_LISTENER
+    principal: str = ANONYMOUS
+
+    @property
+    def peer_host(self) -> str:
+        return self.peer.rpartition(":")[0] if ":" in self.peer else self.peer
+
+    @property
+    def client_id(self) -> str | None:
+        return self.header.client_id

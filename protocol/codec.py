@@ -1,0 +1,512 @@
+"""The msgpack envelope, bounded msgpack, and the schema compiler of typed message bodies.
+
+Envelope (the body of one frame; see ``protocol.frames`` for the length prefix)::
+
+    request  := [api_key:int16, api_version:int16, correlation_id:int32, client_id:str|nil, body:map]
+    response := [correlation_id:int32, body:map]
+    body     := map with str keys
+
+Decoding is two steps, so each failure maps to one error code:
+
+1. ``decode_request`` checks the envelope only. Bad bytes, a wrong shape or an out-of-range
+   header raise InvalidRequestError (INVALID_REQUEST) and nothing else; the error carries
+   ``correlation_id`` (None if it could not be read) so a server can still answer in order.
+   An unknown api_key is not a decode error: the header keeps the raw number.
+2. ``protocol.apis.api_for`` raises UnsupportedVersionError (UNSUPPORTED_VERSION) for an API
+   this node does not serve or a version outside its range; then the API's request type
+   (``Message.from_body``) turns the body map into its typed message, or raises
+   InvalidRequestError naming the field path
+   (``topics[2].partitions[0].partition: expected int, got str``).
+
+msgpack is always unpacked with explicit bounds (container lengths, no ext types, str keys
+only), so a hostile frame costs at most a small multiple of its own size.
+
+Typed bodies (``protocol.messages``): one frozen dataclass per request and per response,
+subclassing ``Message``. Field annotations drive both validation and encoding; the plan for a
+class is built once, on first use, and cached. Unknown keys in a body are ignored (a newer
+peer may send more fields); missing fields take their defaults; missing required fields are
+an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, NamedTuple, Self
+
+import msgpack
+
+from tidelog.protocol.errors import InvalidRequestError
+
+INT8 = types.MappingProxyType({"min": -(1 << 7), "max": (1 << 7) - 1})
+INT16 = types.MappingProxyType({"min": -(1 << 15), "max": (1 << 15) - 1})
+INT32 = types.MappingProxyType({"min": -(1 << 31), "max": (1 << 31) - 1})
+INT64 = types.MappingProxyType({"min": -(1 << 63), "max": (1 << 63) - 1})
+
+MAX_CONTAINER_LEN = 1 << 20  # elements in one msgpack array or map
+
+
+class ApiKey(IntEnum):
+    """Kafka's API numbers, so the vocabulary (and packet captures) transfer. Naming a key
+    here serves nothing: what a node serves is ``protocol.apis.APIS``."""
+
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    LEADER_AND_ISR = 4
+    STOP_REPLICA = 5
+    UPDATE_METADATA = 6
+    CONTROLLED_SHUTDOWN = 7
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
+    INIT_PRODUCER_ID = 22
+    OFFSETS_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
+
+
+_API_KEYS: dict[int, ApiKey] = {int(k): k for k in ApiKey}
+
+
+
+# ---------------------------------------------------------------------------------------------
+# envelope
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """The envelope fields of a request. ``api_key`` is an ApiKey when known, else the raw int."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None = None
+
+
+def encode_request(header: RequestHeader, body: dict[str, Any] | Message) -> bytes:
+    """The frame body of a request (without the length prefix). Raises ValueError/TypeError
+    for a header out of range or a body that is not a map with str keys."""
+    for name, value, bounds in (("api_key", header.api_key, INT16),
+                                ("api_version", header.api_version, INT16),
+                                ("correlation_id", header.correlation_id, INT32)):
+        if (problem := _int_problem(value, bounds)) is not None:
+            raise ValueError(f"request {name}: {problem}")
+    if header.client_id is not None and type(header.client_id) is not str:
+        raise TypeError(f"request client_id: expected str or None, got {_type_name(header.client_id)}")
+    return _pack([int(header.api_key), int(header.api_version), int(header.correlation_id),
+                  header.client_id, _body_map(body)])
+
+
+def decode_request(frame: bytes | bytearray | memoryview) -> tuple[RequestHeader, dict[str, Any]]:
+    """Parse a request frame body into its header and body map, or raise InvalidRequestError
+    (with ``correlation_id`` set to the request's id when it could be read, else None)."""
+    try:
+        return _parse_request(_unpack(frame, "request"))
+    except InvalidRequestError as e:
+        e.correlation_id = _salvage_correlation_id(frame, index=2)
+        raise
+
+
+def encode_response(correlation_id: int, body: dict[str, Any] | Message) -> bytes:
+    """The frame body of a response (without the length prefix)."""
+    if (problem := _int_problem(correlation_id, INT32)) is not None:
+        raise ValueError(f"response correlation_id: {problem}")
+    return _pack([int(correlation_id), _body_map(body)])
+
+
+def decode_response(frame: bytes | bytearray | memoryview) -> tuple[int, dict[str, Any]]:
+    """Parse a response frame body into ``(correlation_id, body)``, or raise
+    InvalidRequestError (with ``correlation_id`` as for ``decode_request``)."""
+    try:
+        return _parse_response(_unpack(frame, "response"))
+    except InvalidRequestError as e:
+        e.correlation_id = _salvage_correlation_id(frame, index=0)
+        raise
+
+
+
+def _parse_request(items: Any) -> tuple[RequestHeader, dict[str, Any]]:
+    if type(items) is not list or len(items) != 5:
+        raise InvalidRequestError(
+            "a request must be an array [api_key, api_version, correlation_id, client_id, body], "
+            f"got {_shape(items)}")
+    api_key, api_version, correlation_id, client_id, body = items
+    _expect_int("correlation_id", correlation_id, INT32)
+    _expect_int("api_key", api_key, INT16)
+    _expect_int("api_version", api_version, INT16)
+    if client_id is not None and type(client_id) is not str:
+        raise InvalidRequestError(f"request client_id: expected str or nil, got {_type_name(client_id)}")
+    _expect_body("request", body)
+    return RequestHeader(_API_KEYS.get(api_key, api_key), api_version, correlation_id, client_id), body
+
+
+def _parse_response(items: Any) -> tuple[int, dict[str, Any]]:
+    if type(items) is not list or len(items) != 2:
+        raise InvalidRequestError(f"a response must be an array [correlation_id, body], got {_shape(items)}")
+    correlation_id, body = items
+    _expect_int("correlation_id", correlation_id, INT32)
+    _expect_body("response", body)
+    return correlation_id, body
+
+
+def _expect_int(name: str, value: Any, bounds: Mapping[str, int]) -> None:
+    if (problem := _int_problem(value, bounds)) is not None:
+        raise InvalidRequestError(f"{name}: {problem}")
+
+
+def _expect_body(what: str, body: Any) -> None:
+    if type(body) is not dict:
+        raise InvalidRequestError(f"{what} body: expected map, got {_type_name(body)}")
+    for key in body:
+        if type(key) is not str:
+            raise InvalidRequestError(f"{what} body: keys must be str, got {_type_name(key)} {key!r:.40}")
+
+
+def _int_problem(value: Any, bounds: Mapping[str, int]) -> str | None:
+    """Why ``value`` is not an int within ``bounds`` (None if it is). bool is not an int."""
+    if type(value) is not int and not isinstance(value, IntEnum):
+        return f"expected int, got {_type_name(value)}"
+    low, high = bounds.get("min"), bounds.get("max")
+    if (low is not None and value < low) or (high is not None and value > high):
+        return f"{value} is out of range [{low}, {high}]"
+    return None
+
+
+def _body_map(body: dict[str, Any] | Message) -> dict[str, Any]:
+    if isinstance(body, Message):
+        return body.to_body()
+    if not isinstance(body, dict) or not all(type(k) is str for k in body):
+        raise TypeError(f"a message body must be a dict with str keys or a Message, got {_shape(body)}")
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# bounded msgpack
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not allowed")
+
+
+def _unpack_options(size: int) -> dict[str, Any]:
+    containers = min(size, MAX_CONTAINER_LEN)
+    return dict(raw=False, use_list=True, strict_map_key=True, ext_hook=_reject_ext,
+                max_ext_len=0, max_str_len=size, max_bin_len=size,
+                max_array_len=containers, max_map_len=containers)
+
+
+# Everything msgpack documents (and a few it does not) for malformed input.
+_UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
+
+
+def _unpack(frame: bytes | bytearray | memoryview, what: str) -> Any:
+    try:
+        return msgpack.unpackb(frame, **_unpack_options(len(frame)))
+    except msgpack.ExtraData:
+        raise InvalidRequestError(f"{what} frame has bytes after its msgpack value") from None
+    except _UNPACK_ERRORS as e:
+        reason = str(e) or type(e).__name__
+        raise InvalidRequestError(f"{what} frame is not valid msgpack: {reason}") from None
+
+
+_SALVAGE_WINDOW = 64  # enough for an array header and three ints
+
+
+def _salvage_correlation_id(frame: bytes | bytearray | memoryview, index: int) -> int | None:
+    """Best effort, for error replies: the int32 at ``index`` of a top-level array, read from
+    the first bytes of a frame that failed to parse (so it may be truncated or corrupt later)."""
+    head = bytes(frame[:_SALVAGE_WINDOW])
+    unpacker = msgpack.Unpacker(max_buffer_size=_SALVAGE_WINDOW, **_unpack_options(len(head)))
+    try:
+        unpacker.feed(head)
+        if unpacker.read_array_header() <= index:
+            return None
+        for _ in range(index):
+            unpacker.skip()
+        value = unpacker.unpack()
+    except _UNPACK_ERRORS:
+        return None
+    return value if _int_problem(value, INT32) is None else None
+
+
+_WIRE_NAMES = {type(None): "nil", list: "array", dict: "map"}
+
+
+def _type_name(value: Any) -> str:
+    """The msgpack-flavoured name of a decoded value's type, for error messages."""
+    return _WIRE_NAMES.get(type(value)) or type(value).__name__
+
+
+def _shape(value: Any) -> str:
+    if type(value) is list:
+        return f"an array of {len(value)} elements"
+    return _type_name(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# typed message bodies
+
+
+class Message:
+    """Base class of typed bodies: ``@dataclass(frozen=True, slots=True) class X(Message)``.
+
+    Field annotations may be int, str, bytes, bool, float, ``X | None``, ``list[X]``,
+    ``dict[str, X]`` or another Message subclass. An int field (or the ints inside a list,
+    dict or optional) is range-checked when declared with ``field(metadata=INT16)`` or any
+    ``{"min": .., "max": ..}``. bool is never accepted as an int; an int is accepted (and
+    converted) for a float. A ``__post_init__`` may raise ValueError for cross-field rules;
+    ``from_body`` reports it like a type error.
+    """
+
+    __slots__ = ()
+
+    def to_body(self) -> dict[str, Any]:
+        """A plain dict of msgpack-able values (nested messages become dicts)."""
+        return _plan_of(type(self)).dump(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        """The message for a decoded body map, or InvalidRequestError naming the field path."""
+        try:
+            return _plan_of(cls).load(body)
+        except _FieldError as e:
+            raise InvalidRequestError(e.describe()) from None
+
+
+class _FieldError(Exception):
+    """Internal: a mismatch deep in a body. Each enclosing container adds its path segment as
+    the error propagates, so the happy path never builds a path string."""
+
+    def __init__(self, problem: str):
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str] = []  # innermost segment first
+
+    def describe(self) -> str:
+        out = ""
+        for segment in reversed(self.path):
+            out += segment if segment.startswith("[") or not out else "." + segment
+        return f"{out}: {self.problem}" if out else self.problem
+
+
+Load = Callable[[Any], Any]
+Dump = Callable[[Any], Any] | None  # None: the value is already msgpack-able as it is
+
+
+class _FieldPlan(NamedTuple):
+    name: str
+    load: Load
+    dump: Dump
+    required: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    cls: type
+    fields: tuple[_FieldPlan, ...]
+
+    def load(self, body: Any) -> Any:
+        if type(body) is not dict:
+            raise _FieldError(f"expected map, got {_type_name(body)}")
+        kwargs = {}
+        name = ""
+        try:
+            for name, load, _, required in self.fields:
+                if name in body:
+                    kwargs[name] = load(body[name])
+                elif required:
+                    raise _FieldError("missing required field")
+        except _FieldError as e:
+            e.path.append(name)
+            raise
+        return self._construct(kwargs)
+
+    def _construct(self, kwargs: dict[str, Any]) -> Any:
+        try:
+            return self.cls(**kwargs)
+        except ValueError as e:  # a __post_init__ cross-field rule
+            raise _FieldError(str(e)) from None
+
+    def dump(self, message: Any) -> dict[str, Any]:
+        out = {}
+        for name, _, dump, _ in self.fields:
+            value = getattr(message, name)
+            out[name] = value if dump is None else dump(value)
+        return out
+
+
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan_of(cls: type) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = _build_plan(cls)
+    return plan
+
+
+def _build_plan(cls: type) -> _Plan:
+    if not (isinstance(cls, type) and issubclass(cls, Message) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"{cls!r} is not a Message dataclass")
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        load, dump = _compile(hints[f.name], f.metadata, f"{cls.__name__}.{f.name}")
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        rows.append(_FieldPlan(f.name, load, dump, required))
+    return _Plan(cls, tuple(rows))
+
+
+def _compile(tp: Any, meta: Mapping[str, Any], where: str) -> tuple[Load, Dump]:
+    """Loader and dumper for an annotation. Raises TypeError for an unsupported one."""
+    origin = typing.get_origin(tp)
+    if tp in _SCALARS:
+        return _SCALARS[tp](meta), None
+    if origin is typing.Union or origin is types.UnionType:
+        return _compile_optional(tp, meta, where)
+    if origin is list:
+        return _compile_list(typing.get_args(tp)[0], meta, where)
+    if origin is dict:
+        return _compile_dict(typing.get_args(tp), meta, where)
+    if isinstance(tp, type) and issubclass(tp, Message):
+        return _message_loader(tp), _dump_message
+    raise TypeError(f"{where}: unsupported field type {tp!r}")
+
+
+def _int_loader(meta: Mapping[str, Any]) -> Load:
+    bounds = {k: meta[k] for k in ("min", "max") if k in meta}
+
+    def load(value: Any) -> int:
+        if type(value) is not int:
+            raise _FieldError(f"expected int, got {_type_name(value)}")
+        if bounds and (problem := _int_problem(value, bounds)) is not None:
+            raise _FieldError(problem)
+        return value
+
+    return load
+
+
+def _exact_loader(expected: type) -> Callable[[Mapping[str, Any]], Load]:
+    def make(meta: Mapping[str, Any]) -> Load:
+        def load(value: Any) -> Any:
+            if type(value) is not expected:
+                raise _FieldError(f"expected {expected.__name__}, got {_type_name(value)}")
+            return value
+
+        return load
+
+    return make
+
+
+def _float_loader(meta: Mapping[str, Any]) -> Load:
+    def load(value: Any) -> float:
+        if type(value) is float:
+            return value
+        if type(value) is int:
+            return float(value)
+        raise _FieldError(f"expected float, got {_type_name(value)}")
+
+    return load
+
+
+_SCALARS: dict[type, Callable[[Mapping[str, Any]], Load]] = {
+    int: _int_loader,
+    str: _exact_loader(str),
+    bytes: _exact_loader(bytes),
+    bool: _exact_loader(bool),
+    float: _float_loader,
+}
+
+
+def _compile_optional(tp: Any, meta: Mapping[str, Any], where: str) -> tuple[Load, Dump]:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(args) != 1 or len(typing.get_args(tp)) != 2:
+        raise TypeError(f"{where}: only `X | None` unions are supported, got {tp!r}")
+    inner_load, inner_dump = _compile(args[0], meta, where)
+
+    def load(value: Any) -> Any:
+        return None if value is None else inner_load(value)
+
+    if inner_dump is None:
+        return load, None
+    return load, lambda value: None if value is None else inner_dump(value)
+
+
+def _compile_list(item: Any, meta: Mapping[str, Any], where: str) -> tuple[Load, Dump]:
+    item_load, item_dump = _compile(item, meta, where)
+
+    def load(value: Any) -> list[Any]:
+        if type(value) is not list:
+            raise _FieldError(f"expected array, got {_type_name(value)}")
+        out, i = [], 0
+        try:
+            for i, x in enumerate(value):
+                out.append(item_load(x))
+        except _FieldError as e:
+            e.path.append(f"[{i}]")
+            raise
+        return out
+
+    if item_dump is None:
+        return load, None
+    return load, lambda value: [item_dump(x) for x in value]
+
+
+def _compile_dict(args: tuple[Any, ...], meta: Mapping[str, Any], where: str) -> tuple[Load, Dump]:
+    if args[0] is not str:
+        raise TypeError(f"{where}: dict keys must be str, got {args[0]!r}")
+    item_load, item_dump = _compile(args[1], meta, where)
+
+    def load(value: Any) -> dict[str, Any]:
+        if type(value) is not dict:
+            raise _FieldError(f"expected map, got {_type_name(value)}")
+        out, key = {}, None
+        try:
+            for key, x in value.items():
+                if type(key) is not str:
+                    raise _FieldError(f"keys must be str, got {_type_name(key)}")
+                out[key] = item_load(x)
+        except _FieldError as e:
+            e.path.append(f"[{key!r}]")
+            raise
+        return out
+
+    if item_dump is None:
+        return load, None
+    return load, lambda value: {k: item_dump(x) for k, x in value.items()}
+
+
+def _message_loader(cls: type[Message]) -> Load:
+    # The plan is looked up at call time, so a message may (indirectly) contain itself.
+    return lambda value: _plan_of(cls).load(value)
+
+
+def _dump_message(message: Message) -> dict[str, Any]:
+    return _plan_of(type(message)).dump(message)
