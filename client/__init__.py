@@ -41,7 +41,7 @@ from tidelog.aio.admin import (
 )
 from tidelog.aio.consumer import AsyncConsumer, OffsetAndTimestamp
 from tidelog.aio.group import ConsumerRebalanceListener, call_maybe_async
-from tidelog.aio.producer import _NEED_METADATA, AsyncProducer, partly_queued
+from tidelog.aio.producer import NEED_METADATA, AsyncProducer, partly_queued
 from tidelog.errors import (
     BrokerConnectionError,
     ClientClosedError,
@@ -132,11 +132,11 @@ class Producer(_Blocking):
         deadline = time.monotonic() + self._max_block_s
         aio = self._aio
         while True:
-            if r is _NEED_METADATA:
+            if r is NEED_METADATA:
                 self._call(aio.wait_for_topic, topic, deadline,
                            timeout=max(0.0, deadline - time.monotonic()) + 1.0)
             else:
-                aio._accumulator.wait_for_memory(r, deadline)
+                aio.wait_for_memory(r, deadline)
             r = aio.try_send(topic, value, key, headers, partition, timestamp_ms)
             if type(r) is RecordFuture:
                 return r
@@ -163,11 +163,11 @@ class Producer(_Blocking):
         deadline = time.monotonic() + self._max_block_s
         while True:
             try:
-                if r is _NEED_METADATA:
+                if r is NEED_METADATA:
                     self._call(aio.wait_for_topic, topic, deadline,
                                timeout=max(0.0, deadline - time.monotonic()) + 1.0)
                 else:
-                    aio._accumulator.wait_for_memory(r, deadline)
+                    aio.wait_for_memory(r, deadline)
             except TidelogError as e:
                 raise partly_queued(e, bulk)
             r = aio.try_append_many(bulk, partition)

@@ -44,6 +44,7 @@ from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
 from tidelog.aio.idempotence import IdempotenceState, SequenceVerdict
 from tidelog.aio.partitioner import StickyPartitioner, murmur2, to_positive
 from tidelog.errors import BrokerConnectionError, ClientClosedError, RequestTimedOut, TidelogError, broker_error
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     NETWORK_EXCEPTION,
     NONE,
@@ -54,7 +55,6 @@ from tidelog.protocol.errors import (
     for_code,
 )
 from tidelog.protocol.messages import (
-    ApiKey,
     InitProducerIdRequest,
     PartitionProduceData,
     ProduceRequest,
@@ -510,7 +510,7 @@ class Sender:
 # the producer
 
 
-_NEED_METADATA = object()
+NEED_METADATA = object()  # try_send's answer: wait for the topic's metadata (wait_for_topic)
 _time = time.time
 _BYTES_OR_NONE = frozenset({bytes, type(None)})
 
@@ -630,7 +630,7 @@ class AsyncProducer(RunsInOwnNursery):
                 if not self._sends & 63:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return r
-            if r is _NEED_METADATA:
+            if r is NEED_METADATA:
                 await self.wait_for_topic(topic, deadline)
             else:
                 await self._accumulator.wait_for_memory_async(r, deadline)
@@ -641,10 +641,16 @@ class AsyncProducer(RunsInOwnNursery):
         future = await self.send(topic, value, key, headers, partition, timestamp_ms)
         return await future
 
+    def wait_for_memory(self, size: int, deadline: float) -> None:
+        """From a thread other than the Trio one: block until ``size`` bytes of buffer memory
+        are free, or raise RequestTimedOut at monotonic ``deadline`` (what ``try_send``
+        answered with a size asks for)."""
+        self._accumulator.wait_for_memory(size, deadline)
+
     def try_send(self, topic: str, value: Any = None, key: Any = None, headers: Headers = None,
                  partition: int | None = None, timestamp_ms: int | None = None) -> Any:
         """The synchronous, thread-safe hot path. Returns the RecordFuture, or tells the
-        caller what to wait for: ``_NEED_METADATA`` (call ``wait_for_topic``) or the record's
+        caller what to wait for: ``NEED_METADATA`` (call ``wait_for_topic``) or the record's
         size in bytes (buffer memory is exhausted: wait for that much)."""
         # Written for speed (it runs once per record): the common record (bytes value, no
         # key, headers, partition or timestamp, default serializers and partitioner) goes
@@ -678,7 +684,7 @@ class AsyncProducer(RunsInOwnNursery):
             timestamp_ms = int(time.time() * 1000)
         info = self._cluster.metadata.topics.get(topic)
         if info is None:
-            return _NEED_METADATA
+            return NEED_METADATA
         n = len(info.partition_ids)
         if partition is None:
             if self._partitioner is not None:
@@ -720,7 +726,7 @@ class AsyncProducer(RunsInOwnNursery):
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return bulk.futures
             try:
-                if r is _NEED_METADATA:
+                if r is NEED_METADATA:
                     await self.wait_for_topic(topic, deadline)
                 else:
                     await self._accumulator.wait_for_memory_async(r, deadline)
@@ -760,12 +766,12 @@ class AsyncProducer(RunsInOwnNursery):
     def try_append_many(self, bulk: BulkRecords, partition: int | None) -> Any:
         """The synchronous, thread-safe part of ``send_many``: append what is left of
         ``bulk``. Returns None once every record is queued, else what to wait for, as
-        ``try_send`` does (``_NEED_METADATA`` or a size in bytes of buffer memory)."""
+        ``try_send`` does (``NEED_METADATA`` or a size in bytes of buffer memory)."""
         info = self._cluster.metadata.topics.get(bulk.topic)
         if info is None:
             if self._accumulator.closed:
                 raise ClientClosedError("the producer is closed")
-            return _NEED_METADATA
+            return NEED_METADATA
         n = len(info.partition_ids)
         if bulk.runs is None:
             bulk.runs = self._runs(bulk, partition, info)
