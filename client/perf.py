@@ -1,5 +1,5 @@
 """The measurements behind ``tidelog perf`` (kafka-producer-perf-test, kafka-consumer-perf-test
-and Kafka's EndToEndLatency), as functions that return a ``PerfResult``; ``client.cli`` prints.
+and Kafka's EndToEndLatency), as functions that return a ``PerfResult``; ``tidelog.commands.perf`` prints.
 
 They take already-built blocking clients (``client.Producer`` / ``client.Consumer``, or
 anything with the same methods), so they are testable with fakes, and import nothing but the
@@ -10,11 +10,11 @@ stdlib.
   ``send`` to the completion of its batch (what a per-record callback would see). The hot
   loop stores one float per record in a preallocated array and, when a record starts a new
   batch, registers one completion callback for that batch, so the per-record cost is the
-  ``send`` itself plus a clock read. (``RecordFuture`` has no public per-batch hook: the loop
-  uses its ``_result``, the batch's shared ProduceResult, and falls back to one
-  ``add_done_callback`` per record for futures without it.) With ``bulk``, records go
-  ``bulk`` at a time through ``Producer.send_many``, whose ``RecordFutures`` lists its runs
-  of records per batch (``_starts``/``_results``; else one callback for the whole call).
+  ``send`` itself plus a clock read. (The batch is ``RecordFuture.batch``, whose
+  ``add_callback`` is the per-batch hook; futures without it get one ``add_done_callback``
+  per record.) With ``bulk``, records go ``bulk`` at a time through ``Producer.send_many``,
+  whose ``RecordFutures.batches()`` lists its runs of records per batch (else one callback
+  for the whole call).
 * ``consume``: poll until ``num_records`` arrived, or nothing arrived for ``idle_timeout_s``.
   A record's latency is the duration of the ``poll`` that returned it (how long the
   application waited for it).
@@ -262,9 +262,9 @@ def produce(producer: Any, topic: str, *, num_records: int, payload: bytes, thro
                 now = clock()
             futures = send_many(topic, values if count == bulk else values[:count])
             sent[i:i + count] = array("d", (now,)) * count
-            runs = getattr(futures, "_results", None)
-            if runs is not None and hasattr(futures, "_starts"):  # one group per batch run
-                for first, handle in zip(futures._starts, runs):
+            batches = getattr(futures, "batches", None)
+            if batches is not None:  # one group per batch run
+                for first, handle in batches():
                     starts.append(i + first)
                     done_at.append(0.0)
                     on_batch(handle, len(starts) - 1)
@@ -289,9 +289,9 @@ def produce(producer: Any, topic: str, *, num_records: int, payload: bytes, thro
             sent[i] = now
             future = send(topic, payload)
             if batch_of is None:  # the first record decides how completions are observed
-                handle = getattr(future, "_result", None)
+                handle = getattr(future, "batch", None)
                 if handle is not None and hasattr(handle, "add_callback"):
-                    batch_of, register = operator.attrgetter("_result"), on_batch
+                    batch_of, register = operator.attrgetter("batch"), on_batch
                 else:
                     batch_of, register = _identity, on_record
             handle = batch_of(future)

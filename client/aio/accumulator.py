@@ -115,7 +115,9 @@ class ProduceResult:
         await self._trio_event.wait()
 
     def add_callback(self, cb: Callable[[], None]) -> None:
-        """Run ``cb()`` when done (now, if already done)."""
+        """Run ``cb()`` when done (now, if already done), on the client's Trio thread: keep
+        it short, it delays the sender. The public per-batch completion hook (see
+        ``RecordFuture.batch``)."""
         if self._event.is_set():
             cb()
         elif self._callbacks is None:
@@ -139,6 +141,15 @@ class RecordFuture:
     @property
     def topic_partition(self) -> TopicPartition:
         return self._result.tp
+
+    @property
+    def batch(self) -> ProduceResult:
+        """The completion of the batch this record went in (Kafka's ProduceRequestResult),
+        shared by every record of that batch: ``batch.add_callback(fn)`` calls ``fn()`` once
+        when the batch completes (on the client's Trio thread; ``batch.error`` then says
+        whether it failed). One hook per batch instead of one ``add_done_callback`` per
+        record: records whose ``batch`` is the same object (``is``) complete together."""
+        return self._result
 
     def done(self) -> bool:
         return self._result.done()
@@ -225,6 +236,13 @@ class RecordFutures(Sequence[RecordFuture]):
         for start, end, result, delta in zip(self._starts, ends, self._results, self._deltas):
             for index in range(delta, delta + end - start):
                 yield RecordFuture(result, index, self._timestamp)
+
+    def batches(self) -> list[tuple[int, ProduceResult]]:
+        """The call's runs of records sharing a batch, in call order: (index of the run's
+        first record, the batch's ProduceResult); a completion hook per batch, as
+        ``RecordFuture.batch``. A batch appears in more than one run when the call's records
+        alternate between partitions."""
+        return list(zip(self._starts, self._results))
 
     def done(self) -> bool:
         return all(r.done() for r in self._results)

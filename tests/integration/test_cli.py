@@ -340,7 +340,7 @@ def test_perf_measurements_with_fakes():
     assert (lat.p50, lat.p95, lat.p99, lat.p999, lat.max) == (501.0, 951.0, 991.0, 1000.0, 1000.0)
     assert lat.avg == pytest.approx(500.5)
 
-    class Future:  # no ``_result``: one callback per record
+    class Future:  # no ``batch``: one callback per record
         def __init__(self):
             self.callbacks = []
 
