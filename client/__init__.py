@@ -535,5 +535,11 @@ class Admin(_Blocking):
         """See ``AsyncAdmin.list_offsets``."""
         return self._call(self._aio.list_offsets, dict(specs), timeout_ms, timeout=self._timeout(timeout_ms))
 
+    def log_end_offsets(self, partitions: Iterable[TopicPartition],
+                        timeout_ms: int | None = None) -> dict[TopicPartition, int]:
+        """Each partition's log end offset on its leader (see ``AsyncAdmin.log_end_offsets``)."""
+        return self._call(self._aio.log_end_offsets, list(partitions), timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
     def close(self, timeout: float = 10.0) -> None:
         self._stop(self._aio.close, timeout=timeout)

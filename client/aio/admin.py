@@ -12,8 +12,8 @@ the group's coordinator (FindCoordinator), retried with backoff while it answers
 COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS.
 ``alter_group_offsets`` (a reset) first checks that the group has no members: the
 coordinator only accepts a commit without a generation from an empty group, and the error
-says to stop the group's consumers first. Log end offsets and offsets for timestamps come from
-ListOffsets to each partition's leader.
+says to stop the group's consumers first. Offsets (earliest, the high watermark, for a
+timestamp, and the log end offset) come from ListOffsets to each partition's leader.
 
 Per-topic error codes become exceptions in one place (``client.errors.broker_error``), whose
 message names the topic and the cause. A call over several topics raises the first topic's
@@ -25,15 +25,16 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
 
 from tidelog.aio._lifecycle import RunsInOwnNursery
 from tidelog.aio.assignors import PROTOCOL_TYPE, decode_assignment
-from tidelog.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets, to_leaders
+from tidelog.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets, list_offsets_request, to_leaders
 from tidelog.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
+from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
@@ -47,12 +48,12 @@ from tidelog.protocol.errors import (
     error_for,
 )
 from tidelog.protocol.messages import (
+    DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,
     NO_OFFSET,
     TOPIC_RESOURCE,
     AlterConfigsRequest,
     AlterConfigsResource,
-    ApiKey,
     BrokerMetadata,
     ConfigEntry,
     CreatableTopic,
@@ -71,7 +72,7 @@ from tidelog.protocol.messages import (
     ElectLeadersResponse,
     FindCoordinatorRequest,
     ListGroupsRequest,
-    Message,
+    ListOffsetsRequest,
     MetadataResponse,
     OffsetCommitPartition,
     OffsetCommitRequest,
@@ -436,6 +437,24 @@ class AsyncAdmin(RunsInOwnNursery):
         high watermark) or a timestamp in ms -> (offset, timestamp); offset -1 when no record
         has that timestamp or a later one."""
         return await self._list_offsets(dict(specs), self._deadline(timeout_ms))
+
+    async def log_end_offsets(self, partitions: Iterable[TopicPartition], timeout_ms: int | None = None
+                              ) -> dict[TopicPartition, int]:
+        """Each partition's log end offset (LEO) on its leader: the offset its next record
+        will get. It is ahead of the high watermark (``list_offsets``' latest) by the records
+        not yet copied by every in-sync replica. Asked as Kafka's tools ask for it: ListOffsets
+        latest with replica id -2 (DEBUGGING_REPLICA_ID), which a broker answers with its LEO;
+        retried like ``list_offsets`` until the call's timeout."""
+        wanted = {TopicPartition(*tp): LATEST_TIMESTAMP for tp in partitions}
+        if not wanted:
+            return {}
+
+        def request_for(latest: dict[TopicPartition, int], metadata: Any, _timeout_s: float) -> ListOffsetsRequest:
+            return replace(list_offsets_request(latest, metadata), replica_id=DEBUGGING_REPLICA_ID)
+
+        return await to_leaders(self._cluster, wanted, self._deadline(timeout_ms), backoff=Backoff(*self._backoff),
+                                api_key=ApiKey.LIST_OFFSETS, request_for=request_for,
+                                answer_of=lambda p: p.offset, what="log end offsets", refetch_metadata=True)
 
     async def delete_records(self, offsets: dict[TopicPartition, int], timeout_ms: int | None = None
                              ) -> dict[TopicPartition, int]:
