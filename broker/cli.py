@@ -1,9 +1,12 @@
 """The ``tidelog`` command line (DESIGN.md section 7): one entry point, one subcommand per tool.
 
-Each subcommand is a ``Command`` in ``COMMANDS``: a name, help texts, a function that adds its
-arguments to its own parser, and a function that runs it and returns the exit status. A
-command's ``run`` imports what it needs when it runs, so ``tidelog --help`` and the light
-commands start without loading Trio, kazoo or the broker; this module imports only the stdlib.
+The broker-side commands (broker, dev, health, dump-log) are each a ``Command`` in
+``COMMANDS``: a name, help texts, a function that adds its arguments to its own parser, and a
+function that runs it and returns the exit status. The client commands come in families, one
+module of ``tidelog.commands`` each (``FAMILIES``: topics; console, i.e. produce and consume;
+groups; perf), which add their own commands with ``register``. Every command imports what it
+needs when it runs, so ``tidelog --help`` and the light commands start without loading kazoo
+or the broker; this module imports only the stdlib, and the family modules only ``common``.
 
 ``main`` returns the exit status instead of exiting, so tests can call it: 0 success, 1 the
 command ran and failed (or, for ``dump-log``, found problems), 2 usage errors (argparse's
@@ -13,6 +16,7 @@ convention), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from dataclasses import dataclass
@@ -83,202 +87,6 @@ def _dev(args: argparse.Namespace) -> int:
     return run_dev_up(args.dir, args.brokers, args.zk_port, args.base_port)
 
 
-# -- client commands: topics, produce, consume, perf (implemented in client/cli.py) ------------
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value
-
-
-def _client_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bootstrap", metavar="HOST:PORT[,HOST:PORT]",
-                   default=os.environ.get("TIDELOG_BOOTSTRAP", "localhost:9092"),
-                   help="brokers to start from (env TIDELOG_BOOTSTRAP, default localhost:9092)")
-    p.add_argument("--connect-timeout-ms", type=int, default=5000, metavar="MS",
-                   help="fail if no broker answers within this long (default 5000)")
-
-
-def _admin_actions(p: argparse.ArgumentParser) -> Callable[[str, str], argparse.ArgumentParser]:
-    """A function adding one ACTION subcommand with the client options and ``--timeout-ms``."""
-    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    def action(name: str, help: str) -> argparse.ArgumentParser:
-        a = sub.add_parser(name, help=help, description=help)
-        _client_options(a)
-        a.add_argument("--timeout-ms", type=int, default=30000, metavar="MS",
-                       help="bound on the admin requests (default 30000)")
-        return a
-    return action
-
-
-def _topics_arguments(p: argparse.ArgumentParser) -> None:
-    action = _admin_actions(p)
-
-    a = action("create", "create a topic")
-    a.add_argument("name")
-    a.add_argument("--partitions", type=int, default=-1, help="default: the broker's num.partitions")
-    a.add_argument("--replication-factor", type=int, default=-1,
-                   help="default: the broker's default.replication.factor")
-    a.add_argument("--config", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a topic config override (repeatable), e.g. retention.ms=86400000")
-    a.add_argument("--if-not-exists", action="store_true", help="succeed if the topic exists")
-    action("list", "list the topics, one per line")
-    a = action("describe", "kafka-topics --describe lines, with leader epoch, LEO and HW")
-    a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
-    a.add_argument("--under-replicated-partitions", action="store_true",
-                   help="only partitions whose ISR is smaller than their replica set")
-    a.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a leader")
-    a = action("alter", "add partitions, or set or delete topic configs")
-    a.add_argument("name")
-    a.add_argument("--partitions", type=int, help="the new (larger) partition count")
-    a.add_argument("--config", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="set a topic config override (repeatable)")
-    a.add_argument("--delete-config", action="append", default=[], metavar="KEY",
-                   help="remove a topic config override (repeatable)")
-    a = action("delete", "delete topics")
-    a.add_argument("names", nargs="+", metavar="NAME")
-    a = action("delete-records", "delete the records below an offset (like kafka-delete-records)")
-    a.add_argument("name")
-    a.add_argument("--offset", type=int, required=True,
-                   help="delete every record below this offset; -1: below the high watermark")
-    a.add_argument("--partition", type=int, action="append", default=[],
-                   help="this partition (repeatable); default: every partition of the topic")
-    a = action("elect-leaders", "move leadership back to each partition's preferred (first) replica")
-    a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
-    a.add_argument("--partition", type=int, help="only this partition of the named topics")
-
-
-def _topics(args: argparse.Namespace) -> int:
-    from tidelog.cli import topics
-
-    return topics(args)
-
-
-def _produce_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("topic")
-    _client_options(p)
-    p.add_argument("--key-separator", metavar="S", help='lines are "key<S>value"')
-    p.add_argument("--acks", choices=["all", "-1", "1", "0"], default="all")
-    p.add_argument("--partition", type=int, help="send every record to this partition")
-    p.add_argument("--compression", choices=["none", "gzip", "lz4", "zstd"])
-    p.add_argument("--linger-ms", type=int)
-    p.add_argument("--producer-property", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a producer setting by Kafka's name (repeatable), e.g. delivery.timeout.ms=60000")
-
-
-def _produce(args: argparse.Namespace) -> int:
-    from tidelog.cli import produce
-
-    return produce(args)
-
-
-def _consume_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("topic")
-    _client_options(p)
-    p.add_argument("--group", help="consume as a member of this consumer group (committing as it goes)")
-    p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset, not the end")
-    p.add_argument("--partition", type=int, help="consume only this partition")
-    p.add_argument("--offset", help="with --partition: an offset, 'earliest' or 'latest'")
-    p.add_argument("--max-messages", type=int, metavar="N", help="exit after N records")
-    p.add_argument("--timeout-ms", type=int, metavar="MS", help="exit when no record arrived for this long")
-    p.add_argument("--print-key", action="store_true", help="print key<TAB>value")
-    p.add_argument("--print-offset", action="store_true", help='prefix "Offset:N<TAB>"')
-    p.add_argument("--print-partition", action="store_true", help='prefix "Partition:N<TAB>"')
-    p.add_argument("--print-timestamp", action="store_true",
-                   help='prefix "CreateTime:MS<TAB>" (or LogAppendTime:, as the topic says)')
-    p.add_argument("--print-headers", action="store_true",
-                   help='prefix "name:value,name:value<TAB>" ("NO_HEADERS" when there are none)')
-    p.add_argument("--consumer-property", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a consumer setting by Kafka's name (repeatable), e.g. fetch.max.wait.ms=100")
-
-
-def _consume(args: argparse.Namespace) -> int:
-    from tidelog.cli import consume
-
-    return consume(args)
-
-
-def _groups_arguments(p: argparse.ArgumentParser) -> None:
-    action = _admin_actions(p)
-
-    action("list", "list the consumer groups, one per line")
-    a = action("describe", "per partition: GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG "
-                           "CONSUMER-ID HOST CLIENT-ID (like kafka-consumer-groups --describe)")
-    a.add_argument("--group", action="append", dest="groups", metavar="GROUP", help="repeatable")
-    a.add_argument("--all-groups", action="store_true", help="describe every group")
-    a.add_argument("--members", action="store_true", help="list the members instead of the offsets")
-    a.add_argument("--state", action="store_true", help="print the group's state, assignor and generation")
-    a = action("reset-offsets", "reset a group's committed offsets (the group must be inactive); prints "
-                                "the plan, applied only with --execute")
-    a.add_argument("--group", required=True)
-    a.add_argument("--topic", action="append", dest="topics", metavar="TOPIC[:P,P...]",
-                   help="repeatable; default with --all-topics: every topic the group has offsets for")
-    a.add_argument("--all-topics", action="store_true", help="every partition of the topics the group has offsets for")
-    how = a.add_mutually_exclusive_group(required=True)
-    how.add_argument("--to-earliest", action="store_true")
-    how.add_argument("--to-latest", action="store_true")
-    how.add_argument("--to-offset", type=int, metavar="N")
-    how.add_argument("--shift-by", type=int, metavar="N", help="move by N (negative: back)")
-    how.add_argument("--to-datetime", metavar="YYYY-MM-DDTHH:mm:SS[.sss][TZ]",
-                     help="the first offset at or after this time (ISO 8601; local time without a zone)")
-    run = a.add_mutually_exclusive_group()
-    run.add_argument("--dry-run", action="store_true", help="only print the plan (the default)")
-    run.add_argument("--execute", action="store_true", help="apply the plan")
-    a = action("delete", "delete consumer groups and their committed offsets (inactive groups only)")
-    a.add_argument("--group", action="append", dest="groups", required=True, metavar="GROUP", help="repeatable")
-
-
-def _groups(args: argparse.Namespace) -> int:
-    from tidelog.cli import groups
-
-    return groups(args)
-
-
-def _perf_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    def action(name: str, help: str) -> argparse.ArgumentParser:
-        a = sub.add_parser(name, help=help, description=help)
-        _client_options(a)
-        a.add_argument("--topic", required=True)
-        a.add_argument("--num-records", type=int, required=True)
-        a.add_argument("--json", action="store_true", help="print the result as one JSON object")
-        return a
-
-    props = {"type": _key_value, "nargs": "+", "default": [], "metavar": "KEY=VALUE"}
-    a = action("produce", "like kafka-producer-perf-test: send records, report throughput and latency")
-    a.add_argument("--record-size", type=int, required=True, help="bytes per record")
-    a.add_argument("--throughput", type=float, required=True, help="records/sec at most; -1: no limit")
-    a.add_argument("--producer-props", **props, help="producer settings by Kafka's names (acks, linger.ms, ...)")
-    a.add_argument("--bulk", type=int, nargs="?", const=1000, default=0, metavar="N",
-                   help="send N records per Producer.send_many call (default N: 1000)")
-    a = action("consume", "like kafka-consumer-perf-test: read records from the beginning (latency: "
-                          "how long the poll that returned each record waited)")
-    a.add_argument("--consumer-props", **props, help="consumer settings by Kafka's names")
-    a.add_argument("--timeout-ms", type=int, default=10000, help="give up after this long without records")
-    a = action("e2e", "like Kafka's EndToEndLatency: produce-to-consume latency, one record at a time "
-                      "(or up to --in-flight records awaiting acknowledgement, for a latency at a rate)")
-    a.add_argument("--record-size", type=int, default=100)
-    a.add_argument("--throughput", type=float, default=-1, help="records/sec at most (default -1: no limit)")
-    a.add_argument("--in-flight", type=int, default=1, metavar="N",
-                   help="records sent before waiting for the oldest one's acknowledgement (default 1: "
-                        "one at a time, as EndToEndLatency; with --throughput 10000 and N 1000, the "
-                        "latency at 10,000 records/s)")
-    a.add_argument("--producer-props", **props, help="producer settings (default acks=1, linger.ms=0)")
-    a.add_argument("--consumer-props", **props, help="consumer settings")
-    a.add_argument("--timeout-ms", type=int, default=10000,
-                   help="give up waiting for records after this long without any")
-
-
-def _perf(args: argparse.Namespace) -> int:
-    from tidelog.cli import perf
-
-    return perf(args)
-
-
 # -- health -------------------------------------------------------------------------------------
 
 
@@ -323,31 +131,19 @@ COMMANDS: tuple[Command, ...] = (
         "entries of .index and .timeindex files, and report torn or corrupt data. Exit status: "
         "0 all is well, 1 problems were found (lines starting with ERROR:), 2 usage errors.",
         _dump_log_arguments, _dump_log),
-    Command("topics", "create, list, describe, alter and delete topics (like kafka-topics)",
-            "Manage topics. describe prints kafka-topics' lines plus each partition's leader epoch, "
-            "log end offset and high watermark.", _topics_arguments, _topics),
-    Command("produce", "send stdin lines as records (like kafka-console-producer)",
-            "Read lines from stdin and send each as a record (key<S>value with --key-separator); "
-            "at EOF wait for every acknowledgement. Exit status 1 if any record failed.",
-            _produce_arguments, _produce),
-    Command("consume", "print records (like kafka-console-consumer)",
-            "Print records' values (key<TAB>value with --print-key), from the end of the topic, "
-            "or from the beginning, or from an offset; until --max-messages, --timeout-ms, or Ctrl-C.",
-            _consume_arguments, _consume),
-    Command("groups", "list, describe, reset offsets of and delete consumer groups (like kafka-consumer-groups)",
-            "Manage consumer groups. describe prints each partition's committed offset, log end "
-            "offset, lag and owner; reset-offsets prints its plan and applies it only with --execute.",
-            _groups_arguments, _groups),
-    Command("perf", "producer, consumer and end-to-end benchmarks (like kafka-*-perf-test)",
-            "perf produce|consume|e2e: progress every 5 s on stderr, then kafka-producer-perf-test's "
-            "summary line (or --json) on stdout.", _perf_arguments, _perf),
 )
 
 
 # -- the entry point --------------------------------------------------------------------------
 
 
-def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
+# the client command families, listed after the broker-side commands in ``tidelog --help``
+FAMILIES: tuple[str, ...] = ("tidelog.commands.topics", "tidelog.commands.console",
+                             "tidelog.commands.groups", "tidelog.commands.perf")
+
+
+def build_parser(commands: Sequence[Command] = COMMANDS,
+                 families: Sequence[str] = FAMILIES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Tidelog: a replicated, partitioned commit log.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", required=True)
@@ -355,6 +151,8 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
         p = sub.add_parser(c.name, help=c.help, description=c.description)
         c.add_arguments(p)
         p.set_defaults(run=c.run)
+    for family in families:
+        importlib.import_module(family).register(sub)
     return parser
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from tidelog.aio.consumer import ConsumerConfig
 from tidelog.aio.producer import ProducerConfig
-from tidelog.cli import property_value
+from tidelog.commands.common import property_value
 
 __all__ = ["OptionError", "EARLIEST", "LATEST", "OffsetSpec", "Subscription", "SourceOptions",
            "SinkOptions", "parse_source_options", "parse_sink_options"]

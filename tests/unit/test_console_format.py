@@ -6,7 +6,7 @@ from argparse import Namespace
 
 import pytest
 
-from tidelog.cli import record_line
+from tidelog.commands.console import record_line
 from tidelog.records import Record
 
 pytestmark = pytest.mark.unit

@@ -1,0 +1,305 @@
+"""``tidelog topics``: create, list, describe, alter, delete, delete-records and elect-leaders,
+like kafka-topics (and kafka-delete-records, kafka-leader-election), through ``AsyncAdmin``.
+
+``describe`` prints kafka-topics' lines plus each partition's leader epoch, log end offset
+and high watermark: ``Admin.log_end_offsets`` and ``Admin.list_offsets`` (latest), asked of
+each leader on its own, so a leader that does not answer in time leaves only its partitions
+without them ("-"), like a partition without a leader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tidelog.commands.common import (
+    EXIT_OK,
+    CommandError,
+    UsageError,
+    add_command,
+    admin_actions,
+    key_value,
+    or_dash,
+    run_command,
+    unreachable,
+)
+
+__all__ = ["describe_lines", "register", "run"]
+
+OFFSETS_TIMEOUT_MS = 10000  # describe's bound on the offsets, within --timeout-ms
+
+
+def register(commands: Any) -> None:
+    add_command(commands, "topics", "create, list, describe, alter and delete topics (like kafka-topics)",
+                "Manage topics. describe prints kafka-topics' lines plus each partition's leader epoch, "
+                "log end offset and high watermark.", arguments, run)
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    action = admin_actions(p)
+
+    a = action("create", "create a topic")
+    a.add_argument("name")
+    a.add_argument("--partitions", type=int, default=-1, help="default: the broker's num.partitions")
+    a.add_argument("--replication-factor", type=int, default=-1,
+                   help="default: the broker's default.replication.factor")
+    a.add_argument("--config", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="a topic config override (repeatable), e.g. retention.ms=86400000")
+    a.add_argument("--if-not-exists", action="store_true", help="succeed if the topic exists")
+    action("list", "list the topics, one per line")
+    a = action("describe", "kafka-topics --describe lines, with leader epoch, LEO and HW")
+    a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
+    a.add_argument("--under-replicated-partitions", action="store_true",
+                   help="only partitions whose ISR is smaller than their replica set")
+    a.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a leader")
+    a = action("alter", "add partitions, or set or delete topic configs")
+    a.add_argument("name")
+    a.add_argument("--partitions", type=int, help="the new (larger) partition count")
+    a.add_argument("--config", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="set a topic config override (repeatable)")
+    a.add_argument("--delete-config", action="append", default=[], metavar="KEY",
+                   help="remove a topic config override (repeatable)")
+    a = action("delete", "delete topics")
+    a.add_argument("names", nargs="+", metavar="NAME")
+    a = action("delete-records", "delete the records below an offset (like kafka-delete-records)")
+    a.add_argument("name")
+    a.add_argument("--offset", type=int, required=True,
+                   help="delete every record below this offset; -1: below the high watermark")
+    a.add_argument("--partition", type=int, action="append", default=[],
+                   help="this partition (repeatable); default: every partition of the topic")
+    a = action("elect-leaders", "move leadership back to each partition's preferred (first) replica")
+    a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
+    a.add_argument("--partition", type=int, help="only this partition of the named topics")
+
+
+def run(args: argparse.Namespace) -> int:
+    import trio
+
+    action = args.action
+
+    def body(a: argparse.Namespace) -> int:
+        return trio.run(_ACTIONS[action], a)
+
+    return run_command(f"topics {action}", body, args)
+
+
+def _admin_session(args: argparse.Namespace) -> Any:
+    from tidelog.aio import AsyncAdmin
+
+    return AsyncAdmin(args.bootstrap, client_id="tidelog-topics",
+                      request_timeout_ms=min(args.timeout_ms, 30000), default_api_timeout_ms=args.timeout_ms)
+
+
+async def _connect(admin: Any, args: argparse.Namespace) -> None:
+    from tidelog.protocol.errors import TidelogError
+
+    try:
+        await admin.describe_cluster(timeout_ms=args.connect_timeout_ms)
+    except TidelogError as e:
+        raise CommandError(unreachable(args.bootstrap, e)) from None
+
+
+async def _create(args: argparse.Namespace) -> int:
+    from tidelog.aio import NewTopic
+    from tidelog.protocol.errors import TOPIC_ALREADY_EXISTS, TidelogError
+
+    config = dict(args.config)
+    async with _admin_session(args) as admin:
+        await _connect(admin, args)
+        try:
+            await admin.create_topics([NewTopic(args.name, args.partitions, args.replication_factor,
+                                                config=config)], timeout_ms=args.timeout_ms)
+        except TidelogError as e:
+            if args.if_not_exists and getattr(e, "error", None) is TOPIC_ALREADY_EXISTS:
+                return EXIT_OK
+            raise
+    print(f"Created topic {args.name}.")
+    return EXIT_OK
+
+
+async def _list(args: argparse.Namespace) -> int:
+    async with _admin_session(args) as admin:
+        await _connect(admin, args)
+        names = await admin.list_topics(timeout_ms=args.timeout_ms)
+    for name in names:
+        print(name)
+    return EXIT_OK
+
+
+async def _delete(args: argparse.Namespace) -> int:
+    async with _admin_session(args) as admin:
+        await _connect(admin, args)
+        await admin.delete_topics(args.names, timeout_ms=args.timeout_ms)
+    for name in args.names:
+        print(f"Deleted topic {name}.")
+    return EXIT_OK
+
+
+async def _alter(args: argparse.Namespace) -> int:
+    changes: dict[str, str | None] = dict(args.config)
+    for key in args.delete_config:
+        if key in changes:
+            raise UsageError(f"config {key!r} is both set and deleted")
+        changes[key] = None
+    if args.partitions is None and not changes:
+        raise UsageError("nothing to alter: give --partitions, --config or --delete-config")
+    async with _admin_session(args) as admin:
+        await _connect(admin, args)
+        if args.partitions is not None:
+            await admin.create_partitions({args.name: args.partitions}, timeout_ms=args.timeout_ms)
+            print(f"Topic {args.name} now has {args.partitions} partitions.")
+        if changes:
+            await admin.alter_configs(args.name, changes, timeout_ms=args.timeout_ms)
+            done = [f"set {k}={v}" for k, v in changes.items() if v is not None]
+            done += [f"deleted {k}" for k, v in changes.items() if v is None]
+            print(f"Updated the configuration of topic {args.name}: {', '.join(done)}.")
+    return EXIT_OK
+
+
+async def _describe(args: argparse.Namespace) -> int:
+    filtered = args.under_replicated_partitions or args.unavailable_partitions
+    async with _admin_session(args) as admin:
+        await _connect(admin, args)
+        descriptions = await admin.describe_topics(args.names or None, timeout_ms=args.timeout_ms)
+        configs = {} if filtered else await _overridden_configs(admin, args, [d.name for d in descriptions])
+        offsets = await _log_offsets(admin, args, [p for d in descriptions for p in d.partitions])
+    for d in descriptions:
+        for line in describe_lines(d, configs.get(d.name, {}), offsets,
+                                   under_replicated=args.under_replicated_partitions,
+                                   unavailable=args.unavailable_partitions):
+            print(line)
+    return EXIT_OK
+
+
+async def _overridden_configs(admin: Any, args: argparse.Namespace, names: list[str]) -> dict[str, dict[str, str]]:
+    """Each topic's configs that are not the broker's defaults (the header's ``Configs:``)."""
+    import trio
+
+    configs: dict[str, dict[str, str]] = {}
+
+    async def one(name: str) -> None:
+        entries = await admin.describe_configs(name, timeout_ms=args.timeout_ms)
+        configs[name] = {k: e.value for k, e in entries.items() if not e.is_default}
+
+    async with trio.open_nursery() as nursery:
+        for name in names:
+            nursery.start_soon(one, name)
+    return configs
+
+
+def describe_lines(description: Any, configs: dict[str, str],
+                   offsets: dict[tuple[str, int], tuple[int | None, int | None]], *,
+                   under_replicated: bool = False, unavailable: bool = False) -> list[str]:
+    """kafka-topics --describe's lines for one topic: the header (not when filtering, like
+    kafka-topics) and one line per partition with Epoch, LEO and HW ("-" when unknown),
+    flagged "(under-replicated)" (|ISR| < |replicas|) or "(offline)" (no leader)."""
+    filtered = under_replicated or unavailable
+    name = description.name
+    parts = description.partitions
+    lines = []
+    if not filtered:
+        rf = len(parts[0].replicas) if parts else 0
+        shown = ",".join(f"{k}={v}" for k, v in sorted(configs.items()))
+        lines.append(f"Topic: {name}\tPartitionCount: {len(parts)}\tReplicationFactor: {rf}\tConfigs: {shown}")
+    for p in parts:
+        offline = p.leader < 0
+        short = len(p.isr) < len(p.replicas)
+        if filtered and not ((under_replicated and short) or (unavailable and offline)):
+            continue
+        leo, hw = offsets.get((name, p.partition), (None, None))
+        flags = "".join(["\t(offline)" if offline else "", "\t(under-replicated)" if short else ""])
+        lines.append(f"\tTopic: {name}\tPartition: {p.partition}\t"
+                     f"Leader: {'none' if offline else p.leader}\t"
+                     f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}\t"
+                     f"Epoch: {p.leader_epoch}\tLEO: {or_dash(leo)}\tHW: {or_dash(hw)}{flags}")
+    return lines
+
+
+async def _log_offsets(admin: Any, args: argparse.Namespace, partitions: Sequence[Any]
+                       ) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+    """``(topic, partition) -> (LEO, HW)`` of the partitions that have a leader. Each leader's
+    partitions are asked for on their own: a leader that does not answer within the bound
+    leaves out its partitions only."""
+    import trio
+
+    from tidelog.protocol.errors import TidelogError
+    from tidelog.protocol.messages import LATEST_TIMESTAMP
+    from tidelog.records import TopicPartition
+
+    by_leader: dict[int, list[Any]] = {}
+    for p in partitions:
+        if p.leader >= 0:
+            by_leader.setdefault(p.leader, []).append(TopicPartition(p.topic, p.partition))
+    timeout_ms = min(args.timeout_ms, OFFSETS_TIMEOUT_MS)
+    leo: dict[Any, int] = {}
+    hw: dict[Any, int] = {}
+
+    async def log_end(tps: list[Any]) -> None:
+        leo.update(await admin.log_end_offsets(tps, timeout_ms=timeout_ms))
+
+    async def high_watermark(tps: list[Any]) -> None:
+        found = await admin.list_offsets({tp: LATEST_TIMESTAMP for tp in tps}, timeout_ms=timeout_ms)
+        hw.update({tp: offset for tp, (offset, _) in found.items()})
+
+    async def tolerant(ask: Callable[[list[Any]], Any], tps: list[Any]) -> None:
+        try:
+            await ask(tps)
+        except TidelogError:
+            pass  # printed as "-"
+
+    async with trio.open_nursery() as nursery:
+        for tps in by_leader.values():
+            nursery.start_soon(tolerant, log_end, tps)
+            nursery.start_soon(tolerant, high_watermark, tps)
+    return {(tp.topic, tp.partition): (leo.get(tp), hw.get(tp)) for tp in leo.keys() | hw.keys()}
+
+
+async def _elect_leaders(args: argparse.Namespace) -> int:
+    """Preferred leader election (kafka-leader-election --election-type preferred)."""
+    from tidelog.protocol.errors import ELECTION_NOT_NEEDED, NONE, for_code
+    from tidelog.records import TopicPartition
+
+    async with _admin_session(args) as admin:
+        await _connect(admin, args)
+        partitions = None
+        if args.names:
+            descriptions = await admin.describe_topics(args.names, timeout_ms=args.timeout_ms)
+            partitions = [TopicPartition(d.name, p.partition) for d in descriptions for p in d.partitions
+                          if args.partition is None or p.partition == args.partition]
+        results = await admin.elect_leaders(partitions, timeout_ms=args.timeout_ms)
+    failed = 0
+    for tp, (code, message) in sorted(results.items()):
+        if code == NONE.code:
+            print(f"Successfully elected the preferred replica as leader of {tp.topic}-{tp.partition}.")
+        elif code == ELECTION_NOT_NEEDED.code:
+            print(f"Valid replica already elected for {tp.topic}-{tp.partition}.")
+        else:
+            failed += 1
+            print(f"Error for {tp.topic}-{tp.partition}: {for_code(code).name}: {message}", file=sys.stderr)
+    return EXIT_OK if not failed else 1
+
+
+async def _delete_records(args: argparse.Namespace) -> int:
+    """kafka-delete-records: each partition's low watermark after the deletion."""
+    from tidelog.records import TopicPartition
+
+    if args.offset < -1:
+        raise UsageError(f"--offset must be >= 0, or -1 for the high watermark, not {args.offset}")
+    async with _admin_session(args) as admin:
+        await _connect(admin, args)
+        partitions = args.partition
+        if not partitions:
+            (description,) = await admin.describe_topics([args.name], timeout_ms=args.timeout_ms)
+            partitions = [p.partition for p in description.partitions]
+        low = await admin.delete_records({TopicPartition(args.name, p): args.offset for p in partitions},
+                                         timeout_ms=args.timeout_ms)
+    for tp, low_watermark in sorted(low.items()):
+        print(f"partition: {tp.topic}-{tp.partition}\tlow_watermark: {low_watermark}")
+    return EXIT_OK
+
+
+_ACTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
+    "create": _create, "list": _list, "describe": _describe, "alter": _alter, "delete": _delete,
+    "delete-records": _delete_records, "elect-leaders": _elect_leaders}
