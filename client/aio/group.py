@@ -1,23 +1,17 @@
 """Consumer group membership: Kafka's ConsumerCoordinator (and AbstractCoordinator), on Trio.
 
+The member is split by concern:
+
+* ``tidelog.aio.membership``: the member's state machine (UNJOINED, PREPARING_REBALANCE,
+  COMPLETING_REBALANCE, STABLE; ``VALID_PREVIOUS_STATES``), its generation, the error-code
+  tables per request and the pure rebalance decisions (``prepare_join``, ``complete_join``);
+* ``tidelog.aio.discovery``: finding the coordinator (``CoordinatorLink``) and requests to it;
+* ``tidelog.aio.heartbeat``: the heartbeat task and its timer, independent of poll;
+* this module: ``ConsumerCoordinator``, which drives the rebalance from ``poll`` and owns the
+  commits and committed offsets, wiring the parts together through their constructors.
+
 Theory of operation.
 
-* **Coordinator.** FindCoordinator (to any broker) names the broker that leads the group's
-  ``__consumer_offsets`` partition. It gets a connection of its own (node id
-  ``COORDINATOR_ID_BASE - broker id``) so that a JoinGroup that waits for a whole rebalance,
-  or a heartbeat, never queues behind a long-polling fetch. COORDINATOR_NOT_AVAILABLE,
-  NOT_COORDINATOR, a lost connection or a timeout mark it unknown; it is looked up again with
-  backoff (COORDINATOR_LOAD_IN_PROGRESS is retried against the same broker). One background
-  task looks it up, retrying with backoff up to ``retry_backoff_max_ms`` while anyone waits
-  for it; a non-retriable answer (GROUP_AUTHORIZATION_FAILED, INVALID_GROUP_ID) is raised by
-  every poll (and commit) while it is the latest answer, as Kafka's ensureCoordinatorReady
-  does, and a join waiting for the coordinator goes on once it is found: never a silent stall.
-* **Membership** is a small state machine (``MemberState``): UNJOINED -> PREPARING_REBALANCE
-  (JoinGroup sent) -> COMPLETING_REBALANCE (SyncGroup sent) -> STABLE. What to do with each
-  error code is a table per request (``JOIN_ACTIONS``, ``SYNC_ACTIONS``, ``HEARTBEAT_ACTIONS``,
-  ``COMMIT_ACTIONS``): retry, rediscover the coordinator, reset the member id / generation and
-  rejoin, take the member id the coordinator assigned (MEMBER_ID_REQUIRED: a dynamic
-  member's first join), or fail.
 * **Rebalances happen in poll**, as in Kafka, so the application's rebalance listener runs
   where the application expects it: ``poll`` first runs the *join prepare* step (auto-commit
   of the consumed positions while the generation is still valid: in the background, with
@@ -32,24 +26,11 @@ Theory of operation.
   the next step of ``poll`` applies the assignment (*join complete*): eager: everything
   assigned is new; cooperative: partitions no longer assigned are revoked (then the member
   rejoins at once, so the partitions can be handed over in a second rebalance) and only the
-  added ones are passed to ``on_partitions_assigned``. New
-  partitions start at the group's committed offset (OffsetFetch), else per
-  ``auto_offset_reset``. Decisions of these steps are pure functions (``prepare_join``,
-  ``complete_join``).
-* **Heartbeats are independent of poll**: a background task heartbeats every
-  ``heartbeat_interval_ms`` from the JoinGroup answer on: while COMPLETING_REBALANCE (the
-  leader may refresh metadata for up to ``request_timeout_ms`` to compute the assignment,
-  longer than a session; REBALANCE_IN_PROGRESS is then ignored, the SyncGroup's answer
-  decides, as in Kafka), but not while the SyncGroup is in flight (the coordinator keeps a
-  member awaiting it alive, and a heartbeat's answer would wait behind the SyncGroup's:
-  responses come in request order), and while STABLE (including after a heartbeat said
-  REBALANCE_IN_PROGRESS, until poll rejoins: the coordinator waits up to the rebalance
-  timeout, ``max_poll_interval_ms`` by default). A handler slower than the session timeout
-  therefore keeps its partitions; one slower than ``max_poll_interval_ms`` does not: the
-  heartbeat task then leaves the group (LeaveGroup, dynamic members only, as Kafka does) and
-  forgets its generation, so the next poll reports the partitions lost and rejoins. No
-  successful heartbeat for ``session_timeout_ms`` marks the coordinator unknown. Timing
-  decisions live in ``HeartbeatTimer`` (time passed in).
+  added ones are passed to ``on_partitions_assigned``. New partitions start at the group's
+  committed offset (OffsetFetch), else per ``auto_offset_reset``.
+* A member that goes ``max_poll_interval_ms`` without a poll leaves the group (LeaveGroup,
+  dynamic members only, as Kafka does; the heartbeat task notices) and forgets its
+  generation, so the next poll reports the partitions lost and rejoins.
 * **Commits** carry the generation and member id (generation -1 and no member id when the
   partitions were assigned by hand: the coordinator then accepts them only while the group
   has no members). They go through one lock in the order they were made, and a partition's
@@ -68,19 +49,16 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import trio
 
 from tidelog.aio.assignors import (
     COOPERATIVE,
-    EAGER,
     PROTOCOL_TYPE,
     Assignor,
     Subscription,
@@ -92,6 +70,27 @@ from tidelog.aio.assignors import (
     rebalance_protocol,
 )
 from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
+from tidelog.aio.discovery import CoordinatorLink, GroupRetry
+from tidelog.aio.heartbeat import Heartbeat, HeartbeatTimer
+from tidelog.aio.membership import (
+    COMMIT_ACTIONS,
+    JOIN_ACTIONS,
+    NO_GENERATION_INFO,
+    OK,
+    REDISCOVER,
+    REJOIN,
+    RESET_MEMBER,
+    RETRY,
+    SYNC_ACTIONS,
+    TAKE_MEMBER_ID,
+    Effect,
+    Generation,
+    Membership,
+    MemberState,
+    action_for,
+    complete_join,
+    prepare_join,
+)
 from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.errors import (
     BrokerConnectionError,
@@ -101,28 +100,14 @@ from tidelog.errors import (
     TidelogError,
     broker_error,
 )
-from tidelog.protocol.codec import ApiKey, Message
+from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
-    COORDINATOR_LOAD_IN_PROGRESS,
-    COORDINATOR_NOT_AVAILABLE,
     FENCED_INSTANCE_ID,
-    ILLEGAL_GENERATION,
-    MEMBER_ID_REQUIRED,
     NONE,
-    NOT_COORDINATOR,
-    REBALANCE_IN_PROGRESS,
-    REQUEST_TIMED_OUT,
-    UNKNOWN_MEMBER_ID,
-    UNSTABLE_OFFSET_COMMIT,
     for_code,
 )
 from tidelog.protocol.messages import (
-    NO_GENERATION,
     NO_OFFSET,
-    UNKNOWN_MEMBER,
-    FindCoordinatorRequest,
-    FindCoordinatorResponse,
-    HeartbeatRequest,
     JoinGroupProtocol,
     JoinGroupRequest,
     JoinGroupResponse,
@@ -141,14 +126,11 @@ from tidelog.protocol.messages import (
 )
 from tidelog.protocol.topics import TopicPartition
 
-__all__ = ["ConsumerRebalanceListener", "MemberState", "Generation", "HeartbeatTimer",
-           "ConsumerCoordinator", "prepare_join", "complete_join", "auto_commit_offsets",
-           "matching_topics", "not_superseded", "heartbeats_due", "JOIN_ACTIONS", "SYNC_ACTIONS",
-           "HEARTBEAT_ACTIONS", "COMMIT_ACTIONS", "COORDINATOR_ID_BASE", "commit_failed_message"]
+__all__ = ["ConsumerRebalanceListener", "ConsumerCoordinator", "auto_commit_offsets", "matching_topics",
+           "not_superseded", "coalesce_commit", "commit_failed_message", "call_maybe_async"]
 
 log = logging.getLogger(__name__)
 
-COORDINATOR_ID_BASE = 2**31 - 1
 JOIN_TIMEOUT_SLACK_S = 5.0  # Kafka's JOIN_GROUP_TIMEOUT_LAPSE
 
 
@@ -171,165 +153,6 @@ class ConsumerRebalanceListener:
 
     def on_partitions_lost(self, lost: set[TopicPartition]) -> Any:
         return self.on_partitions_revoked(lost)
-
-
-class MemberState(Enum):
-    UNJOINED = "unjoined"
-    PREPARING_REBALANCE = "preparing-rebalance"
-    COMPLETING_REBALANCE = "completing-rebalance"
-    STABLE = "stable"
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    generation_id: int = NO_GENERATION
-    member_id: str = UNKNOWN_MEMBER
-    protocol_name: str | None = None
-
-    @property
-    def valid(self) -> bool:
-        return self.generation_id != NO_GENERATION
-
-
-NO_GENERATION_INFO = Generation()
-
-
-# ---------------------------------------------------------------------------------------------
-# pure decisions
-
-
-class HeartbeatTimer:
-    """Kafka's Heartbeat: when to send the next heartbeat, whether the session or the poll
-    interval expired. Times are monotonic seconds passed in."""
-
-    def __init__(self, session_timeout_s: float, heartbeat_interval_s: float, max_poll_interval_s: float,
-                 now: float):
-        self.session_timeout_s = session_timeout_s
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.max_poll_interval_s = max_poll_interval_s
-        self.last_sent = -float("inf")
-        self.last_received = now
-        self.last_poll = now
-        self.in_flight = False
-
-    def polled(self, now: float) -> None:
-        self.last_poll = now
-
-    def sent(self, now: float) -> None:
-        self.last_sent = now
-        self.in_flight = True
-
-    def received(self, now: float) -> None:
-        self.last_received = now
-        self.in_flight = False
-
-    def failed(self) -> None:
-        self.in_flight = False
-
-    def reset_session(self, now: float) -> None:
-        """A rebalance completed: the session starts now; the first heartbeat follows an interval."""
-        self.last_received = self.last_sent = now
-        self.in_flight = False
-
-    def joined(self, now: float) -> None:
-        """JoinGroup answered (Kafka's resetTimeouts when the heartbeat thread is enabled):
-        session and poll interval start now; the first heartbeat follows an interval."""
-        self.reset_session(now)
-        self.last_poll = now
-
-    def coordinator_found(self, now: float) -> None:
-        """Kafka's resetSessionTimeout when FindCoordinator answers: the session is judged
-        from now, so a member whose coordinator was away longer than the session timeout
-        heartbeats the new one (due at once) instead of finding the session expired again and
-        dropping the coordinator it just found, which would never let it hear of a rebalance."""
-        self.last_received = now
-
-    def time_to_next_heartbeat(self, now: float) -> float:
-        if self.in_flight:
-            return self.heartbeat_interval_s
-        return max(0.0, self.last_sent + self.heartbeat_interval_s - now)
-
-    def session_expired(self, now: float) -> bool:
-        return now - self.last_received > self.session_timeout_s
-
-    def poll_timeout_expired(self, now: float) -> bool:
-        return now - self.last_poll > self.max_poll_interval_s
-
-    def time_to_poll_timeout(self, now: float) -> float:
-        return max(0.0, self.last_poll + self.max_poll_interval_s - now)
-
-
-def heartbeats_due(state: MemberState, generation_valid: bool, sync_in_flight: bool) -> bool:
-    """Whether the heartbeat task heartbeats: from the JoinGroup answer on (STABLE and
-    COMPLETING_REBALANCE, as Kafka's heartbeat thread: the leader computing the assignment may
-    take longer than the session timeout), except while the SyncGroup is in flight (the
-    coordinator keeps a member awaiting its SyncGroup answer alive, and with responses in
-    request order a heartbeat's answer would wait behind the SyncGroup's)."""
-    if not generation_valid:
-        return False
-    if state is MemberState.COMPLETING_REBALANCE:
-        return not sync_in_flight
-    return state is MemberState.STABLE
-
-
-# Actions for error codes, per request type (anything not listed: FATAL).
-OK, RETRY, REDISCOVER, RESET_MEMBER, REJOIN, TAKE_MEMBER_ID, FATAL = (
-    "ok", "retry", "rediscover", "reset-member", "rejoin", "take-member-id", "fatal")
-_COORDINATOR_MOVED = {COORDINATOR_NOT_AVAILABLE.code: REDISCOVER, NOT_COORDINATOR.code: REDISCOVER,
-                      REQUEST_TIMED_OUT.code: REDISCOVER, COORDINATOR_LOAD_IN_PROGRESS.code: RETRY}
-JOIN_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, UNKNOWN_MEMBER_ID.code: RESET_MEMBER,
-                MEMBER_ID_REQUIRED.code: TAKE_MEMBER_ID, REBALANCE_IN_PROGRESS.code: RETRY,
-                ILLEGAL_GENERATION.code: RESET_MEMBER}
-SYNC_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, REBALANCE_IN_PROGRESS.code: REJOIN,
-                UNKNOWN_MEMBER_ID.code: RESET_MEMBER, ILLEGAL_GENERATION.code: RESET_MEMBER}
-HEARTBEAT_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, REBALANCE_IN_PROGRESS.code: REJOIN,
-                     UNKNOWN_MEMBER_ID.code: RESET_MEMBER, ILLEGAL_GENERATION.code: RESET_MEMBER}
-COMMIT_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, UNSTABLE_OFFSET_COMMIT.code: RETRY,
-                  REBALANCE_IN_PROGRESS.code: REJOIN, UNKNOWN_MEMBER_ID.code: RESET_MEMBER,
-                  ILLEGAL_GENERATION.code: RESET_MEMBER}
-
-
-def action_for(table: Mapping[int, str], code: int) -> str:
-    return table.get(code, FATAL)
-
-
-@dataclass(frozen=True, slots=True)
-class JoinPreparation:
-    revoke: frozenset[TopicPartition] = frozenset()
-    lose: frozenset[TopicPartition] = frozenset()
-
-
-def prepare_join(protocol: str, owned: Iterable[TopicPartition], generation_valid: bool,
-                 subscribed_topics: Iterable[str]) -> JoinPreparation:
-    """What leaves the member before it (re)joins: everything is *lost* when its generation
-    is gone; the eager protocol revokes everything; the cooperative one only the partitions
-    of topics no longer subscribed."""
-    owned = frozenset(owned)
-    if not generation_valid:
-        return JoinPreparation(lose=owned)
-    if protocol == EAGER:
-        return JoinPreparation(revoke=owned)
-    topics = set(subscribed_topics)
-    return JoinPreparation(revoke=frozenset(tp for tp in owned if tp.topic not in topics))
-
-
-@dataclass(frozen=True, slots=True)
-class JoinCompletion:
-    assignment: frozenset[TopicPartition]
-    added: frozenset[TopicPartition]
-    revoked: frozenset[TopicPartition]
-    rejoin: bool
-
-
-def complete_join(protocol: str, owned: Iterable[TopicPartition],
-                  assigned: Iterable[TopicPartition]) -> JoinCompletion:
-    """The member's new assignment against what it owns. Cooperative: owned partitions no
-    longer assigned are revoked now and the member rejoins so they can be handed over."""
-    owned, assigned = frozenset(owned), frozenset(assigned)
-    if protocol == EAGER:
-        return JoinCompletion(assigned, assigned, frozenset(), False)
-    revoked = owned - assigned
-    return JoinCompletion(assigned, assigned - owned, revoked, bool(revoked))
 
 
 def auto_commit_offsets(positions: Mapping[TopicPartition, int],
@@ -413,11 +236,7 @@ class ConsumerCoordinator:
         self._invoke = invoke
         self._wake_fetcher = wake_fetcher
         self.wake_poll = wake_poll
-        self.generation = NO_GENERATION_INFO
-        self.state = MemberState.UNJOINED
-        self.coordinator_id: int | None = None
-        self.rejoin_needed = True
-        self.rejoin_reason = "initial join"
+        self.member = Membership()
         self.subscribed_topics: set[str] = set()
         self.pattern: re.Pattern[str] | None = None
         self.listener: ConsumerRebalanceListener = ConsumerRebalanceListener()
@@ -437,10 +256,6 @@ class ConsumerCoordinator:
         self._requested: dict[TopicPartition, tuple[int, int, Generation]] = {}  # latest commit asked
         self._completed_commits: list[tuple[Callable, dict, BaseException | None]] = []
         self._next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
-        self._wake_heartbeat = trio.Event()
-        self._lookup_done = trio.Event()  # set when a FindCoordinator attempt ends (then renewed)
-        self._lookup_error: TidelogError | None = None  # the last attempt's non-retriable error
-        self._coordinator_waiters = 0
         self._sync_in_flight = False  # no heartbeat then: its answer would wait behind the SyncGroup's
         self._nursery: trio.Nursery | None = None
         self._pattern_refreshed = -float("inf")
@@ -449,12 +264,55 @@ class ConsumerCoordinator:
         self.poll_interrupted = False  # the consumer's wakeup(): poll's waits end (interrupt_poll)
         self._poll_waits: set[trio.CancelScope] = set()
         self._fatal: TidelogError | None = None  # raised by the next poll
+        self.link = CoordinatorLink(cluster, config.group_id, request_timeout_s=config.request_timeout_ms / 1000,
+                                    backoff_s=self._backoff_s, backoff_max_s=self._backoff_max_s,
+                                    spawn_once=self._spawn_once, poll_wait=self._poll_wait,
+                                    on_found=self._coordinator_found)
+        self.heartbeat = Heartbeat(config, self.link, self.member, self.timer,
+                                   sync_in_flight=lambda: self._sync_in_flight, request_rejoin=self.request_rejoin,
+                                   reset_generation=self.reset_generation, on_fatal=self._set_fatal,
+                                   leave_for_poll_timeout=self._leave_for_poll_timeout)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
-        nursery.start_soon(self._heartbeat_loop)
+        nursery.start_soon(self.heartbeat.run)
+
+    @property
+    def state(self) -> MemberState:
+        return self.member.state
+
+    @property
+    def generation(self) -> Generation:
+        return self.member.generation
+
+    @property
+    def rejoin_needed(self) -> bool:
+        return self.member.rejoin_needed
+
+    @property
+    def coordinator_id(self) -> int | None:
+        return self.link.coordinator_id
+
+    def _coordinator_found(self) -> None:
+        self.timer.coordinator_found(time.monotonic())
+        self.heartbeat.wake()
+
+    def _set_fatal(self, error: TidelogError) -> None:
+        self._fatal = error
+
+    def _apply(self, effects: Iterable[Effect]) -> None:
+        """Carry out what the member's state machine asks."""
+        for effect in effects:
+            if effect is Effect.WAKE_POLL:
+                self.wake_poll()
+            elif effect is Effect.START_SESSION:
+                self.timer.joined(time.monotonic())
+                self.heartbeat.wake()
+            elif effect is Effect.RENEW_SESSION:
+                self.timer.reset_session(time.monotonic())
+                self.heartbeat.wake()
 
     @property
     def is_managed(self) -> bool:
@@ -495,9 +353,7 @@ class ConsumerCoordinator:
     def request_rejoin(self, reason: str) -> None:
         if not self.rejoin_needed:
             log.info("group %r: rejoining (%s)", self.group_id, reason)
-        self.rejoin_needed = True
-        self.rejoin_reason = reason
-        self.wake_poll()
+        self._apply(self.member.request_rejoin(reason))
 
     def waiting_in_poll(self) -> float:
         """The application is inside ``poll``, waiting for records: that is polling (Kafka
@@ -531,9 +387,9 @@ class ConsumerCoordinator:
             if self.pattern is not None and self._pattern_refreshed == -float("inf"):
                 return  # join once the pattern has been matched against the cluster's topics
             self._check_metadata_changes()
-            if not await self.ensure_coordinator(deadline, interruptible=True):
+            if not await self.link.ensure(deadline, interruptible=True):
                 return
-            if self._join_done is None and (self.rejoin_needed or self.state is MemberState.UNJOINED):
+            if self._join_done is None and self.member.wants_join():
                 await self._prepare_and_start_join(deadline)
             if self._join_done is not None:
                 with self._poll_wait(deadline):
@@ -629,8 +485,7 @@ class ConsumerCoordinator:
             left = prep.lose | prep.revoke
             if left:
                 self._drop_partitions(left)
-            self.rejoin_needed = False
-            self.state = MemberState.PREPARING_REBALANCE
+            self._apply(self.member.join_started())
             self._join_done = trio.Event()
             self._join_outcome = None
             self._nursery.start_soon(self._join_task, self._join_done)
@@ -683,8 +538,9 @@ class ConsumerCoordinator:
     async def _finish_join(self) -> None:
         outcome, self._join_done, self._join_outcome = self._join_outcome, None, None
         if isinstance(outcome, BaseException):
-            self.state = MemberState.UNJOINED
-            self.request_rejoin("the last join failed")
+            if not self.rejoin_needed:
+                log.info("group %r: rejoining (the last join failed)", self.group_id)
+            self._apply(self.member.join_failed())
             raise outcome
         if outcome is None or self.state is not MemberState.STABLE:
             return  # cancelled (unsubscribe, leave) or the member was reset meanwhile
@@ -732,20 +588,19 @@ class ConsumerCoordinator:
         retry with backoff, fatal ones raise (and surface from poll)."""
         backoff = Backoff(self._backoff_s, self._backoff_max_s)
         while True:
-            await self._wait_for_coordinator()
-            self.state = MemberState.PREPARING_REBALANCE
+            await self.link.ensure(None, raise_errors=False)
+            self.member.transition_to(MemberState.PREPARING_REBALANCE)
             try:
-                response = await self._coordinator_request(self._join_request(), ApiKey.JOIN_GROUP,
+                response = await self.link.request(self._join_request(), ApiKey.JOIN_GROUP,
                                                            self._join_timeout_s())
                 result = await self._handle_join(response)
                 if result is not None:
                     return result
-                if self.rejoin_needed:
-                    self.rejoin_needed = False  # a retry of the join covers it
+                self._apply(self.member.join_retrying())
                 continue  # MEMBER_ID_REQUIRED / reset: rejoin at once
-            except _Retry as r:
+            except GroupRetry as r:
                 if r.rediscover:
-                    self.mark_coordinator_unknown(str(r))
+                    self.link.mark_unknown(str(r))
                 await trio.sleep(backoff.next_delay())
 
     def _join_timeout_s(self) -> float:
@@ -761,21 +616,18 @@ class ConsumerCoordinator:
         protocols = [JoinGroupProtocol(a.name, encode_subscription(sub)) for a in self.assignors]
         return JoinGroupRequest(self.group_id, self.config.session_timeout_ms, self.generation.member_id,
                                 PROTOCOL_TYPE, protocols, self._rebalance_timeout_ms(),
-                                self.config.group_instance_id, self.rejoin_reason)
+                                self.config.group_instance_id, self.member.rejoin_reason)
 
     async def _handle_join(self, r: JoinGroupResponse) -> JoinResult | None:
         action = action_for(JOIN_ACTIONS, r.error_code)
         if action == TAKE_MEMBER_ID:
-            self.generation = Generation(NO_GENERATION, r.member_id)
+            self._apply(self.member.take_member_id(r.member_id))
             return None
         if action == RESET_MEMBER:
             self.reset_generation(f"JoinGroup: {for_code(r.error_code).name}")
             return None
         self._raise_unless_ok(action, r.error_code, "JoinGroup", r.error_message)
-        self.generation = Generation(r.generation_id, r.member_id, r.protocol_name)
-        self.state = MemberState.COMPLETING_REBALANCE
-        self.timer.joined(time.monotonic())
-        self._wake_heartbeat.set()
+        self._apply(self.member.joined(Generation(r.generation_id, r.member_id, r.protocol_name)))
         generation = self.generation
         is_leader = r.leader == r.member_id
         assignments = []
@@ -787,7 +639,7 @@ class ConsumerCoordinator:
                                 self.config.group_instance_id, PROTOCOL_TYPE, r.protocol_name)
         self._sync_in_flight = True
         try:
-            response: SyncGroupResponse = await self._coordinator_request(sync, ApiKey.SYNC_GROUP,
+            response: SyncGroupResponse = await self.link.request(sync, ApiKey.SYNC_GROUP,
                                                                           self._join_timeout_s())
         finally:
             self._sync_in_flight = False
@@ -799,9 +651,7 @@ class ConsumerCoordinator:
                 self.reset_generation(f"SyncGroup: {for_code(response.error_code).name}")
             return None
         self._raise_unless_ok(action, response.error_code, "SyncGroup", response.error_message)
-        self.state = MemberState.STABLE
-        self.timer.reset_session(time.monotonic())
-        self._wake_heartbeat.set()
+        self._apply(self.member.synced())
         return JoinResult(self.generation, response.assignment, is_leader)
 
     def _raise_unless_ok(self, action: str, code: int, what: str, message: str | None) -> None:
@@ -809,7 +659,7 @@ class ConsumerCoordinator:
             return
         where = f"group {self.group_id!r} ({what})"
         if action in (RETRY, REDISCOVER, REJOIN):
-            raise _Retry(f"{where}: {for_code(code).name}", rediscover=action == REDISCOVER)
+            raise GroupRetry(f"{where}: {for_code(code).name}", rediscover=action == REDISCOVER)
         err = broker_error(code, where, message)
         if code == FENCED_INSTANCE_ID.code:
             err = broker_error(code, where, f"another consumer with group_instance_id "
@@ -840,161 +690,9 @@ class ConsumerCoordinator:
     def reset_generation(self, reason: str) -> None:
         """Forget the member id and generation (the partitions count as lost) and rejoin."""
         log.info("group %r: resetting the member (%s)", self.group_id, reason)
-        self.generation = NO_GENERATION_INFO
-        self.state = MemberState.UNJOINED
-        self.request_rejoin(reason)
-
-    # -- coordinator discovery ------------------------------------------------------------------
-
-    def mark_coordinator_unknown(self, reason: str) -> None:
-        if self.coordinator_id is not None:
-            log.info("group %r: coordinator %d unknown (%s)", self.group_id,
-                     COORDINATOR_ID_BASE - self.coordinator_id, reason)
-            self.cluster.close_connection(self.coordinator_id)
-        self.coordinator_id = None
-
-    async def ensure_coordinator(self, deadline: float | None, *, raise_errors: bool = True,
-                                 interruptible: bool = False) -> bool:
-        """Wait (until ``deadline``, trio time; None: no limit) for the coordinator, which a
-        background task looks up with backoff. True once it is known. A lookup refused with a
-        non-retriable error (GROUP_AUTHORIZATION_FAILED, INVALID_GROUP_ID) is raised to every
-        caller while it is the latest answer (``raise_errors``; the join task and the heartbeat
-        task leave that to poll and go on waiting while the lookup retries). ``interruptible``:
-        poll's wait, which ``interrupt_poll`` ends too."""
-        self._coordinator_waiters += 1
-        try:
-            while self.coordinator_id is None:
-                self._spawn_once("lookup", self._lookup_coordinator)
-                attempt = self._lookup_done
-                limit = math.inf if deadline is None else deadline
-                with self._poll_wait(limit) if interruptible else trio.move_on_at(limit):
-                    await attempt.wait()
-                if self.coordinator_id is None and raise_errors and self._lookup_error is not None:
-                    raise self._lookup_error
-                if not attempt.is_set():
-                    break
-            return self.coordinator_id is not None
-        finally:
-            self._coordinator_waiters -= 1
-
-    async def _wait_for_coordinator(self) -> None:
-        await self.ensure_coordinator(None, raise_errors=False)
-
-    async def _lookup_coordinator(self) -> None:
-        """FindCoordinator until it answers, with backoff (``retry_backoff_ms`` doubling up to
-        ``retry_backoff_max_ms``), as Kafka's ensureCoordinatorReady. After a non-retriable
-        answer it stops when nobody waits (the next ``ensure_coordinator`` starts it again),
-        so a member whose lookup is refused neither stalls nor keeps asking unasked."""
-        backoff = Backoff(self._backoff_s, self._backoff_max_s)
-        while self.coordinator_id is None:
-            try:
-                await self._find_coordinator(self.config.request_timeout_ms / 1000)
-                self._lookup_error = None
-            except (BrokerConnectionError, RequestTimedOut) as e:
-                self._lookup_error = None
-                log.debug("group %r: no coordinator yet: %s", self.group_id, e)
-            except TidelogError as e:
-                self._lookup_error = None if e.retriable else e
-                log.log(logging.DEBUG if e.retriable else logging.WARNING,
-                        "group %r: no coordinator yet: %s", self.group_id, e)
-            self._end_lookup_attempt()
-            if self.coordinator_id is not None:
-                return
-            await trio.sleep(backoff.next_delay())
-            if self._lookup_error is not None and not self._coordinator_waiters:
-                return
-
-    def _end_lookup_attempt(self) -> None:
-        done, self._lookup_done = self._lookup_done, trio.Event()
-        done.set()
-
-    async def _find_coordinator(self, timeout: float) -> None:
-        response: FindCoordinatorResponse = await self.cluster.request_any(
-            FindCoordinatorRequest(self.group_id), api_key=ApiKey.FIND_COORDINATOR,
-            timeout=min(timeout, self.config.request_timeout_ms / 1000))
-        if response.error_code != NONE.code:
-            raise broker_error(response.error_code, f"group {self.group_id!r} (FindCoordinator)",
-                               response.error_message)
-        node = COORDINATOR_ID_BASE - response.node_id
-        self.cluster.add_node(node, response.host, response.port)
-        self.coordinator_id = node
-        self.timer.coordinator_found(time.monotonic())
-        self._wake_heartbeat.set()
-        log.debug("group %r: coordinator is broker %d", self.group_id, response.node_id)
-
-    async def _coordinator_request(self, message: Message, api_key: ApiKey, timeout: float) -> Any:
-        node = self.coordinator_id
-        if node is None:
-            raise _Retry("the coordinator is not known", rediscover=True)
-        try:
-            return await self.cluster.request(node, message, api_key=api_key, timeout=timeout)
-        except (BrokerConnectionError, RequestTimedOut) as e:
-            if self.coordinator_id == node:
-                self.mark_coordinator_unknown(str(e))
-            raise _Retry(f"{api_key.name} to the coordinator failed: {e}", rediscover=False) from None
-
-    # -- heartbeats -----------------------------------------------------------------------------
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            self._wake_heartbeat = trio.Event()
-            delay = await self._heartbeat_step(time.monotonic())
-            with trio.move_on_after(delay):
-                await self._wake_heartbeat.wait()
-
-    async def _heartbeat_step(self, now: float) -> float:
-        """One round of the heartbeat task; returns how long to sleep."""
-        idle = self.config.heartbeat_interval_ms / 1000
-        if not heartbeats_due(self.state, self.generation.valid, self._sync_in_flight):
-            return idle
-        if self.timer.poll_timeout_expired(now):
-            await self._leave_for_poll_timeout()
-            return idle
-        if self.coordinator_id is None:
-            await self.ensure_coordinator(trio.current_time() + idle, raise_errors=False)
-            return 0.0 if self.coordinator_id is not None else self._backoff_s
-        if self.timer.session_expired(now):
-            self.mark_coordinator_unknown("no heartbeat answered within the session timeout")
-            return self._backoff_s
-        wait = self.timer.time_to_next_heartbeat(now)
-        if wait > 0:
-            return min(wait, self.timer.time_to_poll_timeout(now) + 0.001)
-        await self._send_heartbeat()
-        return min(idle, self.timer.time_to_poll_timeout(time.monotonic()) + 0.001)
-
-    async def _send_heartbeat(self) -> None:
-        generation = self.generation
-        self.timer.sent(time.monotonic())
-        try:
-            r = await self._coordinator_request(
-                HeartbeatRequest(self.group_id, generation.generation_id, generation.member_id,
-                                 self.config.group_instance_id),
-                ApiKey.HEARTBEAT, self.config.request_timeout_ms / 1000)
-        except _Retry as e:
-            self.timer.failed()
-            log.debug("group %r: heartbeat failed: %s", self.group_id, e)
-            return
-        action = action_for(HEARTBEAT_ACTIONS, r.error_code)
-        if action in (OK, REJOIN):
-            self.timer.received(time.monotonic())  # the session is alive either way
-        else:
-            self.timer.failed()
-        if generation != self.generation:
-            return  # the member rejoined meanwhile: this answer is about the old generation
-        if action == REJOIN and self.state is not MemberState.STABLE:
-            log.debug("group %r: heartbeat answered REBALANCE_IN_PROGRESS while completing the "
-                      "rebalance: the SyncGroup's answer decides", self.group_id)
-        elif action == REJOIN:
-            self.request_rejoin("the coordinator started a rebalance")
-        elif action == REDISCOVER:
-            self.mark_coordinator_unknown(f"heartbeat: {for_code(r.error_code).name}")
-        elif action == RESET_MEMBER:
-            self.reset_generation(f"heartbeat: {for_code(r.error_code).name}")
-        elif action == FATAL:
-            error = broker_error(r.error_code, f"group {self.group_id!r} (Heartbeat)", r.error_message)
-            log.error("group %r: heartbeat failed: %s", self.group_id, error)
-            self.reset_generation(f"heartbeat: {for_code(r.error_code).name}")
-            self._fatal = error  # raised by the next poll (e.g. FENCED_INSTANCE_ID)
+        if not self.rejoin_needed:
+            log.info("group %r: rejoining (%s)", self.group_id, reason)
+        self._apply(self.member.reset(reason))
 
     async def _leave_for_poll_timeout(self) -> None:
         log.warning("group %r: consumer poll timeout has expired: the time between calls to poll() "
@@ -1008,20 +706,17 @@ class ConsumerCoordinator:
         """Send LeaveGroup (dynamic members only, as Kafka) and forget the generation."""
         if self._join_scope is not None:
             self._join_scope.cancel()
-            if self.coordinator_id is not None:  # its JoinGroup would hold up the LeaveGroup
-                self.cluster.close_connection(self.coordinator_id)
+            self.link.close_connection()  # its JoinGroup would hold up the LeaveGroup
         generation = self.generation
         if generation.member_id and not self.is_static and self.coordinator_id is not None:
             request = LeaveGroupRequest(self.group_id, [MemberIdentity(generation.member_id, None, reason)])
             try:
                 with trio.move_on_after(self.config.request_timeout_ms / 1000):
-                    await self._coordinator_request(request, ApiKey.LEAVE_GROUP,
+                    await self.link.request(request, ApiKey.LEAVE_GROUP,
                                                     self.config.request_timeout_ms / 1000)
-            except _Retry as e:
+            except GroupRetry as e:
                 log.info("group %r: LeaveGroup failed (the session will expire instead): %s", self.group_id, e)
-        self.generation = NO_GENERATION_INFO
-        self.state = MemberState.UNJOINED
-        self.rejoin_needed, self.rejoin_reason = True, reason
+        self._apply(self.member.left(reason))
 
     # -- leaving (unsubscribe, close) -----------------------------------------------------------
 
@@ -1051,7 +746,7 @@ class ConsumerCoordinator:
     def _commit_generation(self) -> Generation:
         if not self.is_managed:
             return NO_GENERATION_INFO  # manual assignment: allowed while the group is empty
-        if self.state in (MemberState.PREPARING_REBALANCE, MemberState.COMPLETING_REBALANCE):
+        if self.member.rebalancing:
             raise RebalanceInProgressError(
                 f"commit of group {self.group_id!r} not done: the group is rebalancing. Call poll() "
                 "to complete the rebalance (on_partitions_revoked is the place to commit before "
@@ -1105,8 +800,8 @@ class ConsumerCoordinator:
                                       f"(last error: {last or 'none'})")
             try:
                 with trio.fail_after(remaining):
-                    await self.ensure_coordinator(deadline)
-                    r = await self._coordinator_request(_commit_request(self.group_id, offsets, generation,
+                    await self.link.ensure(deadline)
+                    r = await self.link.request(_commit_request(self.group_id, offsets, generation,
                                                                         self.config.group_instance_id),
                                                         ApiKey.OFFSET_COMMIT,
                                                         min(remaining, self.config.request_timeout_ms / 1000))
@@ -1114,10 +809,10 @@ class ConsumerCoordinator:
                 return
             except trio.TooSlowError:
                 last = RequestTimedOut("the coordinator did not answer")
-            except _Retry as e:
+            except GroupRetry as e:
                 last = e
                 if e.rediscover:
-                    self.mark_coordinator_unknown(str(e))
+                    self.link.mark_unknown(str(e))
             with trio.move_on_at(deadline):
                 await trio.sleep(backoff.next_delay())
 
@@ -1129,7 +824,7 @@ class ConsumerCoordinator:
                     continue
                 name = for_code(p.error_code).name
                 if action in (RETRY, REDISCOVER):
-                    raise _Retry(f"OffsetCommit {t.name}-{p.partition_index}: {name}", rediscover=action == REDISCOVER)
+                    raise GroupRetry(f"OffsetCommit {t.name}-{p.partition_index}: {name}", rediscover=action == REDISCOVER)
                 if action == RESET_MEMBER and generation.valid:
                     if generation == self.generation:
                         self.reset_generation(f"OffsetCommit: {name}")
@@ -1200,18 +895,18 @@ class ConsumerCoordinator:
         backoff = Backoff(self._backoff_s, self._backoff_max_s)
         last: BaseException | None = None
         while True:
-            if not await self.ensure_coordinator(deadline):
+            if not await self.link.ensure(deadline):
                 raise RequestTimedOut(f"no coordinator for group {self.group_id!r} found in time "
                                       f"(last error: {last or 'none'})")
             try:
-                r: OffsetFetchResponse = await self._coordinator_request(
+                r: OffsetFetchResponse = await self.link.request(
                     request, ApiKey.OFFSET_FETCH,
                     max(0.001, min(deadline - trio.current_time(), self.config.request_timeout_ms / 1000)))
                 return self._absorb_offset_fetch(r, set(wanted))
-            except _Retry as e:
+            except GroupRetry as e:
                 last = e
                 if e.rediscover:
-                    self.mark_coordinator_unknown(str(e))
+                    self.link.mark_unknown(str(e))
             if trio.current_time() + backoff.initial_s >= deadline:
                 raise RequestTimedOut(f"committed offsets of group {self.group_id!r} not fetched in time "
                                       f"(last error: {last})")
@@ -1226,7 +921,7 @@ class ConsumerCoordinator:
                 continue
             action = action_for(COMMIT_ACTIONS, code)
             if action in (RETRY, REDISCOVER):
-                raise _Retry(f"OffsetFetch: {for_code(code).name}", rediscover=action == REDISCOVER)
+                raise GroupRetry(f"OffsetFetch: {for_code(code).name}", rediscover=action == REDISCOVER)
             raise broker_error(code, f"group {self.group_id!r} (OffsetFetch)")
         out: dict[TopicPartition, int | None] = {tp: None for tp in wanted}
         for t in r.topics:
@@ -1258,14 +953,6 @@ class ConsumerCoordinator:
             else:
                 self.subscriptions.reset_to_default(tp)
         self._wake_fetcher()
-
-
-class _Retry(Exception):
-    """A retriable failure inside the group protocol (never escapes this module)."""
-
-    def __init__(self, message: str, *, rediscover: bool):
-        super().__init__(message)
-        self.rediscover = rediscover
 
 
 def _commit_request(group_id: str, offsets: Mapping[TopicPartition, int], generation: Generation,

@@ -16,7 +16,9 @@ import pytest
 import trio
 
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.group import ConsumerCoordinator, Generation, HeartbeatTimer, MemberState, call_maybe_async
+from tidelog.aio.group import ConsumerCoordinator, call_maybe_async
+from tidelog.aio.heartbeat import HeartbeatTimer
+from tidelog.aio.membership import Generation
 from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, REBALANCE_IN_PROGRESS
@@ -65,8 +67,9 @@ async def test_a_member_back_from_a_long_coordinator_outage_heartbeats_the_new_o
     config = ConsumerConfig(group_id="g", session_timeout_ms=4000, heartbeat_interval_ms=400)
     group = ConsumerCoordinator(cluster, config, SubscriptionState(EARLIEST_TIMESTAMP), call_maybe_async,
                                 lambda: None)
-    group.generation, group.state = Generation(1, "m-1", "range"), MemberState.STABLE
-    group.rejoin_needed = False
+    group.member.join_started()  # a stable member of generation 1
+    group.member.joined(Generation(1, "m-1", "range"))
+    group.member.synced()
     group.timer.received(time.monotonic() - 10)  # the old coordinator stopped answering 10 s ago
     async with trio.open_nursery() as nursery:
         group.start(nursery)

@@ -10,6 +10,14 @@ import pytest
 from tidelog.aio.assignors import COOPERATIVE, EAGER
 from tidelog.aio.cluster import ClusterMetadata
 from tidelog.aio.group import (
+    auto_commit_offsets,
+    coalesce_commit,
+    commit_failed_message,
+    matching_topics,
+    not_superseded,
+)
+from tidelog.aio.heartbeat import HeartbeatTimer
+from tidelog.aio.membership import (
     COMMIT_ACTIONS,
     FATAL,
     HEARTBEAT_ACTIONS,
@@ -22,14 +30,8 @@ from tidelog.aio.group import (
     SYNC_ACTIONS,
     TAKE_MEMBER_ID,
     Generation,
-    HeartbeatTimer,
     action_for,
-    auto_commit_offsets,
-    coalesce_commit,
-    commit_failed_message,
     complete_join,
-    matching_topics,
-    not_superseded,
     prepare_join,
 )
 from tidelog.aio.subscription import ConsumerConfig, SubscriptionState

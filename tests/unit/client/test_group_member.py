@@ -58,7 +58,7 @@ class ScriptedCluster:
 def member(cluster: ScriptedCluster, subscriptions: SubscriptionState) -> ConsumerCoordinator:
     coordinator = ConsumerCoordinator(cluster, ConsumerConfig(group_id="g"), subscriptions, call_maybe_async,
                                       lambda: None)
-    coordinator.coordinator_id = 1  # known: no FindCoordinator in these scripts
+    coordinator.link.coordinator_id = 1  # known: no FindCoordinator in these scripts
     return coordinator
 
 

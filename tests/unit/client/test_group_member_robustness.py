@@ -26,9 +26,12 @@ import pytest
 import trio
 
 import tidelog.aio.group as group_module
+import tidelog.aio.heartbeat as heartbeat_module
 from tidelog.aio.assignors import Assignment, encode_assignment
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.group import ConsumerCoordinator, Generation, MemberState, call_maybe_async, heartbeats_due
+from tidelog.aio.group import ConsumerCoordinator, call_maybe_async
+from tidelog.aio.heartbeat import heartbeats_due
+from tidelog.aio.membership import Generation, MemberState
 from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.errors import TidelogError
 from tidelog.protocol.codec import ApiKey
@@ -54,8 +57,9 @@ A0 = TP("a", 0)
 
 @pytest.fixture(autouse=True)
 def trio_monotonic(monkeypatch):
-    """The group module's clock is Trio's (autojump) clock."""
-    monkeypatch.setattr(group_module, "time", SimpleNamespace(monotonic=trio.current_time))
+    """The group modules' clock is Trio's (autojump) clock."""
+    for module in (group_module, heartbeat_module):
+        monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=trio.current_time))
 
 
 class ScriptedCoordinator:
@@ -145,9 +149,16 @@ def new_member(cluster: ScriptedCoordinator, *, coordinator_known: bool = True, 
     group = ConsumerCoordinator(cluster, ConsumerConfig(group_id="g", **config),
                                 SubscriptionState(EARLIEST_TIMESTAMP), call_maybe_async, lambda: None)
     if coordinator_known:
-        group.coordinator_id = 1
+        group.link.coordinator_id = 1
     group.subscribe(["a"], None, None)
     return group
+
+
+def become_stable(group: ConsumerCoordinator, generation: Generation) -> None:
+    """The member as after a completed rebalance of ``generation``."""
+    group.member.join_started()
+    group.member.joined(generation)
+    group.member.synced()
 
 
 def without_heartbeats(events: list[str]) -> list[str]:
@@ -284,7 +295,7 @@ async def test_poll_returns_at_its_deadline_while_the_commit_before_a_rebalance_
     cluster.commit_hold = trio.Event()
     cluster.assignment = (A0,)
     group = new_member(cluster)
-    group.generation, group.state, group.rejoin_needed = Generation(1, "m-1", "range"), MemberState.STABLE, False
+    become_stable(group, Generation(1, "m-1", "range"))
     group.subscriptions.assign([A0])
     group.subscriptions.partitions[A0].seek(5)
     group.request_rejoin("a new member joined")
