@@ -33,8 +33,6 @@ from tidelog.aio.partitioner import default_partition
 from tidelog.broker.zookeeper.layout import assign_replicas
 from tidelog.errors import TidelogError
 
-pytestmark = pytest.mark.integration
-
 KEYED = "keyed"
 KEYED_PARTITIONS = 6
 BLOCKING_RECORDS = 100_000

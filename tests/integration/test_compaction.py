@@ -28,8 +28,6 @@ from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.broker.log.dump import run as dump_run
 from tidelog.protocol.records import iter_all_records
 
-pytestmark = pytest.mark.integration
-
 TOPIC = "profiles"
 KEYS = 40
 UPDATES = 30

@@ -36,8 +36,6 @@ from tidelog import (
 )
 from tidelog.broker.cli import main as tidelog_main
 
-pytestmark = pytest.mark.integration
-
 GROUP_CONFIG = dict(FAST_FAILOVER, **{"group.initial.rebalance.delay.ms": 300,
                                       "group.min.session.timeout.ms": 1000})
 FAST_MEMBER = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 300, "fetch_max_wait_ms": 100}

@@ -15,8 +15,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from tests.integration.cluster_fixtures import (  # noqa: F401
     FAST_FAILOVER,
     broker_metadata,
@@ -33,8 +31,6 @@ from tests.integration.cluster_fixtures import (  # noqa: F401
     wait_until,
 )
 from tidelog import Admin, NewTopic, Producer, RecordMetadata, TopicPartition
-
-pytestmark = pytest.mark.integration
 
 LAG_MS = int(FAST_FAILOVER["replica.lag.time.max.ms"])
 SESSION_S = int(FAST_FAILOVER["zookeeper.session.timeout.ms"]) / 1000

@@ -57,8 +57,6 @@ from tidelog.protocol.messages import (
     SyncGroupRequest,
 )
 
-pytestmark = pytest.mark.integration
-
 GROUP_CONFIG = {**FAST_FAILOVER, "offsets.topic.num.partitions": 3, "offsets.topic.replication.factor": 3,
                 "group.initial.rebalance.delay.ms": 200, "group.min.session.timeout.ms": 1000}
 RETRIABLE = {COORDINATOR_LOAD_IN_PROGRESS.code, COORDINATOR_NOT_AVAILABLE.code, NOT_COORDINATOR.code}

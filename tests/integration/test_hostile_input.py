@@ -55,8 +55,6 @@ from tidelog.protocol.messages import (
 )
 from tidelog.protocol.records import build_batch, iter_all_records
 
-pytestmark = pytest.mark.integration
-
 MAX_REQUEST = 1 << 20  # socket.request.max.bytes
 MAX_MESSAGE = 20_000  # the topic's max.message.bytes
 TOPIC = "intact"

@@ -40,8 +40,6 @@ from tidelog.protocol.errors import NONE
 from tidelog.protocol.messages import InitProducerIdRequest, PartitionProduceData, ProduceRequest, TopicProduceData
 from tidelog.protocol.records import build_batch
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def cluster(request, tmp_path_factory):

@@ -55,8 +55,6 @@ from tidelog.broker.config import BrokerConfig
 from tidelog.broker.devcluster import metadata
 from tidelog.broker.zookeeper.zkserver import ZooKeeperEnsemble, find_free_ports
 
-pytestmark = pytest.mark.integration
-
 PR_SET_PDEATHSIG = 1
 TOPIC = "ops-orders"
 PARTITIONS = 6

@@ -34,8 +34,6 @@ from tidelog.broker.zookeeper.zkserver import (
 )
 from tidelog.protocol.errors import TidelogError
 
-pytestmark = pytest.mark.integration
-
 B1 = BrokerInfo(1, "127.0.0.1", 9091)
 B2 = BrokerInfo(2, "127.0.0.1", 9092, rack="r2")
 

@@ -20,8 +20,6 @@ from tests.integration.cluster_fixtures import cluster_fixture, wait_topic_ready
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.broker.devcluster import DevCluster
 
-pytestmark = pytest.mark.spark
-
 COLUMNS = ["topic", "partition", "offset", "value"]
 QUERY_TIMEOUT_S = 120
 

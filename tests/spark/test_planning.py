@@ -192,7 +192,7 @@ def test_next_end_of_nothing_new_is_the_start_itself():
     assert json.dumps(offsets_to_json(next_end(start, LATE).end)) == json.dumps(offsets_to_json(start))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.dictionaries(st.tuples(st.sampled_from("abc"), st.integers(0, 4)), st.integers(0, 10_000), max_size=8),
        st.integers(1, 5000))
 def test_allocate_never_exceeds_the_budget_or_what_is_there(available, budget):
@@ -202,7 +202,7 @@ def test_allocate_never_exceeds_the_budget_or_what_is_there(available, budget):
     assert sum(grant.values()) == min(budget, sum(available.values()))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.lists(st.integers(0, 500), min_size=1, max_size=6), st.integers(1, 400))
 def test_repeated_triggers_admit_everything_and_bound_every_batch(his, limit):
     latest = {("t", i): hw for i, hw in enumerate(his)}
@@ -235,7 +235,7 @@ def test_min_partitions_splits_large_ranges():
                                                                          (675, 900)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.lists(st.integers(1, 1000), min_size=1, max_size=6), st.integers(1, 50))
 def test_split_ranges_covers_each_range_exactly(sizes, n):
     ranges = [OffsetRange("t", i, 100 * i, 100 * i + s) for i, s in enumerate(sizes)]

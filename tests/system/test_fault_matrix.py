@@ -55,8 +55,6 @@ from tests.system.harness import (
 from tidelog import Producer
 from tidelog.protocol.errors import NOT_ENOUGH_REPLICAS
 
-pytestmark = pytest.mark.system
-
 BOUNCES = 5
 WARMUP_ACKS = 300      # acknowledged records before the first fault
 BETWEEN_ACKS = 100     # acknowledged records on partition 0 between faults

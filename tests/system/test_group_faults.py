@@ -48,8 +48,6 @@ from tidelog import Producer
 from tidelog.protocol.errors import INVALID_TOPIC_EXCEPTION
 from tidelog.protocol.topics import OFFSETS_TOPIC
 
-pytestmark = pytest.mark.system
-
 PARTITIONS = 6
 RATE = 300             # records/s from the harness's producer
 KILLS = 3              # F14: members SIGKILLed mid-batch and restarted

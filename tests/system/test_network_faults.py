@@ -43,8 +43,7 @@ from tests.system.harness import (
 )
 from tests.system.netlab import unavailable_reason
 
-pytestmark = [pytest.mark.system,
-              pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
 WARMUP_ACKS = 300      # acknowledged records before the fault
 DURING_ACKS = 300      # acknowledged records per partition while the fault lasts

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from argparse import Namespace
 
-import pytest
-
 from tidelog.commands.console import record_line
 from tidelog.records import Record
-
-pytestmark = pytest.mark.unit
 
 NONE_ASKED = dict(print_timestamp=False, print_partition=False, print_offset=False, print_headers=False,
                   print_key=False)

@@ -30,8 +30,6 @@ from tidelog.broker.log.loader import load_log
 from tidelog.protocol.records import CRC_START, HEADER_SIZE, build_batch, compress, iter_headers
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 BATCHES = 40
 RECORDS_PER_BATCH = 3
 FIRST_TS = 1_000_000
@@ -487,7 +485,7 @@ garbage_logs = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(log=garbage_logs, index=st.binary(max_size=100), tindex=st.binary(max_size=100))
 def test_garbage_never_raises(tmp_path_factory, log, index, tindex):
     directory = tmp_path_factory.mktemp("garbage")
@@ -500,7 +498,7 @@ def test_garbage_never_raises(tmp_path_factory, log, index, tindex):
         assert code in (0, 1) and "Traceback" not in output
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_damaged_real_segments_never_raise(tmp_path_factory, data):
     directory = tmp_path_factory.mktemp("damaged")

@@ -18,8 +18,6 @@ from tests.system.group_harness import (
     check_sampled_monotonic,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def assigned(*tps: int, committed: dict | None = None, error: str | None = None) -> dict:
     return {"e": "assigned", "tps": list(tps), "generation": [1, "m"], "committed_error": error,

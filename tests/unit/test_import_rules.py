@@ -20,8 +20,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
-
 ROOT = Path(__file__).resolve().parents[2]
 # folder in the repository -> the name it is installed under (pyproject.toml's package-dir)
 PACKAGES = {"protocol": "tidelog.protocol", "broker": "tidelog.broker", "client": "tidelog",

@@ -13,10 +13,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.unit
-
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("client", "broker", "protocol", "spark_connector")
 

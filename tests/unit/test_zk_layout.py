@@ -42,9 +42,6 @@ from tidelog.broker.zookeeper.layout import (
 )
 from tidelog.protocol.errors import INVALID_REPLICATION_FACTOR
 
-pytestmark = pytest.mark.unit
-
-
 # ----------------------------------------------------------------------------- paths
 
 def test_paths_under_the_default_chroot():

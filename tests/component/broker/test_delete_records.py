@@ -36,8 +36,6 @@ from tidelog.protocol.messages import (
     UpdateMetadataRequest,
 )
 
-pytestmark = pytest.mark.component
-
 __all__ = ["broker"]  # the fixture, shared with test_group_coordinator
 
 

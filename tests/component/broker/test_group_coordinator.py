@@ -53,8 +53,6 @@ from tidelog.protocol.messages import (
 from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.component
-
 OFFSETS_TP = TopicPartition(OFFSETS_TOPIC, 0)
 DATA_TP = TopicPartition("orders", 0)
 

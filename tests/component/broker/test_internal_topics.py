@@ -23,8 +23,6 @@ from tidelog.protocol.messages import PartitionProduceData, ProduceRequest, Topi
 from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import INTERNAL_TOPICS, is_internal_topic
 
-pytestmark = pytest.mark.component
-
 __all__ = ["broker"]  # the fixture, shared with test_group_coordinator
 
 

@@ -30,8 +30,6 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.frames import encode_frame
 
-pytestmark = pytest.mark.component
-
 TIMEOUT_S = 5
 
 

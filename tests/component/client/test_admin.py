@@ -16,8 +16,6 @@ from tidelog.protocol.errors import (
     TidelogError,
 )
 
-pytestmark = pytest.mark.component
-
 FAST = dict(retry_backoff_ms=10)
 
 

@@ -4,16 +4,12 @@ blocking facade returns the same."""
 
 from __future__ import annotations
 
-import pytest
-
 from tidelog import Admin
 from tidelog.aio import AsyncAdmin, TopicPartition
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER
 from tidelog.protocol.messages import DEBUGGING_REPLICA_ID, LATEST_TIMESTAMP
 from tidelog.protocol.records import build_batch
-
-pytestmark = pytest.mark.component
 
 T0, T1 = TopicPartition("t", 0), TopicPartition("t", 1)
 

@@ -24,8 +24,6 @@ from tidelog import (
 from tidelog.aio.partitioner import default_partition
 from tidelog.protocol.codec import ApiKey
 
-pytestmark = pytest.mark.component
-
 NOWHERE = "127.0.0.1:1"
 
 

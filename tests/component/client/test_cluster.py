@@ -11,8 +11,6 @@ from tidelog.errors import BrokerConnectionError, NoBrokersAvailable
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.component
-
 
 async def dead_address() -> str:
     [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")

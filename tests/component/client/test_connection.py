@@ -12,8 +12,6 @@ from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import ServerConnection
 from tidelog.protocol.messages import ApiVersionsRequest, ApiVersionsResponse
 
-pytestmark = pytest.mark.component
-
 
 class Server:
     """Answers ApiVersions after ``delay_s``; records the most requests seen at once in flight."""

@@ -12,8 +12,6 @@ from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OffsetOutOfRangeError, TidelogError
 from tidelog.protocol.records import build_batch
 
-pytestmark = pytest.mark.component
-
 T0 = TopicPartition("t", 0)
 T1 = TopicPartition("t", 1)
 

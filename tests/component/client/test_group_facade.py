@@ -11,8 +11,6 @@ import pytest
 
 from tidelog import Consumer, RequestTimedOut
 
-pytestmark = pytest.mark.component
-
 NOWHERE = "127.0.0.1:9"  # nothing is contacted: no request is made in these tests
 
 

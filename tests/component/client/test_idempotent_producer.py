@@ -13,8 +13,6 @@ from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER
 from tidelog.protocol.records import iter_headers
 
-pytestmark = pytest.mark.component
-
 FAST = dict(retry_backoff_ms=10, linger_ms=0)
 
 

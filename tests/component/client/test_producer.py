@@ -13,8 +13,6 @@ from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import MESSAGE_TOO_LARGE, NOT_LEADER_OR_FOLLOWER, RecordTooLargeError
 from tidelog.protocol.records import Codec, iter_headers
 
-pytestmark = pytest.mark.component
-
 FAST = dict(retry_backoff_ms=10, linger_ms=0)
 
 

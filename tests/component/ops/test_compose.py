@@ -28,8 +28,6 @@ from tests.component.ops.topology import (
 )
 from tidelog.broker.config import SETTINGS, BrokerConfig
 
-pytestmark = pytest.mark.component
-
 DOCKER_COMPOSE = shutil.which("docker-compose")
 needs_compose = pytest.mark.skipif(
     DOCKER_COMPOSE is None,

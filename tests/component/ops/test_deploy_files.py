@@ -18,8 +18,6 @@ import pytest
 from tests.component.ops.topology import ROOT
 from tidelog.broker.config import ALIASES, REQUIRED, SETTINGS, BrokerConfig
 
-pytestmark = pytest.mark.component
-
 DEPLOY = ROOT / "deploy"
 
 

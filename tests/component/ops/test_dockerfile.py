@@ -22,8 +22,6 @@ import pytest
 from tests.component.ops.topology import CONFIG_IN_CONTAINER, DOCKERFILE, ROOT
 from tidelog.broker.config import BrokerConfig
 
-pytestmark = pytest.mark.component
-
 # Flags that change how pip talks, not what it installs.
 QUIET_FLAGS = {"-q", "--quiet", "--disable-pip-version-check", "--no-cache-dir"}
 

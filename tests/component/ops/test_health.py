@@ -18,8 +18,6 @@ from tidelog.broker.zookeeper.zkserver import find_free_port
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.messages import BrokerMetadata, MetadataResponse
 
-pytestmark = pytest.mark.component
-
 
 def test_ready_only_when_every_check_passes():
     assert Readiness(True, True, True, True).ready

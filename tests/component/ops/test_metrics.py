@@ -43,8 +43,6 @@ from tidelog.protocol.messages import (
 from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.component
-
 
 def header(api_key: ApiKey) -> RequestContext:
     """The context the network layer passes a handler (the metrics hook reads its header)."""

@@ -20,8 +20,6 @@ import pytest
 
 from tests.component.ops.topology import ROOT
 
-pytestmark = pytest.mark.component
-
 FOLDERS = {"client": "tidelog", "broker": "tidelog.broker", "protocol": "tidelog.protocol",
            "spark_connector": "tidelog.spark"}
 

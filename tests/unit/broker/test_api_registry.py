@@ -15,8 +15,6 @@ from tidelog.protocol.apis import APIS
 from tidelog.protocol.codec import ApiKey, RequestHeader
 from tidelog.protocol.messages import ApiVersionsResponse
 
-pytestmark = pytest.mark.unit
-
 
 def test_every_served_api_has_exactly_one_handler():
     assert set(handler_table()) == set(APIS)

@@ -21,8 +21,6 @@ from tidelog.broker.config import (
 )
 from tidelog.broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
 
-pytestmark = pytest.mark.unit
-
 MINIMAL = {"broker.id": 1, "zookeeper.connect": "zk1:2181,zk2:2181"}
 
 

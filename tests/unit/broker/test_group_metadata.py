@@ -39,8 +39,6 @@ from tidelog.protocol.messages import (
     SyncGroupRequest,
 )
 
-pytestmark = pytest.mark.unit
-
 S = GroupState
 CONFIG = GroupConfig(initial_rebalance_delay_ms=100, min_session_timeout_ms=10, max_session_timeout_ms=60000)
 SESSION = 1000
@@ -484,4 +482,4 @@ class GroupMachine(RuleBasedStateMachine):
 
 
 TestGroupMachine = GroupMachine.TestCase
-TestGroupMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestGroupMachine.settings = settings(max_examples=150, stateful_step_count=40)

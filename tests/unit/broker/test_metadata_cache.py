@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION
 from tidelog.protocol.messages import LiveBroker, PartitionState, UpdateMetadataRequest
-
-pytestmark = pytest.mark.unit
 
 
 def cache_with(*topics: str, controller_epoch: int = 3) -> MetadataCache:

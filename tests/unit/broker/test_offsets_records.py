@@ -27,8 +27,6 @@ from tidelog.broker.groups.offsets_records import (
 )
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 TP = TopicPartition("orders", 3)
 
 

@@ -7,8 +7,6 @@ import pytest
 from tidelog.broker.producer_ids import MAX_PRODUCER_EPOCH, ProducerIdManager, bumped_epoch
 from tidelog.protocol.errors import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, TidelogError
 
-pytestmark = pytest.mark.unit
-
 
 class Blocks:
     """Hands out blocks of 3 ids, as successive check-and-set writes would."""

@@ -24,8 +24,6 @@ from tidelog.errors import ClientClosedError, RequestTimedOut
 from tidelog.protocol.records import iter_all_records
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 T0 = TopicPartition("t", 0)
 T1 = TopicPartition("t", 1)
 U0 = TopicPartition("u", 0)

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 
 from tidelog.aio.accumulator import BATCH_OVERHEAD, BulkRecords, RecordAccumulator, record_size
 from tidelog.errors import RequestTimedOut
 from tidelog.protocol.topics import TopicPartition
-
-pytestmark = pytest.mark.unit
 
 T0 = TopicPartition("t", 0)
 VALUE = b"v" * 10

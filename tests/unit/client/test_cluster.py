@@ -9,8 +9,6 @@ from tidelog.protocol.errors import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTI
 from tidelog.protocol.messages import BrokerMetadata, MetadataResponse, PartitionMetadata, TopicMetadata
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.mark.parametrize("text,expected", [
     ("localhost:9092", [("localhost", 9092)]),

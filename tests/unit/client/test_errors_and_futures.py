@@ -26,8 +26,6 @@ from tidelog.protocol.errors import (
 from tidelog.protocol.topics import TopicPartition
 from tidelog.records import RecordMetadata
 
-pytestmark = pytest.mark.unit
-
 TP = TopicPartition("t", 2)
 
 

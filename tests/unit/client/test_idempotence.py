@@ -4,7 +4,6 @@ and the move of each partition to a new epoch once its old batches are resolved.
 
 from __future__ import annotations
 
-import pytest
 
 from tidelog.aio.accumulator import ProducerBatch, RecordAccumulator
 from tidelog.aio.idempotence import MAX_SEQUENCE, IdempotenceState, next_sequence
@@ -18,8 +17,6 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.records import Codec, read_header
 from tidelog.protocol.topics import TopicPartition
-
-pytestmark = pytest.mark.unit
 
 TP = TopicPartition("orders", 0)
 OTHER = TopicPartition("orders", 1)

@@ -9,8 +9,6 @@ from hypothesis import strategies as st
 from tidelog.aio.accumulator import RecordAccumulator
 from tidelog.aio.partitioner import StickyPartitioner, default_partition, murmur2, to_positive
 
-pytestmark = pytest.mark.unit
-
 # org.apache.kafka.common.utils.UtilsTest#testMurmur2 (and the empty array), as Java ints.
 KAFKA_VECTORS = {
     b"21": -973932308,

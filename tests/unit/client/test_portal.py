@@ -8,8 +8,6 @@ import trio
 from tidelog._portal import Portal
 from tidelog.errors import ClientClosedError, RequestTimedOut
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture
 def portal():

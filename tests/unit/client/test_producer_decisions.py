@@ -32,8 +32,6 @@ from tidelog.protocol.messages import PartitionProduceResponse, ProduceRequest, 
 from tidelog.protocol.records import Codec, iter_all_records
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 TP = TopicPartition("orders", 3)
 
 

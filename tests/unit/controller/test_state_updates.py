@@ -9,13 +9,9 @@ stale copy, and never abandon the rest of its work. ``FakeZk`` keeps versioned s
 
 from __future__ import annotations
 
-import pytest
-
 from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerContext
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
 from tidelog.protocol.topics import TopicPartition
-
-pytestmark = pytest.mark.unit
 
 T = "t"
 

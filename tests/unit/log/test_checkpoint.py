@@ -27,8 +27,6 @@ from tidelog.broker.log.checkpoint import (
 from tidelog.protocol.errors import StorageError
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 TP = TopicPartition
 
 
@@ -174,7 +172,7 @@ offset_maps = st.dictionaries(st.builds(TP, topics, st.integers(0, 10_000)),
                               st.integers(0, 2**63 - 1), max_size=20)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(offsets=offset_maps)
 def test_offset_checkpoint_round_trips(tmp_path, offsets):
     cp = OffsetCheckpoint(str(tmp_path / "cp"))
@@ -184,7 +182,7 @@ def test_offset_checkpoint_round_trips(tmp_path, offsets):
     assert lines[0] == "0" and lines[1] == str(len(offsets)) and lines[-1] == ""
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.one_of(st.binary(max_size=80),
                      st.lists(st.sampled_from(["0", "1", "2", "a 0 1", "b 1 2", "x", "", "-1", "a 0 -1",
                                                "0 0", "1 5", "a  0 1"]), max_size=6)

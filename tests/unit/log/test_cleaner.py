@@ -32,8 +32,6 @@ from tidelog.protocol.errors import INVALID_RECORD, TidelogError
 from tidelog.protocol.records import BatchBuilder, Codec, build_batch, iter_headers
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 TP = TopicPartition("profiles", 0)
 COMPACT = LogConfig(segment_bytes=700, index_interval_bytes=100, cleanup_policy="compact",
                     delete_retention_ms=10_000, retention_ms=-1)

@@ -26,8 +26,6 @@ from tidelog.broker.log.swap import apply_ops, plan_swap
 from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 TP = TopicPartition("compacted", 0)
 
 

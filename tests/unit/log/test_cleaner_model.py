@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -25,8 +24,6 @@ from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.protocol.records import BatchBuilder, Codec
 from tidelog.protocol.topics import TopicPartition
-
-pytestmark = pytest.mark.unit
 
 TP = TopicPartition("model", 0)
 keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f"])
@@ -121,5 +118,5 @@ class CompactedLogMachine(RuleBasedStateMachine):
         assert len(below) == len(set(below)), "a key appears twice in the clean section"
 
 
-CompactedLogMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+CompactedLogMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=40)
 TestCompactedLog = CompactedLogMachine.TestCase

@@ -12,8 +12,6 @@ import pytest
 from tests.unit.log.test_cleaner import COMPACT, TP, Env
 from tidelog.broker.log.cleaner import CleaningAborted, run_steps_inline
 
-pytestmark = pytest.mark.unit
-
 EAGER = dataclasses.replace(COMPACT, min_cleanable_dirty_ratio=0.01)
 
 

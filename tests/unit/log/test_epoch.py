@@ -17,8 +17,6 @@ from hypothesis import strategies as st
 from tidelog.broker.log.checkpoint import LeaderEpochCheckpoint
 from tidelog.broker.log.epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
 
-pytestmark = pytest.mark.unit
-
 LEO = 1000
 UNDEF = (UNDEFINED_EPOCH, UNDEFINED_OFFSET)
 
@@ -241,7 +239,7 @@ ops = st.lists(st.one_of(
 ), max_size=25)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(ops=ops)
 def test_cache_matches_the_model_and_its_checkpoint(ops):
     store: list[list[tuple[int, int]]] = [[]]

@@ -14,10 +14,8 @@ from hypothesis import strategies as st
 
 from tidelog.broker.log.index import CorruptIndexError, OffsetIndex, TimeIndex
 
-pytestmark = pytest.mark.unit
-
 MAX_REL = 2**32 - 1
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=150)
 
 
 def _tmpdir() -> tempfile.TemporaryDirectory:
@@ -363,7 +361,7 @@ def test_time_index_sanity_check_rejects_more_entries_than_allowed(tmp_path):
         idx.sanity_check(100)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(offset_entries(max_entries=20))
 def test_offset_index_rename_and_delete(data):
     base, entries = data

@@ -47,10 +47,8 @@ from tidelog.protocol.records import (
     validate_batches,
 )
 
-pytestmark = pytest.mark.unit
-
 CODECS = st.sampled_from(list(Codec))
-SMALL = settings(max_examples=40, deadline=None)
+SMALL = settings(max_examples=40)
 
 
 def _tmpdir() -> tempfile.TemporaryDirectory:

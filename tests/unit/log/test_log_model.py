@@ -18,7 +18,6 @@ import os
 import shutil
 import tempfile
 
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -33,8 +32,6 @@ from tidelog.protocol.records import (
     iter_records,
     validate_batches,
 )
-
-pytestmark = pytest.mark.unit
 
 values = st.one_of(st.none(), st.binary(max_size=40))
 batch_values = st.lists(values, min_size=1, max_size=6)
@@ -364,4 +361,4 @@ class LogMachine(RuleBasedStateMachine):
 
 
 TestLogModel = LogMachine.TestCase
-TestLogModel.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+TestLogModel.settings = settings(max_examples=40, stateful_step_count=30)

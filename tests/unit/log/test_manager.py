@@ -29,8 +29,6 @@ from tidelog.protocol.errors import StorageError
 from tidelog.protocol.records import build_batch, iter_headers, iter_records, validate_batch
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 T0 = TopicPartition("orders", 0)
 T1 = TopicPartition("orders", 1)
 T2 = TopicPartition("audit", 0)

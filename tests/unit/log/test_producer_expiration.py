@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from tests.unit.log.test_cleaner import COMPACT, Env
 from tidelog.broker.log.producer_state import BatchMetadata, ProducerStateEntry, ProducerStateManager
-
-pytestmark = pytest.mark.unit
 
 EXPIRATION_MS = 60_000
 

@@ -33,8 +33,6 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.records import build_batch, iter_headers, read_header
 
-pytestmark = pytest.mark.unit
-
 
 def batch(pid: int, epoch: int, seq: int, n: int = 1, tag: str = "v") -> bytes:
     return build_batch([f"{tag}{seq + i}".encode() for i in range(n)], timestamp_ms=1000,
@@ -340,5 +338,5 @@ class ProducerStateMachine(RuleBasedStateMachine):
         assert self.log.producer_state.map_end_offset == self.log.log_end_offset
 
 
-ProducerStateMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+ProducerStateMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30)
 TestProducerStateMachine = ProducerStateMachine.TestCase

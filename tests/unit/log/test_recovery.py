@@ -49,12 +49,10 @@ from tidelog.protocol.records import (
 )
 from tidelog.protocol.topics import TopicPartition
 
-pytestmark = pytest.mark.unit
-
 TP = TopicPartition("events", 0)
 CONFIG = LogConfig(segment_bytes=6 * 1024, index_interval_bytes=700)
 N_BATCHES = 90
-EXAMPLES = settings(max_examples=30, deadline=None,
+EXAMPLES = settings(max_examples=30,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

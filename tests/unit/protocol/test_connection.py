@@ -22,8 +22,6 @@ from tidelog.protocol.errors import FrameTooLargeError, InvalidRequestError, Tid
 from tidelog.protocol.frames import FrameDecoder, encode_frame
 from tidelog.protocol.messages import ApiVersionsRequest
 
-pytestmark = pytest.mark.unit
-
 
 def response_frame(correlation_id: int, body: dict | None = None) -> bytes:
     return encode_frame(encode_response(correlation_id, body or {}))

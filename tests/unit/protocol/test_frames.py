@@ -11,8 +11,6 @@ from hypothesis import strategies as st
 from tidelog.protocol.errors import FrameTooLargeError, InvalidRequestError
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT, PREFIX_SIZE, FrameDecoder, encode_frame
 
-pytestmark = pytest.mark.unit
-
 bodies_st = st.lists(st.binary(max_size=300), max_size=20)
 
 

@@ -24,8 +24,6 @@ from tidelog.protocol.codec import (
 from tidelog.protocol.errors import InvalidRequestError, TidelogError, UnsupportedVersionError
 from tidelog.protocol.messages import ApiVersion, ApiVersionsRequest, ApiVersionsResponse
 
-pytestmark = pytest.mark.unit
-
 int16_st = st.integers(-(1 << 15), (1 << 15) - 1)
 int32_st = st.integers(-(1 << 31), (1 << 31) - 1)
 scalar_st = (st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 64) - 1)

@@ -53,10 +53,8 @@ from tidelog.protocol.records import (
     validate_batches,
 )
 
-pytestmark = pytest.mark.unit
-
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MEDIUM = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+MEDIUM = settings(max_examples=120, suppress_health_check=[HealthCheck.too_slow])
 
 ALL_CODECS = list(Codec)
 RECORD_COUNT_AT = 57

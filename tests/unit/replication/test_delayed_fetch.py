@@ -21,8 +21,6 @@ from tidelog.protocol.messages import (
     StopReplicaRequest,
 )
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture
 async def leader(tmp_path, nursery):

@@ -17,8 +17,6 @@ from tidelog.broker.controller.election import (
     remove_from_isr,
 )
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.mark.parametrize("assignment, isr, live, unclean, expected", [
     # the first replica of the assignment that is live and in the ISR, not the ISR's order

@@ -30,8 +30,6 @@ from tidelog.broker.replication.fetcher import truncation_target
 from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH
 from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic
 
-pytestmark = pytest.mark.unit
-
 # Every async test runs on trio's autojump clock (the ``autojump_clock`` argument): fetcher
 # backoffs pass in virtual time, so a fetcher that backs off forever fails fast.
 
@@ -418,7 +416,7 @@ terms = st.lists(st.tuples(
 ), min_size=1, max_size=8)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(n_brokers=st.integers(2, 3), history=terms, final_leader=st.integers(0, 2),
        partition_max_bytes=st.sampled_from([1, 150, 1 << 20]), segment_bytes=st.sampled_from([250, 600, 1 << 20]))
 def test_random_leader_changes_then_reconcile(n_brokers, history, final_leader, partition_max_bytes, segment_bytes):

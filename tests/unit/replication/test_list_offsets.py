@@ -4,8 +4,6 @@ asks, leader or follower (the fault matrix samples every ISR member's LEO this w
 
 from __future__ import annotations
 
-import pytest
-
 from tests.unit.replication.memory_leader import TP
 from tests.unit.replication.test_fetcher import make_cluster, produce
 from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
@@ -17,8 +15,6 @@ from tidelog.protocol.messages import (
     ListOffsetsRequest,
     ListOffsetsTopic,
 )
-
-pytestmark = pytest.mark.unit
 
 
 async def latest(broker, replica_id: int, current_leader_epoch: int = -1):

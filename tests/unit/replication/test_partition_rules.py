@@ -32,8 +32,6 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.messages import PartitionState
 
-pytestmark = pytest.mark.unit
-
 LAG_MS = 10_000
 LEADER, F1, F2 = 0, 1, 2
 REPLICAS = [LEADER, F1, F2]
@@ -429,5 +427,5 @@ class LeaderPartitionMachine(RuleBasedStateMachine):
 
 
 TestLeaderPartition = LeaderPartitionMachine.TestCase
-TestLeaderPartition.settings = settings(max_examples=80, stateful_step_count=40, deadline=None,
+TestLeaderPartition.settings = settings(max_examples=80, stateful_step_count=40,
                                         suppress_health_check=[HealthCheck.too_slow])
