@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 
-
 from tidelog.aio.accumulator import BATCH_OVERHEAD, BulkRecords, RecordAccumulator, record_size
 from tidelog.errors import RequestTimedOut
 from tidelog.protocol.topics import TopicPartition

@@ -4,7 +4,6 @@ and the move of each partition to a new epoch once its old batches are resolved.
 
 from __future__ import annotations
 
-
 from tidelog.aio.accumulator import ProducerBatch, RecordAccumulator
 from tidelog.aio.idempotence import MAX_SEQUENCE, IdempotenceState, next_sequence
 from tidelog.aio.producer import Decision, decide, decide_sequenced
