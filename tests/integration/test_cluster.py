@@ -16,17 +16,10 @@ from collections import defaultdict
 import pytest
 import trio
 
-from tests.integration.cluster_fixtures import (  # noqa: F401
-    broker_metadata,
-    cluster_3,
-    consume_range,
-    end_offsets,
-    partition_dirs,
-    partitions_of,
-    running,
-    wait_topic_ready,
-    wait_until,
-)
+from tests.integration.cluster_fixtures import cluster_3  # noqa: F401
+from tests.support.cluster import broker_metadata, consume_range, end_offsets, partitions_of, running, wait_topic_ready
+from tests.support.disk import partition_dirs
+from tests.support.waiting import wait_until
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.aio import AsyncProducer
 from tidelog.aio.partitioner import default_partition

@@ -15,15 +15,10 @@ from collections import Counter
 
 import pytest
 
-from tests.integration.cluster_fixtures import (
-    FAST_FAILOVER,
-    cluster_fixture,
-    consume_range,
-    end_offsets,
-    log_dirs,
-    wait_topic_ready,
-    wait_until,
-)
+from tests.integration.cluster_fixtures import FAST_FAILOVER
+from tests.support.cluster import cluster_fixture, consume_range, end_offsets, wait_topic_ready
+from tests.support.disk import log_dirs
+from tests.support.waiting import wait_until
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.broker.log.dump import run as dump_run
 from tidelog.protocol.records import iter_all_records

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster_fixtures import FAST_FAILOVER, cluster_fixture, wait_topic_ready, wait_until
+from tests.integration.cluster_fixtures import FAST_FAILOVER
+from tests.support.cluster import cluster_fixture, wait_topic_ready
+from tests.support.waiting import wait_until
 from tidelog import (
     Admin,
     CommitFailedError,

@@ -15,21 +15,18 @@ from __future__ import annotations
 import threading
 import time
 
-from tests.integration.cluster_fixtures import (  # noqa: F401
-    FAST_FAILOVER,
+from tests.integration.cluster_fixtures import FAST_FAILOVER, fresh_cluster_3  # noqa: F401
+from tests.support.cluster import (
     broker_metadata,
     consume_range,
     controller_id,
     end_offsets,
-    fresh_cluster_3,
-    log_dirs,
     partitions_of,
-    replica_high_watermark,
-    replica_records,
     running,
     wait_topic_ready,
-    wait_until,
 )
+from tests.support.disk import log_dirs, replica_high_watermark, replica_records
+from tests.support.waiting import wait_until
 from tidelog import Admin, NewTopic, Producer, RecordMetadata, TopicPartition
 
 LAG_MS = int(FAST_FAILOVER["replica.lag.time.max.ms"])

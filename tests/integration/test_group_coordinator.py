@@ -17,13 +17,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.cluster_fixtures import (
-    FAST_FAILOVER,
-    RawClient,
-    shut_down,
-    wait_topic_ready,
-    wait_until,
-)
+from tests.integration.cluster_fixtures import FAST_FAILOVER
+from tests.support.cluster import shut_down, wait_topic_ready
+from tests.support.raw_client import RawClient
+from tests.support.waiting import wait_until
 from tidelog import Admin, NewTopic, Producer
 from tidelog.broker.devcluster import DevCluster
 from tidelog.broker.zookeeper.zkserver import find_free_port

@@ -17,13 +17,10 @@ import threading
 
 import pytest
 
-from tests.integration.cluster_fixtures import (
-    FAST_FAILOVER,
-    RawClient,
-    cluster_fixture,
-    wait_topic_ready,
-    wait_until,
-)
+from tests.integration.cluster_fixtures import FAST_FAILOVER
+from tests.support.cluster import cluster_fixture, wait_topic_ready
+from tests.support.raw_client import RawClient
+from tests.support.waiting import wait_until
 from tidelog import Consumer, Producer, TopicPartition
 from tidelog.protocol.codec import ApiKey, RequestHeader, decode_response, encode_request
 from tidelog.protocol.errors import (

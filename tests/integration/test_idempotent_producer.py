@@ -22,9 +22,8 @@ import time
 import msgpack
 import pytest
 
-from tests.integration.cluster_fixtures import (
-    FAST_FAILOVER,
-    RawClient,
+from tests.integration.cluster_fixtures import FAST_FAILOVER
+from tests.support.cluster import (
     broker_metadata,
     cluster_fixture,
     consume_range,
@@ -32,8 +31,9 @@ from tests.integration.cluster_fixtures import (
     partitions_of,
     running,
     wait_topic_ready,
-    wait_until,
 )
+from tests.support.raw_client import RawClient
+from tests.support.waiting import wait_until
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE

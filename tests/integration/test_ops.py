@@ -49,7 +49,8 @@ from tests.component.ops.topology import (
     process_environment,
     zookeeper_services,
 )
-from tests.integration.cluster_fixtures import consume_range, end_offsets, wait_until
+from tests.support.cluster import consume_range, end_offsets
+from tests.support.waiting import wait_until
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.devcluster import metadata

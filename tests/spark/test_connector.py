@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster_fixtures import cluster_fixture, wait_topic_ready, wait_until
+from tests.support.cluster import cluster_fixture, wait_topic_ready
+from tests.support.waiting import wait_until
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.broker.devcluster import DevCluster
 

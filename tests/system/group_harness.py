@@ -61,7 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from tests.system.harness import ELECTION_TIMEOUT_S, SETTLE_TIMEOUT_S, NotYet, Scenario, wait_until
+from tests.support.waiting import NotYet
+from tests.system.harness import ELECTION_TIMEOUT_S, SETTLE_TIMEOUT_S, Scenario, wait_until
 from tidelog import TidelogError
 from tidelog.broker.groups.group_coordinator import partition_for
 from tidelog.protocol.codec import ApiKey

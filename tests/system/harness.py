@@ -55,9 +55,9 @@ examples of each violation; ``Report.assert_ok`` fails with the whole report.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import re
-import socket
 import threading
 import time
 from collections import Counter
@@ -66,13 +66,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from tests.support import waiting
+from tests.support.cluster import dump_logs, dump_zookeeper
+from tests.support.disk import checkpointed_high_watermarks, log_dir, replica_records
+from tests.support.waiting import NotYet
 from tests.system.netlab import NetworkLab
 from tidelog import Admin, Consumer, NewTopic, Producer, TidelogError, TopicPartition
+from tidelog.broker import health
 from tidelog.broker.devcluster import DevCluster, metadata
 from tidelog.broker.log import dump
 from tidelog.errors import OffsetOutOfRangeError
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.messages import (
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
@@ -115,34 +119,8 @@ ELECTION_TIMEOUT_S = 60.0   # a new leader or controller after a failure (includ
 HEAL_TIMEOUT_S = 120.0      # every broker back and every replica back in its ISR
 SETTLE_TIMEOUT_S = 120.0    # produce futures resolved, consumers caught up
 
-
-# -- waiting -------------------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], T], timeout: float, message: str, interval: float = 0.1) -> T:
-    """Poll ``condition`` until it returns something truthy (returned) or ``timeout`` seconds
-    pass (AssertionError naming ``message`` and the last value or error). Connection and
-    client errors while polling count as "not yet"."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            value = condition()
-            if value:
-                return value
-            last = value
-        except (OSError, TidelogError) as e:
-            last = e
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{message}: not reached within {timeout:g} s (last: {last!r})")
-        time.sleep(interval)
-
-
-class NotYet(str):
-    """A falsy condition result that says why (``wait_until`` reports the last one)."""
-
-    def __bool__(self) -> bool:
-        return False
+# The system tests poll their brokers every 100 ms, half as often as the integration tests.
+wait_until = functools.partial(waiting.wait_until, interval=0.1)
 
 
 def value_of(partition: int, seq: int) -> bytes:
@@ -520,40 +498,11 @@ class Scenario:
         for b in list(self.paused):
             self.cluster.brokers[b].resume()
         self._close_workload()
-        self._print_zookeeper_state()
-        for i, b in self.cluster.brokers.items():
-            state = "running" if b.running else f"exited {b.proc.returncode if b.proc else None}"
-            print(f"===== broker {i} ({state}) {b.log_path} (last 80 lines, fetch failures left out) =====")
-            try:
-                lines = b.log_path.read_text(errors="replace").splitlines()
-                print("\n".join([x for x in lines if "request FETCH to broker" not in x][-80:]))
-            except OSError as e:
-                print(f"<cannot read: {e}>")
+        dump_zookeeper(self.cluster)
+        dump_logs(self.cluster, leave_out="request FETCH to broker")
         self.cluster.kill()
         if self.lab is not None:
             self.lab.close()
-
-    def _print_zookeeper_state(self) -> None:
-        """The controller and every partition state as ZooKeeper holds them (for diagnosis:
-        the metadata the brokers serve may lag it)."""
-        from kazoo.client import KazooClient
-
-        zk = KazooClient(hosts=self.cluster.zookeeper.connect_string, timeout=5)
-        try:
-            zk.start(timeout=5)
-            root = "/tidelog"
-            print("zookeeper /controller:", zk.get(f"{root}/controller")[0] if zk.exists(f"{root}/controller") else None)
-            print("zookeeper brokers:", sorted(zk.get_children(f"{root}/brokers/ids")))
-            for topic in sorted(zk.get_children(f"{root}/brokers/topics")):
-                for p in sorted(zk.get_children(f"{root}/brokers/topics/{topic}/partitions"), key=int):
-                    data, stat = zk.get(f"{root}/brokers/topics/{topic}/partitions/{p}/state")
-                    print(f"zookeeper {topic}-{p}: {data.decode()} (version {stat.version})")
-        except Exception as e:  # noqa: BLE001 -- diagnosis only, on the way out
-            print(f"<cannot read ZooKeeper: {e!r}>")
-        finally:
-            with contextlib.suppress(Exception):
-                zk.stop()
-                zk.close()
 
     def _close_workload(self) -> None:
         if self.producer is not None and not self._workload_stopped:
@@ -771,16 +720,7 @@ class Scenario:
     def ask(self, broker_id: int, api_key: ApiKey, request: Any, timeout: float = 5.0) -> dict:
         """One request straight to ``broker_id`` (no metadata, no retries): the response body."""
         b = self.cluster.brokers[broker_id]
-        conn = ClientConnection(client_id="system-probe")
-        with socket.create_connection((b.host, b.port), timeout=timeout) as s:
-            _, frame = conn.send_request(api_key, 0, request)
-            s.sendall(frame)
-            while True:
-                data = s.recv(1 << 16)
-                if not data:
-                    raise ConnectionError(f"broker {broker_id} closed the connection")
-                for _, body in conn.receive_data(data):
-                    return body
+        return health.request(b.host, b.port, api_key, request, timeout=timeout, client_id="system-probe")
 
     def fetch_from(self, broker_id: int, partition: int, offset: int = 0, max_bytes: int = 1024,
                    topic: str | None = None) -> FetchPartitionResponse:
@@ -1077,30 +1017,6 @@ def check_consumers(consumers: list[ConsumerWorker], by_offset: dict[int, dict[i
             report.not_consumed.append(f"{c.name}: partition {a.partition} offset {a.offset} ({a.value!r})")
     report.consumed_distinct = len(distinct)
     report.consumer_errors = dict(errors)
-
-
-def log_dir(cluster: DevCluster, broker_id: int) -> Path:
-    return cluster.dir / f"broker-{broker_id}" / "logs"
-
-
-def checkpointed_high_watermarks(cluster: DevCluster, broker_id: int) -> dict[tuple[str, int], int]:
-    path = log_dir(cluster, broker_id) / "replication-offset-checkpoint"
-    if not path.exists():
-        return {}
-    lines = path.read_text().splitlines()
-    out = {}
-    for line in lines[2:2 + int(lines[1])]:
-        t, p, offset = line.rsplit(" ", 2)
-        out[(t, int(p))] = int(offset)
-    return out
-
-
-def replica_records(cluster: DevCluster, broker_id: int, topic: str, partition: int) -> list[tuple[int, bytes | None]]:
-    d = log_dir(cluster, broker_id) / f"{topic}-{partition}"
-    out: list[tuple[int, bytes | None]] = []
-    for seg in sorted(d.glob("*.log")):
-        out += [(r.offset, r.value) for r in iter_all_records(seg.read_bytes())]
-    return out
 
 
 def check_replicas(cluster: DevCluster, topic: str, partitions: int,

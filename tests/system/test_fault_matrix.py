@@ -44,11 +44,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.disk import log_dir
 from tests.system.harness import (
     ELECTION_TIMEOUT_S,
     SESSION_S,
     Scenario,
-    log_dir,
     value_of,
     wait_until,
 )

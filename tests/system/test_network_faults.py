@@ -34,11 +34,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.disk import replica_records
 from tests.system.harness import (
     ELECTION_TIMEOUT_S,
     IsrSampler,
     Scenario,
-    replica_records,
     wait_until,
 )
 from tests.system.netlab import unavailable_reason
