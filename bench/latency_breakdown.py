@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tidelog import Admin, Consumer, Producer, TopicPartition  # noqa: E402
 from tidelog.aio import AsyncConsumer, AsyncProducer  # noqa: E402
 from tidelog.aio.admin import NewTopic  # noqa: E402
+from tidelog.aio.cluster import parse_bootstrap  # noqa: E402
 from tidelog.aio.connection import BrokerConnection  # noqa: E402
 from tidelog.broker.devcluster import DevCluster  # noqa: E402
 from tidelog.protocol.codec import ApiKey
@@ -94,10 +95,10 @@ def main() -> None:
         try:
             cluster.start()
             bootstrap = cluster.bootstrap
-            host, port = bootstrap.split(",")[0].rsplit(":", 1)
+            host, port = parse_bootstrap(bootstrap)[0]
             with Admin(bootstrap) as admin:
                 admin.create_topics([NewTopic("lat", 1, 1)])
-            trio.run(aio_steps, host, int(port), bootstrap, args.n, steps)
+            trio.run(aio_steps, host, port, bootstrap, args.n, steps)
             with Producer(bootstrap, acks=1, linger_ms=0) as producer:
                 producer.send("lat", VALUE).result(30)
                 if "produce-blocking" in steps:
