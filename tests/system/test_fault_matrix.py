@@ -8,10 +8,11 @@ the harness's docstring), then asserts on the report, which it prints.
 
 Covered here:
 
-* F1  leader clean bounce (SIGTERM: controlled shutdown, restart), 5 times, chasing the leader
-      of partition 0;
-* F2  leader hard bounce (SIGKILL; restart once its ZooKeeper session expired), 5 times;
-* F3  SIGKILL of the controller: the controller moves and topic creation still works;
+* F1, F2, F3  one scenario, parametrized by fault x role (as Kafka's replication_test.py):
+      the leader of partition 0 (5 bounces) or the controller (one) is bounced cleanly
+      (SIGTERM: controlled shutdown, restart; F1 for the leader) or hard (SIGKILL; restart
+      once its ZooKeeper session expired; F2 for the leader, F3 for the controller); after a
+      controller bounce topic creation still works;
 * F6  the leader of partition 0 paused (SIGSTOP) past its session timeout, then resumed: the
       zombie steps down (it refuses to serve the partition) and nothing it acknowledged is
       missing (I7, checked by I1);
@@ -66,56 +67,45 @@ def run_to_report(s: Scenario):
     return s.check()
 
 
-# -- F1, F2: leader bounces ----------------------------------------------------------------------
+# -- F1, F2, F3: a broker in a role bounced, cleanly or hard ----------------------------------------
+
+# fault x role, as Kafka's replication_test.py: (fault, role) -> the fault matrix's name
+BOUNCE_SCENARIOS = {
+    ("clean", "leader"): "F1",      # SIGTERM (controlled shutdown), restart
+    ("hard", "leader"): "F2",       # SIGKILL, restart once the ZooKeeper session expired
+    ("clean", "controller"): "F3c",
+    ("hard", "controller"): "F3",   # the controller moves; topic creation still works
+}
+ROUNDS = {"leader": BOUNCES, "controller": 1}  # times soak
 
 
-def test_f1_leader_clean_bounce(tmp_path: Path, soak: int) -> None:
-    with Scenario(tmp_path, "F1 leader clean bounce") as s:
+def victim_in(s: Scenario, role: str, not_in: tuple[int, ...] = ()) -> int:
+    """The broker in ``role`` (leader of partition 0, or the controller), other than ``not_in``."""
+    return s.leader_of(0, not_in=not_in) if role == "leader" else s.controller(not_in=not_in)
+
+
+@pytest.mark.parametrize("role", ["leader", "controller"])
+@pytest.mark.parametrize("fault", ["clean", "hard"])
+def test_f1_f2_f3_bounce(tmp_path: Path, soak: int, fault: str, role: str) -> None:
+    with Scenario(tmp_path, f"{BOUNCE_SCENARIOS[fault, role]} {role} {fault} bounce") as s:
         s.wait_acked(WARMUP_ACKS)
-        for i in range(BOUNCES * soak):
-            leader = s.leader_of(0)
-            s.note(f"bounce {i + 1}: leader of partition 0 is {leader}")
-            s.stop(leader)
-            s.leader_of(0, not_in=[leader])
-            s.start(leader)
+        for i in range(ROUNDS[role] * soak):
+            victim = victim_in(s, role)
+            s.note(f"bounce {i + 1}: the {role} is broker {victim}")
+            if fault == "clean":
+                s.stop(victim)
+            else:
+                s.kill(victim)
+                s.wait_gone(victim)
+            successor = victim_in(s, role, not_in=(victim,))
+            s.note(f"broker {successor} is the {role}")
+            if role == "controller":
+                s.wait_acked(BETWEEN_ACKS * soak)
+                s.create_topic(f"after-controller-{fault}-bounce-{i}", 2, 2, {"min.insync.replicas": "1"})
+            s.start(victim)
             s.wait_isr_full()
-            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
-        report = run_to_report(s)
-    report.assert_ok()
-
-
-def test_f2_leader_hard_bounce(tmp_path: Path, soak: int) -> None:
-    with Scenario(tmp_path, "F2 leader hard bounce") as s:
-        s.wait_acked(WARMUP_ACKS)
-        for i in range(BOUNCES * soak):
-            leader = s.leader_of(0)
-            s.note(f"bounce {i + 1}: leader of partition 0 is {leader}")
-            s.kill(leader)
-            s.wait_gone(leader)
-            s.leader_of(0, not_in=[leader])
-            s.start(leader)
-            s.wait_isr_full()
-            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
-        report = run_to_report(s)
-    report.assert_ok()
-
-
-# -- F3: the controller --------------------------------------------------------------------------
-
-
-def test_f3_controller_hard_kill(tmp_path: Path, soak: int) -> None:
-    with Scenario(tmp_path, "F3 controller hard kill") as s:
-        s.wait_acked(WARMUP_ACKS)
-        for i in range(soak):
-            controller = s.controller()
-            s.note(f"round {i + 1}: the controller is broker {controller}")
-            s.kill(controller)
-            new = s.controller(not_in=[controller])
-            s.note(f"broker {new} is the controller")
-            s.wait_acked(BETWEEN_ACKS * soak)
-            s.create_topic(f"after-controller-kill-{i}", 2, 2, {"min.insync.replicas": "1"})
-            s.start(controller)
-            s.wait_isr_full()
+            if role == "leader":
+                s.wait_acked(BETWEEN_ACKS * soak, partition=0)
         report = run_to_report(s)
     report.assert_ok()
 
