@@ -24,7 +24,8 @@ from tidelog.protocol.messages import MetadataResponse, PartitionMetadata, Topic
 # -- processes ------------------------------------------------------------------------------------
 
 
-def _tail(path: Path, lines: int = 80, leave_out: str | None = None) -> str:
+def log_tail(path: Path, lines: int = 80, leave_out: str | None = None) -> str:
+    """The last ``lines`` lines of a process's log (without those that contain ``leave_out``)."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError as e:
@@ -38,7 +39,7 @@ def dump_logs(cluster: DevCluster, lines: int = 80, leave_out: str | None = None
         state = "running" if b.running else f"exited {b.proc.returncode if b.proc else None}"
         left_out = f", lines with {leave_out!r} left out" if leave_out else ""
         print(f"===== broker {i} ({state}) {b.log_path} (last {lines} lines{left_out}) =====")
-        print(_tail(b.log_path, lines, leave_out))
+        print(log_tail(b.log_path, lines, leave_out))
 
 
 def shut_down(cluster: DevCluster, failed: bool, per_broker_timeout: float = 30.0) -> None:

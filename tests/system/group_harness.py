@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from tests.support.cluster import log_tail
 from tests.support.waiting import NotYet
 from tests.system.harness import ELECTION_TIMEOUT_S, SETTLE_TIMEOUT_S, Scenario, wait_until
 from tidelog import TidelogError
@@ -162,10 +163,7 @@ class Incarnation:
         self.paused = False
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.path.with_suffix(".log").read_text(errors="replace").splitlines()[-lines:])
-        except OSError as e:
-            return f"<cannot read: {e}>"
+        return log_tail(self.path.with_suffix(".log"), lines)
 
 
 # -- the coordinator, asked directly -----------------------------------------------------------
