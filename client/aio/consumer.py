@@ -189,15 +189,15 @@ class AsyncConsumer(RunsInOwnNursery):
         while a rebalance is under way: poll, then commit again)."""
         self._require_running()
         group = self._group("commit()")
-        await group.invoke_completed_commits()
+        await group.offsets.invoke_completed_commits()
         wanted = self._offsets_to_commit(offsets)
-        await group.commit(wanted, trio.current_time() + self._deadline_s(timeout_ms))
+        await group.offsets.commit(wanted, trio.current_time() + self._deadline_s(timeout_ms))
 
     def commit_async(self, offsets: dict[TopicPartition, int] | None = None, callback: Any = None) -> None:
         """Commit in the background; ``callback(offsets, exception_or_None)`` runs in a later
         ``poll`` or ``commit``. Commits are applied in the order they were made."""
         self._require_running()
-        self._group("commit_async()").commit_async(self._offsets_to_commit(offsets), callback)
+        self._group("commit_async()").offsets.commit_async(self._offsets_to_commit(offsets), callback)
 
     def _offsets_to_commit(self, offsets: dict[TopicPartition, int] | None) -> dict[TopicPartition, int]:
         if offsets is None:
@@ -212,7 +212,7 @@ class AsyncConsumer(RunsInOwnNursery):
         group = self._group("committed()")
         single = isinstance(partitions, tuple) and len(partitions) == 2 and isinstance(partitions[0], str)
         tps = [TopicPartition(*partitions)] if single else [TopicPartition(*tp) for tp in partitions]
-        found = await group.fetch_committed(tps, trio.current_time() + self._deadline_s(timeout_ms))
+        found = await group.offsets.fetch_committed(tps, trio.current_time() + self._deadline_s(timeout_ms))
         return found[tps[0]] if single else found
 
     def _deadline_s(self, timeout_ms: int | None) -> float:

@@ -7,8 +7,9 @@ The member is split by concern:
   tables per request and the pure rebalance decisions (``prepare_join``, ``complete_join``);
 * ``tidelog.aio.discovery``: finding the coordinator (``CoordinatorLink``) and requests to it;
 * ``tidelog.aio.heartbeat``: the heartbeat task and its timer, independent of poll;
-* this module: ``ConsumerCoordinator``, which drives the rebalance from ``poll`` and owns the
-  commits and committed offsets, wiring the parts together through their constructors.
+* ``tidelog.aio.commits``: commits (ordered, never backwards) and committed offsets;
+* this module: ``ConsumerCoordinator``, which drives the rebalance from ``poll`` and wires
+  the parts together through their constructors.
 
 Theory of operation.
 
@@ -31,14 +32,8 @@ Theory of operation.
 * A member that goes ``max_poll_interval_ms`` without a poll leaves the group (LeaveGroup,
   dynamic members only, as Kafka does; the heartbeat task notices) and forgets its
   generation, so the next poll reports the partitions lost and rejoins.
-* **Commits** carry the generation and member id (generation -1 and no member id when the
-  partitions were assigned by hand: the coordinator then accepts them only while the group
-  has no members). They go through one lock in the order they were made, and a partition's
-  offset from an older commit is never sent after a newer one's, so the group's committed
-  offsets never go backwards because of reordering; the automatic commit also never commits a
-  position below the last committed offset (only an explicit ``commit`` after a ``seek`` may
-  move it back). A commit rejected because the group moved on raises ``CommitFailedError``
-  saying so and what to do.
+* Commits (``OffsetCommitter``) carry the member's generation; a commit refused because the
+  group moved on resets or rejoins the member through the callbacks it was given.
 * Static members (``group_instance_id``) do not send LeaveGroup when they close, so a
   restart within the session timeout gets the same member slot and assignment back without a
   rebalance (the coordinator answers its JoinGroup with the current generation).
@@ -51,7 +46,7 @@ import inspect
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,12 +65,11 @@ from tidelog.aio.assignors import (
     rebalance_protocol,
 )
 from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
+from tidelog.aio.commits import OffsetCommitter, auto_commit_offsets
 from tidelog.aio.discovery import CoordinatorLink, GroupRetry
 from tidelog.aio.heartbeat import Heartbeat, HeartbeatTimer
 from tidelog.aio.membership import (
-    COMMIT_ACTIONS,
     JOIN_ACTIONS,
-    NO_GENERATION_INFO,
     OK,
     REDISCOVER,
     REJOIN,
@@ -93,41 +87,27 @@ from tidelog.aio.membership import (
 )
 from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.errors import (
-    BrokerConnectionError,
-    CommitFailedError,
-    RebalanceInProgressError,
-    RequestTimedOut,
     TidelogError,
     broker_error,
 )
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     FENCED_INSTANCE_ID,
-    NONE,
     for_code,
 )
 from tidelog.protocol.messages import (
-    NO_OFFSET,
     JoinGroupProtocol,
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
     MemberIdentity,
-    OffsetCommitPartition,
-    OffsetCommitRequest,
-    OffsetCommitResponse,
-    OffsetCommitTopic,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
-    OffsetFetchTopic,
     SyncGroupAssignment,
     SyncGroupRequest,
     SyncGroupResponse,
 )
 from tidelog.protocol.topics import TopicPartition
 
-__all__ = ["ConsumerRebalanceListener", "ConsumerCoordinator", "auto_commit_offsets", "matching_topics",
-           "not_superseded", "coalesce_commit", "commit_failed_message", "call_maybe_async"]
+__all__ = ["ConsumerRebalanceListener", "ConsumerCoordinator", "matching_topics", "call_maybe_async"]
 
 log = logging.getLogger(__name__)
 
@@ -155,38 +135,6 @@ class ConsumerRebalanceListener:
         return self.on_partitions_revoked(lost)
 
 
-def auto_commit_offsets(positions: Mapping[TopicPartition, int],
-                        committed: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
-    """The consumed positions an automatic commit sends: only those past the last committed
-    offset (an automatic commit never moves a committed offset back)."""
-    return {tp: pos for tp, pos in positions.items() if pos > committed.get(tp, -1)}
-
-
-def not_superseded(offsets: Mapping[TopicPartition, int], seq: int,
-                   sent_seq: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
-    """The offsets of commit number ``seq`` still worth sending: a partition whose offset from
-    a later commit (higher seq) was already stored is left out, so commits that reach the lock
-    out of order never move a committed offset back."""
-    return {tp: o for tp, o in offsets.items() if sent_seq.get(tp, 0) < seq}
-
-
-def coalesce_commit(fresh: Mapping[TopicPartition, int], seq: int, generation: "Generation",
-                    requested: Mapping[TopicPartition, tuple[int, int, "Generation"]]
-                    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-    """What commit number ``seq`` sends: for each of its partitions the offset of the latest
-    commit requested so far for it (``requested``: partition -> (seq, offset, generation)),
-    if that commit is of the same generation, else its own. Returns (offsets, seq per
-    partition). Commits queued behind one in flight are thus sent together: the later one
-    finds its offsets already stored (``not_superseded``) and returns at once; the stored
-    offset is the one the latest commit asked for, so nothing moves back."""
-    offsets, seqs = {}, {}
-    for tp, offset in fresh.items():
-        latest = requested.get(tp)
-        if latest is not None and latest[0] > seq and latest[2] == generation:
-            offsets[tp], seqs[tp] = latest[1], latest[0]
-        else:
-            offsets[tp], seqs[tp] = offset, seq
-    return offsets, seqs
 
 
 def matching_topics(pattern: re.Pattern[str], metadata: ClusterMetadata,
@@ -197,13 +145,6 @@ def matching_topics(pattern: re.Pattern[str], metadata: ClusterMetadata,
             if pattern.fullmatch(name) and not (exclude_internal and t.is_internal)}
 
 
-def commit_failed_message(group_id: str, detail: str) -> str:
-    return (f"commit of group {group_id!r} failed: the group has rebalanced and the partitions "
-            f"were reassigned to other members ({detail}). This happens when the time between "
-            "polls is longer than max_poll_interval_ms (processing a batch took too long), or the "
-            "member missed its session timeout. Increase max_poll_interval_ms or reduce the work "
-            "per poll (max_poll_records); the records after the last successful commit will be "
-            "delivered again to the partitions' new owners.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +181,6 @@ class ConsumerCoordinator:
         self.subscribed_topics: set[str] = set()
         self.pattern: re.Pattern[str] | None = None
         self.listener: ConsumerRebalanceListener = ConsumerRebalanceListener()
-        self.committed: dict[TopicPartition, int] = {}  # the group's committed offsets as last seen
         self.timer = HeartbeatTimer(config.session_timeout_ms / 1000, config.heartbeat_interval_ms / 1000,
                                     config.max_poll_interval_ms / 1000, time.monotonic())
         self._backoff_s = config.retry_backoff_ms / 1000
@@ -250,12 +190,6 @@ class ConsumerCoordinator:
         self._join_outcome: JoinResult | BaseException | None = None
         self._join_scope: trio.CancelScope | None = None
         self._assignment_snapshot: dict[str, int] | None = None  # leader: partition counts assigned
-        self._commit_lock = trio.Lock()
-        self._commit_seq = 0
-        self._sent_seq: dict[TopicPartition, int] = {}
-        self._requested: dict[TopicPartition, tuple[int, int, Generation]] = {}  # latest commit asked
-        self._completed_commits: list[tuple[Callable, dict, BaseException | None]] = []
-        self._next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
         self._sync_in_flight = False  # no heartbeat then: its answer would wait behind the SyncGroup's
         self._nursery: trio.Nursery | None = None
         self._pattern_refreshed = -float("inf")
@@ -272,6 +206,12 @@ class ConsumerCoordinator:
                                    sync_in_flight=lambda: self._sync_in_flight, request_rejoin=self.request_rejoin,
                                    reset_generation=self.reset_generation, on_fatal=self._set_fatal,
                                    leave_for_poll_timeout=self._leave_for_poll_timeout)
+        self.offsets = OffsetCommitter(config, self.link, self.member, subscriptions,
+                                       is_managed=lambda: self.is_managed,
+                                       left_for_poll_timeout=lambda: self._left_for_poll_timeout,
+                                       reset_generation=self.reset_generation, request_rejoin=self.request_rejoin,
+                                       invoke=invoke, wake_fetcher=wake_fetcher, on_fatal=self._set_fatal,
+                                       start_soon=lambda fn: self._nursery.start_soon(fn))
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -290,6 +230,11 @@ class ConsumerCoordinator:
     @property
     def rejoin_needed(self) -> bool:
         return self.member.rejoin_needed
+
+    @property
+    def committed(self) -> dict[TopicPartition, int]:
+        """The group's committed offsets as last seen."""
+        return self.offsets.committed
 
     @property
     def coordinator_id(self) -> int | None:
@@ -381,7 +326,7 @@ class ConsumerCoordinator:
         new partitions and the automatic commit."""
         self.timer.polled(time.monotonic())
         self._raise_fatal()
-        await self.invoke_completed_commits()
+        await self.offsets.invoke_completed_commits()
         if self.is_managed:
             self._maybe_refresh_pattern()
             if self.pattern is not None and self._pattern_refreshed == -float("inf"):
@@ -397,8 +342,8 @@ class ConsumerCoordinator:
                 if self._join_done.is_set():
                     await self._finish_join()
         if self.subscriptions.awaiting_committed():
-            self._spawn_once("committed", self._refresh_committed_positions)
-        self._maybe_auto_commit()
+            self._spawn_once("committed", self.offsets.refresh_committed_positions)
+        self.offsets.maybe_auto_commit()
 
     def interrupt_poll(self) -> None:
         """The consumer's ``wakeup``: the waits of the poll under way (or of the next one, until
@@ -531,7 +476,7 @@ class ConsumerCoordinator:
         if not offsets:
             return
         try:
-            await self.commit(offsets, deadline=trio.current_time() + self.config.request_timeout_ms / 1000)
+            await self.offsets.commit(offsets, deadline=trio.current_time() + self.config.request_timeout_ms / 1000)
         except TidelogError as e:
             log.warning("group %r: automatic commit before the rebalance failed: %s", self.group_id, e)
 
@@ -741,228 +686,6 @@ class ConsumerCoordinator:
         self.pattern = None
         self._assignment_snapshot = None
 
-    # -- commits --------------------------------------------------------------------------------
-
-    def _commit_generation(self) -> Generation:
-        if not self.is_managed:
-            return NO_GENERATION_INFO  # manual assignment: allowed while the group is empty
-        if self.member.rebalancing:
-            raise RebalanceInProgressError(
-                f"commit of group {self.group_id!r} not done: the group is rebalancing. Call poll() "
-                "to complete the rebalance (on_partitions_revoked is the place to commit before "
-                "partitions move), then commit again.")
-        if not self.generation.valid:
-            raise CommitFailedError(commit_failed_message(
-                self.group_id, "this member is no longer part of an active generation"
-                + (": it left after max_poll_interval_ms without a poll" if self._left_for_poll_timeout else "")))
-        return self.generation
-
-    async def commit(self, offsets: Mapping[TopicPartition, int], deadline: float) -> None:
-        """Commit ``offsets`` (the next offset to read, per partition) and wait for the
-        coordinator's answer, retrying coordinator moves until ``deadline`` (trio time)."""
-        if not offsets:
-            return
-        for tp, offset in offsets.items():
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-                raise ValueError(f"offset to commit for {tp} must be an int >= 0, got {offset!r}")
-        self._commit_seq += 1
-        seq = self._commit_seq
-        generation = self._commit_generation()
-        for tp, offset in offsets.items():
-            self._requested[tp] = (seq, offset, generation)
-        with trio.move_on_at(deadline) as waiting:  # an earlier commit may hold the lock: wait only this long
-            await self._commit_lock.acquire()
-        if waiting.cancelled_caught:
-            raise RequestTimedOut(f"commit of group {self.group_id!r} did not start in time: an earlier "
-                                  "commit of this consumer was still waiting for the coordinator")
-        try:
-            fresh = not_superseded(offsets, seq, self._sent_seq)
-            if not fresh:
-                return
-            sending, seqs = coalesce_commit(fresh, seq, generation, self._requested)
-            await self._commit_with_retries(sending, generation, deadline)
-            for tp, offset in sending.items():
-                self._sent_seq[tp] = max(self._sent_seq.get(tp, 0), seqs[tp])
-                self.committed[tp] = offset
-        finally:
-            self._commit_lock.release()
-
-    async def _commit_with_retries(self, offsets: dict[TopicPartition, int], generation: Generation,
-                                   deadline: float) -> None:
-        backoff = Backoff(self._backoff_s, self._backoff_max_s)
-        last: BaseException | None = None
-        while True:
-            if generation != NO_GENERATION_INFO and generation != self.generation:
-                raise CommitFailedError(commit_failed_message(self.group_id, "the member's generation changed"))
-            remaining = deadline - trio.current_time()
-            if remaining <= 0:
-                raise RequestTimedOut(f"commit of group {self.group_id!r} did not complete in time "
-                                      f"(last error: {last or 'none'})")
-            try:
-                with trio.fail_after(remaining):
-                    await self.link.ensure(deadline)
-                    r = await self.link.request(_commit_request(self.group_id, offsets, generation,
-                                                                        self.config.group_instance_id),
-                                                        ApiKey.OFFSET_COMMIT,
-                                                        min(remaining, self.config.request_timeout_ms / 1000))
-                self._absorb_commit(r, generation)
-                return
-            except trio.TooSlowError:
-                last = RequestTimedOut("the coordinator did not answer")
-            except GroupRetry as e:
-                last = e
-                if e.rediscover:
-                    self.link.mark_unknown(str(e))
-            with trio.move_on_at(deadline):
-                await trio.sleep(backoff.next_delay())
-
-    def _absorb_commit(self, r: OffsetCommitResponse, generation: Generation) -> None:
-        for t in r.topics:
-            for p in t.partitions:
-                action = action_for(COMMIT_ACTIONS, p.error_code)
-                if action == OK:
-                    continue
-                name = for_code(p.error_code).name
-                if action in (RETRY, REDISCOVER):
-                    raise GroupRetry(f"OffsetCommit {t.name}-{p.partition_index}: {name}", rediscover=action == REDISCOVER)
-                if action == RESET_MEMBER and generation.valid:
-                    if generation == self.generation:
-                        self.reset_generation(f"OffsetCommit: {name}")
-                    raise CommitFailedError(commit_failed_message(self.group_id, f"the coordinator answered {name}"),
-                                            error=for_code(p.error_code))
-                if action == RESET_MEMBER:
-                    raise CommitFailedError(
-                        f"commit of group {self.group_id!r} refused ({name}): the group has active members, "
-                        "and a consumer with assign() (no group membership) can commit offsets to a group "
-                        "only while it has none. Use another group_id, or subscribe() to join the group.",
-                        error=for_code(p.error_code))
-                if action == REJOIN and generation.valid:
-                    self.request_rejoin("the coordinator is rebalancing the group")
-                    raise RebalanceInProgressError(
-                        f"commit of group {self.group_id!r} not done: the group started rebalancing. "
-                        "Call poll() to complete the rebalance, then commit again (or commit in "
-                        "on_partitions_revoked).")
-                raise broker_error(p.error_code, f"group {self.group_id!r} commit for {t.name}-{p.partition_index}",
-                                   p.error_message)
-
-    def commit_async(self, offsets: Mapping[TopicPartition, int], callback: Callable | None) -> None:
-        """Send a commit in the background; ``callback(offsets, error_or_None)`` runs in a
-        later poll (or commit), like Kafka's OffsetCommitCallback."""
-        offsets = dict(offsets)
-
-        async def run() -> None:
-            error: BaseException | None = None
-            try:
-                await self.commit(offsets, trio.current_time() + self.config.request_timeout_ms / 1000)
-            except TidelogError as e:
-                error = e
-                log.warning("group %r: asynchronous commit failed: %s", self.group_id, e)
-            if callback is not None:
-                self._completed_commits.append((callback, offsets, error))
-
-        self._nursery.start_soon(run)
-
-    async def invoke_completed_commits(self) -> None:
-        while self._completed_commits:
-            callback, offsets, error = self._completed_commits.pop(0)
-            await self._invoke(callback, offsets, error)
-
-    def _maybe_auto_commit(self) -> None:
-        if not self.config.enable_auto_commit:
-            return
-        now = time.monotonic()
-        if now < self._next_auto_commit:
-            return
-        self._next_auto_commit = now + self.config.auto_commit_interval_ms / 1000
-        if self.is_managed and (self.state is not MemberState.STABLE or not self.generation.valid):
-            return
-        offsets = auto_commit_offsets(self.subscriptions.consumed_positions(), self.committed)
-        if offsets:
-            self.commit_async(offsets, None)
-
-    # -- committed offsets ----------------------------------------------------------------------
-
-    async def fetch_committed(self, partitions: Iterable[TopicPartition], deadline: float
-                              ) -> dict[TopicPartition, int | None]:
-        """The group's committed offset of each partition (None: nothing committed)."""
-        wanted = list(dict.fromkeys(partitions))
-        if not wanted:
-            return {}
-        by_topic: dict[str, list[int]] = {}
-        for tp in wanted:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
-        request = OffsetFetchRequest(self.group_id, [OffsetFetchTopic(t, ps) for t, ps in by_topic.items()])
-        backoff = Backoff(self._backoff_s, self._backoff_max_s)
-        last: BaseException | None = None
-        while True:
-            if not await self.link.ensure(deadline):
-                raise RequestTimedOut(f"no coordinator for group {self.group_id!r} found in time "
-                                      f"(last error: {last or 'none'})")
-            try:
-                r: OffsetFetchResponse = await self.link.request(
-                    request, ApiKey.OFFSET_FETCH,
-                    max(0.001, min(deadline - trio.current_time(), self.config.request_timeout_ms / 1000)))
-                return self._absorb_offset_fetch(r, set(wanted))
-            except GroupRetry as e:
-                last = e
-                if e.rediscover:
-                    self.link.mark_unknown(str(e))
-            if trio.current_time() + backoff.initial_s >= deadline:
-                raise RequestTimedOut(f"committed offsets of group {self.group_id!r} not fetched in time "
-                                      f"(last error: {last})")
-            with trio.move_on_at(deadline):
-                await trio.sleep(backoff.next_delay())
-
-    def _absorb_offset_fetch(self, r: OffsetFetchResponse, wanted: set[TopicPartition]
-                             ) -> dict[TopicPartition, int | None]:
-        errors = [r.error_code] + [p.error_code for t in r.topics for p in t.partitions]
-        for code in errors:
-            if code == NONE.code:
-                continue
-            action = action_for(COMMIT_ACTIONS, code)
-            if action in (RETRY, REDISCOVER):
-                raise GroupRetry(f"OffsetFetch: {for_code(code).name}", rediscover=action == REDISCOVER)
-            raise broker_error(code, f"group {self.group_id!r} (OffsetFetch)")
-        out: dict[TopicPartition, int | None] = {tp: None for tp in wanted}
-        for t in r.topics:
-            for p in t.partitions:
-                tp = TopicPartition(t.name, p.partition_index)
-                if tp in wanted:
-                    out[tp] = None if p.committed_offset == NO_OFFSET else p.committed_offset
-        return out
-
-    async def _refresh_committed_positions(self) -> None:
-        """New partitions start at the committed offset, else per auto_offset_reset."""
-        waiting = self.subscriptions.awaiting_committed()
-        asked = {tp: self.subscriptions.partitions[tp] for tp in waiting}
-        try:
-            found = await self.fetch_committed(waiting, trio.current_time() + self.config.request_timeout_ms / 1000)
-        except (RequestTimedOut, BrokerConnectionError) as e:
-            log.debug("group %r: committed offsets not fetched yet: %s", self.group_id, e)
-            return
-        except TidelogError as e:
-            self._fatal = e
-            return
-        for tp, offset in found.items():
-            state = self.subscriptions.partitions.get(tp)
-            if state is not asked[tp] or not state.awaiting_committed:
-                continue  # revoked (maybe assigned again: ask again), or the application seeked meanwhile
-            if offset is not None:
-                self.committed[tp] = offset
-                state.seek(offset)
-            else:
-                self.subscriptions.reset_to_default(tp)
-        self._wake_fetcher()
-
-
-def _commit_request(group_id: str, offsets: Mapping[TopicPartition, int], generation: Generation,
-                    group_instance_id: str | None) -> OffsetCommitRequest:
-    by_topic: dict[str, list[OffsetCommitPartition]] = {}
-    for tp, offset in sorted(offsets.items()):
-        by_topic.setdefault(tp.topic, []).append(OffsetCommitPartition(tp.partition, offset))
-    return OffsetCommitRequest(group_id, [OffsetCommitTopic(t, ps) for t, ps in by_topic.items()],
-                               generation.generation_id, generation.member_id,
-                               group_instance_id if generation.valid else None)
 
 
 def _names(tps: Iterable[TopicPartition]) -> str:

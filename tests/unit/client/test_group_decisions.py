@@ -9,13 +9,8 @@ import pytest
 
 from tidelog.aio.assignors import COOPERATIVE, EAGER
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.group import (
-    auto_commit_offsets,
-    coalesce_commit,
-    commit_failed_message,
-    matching_topics,
-    not_superseded,
-)
+from tidelog.aio.commits import auto_commit_offsets, coalesce_commit, commit_failed_message, not_superseded
+from tidelog.aio.group import matching_topics
 from tidelog.aio.heartbeat import HeartbeatTimer
 from tidelog.aio.membership import (
     COMMIT_ACTIONS,

@@ -87,14 +87,14 @@ async def test_a_commit_behind_an_earlier_one_gives_up_at_its_own_deadline(autoj
     first_done = trio.Event()
 
     async def first():
-        await group.commit({A0: 1}, trio.current_time() + 300)
+        await group.offsets.commit({A0: 1}, trio.current_time() + 300)
         first_done.set()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(first)
         await wait_sent(cluster, 1)
         with pytest.raises(RequestTimedOut):
-            await group.commit({A0: 2}, trio.current_time() + 5)
+            await group.offsets.commit({A0: 2}, trio.current_time() + 5)
         assert not first_done.is_set()  # it gave up before the earlier commit finished
         release.set()
         await first_done.wait()
@@ -119,7 +119,7 @@ async def test_a_committed_offset_looked_up_for_an_earlier_assignment_is_not_app
     group = member(cluster, subscriptions)
     subscriptions.assign([A0], need_committed=True)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(group._refresh_committed_positions)
+        nursery.start_soon(group.offsets.refresh_committed_positions)
         await wait_sent(cluster, 1)
         group._drop_partitions([A0])  # a rebalance takes A0 away; a later one hands it back
         subscriptions.assign([A0], need_committed=True)
@@ -127,5 +127,5 @@ async def test_a_committed_offset_looked_up_for_an_earlier_assignment_is_not_app
     state = subscriptions.partitions[A0]
     assert state.awaiting_committed and state.position is None and A0 not in group.committed
     answers[1].set()
-    await group._refresh_committed_positions()
+    await group.offsets.refresh_committed_positions()
     assert state.position == 100 and group.committed[A0] == 100

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import trio
 
+import tidelog.aio.commits as commits_module
 import tidelog.aio.group as group_module
 import tidelog.aio.heartbeat as heartbeat_module
 from tidelog.aio.assignors import Assignment, encode_assignment
@@ -58,7 +59,7 @@ A0 = TP("a", 0)
 @pytest.fixture(autouse=True)
 def trio_monotonic(monkeypatch):
     """The group modules' clock is Trio's (autojump) clock."""
-    for module in (group_module, heartbeat_module):
+    for module in (group_module, heartbeat_module, commits_module):
         monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=trio.current_time))
 
 
