@@ -425,7 +425,7 @@ class Log:
             return False
         self.log_start_offset = offset
         self.epoch_cache.truncate_from_start(offset)
-        self.producer_state.truncate_head(offset)
+        self.producer_state.truncate_head(offset, self._segments[0].base_offset)
         return True
 
     def delete_old_segments(self) -> list[int]:
@@ -477,7 +477,7 @@ class Log:
         del self._segments[:n], self._bases[:n]
         self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
-        self.producer_state.truncate_head(self.log_start_offset)
+        self.producer_state.truncate_head(self.log_start_offset, self._segments[0].base_offset)
         for seg in doomed:
             logger.info("%s: deleting segment %d (%d bytes, offsets below %d) because of %s",
                         self.topic_partition, seg.base_offset, seg.size, seg.next_offset, reason)
@@ -532,7 +532,7 @@ class Log:
             if found is not None:
                 ps.update(seg.headers_from(found[0]))
         ps.map_end_offset = leo
-        ps.truncate_head(self.log_start_offset)
+        ps.truncate_head(self.log_start_offset, self._segments[0].base_offset)
 
     def remove_expired_producers(self, expiration_ms: int) -> list:
         """Forget producers idle for ``expiration_ms`` (producer.id.expiration.ms); returns

@@ -264,14 +264,22 @@ class ProducerStateManager:
         if h is not None:
             self.map_end_offset = h.base_offset + h.last_offset_delta + 1
 
-    def truncate_head(self, log_start_offset: int) -> None:
-        """Forget producers whose batches all lie below the log start (retention)."""
+    def truncate_head(self, log_start_offset: int, first_offset_held: int = 0) -> None:
+        """Forget producers whose batches all lie below the log start (retention), and start
+        no entry below ``first_offset_held`` (the first segment's base offset): an entry
+        merged from consecutive batches may reach into segments retention deleted, and a
+        state rebuilt from the log after a crash could not know those batches. Trimmed
+        there, the state is the same whether it was kept in memory or rebuilt."""
         gone = [pid for pid, e in self.producers.items() if e.last_offset < log_start_offset]
         for pid in gone:
             del self.producers[pid]
         for e in self.producers.values():
             while e.batches and e.batches[0].last_offset < log_start_offset:
                 e.batches.popleft()
+            if e.batches and e.batches[0].first_offset < first_offset_held:
+                b = e.batches[0]
+                e.batches[0] = b._replace(first_seq=next_sequence(b.first_seq, first_offset_held - b.first_offset),
+                                          first_offset=first_offset_held)
         self.map_end_offset = max(self.map_end_offset, log_start_offset)
         self.delete_snapshots(lambda offset: offset < log_start_offset)
 

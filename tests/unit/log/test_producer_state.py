@@ -203,6 +203,12 @@ def test_snapshot_format_rejects_garbage():
 # the state machine
 
 
+def _from(b: BatchMetadata, offset: int) -> BatchMetadata:
+    if b.first_offset >= offset:
+        return b
+    return b._replace(first_seq=next_sequence(b.first_seq, offset - b.first_offset), first_offset=offset)
+
+
 class ProducerStateMachine(RuleBasedStateMachine):
     """Appends of three producers (in sequence, duplicates, gaps, epoch changes), rolls,
     truncations, retention, clean restarts and crashes; after each step the log's producer
@@ -238,7 +244,8 @@ class ProducerStateMachine(RuleBasedStateMachine):
                 last = kept.pop()
                 meta = BatchMetadata(last.first_seq, meta.last_seq, last.first_offset, meta.last_offset, 1000)
             out[pid] = (epoch, (kept + [meta])[-5:])
-        out = {pid: (e, [b for b in bs if b.last_offset >= start]) for pid, (e, bs) in out.items()}
+        held = self.log.segments[0].base_offset  # merged entries start no lower (truncate_head)
+        out = {pid: (e, [_from(b, held) for b in bs if b.last_offset >= start]) for pid, (e, bs) in out.items()}
         return {pid: v for pid, v in out.items() if v[1]}
 
     def outcome(self, pid: int, epoch: int, seq: int, n: int):
