@@ -56,11 +56,12 @@ class Readiness:
                 if not ok]
 
 
-def broker_readiness(server: Any) -> Readiness:
-    """The readiness of a running ``BrokerServer`` (read on its Trio thread)."""
-    connected = bool(server.zk.connected)
-    return Readiness(logs_loaded=bool(getattr(server, "logs_loaded", False)), zookeeper_connected=connected,
-                     registered=connected and server.broker_epoch >= 0, has_metadata=server.ready.is_set())
+def broker_readiness(*, logs_loaded: bool, zookeeper_connected: bool, broker_epoch: int,
+                     has_metadata: bool) -> Readiness:
+    """A broker's readiness from what it knows (read on its Trio thread). A lost ZooKeeper
+    session takes the registration with it, so registered needs both the session and an epoch."""
+    return Readiness(logs_loaded=logs_loaded, zookeeper_connected=zookeeper_connected,
+                     registered=zookeeper_connected and broker_epoch >= 0, has_metadata=has_metadata)
 
 
 # -- over the wire ----------------------------------------------------------------------------

@@ -45,7 +45,7 @@ import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -56,6 +56,15 @@ from tidelog.broker.deferred import DeferredResponse, is_deferred
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.messages import FetchResponse, ProduceResponse
 from tidelog.protocol.records import BATCH_LENGTH_AT, HEADER_SIZE, LOG_OVERHEAD
+
+if TYPE_CHECKING:
+    from tidelog.broker.controller.controller import Controller
+    from tidelog.broker.groups.group_coordinator import GroupCoordinator
+    from tidelog.broker.health import Readiness
+    from tidelog.broker.log.cleaner import LogCleaner
+    from tidelog.broker.log.manager import LogManager
+    from tidelog.broker.network import NetworkStats
+    from tidelog.broker.replication.replica_manager import ReplicaManager
 
 logger = logging.getLogger("tidelog.metrics")
 
@@ -220,13 +229,26 @@ class RequestMetrics:
 # -- the collector --------------------------------------------------------------------------------
 
 
+class MetricsSource(Protocol):
+    """What the endpoint reads of a broker, at scrape time, on the broker's Trio thread: its
+    components and two readings. The broker server provides it; tests pass small fakes."""
+
+    broker_epoch: int
+    replica_manager: ReplicaManager
+    log_manager: LogManager
+    controller: Controller | None
+    group_coordinator: GroupCoordinator | None  # absent: no group families
+    log_cleaner: LogCleaner | None  # absent: no cleaner families
+
+    def readiness(self) -> Readiness: ...
+
+    def socket_stats(self) -> NetworkStats | None: ...
+
+
 class BrokerCollector:
-    """Every family of the endpoint, built from the broker's state at scrape time.
+    """Every family of the endpoint, built from the broker's state at scrape time."""
 
-    ``server`` is the BrokerServer (or anything with its attributes: config, replica_manager,
-    controller, log_manager, metadata, readiness(), and ``socket_stats()``)."""
-
-    def __init__(self, server: Any, requests: RequestMetrics):
+    def __init__(self, server: MetricsSource, requests: RequestMetrics):
         self.server = server
         self.requests = requests
 
@@ -433,7 +455,7 @@ def offline_partitions(controller: Any) -> int:
     return sum(1 for st, _ in ctx.states.values() if st.leader < 0 or st.leader not in live)
 
 
-def build_registry(server: Any, requests: RequestMetrics, *, process: bool = True) -> CollectorRegistry:
+def build_registry(server: MetricsSource, requests: RequestMetrics, *, process: bool = True) -> CollectorRegistry:
     """A registry with the broker's collector (and the process's CPU, memory, fds)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(server, requests))
@@ -445,7 +467,7 @@ def build_registry(server: Any, requests: RequestMetrics, *, process: bool = Tru
 class BrokerMetrics:
     """What the broker server holds: the per-request hook and the endpoint."""
 
-    def __init__(self, server: Any):
+    def __init__(self, server: MetricsSource):
         self.server = server
         self.requests = RequestMetrics()
         self.registry = build_registry(server, self.requests)

@@ -221,7 +221,8 @@ class BrokerServer:
 
     def readiness(self) -> Readiness:
         """Logs loaded, registered in ZooKeeper, metadata received (broker/health.py)."""
-        return broker_readiness(self)
+        return broker_readiness(logs_loaded=self.logs_loaded, zookeeper_connected=bool(self.zk.connected),
+                                broker_epoch=self.broker_epoch, has_metadata=self.ready.is_set())
 
     def socket_stats(self):
         """The socket server's counters (broker.network.NetworkStats), None before it starts."""

@@ -5,7 +5,6 @@ after it knows the cluster)."""
 from __future__ import annotations
 
 import io
-import types
 
 import pytest
 import trio
@@ -27,15 +26,13 @@ def test_ready_only_when_every_check_passes():
                             "no cluster metadata from the controller yet"]
 
 
-def test_broker_readiness_reads_the_server():
-    server = types.SimpleNamespace(zk=types.SimpleNamespace(connected=True), broker_epoch=-1,
-                                   ready=trio.Event(), logs_loaded=True)
-    assert broker_readiness(server) == Readiness(True, True, False, False)
-    server.broker_epoch = 7
-    server.ready.set()
-    assert broker_readiness(server).ready
-    server.zk.connected = False  # a lost session: the registration is gone with it
-    assert broker_readiness(server) == Readiness(True, False, False, True)
+def test_broker_readiness_from_what_the_broker_knows():
+    state = dict(logs_loaded=True, zookeeper_connected=True, broker_epoch=-1, has_metadata=False)
+    assert broker_readiness(**state) == Readiness(True, True, False, False)
+    state.update(broker_epoch=7, has_metadata=True)
+    assert broker_readiness(**state).ready
+    state.update(zookeeper_connected=False)  # a lost session: the registration is gone with it
+    assert broker_readiness(**state) == Readiness(True, False, False, True)
 
 
 @pytest.mark.parametrize("text,expected", [("h:1", ("h", 1)), ("h", ("h", 9092)), (":5", ("127.0.0.1", 5)),
