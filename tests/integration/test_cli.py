@@ -24,8 +24,6 @@ from tidelog.broker.cli import main
 from tidelog.broker.devcluster import DevCluster, metadata
 from tidelog.perf import Latency, Throttler, consume, produce
 
-pytestmark = pytest.mark.integration
-
 PARTITION_LINE = re.compile(
     r"^\tTopic: (?P<topic>[\w.-]+)\tPartition: (?P<partition>\d+)\tLeader: (?P<leader>\d+|none)\t"
     r"Replicas: (?P<replicas>[\d,]+)\tIsr: (?P<isr>[\d,-]*)\tEpoch: (?P<epoch>\d+)\t"

@@ -7,8 +7,6 @@ import pytest
 
 from tidelog.broker.cli import EXIT_USAGE, main
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.mark.parametrize("argv,command,option", [
     (["groups", "describe", "grp"], "tidelog groups describe", "--group GROUP"),

@@ -28,8 +28,6 @@ from tidelog.aio.assignors import (
 from tidelog.protocol.errors import INCONSISTENT_GROUP_PROTOCOL, TidelogError
 from tidelog.protocol.topics import TopicPartition as TP
 
-pytestmark = pytest.mark.unit
-
 
 def subs(**topics_by_member):
     return {m: Subscription(tuple(ts)) for m, ts in topics_by_member.items()}
@@ -179,7 +177,7 @@ def _check_complete(topics, chosen, assignment):
         assert all(tp.topic in chosen[m] for tp in a.partitions), "assigned an unsubscribed topic"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(groups(equal_subscriptions=False),
        st.sampled_from([RangeAssignor, RoundRobinAssignor, CooperativeStickyAssignor]))
 def test_every_partition_assigned_exactly_once(group, assignor):
@@ -188,7 +186,7 @@ def test_every_partition_assigned_exactly_once(group, assignor):
     _check_complete(topics, chosen, assignment)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(groups(), st.sampled_from([RoundRobinAssignor, CooperativeStickyAssignor]))
 def test_balanced_within_one_with_equal_subscriptions(group, assignor):
     topics, chosen = group
@@ -197,7 +195,7 @@ def test_balanced_within_one_with_equal_subscriptions(group, assignor):
     assert max(sizes) - min(sizes) <= 1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(groups(), st.data())
 def test_sticky_keeps_owned_partitions_where_balanced(group, data):
     """From any earlier (possibly unbalanced) ownership of a changed membership: the result

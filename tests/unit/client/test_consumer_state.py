@@ -33,8 +33,6 @@ from tidelog.protocol.records import build_batch, iter_headers, patch_batch
 from tidelog.protocol.topics import TopicPartition
 from tidelog.records import Record
 
-pytestmark = pytest.mark.unit
-
 A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
 CONFIG = ConsumerConfig(fetch_max_wait_ms=250, fetch_min_bytes=7, max_partition_fetch_bytes=1000)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
 import trio
 
 from tidelog.aio.cluster import ClusterMetadata
@@ -23,8 +22,6 @@ from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, REBALANCE_IN_PROGRESS
 from tidelog.protocol.messages import EARLIEST_TIMESTAMP, FindCoordinatorResponse, HeartbeatResponse
-
-pytestmark = pytest.mark.unit
 
 
 class MovedCoordinatorCluster:

@@ -52,8 +52,6 @@ from tidelog.protocol.messages import (
 )
 from tidelog.protocol.topics import TopicPartition as TP
 
-pytestmark = pytest.mark.unit
-
 A0, A1, B0 = TP("a", 0), TP("a", 1), TP("b", 0)
 
 

@@ -28,8 +28,6 @@ from tidelog.protocol.messages import (
 )
 from tidelog.protocol.topics import TopicPartition as TP
 
-pytestmark = pytest.mark.unit
-
 A0 = TP("a", 0)
 
 

@@ -14,8 +14,6 @@ from tidelog.aio.membership import (
     MemberState,
 )
 
-pytestmark = pytest.mark.unit
-
 U, P, C, S = (MemberState.UNJOINED, MemberState.PREPARING_REBALANCE, MemberState.COMPLETING_REBALANCE,
               MemberState.STABLE)
 G1 = Generation(1, "m-1", "range")
