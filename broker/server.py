@@ -120,9 +120,7 @@ class BrokerServer:
         cluster_id = await self.zk.get_or_create_cluster_id(uuid.uuid4().hex[:22])
         self.controller.cluster_id = cluster_id
         self.metadata.cluster_id = cluster_id
-        self.log_manager.cluster_id = cluster_id
-        for d in self.log_manager.log_dirs:
-            self.log_manager._check_meta(d)
+        self.log_manager.join_cluster(cluster_id)
 
     async def _start_services(self, nursery: trio.Nursery) -> None:
         host, _ = self.config.listener

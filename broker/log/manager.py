@@ -116,6 +116,13 @@ class LogManager:
             logger.warning("%s; treating it as absent", e)
             return {}
 
+    def join_cluster(self, cluster_id: str) -> None:
+        """Record the cluster id learnt from ZooKeeper: every log dir's meta.properties must
+        name it (or gets it written), so a data directory cannot move between clusters."""
+        self.cluster_id = cluster_id
+        for d in self.log_dirs:
+            self._check_meta(d)
+
     def _check_meta(self, d: str) -> None:
         path = os.path.join(d, META_PROPERTIES)
         props = _read_properties(path)

@@ -235,7 +235,7 @@ class Cluster:
         finally:
             self._closed = True
             for conn in list(self._conns.values()):
-                conn._fail(BrokerConnectionError(f"{conn}: client closed"))
+                conn.abort("client closed")
 
     async def aclose(self) -> None:
         self._closed = True
@@ -424,7 +424,7 @@ class Cluster:
         """Drop the pooled connection to ``node_id`` (its pending requests fail)."""
         conn = self._conns.pop(node_id, None)
         if conn is not None:
-            conn._fail(BrokerConnectionError(f"{conn}: closed by the client"))
+            conn.abort("closed by the client")
 
     def address_of(self, node_id: int) -> tuple[str, int]:
         if node_id in self._extra_nodes:

@@ -140,6 +140,11 @@ class BrokerConnection:
         self._fail(BrokerConnectionError(f"{self} closed"))
         await trio.lowlevel.checkpoint()
 
+    def abort(self, reason: str) -> None:
+        """``close`` from synchronous code: pending requests fail at once with
+        BrokerConnectionError(``"<this connection>: <reason>"``)."""
+        self._fail(BrokerConnectionError(f"{self}: {reason}"))
+
     # -- requests -------------------------------------------------------------------------------
 
     async def request(self, message: Message, *, api_key: ApiKey, timeout: float | None = None,
