@@ -64,11 +64,9 @@ class BrokerServer:
                                       producer_id_expiration_ms=config.producer_id_expiration_ms)
         self.metadata = MetadataCache(self.broker_id)
         self.zk = ZkClient(config.zookeeper_connect, chroot=config.zookeeper_chroot,
-                           session_timeout_ms=config.zookeeper_session_timeout_ms)
-        self.controller = Controller(ControllerConfig(
-            self.broker_id, config.num_partitions, config.default_replication_factor,
-            config.unclean_leader_election_enable, config.delete_topic_enable, self.log_defaults,
-            config.auto_leader_rebalance_enable, config.leader_imbalance_check_interval_seconds), self.zk)
+                           session_timeout_ms=config.zookeeper_session_timeout_ms,
+                           connection_timeout_ms=config.zookeeper_connection_timeout_ms)
+        self.controller = Controller(ControllerConfig.from_broker_config(config), self.zk)
         self.replica_manager = ReplicaManager(
             ReplicaConfig(self.broker_id, config.replica_lag_time_max_ms, FetcherConfig(
                 self.broker_id, config.replica_fetch_wait_max_ms, config.replica_fetch_min_bytes,

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
@@ -80,6 +80,9 @@ from tidelog.protocol.messages import (
 )
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
 
+if TYPE_CHECKING:
+    from tidelog.broker.config import BrokerConfig
+
 logger = logging.getLogger("tidelog.controller")
 
 # how often one partition-state change is decided again after a version conflict before the
@@ -98,6 +101,14 @@ class ControllerConfig:
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_s: float = 300.0
     leader_imbalance_per_broker_percentage: int = 10
+    request_timeout_s: float = 30.0  # controller.socket.timeout.ms: one request to a broker
+
+    @classmethod
+    def from_broker_config(cls, config: BrokerConfig) -> ControllerConfig:
+        return cls(config.broker_id, config.num_partitions, config.default_replication_factor,
+                   config.unclean_leader_election_enable, config.delete_topic_enable, config.log_config(),
+                   config.auto_leader_rebalance_enable, config.leader_imbalance_check_interval_seconds,
+                   request_timeout_s=config.controller_socket_timeout_ms / 1000)
 
 
 @dataclass
@@ -129,7 +140,7 @@ class Controller:
         self.zk = zk
         self.cluster_id = cluster_id
         self.ctx: ControllerContext | None = None
-        self.channels = ChannelManager(config.broker_id)
+        self.channels = ChannelManager(config.broker_id, config.request_timeout_s)
         self._events_send, self._events = trio.open_memory_channel[tuple](math.inf)
         self._nursery: trio.Nursery | None = None
         self.active_changed = trio.Event()

@@ -164,11 +164,13 @@ class ZkClient:
     """
 
     def __init__(self, connect: str, chroot: str = DEFAULT_CHROOT, session_timeout_ms: int = 6000,
-                 op_timeout_s: float = 10.0, *, max_threads: int = 8):
+                 op_timeout_s: float = 10.0, *, max_threads: int = 8, connection_timeout_ms: int | None = None):
         self.hosts, connect_chroot = split_connect(connect)
         self.paths = ZkPaths(chroot if connect_chroot is None else connect_chroot)
         self.session_timeout_ms = session_timeout_ms
         self.op_timeout_s = op_timeout_s
+        # zookeeper.connection.timeout.ms: how long start() waits for the first connection
+        self.connect_timeout_s = op_timeout_s if connection_timeout_ms is None else connection_timeout_ms / 1000
         self._limiter = trio.CapacityLimiter(max_threads)
         self._zk: KazooClient | None = None
         self._session_feed = _Feed()
@@ -179,7 +181,7 @@ class ZkClient:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Connect (within ``op_timeout_s``) and create the chroot and the container znodes."""
+        """Connect (within ``connect_timeout_s``) and create the chroot and the container znodes."""
         if self._zk is not None or self._closed:
             raise ZkError("ZkClient.start() may be called once")
         self._session_feed.token = trio.lowlevel.current_trio_token()
@@ -187,8 +189,8 @@ class ZkClient:
                                connection_retry=_retry(), command_retry=_retry())
         self._zk.add_listener(self._on_state)
         try:
-            await self._call(f"connect to {self.hosts}", self._zk.start, self.op_timeout_s,
-                             timeout=self.op_timeout_s + 1)
+            await self._call(f"connect to {self.hosts}", self._zk.start, self.connect_timeout_s,
+                             timeout=self.connect_timeout_s + 1)
             for path in self.paths.persistent_paths():
                 await self._call(f"ensure_path {path}", self._zk.ensure_path, path)
             await self._ensure_controller_epoch()
@@ -263,7 +265,7 @@ class ZkClient:
             raise ZkTimeoutError(f"ZooKeeper {what}: no answer within {limit} s "
                                  f"(is ZooKeeper at {self.hosts} reachable?)") from None
         except KazooTimeoutError:
-            raise ZkTimeoutError(f"ZooKeeper {what}: no connection within {self.op_timeout_s} s") from None
+            raise ZkTimeoutError(f"ZooKeeper {what}: no connection within {self.connect_timeout_s} s") from None
         except KazooException as exc:
             raise _translate(exc, what) from exc
 
