@@ -37,6 +37,7 @@ Events and what they do:
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from dataclasses import dataclass, field
@@ -133,6 +134,19 @@ class ControllerContext:
         return [tp for t in sorted(self.assignments) for tp in self.partitions_of(t)]
 
 
+class ControllerEvent(enum.Enum):
+    """What the controller's one task drains from its channel (Kafka's ControllerEvent kinds).
+    ZooKeeper watches, the auto-rebalance timer and ``call`` only enqueue one of these."""
+
+    CONTROLLER_CHANGE = "controller change"  # /controller changed
+    BROKER_CHANGE = "broker change"  # /brokers/ids children
+    TOPIC_CHANGE = "topic change"  # /brokers/topics children
+    TOPIC_DELETION = "topic deletion"  # /admin/delete_topics children
+    ISR_CHANGE = "isr change notification"  # /isr_change_notification children
+    AUTO_LEADER_BALANCE = "auto leader balance"  # leader.imbalance.check.interval.seconds
+    CALL = "call"  # an admin request's work, run in the loop (Controller.call)
+
+
 class Controller:
     def __init__(self, config: ControllerConfig, zk, cluster_id: str | None = None):
         self.config = config
@@ -141,7 +155,7 @@ class Controller:
         self.cluster_id = cluster_id
         self.ctx: ControllerContext | None = None
         self.channels = ChannelManager(config.broker_id, config.request_timeout_s)
-        self._events_send, self._events = trio.open_memory_channel[tuple](math.inf)
+        self._events_send, self._events = trio.open_memory_channel[tuple[ControllerEvent, Any]](math.inf)
         self._nursery: trio.Nursery | None = None
         self.active_changed = trio.Event()
 
@@ -156,11 +170,12 @@ class Controller:
             self._nursery = nursery
             await nursery.start(self.channels.run)
             paths = self.zk.paths
-            for kind, path, kind_of_watch in (("controller", paths.controller, "data"),
-                                              ("brokers", paths.broker_ids, "children"),
-                                              ("topics", paths.topics, "children"),
-                                              ("delete_topics", paths.delete_topics, "children"),
-                                              ("isr_change", paths.isr_change_notification, "children")):
+            for kind, path, kind_of_watch in (
+                    (ControllerEvent.CONTROLLER_CHANGE, paths.controller, "data"),
+                    (ControllerEvent.BROKER_CHANGE, paths.broker_ids, "children"),
+                    (ControllerEvent.TOPIC_CHANGE, paths.topics, "children"),
+                    (ControllerEvent.TOPIC_DELETION, paths.delete_topics, "children"),
+                    (ControllerEvent.ISR_CHANGE, paths.isr_change_notification, "children")):
                 watch = self.zk.watch_data if kind_of_watch == "data" else self.zk.watch_children
                 nursery.start_soon(self._forward, kind, await watch(path))
             if self.config.auto_leader_rebalance_enable:
@@ -172,9 +187,9 @@ class Controller:
     async def _rebalance_timer(self) -> None:
         while True:
             await trio.sleep(self.config.leader_imbalance_check_interval_s)
-            self._events_send.send_nowait(("rebalance", None))
+            self._events_send.send_nowait((ControllerEvent.AUTO_LEADER_BALANCE, None))
 
-    async def _forward(self, kind: str, channel) -> None:
+    async def _forward(self, kind: ControllerEvent, channel) -> None:
         async for payload in channel:
             self._events_send.send_nowait((kind, payload))
 
@@ -182,7 +197,7 @@ class Controller:
         """Run ``fn`` inside the event loop (serialised with every other controller action)."""
         done = trio.Event()
         box: dict[str, Any] = {}
-        self._events_send.send_nowait(("call", (fn, box, done)))
+        self._events_send.send_nowait((ControllerEvent.CALL, (fn, box, done)))
         await done.wait()
         if "error" in box:
             raise box["error"]
@@ -190,7 +205,7 @@ class Controller:
 
     async def _handle(self, event: tuple) -> None:
         kind, payload = event
-        if kind == "call":
+        if kind is ControllerEvent.CALL:
             fn, box, done = payload
             try:
                 box["result"] = await fn()
@@ -201,9 +216,9 @@ class Controller:
         try:
             await self._handlers[kind](self, payload)
         except TidelogError as e:
-            logger.warning("controller event %s failed: %s", kind, e)
+            logger.warning("controller event %s failed: %s", kind.value, e)
         except Exception:
-            logger.exception("controller event %s failed", kind)
+            logger.exception("controller event %s failed", kind.value)
 
     # -- election ------------------------------------------------------------------------------
 
@@ -691,12 +706,12 @@ class Controller:
             await self.elect_preferred(imbalanced)
 
     _handlers = {
-        "rebalance": _on_rebalance,
-        "controller": _on_controller_change,
-        "brokers": _on_brokers,
-        "topics": _on_topics,
-        "delete_topics": _on_delete_topics,
-        "isr_change": _on_isr_change,
+        ControllerEvent.AUTO_LEADER_BALANCE: _on_rebalance,
+        ControllerEvent.CONTROLLER_CHANGE: _on_controller_change,
+        ControllerEvent.BROKER_CHANGE: _on_brokers,
+        ControllerEvent.TOPIC_CHANGE: _on_topics,
+        ControllerEvent.TOPIC_DELETION: _on_delete_topics,
+        ControllerEvent.ISR_CHANGE: _on_isr_change,
     }
 
 
@@ -734,4 +749,4 @@ def _check_assignment(assignment: dict[int, list[int]], known: set[int]) -> None
         raise TidelogError("partitions must be numbered 0..n-1", error=INVALID_REPLICA_ASSIGNMENT)
 
 
-__all__ = ["Controller", "ControllerConfig", "ControllerContext", "Election", "code_of"]
+__all__ = ["Controller", "ControllerConfig", "ControllerContext", "ControllerEvent", "Election", "code_of"]

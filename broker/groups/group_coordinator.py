@@ -64,6 +64,7 @@ from tidelog.broker.groups.group_metadata import (
     GroupState,
     Reply,
     StoreGroup,
+    Waiting,
     join_error,
     sync_error,
 )
@@ -344,7 +345,7 @@ class GroupCoordinator:
     def _answer_all(self, group_id: str, error: ErrorCode) -> None:
         message = f"this broker is no longer the coordinator of group {group_id}; find it again"
         for key in [k for k in self._waiters if k[0] == group_id]:
-            response = join_error(error, key[1], message) if key[2] == "join" else sync_error(error, message)
+            response = join_error(error, key[1], message) if key[2] is Waiting.JOIN else sync_error(error, message)
             self._deliver(key, response)
 
     # -- FindCoordinator -----------------------------------------------------------------------
@@ -416,10 +417,10 @@ class GroupCoordinator:
             self._apply(group, result.effects)
             self._forget_if_unused(group)
             return result.immediate
-        waiter = self._register(req.group_id, result.wait_for, "join")
+        waiter = self._register(req.group_id, result.wait_for, Waiting.JOIN)
         self._apply(group, result.effects)
         wait_ms = max(req.rebalance_timeout_ms, req.session_timeout_ms) + self.config.group.initial_rebalance_delay_ms
-        return await self._await(waiter, (req.group_id, result.wait_for, "join"), wait_ms,
+        return await self._await(waiter, (req.group_id, result.wait_for, Waiting.JOIN), wait_ms,
                                  join_error(REBALANCE_IN_PROGRESS, result.wait_for))
 
     def _forget_if_unused(self, group: GroupMetadata) -> None:
@@ -441,9 +442,9 @@ class GroupCoordinator:
         if result.immediate is not None:
             self._apply(group, result.effects)
             return result.immediate
-        waiter = self._register(req.group_id, req.member_id, "sync")
+        waiter = self._register(req.group_id, req.member_id, Waiting.SYNC)
         self._apply(group, result.effects)
-        return await self._await(waiter, (req.group_id, req.member_id, "sync"), group.rebalance_timeout_ms,
+        return await self._await(waiter, (req.group_id, req.member_id, Waiting.SYNC), group.rebalance_timeout_ms,
                                  sync_error(REBALANCE_IN_PROGRESS))
 
     async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
@@ -619,7 +620,7 @@ class GroupCoordinator:
 
     # -- effects and waiting -------------------------------------------------------------------
 
-    def _register(self, group_id: str, member_id: str, kind: str) -> _Waiter:
+    def _register(self, group_id: str, member_id: str, kind: Waiting) -> _Waiter:
         waiter = _Waiter()
         self._waiters.setdefault((group_id, member_id, kind), []).append(waiter)
         return waiter

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 
 from tidelog.broker.groups.offsets_records import GroupMetadataValue, MemberValue, OffsetValue
 from tidelog.protocol.errors import (
@@ -117,20 +117,33 @@ class GroupConfig:
 # -- effects -------------------------------------------------------------------------------------
 
 
+class Waiting(StrEnum):
+    """The request a member waits in for a Reply."""
+
+    JOIN = "join"  # JoinGroup
+    SYNC = "sync"  # SyncGroup
+
+
+class StoreReason(StrEnum):
+    """Why the group's metadata record is written (what ``on_store_complete`` then does)."""
+
+    SYNC = "sync"  # the leader's assignment
+    EMPTY = "empty"  # a generation without members
+    STATIC = "static"  # a static member replaced without a rebalance
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """Answer the JoinGroup ("join") or SyncGroup ("sync") that ``member_id`` waits in."""
+    """Answer the JoinGroup or SyncGroup (``kind``) that ``member_id`` waits in."""
     member_id: str
-    kind: str
+    kind: Waiting
     response: JoinGroupResponse | SyncGroupResponse
 
 
 @dataclass(frozen=True, slots=True)
 class StoreGroup:
-    """Write the group's metadata record (``value``), then call ``on_store_complete(self, ..)``.
-    ``reason``: "sync" (the leader's assignment), "empty" (a generation without members),
-    "static" (a static member replaced without a rebalance)."""
-    reason: str
+    """Write the group's metadata record (``value``), then call ``on_store_complete(self, ..)``."""
+    reason: StoreReason
     generation: int
     value: GroupMetadataValue
     member_id: str = ""
@@ -368,7 +381,7 @@ class GroupMetadata:
             member.awaiting_join = True
             effects += self.prepare_rebalance(now_ms, config)
             return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
-        store = StoreGroup("static", self.generation_id, self.snapshot(), new_member_id, old_id)
+        store = StoreGroup(StoreReason.STATIC, self.generation_id, self.snapshot(), new_member_id, old_id)
         return JoinResult(effects + [store], wait_for=new_member_id)
 
     def _fence(self, old: MemberMetadata) -> list[Effect]:
@@ -376,9 +389,9 @@ class GroupMetadata:
         msg = f"member {old.member_id} was replaced by a newer member with its group instance id"
         effects: list[Effect] = []
         if old.awaiting_join:
-            effects.append(Reply(old.member_id, "join", join_error(FENCED_INSTANCE_ID, old.member_id, msg)))
+            effects.append(Reply(old.member_id, Waiting.JOIN, join_error(FENCED_INSTANCE_ID, old.member_id, msg)))
         if old.awaiting_sync:
-            effects.append(Reply(old.member_id, "sync", sync_error(FENCED_INSTANCE_ID, msg)))
+            effects.append(Reply(old.member_id, Waiting.SYNC, sync_error(FENCED_INSTANCE_ID, msg)))
         old.awaiting_join = old.awaiting_sync = False
         return effects
 
@@ -435,9 +448,9 @@ class GroupMetadata:
             return []
         effects: list[Effect] = []
         if member.awaiting_join:
-            effects.append(Reply(member_id, "join", join_error(UNKNOWN_MEMBER_ID, member_id, "the member left the group")))
+            effects.append(Reply(member_id, Waiting.JOIN, join_error(UNKNOWN_MEMBER_ID, member_id, "the member left the group")))
         if member.awaiting_sync:
-            effects.append(Reply(member_id, "sync", sync_error(UNKNOWN_MEMBER_ID, "the member left the group")))
+            effects.append(Reply(member_id, Waiting.SYNC, sync_error(UNKNOWN_MEMBER_ID, "the member left the group")))
         self.remove(member_id)
         if self.state in (S.STABLE, S.COMPLETING_REBALANCE):
             effects += self.maybe_prepare_rebalance(now_ms, config)
@@ -467,7 +480,7 @@ class GroupMetadata:
             m.assignment = b""
             if m.awaiting_sync:
                 m.awaiting_sync = False
-                effects.append(Reply(m.member_id, "sync", sync_error(error)))
+                effects.append(Reply(m.member_id, Waiting.SYNC, sync_error(error)))
         return effects
 
     def maybe_complete_join(self, now_ms: int) -> list[Effect]:
@@ -501,7 +514,7 @@ class GroupMetadata:
         if not self.members:
             self.protocol_name = None
             self.transition_to(S.EMPTY, now_ms)
-            return [StoreGroup("empty", self.generation_id, self.snapshot())]
+            return [StoreGroup(StoreReason.EMPTY, self.generation_id, self.snapshot())]
         if self.leader_id not in self.members:
             self.leader_id = next(iter(self.members))
         self.protocol_name = self.select_protocol()
@@ -511,7 +524,7 @@ class GroupMetadata:
         effects: list[Effect] = []
         for m in self.members.values():
             m.awaiting_join, m.is_new, m.last_heartbeat_ms = False, False, now_ms
-            effects.append(Reply(m.member_id, "join", self._join_response(m)))
+            effects.append(Reply(m.member_id, Waiting.JOIN, self._join_response(m)))
         return effects
 
     # -- SyncGroup -----------------------------------------------------------------------------
@@ -539,7 +552,7 @@ class GroupMetadata:
             return SyncResult([])
         assignment = {a.member_id: a.assignment for a in req.assignments}
         value = self.snapshot({m: assignment.get(m, b"") for m in self.members})
-        return SyncResult([StoreGroup("sync", self.generation_id, value)])
+        return SyncResult([StoreGroup(StoreReason.SYNC, self.generation_id, value)])
 
     def _sync_response(self, member: MemberMetadata) -> SyncGroupResponse:
         return SyncGroupResponse(NONE.code, member.assignment, self.protocol_type, self.protocol_name)
@@ -559,9 +572,9 @@ class GroupMetadata:
 
     def on_store_complete(self, store: StoreGroup, error: ErrorCode, now_ms: int, config: GroupConfig) -> list[Effect]:
         """The metadata write of ``store`` finished with ``error`` (NONE when committed)."""
-        if store.reason == "sync":
+        if store.reason is StoreReason.SYNC:
             return self._on_sync_stored(store, error, now_ms, config)
-        if store.reason == "static":
+        if store.reason is StoreReason.STATIC:
             return self._on_static_stored(store, error)
         return []
 
@@ -576,7 +589,7 @@ class GroupMetadata:
             m.assignment = assignment.get(m.member_id, b"")
             if m.awaiting_sync:
                 m.awaiting_sync = False
-                effects.append(Reply(m.member_id, "sync", self._sync_response(m)))
+                effects.append(Reply(m.member_id, Waiting.SYNC, self._sync_response(m)))
         self.sync_deadline_ms, self.pending_sync = None, set()
         self.transition_to(S.STABLE, now_ms)
         return effects
@@ -587,9 +600,9 @@ class GroupMetadata:
             return []
         if error is not NONE:  # undo the replacement: the old member id stays valid
             self._rename(member, store.old_member_id)
-            return [Reply(store.member_id, "join", join_error(error, store.member_id))]
+            return [Reply(store.member_id, Waiting.JOIN, join_error(error, store.member_id))]
         skip = member.member_id == self.leader_id  # the leader keeps the current assignment
-        return [Reply(member.member_id, "join", self._join_response(member, skip_assignment=skip))]
+        return [Reply(member.member_id, Waiting.JOIN, self._join_response(member, skip_assignment=skip))]
 
     # -- Heartbeat, LeaveGroup -------------------------------------------------------------------
 
