@@ -77,7 +77,7 @@ def test_an_application_with_its_own_client_and_protocol_modules(installed, tmp_
                   "import tidelog.broker.cli, tidelog.protocol.messages; "
                   "import client, protocol; print(client.MINE, protocol.MINE, Producer.__module__)")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["client", "protocol", "tidelog"]
+    assert r.stdout.split() == ["client", "protocol", "tidelog.blocking"]
 
 
 def test_the_folder_names_are_not_installed(installed, tmp_path):
