@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from tidelog.broker.context import RequestContext
 from tidelog.broker.controller.channels import wait_all
 from tidelog.broker.metadata_cache import MetadataCache
+from tidelog.broker.produce_order import ProduceOrder, needs_worker
 from tidelog.broker.replication.replica_manager import ReplicaManager
 from tidelog.protocol.apis import APIS, api_versions
 from tidelog.protocol.codec import ApiKey
@@ -187,6 +188,7 @@ class Apis:
         self.controller = controller  # broker.controller.Controller
         self.coordinator = group_coordinator  # broker.groups.GroupCoordinator
         self.producer_ids = producer_ids  # broker.producer_ids.ProducerIdManager
+        self.produce_order = ProduceOrder()  # produces validated off the event loop keep their order
         missing = set(APIS) - set(_HANDLERS)
         if missing or set(_HANDLERS) - set(APIS):
             raise RuntimeError(f"the handlers do not match the API registry: no handler for "
@@ -222,8 +224,18 @@ class Apis:
         acks=all return the coroutine that waits for replication."""
         entries = {TopicPartition(t.name, p.index): p.records for t in req.topic_data for p in t.partition_data}
         refused = {tp: _internal_topic_refused(tp) for tp in entries if is_internal_topic(tp.topic)}
-        results, waiting = self.replica_manager.append_now(
-            req.acks, {tp: records for tp, records in entries.items() if tp not in refused})
+        entries = {tp: records for tp, records in entries.items() if tp not in refused}
+        keys = [("connection", ctx.listener, ctx.peer)] if ctx is not None and ctx.peer != "?" else []
+        keys += entries
+        before = self.produce_order.predecessors(keys)
+        if before or needs_worker(entries):
+            # validated in a worker thread, or behind one that is: later produces of this
+            # connection and of these partitions wait for this one (broker.produce_order)
+            done = self.produce_order.enter(keys)
+            return self._produce_in_order(req, entries, refused, keys, before, done)
+        return self._produce_appended(req, refused, *self.replica_manager.append_now(req.acks, entries))
+
+    def _produce_appended(self, req: ProduceRequest, refused: dict, results: dict, waiting: dict):
         for tp, r in results.items():
             r["error_code"] = self._absent_as_unknown(tp, r["error_code"])
         results.update(refused)
@@ -232,6 +244,20 @@ class Apis:
         if waiting:
             return self._produce_after_replication(req, results, waiting)
         return _produce_response(results)
+
+    async def _produce_in_order(self, req: ProduceRequest, entries: dict, refused: dict, keys: list,
+                                before: list, done) -> ProduceResponse | None:
+        try:
+            for event in before:
+                await event.wait()
+            if req.acks in (-1, 0, 1):
+                entries, invalid = await self.replica_manager.check_in_worker(entries)
+                refused = {**refused, **invalid}
+                entries = {tp: records for tp, records in entries.items() if tp not in invalid}
+            outcome = self._produce_appended(req, refused, *self.replica_manager.append_now(req.acks, entries))
+        finally:
+            self.produce_order.leave(keys, done)
+        return await outcome if inspect.isawaitable(outcome) else outcome
 
     async def _produce_after_replication(self, req: ProduceRequest, results, waiting) -> ProduceResponse:
         await self.replica_manager.await_replication(waiting, req.timeout_ms, results)

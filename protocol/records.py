@@ -16,8 +16,8 @@ Grammar (all integers big-endian; mirrors Kafka's v2 RecordBatch, 61-byte header
 bytes). ``crc`` is CRC-32C over bytes ``[21, end)``: everything from ``attributes`` on.
 Bytes 0..20 (base offset, length, leader epoch, magic, crc) are outside the checksum, which
 is what lets a leader stamp base offset and leader epoch into a producer's batch in place:
-the broker validates a batch, patches those two fields and appends the bytes. It never
-re-encodes a batch and never decodes its records.
+the broker validates a batch (framing, CRC, then its records: ``validate_records``), patches
+those two fields and appends the bytes. It never re-encodes a batch.
 
 attributes: bits 0-2 codec (0 none, 1 gzip, 3 lz4, 4 zstd); bit 3 timestamp type
 (0 CreateTime, 1 LogAppendTime); bit 4 transactional; bit 5 control; bit 6 delete horizon
@@ -34,14 +34,21 @@ import struct
 import zlib
 from dataclasses import dataclass
 from enum import IntEnum
-from itertools import repeat
+from itertools import chain, islice, repeat
 from operator import itemgetter, sub
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import msgpack
 from crc32c import crc32c
 
-from tidelog.protocol.errors import CorruptRecordError, RecordTooLargeError, UnsupportedCompressionError
+from tidelog.protocol.errors import (
+    INVALID_RECORD,
+    INVALID_TIMESTAMP,
+    CorruptRecordError,
+    RecordTooLargeError,
+    TidelogError,
+    UnsupportedCompressionError,
+)
 
 MAGIC = 2
 HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -79,6 +86,8 @@ CONTROL_BIT = 0x20
 DELETE_HORIZON_BIT = 0x40
 
 DEFAULT_MAX_UNCOMPRESSED_BYTES = 256 * 1024 * 1024
+MIN_RECORD_BYTES = 6  # the smallest msgpack record: fixarray(5), int, int, nil, nil, nil
+MAX_LONG = 2**63 - 1
 
 
 class Codec(IntEnum):
@@ -595,8 +604,18 @@ def _find_malformed(items: tuple, base: int) -> None:
     for i, r in enumerate(items):
         if (not isinstance(r, tuple) or len(r) != 5 or type(r[0]) is not int or r[1] != i
                 or not _is_blob(r[2]) or not _is_blob(r[3])):
-            raise CorruptRecordError(f"record {i} of batch at offset {base} is malformed")
+            raise CorruptRecordError(f"record {i} of batch at offset {base} is malformed: {_fault(r, i)}")
     raise CorruptRecordError(f"a record of batch at offset {base} is malformed")
+
+
+def _fault(r, i: int) -> str:
+    if not isinstance(r, tuple) or len(r) != 5:
+        return "not an array of 5 fields [timestamp_delta, offset_delta, key, value, headers]"
+    if type(r[0]) is not int:
+        return f"timestamp_delta {r[0]!r} is not an integer"
+    if r[1] != i:
+        return f"offset_delta {r[1]!r}, expected {i}"
+    return "key or value is neither bytes nor nil"
 
 
 def iter_records(buf, pos: int = 0, header: BatchHeader | None = None, *,
@@ -633,6 +652,147 @@ def iter_all_records(buf, **kw) -> Iterator[BatchRecord]:
     """Every record of a buffer of back-to-back batches (for tools and tests)."""
     for pos, h in iter_headers(buf):
         yield from iter_records(buf, pos, h, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# validating records on append (Kafka's LogValidator)
+
+
+class RecordRules(NamedTuple):
+    """What a leader requires of the records of a produced batch, from the topic's config.
+
+    ``now_ms`` is the broker's clock at validation; a CreateTime record's timestamp must lie in
+    ``[now_ms - before_max_ms, now_ms + after_max_ms]`` (KIP-937; ``NO_TIMESTAMP``, -1, is
+    exempt, as in Kafka). ``create_time``: False for a LogAppendTime topic, whose broker
+    stamps the time itself (no window applies). ``require_keys``: a compacted topic.
+    """
+
+    now_ms: int
+    before_max_ms: int = MAX_LONG
+    after_max_ms: int = 3600 * 1000  # Kafka 4's default for message.timestamp.after.max.ms
+    create_time: bool = True
+    require_keys: bool = False
+    max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES
+
+
+def validate_records(buf, pos: int, h: BatchHeader, rules: RecordRules, *,
+                     chunk: int | None = None) -> None:
+    """Check the records of the (framing- and CRC-valid) batch at ``pos`` against its header
+    and ``rules``, or raise. The rules, in order (Kafka's LogValidator, on a msgpack block):
+
+    * a compressed block inflates to at most ``rules.max_uncompressed_bytes`` (streaming,
+      stopping at the bound), else CORRUPT_MESSAGE;
+    * the block is one msgpack array of exactly ``record_count`` records, each
+      ``[timestamp_delta:int, offset_delta:int, key:bin|nil, value:bin|nil, headers]``, else
+      CORRUPT_MESSAGE naming the first bad record's index;
+    * offset deltas are ``0..record_count-1`` in order, else INVALID_RECORD with the index;
+    * every record timestamp is -1 or in ``[0, 2^63-1]`` and, under CreateTime, not after the
+      batch's ``max_timestamp`` and inside the window of ``rules``, else INVALID_TIMESTAMP
+      (INVALID_RECORD for one after the batch's max) naming the record's index;
+    * in a compacted topic every record of a non-control batch has a key, else INVALID_RECORD.
+
+    The block is decoded by msgpack's C unpacker and checked a column at a time (C-level
+    passes); only a failing batch is walked record by record to name the culprit. With
+    ``chunk`` the records are unpacked ``chunk`` at a time, so a worker thread running this
+    gives the interpreter back between chunks (a large batch never holds the GIL for long).
+    """
+    n = h.record_count
+    block = memoryview(buf)[pos + HEADER_SIZE:pos + h.batch_length + LOG_OVERHEAD]
+    raw = decompress(h.codec, block, rules.max_uncompressed_bytes)
+    if n > len(raw) // MIN_RECORD_BYTES:
+        raise CorruptRecordError(
+            f"batch at offset {h.base_offset} declares {n} records, but its {len(raw)}-byte "
+            f"records block can hold at most {len(raw) // MIN_RECORD_BYTES}")
+    items = _unpack_records(raw, n, h.base_offset, chunk)
+    columns = _columns(items, n)
+    if columns is None:
+        _find_malformed(items, h.base_offset)  # raises, naming the record
+    ts_deltas, _, keys, _, headers = columns
+    if headers.count(None) != n:
+        for i, x in enumerate(headers):
+            try:
+                _headers(x, i)
+            except CorruptRecordError:
+                raise CorruptRecordError(f"record {i} of batch at offset {h.base_offset} has malformed "
+                                         "headers: expected nil or an array of [str, bin|nil] pairs") from None
+    if not h.attributes & TIMESTAMP_TYPE_BIT:
+        _check_timestamps(h, ts_deltas, rules)
+    elif rules.create_time:  # the producer asked for LogAppendTime: one timestamp, max_timestamp
+        if not -1 <= h.max_timestamp:
+            raise TidelogError(f"batch at offset {h.base_offset} has max timestamp {h.max_timestamp}, "
+                               f"outside [0, {MAX_LONG}] (or -1 for none)", error=INVALID_TIMESTAMP)
+        _check_window(h, (), h.max_timestamp, h.max_timestamp, rules)
+    if rules.require_keys and not h.is_control and None in keys:
+        raise TidelogError(f"record {keys.index(None)} of batch at offset {h.base_offset} has no key: "
+                           "a compacted topic cannot accept a record without a key; give every record a key", error=INVALID_RECORD)
+
+
+def _unpack_records(raw, n: int, base: int, chunk: int | None) -> tuple:
+    try:
+        if chunk is None:
+            items = msgpack.unpackb(raw, use_list=False, raw=False, strict_map_key=True,
+                                    max_array_len=max(n, 5))
+        else:
+            unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=True,
+                                        max_buffer_size=max(len(raw), 1), max_array_len=max(n, 5))
+            unpacker.feed(raw)
+            count = unpacker.read_array_header()
+            if count != n:
+                raise CorruptRecordError(f"batch at offset {base} declares {n} records, "
+                                         f"its records block holds {count}")
+            parts = [tuple(islice(unpacker, chunk)) for _ in range(0, n, chunk)]
+            items = tuple(chain.from_iterable(parts))
+            if unpacker.tell() != len(raw):
+                raise CorruptRecordError(f"records block of batch at offset {base} has "
+                                         f"{len(raw) - unpacker.tell()} bytes after its {n} records")
+    except CorruptRecordError:
+        raise
+    except Exception as e:
+        raise CorruptRecordError(f"records of batch at offset {base} are not valid msgpack: "
+                                 f"{type(e).__name__} {e}".rstrip()) from None
+    if type(items) is not tuple or len(items) != n:
+        raise CorruptRecordError(
+            f"batch at offset {base} declares {n} records, its records block holds "
+            f"{len(items) if isinstance(items, tuple) else 'no array'}")
+    return items
+
+
+def _check_timestamps(h: BatchHeader, ts_deltas: tuple, rules: RecordRules) -> None:
+    """Record timestamps are ``first_timestamp + delta``: each -1 or in [0, 2^63-1], the
+    largest equal to the batch's ``max_timestamp``, and (CreateTime) inside the window."""
+    first = h.first_timestamp
+    low, high = first + min(ts_deltas), first + max(ts_deltas)
+    if low < -1 or high > MAX_LONG:  # -1 is the one negative timestamp allowed
+        i = next(i for i, d in enumerate(ts_deltas) if not -1 <= first + d <= MAX_LONG)
+        raise TidelogError(f"record {i} of batch at offset {h.base_offset} has timestamp {first + ts_deltas[i]}, "
+                           f"outside [0, {MAX_LONG}] (or -1 for none)", error=INVALID_TIMESTAMP)
+    if high != h.max_timestamp:
+        i = ts_deltas.index(max(ts_deltas)) if high < h.max_timestamp else next(
+            i for i, d in enumerate(ts_deltas) if first + d > h.max_timestamp)
+        raise TidelogError(f"record {i} of batch at offset {h.base_offset} has timestamp {first + ts_deltas[i]}, "
+                           f"but the batch's max timestamp is {h.max_timestamp}: it must be the largest "
+                           "record timestamp", error=INVALID_RECORD)
+    if rules.create_time and high != -1:
+        if low == -1:
+            low = first + min(filter((-1 - first).__ne__, ts_deltas))
+        _check_window(h, ts_deltas, high, low, rules)
+
+
+def _check_window(h: BatchHeader, ts_deltas: tuple, high: int, low: int, rules: RecordRules) -> None:
+    """KIP-937: no record newer than ``now + after_max_ms`` or older than ``now - before_max_ms``."""
+    if high == -1:
+        return
+    if high - rules.now_ms > rules.after_max_ms:
+        ts, bound, limit = high, "message.timestamp.after.max.ms", rules.after_max_ms
+    elif rules.now_ms - low > rules.before_max_ms:
+        ts, bound, limit = low, "message.timestamp.before.max.ms", rules.before_max_ms
+    else:
+        return
+    i = ts_deltas.index(ts - h.first_timestamp) if ts_deltas else 0
+    raise TidelogError(
+        f"record {i} of batch at offset {h.base_offset} has timestamp {ts}, more than {bound} "
+        f"({limit} ms) {'after' if ts > rules.now_ms else 'before'} the broker's time {rules.now_ms}",
+        error=INVALID_TIMESTAMP)
 
 
 @dataclass(frozen=True, slots=True)

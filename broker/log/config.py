@@ -15,6 +15,11 @@ from typing import Any, Callable, Mapping
 from tidelog.protocol.errors import INVALID_CONFIG, TidelogError
 
 MAX_LONG = 2**63 - 1
+# A compressed batch may inflate to at most this many times max.message.bytes: a producer's
+# batch.size bounds its uncompressed batches near max.message.bytes, so a real batch stays far
+# below; a decompression bomb stops here (memory: about 13 bytes of Python objects per byte of
+# the smallest msgpack records, so 8 MiB of records costs ~100 MB at worst).
+MAX_INFLATION = 8
 
 
 class InvalidConfigError(TidelogError):
@@ -94,6 +99,19 @@ TOPIC_CONFIGS: tuple[ConfigDef, ...] = (
     ConfigDef("message.timestamp.type", "message_timestamp_type", str, "CreateTime", "log.message.timestamp.type",
               "CreateTime keeps the producer's timestamps; LogAppendTime stamps the broker's clock.",
               choices=("CreateTime", "LogAppendTime")),
+    ConfigDef("message.timestamp.difference.max.ms", "message_timestamp_difference_max_ms", int, MAX_LONG,
+              "log.message.timestamp.difference.max.ms",
+              "Deprecated by KIP-937: a CreateTime record may be at most this far from the broker's "
+              "clock, either way (ms); the before/after bounds below apply as well.", minimum=0),
+    ConfigDef("message.timestamp.before.max.ms", "message_timestamp_before_max_ms", int, MAX_LONG,
+              "log.message.timestamp.before.max.ms",
+              "Largest age of a CreateTime record's timestamp against the broker's clock when it is "
+              "appended (ms); an older one is refused with INVALID_TIMESTAMP.", minimum=0),
+    ConfigDef("message.timestamp.after.max.ms", "message_timestamp_after_max_ms", int, 3600 * 1000,
+              "log.message.timestamp.after.max.ms",
+              "How far in the future of the broker's clock a CreateTime record's timestamp may be "
+              "(ms; Kafka 4's default, one hour); a later one is refused with INVALID_TIMESTAMP.",
+              minimum=0),
     ConfigDef("min.insync.replicas", "min_insync_replicas", int, 1, "min.insync.replicas",
               "Fewest in-sync replicas for an acks=all write to succeed.", minimum=1),
     ConfigDef("unclean.leader.election.enable", "unclean_leader_election_enable", bool, False,
@@ -125,6 +143,9 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = MAX_LONG
     message_timestamp_type: str = "CreateTime"
+    message_timestamp_difference_max_ms: int = MAX_LONG
+    message_timestamp_before_max_ms: int = MAX_LONG
+    message_timestamp_after_max_ms: int = 3600 * 1000
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
     compression_type: str = "producer"
@@ -132,6 +153,21 @@ class LogConfig:
     @property
     def log_append_time(self) -> bool:
         return self.message_timestamp_type == "LogAppendTime"
+
+    @property
+    def timestamp_before_max_ms(self) -> int:
+        """The KIP-937 bound in force: the stricter of ``before`` and the deprecated ``difference``."""
+        return min(self.message_timestamp_before_max_ms, self.message_timestamp_difference_max_ms)
+
+    @property
+    def timestamp_after_max_ms(self) -> int:
+        return min(self.message_timestamp_after_max_ms, self.message_timestamp_difference_max_ms)
+
+    @property
+    def max_uncompressed_bytes(self) -> int:
+        """Hard bound on what one compressed batch may inflate to: ``MAX_INFLATION`` times
+        ``max.message.bytes`` (at least 1 MiB). Inflation stops at the bound (CORRUPT_MESSAGE)."""
+        return max(MAX_INFLATION * self.max_message_bytes, 1024 * 1024)
 
     @property
     def deletes(self) -> bool:

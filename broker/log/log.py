@@ -15,10 +15,15 @@ A log is the segments of one partition in base-offset order; only the last one, 
   loader re-validates every segment from the recovery point on.
 
 Appends come in two kinds. ``append_as_leader`` validates the producer's batches (nothing
-is written if any batch is bad), stamps each with its base offset and the leader epoch in
-place, and appends the bytes. ``append_as_follower`` validates and appends the leader's
-batches with the offsets they already carry. In both, the batch bytes are never re-encoded
-and records are never decoded.
+is written if any batch is bad): framing and CRC, then their records as Kafka's LogValidator
+does (``check_produced_records``: the block decodes, its count and offset deltas match the
+header, timestamps are in range and inside the KIP-937 window of the broker's clock, keys
+are present in a compacted topic; compressed blocks inflate up to a bound only). It then
+stamps each with its base offset and the leader epoch in place and appends the bytes. A
+produce of large or compressed batches is validated in a worker thread first (``checked``
+returns ``CheckedRecords``, which the append does not check again). ``append_as_follower``
+validates framing and CRC and appends the leader's batches with the offsets they already
+carry. In both, the batch bytes are never re-encoded.
 
 Reads return whole stored batches starting with the one that holds the requested offset,
 never one that reaches ``max_offset`` (the HW, for consumers), checked against their CRCs.
@@ -64,16 +69,63 @@ from tidelog.broker.log.segment import DELETED_SUFFIX, LogSegment
 from tidelog.broker.log.swap import apply_ops, plan_swap
 from tidelog.protocol.errors import (
     FENCED_LEADER_EPOCH,
-    INVALID_RECORD,
     RECORD_LIST_TOO_LARGE,
     CorruptRecordError,
     OffsetOutOfRangeError,
     TidelogError,
 )
-from tidelog.protocol.records import BatchHeader, patch_batch, record_columns, set_log_append_time, validate_batches
+from tidelog.protocol.records import (
+    BatchHeader,
+    RecordRules,
+    patch_batch,
+    set_log_append_time,
+    validate_batches,
+    validate_records,
+)
 from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.log")
+
+# Benchmark switch only (bench/RESULTS.md measures the cost of record validation with it):
+# TIDELOG_RECORD_VALIDATION=off skips the per-record checks of produced batches (framing and
+# CRC are always checked). Never turn it off in production: a bad batch poisons consumers.
+RECORD_VALIDATION = os.environ.get("TIDELOG_RECORD_VALIDATION", "on") != "off"
+# A batch larger than this is unpacked in slices of this many records (see validate_records)
+VALIDATION_CHUNK_RECORDS = 8192
+
+
+class CheckedRecords(bytes):
+    """Produced batches whose records were validated (``check_produced_records``) against
+    ``config``, off the event loop; the leader's append does not check them again while the
+    log's config is still that one."""
+
+    config: LogConfig
+
+
+def check_produced_records(records, batches: list[tuple[int, BatchHeader]], config: LogConfig,
+                           now_ms: int, tp: TopicPartition | str = "the partition") -> None:
+    """Kafka's LogValidator for a leader's append: every batch's records decode and follow the
+    topic's rules (``protocol.records.validate_records``), else the error names batch and record."""
+    if not RECORD_VALIDATION:
+        return
+    rules = RecordRules(now_ms, config.timestamp_before_max_ms, config.timestamp_after_max_ms,
+                        not config.log_append_time, config.compacts, config.max_uncompressed_bytes)
+    for i, (pos, h) in enumerate(batches):
+        chunk = VALIDATION_CHUNK_RECORDS if h.record_count > VALIDATION_CHUNK_RECORDS else None
+        try:
+            validate_records(records, pos, h, rules, chunk=chunk)
+        except TidelogError as e:
+            raise type(e)(f"{tp}: batch {i} (position {pos}) of the produce: {e}", error=e.error) from None
+
+
+def checked(records: bytes, config: LogConfig, now_ms: int, tp: TopicPartition) -> CheckedRecords:
+    """Validate produced batches completely (framing, CRC, records) and mark them checked; for
+    a worker thread (pure: reads only ``config``)."""
+    batches = validate_batches(records, config.max_message_bytes)
+    check_produced_records(records, batches, config, now_ms, tp)
+    out = CheckedRecords(records)
+    out.config = config
+    return out
 
 Clock = Callable[[], int]
 
@@ -158,8 +210,8 @@ class Log:
     def append_as_leader(self, records: bytes, leader_epoch: int) -> LogAppendInfo:
         """Validate, assign offsets and the leader epoch, append. Nothing is written on error."""
         batches = self._validate(records)
-        if self.config.compacts:
-            self._check_keys(records, batches)
+        if not (isinstance(records, CheckedRecords) and records.config is self.config):
+            check_produced_records(records, batches, self.config, self._clock(), self.topic_partition)
         if leader_epoch < self.epoch_cache.latest_epoch:
             # recovery cuts a segment where epochs go backwards: such an append would be lost
             raise TidelogError(
@@ -207,15 +259,11 @@ class Log:
         first = batches[0][1].base_offset
         return self._append(records, batches, first, expected - 1, -1)
 
-    def _check_keys(self, records: bytes, batches: list[tuple[int, BatchHeader]]) -> None:
-        """A compacted topic keeps the last record per key: a record without a key has no
-        place in it (Kafka's rule). The only case where the leader decodes records."""
-        for pos, h in batches:
-            if not h.is_control and None in record_columns(records, pos, h).keys:
-                raise TidelogError(
-                    f"compacted topic {self.topic_partition.topic} (partition {self.topic_partition.partition}, "
-                    f"cleanup.policy {self.config.cleanup_policy}) cannot accept a record without a key: "
-                    f"the batch at position {pos} has one; give every record a key", error=INVALID_RECORD)
+    def check_records(self, records: bytes, batches: list[tuple[int, BatchHeader]], now_ms: int) -> None:
+        """The records of every batch against the topic's rules (``records.validate_records``:
+        decodes, count, offset deltas, timestamps, keys in a compacted topic). Raises naming
+        the batch and record; reads only the immutable config, so a worker thread may run it."""
+        check_produced_records(records, batches, self.config, now_ms, self.topic_partition)
 
     def _validate(self, records: bytes) -> list[tuple[int, BatchHeader]]:
         """Every batch valid, and each small enough for a segment (a set of batches larger

@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Container
 import trio
 
 from tidelog.broker.log.config import LogConfig
-from tidelog.broker.log.log import Log
+from tidelog.broker.log.log import Log, checked
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
 from tidelog.broker.replication.partition import Partition, check_leader_epoch
@@ -308,6 +308,27 @@ class ReplicaManager:
                 waiting[tp] = results[tp].pop("_last_offset")
             results[tp].pop("_last_offset", None)
         return results, waiting
+
+    async def check_in_worker(self, entries: dict[TopicPartition, bytes]) -> tuple[dict, dict]:
+        """Validate produced records in a worker thread, before ``append_now`` (large or
+        compressed batches: see ``broker.produce_order``). Returns the entries to append, as
+        ``CheckedRecords`` the append does not check again, and the error result of each
+        partition whose records were refused. A partition this broker does not lead is left
+        to ``append_now``, which answers it."""
+        configs = {tp: p.log.config for tp, p in self.partitions.items()
+                   if tp in entries and p.is_leader and p.log is not None}
+        now = self.clock()
+
+        def work() -> tuple[dict, dict]:
+            good, refused = {}, {}
+            for tp, records in entries.items():
+                try:
+                    good[tp] = checked(records, configs[tp], now, tp) if tp in configs else records
+                except TidelogError as e:
+                    refused[tp] = _error(e.code, str(e))
+            return good, refused
+
+        return await trio.to_thread.run_sync(work)
 
     def _append_one(self, tp: TopicPartition, records: bytes, acks: int) -> dict:
         p = self.partitions.get(tp)
