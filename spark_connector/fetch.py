@@ -12,6 +12,10 @@ Spark task gives it a short-lived blocking ``client.Consumer`` (``open_consumer`
   below the log start (retention, deleted segments) or above the log end (truncation). With
   ``fail_on_data_loss`` that raises ``DataLossError`` naming topic, partition and offsets;
   otherwise a warning names them and reading goes on from the first offset still there.
+* A batch that cannot be read (CorruptRecordError: damaged on disk, or written before the
+  broker validated records) is data loss too: with ``fail_on_data_loss`` the read fails
+  naming topic, partition and the batch's offsets; otherwise a warning names them and reading
+  goes on after the batch (the error's ``skip_offset``).
 * No progress for ``poll_timeout_ms``: if the high watermark is now below the planned end,
   the rest of the range was truncated away (data loss as above); otherwise the read fails
   with ``RangeReadTimeout``.
@@ -25,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from tidelog import Consumer, NoOffsetForPartitionError, Record, TopicPartition
-from tidelog.errors import OffsetOutOfRangeError, TidelogError
+from tidelog.errors import CorruptRecordError, OffsetOutOfRangeError, TidelogError
 from tidelog.spark.options import SourceOptions
 from tidelog.spark.planning import OffsetRange, data_loss_message
 
@@ -80,6 +84,10 @@ def read_range(consumer: RangeConsumer, r: OffsetRange, *, fail_on_data_loss: bo
             records = consumer.poll(timeout_ms=poll_ms, max_records=chunk)
         except (OffsetOutOfRangeError, NoOffsetForPartitionError) as e:
             pos = _out_of_range(consumer, tp, r, pos, e, fail_on_data_loss, warn)
+            progress_at = clock()
+            continue
+        except CorruptRecordError as e:
+            pos = _corrupt(consumer, tp, r, pos, e, fail_on_data_loss, warn)
             progress_at = clock()
             continue
         if records:
@@ -141,6 +149,18 @@ def _out_of_range(consumer: RangeConsumer, tp: TopicPartition, r: OffsetRange, p
     if pos < r.end:
         consumer.seek(tp, pos)
     return pos
+
+
+def _corrupt(consumer: RangeConsumer, tp: TopicPartition, r: OffsetRange, pos: int,
+             error: CorruptRecordError, fail: bool, warn: Callable[[str], None]) -> int:
+    """Where to go on after a batch at or after ``pos`` could not be read: after it."""
+    lost_from = max(pos, getattr(error, "offset", pos))
+    skip = max(getattr(error, "skip_offset", lost_from + 1), lost_from + 1)
+    lost_to = min(skip, r.end)
+    _lost(r, lost_from, lost_to, f"a record batch that cannot be read: {error}", fail, warn)
+    if lost_to < r.end:
+        consumer.seek(tp, lost_to)
+    return lost_to
 
 
 def _stalled(consumer: RangeConsumer, tp: TopicPartition, r: OffsetRange, pos: int, fail: bool,

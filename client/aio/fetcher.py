@@ -24,7 +24,11 @@ Theory of operation.
   below the position: a fetch returns whole batches starting with the one that holds the
   fetch offset). When it empties a partition's buffer it wakes the fetch loop, so the next
   fetch is in flight while the application works on the records just returned (Kafka's
-  fetch pipelining).
+  fetch pipelining). A batch that fails its CRC or does not decode (damaged on disk, or
+  written before the broker validated records) stops its partition: ``poll`` raises a
+  CorruptRecordError naming topic, partition, the offset and the batch's offsets, and how to
+  skip it (``seek`` to the offset after the batch, ``skip_offset`` on the error), as Kafka's
+  consumer does; the records before it were handed out.
 
 Errors for ``poll`` to raise collect in ``Fetcher.errors``; ``on_data`` (given to the
 constructor) is called whenever records or errors arrive.
@@ -77,7 +81,7 @@ ListOffsets = Callable[[dict[TopicPartition, int], float], Awaitable[dict[TopicP
 class CompletedFetch:
     """The record batches one fetch returned for one partition, decoded a batch at a time."""
 
-    __slots__ = ("tp", "buf", "batches", "columns", "index", "header")
+    __slots__ = ("tp", "buf", "batches", "columns", "index", "header", "failed")
 
     def __init__(self, tp: TopicPartition, buf: bytes, batches: Iterable[tuple[int, BatchHeader]]):
         self.tp = tp
@@ -86,6 +90,7 @@ class CompletedFetch:
         self.columns: RecordColumns | None = None  # the current batch's records
         self.index = 0  # of the next record of the current batch to hand out
         self.header: BatchHeader | None = None  # the current batch
+        self.failed: BatchHeader | None = None  # the batch being decoded, while it is
 
     @property
     def exhausted(self) -> bool:
@@ -103,7 +108,12 @@ class CompletedFetch:
                     self.header = self.columns = None
                 if not self.batches:
                     break
-                self._next_batch(state, check_crcs)
+                try:
+                    self._next_batch(state, check_crcs)
+                except CorruptRecordError:
+                    if out:  # hand out the records before it; the next take meets it again
+                        break
+                    raise
                 continue
             # offsets within a batch are consecutive: records below the position are skipped
             # by starting further in
@@ -127,17 +137,41 @@ class CompletedFetch:
                         c.keys[start:end], c.values[start:end], headers, repeat(ts_type, n)))
 
     def _next_batch(self, state: PartitionState, check_crcs: bool) -> None:
-        pos, h = self.batches.popleft()
+        """Decode the next batch; it leaves the queue only once it decoded, so a batch that
+        fails stays first (``failed``) and no record before it is lost."""
+        pos, h = self.batches[0]
         if h.next_offset <= state.position:
+            self.batches.popleft()
             return  # wholly below the position: never decoded
+        self.failed = h  # until it decodes: the batch a CorruptRecordError is about
         if check_crcs:
             validate_batch(self.buf, pos)
-        self.header = h
-        self.index = 0
-        self.columns = _NO_RECORDS if h.is_control else record_columns(self.buf, pos, h)
+        columns = _NO_RECORDS if h.is_control else record_columns(self.buf, pos, h)
+        self.batches.popleft()
+        self.header, self.index, self.columns, self.failed = h, 0, columns, None
 
 
 _NO_RECORDS = RecordColumns(0, (), (), (), None)
+
+
+def corrupt_batch_error(tp: TopicPartition, position: int, h: BatchHeader | None,
+                        cause: Exception) -> CorruptRecordError:
+    """The error ``poll`` raises for a batch that cannot be read at ``position``: names topic,
+    partition and offsets and says how to skip it. The offset to seek to is the one after the
+    batch when its header is plausible (it holds the position), else the next offset: the
+    broker answers a fetch with the whole batch that holds the offset asked for, so seeking
+    inside the batch would meet it again."""
+    skip = position + 1
+    span = ""
+    if h is not None and h.record_count > 0 and position < h.next_offset and h.base_offset >= 0:
+        position = max(position, h.base_offset)  # a compacted log may have a gap before it
+        skip, span = h.next_offset, f" (the batch holding offsets {h.base_offset} to {h.last_offset})"
+    e = CorruptRecordError(
+        f"topic {tp.topic} partition {tp.partition}: the record batch at offset {position}{span} cannot be "
+        f"read: {cause}. The partition is stopped; to skip the batch (its records are lost to this consumer), "
+        f"seek past it: consumer.seek(TopicPartition({tp.topic!r}, {tp.partition}), {skip})")
+    e.topic_partition, e.offset, e.skip_offset = tp, position, skip
+    return e
 
 
 class FetchPlan(NamedTuple):
@@ -408,7 +442,7 @@ class Fetcher:
                 except CorruptRecordError as e:
                     state.buffered.clear()
                     state.stopped = True
-                    self.errors.append(CorruptRecordError(f"partition {tp}: {e}"))
+                    self.errors.append(corrupt_batch_error(tp, state.position, completed.failed, e))
                     break
                 if completed.exhausted:
                     state.buffered.popleft()
