@@ -51,6 +51,7 @@ from tidelog.aio.subscription import ConsumerConfig, PartitionState, Subscriptio
 from tidelog.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
+    CORRUPT_MESSAGE,
     NONE,
     OFFSET_OUT_OF_RANGE,
     CorruptRecordError,
@@ -155,12 +156,14 @@ _NO_RECORDS = RecordColumns(0, (), (), (), None)
 
 
 def corrupt_batch_error(tp: TopicPartition, position: int, h: BatchHeader | None,
-                        cause: Exception) -> CorruptRecordError:
+                        cause: Exception | str) -> CorruptRecordError:
     """The error ``poll`` raises for a batch that cannot be read at ``position``: names topic,
     partition and offsets and says how to skip it. The offset to seek to is the one after the
     batch when its header is plausible (it holds the position), else the next offset: the
     broker answers a fetch with the whole batch that holds the offset asked for, so seeking
-    inside the batch would meet it again."""
+    inside the batch would meet it again. When the broker itself refused to serve the batch
+    (CORRUPT_MESSAGE), its extent is unknown: the seek names the next offset, and a batch of
+    n records takes up to n such seeks."""
     skip = position + 1
     span = ""
     if h is not None and h.record_count > 0 and position < h.next_offset and h.base_offset >= 0:
@@ -265,6 +268,12 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
         return PartitionOutcome("reset", OffsetOutOfRangeError(
             f"{where}: OFFSET_OUT_OF_RANGE: the offset is outside the partition's range "
             f"(log start {p.log_start_offset}, high watermark {p.high_watermark})"))
+    if p.error_code == CORRUPT_MESSAGE.code:
+        # the broker found the batch damaged on disk: retrying would meet it forever (Kafka's
+        # consumer raises too); the error names the seek that skips the offset
+        state.stopped = True
+        return PartitionOutcome("error", corrupt_batch_error(
+            tp, fetch_offset, None, f"the broker answered CORRUPT_MESSAGE: {p.error_message or err.message}"))
     if err.retriable:
         state.retry_at = now + backoff_s
         return PartitionOutcome("refresh" if err.invalid_metadata else "retry")

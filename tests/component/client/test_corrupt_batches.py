@@ -10,8 +10,10 @@ import pytest
 from tests.spark.test_planning import ScriptedConsumer
 from tests.unit.client.test_consumer_state import A0, batches, completed, state_at
 from tidelog import Record, TopicPartition
-from tidelog.aio.fetcher import corrupt_batch_error
+from tidelog.aio.fetcher import corrupt_batch_error, handle_partition_response
 from tidelog.errors import CorruptRecordError
+from tidelog.protocol.errors import CORRUPT_MESSAGE
+from tidelog.protocol.messages import FetchPartitionResponse
 from tidelog.spark.fetch import DataLossError, read_range
 from tidelog.spark.planning import OffsetRange
 
@@ -48,6 +50,19 @@ def test_the_error_names_topic_partition_offsets_and_the_seek_that_skips_the_bat
     assert "topic a partition 0" in text and "offset 4" in text and "offsets 3 to 6" in text
     assert "CRC" in text and "consumer.seek(TopicPartition('a', 0), 7)" in text
     assert (e.topic_partition, e.offset, e.skip_offset) == (TopicPartition("a", 0), 4, 7)
+
+
+def test_a_batch_the_broker_refuses_to_serve_stops_the_partition_instead_of_retrying_forever():
+    """CORRUPT_MESSAGE in a fetch answer: the broker found the batch damaged on disk. Kafka's
+    consumer raises; so does this one, naming the offset and the seek past it."""
+    state = state_at(5)
+    outcome = handle_partition_response(A0, state, state.generation, 5, FetchPartitionResponse(
+        0, CORRUPT_MESSAGE.code, error_message="batch at position 120 fails its CRC check on disk"),
+        now=10.0, backoff_s=0.5)
+    assert outcome.action == "error" and state.stopped and isinstance(outcome.error, CorruptRecordError)
+    text = str(outcome.error)
+    assert "topic a partition 0" in text and "offset 5" in text and "fails its CRC check on disk" in text
+    assert "consumer.seek(TopicPartition('a', 0), 6)" in text and outcome.error.skip_offset == 6
 
 
 def test_an_implausible_header_falls_back_to_the_next_offset():

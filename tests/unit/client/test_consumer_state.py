@@ -11,7 +11,6 @@ from tidelog.aio.cluster import ClusterMetadata
 from tidelog.aio.fetcher import CompletedFetch, handle_partition_response, plan_fetches
 from tidelog.aio.subscription import ConsumerConfig, PartitionState, SubscriptionState
 from tidelog.protocol.errors import (
-    CORRUPT_MESSAGE,
     FENCED_LEADER_EPOCH,
     NOT_LEADER_OR_FOLLOWER,
     OFFSET_OUT_OF_RANGE,
@@ -225,7 +224,7 @@ def test_offset_out_of_range_asks_for_a_reset():
 
 
 @pytest.mark.parametrize("error,action", [(NOT_LEADER_OR_FOLLOWER, "refresh"), (FENCED_LEADER_EPOCH, "refresh"),
-                                          (UNKNOWN_LEADER_EPOCH, "retry"), (CORRUPT_MESSAGE, "retry")])
+                                          (UNKNOWN_LEADER_EPOCH, "retry")])
 def test_retriable_partition_errors_back_off(error, action):
     state = state_at(0)
     outcome = handle_partition_response(A0, state, state.generation, 0, FetchPartitionResponse(0, error.code),
