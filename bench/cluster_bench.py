@@ -323,8 +323,8 @@ def thread_cpu() -> str:
 def count_requests(producer: Producer, consumer: Consumer) -> dict:
     """Count produce requests and fetches (wrapping the clients' own methods; bench only)."""
     counts = {"produce": 0, "fetch": 0}
-    sender, aio = producer._aio._sender, consumer._aio
-    send, fetch = sender._send, aio._fetch
+    sender, fetcher = producer._aio._sender, consumer._aio._fetcher
+    send, fetch = sender._send, fetcher._fetch
 
     async def counting_send(*a):
         counts["produce"] += 1
@@ -334,7 +334,7 @@ def count_requests(producer: Producer, consumer: Consumer) -> dict:
         counts["fetch"] += 1
         return await fetch(*a)
 
-    sender._send, aio._fetch = counting_send, counting_fetch
+    sender._send, fetcher._fetch = counting_send, counting_fetch
     return counts
 
 
