@@ -144,6 +144,25 @@ def _check_connect(value: str) -> str | None:
     return None
 
 
+def parse_ip_overrides(value: str) -> dict[str, int]:
+    """``max.connections.per.ip.overrides``: ``"host:n,host:n"`` -> {host: n}. Raises ValueError."""
+    overrides = {}
+    for item in (part.strip() for part in value.split(",")):
+        host, sep, count = item.rpartition(":")
+        if not sep or not host or not count.strip().isdigit():
+            raise ValueError(f"{item!r} is not host:count")
+        overrides[host.strip()] = int(count)
+    return overrides
+
+
+def _check_ip_overrides(value: str) -> str | None:
+    try:
+        parse_ip_overrides(value)
+    except ValueError as e:
+        return f"expected a comma-separated list of host:count ({e})"
+    return None
+
+
 def _check_dirs(value: tuple[str, ...]) -> str | None:
     if not value or not all(d.strip() for d in value):
         return "expected at least one directory, and no empty ones"
@@ -228,12 +247,30 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
        "176 bytes (Kafka's map: 24) (bytes).", minimum=1024),
     _S("log.cleaner.io.buffer.load.factor", float, 0.9,
        "How full a cleaner's key -> offset map may get (0 to 1).", minimum=0, maximum=1),
+    _S("log.max.open.segment.files", int, 256,
+       "Closed (inactive) segment files kept open at once, least recently used closed first; "
+       "active segments always stay open (Tidelog's; Kafka keeps every segment open).", minimum=1),
     # network
     _S("socket.request.max.bytes", int, 100 * MIB,
        "Largest request frame accepted; a larger one closes the connection (bytes).", minimum=1),
     _S("queued.max.requests", int, 100,
        "Per connection: requests read and not yet answered before reading pauses "
        "(Kafka's name; Kafka's bound is broker-wide, Tidelog's is per connection).", minimum=1),
+    _S("queued.max.request.bytes", int, 200 * MIB,
+       "Bytes of requests being received or queued, across all connections (Kafka's default, "
+       "-1, is unbounded). A frame larger than 64 KiB reserves its size from this budget as soon "
+       "as its length prefix arrives; at the bound, the connections waiting for memory are not "
+       "read until responses free some. A frame larger than the budget is refused; -1: no bound "
+       "(bytes).", minimum=-1),
+    _S("max.connections", int, 2**31 - 1,
+       "Client connections open at once; a newer one is closed at once. The broker also keeps "
+       "a quarter of its file descriptor limit (RLIMIT_NOFILE, at least 64) for its own files.",
+       minimum=0),
+    _S("max.connections.per.ip", int, 2**31 - 1,
+       "Connections open at once from one address; a newer one is closed at once.", minimum=0),
+    _S("max.connections.per.ip.overrides", str, None,
+       "Per-address exceptions to max.connections.per.ip: host:count,host:count.",
+       check=_check_ip_overrides),
     _S("connections.max.idle.ms", int, 600000,
        "Close a connection with no traffic and no request in progress for this long (ms).",
        minimum=1),
@@ -317,8 +354,16 @@ def _check_table() -> None:
     assert len(_BY_NAME) == len(SETTINGS) and not _BY_NAME.keys() & _ALIAS_BY_NAME.keys()
     assert len(_ENV_NAMES) == len(_KNOWN), "two settings share an environment variable"
     assert all(a.target in _BY_NAME for a in ALIASES)
-    for name in _KNOWN:  # a leaf key may not also be a table in TOML
-        assert not any(other.startswith(name + ".") for other in _KNOWN), name
+    for name in _KNOWN:  # a leaf key may not also be a table in TOML, unless written quoted
+        assert name in _QUOTED or not any(other.startswith(name + ".") for other in _KNOWN), name
+
+
+# Kafka's names where one is a prefix of another: as TOML dotted keys, "max.connections" would
+# have to be a value and a table at once, so these are written as quoted keys
+# ("max.connections" = 1000), which is what to_toml does.
+_QUOTED = frozenset(n for n in _KNOWN if any(o != n and (o.startswith(n + ".") or n.startswith(o + "."))
+                                             for o in _KNOWN))
+
 
 
 _check_table()
@@ -552,7 +597,8 @@ class _BrokerConfigBase:
         for s in SETTINGS:
             value = getattr(self, s.attr)
             if value is not None and (include_defaults or value != _default_of(self, s)):
-                lines.append(f"{s.name} = {_toml_value(value)}")
+                key = f'"{s.name}"' if s.name in _QUOTED else s.name
+                lines.append(f"{key} = {_toml_value(value)}")
         return "\n".join(lines) + "\n"
 
 

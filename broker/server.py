@@ -38,6 +38,7 @@ from tidelog.broker.health import Readiness, broker_readiness
 from tidelog.broker.log.cleaner import CleanerConfig, LogCleaner, cleaning_steps
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
+from tidelog.broker.log.segment import set_max_open_segment_files
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.network import SocketServer
 from tidelog.broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
@@ -60,6 +61,7 @@ class BrokerServer:
         self.broker_id = config.broker_id
         self.log_defaults: LogConfig = config.log_config()
         self.topic_overrides: dict[str, dict[str, str]] = {}
+        set_max_open_segment_files(config.log_max_open_segment_files)
         self.log_manager = LogManager(config.log_dirs, self.log_defaults, broker_id=self.broker_id,
                                       producer_id_expiration_ms=config.producer_id_expiration_ms)
         self.metadata = MetadataCache(self.broker_id)

@@ -27,6 +27,14 @@ Server side (``ServerConnection``)
   not the oldest one and returns the bytes that may be written now, so the bytes on the wire
   are always in request order. A request that gets no response (acks=0) must be completed
   with ``skip_response``, or it would hold back every response after it.
+* A frame larger than ``decode_inline_max_bytes`` is not decoded here: ``receive_data`` ends
+  its list with it, undecoded (``LargeFrame``), and keeps the frames after it buffered. The I/O
+  layer decodes it with ``decode`` (pure: no state touched, safe in a worker thread), hands
+  the result to ``admit`` (which gives it its place in the response order), and then asks
+  for the requests behind it with ``receive_data(b"")``. So requests are still admitted, and
+  handed to handlers, strictly in the order they were sent.
+* ``partial_frame_size`` is the body size announced by the length prefix of a frame that is
+  still arriving (None when there is none): what the I/O layer reserves before reading on.
 * ``can_read`` is false while ``in_flight >= max_in_flight`` (or after a fatal error): the
   I/O layer stops reading until responses go out. The bound is checked between reads, so one
   read may exceed it by the requests that chunk held.
@@ -136,6 +144,14 @@ class BadRequest:
         return self.correlation_id is None
 
 
+@dataclass(frozen=True, slots=True)
+class LargeFrame:
+    """A complete frame too large to decode inline: ``ServerConnection.decode`` it (in a
+    worker thread, say), then ``admit`` the result."""
+
+    data: bytes
+
+
 @dataclass(slots=True)
 class _Slot:
     """One request awaiting its response; ``frame`` is set once the response is ready."""
@@ -148,10 +164,12 @@ class ServerConnection:
     """The server end of one connection: parses requests, keeps responses in request order."""
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT,
-                 max_in_flight: int = MAX_IN_FLIGHT_DEFAULT):
+                 max_in_flight: int = MAX_IN_FLIGHT_DEFAULT,
+                 decode_inline_max_bytes: int | None = None):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
+        self.decode_inline_max_bytes = decode_inline_max_bytes  # None: decode every frame inline
         self._decoder = FrameDecoder(max_frame_bytes)
         self._slots: deque[_Slot] = deque()  # in request order
 
@@ -169,17 +187,43 @@ class ServerConnection:
     def can_read(self) -> bool:
         return self.in_flight < self.max_in_flight and not self.failed
 
-    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Request | BadRequest]:
-        """Every request completed by ``data``, in order. Never raises for bad input: an
-        oversize frame ends the list with a fatal BadRequest (and every later call too)."""
-        events: list[Request | BadRequest] = []
+    @property
+    def partial_frame_size(self) -> int | None:
+        """The announced body size of the frame still arriving, or None."""
+        return None if self.failed else self._decoder.partial_frame_size
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Request | BadRequest | LargeFrame]:
+        """Every request completed by ``data``, in order, up to and including the first
+        ``LargeFrame`` (the frames after it wait for the next call). Never raises for bad
+        input: an oversize frame ends the list with a fatal BadRequest (and every later call)."""
+        events: list[Request | BadRequest | LargeFrame] = []
+        inline_max = self.decode_inline_max_bytes
         try:
             self._decoder.receive_data(data)
             while (frame := self._decoder.next_frame()) is not None:
+                if inline_max is not None and len(frame) > inline_max:
+                    events.append(LargeFrame(frame))
+                    break
                 events.append(self._parse(frame))
         except FrameTooLargeError as e:
             events.append(BadRequest(None, e))
         return events
+
+    @staticmethod
+    def decode(frame: bytes) -> Request | BadRequest:
+        """A frame parsed into a request, touching no connection state (thread-safe)."""
+        try:
+            header, body = decode_request(frame)
+        except InvalidRequestError as e:
+            return BadRequest(e.correlation_id, e)
+        return Request(header, body)
+
+    def admit(self, event: Request | BadRequest) -> Request | BadRequest:
+        """Give a ``decode``d request its place in the response order; returns it."""
+        correlation_id = event.header.correlation_id if isinstance(event, Request) else event.correlation_id
+        if correlation_id is not None:
+            self._slots.append(_Slot(correlation_id))
+        return event
 
     def send_response(self, correlation_id: int, body: Body | Message) -> bytes:
         """Answer the oldest unanswered request with this id; returns the bytes to write now:

@@ -22,6 +22,9 @@ Invariants:
 * The size bound is checked as soon as the 4-byte prefix is complete, before any of the body
   is waited for, so a peer cannot make the decoder hold more than ``max_frame_bytes`` plus one
   read chunk.
+* ``partial_frame_size`` says, once a prefix is complete and its body is not, how many bytes
+  that body will take: the broker reserves them from its request memory budget before it reads
+  any more of the stream (``broker.network``).
 * After a FrameTooLargeError the decoder is failed for good: the stream cannot be
   resynchronised, its buffer is released, and every later call raises the same kind of error.
 """
@@ -37,6 +40,9 @@ MAX_UINT32 = 0xFFFFFFFF
 
 _LENGTH = struct.Struct(">I")
 PREFIX_SIZE = _LENGTH.size  # 4
+# After a frame larger than this, its buffer is released at once (the rest, at most one read,
+# is copied to a new one) instead of at the next receive_data: a large body is held once.
+RELEASE_BUFFER_ABOVE = 1 << 20
 
 
 def encode_frame(body: bytes | bytearray | memoryview) -> bytes:
@@ -77,6 +83,17 @@ class FrameDecoder:
     def failed(self) -> bool:
         return self._failure is not None
 
+    @property
+    def partial_frame_size(self) -> int | None:
+        """The body size a complete length prefix announces for a frame whose body has not
+        fully arrived yet, or None (no prefix yet, or the next frame is complete). The I/O
+        layer reserves memory for that body from it before reading any further."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < PREFIX_SIZE:
+            return None
+        (size,) = _LENGTH.unpack_from(buf, pos)
+        return size if len(buf) - pos - PREFIX_SIZE < size else None
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add ``data`` and return the bodies of every frame now complete, in order."""
         self.receive_data(data)
@@ -111,6 +128,9 @@ class FrameDecoder:
         with memoryview(buf) as view:  # released before the bytearray is resized again
             body = bytes(view[start:start + size])
         self._pos = start + size
+        if size > RELEASE_BUFFER_ABOVE:  # give the large buffer back now, keep what follows
+            self._buf = buf[self._pos:]
+            self._pos = 0
         return body
 
     def _fail(self, size: int) -> FrameTooLargeError:

@@ -463,7 +463,13 @@ class CleaningJob:
         self._idle.set()
         segments = log.segments
         uppers = [s.base_offset for s in segments[1:]] + [log.log_end_offset]
-        self.sources = [SourceSegment.snapshot(s, u) for s, u in zip(segments, uppers)]
+        self.sources: list[SourceSegment] = []
+        try:  # one descriptor per source: out of descriptors, close the ones already opened
+            for s, u in zip(segments, uppers):
+                self.sources.append(SourceSegment.snapshot(s, u))
+        except BaseException:
+            self.close()
+            raise
         self.first_segment = segments[0]
         self.end_offset = self.first_dirty_offset  # set by build_offset_map
         # the last offset of each known producer's last batch (read here, on the owner thread)
@@ -672,6 +678,17 @@ class LogCleaner:
         self.last_stats: CleanerStats | None = None
 
     def grab_filthiest_log(self) -> CleaningJob | None:
+        """The job for the filthiest log, or None. An OSError or StorageError (out of file
+        descriptors, say, while the job opens its sources) is logged and the round skipped:
+        the next one tries again; it never reaches the broker's root task."""
+        try:
+            return self._grab_filthiest_log()
+        except (OSError, StorageError) as e:
+            logger.error("the log cleaner could not choose or open a log to clean; "
+                         "retrying after its backoff: %s", e)
+            return None
+
+    def _grab_filthiest_log(self) -> CleaningJob | None:
         now = self._clock()
         self.last_run_ms = now
         checkpoints = self.logs.cleaner_checkpoints()

@@ -15,15 +15,31 @@ Recovery (``recover``): every batch is re-read and validated (framing, magic, CR
 offsets strictly increasing, leader epochs non-decreasing); the indexes are rebuilt from
 what is valid, and the file is truncated at the first bad byte. What was cut is reported.
 
-Not thread-safe: a segment is used by its log, which serialises access.
+Descriptors: an *active* segment (created to be appended to, or appended to since it was
+opened) keeps its ``.log`` open until it is rolled (``on_become_inactive``) or closed. Every
+other segment opens its file on demand: its descriptor is held in a process-wide LRU
+(``OPEN_SEGMENT_FILES``, at most ``log.max.open.segment.files`` descriptors), and the least
+recently used one is closed when a newer one needs the room. A descriptor is pinned while
+a read uses it (a ``pread``, never across a yield of a generator), so the LRU, shared by
+the Trio thread and worker threads (loading, the group coordinator's reads), never closes
+one under a reader; when every descriptor in it is pinned it exceeds its size until they
+are released. So a partition with many segments holds one descriptor plus its share of the
+LRU, however many segments it has.
+
+Not thread-safe: a segment is used by its log, which serialises access (the descriptor LRU
+is the exception: it is locked).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import re
+import threading
+import weakref
+from collections import OrderedDict
 from typing import Iterator, NamedTuple
 
 from tidelog.broker.log.config import LogConfig
@@ -80,6 +96,124 @@ def reserve_blocks(fd: int, offset: int, length: int) -> bool:
     return _fallocate is not None and _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0
 
 
+MAX_OPEN_SEGMENT_FILES_DEFAULT = 256  # log.max.open.segment.files
+
+
+class SegmentFileCache:
+    """The descriptors of inactive segments, least recently used first (see the module
+    docstring); at most ``max_open`` of them open unless pinned. Thread-safe."""
+
+    def __init__(self, max_open: int = MAX_OPEN_SEGMENT_FILES_DEFAULT):
+        if max_open < 1:
+            raise ValueError(f"max_open must be >= 1, got {max_open}")
+        self.max_open = max_open
+        self._lock = threading.RLock()  # reentrant: a weakref callback may run under it
+        # id(segment) -> a weak reference to it: a segment dropped without being closed (a
+        # test's simulated crash) leaves the LRU instead of being evicted later, when its
+        # old descriptor number may belong to another file
+        self._lru: OrderedDict[int, weakref.ref[LogSegment]] = OrderedDict()
+
+    @property
+    def open_count(self) -> int:
+        return len(self._lru)
+
+    def acquire(self, seg: "LogSegment") -> int:
+        """The segment's descriptor, opened if need be, pinned until ``release``."""
+        with self._lock:
+            if seg._fd < 0:
+                _reopen(seg)
+            seg._pins += 1
+            if not seg._keep_open:
+                self._touch(seg)
+            return seg._fd
+
+    def release(self, seg: "LogSegment") -> None:
+        with self._lock:
+            seg._pins -= 1
+            if len(self._lru) > self.max_open:
+                self._evict()
+
+    def keep_open(self, seg: "LogSegment", keep: bool) -> None:
+        """An active segment stays open outside the LRU; an inactive one joins it."""
+        with self._lock:
+            seg._keep_open = keep
+            if keep:
+                self._lru.pop(id(seg), None)
+                if seg._fd < 0:
+                    _reopen(seg)
+            elif seg._fd >= 0:
+                self._touch(seg)
+
+    def close(self, seg: "LogSegment") -> None:
+        """Close the segment's descriptor for good (the segment is closed or deleted)."""
+        with self._lock:
+            self._lru.pop(id(seg), None)
+            seg._keep_open = False
+            _close_fd(seg)
+
+    def resize(self, max_open: int) -> None:
+        if max_open < 1:
+            raise ValueError(f"max_open must be >= 1, got {max_open}")
+        with self._lock:
+            self.max_open = max_open
+            self._evict()
+
+    def _touch(self, seg: "LogSegment") -> None:
+        key = id(seg)
+        if key in self._lru:
+            self._lru.move_to_end(key)
+        else:
+            self._lru[key] = weakref.ref(seg, functools.partial(self._forget, key))
+            self._evict()
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        with self._lock:
+            if self._lru.get(key) is ref:
+                del self._lru[key]
+
+    def _evict(self) -> None:
+        excess = len(self._lru) - self.max_open
+        if excess <= 0:
+            return
+        for key, ref in list(self._lru.items()):
+            victim = ref()
+            if victim is None or victim._pins:
+                continue
+            del self._lru[key]
+            _close_fd(victim)
+            excess -= 1
+            if not excess:
+                return
+
+
+def _reopen(seg: "LogSegment") -> None:
+    fd = os.open(seg.log_path, os.O_RDWR | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    seg._fd, seg._file_id = fd, (st.st_dev, st.st_ino)
+
+
+def _close_fd(seg: "LogSegment") -> None:
+    """Close the segment's descriptor if it is still the one it opened: a descriptor closed
+    behind its back (a simulated crash in tests) may have been reused for another file."""
+    fd, seg._fd = seg._fd, -1
+    if fd < 0:
+        return
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return
+    if (st.st_dev, st.st_ino) == seg._file_id:
+        os.close(fd)
+
+
+OPEN_SEGMENT_FILES = SegmentFileCache()
+
+
+def set_max_open_segment_files(max_open: int) -> None:
+    """``log.max.open.segment.files``: the size of the process-wide descriptor LRU."""
+    OPEN_SEGMENT_FILES.resize(max_open)
+
+
 _BASE_OFFSET_NAME = re.compile(r"[0-9]{20}", re.ASCII)
 
 
@@ -102,17 +236,24 @@ class RecoveryResult(NamedTuple):
 
 
 class LogSegment:
-    def __init__(self, directory: str, base_offset: int, config: LogConfig, fd: int, created_ms: int):
+    def __init__(self, directory: str, base_offset: int, config: LogConfig, fd: int, created_ms: int,
+                 *, active: bool = True):
         self.directory = directory
         self.base_offset = base_offset
         self.config = config
-        self._fd = fd
+        self._fd = fd  # -1 while closed (an inactive segment evicted from the LRU)
+        self._pins = 0  # reads using _fd now (OPEN_SEGMENT_FILES)
+        self._keep_open = active
         self.created_ms = created_ms
         prefix = os.path.join(directory, filename_prefix(base_offset))
         self.log_path = prefix + LOG_SUFFIX
         self.index = OffsetIndex(prefix + INDEX_SUFFIX, base_offset, config.segment_index_bytes)
         self.time_index = TimeIndex(prefix + TIME_INDEX_SUFFIX, base_offset, config.segment_index_bytes)
-        self.size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        self.size = st.st_size
+        self._file_id = (st.st_dev, st.st_ino)  # which file _fd is (see _close_fd)
+        if not active:
+            OPEN_SEGMENT_FILES.keep_open(self, False)
         self.next_offset = base_offset
         self.max_timestamp = -1
         self.first_batch_timestamp: int | None = None
@@ -160,8 +301,26 @@ class LogSegment:
     def open(cls, directory: str, base_offset: int, config: LogConfig) -> "LogSegment":
         """Open an existing segment. Call ``load_indexes`` or ``recover`` next."""
         path = os.path.join(directory, filename_prefix(base_offset) + LOG_SUFFIX)
-        fd = os.open(path, os.O_RDWR)
-        return cls(directory, base_offset, config, fd, int(os.fstat(fd).st_mtime * 1000))
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            return cls(directory, base_offset, config, fd, int(os.fstat(fd).st_mtime * 1000), active=False)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    # -- descriptors (see the module docstring) ------------------------------------------------
+
+    def _pread(self, size: int, position: int) -> bytes:
+        fd = OPEN_SEGMENT_FILES.acquire(self)
+        try:
+            return os.pread(fd, size, position)
+        finally:
+            OPEN_SEGMENT_FILES.release(self)
+
+    @property
+    def holds_descriptor(self) -> bool:
+        """Whether the ``.log`` file is open now (tests and tools)."""
+        return self._fd >= 0
 
     def load_indexes(self) -> None:
         """Trust the index files (after a clean shutdown) if they pass the sanity checks.
@@ -177,16 +336,13 @@ class LogSegment:
     def close(self) -> None:
         if self._fd >= 0:
             self.release_reserved()
-            self.index.flush(fsync=False)
-            self.time_index.flush(fsync=False)
-            os.close(self._fd)
-            self._fd = -1
+        self.index.flush(fsync=False)
+        self.time_index.flush(fsync=False)
+        OPEN_SEGMENT_FILES.close(self)
 
     def delete(self) -> None:
         """Close and remove all three files."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        OPEN_SEGMENT_FILES.close(self)
         for path in (self.log_path, self.index.path, self.time_index.path):
             try:
                 os.unlink(path)
@@ -195,7 +351,11 @@ class LogSegment:
 
     def flush(self) -> None:
         """fsync the log, and write and fsync both indexes."""
-        os.fsync(self._fd)
+        fd = OPEN_SEGMENT_FILES.acquire(self)
+        try:
+            os.fsync(fd)
+        finally:
+            OPEN_SEGMENT_FILES.release(self)
         self.index.flush()
         self.time_index.flush()
 
@@ -206,6 +366,7 @@ class LogSegment:
         self.release_reserved()
         self.index.flush(fsync=False)
         self.time_index.flush(fsync=False)
+        OPEN_SEGMENT_FILES.keep_open(self, False)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -214,6 +375,8 @@ class LogSegment:
         relative to ``buf``). Updates the indexes every ``index.interval.bytes``."""
         start = self.size
         view = memoryview(buf)
+        if not self._keep_open:  # appended to: the active segment, kept open from now on
+            OPEN_SEGMENT_FILES.keep_open(self, True)
         if start + len(view) > self._reserved_to:
             self._reserve(start + len(view))
         written = 0
@@ -256,7 +419,7 @@ class LogSegment:
         """Give back reserved blocks beyond the end of the data."""
         if self._fd >= 0 and self._reserved_to:
             os.ftruncate(self._fd, self.size)
-            self._reserved_to = 0
+        self._reserved_to = 0
 
     def can_hold(self, first_offset: int, last_offset: int) -> bool:
         """Whether offsets [first, last] fit this segment's 32-bit relative offsets."""
@@ -272,7 +435,7 @@ class LogSegment:
         self.index.truncate_to(h.base_offset)
         self.time_index.truncate_to(h.base_offset)
         removed = self.size - pos
-        os.ftruncate(self._fd, pos)
+        self._ftruncate(pos)
         self.size = pos
         self._reserved_to = 0
         self._load_tail_state()
@@ -285,7 +448,7 @@ class LogSegment:
         end = self.size if end is None else end
         chunk = 16384
         while position < end:
-            data = os.pread(self._fd, min(chunk, end - position), position)
+            data = self._pread(min(chunk, end - position), position)
             consumed = 0
             for p, h in iter_headers(data):
                 yield position + p, h
@@ -329,7 +492,7 @@ class LogSegment:
         sanity checks and still point past its target; believed, a lookup would skip batches."""
         entry, position = self.index.lookup(offset)
         if position:
-            raw = os.pread(self._fd, HEADER_SIZE, position)
+            raw = self._pread(HEADER_SIZE, position)
             if len(raw) < HEADER_SIZE or read_header(raw).base_offset != entry:
                 return 0
         return position
@@ -345,10 +508,10 @@ class LogSegment:
         start, first = found
         if max_offset is not None and first.base_offset + first.last_offset_delta >= max_offset:
             return b""
-        data = os.pread(self._fd, min(max(max_bytes, 0), self.size - start), start)
+        data = self._pread(min(max(max_bytes, 0), self.size - start), start)
         end = self._verified_prefix(data, start, max_offset)
         if end == 0 and min_one_message:
-            data = os.pread(self._fd, first.size, start)
+            data = self._pread(first.size, start)
             end = self._verified_prefix(data, start, max_offset)
         return data if end == len(data) else data[:end]
 
@@ -379,7 +542,7 @@ class LogSegment:
         for pos, h in self.headers_from(position):
             if h.max_timestamp < timestamp or h.base_offset + h.last_offset_delta < start:
                 continue
-            data = os.pread(self._fd, h.size, pos)
+            data = self._pread(h.size, pos)
             for r in iter_records(data, 0, h):
                 if r.timestamp >= timestamp and r.offset >= start:
                     return r.offset, r.timestamp
@@ -397,7 +560,7 @@ class LogSegment:
         self.first_batch_timestamp = None
         valid, reason, stale = self._scan_valid()
         truncated = self.size - valid
-        os.ftruncate(self._fd, valid)  # also releases blocks reserved past the end before a crash
+        self._ftruncate(valid)  # also releases blocks reserved past the end before a crash
         self.size = valid
         self._reserved_to = 0
         if stale:  # the cut fell before a batch already accounted: account what is kept again
@@ -413,7 +576,7 @@ class LogSegment:
         prev_last, prev_epoch = self.base_offset - 1, -1
         prev_pos, prev_jumped = 0, False
         while pos < self.size:
-            data = os.pread(self._fd, min(max(SCAN_CHUNK_BYTES, need), self.size - pos), pos)
+            data = self._pread(min(max(SCAN_CHUNK_BYTES, need), self.size - pos), pos)
             res = scan_batches(data)
             good = []
             for p, h in res.batches:
@@ -493,7 +656,14 @@ class LogSegment:
 
     def read_all(self) -> bytes:
         """The whole file (tools and tests)."""
-        return os.pread(self._fd, self.size, 0)
+        return self._pread(self.size, 0)
+
+    def _ftruncate(self, length: int) -> None:
+        fd = OPEN_SEGMENT_FILES.acquire(self)
+        try:
+            os.ftruncate(fd, length)
+        finally:
+            OPEN_SEGMENT_FILES.release(self)
 
     def __repr__(self) -> str:
         return (f"LogSegment(base_offset={self.base_offset}, size={self.size}, "

@@ -253,8 +253,10 @@ def _bad_values(s) -> list:
         out.append(s.maximum + 1)
     if s.choices:
         out.append("bogus")
-    if s.check is not None:
+    if s.check is not None and not s.optional:  # "" unsets an optional setting
         out.append(["", " "] if s.type is tuple else "")
+    elif s.check is not None:
+        out.append(["", " "] if s.type is tuple else ",")
     return out
 
 
@@ -348,7 +350,7 @@ def test_to_toml_writes_only_what_differs_from_the_defaults():
 
 def test_to_toml_with_defaults_writes_every_set_value():
     text = BrokerConfig.from_props(MINIMAL).to_toml(include_defaults=True)
-    written = {line.split(" = ")[0] for line in text.splitlines() if " = " in line}
+    written = {line.split(" = ")[0].strip('"') for line in text.splitlines() if " = " in line}
     expected = {s.name for s in SETTINGS if s.default is not None or s.default_from or s.default is REQUIRED}
     assert written == expected
 

@@ -21,7 +21,7 @@ from tests.unit.log.helpers import FakeClock, read_records
 from tidelog.broker.log.cleaner import CleanerConfig, LogCleaner
 from tidelog.broker.log.dump import run as dump_run
 from tidelog.broker.log.manager import LogManager
-from tidelog.broker.log.segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX
+from tidelog.broker.log.segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, OPEN_SEGMENT_FILES, SWAP_SUFFIX
 from tidelog.broker.log.swap import apply_ops, plan_swap
 from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import TopicPartition
@@ -98,9 +98,7 @@ def _prepare(path, clock, case):
 
 def _crash(log, job, cleaned):
     for seg in list(log.segments) + list(cleaned):
-        if seg._fd >= 0:
-            os.close(seg._fd)
-            seg._fd = -1
+        OPEN_SEGMENT_FILES.close(seg)
     job.close()
 
 

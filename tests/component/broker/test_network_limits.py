@@ -1,0 +1,135 @@
+"""The socket server's budgets over real loopback TCP: the request memory budget
+(``queued.max.request.bytes``), large frames decoded off the event loop in request order,
+and the connection limits (``max.connections``, ``max.connections.per.ip``)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import trio
+
+from tests.component.broker.test_network import Client, Handler, Harness
+from tidelog.broker.network import DECODE_INLINE_MAX_BYTES, RESERVE_ABOVE_BYTES
+from tidelog.protocol.codec import ApiKey
+
+BUDGET = 300_000
+
+
+@pytest.fixture
+async def net(nursery):
+    harness = Harness(nursery)
+    yield harness
+    for client in harness.clients:
+        await trio.aclose_forcefully(client.stream)
+
+
+async def _until(predicate, timeout_s: float = 5.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+def _padded(client: Client, n: int, size: int) -> bytes:
+    """A request frame of about ``size`` bytes."""
+    return client.frame({"n": n, "pad": b"p" * size})
+
+
+async def test_large_frames_reserve_the_budget_and_wait_for_it_while_small_ones_pass(net):
+    server, handler, bystander = await net.start(queued_max_request_bytes=BUDGET)
+    first, second = await net.connect(server.port), await net.connect(server.port)
+    frame_a, frame_b = _padded(first, 1, 200_000), _padded(second, 2, 200_000)
+    await first.stream.send_all(frame_a[:100_000])  # prefix and half of the body: then it stalls
+    await _until(lambda: server.stats().request_bytes_reserved == len(frame_a) - 4)
+    await second.stream.send_all(frame_b[:100_000])  # does not fit next to the first: waits
+    for n in range(20):  # small requests reserve nothing and keep being served
+        assert (await bystander.call({"n": 100 + n}))["n"] == 100 + n
+    assert server.stats().request_bytes_reserved == len(frame_a) - 4
+    assert handler.called.count(2) == 0
+    await first.stream.send_all(frame_a[100_000:])
+    assert (await first.receive())[0][1]["n"] == 1
+    # the first response is written: its bytes are released and the second frame gets them
+    await _until(lambda: server.stats().request_bytes_reserved == len(frame_b) - 4)
+    await second.stream.send_all(frame_b[100_000:])
+    assert (await second.receive())[0][1]["n"] == 2
+    await _until(lambda: server.stats().request_bytes_reserved == 0)
+
+
+async def test_a_frame_larger_than_the_budget_is_refused_from_its_prefix(net):
+    server, _, bystander = await net.start(queued_max_request_bytes=BUDGET)
+    hostile = await net.connect(server.port)
+    await hostile.stream.send_all(struct.pack(">I", BUDGET + 1) + b"x" * 1000)
+    assert await hostile.closed_by_server()
+    assert server.stats().request_bytes_reserved == 0
+    assert (await bystander.call({"n": 1}))["n"] == 1
+
+
+async def test_a_connection_closed_mid_frame_gives_its_reservation_back(net):
+    server, _, bystander = await net.start(queued_max_request_bytes=BUDGET)
+    quitter = await net.connect(server.port)
+    await quitter.stream.send_all(_padded(quitter, 1, 200_000)[:150_000])
+    await _until(lambda: server.stats().request_bytes_reserved > RESERVE_ABOVE_BYTES)
+    await quitter.stream.aclose()
+    await _until(lambda: server.stats().request_bytes_reserved == 0)
+    assert (await bystander.call({"n": 2}))["n"] == 2
+
+
+class OrderedHandler:
+    """Like produce: a plain function that does its work (records the call) before returning."""
+
+    def __init__(self) -> None:
+        self.called: list[int] = []
+
+    def __call__(self, context, body: dict):
+        self.called.append(body["n"])
+        return {"n": body["n"], "size": len(body.get("pad", b""))}
+
+
+async def test_a_large_frame_decoded_off_the_loop_keeps_handler_and_response_order(net):
+    handler = OrderedHandler()
+    server, _, _ = await net.start(handler)
+    client = await net.connect(server.port)
+    big = 4 * DECODE_INLINE_MAX_BYTES
+    order = [0, 1, 2, 6, 3, 4, 5]  # 0 and 6 large, the others small
+    frames = [_padded(client, n, big) if n in (0, 6) else client.frame({"n": n}, api_key=ApiKey.PRODUCE)
+              for n in order]
+    await client.stream.send_all(b"".join(frames))  # all pipelined in one write
+    responses = await client.receive(len(frames))
+    assert [body["n"] for _, body in responses] == order
+    assert handler.called == order
+    assert responses[0][1]["size"] == big
+
+
+async def test_max_connections_closes_the_newest_at_once(net):
+    server, _, bystander = await net.start(max_connections=3)
+    others = [await net.connect(server.port) for _ in range(2)]
+    for i, client in enumerate(others):
+        assert (await client.call({"n": i}))["n"] == i
+    extra = await net.connect(server.port)
+    assert await extra.closed_by_server()
+    assert server.stats().connections_refused == 1
+    await others[0].stream.aclose()
+    await _until(lambda: server.stats().connections_open == 2)
+    late = await net.connect(server.port)
+    assert (await late.call({"n": 7}))["n"] == 7
+    assert (await bystander.call({"n": 8}))["n"] == 8
+
+
+async def test_max_connections_per_ip_and_its_overrides(net):
+    server, _, bystander = await net.start(max_connections_per_ip=2)
+    second = await net.connect(server.port)
+    assert (await second.call({"n": 1}))["n"] == 1
+    assert await (await net.connect(server.port)).closed_by_server()
+    roomy, _, _ = await net.start(max_connections_per_ip=1,
+                                  max_connections_per_ip_overrides={"127.0.0.1": 3})
+    clients = [await net.connect(roomy.port) for _ in range(2)]  # 3 with the bystander
+    for i, client in enumerate(clients):
+        assert (await client.call({"n": i}))["n"] == i
+    assert await (await net.connect(roomy.port)).closed_by_server()
+    assert (await bystander.call({"n": 9}))["n"] == 9
+
+
+def test_the_budget_caps_the_frame_size():
+    from tidelog.broker.network import SocketServer
+    assert SocketServer(Handler(), max_frame_bytes=10_000, queued_max_request_bytes=5_000).max_frame_bytes == 5_000
+    assert SocketServer(Handler(), max_frame_bytes=10_000, queued_max_request_bytes=-1).max_frame_bytes == 10_000
