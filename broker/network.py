@@ -207,7 +207,7 @@ class SocketServer:
         if self.pool.capacity is not None:  # a frame larger than the budget could never fit
             max_frame_bytes = min(max_frame_bytes, self.pool.capacity)
         self.max_frame_bytes = max_frame_bytes
-        self.max_connections = min(max_connections or math.inf, _descriptor_budget())
+        self.max_connections = max_connections or math.inf  # and the descriptor budget, at accept
         self.max_connections_per_ip = max_connections_per_ip or math.inf
         self.ip_overrides = dict(max_connections_per_ip_overrides or {})
         self._per_ip: Counter[str] = Counter()
@@ -316,8 +316,10 @@ class SocketServer:
         """Why a new connection from ``host`` is closed at once, or None to serve it."""
         open_now = sum(self._per_ip.values())
         if open_now >= self.max_connections:
-            return f"{open_now} connections open, the limit is {self.max_connections} (max.connections " \
-                   "and the descriptors kept for the broker's own files)"
+            return f"{open_now} connections open, max.connections is {self.max_connections}"
+        if open_now >= (budget := _descriptor_budget()):  # RLIMIT_NOFILE, read now: it may change
+            return f"{open_now} connections open, the most the descriptor limit allows while keeping " \
+                   f"descriptors for the broker's own files is {budget}"
         limit = self.ip_overrides.get(host, self.max_connections_per_ip)
         if self._per_ip[host] >= limit:
             return f"{self._per_ip[host]} connections open from {host}, max.connections.per.ip is {limit}"
@@ -440,8 +442,9 @@ class _Connection:
                     return
                 # a LargeFrame ends its list: the frames behind it are still in the decoder
                 events = self._conn.receive_data(b"") if type(events[-1]) is LargeFrame else None
-            if self._pool.bounded and not self._reservation:
-                await self._reserve_partial_frame()
+            if self._pool.bounded and not self._reservation and (
+                    size := self._conn.partial_frame_size) is not None and size > RESERVE_ABOVE_BYTES:
+                await self._reserve(size)
 
     async def _start_requests(self, requests: trio.Nursery, events: list) -> bool:
         """Start each request of ``events`` in order; True when the connection must close."""
@@ -518,12 +521,9 @@ class _Connection:
                     await trio.lowlevel.wait_readable(self._stream.socket)
         return b""
 
-    async def _reserve_partial_frame(self) -> None:
+    async def _reserve(self, size: int) -> None:
         """Reserve the frame still arriving from the memory budget before reading on; wait
         (not reading) while the budget is short. ``stop_reading`` cancels the wait."""
-        size = self._conn.partial_frame_size
-        if size is None or size <= RESERVE_ABOVE_BYTES:
-            return
         if self._pool.try_reserve(size):
             self._reservation = size
             return
