@@ -31,14 +31,17 @@ from tidelog.protocol.records import CODEC_MASK, iter_headers
 
 # A produce carrying at least this many bytes is validated in a worker thread
 WORKER_THRESHOLD_BYTES = 256 * 1024
-# ... and so is one with a compressed batch of at least this size (it may inflate a lot)
-WORKER_COMPRESSED_BYTES = 4 * 1024
+# ... and so is one with a compressed batch of at least this size: any, by default. A few
+# hundred bytes of zstd inflate to the 8 MiB bound, and decoding those records can take as
+# long as decoding a batch of that size, whatever the batch's header says.
+WORKER_COMPRESSED_BYTES = 0
 
 
 def needs_worker(entries: Mapping[object, bytes], threshold_bytes: int = WORKER_THRESHOLD_BYTES,
                  compressed_bytes: int = WORKER_COMPRESSED_BYTES) -> bool:
-    """True if validating these records could hold the event loop for more than about a
-    millisecond: many bytes in all, or a compressed batch that is not tiny."""
+    """True if validating these records could hold the event loop for more than a few
+    milliseconds: many bytes in all, or a compressed batch (its size says nothing about what
+    it inflates to)."""
     if sum(map(len, entries.values())) >= threshold_bytes:
         return True
     return any(len(records) >= compressed_bytes
