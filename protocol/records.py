@@ -34,7 +34,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from enum import IntEnum
-from itertools import chain, islice, repeat
+from itertools import islice, repeat
 from operator import itemgetter, sub
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
@@ -583,7 +583,7 @@ def record_columns(buf, pos: int = 0, header: BatchHeader | None = None, *,
 _FIELDS = tuple(itemgetter(i) for i in range(5))
 
 
-def _columns(items: tuple, n: int) -> list[tuple] | None:
+def _columns(items: tuple, n: int, start: int = 0) -> list[tuple] | None:
     """The five fields of every record as columns, if every record is ``(int, i, blob, blob,
     headers)``, else None. Checked a column at a time (itemgetter, not zip(*items): that
     would allocate an iterator per record)."""
@@ -594,14 +594,14 @@ def _columns(items: tuple, n: int) -> list[tuple] | None:
         return None
     columns = [tuple(map(field, items)) for field in _FIELDS]
     ts_deltas, deltas, keys, values, _ = columns
-    if (set(map(type, ts_deltas)) == _INT and deltas == tuple(range(n))
+    if (set(map(type, ts_deltas)) == _INT and deltas == tuple(range(start, start + n))
             and set(map(type, keys)) <= _BLOB_TYPES and set(map(type, values)) <= _BLOB_TYPES):
         return columns
     return None
 
 
-def _find_malformed(items: tuple, base: int) -> None:
-    for i, r in enumerate(items):
+def _find_malformed(items: tuple, base: int, start: int = 0) -> None:
+    for i, r in enumerate(items, start):
         if (not isinstance(r, tuple) or len(r) != 5 or type(r[0]) is not int or r[1] != i
                 or not _is_blob(r[2]) or not _is_blob(r[3])):
             raise CorruptRecordError(f"record {i} of batch at offset {base} is malformed: {_fault(r, i)}")
@@ -703,82 +703,106 @@ def validate_records(buf, pos: int, h: BatchHeader, rules: RecordRules, *,
         raise CorruptRecordError(
             f"batch at offset {h.base_offset} declares {n} records, but its {len(raw)}-byte "
             f"records block can hold at most {len(raw) // MIN_RECORD_BYTES}")
-    items = _unpack_records(raw, n, h.base_offset, chunk)
-    columns = _columns(items, n)
-    if columns is None:
-        _find_malformed(items, h.base_offset)  # raises, naming the record
-    ts_deltas, _, keys, _, headers = columns
-    if headers.count(None) != n:
-        for i, x in enumerate(headers):
-            try:
-                _headers(x, i)
-            except CorruptRecordError:
-                raise CorruptRecordError(f"record {i} of batch at offset {h.base_offset} has malformed "
-                                         "headers: expected nil or an array of [str, bin|nil] pairs") from None
-    if not h.attributes & TIMESTAMP_TYPE_BIT:
-        _check_timestamps(h, ts_deltas, rules)
-    elif rules.create_time:  # the producer asked for LogAppendTime: one timestamp, max_timestamp
-        if not -1 <= h.max_timestamp:
-            raise TidelogError(f"batch at offset {h.base_offset} has max timestamp {h.max_timestamp}, "
-                               f"outside [0, {MAX_LONG}] (or -1 for none)", error=INVALID_TIMESTAMP)
-        _check_window(h, (), h.max_timestamp, h.max_timestamp, rules)
-    if rules.require_keys and not h.is_control and None in keys:
-        raise TidelogError(f"record {keys.index(None)} of batch at offset {h.base_offset} has no key: "
-                           "a compacted topic cannot accept a record without a key; give every record a key", error=INVALID_RECORD)
+    high, high_at = -2, 0
+    for start, part in _unpack_parts(raw, n, h.base_offset, chunk):
+        part_high, part_high_at = _check_part(part, start, h, rules)
+        if part_high > high:
+            high, high_at = part_high, part_high_at
+    if h.attributes & TIMESTAMP_TYPE_BIT:  # the producer asked for LogAppendTime: one timestamp
+        if rules.create_time:
+            if not -1 <= h.max_timestamp:
+                raise TidelogError(f"batch at offset {h.base_offset} has max timestamp {h.max_timestamp}, "
+                                   f"outside [0, {MAX_LONG}] (or -1 for none)", error=INVALID_TIMESTAMP)
+            _check_window(h, (), h.max_timestamp, h.max_timestamp, rules)
+    elif high != h.max_timestamp:  # each part checked that none is above it
+        raise TidelogError(f"record {high_at} of batch at offset {h.base_offset} has the largest timestamp, {high}, "
+                           f"but the batch's max timestamp is {h.max_timestamp}: it must be the largest "
+                           "record timestamp", error=INVALID_RECORD)
 
 
-def _unpack_records(raw, n: int, base: int, chunk: int | None) -> tuple:
+def _unpack_parts(raw, n: int, base: int, chunk: int | None) -> Iterator[tuple[int, tuple]]:
+    """The records as ``(index of the first, records)`` parts: one part, or ``chunk`` at a time."""
     try:
         if chunk is None:
             items = msgpack.unpackb(raw, use_list=False, raw=False, strict_map_key=True,
                                     max_array_len=max(n, 5))
-        else:
-            unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=True,
-                                        max_buffer_size=max(len(raw), 1), max_array_len=max(n, 5))
-            unpacker.feed(raw)
-            count = unpacker.read_array_header()
-            if count != n:
-                raise CorruptRecordError(f"batch at offset {base} declares {n} records, "
-                                         f"its records block holds {count}")
-            parts = [tuple(islice(unpacker, chunk)) for _ in range(0, n, chunk)]
-            items = tuple(chain.from_iterable(parts))
-            if unpacker.tell() != len(raw):
-                raise CorruptRecordError(f"records block of batch at offset {base} has "
-                                         f"{len(raw) - unpacker.tell()} bytes after its {n} records")
+            if type(items) is not tuple or len(items) != n:
+                raise CorruptRecordError(
+                    f"batch at offset {base} declares {n} records, its records block holds "
+                    f"{len(items) if isinstance(items, tuple) else 'no array'}")
+            yield 0, items
+            return
+        unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=True,
+                                    max_buffer_size=max(len(raw), 1), max_array_len=max(n, 5))
+        unpacker.feed(raw)
+        count = unpacker.read_array_header()
+        if count != n:
+            raise CorruptRecordError(f"batch at offset {base} declares {n} records, its records block holds {count}")
+        for start in range(0, n, chunk):
+            part = tuple(islice(unpacker, chunk))
+            if len(part) != min(chunk, n - start):
+                raise CorruptRecordError(f"batch at offset {base} declares {n} records, its records block "
+                                         f"holds {start + len(part)}")
+            yield start, part
+        if unpacker.tell() != len(raw):
+            raise CorruptRecordError(f"records block of batch at offset {base} has "
+                                     f"{len(raw) - unpacker.tell()} bytes after its {n} records")
     except CorruptRecordError:
         raise
     except Exception as e:
         raise CorruptRecordError(f"records of batch at offset {base} are not valid msgpack: "
                                  f"{type(e).__name__} {e}".rstrip()) from None
-    if type(items) is not tuple or len(items) != n:
-        raise CorruptRecordError(
-            f"batch at offset {base} declares {n} records, its records block holds "
-            f"{len(items) if isinstance(items, tuple) else 'no array'}")
-    return items
 
 
-def _check_timestamps(h: BatchHeader, ts_deltas: tuple, rules: RecordRules) -> None:
-    """Record timestamps are ``first_timestamp + delta``: each -1 or in [0, 2^63-1], the
-    largest equal to the batch's ``max_timestamp``, and (CreateTime) inside the window."""
+def _check_part(part: tuple, start: int, h: BatchHeader, rules: RecordRules) -> tuple[int, int]:
+    """Records ``start..`` of the batch, column-wise: shapes and types, offset deltas,
+    headers, per-record timestamp rules, keys. Returns the part's largest timestamp and the
+    index of its record (``(-2, 0)`` under LogAppendTime, which has none of its own)."""
+    m = len(part)
+    columns = _columns(part, m, start)
+    if columns is None:
+        _find_malformed(part, h.base_offset, start)  # raises, naming the record
+    ts_deltas, _, keys, _, headers = columns
+    if headers.count(None) != m:
+        for i, x in enumerate(headers):
+            try:
+                _headers(x, i)
+            except CorruptRecordError:
+                raise CorruptRecordError(f"record {start + i} of batch at offset {h.base_offset} has malformed "
+                                         "headers: expected nil or an array of [str, bin|nil] pairs") from None
+    if rules.require_keys and not h.is_control and None in keys:
+        raise TidelogError(f"record {start + keys.index(None)} of batch at offset {h.base_offset} has no key: "
+                           "a compacted topic cannot accept a record without a key; give every record a key",
+                           error=INVALID_RECORD)
+    if h.attributes & TIMESTAMP_TYPE_BIT:
+        return -2, 0
+    return _check_timestamps(h, ts_deltas, rules, start)
+
+
+def _check_timestamps(h: BatchHeader, ts_deltas: tuple, rules: RecordRules, start: int = 0) -> tuple[int, int]:
+    """Record timestamps are ``first_timestamp + delta``: each -1 or in [0, 2^63-1], none
+    above the batch's ``max_timestamp``, and (CreateTime) inside the window. Returns the
+    largest and its record's index."""
     first = h.first_timestamp
     low, high = first + min(ts_deltas), first + max(ts_deltas)
     if low < -1 or high > MAX_LONG:  # -1 is the one negative timestamp allowed
         i = next(i for i, d in enumerate(ts_deltas) if not -1 <= first + d <= MAX_LONG)
-        raise TidelogError(f"record {i} of batch at offset {h.base_offset} has timestamp {first + ts_deltas[i]}, "
-                           f"outside [0, {MAX_LONG}] (or -1 for none)", error=INVALID_TIMESTAMP)
-    if high != h.max_timestamp:
-        i = ts_deltas.index(max(ts_deltas)) if high < h.max_timestamp else next(
-            i for i, d in enumerate(ts_deltas) if first + d > h.max_timestamp)
-        raise TidelogError(f"record {i} of batch at offset {h.base_offset} has timestamp {first + ts_deltas[i]}, "
+        raise TidelogError(f"record {start + i} of batch at offset {h.base_offset} has timestamp "
+                           f"{first + ts_deltas[i]}, outside [0, {MAX_LONG}] (or -1 for none)", error=INVALID_TIMESTAMP)
+    if high > h.max_timestamp:
+        i = next(i for i, d in enumerate(ts_deltas) if first + d > h.max_timestamp)
+        raise TidelogError(f"record {start + i} of batch at offset {h.base_offset} has timestamp {first + ts_deltas[i]}, "
                            f"but the batch's max timestamp is {h.max_timestamp}: it must be the largest "
                            "record timestamp", error=INVALID_RECORD)
     if rules.create_time and high != -1:
         if low == -1:
             low = first + min(filter((-1 - first).__ne__, ts_deltas))
-        _check_window(h, ts_deltas, high, low, rules)
+        _check_window(h, ts_deltas, high, low, rules, start)
+    return high, start + ts_deltas.index(high - first)
 
 
-def _check_window(h: BatchHeader, ts_deltas: tuple, high: int, low: int, rules: RecordRules) -> None:
+def _check_window(h: BatchHeader, ts_deltas: tuple, high: int, low: int, rules: RecordRules,
+                  start: int = 0) -> None:
     """KIP-937: no record newer than ``now + after_max_ms`` or older than ``now - before_max_ms``."""
     if high == -1:
         return
@@ -788,7 +812,7 @@ def _check_window(h: BatchHeader, ts_deltas: tuple, high: int, low: int, rules: 
         ts, bound, limit = low, "message.timestamp.before.max.ms", rules.before_max_ms
     else:
         return
-    i = ts_deltas.index(ts - h.first_timestamp) if ts_deltas else 0
+    i = start + ts_deltas.index(ts - h.first_timestamp) if ts_deltas else 0
     raise TidelogError(
         f"record {i} of batch at offset {h.base_offset} has timestamp {ts}, more than {bound} "
         f"({limit} ms) {'after' if ts > rules.now_ms else 'before'} the broker's time {rules.now_ms}",

@@ -164,5 +164,16 @@ def test_many_tiny_records_are_unpacked_in_chunks_with_the_same_verdict():
     records = [rec(i) for i in range(10_000)]
     check(forge(records), chunk=1000)
     records[9_999] = [0, 1, None, b"v", None]
-    assert refused(forge(records), chunk=1000).error is CORRUPT_MESSAGE
+    e = refused(forge(records), chunk=1000)
+    assert e.error is CORRUPT_MESSAGE and "record 9999" in str(e) and "expected 9999" in str(e)
+    records[9_999] = [0, 9_999, None, b"v", None]
+    records[4_321] = [5, 4_321, None, b"v", None]  # after the batch's max timestamp
+    e = refused(forge(records), chunk=1000)
+    assert e.error is INVALID_RECORD and "record 4321" in str(e)
+    e = refused(forge(records, max_ts=NOW + 5), RecordRules(NOW, after_max_ms=1), chunk=1000)
+    assert e.error is INVALID_TIMESTAMP and "record 4321" in str(e)
+    records[4_321] = [0, 4_321, None, b"v", None]
+    assert refused(forge(records, max_ts=NOW + 1), chunk=1000).error is INVALID_RECORD  # none reaches the max
+    e = refused(forge(records), RecordRules(NOW, require_keys=True), chunk=1000)
+    assert e.error is INVALID_RECORD and "record 0" in str(e)
     assert refused(forge(records[:-1], n=10_000), chunk=1000).error is CORRUPT_MESSAGE
