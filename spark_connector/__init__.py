@@ -15,15 +15,27 @@ Importing this package does not import pyspark; ``register`` and ``TidelogDataSo
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 __all__ = ["register", "TidelogDataSource"]
 
 
 def register(spark: Any) -> None:
-    """Register the ``tidelog`` format with ``spark`` (a SparkSession)."""
+    """Register the ``tidelog`` format with ``spark`` (a SparkSession).
+
+    The data source runs in Spark's Python workers, which must import ``tidelog``. PySpark
+    starts them with ``PYSPARK_PYTHON`` (the ``python3`` on PATH when it is not set), which
+    is often not the environment Tidelog is installed in; so when neither PYSPARK_PYTHON
+    nor the ``spark.pyspark.python`` setting names one, the workers run this interpreter
+    (``sys.executable``), as they must for a local session. On a cluster whose executors
+    have their Python elsewhere, set PYSPARK_PYTHON (or spark.pyspark.python) to it."""
     from tidelog.spark.datasource import TidelogDataSource
 
+    sc = spark.sparkContext
+    configured = os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python", None)
+    sc.pythonExec = configured or sys.executable
     spark.dataSource.register(TidelogDataSource)
 
 

@@ -8,20 +8,43 @@ query run: the streaming source runner is one long-lived process per run. Spark 
 ``partitions`` lists the partitions of the matching topics with their leader (-1 when the
 partition has none right now). With ``assign`` it asks nothing: the partitions are given,
 so no metadata request goes to a broker that is not their leader.
+
+Offset lookups (``earliest``, ``latest``, ``by_time``) that fail with a Tidelog error are
+tried again, up to fetchOffset.numRetries more times, fetchOffset.retryIntervalMs apart
+(``retrying``), as Spark's Kafka source retries its offset fetches.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from tidelog import Admin, Consumer, TidelogError, TopicPartition
 from tidelog.spark.options import SourceOptions, Subscription
 from tidelog.spark.planning import TP
 
-__all__ = ["ClusterView"]
+__all__ = ["ClusterView", "retrying"]
 
 log = logging.getLogger("spark_connector")
+
+T = TypeVar("T")
+
+
+def retrying(call: Callable[[], T], *, retries: int, interval_ms: int, what: str,
+             sleep: Callable[[float], None] = time.sleep) -> T:
+    """``call()``, tried again up to ``retries`` times when it raises a TidelogError."""
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except TidelogError as e:
+            if attempt == retries:
+                raise
+            log.info("%s failed (%s); retry %d of %d in %d ms (fetchOffset.numRetries)", what, e, attempt + 1,
+                     retries, interval_ms)
+            sleep(interval_ms / 1000)
+    raise AssertionError("unreachable")
 
 
 class ClusterView:
@@ -72,21 +95,29 @@ class ClusterView:
     def earliest(self, tps: list[TP]) -> dict[TP, int]:
         if not tps:
             return {}
-        found = self.consumer.beginning_offsets([TopicPartition(*tp) for tp in tps])
+        found = self._retrying(lambda: self.consumer.beginning_offsets([TopicPartition(*tp) for tp in tps]),
+                               "looking up the log start offsets")
         return {(tp.topic, tp.partition): o for tp, o in found.items()}
 
     def latest(self, tps: list[TP]) -> dict[TP, int]:
         """The high watermarks (what a consumer may read up to)."""
         if not tps:
             return {}
-        found = self.consumer.end_offsets([TopicPartition(*tp) for tp in tps])
+        found = self._retrying(lambda: self.consumer.end_offsets([TopicPartition(*tp) for tp in tps]),
+                               "looking up the high watermarks")
         return {(tp.topic, tp.partition): o for tp, o in found.items()}
 
     def by_time(self, timestamps: dict[TP, int]) -> dict[TP, int | None]:
         if not timestamps:
             return {}
-        found = self.consumer.offsets_for_times({TopicPartition(*tp): ts for tp, ts in timestamps.items()})
+        found = self._retrying(
+            lambda: self.consumer.offsets_for_times({TopicPartition(*tp): ts for tp, ts in timestamps.items()}),
+            "looking up offsets by timestamp")
         return {(tp.topic, tp.partition): (None if v is None else v.offset) for tp, v in found.items()}
+
+    def _retrying(self, call: Callable[[], T], what: str) -> T:
+        return retrying(call, retries=self.opts.fetch_offset_retries,
+                        interval_ms=self.opts.fetch_offset_retry_interval_ms, what=what)
 
     def commit(self, group_id: str, offsets: dict[TP, int]) -> None:
         """Store ``offsets`` as ``group_id``'s committed offsets, as a commit outside group

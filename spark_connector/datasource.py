@@ -51,6 +51,7 @@ from tidelog.spark.options import OptionError, SinkOptions, SourceOptions, parse
 from tidelog.spark.planning import (
     OffsetRange,
     Offsets,
+    admit,
     next_end,
     offsets_from_json,
     offsets_to_json,
@@ -132,6 +133,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Offsets | None = None  # Trigger.AvailableNow
         self._latest: Offsets | None = None  # for reportLatestOffset
         self._commit_warned = False
+        self._admitted_at_ms: int | None = None  # minOffsetsPerTrigger / maxTriggerDelay
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -161,6 +163,16 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest = latest
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         step = next_end(begin, latest, max_offsets=max_rows, target=self._target)
+        if self._target is None and self.opts.min_offsets_per_trigger is not None:
+            available = sum(step.end[tp] - begin.get(tp, 0) for tp in step.end)
+            now_ms = int(time.time() * 1000)
+            if not admit(available, min_offsets=self.opts.min_offsets_per_trigger,
+                         max_delay_ms=self.opts.max_trigger_delay_ms, now_ms=now_ms,
+                         last_admitted_ms=self._admitted_at_ms):
+                log.debug("%d offsets available, fewer than minOffsetsPerTrigger %d: skipping this trigger",
+                          available, self.opts.min_offsets_per_trigger)
+                return start
+            self._admitted_at_ms = now_ms
         for note in step.notes:
             log.warning("%s", note)
         if step.lost:
@@ -174,7 +186,8 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None if self._latest is None else offsets_to_json(self._latest)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        ranges = plan_ranges(offsets_from_json(start), offsets_from_json(end), self.opts.min_partitions)
+        ranges = plan_ranges(offsets_from_json(start), offsets_from_json(end), self.opts.min_partitions,
+                             self.opts.max_records_per_partition)
         return [RangePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -243,12 +256,19 @@ class TidelogBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         with ClusterView(self.opts) as view:
             start = _resolve_start(view, self.opts)
-            end = resolve_ending(self.opts.ending, list(start), view.latest(sorted(start)))
+            spec = self.opts.ending
+            by_time = None
+            if spec.kind == "timestamp":
+                by_time = view.by_time({tp: spec.timestamp for tp in start})
+            elif spec.kind == "timestamps":
+                by_time = view.by_time({tp: ts for tp, ts in spec.timestamps.items() if tp in start})
+            end = resolve_ending(spec, list(start), view.latest(sorted(start)), by_time)
         for tp in sorted(start):
             if start[tp] > end[tp]:
                 raise OptionError(f"topic {tp[0]!r} partition {tp[1]}: the starting offset {start[tp]} is after "
                                   f"the ending offset {end[tp]}")
-        return [RangePartition(r) for r in plan_ranges(start, end, self.opts.min_partitions)]
+        return [RangePartition(r) for r in plan_ranges(start, end, self.opts.min_partitions,
+                                                       self.opts.max_records_per_partition)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.opts, partition)

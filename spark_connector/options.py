@@ -11,15 +11,30 @@ Names follow Spark's Kafka source and sink where the meaning is the same::
     startingTimestamp        ms, for every partition (wins over the two above)
     startingOffsetsByTimestampStrategy  error (default) | latest: no record at or after the time
     endingOffsets            batch only: latest | {"t": {"0": 50, "1": -1}}
+    endingOffsetsByTimestamp batch only: {"t": {"0": ms}}: stop before the first record at or
+                             after the time (latest when there is none)
+    endingTimestamp          batch only: ms, for every partition (wins over the two above)
     maxOffsetsPerTrigger     streaming: at most this many offsets per micro-batch
+    minOffsetsPerTrigger     streaming: skip a trigger until this many offsets are available...
+    maxTriggerDelay          ...or this long has passed since the last batch (default 15m)
     minPartitions            split offset ranges so a batch has at least this many Spark partitions
+    maxRecordsPerPartition   split offset ranges so no Spark partition reads more records
     failOnDataLoss           true (default) | false: skip lost ranges with a warning
     includeHeaders           false (default) | true: the headers column
-    pollTimeoutMs            how long read() may go without progress (default 120000)
+    pollTimeoutMs            how long read() may go without progress (default 120000; also
+                             kafkaConsumer.pollTimeoutMs, Spark's name)
+    fetchOffset.numRetries   retries of a failed offset lookup on the driver (default 3)
+    fetchOffset.retryIntervalMs  the wait between them (default 10)
     groupId                  report progress as the group's committed offsets (one micro-batch
-                             behind: Spark commits a batch to the source when it plans the next)
+                             behind: Spark commits a batch to the source when it plans the next);
+                             kafka.group.id, Spark's name, is the same option
     topic                    sink: the default topic (overrides a topic column)
     kafka.<name>             an SDK client option by its Kafka name (kafka.request.timeout.ms)
+
+Every other option is refused with an error naming it (Spark's Kafka source ignores unknown
+options; a misspelt option silently ignored reads the wrong records). ``REFUSED`` lists the
+Kafka connector's options Tidelog does not implement, each with the reason. The sink also
+takes ``checkpointLocation``, which Spark itself reads from a streaming sink's options.
 
 Offsets in option JSON are keyed by topic then partition, as Spark's are. A partition that
 a JSON offsets option does not mention starts at earliest (starting) or stops at latest
@@ -38,8 +53,8 @@ from tidelog.aio.consumer import ConsumerConfig
 from tidelog.aio.producer import ProducerConfig
 from tidelog.commands.common import property_value
 
-__all__ = ["OptionError", "EARLIEST", "LATEST", "OffsetSpec", "Subscription", "SourceOptions",
-           "SinkOptions", "parse_source_options", "parse_sink_options"]
+__all__ = ["OptionError", "EARLIEST", "LATEST", "REFUSED", "OffsetSpec", "Subscription", "SourceOptions",
+           "SinkOptions", "parse_source_options", "parse_sink_options", "parse_duration_ms"]
 
 EARLIEST = -2  # Spark's sentinels in JSON offsets
 LATEST = -1
@@ -53,6 +68,56 @@ _ADMIN_KEYS = {"client_id", "request_timeout_ms", "retry_backoff_ms", "retry_bac
 
 class OptionError(ValueError):
     """An option is missing, unknown or malformed; the message names it."""
+
+
+# Options of Spark's Kafka connector that Tidelog does not implement, and why.
+REFUSED = {
+    "groupidprefix": "the tidelog source's consumers are assigned their partitions and use no consumer "
+                     "group, so there is no generated group id to prefix; to see a query's progress as a "
+                     "group, name the group with groupId (or kafka.group.id)",
+}
+
+_SOURCE_OPTIONS = {
+    "bootstrap.servers", "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign",
+    "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
+    "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
+    "maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay", "minpartitions",
+    "maxrecordsperpartition", "failondataloss", "includeheaders", "polltimeoutms",
+    "kafkaconsumer.polltimeoutms", "fetchoffset.numretries", "fetchoffset.retryintervalms", "groupid",
+    "kafka.group.id",
+}
+_SINK_OPTIONS = {"bootstrap.servers", "kafka.bootstrap.servers", "topic",
+                 "checkpointlocation"}  # Spark reads a streaming sink's checkpoint from its options
+_STREAMING_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
+_BATCH_ONLY = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
+
+_DURATION_UNITS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+                   "d": 86_400_000}
+
+
+def parse_duration_ms(name: str, raw: str) -> int:
+    """Spark's time strings (``15m``, ``10s``, ``500ms``; a bare number is milliseconds)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", raw.lower())
+    if not m or m.group(2) not in {"", *_DURATION_UNITS}:
+        raise OptionError(f"option {name} must be a duration such as 500ms, 30s, 15m or 1h, got {raw!r}")
+    return int(int(m.group(1)) * _DURATION_UNITS.get(m.group(2) or "ms", 1))
+
+
+def _refuse_unknown(options: Mapping[str, str], known: set[str], role: str) -> None:
+    for key in options:
+        name = key.lower()
+        if name in REFUSED:
+            raise OptionError(f"option {key} is not supported by the tidelog {role}: {REFUSED[name]}")
+        if name in known or (name.startswith("kafka.") and name != "kafka.group.id"):
+            continue  # kafka.* options are checked against the client's options
+        if name in ("path", "paths"):
+            raise OptionError(f"the tidelog {role} takes no path (got option {key}={options[key]!r}): "
+                              + ("name topics with subscribe, subscribePattern or assign" if role == "source"
+                                 else "name the topic with the option topic or a topic column"))
+        other = _SINK_OPTIONS if role == "source" else _SOURCE_OPTIONS
+        where = (f"; it is a {'sink' if role == 'source' else 'source'} option" if name in other else "")
+        raise OptionError(f"unknown {role} option {key!r}{where} (options are refused rather than ignored; "
+                          "see the connector's option list in README.md)")
 
 
 @dataclass(frozen=True)
@@ -99,7 +164,12 @@ class SourceOptions:
     ending: OffsetSpec
     timestamp_strategy: str = "error"
     max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
     min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    fetch_offset_retries: int = 3
+    fetch_offset_retry_interval_ms: int = 10
     fail_on_data_loss: bool = True
     include_headers: bool = False
     poll_timeout_ms: int = 120_000
@@ -144,6 +214,10 @@ def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
     if value < minimum:
         raise OptionError(f"option {name} must be >= {minimum}, got {value}")
     return value
+
+
+def _default(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def _json(name: str, raw: str) -> Any:
@@ -238,7 +312,7 @@ def _client_options(options: Mapping[str, str], config_types: tuple[type, ...], 
     known -= _RESERVED
     out: dict[str, Any] = {}
     for key, raw in options.items():
-        if not key.lower().startswith("kafka.") or key.lower() == "kafka.bootstrap.servers":
+        if not key.lower().startswith("kafka.") or key.lower() in ("kafka.bootstrap.servers", "kafka.group.id"):
             continue
         name = key[6:].strip().lower().replace(".", "_").replace("-", "_")
         if name in _RESERVED:
@@ -262,21 +336,34 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool | None) 
     endingOffsets; batch defaults to earliest..latest and forbids the latest start. None
     checks what both have in common (the schema is asked for before the kind of query is
     known)."""
+    _refuse_unknown(options, _SOURCE_OPTIONS, "source")
     bootstrap = _bootstrap(options)
     subscription = _subscription(options)
+    if streaming:
+        for name in _BATCH_ONLY:
+            if _get(options, name) is not None:
+                raise OptionError(f"option {name} is for batch queries (spark.read) only")
+    elif streaming is False:
+        for name in _STREAMING_ONLY:
+            if _get(options, name) is not None:
+                raise OptionError(f"option {name} is for streaming queries only")
     if streaming is None:
         starting = _offset_spec(options, "startingOffsets", "earliest", {"earliest", "latest"})
         ending = _offset_spec(options, "endingOffsets", "latest", {"latest"})
     elif streaming:
-        if _get(options, "endingOffsets") is not None:
-            raise OptionError("option endingOffsets is for batch queries (spark.read) only")
         starting = _offset_spec(options, "startingOffsets", "latest", {"earliest", "latest"})
         ending = OffsetSpec("latest")
     else:
         starting = _offset_spec(options, "startingOffsets", "earliest", {"earliest"})
         ending = _offset_spec(options, "endingOffsets", "latest", {"latest"})
-        if _get(options, "maxOffsetsPerTrigger") is not None:
-            raise OptionError("option maxOffsetsPerTrigger is for streaming queries only")
+    if streaming is not True:
+        end_by_ts = _get(options, "endingOffsetsByTimestamp")
+        if end_by_ts is not None:
+            ending = OffsetSpec("timestamps", timestamps=_per_partition("endingOffsetsByTimestamp", end_by_ts,
+                                                                        minimum=0))
+        end_ts = _int(options, "endingTimestamp", minimum=0)
+        if end_ts is not None:
+            ending = OffsetSpec("timestamp", timestamp=end_ts)
     by_ts = _get(options, "startingOffsetsByTimestamp")
     if by_ts is not None:
         starting = OffsetSpec("timestamps", timestamps=_per_partition("startingOffsetsByTimestamp", by_ts,
@@ -290,18 +377,36 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool | None) 
     if subscription.kind == "assign":
         assigned = set(subscription.assigned)
         for spec_map, name in ((starting.offsets, "startingOffsets"), (ending.offsets, "endingOffsets"),
-                               (starting.timestamps, "startingOffsetsByTimestamp")):
+                               (starting.timestamps, "startingOffsetsByTimestamp"),
+                               (ending.timestamps, "endingOffsetsByTimestamp")):
             extra = sorted(set(spec_map) - assigned)
             if extra:
                 raise OptionError(f"option {name} names partitions that are not assigned: {extra}")
     poll = _int(options, "pollTimeoutMs", minimum=1) or _int(options, "kafkaConsumer.pollTimeoutMs", minimum=1)
     group = _get(options, "groupId")
+    spark_group = _get(options, "kafka.group.id")
+    if group is not None and spark_group is not None and group.strip() != spark_group.strip():
+        raise OptionError(f"options groupId ({group!r}) and kafka.group.id ({spark_group!r}) name the same "
+                          "setting: give one")
+    group = group if group is not None else spark_group
+    max_offsets = _int(options, "maxOffsetsPerTrigger", minimum=1)
+    min_offsets = _int(options, "minOffsetsPerTrigger", minimum=1)
+    if min_offsets is not None and max_offsets is not None and min_offsets > max_offsets:
+        raise OptionError(f"option minOffsetsPerTrigger ({min_offsets}) is higher than maxOffsetsPerTrigger "
+                          f"({max_offsets})")
+    delay = _get(options, "maxTriggerDelay")
+    max_delay_ms = parse_duration_ms("maxTriggerDelay", delay) if delay is not None else 15 * 60_000
     consumer_options = _client_options(options, (ConsumerConfig,), "consumer")
     return SourceOptions(
         bootstrap_servers=bootstrap, subscription=subscription, starting=starting, ending=ending,
         timestamp_strategy=strategy,
-        max_offsets_per_trigger=_int(options, "maxOffsetsPerTrigger", minimum=1),
+        max_offsets_per_trigger=max_offsets,
+        min_offsets_per_trigger=min_offsets,
+        max_trigger_delay_ms=max_delay_ms,
         min_partitions=_int(options, "minPartitions", minimum=1),
+        max_records_per_partition=_int(options, "maxRecordsPerPartition", minimum=1),
+        fetch_offset_retries=_default(_int(options, "fetchOffset.numRetries", minimum=0), 3),
+        fetch_offset_retry_interval_ms=_default(_int(options, "fetchOffset.retryIntervalMs", minimum=0), 10),
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         include_headers=_bool(options, "includeHeaders", False),
         poll_timeout_ms=poll or 120_000,
@@ -311,6 +416,10 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool | None) 
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    for name in ("subscribe", "subscribePattern", "assign"):
+        if _get(options, name) is not None:
+            raise OptionError(f"option {name} is for reading; the sink takes topic (or a topic column)")
+    _refuse_unknown(options, _SINK_OPTIONS, "sink")
     topic = _get(options, "topic")
     if topic is not None and not topic.strip():
         raise OptionError("option topic must not be empty")

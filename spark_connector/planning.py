@@ -25,8 +25,15 @@ The rules the driver follows each trigger (``next_end``):
 * under Trigger.AvailableNow the end never passes the target recorded when the trigger
   started, and partitions that appeared after it wait for the next run.
 
+``admit`` is minOffsetsPerTrigger with maxTriggerDelay, as Spark's Kafka source does it: a
+trigger with fewer offsets available than the minimum is skipped (``latestOffset`` answers
+the start, so Spark runs no batch) unless maxTriggerDelay has passed since the last batch
+was admitted; the first trigger of a run is always admitted, and Trigger.AvailableNow
+ignores the minimum (it would wait for ever at the end of the data).
+
 ``plan_ranges`` turns a batch's ``[start, end)`` into one range per partition and splits
-them (``minPartitions``) into at least that many nearly equal Spark partitions.
+them: a range longer than ``maxRecordsPerPartition`` into pieces of at most that many
+offsets, then (``minPartitions``) into at least that many nearly equal Spark partitions.
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ from typing import Any
 from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError
 
 __all__ = ["TP", "Offsets", "OffsetRange", "Step", "offsets_to_json", "offsets_from_json",
-           "resolve_starting", "resolve_ending", "next_end", "allocate", "plan_ranges",
-           "split_ranges", "data_loss_message", "InvalidOffsetsError"]
+           "resolve_starting", "resolve_ending", "next_end", "admit", "allocate", "plan_ranges",
+           "cap_ranges", "split_ranges", "data_loss_message", "InvalidOffsetsError"]
 
 TP = tuple[str, int]
 Offsets = dict[TP, int]
@@ -141,13 +148,24 @@ def resolve_starting(spec: OffsetSpec, partitions: Iterable[TP], earliest: Mappi
     return out
 
 
-def resolve_ending(spec: OffsetSpec, partitions: Iterable[TP], latest: Mapping[TP, int]) -> Offsets:
+def resolve_ending(spec: OffsetSpec, partitions: Iterable[TP], latest: Mapping[TP, int],
+                   by_time: Mapping[TP, int | None] | None = None) -> Offsets:
     """Concrete ending offsets (batch): ``latest`` is the high watermarks; a specific offset
-    above the HW is clamped to it (records above the HW are never read)."""
+    above the HW is clamped to it (records above the HW are never read). For
+    endingTimestamp / endingOffsetsByTimestamp, ``by_time`` holds the offset of the first
+    record at or after the time (the batch stops before it), None when there is none: the
+    batch then reads to the end, as Spark's Kafka source does; a partition the timestamps
+    do not mention reads to the end too."""
     parts = _existing(spec, partitions, "endingOffsets")
     out: Offsets = {}
     for tp in parts:
-        value = spec.offsets.get(tp, LATEST) if spec.kind == "offsets" else LATEST
+        if spec.kind == "offsets":
+            value = spec.offsets.get(tp, LATEST)
+        elif spec.kind in ("timestamp", "timestamps"):
+            found = (by_time or {}).get(tp)
+            value = LATEST if found is None else found
+        else:
+            value = LATEST
         out[tp] = latest[tp] if value == LATEST else min(value, latest[tp])
     return out
 
@@ -197,6 +215,16 @@ def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: 
     return Step(end, lost, notes)
 
 
+def admit(available: int, *, min_offsets: int | None, max_delay_ms: int, now_ms: int,
+          last_admitted_ms: int | None) -> bool:
+    """Whether a trigger with ``available`` new offsets runs a batch (minOffsetsPerTrigger /
+    maxTriggerDelay, see the module's rules). ``last_admitted_ms`` is when the last batch was
+    admitted (None: none yet in this run); the caller records ``now_ms`` when this says yes."""
+    if min_offsets is None or last_admitted_ms is None:
+        return True
+    return now_ms - last_admitted_ms >= max_delay_ms or available >= min_offsets
+
+
 def allocate(available: Mapping[TP, int], budget: int | None) -> dict[TP, int]:
     """Share ``budget`` offsets among partitions in proportion to ``available`` (largest
     remainder, ties to the partition listed first). The grants never exceed what each
@@ -220,17 +248,34 @@ def allocate(available: Mapping[TP, int], budget: int | None) -> dict[TP, int]:
 # -- ranges -------------------------------------------------------------------------------------
 
 
-def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: int | None = None
-                ) -> list[OffsetRange]:
+def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: int | None = None,
+                max_records: int | None = None) -> list[OffsetRange]:
     """The non-empty ranges ``[start, end)`` of a batch (a partition missing from ``start``
-    starts at 0), split to give at least ``min_partitions`` ranges when there are that many
-    offsets to split."""
+    starts at 0), each split into pieces of at most ``max_records`` offsets, then split to
+    give at least ``min_partitions`` ranges when there are that many offsets to split."""
     ranges = []
     for tp in sorted(end, key=_key):
         s, e = start.get(tp, 0), end[tp]
         if e > s:
             ranges.append(OffsetRange(tp[0], tp[1], s, e))
-    return split_ranges(ranges, min_partitions)
+    return split_ranges(cap_ranges(ranges, max_records), min_partitions)
+
+
+def cap_ranges(ranges: list[OffsetRange], max_records: int | None) -> list[OffsetRange]:
+    """Each range split into ``ceil(size / max_records)`` nearly equal pieces, so no piece
+    holds more than ``max_records`` offsets (maxRecordsPerPartition)."""
+    if not max_records:
+        return list(ranges)
+    out = []
+    for r in ranges:
+        n = -(-r.size // max_records)
+        size, extra = divmod(r.size, n)
+        s = r.start
+        for k in range(n):
+            e = s + size + (1 if k < extra else 0)
+            out.append(OffsetRange(r.topic, r.partition, s, e))
+            s = e
+    return out
 
 
 def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:

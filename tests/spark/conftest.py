@@ -37,7 +37,7 @@ def spark_unavailable() -> str | None:
         import pyarrow  # noqa: F401
         import pyspark  # noqa: F401
     except ImportError as e:
-        return f"pyspark is not installed ({e}): pip install -e '.[spark]'"
+        return f"pyspark is not installed ({e}): pip install -r requirements-spark-lock.txt"
     return None
 
 

@@ -8,6 +8,9 @@ micro-batch produced.
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -456,3 +459,115 @@ def test_example_pipeline_counts_per_key_and_window(spark, cluster, tmp_path):
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(base / 1000))
     assert {k: v["count"] for k, v in got.items()} == {f"{k}@{start}Z": n for k, n in sent.items()}
     assert all(v["window_start"] == f"{start}.000Z" for v in got.values())
+
+
+# -- options added with issue 17 --------------------------------------------------------------------
+
+
+def test_batch_read_up_to_an_ending_timestamp(spark, cluster):
+    """endingTimestamp: every partition stops before its first record at or after the time;
+    endingOffsetsByTimestamp does it for the partitions it names (the others read to the end)."""
+    create_topic(cluster, "timed-end", 2)
+    base = int(time.time() * 1000) - 600_000
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for i in range(100):
+            p.send("timed-end", b"%d" % i, partition=i % 2, timestamp_ms=base + 1000 * i)
+        p.flush(30)
+
+    def values(**options: str) -> list[int]:
+        r = spark.read.format("tidelog").option("bootstrap.servers", cluster.bootstrap).option("subscribe",
+                                                                                              "timed-end")
+        for k, v in options.items():
+            r = r.option(k, v)
+        return sorted(int(row.value) for row in r.load().select("value").collect())
+
+    assert values(endingTimestamp=str(base + 1000 * 60 + 500)) == list(range(61))
+    assert values(endingOffsetsByTimestamp=json.dumps({"timed-end": {"0": base + 1000 * 20}})) == \
+        sorted([i for i in range(0, 20, 2)] + list(range(1, 100, 2)))
+    assert values(endingTimestamp=str(base + 10**9)) == list(range(100)), "no later record: to the end"
+
+
+def test_min_offsets_per_trigger_skips_small_triggers(spark, cluster, tmp_path):
+    """After the first batch of a run, a trigger with fewer than minOffsetsPerTrigger new
+    offsets runs no batch (maxTriggerDelay is an hour here); once enough arrive, one batch
+    reads them all."""
+    create_topic(cluster, "gated", 1)
+    produce(cluster.bootstrap, "gated", [b"a%d" % i for i in range(5)])
+    batches: list[list[tuple]] = []
+
+    def collect(df, batch_id):
+        batches.append([tuple(r) for r in df.select(*COLUMNS).collect()])
+
+    q = (reader(spark, cluster.bootstrap, subscribe="gated", startingOffsets="earliest", minOffsetsPerTrigger=10,
+                maxTriggerDelay="1h").writeStream.foreachBatch(collect)
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_until(lambda: len(batches) >= 1, QUERY_TIMEOUT_S, "the first batch")
+        produce(cluster.bootstrap, "gated", [b"b%d" % i for i in range(3)])
+        time.sleep(2)  # several triggers see 3 new offsets: none may run a batch
+        produce(cluster.bootstrap, "gated", [b"c%d" % i for i in range(7)])
+        wait_until(lambda: sum(len(b) for b in batches) >= 15, QUERY_TIMEOUT_S, "all 15 records")
+    finally:
+        q.stop()
+    sizes = [len(b) for b in batches if b]
+    assert sizes == [5, 10], sizes
+
+
+def _readme_spark_blocks() -> list[str]:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Spark\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_spark_snippets_run_as_written(spark, cluster, tmp_path, monkeypatch):
+    """README.md's Spark snippets, verbatim but for the bootstrap address and the checkpoint
+    path, in a session whose Python workers would run the ``python3`` on PATH
+    (PYSPARK_PYTHON unset): ``register(spark)`` points them at this interpreter."""
+    import ast
+
+    blocks = _readme_spark_blocks()
+    assert blocks, "README.md's Spark section has no python snippet"
+    with Admin(cluster.bootstrap) as admin:
+        for name in ("orders", "orders-upper"):
+            if name not in admin.list_topics():
+                admin.create_topics([NewTopic(name, 1, 3)])
+                wait_topic_ready(cluster, name, 1, 3)
+        orders_partitions = len(admin.describe_topics(["orders"])[0].partitions)
+    produce(cluster.bootstrap, "orders", [b"order-%d" % i for i in range(200)], partition=0)
+    orders_total = sum(high_watermarks(cluster.bootstrap, "orders", orders_partitions).values())
+    before = sum(high_watermarks(cluster.bootstrap, "orders-upper", 1).values())
+    sc = spark.sparkContext
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.setattr(sc, "pythonExec", "python3")
+    namespace: dict[str, Any] = {"spark": spark}
+    last = None
+    try:
+        for block in blocks:
+            code = block.replace("localhost:9092", cluster.bootstrap).replace("/tmp/ckpt", str(tmp_path / "ckpt"))
+            tree = ast.parse(code)
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                exec(compile(ast.Module(tree.body[:-1], []), "README.md", "exec"), namespace)
+                last = eval(compile(ast.Expression(tree.body[-1].value), "README.md", "eval"), namespace)
+            else:
+                exec(compile(tree, "README.md", "exec"), namespace)
+        assert sc.pythonExec == sys.executable
+        rows = last.select("topic", "partition", "offset").collect()  # partition 0's offsets [100, 200)
+        assert sorted(r.offset for r in rows if r.partition == 0) == list(range(100, 200))
+        end = wait_until(lambda: (n := sum(high_watermarks(cluster.bootstrap, "orders-upper", 1).values()))
+                         >= before + orders_total and n, QUERY_TIMEOUT_S, "the streaming query's output")
+        got: list[bytes] = []
+        with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c:
+            c.assign([TopicPartition("orders-upper", 0)])
+            c.seek(TopicPartition("orders-upper", 0), before)
+            deadline = time.monotonic() + 60
+            while len(got) < end - before and time.monotonic() < deadline:
+                got += [r.value for r in c.poll(timeout_ms=500)]
+        assert all(v == v.upper() for v in got)
+        assert {b"ORDER-%d" % i for i in range(200)} <= set(got)
+    finally:
+        for q in spark.streams.active:
+            q.stop()
+        monkeypatch.undo()
+        from tidelog.spark import register
+
+        register(spark)
