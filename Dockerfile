@@ -10,7 +10,9 @@
 # (deploy/config/broker.env.example lists every one). SIGTERM is a controlled shutdown:
 # give the container time to finish it (docker stop -t 120, compose stop_grace_period).
 # The install steps are the ones `./dev setup` runs (tests/component/ops checks that they
-# stay the same): the pinned requirements, then the project without dependencies.
+# stay the same): the pinned requirements, then the project without dependencies. The
+# broker image installs only what a broker needs (requirements-lock.txt: no PySpark,
+# pyarrow, pandas or test tools); the spark stage adds requirements-spark-lock.txt.
 
 FROM python:3.11-slim AS tidelog
 
@@ -25,7 +27,7 @@ WORKDIR /opt/tidelog
 COPY requirements-lock.txt ./
 RUN pip install --no-cache-dir -r requirements-lock.txt
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY protocol/ protocol/
 COPY broker/ broker/
 COPY client/ client/
@@ -58,7 +60,7 @@ CMD ["--config", "/etc/tidelog/broker.toml"]
 
 
 # The example Spark pipeline (deploy/spark/, docker-compose profile "spark"): Java for Spark
-# and the project's "spark" extra, with the other dependencies held at the locked versions.
+# and the Spark connector's pinned dependencies (the project's "spark" extra).
 FROM tidelog AS spark
 USER 0:0
 # hadolint ignore=DL3008
@@ -66,7 +68,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/tidelog
-RUN pip install --no-cache-dir -c requirements-lock.txt ".[spark]"
+COPY requirements-spark-lock.txt ./
+RUN pip install --no-cache-dir -r requirements-spark-lock.txt
 USER 10001:10001
 WORKDIR /var/lib/tidelog
 HEALTHCHECK NONE

@@ -142,10 +142,22 @@ FAMILIES: tuple[str, ...] = ("tidelog.commands.topics", "tidelog.commands.consol
                              "tidelog.commands.groups", "tidelog.commands.perf")
 
 
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's), or "unknown" when Tidelog
+    runs from a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tidelog")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(commands: Sequence[Command] = COMMANDS,
                  families: Sequence[str] = FAMILIES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Tidelog: a replicated, partitioned commit log.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", required=True)
     for c in commands:
         p = sub.add_parser(c.name, help=c.help, description=c.description)

@@ -123,12 +123,47 @@ def test_the_default_target_is_the_broker_on_a_slim_python(stages, broker_image)
     assert broker_image[0].base == "python:3.11-slim"
 
 
-def test_install_steps_are_the_ones_dev_setup_runs(broker_image):
-    """CI runs `./dev setup` on a fresh machine; the image must install the same way."""
-    dev_commands = [line.strip().replace('"$PY" -m pip', "pip") for line in (ROOT / "dev").read_text().splitlines()
-                    if "pip install" in line and not line.strip().startswith("#")]
+BROKER_LOCK = ("-r", "requirements-lock.txt")
+SPARK_LOCK = ("-r", "requirements-spark-lock.txt")
+DEV_LOCK = ("-r", "requirements-dev-lock.txt")
+NOT_FOR_A_BROKER = ("pyspark", "py4j", "pyarrow", "pandas", "numpy", "pytest", "hypothesis", "ruff", "hadolint")
+
+
+def _dev_installs() -> list[tuple[str, ...]]:
+    return pip_installs([line.strip().replace('"$PY" -m pip', "pip") for line in (ROOT / "dev").read_text().splitlines()
+                         if "pip install" in line and not line.strip().startswith("#")])
+
+
+def test_install_steps_are_the_ones_dev_setup_runs(broker_image, stages):
+    """CI runs `./dev setup` on a fresh machine: the three lock files, then Tidelog. The broker
+    image installs the broker's lock file and Tidelog the same way, the spark stage adds the
+    Spark connector's lock file."""
     runs = [i.args for s in broker_image for i in s.instructions if i.keyword == "RUN"]
-    assert pip_installs(runs) == pip_installs(dev_commands) == [("-r", "requirements-lock.txt"), ("--no-deps", ".")]
+    assert _dev_installs() == [BROKER_LOCK, SPARK_LOCK, DEV_LOCK, ("--no-deps", ".")]
+    assert pip_installs(runs) == [BROKER_LOCK, ("--no-deps", ".")]
+    spark = [i.args for s in chain(stages, "spark") for i in s.instructions if i.keyword == "RUN"]
+    assert pip_installs(spark) == [BROKER_LOCK, ("--no-deps", "."), SPARK_LOCK]
+
+
+def _locked(path: str) -> set[str]:
+    names = set()
+    for line in (ROOT / path).read_text().splitlines():
+        line = line.split("#")[0].split(";")[0].strip()
+        if line:
+            names.add(re.split(r"[=<>\[ ]", line)[0].lower().replace("_", "-"))
+    return names
+
+
+def test_the_lock_files_split_the_broker_from_spark_and_the_test_tools():
+    broker, spark, dev = (_locked(f) for f in ("requirements-lock.txt", "requirements-spark-lock.txt",
+                                               "requirements-dev-lock.txt"))
+    assert not broker & spark and not broker & dev and not spark & dev
+    assert not {n for n in broker if n.startswith(NOT_FOR_A_BROKER)}, broker
+    assert {"pyspark", "pyarrow", "pandas"} <= spark and {"pytest", "ruff"} <= dev
+    stamp = (ROOT / "dev").read_text().split("want=$(cat", 1)[1].split("sha1sum", 1)[0]
+    for hashed in ("requirements-lock.txt", "requirements-spark-lock.txt", "requirements-dev-lock.txt",
+                   "pyproject.toml"):
+        assert hashed in stamp, f"./dev setup reinstalls when {hashed} changes only if its stamp hashes it"
 
 
 def test_install_steps_are_the_ones_the_readme_gives(broker_image):
@@ -213,10 +248,10 @@ def test_every_copied_path_exists_and_is_in_the_build_context(stages):
 
 @pytest.mark.slow
 def test_the_image_install_step_builds_from_exactly_what_the_dockerfile_copies(broker_image, tmp_path):
-    """The Dockerfile's COPY lines reproduced in a temporary directory, then its
-    `pip install --no-deps .` run there (into a target directory instead of the system
-    Python): the package builds from the copied context alone, and the installed `tidelog`
-    command works outside the source tree."""
+    """The Dockerfile's COPY lines reproduced in a temporary directory, then its pip
+    installs run there (into a target directory instead of the system Python): the package
+    builds from the copied context alone, the broker's lock file brings no PySpark, pyarrow,
+    pandas or test tools, and `tidelog broker --help` works with only what was installed."""
     workdir = tmp_path / "opt-tidelog"
     workdir.mkdir()
     for ins in (i for s in broker_image for i in s.instructions):
@@ -233,18 +268,33 @@ def test_the_image_install_step_builds_from_exactly_what_the_dockerfile_copies(b
                     shutil.copy(ROOT / src, target)
         if ins.keyword == "RUN" and "--no-deps ." in ins.args:
             break
-    site = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "--no-deps", "--target", str(site), "."], cwd=workdir, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    # the image's installs (the lock file, then Tidelog), each into its own target directory
+    # (pip --target does not merge into a directory another install created)
+    targets = []
+    for n, step in enumerate(pip_installs([i.args for s in broker_image for i in s.instructions
+                                           if i.keyword == "RUN"])):
+        targets.append(tmp_path / f"site{n}")
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                            "--target", str(targets[-1]), *step], cwd=workdir, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+    site = targets[-1]
     for module in ("tidelog/broker/metrics.py", "tidelog/broker/health.py", "tidelog/protocol/records.py",
-                   "tidelog/__init__.py"):
-        assert (site / module).exists(), module
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site)}
-    r = subprocess.run([sys.executable, str(site / "bin" / "tidelog"), "health", "--help"], cwd=tmp_path,
-                       capture_output=True, text=True, env=env, timeout=60)
-    assert r.returncode == 0 and "--config" in r.stdout, r.stderr
+                   "tidelog/__init__.py", "trio/__init__.py", "kazoo/__init__.py"):
+        assert any((t / module).exists() for t in targets), module
+    installed = {p.name.lower() for t in targets for p in t.iterdir()}
+    heavy = sorted(n for n in installed if n.startswith(NOT_FOR_A_BROKER) or n.startswith("_pytest"))
+    assert not heavy, f"the broker image installs what a broker does not need: {heavy}"
+    # -S: no site-packages but what the image installed; the broker and the readiness check
+    # start with only that
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(str(t) for t in reversed(targets))}
+    for argv in (["broker", "--help"], ["health", "--help"]):
+        r = subprocess.run([sys.executable, "-S", str(site / "bin" / "tidelog"), *argv], cwd=tmp_path,
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0 and "--config" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-S", "-c", "import tidelog.broker.server, tidelog.broker.metrics"],
+                       cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
 
 
 def _hadolint() -> str | None:

@@ -41,7 +41,7 @@ def test_every_package_folder_is_declared_under_its_installed_name():
 def installed(tmp_path_factory) -> Path:
     # the Dockerfile's `pip install --no-deps .`, on a copy so the checkout gets no build/
     source, target = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("site")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     for folder in FOLDERS:
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -84,3 +84,57 @@ def test_the_folder_names_are_not_installed(installed, tmp_path):
     for name in ("client", "protocol", "broker", "spark_connector"):
         r = _run_from(tmp_path, installed, f"import {name}")
         assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, (name, r.stderr)
+
+
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_dependencies_are_compatible_ranges_and_the_lock_files_pin_them():
+    """pyproject.toml says what works (ranges); the lock files say what CI and the image
+    install (exact). Every declared dependency is locked in the lock file of its extra."""
+    project = _project()
+    groups = {"requirements-lock.txt": project["dependencies"],
+              "requirements-spark-lock.txt": project["optional-dependencies"]["spark"],
+              "requirements-dev-lock.txt": project["optional-dependencies"]["dev"]}
+    for lock, requirements in groups.items():
+        pinned = {}
+        for line in (ROOT / lock).read_text().splitlines():
+            line = line.split("#")[0].split(";")[0].strip()
+            if line:
+                name, _, version = line.partition("==")
+                assert version, f"{lock}: {line!r} is not an exact pin"
+                pinned[name.strip().lower().replace("_", "-")] = version
+        for req in requirements:
+            spec = req.split(";")[0].strip()
+            assert "==" not in spec, f"pyproject.toml pins {spec!r}: declare a compatible range"
+            assert "<" in spec and ">=" in spec, f"pyproject.toml: {spec!r} needs a lower and an upper bound"
+            name = spec.split("[")[0].split(">")[0].split("<")[0].strip().lower()
+            assert name in pinned, f"{name} (pyproject.toml) is not pinned in {lock}"
+    assert set(project["optional-dependencies"]) == {"spark", "dev"}
+
+
+def test_requires_python_is_the_version_tested():
+    assert _project()["requires-python"] == ">=3.11,<3.12"
+    assert sys.version_info[:2] == (3, 11)
+
+
+def test_the_license_and_the_changelog_ship():
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
+    assert _project()["license"] == "Apache-2.0"
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in changelog and "keepachangelog.com" in changelog
+
+
+def test_tidelog_version_is_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    from tidelog.broker.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"tidelog {version('tidelog')}"
+
+
+def test_the_wheel_carries_the_license(installed):
+    info = next(installed.glob("tidelog-*.dist-info"))
+    assert any("Apache License" in p.read_text() for p in info.rglob("LICENSE*"))
