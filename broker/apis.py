@@ -424,7 +424,8 @@ class Apis:
 
     @handles(ApiKey.INIT_PRODUCER_ID, Kind.ASYNC)
     async def init_producer_id(self, req: InitProducerIdRequest, ctx: RequestContext | None = None) -> InitProducerIdResponse:
-        """Any broker answers: a new producer id at epoch 0, or the next epoch of the given one."""
+        """Any broker answers: a new producer id at epoch 0 (an existing id only with its
+        transactional id, and there are no transactions: see broker/producer_ids.py)."""
         try:
             if req.transactional_id is not None:
                 raise TidelogError("transactional producers are not supported (transactional_id must be null)",

@@ -7,12 +7,13 @@ hand out the same id (Kafka's ZK-era ProducerIdManager). A broker serves ids fro
 in memory and claims a new block when it is used up; ids of a block lost in a restart are
 simply never used.
 
-A new producer gets a new id at epoch 0. A producer that presents its id and epoch gets the
-next epoch of the same id (the idempotent producer's bump after a fatal sequence error:
-its old epoch's sequences are abandoned, the new epoch starts at sequence 0 everywhere);
-when the epoch would overflow it gets a new id instead. Idempotent producers keep no state
-on the coordinator side (there are no transactions), so the bump is decided from the
-request alone; the partitions fence the old epoch as soon as the new one appends.
+A producer gets a new id at epoch 0. A request that names an existing id and epoch is
+refused (INVALID_REQUEST): in Kafka only a transactional producer may ask for the next epoch
+of an id, through its transactional id, and Tidelog has no transactions. Idempotent producers
+keep no state on the coordinator side, so the broker could not tell a producer's own bump
+from a request that names someone else's id to fence it. An idempotent producer bumps its
+epoch itself instead (KIP-360, as Kafka's producer does; the partitions fence the old epoch
+as soon as the new one appends) and asks for a new id when the epoch is used up.
 """
 
 from __future__ import annotations
@@ -24,22 +25,18 @@ import trio
 from tidelog.protocol.errors import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, TidelogError
 
 PRODUCER_ID_BLOCK_SIZE = 1000
-MAX_PRODUCER_EPOCH = 2**15 - 1  # int16
 
 BlockAllocator = Callable[[], Awaitable[tuple[int, int]]]
 
 
-def bumped_epoch(producer_id: int, producer_epoch: int) -> int | None:
-    """The next epoch of an existing producer id, or None when a new id is needed (the
-    request names no id, or its epoch is exhausted). Raises on an inconsistent request."""
-    if producer_id < 0 and producer_epoch < 0:
-        return None
-    if producer_id < 0 or not 0 <= producer_epoch <= MAX_PRODUCER_EPOCH:
-        raise TidelogError(f"InitProducerId with producer id {producer_id} and epoch {producer_epoch}: give "
-                           "both (to bump the epoch) or neither (for a new id)", error=INVALID_REQUEST)
-    if producer_epoch + 1 >= MAX_PRODUCER_EPOCH:
-        return None
-    return producer_epoch + 1
+def check_init_request(producer_id: int, producer_epoch: int) -> None:
+    """Refuse an InitProducerId that names a producer id or epoch (see the module docstring)."""
+    if producer_id != -1 or producer_epoch != -1:
+        raise TidelogError(
+            f"InitProducerId with producer id {producer_id} and epoch {producer_epoch}: only a transactional "
+            "producer may name an existing producer id, and transactions are not supported; an idempotent "
+            "producer asks with producer id -1 and epoch -1 for a new id, and bumps its epoch itself",
+            error=INVALID_REQUEST)
 
 
 class ProducerIdManager:
@@ -62,8 +59,6 @@ class ProducerIdManager:
             return pid
 
     async def init_producer_id(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
-        """``(producer_id, epoch)`` for an InitProducerId request (see the module docstring)."""
-        epoch = bumped_epoch(producer_id, producer_epoch)
-        if epoch is not None:
-            return producer_id, epoch
+        """``(producer_id, epoch)`` for an InitProducerId request: a new id at epoch 0."""
+        check_init_request(producer_id, producer_epoch)
         return await self.generate_producer_id(), 0

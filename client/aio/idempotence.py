@@ -28,9 +28,12 @@ answer means depends on them (``decide``):
   - OUT_OF_ORDER_SEQUENCE_NUMBER: the broker lost what it had acknowledged (unclean leader
     election). The batch fails with an error that says so, and the producer bumps its epoch.
 
-The epoch is bumped (InitProducerId with the current id and epoch) whenever a batch with a
-sequence fails for good (fatal sequence error, fenced epoch, delivery timeout, retries
-exhausted, non-retriable error): the sequences after it can never be accepted. A partition
+The epoch is bumped whenever a batch with a sequence fails for good (fatal sequence error,
+fenced epoch, delivery timeout, retries exhausted, non-retriable error): the sequences after
+it can never be accepted. The producer bumps it itself (``bump_epoch``), as Kafka's
+idempotent producer does (KIP-360): brokers give an existing id a new epoch only to a
+transactional producer, so that nobody can fence another producer by naming its id. When
+the epoch is used up it asks for a new producer id instead (InitProducerId). A partition
 moves to the new epoch (sequence 0) only once it has no unresolved batch of the old one, so
 a retry whose first attempt may have been appended is still deduplicated under its old
 epoch; an unresolved batch the broker refuses for its sequence after the bump is known not
@@ -56,6 +59,7 @@ from tidelog.protocol.topics import TopicPartition
 __all__ = ["IdempotenceState", "PartitionSequences", "next_sequence", "SEQUENCE_ERRORS", "FENCED_ERRORS"]
 
 MAX_SEQUENCE = 2**31 - 1
+MAX_EPOCH = 2**15 - 1  # int16: the last epoch is never used, a new producer id is taken instead
 SEQUENCE_ERRORS = frozenset({OUT_OF_ORDER_SEQUENCE_NUMBER.code, UNKNOWN_PRODUCER_ID.code})
 FENCED_ERRORS = frozenset({INVALID_PRODUCER_EPOCH.code, PRODUCER_FENCED.code})
 
@@ -109,6 +113,19 @@ class IdempotenceState:
     def request_bump(self) -> None:
         if self.producer.producer_id >= 0:
             self.bump_requested = True
+
+    def bump_epoch(self) -> bool:
+        """Carry out a requested bump: the next epoch of the same id. False when there is no
+        bump to make, or the epoch is used up: then the producer has no id until it gets a
+        new one (InitProducerId)."""
+        if not self.bump_requested:
+            return False
+        producer_id, epoch = self.producer
+        if epoch + 1 >= MAX_EPOCH:
+            self.producer, self.bump_requested = NO_PRODUCER, False
+            return False
+        self.set_producer(producer_id, epoch + 1)
+        return True
 
     # -- assigning (drain) ----------------------------------------------------------------------
 

@@ -350,8 +350,7 @@ class Sender:
         """Expire, drain and send what is ready (synchronous); seconds until the next look."""
         acc, config = self.accumulator, self.config
         if self.idempotence is not None and not self.idempotence.ready and not self._initializing:
-            self._initializing = True
-            self._nursery.start_soon(self._init_producer_id)
+            self._bump_or_init_producer_id()
         now = acc.clock()
         for batch in acc.expire(now):
             acc.complete(batch, error=self._expired(batch, now), in_flight=False)
@@ -403,21 +402,29 @@ class Sender:
                     written = (conn, pending, applied)
         self._nursery.start_soon(self._send, node, batches, request, written)
 
+    def _bump_or_init_producer_id(self) -> None:
+        """A bump of the epoch is made here (KIP-360: the producer's own); a producer with no
+        id, or whose epoch is used up, asks a broker for a new id."""
+        seqs = self.idempotence
+        before = seqs.producer
+        if seqs.bump_epoch():
+            log.info("producer id %d: epoch %d (was %d)", seqs.producer.producer_id, seqs.producer.epoch, before.epoch)
+            return
+        self._initializing = True
+        self._nursery.start_soon(self._init_producer_id)
+
     async def _init_producer_id(self) -> None:
-        """Get a producer id (or, with one, the next epoch) from any broker; retried with
-        backoff until it succeeds or the producer closes. Batches wait for it (and expire
-        meanwhile like any other)."""
+        """Get a new producer id from any broker; retried with backoff until it succeeds or
+        the producer closes. Batches wait for it (and expire meanwhile like any other)."""
         seqs, config = self.idempotence, self.config
         backoff = Backoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
         try:
             while True:
-                current = seqs.producer
-                request = InitProducerIdRequest(producer_id=current.producer_id, producer_epoch=current.epoch)
+                request = InitProducerIdRequest()
                 try:
                     response = await self.cluster.request_any(request, api_key=ApiKey.INIT_PRODUCER_ID)
                     if response.error_code == NONE.code:
-                        log.info("producer id %d epoch %d (was %d epoch %d)", response.producer_id,
-                                 response.producer_epoch, current.producer_id, current.epoch)
+                        log.info("producer id %d epoch %d", response.producer_id, response.producer_epoch)
                         seqs.set_producer(response.producer_id, response.producer_epoch)
                         return
                     error: BaseException = broker_error(response.error_code, "InitProducerId",

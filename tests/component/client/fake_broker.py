@@ -15,7 +15,8 @@ before doing anything, or delay. A produce fault fires before anything is append
 the log holds each record exactly once when the client retries correctly), except
 ``drop_after_append``: the batches are appended, then the connection is dropped instead of
 answering (a lost response). Idempotent batches are checked and deduplicated by the broker's
-own ``ProducerStateManager``, and InitProducerId hands out ids (or bumps the given epoch).
+own ``ProducerStateManager``, and InitProducerId hands out new ids (and refuses, as the broker
+does, a request that names an existing one).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tidelog.protocol.connection import BadRequest, ServerConnection
 from tidelog.protocol.errors import (
     COORDINATOR_NOT_AVAILABLE,
     INVALID_PARTITIONS,
+    INVALID_REQUEST,
     NONE,
     NOT_CONTROLLER,
     NOT_LEADER_OR_FOLLOWER,
@@ -299,8 +301,8 @@ class FakeCluster:
     async def _init_producer_id(self, node: int, request: Any, error: int | None) -> InitProducerIdResponse:
         if error is not None:
             return InitProducerIdResponse(error)
-        if request.producer_id >= 0:
-            return InitProducerIdResponse(NONE.code, request.producer_id, request.producer_epoch + 1)
+        if request.producer_id != -1 or request.producer_epoch != -1:  # as the broker: no transactions
+            return InitProducerIdResponse(INVALID_REQUEST.code, error_message="names an existing producer id")
         self.next_producer_id += 1
         return InitProducerIdResponse(NONE.code, self.next_producer_id - 1, 0)
 

@@ -5,7 +5,7 @@ and the move of each partition to a new epoch once its old batches are resolved.
 from __future__ import annotations
 
 from tidelog.aio.accumulator import ProducerBatch, RecordAccumulator
-from tidelog.aio.idempotence import MAX_SEQUENCE, IdempotenceState, next_sequence
+from tidelog.aio.idempotence import MAX_EPOCH, MAX_SEQUENCE, NO_PRODUCER, IdempotenceState, next_sequence
 from tidelog.aio.producer import Decision, decide, decide_sequenced
 from tidelog.protocol.errors import (
     DUPLICATE_SEQUENCE_NUMBER,
@@ -128,8 +128,8 @@ def test_a_failed_batch_bumps_the_epoch_and_partitions_move_once_resolved():
     for x in (a, b, c):
         s.assign(x)
     s.on_complete(a, -1, failed=True)  # e.g. it expired after an unknown outcome
-    assert s.bump_requested
-    s.set_producer(7, 1)
+    assert s.bump_requested and not s.ready
+    assert s.bump_epoch() and s.producer == (7, 1) and s.ready  # the producer's own bump (KIP-360)
     assert not s.may_assign(TP) and not s.may_assign(OTHER)  # b and c unresolved under epoch 0
     assert s.decide(b, OUT_OF_ORDER_SEQUENCE_NUMBER.code).action == "resequence"
     s.clear_sequence(b)
@@ -141,6 +141,19 @@ def test_a_failed_batch_bumps_the_epoch_and_partitions_move_once_resolved():
     d = batch(1, OTHER)
     s.assign(d)
     assert (d.producer_epoch, d.base_sequence) == (1, 0)
+
+
+def test_the_producer_bumps_its_own_epoch_and_takes_a_new_id_when_the_epoch_is_used_up():
+    s = ready_state()
+    assert not s.bump_epoch() and s.producer == (7, 0)  # nothing requested
+    s.request_bump()
+    assert s.bump_epoch() and s.producer == (7, 1) and not s.bump_requested
+    s.set_producer(7, MAX_EPOCH - 1)
+    s.request_bump()
+    assert not s.bump_epoch()  # no epoch left: a new producer id is needed (InitProducerId)
+    assert s.producer == NO_PRODUCER and not s.ready and not s.bump_requested
+    fresh = IdempotenceState()
+    assert not fresh.bump_epoch() and fresh.producer == NO_PRODUCER
 
 
 def test_a_batch_refused_by_a_broker_that_forgot_the_producer_moves_to_a_new_epoch():
