@@ -365,7 +365,13 @@ class Apis:
                                    error=INVALID_REQUEST)
         except TidelogError as e:
             return DeleteTopicsResponse([TopicResult(n, e.code, str(e)) for n in req.topic_names])
-        return DeleteTopicsResponse(await c.call(lambda: c.delete_topics(req.topic_names)))
+        # the broker's own topics (__consumer_offsets: every group's committed offsets) are
+        # not the clients' to delete, as they are not theirs to produce to
+        refused = {n: TopicResult(n, INVALID_TOPIC_EXCEPTION.code, f"{n} is an internal topic: it cannot be deleted")
+                   for n in req.topic_names if is_internal_topic(n)}
+        names = [n for n in req.topic_names if n not in refused]
+        deleted = {r.name: r for r in await c.call(lambda: c.delete_topics(names))} if names else {}
+        return DeleteTopicsResponse([refused.get(n) or deleted[n] for n in req.topic_names])
 
     @handles(ApiKey.CREATE_PARTITIONS, Kind.ASYNC)
     async def create_partitions(self, req: CreatePartitionsRequest, ctx: RequestContext | None = None) -> CreatePartitionsResponse:
