@@ -48,6 +48,7 @@ from tidelog.protocol.errors import (
     NOT_CONTROLLER,
     NOT_LEADER_OR_FOLLOWER,
     STALE_BROKER_EPOCH,
+    STALE_CONTROLLER_EPOCH,
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
 )
@@ -83,6 +84,7 @@ from tidelog.protocol.messages import (
     ElectLeadersRequest,
     ElectLeadersResponse,
     ElectLeadersResult,
+    FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
     FetchTopicResponse,
@@ -273,7 +275,22 @@ class Apis:
         return self.replica_manager.consumer_fetch(req, self._fetch_response)
 
     async def replica_fetch(self, req: FetchRequest) -> FetchResponse:
-        return self._fetch_response(await self.replica_manager.fetch(req))
+        """A follower's fetch. Until brokers authenticate, what can be checked is: the replica
+        id names a replica of each partition (the replica manager refuses the others) and
+        the request carries that broker's current broker epoch, which ZooKeeper knows and a
+        client does not (KIP-903's check). Refused: NOT_LEADER_OR_FOLLOWER for every
+        partition (Kafka's answer to a fetch from a replica it does not recognise), nothing
+        read, no follower state, HW or ISR touched."""
+        rm = self.replica_manager
+        tps = [TopicPartition(t.topic, p.partition) for t in req.topics for p in t.partitions]
+        if any(rm.is_follower(tp, req.replica_id) for tp in tps):
+            problem = await self.metadata.registry.broker_epoch_problem(req.replica_id, req.replica_epoch)
+            if problem is not None:
+                logger.info("follower fetch from broker %d refused: %s", req.replica_id, problem)
+                return self._fetch_response({tp: FetchPartitionResponse(
+                    tp.partition, NOT_LEADER_OR_FOLLOWER.code,
+                    error_message=f"{tp}: a fetch as replica {req.replica_id} refused: {problem}") for tp in tps})
+        return self._fetch_response(await rm.fetch(req))
 
     def _fetch_response(self, results) -> FetchResponse:
         by_topic: dict[str, list] = {}
@@ -454,7 +471,11 @@ class Apis:
     @handles(ApiKey.CONTROLLED_SHUTDOWN, Kind.ASYNC)
     async def controlled_shutdown(self, req: ControlledShutdownRequest, ctx: RequestContext | None = None) -> ControlledShutdownResponse:
         c = self._controller()
-        remaining, waits = await c.call(lambda: c.controlled_shutdown(req.broker_id, req.broker_epoch))
+        try:  # STALE_BROKER_EPOCH unless the epoch is the broker's registration's (see the controller)
+            remaining, waits = await c.call(lambda: c.controlled_shutdown(req.broker_id, req.broker_epoch))
+        except TidelogError as e:
+            logger.warning("ControlledShutdown refused: %s", e)
+            return ControlledShutdownResponse(e.code)
         # new leaders learn of their leadership before the old one goes away
         await wait_all([w for w in waits if w is not None and w.api_key == ApiKey.LEADER_AND_ISR], 10)
         return ControlledShutdownResponse(NONE.code, [TopicPartitionRef(tp.topic, tp.partition) for tp in remaining])
@@ -510,17 +531,30 @@ class Apis:
 
     # -- from the controller -------------------------------------------------------------------
 
-    def _check_broker_epoch(self, epoch: int) -> None:
-        # Kafka's rule: only an *older* epoch is stale. The controller learns our new epoch from
-        # ZooKeeper's watch and may send before our own register call has returned (epoch -1).
-        if epoch >= 0 and epoch < self.broker.broker_epoch:
-            raise TidelogError(f"request for broker epoch {epoch}, this broker's is {self.broker.broker_epoch}",
-                               error=STALE_BROKER_EPOCH)
+    async def _check_from_controller(self, api: str, req: LeaderAndIsrRequest | UpdateMetadataRequest
+                                     | StopReplicaRequest) -> None:
+        """Until brokers authenticate: a request from the controller names the controller and
+        the controller epoch ZooKeeper holds now (STALE_CONTROLLER_EPOCH for an older epoch,
+        a newer one, or another broker), and this broker's current broker epoch
+        (STALE_BROKER_EPOCH: it was meant for an earlier registration, or the sender does
+        not know ours). The registry reads ZooKeeper again before it refuses a claim ahead of
+        what its watches said: the controller's watch of our registration, or our watch of
+        its election, may have fired first (broker/metadata_cache.py)."""
+        registry = self.metadata.registry
+        error, problem = STALE_CONTROLLER_EPOCH, await registry.controller_problem(req.controller_id,
+                                                                                  req.controller_epoch)
+        if problem is None and req.broker_epoch != self.broker.broker_epoch:
+            # not ours as we know it: our register call may not have returned yet
+            error, problem = STALE_BROKER_EPOCH, await registry.broker_epoch_problem(
+                self.config.broker_id, req.broker_epoch)
+        if problem is not None:
+            logger.warning("%s from broker %d refused: %s", api, req.controller_id, problem)
+            raise TidelogError(f"{api} refused: {problem}", error=error)
 
     @handles(ApiKey.LEADER_AND_ISR, Kind.ASYNC)
     async def leader_and_isr(self, req: LeaderAndIsrRequest, ctx: RequestContext | None = None) -> LeaderAndIsrResponse:
         try:
-            self._check_broker_epoch(req.broker_epoch)
+            await self._check_from_controller("LeaderAndIsr", req)
         except TidelogError as e:
             return LeaderAndIsrResponse(e.code)
         self.broker.update_topic_overrides(req.topic_configs)
@@ -529,7 +563,7 @@ class Apis:
     @handles(ApiKey.UPDATE_METADATA, Kind.ASYNC)
     async def update_metadata(self, req: UpdateMetadataRequest, ctx: RequestContext | None = None) -> UpdateMetadataResponse:
         try:
-            self._check_broker_epoch(req.broker_epoch)
+            await self._check_from_controller("UpdateMetadata", req)
         except TidelogError as e:
             return UpdateMetadataResponse(e.code)
         self.broker.update_topic_overrides(req.topic_configs)
@@ -542,7 +576,7 @@ class Apis:
     @handles(ApiKey.STOP_REPLICA, Kind.ASYNC)
     async def stop_replica(self, req: StopReplicaRequest, ctx: RequestContext | None = None) -> StopReplicaResponse:
         try:
-            self._check_broker_epoch(req.broker_epoch)
+            await self._check_from_controller("StopReplica", req)
         except TidelogError as e:
             return StopReplicaResponse(e.code)
         return self.replica_manager.stop_replicas(req)

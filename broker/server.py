@@ -20,6 +20,10 @@ progress is aborted and its thread waited for before the logs are closed.
 
 If the ZooKeeper session is lost (and a new one established), the broker registers again
 with a new broker epoch; the controller treats that as a restart.
+
+Broker-to-broker requests are checked against ZooKeeper (broker/apis.py): the broker watches
+``/controller`` and ``/brokers/ids`` and keeps what it reads in ``metadata.registry``, the
+controller's id and epoch and every broker's epoch; its fetchers send its own broker epoch.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from tidelog.broker.log.cleaner import CleanerConfig, LogCleaner, cleaning_steps
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.log.segment import set_max_open_segment_files
-from tidelog.broker.metadata_cache import MetadataCache
+from tidelog.broker.metadata_cache import MetadataCache, ZkRegistry
 from tidelog.broker.network import SocketServer
 from tidelog.broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
 from tidelog.broker.replication.fetcher import FetcherConfig, RemoteLeaderEndpoint
@@ -64,10 +68,12 @@ class BrokerServer:
         set_max_open_segment_files(config.log_max_open_segment_files)
         self.log_manager = LogManager(config.log_dirs, self.log_defaults, broker_id=self.broker_id,
                                       producer_id_expiration_ms=config.producer_id_expiration_ms)
-        self.metadata = MetadataCache(self.broker_id)
         self.zk = ZkClient(config.zookeeper_connect, chroot=config.zookeeper_chroot,
                            session_timeout_ms=config.zookeeper_session_timeout_ms,
                            connection_timeout_ms=config.zookeeper_connection_timeout_ms)
+        self.metadata = MetadataCache(self.broker_id, ZkRegistry(
+            self.zk.current_controller, self.zk.broker_epochs,
+            reread_timeout_s=config.controller_socket_timeout_ms / 1000 + 5))  # see ZkRegistry
         self.controller = Controller(ControllerConfig.from_broker_config(config), self.zk)
         self.replica_manager = ReplicaManager(
             ReplicaConfig(self.broker_id, config.replica_lag_time_max_ms, FetcherConfig(
@@ -135,6 +141,7 @@ class BrokerServer:
         self.port = await nursery.start(self._socket_server.run)
         await nursery.start(self.replica_manager.run)
         await nursery.start(self.group_coordinator.run)
+        await nursery.start(self._watch_registry)
         await self._register()
         await nursery.start(self.controller.run)
         nursery.start_soon(self._watch_session)
@@ -149,7 +156,7 @@ class BrokerServer:
         host, port = self.config.advertised
         info = BrokerInfo(self.broker_id, host, port or self.port, self.config.broker_rack,
                           [f"PLAINTEXT://{host}:{port or self.port}"])
-        self.broker_epoch = await self.zk.register_broker(info)
+        self.broker_epoch = self.replica_manager.broker_epoch = await self.zk.register_broker(info)
 
     async def _watch_session(self) -> None:
         lost = False
@@ -161,6 +168,24 @@ class BrokerServer:
                 lost = False
                 await self._register()
                 logger.info("broker %d registered again (broker epoch %d)", self.broker_id, self.broker_epoch)
+
+    async def _watch_registry(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Keep ``metadata.registry`` as ZooKeeper holds it: every change of ``/controller``
+        (an election, a resignation) or of ``/brokers/ids`` (a registration) reads it again,
+        until a read succeeds."""
+        registry, paths = self.metadata.registry, self.zk.paths
+        watches = ((await self.zk.watch_data(paths.controller), registry.refresh_controller),
+                   (await self.zk.watch_children(paths.broker_ids), registry.refresh_broker_epochs))
+
+        async def follow(changes, refresh) -> None:
+            async for _ in changes:
+                while not await refresh():
+                    await trio.sleep(1.0)
+
+        async with trio.open_nursery() as nursery:
+            for changes, refresh in watches:
+                nursery.start_soon(follow, changes, refresh)
+            task_status.started()
 
     async def _periodic_work(self) -> None:
         c = self.config

@@ -65,6 +65,7 @@ from tidelog.protocol.errors import (
     INVALID_REPLICATION_FACTOR,
     NONE,
     PREFERRED_LEADER_NOT_AVAILABLE,
+    STALE_BROKER_EPOCH,
     TOPIC_ALREADY_EXISTS,
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
@@ -625,8 +626,16 @@ class Controller:
 
     async def controlled_shutdown(self, broker_id: int, broker_epoch: int):
         """Move leadership off ``broker_id``; returns the partitions it still leads that have
-        other replicas (those the broker should wait for) and the propagation waits."""
+        other replicas (those the broker should wait for) and the propagation waits.
+
+        Only for the broker's current registration: ``broker_epoch`` must be the epoch of its
+        ``/brokers/ids/<id>`` (which the broker knows and a client does not), else
+        STALE_BROKER_EPOCH. One newer than the controller has seen is checked against
+        ZooKeeper (the broker registered again and the broker-change event is still queued)."""
         ctx = self.ctx
+        if not await self._is_current_broker_epoch(broker_id, broker_epoch):
+            raise TidelogError(f"ControlledShutdown of broker {broker_id}: broker epoch {broker_epoch} is not the "
+                               "epoch of its current registration", error=STALE_BROKER_EPOCH)
         if broker_id not in ctx.brokers:
             return [], []
         ctx.shutting_down.add(broker_id)
@@ -656,6 +665,14 @@ class Controller:
         logger.info("controlled shutdown of broker %d: %d partitions moved, %d remain",
                     broker_id, len(moved), len(remaining))
         return remaining, waits
+
+    async def _is_current_broker_epoch(self, broker_id: int, broker_epoch: int) -> bool:
+        known = self.ctx.broker_epochs.get(broker_id)
+        if broker_epoch == known:
+            return True
+        if broker_epoch < 0 or (known is not None and broker_epoch < known):
+            return False
+        return broker_epoch == await self.zk.get_broker_epoch(broker_id)
 
     # -- preferred leaders ---------------------------------------------------------------------
 

@@ -7,7 +7,9 @@ the leader does not know that epoch, it answers with the largest epoch below it;
 follower then truncates to its own end of that epoch and asks again. Only then does the
 partition move to *fetching*: each round sends one Fetch for all fetching partitions with
 fetch offset = the follower's LEO; the leader answers with batches (up to its LEO) and its
-HW; the follower appends them as they are and sets HW = min(leader HW, own LEO).
+HW; the follower appends them as they are and sets HW = min(leader HW, own LEO). Each Fetch
+carries the follower's broker epoch (its registration in ZooKeeper, read when the request is
+built): the leader serves a follower fetch only with that broker's current epoch.
 
 The fetcher is written against ``LeaderEndpoint`` so it can be driven by an in-memory
 leader in tests; ``RemoteLeaderEndpoint`` is the real one over a broker channel.
@@ -83,6 +85,7 @@ class ReplicaFetcher:
     endpoint: LeaderEndpoint
     log_of: Callable[[TopicPartition], Log | None]
     config: FetcherConfig
+    broker_epoch: Callable[[], int] = lambda: -1  # this broker's, now (it changes on re-registration)
     partitions: dict[TopicPartition, FetchState] = field(default_factory=dict)
     _changed: trio.Event = field(default_factory=trio.Event)
 
@@ -191,7 +194,8 @@ class ReplicaFetcher:
                 log_start_offset=log.log_start_offset))
         c = self.config
         return FetchRequest([FetchTopic(t, ps) for t, ps in by_topic.items()], replica_id=c.replica_id,
-                            max_wait_ms=c.max_wait_ms, min_bytes=c.min_bytes, max_bytes=c.max_bytes)
+                            max_wait_ms=c.max_wait_ms, min_bytes=c.min_bytes, max_bytes=c.max_bytes,
+                            replica_epoch=self.broker_epoch())
 
     def _apply_fetch(self, tp: TopicPartition, p, sent: dict[TopicPartition, FetchState]) -> None:
         st, log = self.partitions.get(tp), self.log_of(tp)

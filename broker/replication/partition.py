@@ -228,9 +228,21 @@ class Partition:
         check_leader_epoch(requested_epoch, self.leader_epoch)
         return self.log
 
-    def fetch_log(self, current_leader_epoch: int, from_follower: bool) -> Log:
-        """The log to read for a fetch: the leader's (fencing stale epochs)."""
-        return self._leader_log(current_leader_epoch)
+    def fetch_log(self, current_leader_epoch: int, from_follower: bool, replica_id: int = -1) -> Log:
+        """The log to read for a fetch: the leader's (fencing stale epochs). A follower's
+        fetch (read up to the LEO, and the follower's LEO recorded for the HW and the ISR)
+        must come from one of this partition's followers: any other replica id is refused
+        (Kafka's ``followerReplicaOrThrow``), so it is never served above the HW."""
+        log = self._leader_log(current_leader_epoch)
+        if from_follower and not self.is_follower(replica_id):
+            raise TidelogError(f"{self.tp}: the leader cannot accept a fetch from replica {replica_id}: it is not "
+                               f"one of the followers of the assigned replicas {self.replicas}",
+                               error=NOT_LEADER_OR_FOLLOWER)
+        return log
+
+    def is_follower(self, replica_id: int) -> bool:
+        """Whether ``replica_id`` is an assigned replica other than this one (leader side)."""
+        return replica_id != self.local_broker_id and replica_id in self.remote
 
     def __repr__(self) -> str:
         return (f"Partition({self.tp}, leader={self.leader_id}, epoch={self.leader_epoch}, "

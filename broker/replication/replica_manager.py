@@ -175,6 +175,7 @@ class ReplicaManager:
         self.clock = clock
         self.partitions: dict[TopicPartition, NotifyingPartition] = {}
         self.controller_epoch = -1
+        self.broker_epoch = -1  # this broker's registration in ZooKeeper: its fetchers send it
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self._nursery: trio.Nursery | None = None
         self.isr_shrinks = 0
@@ -264,7 +265,8 @@ class ReplicaManager:
         if f is None:
             endpoint = self.endpoint_for(leader_id)
             f = self.fetchers[leader_id] = ReplicaFetcher(
-                leader_id, endpoint, self._log_of, self.config.fetcher or FetcherConfig(self.broker_id))
+                leader_id, endpoint, self._log_of, self.config.fetcher or FetcherConfig(self.broker_id),
+                broker_epoch=lambda: self.broker_epoch)
             self._nursery.start_soon(f.run)
         return f
 
@@ -279,6 +281,11 @@ class ReplicaManager:
 
     def leading(self) -> list[NotifyingPartition]:
         return [p for p in self.partitions.values() if p.is_leader]
+
+    def is_follower(self, tp: TopicPartition, replica_id: int) -> bool:
+        """Whether this broker leads ``tp`` and ``replica_id`` is one of its followers."""
+        p = self.partitions.get(tp)
+        return p is not None and p.is_leader and p.is_follower(replica_id)
 
     # -- produce -------------------------------------------------------------------------------
 
@@ -531,7 +538,7 @@ class ReplicaManager:
         try:
             if p is None:
                 raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
-            log = p.fetch_log(fp.current_leader_epoch, from_follower)
+            log = p.fetch_log(fp.current_leader_epoch, from_follower, replica_id)
             max_offset = None if from_follower else log.high_watermark
             records = log.read(fp.fetch_offset, min(fp.partition_max_bytes, budget), max_offset,
                                min_one_message=first)
@@ -585,7 +592,7 @@ class ReplicaManager:
         try:
             if p is None:
                 raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
-            log = p.fetch_log(current_leader_epoch, True)
+            log = p.fetch_log(current_leader_epoch, False)  # read-only: any replica id may ask
         except TidelogError as e:
             return EpochEndOffsetResult(tp.partition, e.code)
         found_epoch, end = log.end_offset_for_epoch(epoch)

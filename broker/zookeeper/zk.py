@@ -431,6 +431,20 @@ class ZkClient:
     async def live_brokers(self) -> dict[int, BrokerInfo]:
         return {i: info for i, (info, _) in (await self.live_brokers_and_epochs()).items()}
 
+    async def broker_epochs(self) -> dict[int, int]:
+        """broker id -> broker epoch of every registered broker, read after a ``sync`` (so a
+        ZooKeeper server that lags its leader answers no older than the moment of the call)."""
+        await self._call(f"sync {self.paths.broker_ids}", self._kz.sync, self.paths.broker_ids)
+        return {i: epoch for i, (_, epoch) in (await self.live_brokers_and_epochs()).items()}
+
+    async def get_broker_epoch(self, broker_id: int) -> int | None:
+        """The broker epoch of ``broker_id``'s registration now (after a ``sync``), None if it
+        is not registered."""
+        path = self.paths.broker(broker_id)
+        await self._call(f"sync {path}", self._kz.sync, path)
+        got = await self._get(path)
+        return None if got is None else got[1].czxid
+
     # ------------------------------------------------------------------ controller
 
     async def _ensure_controller_epoch(self) -> None:
@@ -473,6 +487,27 @@ class ZkClient:
     async def get_controller_id(self) -> int | None:
         got = await self._get(self.paths.controller)
         return None if got is None else decode_controller(got[0])
+
+    async def current_controller(self) -> tuple[int | None, int]:
+        """(controller id, or None while none is elected; controller epoch) as ZooKeeper holds
+        them now: read after a ``sync``, and as one pair. ``/controller`` is created in the
+        transaction that bumps ``/controller_epoch`` (``try_elect_controller``), so its czxid
+        is the epoch znode's mzxid; a pair read across an election is read again."""
+        paths = self.paths
+
+        def run() -> tuple[int | None, int]:
+            kz = self._kz
+            kz.sync(paths.controller_epoch)
+            for _ in range(5):
+                epoch_data, epoch_stat = kz.get(paths.controller_epoch)
+                try:
+                    data, stat = kz.get(paths.controller)
+                except NoNodeError:
+                    return None, decode_controller_epoch(epoch_data)
+                if stat.czxid == epoch_stat.mzxid:
+                    break
+            return decode_controller(data), decode_controller_epoch(epoch_data)
+        return await self._call("read the controller and its epoch", run)
 
     async def resign_controller(self, broker_id: int) -> None:
         """Delete ``/controller`` if (and only if) it is ours: this broker, this session."""

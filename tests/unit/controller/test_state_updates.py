@@ -45,6 +45,7 @@ def controller_with(states: dict[int, LeaderAndIsr], live: list[int]) -> tuple[C
     c = Controller(ControllerConfig(broker_id=live[0]), zk)
     c.ctx = ControllerContext(epoch=1, epoch_zk_version=0,
                               brokers={b: BrokerInfo(b, "127.0.0.1", 9000 + b) for b in live},
+                              broker_epochs={b: 0 for b in live},
                               assignments={T: {p: [1, 2, 3] for p in states}})
     for p, st in states.items():
         zk.states[(T, p)] = (st, 0)

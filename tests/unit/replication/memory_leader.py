@@ -13,7 +13,8 @@ that makes the broker a follower adds the partition to it, truncating, as in pro
 test then drives ``maybe_truncate`` and ``fetch_once`` itself.
 
 ``MemoryCluster`` is the controller's part: it bumps the leader epoch and sends the same
-LeaderAndIsr state to every replica.
+LeaderAndIsr state to every replica. It is ZooKeeper's too: every broker's registry knows
+every broker's epoch (``broker_epoch``), which their fetchers send, as in production.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class MemoryBroker:
             ReplicaConfig(broker_id, replica_lag_time_max_ms), self.log_manager, lambda topic: config,
             endpoint_for=self._no_endpoint, clock=clock)
         self.apis = Apis(None, self.replica_manager, MetadataCache(broker_id))
+        self.broker_epoch = self.replica_manager.broker_epoch = 0x100000000 + broker_id  # a czxid
         self.fetch_requests = 0
         self.epoch_requests = 0
 
@@ -90,7 +92,7 @@ class MemoryBroker:
         if f is None:
             config.setdefault("max_wait_ms", 0)  # never long-poll: the test drives every round
             f = ReplicaFetcher(leader.broker_id, leader, self.follower_log,
-                               FetcherConfig(self.broker_id, **config))
+                               FetcherConfig(self.broker_id, **config), broker_epoch=lambda: self.broker_epoch)
             self.replica_manager.fetchers[leader.broker_id] = f
         return f
 
@@ -125,6 +127,8 @@ class MemoryCluster:
     def __init__(self, brokers: list[MemoryBroker], tp: TopicPartition = TP, **fetcher_config):
         self.brokers = {b.broker_id: b for b in brokers}
         self.tp = tp
+        for b in brokers:
+            b.apis.metadata.registry.broker_epochs = {other.broker_id: other.broker_epoch for other in brokers}
         self.leader_epoch = -1
         self.zk_version = -1
         self.leader_id = -1

@@ -378,7 +378,7 @@ async def test_fetch_beyond_the_leader_log_end_is_not_a_caught_up_follower(clust
     p = a.partition()
     remote = p.remote[2]
     req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, 7, current_leader_epoch=0)])],
-                       replica_id=2, max_wait_ms=0)
+                       replica_id=2, max_wait_ms=0, replica_epoch=cluster.brokers[2].broker_epoch)
     resp = await a.fetch(req)
     assert resp.responses[0].partitions[0].error_code == OFFSET_OUT_OF_RANGE.code
     assert p.remote[2] == remote
