@@ -293,14 +293,22 @@ def test_controlled_shutdown_of_another_broker_is_refused(cluster, good):
 # -- other clients' state --------------------------------------------------------------------------
 
 
-def test_init_producer_id_cannot_fence_another_producer(cluster, good):
-    good.check()  # the good producer has its producer id: read it from its batches
-    with raw(cluster, 1) as client:
+def last_batch_header(cluster):
+    """The header of the last batch of ``GOOD``-0, fetched from its leader."""
+    leader, _ = roles(cluster, GOOD)
+    with raw(cluster, leader) as client:
         r = FetchResponse.from_body(client.request(ApiKey.FETCH, FetchRequest(
             [FetchTopic(GOOD, [FetchPartition(0, 0, 1 << 20)])], max_wait_ms=0)))
-        headers = [h for _, h in iter_headers(r.responses[0].partitions[0].records)]
-        victim = headers[-1]
-        assert victim.producer_id >= 0
+    p = r.responses[0].partitions[0]
+    assert p.error_code == NONE.code and p.records, p
+    return [h for _, h in iter_headers(p.records)][-1]
+
+
+def test_init_producer_id_cannot_fence_another_producer(cluster, good):
+    good.check()  # the good producer has its producer id: read it from its batches
+    victim = last_batch_header(cluster)
+    assert victim.producer_id >= 0
+    with raw(cluster, 1) as client:
         for pid, epoch in ((victim.producer_id, victim.producer_epoch), (victim.producer_id, -1),
                            (-1, victim.producer_epoch)):
             r = InitProducerIdResponse.from_body(client.request(
@@ -309,10 +317,7 @@ def test_init_producer_id_cannot_fence_another_producer(cluster, good):
         r = InitProducerIdResponse.from_body(client.request(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest()))
         assert r.error_code == NONE.code and r.producer_id != victim.producer_id
     good.check()  # not fenced: its next batches are acknowledged under the same id and epoch
-    with raw(cluster, 1) as client:
-        r = FetchResponse.from_body(client.request(ApiKey.FETCH, FetchRequest(
-            [FetchTopic(GOOD, [FetchPartition(0, 0, 1 << 20)])], max_wait_ms=0)))
-        last = [h for _, h in iter_headers(r.responses[0].partitions[0].records)][-1]
+    last = last_batch_header(cluster)
     assert (last.producer_id, last.producer_epoch) == (victim.producer_id, victim.producer_epoch)
 
 
