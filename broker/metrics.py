@@ -319,7 +319,7 @@ class BrokerCollector:
                 ("tidelog_replica_manager_at_min_isr_partitions",
                  "Partitions led here whose ISR is exactly min.insync.replicas (one more failure blocks acks=all)",
                  at_min),
-                ("tidelog_replica_manager_replica_fetchers", "Follower fetchers (one per source broker)",
+                ("tidelog_replica_manager_replica_fetchers", "Follower fetchers (num.replica.fetchers per source broker)",
                  len(rm.fetchers))):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], float(value))

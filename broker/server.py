@@ -46,7 +46,7 @@ from tidelog.broker.log.segment import set_max_open_segment_files
 from tidelog.broker.metadata_cache import MetadataCache, ZkRegistry
 from tidelog.broker.network import SocketServer
 from tidelog.broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
-from tidelog.broker.replication.fetcher import FetcherConfig, RemoteLeaderEndpoint
+from tidelog.broker.replication.fetcher import RemoteLeaderEndpoint
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr
@@ -76,11 +76,8 @@ class BrokerServer:
             reread_timeout_s=config.controller_socket_timeout_ms / 1000 + 5))  # see ZkRegistry
         self.controller = Controller(ControllerConfig.from_broker_config(config), self.zk)
         self.replica_manager = ReplicaManager(
-            ReplicaConfig(self.broker_id, config.replica_lag_time_max_ms, FetcherConfig(
-                self.broker_id, config.replica_fetch_wait_max_ms, config.replica_fetch_min_bytes,
-                max(config.replica_fetch_max_bytes * 10, 10 << 20), config.replica_fetch_max_bytes,
-                config.replica_fetch_backoff_ms / 1000)),
-            self.log_manager, self.topic_log_config, self._endpoint_for, self._write_isr)
+            ReplicaConfig.from_broker_config(config), self.log_manager, self.topic_log_config,
+            self._endpoint_for, self._write_isr)
         self.producer_ids = ProducerIdManager(
             lambda: self.zk.allocate_producer_id_block(self.broker_id, PRODUCER_ID_BLOCK_SIZE))
         self.group_coordinator = GroupCoordinator(
@@ -97,7 +94,7 @@ class BrokerServer:
         self.logs_loaded = False
         self.metrics = None  # broker.metrics.BrokerMetrics when metrics.port >= 0
         self.metrics_port: int | None = None
-        self._leader_channels: dict[int, BrokerChannel] = {}
+        self._leader_channels: dict[tuple[int, int], BrokerChannel] = {}  # by (leader id, fetcher id)
         self._socket_server: SocketServer | None = None
         self._cancel: trio.CancelScope | None = None
 
@@ -322,13 +319,15 @@ class BrokerServer:
         if not self.ready.is_set() and self.broker_id in self.metadata.brokers:
             self.ready.set()
 
-    def _endpoint_for(self, leader_id: int) -> RemoteLeaderEndpoint:
-        ch = self._leader_channels.get(leader_id)
+    def _endpoint_for(self, leader_id: int, fetcher_id: int = 0) -> RemoteLeaderEndpoint:
+        """Fetcher ``fetcher_id``'s endpoint on ``leader_id``: a connection of its own, so the
+        long polls of a source broker's fetchers do not queue behind one another."""
+        ch = self._leader_channels.get((leader_id, fetcher_id))
         broker = self.metadata.brokers.get(leader_id)
         host, port = (broker.host, broker.port) if broker else ("127.0.0.1", 0)
         if ch is None:
-            ch = self._leader_channels[leader_id] = BrokerChannel(
-                leader_id, host, port, client_id=f"replica-fetcher-{self.broker_id}")
+            ch = self._leader_channels[leader_id, fetcher_id] = BrokerChannel(
+                leader_id, host, port, client_id=f"replica-fetcher-{self.broker_id}-{fetcher_id}")
         elif broker is not None:
             ch.retarget(host, port)
         return _RetargetingEndpoint(self, leader_id, ch, self.config.replica_socket_timeout_ms / 1000)

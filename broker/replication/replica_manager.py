@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Container
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Container
 
 import trio
 
@@ -62,6 +62,9 @@ from tidelog.protocol.messages import (
 )
 from tidelog.protocol.topics import TopicPartition
 
+if TYPE_CHECKING:
+    from tidelog.broker.config import BrokerConfig
+
 logger = logging.getLogger("tidelog.replica_manager")
 
 # (topic partition, new isr, leader epoch, expected zk version) -> new zk version; raises on conflict
@@ -77,6 +80,31 @@ class ReplicaConfig:
     broker_id: int
     replica_lag_time_max_ms: int = 30000
     fetcher: FetcherConfig | None = None
+    num_replica_fetchers: int = 1  # fetchers (each with its own connection) per source broker
+
+    @classmethod
+    def from_broker_config(cls, config: BrokerConfig) -> ReplicaConfig:
+        return cls(config.broker_id, config.replica_lag_time_max_ms, FetcherConfig(
+            config.broker_id, config.replica_fetch_wait_max_ms, config.replica_fetch_min_bytes,
+            max(config.replica_fetch_max_bytes * 10, 10 << 20), config.replica_fetch_max_bytes,
+            config.replica_fetch_backoff_ms / 1000), config.num_replica_fetchers)
+
+
+FetcherKey = tuple[int, int]  # (source broker id, fetcher id)
+
+
+def fetcher_id(tp: TopicPartition, num_fetchers: int) -> int:
+    """Which of a source broker's ``num.replica.fetchers`` fetchers copies ``tp``: Kafka's
+    ``abs(31 * topic.hashCode() + partition) % num_fetchers``, so partitions spread the same way."""
+    if num_fetchers <= 1:
+        return 0
+    units = tp.topic.encode("utf-16-be")  # Java's String.hashCode runs over UTF-16 code units
+    h = 0
+    for i in range(0, len(units), 2):
+        h = (31 * h + (units[i] << 8 | units[i + 1])) & 0xFFFFFFFF
+    h = (31 * h + tp.partition) & 0xFFFFFFFF
+    h = h - (1 << 32) if h >= 1 << 31 else h
+    return (h & 0x7FFFFFFF if h == -(1 << 31) else abs(h)) % num_fetchers
 
 
 PURGE_DELAYED_AT = 1000  # answered delayed fetches tolerated in the deadline heap before a purge
@@ -164,7 +192,7 @@ class DelayedFetch:
 class ReplicaManager:
     def __init__(self, config: ReplicaConfig, log_manager: LogManager,
                  topic_config: Callable[[str], LogConfig],
-                 endpoint_for: Callable[[int], LeaderEndpoint | None],
+                 endpoint_for: Callable[[int, int], LeaderEndpoint | None],
                  isr_writer: IsrWriter | None = None, clock: Callable[[], int] = wall_ms):
         self.config = config
         self.broker_id = config.broker_id
@@ -176,7 +204,7 @@ class ReplicaManager:
         self.partitions: dict[TopicPartition, NotifyingPartition] = {}
         self.controller_epoch = -1
         self.broker_epoch = -1  # this broker's registration in ZooKeeper: its fetchers send it
-        self.fetchers: dict[int, ReplicaFetcher] = {}
+        self.fetchers: dict[FetcherKey, ReplicaFetcher] = {}
         self._nursery: trio.Nursery | None = None
         self.isr_shrinks = 0
         self.isr_expands = 0
@@ -209,7 +237,11 @@ class ReplicaManager:
             tp = TopicPartition(st.topic_name, st.partition_index)
             errors.append(PartitionError(tp.topic, tp.partition, self._apply(tp, st, to_follow)))
         for leader_id, epochs in to_follow.items():
-            self._fetcher(leader_id).add_partitions(epochs)
+            by_fetcher: dict[int, dict] = {}
+            for tp, epoch in epochs.items():
+                by_fetcher.setdefault(fetcher_id(tp, self.config.num_replica_fetchers), {})[tp] = epoch
+            for fid, part in by_fetcher.items():
+                self._fetcher((leader_id, fid)).add_partitions(part)
         return LeaderAndIsrResponse(NONE.code, errors)
 
     def _apply(self, tp: TopicPartition, st: PartitionState, to_follow: dict) -> int:
@@ -260,11 +292,12 @@ class ReplicaManager:
             errors.append(PartitionError(tp.topic, tp.partition, NONE.code))
         return StopReplicaResponse(NONE.code, errors)
 
-    def _fetcher(self, leader_id: int) -> ReplicaFetcher:
-        f = self.fetchers.get(leader_id)
+    def _fetcher(self, key: FetcherKey) -> ReplicaFetcher:
+        f = self.fetchers.get(key)
         if f is None:
-            endpoint = self.endpoint_for(leader_id)
-            f = self.fetchers[leader_id] = ReplicaFetcher(
+            leader_id, fid = key
+            endpoint = self.endpoint_for(leader_id, fid)
+            f = self.fetchers[key] = ReplicaFetcher(
                 leader_id, endpoint, self._log_of, self.config.fetcher or FetcherConfig(self.broker_id),
                 broker_epoch=lambda: self.broker_epoch)
             self._nursery.start_soon(f.run)

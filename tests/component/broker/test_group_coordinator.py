@@ -77,7 +77,7 @@ class Broker:
         self.log_manager = LogManager([log_dir], LogConfig(), broker_id=1)
         self.log_manager.startup()
         self.replica_manager = ReplicaManager(ReplicaConfig(1), self.log_manager, lambda t: LogConfig(),
-                                              lambda leader: None, clock=self.clock)
+                                              lambda leader, fetcher=0: None, clock=self.clock)
         self.metadata = MetadataCache(1)
         self.metadata.update(UpdateMetadataRequest(1, 1, 0, [state(OFFSETS_TP), state(DATA_TP)],
                                                    [LiveBroker(1, "127.0.0.1", 9092)]))

@@ -106,7 +106,7 @@ class Broker:
         self.log_manager = LogManager([log_dir], LogConfig(), broker_id=ME)
         self.log_manager.startup()
         self.replica_manager = ReplicaManager(ReplicaConfig(ME), self.log_manager, lambda t: LogConfig(),
-                                              lambda leader: None)
+                                              lambda leader, fetcher=0: None)
         self.registry = ZkRegistry(self.zk.current_controller, self.zk.broker_epochs,
                                    reread_interval_s=0.1, reread_timeout_s=2.0)
         self.metadata = MetadataCache(ME, self.registry)

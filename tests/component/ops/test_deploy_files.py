@@ -246,7 +246,7 @@ def test_operations_guide_documents_every_metric(tmp_path):
     from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 
     lm = LogManager([str(tmp_path)], LogConfig())
-    rm = ReplicaManager(ReplicaConfig(1), lm, lambda t: LogConfig(), lambda leader: None)
+    rm = ReplicaManager(ReplicaConfig(1), lm, lambda t: LogConfig(), lambda leader, fetcher=0: None)
     registry = build_registry(FakeServer(rm, lm), RequestMetrics(), process=False)
     names = {f.name for f in text_string_to_metric_families(generate_latest(registry).decode())}
     guide = (ROOT / "docs" / "operations.md").read_text()

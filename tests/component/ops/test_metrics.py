@@ -78,7 +78,7 @@ def broker(tmp_path):
     lm = LogManager([str(tmp_path)], LogConfig.from_props({"min.insync.replicas": 2}), broker_id=1)
     lm.startup()
     rm = ReplicaManager(ReplicaConfig(1), lm, lambda topic: LogConfig.from_props({"min.insync.replicas": 2}),
-                        lambda leader: None)
+                        lambda leader, fetcher=0: None)
     rm.become_leader_or_follower(LeaderAndIsrRequest(0, 1, 1, [
         leader_state("orders", 0, [1, 2, 3], [1, 2, 3]),
         leader_state("orders", 1, [1, 2], [1, 2, 3]),

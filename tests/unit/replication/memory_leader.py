@@ -71,7 +71,7 @@ class MemoryBroker:
         self.fetch_requests = 0
         self.epoch_requests = 0
 
-    def _no_endpoint(self, leader_id: int):
+    def _no_endpoint(self, leader_id: int, fetcher_id: int = 0):
         raise AssertionError(f"broker {self.broker_id} has no fetcher installed for leader {leader_id}")
 
     # -- LeaderEndpoint ------------------------------------------------------------------------
@@ -88,12 +88,12 @@ class MemoryBroker:
 
     def fetcher_for(self, leader: "MemoryBroker", **config) -> ReplicaFetcher:
         """This broker's fetcher from ``leader``, installed where LeaderAndIsr looks for it."""
-        f = self.replica_manager.fetchers.get(leader.broker_id)
+        f = self.replica_manager.fetchers.get((leader.broker_id, 0))
         if f is None:
             config.setdefault("max_wait_ms", 0)  # never long-poll: the test drives every round
             f = ReplicaFetcher(leader.broker_id, leader, self.follower_log,
                                FetcherConfig(self.broker_id, **config), broker_epoch=lambda: self.broker_epoch)
-            self.replica_manager.fetchers[leader.broker_id] = f
+            self.replica_manager.fetchers[leader.broker_id, 0] = f
         return f
 
     def follower_log(self, tp: TopicPartition) -> Log | None:
@@ -150,7 +150,7 @@ class MemoryCluster:
         return [b for i, b in sorted(self.brokers.items()) if i != self.leader_id]
 
     def fetcher(self, follower: MemoryBroker) -> ReplicaFetcher:
-        return follower.replica_manager.fetchers[self.leader_id]
+        return follower.replica_manager.fetchers[self.leader_id, 0]
 
     def elect(self, leader_id: int, isr: list[int] | None = None, *, to: list[int] | None = None) -> PartitionState:
         """A new leader epoch with ``leader_id`` leading, sent to ``to`` (default: every replica)."""
