@@ -133,3 +133,23 @@ def test_the_budget_caps_the_frame_size():
     from tidelog.broker.network import SocketServer
     assert SocketServer(Handler(), max_frame_bytes=10_000, queued_max_request_bytes=5_000).max_frame_bytes == 5_000
     assert SocketServer(Handler(), max_frame_bytes=10_000, queued_max_request_bytes=-1).max_frame_bytes == 10_000
+
+
+async def test_out_of_descriptors_at_accept_sheds_the_newest_connections(net):
+    import errno
+
+    from tidelog.broker.network import RESERVED_DESCRIPTORS, SHED_ON_EMFILE
+    server, _, bystander = await net.start()
+    clients = [await net.connect(server.port) for _ in range(SHED_ON_EMFILE + 2)]
+    for i, client in enumerate(clients):
+        assert (await client.call({"n": i}))["n"] == i
+    assert len(server._reserve) == RESERVED_DESCRIPTORS
+    server._accept_failed(OSError(errno.EMFILE, "Too many open files"))
+    assert server._reserve == []  # given up for the broker's own files
+    for client in clients[-SHED_ON_EMFILE:]:
+        assert await client.closed_by_server()
+    for i, client in enumerate([bystander, *clients[:-SHED_ON_EMFILE]]):  # the oldest are kept
+        assert (await client.call({"n": 10 + i}))["n"] == 10 + i
+    newcomer = await net.connect(server.port)  # accepting goes on, and takes the reserve back
+    assert (await newcomer.call({"n": 99}))["n"] == 99
+    assert len(server._reserve) == RESERVED_DESCRIPTORS
