@@ -478,11 +478,10 @@ class _Connection:
                 # follower's fetch, say), the write waits until they have run: they run
                 # in the next scheduler pass, and the write in the pass after it (a task
                 # started now would run in the same pass as they do, first half of the
-                # time: Trio reverses the order of half its batches). Written first, the
-                # acknowledgement woke the producer, which on a busy machine then held
-                # the CPU the woken responses were waiting for (end-to-end p99 150 ms
-                # instead of 14 ms with a CPU hog running). With no task woken, it is
-                # written now.
+                # time: Trio reverses the order of half its batches), so the woken
+                # responses are not starved by the producer this acknowledgement wakes
+                # (bench/RESULTS.md, "a produce answered by the reader"). With no task
+                # woken, it is written now.
                 self._handler_done()
                 self._respond(_correlation_id(event), started)
                 if trio.lowlevel.current_statistics().tasks_runnable or not self._write_now():
