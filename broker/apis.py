@@ -121,13 +121,14 @@ from tidelog.protocol.messages import (
     StopReplicaResponse,
     SyncGroupRequest,
     SyncGroupResponse,
+    TopicMetadata,
     TopicPartitionRef,
     TopicProduceResponse,
     TopicResult,
     UpdateMetadataRequest,
     UpdateMetadataResponse,
 )
-from tidelog.protocol.topics import TopicPartition, is_internal_topic
+from tidelog.protocol.topics import TopicPartition, is_internal_topic, metric_name, topic_name_problem
 
 logger = logging.getLogger("tidelog.apis")
 
@@ -212,11 +213,27 @@ class Apis:
 
     @handles(ApiKey.METADATA, Kind.ASYNC)
     async def metadata_(self, req: MetadataRequest, ctx: RequestContext | None = None) -> MetadataResponse:
-        missing = [t for t in req.topics or [] if not self.metadata.contains_topic(t)]
+        # A name Kafka refuses is answered INVALID_TOPIC_EXCEPTION and never created; so is one
+        # that would collide with an existing topic's metric names. Internal topics are created
+        # by the broker's own components, with their own configs, not by a client's metadata.
+        refused: dict[str, str] = {}
+        for t in req.topics or []:
+            if (problem := topic_name_problem(t)) is not None:
+                refused[t] = problem
+        missing = [t for t in dict.fromkeys(req.topics or []) if t not in refused
+                   and not self.metadata.contains_topic(t) and not is_internal_topic(t)]
         if missing and req.allow_auto_topic_creation and self.config.auto_create_topics_enable:
-            await self.broker.auto_create_topics(missing)
+            known = {metric_name(t): t for t in self.metadata.topics}
+            for t in missing:
+                if known.get(metric_name(t), t) != t:
+                    refused[t] = (f"topic {t!r} collides with existing topic {known[metric_name(t)]!r}: names "
+                                  "that differ only in '.' and '_' share metric names")
+                known.setdefault(metric_name(t), t)
+            await self.broker.auto_create_topics([t for t in missing if t not in refused])
+        topics = [TopicMetadata(INVALID_TOPIC_EXCEPTION.code, t.name, error_message=refused[t.name])
+                  if t.name in refused else t for t in self.metadata.topic_metadata(req.topics)]
         return MetadataResponse(self.metadata.broker_metadata(), self.metadata.cluster_id,
-                                self.metadata.controller_id, self.metadata.topic_metadata(req.topics))
+                                self.metadata.controller_id, topics)
 
     # -- data ----------------------------------------------------------------------------------
 
@@ -392,15 +409,12 @@ class Apis:
 
     @handles(ApiKey.CREATE_PARTITIONS, Kind.ASYNC)
     async def create_partitions(self, req: CreatePartitionsRequest, ctx: RequestContext | None = None) -> CreatePartitionsResponse:
-        results = []
-        for t in req.topics:
-            try:
-                c = self._controller()
-                waits = await c.call(lambda t=t: c.create_partitions(t.name, t.count, t.assignments, req.validate_only))
-                await wait_all(waits, req.timeout_ms / 1000)
-                results.append(TopicResult(t.name, NONE.code, None, t.count))
-            except TidelogError as e:
-                results.append(TopicResult(t.name, e.code, str(e)))
+        try:
+            c = self._controller()
+        except TidelogError as e:
+            return CreatePartitionsResponse([TopicResult(t.name, e.code, str(e)) for t in req.topics])
+        results, waits = await c.call(lambda: c.create_partitions_all(req.topics, req.validate_only))
+        await wait_all(waits, req.timeout_ms / 1000)
         return CreatePartitionsResponse(results)
 
     @handles(ApiKey.DESCRIBE_CONFIGS, Kind.ASYNC)

@@ -202,6 +202,23 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
        minimum=1),
     _S("auto.create.topics.enable", bool, True, "Create a topic when a client asks for metadata of it."),
     _S("delete.topic.enable", bool, True, "Allow topics to be deleted."),
+    _S("max.partitions.per.topic", int, 10_000,
+       "Most partitions a topic may have: a CreateTopics or CreatePartitions asking for more is "
+       "refused with INVALID_PARTITIONS before anything is planned. Whatever this says, a "
+       "topic's assignment must fit in one ZooKeeper znode (jute.maxbuffer, 1 MiB: about "
+       "65,000 partitions of 3 replicas).", minimum=1, maximum=2**31 - 1),
+    _S("max.partitions.per.request", int, 10_000,
+       "Most partitions one CreateTopics or CreatePartitions request may create, all its topics "
+       "together (INVALID_PARTITIONS for every topic of a request above it).",
+       minimum=1, maximum=2**31 - 1),
+    _S("log.segment.min.bytes", int, MIB,
+       "Smallest segment.bytes a client may give a topic with CreateTopics or AlterConfigs "
+       "(Kafka 4's minimum, KIP-1030): smaller segments roll so often that their files exhaust "
+       "the broker's descriptors. log.segment.bytes and offsets.topic.segment.bytes are the "
+       "operator's and not bound by it (bytes).", minimum=14, maximum=2**31 - 1),
+    _S("log.roll.min.ms", int, 60_000,
+       "Smallest segment.ms a client may give a topic with CreateTopics or AlterConfigs "
+       "(KIP-1030's minimum); log.roll.ms itself is not bound by it (ms).", minimum=1),
     # controller and leadership
     _S("auto.leader.rebalance.enable", bool, True,
        "Move leadership back to the preferred replica when it is imbalanced."),
@@ -363,7 +380,6 @@ def _check_table() -> None:
 # ("max.connections" = 1000), which is what to_toml does.
 _QUOTED = frozenset(n for n in _KNOWN if any(o != n and (o.startswith(n + ".") or n.startswith(o + "."))
                                              for o in _KNOWN))
-
 
 
 _check_table()

@@ -19,7 +19,15 @@ Decoding is two steps, so each failure maps to one error code:
    (``topics[2].partitions[0].partition: expected int, got str``).
 
 msgpack is always unpacked with explicit bounds (container lengths, no ext types, str keys
-only), so a hostile frame costs at most a small multiple of its own size.
+only) and a bound on the *total* number of objects a frame may decode into:
+``max(MAX_OBJECTS_FLOOR, len(frame) // BYTES_PER_OBJECT)``. Container lengths alone do not
+bound memory: an empty map is one byte on the wire and ~70 bytes of Python objects, so 99 MiB
+of empty maps decoded into 7.4 GB. A frame no larger than the floor cannot hold more objects
+than it has bytes, so it is decoded as it is; a larger one is decoded with hooks that count
+every container and its elements as it completes and stop the decoding (INVALID_REQUEST) once
+the count passes the bound. So a frame costs at most about ``max(110 MB, 1.6 x its size)`` of
+decoded objects (bench/RESULTS.md, "Decoding hostile frames"), and a real request (record
+batches travel as ``bin``: a few objects per partition) never comes near the bound.
 
 Typed bodies (``protocol.messages``): one frozen dataclass per request and per response,
 subclassing ``Message``. Field annotations drive both validation and encoding; the plan for a
@@ -48,6 +56,12 @@ INT32 = types.MappingProxyType({"min": -(1 << 31), "max": (1 << 31) - 1})
 INT64 = types.MappingProxyType({"min": -(1 << 63), "max": (1 << 63) - 1})
 
 MAX_CONTAINER_LEN = 1 << 20  # elements in one msgpack array or map
+# Objects one frame may decode into: at least MAX_OBJECTS_FLOOR, else one per BYTES_PER_OBJECT
+# bytes of frame. The densest real frames (LeaderAndIsr, UpdateMetadata, Metadata responses)
+# take 6-8 bytes per object, so the floor covers ~100,000 partitions in one of them; the worst
+# object costs ~100 bytes (a one-entry map), so the floor is ~100 MB of decoded objects.
+MAX_OBJECTS_FLOOR = 1 << 20
+BYTES_PER_OBJECT = 64
 
 
 class ApiKey(IntEnum):
@@ -213,6 +227,12 @@ def _reject_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack ext type {code} is not allowed")
 
 
+def max_objects(size: int) -> int:
+    """How many objects (values, map entries and containers) a frame of ``size`` bytes may
+    decode into."""
+    return max(MAX_OBJECTS_FLOOR, size // BYTES_PER_OBJECT)
+
+
 def _unpack_options(size: int) -> dict[str, Any]:
     containers = min(size, MAX_CONTAINER_LEN)
     return dict(raw=False, use_list=True, strict_map_key=True, ext_hook=_reject_ext,
@@ -224,9 +244,40 @@ def _unpack_options(size: int) -> dict[str, Any]:
 _UNPACK_ERRORS = (ValueError, TypeError, OverflowError, msgpack.UnpackException)
 
 
+class _TooManyObjects(Exception):
+    """Internal: raised by the counting hooks to stop a decoding at the object bound."""
+
+
+def _counting_hooks(budget: int) -> dict[str, Callable[[Any], Any]]:
+    """``list_hook`` and ``object_hook`` that count every container and its elements (an
+    array's items, a map's values): every object of the frame but the map keys (which msgpack
+    interns), containers once more (they cost the most: an empty map is ~70 bytes), and stop
+    the decoding past ``budget``. msgpack calls a hook when a container is complete, so at most
+    one array's scalars (bounded by ``max_array_len``) are decoded beyond the budget."""
+    left = budget
+
+    def count(container: Any) -> Any:
+        nonlocal left
+        left -= len(container) + 1
+        if left < 0:
+            raise _TooManyObjects
+        return container
+
+    return {"list_hook": count, "object_hook": count}
+
+
 def _unpack(frame: bytes | bytearray | memoryview, what: str) -> Any:
+    size = len(frame)
+    options = _unpack_options(size)
+    budget = max_objects(size)
+    if size > budget:  # else it cannot hold more objects than it has bytes: nothing to count
+        options.update(_counting_hooks(budget))
     try:
-        return msgpack.unpackb(frame, **_unpack_options(len(frame)))
+        return msgpack.unpackb(frame, **options)
+    except _TooManyObjects:
+        raise InvalidRequestError(
+            f"{what} frame of {size} bytes decodes into more than {budget} objects (the bound: one per "
+            f"{BYTES_PER_OBJECT} bytes of frame, at least {MAX_OBJECTS_FLOOR})") from None
     except msgpack.ExtraData:
         raise InvalidRequestError(f"{what} frame has bytes after its msgpack value") from None
     except _UNPACK_ERRORS as e:

@@ -3,13 +3,50 @@
 Field names follow Kafka's JSON message schemas in snake_case; the codec
 (``protocol.codec``) validates and encodes them from their annotations. Which API uses which
 pair, and at which versions, is the registry's (``protocol.apis``).
+
+Validation here is what needs no broker state, so a request that fails it is refused with
+INVALID_REQUEST (naming the field) before anything is done:
+
+* every integer of a request has Kafka's type as its range (``INT8`` .. ``INT64``), narrowed
+  where a negative value means nothing: partitions, counts, sizes and timeouts are
+  ``NON_NEGATIVE`` int32 (a negative ``timeout_ms`` is refused, not waited for after the work
+  is done); ``retention_time_ms`` is -1 (the broker's default) or a non-negative int64;
+* a CreateTopics assignment is keyed by partition numbers ("0", "1", ...);
+* the controller's requests (LeaderAndIsr, UpdateMetadata, StopReplica) carry only valid
+  topic names (``protocol.topics``): they become directory names. Client requests keep a
+  per-topic answer instead (INVALID_TOPIC_EXCEPTION or UNKNOWN_TOPIC_OR_PARTITION, from the
+  broker), as in Kafka.
+
+Limits that depend on configuration (partitions per topic and per request, what ZooKeeper can
+store, topic config minimums) are the broker's (``broker/controller/validation.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from tidelog.protocol.codec import INT8, INT16, INT32, INT64, Message
+from tidelog.protocol.topics import MAX_PARTITION, topic_name_problem
+
+# int32 without its negatives: partition numbers, counts, byte sizes, timeouts
+NON_NEGATIVE = MappingProxyType({"min": 0, "max": (1 << 31) - 1})
+PORT = MappingProxyType({"min": 0, "max": 65535})
+RETENTION = MappingProxyType({"min": -1, "max": (1 << 63) - 1})  # -1: the broker's default
+
+
+def _check_topic_names(names, where: str) -> None:
+    """ValueError naming the first invalid topic name of ``names`` (a request field)."""
+    for name in names:
+        problem = topic_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
+
+
+def _is_partition_key(key: str) -> bool:
+    """A CreateTopics assignment key: a partition number in canonical decimal form."""
+    return (key.isascii() and key.isdigit() and (key == "0" or key[0] != "0") and len(key) <= 10
+            and int(key) <= MAX_PARTITION)
 
 # ---------------------------------------------------------------------------------------------
 # ApiVersions (key 18): the first request a client sends, to learn which versions to speak
@@ -90,16 +127,23 @@ class MetadataResponse(Message):
 @dataclass(frozen=True, slots=True)
 class CreatableTopic(Message):
     name: str
-    num_partitions: int = -1  # -1: the broker's num.partitions
-    replication_factor: int = -1  # -1: the broker's default.replication.factor
-    assignments: dict[str, list[int]] | None = None  # partition ("0") -> replicas; overrides the two above
+    num_partitions: int = field(default=-1, metadata=INT32)  # -1: the broker's num.partitions
+    replication_factor: int = field(default=-1, metadata=INT16)  # -1: the broker's default.replication.factor
+    # partition ("0") -> replicas; overrides the two above
+    assignments: dict[str, list[int]] | None = field(default=None, metadata=INT32)
     configs: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in self.assignments or ():
+            if not _is_partition_key(key):
+                raise ValueError(f"assignments: key {key[:40]!r} is not a partition number "
+                                 f"(0 to {MAX_PARTITION} in decimal)")
 
 
 @dataclass(frozen=True, slots=True)
 class CreateTopicsRequest(Message):
     topics: list[CreatableTopic]
-    timeout_ms: int = 30000
+    timeout_ms: int = field(default=30000, metadata=NON_NEGATIVE)
     validate_only: bool = False
 
 
@@ -122,7 +166,7 @@ class CreateTopicsResponse(Message):
 @dataclass(frozen=True, slots=True)
 class DeleteTopicsRequest(Message):
     topic_names: list[str]
-    timeout_ms: int = 30000
+    timeout_ms: int = field(default=30000, metadata=NON_NEGATIVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,14 +178,14 @@ class DeleteTopicsResponse(Message):
 @dataclass(frozen=True, slots=True)
 class CreatePartitionsTopic(Message):
     name: str
-    count: int  # the new total number of partitions
-    assignments: list[list[int]] | None = None  # replicas of each new partition
+    count: int = field(metadata=INT32)  # the new total number of partitions
+    assignments: list[list[int]] | None = field(default=None, metadata=INT32)  # replicas of each new partition
 
 
 @dataclass(frozen=True, slots=True)
 class CreatePartitionsRequest(Message):
     topics: list[CreatePartitionsTopic]
-    timeout_ms: int = 30000
+    timeout_ms: int = field(default=30000, metadata=NON_NEGATIVE)
     validate_only: bool = False
 
 
@@ -153,7 +197,7 @@ class CreatePartitionsResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class DescribeConfigsResource(Message):
-    resource_type: int
+    resource_type: int = field(metadata=INT8)
     resource_name: str
     configuration_keys: list[str] | None = None  # None: all
 
@@ -190,7 +234,7 @@ class DescribeConfigsResponse(Message):
 @dataclass(frozen=True, slots=True)
 class AlterConfigsResource(Message):
     """Incremental: each key is set to its value; a None value removes the override."""
-    resource_type: int
+    resource_type: int = field(metadata=INT8)
     resource_name: str
     configs: dict[str, str | None]
 
@@ -241,7 +285,7 @@ class TopicProduceData(Message):
 @dataclass(frozen=True, slots=True)
 class ProduceRequest(Message):
     acks: int = field(metadata=INT16)
-    timeout_ms: int = field(metadata=INT32)
+    timeout_ms: int = field(metadata=NON_NEGATIVE)
     topic_data: list[TopicProduceData]
     transactional_id: str | None = None
 
@@ -272,10 +316,10 @@ class ProduceResponse(Message):
 class FetchPartition(Message):
     partition: int = field(metadata=INT32)
     fetch_offset: int = field(metadata=INT64)
-    partition_max_bytes: int = field(default=1 << 20, metadata=INT32)
-    current_leader_epoch: int = -1  # the fetcher's view; stale views are fenced
-    last_fetched_epoch: int = -1  # followers: epoch of the last batch they hold
-    log_start_offset: int = -1  # followers: their log start offset
+    partition_max_bytes: int = field(default=1 << 20, metadata=NON_NEGATIVE)
+    current_leader_epoch: int = field(default=-1, metadata=INT32)  # the fetcher's view; stale views are fenced
+    last_fetched_epoch: int = field(default=-1, metadata=INT32)  # followers: epoch of the last batch they hold
+    log_start_offset: int = field(default=-1, metadata=INT64)  # followers: their log start offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,12 +331,12 @@ class FetchTopic(Message):
 @dataclass(frozen=True, slots=True)
 class FetchRequest(Message):
     topics: list[FetchTopic]
-    replica_id: int = CONSUMER_REPLICA_ID  # a broker id for follower fetches
-    max_wait_ms: int = field(default=500, metadata=INT32)
+    replica_id: int = field(default=CONSUMER_REPLICA_ID, metadata=INT32)  # a broker id for follower fetches
+    max_wait_ms: int = field(default=500, metadata=NON_NEGATIVE)
     min_bytes: int = field(default=1, metadata=INT32)
-    max_bytes: int = field(default=50 << 20, metadata=INT32)
-    isolation_level: int = 0
-    replica_epoch: int = -1  # followers: their broker epoch
+    max_bytes: int = field(default=50 << 20, metadata=NON_NEGATIVE)
+    isolation_level: int = field(default=0, metadata=INT8)
+    replica_epoch: int = field(default=-1, metadata=INT64)  # followers: their broker epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,9 +372,9 @@ class FetchResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class ListOffsetsPartition(Message):
-    partition_index: int
-    timestamp: int  # -2 earliest, -1 latest (the HW for consumers), -3 max timestamp, else ms
-    current_leader_epoch: int = -1
+    partition_index: int = field(metadata=INT32)
+    timestamp: int = field(metadata=INT64)  # -2 earliest, -1 latest (the HW for consumers), -3 max timestamp, else ms
+    current_leader_epoch: int = field(default=-1, metadata=INT32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,8 +386,8 @@ class ListOffsetsTopic(Message):
 @dataclass(frozen=True, slots=True)
 class ListOffsetsRequest(Message):
     topics: list[ListOffsetsTopic]
-    replica_id: int = CONSUMER_REPLICA_ID
-    isolation_level: int = 0
+    replica_id: int = field(default=CONSUMER_REPLICA_ID, metadata=INT32)
+    isolation_level: int = field(default=0, metadata=INT8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +427,7 @@ class DeleteRecordsTopic(Message):
 @dataclass(frozen=True, slots=True)
 class DeleteRecordsRequest(Message):
     topics: list[DeleteRecordsTopic]
-    timeout_ms: int = 30000  # how long to wait for every live in-sync replica to follow
+    timeout_ms: int = field(default=30000, metadata=NON_NEGATIVE)  # how long to wait for every live in-sync replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,9 +452,9 @@ class DeleteRecordsResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class OffsetForLeaderPartition(Message):
-    partition: int
-    leader_epoch: int
-    current_leader_epoch: int = -1
+    partition: int = field(metadata=INT32)
+    leader_epoch: int = field(metadata=INT32)
+    current_leader_epoch: int = field(default=-1, metadata=INT32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,7 +466,7 @@ class OffsetForLeaderTopic(Message):
 @dataclass(frozen=True, slots=True)
 class OffsetsForLeaderEpochRequest(Message):
     topics: list[OffsetForLeaderTopic]
-    replica_id: int = CONSUMER_REPLICA_ID
+    replica_id: int = field(default=CONSUMER_REPLICA_ID, metadata=INT32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,33 +498,39 @@ class OffsetsForLeaderEpochResponse(Message):
 @dataclass(frozen=True, slots=True)
 class PartitionState(Message):
     topic_name: str
-    partition_index: int
-    controller_epoch: int
-    leader: int
-    leader_epoch: int
-    isr: list[int]
-    zk_version: int
-    replicas: list[int]
+    partition_index: int = field(metadata=NON_NEGATIVE)
+    controller_epoch: int = field(metadata=INT32)
+    leader: int = field(metadata=INT32)
+    leader_epoch: int = field(metadata=INT32)
+    isr: list[int] = field(metadata=INT32)
+    zk_version: int = field(metadata=INT32)
+    replicas: list[int] = field(metadata=INT32)
     is_new: bool = False
-    offline_replicas: list[int] = field(default_factory=list)
+    offline_replicas: list[int] = field(default_factory=list, metadata=INT32)
+
+    def __post_init__(self) -> None:
+        _check_topic_names((self.topic_name,), "topic_name")
 
 
 @dataclass(frozen=True, slots=True)
 class LiveBroker(Message):
-    broker_id: int
+    broker_id: int = field(metadata=INT32)
     host: str
-    port: int
+    port: int = field(metadata=PORT)
     rack: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class LeaderAndIsrRequest(Message):
-    controller_id: int
-    controller_epoch: int
-    broker_epoch: int
+    controller_id: int = field(metadata=INT32)
+    controller_epoch: int = field(metadata=INT32)
+    broker_epoch: int = field(metadata=INT64)
     partition_states: list[PartitionState]
     live_leaders: list[LiveBroker] = field(default_factory=list)
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # topic-level overrides
+
+    def __post_init__(self) -> None:
+        _check_topic_names(self.topic_configs, "topic_configs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,14 +548,18 @@ class LeaderAndIsrResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class UpdateMetadataRequest(Message):
-    controller_id: int
-    controller_epoch: int
-    broker_epoch: int
+    controller_id: int = field(metadata=INT32)
+    controller_epoch: int = field(metadata=INT32)
+    broker_epoch: int = field(metadata=INT64)
     partition_states: list[PartitionState]
     live_brokers: list[LiveBroker]
     deleted_topics: list[str] = field(default_factory=list)
     cluster_id: str | None = None
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # topic-level overrides
+
+    def __post_init__(self) -> None:
+        _check_topic_names(self.deleted_topics, "deleted_topics")
+        _check_topic_names(self.topic_configs, "topic_configs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,16 +570,19 @@ class UpdateMetadataResponse(Message):
 @dataclass(frozen=True, slots=True)
 class StopReplicaPartition(Message):
     topic_name: str
-    partition_index: int
-    leader_epoch: int = -1
+    partition_index: int = field(metadata=NON_NEGATIVE)
+    leader_epoch: int = field(default=-1, metadata=INT32)
     delete_partition: bool = False
+
+    def __post_init__(self) -> None:
+        _check_topic_names((self.topic_name,), "topic_name")
 
 
 @dataclass(frozen=True, slots=True)
 class StopReplicaRequest(Message):
-    controller_id: int
-    controller_epoch: int
-    broker_epoch: int
+    controller_id: int = field(metadata=INT32)
+    controller_epoch: int = field(metadata=INT32)
+    broker_epoch: int = field(metadata=INT64)
     partitions: list[StopReplicaPartition]
 
 
@@ -537,14 +594,14 @@ class StopReplicaResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class ControlledShutdownRequest(Message):
-    broker_id: int
-    broker_epoch: int
+    broker_id: int = field(metadata=INT32)
+    broker_epoch: int = field(metadata=INT64)
 
 
 @dataclass(frozen=True, slots=True)
 class TopicPartitionRef(Message):
     topic_name: str
-    partition_index: int
+    partition_index: int = field(metadata=INT32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,8 +618,8 @@ DEBUGGING_REPLICA_ID = -2  # ListOffsets "latest" then means the log end offset,
 class ElectLeadersRequest(Message):
     """Move leadership to the preferred (first assigned) replica; None: every partition."""
     topic_partitions: list[TopicPartitionRef] | None = None
-    election_type: int = PREFERRED_ELECTION
-    timeout_ms: int = 30000
+    election_type: int = field(default=PREFERRED_ELECTION, metadata=INT8)
+    timeout_ms: int = field(default=30000, metadata=NON_NEGATIVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -740,7 +797,7 @@ class OffsetCommitRequest(Message):
     generation_id: int = field(default=NO_GENERATION, metadata=INT32)
     member_id: str = UNKNOWN_MEMBER
     group_instance_id: str | None = None
-    retention_time_ms: int = -1
+    retention_time_ms: int = field(default=-1, metadata=RETENTION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -765,7 +822,7 @@ class OffsetCommitResponse(Message):
 @dataclass(frozen=True, slots=True)
 class OffsetFetchTopic(Message):
     name: str
-    partition_indexes: list[int]
+    partition_indexes: list[int] = field(metadata=INT32)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,18 @@ from tidelog.broker.controller.election import (
     preferred_replica_leader,
     remove_from_isr,
 )
-from tidelog.broker.log.config import InvalidConfigError, LogConfig
+from tidelog.broker.controller.validation import (
+    PartitionLimits,
+    by_metric_name,
+    check_assignment,
+    check_assignment_size,
+    check_fits_zookeeper,
+    check_partition_count,
+    check_replication_factor,
+    check_request_total,
+    check_topic_name,
+)
+from tidelog.broker.log.config import REQUEST_MINIMUMS, InvalidConfigError, LogConfig, check_requested
 from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
 from tidelog.protocol.codec import ApiKey
@@ -62,7 +73,8 @@ from tidelog.protocol.errors import (
     INVALID_CONFIG,
     INVALID_PARTITIONS,
     INVALID_REPLICA_ASSIGNMENT,
-    INVALID_REPLICATION_FACTOR,
+    INVALID_REQUEST,
+    INVALID_TOPIC_EXCEPTION,
     NONE,
     PREFERRED_LEADER_NOT_AVAILABLE,
     STALE_BROKER_EPOCH,
@@ -80,7 +92,7 @@ from tidelog.protocol.messages import (
     TopicResult,
     UpdateMetadataRequest,
 )
-from tidelog.protocol.topics import TopicPartition, validate_topic_name
+from tidelog.protocol.topics import TopicPartition, is_internal_topic, topic_name_problem, validate_topic_name
 
 if TYPE_CHECKING:
     from tidelog.broker.config import BrokerConfig
@@ -104,13 +116,19 @@ class ControllerConfig:
     leader_imbalance_check_interval_s: float = 300.0
     leader_imbalance_per_broker_percentage: int = 10
     request_timeout_s: float = 30.0  # controller.socket.timeout.ms: one request to a broker
+    partition_limits: PartitionLimits = field(default_factory=PartitionLimits)
+    # topic configs a client sets must meet these (log.segment.min.bytes, log.roll.min.ms, ...)
+    config_minimums: dict[str, int] = field(default_factory=lambda: dict(REQUEST_MINIMUMS))
 
     @classmethod
     def from_broker_config(cls, config: BrokerConfig) -> ControllerConfig:
         return cls(config.broker_id, config.num_partitions, config.default_replication_factor,
                    config.unclean_leader_election_enable, config.delete_topic_enable, config.log_config(),
                    config.auto_leader_rebalance_enable, config.leader_imbalance_check_interval_seconds,
-                   request_timeout_s=config.controller_socket_timeout_ms / 1000)
+                   request_timeout_s=config.controller_socket_timeout_ms / 1000,
+                   partition_limits=PartitionLimits(config.max_partitions_per_topic, config.max_partitions_per_request),
+                   config_minimums={**REQUEST_MINIMUMS, "segment.bytes": config.log_segment_min_bytes,
+                                    "segment.ms": config.log_roll_min_ms})
 
 
 @dataclass
@@ -285,6 +303,10 @@ class Controller:
 
     async def _load_topic(self, topic: str) -> None:
         ctx = self.ctx
+        problem = topic_name_problem(topic)
+        if problem is not None:  # not written by a broker (they validate): never sent anywhere
+            logger.error("ignoring topic %r in ZooKeeper: %s", topic, problem)
+            return
         assignment = await self.zk.get_assignment(topic)
         if assignment is None:
             return
@@ -469,27 +491,50 @@ class Controller:
         return self._propagate(created)
 
     async def create_topics(self, topics, validate_only: bool) -> tuple[list[TopicResult], list]:
-        """CreateTopics, on the controller. Returns results and the propagation waits."""
+        """CreateTopics, on the controller. Returns results and the propagation waits.
+
+        Everything is checked before anything is written (broker/controller/validation.py):
+        a topic named twice in the request is refused (INVALID_REQUEST), and if the request
+        asks for more than max.partitions.per.request partitions in all (counting the topics
+        within max.partitions.per.topic), every topic of it is refused (INVALID_PARTITIONS). A
+        topic created earlier in the request counts as existing for the later ones (so
+        ``coll.x`` and ``coll_x`` in one request collide)."""
+        existing = set(self.ctx.assignments) | set(await self.zk.get_topics())
+        metric_names = by_metric_name(existing)
+        twice = _named_twice(t.name for t in topics)
+        per_topic = self.config.partition_limits.per_topic
+        total = sum(n for t in topics if 0 < (n := self._requested_partitions(t)) <= per_topic)
         results, waits = [], []
         for t in topics:
             try:
-                result, out = await self._create_topic(t, validate_only)
+                if t.name in twice:
+                    raise TidelogError(f"topic {t.name!r} appears more than once in the request", error=INVALID_REQUEST)
+                result, out = await self._create_topic(t, validate_only, existing, metric_names, total)
+                existing.add(t.name)
+                metric_names.update(by_metric_name([t.name]))
             except TidelogError as e:
                 result, out = TopicResult(t.name, e.code, str(e)), []
             results.append(result)
             waits += out
         return results, waits
 
-    async def _create_topic(self, t, validate_only: bool):
-        ctx = self.ctx
+    def _requested_partitions(self, t) -> int:
+        """How many partitions CreateTopics entry ``t`` asks for (0 if it is invalid anyway)."""
+        if t.assignments:
+            return len(t.assignments)
+        if t.num_partitions == -1:
+            return self.config.default_partitions
+        return max(t.num_partitions, 0)
+
+    async def _create_topic(self, t, validate_only: bool, existing: set[str], metric_names: dict[str, str],
+                            request_total: int):
         validate_topic_name(t.name)
-        if t.name in ctx.assignments or t.name in await self.zk.get_topics():
+        if t.name in existing:
             raise TidelogError(f"topic {t.name!r} already exists", error=TOPIC_ALREADY_EXISTS)
-        assignment = self._assignment_for(t)
-        try:
-            self.config.topic_defaults.with_overrides(t.configs)
-        except InvalidConfigError as e:
-            raise TidelogError(f"topic {t.name!r}: {e}", error=INVALID_CONFIG) from None
+        check_topic_name(t.name, metric_names)
+        self._check_configs(t.name, t.configs, t.configs)
+        assignment = self._assignment_for(t, request_total)
+        check_assignment_size(t.name, assignment, t.configs, self.config.partition_limits)
         rf = len(next(iter(assignment.values())))
         result = TopicResult(t.name, NONE.code, None, len(assignment), rf)
         if validate_only:
@@ -498,47 +543,90 @@ class Controller:
         logger.info("created topic %s: %d partitions, replication factor %d", t.name, len(assignment), rf)
         return result, await self._on_new_topic(t.name)
 
-    def _assignment_for(self, t) -> dict[int, list[int]]:
+    def _check_configs(self, topic: str, effective: dict[str, str], requested: dict[str, str | None]) -> None:
+        """INVALID_CONFIG unless ``effective`` (the topic's overrides after the request) are
+        valid topic configs and the ``requested`` ones meet the minimums for clients."""
+        try:
+            check_requested(requested, self.config.config_minimums)
+            self.config.topic_defaults.with_overrides(effective)
+        except InvalidConfigError as e:
+            raise TidelogError(f"topic {topic!r}: {e}", error=INVALID_CONFIG) from None
+
+    def _assignment_for(self, t, request_total: int) -> dict[int, list[int]]:
+        """The replica assignment of a new topic; its partition count and replication factor
+        are checked against the limits before an assignment is planned."""
         live = sorted(self.ctx.live)
+        limits = self.config.partition_limits
         if t.assignments:
+            check_partition_count(t.name, len(t.assignments), limits)
+            check_request_total(request_total, limits)
             assignment = {int(p): list(r) for p, r in t.assignments.items()}
-            _check_assignment(assignment, set(self.ctx.brokers))
+            check_assignment(assignment, set(self.ctx.brokers))
             return assignment
-        n = t.num_partitions if t.num_partitions > 0 else self.config.default_partitions
-        rf = t.replication_factor if t.replication_factor > 0 else self.config.default_replication_factor
         if t.num_partitions == 0 or t.num_partitions < -1:
-            raise TidelogError(f"number of partitions must be positive, got {t.num_partitions}",
-                               error=INVALID_PARTITIONS)
-        if rf > len(live):
-            raise TidelogError(f"replication factor {rf} is larger than the {len(live)} live brokers {live}",
-                               error=INVALID_REPLICATION_FACTOR)
+            raise TidelogError(f"topic {t.name!r}: the number of partitions must be positive (or -1 for the "
+                               f"default), got {t.num_partitions}", error=INVALID_PARTITIONS)
+        n = t.num_partitions if t.num_partitions > 0 else self.config.default_partitions
+        rf = t.replication_factor if t.replication_factor != -1 else self.config.default_replication_factor
+        check_partition_count(t.name, n, limits)
+        check_request_total(request_total, limits)
+        check_replication_factor(t.name, rf, len(live))
+        check_fits_zookeeper(t.name, n, rf, live, t.configs, limits)
         racks = {b: self.ctx.brokers[b].rack for b in live if self.ctx.brokers[b].rack}
         return layout.assign_replicas(live, n, rf, racks=racks if len(racks) == len(live) else None)
 
-    async def create_partitions(self, topic: str, count: int, assignments, validate_only: bool):
+    async def create_partitions_all(self, topics, validate_only: bool) -> tuple[list[TopicResult], list]:
+        """CreatePartitions, on the controller: results (in request order) and the propagation
+        waits. Above max.partitions.per.request new partitions in all, every topic is refused."""
+        current = {t.name: len(self.ctx.assignments[t.name]) for t in topics if t.name in self.ctx.assignments}
+        per_topic = self.config.partition_limits.per_topic
+        total = sum(t.count - current[t.name] for t in topics if current.get(t.name, t.count) < t.count <= per_topic)
+        twice = _named_twice(t.name for t in topics)
+        results, waits = [], []
+        for t in topics:
+            try:
+                if t.name in twice:
+                    raise TidelogError(f"topic {t.name!r} appears more than once in the request", error=INVALID_REQUEST)
+                waits += await self.create_partitions(t.name, t.count, t.assignments, validate_only, total)
+                results.append(TopicResult(t.name, NONE.code, None, t.count))
+            except TidelogError as e:
+                results.append(TopicResult(t.name, e.code, str(e)))
+        return results, waits
+
+    async def create_partitions(self, topic: str, count: int, assignments, validate_only: bool,
+                                request_total: int | None = None):
+        """Add partitions to ``topic`` (``request_total``: the new partitions of the whole
+        request, checked against max.partitions.per.request; default: this topic's)."""
         ctx = self.ctx
+        limits = self.config.partition_limits
+        validate_topic_name(topic)
+        if is_internal_topic(topic):  # the group -> partition mapping would move every group
+            raise TidelogError(f"{topic} is an internal topic: its partitions cannot be added to",
+                               error=INVALID_TOPIC_EXCEPTION)
         current = ctx.assignments.get(topic)
         if current is None:
             raise TidelogError(f"topic {topic!r} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
         if count <= len(current):
             raise TidelogError(f"topic {topic!r} has {len(current)} partitions; the new count {count} "
                                "must be larger", error=INVALID_PARTITIONS)
+        check_partition_count(topic, count, limits)
+        check_request_total(count - len(current) if request_total is None else request_total, limits)
         rf = len(current[0])
         if assignments:
-            new = {len(current) + i: list(r) for i, r in enumerate(assignments)}
-            if len(new) != count - len(current):
-                raise TidelogError(f"{len(new)} assignments given for {count - len(current)} new partitions",
+            if len(assignments) != count - len(current):
+                raise TidelogError(f"{len(assignments)} assignments given for {count - len(current)} new partitions",
                                    error=INVALID_REPLICA_ASSIGNMENT)
-            _check_assignment(new, set(ctx.brokers))
+            new = {len(current) + i: list(r) for i, r in enumerate(assignments)}
+            check_assignment(new, set(ctx.brokers), start=len(current), replication_factor=rf)
         else:
             live = sorted(ctx.live)
-            if rf > len(live):
-                raise TidelogError(f"replication factor {rf} is larger than the live brokers {live}",
-                                   error=INVALID_REPLICATION_FACTOR)
+            check_replication_factor(topic, rf, len(live))
+            check_fits_zookeeper(topic, count, rf, live, ctx.topic_configs.get(topic, {}), limits)
             new = layout.assign_replicas(live, count - len(current), rf, start_partition_id=len(current))
+        merged = {**current, **new}
+        check_assignment_size(topic, merged, ctx.topic_configs.get(topic, {}), limits)
         if validate_only:
             return []
-        merged = {**current, **new}
         await self.zk.set_assignment(topic, merged)
         ctx.assignments[topic] = merged
         created = await self._init_new_partitions([TopicPartition(topic, p) for p in sorted(new)])
@@ -546,6 +634,7 @@ class Controller:
 
     async def alter_topic_config(self, topic: str, changes: dict[str, str | None], validate_only: bool):
         ctx = self.ctx
+        validate_topic_name(topic)
         if topic not in ctx.assignments:
             raise TidelogError(f"topic {topic!r} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
         merged = dict(ctx.topic_configs.get(topic, {}))
@@ -554,10 +643,8 @@ class Controller:
                 merged.pop(k, None)
             else:
                 merged[k] = v
-        try:
-            self.config.topic_defaults.with_overrides(merged)
-        except InvalidConfigError as e:
-            raise TidelogError(f"topic {topic!r}: {e}", error=INVALID_CONFIG) from None
+        self._check_configs(topic, merged, changes)
+        check_assignment_size(topic, ctx.assignments[topic], merged, self.config.partition_limits)
         if validate_only:
             return []
         await self.zk.set_topic_config(topic, merged)
@@ -750,20 +837,11 @@ def _preferred(replicas: list[int], st: LeaderAndIsr, live: set[int]) -> tuple[i
     return None if election is None else (election.leader, election.isr)
 
 
-def _check_assignment(assignment: dict[int, list[int]], known: set[int]) -> None:
-    sizes = {len(r) for r in assignment.values()}
-    if len(sizes) != 1 or 0 in sizes:
-        raise TidelogError("every partition needs the same, non-zero number of replicas",
-                           error=INVALID_REPLICA_ASSIGNMENT)
-    for p, replicas in assignment.items():
-        if len(set(replicas)) != len(replicas):
-            raise TidelogError(f"partition {p} lists a broker twice: {replicas}", error=INVALID_REPLICA_ASSIGNMENT)
-        unknown = set(replicas) - known
-        if unknown:
-            raise TidelogError(f"partition {p} is assigned to unknown brokers {sorted(unknown)}",
-                               error=INVALID_REPLICA_ASSIGNMENT)
-    if sorted(assignment) != list(range(len(assignment))):
-        raise TidelogError("partitions must be numbered 0..n-1", error=INVALID_REPLICA_ASSIGNMENT)
+def _named_twice(names) -> set[str]:
+    seen, twice = set(), set()
+    for n in names:
+        (twice if n in seen else seen).add(n)
+    return twice
 
 
 __all__ = ["Controller", "ControllerConfig", "ControllerContext", "ControllerEvent", "Election", "code_of"]

@@ -150,6 +150,16 @@ LAG_REFRESH_INTERVAL_S = 5.0  # end offsets of partitions led elsewhere, for the
 WAIT_MARGIN_MS = 10_000  # a JoinGroup/SyncGroup never waits longer than its timeout plus this
 
 
+MAX_GROUP_ID_BYTES = 32767  # a Kafka protocol STRING: an int16 length
+MAX_INT64 = (1 << 63) - 1
+
+
+def invalid_group_id(group_id: str) -> bool:
+    """Empty, or longer than a Kafka protocol string (32,767 bytes of UTF-8)."""
+    return not group_id or (len(group_id) > MAX_GROUP_ID_BYTES // 4
+                            and len(group_id.encode("utf-8", "surrogatepass")) > MAX_GROUP_ID_BYTES)
+
+
 def java_string_hashcode(s: str) -> int:
     """Java's ``String.hashCode``: over UTF-16 code units, int32 arithmetic."""
     data = s.encode("utf-16-be", "surrogatepass")
@@ -354,8 +364,9 @@ class GroupCoordinator:
         if req.key_type != GROUP_KEY:
             return FindCoordinatorResponse(INVALID_REQUEST.code, error_message=(
                 f"key type {req.key_type} is not supported (only groups, {GROUP_KEY}; no transactions)"))
-        if not req.key:
-            return FindCoordinatorResponse(INVALID_GROUP_ID.code, error_message="the group id is empty")
+        if invalid_group_id(req.key):
+            return FindCoordinatorResponse(INVALID_GROUP_ID.code, error_message=(
+                f"a group id is 1 to {MAX_GROUP_ID_BYTES} bytes of UTF-8"))
         if not self.metadata.contains_topic(OFFSETS_TOPIC):
             await self._create_offsets_topic()
             return FindCoordinatorResponse(COORDINATOR_NOT_AVAILABLE.code, error_message=(
@@ -391,8 +402,9 @@ class GroupCoordinator:
     # -- group APIs ----------------------------------------------------------------------------
 
     def coordinator_error(self, group_id: str) -> ErrorCode | None:
-        """Why this broker cannot answer for ``group_id`` now (None: it can)."""
-        if not group_id:
+        """Why this broker cannot answer for ``group_id`` now (None: it can). A group id is
+        a non-empty Kafka protocol string: at most 32,767 bytes of UTF-8 (INVALID_GROUP_ID)."""
+        if invalid_group_id(group_id):
             return INVALID_GROUP_ID
         partition = self.partition_of(group_id)
         if partition in self.loading:
@@ -529,15 +541,27 @@ class GroupCoordinator:
             for p in t.partitions]) for t in req.topics])
 
     def _commit_errors(self, req: OffsetCommitRequest) -> dict[tuple[str, int], tuple[ErrorCode, str | None] | None]:
-        """Per partition: the error that refuses its commit, or None (to be written)."""
-        keys = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
+        """Per partition: the error that refuses its commit, or None (to be written). As in
+        Kafka, a partition the cluster does not have (by the metadata: so also any name that
+        is not a valid topic name, and a negative partition) is refused first with
+        UNKNOWN_TOPIC_OR_PARTITION, whatever the group's state."""
+        unknown = {(t.name, p.partition_index): (UNKNOWN_TOPIC_OR_PARTITION, f"{t.name[:255]!r} has no partition "
+                                                 f"{p.partition_index}: offsets are committed for existing partitions only")
+                   for t in req.topics for p in t.partitions
+                   if self.metadata.partition_state(TopicPartition(t.name, p.partition_index)) is None}
+        keys = [(t.name, p.partition_index) for t in req.topics for p in t.partitions if
+                (t.name, p.partition_index) not in unknown]
+        if not keys:
+            return unknown
         error = self.coordinator_error(req.group_id)
         refusal = (error, error.message) if error is not None else self._group_refusal(req)
         if refusal is not None:
-            return dict.fromkeys(keys, refusal)
-        out: dict = {}
+            return {**dict.fromkeys(keys, refusal), **unknown}
+        out: dict = dict(unknown)
         for t in req.topics:
             for p in t.partitions:
+                if (t.name, p.partition_index) in unknown:
+                    continue
                 too_large = p.committed_metadata is not None and len(
                     p.committed_metadata.encode()) > self.config.offset_metadata_max_bytes
                 out[(t.name, p.partition_index)] = (OFFSET_METADATA_TOO_LARGE, (
@@ -556,7 +580,8 @@ class GroupCoordinator:
 
     async def _write_offsets(self, group: GroupMetadata, req: OffsetCommitRequest, valid) -> list[ErrorCode]:
         now = self.clock()
-        expire = now + req.retention_time_ms if req.retention_time_ms >= 0 else -1
+        # retention_time_ms is -1 or an int64 (protocol.messages); the sum stays an int64
+        expire = min(now + req.retention_time_ms, MAX_INT64) if req.retention_time_ms >= 0 else -1
         values = [OffsetValue(p.committed_offset, p.committed_leader_epoch, p.committed_metadata, now, expire)
                   for _, p in valid]
         tps = [TopicPartition(topic, p.partition_index) for topic, p in valid]

@@ -9,6 +9,8 @@ builds one from string or typed properties and names the offending key on bad in
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -202,18 +204,23 @@ def parse_value(name: str, raw: Any) -> Any:
     try:
         value = _coerce(d.type, raw)
     except (TypeError, ValueError):
-        raise InvalidConfigError(f"invalid value {raw!r} for {name}: expected {d.type.__name__}") from None
+        raise InvalidConfigError(f"invalid value {_shown(raw)} for {name}: expected {d.type.__name__}") from None
+    if d.type is float and not math.isfinite(value):
+        raise InvalidConfigError(f"invalid value {_shown(raw)} for {name}: expected a finite number")
     if d.minimum is not None and value < d.minimum:
-        raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be at least {d.minimum}")
+        raise InvalidConfigError(f"invalid value {_shown(raw)} for {name}: must be at least {d.minimum}")
     if d.maximum is not None and value > d.maximum:
-        raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be at most {d.maximum}")
+        raise InvalidConfigError(f"invalid value {_shown(raw)} for {name}: must be at most {d.maximum}")
+    if d.type is int and value > (high := int_maximum(name)):
+        raise InvalidConfigError(f"invalid value {_shown(raw)} for {name}: must be at most {high} "
+                                 f"(Kafka's {'int' if high < MAX_LONG else 'long'})")
     if d.normalize is not None:
         try:
             value = d.normalize(value)
         except ValueError as e:
-            raise InvalidConfigError(f"invalid value {raw!r} for {name}: {e}") from None
+            raise InvalidConfigError(f"invalid value {_shown(raw)} for {name}: {e}") from None
     if d.choices is not None and value not in d.choices:
-        raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be one of {', '.join(d.choices)}")
+        raise InvalidConfigError(f"invalid value {_shown(raw)} for {name}: must be one of {', '.join(d.choices)}")
     return value
 
 
@@ -229,7 +236,7 @@ def _coerce(typ: type, raw: Any) -> Any:
             raise TypeError(raw)
         if isinstance(raw, int):
             return raw
-        if isinstance(raw, str):
+        if isinstance(raw, str) and _INTEGER.fullmatch(raw.strip()):  # Java's parseLong: ASCII digits
             return int(raw.strip())
         raise TypeError(raw)
     if typ is float:
@@ -239,3 +246,67 @@ def _coerce(typ: type, raw: Any) -> Any:
     if not isinstance(raw, str):
         raise TypeError(raw)
     return raw
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")
+
+# Topic configs that are an ``int`` in Kafka (the others are ``long``): a value must fit in
+# 32 bits (segment positions and sizes are 32-bit in the index files too).
+INT_CONFIGS = frozenset({"segment.bytes", "segment.index.bytes", "index.interval.bytes", "max.message.bytes",
+                         "min.insync.replicas"})
+MAX_INT = 2**31 - 1
+
+
+def int_maximum(name: str) -> int:
+    """The largest value of integer topic config ``name``: Kafka's int or long."""
+    return MAX_INT if name in INT_CONFIGS else MAX_LONG
+
+
+# -- what a client may set ---------------------------------------------------------------------
+#
+# A topic config set through CreateTopics or AlterConfigs must also meet these minimums, which
+# are stricter than the configs' own (the broker's settings and the configs ZooKeeper already
+# holds, written by the broker itself or before an upgrade, keep the looser ones): each segment
+# costs files and a descriptor while it is open, so a topic that rolls a segment per record
+# (``segment.bytes`` 100, ``segment.ms`` 1, ``segment.index.bytes`` 8) lets one producer
+# exhaust the broker's descriptors. The values are Kafka's KIP-1030 minimums (4.0 for
+# ``segment.bytes``, 5.0 for the others); the broker settings ``log.segment.min.bytes`` and
+# ``log.roll.min.ms`` replace the first two (``ControllerConfig.config_minimums``).
+
+MAX_REQUESTED_VALUE_LENGTH = 1024  # a topic config value, as a client sends it (and ZooKeeper keeps it)
+
+REQUEST_MINIMUMS: Mapping[str, int] = {
+    "segment.bytes": 1024 * 1024,  # KIP-1030 (Kafka 4.0); Kafka's minimum was 14 bytes
+    "segment.ms": 60_000,  # KIP-1030 (Kafka 5.0); was 1 ms
+    "segment.index.bytes": 1024,  # KIP-1030 (Kafka 5.0); was 4 bytes (Tidelog's: 8)
+}
+
+
+def check_requested(props: Mapping[str, Any], minimums: Mapping[str, int] = REQUEST_MINIMUMS) -> None:
+    """InvalidConfigError naming the key, the value and the minimum if one of ``props`` (topic
+    configs a client asked for; a None value removes an override) is longer than
+    ``MAX_REQUESTED_VALUE_LENGTH`` characters, or valid but below its
+    ``minimums`` entry (a subset of ``REQUEST_MINIMUMS``' keys)."""
+    for name, raw in props.items():
+        if isinstance(raw, str) and len(raw) > MAX_REQUESTED_VALUE_LENGTH:  # ZooKeeper stores it as given
+            raise InvalidConfigError(f"invalid value for {name}: {len(raw)} characters, more than "
+                                     f"{MAX_REQUESTED_VALUE_LENGTH}")
+        floor = minimums.get(name)
+        if floor is None or raw is None:
+            continue
+        value = parse_value(name, raw)
+        if value < floor:
+            raise InvalidConfigError(
+                f"invalid value {_shown(raw)} for {name}: must be at least {floor} ({_MINIMUM_SOURCES[name]}) when set "
+                "through CreateTopics or AlterConfigs: smaller segments roll so often that their files "
+                "exhaust the broker's descriptors")
+
+
+_MINIMUM_SOURCES = {"segment.bytes": "log.segment.min.bytes", "segment.ms": "log.roll.min.ms",
+                    "segment.index.bytes": "Kafka's minimum, KIP-1030"}
+
+
+def _shown(raw: Any) -> str:
+    """A value as an error message quotes it: its repr, cut at 100 characters."""
+    text = repr(raw)
+    return text if len(text) <= 100 else f"{text[:100]}... ({len(text)} characters)"

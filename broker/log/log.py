@@ -64,6 +64,7 @@ from typing import Callable
 
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.epoch import LeaderEpochCache
+from tidelog.broker.log.paths import check_partition_dir
 from tidelog.broker.log.producer_state import ProducerStateManager
 from tidelog.broker.log.segment import DELETED_SUFFIX, LogSegment
 from tidelog.broker.log.swap import apply_ops, plan_swap
@@ -596,7 +597,9 @@ class Log:
             seg.close()
 
     def delete(self) -> None:
-        """Remove the log's files and directory."""
+        """Remove the log's files and directory: only a valid topic-partition's own directory
+        (LogPathError otherwise, before anything is removed; broker.log.paths)."""
+        check_partition_dir(self.directory, self.topic_partition)
         self.cleaner_fence += 1
         for seg in self._segments:
             seg.delete()

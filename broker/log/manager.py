@@ -11,6 +11,11 @@ the logs are loaded, so any later crash counts as unclean; ``shutdown`` flushes 
 writes the checkpoints and only then writes the marker. Directories renamed for deletion
 (``<topic>-<partition>.<id>-delete``) are removed at startup.
 
+The manager creates, renames and deletes only partition directories that resolve inside its
+log dirs and are named for a valid topic-partition (``broker.log.paths``): a topic name with
+``..``, a separator, NUL or too many characters, or a directory that is a symlink to somewhere
+else, is refused (LogPathError) or, at startup, left alone with a warning.
+
 Retention (``cleanup_logs``), time-based flushing (``flush_dirty_logs``), producer id
 expiration (``remove_expired_producers``) and checkpointing are methods for a periodic
 caller; the manager keeps no threads or timers of its own.
@@ -21,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import uuid
 from typing import Iterable
 
 from tidelog.broker.log.checkpoint import (
@@ -37,6 +41,7 @@ from tidelog.broker.log.cleaner import CLEANER_OFFSET_CHECKPOINT
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.loader import load_log
 from tidelog.broker.log.log import Clock, Log, wall_clock_ms
+from tidelog.broker.log.paths import LogPathError, check_inside, check_partition_dir, delete_dir_name, partition_dir
 from tidelog.protocol.errors import StorageError
 from tidelog.protocol.topics import TopicPartition
 
@@ -89,6 +94,11 @@ class LogManager:
     def _load_dir(self, d: str, name: str, clean: bool, recovery, hws, starts, topic_configs) -> None:
         path = os.path.join(d, name)
         if not os.path.isdir(path):
+            return
+        try:
+            check_inside(d, path)
+        except LogPathError as e:
+            logger.warning("ignoring %s: %s", path, e)
             return
         if name.endswith(DELETE_DIR_SUFFIX):
             shutil.rmtree(path, ignore_errors=True)
@@ -170,7 +180,7 @@ class LogManager:
         if log is not None:
             return log
         d = self._next_log_dir()
-        log = load_log(os.path.join(d, tp.dir_name), tp, config or self.default_config, clock=self._clock)
+        log = load_log(partition_dir(d, tp), tp, config or self.default_config, clock=self._clock)
         self._logs[tp] = log
         self._dir_of[tp] = d
         return log
@@ -183,12 +193,16 @@ class LogManager:
 
     def delete_log(self, tp: TopicPartition) -> bool:
         """Remove a partition's log: rename its directory away at once, then delete it."""
-        log = self._logs.pop(tp, None)
+        log = self._logs.get(tp)
         if log is None:
             return False
-        d = self._dir_of.pop(tp)
+        d = self._dir_of[tp]
+        check_partition_dir(log.directory, tp)
+        check_inside(d, log.directory)
+        doomed = os.path.join(d, delete_dir_name(tp, DELETE_DIR_SUFFIX))
+        check_inside(d, doomed)
+        del self._logs[tp], self._dir_of[tp]
         log.close()
-        doomed = os.path.join(d, f"{tp.dir_name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
         os.replace(log.directory, doomed)
         fsync_dir(d)
         shutil.rmtree(doomed, ignore_errors=True)

@@ -31,8 +31,11 @@ TOMBSTONED = {f"user-{i}".encode() for i in range(5)}
 
 @pytest.fixture(scope="module")
 def cluster(request, tmp_path_factory):
+    # small segments roll often, which is the point here: allow them (the API's minimums
+    # are 1 MiB and 60 s, log.segment.min.bytes and log.roll.min.ms)
     yield from cluster_fixture(request, tmp_path_factory.mktemp("compaction"), 3,
-                               {**FAST_FAILOVER, "log.cleaner.backoff.ms": 200})
+                               {**FAST_FAILOVER, "log.cleaner.backoff.ms": 200,
+                                "log.segment.min.bytes": 4096, "log.roll.min.ms": 1000})
 
 
 def segment_files(cluster, broker_id):

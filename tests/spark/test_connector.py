@@ -37,7 +37,8 @@ def cluster(request, tmp_path_factory, spark) -> Iterator[DevCluster]:
                                {"log.retention.check.interval.ms": 500,
                                 "zookeeper.session.timeout.ms": 40000,
                                 "replica.lag.time.max.ms": 60000,
-                                "auto.create.topics.enable": False},
+                                "auto.create.topics.enable": False,
+                                "log.segment.min.bytes": 2048},  # 2 KiB segments below: allow them
                                zk_tick_time_ms=2000)
 
 
