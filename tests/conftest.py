@@ -8,6 +8,8 @@ under tests/spark are ``unit``); such a test keeps its marker and gets no second
 Property tests run without Hypothesis's per-example deadline: the machine is shared and
 small, and a slow example under load is not a failure. Each test still sets its own
 ``max_examples``.
+
+``--fuzz-seconds`` and ``--fuzz-seed`` set the broker fuzzer's run (tests/integration/test_fuzz.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ TESTS = Path(__file__).resolve().parent
 
 settings.register_profile("tidelog", deadline=None)
 settings.load_profile("tidelog")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fuzz", "the broker fuzzer (tests/integration/test_fuzz.py)")
+    group.addoption("--fuzz-seconds", type=float, default=None,
+                    help="fuzz for this many seconds (default: a short slice, two seeds)")
+    group.addoption("--fuzz-seed", type=int, default=None,
+                    help="fuzz with this seed only (default: a fixed seed, then a random one)")
 
 
 def layer_of(path: Path) -> str | None:
