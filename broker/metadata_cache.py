@@ -94,7 +94,9 @@ class MetadataCache:
         return [BrokerMetadata(b.broker_id, b.host, b.port, b.rack) for _, b in sorted(self.brokers.items())]
 
     def topic_metadata(self, topics: list[str] | None) -> list[TopicMetadata]:
-        names = self.topics if topics is None else topics
+        """One entry per topic asked for (each name once, as Kafka answers: a request naming
+        a topic 10^5 times is not answered with 10^5 copies of it), or per topic known."""
+        names = self.topics if topics is None else dict.fromkeys(topics)
         return [self._one_topic(name) for name in names]
 
     def _one_topic(self, name: str) -> TopicMetadata:

@@ -30,3 +30,9 @@ def test_an_update_from_an_older_controller_epoch_is_ignored():
     assert cache.topics == ["orders"] and cache.controller_id == 1 and 1 in cache.brokers
     (known, unknown) = cache.topic_metadata(["orders", "stale"])
     assert known.error_code == NONE.code and unknown.error_code == UNKNOWN_TOPIC_OR_PARTITION.code
+
+
+def test_a_topic_named_twice_is_described_once():
+    cache = cache_with("orders")
+    described = cache.topic_metadata(["orders", "nope", "orders"] * 1000 + ["late"])
+    assert [t.name for t in described] == ["orders", "nope", "late"]
