@@ -652,8 +652,18 @@ class Controller:
         return self._send_update_metadata([], configs_of=[topic])
 
     async def delete_topics(self, names: list[str]) -> list[TopicResult]:
+        """DeleteTopics, on the controller: results in request order. A topic named twice in
+        the request is refused (INVALID_REQUEST, as in Kafka): otherwise a request naming one
+        topic 10^5 times (a few hundred kB) had the controller mark it and delete it 10^5
+        times, each a ZooKeeper write and an UpdateMetadata, holding every other controller
+        event (CreateTopics, elections) for half an hour."""
+        twice = _named_twice(names)
         results = []
         for name in names:
+            if name in twice:
+                results.append(TopicResult(name, INVALID_REQUEST.code,
+                                           f"topic {name!r} appears more than once in the request"))
+                continue
             if name not in self.ctx.assignments:
                 results.append(TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION.code, f"topic {name!r} does not exist"))
                 continue

@@ -74,6 +74,13 @@ class FakeZk:
         self.states[(topic, partition)] = (st, 0)
         return 0
 
+    async def mark_topic_for_deletion(self, topic):
+        self.writes += 1
+
+    async def delete_topic(self, topic):
+        self.writes += 1
+        self.assignments.pop(topic, None)
+
 
 def controller(brokers=(1, 2, 3), limits: PartitionLimits | None = None, **config) -> tuple[Controller, FakeZk]:
     zk = FakeZk()
@@ -393,3 +400,18 @@ async def test_a_config_value_is_bounded_in_length():
         r = only(await create(c, CreatableTopic("t", 1, 1, configs={key: value}), validate_only=True))
         assert r.error_code == INVALID_CONFIG.code and "more than 1024" in r.error_message
     assert zk.writes == 0
+
+
+async def test_a_topic_named_twice_in_delete_topics_is_refused_before_anything_is_written():
+    """Found by the fuzzer: DeleteTopics naming one topic 400,000 times had the controller
+    delete it 400,000 times (a ZooKeeper write and an UpdateMetadata each), stalling every
+    other controller event for half an hour."""
+    c, zk = controller()
+    assert only(await create(c, CreatableTopic("gone", 1, 1))).error_code == NONE.code
+    writes = zk.writes
+    started = time.monotonic()
+    results = await c.delete_topics(["gone"] * 100_000 + ["ghost"])
+    assert time.monotonic() - started < 2
+    assert [r.error_code for r in results] == [INVALID_REQUEST.code] * 100_000 + [UNKNOWN_TOPIC_OR_PARTITION.code]
+    assert "appears more than once" in results[0].error_message
+    assert zk.writes == writes and "gone" in c.ctx.assignments
