@@ -34,6 +34,9 @@ from tidelog.protocol.errors import (
     TidelogError,
 )
 from tidelog.protocol.messages import (
+    TOPIC_RESOURCE,
+    AlterConfigsRequest,
+    AlterConfigsResource,
     ControlledShutdownRequest,
     DeleteTopicsRequest,
     InitProducerIdRequest,
@@ -303,3 +306,17 @@ async def test_internal_topics_cannot_be_deleted(broker):
     assert "internal topic" in r.responses[1].error_message and controller.deleted == ["a", "b"]
     r = await broker.apis.delete_topics(DeleteTopicsRequest(["__consumer_offsets"]))
     assert r.responses[0].error_code == INVALID_TOPIC_EXCEPTION.code and controller.deleted == ["a", "b"]
+
+
+async def test_a_resource_named_twice_in_alter_configs_is_refused_without_the_controller(broker):
+    """Found by the fuzzer's kind of input: AlterConfigs naming one topic thousands of times
+    was a ZooKeeper write and an UpdateMetadata round each, every other controller event
+    waiting behind them."""
+    controller = broker.apis.controller = SerialController(active_controller(broker.zk))
+    calls = []
+    controller.call = lambda fn: calls.append(fn)  # never awaited: nothing may reach it
+    twice = AlterConfigsResource(TOPIC_RESOURCE, TP.topic, {"retention.ms": "1000"})
+    r = await broker.apis.alter_configs(AlterConfigsRequest([twice] * 16_000))
+    assert {(x.error_code, x.resource_name) for x in r.responses} == {(INVALID_REQUEST.code, TP.topic)}
+    assert len(r.responses) == 16_000 and "appears more than once" in r.responses[0].error_message
+    assert calls == []
