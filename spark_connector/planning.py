@@ -266,15 +266,17 @@ def cap_ranges(ranges: list[OffsetRange], max_records: int | None) -> list[Offse
     holds more than ``max_records`` offsets (maxRecordsPerPartition)."""
     if not max_records:
         return list(ranges)
-    out = []
-    for r in ranges:
-        n = -(-r.size // max_records)
-        size, extra = divmod(r.size, n)
-        s = r.start
-        for k in range(n):
-            e = s + size + (1 if k < extra else 0)
-            out.append(OffsetRange(r.topic, r.partition, s, e))
-            s = e
+    return [piece for r in ranges for piece in _split_evenly(r, -(-r.size // max_records))]
+
+
+def _split_evenly(r: OffsetRange, n: int) -> list[OffsetRange]:
+    """``r`` in ``n`` consecutive pieces whose sizes differ by at most one offset."""
+    size, extra = divmod(r.size, n)
+    out, s = [], r.start
+    for k in range(n):
+        e = s + size + (1 if k < extra else 0)
+        out.append(OffsetRange(r.topic, r.partition, s, e))
+        s = e
     return out
 
 
@@ -293,15 +295,7 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
         parts[i] += 1
         if parts[i] < ranges[i].size:
             heapq.heappush(heap, (-(ranges[i].size / parts[i]), i))
-    out = []
-    for r, n in zip(ranges, parts):
-        size, extra = divmod(r.size, n)
-        s = r.start
-        for k in range(n):
-            e = s + size + (1 if k < extra else 0)
-            out.append(OffsetRange(r.topic, r.partition, s, e))
-            s = e
-    return out
+    return [piece for r, n in zip(ranges, parts) for piece in _split_evenly(r, n)]
 
 
 def data_loss_message(r: OffsetRange, lost_from: int, lost_to: int, why: str) -> str:
