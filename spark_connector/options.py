@@ -249,6 +249,19 @@ def _per_partition(name: str, raw: str, *, minimum: int) -> dict[tuple[str, int]
     return out
 
 
+def _timestamp_spec(options: Mapping[str, str], which: str) -> OffsetSpec | None:
+    """``<which>OffsetsByTimestamp`` or ``<which>Timestamp`` (which wins when both are
+    given, as in Spark), both checked; None when neither is."""
+    spec = None
+    by_ts = _get(options, f"{which}OffsetsByTimestamp")
+    if by_ts is not None:
+        spec = OffsetSpec("timestamps", timestamps=_per_partition(f"{which}OffsetsByTimestamp", by_ts, minimum=0))
+    ts = _int(options, f"{which}Timestamp", minimum=0)
+    if ts is not None:
+        spec = OffsetSpec("timestamp", timestamp=ts)
+    return spec
+
+
 def _offset_spec(options: Mapping[str, str], name: str, default: str, allowed: set[str]) -> OffsetSpec:
     raw = _get(options, name)
     if raw is None:
@@ -357,20 +370,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool | None) 
         starting = _offset_spec(options, "startingOffsets", "earliest", {"earliest"})
         ending = _offset_spec(options, "endingOffsets", "latest", {"latest"})
     if streaming is not True:
-        end_by_ts = _get(options, "endingOffsetsByTimestamp")
-        if end_by_ts is not None:
-            ending = OffsetSpec("timestamps", timestamps=_per_partition("endingOffsetsByTimestamp", end_by_ts,
-                                                                        minimum=0))
-        end_ts = _int(options, "endingTimestamp", minimum=0)
-        if end_ts is not None:
-            ending = OffsetSpec("timestamp", timestamp=end_ts)
-    by_ts = _get(options, "startingOffsetsByTimestamp")
-    if by_ts is not None:
-        starting = OffsetSpec("timestamps", timestamps=_per_partition("startingOffsetsByTimestamp", by_ts,
-                                                                      minimum=0))
-    ts = _int(options, "startingTimestamp", minimum=0)
-    if ts is not None:
-        starting = OffsetSpec("timestamp", timestamp=ts)
+        ending = _timestamp_spec(options, "ending") or ending
+    starting = _timestamp_spec(options, "starting") or starting
     strategy = (_get(options, "startingOffsetsByTimestampStrategy") or "error").strip().lower()
     if strategy not in ("error", "latest"):
         raise OptionError(f"option startingOffsetsByTimestampStrategy must be error or latest, got {strategy!r}")
