@@ -35,7 +35,7 @@ from tidelog.protocol.errors import (
     INVALID_TOPIC_EXCEPTION,
     TidelogError,
 )
-from tidelog.protocol.topics import is_internal_topic, metric_name, validate_topic_name
+from tidelog.protocol.topics import collides, is_internal_topic, metric_name, validate_topic_name
 
 JUTE_MAXBUFFER = 0xFFFFF  # ZooKeeper's default jute.maxbuffer: the largest packet it accepts
 ZNODE_DATA_LIMIT = JUTE_MAXBUFFER - 16 * 1024  # the assignment and config data of one topic
@@ -92,7 +92,7 @@ def check_topic_name(name: str, existing: Mapping[str, str]) -> None:
     if is_internal_topic(name):
         raise TidelogError(f"{name} is an internal topic: the broker creates it", error=INVALID_TOPIC_EXCEPTION)
     other = existing.get(metric_name(name))
-    if other is not None and other != name:
+    if other is not None and collides(name, other):
         raise TidelogError(f"topic {name!r} collides with existing topic {other!r}: names that differ only "
                            "in '.' and '_' share metric names", error=INVALID_TOPIC_EXCEPTION)
 
