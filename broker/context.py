@@ -3,8 +3,10 @@
 The network layer builds one per request and passes it to the handler with the body; the
 handler gets it with the typed request (``broker.apis``). It is the one place where the
 connection's identity reaches the APIs: the peer's address (the group coordinator records a
-member's host), the listener the request came in on, and the principal the connection
-authenticated as (``ANONYMOUS`` until a listener authenticates its clients).
+member's host), the listener the request came in on and its security protocol, whether it is
+the inter-broker listener, and the principal the connection authenticated as (``ANONYMOUS``
+on a listener that does not authenticate its clients: PLAINTEXT, or SSL without client
+certificates).
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ class RequestContext:
     peer: str = "?"  # "host:port" of the client, "?" when the socket could not tell
     listener: str = DEFAULT_LISTENER
     principal: str = ANONYMOUS
+    security_protocol: str = "PLAINTEXT"
+    inter_broker: bool = True  # the listener is inter.broker.listener.name (one listener: it is)
+
+    @property
+    def authenticated(self) -> bool:
+        """The principal was proven (SASL, or a client certificate), not assumed."""
+        return self.principal != ANONYMOUS
 
     @property
     def peer_host(self) -> str:
