@@ -347,6 +347,11 @@ class BrokerServer:
                 assignment = layout.assign_replicas(live, self.config.num_partitions, rf)
                 await self.zk.create_topic(name, assignment, {})
                 logger.info("auto-created topic %s", name)
+                if rf < self.config.min_insync_replicas:
+                    logger.warning("auto-created topic %s has replication factor %d, below min.insync.replicas %d: "
+                                   "acks=all produces to it will fail with NOT_ENOUGH_REPLICAS (acks=1 works; "
+                                   "raise default.replication.factor or lower the topic's min.insync.replicas)",
+                                   name, rf, self.config.min_insync_replicas)
             except Exception as e:  # another broker created it first, or the name is invalid
                 logger.info("auto-creation of topic %s skipped: %s", name, e)
 

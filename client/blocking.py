@@ -357,6 +357,11 @@ class Consumer(_Blocking):
     def highwater(self, partition: TopicPartition) -> int | None:
         return self._sync(self._aio.highwater, partition)
 
+    @property
+    def metrics(self) -> dict[str, int]:
+        """As ``AsyncConsumer.metrics``."""
+        return self._sync(lambda: self._aio.metrics)
+
     def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:
         return self._call(self._aio.position, partition, timeout_ms, timeout=self._timeout(timeout_ms))
 

@@ -355,6 +355,9 @@ class FetchPartitionResponse(Message):
     diverging_epoch: EpochEndOffset | None = None  # followers: truncate to this first
     current_leader_epoch: int = -1
     error_message: str | None = None
+    # Tidelog's: the leader's ISR is below the partition's effective min ISR, so the high
+    # watermark cannot move and records past it stay invisible until the ISR grows back
+    high_watermark_held: bool = False
 
 
 @dataclass(frozen=True, slots=True)

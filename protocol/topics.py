@@ -7,6 +7,11 @@ name and a plain znode name: no separator, no NUL, no way up. Two names that dif
 ``_``), so a cluster holds at most one of them.
 
 A partition number is a non-negative int32 (Kafka's type).
+
+A partition's high watermark moves only while its ISR has at least the *effective* min ISR:
+``min.insync.replicas`` capped at its replica count (``effective_min_isr``; the rule is in
+``broker/replication/partition.py``). Broker and client both need it: the leader to gate the
+HW, ``tidelog topics describe`` to flag a partition whose HW is held.
 """
 
 from __future__ import annotations
@@ -106,3 +111,10 @@ def metric_name(topic: str) -> str:
 def collides(a: str, b: str) -> bool:
     """True if two different topic names would share metric names (Kafka's ``hasCollision``)."""
     return a != b and metric_name(a) == metric_name(b)
+
+
+def effective_min_isr(min_insync_replicas: int, replication_factor: int) -> int:
+    """Kafka's ``effectiveMinIsr`` (KIP-966): ``min.insync.replicas`` capped at the replica
+    count, so a partition with fewer replicas than that can still advance its HW (never
+    below 1)."""
+    return max(1, min(min_insync_replicas, replication_factor))

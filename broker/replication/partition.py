@@ -8,9 +8,15 @@ The rules (Kafka's, as DESIGN section 6 states them)
   *caught up*: a fetch at the leader's LEO means caught up now; a fetch at or beyond the LEO
   the leader had at the follower's previous fetch means it was caught up back then.
 * The high watermark (HW) is the smallest LEO over the ISR (the leader included). It only
-  moves while the ISR has at least ``min.insync.replicas`` members, and it never moves back
-  on the leader. Consumers only see offsets below it; a record below the HW is on every ISR
-  member, so any of them can become leader without losing it.
+  moves while the ISR has at least the *effective* min ISR members: ``min.insync.replicas``
+  capped at the number of assigned replicas (Kafka's ``effectiveMinIsr`` of KIP-966), and it
+  never moves back on the leader. Consumers only see offsets below it; a record below the HW
+  is on every ISR member, so any of them can become leader without losing it, and on at
+  least the effective min ISR replicas. The cap is what keeps a topic whose replication
+  factor is below its ``min.insync.replicas`` readable: without it, its HW could never move
+  and every record written to it would stay invisible for ever.
+* An acks=all produce needs ``min.insync.replicas`` in-sync replicas, uncapped (Kafka's
+  NOT_ENOUGH_REPLICAS): on such a topic acks=all can never succeed, and the error says why.
 * A follower leaves the ISR when it has not been caught up for ``replica.lag.time.max.ms``;
   it rejoins once its LEO reaches the HW (and the start of the current leader epoch). An ISR
   change is written to ZooKeeper before it takes effect; while the write is in flight the
@@ -36,7 +42,7 @@ from tidelog.protocol.errors import (
     TidelogError,
 )
 from tidelog.protocol.messages import PartitionState
-from tidelog.protocol.topics import TopicPartition
+from tidelog.protocol.topics import TopicPartition, effective_min_isr
 
 UNKNOWN_OFFSET = -1
 
@@ -66,11 +72,23 @@ class ReplicaState:
 
 
 def high_watermark(current_hw: int, leader_leo: int, isr_leos: list[int], isr_size: int, min_isr: int) -> int:
-    """The HW rule: min LEO over the ISR, only while |ISR| >= min ISR, never decreasing."""
+    """The HW rule: min LEO over the ISR, only while |ISR| >= min ISR (the effective one),
+    never decreasing."""
     if isr_size < min_isr:
         return current_hw
     candidate = min([leader_leo, *isr_leos])
     return max(current_hw, candidate)
+
+
+def not_enough_replicas_message(tp: object, isr: frozenset[int], replicas: list[int], min_isr: int) -> str:
+    """NOT_ENOUGH_REPLICAS's text; when the replication factor itself is below min ISR it says
+    that no acks=all produce can ever succeed, and what to change."""
+    if len(replicas) < min_isr:
+        return (f"{tp}: replication factor {len(replicas)} is below min.insync.replicas {min_isr}, so an acks=all "
+                "produce can never succeed on it: lower the topic's min.insync.replicas (tidelog topics alter "
+                f"{getattr(tp, 'topic', tp)} --config min.insync.replicas={len(replicas)}), add replicas, "
+                "or produce with acks=1")
+    return f"{tp}: {len(isr)} in-sync replicas {sorted(isr)}, below min.insync.replicas {min_isr}"
 
 
 def can_join_isr(follower_leo: int, high_watermark_: int, leader_epoch_start_offset: int) -> bool:
@@ -117,6 +135,16 @@ class Partition:
     def min_insync_replicas(self) -> int:
         return self.log.config.min_insync_replicas if self.log is not None else 1
 
+    @property
+    def effective_min_isr(self) -> int:
+        """The ISR size the HW needs to move: min.insync.replicas, at most the replica count."""
+        return effective_min_isr(self.min_insync_replicas, len(self.replicas))
+
+    @property
+    def high_watermark_held(self) -> bool:
+        """Leader side: the maximal ISR is below the effective min ISR, so the HW cannot move."""
+        return len(self.maximal_isr) < self.effective_min_isr
+
     def _apply_state(self, st: PartitionState) -> bool:
         """Adopt the controller's state; returns True when the leader epoch changed."""
         changed = st.leader_epoch != self.leader_epoch
@@ -159,9 +187,8 @@ class Partition:
     def append_as_leader(self, records: bytes, required_acks: int) -> LogAppendInfo:
         log = self._leader_log()
         if required_acks == -1 and len(self.isr) < self.min_insync_replicas:
-            raise TidelogError(
-                f"{self.tp}: {len(self.isr)} in-sync replicas {sorted(self.isr)}, "
-                f"below min.insync.replicas {self.min_insync_replicas}", error=NOT_ENOUGH_REPLICAS)
+            raise TidelogError(not_enough_replicas_message(self.tp, self.isr, self.replicas, self.min_insync_replicas),
+                               error=NOT_ENOUGH_REPLICAS)
         info = log.append_as_leader(records, self.leader_epoch)
         self.maybe_increment_high_watermark()
         return info
@@ -173,7 +200,7 @@ class Partition:
         isr = self.maximal_isr
         followers = [self.remote.get(r, ReplicaState()).log_end_offset for r in isr if r != self.local_broker_id]
         new_hw = high_watermark(self.log.high_watermark, self.log.log_end_offset, followers,
-                                len(isr), self.min_insync_replicas)
+                                len(isr), self.effective_min_isr)
         if new_hw != self.log.high_watermark:
             self.log.update_high_watermark(new_hw)
             return True

@@ -587,7 +587,8 @@ class ReplicaManager:
                                           high_watermark=p.log.high_watermark if p and p.log else -1,
                                           log_start_offset=p.log.log_start_offset if p and p.log else -1)
         return FetchPartitionResponse(tp.partition, NONE.code, log.high_watermark, log.log_start_offset,
-                                      records, current_leader_epoch=p.leader_epoch)
+                                      records, current_leader_epoch=p.leader_epoch,
+                                      high_watermark_held=not from_follower and p.high_watermark_held)
 
     # -- offsets -------------------------------------------------------------------------------
 

@@ -301,6 +301,12 @@ class AsyncConsumer(RunsInOwnNursery):
         hw = self._subscriptions.state(TopicPartition(*partition)).high_watermark
         return None if hw < 0 else hw
 
+    @property
+    def metrics(self) -> dict[str, int]:
+        """Gauges of the assigned partitions (``SubscriptionState.metrics``):
+        ``assigned_partitions``, ``records_lag_max`` and ``partitions_high_watermark_held``."""
+        return self._subscriptions.metrics()
+
     # -- offsets --------------------------------------------------------------------------------
 
     async def beginning_offsets(self, partitions: Iterable[TopicPartition],

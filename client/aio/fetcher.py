@@ -241,6 +241,7 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
     if p.error_code == NONE.code:
         if p.high_watermark >= 0:
             state.high_watermark = p.high_watermark
+        state.high_watermark_held = p.high_watermark_held
         if p.log_start_offset >= 0:
             state.log_start_offset = p.log_start_offset
         if not p.records:

@@ -101,6 +101,9 @@ class PartitionState:
     fetch_offset: int | None = None
     generation: int = 0
     high_watermark: int = -1
+    # the last fetch said the leader's ISR is below the effective min ISR: the high watermark
+    # cannot move, so newer records stay invisible until the ISR grows back
+    high_watermark_held: bool = False
     log_start_offset: int = -1
     retry_at: float = 0.0
     stopped: bool = False  # an error was raised; waits for a seek
@@ -176,6 +179,15 @@ class SubscriptionState:
             return self.partitions[tp]
         except KeyError:
             raise ValueError(f"partition {tp} is not assigned to this consumer") from None
+
+    def metrics(self) -> dict[str, int]:
+        """The consumer's partition gauges: how many are assigned, the largest lag (high
+        watermark minus position) over those with both, and how many have a held high
+        watermark (records written to them are invisible until their ISR grows back)."""
+        lags = [s.high_watermark - s.position for s in self.partitions.values()
+                if s.high_watermark >= 0 and s.position is not None]
+        return {"assigned_partitions": len(self.partitions), "records_lag_max": max(lags, default=0),
+                "partitions_high_watermark_held": sum(s.high_watermark_held for s in self.partitions.values())}
 
     def needing_reset(self) -> list[TopicPartition]:
         return [tp for tp, s in self.partitions.items() if s.reset is not None and not s.resetting]

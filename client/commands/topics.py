@@ -54,6 +54,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--under-replicated-partitions", action="store_true",
                    help="only partitions whose ISR is smaller than their replica set")
     a.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a leader")
+    a.add_argument("--under-min-isr-partitions", action="store_true",
+                   help="only partitions whose ISR is smaller than their min.insync.replicas")
     a = action("alter", "add partitions, or set or delete topic configs")
     a.add_argument("name")
     a.add_argument("--partitions", type=int, help="the new (larger) partition count")
@@ -115,8 +117,31 @@ async def _create(args: argparse.Namespace) -> int:
             if args.if_not_exists and getattr(e, "error", None) is TOPIC_ALREADY_EXISTS:
                 return EXIT_OK
             raise
-    print(f"Created topic {args.name}.")
+        print(f"Created topic {args.name}.")
+        await _warn_acks_all_impossible(admin, args, args.name, args.replication_factor)
     return EXIT_OK
+
+
+async def _warn_acks_all_impossible(admin: Any, args: argparse.Namespace, name: str, replication_factor: int) -> None:
+    """A warning on stderr when the topic's replication factor is below its effective
+    min.insync.replicas: an acks=all produce to it always fails with NOT_ENOUGH_REPLICAS (its
+    high watermark follows its replicas: records written with acks=1 are readable). Best
+    effort: nothing is said when the numbers cannot be read."""
+    from tidelog.protocol.errors import TidelogError
+
+    try:
+        if replication_factor < 0:
+            (d,) = await admin.describe_topics([name], timeout_ms=args.timeout_ms)
+            replication_factor = len(d.partitions[0].replicas) if d.partitions else 0
+        entry = (await admin.describe_configs(name, timeout_ms=args.timeout_ms)).get("min.insync.replicas")
+        min_isr = int(entry.value) if entry is not None else 1
+    except (TidelogError, ValueError):
+        return
+    if 0 < replication_factor < min_isr:
+        print(f"Warning: topic {name} has replication factor {replication_factor}, below its min.insync.replicas "
+              f"{min_isr}: every acks=all produce to it will fail with NOT_ENOUGH_REPLICAS (acks=1 works). "
+              f"Lower it with: tidelog topics alter {name} --config min.insync.replicas={replication_factor}",
+              file=sys.stderr)
 
 
 async def _list(args: argparse.Namespace) -> int:
@@ -155,33 +180,40 @@ async def _alter(args: argparse.Namespace) -> int:
             done = [f"set {k}={v}" for k, v in changes.items() if v is not None]
             done += [f"deleted {k}" for k, v in changes.items() if v is None]
             print(f"Updated the configuration of topic {args.name}: {', '.join(done)}.")
+            if "min.insync.replicas" in changes:
+                await _warn_acks_all_impossible(admin, args, args.name, -1)
     return EXIT_OK
 
 
 async def _describe(args: argparse.Namespace) -> int:
-    filtered = args.under_replicated_partitions or args.unavailable_partitions
     async with _admin_session(args) as admin:
         await _connect(admin, args)
         descriptions = await admin.describe_topics(args.names or None, timeout_ms=args.timeout_ms)
-        configs = {} if filtered else await _overridden_configs(admin, args, [d.name for d in descriptions])
+        configs = await _topic_configs(admin, args, [d.name for d in descriptions])
         offsets = await _log_offsets(admin, args, [p for d in descriptions for p in d.partitions])
     for d in descriptions:
-        for line in describe_lines(d, configs.get(d.name, {}), offsets,
+        overridden, min_isr = configs.get(d.name, ({}, 1))
+        for line in describe_lines(d, overridden, offsets, min_isr=min_isr,
                                    under_replicated=args.under_replicated_partitions,
-                                   unavailable=args.unavailable_partitions):
+                                   unavailable=args.unavailable_partitions,
+                                   under_min_isr=args.under_min_isr_partitions):
             print(line)
     return EXIT_OK
 
 
-async def _overridden_configs(admin: Any, args: argparse.Namespace, names: list[str]) -> dict[str, dict[str, str]]:
-    """Each topic's configs that are not the broker's defaults (the header's ``Configs:``)."""
+async def _topic_configs(admin: Any, args: argparse.Namespace, names: list[str]
+                         ) -> dict[str, tuple[dict[str, str], int]]:
+    """Each topic's configs that are not the broker's defaults (the header's ``Configs:``),
+    and its effective ``min.insync.replicas`` (for the flags; 1 when it cannot be read)."""
     import trio
 
-    configs: dict[str, dict[str, str]] = {}
+    configs: dict[str, tuple[dict[str, str], int]] = {}
 
     async def one(name: str) -> None:
         entries = await admin.describe_configs(name, timeout_ms=args.timeout_ms)
-        configs[name] = {k: e.value for k, e in entries.items() if not e.is_default}
+        min_isr = entries.get("min.insync.replicas")
+        configs[name] = ({k: e.value for k, e in entries.items() if not e.is_default},
+                         int(min_isr.value) if min_isr is not None and str(min_isr.value).isdigit() else 1)
 
     async with trio.open_nursery() as nursery:
         for name in names:
@@ -190,12 +222,18 @@ async def _overridden_configs(admin: Any, args: argparse.Namespace, names: list[
 
 
 def describe_lines(description: Any, configs: dict[str, str],
-                   offsets: dict[tuple[str, int], tuple[int | None, int | None]], *,
-                   under_replicated: bool = False, unavailable: bool = False) -> list[str]:
+                   offsets: dict[tuple[str, int], tuple[int | None, int | None]], *, min_isr: int = 1,
+                   under_replicated: bool = False, unavailable: bool = False,
+                   under_min_isr: bool = False) -> list[str]:
     """kafka-topics --describe's lines for one topic: the header (not when filtering, like
     kafka-topics) and one line per partition with Epoch, LEO and HW ("-" when unknown),
-    flagged "(under-replicated)" (|ISR| < |replicas|) or "(offline)" (no leader)."""
-    filtered = under_replicated or unavailable
+    flagged "(offline)" (no leader), "(under-replicated)" (|ISR| < |replicas|),
+    "(under-min-isr)" (|ISR| < ``min_isr``: acks=all produces fail) and, when |ISR| is also
+    below the replica count, "(HW held ...)": the high watermark cannot move, so records past
+    it stay invisible to consumers until the ISR grows back (``partition.effective_min_isr``)."""
+    from tidelog.protocol.topics import effective_min_isr
+
+    filtered = under_replicated or unavailable or under_min_isr
     name = description.name
     parts = description.partitions
     lines = []
@@ -206,10 +244,16 @@ def describe_lines(description: Any, configs: dict[str, str],
     for p in parts:
         offline = p.leader < 0
         short = len(p.isr) < len(p.replicas)
-        if filtered and not ((under_replicated and short) or (unavailable and offline)):
+        below_min = len(p.isr) < min_isr
+        if filtered and not ((under_replicated and short) or (unavailable and offline)
+                             or (under_min_isr and below_min)):
             continue
         leo, hw = offsets.get((name, p.partition), (None, None))
-        flags = "".join(["\t(offline)" if offline else "", "\t(under-replicated)" if short else ""])
+        need = effective_min_isr(min_isr, len(p.replicas))
+        flags = "".join(["\t(offline)" if offline else "", "\t(under-replicated)" if short else "",
+                         "\t(under-min-isr)" if below_min else "",
+                         f"\t(HW held: ISR {len(p.isr)} < {need} needed for it to advance)"
+                         if len(p.isr) < need and not offline else ""])
         lines.append(f"\tTopic: {name}\tPartition: {p.partition}\t"
                      f"Leader: {'none' if offline else p.leader}\t"
                      f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}\t"

@@ -27,7 +27,8 @@ from tidelog.perf import Latency, Throttler, consume, produce
 PARTITION_LINE = re.compile(
     r"^\tTopic: (?P<topic>[\w.-]+)\tPartition: (?P<partition>\d+)\tLeader: (?P<leader>\d+|none)\t"
     r"Replicas: (?P<replicas>[\d,]+)\tIsr: (?P<isr>[\d,-]*)\tEpoch: (?P<epoch>\d+)\t"
-    r"LEO: (?P<leo>\d+|-)\tHW: (?P<hw>\d+|-)(?P<offline>\t\(offline\))?(?P<under>\t\(under-replicated\))?$")
+    r"LEO: (?P<leo>\d+|-)\tHW: (?P<hw>\d+|-)(?P<offline>\t\(offline\))?(?P<under>\t\(under-replicated\))?"
+    r"(?P<under_min_isr>\t\(under-min-isr\))?(?P<held>\t\(HW held: [^)]*\))?$")
 NUM = r"\d+\.\d{2}"
 SUMMARY_LINE = re.compile(
     rf"^(?P<records>\d+) records sent, {NUM} records/sec \({NUM} MB/sec\), {NUM} ms avg latency, "
@@ -187,6 +188,34 @@ def test_produce_stdin_then_consume_from_beginning(tidelog, cluster):
     assert r.rc == 0 and r.lines == lines[:2], r.err
     r = tidelog("consume", "lines", *group, "--max-messages", "2")
     assert r.rc == 0 and r.lines == lines[2:4], r.err
+
+
+def test_a_topic_with_fewer_replicas_than_min_isr_is_readable_and_says_acks_all_fails(tidelog, cluster, monkeypatch):
+    """Replication factor 1 under min.insync.replicas 2: creation warns that acks=all will
+    fail; acks=1 records are readable at once (the HW follows the one replica, as in Kafka);
+    describe flags the partition under min ISR but not held; an acks=all produce fails with
+    NOT_ENOUGH_REPLICAS naming both numbers."""
+    r = tidelog("topics", "create", "lonely", "--partitions", "1", "--replication-factor", "1",
+                "--config", "min.insync.replicas=2")
+    assert r.rc == 0, r.err
+    assert "replication factor 1, below its min.insync.replicas 2" in r.err
+    assert "tidelog topics alter lonely --config min.insync.replicas=1" in r.err
+    wait_for_topic(cluster, "lonely", 1)
+    r = produce_stdin(tidelog, monkeypatch, "lonely", b"a\nb\n", "--acks", "1")
+    assert r.rc == 0, r.err
+    (line,) = tidelog("topics", "describe", "lonely").lines[1:]
+    m = PARTITION_LINE.match(line)
+    assert m and (m["leo"], m["hw"]) == ("2", "2") and m["under_min_isr"] and not m["held"], line
+    assert tidelog("topics", "describe", "--under-min-isr-partitions").lines == [line]
+    r = tidelog("consume", "lonely", "--from-beginning", "--max-messages", "2")
+    assert r.rc == 0 and r.lines == ["a", "b"], r.err
+    with Producer(cluster.bootstrap, acks="all", delivery_timeout_ms=3000, request_timeout_ms=2000,
+                  linger_ms=0) as producer:
+        with pytest.raises(Exception) as e:
+            producer.send("lonely", b"c").result(timeout=30)
+    assert "NOT_ENOUGH_REPLICAS" in str(e.value) and "below min.insync.replicas 2" in str(e.value)
+    r = tidelog("topics", "alter", "lonely", "--config", "min.insync.replicas=3")
+    assert r.rc == 0 and "below its min.insync.replicas 3" in r.err
 
 
 def test_produce_with_keys_and_options(tidelog, cluster, monkeypatch):

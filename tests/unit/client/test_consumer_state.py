@@ -167,6 +167,23 @@ def test_data_is_buffered_and_the_fetch_offset_moves_past_the_last_batch():
     assert state.position == 3 and len(state.buffered) == 1
 
 
+def test_the_metrics_count_partitions_whose_high_watermark_is_held():
+    """A leader whose ISR is below the effective min ISR says so in each fetch answer: the
+    consumer's metrics count those partitions (their newer records are invisible for now)."""
+    subs = SubscriptionState(None)
+    subs.assign([A0, A1])
+    assert subs.metrics() == {"assigned_partitions": 2, "records_lag_max": 0, "partitions_high_watermark_held": 0}
+    for tp, hw, held in ((A0, 9, True), (A1, 4, False)):
+        state = subs.state(tp)
+        state.seek(3)
+        handle_partition_response(tp, state, state.generation, 3, FetchPartitionResponse(
+            0, 0, hw, 0, high_watermark_held=held), now=0, backoff_s=0)
+    assert subs.metrics() == {"assigned_partitions": 2, "records_lag_max": 6, "partitions_high_watermark_held": 1}
+    state = subs.state(A0)
+    handle_partition_response(A0, state, state.generation, 3, FetchPartitionResponse(0, 0, 9, 0), now=0, backoff_s=0)
+    assert subs.metrics()["partitions_high_watermark_held"] == 0
+
+
 def test_a_response_for_an_older_generation_or_offset_is_stale():
     state = state_at(3)
     data = batches((0, 5))

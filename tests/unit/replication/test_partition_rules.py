@@ -31,6 +31,7 @@ from tidelog.protocol.errors import (
     TidelogError,
 )
 from tidelog.protocol.messages import PartitionState
+from tidelog.protocol.topics import effective_min_isr
 
 LAG_MS = 10_000
 LEADER, F1, F2 = 0, 1, 2
@@ -206,6 +207,40 @@ def test_acks_all_needs_min_isr_at_append_time(leader):
     p.maybe_increment_high_watermark()
     assert log.high_watermark == 2
     p.append_as_leader(make_batch(), -1)
+
+
+@pytest.mark.parametrize("min_isr, replicas, expected", [
+    (2, 3, 2), (2, 2, 2), (2, 1, 1), (3, 2, 2), (1, 3, 1), (5, 0, 1)])
+def test_effective_min_isr_is_min_isr_capped_at_the_replica_count(min_isr, replicas, expected):
+    assert effective_min_isr(min_isr, replicas) == expected
+
+
+def test_a_single_replica_below_min_isr_still_advances_its_hw(tmp_path):
+    """Replication factor 1 with min.insync.replicas 2 (the broker default a cluster sets):
+    acks=1 records become readable at once (the HW follows the one replica, as in Kafka), and
+    acks=all is refused with NOT_ENOUGH_REPLICAS naming both numbers and the way out."""
+    log = load_log(str(tmp_path / "log"), TP, LogConfig(min_insync_replicas=2))
+    try:
+        p = Partition(TP, LEADER)
+        p.make_leader(PartitionState(TP.topic, TP.partition, 1, LEADER, 0, [LEADER], 0, [LEADER]), log, 1000)
+        assert p.effective_min_isr == 1 and not p.high_watermark_held
+        p.append_as_leader(make_batch(2), 1)
+        assert (log.log_end_offset, log.high_watermark) == (2, 2)
+        with pytest.raises(TidelogError) as e:
+            p.append_as_leader(make_batch(), -1)
+        assert e.value.error is NOT_ENOUGH_REPLICAS and log.log_end_offset == 2
+        assert "replication factor 1 is below min.insync.replicas 2" in str(e.value)
+        assert "min.insync.replicas=1" in str(e.value)
+    finally:
+        log.close()
+
+
+def test_the_hw_is_held_while_the_isr_is_below_min_isr(leader):
+    p, log = leader(min_isr=2, isr=(LEADER,))
+    assert p.high_watermark_held
+    p.record_follower_fetch(F1, 0, 2000)
+    p.isr = frozenset({LEADER, F1})
+    assert not p.high_watermark_held
 
 
 def test_a_follower_cannot_append_or_serve(leader):

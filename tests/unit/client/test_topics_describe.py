@@ -1,0 +1,50 @@
+"""``tidelog topics describe``'s partition flags (``describe_lines``), by table: which
+partitions are under-replicated, under min ISR, or have a high watermark that cannot move
+(their ISR below min.insync.replicas capped at their replica count)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidelog.aio import TopicDescription
+from tidelog.aio.cluster import PartitionInfo
+from tidelog.commands.topics import describe_lines
+
+HELD = "(HW held"
+
+
+def lines_for(replicas, isr, min_isr, leader=1, **filters):
+    d = TopicDescription("t", [PartitionInfo("t", 0, leader, 3, tuple(replicas), tuple(isr))])
+    return describe_lines(d, {}, {("t", 0): (5, 2)}, min_isr=min_isr, **filters)
+
+
+@pytest.mark.parametrize("replicas, isr, min_isr, under_min, held", [
+    ((1, 2, 3), (1, 2, 3), 2, False, False),
+    ((1, 2, 3), (1, 2), 2, False, False),  # at min ISR: acks=all works, the HW moves
+    ((1, 2, 3), (1,), 2, True, True),  # below it: acks=all fails, the HW waits for the ISR
+    ((1,), (1,), 2, True, False),  # rf 1 < min ISR: acks=all never works, but the HW follows the replica
+    ((1, 2), (1,), 3, True, True),  # the HW needs both replicas (min ISR capped at 2)
+    ((1, 2), (1, 2), 3, True, False),
+    ((1, 2, 3), (1,), 1, False, False),
+])
+def test_flags(replicas, isr, min_isr, under_min, held):
+    (line,) = lines_for(replicas, isr, min_isr)[1:]
+    assert ("(under-min-isr)" in line) == under_min
+    assert (HELD in line) == held
+    assert line.split("\t")[6:9] == ["Epoch: 3", "LEO: 5", "HW: 2"]
+
+
+def test_held_names_the_isr_size_the_hw_needs():
+    (line,) = lines_for((1, 2, 3), (1,), 3)[1:]
+    assert line.endswith("\t(under-replicated)\t(under-min-isr)\t(HW held: ISR 1 < 3 needed for it to advance)")
+
+
+def test_an_offline_partition_is_not_also_called_held():
+    (line,) = lines_for((1, 2), (1,), 2, leader=-1)[1:]
+    assert "(offline)" in line and HELD not in line
+
+
+def test_the_under_min_isr_filter_keeps_only_those_partitions():
+    assert lines_for((1, 2, 3), (1, 2), 2, under_min_isr=True) == []
+    (line,) = lines_for((1, 2, 3), (1,), 2, under_min_isr=True)  # no header when filtering
+    assert line.startswith("\tTopic: t\tPartition: 0\t")
