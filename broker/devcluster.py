@@ -115,7 +115,10 @@ class DevCluster:
         # an address of its own (not loopback) is ZooKeeper's alone: its usual port is free there
         zk_port = zk_port or (find_free_port() if zk_host == "127.0.0.1" else 2181)
         self.zookeeper = ZooKeeperServer(self.dir / "zookeeper", port=zk_port, host=zk_host)
-        self.extra_config = extra_config or {}
+        # Kafka's habit for a small cluster: __consumer_offsets is never created with fewer
+        # replicas than offsets.topic.replication.factor (3), so fewer brokers set it to their count
+        small = {"offsets.topic.replication.factor": brokers} if 0 < brokers < 3 else {}
+        self.extra_config = {**small, **(extra_config or {})}
         self.hosts = dict(hosts or {})
         self.netns = dict(netns or {})
         self.brokers: dict[int, BrokerProcess] = {}

@@ -9,11 +9,12 @@ Group ``g`` lives in partition ``abs(java_hashcode(g)) % partitions`` of the int
 the leader of that partition is its coordinator. Any broker answers FindCoordinator from its
 metadata cache (COORDINATOR_NOT_AVAILABLE while the partition has no live leader). The topic
 is created on first need with ``offsets.topic.num.partitions`` partitions,
-``cleanup.policy=compact`` and ``offsets.topic.replication.factor`` replicas. Kafka refuses
-to create it while fewer brokers are alive than that factor; Tidelog creates it with as many
-replicas as there are live brokers and logs a warning saying so (a dev cluster of one broker
-works out of the box; a production cluster should have all brokers up before the first
-group arrives, or raise the factor later by reassignment).
+``cleanup.policy=compact`` and ``offsets.topic.replication.factor`` replicas. As in Kafka, it
+is never created with fewer: while fewer brokers are alive than that factor, FindCoordinator
+is answered COORDINATOR_NOT_AVAILABLE with a message naming both numbers (clients retry),
+and the broker logs a warning each time the live count it refuses changes. A cluster of
+fewer brokers sets ``offsets.topic.replication.factor`` to its size (``tidelog dev up`` and
+``deploy/config/single-node.toml`` do).
 
 Loading and unloading (leadership callbacks from the replica manager)
 ---------------------------------------------------------------------
@@ -188,6 +189,16 @@ _APPEND_ERRORS = {
 }
 
 
+def offsets_topic_shortfall(live_brokers: int, replication_factor: int) -> str | None:
+    """Why ``__consumer_offsets`` cannot be created yet (None: it can): fewer brokers alive
+    than ``offsets.topic.replication.factor``. Kafka's rule and, nearly, its words."""
+    if live_brokers >= replication_factor:
+        return None
+    return (f"{live_brokers} broker(s) alive, fewer than the {replication_factor} that offsets.topic.replication.factor "
+            f"requires for {OFFSETS_TOPIC}: the group coordinator is not available until enough brokers are up "
+            "(expected while a cluster starts; a smaller cluster must set offsets.topic.replication.factor to its size)")
+
+
 def append_error(code: int) -> ErrorCode:
     if code == NONE.code:
         return NONE
@@ -249,6 +260,7 @@ class GroupCoordinator:
         self._nursery: trio.Nursery | None = None
         self._pending_loads: list[tuple[int, int]] = []
         self._creating_topic = False
+        self._refused_at_live: int | None = None  # the live broker count last refused (logged once per count)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -368,9 +380,8 @@ class GroupCoordinator:
             return FindCoordinatorResponse(INVALID_GROUP_ID.code, error_message=(
                 f"a group id is 1 to {MAX_GROUP_ID_BYTES} bytes of UTF-8"))
         if not self.metadata.contains_topic(OFFSETS_TOPIC):
-            await self._create_offsets_topic()
-            return FindCoordinatorResponse(COORDINATOR_NOT_AVAILABLE.code, error_message=(
-                f"{OFFSETS_TOPIC} is being created; retry"))
+            return FindCoordinatorResponse(COORDINATOR_NOT_AVAILABLE.code,
+                                           error_message=await self._create_offsets_topic())
         tp = TopicPartition(OFFSETS_TOPIC, self.partition_of(req.key))
         leader = self.metadata.brokers.get(self.metadata.leader_of(tp))
         if leader is None:
@@ -378,26 +389,29 @@ class GroupCoordinator:
                 f"{tp} (the partition of group {req.key!r}) has no live leader"))
         return FindCoordinatorResponse(NONE.code, leader.broker_id, leader.host, leader.port)
 
-    async def _create_offsets_topic(self) -> None:
-        if self._creating_topic or self.create_topic is None:
-            return
-        self._creating_topic = True
-        try:
-            live = len(self.metadata.brokers)
-            rf = min(self.config.offsets_topic_replication_factor, max(live, 1))
-            if rf < self.config.offsets_topic_replication_factor:
-                logger.warning("creating %s with replication factor %d, not offsets.topic.replication.factor=%d: "
-                               "only %d brokers are alive (Kafka would refuse; committed offsets are less "
-                               "protected until the topic is reassigned)", OFFSETS_TOPIC, rf,
-                               self.config.offsets_topic_replication_factor, live)
-            configs = {"cleanup.policy": "compact", "segment.bytes": str(self.config.offsets_topic_segment_bytes)}
-            await self.create_topic(OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, rf, configs)
-            logger.info("created %s: %d partitions, replication factor %d", OFFSETS_TOPIC,
-                        self.config.offsets_topic_num_partitions, rf)
-        except Exception as e:  # another broker created it first
-            logger.info("%s not created here: %s", OFFSETS_TOPIC, e)
-        finally:
-            self._creating_topic = False
+    async def _create_offsets_topic(self) -> str:
+        """Create ``__consumer_offsets`` unless too few brokers are alive for its replication
+        factor; returns why the coordinator is not available yet (FindCoordinator's message)."""
+        live = len(self.metadata.brokers)
+        shortfall = offsets_topic_shortfall(live, self.config.offsets_topic_replication_factor)
+        if shortfall is not None:
+            if live != self._refused_at_live:
+                self._refused_at_live = live
+                logger.warning("not creating %s: %s", OFFSETS_TOPIC, shortfall)
+            return shortfall
+        if not self._creating_topic and self.create_topic is not None:
+            self._creating_topic = True
+            try:
+                configs = {"cleanup.policy": "compact", "segment.bytes": str(self.config.offsets_topic_segment_bytes)}
+                await self.create_topic(OFFSETS_TOPIC, self.config.offsets_topic_num_partitions,
+                                        self.config.offsets_topic_replication_factor, configs)
+                logger.info("created %s: %d partitions, replication factor %d", OFFSETS_TOPIC,
+                            self.config.offsets_topic_num_partitions, self.config.offsets_topic_replication_factor)
+            except Exception as e:  # another broker created it first
+                logger.info("%s not created here: %s", OFFSETS_TOPIC, e)
+            finally:
+                self._creating_topic = False
+        return f"{OFFSETS_TOPIC} is being created; retry"
 
     # -- group APIs ----------------------------------------------------------------------------
 

@@ -189,7 +189,7 @@ def _check_consume_args(args: argparse.Namespace) -> None:
 def _consume(args: argparse.Namespace) -> int:
     from tidelog import Consumer
     from tidelog.aio.consumer import ConsumerConfig
-    from tidelog.protocol.errors import TidelogError
+    from tidelog.protocol.errors import CorruptRecordError, TidelogError
 
     _check_consume_args(args)
     offset = _parse_offset(args.offset) if args.offset is not None else None
@@ -215,6 +215,8 @@ def _consume(args: argparse.Namespace) -> int:
             def on_batch(records: Sequence[Any]) -> None:
                 _commit_printed(consumer, records, printed_upto)
         _print_records(consumer, args, printed, on_batch)
+    except CorruptRecordError as e:
+        raise CommandError(unreadable_batch_message(e, args)) from None
     except KeyboardInterrupt:
         pass  # Ctrl-C is how an unbounded consume ends
     finally:
@@ -226,6 +228,21 @@ def _consume(args: argparse.Namespace) -> int:
         consumer.close()
         print(f"Processed a total of {printed[0]} messages", file=sys.stderr)
     return EXIT_OK
+
+
+def unreadable_batch_message(e: Any, args: argparse.Namespace) -> str:
+    """A batch the consumer cannot read, with the command that skips it (the SDK's error
+    names ``consumer.seek``, which a console user cannot call): a group's committed offset is
+    moved with ``groups reset-offsets`` (the group is inactive once this command exits); else
+    ``consume`` starts again past the batch."""
+    tp, skip = e.topic_partition, e.skip_offset
+    what = str(e).split(" The partition is stopped")[0]
+    if args.group is not None:
+        how = (f"tidelog groups reset-offsets --group {args.group} --topic {tp.topic}:{tp.partition} "
+               f"--to-offset {skip} --execute")
+    else:
+        how = f"tidelog consume {tp.topic} --partition {tp.partition} --offset {skip}"
+    return f"{what}. To skip the batch (its records are lost to this reader): {how}"
 
 
 def _start(consumer: Any, args: argparse.Namespace, partitions: list[int], offset: int | str | None) -> None:

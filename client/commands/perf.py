@@ -1,7 +1,9 @@
 """``tidelog perf``: produce, consume and e2e benchmarks (kafka-producer-perf-test,
 kafka-consumer-perf-test and Kafka's EndToEndLatency). ``tidelog.perf`` measures; this module
 builds the clients from the options, prints a progress line every 5 s on stderr, and then
-kafka-producer-perf-test's summary line (or ``--json``) on stdout.
+kafka-producer-perf-test's summary line (or ``--json``) on stdout, in the words of what each
+benchmark measured (``WORDS``): records sent and their acknowledgement latency, records
+consumed and the poll wait, records received and their end-to-end latency.
 
 Exit status 1 when a record failed or fewer records than ``--num-records`` completed before
 the timeout (the summary is printed first).
@@ -80,19 +82,29 @@ def run(args: argparse.Namespace) -> int:
 # -- output -----------------------------------------------------------------------------------
 
 
-def summary_line(result: PerfResult) -> str:
-    """kafka-producer-perf-test's final line."""
+# What each benchmark measured, in its lines: (the records counted, what the latency is).
+# produce keeps kafka-producer-perf-test's words; consume counts records received and times
+# each poll that returned them (the wait a consumer sees); e2e times each record from its
+# send to its receipt (Kafka's EndToEndLatency).
+WORDS = {"produce": ("records sent", "latency"), "consume": ("records consumed", "poll wait"),
+         "e2e": ("records received", "end-to-end latency")}
+
+
+def summary_line(result: PerfResult, action: str = "produce") -> str:
+    """kafka-producer-perf-test's final line, in the words of what ``action`` measured."""
+    counted, latency = WORDS[action]
     lat = result.latency()
-    return (f"{result.records} records sent, {result.records_per_sec:.2f} records/sec "
-            f"({result.mb_per_sec:.2f} MB/sec), {lat.avg:.2f} ms avg latency, {lat.max:.2f} ms max latency, "
+    return (f"{result.records} {counted}, {result.records_per_sec:.2f} records/sec "
+            f"({result.mb_per_sec:.2f} MB/sec), {lat.avg:.2f} ms avg {latency}, {lat.max:.2f} ms max {latency}, "
             f"{lat.p50:.2f} ms 50th, {lat.p95:.2f} ms 95th, {lat.p99:.2f} ms 99th, {lat.p999:.2f} ms 99.9th.")
 
 
-def progress_line(window: Window) -> str:
+def progress_line(window: Window, action: str = "produce") -> str:
     """kafka-producer-perf-test's progress line (one per reporting window)."""
-    return (f"{window.records} records sent, {window.records_per_sec:.1f} records/sec "
-            f"({window.mb_per_sec:.2f} MB/sec), {window.avg_ms:.1f} ms avg latency, "
-            f"{window.max_ms:.1f} ms max latency.")
+    counted, latency = WORDS[action]
+    return (f"{window.records} {counted}, {window.records_per_sec:.1f} records/sec "
+            f"({window.mb_per_sec:.2f} MB/sec), {window.avg_ms:.1f} ms avg {latency}, "
+            f"{window.max_ms:.1f} ms max {latency}.")
 
 
 def result_json(result: PerfResult) -> dict[str, Any]:
@@ -103,8 +115,10 @@ def result_json(result: PerfResult) -> dict[str, Any]:
                            "p95": round(lat.p95, 3), "p99": round(lat.p99, 3), "p999": round(lat.p999, 3)}}
 
 
-def _print_progress(window: Window) -> None:
-    print(progress_line(window), file=sys.stderr, flush=True)
+def _progress(action: str) -> Any:
+    def show(window: Window) -> None:
+        print(progress_line(window, action), file=sys.stderr, flush=True)
+    return show
 
 
 def _report(result: PerfResult, args: argparse.Namespace, noun: str) -> int:
@@ -113,7 +127,7 @@ def _report(result: PerfResult, args: argparse.Namespace, noun: str) -> int:
     if args.json:
         print(json.dumps(result_json(result)), flush=True)
     else:
-        print(summary_line(result), flush=True)
+        print(summary_line(result, args.action), flush=True)
     if result.failed:
         raise CommandError(f"{result.failed} of {result.expected} records failed; first error: "
                            f"{result.first_error}")
@@ -158,7 +172,7 @@ def _produce(args: argparse.Namespace) -> int:
             raise UsageError("--bulk: this SDK's Producer has no bulk API (send_many)")
         result = measure(producer, args.topic, num_records=args.num_records,
                          payload=make_payload(args.record_size), throughput=args.throughput,
-                         progress=_print_progress, flush_timeout_s=delivery_s + 5.0, bulk=args.bulk)
+                         progress=_progress("produce"), flush_timeout_s=delivery_s + 5.0, bulk=args.bulk)
     finally:
         producer.close(5.0)
     return _report(result, args, "acknowledged")
@@ -182,7 +196,7 @@ def _consume(args: argparse.Namespace) -> int:
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         result = measure(consumer, num_records=args.num_records, idle_timeout_s=args.timeout_ms / 1000,
-                         progress=_print_progress)
+                         progress=_progress("consume"))
     finally:
         consumer.close()
     return _report(result, args, "received")
@@ -219,7 +233,7 @@ def _e2e(args: argparse.Namespace) -> int:
         result = end_to_end(producer, consumer, args.topic, num_records=args.num_records,
                             record_size=args.record_size, throughput=args.throughput,
                             in_flight=args.in_flight, idle_timeout_s=args.timeout_ms / 1000,
-                            progress=_print_progress)
+                            progress=_progress("e2e"))
     finally:
         producer.close(5.0)
         consumer.close()

@@ -31,8 +31,9 @@ PARTITION_LINE = re.compile(
     r"(?P<under_min_isr>\t\(under-min-isr\))?(?P<held>\t\(HW held: [^)]*\))?$")
 NUM = r"\d+\.\d{2}"
 SUMMARY_LINE = re.compile(
-    rf"^(?P<records>\d+) records sent, {NUM} records/sec \({NUM} MB/sec\), {NUM} ms avg latency, "
-    rf"{NUM} ms max latency, {NUM} ms 50th, {NUM} ms 95th, {NUM} ms 99th, {NUM} ms 99\.9th\.$")
+    rf"^(?P<records>\d+) (?P<counted>records sent|records consumed|records received), {NUM} records/sec "
+    rf"\({NUM} MB/sec\), {NUM} ms avg (?P<latency>latency|poll wait|end-to-end latency), "
+    rf"{NUM} ms max (?P=latency), {NUM} ms 50th, {NUM} ms 95th, {NUM} ms 99th, {NUM} ms 99\.9th\.$")
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +279,7 @@ def test_perf_produce_consume_summary_and_json(tidelog, cluster):
     assert r.rc == 0, r.err
     assert len(r.lines) == 1 and SUMMARY_LINE.match(r.lines[0]), r.out
     assert SUMMARY_LINE.match(r.lines[0])["records"] == "3000"
+    assert SUMMARY_LINE.match(r.lines[0])["counted"] == "records sent"
 
     started = time.monotonic()
     r = tidelog("perf", "produce", "--topic", "perf", "--num-records", "400", "--record-size", "10",
@@ -302,6 +304,9 @@ def test_perf_produce_consume_summary_and_json(tidelog, cluster):
     r = tidelog("perf", "consume", "--topic", "perf", "--num-records", "3400")
     assert r.rc == 0, r.err
     assert len(r.lines) == 1 and SUMMARY_LINE.match(r.lines[0])["records"] == "3400"
+    # it says what it measured: records consumed and the poll wait, not records sent
+    assert SUMMARY_LINE.match(r.lines[0])["counted"] == "records consumed"
+    assert SUMMARY_LINE.match(r.lines[0])["latency"] == "poll wait"
     r = tidelog("perf", "consume", "--topic", "perf", "--num-records", "100", "--json")
     assert r.rc == 0 and json.loads(r.out)["records"] == 100
 
@@ -317,6 +322,7 @@ def test_perf_e2e(tidelog, cluster):
     r = tidelog("perf", "e2e", "--topic", "e2e", "--num-records", "60", "--throughput", "200")
     assert r.rc == 0, r.err
     assert SUMMARY_LINE.match(r.lines[0])["records"] == "60"
+    assert SUMMARY_LINE.match(r.lines[0])["latency"] == "end-to-end latency"
     r = tidelog("perf", "e2e", "--topic", "e2e", "--num-records", "30", "--record-size", "64", "--json")
     assert r.rc == 0, r.err
     result = json.loads(r.out)

@@ -34,3 +34,21 @@ def test_every_field_in_kafkas_order():
     assert line(record(timestamp_type=1, headers=[], key=None), **everything) == \
         b"LogAppendTime:1700000000123\tPartition:2\tOffset:7\tNO_HEADERS\tnull\tv\n"
     assert line(record(timestamp=-1), print_timestamp=True) == b"NO_TIMESTAMP\tv\n"
+
+
+# -- a batch the console consumer cannot read ----------------------------------------------------
+
+
+def test_an_unreadable_batch_names_the_command_that_skips_it():
+    """The SDK's error advises ``consumer.seek``; the console consumer's names a command."""
+    from tidelog.aio.fetcher import corrupt_batch_error
+    from tidelog.commands.console import unreadable_batch_message
+    from tidelog.records import TopicPartition
+
+    e = corrupt_batch_error(TopicPartition("orders", 2), 40, None, "CRC mismatch")
+    alone = unreadable_batch_message(e, Namespace(group=None))
+    assert alone.startswith("topic orders partition 2: the record batch at offset 40 cannot be read: CRC mismatch.")
+    assert alone.endswith(": tidelog consume orders --partition 2 --offset 41")
+    assert "consumer.seek" not in alone
+    grouped = unreadable_batch_message(e, Namespace(group="billing"))
+    assert grouped.endswith(": tidelog groups reset-offsets --group billing --topic orders:2 --to-offset 41 --execute")
