@@ -22,6 +22,16 @@ Errors: a handler raises a ``TidelogError`` (or records a per-partition error in
 response); the network layer is the one place where an escaping exception becomes an error
 body. Controller-only APIs (topic administration, controlled shutdown) answer NOT_CONTROLLER
 on other brokers, as Kafka does.
+
+Authorization: with an authorizer (``authorizer.class.name``) every handler checks what
+Kafka's KafkaApis checks for its API before it acts (docs/architecture.md, "Authorization",
+has the table) and answers TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED,
+CLUSTER_AUTHORIZATION_FAILED or TRANSACTIONAL_ID_AUTHORIZATION_FAILED for what it refuses;
+Metadata, ListGroups and OffsetFetch leave out what the principal may not Describe. With or
+without one, the inter-broker APIs (a follower's Fetch and OffsetsForLeaderEpoch,
+LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown) pass
+``broker.security.authorizer.cluster_action_problem`` first. A handler called without a
+context is the broker calling itself, and is allowed everything.
 """
 
 from __future__ import annotations
@@ -39,25 +49,44 @@ from tidelog.broker.controller.channels import wait_all
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
 from tidelog.broker.replication.replica_manager import ReplicaManager
+from tidelog.broker.security.authorizer import Authorizer, ZkAclStore, cluster_action_problem
+from tidelog.protocol.acls import (
+    CLUSTER_NAME,
+    AclBinding,
+    AclBindingFilter,
+    AclError,
+    AclOperation,
+    ResourceType,
+)
 from tidelog.protocol.apis import APIS, api_versions
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
     COORDINATOR_NOT_AVAILABLE,
+    GROUP_AUTHORIZATION_FAILED,
     INVALID_REQUEST,
     INVALID_TOPIC_EXCEPTION,
     NONE,
     NOT_CONTROLLER,
     NOT_LEADER_OR_FOLLOWER,
+    SECURITY_DISABLED,
     STALE_BROKER_EPOCH,
     STALE_CONTROLLER_EPOCH,
+    TOPIC_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode,
     TidelogError,
+    code_of,
 )
 from tidelog.protocol.messages import (
     BROKER_RESOURCE,
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
+    GROUP_KEY,
     TOPIC_RESOURCE,
+    AclCreationResult,
+    AclDescription,
     AlterConfigsRequest,
     AlterConfigsResponse,
     AlterConfigsResult,
@@ -65,10 +94,17 @@ from tidelog.protocol.messages import (
     ConfigEntry,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
+    CreateAclsRequest,
+    CreateAclsResponse,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeletableGroupResult,
+    DeleteAclsFilterResult,
+    DeleteAclsMatchingAcl,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteGroupsRequest,
     DeleteGroupsResponse,
     DeleteRecordsPartitionResult,
@@ -77,14 +113,19 @@ from tidelog.protocol.messages import (
     DeleteRecordsTopicResult,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResource,
+    DescribeAclsResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
     DescribeConfigsResult,
+    DescribedGroup,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
     ElectLeadersRequest,
     ElectLeadersResponse,
     ElectLeadersResult,
+    EpochEndOffsetResult,
     FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
@@ -103,15 +144,20 @@ from tidelog.protocol.messages import (
     LeaveGroupResponse,
     ListGroupsRequest,
     ListGroupsResponse,
+    ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
     MetadataRequest,
     MetadataResponse,
+    OffsetCommitPartitionResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
+    OffsetCommitTopicResponse,
+    OffsetFetchPartitionResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
+    OffsetFetchTopicResponse,
     OffsetForLeaderTopicResult,
     OffsetsForLeaderEpochRequest,
     OffsetsForLeaderEpochResponse,
@@ -184,8 +230,12 @@ class Apis:
 
     def __init__(self, config: Any, replica_manager: ReplicaManager, metadata: MetadataCache, *,
                  broker: BrokerState | None = None, controller: Any = None, group_coordinator: Any = None,
-                 producer_ids: Any = None):
+                 producer_ids: Any = None, authorizer: Authorizer | None = None,
+                 acl_store: ZkAclStore | None = None, broker_principals: frozenset[str] = frozenset()):
         self.config = config  # broker.config.BrokerConfig
+        self.authorizer = authorizer  # None: no authorizer.class.name
+        self.acl_store = acl_store  # the authorizer's ZooKeeper side (CreateAcls, DeleteAcls)
+        self.broker_principals = broker_principals  # super.users and the inter-broker principal
         self.replica_manager = replica_manager
         self.metadata = metadata
         self.broker = broker
@@ -206,6 +256,26 @@ class Apis:
         request = APIS[key].request.from_body(body)
         return _HANDLERS[key][1](self, request, context)
 
+    # -- authorization -------------------------------------------------------------------------
+
+    def _can(self, ctx: RequestContext | None, operation: AclOperation, resource_type: ResourceType,
+             name: str) -> bool:
+        """The authorizer's decision (a dict lookup once decided); no authorizer or no context
+        (the broker calling itself): allowed."""
+        a = self.authorizer
+        return a is None or ctx is None or a.authorize(ctx.principal, ctx.peer_host, operation, resource_type, name)
+
+    def _denied_topics(self, ctx: RequestContext | None, operation: AclOperation, names: Iterable[str]) -> set[str]:
+        if self.authorizer is None or ctx is None:
+            return set()
+        return {n for n in names if not self._can(ctx, operation, ResourceType.TOPIC, n)}
+
+    def _cluster_action_problem(self, ctx: RequestContext | None, api: str) -> str | None:
+        problem = cluster_action_problem(ctx, self.broker_principals, self.authorizer, api)
+        if problem is not None:
+            logger.warning("%s (peer %s)", problem, ctx.peer if ctx is not None else "?")
+        return problem
+
     # -- metadata ------------------------------------------------------------------------------
 
     @handles(ApiKey.API_VERSIONS, Kind.ASYNC)
@@ -217,13 +287,21 @@ class Apis:
         # A name Kafka refuses is answered INVALID_TOPIC_EXCEPTION and never created; so is one
         # that would collide with an existing topic's metric names. Internal topics are created
         # by the broker's own components, with their own configs, not by a client's metadata.
+        # With an authorizer, a topic named in the request that the principal may not Describe
+        # is answered TOPIC_AUTHORIZATION_FAILED (whether it exists or not), and one it may not
+        # create (Create on the Cluster or on the topic) is not auto-created; a request for
+        # every topic leaves out those it may not Describe (Kafka's rules).
+        denied = self._denied_topics(ctx, AclOperation.DESCRIBE, req.topics or [])
         refused: dict[str, str] = {}
         for t in req.topics or []:
-            if (problem := topic_name_problem(t)) is not None:
+            if t not in denied and (problem := topic_name_problem(t)) is not None:
                 refused[t] = problem
-        missing = [t for t in dict.fromkeys(req.topics or []) if t not in refused
+        missing = [t for t in dict.fromkeys(req.topics or []) if t not in refused and t not in denied
                    and not self.metadata.contains_topic(t) and not is_internal_topic(t)]
         if missing and req.allow_auto_topic_creation and self.config.auto_create_topics_enable:
+            if not self._can(ctx, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME):
+                denied |= self._denied_topics(ctx, AclOperation.CREATE, missing)
+                missing = [t for t in missing if t not in denied]
             known = {metric_name(t): t for t in self.metadata.topics}
             for t in missing:
                 if known.get(metric_name(t), t) != t:
@@ -233,6 +311,13 @@ class Apis:
             await self.broker.auto_create_topics([t for t in missing if t not in refused])
         topics = [TopicMetadata(INVALID_TOPIC_EXCEPTION.code, t.name, error_message=refused[t.name])
                   if t.name in refused else t for t in self.metadata.topic_metadata(req.topics)]
+        if denied:
+            topics = [TopicMetadata(TOPIC_AUTHORIZATION_FAILED.code, t.name, is_internal=t.is_internal,
+                                    error_message=_denied(ctx, "Describe" if t.name not in missing else "Create",
+                                                          "topic", t.name))
+                      if t.name in denied else t for t in topics]
+        elif req.topics is None and self.authorizer is not None:
+            topics = [t for t in topics if self._can(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, t.name)]
         return MetadataResponse(self.metadata.broker_metadata(), self.metadata.cluster_id,
                                 self.metadata.controller_id, topics)
 
@@ -243,7 +328,12 @@ class Apis:
         """Append now (so pipelined produces of a connection append in the order sent); for
         acks=all return the coroutine that waits for replication."""
         entries = {TopicPartition(t.name, p.index): p.records for t in req.topic_data for p in t.partition_data}
-        refused = {tp: _internal_topic_refused(tp) for tp in entries if is_internal_topic(tp.topic)}
+        if self.authorizer is not None and ctx is not None:  # Write on each topic (and on the transactional id)
+            refused = self._produce_refused(ctx, req, entries)
+            refused.update({tp: _internal_topic_refused(tp) for tp in entries
+                            if is_internal_topic(tp.topic) and tp not in refused})
+        else:
+            refused = {tp: _internal_topic_refused(tp) for tp in entries if is_internal_topic(tp.topic)}
         entries = {tp: records for tp, records in entries.items() if tp not in refused}
         keys = [("connection", ctx.listener, ctx.peer)] if ctx is not None and ctx.peer != "?" else []
         keys += entries
@@ -254,6 +344,17 @@ class Apis:
             done = self.produce_order.enter(keys)
             return self._produce_in_order(req, entries, refused, keys, before, done)
         return self._produce_appended(req, refused, *self.replica_manager.append_now(req.acks, entries))
+
+    def _produce_refused(self, ctx: RequestContext, req: ProduceRequest, entries: dict) -> dict:
+        if req.transactional_id is not None and not self._can(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                                                              req.transactional_id):
+            message = _denied(ctx, "Write", "transactional id", req.transactional_id)
+            return {tp: {"error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED.code, "error_message": message}
+                    for tp in entries}
+        denied = self._denied_topics(ctx, AclOperation.WRITE, {t.name for t in req.topic_data})
+        return {tp: {"error_code": TOPIC_AUTHORIZATION_FAILED.code,
+                     "error_message": _denied(ctx, "Write", "topic", tp.topic)}
+                for tp in entries if tp.topic in denied}
 
     def _produce_appended(self, req: ProduceRequest, refused: dict, results: dict, waiting: dict):
         for tp, r in results.items():
@@ -289,8 +390,27 @@ class Apis:
         answered by the append that satisfies it or at max_wait_ms, see ReplicaManager.
         consumer_fetch); a follower's runs as ``fetch`` in a task of its own."""
         if req.replica_id >= 0:
+            problem = self._cluster_action_problem(ctx, f"Fetch as replica {req.replica_id}")
+            if problem is not None:
+                return self._fetch_refused(req, CLUSTER_AUTHORIZATION_FAILED, problem)
             return self.replica_fetch(req)
+        denied = self._denied_topics(ctx, AclOperation.READ, {t.topic for t in req.topics})
+        if denied:  # Read on each topic: the others are read, these answered TOPIC_AUTHORIZATION_FAILED
+            refused = {TopicPartition(t.topic, p.partition): FetchPartitionResponse(
+                p.partition, TOPIC_AUTHORIZATION_FAILED.code, error_message=_denied(ctx, "Read", "topic", t.topic))
+                for t in req.topics if t.topic in denied for p in t.partitions}
+            allowed = [t for t in req.topics if t.topic not in denied]
+            if not allowed:
+                return self._fetch_response(refused)
+            return self.replica_manager.consumer_fetch(dataclasses.replace(req, topics=allowed),
+                                                       lambda results: self._fetch_response({**results, **refused}))
         return self.replica_manager.consumer_fetch(req, self._fetch_response)
+
+    def _fetch_refused(self, req: FetchRequest, error: ErrorCode, message: str) -> FetchResponse:
+        return FetchResponse([FetchTopicResponse(t.topic, [FetchPartitionResponse(p.partition, error.code,
+                                                                                  error_message=message)
+                                                           for p in t.partitions]) for t in req.topics],
+                             error_code=error.code)
 
     async def replica_fetch(self, req: FetchRequest) -> FetchResponse:
         """A follower's fetch. Until brokers authenticate, what can be checked is: the replica
@@ -327,8 +447,14 @@ class Apis:
         # is answered by a follower too (from its own log), as in Kafka.
         from_consumer = req.replica_id == CONSUMER_REPLICA_ID
         from_any_replica = req.replica_id == DEBUGGING_REPLICA_ID
+        denied = self._denied_topics(ctx, AclOperation.DESCRIBE, {t.name for t in req.topics})
         out = []
         for t in req.topics:
+            if t.name in denied:
+                message = _denied(ctx, "Describe", "topic", t.name)
+                out.append(ListOffsetsTopicResponse(t.name, [ListOffsetsPartitionResponse(
+                    p.partition_index, TOPIC_AUTHORIZATION_FAILED.code, error_message=message) for p in t.partitions]))
+                continue
             parts = []
             for p in t.partitions:
                 tp = TopicPartition(t.name, p.partition_index)
@@ -341,9 +467,13 @@ class Apis:
     @handles(ApiKey.DELETE_RECORDS, Kind.ASYNC)
     async def delete_records(self, req: DeleteRecordsRequest, ctx: RequestContext | None = None) -> DeleteRecordsResponse:
         offsets = {TopicPartition(t.name, p.partition_index): p.offset for t in req.topics for p in t.partitions}
-        refused = {tp: {"error_code": INVALID_TOPIC_EXCEPTION.code, "low_watermark": -1,
-                        "error_message": f"records of the internal topic {tp.topic} cannot be deleted"}
-                   for tp in offsets if is_internal_topic(tp.topic)}
+        denied = self._denied_topics(ctx, AclOperation.DELETE, {tp.topic for tp in offsets})
+        refused = {tp: {"error_code": TOPIC_AUTHORIZATION_FAILED.code, "low_watermark": -1,
+                        "error_message": _denied(ctx, "Delete", "topic", tp.topic)}
+                   if tp.topic in denied else
+                   {"error_code": INVALID_TOPIC_EXCEPTION.code, "low_watermark": -1,
+                    "error_message": f"records of the internal topic {tp.topic} cannot be deleted"}
+                   for tp in offsets if tp.topic in denied or is_internal_topic(tp.topic)}
         results = await self.replica_manager.delete_records(
             {tp: o for tp, o in offsets.items() if tp not in refused}, req.timeout_ms,
             live_brokers=lambda: self.metadata.brokers)
@@ -366,8 +496,16 @@ class Apis:
     async def offsets_for_leader_epoch(self, req: OffsetsForLeaderEpochRequest,
                                        ctx: RequestContext | None = None) -> OffsetsForLeaderEpochResponse:
         rm = self.replica_manager
+        if req.replica_id >= 0:  # a follower truncating: a cluster action
+            problem = self._cluster_action_problem(ctx, f"OffsetsForLeaderEpoch as replica {req.replica_id}")
+            denied = {t.topic for t in req.topics} if problem is not None else set()
+            error = CLUSTER_AUTHORIZATION_FAILED
+        else:
+            denied, error = self._denied_topics(ctx, AclOperation.DESCRIBE, {t.topic for t in req.topics}), \
+                TOPIC_AUTHORIZATION_FAILED
         return OffsetsForLeaderEpochResponse([
             OffsetForLeaderTopicResult(t.topic, [
+                EpochEndOffsetResult(p.partition, error.code) if t.topic in denied else
                 rm.end_offset_for_epoch(TopicPartition(t.topic, p.partition), p.leader_epoch, p.current_leader_epoch)
                 for p in t.partitions])
             for t in req.topics])
@@ -387,9 +525,17 @@ class Apis:
             c = self._controller()
         except TidelogError as e:
             return CreateTopicsResponse([TopicResult(t.name, e.code, str(e)) for t in req.topics])
-        results, waits = await c.call(lambda: c.create_topics(req.topics, req.validate_only))
+        denied: set[str] = set()
+        if not self._can(ctx, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME):  # else Create on each topic
+            denied = self._denied_topics(ctx, AclOperation.CREATE, {t.name for t in req.topics})
+        refused = [TopicResult(n, TOPIC_AUTHORIZATION_FAILED.code, _denied(ctx, "Create", "topic", n))
+                   for n in dict.fromkeys(t.name for t in req.topics if t.name in denied)]
+        topics = [t for t in req.topics if t.name not in denied]
+        if not topics:
+            return CreateTopicsResponse(refused)
+        results, waits = await c.call(lambda: c.create_topics(topics, req.validate_only))
         await wait_all(waits, req.timeout_ms / 1000)
-        return CreateTopicsResponse(results)
+        return CreateTopicsResponse(refused + list(results))
 
     @handles(ApiKey.DELETE_TOPICS, Kind.ASYNC)
     async def delete_topics(self, req: DeleteTopicsRequest, ctx: RequestContext | None = None) -> DeleteTopicsResponse:
@@ -402,8 +548,11 @@ class Apis:
             return DeleteTopicsResponse([TopicResult(n, e.code, str(e)) for n in req.topic_names])
         # the broker's own topics (__consumer_offsets: every group's committed offsets) are
         # not the clients' to delete, as they are not theirs to produce to
-        refused = {n: TopicResult(n, INVALID_TOPIC_EXCEPTION.code, f"{n} is an internal topic: it cannot be deleted")
-                   for n in req.topic_names if is_internal_topic(n)}
+        denied = self._denied_topics(ctx, AclOperation.DELETE, req.topic_names)
+        refused = {n: TopicResult(n, TOPIC_AUTHORIZATION_FAILED.code, _denied(ctx, "Delete", "topic", n))
+                   if n in denied else
+                   TopicResult(n, INVALID_TOPIC_EXCEPTION.code, f"{n} is an internal topic: it cannot be deleted")
+                   for n in req.topic_names if n in denied or is_internal_topic(n)}
         names = [n for n in req.topic_names if n not in refused]
         deleted = {r.name: r for r in await c.call(lambda: c.delete_topics(names))} if names else {}
         return DeleteTopicsResponse([refused.get(n) or deleted[n] for n in req.topic_names])
@@ -414,20 +563,39 @@ class Apis:
             c = self._controller()
         except TidelogError as e:
             return CreatePartitionsResponse([TopicResult(t.name, e.code, str(e)) for t in req.topics])
-        results, waits = await c.call(lambda: c.create_partitions_all(req.topics, req.validate_only))
+        denied = self._denied_topics(ctx, AclOperation.ALTER, {t.name for t in req.topics})
+        refused = [TopicResult(n, TOPIC_AUTHORIZATION_FAILED.code, _denied(ctx, "Alter", "topic", n))
+                   for n in dict.fromkeys(t.name for t in req.topics if t.name in denied)]
+        topics = [t for t in req.topics if t.name not in denied]
+        if not topics:
+            return CreatePartitionsResponse(refused)
+        results, waits = await c.call(lambda: c.create_partitions_all(topics, req.validate_only))
         await wait_all(waits, req.timeout_ms / 1000)
-        return CreatePartitionsResponse(results)
+        return CreatePartitionsResponse(refused + list(results))
 
     @handles(ApiKey.DESCRIBE_CONFIGS, Kind.ASYNC)
     async def describe_configs(self, req: DescribeConfigsRequest, ctx: RequestContext | None = None) -> DescribeConfigsResponse:
         out = []
         for r in req.resources:
             try:
+                self._check_config_access(ctx, AclOperation.DESCRIBE_CONFIGS, r.resource_type, r.resource_name)
                 entries = self._describe(r.resource_type, r.resource_name, r.configuration_keys)
                 out.append(DescribeConfigsResult(NONE.code, r.resource_type, r.resource_name, entries))
             except TidelogError as e:
                 out.append(DescribeConfigsResult(e.code, r.resource_type, r.resource_name, error_message=str(e)))
         return DescribeConfigsResponse(out)
+
+    def _check_config_access(self, ctx: RequestContext | None, operation: AclOperation, resource_type: int,
+                             name: str) -> None:
+        """DescribeConfigs / AlterConfigs on the topic (TOPIC_AUTHORIZATION_FAILED) or, for a
+        broker's configs, on the Cluster (CLUSTER_AUTHORIZATION_FAILED)."""
+        if self.authorizer is None or ctx is None:
+            return
+        what = "DescribeConfigs" if operation is AclOperation.DESCRIBE_CONFIGS else "AlterConfigs"
+        if resource_type == TOPIC_RESOURCE and not self._can(ctx, operation, ResourceType.TOPIC, name):
+            raise TidelogError(_denied(ctx, what, "topic", name), error=TOPIC_AUTHORIZATION_FAILED)
+        if resource_type == BROKER_RESOURCE and not self._can(ctx, operation, ResourceType.CLUSTER, CLUSTER_NAME):
+            raise TidelogError(_denied(ctx, what, "cluster", CLUSTER_NAME), error=CLUSTER_AUTHORIZATION_FAILED)
 
     def _describe(self, resource_type: int, name: str, keys: list[str] | None) -> list[ConfigEntry]:
         if resource_type == TOPIC_RESOURCE:
@@ -456,6 +624,7 @@ class Apis:
                 if named[(r.resource_type, r.resource_name)] > 1:
                     raise TidelogError(f"resource {r.resource_name[:250]!r} (type {r.resource_type}) appears more "
                                        "than once in the request", error=INVALID_REQUEST)
+                self._check_config_access(ctx, AclOperation.ALTER_CONFIGS, r.resource_type, r.resource_name)
                 if r.resource_type != TOPIC_RESOURCE:
                     raise TidelogError("only topic configs can be altered at runtime", error=INVALID_REQUEST)
                 c = self._controller()
@@ -473,6 +642,7 @@ class Apis:
         """Any broker answers: a new producer id at epoch 0 (an existing id only with its
         transactional id, and there are no transactions: see broker/producer_ids.py)."""
         try:
+            self._check_init_producer_id(ctx, req)
             if req.transactional_id is not None:
                 raise TidelogError("transactional producers are not supported (transactional_id must be null)",
                                    error=INVALID_REQUEST)
@@ -481,8 +651,28 @@ class Apis:
             return InitProducerIdResponse(e.code, error_message=str(e))
         return InitProducerIdResponse(NONE.code, pid, epoch)
 
+    def _check_init_producer_id(self, ctx: RequestContext | None, req: InitProducerIdRequest) -> None:
+        """Kafka's rule: Write on the transactional id; without one, IdempotentWrite on the
+        Cluster or Write on some topic (KIP-679)."""
+        a = self.authorizer
+        if a is None or ctx is None:
+            return
+        if req.transactional_id is not None:
+            if not self._can(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id):
+                raise TidelogError(_denied(ctx, "Write", "transactional id", req.transactional_id),
+                                   error=TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        elif not (self._can(ctx, AclOperation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME)
+                  or a.authorize_any(ctx.principal, ctx.peer_host, AclOperation.WRITE, ResourceType.TOPIC)):
+            raise TidelogError(f"{ctx.principal} may not initialise an idempotent producer: it needs "
+                               "IdempotentWrite on the cluster or Write on a topic", error=CLUSTER_AUTHORIZATION_FAILED)
+
     @handles(ApiKey.ELECT_LEADERS, Kind.ASYNC)
     async def elect_leaders(self, req: ElectLeadersRequest, ctx: RequestContext | None = None) -> ElectLeadersResponse:
+        if not self._can(ctx, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
+            message = _denied(ctx, "Alter", "cluster", CLUSTER_NAME)
+            return ElectLeadersResponse(CLUSTER_AUTHORIZATION_FAILED.code, [
+                ElectLeadersResult(r.topic_name, r.partition_index, CLUSTER_AUTHORIZATION_FAILED.code, message)
+                for r in req.topic_partitions or []])
         c = self._controller()
         tps = None if req.topic_partitions is None else [
             TopicPartition(r.topic_name, r.partition_index) for r in req.topic_partitions]
@@ -493,6 +683,8 @@ class Apis:
 
     @handles(ApiKey.CONTROLLED_SHUTDOWN, Kind.ASYNC)
     async def controlled_shutdown(self, req: ControlledShutdownRequest, ctx: RequestContext | None = None) -> ControlledShutdownResponse:
+        if self._cluster_action_problem(ctx, f"ControlledShutdown of broker {req.broker_id}") is not None:
+            return ControlledShutdownResponse(CLUSTER_AUTHORIZATION_FAILED.code)
         c = self._controller()
         try:  # STALE_BROKER_EPOCH unless the epoch is the broker's registration's (see the controller)
             remaining, waits = await c.call(lambda: c.controlled_shutdown(req.broker_id, req.broker_epoch))
@@ -514,43 +706,187 @@ class Apis:
 
     @handles(ApiKey.FIND_COORDINATOR, Kind.ASYNC)
     async def find_coordinator(self, req: FindCoordinatorRequest, ctx: RequestContext | None = None) -> FindCoordinatorResponse:
+        if req.key_type == GROUP_KEY and not self._can(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, req.key):
+            return FindCoordinatorResponse(GROUP_AUTHORIZATION_FAILED.code,
+                                           error_message=_denied(ctx, "Describe", "group", req.key))
+        if req.key_type != GROUP_KEY and not self._can(ctx, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
+                                                       req.key):
+            return FindCoordinatorResponse(TRANSACTIONAL_ID_AUTHORIZATION_FAILED.code,
+                                           error_message=_denied(ctx, "Describe", "transactional id", req.key))
         return await self.group_coordinator.find_coordinator(req)
+
+    def _group_denied(self, ctx: RequestContext | None, operation: AclOperation, group_id: str) -> str | None:
+        """Why the group's API is refused (GROUP_AUTHORIZATION_FAILED), or None."""
+        if self._can(ctx, operation, ResourceType.GROUP, group_id):
+            return None
+        return _denied(ctx, operation.kafka_name, "group", group_id)
 
     @handles(ApiKey.JOIN_GROUP, Kind.ASYNC)
     async def join_group(self, req: JoinGroupRequest, ctx: RequestContext | None = None) -> JoinGroupResponse:
+        if (denied := self._group_denied(ctx, AclOperation.READ, req.group_id)) is not None:
+            return JoinGroupResponse(GROUP_AUTHORIZATION_FAILED.code, member_id=req.member_id, error_message=denied)
         return await self.group_coordinator.join_group(req, ctx.client_id, ctx.peer_host)
 
     @handles(ApiKey.SYNC_GROUP, Kind.ASYNC)
     async def sync_group(self, req: SyncGroupRequest, ctx: RequestContext | None = None) -> SyncGroupResponse:
+        if (denied := self._group_denied(ctx, AclOperation.READ, req.group_id)) is not None:
+            return SyncGroupResponse(GROUP_AUTHORIZATION_FAILED.code, error_message=denied)
         return await self.group_coordinator.sync_group(req)
 
     @handles(ApiKey.HEARTBEAT, Kind.ASYNC)
     async def heartbeat(self, req: HeartbeatRequest, ctx: RequestContext | None = None) -> HeartbeatResponse:
+        if (denied := self._group_denied(ctx, AclOperation.READ, req.group_id)) is not None:
+            return HeartbeatResponse(GROUP_AUTHORIZATION_FAILED.code, denied)
         return await self.group_coordinator.heartbeat(req)
 
     @handles(ApiKey.LEAVE_GROUP, Kind.ASYNC)
     async def leave_group(self, req: LeaveGroupRequest, ctx: RequestContext | None = None) -> LeaveGroupResponse:
+        if (denied := self._group_denied(ctx, AclOperation.READ, req.group_id)) is not None:
+            return LeaveGroupResponse(GROUP_AUTHORIZATION_FAILED.code, error_message=denied)
         return await self.group_coordinator.leave_group(req)
 
     @handles(ApiKey.OFFSET_COMMIT, Kind.ASYNC)
     async def offset_commit(self, req: OffsetCommitRequest, ctx: RequestContext | None = None) -> OffsetCommitResponse:
-        return await self.group_coordinator.offset_commit(req)
+        """Read on the group (else every partition GROUP_AUTHORIZATION_FAILED), then Read on
+        each topic (else its partitions TOPIC_AUTHORIZATION_FAILED)."""
+        if (denied_group := self._group_denied(ctx, AclOperation.READ, req.group_id)) is not None:
+            return OffsetCommitResponse([OffsetCommitTopicResponse(t.name, [
+                OffsetCommitPartitionResponse(p.partition_index, GROUP_AUTHORIZATION_FAILED.code, denied_group)
+                for p in t.partitions]) for t in req.topics])
+        denied = self._denied_topics(ctx, AclOperation.READ, {t.name for t in req.topics})
+        if not denied:
+            return await self.group_coordinator.offset_commit(req)
+        allowed = [t for t in req.topics if t.name not in denied]
+        answered = (await self.group_coordinator.offset_commit(dataclasses.replace(req, topics=allowed))).topics \
+            if allowed else []
+        return OffsetCommitResponse(answered + [OffsetCommitTopicResponse(t.name, [
+            OffsetCommitPartitionResponse(p.partition_index, TOPIC_AUTHORIZATION_FAILED.code,
+                                          _denied(ctx, "Read", "topic", t.name)) for p in t.partitions])
+            for t in req.topics if t.name in denied])
 
     @handles(ApiKey.OFFSET_FETCH, Kind.ASYNC)
     async def offset_fetch(self, req: OffsetFetchRequest, ctx: RequestContext | None = None) -> OffsetFetchResponse:
-        return await self.group_coordinator.offset_fetch(req)
+        """Describe on the group (else GROUP_AUTHORIZATION_FAILED); a topic asked for that the
+        principal may not Describe is answered TOPIC_AUTHORIZATION_FAILED, and a request for
+        every topic leaves such topics out."""
+        if self._group_denied(ctx, AclOperation.DESCRIBE, req.group_id) is not None:
+            return OffsetFetchResponse(GROUP_AUTHORIZATION_FAILED.code)
+        if self.authorizer is None or ctx is None:
+            return await self.group_coordinator.offset_fetch(req)
+        if req.topics is None:
+            r = await self.group_coordinator.offset_fetch(req)
+            return dataclasses.replace(r, topics=[
+                t for t in r.topics if self._can(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, t.name)])
+        denied = self._denied_topics(ctx, AclOperation.DESCRIBE, {t.name for t in req.topics})
+        if not denied:
+            return await self.group_coordinator.offset_fetch(req)
+        allowed = [t for t in req.topics if t.name not in denied]
+        r = await self.group_coordinator.offset_fetch(dataclasses.replace(req, topics=allowed))
+        if r.error_code != NONE.code:
+            return r
+        return dataclasses.replace(r, topics=r.topics + [OffsetFetchTopicResponse(t.name, [
+            OffsetFetchPartitionResponse(p, error_code=TOPIC_AUTHORIZATION_FAILED.code) for p in t.partition_indexes])
+            for t in req.topics if t.name in denied])
 
     @handles(ApiKey.LIST_GROUPS, Kind.ASYNC)
     async def list_groups(self, req: ListGroupsRequest, ctx: RequestContext | None = None) -> ListGroupsResponse:
-        return await self.group_coordinator.list_groups(req)
+        """Every group with Describe on the Cluster, else the groups the principal may Describe."""
+        r = await self.group_coordinator.list_groups(req)
+        if self._can(ctx, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            return r
+        return dataclasses.replace(r, groups=[
+            g for g in r.groups if self._can(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, g.group_id)])
 
     @handles(ApiKey.DESCRIBE_GROUPS, Kind.ASYNC)
     async def describe_groups(self, req: DescribeGroupsRequest, ctx: RequestContext | None = None) -> DescribeGroupsResponse:
-        return await self.group_coordinator.describe_groups(req)
+        denied = {g: m for g in req.groups if (m := self._group_denied(ctx, AclOperation.DESCRIBE, g)) is not None}
+        if not denied:
+            return await self.group_coordinator.describe_groups(req)
+        allowed = [g for g in req.groups if g not in denied]
+        answered = (await self.group_coordinator.describe_groups(DescribeGroupsRequest(allowed))).groups \
+            if allowed else []
+        return DescribeGroupsResponse(answered + [DescribedGroup(GROUP_AUTHORIZATION_FAILED.code, g, error_message=m)
+                                                  for g, m in denied.items()])
 
     @handles(ApiKey.DELETE_GROUPS, Kind.ASYNC)
     async def delete_groups(self, req: DeleteGroupsRequest, ctx: RequestContext | None = None) -> DeleteGroupsResponse:
-        return await self.group_coordinator.delete_groups(req)
+        denied = {g: m for g in req.groups_names if (m := self._group_denied(ctx, AclOperation.DELETE, g)) is not None}
+        if not denied:
+            return await self.group_coordinator.delete_groups(req)
+        allowed = [g for g in req.groups_names if g not in denied]
+        answered = (await self.group_coordinator.delete_groups(DeleteGroupsRequest(allowed))).results \
+            if allowed else []
+        return DeleteGroupsResponse(answered + [DeletableGroupResult(g, GROUP_AUTHORIZATION_FAILED.code, m)
+                                                for g, m in denied.items()])
+
+    # -- ACLs (broker/security/authorizer.py) --------------------------------------------------
+
+    @handles(ApiKey.CREATE_ACLS, Kind.ASYNC)
+    async def create_acls(self, req: CreateAclsRequest, ctx: RequestContext | None = None) -> CreateAclsResponse:
+        """Alter on the Cluster; each creation stored (or refused: INVALID_REQUEST naming the
+        field) in ZooKeeper by this broker. No authorizer: SECURITY_DISABLED."""
+        refusal = self._acl_api_refusal(ctx, AclOperation.ALTER)
+        if refusal is not None:
+            return CreateAclsResponse([AclCreationResult(refusal[0].code, refusal[1]) for _ in req.creations])
+        results: list[AclCreationResult | None] = [None] * len(req.creations)
+        bindings, at = [], []
+        for i, c in enumerate(req.creations):
+            try:
+                bindings.append(AclBinding(c.resource_type, c.resource_name, c.resource_pattern_type, c.principal,
+                                           c.host, c.operation, c.permission_type))
+                at.append(i)
+            except AclError as e:
+                results[i] = AclCreationResult(INVALID_REQUEST.code, str(e))
+        for i, error in zip(at, await self.acl_store.create(bindings)):
+            results[i] = AclCreationResult(NONE.code) if error is None else AclCreationResult(
+                INVALID_REQUEST.code if isinstance(error, AclError) else code_of(error).code, str(error))
+        return CreateAclsResponse(results)
+
+    @handles(ApiKey.DESCRIBE_ACLS, Kind.ASYNC)
+    async def describe_acls(self, req: DescribeAclsRequest, ctx: RequestContext | None = None) -> DescribeAclsResponse:
+        """Describe on the Cluster; the bindings this broker holds that match the filter, by
+        pattern."""
+        refusal = self._acl_api_refusal(ctx, AclOperation.DESCRIBE)
+        if refusal is not None:
+            return DescribeAclsResponse(refusal[0].code, refusal[1])
+        try:
+            acl_filter = _acl_filter(req)
+        except AclError as e:
+            return DescribeAclsResponse(INVALID_REQUEST.code, str(e))
+        by_pattern: dict[tuple, list[AclDescription]] = {}
+        for b in self.authorizer.bindings(acl_filter):
+            by_pattern.setdefault(b.pattern, []).append(
+                AclDescription(b.principal, b.host, int(b.operation), int(b.permission_type)))
+        return DescribeAclsResponse(NONE.code, resources=[
+            DescribeAclsResource(int(t), name, int(p), acls) for (t, name, p), acls in by_pattern.items()])
+
+    @handles(ApiKey.DELETE_ACLS, Kind.ASYNC)
+    async def delete_acls(self, req: DeleteAclsRequest, ctx: RequestContext | None = None) -> DeleteAclsResponse:
+        """Alter on the Cluster; per filter the bindings deleted."""
+        refusal = self._acl_api_refusal(ctx, AclOperation.ALTER)
+        if refusal is not None:
+            return DeleteAclsResponse([DeleteAclsFilterResult(refusal[0].code, refusal[1]) for _ in req.filters])
+        results: list[DeleteAclsFilterResult | None] = [None] * len(req.filters)
+        filters, at = [], []
+        for i, f in enumerate(req.filters):
+            try:
+                filters.append(_acl_filter(f))
+                at.append(i)
+            except AclError as e:
+                results[i] = DeleteAclsFilterResult(INVALID_REQUEST.code, str(e))
+        for i, deleted in zip(at, await self.acl_store.delete(filters)):
+            results[i] = DeleteAclsFilterResult(NONE.code, matching_acls=[DeleteAclsMatchingAcl(
+                NONE.code if e is None else code_of(e).code, int(b.restype), b.name, int(b.resource_pattern_type),
+                b.principal, b.host, int(b.operation), int(b.permission_type), None if e is None else str(e))
+                for b, e in deleted])
+        return DeleteAclsResponse(results)
+
+    def _acl_api_refusal(self, ctx: RequestContext | None, operation: AclOperation) -> tuple[ErrorCode, str] | None:
+        if self.authorizer is None or self.acl_store is None:
+            return SECURITY_DISABLED, "no authorizer is configured on this broker (authorizer.class.name)"
+        if not self._can(ctx, operation, ResourceType.CLUSTER, CLUSTER_NAME):
+            return CLUSTER_AUTHORIZATION_FAILED, _denied(ctx, operation.kafka_name, "cluster", CLUSTER_NAME)
+        return None
 
     # -- from the controller -------------------------------------------------------------------
 
@@ -576,6 +912,8 @@ class Apis:
 
     @handles(ApiKey.LEADER_AND_ISR, Kind.ASYNC)
     async def leader_and_isr(self, req: LeaderAndIsrRequest, ctx: RequestContext | None = None) -> LeaderAndIsrResponse:
+        if self._cluster_action_problem(ctx, "LeaderAndIsr") is not None:
+            return LeaderAndIsrResponse(CLUSTER_AUTHORIZATION_FAILED.code)
         try:
             await self._check_from_controller("LeaderAndIsr", req)
         except TidelogError as e:
@@ -585,6 +923,8 @@ class Apis:
 
     @handles(ApiKey.UPDATE_METADATA, Kind.ASYNC)
     async def update_metadata(self, req: UpdateMetadataRequest, ctx: RequestContext | None = None) -> UpdateMetadataResponse:
+        if self._cluster_action_problem(ctx, "UpdateMetadata") is not None:
+            return UpdateMetadataResponse(CLUSTER_AUTHORIZATION_FAILED.code)
         try:
             await self._check_from_controller("UpdateMetadata", req)
         except TidelogError as e:
@@ -598,11 +938,25 @@ class Apis:
 
     @handles(ApiKey.STOP_REPLICA, Kind.ASYNC)
     async def stop_replica(self, req: StopReplicaRequest, ctx: RequestContext | None = None) -> StopReplicaResponse:
+        if self._cluster_action_problem(ctx, "StopReplica") is not None:
+            return StopReplicaResponse(CLUSTER_AUTHORIZATION_FAILED.code)
         try:
             await self._check_from_controller("StopReplica", req)
         except TidelogError as e:
             return StopReplicaResponse(e.code)
         return self.replica_manager.stop_replicas(req)
+
+
+def _denied(ctx: RequestContext | None, operation: str, kind: str, name: str) -> str:
+    principal = ctx.principal if ctx is not None else "?"
+    return f"{principal} is not authorized to {operation} {kind} {name[:255]!r}"
+
+
+def _acl_filter(f: Any) -> AclBindingFilter:
+    """A DescribeAcls request or DeleteAcls filter as an ``AclBindingFilter`` (AclError for an
+    unknown code or an UNKNOWN field)."""
+    return AclBindingFilter(f.resource_type_filter, f.resource_name_filter, f.pattern_type_filter,
+                            f.principal_filter, f.host_filter, f.operation, f.permission_type).validate()
 
 
 def _internal_topic_refused(tp: TopicPartition) -> dict:

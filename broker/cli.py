@@ -4,7 +4,7 @@ The broker-side commands (broker, dev, health, dump-log) are each a ``Command`` 
 ``COMMANDS``: a name, help texts, a function that adds its arguments to its own parser, and a
 function that runs it and returns the exit status. The client commands come in families, one
 module of ``tidelog.commands`` each (``FAMILIES``: topics; console, i.e. produce and consume;
-groups; perf), which add their own commands with ``register``. Every command imports what it
+groups; acls; perf), which add their own commands with ``register``. Every command imports what it
 needs when it runs, so ``tidelog --help`` and the light commands start without loading kazoo
 or the broker; this module imports only the stdlib, and the family modules only ``common``.
 
@@ -139,7 +139,7 @@ COMMANDS: tuple[Command, ...] = (
 
 # the client command families, listed after the broker-side commands in ``tidelog --help``
 FAMILIES: tuple[str, ...] = ("tidelog.commands.topics", "tidelog.commands.console",
-                             "tidelog.commands.groups", "tidelog.commands.perf")
+                             "tidelog.commands.groups", "tidelog.commands.acls", "tidelog.commands.perf")
 
 
 def installed_version() -> str:

@@ -52,6 +52,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tidelog.broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
+from tidelog.protocol.acls import parse_principal
 from tidelog.protocol.address import parse_host_port
 
 MAX_LONG = 2**63 - 1
@@ -160,6 +161,25 @@ def _check_ip_overrides(value: str) -> str | None:
         parse_ip_overrides(value)
     except ValueError as e:
         return f"expected a comma-separated list of host:count ({e})"
+    return None
+
+
+# ``authorizer.class.name``: Kafka's ZooKeeper-era class names (so a Kafka config carries over)
+# and Tidelog's own; all three are broker/security/authorizer.py. Empty: no authorizer.
+AUTHORIZER_CLASS_NAMES = ("kafka.security.authorizer.AclAuthorizer", "kafka.security.auth.SimpleAclAuthorizer",
+                          "tidelog.broker.security.authorizer.AclAuthorizer")
+
+
+def parse_super_users(text: str | None) -> frozenset[str]:
+    """``super.users``: Kafka's semicolon-separated principals, ``User:a;User:b``."""
+    return frozenset(parse_principal(item.strip()) for item in (text or "").split(";") if item.strip())
+
+
+def _check_super_users(value: str) -> str | None:
+    try:
+        parse_super_users(value)
+    except ValueError as e:
+        return f"expected Type:name principals separated by ';' ({e})"
     return None
 
 
@@ -322,6 +342,20 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
        "then starts a new epoch (ms).", minimum=1),
     _S("producer.id.expiration.check.interval.ms", int, 600000,
        "How often partitions look for expired producer ids (ms).", minimum=1),
+    # authorization (broker/security/authorizer.py)
+    _S("authorizer.class.name", str, None,
+       "The ACL authorizer: kafka.security.authorizer.AclAuthorizer (Kafka's name, also "
+       "kafka.security.auth.SimpleAclAuthorizer, or tidelog.broker.security.authorizer.AclAuthorizer; "
+       "all three are Tidelog's ACL authorizer, ACLs in ZooKeeper as Kafka stores them). Unset or "
+       "empty: no authorizer, every principal may do everything but the inter-broker APIs.",
+       choices=AUTHORIZER_CLASS_NAMES),
+    _S("super.users", str, None,
+       "Principals allowed everything whatever the ACLs say, and accepted as brokers on the "
+       "inter-broker listener: User:a;User:b (semicolon-separated, Kafka's form).",
+       check=_check_super_users),
+    _S("allow.everyone.if.no.acl.found", bool, False,
+       "With the authorizer on, allow a resource that no ACL covers to every principal. False "
+       "(Kafka's default): a resource without ACLs is refused to all but super users."),
 )
 del _S
 

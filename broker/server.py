@@ -24,6 +24,9 @@ with a new broker epoch; the controller treats that as a restart.
 Broker-to-broker requests are checked against ZooKeeper (broker/apis.py): the broker watches
 ``/controller`` and ``/brokers/ids`` and keeps what it reads in ``metadata.registry``, the
 controller's id and epoch and every broker's epoch; its fetchers send its own broker epoch.
+
+With ``authorizer.class.name`` set, the ACLs are loaded from ZooKeeper (and their change
+notifications followed) before any listener opens (broker/security/authorizer.py).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import trio
 
 from tidelog.broker.apis import Apis
 from tidelog.broker.channel import BrokerChannel, BrokerUnreachable
-from tidelog.broker.config import BrokerConfig
+from tidelog.broker.config import BrokerConfig, parse_super_users
 from tidelog.broker.controller.controller import Controller, ControllerConfig
 from tidelog.broker.groups.group_coordinator import CoordinatorConfig, GroupCoordinator
 from tidelog.broker.health import Readiness, broker_readiness
@@ -48,6 +51,7 @@ from tidelog.broker.network import SocketServer
 from tidelog.broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
 from tidelog.broker.replication.fetcher import RemoteLeaderEndpoint
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from tidelog.broker.security.authorizer import Authorizer, ZkAclStore
 from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr
 from tidelog.broker.zookeeper.zk import ZkClient
@@ -85,8 +89,17 @@ class BrokerServer:
             create_topic=self._create_internal_topic, list_offsets=self._list_offsets_at)
         self.replica_manager.leadership_listeners.append(self.group_coordinator.on_leadership_change)
         self._coordinator_channels: dict[int, BrokerChannel] = {}
+        # authorization: super.users and this broker's own inter-broker principal are brokers (and
+        # super users); the ACLs are loaded from ZooKeeper before the listeners open
+        own = getattr(config, "inter_broker_principal", None)
+        self.broker_principals = parse_super_users(config.super_users) | ({own} if own else set())
+        self.authorizer = Authorizer(self.broker_principals, config.allow_everyone_if_no_acl_found) \
+            if config.authorizer_class_name else None
+        self.acl_store = ZkAclStore(self.zk, self.authorizer) if self.authorizer is not None else None
         self.apis = Apis(config, self.replica_manager, self.metadata, broker=self, controller=self.controller,
-                         group_coordinator=self.group_coordinator, producer_ids=self.producer_ids)
+                         group_coordinator=self.group_coordinator, producer_ids=self.producer_ids,
+                         authorizer=self.authorizer, acl_store=self.acl_store,
+                         broker_principals=self.broker_principals)
         self.log_cleaner = LogCleaner(self.log_manager, CleanerConfig.from_broker_config(config))
         self.broker_epoch = -1
         self.port: int | None = None
@@ -127,6 +140,8 @@ class BrokerServer:
 
     async def _start_services(self, nursery: trio.Nursery) -> None:
         host, _ = self.config.listener
+        if self.acl_store is not None:  # no request is served before the ACLs are loaded
+            await nursery.start(self.acl_store.run)
         handler = self.apis.handle
         if self.config.metrics_port >= 0:  # Prometheus endpoint and per-request hook (broker/metrics.py)
             from tidelog.broker.metrics import BrokerMetrics

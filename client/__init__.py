@@ -19,7 +19,8 @@ __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordF
            "RequestTimedOut", "BrokerConnectionError", "NoBrokersAvailable", "ClientClosedError",
            "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError", "WakeupError",
            "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
-           "ListedGroup"]
+           "ListedGroup", "AclBinding", "AclBindingFilter", "ResourceType", "ResourcePatternType", "AclOperation",
+           "AclPermissionType"]
 
 
 def __getattr__(name: str) -> Any:
@@ -36,6 +37,10 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from tidelog.blocking import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
         Admin,
         BrokerConnectionError,
         ClientClosedError,
@@ -60,6 +65,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         RecordFutures,
         RecordMetadata,
         RequestTimedOut,
+        ResourcePatternType,
+        ResourceType,
         TidelogClientError,
         TidelogError,
         TopicDescription,

@@ -54,6 +54,14 @@ from tidelog.errors import (
     TidelogError,
     WakeupError,
 )
+from tidelog.protocol.acls import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
 from tidelog.records import Record, RecordMetadata, TopicPartition
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",
@@ -62,7 +70,8 @@ __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordF
            "RequestTimedOut", "BrokerConnectionError", "NoBrokersAvailable", "ClientClosedError",
            "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError", "WakeupError",
            "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
-           "ListedGroup"]
+           "ListedGroup", "AclBinding", "AclBindingFilter", "ResourceType", "ResourcePatternType", "AclOperation",
+           "AclPermissionType"]
 
 
 HANDOFF_WAIT_S = 0.001  # see Consumer._poll_waiting
@@ -505,6 +514,20 @@ class Admin(_Blocking):
         """Preferred leader election; see ``AsyncAdmin.elect_leaders``."""
         return self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
                           timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def create_acls(self, bindings: Iterable[AclBinding], timeout_ms: int | None = None) -> dict[AclBinding, None]:
+        """Create ACLs; see ``AsyncAdmin.create_acls``."""
+        return self._call(self._aio.create_acls, list(bindings), timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def describe_acls(self, acl_filter: AclBindingFilter = AclBindingFilter(),
+                      timeout_ms: int | None = None) -> list[AclBinding]:
+        """The ACLs matching ``acl_filter``; see ``AsyncAdmin.describe_acls``."""
+        return self._call(self._aio.describe_acls, acl_filter, timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def delete_acls(self, filters: Iterable[AclBindingFilter], timeout_ms: int | None = None
+                    ) -> dict[AclBindingFilter, list[AclBinding]]:
+        """Delete the ACLs each filter matches; see ``AsyncAdmin.delete_acls``."""
+        return self._call(self._aio.delete_acls, list(filters), timeout_ms, timeout=self._timeout(timeout_ms))
 
     def list_groups(self, states: Iterable[str] | None = None, timeout_ms: int | None = None) -> list[ListedGroup]:
         return self._call(self._aio.list_groups, None if states is None else list(states), timeout_ms,

@@ -94,6 +94,8 @@ POLICY_VIOLATION = _register("POLICY_VIOLATION", 44, "The request parameters do 
 OUT_OF_ORDER_SEQUENCE_NUMBER = _register("OUT_OF_ORDER_SEQUENCE_NUMBER", 45, "The broker received an out of order sequence number")
 DUPLICATE_SEQUENCE_NUMBER = _register("DUPLICATE_SEQUENCE_NUMBER", 46, "The broker received a duplicate sequence number")
 INVALID_PRODUCER_EPOCH = _register("INVALID_PRODUCER_EPOCH", 47, "The producer's epoch is older than the broker's (a newer producer took over)")
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = _register("TRANSACTIONAL_ID_AUTHORIZATION_FAILED", 53, "Not authorized to use the transactional id")
+SECURITY_DISABLED = _register("SECURITY_DISABLED", 54, "Security features are disabled (no authorizer is configured)")
 KAFKA_STORAGE_ERROR = _register("KAFKA_STORAGE_ERROR", 56, "Disk error when trying to access the log on the broker", retriable=R, invalid_metadata=M)
 UNKNOWN_PRODUCER_ID = _register("UNKNOWN_PRODUCER_ID", 59, "The broker has no state for this producer id")
 REASSIGNMENT_IN_PROGRESS = _register("REASSIGNMENT_IN_PROGRESS", 60, "A partition reassignment is in progress")

@@ -947,3 +947,119 @@ class InitProducerIdResponse(Message):
     producer_epoch: int = -1
     error_message: str | None = None
     throttle_time_ms: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# ACLs (keys 29-31). Field names are Kafka's JSON schema names in snake_case; the enums are
+# Kafka's codes (protocol.acls): resource type, pattern type (3 LITERAL, 4 PREFIXED; filters
+# also 1 ANY and 2 MATCH), operation, permission type (2 DENY, 3 ALLOW). Whether a value can
+# be stored or matched is the broker's answer per creation or filter (INVALID_REQUEST with a
+# message), as in Kafka, not a refusal of the whole request.
+
+LITERAL_PATTERN = 3
+
+
+@dataclass(frozen=True, slots=True)
+class AclCreation(Message):
+    resource_type: int = field(metadata=INT8)
+    resource_name: str
+    principal: str
+    host: str
+    operation: int = field(metadata=INT8)
+    permission_type: int = field(metadata=INT8)
+    resource_pattern_type: int = field(default=LITERAL_PATTERN, metadata=INT8)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateAclsRequest(Message):
+    creations: list[AclCreation]
+
+
+@dataclass(frozen=True, slots=True)
+class AclCreationResult(Message):
+    error_code: int
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreateAclsResponse(Message):
+    results: list[AclCreationResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AclFilter(Message):
+    """DescribeAcls' body and each DeleteAcls filter: None strings match anything."""
+    resource_type_filter: int = field(metadata=INT8)
+    operation: int = field(metadata=INT8)
+    permission_type: int = field(metadata=INT8)
+    resource_name_filter: str | None = None
+    pattern_type_filter: int = field(default=LITERAL_PATTERN, metadata=INT8)
+    principal_filter: str | None = None
+    host_filter: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeAclsRequest(Message):
+    resource_type_filter: int = field(metadata=INT8)
+    operation: int = field(metadata=INT8)
+    permission_type: int = field(metadata=INT8)
+    resource_name_filter: str | None = None
+    pattern_type_filter: int = field(default=LITERAL_PATTERN, metadata=INT8)
+    principal_filter: str | None = None
+    host_filter: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AclDescription(Message):
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeAclsResource(Message):
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    acls: list[AclDescription]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeAclsResponse(Message):
+    error_code: int
+    error_message: str | None = None
+    resources: list[DescribeAclsResource] = field(default_factory=list)
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAclsRequest(Message):
+    filters: list[AclFilter]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAclsMatchingAcl(Message):
+    error_code: int
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAclsFilterResult(Message):
+    error_code: int
+    error_message: str | None = None
+    matching_acls: list[DeleteAclsMatchingAcl] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAclsResponse(Message):
+    filter_results: list[DeleteAclsFilterResult]
+    throttle_time_ms: int = 0

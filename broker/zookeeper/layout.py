@@ -15,6 +15,10 @@ section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
     /admin/reassign_partitions                    {"version":1,"partitions":[{"topic","partition","replicas"}]}
     /isr_change_notification/isr_change_<seq>     {"version":1,"partitions":[{"topic","partition"}]}
     /latest_producer_id_block                     {"version":1,"broker","block_start","block_end"}
+    /kafka-acl/<ResourceType>/<name>              {"version":1,"acls":[{"principal","permissionType","operation","host"}]}
+    /kafka-acl-extended/prefixed/<ResourceType>/<name>   the same, for PREFIXED patterns
+    /kafka-acl-changes/acl_changes_<seq>          "<RESOURCE_TYPE>:<name>" (a LITERAL pattern changed)
+    /kafka-acl-extended-changes/acl_changes_<seq> {"version":1,"resourceType","name","patternType"}
 
 The JSON shapes are Kafka's, so Kafka's documentation of them applies. Decoders accept and
 ignore keys they do not know (a newer writer may add some) and raise ``ValueError`` naming
@@ -31,6 +35,15 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from tidelog.protocol.acls import (
+    AclError,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+    parse_enum,
+    parse_principal,
+)
 from tidelog.protocol.errors import (
     INVALID_PARTITIONS,
     INVALID_REPLICATION_FACTOR,
@@ -213,10 +226,60 @@ class ZkPaths:
     def latest_producer_id_block(self) -> str:
         return self._p("latest_producer_id_block")
 
+    # ACLs: Kafka's AclAuthorizer layout (LITERAL and PREFIXED patterns in two trees, each with
+    # its change notifications)
+
+    def acl_root(self, pattern_type: ResourcePatternType) -> str:
+        if pattern_type is ResourcePatternType.LITERAL:
+            return self._p("kafka-acl")
+        if pattern_type is ResourcePatternType.PREFIXED:
+            return self._p("kafka-acl-extended", "prefixed")
+        raise ValueError(f"ACLs of pattern type {pattern_type.name} are not stored")
+
+    def acl_type(self, pattern_type: ResourcePatternType, resource_type: ResourceType) -> str:
+        return f"{self.acl_root(pattern_type)}/{resource_type.kafka_name}"
+
+    def acl(self, resource_type: ResourceType, name: str, pattern_type: ResourcePatternType) -> str:
+        return f"{self.acl_type(pattern_type, resource_type)}/{check_acl_name(name)}"
+
+    def acl_changes(self, pattern_type: ResourcePatternType) -> str:
+        """The change notifications of one pattern tree (LITERAL: Kafka's legacy form)."""
+        if pattern_type is ResourcePatternType.LITERAL:
+            return self._p("kafka-acl-changes")
+        return self._p("kafka-acl-extended-changes")
+
+    def acl_change_prefix(self, pattern_type: ResourcePatternType) -> str:
+        return self.acl_changes(pattern_type) + "/" + ACL_CHANGE_PREFIX
+
+    def acl_paths(self) -> tuple[str, ...]:
+        """The ACL containers (created by the authorizer and by an ACL write, not at start)."""
+        stored = (ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED)
+        return tuple(self.acl_root(t) for t in stored) + tuple(self.acl_changes(t) for t in stored)
+
     def persistent_paths(self) -> tuple[str, ...]:
         """The container znodes created at client start (Kafka's top-level paths)."""
         return (self.broker_ids, self.topics, self.config_topics, self.delete_topics,
                 self.isr_change_notification)
+
+
+ACL_CHANGE_PREFIX = "acl_changes_"
+MAX_ACL_NAME_LENGTH = 1024  # longer names (group ids may be 32,767 bytes) take a PREFIXED ACL
+
+
+def check_acl_name(name: str) -> str:
+    """A resource name as a znode name: not empty, no '/', not '.' or '..', at most
+    MAX_ACL_NAME_LENGTH characters, none of the characters ZooKeeper refuses in a path
+    (controls, surrogates, U+F000-U+F8FF, U+FFF0-U+FFFF). AclError otherwise."""
+    if not isinstance(name, str) or not name or name in (".", ".."):
+        raise AclError(f"resource name {name!r} cannot be stored")
+    if len(name) > MAX_ACL_NAME_LENGTH:
+        raise AclError(f"resource name of {len(name)} characters is longer than {MAX_ACL_NAME_LENGTH}: "
+                       "use a PREFIXED ACL")
+    for ch in name:
+        o = ord(ch)
+        if ch == "/" or o < 0x20 or 0x7F <= o <= 0x9F or 0xD800 <= o <= 0xF8FF or o >= 0xFFF0:
+            raise AclError(f"resource name {name[:100]!r} has a character ZooKeeper cannot store ({o:#06x})")
+    return name
 
 
 # --------------------------------------------------------------------------- codec helpers
@@ -468,6 +531,75 @@ def decode_producer_id_block(data: bytes) -> ProducerIdBlock:
     obj = _loads(data, what)
     return ProducerIdBlock(_field(obj, "broker", int, what), _int_field(obj, "block_start", what),
                            _int_field(obj, "block_end", what))
+
+
+# --------------------------------------------------------------------------- ACLs
+
+# one stored entry: (principal, host, operation, permission type)
+AclEntry = tuple[str, str, AclOperation, AclPermissionType]
+
+
+def encode_acls(entries: Iterable[AclEntry]) -> bytes:
+    """Kafka's ACL znode: ``{"version":1,"acls":[{"principal","permissionType","operation","host"}]}``,
+    in a stable order (so equal sets write equal bytes)."""
+    return _dumps({"version": 1, "acls": [
+        {"principal": p, "host": h, "operation": op.kafka_name, "permissionType": perm.kafka_name}
+        for p, h, op, perm in sorted(entries)]})
+
+
+def decode_acls(data: bytes, what: str = "ACL") -> frozenset[AclEntry]:
+    """The entries of an ACL znode; ValueError naming the znode for anything malformed (an
+    unknown operation included: a half-read ACL set could allow what a Deny forbids)."""
+    out = set()
+    for entry in _field(_loads(data, what), "acls", list, what):
+        if not isinstance(entry, dict):
+            raise ValueError(f"malformed {what} znode data: {entry!r}")
+        try:
+            principal = parse_principal(_field(entry, "principal", str, what))
+            host = _field(entry, "host", str, what)
+            op = parse_enum(AclOperation, _field(entry, "operation", str, what), "operation")
+            perm = parse_enum(AclPermissionType, _field(entry, "permissionType", str, what), "permission type")
+        except AclError as e:
+            raise ValueError(f"malformed {what} znode data: {e}") from None
+        if op in (AclOperation.UNKNOWN, AclOperation.ANY) or perm not in (AclPermissionType.ALLOW,
+                                                                            AclPermissionType.DENY):
+            raise ValueError(f"malformed {what} znode data: {entry!r}")
+        out.add((principal, host, op, perm))
+    return frozenset(out)
+
+
+def encode_acl_change(resource_type: ResourceType, name: str, pattern_type: ResourcePatternType) -> bytes:
+    """A change notification's data: LITERAL ``TOPIC:name`` (Kafka's legacy text), PREFIXED
+    ``{"version":1,"resourceType":"TOPIC","name":...,"patternType":"PREFIXED"}``."""
+    if pattern_type is ResourcePatternType.LITERAL:
+        return f"{resource_type.name}:{name}".encode()
+    return _dumps({"version": 1, "resourceType": resource_type.name, "name": name,
+                   "patternType": pattern_type.name})
+
+
+def decode_acl_change(data: bytes, pattern_type: ResourcePatternType
+                      ) -> tuple[ResourceType, str, ResourcePatternType]:
+    """The pattern a notification names (its tree's pattern type for the legacy text form);
+    type names in any case, as Kafka reads them. ValueError for anything else."""
+    what = "ACL change notification"
+    try:
+        if pattern_type is ResourcePatternType.LITERAL:
+            text = data.decode()
+            kind, sep, name = text.partition(":")
+            if not sep:
+                raise ValueError(f"malformed {what} znode data {data[:100]!r}: expected ResourceType:name")
+            rtype = parse_enum(ResourceType, kind, "resource type")
+            ptype = ResourcePatternType.LITERAL
+        else:
+            obj = _loads(data, what)
+            rtype = parse_enum(ResourceType, _field(obj, "resourceType", str, what), "resource type")
+            name = _field(obj, "name", str, what)
+            ptype = parse_enum(ResourcePatternType, _field(obj, "patternType", str, what), "pattern type")
+    except (AclError, UnicodeDecodeError) as e:
+        raise ValueError(f"malformed {what} znode data {data[:100]!r}: {e}") from None
+    if ptype not in (ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED) or rtype.value < 2:
+        raise ValueError(f"malformed {what} znode data {data[:100]!r}")
+    return rtype, name, ptype
 
 
 # --------------------------------------------------------------------------- replica placement

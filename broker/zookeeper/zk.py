@@ -62,6 +62,7 @@ from kazoo.retry import KazooRetry
 from tidelog.broker.zookeeper.layout import (
     DEFAULT_CHROOT,
     INITIAL_CONTROLLER_EPOCH,
+    AclEntry,
     BrokerIdInUseError,
     BrokerInfo,
     ControllerMovedError,
@@ -75,6 +76,8 @@ from tidelog.broker.zookeeper.layout import (
     ZkPaths,
     ZkTimeoutError,
     ZkVersionConflict,
+    decode_acl_change,
+    decode_acls,
     decode_broker_info,
     decode_cluster_id,
     decode_controller,
@@ -84,6 +87,8 @@ from tidelog.broker.zookeeper.layout import (
     decode_producer_id_block,
     decode_topic_assignment,
     decode_topic_config,
+    encode_acl_change,
+    encode_acls,
     encode_broker_info,
     encode_cluster_id,
     encode_controller,
@@ -96,6 +101,7 @@ from tidelog.broker.zookeeper.layout import (
     next_producer_id_block,
     split_connect,
 )
+from tidelog.protocol.acls import AclError, ResourcePatternType, ResourceType, parse_enum
 from tidelog.protocol.topics import validate_topic_name
 
 __all__ = ["ZkClient", "ZkError", "ZkTimeoutError", "ZkConnectionError", "ZkNoNodeError",
@@ -674,3 +680,96 @@ class ZkClient:
                 return block.first, block.last
             except (ZkNodeExistsError, ZkVersionConflict):
                 continue    # another broker got a block first: take the next one
+
+    # ------------------------------------------------------------------ ACLs
+
+    async def ensure_acl_paths(self) -> None:
+        """Kafka's ACL containers (``/kafka-acl``, ``/kafka-acl-extended/prefixed`` and their
+        change trees), created by the authorizer before it watches them."""
+        for path in self.paths.acl_paths():
+            await self._call(f"ensure_path {path}", self._kz.ensure_path, path)
+
+    async def acl_resources(self) -> list[tuple[ResourceType, str, ResourcePatternType]]:
+        """Every pattern that has an ACL znode. Resource types this broker does not know
+        (Kafka's DelegationToken, User) are skipped with a warning."""
+        out = []
+        for pattern_type in (ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED):
+            for type_name in await self._children(self.paths.acl_root(pattern_type)) or []:
+                try:
+                    rtype = parse_enum(ResourceType, type_name, "resource type")
+                except AclError:
+                    rtype = None
+                if rtype is None or rtype.value < 2:
+                    log.warning("ignoring ACLs of unknown resource type %r", type_name)
+                    continue
+                for name in await self._children(self.paths.acl_type(pattern_type, rtype)) or []:
+                    out.append((rtype, name, pattern_type))
+        return out
+
+    async def get_acls(self, resource_type: ResourceType, name: str,
+                       pattern_type: ResourcePatternType) -> tuple[frozenset[AclEntry], int] | None:
+        """(entries, znode version) of one pattern, None when it has no znode."""
+        path = self.paths.acl(resource_type, name, pattern_type)
+        got = await self._get(path)
+        return None if got is None else (decode_acls(got[0], f"ACL {path}"), got[1].version)
+
+    async def update_acls(self, resource_type: ResourceType, name: str, pattern_type: ResourcePatternType,
+                          change: Callable[[frozenset[AclEntry]], frozenset[AclEntry]],
+                          max_attempts: int = 10) -> tuple[frozenset[AclEntry], frozenset[AclEntry]]:
+        """Apply ``change`` (old entries -> new entries, pure) to one pattern's znode with
+        check-and-set, reading again and re-applying when another writer got there first
+        (Kafka's ``updateResourceAcls``); an empty result deletes the znode. A change
+        notification follows every write that changed something. Returns (old, new)."""
+        path = self.paths.acl(resource_type, name, pattern_type)
+        for attempt in range(max_attempts):
+            got = await self.get_acls(resource_type, name, pattern_type)
+            old, version = (frozenset(), None) if got is None else got
+            new = frozenset(change(old))
+            if new == old:
+                return old, new
+            try:
+                if version is None:
+                    await self._create(path, encode_acls(new), makepath=True)
+                elif not new:
+                    await self._call(f"delete {path}", self._kz.delete, path, version=version)
+                else:
+                    await self._set(path, encode_acls(new), version)
+            except (ZkNodeExistsError, ZkVersionConflict, ZkNoNodeError):
+                await trio.sleep(0.01 * (attempt + 1))  # another writer: read again
+                continue
+            await self._create(self.paths.acl_change_prefix(pattern_type),
+                               encode_acl_change(resource_type, name, pattern_type), sequence=True, makepath=True)
+            return old, new
+        raise ZkError(f"could not update {path}: it kept changing ({max_attempts} attempts)")
+
+    async def acl_change_notifications(self, pattern_type: ResourcePatternType, names: Iterable[str]
+                                       ) -> list[tuple[str, tuple[ResourceType, str, ResourcePatternType] | None, int]]:
+        """(child name, pattern it names or None when malformed, creation time in ms) of the
+        given notifications that still exist, read together."""
+        root = self.paths.acl_changes(pattern_type)
+        names = list(names)
+        got = await self._get_many([f"{root}/{n}" for n in names])
+        out = []
+        for n, g in zip(names, got):
+            if g is None:
+                continue
+            try:
+                pattern = decode_acl_change(g[0], pattern_type)
+            except ValueError as e:
+                log.warning("ignoring %s/%s: %s", root, n, e)
+                pattern = None
+            out.append((n, pattern, g[1].ctime))
+        return out
+
+    async def delete_acl_change_notifications(self, pattern_type: ResourcePatternType, names: Iterable[str]) -> None:
+        root = self.paths.acl_changes(pattern_type)
+
+        def run(paths: list[str]) -> None:
+            for result in [self._kz.delete_async(p) for p in paths]:
+                try:
+                    result.get()
+                except NoNodeError:
+                    pass
+        paths = [f"{root}/{n}" for n in names]
+        if paths:
+            await self._call(f"delete {len(paths)} ACL change notifications", run, paths)

@@ -15,6 +15,11 @@ coordinator only accepts a commit without a generation from an empty group, and 
 says to stop the group's consumers first. Offsets (earliest, the high watermark, for a
 timestamp, and the log end offset) come from ListOffsets to each partition's leader.
 
+ACLs (Kafka's AdminClient for ACLs, with confluent-kafka's types from ``protocol.acls``):
+CreateAcls, DescribeAcls and DeleteAcls go to any broker, which stores them in ZooKeeper;
+the other brokers apply a change when its notification reaches them (within a second or so),
+so a describe right after a create may not show it yet on another broker.
+
 Per-topic error codes become exceptions in one place (``client.errors.broker_error``), whose
 message names the topic and the cause. A call over several topics raises the first topic's
 error, with ``.results`` (topic -> None or exception) attached so the others are not lost.
@@ -34,6 +39,7 @@ from tidelog.aio._lifecycle import RunsInOwnNursery
 from tidelog.aio.assignors import PROTOCOL_TYPE, decode_assignment
 from tidelog.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets, list_offsets_request, to_leaders
 from tidelog.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
+from tidelog.protocol.acls import AclBinding, AclBindingFilter
 from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
@@ -52,19 +58,27 @@ from tidelog.protocol.messages import (
     LATEST_TIMESTAMP,
     NO_OFFSET,
     TOPIC_RESOURCE,
+    AclCreation,
+    AclFilter,
     AlterConfigsRequest,
     AlterConfigsResource,
     BrokerMetadata,
     ConfigEntry,
     CreatableTopic,
+    CreateAclsRequest,
+    CreateAclsResponse,
     CreatePartitionsRequest,
     CreatePartitionsTopic,
     CreateTopicsRequest,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteGroupsRequest,
     DeleteRecordsPartition,
     DeleteRecordsRequest,
     DeleteRecordsTopic,
     DeleteTopicsRequest,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     DescribeConfigsRequest,
     DescribeConfigsResource,
     DescribeGroupsRequest,
@@ -336,6 +350,68 @@ class AsyncAdmin(RunsInOwnNursery):
         _raise_for(outcomes, "elect leaders for")
         return {TopicPartition(x.topic_name, x.partition_index): (x.error_code, x.error_message)
                 for x in answers[-1].results}
+
+    # -- ACLs -----------------------------------------------------------------------------------
+
+    async def create_acls(self, bindings: Iterable[AclBinding], timeout_ms: int | None = None
+                          ) -> dict[AclBinding, None]:
+        """Create ACLs; returns ``{binding: None}`` or raises the first failure (e.g.
+        CLUSTER_AUTHORIZATION_FAILED without Alter on the cluster, SECURITY_DISABLED without an
+        authorizer, INVALID_REQUEST for a binding that cannot be stored) with ``.results``."""
+        bindings = list(dict.fromkeys(bindings))
+        request = CreateAclsRequest([AclCreation(int(b.restype), b.name, b.principal, b.host, int(b.operation),
+                                                 int(b.permission_type), int(b.resource_pattern_type))
+                                     for b in bindings])
+        r: CreateAclsResponse = await self._to_any(request, ApiKey.CREATE_ACLS, timeout_ms)
+        results: dict[AclBinding, TidelogError | None] = {}
+        for b, res in zip(bindings, r.results):
+            results[b] = None if res.error_code == NONE.code else broker_error(
+                res.error_code, f"cannot create ACL {b}", res.error_message)
+        if len(r.results) != len(bindings):
+            raise TidelogError(f"CreateAcls answered {len(r.results)} results for {len(bindings)} ACLs")
+        return _raise_first(results)
+
+    async def describe_acls(self, acl_filter: AclBindingFilter = AclBindingFilter(),
+                            timeout_ms: int | None = None) -> list[AclBinding]:
+        """The ACLs that match ``acl_filter`` (every ACL by default), as the broker asked holds them."""
+        f = acl_filter
+        request = DescribeAclsRequest(int(f.restype), int(f.operation), int(f.permission_type), f.name,
+                                      int(f.resource_pattern_type), f.principal, f.host)
+        r: DescribeAclsResponse = await self._to_any(request, ApiKey.DESCRIBE_ACLS, timeout_ms)
+        if r.error_code != NONE.code:
+            raise broker_error(r.error_code, "cannot describe ACLs", r.error_message)
+        return sorted((AclBinding(res.resource_type, res.resource_name, res.pattern_type, a.principal, a.host,
+                                  a.operation, a.permission_type)
+                       for res in r.resources for a in res.acls), key=_acl_order)
+
+    async def delete_acls(self, filters: Iterable[AclBindingFilter], timeout_ms: int | None = None
+                          ) -> dict[AclBindingFilter, list[AclBinding]]:
+        """Delete the ACLs each filter matches; returns the deleted bindings per filter, or
+        raises the first failure (a filter's, or a binding's that could not be deleted) with
+        ``.results``."""
+        filters = list(dict.fromkeys(filters))
+        request = DeleteAclsRequest([AclFilter(int(f.restype), int(f.operation), int(f.permission_type), f.name,
+                                               int(f.resource_pattern_type), f.principal, f.host) for f in filters])
+        r: DeleteAclsResponse = await self._to_any(request, ApiKey.DELETE_ACLS, timeout_ms)
+        if len(r.filter_results) != len(filters):
+            raise TidelogError(f"DeleteAcls answered {len(r.filter_results)} results for {len(filters)} filters")
+        deleted: dict[AclBindingFilter, list[AclBinding]] = {}
+        results: dict[AclBindingFilter, TidelogError | None] = {}
+        for f, res in zip(filters, r.filter_results):
+            deleted[f] = [AclBinding(m.resource_type, m.resource_name, m.pattern_type, m.principal, m.host,
+                                     m.operation, m.permission_type) for m in res.matching_acls]
+            failed = next((m for m in res.matching_acls if m.error_code != NONE.code), None)
+            if res.error_code != NONE.code:
+                results[f] = broker_error(res.error_code, "cannot delete ACLs", res.error_message)
+            elif failed is not None:
+                results[f] = broker_error(failed.error_code, "cannot delete ACL", failed.error_message)
+            else:
+                results[f] = None
+        _raise_first(results)
+        return deleted
+
+    async def _to_any(self, request: Message, api_key: ApiKey, timeout_ms: int | None) -> Any:
+        return await self._cluster.request_any(request, api_key=api_key, timeout=self._timeout_ms(timeout_ms) / 1000)
 
     # -- consumer groups ------------------------------------------------------------------------
 
@@ -649,6 +725,18 @@ def _raise_for(outcomes: Outcomes, verb: str) -> dict[str, None]:
         error.results = results
         raise error
     return {name: None for name in results}
+
+
+def _raise_first(results: dict) -> dict:
+    failures = [e for e in results.values() if e is not None]
+    if failures:
+        failures[0].results = results
+        raise failures[0]
+    return {key: None for key in results}
+
+
+def _acl_order(b: AclBinding) -> tuple:
+    return (b.restype, b.resource_pattern_type, b.name, b.principal, b.host, b.operation, b.permission_type)
 
 
 def _group_description(g: Any, node: int) -> ConsumerGroupDescription:

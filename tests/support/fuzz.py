@@ -346,6 +346,31 @@ VALID: dict[ApiKey, Callable[[Valid], m.Message]] = {
 }
 
 
+def _acl_filter(v: Valid) -> m.AclFilter:
+    return m.AclFilter(v.rng.randrange(1, 6), v.rng.randrange(1, 13), v.rng.randrange(1, 4),
+                       v.rng.choice((None, v.topic(), "*")), v.rng.randrange(1, 5),
+                       v.rng.choice((None, "User:alice", "User:*")), v.rng.choice((None, "*")))
+
+
+def _describe_acls(v: Valid) -> m.Message:
+    f = _acl_filter(v)
+    return m.DescribeAclsRequest(f.resource_type_filter, f.operation, f.permission_type, f.resource_name_filter,
+                                 f.pattern_type_filter, f.principal_filter, f.host_filter)
+
+
+def _create_acls(v: Valid) -> m.Message:
+    return m.CreateAclsRequest([m.AclCreation(2, v.topic(), v.rng.choice(("User:alice", "User:*")), "*",
+                                              v.rng.randrange(2, 13), v.rng.randrange(2, 4), v.rng.randrange(3, 5))])
+
+
+def _delete_acls(v: Valid) -> m.Message:
+    return m.DeleteAclsRequest([_acl_filter(v)])
+
+
+VALID.update({ApiKey.DESCRIBE_ACLS: _describe_acls, ApiKey.CREATE_ACLS: _create_acls,
+              ApiKey.DELETE_ACLS: _delete_acls})
+
+
 # -- body mutations ----------------------------------------------------------------------------
 
 

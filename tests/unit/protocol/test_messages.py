@@ -54,7 +54,8 @@ def test_api_keys_use_kafkas_numbers():
     assert (ApiKey.OFFSETS_FOR_LEADER_EPOCH, ApiKey.DESCRIBE_CONFIGS, ApiKey.ALTER_CONFIGS) == (23, 32, 33)
     assert (ApiKey.SASL_AUTHENTICATE, ApiKey.CREATE_PARTITIONS, ApiKey.DELETE_GROUPS,
             ApiKey.ELECT_LEADERS) == (36, 37, 42, 43)
-    assert len(ApiKey) == 30
+    assert (ApiKey.DESCRIBE_ACLS, ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS) == (29, 30, 31)
+    assert len({int(k) for k in ApiKey}) == len(ApiKey)  # no number named twice
 
 
 def test_the_registry_holds_served_apis_with_their_version_ranges():
