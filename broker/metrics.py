@@ -33,13 +33,29 @@ offset; and ``tidelog_group_count{state}``, the groups it coordinates by state.
 Request latency is measured from the moment the socket server hands the parsed request to
 the handler until the handler's response is ready (Kafka's LocalTimeMs + RemoteTimeMs: for
 acks=all produce it includes the wait for replication; for fetch, the long poll). Time spent
-queued behind other requests of the connection and writing the response is not included.
+queued behind other requests of the connection and writing the response is not included:
+the queue time (from a frame fully read to its handler's start: a decode in a worker thread,
+or a wait for room under ``queued.max.requests``) is the socket server's, counted only on the
+path that waits (``NetworkStats.request_queue_time_s``) and exported as a summary.
+
+Failed requests: the wrapper walks each response's ``error_code`` fields (the top level and
+two levels of lists: topics, then partitions), so every error code a response carries is
+counted per request type and error name (Kafka's ErrorsPerSec); a handler that raised counts
+as UNKNOWN_SERVER_ERROR. The walk reads the message objects the handler built anyway, one
+attribute per item, with each class's plan cached.
+
+Event-loop lag (``LoopLagProbe``): a task that sleeps ``LOOP_LAG_INTERVAL_S`` at a time and
+records how late it woke past its deadline: how long a task that became ready waited for the
+loop (a long synchronous step anywhere on the broker's Trio thread shows here). Ten
+wake-ups a second; nothing on the request path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
+import os
 import struct
 import time
 from bisect import bisect_left
@@ -49,11 +65,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.exposition import choose_encoder
 
 from tidelog.broker.deferred import DeferredResponse, is_deferred
 from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR, for_code
 from tidelog.protocol.messages import FetchResponse, ProduceResponse
 from tidelog.protocol.records import BATCH_LENGTH_AT, HEADER_SIZE, LOG_OVERHEAD
 
@@ -72,6 +95,11 @@ logger = logging.getLogger("tidelog.metrics")
 # and acks=all produces waiting for slow followers.
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                         0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Event-loop lag buckets (seconds): a healthy loop wakes within a millisecond; a loop blocked
+# by a long synchronous step (a large decode, a slow disk call) for a second or more.
+LOOP_LAG_BUCKETS_S: tuple[float, ...] = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                         0.25, 0.5, 1.0, 2.5, 5.0)
+LOOP_LAG_INTERVAL_S = 0.1
 _I32 = struct.Struct(">i")
 RECORDS_COUNT_AT = HEADER_SIZE - 4  # the batch header's last field
 _REQUEST_NAMES = {int(k): "".join(w.capitalize() for w in k.name.split("_")) for k in ApiKey}
@@ -105,24 +133,52 @@ def request_name(api_key: int, body: Any = None) -> str:
     return _REQUEST_NAMES.get(api_key, f"ApiKey{api_key}")
 
 
+# class -> (has an error_code field, names of its list fields), for ``count_errors``
+_ERROR_PLANS: dict[type, tuple[bool, tuple[str, ...]]] = {}
+
+
+def _error_plan(cls: type) -> tuple[bool, tuple[str, ...]]:
+    plan = _ERROR_PLANS.get(cls)
+    if plan is None:
+        fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
+        plan = _ERROR_PLANS[cls] = (any(f.name == "error_code" for f in fields),
+                                    tuple(f.name for f in fields if str(f.type).startswith("list[")))
+    return plan
+
+
+def count_errors(response: Any, into: Counter[int], depth: int = 2) -> None:
+    """Add every non-zero ``error_code`` of ``response`` to ``into``: its own, and those of
+    the messages in its list fields, ``depth`` levels down (topics, then partitions)."""
+    has_code, lists = _error_plan(type(response))
+    if has_code and (code := response.error_code):
+        into[code] += 1
+    if depth:
+        for name in lists:
+            items = getattr(response, name)
+            if items and dataclasses.is_dataclass(items[0]):
+                for item in items:
+                    count_errors(item, into, depth - 1)
+
+
 class _Histogram:
     """A latency histogram as plain ints: one bucket increment per observation."""
 
-    __slots__ = ("buckets", "count", "sum")
+    __slots__ = ("bounds", "buckets", "count", "sum")
 
-    def __init__(self) -> None:
-        self.buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)  # the last one is +Inf
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
+        self.bounds = bounds
+        self.buckets = [0] * (len(bounds) + 1)  # the last one is +Inf
         self.count = 0
         self.sum = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.buckets[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.buckets[bisect_left(self.bounds, seconds)] += 1
         self.count += 1
         self.sum += seconds
 
     def cumulative(self) -> list[tuple[str, int]]:
         out, total = [], 0
-        for bound, n in zip((*map(str, LATENCY_BUCKETS_S), "+Inf"), self.buckets):
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.buckets):
             total += n
             out.append((bound, total))
         return out
@@ -135,6 +191,7 @@ class RequestMetrics:
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self.clock = clock
         self.latency: dict[str, _Histogram] = {}
+        self.errors: Counter[tuple[str, int]] = Counter()  # (request name, error code) -> responses' codes
         self.bytes_in: Counter[str] = Counter()
         self.messages_in: Counter[str] = Counter()
         self.bytes_out: Counter[str] = Counter()
@@ -155,6 +212,7 @@ class RequestMetrics:
                 result = handler(context, body)
             except BaseException:
                 self._observe(api_key, body, start)
+                self.errors[request_name(api_key, body), UNKNOWN_SERVER_ERROR.code] += 1
                 raise
             if inspect.isawaitable(result):
                 return self._complete_later(api_key, body, start, result)
@@ -190,6 +248,12 @@ class RequestMetrics:
 
     def _account(self, api_key: int, body: dict, response: Any) -> None:
         try:
+            codes: Counter[int] = Counter()
+            count_errors(response, codes)
+            if codes:
+                name = request_name(api_key, body)
+                for code, n in codes.items():
+                    self.errors[name, code] += n
             if api_key == _PRODUCE:
                 self._account_produce(body, response)
             elif api_key == _FETCH and isinstance(response, FetchResponse):
@@ -226,6 +290,35 @@ class RequestMetrics:
                     self.messages_out[t.topic] += count
 
 
+class LoopLagProbe:
+    """How long a ready task waits for the broker's Trio loop: a task sleeps until a deadline,
+    then records how far past it it woke (``loop_lag`` histogram and the largest since the
+    last scrape). Trio wakes a sleeper once its deadline passed and the loop comes round to
+    it, so the delay is the time a runnable task spent waiting behind others."""
+
+    def __init__(self, interval_s: float = LOOP_LAG_INTERVAL_S):
+        self.interval_s = interval_s
+        self.lag = _Histogram(LOOP_LAG_BUCKETS_S)
+        self.max_since_scrape = 0.0
+
+    def record(self, deadline: float, woke: float) -> None:
+        lag = max(0.0, woke - deadline)
+        self.lag.observe(lag)
+        self.max_since_scrape = max(self.max_since_scrape, lag)
+
+    def take_max(self) -> float:
+        """The largest lag since the previous call (a scrape), then start over."""
+        worst, self.max_since_scrape = self.max_since_scrape, 0.0
+        return worst
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            deadline = trio.current_time() + self.interval_s
+            await trio.sleep_until(deadline)
+            self.record(deadline, trio.current_time())
+
+
 # -- the collector --------------------------------------------------------------------------------
 
 
@@ -248,12 +341,14 @@ class MetricsSource(Protocol):
 class BrokerCollector:
     """Every family of the endpoint, built from the broker's state at scrape time."""
 
-    def __init__(self, server: MetricsSource, requests: RequestMetrics):
+    def __init__(self, server: MetricsSource, requests: RequestMetrics, loop_lag: LoopLagProbe | None = None):
         self.server = server
         self.requests = requests
+        self.loop_lag = loop_lag
 
     def collect(self) -> Iterator[Metric]:
         yield from self._broker()
+        yield from self._event_loop()
         yield from self._replica_manager()
         yield from self._controller()
         yield from self._requests()
@@ -302,6 +397,20 @@ class BrokerCollector:
         epoch.add_metric([], float(getattr(s, "broker_epoch", -1)))
         yield epoch
 
+    def _event_loop(self) -> Iterator[Metric]:
+        probe = self.loop_lag
+        if probe is None:
+            return
+        lag = HistogramMetricFamily("tidelog_event_loop_lag_seconds",
+                                    f"How late a task woke past its deadline (sampled every {probe.interval_s:g} s): "
+                                    "how long a ready task waits for the broker's event loop")
+        lag.add_metric([], probe.lag.cumulative(), probe.lag.sum)
+        yield lag
+        worst = GaugeMetricFamily("tidelog_event_loop_lag_max_seconds",
+                                  "The largest event-loop lag since the previous scrape")
+        worst.add_metric([], probe.take_max())
+        yield worst
+
     def _replica_manager(self) -> Iterator[Metric]:
         rm = self.server.replica_manager
         partitions = list(rm.partitions.values())
@@ -320,7 +429,11 @@ class BrokerCollector:
                  "Partitions led here whose ISR is exactly min.insync.replicas (one more failure blocks acks=all)",
                  at_min),
                 ("tidelog_replica_manager_replica_fetchers", "Follower fetchers (num.replica.fetchers per source broker)",
-                 len(rm.fetchers))):
+                 len(rm.fetchers)),
+                ("tidelog_replica_fetcher_max_lag",
+                 "Largest lag in records of a partition this broker follows: its leader's high watermark at "
+                 "the last fetch minus this replica's log end offset (Kafka's ReplicaFetcherManager MaxLag)",
+                 max((st.lag for f in rm.fetchers.values() for st in f.partitions.values()), default=0))):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], float(value))
             yield g
@@ -359,6 +472,12 @@ class BrokerCollector:
         for name, hist in sorted(self.requests.latency.items()):
             latency.add_metric([name], hist.cumulative(), hist.sum)
         yield latency
+        errors = CounterMetricFamily("tidelog_request_errors",
+                                     "Error codes in responses, per request type and error (a handler that "
+                                     "raised counts as UNKNOWN_SERVER_ERROR)", labels=["request", "error"])
+        for (name, code), n in sorted(self.requests.errors.items()):
+            errors.add_metric([name, for_code(code).name], float(n))
+        yield errors
 
     def _topics(self) -> Iterator[Metric]:
         r = self.requests
@@ -396,6 +515,23 @@ class BrokerCollector:
             families["end"].add_metric(labels, float(log.log_end_offset))
             families["hw"].add_metric(labels, float(log.high_watermark))
         yield from families.values()
+        yield from self._log_dirs()
+
+    def _log_dirs(self) -> Iterator[Metric]:
+        """Each log dir's file system: one ``statvfs`` per dir per scrape (Kafka has no such
+        gauge; node_exporter's ``node_filesystem_*`` is what Kafka deployments alert on)."""
+        free = GaugeMetricFamily("tidelog_log_dir_free_bytes",
+                                 "Bytes available to the broker on a log dir's file system", labels=["dir"])
+        total = GaugeMetricFamily("tidelog_log_dir_total_bytes", "Size of a log dir's file system", labels=["dir"])
+        for d in getattr(self.server.log_manager, "log_dirs", ()):
+            try:
+                st = os.statvfs(d)
+            except OSError:  # a dir gone or unreadable: no sample (the broker reports it elsewhere)
+                continue
+            free.add_metric([d], float(st.f_bavail * st.f_frsize))
+            total.add_metric([d], float(st.f_blocks * st.f_frsize))
+        yield free
+        yield total
 
     def _log_cleaner(self) -> Iterator[Metric]:
         """Kafka's LogCleaner / LogCleanerManager gauges (broker/log/cleaner.py)."""
@@ -443,6 +579,11 @@ class BrokerCollector:
         for key, n in sorted(stats.requests_handled.items()):
             requests.add_metric([_REQUEST_NAMES.get(key, f"ApiKey{key}")], float(n))
         yield requests
+        queue = SummaryMetricFamily("tidelog_request_queue_time_seconds",
+                                    "Time from a request fully read to its handler's start (a large frame's decode "
+                                    "in a worker thread, or a wait under queued.max.requests); count: requests read")
+        queue.add_metric([], float(sum(stats.requests_handled.values())), stats.request_queue_time_s)
+        yield queue
 
 
 def offline_partitions(controller: Any) -> int:
@@ -455,10 +596,11 @@ def offline_partitions(controller: Any) -> int:
     return sum(1 for st, _ in ctx.states.values() if st.leader < 0 or st.leader not in live)
 
 
-def build_registry(server: MetricsSource, requests: RequestMetrics, *, process: bool = True) -> CollectorRegistry:
+def build_registry(server: MetricsSource, requests: RequestMetrics, *, process: bool = True,
+                   loop_lag: LoopLagProbe | None = None) -> CollectorRegistry:
     """A registry with the broker's collector (and the process's CPU, memory, fds)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(server, requests))
+    registry.register(BrokerCollector(server, requests, loop_lag))
     if process:
         ProcessCollector(namespace="tidelog", registry=registry)
     return registry
@@ -470,14 +612,19 @@ class BrokerMetrics:
     def __init__(self, server: MetricsSource):
         self.server = server
         self.requests = RequestMetrics()
-        self.registry = build_registry(server, self.requests)
+        self.loop_lag = LoopLagProbe()
+        self.registry = build_registry(server, self.requests, loop_lag=self.loop_lag)
 
     def instrument(self, handler: Handler) -> Handler:
         return self.requests.instrument(handler)
 
     async def run(self, host: str | None, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Serve the endpoint; ``task_status.started(port)`` once listening."""
-        await MetricsServer(self.registry, self.server.readiness, host, port).run(task_status=task_status)
+        """Serve the endpoint and run the event-loop lag probe; ``task_status.started(port)``
+        once listening."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.loop_lag.run)
+            task_status.started(await nursery.start(MetricsServer(self.registry, self.server.readiness,
+                                                                  host, port).run))
 
 
 # -- the HTTP endpoint ------------------------------------------------------------------------------

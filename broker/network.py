@@ -146,6 +146,7 @@ class NetworkStats:
     handler_errors: int  # handler exceptions turned into error responses
     connections_refused: int = 0  # closed at once: over a connection limit, or shed at EMFILE
     request_bytes_reserved: int = 0  # from queued.max.request.bytes, now
+    request_queue_time_s: float = 0.0  # summed over requests: from fully read to the handler's start
 
 
 class RequestMemoryPool:
@@ -185,6 +186,7 @@ class _Counters:
         self.invalid = 0
         self.handler_errors = 0
         self.refused = 0
+        self.queue_time_s = 0.0  # requests' waits between read and handler (decode thread, room)
 
 
 class SocketServer:
@@ -241,7 +243,7 @@ class SocketServer:
     def stats(self) -> NetworkStats:
         c = self.counters
         return NetworkStats(len(self._connections), c.accepted, MappingProxyType(dict(c.requests)),
-                            c.invalid, c.handler_errors, c.refused, self.pool.reserved)
+                            c.invalid, c.handler_errors, c.refused, self.pool.reserved, c.queue_time_s)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled or ``aclose``; ``task_status.started(port)`` once listening."""
@@ -452,13 +454,19 @@ class _Connection:
             if self._reservation:  # the frame it was reserved for is this one
                 self._held.append((self._written + self._pending, self._reservation))
                 self._reservation = 0
+            queued_at = None  # the queue time is read only on the paths that wait
             if type(event) is LargeFrame:
+                queued_at = trio.current_time()
                 event = self._conn.admit(await trio.to_thread.run_sync(ServerConnection.decode, event.data))
             if isinstance(event, BadRequest) and event.must_close:
                 self._server.counters.invalid += 1
                 log.debug("closing the connection from %s: %s", self._peer, event.error)
                 return True
+            if queued_at is None and self._pending >= self._max_pending:
+                queued_at = trio.current_time()
             await self._wait_for_room()
+            if queued_at is not None:
+                self._server.counters.queue_time_s += trio.current_time() - queued_at
             self._pending += 1
             self._running += 1
             started = self._begin(event)

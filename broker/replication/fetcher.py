@@ -67,6 +67,7 @@ class FetchState:
     leader_epoch: int  # the leader epoch this broker follows under
     truncating: bool = True
     retry_at: float = 0.0  # trio time before which the partition is skipped (after an error)
+    lag: int = 0  # records behind: the leader's HW at the last fetch minus our LEO (Kafka's fetcher lag)
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,7 @@ class ReplicaFetcher:
             self._delay(tp)
             return
         log.update_high_watermark(min(p.high_watermark, log.log_end_offset))
+        st.lag = max(0, p.high_watermark - log.log_end_offset)
         # follow the leader's log start, as Kafka's follower does: what we hold below it may
         # have diverged from what the leader held there, and must not be served as the log
         if p.log_start_offset > log.log_start_offset:

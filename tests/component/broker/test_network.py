@@ -226,9 +226,11 @@ async def test_requests_in_flight_per_connection_are_bounded(net):
     await client.stream.send_all(b"".join(client.frame({"n": i, "wait": True}) for i in range(20)))
     await trio.sleep(0.2)
     assert sorted(handler.called) == [0, 1, 2, 3]  # the others wait, read or not
+    assert server.stats().request_queue_time_s == 0  # none has waited for room yet
     handler.gate.set()
     responses = await client.receive(20)
     assert [body["n"] for _, body in responses] == list(range(20))
+    assert server.stats().request_queue_time_s > 0  # read ones waited for room: counted as queue time
     await assert_serves(bystander)
 
 

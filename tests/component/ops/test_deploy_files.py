@@ -235,25 +235,22 @@ def test_bad_arguments_are_usage_errors(stub_docker):
 
 
 def test_operations_guide_documents_every_metric(tmp_path):
-    """Every family the endpoint exports has a row (name, meaning, when to alert)."""
-    from prometheus_client import generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
+    """Every family the endpoint exports (with the log cleaner, the group coordinator and the
+    event-loop probe present) has a row (name, meaning, when to alert), and a row in the
+    table of Kafka counterparts. The process families are the client library's, documented
+    together."""
+    from tests.component.ops.test_metrics import every_family, family_names
 
-    from tests.component.ops.test_metrics import FakeServer
-    from tidelog.broker.log.config import LogConfig
-    from tidelog.broker.log.manager import LogManager
-    from tidelog.broker.metrics import RequestMetrics, build_registry
-    from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
-
-    lm = LogManager([str(tmp_path)], LogConfig())
-    rm = ReplicaManager(ReplicaConfig(1), lm, lambda t: LogConfig(), lambda leader, fetcher=0: None)
-    registry = build_registry(FakeServer(rm, lm), RequestMetrics(), process=False)
-    names = {f.name for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    names = {n for n in family_names(every_family(str(tmp_path))) if not n.startswith("tidelog_process_")}
     guide = (ROOT / "docs" / "operations.md").read_text()
-    assert names and all(n.startswith("tidelog_") for n in names)
+    head, _, rest = guide.partition("### Kafka counterparts")
+    counterparts, _, _ = rest.partition("\n### ")
+    assert names and all(n.startswith("tidelog_") for n in names) and counterparts
+    assert {"tidelog_log_cleaner_cleanings", "tidelog_group_lag", "tidelog_event_loop_lag_seconds"} <= names
     for name in names:
-        documented = re.search(rf"\| `{re.escape(name)}(_total)?(\{{[^`]*\}})?` \|", guide)
-        assert documented, f"{name} is not documented in docs/operations.md"
+        row = rf"\| `{re.escape(name)}(_total)?(\{{[^`]*\}})?` \|"
+        assert re.search(row, head), f"{name} is not documented in docs/operations.md"
+        assert re.search(row, counterparts), f"{name} has no row in docs/operations.md's Kafka counterparts"
     assert "configuration.md" in guide and "group lag" in guide.lower()
 
 

@@ -5,28 +5,33 @@ handler, and the HTTP endpoint over loopback."""
 from __future__ import annotations
 
 import types
+from collections import Counter
 
 import pytest
 import trio
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tidelog.broker.context import RequestContext
 from tidelog.broker.deferred import DeferredResponse, is_deferred
 from tidelog.broker.health import Readiness
+from tidelog.broker.log.cleaner import LogCleaner
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.metrics import (
     LATENCY_BUCKETS_S,
     BrokerMetrics,
+    LoopLagProbe,
     MetricsServer,
     RequestMetrics,
     batch_stats,
     build_registry,
+    count_errors,
     offline_partitions,
     request_name,
 )
 from tidelog.broker.network import NetworkStats
+from tidelog.broker.replication.fetcher import FetchState
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.broker.zookeeper.layout import LeaderAndIsr
 from tidelog.protocol.codec import ApiKey, RequestHeader
@@ -65,6 +70,30 @@ class FakeServer:
 
     def socket_stats(self):
         return self.stats
+
+
+def every_family(log_dir: str) -> CollectorRegistry:
+    """A registry with every family the endpoint can export: a broker with a log cleaner, a
+    group coordinator (one group's lag), the event-loop probe and the process collector (for
+    the operations guide's and the dashboards' checks)."""
+    lm = LogManager([log_dir], LogConfig())
+    rm = ReplicaManager(ReplicaConfig(1), lm, lambda t: LogConfig(), lambda leader, fetcher=0: None)
+    server = FakeServer(rm, lm)
+    server.log_cleaner = LogCleaner(lm)
+    server.group_coordinator = types.SimpleNamespace(lag=lambda: [("g", TopicPartition("t", 0), 5, 2)],
+                                                     state_counts=lambda: {"Stable": 1})
+    return build_registry(server, RequestMetrics(), loop_lag=LoopLagProbe())
+
+
+def family_names(registry: CollectorRegistry) -> set[str]:
+    """The names the families render under (counters without their ``_total``)."""
+    return {f.name for f in text_string_to_metric_families(generate_latest(registry).decode())}
+
+
+def test_every_family_has_the_optional_parts(tmp_path):
+    names = family_names(every_family(str(tmp_path)))
+    assert {"tidelog_log_cleaner_cleanings", "tidelog_group_lag", "tidelog_event_loop_lag_seconds",
+            "tidelog_process_open_fds"} <= names
 
 
 def leader_state(topic: str, p: int, isr: list[int], replicas: list[int]) -> PartitionState:
@@ -131,6 +160,12 @@ def test_log_gauges_per_partition(broker):
     assert m["tidelog_log_segments{partition=0,topic=solo}"] == 1
     assert m["tidelog_log_start_offset{partition=0,topic=orders}"] == 0
     assert "tidelog_log_high_watermark{partition=0,topic=orders}" in m
+
+
+def test_log_dir_file_system_gauges(broker):
+    m = samples(build_registry(broker, RequestMetrics(), process=False))
+    (d,) = broker.log_manager.log_dirs
+    assert 0 < m[f"tidelog_log_dir_free_bytes{{dir={d}}}"] <= m[f"tidelog_log_dir_total_bytes{{dir={d}}}"]
 
 
 def test_network_counters(broker):
@@ -348,6 +383,75 @@ def test_request_families_render(broker):
     assert m["tidelog_request_duration_seconds_count{request=Produce}"] == 1
     assert m[f"tidelog_request_duration_seconds_bucket{{le={LATENCY_BUCKETS_S[0]},request=Produce}}"] == 1
     assert m["tidelog_produce_purgatory_size"] == 0
+
+
+# -- failed requests, queue time, follower lag, event-loop lag ---------------------------------------
+
+
+def test_error_codes_in_responses_are_counted_per_request_and_error(broker):
+    rm = RequestMetrics(Clock())
+    response = ProduceResponse([TopicProduceResponse("t", [PartitionProduceResponse(0, 0, 10),
+                                                           PartitionProduceResponse(1, 6, -1),
+                                                           PartitionProduceResponse(2, 6, -1)])])
+    rm.instrument(lambda h, b: response)(header(ApiKey.PRODUCE), produce_body("t", {0: build_batch([b"a"])}, acks=1))
+    fetch = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 1), FetchPartitionResponse(1, 0)])])
+    rm.instrument(lambda h, b: fetch)(header(ApiKey.FETCH), {"replica_id": -1})
+
+    def broken(h, b):
+        raise ValueError("bad body")
+
+    with pytest.raises(ValueError):
+        rm.instrument(broken)(header(ApiKey.METADATA), {})
+    m = samples(build_registry(broker, rm, process=False))
+    assert m["tidelog_request_errors_total{error=NOT_LEADER_OR_FOLLOWER,request=Produce}"] == 2
+    assert m["tidelog_request_errors_total{error=OFFSET_OUT_OF_RANGE,request=FetchConsumer}"] == 1
+    assert m["tidelog_request_errors_total{error=UNKNOWN_SERVER_ERROR,request=Metadata}"] == 1
+    assert not any("request=Fetch" in k and "NONE" in k for k in m)
+
+
+def test_count_errors_reads_the_top_level_and_two_levels_of_lists():
+    codes = Counter()
+    count_errors(FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 3)])], error_code=7), codes)
+    count_errors(None, codes)
+    count_errors({"error_code": 5}, codes)  # not a message: nothing to read
+    assert codes == {7: 1, 3: 1}
+
+
+def test_request_queue_time_is_a_summary_over_every_request_read(broker):
+    broker.stats = NetworkStats(2, 5, {0: 3, 3: 7}, 1, 0, request_queue_time_s=0.25)
+    m = samples(build_registry(broker, RequestMetrics(), process=False))
+    assert m["tidelog_request_queue_time_seconds_count"] == 10
+    assert m["tidelog_request_queue_time_seconds_sum"] == 0.25
+
+
+def test_follower_max_lag_is_the_largest_over_the_fetchers(broker):
+    rm = broker.replica_manager
+    assert samples(build_registry(broker, RequestMetrics(), process=False))["tidelog_replica_fetcher_max_lag"] == 0
+    rm.fetchers = {(2, 0): types.SimpleNamespace(partitions={TopicPartition("a", 0): FetchState(0, lag=3),
+                                                             TopicPartition("a", 1): FetchState(0, lag=40)}),
+                   (3, 0): types.SimpleNamespace(partitions={TopicPartition("b", 0): FetchState(0, lag=7)})}
+    assert samples(build_registry(broker, RequestMetrics(), process=False))["tidelog_replica_fetcher_max_lag"] == 40
+
+
+def test_the_loop_lag_probe_records_how_late_it_woke(broker):
+    probe = LoopLagProbe()
+    probe.record(10.0, 10.0004)
+    probe.record(10.0, 9.9)  # early (clock granularity): no negative lag
+    probe.record(20.0, 21.5)
+    m = samples(build_registry(broker, RequestMetrics(), process=False, loop_lag=probe))
+    assert m["tidelog_event_loop_lag_seconds_count"] == 3
+    assert m["tidelog_event_loop_lag_seconds_bucket{le=0.0005}"] == 2
+    assert m["tidelog_event_loop_lag_seconds_sum"] == pytest.approx(1.5004)
+    assert m["tidelog_event_loop_lag_max_seconds"] == 1.5
+    m = samples(build_registry(broker, RequestMetrics(), process=False, loop_lag=probe))
+    assert m["tidelog_event_loop_lag_max_seconds"] == 0  # the largest since the previous scrape
+
+
+async def test_the_loop_lag_probe_runs_with_the_endpoint(broker, nursery, autojump_clock):
+    metrics = BrokerMetrics(broker)
+    await nursery.start(metrics.run, "127.0.0.1", 0)
+    await trio.sleep(1.05)
+    assert metrics.loop_lag.lag.count == 10
 
 
 # -- the HTTP endpoint ---------------------------------------------------------------------------------
