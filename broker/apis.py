@@ -50,6 +50,7 @@ from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
 from tidelog.broker.replication.replica_manager import ReplicaManager
 from tidelog.broker.security.authorizer import Authorizer, ZkAclStore, cluster_action_problem
+from tidelog.broker.security.entity_configs import EntityConfigAdmin
 from tidelog.protocol.acls import (
     CLUSTER_NAME,
     AclBinding,
@@ -64,6 +65,7 @@ from tidelog.protocol.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
+    ILLEGAL_SASL_STATE,
     INVALID_REQUEST,
     INVALID_TOPIC_EXCEPTION,
     NONE,
@@ -87,9 +89,13 @@ from tidelog.protocol.messages import (
     TOPIC_RESOURCE,
     AclCreationResult,
     AclDescription,
+    AlterClientQuotasRequest,
+    AlterClientQuotasResponse,
     AlterConfigsRequest,
     AlterConfigsResponse,
     AlterConfigsResult,
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
     ApiVersionsResponse,
     ConfigEntry,
     ControlledShutdownRequest,
@@ -116,12 +122,16 @@ from tidelog.protocol.messages import (
     DescribeAclsRequest,
     DescribeAclsResource,
     DescribeAclsResponse,
+    DescribeClientQuotasRequest,
+    DescribeClientQuotasResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
     DescribeConfigsResult,
     DescribedGroup,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
     ElectLeadersRequest,
     ElectLeadersResponse,
     ElectLeadersResult,
@@ -164,6 +174,10 @@ from tidelog.protocol.messages import (
     PartitionProduceResponse,
     ProduceRequest,
     ProduceResponse,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
     StopReplicaRequest,
     StopReplicaResponse,
     SyncGroupRequest,
@@ -195,11 +209,11 @@ def handles(key: ApiKey, kind: Kind) -> Callable[[Callable[..., Any]], Callable[
     """Register the decorated ``Apis`` method as the handler of ``key``."""
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if key in _HANDLERS:
-            raise ValueError(f"{key.name} has two handlers")
         if inspect.iscoroutinefunction(fn) != (kind is Kind.ASYNC):
             raise TypeError(f"{fn.__name__}: an {kind.name} handler must "
                             f"{'' if kind is Kind.ASYNC else 'not '}be a coroutine function")
+        if key in _HANDLERS:
+            raise ValueError(f"{key.name} has two handlers")
         _HANDLERS[key] = (kind, fn)
         return fn
 
@@ -216,6 +230,7 @@ class BrokerState(Protocol):
 
     broker_epoch: int
     log_defaults: Any  # broker.log.config.LogConfig
+    zk: Any  # broker.zookeeper.zk.ZkClient
     topic_overrides: dict[str, dict[str, str]]
 
     def update_topic_overrides(self, configs: Mapping[str, Mapping[str, str]]) -> None: ...
@@ -282,6 +297,16 @@ class Apis:
     async def api_versions(self, req, ctx: RequestContext | None = None) -> ApiVersionsResponse:
         return ApiVersionsResponse(NONE.code, api_versions())
 
+    @handles(ApiKey.SASL_HANDSHAKE, Kind.ASYNC)
+    async def sasl_handshake(self, req: SaslHandshakeRequest, ctx: RequestContext | None = None) -> SaslHandshakeResponse:
+        # a SASL listener's connection answers these itself until it is authenticated
+        return SaslHandshakeResponse(ILLEGAL_SASL_STATE.code, [], _sasl_refusal(ctx))
+
+    @handles(ApiKey.SASL_AUTHENTICATE, Kind.ASYNC)
+    async def sasl_authenticate(self, req: SaslAuthenticateRequest,
+                                ctx: RequestContext | None = None) -> SaslAuthenticateResponse:
+        return SaslAuthenticateResponse(ILLEGAL_SASL_STATE.code, _sasl_refusal(ctx))
+
     @handles(ApiKey.METADATA, Kind.ASYNC)
     async def metadata_(self, req: MetadataRequest, ctx: RequestContext | None = None) -> MetadataResponse:
         # A name Kafka refuses is answered INVALID_TOPIC_EXCEPTION and never created; so is one
@@ -318,7 +343,8 @@ class Apis:
                       if t.name in denied else t for t in topics]
         elif req.topics is None and self.authorizer is not None:
             topics = [t for t in topics if self._can(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, t.name)]
-        return MetadataResponse(self.metadata.broker_metadata(), self.metadata.cluster_id,
+        return MetadataResponse(self.metadata.broker_metadata(ctx.listener if ctx is not None else None),
+                                self.metadata.cluster_id,
                                 self.metadata.controller_id, topics)
 
     # -- data ----------------------------------------------------------------------------------
@@ -635,6 +661,34 @@ class Apis:
                 out.append(AlterConfigsResult(e.code, r.resource_type, r.resource_name, str(e)))
         return AlterConfigsResponse(out)
 
+    # -- user and client-id configs: quotas, SCRAM credentials (broker/security/entity_configs.py)
+    # Any broker answers: each reads and writes ZooKeeper itself, and every broker's
+    # EntityConfigStore follows the change notifications the writes leave.
+
+    @property
+    def _entity_configs(self) -> EntityConfigAdmin:
+        return EntityConfigAdmin(self.broker.zk)
+
+    @handles(ApiKey.DESCRIBE_CLIENT_QUOTAS, Kind.ASYNC)
+    async def describe_client_quotas(self, req: DescribeClientQuotasRequest,
+                                     ctx: RequestContext | None = None) -> DescribeClientQuotasResponse:
+        return await self._entity_configs.describe_client_quotas(req)
+
+    @handles(ApiKey.ALTER_CLIENT_QUOTAS, Kind.ASYNC)
+    async def alter_client_quotas(self, req: AlterClientQuotasRequest,
+                                  ctx: RequestContext | None = None) -> AlterClientQuotasResponse:
+        return await self._entity_configs.alter_client_quotas(req)
+
+    @handles(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, Kind.ASYNC)
+    async def describe_user_scram_credentials(self, req: DescribeUserScramCredentialsRequest,
+                                              ctx: RequestContext | None = None) -> DescribeUserScramCredentialsResponse:
+        return await self._entity_configs.describe_user_scram_credentials(req)
+
+    @handles(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, Kind.ASYNC)
+    async def alter_user_scram_credentials(self, req: AlterUserScramCredentialsRequest,
+                                           ctx: RequestContext | None = None) -> AlterUserScramCredentialsResponse:
+        return await self._entity_configs.alter_user_scram_credentials(req)
+
     # -- idempotent producers ------------------------------------------------------------------
 
     @handles(ApiKey.INIT_PRODUCER_ID, Kind.ASYNC)
@@ -713,7 +767,7 @@ class Apis:
                                                        req.key):
             return FindCoordinatorResponse(TRANSACTIONAL_ID_AUTHORIZATION_FAILED.code,
                                            error_message=_denied(ctx, "Describe", "transactional id", req.key))
-        return await self.group_coordinator.find_coordinator(req)
+        return await self.group_coordinator.find_coordinator(req, ctx.listener if ctx is not None else None)
 
     def _group_denied(self, ctx: RequestContext | None, operation: AclOperation, group_id: str) -> str | None:
         """Why the group's API is refused (GROUP_AUTHORIZATION_FAILED), or None."""
@@ -945,6 +999,13 @@ class Apis:
         except TidelogError as e:
             return StopReplicaResponse(e.code)
         return self.replica_manager.stop_replicas(req)
+
+
+def _sasl_refusal(ctx: RequestContext | None) -> str:
+    if ctx is not None and ctx.authenticated:
+        return f"the connection is already authenticated as {ctx.principal}"
+    listener = ctx.listener if ctx is not None else "this listener"
+    return f"listener {listener} does not use SASL"
 
 
 def _denied(ctx: RequestContext | None, operation: str, kind: str, name: str) -> str:

@@ -1,6 +1,7 @@
 """Request channels between brokers (controller to broker, follower to leader).
 
-A channel is one TCP connection to one broker, used one request at a time: a request is
+A channel is one connection to one broker (over the inter-broker listener's TLS and SASL,
+``tidelog.security.open_stream``), used one request at a time: a request is
 written, then its response read, under one lock. Followers have at most one fetch in flight
 per leader and the controller sends its requests to each broker in order, so nothing is lost
 by not pipelining, and a timed-out or broken exchange simply closes the connection (the next
@@ -18,6 +19,7 @@ from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.errors import NETWORK_EXCEPTION, TidelogError
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
+from tidelog.security import SecurityConfig, open_stream
 
 logger = logging.getLogger("tidelog.channel")
 
@@ -28,13 +30,15 @@ class BrokerUnreachable(TidelogError):
 
 class BrokerChannel:
     def __init__(self, broker_id: int, host: str, port: int, *, client_id: str,
-                 connect_timeout_s: float = 5.0, max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT):
+                 connect_timeout_s: float = 5.0, max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT,
+                 security: SecurityConfig | None = None):
         self.broker_id = broker_id
+        self.security = security
         self.host, self.port = host, port
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
         self.max_frame_bytes = max_frame_bytes
-        self._stream: trio.SocketStream | None = None
+        self._stream: trio.abc.Stream | None = None
         self._conn: ClientConnection | None = None
         self._lock = trio.Lock()
 
@@ -69,15 +73,17 @@ class BrokerChannel:
                 return response_type(api_key).from_body(body)
 
     async def _connect(self) -> None:
-        with trio.fail_after(self.connect_timeout_s):
-            self._stream = await trio.open_tcp_stream(self.host, self.port)
         self._conn = ClientConnection(self.max_frame_bytes, self.client_id)
+        self._stream = await open_stream(self.host, self.port, self.security, self._conn,
+                                         connect_timeout_s=self.connect_timeout_s,
+                                         describe=f"broker {self.broker_id} at {self.host}:{self.port}")
 
     def _drop(self) -> None:
         if self._stream is not None:
             stream, self._stream = self._stream, None
+            sock = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
             try:
-                stream.socket.close()
+                sock.close()
             except OSError:
                 pass
         self._conn = None

@@ -4,7 +4,7 @@ The broker-side commands (broker, dev, health, dump-log) are each a ``Command`` 
 ``COMMANDS``: a name, help texts, a function that adds its arguments to its own parser, and a
 function that runs it and returns the exit status. The client commands come in families, one
 module of ``tidelog.commands`` each (``FAMILIES``: topics; console, i.e. produce and consume;
-groups; acls; perf), which add their own commands with ``register``. Every command imports what it
+groups; acls; perf; configs), which add their own commands with ``register``. Every command imports what it
 needs when it runs, so ``tidelog --help`` and the light commands start without loading kazoo
 or the broker; this module imports only the stdlib, and the family modules only ``common``.
 
@@ -16,11 +16,12 @@ convention), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
 PROG = "tidelog"
 EXIT_USAGE = 2
@@ -139,7 +140,8 @@ COMMANDS: tuple[Command, ...] = (
 
 # the client command families, listed after the broker-side commands in ``tidelog --help``
 FAMILIES: tuple[str, ...] = ("tidelog.commands.topics", "tidelog.commands.console",
-                             "tidelog.commands.groups", "tidelog.commands.acls", "tidelog.commands.perf")
+                             "tidelog.commands.groups", "tidelog.commands.acls", "tidelog.commands.perf",
+                             "tidelog.commands.configs")
 
 
 def installed_version() -> str:
@@ -165,7 +167,21 @@ def build_parser(commands: Sequence[Command] = COMMANDS,
         p.set_defaults(run=c.run)
     for family in families:
         importlib.import_module(family).register(sub)
+    if "configs" in sub.choices:  # the SDK's command reaches ZooKeeper through the broker's code
+        sub.choices["configs"].set_defaults(zookeeper_session=_zookeeper_entity_configs)
     return parser
+
+
+@contextlib.asynccontextmanager
+async def _zookeeper_entity_configs(connect: str) -> AsyncIterator[Callable]:
+    """For ``tidelog configs --zookeeper``: a ZooKeeper session (chroot from ``connect``,
+    else /tidelog) and the ``call`` that answers the entity-config requests with the brokers'
+    own code (broker/security/entity_configs.py)."""
+    from tidelog.broker.security.entity_configs import EntityConfigAdmin
+    from tidelog.broker.zookeeper.zk import ZkClient
+
+    async with ZkClient(connect) as zk:
+        yield EntityConfigAdmin(zk).call
 
 
 def main(argv: Sequence[str] | None = None) -> int:

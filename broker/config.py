@@ -52,8 +52,17 @@ from types import MappingProxyType
 from typing import Any
 
 from tidelog.broker.log.config import TOPIC_CONFIGS, InvalidConfigError, LogConfig
+from tidelog.broker.security.listeners import (
+    DEFAULT_PROTOCOL_MAP,
+    Listener,
+    inter_broker,
+    parse_endpoints,
+    parse_protocol_map,
+    resolve,
+)
+from tidelog.broker.security.sasl import SASL_MECHANISMS
 from tidelog.protocol.acls import parse_principal
-from tidelog.protocol.address import parse_host_port
+from tidelog.security import JaasCredentials, parse_jaas_config
 
 MAX_LONG = 2**63 - 1
 MIB = 1024 * 1024
@@ -110,27 +119,41 @@ class Alias:
 
 
 def parse_listener(value: str) -> tuple[str, str, int]:
-    """``PLAINTEXT://host:port`` -> (protocol, host, port); ValueError says what is wrong."""
-    scheme, sep, rest = value.strip().partition("://")
-    if not sep:
-        raise ValueError("expected PROTOCOL://host:port, e.g. PLAINTEXT://127.0.0.1:9092")
-    if scheme.upper() != "PLAINTEXT":
-        raise ValueError(f"protocol {scheme!r} is not supported (only PLAINTEXT)")
-    try:
-        host, port = parse_host_port(rest)
-    except ValueError:
-        raise ValueError("expected PROTOCOL://host:port with a port from 0 to 65535") from None
-    return scheme.upper(), host, port
+    """The first listener of ``NAME://host:port[,...]`` -> (name, host, port); ValueError says
+    what is wrong (the whole list is checked)."""
+    first = parse_endpoints(value)[0]
+    return first.name, first.host, first.port
 
 
 def _check_listeners(value: str) -> str | None:
-    if "," in value:
-        return "only one listener is supported"
     try:
-        parse_listener(value)
+        parse_endpoints(value)
     except ValueError as e:
         return str(e)
     return None
+
+
+def _check_protocol_map(value: str) -> str | None:
+    try:
+        return None if parse_protocol_map(value) else "expected NAME:PROTOCOL[,NAME:PROTOCOL...]"
+    except ValueError as e:
+        return str(e)
+
+
+def _check_client_auth(value: str) -> str | None:
+    return None if value in ("none", "requested", "required") else "expected none, requested or required"
+
+
+def _check_mechanisms(value: str) -> str | None:
+    names = [m.strip() for m in value.split(",") if m.strip()]
+    unknown = [m for m in names if m not in SASL_MECHANISMS]
+    if unknown:
+        return f"unknown SASL mechanism {unknown[0]!r} (known: {', '.join(SASL_MECHANISMS)})"
+    return None if names else "expected at least one mechanism"
+
+
+def _check_mechanism(value: str) -> str | None:
+    return None if value in SASL_MECHANISMS else f"expected one of {', '.join(SASL_MECHANISMS)}"
 
 
 def _check_chroot(value: str) -> str | None:
@@ -197,12 +220,46 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
     _S("broker.id", int, REQUIRED, "This broker's id, unique in the cluster.", minimum=0),
     _S("broker.rack", str, None, "Rack of this broker, for rack-aware replica placement."),
     _S("listeners", str, "PLAINTEXT://127.0.0.1:9092",
-       "Address to listen on, PLAINTEXT://host:port. An empty host binds every interface; "
+       "Listeners, comma-separated NAME://host:port; a name is a security protocol or is mapped "
+       "to one by listener.security.protocol.map. An empty host binds every interface; "
        "port 0 picks a free port.", check=_check_listeners),
     _S("advertised.listeners", str, None,
-       "Address published in ZooKeeper for clients and other brokers (default: listeners; "
-       "an empty host advertises this machine's host name).",
+       "Addresses published in ZooKeeper for clients and other brokers, per listener name "
+       "(default: listeners; an empty host advertises this machine's host name).",
        default_from="listeners", check=_check_listeners),
+    _S("listener.security.protocol.map", str, DEFAULT_PROTOCOL_MAP,
+       "Security protocol of each listener name, NAME:PROTOCOL,... (PLAINTEXT, SSL, "
+       "SASL_PLAINTEXT, SASL_SSL).", check=_check_protocol_map),
+    _S("inter.broker.listener.name", str, None,
+       "The listener brokers use between themselves (fetches, the controller's requests); the "
+       "inter-broker APIs are accepted only on it. Default: the first listener."),
+    # TLS (PEM files) and SASL
+    _S("ssl.keystore.location", str, None,
+       "PEM file with this broker's certificate chain and private key (SSL and SASL_SSL "
+       "listeners, and its client certificate towards other brokers)."),
+    _S("ssl.key.password", str, None, "Password of the private key in ssl.keystore.location, if encrypted."),
+    _S("ssl.truststore.location", str, None,
+       "PEM file of the CA certificates this broker trusts: for client certificates, and for "
+       "other brokers' certificates on a TLS inter-broker listener."),
+    _S("ssl.client.auth", str, "none",
+       "Client certificates on TLS listeners: none, requested or required. With a certificate "
+       "the principal is User:<its subject> unless SASL authenticates the connection.",
+       check=_check_client_auth),
+    _S("ssl.endpoint.identification.algorithm", str, "https",
+       "https: this broker checks that another broker's certificate names the host it connects "
+       "to; empty: no host name check (the certificate must still be trusted)."),
+    _S("sasl.enabled.mechanisms", str, "SCRAM-SHA-256,SCRAM-SHA-512",
+       "SASL mechanisms offered on SASL listeners: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512.",
+       check=_check_mechanisms),
+    _S("sasl.mechanism.inter.broker.protocol", str, "SCRAM-SHA-256",
+       "The SASL mechanism this broker uses towards other brokers on a SASL inter-broker listener.",
+       check=_check_mechanism),
+    _S("sasl.jaas.config", str, None,
+       "This broker's own SASL credentials, in Kafka's JAAS form: "
+       "'org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" "
+       "password=\"secret\";'. Required when the inter-broker listener uses SASL."),
+    _S("connection.failed.authentication.delay.ms", int, 100,
+       "A failed authentication is answered this late, to slow password guessing (ms).", minimum=0),
     _S("log.dirs", tuple, ("/tmp/tidelog-logs",),
        "Directories holding the partitions' logs: a list, or a comma-separated string.",
        check=_check_dirs),
@@ -342,6 +399,11 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
        "then starts a new epoch (ms).", minimum=1),
     _S("producer.id.expiration.check.interval.ms", int, 600000,
        "How often partitions look for expired producer ids (ms).", minimum=1),
+    # client quotas (broker/security/quotas.py): rates are measured over num samples of size s
+    _S("quota.window.num", int, 11,
+       "Samples a client quota's rate is measured over (producer_byte_rate, consumer_byte_rate, "
+       "request_percentage); a throttle is at most the whole window.", minimum=1),
+    _S("quota.window.size.seconds", int, 1, "Length of one client quota sample (s).", minimum=1),
     # authorization (broker/security/authorizer.py)
     _S("authorizer.class.name", str, None,
        "The ACL authorizer: kafka.security.authorizer.AclAuthorizer (Kafka's name, also "
@@ -608,28 +670,86 @@ class _BrokerConfigBase:
                 raise ConfigError(f"missing required setting {s.name} (set it in the config file, "
                                   f"as {ENV_PREFIX}{_env_key(s.name)} or with --set {s.name}=...)")
         config = cls(**{_BY_NAME[n].attr: v.value for n, v in merged.items()})
-        config._check_advertised(merged.get("advertised.listeners") or merged.get("listeners"))
+        config._check_listeners(merged)
         return config
 
-    def _check_advertised(self, given: _Value | None) -> None:
-        host = parse_listener(self.advertised_listeners)[1]
-        if _is_ip(host) and ipaddress.ip_address(host).is_unspecified:
-            key, source = (given.key, given.source) if given else ("listeners", "default")
-            raise _error(key, self.advertised_listeners, source,
-                         f"{host} cannot be advertised to clients; set advertised.listeners "
-                         "to an address they can reach")
+    def _check_listeners(self, merged: Mapping[str, _Value]) -> None:
+        """The listener settings against each other, and what their protocols need."""
+        def fail(key: str, why: str) -> ConfigError:
+            given = merged.get(key)
+            return _error(key, getattr(self, _BY_NAME[key].attr), given.source if given else "default", why)
+
+        try:
+            listeners = self.listener_list
+        except ValueError as e:
+            text = str(e)
+            key = ("inter.broker.listener.name" if "inter.broker.listener.name" in text
+                   else "advertised.listeners" if text.startswith("advertised")
+                   else "listener.security.protocol.map" if "no security protocol" in text
+                   and "listener.security.protocol.map" in merged else "listeners")
+            raise fail(key, text) from None
+        for listener in listeners:
+            host = listener.advertised.host
+            if _is_ip(host) and ipaddress.ip_address(host).is_unspecified:
+                key = "advertised.listeners" if "advertised.listeners" in merged else "listeners"
+                raise fail(key, f"{host} cannot be advertised to clients; set advertised.listeners "
+                                "to an address they can reach")
+        protocols = {listener.protocol for listener in listeners}
+        if any(p.uses_tls for p in protocols) and not self.ssl_keystore_location:
+            raise fail("ssl.keystore.location", "an SSL or SASL_SSL listener needs a PEM file with the "
+                                                "broker's certificate and key")
+        if self.ssl_client_auth != "none" and any(p.uses_tls for p in protocols) and not self.ssl_truststore_location:
+            raise fail("ssl.truststore.location", f"ssl.client.auth={self.ssl_client_auth} needs the CA "
+                                                  "certificates that sign client certificates")
+        inter = inter_broker(listeners)
+        if inter.protocol.uses_sasl:
+            if self.sasl_jaas_config is None:
+                raise fail("sasl.jaas.config", f"the inter-broker listener {inter.name} uses {inter.protocol}: "
+                                               "set this broker's username and password")
+            try:
+                parse_jaas_config(self.sasl_jaas_config)
+            except ValueError as e:
+                raise fail("sasl.jaas.config", str(e)) from None
+        if inter.protocol.uses_tls and not self.ssl_truststore_location:
+            raise fail("ssl.truststore.location", f"the inter-broker listener {inter.name} uses {inter.protocol}: "
+                                                  "brokers need the CA that signs their certificates")
+
+    @property
+    def listener_list(self) -> tuple[Listener, ...]:
+        """Every listener, checked (ValueError otherwise); the inter-broker one is marked."""
+        return resolve(self.listeners, self.advertised_listeners, self.listener_security_protocol_map,
+                       self.inter_broker_listener_name)
+
+    @property
+    def inter_broker_listener(self) -> Listener:
+        return inter_broker(self.listener_list)
 
     @property
     def listener(self) -> tuple[str, int]:
-        """(host, port) to bind; host "" means every interface."""
-        _, host, port = parse_listener(self.listeners)
-        return host, port
+        """(host, port) the inter-broker listener binds; host "" means every interface."""
+        bind = self.inter_broker_listener.bind
+        return bind.host, bind.port
 
     @property
     def advertised(self) -> tuple[str, int]:
-        """(host, port) published for clients; an empty host becomes this machine's name."""
-        _, host, port = parse_listener(self.advertised_listeners)
-        return host or socket.gethostname(), port
+        """(host, port) the inter-broker listener publishes; an empty host becomes this machine's name."""
+        published = self.inter_broker_listener.advertised
+        return published.host or socket.gethostname(), published.port
+
+    @property
+    def inter_broker_credentials(self) -> JaasCredentials | None:
+        """This broker's own SASL username and password (sasl.jaas.config), if set."""
+        return parse_jaas_config(self.sasl_jaas_config) if self.sasl_jaas_config else None
+
+    @property
+    def inter_broker_principal(self) -> str | None:
+        """The principal this broker authenticates as towards other brokers: User:<username>
+        on a SASL inter-broker listener; None when it does not authenticate by SASL (a TLS
+        client certificate's subject is read from the certificate, broker/security/tls.py)."""
+        credentials = self.inter_broker_credentials
+        if credentials is None or not self.inter_broker_listener.protocol.uses_sasl:
+            return None
+        return f"User:{credentials.username}"
 
     def log_config(self) -> LogConfig:
         """Topic config defaults: each topic config from its broker_key setting."""

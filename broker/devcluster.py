@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,8 +25,15 @@ from pathlib import Path
 
 from tidelog.broker.config import parse_listener
 from tidelog.broker.health import metadata_request
+from tidelog.broker.security.certificates import make_cluster_pki
 from tidelog.broker.zookeeper.zkserver import ZooKeeperServer, find_free_port
+from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.messages import MetadataResponse
+from tidelog.security import SecurityConfig, read_properties
+
+SECURED = "SASL_SSL"
+ADMIN_USER = "admin"
+ADMIN_MECHANISM = "SCRAM-SHA-512"
 
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNET = 0x40000000
@@ -107,11 +115,15 @@ class DevCluster:
     def __init__(self, directory: str | os.PathLike, brokers: int = 3, *, zk_port: int = 2181,
                  base_port: int = 9092, extra_config: dict[str, object] | None = None,
                  zk_host: str = "127.0.0.1", hosts: Mapping[int, str] | None = None,
-                 netns: Mapping[int, str] | None = None):
+                 netns: Mapping[int, str] | None = None, security: str | None = None):
         """``hosts``: broker id -> the address it listens on and advertises (default
-        127.0.0.1); ``netns``: broker id -> the named network namespace it runs in."""
+        127.0.0.1); ``netns``: broker id -> the named network namespace it runs in.
+        ``security="SASL_SSL"``: a secured cluster (``secure_settings``)."""
         self.dir = Path(directory).absolute()
         self.dir.mkdir(parents=True, exist_ok=True)
+        if security not in (None, "PLAINTEXT", SECURED):
+            raise ValueError(f"security must be PLAINTEXT or {SECURED}, got {security!r}")
+        self.security = security if security == SECURED else None
         # an address of its own (not loopback) is ZooKeeper's alone: its usual port is free there
         zk_port = zk_port or (find_free_port() if zk_host == "127.0.0.1" else 2181)
         self.zookeeper = ZooKeeperServer(self.dir / "zookeeper", port=zk_port, host=zk_host)
@@ -121,6 +133,8 @@ class DevCluster:
         self.extra_config = {**small, **(extra_config or {})}
         self.hosts = dict(hosts or {})
         self.netns = dict(netns or {})
+        if self.security:
+            self.extra_config = {**self._secure_settings(brokers), **self.extra_config}
         self.brokers: dict[int, BrokerProcess] = {}
         for i in range(1, brokers + 1):
             self.brokers[i] = self._broker(i, base_port + i - 1 if base_port else 0)
@@ -134,10 +148,13 @@ class DevCluster:
             # a broker in its own namespace has its address to itself: any port is free there
             port = port or (9092 if broker_id in self.netns else find_free_port())
             lines = [f"\"broker.id\" = {broker_id}",
-                     f"listeners = \"PLAINTEXT://{host}:{port}\"",
+                     f"listeners = \"{self.security or 'PLAINTEXT'}://{host}:{port}\"",
                      f"\"log.dirs\" = [\"{self.dir / f'broker-{broker_id}' / 'logs'}\"]",
                      f"\"zookeeper.connect\" = \"{self.zookeeper.connect_string}\""]
-            lines += [f"\"{k}\" = {_toml(v)}" for k, v in self.extra_config.items()]
+            lines += [f"\"{k}\" = {_toml(v)}" for k, v in self.extra_config.items()
+                      if k != "ssl.keystore.location"]
+            if self.security:
+                lines.append(f"\"ssl.keystore.location\" = {_toml(self.dir / 'pki' / f'broker-{broker_id}.pem')}")
             config_path.write_text("\n".join(lines) + "\n")
         return BrokerProcess(broker_id, config_path, self.dir / f"broker-{broker_id}.log", port,
                              host=host, netns=self.netns.get(broker_id))
@@ -146,9 +163,62 @@ class DevCluster:
     def bootstrap(self) -> str:
         return ",".join(f"{b.host}:{b.port}" for b in self.brokers.values())
 
+    # -- security ---------------------------------------------------------------------------
+
+    def _secure_settings(self, brokers: int) -> dict[str, object]:
+        """SASL_SSL everywhere: a CA and broker certificates made now (kept for the next
+        run), SCRAM-SHA-512 between brokers as the super user ``admin``, whose password is
+        made once and written to ``client.properties`` for the tools (owner-readable only)."""
+        pki = self.dir / "pki"
+        names = {i: [self.hosts.get(i, "127.0.0.1"), "localhost"] for i in range(1, brokers + 1)}
+        ca = make_cluster_pki(pki, names)
+        props_path = self.dir / "client.properties"
+        if props_path.exists():
+            password = read_properties(str(props_path))["sasl.password"]
+        else:
+            password = secrets.token_urlsafe(18)
+            fd = os.open(props_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write("# the dev cluster's super user: tidelog ... --command-config <this file>\n"
+                        f"security.protocol={SECURED}\nsasl.mechanism={ADMIN_MECHANISM}\n"
+                        f"sasl.username={ADMIN_USER}\nsasl.password={password}\nssl.ca.location={ca}\n")
+        self.admin_password = password
+        self.client_properties = props_path
+        jaas = f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN_USER}" ' \
+               f'password="{password}";'
+        return {"ssl.truststore.location": str(ca), "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
+                "sasl.mechanism.inter.broker.protocol": ADMIN_MECHANISM, "sasl.jaas.config": jaas,
+                "super.users": f"User:{ADMIN_USER}"}
+
+    def client_security(self) -> SecurityConfig | None:
+        """How a client of this cluster connects (the super user's credentials when secured)."""
+        if not self.security:
+            return None
+        return SecurityConfig.from_properties(read_properties(str(self.client_properties)))
+
+    def _create_admin(self, timeout: float) -> None:
+        """The super user's SCRAM credentials, straight into ZooKeeper (brokers need them to
+        talk to each other, and no client can authenticate before they exist)."""
+        chroot = str(self.extra_config.get("zookeeper.chroot", "/tidelog"))
+        subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "configs", "--zookeeper",
+                        f"{self.zookeeper.connect_string}{chroot}", "--alter", "--entity-type", "users",
+                        "--entity-name", ADMIN_USER, "--add-config",
+                        ",".join(f"{m}=[password={self.admin_password}]" for m in ("SCRAM-SHA-256", "SCRAM-SHA-512"))],
+                       check=True, timeout=timeout, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+    def metadata(self, broker_id: int, timeout: float = 5.0) -> MetadataResponse:
+        """Broker ``broker_id``'s Metadata for every topic, over the cluster's security."""
+        b = self.brokers[broker_id]
+        security = self.client_security()
+        if security is None:
+            return metadata(b.port, b.host, timeout)
+        return secure_metadata(b.host, b.port, security, timeout)
+
     def start(self, timeout: float = 60.0) -> None:
         self.zookeeper.start()
         self.zookeeper.wait_serving(timeout)
+        if self.security:
+            self._create_admin(timeout)
         for b in self.brokers.values():
             b.start()
         self.wait_ready(timeout)
@@ -164,7 +234,7 @@ class DevCluster:
                     raise RuntimeError(f"broker {i} exited with status {b.proc.returncode if b.proc else None}; "
                                        f"see {b.log_path}")
             try:
-                seen = [metadata(b.port, b.host) for i, b in self.brokers.items() if i in want]
+                seen = [self.metadata(i) for i in self.brokers if i in want]
                 last = seen[-1]
                 if all({x.node_id for x in m.brokers} >= want and m.controller_id >= 0 for m in seen):
                     return last
@@ -194,6 +264,36 @@ class DevCluster:
 def metadata(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> MetadataResponse:
     """One blocking Metadata request for every topic (for readiness checks)."""
     return metadata_request(host, port, timeout, all_topics=True, client_id="tidelog-dev")
+
+
+def secure_metadata(host: str, port: int, security: SecurityConfig, timeout: float = 5.0) -> MetadataResponse:
+    """``metadata`` over TLS and SASL (a blocking call: its own Trio run)."""
+    import trio
+
+    from tidelog.protocol.apis import response_type
+    from tidelog.protocol.codec import ApiKey
+    from tidelog.protocol.connection import ClientConnection
+    from tidelog.protocol.messages import MetadataRequest
+    from tidelog.security import open_stream
+
+    async def ask() -> MetadataResponse:
+        conn = ClientConnection(client_id="tidelog-dev")
+        with trio.fail_after(timeout):
+            stream = await open_stream(host, port, security, conn, connect_timeout_s=timeout,
+                                       describe=f"{host}:{port}")
+            async with stream:
+                await stream.send_all(conn.send_request(ApiKey.METADATA, 0, MetadataRequest(topics=None))[1])
+                while True:
+                    data = await stream.receive_some(1 << 16)
+                    if not data:
+                        raise OSError(f"{host}:{port} closed the connection")
+                    for _, body in conn.receive_data(data):
+                        return response_type(ApiKey.METADATA).from_body(body)
+
+    try:
+        return trio.run(ask)
+    except (trio.TooSlowError, TidelogError) as e:
+        raise OSError(str(e)) from None
 
 
 def _port_of(config_path: Path) -> int | None:

@@ -90,8 +90,20 @@ class MetadataCache:
         st = self.partition_state(tp)
         return NO_LEADER if st is None else st.leader
 
-    def broker_metadata(self) -> list[BrokerMetadata]:
-        return [BrokerMetadata(b.broker_id, b.host, b.port, b.rack) for _, b in sorted(self.brokers.items())]
+    def broker_metadata(self, listener: str | None = None) -> list[BrokerMetadata]:
+        """The live brokers as a client on ``listener`` reaches them (``address_on``)."""
+        return [BrokerMetadata(b.broker_id, *address, b.rack) for _, b in sorted(self.brokers.items())
+                if (address := self.address_on(b, listener)) is not None]
+
+    @staticmethod
+    def address_on(broker: LiveBroker, listener: str | None) -> tuple[str, int] | None:
+        """A broker's address on the listener of that name (Kafka's rule: a client is told
+        the addresses of the listener it connected on; None if the broker has no such
+        listener), or its inter-broker address (``listener`` None, or a broker listing no
+        endpoints)."""
+        if listener is None or not broker.endpoints:
+            return broker.host, broker.port
+        return next(((e.host, e.port) for e in broker.endpoints if e.listener == listener), None)
 
     def topic_metadata(self, topics: list[str] | None) -> list[TopicMetadata]:
         """One entry per topic asked for (each name once, as Kafka answers: a request naming

@@ -58,6 +58,7 @@ import logging
 import os
 import struct
 import time
+import typing
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -133,31 +134,39 @@ def request_name(api_key: int, body: Any = None) -> str:
     return _REQUEST_NAMES.get(api_key, f"ApiKey{api_key}")
 
 
-# class -> (has an error_code field, names of its list fields), for ``count_errors``
+# class -> (has an error_code field, names of its fields that are lists of messages), for
+# ``count_errors``: built once per class from its type hints
 _ERROR_PLANS: dict[type, tuple[bool, tuple[str, ...]]] = {}
 
 
 def _error_plan(cls: type) -> tuple[bool, tuple[str, ...]]:
     plan = _ERROR_PLANS.get(cls)
     if plan is None:
-        fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
-        plan = _ERROR_PLANS[cls] = (any(f.name == "error_code" for f in fields),
-                                    tuple(f.name for f in fields if str(f.type).startswith("list[")))
+        if not dataclasses.is_dataclass(cls):
+            plan = (False, ())
+        else:
+            hints = typing.get_type_hints(cls)
+            lists = tuple(f.name for f in dataclasses.fields(cls)
+                          if typing.get_origin(hints[f.name]) is list
+                          and dataclasses.is_dataclass(typing.get_args(hints[f.name])[0]))
+            plan = (any(f.name == "error_code" for f in dataclasses.fields(cls)), lists)
+        _ERROR_PLANS[cls] = plan
     return plan
 
 
-def count_errors(response: Any, into: Counter[int], depth: int = 2) -> None:
-    """Add every non-zero ``error_code`` of ``response`` to ``into``: its own, and those of
-    the messages in its list fields, ``depth`` levels down (topics, then partitions)."""
+def count_errors(response: Any, into: dict[int, int] | None = None, depth: int = 2) -> dict[int, int] | None:
+    """Every non-zero ``error_code`` of ``response`` counted (None when there is none, the
+    usual case, which allocates nothing): its own, and those of the messages in its list
+    fields, ``depth`` levels down (topics, then partitions)."""
     has_code, lists = _error_plan(type(response))
     if has_code and (code := response.error_code):
-        into[code] += 1
+        into = {} if into is None else into
+        into[code] = into.get(code, 0) + 1
     if depth:
         for name in lists:
-            items = getattr(response, name)
-            if items and dataclasses.is_dataclass(items[0]):
-                for item in items:
-                    count_errors(item, into, depth - 1)
+            for item in getattr(response, name):
+                into = count_errors(item, into, depth - 1)
+    return into
 
 
 class _Histogram:
@@ -248,8 +257,7 @@ class RequestMetrics:
 
     def _account(self, api_key: int, body: dict, response: Any) -> None:
         try:
-            codes: Counter[int] = Counter()
-            count_errors(response, codes)
+            codes = count_errors(response)
             if codes:
                 name = request_name(api_key, body)
                 for code, n in codes.items():
@@ -357,6 +365,29 @@ class BrokerCollector:
         yield from self._log_cleaner()
         yield from self._network()
         yield from self._groups()
+        yield from self._quotas()
+
+    def _quotas(self) -> Iterator[Metric]:
+        """Kafka's quota metrics (type Produce, Fetch, Request: throttle-time), per quota
+        sensor: the (user, client id) a quota is measured for (broker/security/quotas.py)."""
+        quotas = getattr(self.server, "quotas", None)
+        if quotas is None:
+            return
+        for quota_type, name, what in (("PRODUCE", "produce", "Produce requests"),
+                                       ("FETCH", "fetch", "consumers' Fetch responses"),
+                                       ("REQUEST", "request", "requests (request_percentage)")):
+            sensors = next(s for t, s in quotas.sensors.items() if t.name == quota_type).sensors
+            throttle = CounterMetricFamily(f"tidelog_{name}_throttle_time_ms",
+                                           f"Time {what} were delayed by client quotas (ms), per quota sensor",
+                                           labels=["user", "client_id"])
+            throttled = CounterMetricFamily(f"tidelog_{name}_throttled_requests",
+                                            f"{what[0].upper()}{what[1:]} delayed by client quotas, per quota sensor",
+                                            labels=["user", "client_id"])
+            for (user, client_id), sensor in sorted(sensors.items()):
+                throttle.add_metric([user, client_id], float(sensor.throttle_time_ms))
+                throttled.add_metric([user, client_id], float(sensor.throttled))
+            yield throttle
+            yield throttled
 
     def _groups(self) -> Iterator[Metric]:
         coordinator = getattr(self.server, "group_coordinator", None)

@@ -69,6 +69,22 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
   succeed meanwhile), closes its ``SHED_ON_EMFILE`` newest connections, waits
   ``ACCEPT_RETRY_S`` and accepts again; the reserve is taken back as descriptors free.
 
+* **Security.** Each listener has its own server, with its security protocol
+  (``broker.security.listeners.ListenerSecurity``). On SSL and SASL_SSL listeners the
+  stream is a ``trio.SSLStream``: the handshake must finish within
+  ``tls.HANDSHAKE_TIMEOUT_S``, and the bytes pass through the TLS layer, so the reader uses
+  ``receive_some`` and every write ``send_all`` (the ``os.read``/``os.write`` fast paths are
+  for plain sockets). A verified client certificate gives the principal. On SASL listeners
+  the connection owns a ``ServerAuthenticator`` and, until it completes, serves only
+  ApiVersions, SaslHandshake and SaslAuthenticate, with frames bounded by
+  ``SASL_MAX_FRAME_BYTES``; any other request is answered SASL_AUTHENTICATION_FAILED (saying
+  that the listener wants SASL first) and closes the connection, and so does a failed
+  authentication, answered after ``connection.failed.authentication.delay.ms``. A client
+  that sends plain bytes to a TLS listener gets one plain error response saying the
+  listener speaks TLS, and the connection closes. Authentication rounds run in a worker thread (PLAIN hashes the password).
+  Every request's context carries the principal, the listener, its protocol, and whether
+  it is the inter-broker listener.
+
 Closing rules:
 
 * End of stream from the client: stop reading, finish and write what is in flight, close.
@@ -95,8 +111,9 @@ import logging
 import math
 import os
 import resource
+import socket
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -104,13 +121,29 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from tidelog.broker.config import parse_ip_overrides
-from tidelog.broker.context import DEFAULT_LISTENER, RequestContext
+from tidelog.broker.context import ANONYMOUS, RequestContext
 from tidelog.broker.deferred import DeferredResponse, is_deferred
+from tidelog.broker.security.listeners import ListenerSecurity
+from tidelog.broker.security.sasl import SaslState, ServerAuthenticator, Step
+from tidelog.broker.security.tls import HANDSHAKE_TIMEOUT_S, peer_principal
 from tidelog.protocol.apis import api_for
-from tidelog.protocol.codec import Message, RequestHeader
+from tidelog.protocol.codec import ApiKey, Message, RequestHeader
 from tidelog.protocol.connection import BadRequest, LargeFrame, Request, ServerConnection
-from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR, TidelogError, code_of, error_body
+from tidelog.protocol.errors import (
+    SASL_AUTHENTICATION_FAILED,
+    SSL_HANDSHAKE_FAILED,
+    UNKNOWN_SERVER_ERROR,
+    TidelogError,
+    code_of,
+    error_body,
+)
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
+from tidelog.protocol.messages import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 
 if TYPE_CHECKING:
     from tidelog.broker.config import BrokerConfig
@@ -133,6 +166,8 @@ DESCRIPTOR_HEADROOM_MIN = 64  # descriptors never given to client connections (s
 RESERVED_DESCRIPTORS = 8  # /dev/null placeholders given up when accept hits EMFILE
 SHED_ON_EMFILE = 8  # newest connections closed when accept hits EMFILE
 ACCEPT_RETRY_S = 0.1
+TLS_HANDSHAKE_RECORD = 0x16  # the first byte a TLS client sends
+SASL_MAX_FRAME_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size: frames before authentication
 _CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
@@ -147,6 +182,18 @@ class NetworkStats:
     connections_refused: int = 0  # closed at once: over a connection limit, or shed at EMFILE
     request_bytes_reserved: int = 0  # from queued.max.request.bytes, now
     request_queue_time_s: float = 0.0  # summed over requests: from fully read to the handler's start
+
+    @classmethod
+    def sum(cls, stats: Iterable[NetworkStats]) -> NetworkStats:
+        """Several servers' counters (one per listener) as one."""
+        stats = list(stats)
+        requests: Counter[int] = Counter()
+        for one in stats:
+            requests.update(one.requests_handled)
+        return cls(sum(s.connections_open for s in stats), sum(s.connections_accepted for s in stats),
+                   MappingProxyType(dict(requests)), sum(s.invalid_requests for s in stats),
+                   sum(s.handler_errors for s in stats), sum(s.connections_refused for s in stats),
+                   sum(s.request_bytes_reserved for s in stats), sum(s.request_queue_time_s for s in stats))
 
 
 class RequestMemoryPool:
@@ -195,14 +242,16 @@ class SocketServer:
     def __init__(self, handler: Handler, *, host: str | None = "127.0.0.1", port: int = 0,
                  max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT,
                  max_in_flight_per_connection: int = MAX_IN_FLIGHT_DEFAULT,
-                 idle_timeout_ms: int | None = IDLE_TIMEOUT_MS_DEFAULT, listener: str = DEFAULT_LISTENER,
+                 idle_timeout_ms: int | None = IDLE_TIMEOUT_MS_DEFAULT,
+                 security: ListenerSecurity | None = None,
                  queued_max_request_bytes: int = QUEUED_MAX_REQUEST_BYTES_DEFAULT,
                  max_connections: int | None = None, max_connections_per_ip: int | None = None,
                  max_connections_per_ip_overrides: Mapping[str, int] | None = None):
         if max_in_flight_per_connection < 1:
             raise ValueError(f"max_in_flight_per_connection must be >= 1, got {max_in_flight_per_connection}")
         self.handler = handler
-        self.listener = listener  # its name, as requests' contexts report it
+        self.security = security or ListenerSecurity.plaintext()
+        self.listener = self.security.name  # its name, as requests' contexts report it
         self.host = host or None  # "" or None: every interface
         self.port = port  # the bound port once run() has started
         self.pool = RequestMemoryPool(None if queued_max_request_bytes < 0 else queued_max_request_bytes)
@@ -225,12 +274,14 @@ class SocketServer:
         self._stopped = trio.Event()
 
     @classmethod
-    def from_config(cls, config: BrokerConfig, handler: Handler) -> SocketServer:
-        host, port = config.listener
+    def from_config(cls, config: BrokerConfig, handler: Handler, security: ListenerSecurity | None = None,
+                    address: tuple[str, int] | None = None) -> SocketServer:
+        """The server of one listener (default: the inter-broker listener, as plain TCP)."""
+        host, port = address or config.listener
         return cls(handler, host=host, port=port, max_frame_bytes=config.socket_request_max_bytes,
                    max_in_flight_per_connection=config.queued_max_requests,
                    idle_timeout_ms=config.connections_max_idle_ms,
-                   listener=config.listeners.partition("://")[0] or DEFAULT_LISTENER,
+                   security=security or ListenerSecurity.plaintext(config.inter_broker_listener.name),
                    queued_max_request_bytes=config.queued_max_request_bytes,
                    max_connections=config.max_connections,
                    max_connections_per_ip=config.max_connections_per_ip,
@@ -281,7 +332,7 @@ class SocketServer:
                 await extra.aclose()
             listeners = listeners[:1]
         self.port = listeners[0].socket.getsockname()[1]
-        log.info("listening on %s:%d", self.host or "*", self.port)
+        log.info("listener %s (%s) on %s:%d", self.listener, self.security.protocol, self.host or "*", self.port)
         return listeners
 
     async def _accept(self, listeners: list[trio.SocketListener], nursery: trio.Nursery) -> None:
@@ -356,7 +407,9 @@ class SocketServer:
                 await trio.aclose_forcefully(stream)
                 return
             self.counters.accepted += 1
-            connection = _Connection(self, stream)  # its run() closes the stream
+            context = self.security.ssl_context
+            secured = stream if context is None else trio.SSLStream(stream, context, server_side=True)
+            connection = _Connection(self, secured)  # its run() closes the stream
             self._connections[connection] = None
             try:
                 await connection.run()
@@ -373,12 +426,23 @@ class SocketServer:
 class _Connection:
     """One client connection: the reader loop, request tasks and the locked writer."""
 
-    def __init__(self, server: SocketServer, stream: trio.SocketStream):
+    def __init__(self, server: SocketServer, stream: trio.SocketStream | trio.SSLStream):
         self._server = server
         self._stream = stream
-        self._peer = _peer_name(stream)
+        self._tls = isinstance(stream, trio.SSLStream)
+        self._socket = stream.transport_stream.socket if self._tls else stream.socket
+        self._peer = _peer_name(self._socket)
         self._conn = ServerConnection(server.max_frame_bytes, server.max_in_flight_per_connection,
                                       DECODE_INLINE_MAX_BYTES)
+        security = server.security
+        self._principal = ANONYMOUS
+        self._auth: ServerAuthenticator | None = None  # None: nothing to authenticate (or done)
+        if security.protocol.uses_sasl:
+            self._auth = ServerAuthenticator(security.sasl_mechanisms, security.credentials)
+            self._conn.max_frame_bytes = min(server.max_frame_bytes, SASL_MAX_FRAME_BYTES)
+        self._context = functools.partial(RequestContext, peer=self._peer, listener=server.listener,
+                                          security_protocol=str(security.protocol),
+                                          inter_broker=security.inter_broker)
         self._pool = server.pool
         self._reservation = 0  # reserved for the frame still arriving
         self._held: deque[tuple[int, int]] = deque()  # (request number, bytes) of large requests
@@ -414,6 +478,8 @@ class _Connection:
                 async with self._stream, trio.open_nursery() as requests:
                     self._requests = requests
                     try:
+                        if self._tls and not await self._handshake():
+                            return
                         await self._read_loop(requests)
                         while self._deferred:  # answer what was read (a graceful shutdown)
                             self._deferred_done = trio.Event()
@@ -429,6 +495,53 @@ class _Connection:
             log.exception("unexpected error on the connection from %s; closing it", self._peer)
         finally:
             self._release_all()
+
+    async def _handshake(self) -> bool:
+        """The TLS handshake, bounded in time; the client certificate's principal, if any.
+        A client speaking plain frames (its first byte is not a TLS handshake record's) gets
+        one plain error response instead."""
+        with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+            try:
+                if not await self._starts_with_tls():
+                    await self._refuse_plain_client()
+                    return False
+                await self._stream.do_handshake()
+            except trio.BrokenResourceError as e:
+                log.info("TLS handshake with %s on listener %s failed: %s", self._peer, self._server.listener,
+                         e.__cause__ or e)
+                return False
+            self._principal = peer_principal(self._stream)
+            return True
+        log.info("TLS handshake with %s on listener %s timed out", self._peer, self._server.listener)
+        return False
+
+    async def _starts_with_tls(self) -> bool:
+        try:
+            first = await self._socket.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True  # the handshake reports it
+        return not first or first[0] == TLS_HANDSHAKE_RECORD
+
+    async def _refuse_plain_client(self) -> None:
+        """Answer the plain client's first request with SSL_HANDSHAKE_FAILED, in plain bytes."""
+        conn = ServerConnection(SASL_MAX_FRAME_BYTES, 1)
+        transport = self._stream.transport_stream
+        events: list = []
+        while not events:
+            data = await transport.receive_some(READ_BYTES)
+            if not data:
+                return
+            events = conn.receive_data(data)
+        first = events[0]
+        self._server.counters.invalid += 1
+        log.info("closing the connection from %s on listener %s: plain bytes on a TLS listener",
+                 self._peer, self._server.listener)
+        correlation_id = first.header.correlation_id if isinstance(first, Request) else first.correlation_id
+        if correlation_id is not None:
+            await transport.send_all(conn.send_response(correlation_id, error_body(
+                SSL_HANDSHAKE_FAILED, f"listener {self._server.listener} speaks TLS "
+                f"({self._server.security.protocol}): connect with security_protocol="
+                f"{self._server.security.protocol} and the CA that signs the broker's certificate")))
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -506,7 +619,12 @@ class _Connection:
         data yields every ``YIELD_EVERY`` reads, so other connections are not starved."""
         if not self._reading or self._server.closing:
             return b""
-        fd = self._stream.socket.fileno()
+        if self._tls:
+            with trio.CancelScope() as self._read_scope:
+                await self._wait_for_room()
+                return await self._stream.receive_some(READ_BYTES)
+            return b""
+        fd = self._socket.fileno()
         if self._pending < self._max_pending and self._unyielding < YIELD_EVERY:
             try:
                 data = os.read(fd, READ_BYTES)
@@ -525,7 +643,7 @@ class _Connection:
                 try:
                     return os.read(fd, READ_BYTES)
                 except BlockingIOError:
-                    await trio.lowlevel.wait_readable(self._stream.socket)
+                    await trio.lowlevel.wait_readable(self._socket)
         return b""
 
     async def _reserve(self, size: int) -> None:
@@ -560,20 +678,70 @@ class _Connection:
             self._room_wanted = True
             await self._changed.wait()
 
+    # -- authentication ---------------------------------------------------------------------
+
+    def _unauthenticated(self, event: Request | BadRequest) -> Body | None:
+        """The answer to a request read before SASL completed that may not be served then
+        (and the connection closes after it), or None to serve it."""
+        name = getattr(event.header.api_key, "name", "") if isinstance(event, Request) else ""
+        if ServerAuthenticator.allows(name):
+            return None
+        self._server.counters.invalid += 1
+        self.stop_reading()
+        log.info("closing the connection from %s on listener %s: %s before SASL authentication",
+                 self._peer, self._server.listener, name or "a malformed request")
+        return error_body(SASL_AUTHENTICATION_FAILED, (
+            f"listener {self._server.listener} ({self._server.security.protocol}) requires SASL authentication "
+            f"before {name or 'any request'}: connect with security_protocol={self._server.security.protocol} "
+            f"and a sasl_mechanism of {', '.join(self._server.security.sasl_mechanisms)}"))
+
+    def _sasl(self, event: Request) -> Result | None:
+        """A SaslHandshake or SaslAuthenticate while authenticating (None: not one of them)."""
+        auth = self._auth
+        if auth is None or auth.complete:
+            return None
+        key = event.header.api_key
+        if key == ApiKey.SASL_HANDSHAKE:
+            step = auth.handshake(SaslHandshakeRequest.from_body(event.body).mechanism)
+            if auth.state is SaslState.FAILED:
+                self.stop_reading()
+            return SaslHandshakeResponse(step.error.code, list(step.mechanisms), step.message)
+        if key == ApiKey.SASL_AUTHENTICATE:
+            return self._authenticate(SaslAuthenticateRequest.from_body(event.body).auth_bytes)
+        return None
+
+    async def _authenticate(self, auth_bytes: bytes) -> SaslAuthenticateResponse:
+        auth = self._auth
+        step: Step = await trio.to_thread.run_sync(auth.authenticate, auth_bytes)
+        if auth.complete:
+            self._principal = auth.principal
+            self._conn.max_frame_bytes = self._server.max_frame_bytes
+            self._auth = None
+            log.debug("%s authenticated as %s with %s", self._peer, self._principal, auth.mechanism)
+        elif step.failed:
+            log.info("SASL authentication from %s on listener %s failed: %s", self._peer,
+                     self._server.listener, step.message)
+            self.stop_reading()  # answer, then close
+            await trio.sleep(self._server.security.failed_authentication_delay_s)
+        return SaslAuthenticateResponse(step.error.code, step.message, step.auth_bytes)
+
     # -- handling ---------------------------------------------------------------------------
 
     def _begin(self, event: Request | BadRequest) -> Result:
         """Called by the reader, in request order: the handler's result, an awaitable of it,
         or the error body when the request cannot or did not get that far."""
         counters = self._server.counters
+        if self._auth is not None and (refusal := self._unauthenticated(event)) is not None:
+            return refusal
         if isinstance(event, BadRequest):
             counters.invalid += 1
             return error_body(event.error.error, str(event.error))
         counters.requests[int(event.header.api_key)] += 1
         try:
             api_for(event.header)
-            context = RequestContext(event.header, self._peer, self._server.listener)
-            return self._server.handler(context, event.body)
+            if self._auth is not None and (answer := self._sasl(event)) is not None:
+                return answer
+            return self._server.handler(self._context(event.header, principal=self._principal), event.body)
         except Exception as exc:
             return self._handler_error(event.header, exc)
 
@@ -659,8 +827,10 @@ class _Connection:
             return False
         data, count = self._outbox, self._outbox_count
         if data:
+            if self._tls:
+                return False  # through the TLS layer: _flush's send_all
             try:
-                sent = os.write(self._stream.socket.fileno(), data)
+                sent = os.write(self._socket.fileno(), data)
             except BlockingIOError:
                 sent = 0
             except OSError:
@@ -744,9 +914,9 @@ def _descriptor_budget() -> float:
     return max(1, soft - max(DESCRIPTOR_HEADROOM_MIN, soft // 4))
 
 
-def _peer_name(stream: trio.SocketStream) -> str:
+def _peer_name(sock: trio.socket.SocketType) -> str:
     try:
-        host, port, *_ = stream.socket.getpeername()
+        host, port, *_ = sock.getpeername()
     except (OSError, ValueError):
         return "?"
     return f"{host}:{port}"

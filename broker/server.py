@@ -47,11 +47,16 @@ from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.log.segment import set_max_open_segment_files
 from tidelog.broker.metadata_cache import MetadataCache, ZkRegistry
-from tidelog.broker.network import SocketServer
+from tidelog.broker.network import NetworkStats, SocketServer
 from tidelog.broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
 from tidelog.broker.replication.fetcher import RemoteLeaderEndpoint
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.broker.security.authorizer import Authorizer, ZkAclStore
+from tidelog.broker.security.entity_configs import EntityConfigStore
+from tidelog.broker.security.inter_broker import inter_broker_security
+from tidelog.broker.security.listeners import Listener, ListenerSecurity
+from tidelog.broker.security.quotas import ClientQuotas, QuotaEnforcer
+from tidelog.broker.security.tls import server_context
 from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr
 from tidelog.broker.zookeeper.zk import ZkClient
@@ -101,14 +106,20 @@ class BrokerServer:
                          authorizer=self.authorizer, acl_store=self.acl_store,
                          broker_principals=self.broker_principals)
         self.log_cleaner = LogCleaner(self.log_manager, CleanerConfig.from_broker_config(config))
+        # user and client-id configs (SCRAM credentials, quotas) and the quotas' enforcement
+        self.entity_configs = EntityConfigStore(self.zk)
+        self.quotas = ClientQuotas.from_config(self.entity_configs, config)
+        self.quota_enforcer = QuotaEnforcer(self.quotas)
         self.broker_epoch = -1
-        self.port: int | None = None
+        self.port: int | None = None  # the inter-broker listener's
+        self.ports: dict[str, int] = {}  # by listener name
+        self.inter_broker_security = inter_broker_security(config)  # how it connects to other brokers
         self.ready = trio.Event()
         self.logs_loaded = False
         self.metrics = None  # broker.metrics.BrokerMetrics when metrics.port >= 0
         self.metrics_port: int | None = None
         self._leader_channels: dict[tuple[int, int], BrokerChannel] = {}  # by (leader id, fetcher id)
-        self._socket_server: SocketServer | None = None
+        self._socket_servers: list[SocketServer] = []
         self._cancel: trio.CancelScope | None = None
 
     # -- run -----------------------------------------------------------------------------------
@@ -142,15 +153,21 @@ class BrokerServer:
         host, _ = self.config.listener
         if self.acl_store is not None:  # no request is served before the ACLs are loaded
             await nursery.start(self.acl_store.run)
-        handler = self.apis.handle
+        await nursery.start(self.entity_configs.run)  # credentials and quotas before any listener
+        await nursery.start(self.quota_enforcer.run)
+        handler = self.quota_enforcer.instrument(self.apis.handle)
         if self.config.metrics_port >= 0:  # Prometheus endpoint and per-request hook (broker/metrics.py)
             from tidelog.broker.metrics import BrokerMetrics
 
             self.metrics = BrokerMetrics(self)
             handler = self.metrics.instrument(handler)
             self.metrics_port = await nursery.start(self.metrics.run, host, self.config.metrics_port)
-        self._socket_server = SocketServer.from_config(self.config, handler)
-        self.port = await nursery.start(self._socket_server.run)
+        for listener in self.config.listener_list:
+            server = SocketServer.from_config(self.config, handler, self._listener_security(listener),
+                                              (listener.bind.host, listener.bind.port))
+            self.ports[listener.name] = await nursery.start(server.run)
+            self._socket_servers.append(server)
+        self.port = self.ports[self.config.inter_broker_listener.name]
         await nursery.start(self.replica_manager.run)
         await nursery.start(self.group_coordinator.run)
         await nursery.start(self._watch_registry)
@@ -164,10 +181,25 @@ class BrokerServer:
         logger.info("broker %d listening on %s:%d (broker epoch %d)", self.broker_id, host, self.port,
                     self.broker_epoch)
 
+    def _listener_security(self, listener: Listener) -> ListenerSecurity:
+        config = self.config
+        context = None
+        if listener.protocol.uses_tls:
+            context = server_context(config.ssl_keystore_location, config.ssl_key_password,
+                                     config.ssl_truststore_location, config.ssl_client_auth)
+        mechanisms = tuple(m.strip() for m in config.sasl_enabled_mechanisms.split(",") if m.strip())
+        return ListenerSecurity(listener.name, listener.protocol, listener.inter_broker, context, mechanisms,
+                                self.entity_configs.scram_credential,
+                                config.connection_failed_authentication_delay_ms / 1000)
+
     async def _register(self) -> None:
         host, port = self.config.advertised
-        info = BrokerInfo(self.broker_id, host, port or self.port, self.config.broker_rack,
-                          [f"PLAINTEXT://{host}:{port or self.port}"])
+        endpoints = []
+        for listener in self.config.listener_list:
+            published = listener.advertised
+            endpoints.append(f"{listener.name}://{_host_text(published.host or host)}:"
+                             f"{published.port or self.ports[listener.name]}")
+        info = BrokerInfo(self.broker_id, host, port or self.port, self.config.broker_rack, endpoints)
         self.broker_epoch = self.replica_manager.broker_epoch = await self.zk.register_broker(info)
 
     async def _watch_session(self) -> None:
@@ -180,6 +212,7 @@ class BrokerServer:
                 lost = False
                 await self._register()
                 logger.info("broker %d registered again (broker epoch %d)", self.broker_id, self.broker_epoch)
+                self.entity_configs.request_reload()  # notifications may have expired meanwhile
 
     async def _watch_registry(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Keep ``metadata.registry`` as ZooKeeper holds it: every change of ``/controller``
@@ -259,9 +292,9 @@ class BrokerServer:
         return broker_readiness(logs_loaded=self.logs_loaded, zookeeper_connected=bool(self.zk.connected),
                                 broker_epoch=self.broker_epoch, has_metadata=self.ready.is_set())
 
-    def socket_stats(self):
-        """The socket server's counters (broker.network.NetworkStats), None before it starts."""
-        return self._socket_server.stats() if self._socket_server is not None else None
+    def socket_stats(self) -> NetworkStats | None:
+        """The socket servers' counters, summed over the listeners; None before they start."""
+        return NetworkStats.sum(s.stats() for s in self._socket_servers) if self._socket_servers else None
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -293,7 +326,8 @@ class BrokerServer:
             info = (await self.zk.live_brokers()).get(controller_id)
             if info is None:
                 raise TidelogError(f"controller {controller_id} is not registered")
-            ch = BrokerChannel(controller_id, info.host, info.port, client_id=f"broker-{self.broker_id}")
+            ch = BrokerChannel(controller_id, info.host, info.port, client_id=f"broker-{self.broker_id}",
+                               security=self.inter_broker_security)
             try:
                 resp = await ch.request(ApiKey.CONTROLLED_SHUTDOWN, req, 30)
             finally:
@@ -342,7 +376,8 @@ class BrokerServer:
         host, port = (broker.host, broker.port) if broker else ("127.0.0.1", 0)
         if ch is None:
             ch = self._leader_channels[leader_id, fetcher_id] = BrokerChannel(
-                leader_id, host, port, client_id=f"replica-fetcher-{self.broker_id}-{fetcher_id}")
+                leader_id, host, port, client_id=f"replica-fetcher-{self.broker_id}-{fetcher_id}",
+                security=self.inter_broker_security)
         elif broker is not None:
             ch.retarget(host, port)
         return _RetargetingEndpoint(self, leader_id, ch, self.config.replica_socket_timeout_ms / 1000)
@@ -387,7 +422,8 @@ class BrokerServer:
         ch = self._coordinator_channels.get(broker_id)
         if ch is None:
             ch = self._coordinator_channels[broker_id] = BrokerChannel(
-                broker_id, broker.host, broker.port, client_id=f"group-coordinator-{self.broker_id}")
+                broker_id, broker.host, broker.port, client_id=f"group-coordinator-{self.broker_id}",
+                security=self.inter_broker_security)
         ch.retarget(broker.host, broker.port)
         return await ch.request(ApiKey.LIST_OFFSETS, request, self.config.request_timeout_ms / 1000)
 
@@ -414,3 +450,7 @@ class _RetargetingEndpoint(RemoteLeaderEndpoint):
             self.channel.retarget(broker.host, broker.port)
         elif self.channel.port == 0:
             raise BrokerUnreachable(f"leader {self.leader_id} is not in the metadata yet")
+
+
+def _host_text(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

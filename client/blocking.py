@@ -569,5 +569,29 @@ class Admin(_Blocking):
         return self._call(self._aio.log_end_offsets, list(partitions), timeout_ms,
                           timeout=self._timeout(timeout_ms))
 
+    def alter_user_scram_credentials(self, alterations: Iterable[Any], timeout_ms: int | None = None
+                                     ) -> dict[str, None]:
+        """See ``AsyncAdmin.alter_user_scram_credentials``."""
+        return self._call(self._aio.alter_user_scram_credentials, list(alterations), timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
+    def describe_user_scram_credentials(self, users: Iterable[str] | None = None,
+                                        timeout_ms: int | None = None) -> dict[str, Any]:
+        """See ``AsyncAdmin.describe_user_scram_credentials``."""
+        return self._call(self._aio.describe_user_scram_credentials, None if users is None else list(users),
+                          timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def alter_client_quotas(self, alterations: Iterable[Any], validate_only: bool = False,
+                            timeout_ms: int | None = None) -> dict[Any, None]:
+        """See ``AsyncAdmin.alter_client_quotas``."""
+        return self._call(self._aio.alter_client_quotas, list(alterations), validate_only, timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
+    def describe_client_quotas(self, quota_filter: Any = None, timeout_ms: int | None = None
+                               ) -> dict[Any, dict[str, float]]:
+        """See ``AsyncAdmin.describe_client_quotas``."""
+        return self._call(self._aio.describe_client_quotas, quota_filter, timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
     def close(self, timeout: float = 10.0) -> None:
         self._stop(self._aio.close, timeout=timeout)

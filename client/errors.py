@@ -11,6 +11,9 @@ Hierarchy (every exception the SDK raises on purpose is a ``TidelogError``, so i
           |- RequestTimedOut (also TimeoutError)   a deadline passed (request, delivery, max_block)
           |- BrokerConnectionError                 connect/read/write failed; retriable
           |    '- NoBrokersAvailable               no bootstrap or known broker answered
+          |- AuthenticationFailedError             the broker refused who we are; not retried
+          |    |- SaslAuthenticationError          a wrong user or password, an unknown mechanism
+          |    '- SslAuthenticationError           a TLS handshake failed (untrusted certificate...)
           |- ClientClosedError                     the producer/consumer/admin is closed
           |- NoOffsetForPartitionError             auto_offset_reset="none" and no position
           '- CommitFailedError                     the group rebalanced: the commit was not applied
@@ -23,6 +26,8 @@ names where the error came from (topic, partition, node) and what the code means
 
 from __future__ import annotations
 
+from typing import Any
+
 from tidelog.protocol.errors import (
     BROKER_NOT_AVAILABLE,
     ILLEGAL_GENERATION,
@@ -31,9 +36,12 @@ from tidelog.protocol.errors import (
     OFFSET_OUT_OF_RANGE,
     REBALANCE_IN_PROGRESS,
     REQUEST_TIMED_OUT,
+    SASL_AUTHENTICATION_FAILED,
+    SSL_HANDSHAKE_FAILED,
     UNKNOWN_SERVER_ERROR,
     CorruptRecordError,
     ErrorCode,
+    InvalidRequestError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     TidelogError,
@@ -43,7 +51,8 @@ from tidelog.protocol.errors import (
 
 __all__ = [
     "TidelogError", "TidelogClientError", "RequestTimedOut", "BrokerConnectionError",
-    "NoBrokersAvailable", "ClientClosedError", "NoOffsetForPartitionError", "CommitFailedError",
+    "NoBrokersAvailable", "AuthenticationFailedError", "SaslAuthenticationError", "SslAuthenticationError",
+    "ClientClosedError", "NoOffsetForPartitionError", "CommitFailedError",
     "RebalanceInProgressError",
     "OffsetOutOfRangeError", "CorruptRecordError", "RecordTooLargeError", "broker_error",
 ]
@@ -72,6 +81,39 @@ class NoBrokersAvailable(BrokerConnectionError):
     """Neither the bootstrap servers nor any broker known from metadata could be reached."""
 
     error = BROKER_NOT_AVAILABLE
+
+
+class AuthenticationFailedError(TidelogClientError):
+    """The broker did not accept the client's identity. Not retriable: the same credentials
+    or certificates would fail again, so the call fails now instead of timing out."""
+
+    error = SASL_AUTHENTICATION_FAILED
+
+
+class SaslAuthenticationError(AuthenticationFailedError):
+    """SASL failed: a wrong username or password, or a mechanism the listener does not enable."""
+
+
+class SslAuthenticationError(AuthenticationFailedError):
+    """The TLS handshake failed: the broker's certificate is not trusted or does not name the
+    host, or the broker refused the client's certificate."""
+
+
+def decode_response(response_type: type, body: Any) -> Any:
+    """``response_type.from_body(body)``; a body that is a whole-request error (what a broker
+    answers a request it refused outright: only ``error_code`` and ``error_message``) raises
+    that error instead of a schema mismatch."""
+    try:
+        return response_type.from_body(body)
+    except InvalidRequestError:
+        if isinstance(body, dict) and body.get("error_code") and set(body) <= {"error_code", "error_message"}:
+            code, message = body["error_code"], body.get("error_message")
+            if code == SASL_AUTHENTICATION_FAILED.code:
+                raise SaslAuthenticationError(message) from None
+            if code == SSL_HANDSHAKE_FAILED.code:
+                raise SslAuthenticationError(message) from None
+            raise error_for(code, message) from None
+        raise
 
 
 class ClientClosedError(TidelogClientError):

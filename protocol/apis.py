@@ -7,8 +7,10 @@ UNSUPPORTED_VERSION before it is decoded (``api_for``), the broker registers one
 row and checks at start-up that it covers the table, and clients decode a response with the
 row's response type. Adding an API is adding a row (and a handler).
 
-Kafka keys that are named in ``ApiKey`` but have no row here (SaslHandshake,
-SaslAuthenticate) are not served: a client that asks gets UNSUPPORTED_VERSION.
+Kafka keys that are named in ``ApiKey`` but have no row here are not served: a client that
+asks gets UNSUPPORTED_VERSION. SaslHandshake and SaslAuthenticate have rows (clients look
+them up in ApiVersions) but are answered by the connection itself on SASL listeners
+(broker/network.py); on other listeners their handlers refuse them with ILLEGAL_SASL_STATE.
 """
 
 from __future__ import annotations
@@ -77,6 +79,14 @@ APIS: Mapping[ApiKey, Api] = _table(
     Api(ApiKey.CREATE_PARTITIONS, 0, 0, m.CreatePartitionsRequest, m.CreatePartitionsResponse),
     Api(ApiKey.DELETE_GROUPS, 0, 0, m.DeleteGroupsRequest, m.DeleteGroupsResponse),
     Api(ApiKey.ELECT_LEADERS, 0, 0, m.ElectLeadersRequest, m.ElectLeadersResponse),
+    Api(ApiKey.DESCRIBE_CLIENT_QUOTAS, 0, 0, m.DescribeClientQuotasRequest, m.DescribeClientQuotasResponse),
+    Api(ApiKey.ALTER_CLIENT_QUOTAS, 0, 0, m.AlterClientQuotasRequest, m.AlterClientQuotasResponse),
+    Api(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, m.DescribeUserScramCredentialsRequest,
+        m.DescribeUserScramCredentialsResponse),
+    Api(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, m.AlterUserScramCredentialsRequest,
+        m.AlterUserScramCredentialsResponse),
+    Api(ApiKey.SASL_HANDSHAKE, 0, 0, m.SaslHandshakeRequest, m.SaslHandshakeResponse),
+    Api(ApiKey.SASL_AUTHENTICATE, 0, 0, m.SaslAuthenticateRequest, m.SaslAuthenticateResponse),
 )
 
 

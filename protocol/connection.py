@@ -35,6 +35,10 @@ Server side (``ServerConnection``)
   handed to handlers, strictly in the order they were sent.
 * ``partial_frame_size`` is the body size announced by the length prefix of a frame that is
   still arriving (None when there is none): what the I/O layer reserves before reading on.
+* ``max_frame_bytes`` may be changed between reads: a connection that must authenticate
+  first starts with a small bound (a SASL message is a few hundred bytes) and gets the
+  listener's bound once authenticated. The new bound applies to frames whose length prefix
+  has not been read yet.
 * ``can_read`` is false while ``in_flight >= max_in_flight`` (or after a fatal error): the
   I/O layer stops reading until responses go out. The bound is checked between reads, so one
   read may exceed it by the requests that chunk held.
@@ -182,6 +186,14 @@ class ServerConnection:
     def failed(self) -> bool:
         """True after a frame over the size bound: the stream cannot be read any further."""
         return self._decoder.failed
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self._decoder.max_frame_bytes
+
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        self._decoder.max_frame_bytes = value
 
     @property
     def can_read(self) -> bool:

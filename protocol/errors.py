@@ -97,6 +97,8 @@ INVALID_PRODUCER_EPOCH = _register("INVALID_PRODUCER_EPOCH", 47, "The producer's
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = _register("TRANSACTIONAL_ID_AUTHORIZATION_FAILED", 53, "Not authorized to use the transactional id")
 SECURITY_DISABLED = _register("SECURITY_DISABLED", 54, "Security features are disabled (no authorizer is configured)")
 KAFKA_STORAGE_ERROR = _register("KAFKA_STORAGE_ERROR", 56, "Disk error when trying to access the log on the broker", retriable=R, invalid_metadata=M)
+SSL_HANDSHAKE_FAILED = _register("SSL_HANDSHAKE_FAILED", 57, "The TLS handshake failed (or the client did not speak TLS to a TLS listener)")
+SASL_AUTHENTICATION_FAILED = _register("SASL_AUTHENTICATION_FAILED", 58, "SASL authentication failed")
 UNKNOWN_PRODUCER_ID = _register("UNKNOWN_PRODUCER_ID", 59, "The broker has no state for this producer id")
 REASSIGNMENT_IN_PROGRESS = _register("REASSIGNMENT_IN_PROGRESS", 60, "A partition reassignment is in progress")
 NON_EMPTY_GROUP = _register("NON_EMPTY_GROUP", 68, "The group is not empty")
@@ -116,6 +118,9 @@ ELECTION_NOT_NEEDED = _register("ELECTION_NOT_NEEDED", 84, "The leader is alread
 INVALID_RECORD = _register("INVALID_RECORD", 87, "A record in the batch failed broker-side validation")
 UNSTABLE_OFFSET_COMMIT = _register("UNSTABLE_OFFSET_COMMIT", 88, "There are unstable offsets that need to be cleared", retriable=R)
 PRODUCER_FENCED = _register("PRODUCER_FENCED", 90, "A newer epoch of this producer id was initialised; this one is fenced")
+RESOURCE_NOT_FOUND = _register("RESOURCE_NOT_FOUND", 91, "The resource (a user's SCRAM credential, say) does not exist")
+DUPLICATE_RESOURCE = _register("DUPLICATE_RESOURCE", 92, "The request names the same resource more than once")
+UNACCEPTABLE_CREDENTIAL = _register("UNACCEPTABLE_CREDENTIAL", 93, "The credential does not meet the broker's requirements")
 
 del R, M
 

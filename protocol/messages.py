@@ -72,6 +72,33 @@ class ApiVersionsResponse(Message):
     throttle_time_ms: int = field(default=0, metadata=INT32)
 
 
+# SASL (Kafka's keys 17 and 36): on a SASL listener, the only requests served before
+# authentication completes, besides ApiVersions (broker/security/sasl.py).
+
+@dataclass(frozen=True, slots=True)
+class SaslHandshakeRequest(Message):
+    mechanism: str
+
+
+@dataclass(frozen=True, slots=True)
+class SaslHandshakeResponse(Message):
+    error_code: int = field(metadata=INT16)
+    mechanisms: list[str] = field(default_factory=list)
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SaslAuthenticateRequest(Message):
+    auth_bytes: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SaslAuthenticateResponse(Message):
+    error_code: int = field(metadata=INT16)
+    error_message: str | None = None
+    auth_bytes: bytes = b""
+    session_lifetime_ms: int = field(default=0, metadata=INT64)
+
 
 # ---------------------------------------------------------------------------------------------
 # Cluster metadata and administration. Field names follow Kafka's JSON schemas in snake_case.
@@ -256,6 +283,154 @@ class AlterConfigsResult(Message):
 @dataclass(frozen=True, slots=True)
 class AlterConfigsResponse(Message):
     responses: list[AlterConfigsResult]
+    throttle_time_ms: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# User and client-id entity configs (Kafka's keys 48 to 51): client quotas and SCRAM
+# credentials, stored in ZooKeeper (broker/security/entity_configs.py). Quota values are
+# float64, as in Kafka; an entity component's name None is the entity type's default.
+
+QUOTA_MATCH_EXACT, QUOTA_MATCH_DEFAULT, QUOTA_MATCH_ANY = 0, 1, 2  # a filter component's match_type
+SCRAM_MECHANISM_IDS = {"SCRAM-SHA-256": 1, "SCRAM-SHA-512": 2}  # Kafka's ScramMechanism types (0: unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientQuotaFilterComponent(Message):
+    entity_type: str  # "user" or "client-id"
+    match_type: int = field(metadata=INT8)
+    match: str | None = None  # the name for QUOTA_MATCH_EXACT, else None
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeClientQuotasRequest(Message):
+    components: list[ClientQuotaFilterComponent]
+    strict: bool = False  # only entities with exactly the filtered entity types
+
+
+@dataclass(frozen=True, slots=True)
+class ClientQuotaEntityData(Message):
+    entity_type: str
+    entity_name: str | None  # None: the default entity of the type
+
+
+@dataclass(frozen=True, slots=True)
+class ClientQuotaValue(Message):
+    key: str
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeClientQuotasEntry(Message):
+    entity: list[ClientQuotaEntityData]
+    values: list[ClientQuotaValue]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeClientQuotasResponse(Message):
+    error_code: int
+    error_message: str | None = None
+    entries: list[DescribeClientQuotasEntry] | None = None
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientQuotaOp(Message):
+    key: str
+    value: float = 0.0
+    remove: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AlterClientQuotasEntry(Message):
+    entity: list[ClientQuotaEntityData]
+    ops: list[ClientQuotaOp]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterClientQuotasRequest(Message):
+    entries: list[AlterClientQuotasEntry]
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AlterClientQuotasEntryResult(Message):
+    error_code: int
+    error_message: str | None
+    entity: list[ClientQuotaEntityData]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterClientQuotasResponse(Message):
+    entries: list[AlterClientQuotasEntryResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScramUserName(Message):
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeUserScramCredentialsRequest(Message):
+    users: list[ScramUserName] | None = None  # None: every user with a credential
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredentialInfo(Message):
+    mechanism: int = field(metadata=INT8)
+    iterations: int = field(metadata=INT32)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeUserScramCredentialsResult(Message):
+    user: str
+    error_code: int
+    error_message: str | None = None
+    credential_infos: list[ScramCredentialInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeUserScramCredentialsResponse(Message):
+    error_code: int
+    error_message: str | None = None
+    results: list[DescribeUserScramCredentialsResult] = field(default_factory=list)
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredentialDeletion(Message):
+    name: str
+    mechanism: int = field(metadata=INT8)
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredentialUpsertion(Message):
+    """The client salts the password (``salted_password`` is Hi(password, salt, iterations)
+    of RFC 5802): the password itself never crosses the network."""
+    name: str
+    mechanism: int = field(metadata=INT8)
+    iterations: int = field(metadata=INT32)
+    salt: bytes
+    salted_password: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AlterUserScramCredentialsRequest(Message):
+    deletions: list[ScramCredentialDeletion] = field(default_factory=list)
+    upsertions: list[ScramCredentialUpsertion] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterUserScramCredentialsResult(Message):
+    user: str
+    error_code: int
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterUserScramCredentialsResponse(Message):
+    results: list[AlterUserScramCredentialsResult]
     throttle_time_ms: int = 0
 
 
@@ -516,11 +691,21 @@ class PartitionState(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class LiveBrokerEndpoint(Message):
+    listener: str
+    host: str
+    port: int = field(metadata=PORT)
+
+
+@dataclass(frozen=True, slots=True)
 class LiveBroker(Message):
+    """A live broker: its inter-broker address (host, port) and every advertised listener."""
+
     broker_id: int = field(metadata=INT32)
     host: str
     port: int = field(metadata=PORT)
     rack: str | None = None
+    endpoints: list[LiveBrokerEndpoint] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

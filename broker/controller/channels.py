@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -34,8 +35,10 @@ class _BrokerQueue:
 
 
 class ChannelManager:
-    def __init__(self, controller_id: int, request_timeout_s: float = 30.0, retry_backoff_s: float = 0.2):
+    def __init__(self, controller_id: int, request_timeout_s: float = 30.0, retry_backoff_s: float = 0.2,
+                 security: Any = None):
         self.controller_id = controller_id
+        self.security = security  # tidelog.security.SecurityConfig of the inter-broker listener
         self.request_timeout_s = request_timeout_s
         self.retry_backoff_s = retry_backoff_s
         self._queues: dict[int, _BrokerQueue] = {}
@@ -53,7 +56,8 @@ class ChannelManager:
             q.channel.retarget(host, port)
             return
         q = self._queues[broker_id] = _BrokerQueue(
-            BrokerChannel(broker_id, host, port, client_id=f"controller-{self.controller_id}"))
+            BrokerChannel(broker_id, host, port, client_id=f"controller-{self.controller_id}",
+                          security=self.security))
         self._nursery.start_soon(self._sender, broker_id, q)
 
     def remove_broker(self, broker_id: int) -> None:

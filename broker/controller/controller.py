@@ -65,6 +65,8 @@ from tidelog.broker.controller.validation import (
     check_topic_name,
 )
 from tidelog.broker.log.config import REQUEST_MINIMUMS, InvalidConfigError, LogConfig, check_requested
+from tidelog.broker.security.inter_broker import inter_broker_security
+from tidelog.broker.security.listeners import parse_endpoints
 from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
 from tidelog.protocol.codec import ApiKey
@@ -86,6 +88,7 @@ from tidelog.protocol.errors import (
 from tidelog.protocol.messages import (
     LeaderAndIsrRequest,
     LiveBroker,
+    LiveBrokerEndpoint,
     PartitionState,
     StopReplicaPartition,
     StopReplicaRequest,
@@ -119,6 +122,7 @@ class ControllerConfig:
     partition_limits: PartitionLimits = field(default_factory=PartitionLimits)
     # topic configs a client sets must meet these (log.segment.min.bytes, log.roll.min.ms, ...)
     config_minimums: dict[str, int] = field(default_factory=lambda: dict(REQUEST_MINIMUMS))
+    inter_broker_security: Any = None  # tidelog.security.SecurityConfig; None: plain TCP
 
     @classmethod
     def from_broker_config(cls, config: BrokerConfig) -> ControllerConfig:
@@ -128,7 +132,8 @@ class ControllerConfig:
                    request_timeout_s=config.controller_socket_timeout_ms / 1000,
                    partition_limits=PartitionLimits(config.max_partitions_per_topic, config.max_partitions_per_request),
                    config_minimums={**REQUEST_MINIMUMS, "segment.bytes": config.log_segment_min_bytes,
-                                    "segment.ms": config.log_roll_min_ms})
+                                    "segment.ms": config.log_roll_min_ms},
+                   inter_broker_security=inter_broker_security(config))
 
 
 @dataclass
@@ -173,7 +178,8 @@ class Controller:
         self.zk = zk
         self.cluster_id = cluster_id
         self.ctx: ControllerContext | None = None
-        self.channels = ChannelManager(config.broker_id, config.request_timeout_s)
+        self.channels = ChannelManager(config.broker_id, config.request_timeout_s,
+                                       security=config.inter_broker_security)
         self._events_send, self._events = trio.open_memory_channel[tuple[ControllerEvent, Any]](math.inf)
         self._nursery: trio.Nursery | None = None
         self.active_changed = trio.Event()
@@ -450,7 +456,7 @@ class Controller:
                               [r for r in replicas if r not in self.ctx.brokers])
 
     def _live_brokers(self) -> list[LiveBroker]:
-        return [LiveBroker(b, i.host, i.port, i.rack) for b, i in sorted(self.ctx.brokers.items())]
+        return [LiveBroker(b, i.host, i.port, i.rack, _endpoints(i)) for b, i in sorted(self.ctx.brokers.items())]
 
     def _send_leader_and_isr(self, broker_id: int, tps: list[TopicPartition]) -> Outgoing | None:
         tps = [tp for tp in tps if tp in self.ctx.states]
@@ -855,3 +861,12 @@ def _named_twice(names) -> set[str]:
 
 
 __all__ = ["Controller", "ControllerConfig", "ControllerContext", "ControllerEvent", "Election", "code_of"]
+
+
+def _endpoints(info: BrokerInfo) -> list[LiveBrokerEndpoint]:
+    """A broker's advertised listeners, as UpdateMetadata carries them (a malformed
+    registration lists none: clients then get its inter-broker address)."""
+    try:
+        return [LiveBrokerEndpoint(e.name, e.host, e.port) for e in parse_endpoints(",".join(info.endpoints))]
+    except ValueError:
+        return []

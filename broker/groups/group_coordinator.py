@@ -372,7 +372,8 @@ class GroupCoordinator:
 
     # -- FindCoordinator -----------------------------------------------------------------------
 
-    async def find_coordinator(self, req: FindCoordinatorRequest) -> FindCoordinatorResponse:
+    async def find_coordinator(self, req: FindCoordinatorRequest, listener: str | None = None) -> FindCoordinatorResponse:
+        """The coordinator's address on ``listener`` (the one the client connected on)."""
         if req.key_type != GROUP_KEY:
             return FindCoordinatorResponse(INVALID_REQUEST.code, error_message=(
                 f"key type {req.key_type} is not supported (only groups, {GROUP_KEY}; no transactions)"))
@@ -384,10 +385,12 @@ class GroupCoordinator:
                                            error_message=await self._create_offsets_topic())
         tp = TopicPartition(OFFSETS_TOPIC, self.partition_of(req.key))
         leader = self.metadata.brokers.get(self.metadata.leader_of(tp))
-        if leader is None:
+        address = None if leader is None else self.metadata.address_on(leader, listener)
+        if address is None:
             return FindCoordinatorResponse(COORDINATOR_NOT_AVAILABLE.code, error_message=(
-                f"{tp} (the partition of group {req.key!r}) has no live leader"))
-        return FindCoordinatorResponse(NONE.code, leader.broker_id, leader.host, leader.port)
+                f"{tp} (the partition of group {req.key!r}) has no live leader"
+                + (f" with a listener named {listener}" if leader is not None else "")))
+        return FindCoordinatorResponse(NONE.code, leader.broker_id, *address)
 
     async def _create_offsets_topic(self) -> str:
         """Create ``__consumer_offsets`` unless too few brokers are alive for its replication

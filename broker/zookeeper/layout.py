@@ -11,6 +11,10 @@ section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
     /controller                       ephemeral   {"version":1,"brokerid"}
     /controller_epoch                             "<int>"
     /config/topics/<topic>                        {"version":1,"config":{...}}
+    /config/users/<user>                          {"version":1,"config":{...}}  SCRAM credentials, quotas
+    /config/users/<user>/clients/<client id>      {"version":1,"config":{...}}  quotas
+    /config/clients/<client id>                   {"version":1,"config":{...}}  quotas
+    /config/changes/config_change_<seq>           {"version":2,"entity_path":"users/alice"}
     /admin/delete_topics/<topic>
     /admin/reassign_partitions                    {"version":1,"partitions":[{"topic","partition","replicas"}]}
     /isr_change_notification/isr_change_<seq>     {"version":1,"partitions":[{"topic","partition"}]}
@@ -19,6 +23,12 @@ section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
     /kafka-acl-extended/prefixed/<ResourceType>/<name>   the same, for PREFIXED patterns
     /kafka-acl-changes/acl_changes_<seq>          "<RESOURCE_TYPE>:<name>" (a LITERAL pattern changed)
     /kafka-acl-extended-changes/acl_changes_<seq> {"version":1,"resourceType","name","patternType"}
+
+User and client-id entities (``users``, ``clients``) are named as Kafka names them: the
+name sanitized (``sanitize``: URL-encoded, so any user name is one znode name) or the
+literal ``<default>`` (``DEFAULT_ENTITY``), the entity every user or client id without one
+of its own falls back to. An entity's path relative to ``/config`` (``users/alice``,
+``users/<default>/clients/app-1``) is its *entity path*: the change notifications carry it.
 
 The JSON shapes are Kafka's, so Kafka's documentation of them applies. Decoders accept and
 ignore keys they do not know (a newer writer may add some) and raise ``ValueError`` naming
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import json
 import random
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -58,6 +69,9 @@ DEFAULT_CHROOT = "/tidelog"
 NO_LEADER = -1          # Kafka's LeaderAndIsr.NoLeader
 INITIAL_CONTROLLER_EPOCH = 0
 INITIAL_LEADER_EPOCH = 0
+USERS, CLIENTS = "users", "clients"  # the entity types of user and client-id configs
+DEFAULT_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default
+CONFIG_CHANGE_PREFIX = "config_change_"
 
 
 # --------------------------------------------------------------------------- errors
@@ -202,6 +216,31 @@ class ZkPaths:
     def topic_config(self, topic: str) -> str:
         return self._p("config", "topics", _check_name(topic, "topic"))
 
+    def entity_type(self, entity_type: str) -> str:
+        """``/config/users`` or ``/config/clients``: the entities of a type are its children."""
+        if entity_type not in (USERS, CLIENTS):
+            raise ValueError(f"unknown config entity type {entity_type!r}")
+        return self._p("config", entity_type)
+
+    def user_clients(self, sanitized_user: str) -> str:
+        """``/config/users/<user>/clients``: the user's client-id entities."""
+        parse_entity_path(f"{USERS}/{sanitized_user}")
+        return self._p("config", USERS, sanitized_user, CLIENTS)
+
+    def entity_config(self, entity_path: str) -> str:
+        """The znode of an entity config: ``users/alice`` -> ``/config/users/alice``."""
+        parse_entity_path(entity_path)  # only the four shapes of user and client-id entities
+        return self._p("config", entity_path)
+
+    @property
+    def config_changes(self) -> str:
+        return self._p("config", "changes")
+
+    @property
+    def config_change_prefix(self) -> str:
+        """Prefix of the sequential change notifications (ZooKeeper appends 10 digits)."""
+        return self._p("config", "changes", CONFIG_CHANGE_PREFIX)
+
     @property
     def delete_topics(self) -> str:
         return self._p("admin", "delete_topics")
@@ -258,7 +297,8 @@ class ZkPaths:
 
     def persistent_paths(self) -> tuple[str, ...]:
         """The container znodes created at client start (Kafka's top-level paths)."""
-        return (self.broker_ids, self.topics, self.config_topics, self.delete_topics,
+        return (self.broker_ids, self.topics, self.config_topics, self.entity_type(USERS),
+                self.entity_type(CLIENTS), self.config_changes, self.delete_topics,
                 self.isr_change_notification)
 
 
@@ -385,14 +425,86 @@ def decode_topic_assignment(data: bytes) -> dict[int, list[int]]:
 
 
 def encode_topic_config(config: Mapping[str, str]) -> bytes:
+    """A topic's config znode; user and client-id configs have the same shape."""
     return _dumps({"version": 1, "config": {str(k): str(v) for k, v in config.items()}})
 
 
-def decode_topic_config(data: bytes) -> dict[str, str]:
-    config = _field(_loads(data, "topic config"), "config", dict, "topic config")
+def decode_topic_config(data: bytes, what: str = "topic config") -> dict[str, str]:
+    config = _field(_loads(data, what), "config", dict, what)
     if not all(isinstance(v, str) for v in config.values()):
-        raise ValueError(f"malformed topic config znode data: {config!r}")
+        raise ValueError(f"malformed {what} znode data: {config!r}")
     return config
+
+
+encode_entity_config = encode_topic_config
+
+
+def decode_entity_config(data: bytes, entity_path: str) -> dict[str, str]:
+    return decode_topic_config(data, f"{entity_path} config")
+
+
+# --------------------------------------------------------------------------- user and client-id entities
+
+def sanitize(name: str) -> str:
+    """Kafka's ``Sanitizer.sanitize``: Java's URL encoding of the UTF-8 name, with "*" as %2A
+    and " " as %20, so any user or client id is one znode name and a name cannot be
+    ``<default>``. Letters, digits and ``._-`` stay as they are."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("a user or client id in an entity config must be a non-empty string")
+    return urllib.parse.quote(name, safe="").replace("~", "%7E")
+
+
+def desanitize(name: str) -> str:
+    return urllib.parse.unquote(name)
+
+
+def entity_path(user: str | None, client_id: str | None) -> str:
+    """The entity path of a user, a client id, or a user's client id (each a name, or
+    ``DEFAULT_ENTITY``): ``entity_path("alice", None) == "users/alice"``."""
+    def component(name: str) -> str:
+        return DEFAULT_ENTITY if name == DEFAULT_ENTITY else sanitize(name)
+    if user is None and client_id is None:
+        raise ValueError("an entity names a user, a client id or both")
+    if user is None:
+        return f"{CLIENTS}/{component(client_id)}"
+    path = f"{USERS}/{component(user)}"
+    return path if client_id is None else f"{path}/{CLIENTS}/{component(client_id)}"
+
+
+def parse_entity_path(path: str) -> tuple[str | None, str | None]:
+    """``entity_path``'s inverse: (user, client id), names desanitized, ``DEFAULT_ENTITY`` kept.
+    ValueError for anything but ``users/U``, ``clients/C`` and ``users/U/clients/C``."""
+    parts = path.split("/") if isinstance(path, str) else []
+
+    def name(component: str) -> str:
+        if not component or component in (".", "..") or len(component) > 4 * MAX_TOPIC_NAME_LENGTH:
+            raise ValueError(f"entity path {path!r} has an invalid name {component!r}")
+        return component if component == DEFAULT_ENTITY else desanitize(component)
+    if len(parts) == 2 and parts[0] in (USERS, CLIENTS):
+        return (name(parts[1]), None) if parts[0] == USERS else (None, name(parts[1]))
+    if len(parts) == 4 and parts[0] == USERS and parts[2] == CLIENTS:
+        return name(parts[1]), name(parts[3])
+    raise ValueError(f"{path!r} is not a user or client-id entity path "
+                     "(users/<user>, clients/<client id> or users/<user>/clients/<client id>)")
+
+
+def encode_config_change(entity_path_: str) -> bytes:
+    return _dumps({"version": 2, "entity_path": entity_path_})
+
+
+def decode_config_change(data: bytes) -> str:
+    """The entity path a change notification names (Kafka's version 2 notification)."""
+    what = "config change notification"
+    obj = _loads(data, what)
+    if obj.get("version") != 2:
+        raise ValueError(f"malformed {what} znode data {data[:100]!r}: only version 2 is understood")
+    return _field(obj, "entity_path", str, what)
+
+
+def config_change_sequence(name: str) -> int | None:
+    """The sequence number of a ``config_change_<seq>`` znode name (None for another name)."""
+    digits = name[len(CONFIG_CHANGE_PREFIX):] if name.startswith(CONFIG_CHANGE_PREFIX) else ""
+    return int(digits) if digits.isdigit() else None
 
 
 # --------------------------------------------------------------------------- partition state

@@ -60,8 +60,10 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
 from tidelog.broker.zookeeper.layout import (
+    CLIENTS,
     DEFAULT_CHROOT,
     INITIAL_CONTROLLER_EPOCH,
+    USERS,
     AclEntry,
     BrokerIdInUseError,
     BrokerInfo,
@@ -80,8 +82,10 @@ from tidelog.broker.zookeeper.layout import (
     decode_acls,
     decode_broker_info,
     decode_cluster_id,
+    decode_config_change,
     decode_controller,
     decode_controller_epoch,
+    decode_entity_config,
     decode_isr_change,
     decode_partition_state,
     decode_producer_id_block,
@@ -91,8 +95,10 @@ from tidelog.broker.zookeeper.layout import (
     encode_acls,
     encode_broker_info,
     encode_cluster_id,
+    encode_config_change,
     encode_controller,
     encode_controller_epoch,
+    encode_entity_config,
     encode_isr_change,
     encode_partition_state,
     encode_producer_id_block,
@@ -586,6 +592,76 @@ class ZkClient:
         await self._delete(self.paths.topic(topic), recursive=True)
         await self._delete(self.paths.topic_config(topic))
         await self._delete(self.paths.delete_topic_marker(topic))
+
+    # ------------------------------------------------------------------ user and client-id configs
+
+    async def get_entity_config(self, entity_path: str) -> tuple[dict[str, str], int | None]:
+        """(config, znode version) of a user or client-id entity; ({}, None) when it has none."""
+        got = await self._get(self.paths.entity_config(entity_path))
+        return ({}, None) if got is None else (decode_entity_config(got[0], entity_path), got[1].version)
+
+    async def get_entity_configs(self, entity_paths: list[str]) -> dict[str, dict[str, str]]:
+        """The configs of ``entity_paths`` (pipelined reads); absent entities are left out."""
+        got = await self._get_many([self.paths.entity_config(p) for p in entity_paths])
+        return {p: decode_entity_config(g[0], p) for p, g in zip(entity_paths, got) if g is not None}
+
+    async def change_entity_config(self, entity_path: str,
+                                   change: Callable[[dict[str, str]], dict[str, str]]) -> dict[str, str]:
+        """Replace an entity's config with ``change(current config)`` and tell every broker
+        (a change notification); returns the new config. The write is check-and-set on the
+        version read, so two writers altering the same entity at once both take effect: the
+        loser reads again and applies its change to the winner's config. ``change`` must be
+        pure (it runs again on a retry); what it raises is raised here, nothing written."""
+        path = self.paths.entity_config(entity_path)
+        while True:
+            current, version = await self.get_entity_config(entity_path)
+            config = change(dict(current))
+            data = encode_entity_config(config)
+            try:
+                if version is None:
+                    await self._create(path, data, makepath=True)
+                else:
+                    await self._set(path, data, version)
+            except (ZkNodeExistsError, ZkVersionConflict):
+                continue  # another writer got there first: apply the change to its config
+            await self.notify_config_change(entity_path)
+            return config
+
+    async def list_entities(self) -> list[str]:
+        """The entity path of every user and client-id config: ``users/U``, ``clients/C`` and
+        ``users/U/clients/C`` (names sanitized, ``<default>`` as it is)."""
+        users = await self._children(self.paths.entity_type(USERS)) or []
+        clients = await self._children(self.paths.entity_type(CLIENTS)) or []
+        out = [f"users/{u}" for u in users] + [f"clients/{c}" for c in clients]
+        for user in users:
+            for client in await self._children(self.paths.user_clients(user)) or []:
+                out.append(f"users/{user}/clients/{client}")
+        return out
+
+    async def notify_config_change(self, entity_path: str) -> str:
+        """A sequential ``/config/changes/config_change_<seq>`` naming the entity (Kafka's
+        version 2 notification): every broker's watch reloads that entity. Its path."""
+        return await self._create(self.paths.config_change_prefix, encode_config_change(entity_path),
+                                  sequence=True, makepath=True)
+
+    async def config_changes(self, names: list[str]) -> list[tuple[str, str | None, int]]:
+        """(name, entity path or None when unreadable, creation time in ms) of the change
+        notifications ``names`` that still exist, in the order given."""
+        paths = [f"{self.paths.config_changes}/{n}" for n in names]
+        out = []
+        for name, got in zip(names, await self._get_many(paths)):
+            if got is None:
+                continue
+            try:
+                entity = decode_config_change(got[0])
+            except ValueError as e:
+                log.error("ignoring change notification %s: %s", name, e)
+                entity = None
+            out.append((name, entity, got[1].ctime))
+        return out
+
+    async def delete_config_changes(self, names: Iterable[str]) -> None:
+        await self.delete_isr_change_notifications(f"{self.paths.config_changes}/{n}" for n in names)
 
     # ------------------------------------------------------------------ partition state
 

@@ -38,6 +38,15 @@ import trio
 from tidelog.aio._lifecycle import RunsInOwnNursery
 from tidelog.aio.assignors import PROTOCOL_TYPE, decode_assignment
 from tidelog.aio.cluster import Backoff, Cluster, PartitionInfo, list_offsets, list_offsets_request, to_leaders
+from tidelog.aio.entity_configs import (
+    ClientQuotaAlteration,
+    ClientQuotaEntity,
+    ClientQuotaFilter,
+    EntityConfigClient,
+    UserScramCredentialDeletion,
+    UserScramCredentialsDescription,
+    UserScramCredentialUpsertion,
+)
 from tidelog.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
 from tidelog.protocol.acls import AclBinding, AclBindingFilter
 from tidelog.protocol.codec import ApiKey, Message
@@ -96,10 +105,12 @@ from tidelog.protocol.messages import (
     TopicPartitionRef,
 )
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
+from tidelog.security import SecurityConfig
 
 __all__ = ["AsyncAdmin", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
            "ConfigEntry", "BrokerMetadata", "ListedGroup", "MemberDescription", "ConsumerGroupDescription",
-           "GroupOffsets"]
+           "GroupOffsets", "ClientQuotaAlteration", "ClientQuotaEntity", "ClientQuotaFilter",
+           "UserScramCredentialDeletion", "UserScramCredentialUpsertion", "UserScramCredentialsDescription"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,14 +200,17 @@ class AsyncAdmin(RunsInOwnNursery):
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
                  client_id: str | None = None, request_timeout_ms: int = 30000,
                  retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
-                 default_api_timeout_ms: int = 60000):
+                 default_api_timeout_ms: int = 60000, **security: Any):
+        """``security``: ``tidelog.security.SecurityConfig``'s options (``security_protocol``,
+        ``ssl_cafile``, ``sasl_mechanism``, ``sasl_plain_username``, ...)."""
         self.request_timeout_ms = request_timeout_ms
         self.default_api_timeout_ms = default_api_timeout_ms
         self._backoff = (retry_backoff_ms / 1000, retry_backoff_max_ms / 1000)
         self._cluster = Cluster(bootstrap_servers, client_id=client_id,
                                 request_timeout_ms=request_timeout_ms,
                                 retry_backoff_ms=retry_backoff_ms,
-                                retry_backoff_max_ms=retry_backoff_max_ms)
+                                retry_backoff_max_ms=retry_backoff_max_ms,
+                                security=SecurityConfig(**security))
         self._nursery: trio.Nursery | None = None
         self._started = False
         self._stopped = trio.Event()
@@ -412,6 +426,44 @@ class AsyncAdmin(RunsInOwnNursery):
 
     async def _to_any(self, request: Message, api_key: ApiKey, timeout_ms: int | None) -> Any:
         return await self._cluster.request_any(request, api_key=api_key, timeout=self._timeout_ms(timeout_ms) / 1000)
+
+    # -- users and client quotas (tidelog.aio.entity_configs) -----------------------------------
+    # Any broker answers these (each writes ZooKeeper itself), as in Kafka's ZooKeeper mode.
+
+    async def alter_user_scram_credentials(
+            self, alterations: Iterable[UserScramCredentialUpsertion | UserScramCredentialDeletion],
+            timeout_ms: int | None = None) -> dict[str, None]:
+        """Create, replace or delete users' SCRAM credentials. Passwords are salted here: the
+        request carries the salt and the salted password. Returns ``{user: None}``, or raises
+        the first user's error (UNACCEPTABLE_CREDENTIAL, RESOURCE_NOT_FOUND, ...) with
+        ``.results`` (user -> None or error) attached; a user's alterations succeed or fail together."""
+        return await self._entity_configs(timeout_ms).alter_user_scram_credentials(alterations)
+
+    async def describe_user_scram_credentials(self, users: Iterable[str] | None = None,
+                                              timeout_ms: int | None = None
+                                              ) -> dict[str, UserScramCredentialsDescription]:
+        """Each user's SCRAM mechanisms and iteration counts (every user with a credential when
+        ``users`` is None); raises RESOURCE_NOT_FOUND for a named user without one."""
+        return await self._entity_configs(timeout_ms).describe_user_scram_credentials(users)
+
+    async def alter_client_quotas(self, alterations: Iterable[ClientQuotaAlteration], validate_only: bool = False,
+                                  timeout_ms: int | None = None) -> dict[ClientQuotaEntity, None]:
+        """Set or remove quotas (producer_byte_rate, consumer_byte_rate, request_percentage) of
+        users, client ids, or a user's client id; raises the first entity's error with
+        ``.results`` attached."""
+        return await self._entity_configs(timeout_ms).alter_client_quotas(alterations, validate_only)
+
+    async def describe_client_quotas(self, quota_filter: ClientQuotaFilter | None = None,
+                                     timeout_ms: int | None = None) -> dict[ClientQuotaEntity, dict[str, float]]:
+        """The quotas of the entities that match ``quota_filter`` (default: all)."""
+        return await self._entity_configs(timeout_ms).describe_client_quotas(quota_filter)
+
+    def _entity_configs(self, timeout_ms: int | None) -> EntityConfigClient:
+        timeout_s = self._timeout_ms(timeout_ms) / 1000
+
+        async def call(api_key: ApiKey, request: Message) -> Any:
+            return await self._cluster.request_any(request, api_key=api_key, timeout=timeout_s)
+        return EntityConfigClient(call)
 
     # -- consumer groups ------------------------------------------------------------------------
 

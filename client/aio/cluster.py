@@ -51,6 +51,7 @@ from tidelog.protocol.messages import (
     MetadataResponse,
 )
 from tidelog.protocol.topics import TopicPartition
+from tidelog.security import SecurityConfig
 
 __all__ = ["parse_bootstrap", "PartitionInfo", "TopicInfo", "ClusterMetadata", "Cluster", "Backoff"]
 
@@ -192,8 +193,9 @@ class Cluster:
                  retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  reconnect_backoff_ms: int = 50, reconnect_backoff_max_ms: int = 1000,
                  metadata_max_age_ms: int = 300000, connect_timeout_ms: int = 10000,
-                 allow_auto_topic_creation: bool = False):
+                 allow_auto_topic_creation: bool = False, security: SecurityConfig | None = None):
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.security = security
         self.client_id = client_id
         self.request_timeout_s = request_timeout_ms / 1000
         self.max_in_flight = max_in_flight_requests_per_connection
@@ -466,7 +468,7 @@ class Cluster:
         conn = BrokerConnection(host, port, node_id=node_id, client_id=self.client_id,
                                 max_in_flight=self.max_in_flight,
                                 request_timeout_s=self.request_timeout_s,
-                                connect_timeout_s=self.connect_timeout_s)
+                                connect_timeout_s=self.connect_timeout_s, security=self.security)
         try:
             await self._nursery.start(conn.run)
         except BrokerConnectionError as e:

@@ -22,6 +22,13 @@ section 2: responses come back in request order). This module only moves bytes:
   and those round trips cost more than a small request's own work).
 * At most ``max_in_flight`` requests await a response (a semaphore); acks=0 produce requests
   (``send_no_response``) expect none and do not count.
+* Security: on a TLS listener the stream is a ``trio.SSLStream`` (the bytes pass through
+  the TLS layer, so the ``os.write``/``os.read`` fast paths are skipped: every write takes
+  the locked path and the reader uses ``receive_some``); SASL is done before ``started``
+  (``tidelog.security.open_stream``), so no request is sent unauthenticated.
+* Quotas (KIP-219): a response with ``throttle_time_ms`` > 0 sets ``throttled_until`` (the
+  request's send time plus the throttle); nothing more is sent on the connection before it.
+  A broker that delays its throttled responses has served the throttle by then.
 * Any I/O error, protocol violation or request timeout fails the connection for good: every
   pending request gets a ``BrokerConnectionError`` (retriable, invalidates metadata), the
   socket is closed and the reader ends. A timed-out request closes the connection as Kafka's
@@ -32,18 +39,20 @@ section 2: responses come back in request order). This module only moves bytes:
 from __future__ import annotations
 
 import os
+import ssl
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from tidelog.errors import BrokerConnectionError, RequestTimedOut
+from tidelog.errors import BrokerConnectionError, RequestTimedOut, SslAuthenticationError, decode_response
 from tidelog.protocol.apis import response_type
 from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.connection import ClientConnection
 from tidelog.protocol.errors import InvalidRequestError
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
+from tidelog.security import SecurityConfig, open_stream
 
 __all__ = ["BrokerConnection"]
 
@@ -55,7 +64,7 @@ class _Pending:
     With ``early`` (see ``BrokerConnection.request``), the reader also decodes the body
     and calls ``early(response)`` before waking the waiting task."""
 
-    __slots__ = ("event", "body", "error", "early", "api_key", "response", "early_error")
+    __slots__ = ("event", "body", "error", "early", "api_key", "response", "early_error", "sent_at")
 
     def __init__(self, early: Callable[[Any], None] | None = None, api_key: int = -1) -> None:
         self.event = trio.Event()
@@ -65,10 +74,11 @@ class _Pending:
         self.api_key = api_key
         self.response: Any = None
         self.early_error: BaseException | None = None
+        self.sent_at = trio.current_time()
 
     def run_early(self) -> None:
         try:
-            self.response = response_type(self.api_key).from_body(self.body)
+            self.response = decode_response(response_type(self.api_key), self.body)
             self.early(self.response)
         except Exception as e:  # raised by ``request`` in the waiting task
             self.early_error = e
@@ -81,7 +91,8 @@ class BrokerConnection:
 
     def __init__(self, host: str, port: int, *, node_id: int = -1, client_id: str | None = None,
                  max_in_flight: int = 5, request_timeout_s: float = 30.0,
-                 connect_timeout_s: float = 10.0, max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT):
+                 connect_timeout_s: float = 10.0, max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT,
+                 security: SecurityConfig | None = None):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.host = host
@@ -94,10 +105,14 @@ class BrokerConnection:
         self._send_lock = trio.Lock()
         self._outbox: list[bytes] = []
         self._pending: deque[_Pending] = deque()
-        self._stream: trio.SocketStream | None = None
+        self.security = security
+        self._tls = security is not None and security.uses_tls
+        self._stream: trio.abc.Stream | None = None
+        self._socket: trio.socket.SocketType | None = None  # under the TLS layer, if any
         self._scope: trio.CancelScope | None = None
-        self._failure: BrokerConnectionError | None = None
+        self._failure: BrokerConnectionError | SslAuthenticationError | None = None
         self.closed_event = trio.Event()
+        self.throttled_until = 0.0  # Trio time: a quota throttle's end (KIP-219)
 
     def __repr__(self) -> str:
         return f"<BrokerConnection node {self.node_id} {self.host}:{self.port}>"
@@ -122,17 +137,11 @@ class BrokerConnection:
             finally:
                 self._fail(BrokerConnectionError(f"{self} closed"))
 
-    async def _connect(self) -> trio.SocketStream:
-        try:
-            with trio.fail_after(self.connect_timeout_s):
-                stream = await trio.open_tcp_stream(self.host, self.port)
-        except trio.TooSlowError:
-            raise BrokerConnectionError(
-                f"connecting to node {self.node_id} at {self.host}:{self.port} timed out "
-                f"after {self.connect_timeout_s:g} s") from None
-        except OSError as e:
-            raise BrokerConnectionError(
-                f"cannot connect to node {self.node_id} at {self.host}:{self.port}: {e}") from None
+    async def _connect(self) -> trio.abc.Stream:
+        stream = await open_stream(self.host, self.port, self.security, self._proto,
+                                   connect_timeout_s=self.connect_timeout_s,
+                                   describe=f"node {self.node_id} at {self.host}:{self.port}")
+        self._socket = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
         return stream
 
     async def close(self) -> None:
@@ -160,6 +169,8 @@ class BrokerConnection:
         consumer hands fetched records to a waiting application thread that way. What it
         raises (and a body that does not decode) is raised here instead of the response."""
         timeout = self.request_timeout_s if timeout is None else timeout
+        if self.throttled_until > trio.current_time():  # not part of the request's timeout
+            await trio.sleep_until(self.throttled_until)
         with trio.move_on_after(timeout) as scope:
             # a free slot is taken without a trip through the scheduler (acquire always yields)
             try:
@@ -186,7 +197,7 @@ class BrokerConnection:
         pass costs a poll of the event loop, in which another thread can take the GIL.``early``: as for ``request``.
         """
         self._raise_if_failed()
-        if self._send_lock.locked():
+        if self._send_lock.locked() or self.throttled_until > trio.current_time():
             return None
         try:
             self._slots.acquire_nowait()
@@ -227,11 +238,13 @@ class BrokerConnection:
             if pending.early_error is not None:
                 raise pending.early_error
             return pending.response
-        return response_type(api_key).from_body(pending.body)
+        return decode_response(response_type(api_key), pending.body)
 
     async def send_no_response(self, message: Message, *, api_key: ApiKey, api_version: int = 0) -> None:
         """Write a request the broker will not answer (an acks=0 produce). Returns once the
         bytes are handed to the kernel; raises BrokerConnectionError if that failed."""
+        if self.throttled_until > trio.current_time():
+            await trio.sleep_until(self.throttled_until)
         await self._write(api_key, api_version, message, expect_response=False)
 
     async def _write(self, api_key: int, api_version: int, message: Message,
@@ -266,9 +279,11 @@ class BrokerConnection:
             return False
         if not self._outbox or self._failure is not None:
             return True
+        if self._tls:
+            return False  # the bytes go through the TLS layer: send_all
         data = self._outbox[0] if len(self._outbox) == 1 else b"".join(self._outbox)
         try:
-            sent = os.write(self._stream.socket.fileno(), data)
+            sent = os.write(self._socket.fileno(), data)
         except BlockingIOError:
             sent = 0
         except OSError as e:
@@ -286,7 +301,10 @@ class BrokerConnection:
         data = self._outbox[0] if len(self._outbox) == 1 else b"".join(self._outbox)
         self._outbox.clear()
         try:
-            await send_all(self._stream, data)
+            if self._tls:
+                await self._stream.send_all(data)
+            else:
+                await send_all(self._stream, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             self._fail(BrokerConnectionError(f"{self}: write failed: {e or type(e).__name__}"))
 
@@ -294,27 +312,35 @@ class BrokerConnection:
 
     async def _read_loop(self) -> None:
         try:
-            reader = Reader(self._stream, READ_SIZE)
+            reader = self._stream if self._tls else Reader(self._stream, READ_SIZE)
             while True:
-                data = await reader.receive_some()
+                data = await reader.receive_some(READ_SIZE)
                 if not data:
                     raise BrokerConnectionError(f"{self}: the broker closed the connection")
                 for _, body in self._proto.receive_data(data):
                     pending = self._pending.popleft()
                     pending.body = body
+                    throttle = body.get("throttle_time_ms")
+                    if type(throttle) is int and throttle > 0:  # KIP-219: wait before the next request
+                        self.throttled_until = max(self.throttled_until, pending.sent_at + throttle / 1000)
                     if pending.early is not None:
                         pending.run_early()
                     pending.event.set()
         except BrokerConnectionError as e:
             self._fail(e)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            self._fail(BrokerConnectionError(f"{self}: read failed: {e or type(e).__name__}"))
+            if isinstance(e.__cause__, ssl.SSLError):  # TLS 1.3: a refused client certificate shows here
+                self._fail(SslAuthenticationError(
+                    f"{self}: the broker ended the TLS session: {e.__cause__.reason or e.__cause__} "
+                    "(does the listener require a client certificate this client does not present?)"))
+            else:
+                self._fail(BrokerConnectionError(f"{self}: read failed: {e or type(e).__name__}"))
         except InvalidRequestError as e:
             self._fail(BrokerConnectionError(f"{self}: protocol violation, connection closed: {e}"))
 
     # -- failure --------------------------------------------------------------------------------
 
-    def _fail(self, error: BrokerConnectionError) -> None:
+    def _fail(self, error: BrokerConnectionError | SslAuthenticationError) -> None:
         """Fail the connection for good (idempotent): pending requests get ``error``."""
         if self._failure is not None:
             return
@@ -324,8 +350,8 @@ class BrokerConnection:
             p.error = error
             p.event.set()
         self._outbox.clear()
-        if self._stream is not None:
-            self._stream.socket.close()  # trio notifies any task blocked on the socket
+        if self._socket is not None:
+            self._socket.close()  # trio notifies any task blocked on the socket
         if self._scope is not None:
             self._scope.cancel()
         self.closed_event.set()
@@ -362,8 +388,10 @@ class Reader:
         self._max_bytes = max_bytes
         self._unyielding = 0
 
-    async def receive_some(self) -> bytes:
-        """The next bytes (b"" at end of stream); raises OSError or trio.ClosedResourceError."""
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """The next bytes (b"" at end of stream; at most the constructor's ``max_bytes``,
+        the argument is there for ``trio.abc.ReceiveStream``'s signature); raises OSError or
+        trio.ClosedResourceError."""
         while True:
             try:
                 data = os.read(self._socket.fileno(), self._max_bytes)

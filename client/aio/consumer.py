@@ -80,7 +80,7 @@ class AsyncConsumer(RunsInOwnNursery):
                                 retry_backoff_ms=config.retry_backoff_ms,
                                 retry_backoff_max_ms=config.retry_backoff_max_ms,
                                 metadata_max_age_ms=config.metadata_max_age_ms,
-                                allow_auto_topic_creation=config.allow_auto_create_topics)
+                                allow_auto_topic_creation=config.allow_auto_create_topics, security=config)
         self._subscriptions = SubscriptionState(RESET_STRATEGIES[config.auto_offset_reset])
         self._fetcher = Fetcher(self._cluster, config, self._subscriptions,
                                 list_offsets=self._list_offsets, on_data=self._signal_data)

@@ -64,6 +64,7 @@ from tidelog.protocol.messages import (
 from tidelog.protocol.records import Codec
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
 from tidelog.records import RecordMetadata
+from tidelog.security import SecurityConfig
 
 __all__ = ["AsyncProducer", "ProducerConfig", "Sender", "Decision", "decide",
            "build_produce_request", "partition_results", "parse_acks", "serialize"]
@@ -100,8 +101,9 @@ def serialize(value: Any) -> bytes | None:
 
 
 @dataclass(frozen=True, slots=True)
-class ProducerConfig:
-    """Every producer option, with Kafka's name and default; units in the names."""
+class ProducerConfig(SecurityConfig):
+    """Every producer option, with Kafka's name and default; units in the names (the
+    security options are ``SecurityConfig``'s)."""
 
     bootstrap_servers: str | Sequence[str] = "localhost:9092"
     client_id: str | None = None
@@ -124,6 +126,7 @@ class ProducerConfig:
     enable_idempotence: bool | None = None
 
     def __post_init__(self) -> None:
+        SecurityConfig.__post_init__(self)
         object.__setattr__(self, "acks", parse_acks(self.acks))
         Codec.parse(self.compression_type)
         for name in ("linger_ms", "retries", "retry_backoff_ms", "max_block_ms"):
@@ -557,7 +560,7 @@ class AsyncProducer(RunsInOwnNursery):
                                 retry_backoff_ms=config.retry_backoff_ms,
                                 retry_backoff_max_ms=config.retry_backoff_max_ms,
                                 metadata_max_age_ms=config.metadata_max_age_ms,
-                                allow_auto_topic_creation=True)
+                                allow_auto_topic_creation=True, security=config)
         self._accumulator = RecordAccumulator(
             batch_size=config.batch_size, buffer_memory=config.buffer_memory,
             linger_s=config.linger_ms / 1000, codec=config.codec,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from tidelog.aio.assignors import assignors_for
 from tidelog.protocol.messages import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from tidelog.protocol.topics import TopicPartition
+from tidelog.security import SecurityConfig
 
 if TYPE_CHECKING:
     from tidelog.aio.fetcher import CompletedFetch
@@ -37,7 +38,10 @@ RESET_STRATEGIES = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP, 
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumerConfig:
+class ConsumerConfig(SecurityConfig):
+    """Every consumer option, with Kafka's name and default (the security options are
+    ``SecurityConfig``'s)."""
+
     bootstrap_servers: str | Sequence[str] = "localhost:9092"
     client_id: str | None = None
     group_id: str | None = None
@@ -65,6 +69,7 @@ class ConsumerConfig:
     allow_auto_create_topics: bool = False
 
     def __post_init__(self) -> None:
+        SecurityConfig.__post_init__(self)
         if self.auto_offset_reset not in RESET_STRATEGIES:
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
                              f"got {self.auto_offset_reset!r}")

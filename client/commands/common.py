@@ -1,5 +1,6 @@
 """What the command families share: the exit statuses and the two errors that produce them,
-the client options every command takes (``--bootstrap``, ``--connect-timeout-ms``), the
+the client options every command takes (``--bootstrap``, ``--connect-timeout-ms``,
+``--command-config``), the
 admin-style ``ACTION`` subcommands, Kafka property names as SDK options, the reachability
 check, and table formatting.
 
@@ -54,6 +55,32 @@ def client_options(p: argparse.ArgumentParser) -> None:
                    help="brokers to start from (env TIDELOG_BOOTSTRAP, default localhost:9092)")
     p.add_argument("--connect-timeout-ms", type=int, default=5000, metavar="MS",
                    help="fail if no broker answers within this long (default 5000)")
+    p.add_argument("--command-config", metavar="FILE", default=os.environ.get("TIDELOG_COMMAND_CONFIG"),
+                   help="a properties file of security settings (security.protocol, sasl.mechanism, "
+                        "sasl.username, sasl.password, ssl.ca.location, ...; env TIDELOG_COMMAND_CONFIG)")
+
+
+def connection_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The SDK's security options (``security_protocol``, ...) from ``--command-config``;
+    {} without one. A property that is not a security setting is a usage error."""
+    path = getattr(args, "command_config", None)
+    if not path:
+        return {}
+    from tidelog.security import SecurityConfig, read_properties
+
+    try:
+        props = read_properties(path)
+    except OSError as e:
+        raise UsageError(f"--command-config: cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise UsageError(f"--command-config: {e}") from None
+    if unknown := sorted(k for k in props if not SecurityConfig.knows(k)):
+        raise UsageError(f"--command-config {path}: {', '.join(unknown)} is not a security setting "
+                         "(the file holds security.protocol, sasl.*, ssl.* settings)")
+    try:
+        return SecurityConfig.from_properties(props).options()
+    except ValueError as e:
+        raise UsageError(f"--command-config {path}: {e}") from None
 
 
 def admin_actions(p: argparse.ArgumentParser) -> Callable[[str, str], argparse.ArgumentParser]:
@@ -129,7 +156,7 @@ def check_cluster(args: argparse.Namespace, topic: str | None = None) -> list[in
 
     timeout_ms = args.connect_timeout_ms
     with Admin(args.bootstrap, client_id="tidelog-cli", request_timeout_ms=timeout_ms,
-               default_api_timeout_ms=timeout_ms) as admin:
+               default_api_timeout_ms=timeout_ms, **connection_options(args)) as admin:
         try:
             admin.describe_cluster()
         except TidelogError as e:

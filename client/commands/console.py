@@ -23,6 +23,7 @@ from tidelog.commands.common import (
     add_command,
     check_cluster,
     client_options,
+    connection_options,
     kafka_options,
     key_value,
     run_command,
@@ -90,7 +91,7 @@ def _produce(args: argparse.Namespace) -> int:
         raise UsageError("--key-separator must not be empty")
     check_cluster(args)
     try:
-        producer = Producer(args.bootstrap, client_id="tidelog-produce", **options)
+        producer = Producer(args.bootstrap, client_id="tidelog-produce", **options, **connection_options(args))
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
     failures: list[str] = []
@@ -203,7 +204,7 @@ def _consume(args: argparse.Namespace) -> int:
         options["group_id"] = args.group
         options["enable_auto_commit"] = False  # it commits what it printed, not what it fetched
     try:
-        consumer = Consumer(args.bootstrap, client_id="tidelog-consume", **options)
+        consumer = Consumer(args.bootstrap, client_id="tidelog-consume", **options, **connection_options(args))
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
     printed = [0]

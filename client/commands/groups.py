@@ -24,6 +24,7 @@ from tidelog.commands.common import (
     add_command,
     admin_actions,
     check_cluster,
+    connection_options,
     or_dash,
     run_command,
     table,
@@ -83,7 +84,7 @@ def _admin(args: argparse.Namespace) -> Any:
     from tidelog import Admin
 
     return Admin(args.bootstrap, client_id="tidelog-groups", request_timeout_ms=min(args.timeout_ms, 30000),
-                 default_api_timeout_ms=args.timeout_ms)
+                 default_api_timeout_ms=args.timeout_ms, **connection_options(args))
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from tidelog.commands.common import (
     add_command,
     check_cluster,
     client_options,
+    connection_options,
     kafka_options,
     key_value,
     run_command,
@@ -164,7 +165,7 @@ def _produce(args: argparse.Namespace) -> int:
     check_cluster(args)
     try:
         delivery_s = ProducerConfig(**options).delivery_timeout_ms / 1000
-        producer = Producer(args.bootstrap, client_id="tidelog-perf-producer", **options)
+        producer = Producer(args.bootstrap, client_id="tidelog-perf-producer", **options, **connection_options(args))
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
     try:
@@ -188,7 +189,7 @@ def _consume(args: argparse.Namespace) -> int:
     options.update(kafka_options(args.consumer_props, ConsumerConfig, "consumer"))
     partitions = check_cluster(args, args.topic)
     try:
-        consumer = Consumer(args.bootstrap, client_id="tidelog-perf-consumer", **options)
+        consumer = Consumer(args.bootstrap, client_id="tidelog-perf-consumer", **options, **connection_options(args))
     except (TypeError, ValueError, NotImplementedError) as e:
         raise UsageError(str(e)) from None
     try:
@@ -216,11 +217,11 @@ def _e2e(args: argparse.Namespace) -> int:
     check_cluster(args)
     description = _topic_created_if_missing(args)
     try:
-        producer = Producer(args.bootstrap, client_id="tidelog-perf-e2e", **producer_options)
+        producer = Producer(args.bootstrap, client_id="tidelog-perf-e2e", **producer_options, **connection_options(args))
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
     try:
-        consumer = Consumer(args.bootstrap, client_id="tidelog-perf-e2e", **consumer_options)
+        consumer = Consumer(args.bootstrap, client_id="tidelog-perf-e2e", **consumer_options, **connection_options(args))
     except (TypeError, ValueError, NotImplementedError) as e:
         producer.close(0)
         raise UsageError(str(e)) from None
@@ -246,7 +247,7 @@ def _topic_created_if_missing(args: argparse.Namespace) -> Any:
     from tidelog import Admin, NewTopic
     from tidelog.protocol.errors import TOPIC_ALREADY_EXISTS, UNKNOWN_TOPIC_OR_PARTITION, TidelogError
 
-    with Admin(args.bootstrap, client_id="tidelog-cli", default_api_timeout_ms=30000) as admin:
+    with Admin(args.bootstrap, client_id="tidelog-cli", default_api_timeout_ms=30000, **connection_options(args)) as admin:
         try:
             (description,) = admin.describe_topics([args.topic])
         except TidelogError as e:

@@ -20,6 +20,7 @@ from tidelog.commands.common import (
     UsageError,
     add_command,
     admin_actions,
+    connection_options,
     key_value,
     or_dash,
     run_command,
@@ -91,7 +92,8 @@ def _admin_session(args: argparse.Namespace) -> Any:
     from tidelog.aio import AsyncAdmin
 
     return AsyncAdmin(args.bootstrap, client_id="tidelog-topics",
-                      request_timeout_ms=min(args.timeout_ms, 30000), default_api_timeout_ms=args.timeout_ms)
+                      request_timeout_ms=min(args.timeout_ms, 30000), default_api_timeout_ms=args.timeout_ms,
+                      **connection_options(args))
 
 
 async def _connect(admin: Any, args: argparse.Namespace) -> None:

@@ -371,6 +371,27 @@ VALID.update({ApiKey.DESCRIBE_ACLS: _describe_acls, ApiKey.CREATE_ACLS: _create_
               ApiKey.DELETE_ACLS: _delete_acls})
 
 
+def _quota_entity(v: Valid) -> list[m.ClientQuotaEntityData]:
+    return [m.ClientQuotaEntityData(v.rng.choice(("user", "client-id")), v.rng.choice((None, "alice", "app")))]
+
+
+VALID.update({
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: lambda v: m.DescribeClientQuotasRequest(
+        [m.ClientQuotaFilterComponent(v.rng.choice(("user", "client-id")), v.rng.randrange(0, 3))], v.rng.random() < 0.5),
+    ApiKey.ALTER_CLIENT_QUOTAS: lambda v: m.AlterClientQuotasRequest(
+        [m.AlterClientQuotasEntry(_quota_entity(v), [m.ClientQuotaOp("producer_byte_rate", 1024.0 * v.rng.randrange(1, 9))])],
+        validate_only=True),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: lambda v: m.DescribeUserScramCredentialsRequest(
+        v.rng.choice((None, [m.ScramUserName("alice")]))),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: lambda v: m.AlterUserScramCredentialsRequest(
+        [m.ScramCredentialDeletion("mallory", v.rng.randrange(0, 3))]),
+})
+VALID.update({
+    ApiKey.SASL_HANDSHAKE: lambda v: m.SaslHandshakeRequest(v.rng.choice(("PLAIN", "SCRAM-SHA-256", "GSSAPI"))),
+    ApiKey.SASL_AUTHENTICATE: lambda v: m.SaslAuthenticateRequest(v.rng.randbytes(v.rng.randrange(0, 64))),
+})
+
+
 # -- body mutations ----------------------------------------------------------------------------
 
 

@@ -5,7 +5,6 @@ handler, and the HTTP endpoint over loopback."""
 from __future__ import annotations
 
 import types
-from collections import Counter
 
 import pytest
 import trio
@@ -64,12 +63,33 @@ class FakeServer:
         self.broker_epoch = 42
         self._ready = ready
         self.stats = NetworkStats(2, 5, {0: 3, 3: 7}, 1, 0)
+        self.quotas = _throttled_quotas()
 
     def readiness(self) -> Readiness:
         return Readiness(True, True, True, self._ready)
 
     def socket_stats(self):
         return self.stats
+
+
+def _throttled_quotas():
+    """Client quotas with one throttled producer (its sensor: client id "app")."""
+    from tidelog.broker.security.quotas import ClientQuotas, Quota, QuotaType
+
+    quotas = ClientQuotas(lambda: {}, lambda: 0, samples=2, sample_ms=1000)
+    quotas.record(QuotaType.PRODUCE, Quota(100.0, ("", "app"), "clients/app"), 1000, 0)
+    return quotas
+
+
+def test_quota_throttle_time_is_exported():
+    from tidelog.broker.metrics import BrokerCollector
+
+    server = types.SimpleNamespace(quotas=_throttled_quotas())
+    families = {f.name: f for f in BrokerCollector(server, RequestMetrics())._quotas()}
+    (sample,) = families["tidelog_produce_throttle_time_ms"].samples
+    assert sample.labels == {"user": "", "client_id": "app"} and sample.value == 2000  # 9 s, capped at the window
+    assert families["tidelog_produce_throttled_requests"].samples[0].value == 1
+    assert families["tidelog_fetch_throttle_time_ms"].samples == []
 
 
 def every_family(log_dir: str) -> CollectorRegistry:
@@ -410,11 +430,12 @@ def test_error_codes_in_responses_are_counted_per_request_and_error(broker):
 
 
 def test_count_errors_reads_the_top_level_and_two_levels_of_lists():
-    codes = Counter()
-    count_errors(FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 3)])], error_code=7), codes)
-    count_errors(None, codes)
-    count_errors({"error_code": 5}, codes)  # not a message: nothing to read
-    assert codes == {7: 1, 3: 1}
+    response = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 3), FetchPartitionResponse(1, 3)])],
+                             error_code=7)
+    assert count_errors(response) == {7: 1, 3: 2}
+    assert count_errors(FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0)])])) is None
+    assert count_errors(None) is None
+    assert count_errors({"error_code": 5}) is None  # not a message: nothing to read
 
 
 def test_request_queue_time_is_a_summary_over_every_request_read(broker):

@@ -290,11 +290,12 @@ def test_parse_listener(text, parsed):
 
 
 @pytest.mark.parametrize("bad,why", [
-    ("127.0.0.1:9092", "PROTOCOL://host:port"),
-    ("SSL://127.0.0.1:9092", "not supported"),
+    ("127.0.0.1:9092", "NAME://host:port"),
+    ("CLIENT://127.0.0.1:9092", "listener CLIENT has no security protocol"),
     ("PLAINTEXT://h:70000", "port from 0 to 65535"),
     ("PLAINTEXT://h:port", "port from 0 to 65535"),
-    ("PLAINTEXT://a:1,PLAINTEXT://b:2", "only one listener"),
+    ("PLAINTEXT://a:1,PLAINTEXT://b:2", "listener name PLAINTEXT appears twice"),
+    ("PLAINTEXT://a:1,SSL://b:1", "port 1 is used by two listeners"),
 ])
 def test_bad_listeners_name_the_key(bad, why):
     message = error_of(overrides={**MINIMAL, "listeners": bad})

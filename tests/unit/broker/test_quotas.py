@@ -1,0 +1,187 @@
+"""Client quotas, pure: Kafka's windowed rate, the throttle time, which entity's quota applies
+(and which requests share a budget), entity paths, and kafka-configs' bracket syntax."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidelog.broker.security.entity_configs import quota_change, quota_components, quota_entity_path, scram_change
+from tidelog.broker.security.quotas import (
+    PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
+    ClientQuotas,
+    Quota,
+    QuotaSensors,
+    QuotaType,
+    Rate,
+    resolve,
+    throttle_time_ms,
+    user_of,
+    with_throttle,
+)
+from tidelog.broker.zookeeper.layout import (
+    config_change_sequence,
+    decode_config_change,
+    encode_config_change,
+    entity_path,
+    parse_entity_path,
+    sanitize,
+)
+from tidelog.commands.common import UsageError
+from tidelog.commands.configs import parse_add_config, parse_delete_config, parse_scram
+from tidelog.protocol.errors import DUPLICATE_RESOURCE, INVALID_REQUEST, RESOURCE_NOT_FOUND, TidelogError
+from tidelog.protocol.messages import (
+    AlterClientQuotasEntry,
+    ClientQuotaEntityData,
+    ClientQuotaOp,
+    ProduceResponse,
+    ScramCredentialDeletion,
+)
+
+# -- the rate ----------------------------------------------------------------------------------
+
+
+def test_a_young_rate_is_measured_over_all_but_one_sample_window():
+    rate = Rate(11, 1000)
+    rate.record(5000, 0)
+    assert rate.window_ms(0) == 10_000  # padded to num - 1 windows: no burst looks infinite
+    assert rate.measure(0) == 500.0
+
+
+def test_the_window_grows_with_the_samples_then_old_samples_expire():
+    rate = Rate(3, 1000)
+    rate.record(3000, 0)
+    assert rate.window_ms(500) == 2500  # 500 ms, padded with the 2 windows still to come
+    rate.record(3000, 2500)  # a second sample
+    assert rate.window_ms(2500) == 2500
+    assert rate.measure(2500) == 6000 / 2.5
+    # the first sample (started at 0) is obsolete at 3000: only the second counts
+    assert rate.measure(3000) == 3000 / 2.5
+
+
+def test_samples_are_reused_in_turn():
+    rate = Rate(2, 1000)
+    for t in range(0, 10_000, 100):
+        rate.record(10, t)
+    assert rate.measure(9_999) == pytest.approx(100, rel=0.2)  # 10 every 100 ms
+
+
+def test_throttle_time_brings_the_rate_back_to_the_quota():
+    assert throttle_time_ms(100, 100, 10_000, 60_000) == 0
+    assert throttle_time_ms(150, 100, 10_000, 60_000) == 5_000  # (150-100)/100 * 10 s
+    assert throttle_time_ms(1e9, 100, 10_000, 11_000) == 11_000  # capped
+
+
+def test_sensors_record_and_count_throttle_time():
+    sensors = QuotaSensors(QuotaType.PRODUCE, samples=2, sample_ms=1000)
+    quota = Quota(1000.0, ("", "app"), "clients/app")
+    assert sensors.record(quota, 500, 0) == 0  # 500 B over a 1 s window
+    assert sensors.record(quota, 1500, 0) == 1000  # 2000 B/s: one more second
+    assert sensors.sensors[("", "app")].throttle_time_ms == 1000
+    sensors.expire(3_600_010)
+    assert not sensors.sensors
+
+
+# -- which quota applies -----------------------------------------------------------------------
+
+LEVELS = ["users/alice/clients/app", "users/alice/clients/<default>", "users/alice",
+          "users/<default>/clients/app", "users/<default>/clients/<default>", "users/<default>",
+          "clients/app", "clients/<default>"]
+SENSORS = [("alice", "app"), ("alice", "app"), ("alice", ""), ("alice", "app"), ("alice", "app"), ("alice", ""),
+           ("", "app"), ("", "app")]
+
+
+@pytest.mark.parametrize("level", range(len(LEVELS)))
+def test_the_most_specific_entity_wins(level):
+    configs = {path: {PRODUCER_BYTE_RATE: str(1000 * (i + 1))} for i, path in enumerate(LEVELS) if i >= level}
+    quota = resolve(configs, "alice", "app", PRODUCER_BYTE_RATE)
+    assert quota == Quota(1000.0 * (level + 1), SENSORS[level], LEVELS[level])
+
+
+def test_each_quota_key_is_resolved_on_its_own():
+    configs = {"users/alice": {REQUEST_PERCENTAGE: "50.0"}, "clients/app": {PRODUCER_BYTE_RATE: "1024"}}
+    assert resolve(configs, "alice", "app", PRODUCER_BYTE_RATE).entity == "clients/app"
+    assert resolve(configs, "alice", "app", REQUEST_PERCENTAGE).entity == "users/alice"
+    assert resolve(configs, "bob", "other", PRODUCER_BYTE_RATE) is None
+    assert resolve({"clients/app": {PRODUCER_BYTE_RATE: "garbage"}}, "alice", "app", PRODUCER_BYTE_RATE) is None
+
+
+def test_names_are_sanitized_in_entity_paths():
+    assert entity_path("alice smith", None) == "users/alice%20smith"
+    assert entity_path("CN=a,O=b", "app*") == "users/CN%3Da%2CO%3Db/clients/app%2A"
+    assert sanitize("<default>") != "<default>"
+    assert parse_entity_path("users/CN%3Da%2CO%3Db/clients/<default>") == ("CN=a,O=b", "<default>")
+    for bad in ("topics/x", "users", "users/a/clients", "users/a/topics/b", "clients/a/clients/b"):
+        with pytest.raises(ValueError):
+            parse_entity_path(bad)
+
+
+def test_the_client_quotas_follow_the_store_generation():
+    store = {"configs": {}, "generation": 0}
+    quotas = ClientQuotas(lambda: store["configs"], lambda: store["generation"])
+    assert not quotas.any
+    store.update(configs={"clients/<default>": {PRODUCER_BYTE_RATE: "10"}}, generation=1)
+    assert quotas.any
+    assert quotas.quotas_for("ANONYMOUS", "x")[QuotaType.PRODUCE].sensor == ("", "x")
+
+
+def test_change_notifications():
+    assert decode_config_change(encode_config_change("users/alice")) == "users/alice"
+    assert config_change_sequence("config_change_0000000012") == 12
+    assert config_change_sequence("isr_change_0000000012") is None
+
+
+def test_a_response_reports_its_throttle_time():
+    assert with_throttle(ProduceResponse([]), 250).throttle_time_ms == 250
+    assert with_throttle({"error_code": 42}, 7) == {"error_code": 42, "throttle_time_ms": 7}
+    assert user_of("User:alice") == "alice" and user_of("User:ANONYMOUS") == "ANONYMOUS"
+
+
+# -- the API's checks --------------------------------------------------------------------------
+
+
+def test_quota_entities_and_changes():
+    user, client = ClientQuotaEntityData("user", "alice"), ClientQuotaEntityData("client-id", None)
+    assert quota_entity_path([user, client]) == "users/alice/clients/<default>"
+    assert quota_components("users/alice/clients/<default>") == {"user": "alice", "client-id": None}
+    for bad in ([], [user, user], [ClientQuotaEntityData("ip", "1.2.3.4")], [ClientQuotaEntityData("user", "")]):
+        with pytest.raises(TidelogError) as e:
+            quota_entity_path(bad)
+        assert e.value.error is INVALID_REQUEST
+    change = quota_change(AlterClientQuotasEntry([user], [ClientQuotaOp("producer_byte_rate", 1024.0),
+                                                          ClientQuotaOp("request_percentage", 0, True)]))
+    assert change({"request_percentage": "5.0", "SCRAM-SHA-256": "kept"}) == \
+        {"producer_byte_rate": "1024", "SCRAM-SHA-256": "kept"}
+    for op in (ClientQuotaOp("producer_byte_rate", -1.0), ClientQuotaOp("producer_byte_rate", 1.5),
+               ClientQuotaOp("controller_mutation_rate", 1.0), ClientQuotaOp("request_percentage", float("nan"))):
+        with pytest.raises(TidelogError):
+            quota_change(AlterClientQuotasEntry([user], [op]))
+
+
+def test_scram_changes_are_checked_before_anything_is_written():
+    with pytest.raises(TidelogError) as e:
+        scram_change("alice", [ScramCredentialDeletion("alice", 1), ScramCredentialDeletion("alice", 1)])
+    assert e.value.error is DUPLICATE_RESOURCE
+    change = scram_change("alice", [ScramCredentialDeletion("alice", 2)])
+    with pytest.raises(TidelogError) as e:
+        change({"SCRAM-SHA-256": "x"})
+    assert e.value.error is RESOURCE_NOT_FOUND
+
+
+# -- kafka-configs' syntax ---------------------------------------------------------------------
+
+
+def test_the_bracket_syntax():
+    assert parse_add_config("SCRAM-SHA-256=[iterations=8192,password=alice-secret],producer_byte_rate=1024") == \
+        {"SCRAM-SHA-256": "iterations=8192,password=alice-secret", "producer_byte_rate": "1024"}
+    assert parse_add_config("a=1,b=[x=1,y=2],c=[]") == {"a": "1", "b": "x=1,y=2", "c": ""}
+    assert parse_add_config("SCRAM-SHA-512=[password=p=q]") == {"SCRAM-SHA-512": "password=p=q"}
+    assert parse_delete_config("SCRAM-SHA-256, producer_byte_rate") == ["SCRAM-SHA-256", "producer_byte_rate"]
+    assert parse_scram("SCRAM-SHA-256", "iterations=8192,password=s") == (8192, "s")
+    assert parse_scram("SCRAM-SHA-256", "password=s") == (4096, "s")
+    for bad in ("novalue", "a=[1", "a=1,a=2", ""):
+        with pytest.raises(UsageError):
+            parse_add_config(bad)
+    for bad in ("iterations=8192", "password=s,salt=x", "iterations=many,password=s"):
+        with pytest.raises(UsageError):
+            parse_scram("SCRAM-SHA-256", bad)
