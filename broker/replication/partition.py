@@ -80,14 +80,14 @@ def high_watermark(current_hw: int, leader_leo: int, isr_leos: list[int], isr_si
     return max(current_hw, candidate)
 
 
-def not_enough_replicas_message(tp: object, isr: frozenset[int], replicas: list[int], min_isr: int) -> str:
+def not_enough_replicas_message(tp: TopicPartition, isr: frozenset[int], replicas: list[int], min_isr: int) -> str:
     """NOT_ENOUGH_REPLICAS's text; when the replication factor itself is below min ISR it says
-    that no acks=all produce can ever succeed, and what to change."""
+    that no acks=all produce can ever succeed, and what to change (replicas cannot be added:
+    there is no reassignment)."""
     if len(replicas) < min_isr:
         return (f"{tp}: replication factor {len(replicas)} is below min.insync.replicas {min_isr}, so an acks=all "
                 "produce can never succeed on it: lower the topic's min.insync.replicas (tidelog topics alter "
-                f"{getattr(tp, 'topic', tp)} --config min.insync.replicas={len(replicas)}), add replicas, "
-                "or produce with acks=1")
+                f"{tp.topic} --config min.insync.replicas={len(replicas)}) or produce with acks=1")
     return f"{tp}: {len(isr)} in-sync replicas {sorted(isr)}, below min.insync.replicas {min_isr}"
 
 
