@@ -278,7 +278,7 @@ class Apis:
         """The authorizer's decision (a dict lookup once decided); no authorizer or no context
         (the broker calling itself): allowed."""
         a = self.authorizer
-        return a is None or ctx is None or a.authorize(ctx.principal, ctx.peer_host, operation, resource_type, name)
+        return a is None or ctx is None or a.authorize_peer(ctx.principal, ctx.peer, operation, resource_type, name)
 
     def _denied_topics(self, ctx: RequestContext | None, operation: AclOperation, names: Iterable[str]) -> set[str]:
         if self.authorizer is None or ctx is None:
@@ -372,12 +372,16 @@ class Apis:
         return self._produce_appended(req, refused, *self.replica_manager.append_now(req.acks, entries))
 
     def _produce_refused(self, ctx: RequestContext, req: ProduceRequest, entries: dict) -> dict:
-        if req.transactional_id is not None and not self._can(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
+        """The hot path: one remembered decision (a dict lookup) per topic of the request."""
+        authorize, principal, peer = self.authorizer.authorize_peer, ctx.principal, ctx.peer
+        if req.transactional_id is not None and not authorize(principal, peer, _WRITE, ResourceType.TRANSACTIONAL_ID,
                                                               req.transactional_id):
             message = _denied(ctx, "Write", "transactional id", req.transactional_id)
             return {tp: {"error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED.code, "error_message": message}
                     for tp in entries}
-        denied = self._denied_topics(ctx, AclOperation.WRITE, {t.name for t in req.topic_data})
+        denied = [t.name for t in req.topic_data if not authorize(principal, peer, _WRITE, _TOPIC, t.name)]
+        if not denied:
+            return {}
         return {tp: {"error_code": TOPIC_AUTHORIZATION_FAILED.code,
                      "error_message": _denied(ctx, "Write", "topic", tp.topic)}
                 for tp in entries if tp.topic in denied}
@@ -1006,6 +1010,9 @@ def _sasl_refusal(ctx: RequestContext | None) -> str:
         return f"the connection is already authenticated as {ctx.principal}"
     listener = ctx.listener if ctx is not None else "this listener"
     return f"listener {listener} does not use SASL"
+
+
+_WRITE, _TOPIC = AclOperation.WRITE, ResourceType.TOPIC  # the produce path's (an enum's attribute costs ~70 ns)
 
 
 def _denied(ctx: RequestContext | None, operation: str, kind: str, name: str) -> str:

@@ -296,3 +296,13 @@ def test_acl_names_must_be_storable_znode_names():
     for bad in ("", ".", "..", "a/b", "x\x00", "x\u0085", "x" * 1025):
         with pytest.raises(AclError):
             check_acl_name(bad)
+
+
+def test_authorize_peer_takes_the_host_out_of_the_address_and_forgets_on_change():
+    a = authorizer((TOPIC, "t", LIT, ALICE, "10.0.0.1", R, A), (TOPIC, "t", LIT, ALICE, "::1", W, A))
+    assert a.authorize_peer(ALICE, "10.0.0.1:5000", R, TOPIC, "t")
+    assert not a.authorize_peer(ALICE, "10.0.0.2:5000", R, TOPIC, "t")
+    assert a.authorize_peer(ALICE, "::1:6000", W, TOPIC, "t")  # IPv6, as the network layer writes it
+    assert not a.authorize_peer(ALICE, "?", R, TOPIC, "t")  # the socket could not tell
+    a.set_acls(TOPIC, "t", LIT, frozenset())
+    assert not a.authorize_peer(ALICE, "10.0.0.1:5000", R, TOPIC, "t")
