@@ -317,6 +317,7 @@ class Apis:
         # create (Create on the Cluster or on the topic) is not auto-created; a request for
         # every topic leaves out those it may not Describe (Kafka's rules).
         denied = self._denied_topics(ctx, AclOperation.DESCRIBE, req.topics or [])
+        no_create: set[str] = set()
         refused: dict[str, str] = {}
         for t in req.topics or []:
             if t not in denied and (problem := topic_name_problem(t)) is not None:
@@ -325,8 +326,9 @@ class Apis:
                    and not self.metadata.contains_topic(t) and not is_internal_topic(t)]
         if missing and req.allow_auto_topic_creation and self.config.auto_create_topics_enable:
             if not self._can(ctx, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME):
-                denied |= self._denied_topics(ctx, AclOperation.CREATE, missing)
-                missing = [t for t in missing if t not in denied]
+                no_create = self._denied_topics(ctx, AclOperation.CREATE, missing)
+                denied |= no_create
+                missing = [t for t in missing if t not in no_create]
             known = {metric_name(t): t for t in self.metadata.topics}
             for t in missing:
                 if known.get(metric_name(t), t) != t:
@@ -338,7 +340,7 @@ class Apis:
                   if t.name in refused else t for t in self.metadata.topic_metadata(req.topics)]
         if denied:
             topics = [TopicMetadata(TOPIC_AUTHORIZATION_FAILED.code, t.name, is_internal=t.is_internal,
-                                    error_message=_denied(ctx, "Describe" if t.name not in missing else "Create",
+                                    error_message=_denied(ctx, "Create" if t.name in no_create else "Describe",
                                                           "topic", t.name))
                       if t.name in denied else t for t in topics]
         elif req.topics is None and self.authorizer is not None:

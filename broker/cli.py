@@ -80,12 +80,35 @@ def _dev_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default="tidelog-data/dev", help="where data, configs and logs live")
     p.add_argument("--zk-port", type=int, default=2181)
     p.add_argument("--base-port", type=int, default=9092, help="broker N listens on base-port + N - 1")
+    p.add_argument("--security", choices=["PLAINTEXT", "SASL_SSL"], default="PLAINTEXT",
+                   help="SASL_SSL: TLS with a CA made at start, SCRAM between brokers and for an admin "
+                        "super user whose settings go to <dir>/client.properties (default PLAINTEXT)")
 
 
 def _dev(args: argparse.Namespace) -> int:
     from tidelog.broker.devcluster import run_dev_up
 
-    return run_dev_up(args.dir, args.brokers, args.zk_port, args.base_port)
+    return run_dev_up(args.dir, args.brokers, args.zk_port, args.base_port, args.security)
+
+
+# -- zookeeper-security-migration ----------------------------------------------------------------
+
+
+def _zk_migration_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--zookeeper.acl", dest="zookeeper_acl", required=True, choices=["secure", "unsecure"],
+                   help="secure: ALL for the brokers' ZooKeeper identity, READ for others (none under "
+                        "/config/users); unsecure: open to all")
+    p.add_argument("--zookeeper.connect", dest="zookeeper_connect", required=True, metavar="HOST:PORT[/CHROOT]",
+                   help="the cluster's ZooKeeper (chroot default /tidelog)")
+    p.add_argument("--zk-auth-file", metavar="FILE",
+                   help="TOML with zookeeper.digest.username and zookeeper.digest.password (a broker's "
+                        "config file will do; env TIDELOG_ZOOKEEPER_DIGEST_* override it)")
+
+
+def _zk_migration(args: argparse.Namespace) -> int:
+    from tidelog.broker.zookeeper.security_migration import run
+
+    return run(args.zookeeper_connect, args.zookeeper_acl, args.zk_auth_file, sys.stdout, sys.stderr)
 
 
 # -- health -------------------------------------------------------------------------------------

@@ -27,7 +27,15 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tidelog.commands.common import EXIT_OK, UsageError, add_command, client_options, run_command, unreachable
+from tidelog.commands.common import (
+    EXIT_OK,
+    UsageError,
+    add_command,
+    client_options,
+    connection_options,
+    run_command,
+    unreachable,
+)
 
 __all__ = ["register", "parse_add_config", "parse_delete_config", "run"]
 
@@ -181,7 +189,7 @@ async def _run(args: argparse.Namespace) -> int:
     from tidelog.aio import AsyncAdmin
 
     async with AsyncAdmin(args.bootstrap, client_id="tidelog-configs", request_timeout_ms=min(args.timeout_ms, 30000),
-                          default_api_timeout_ms=args.timeout_ms) as admin:
+                          default_api_timeout_ms=args.timeout_ms, **connection_options(args)) as admin:
         await _connect(admin, args)
         return await _entities(args, admin, user, client)
 
@@ -306,7 +314,7 @@ async def _topics(args: argparse.Namespace, topic: str | None) -> int:
     from tidelog.aio import AsyncAdmin
 
     async with AsyncAdmin(args.bootstrap, client_id="tidelog-configs", request_timeout_ms=min(args.timeout_ms, 30000),
-                          default_api_timeout_ms=args.timeout_ms) as admin:
+                          default_api_timeout_ms=args.timeout_ms, **connection_options(args)) as admin:
         await _connect(admin, args)
         names = [topic] if topic is not None else await admin.list_topics()
         if args.describe:

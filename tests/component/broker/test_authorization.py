@@ -399,6 +399,7 @@ async def test_auto_creation_needs_create_on_the_cluster_or_the_topic(broker):
     r = await broker.apis.metadata_(req, ctx())
     assert {t.name: t.error_code for t in r.topics} == {"new-a": TOPIC_AUTHORIZATION_FAILED.code,
                                                         "new-b": TOPIC_AUTHORIZATION_FAILED.code}
+    assert "not authorized to Create topic 'new-a'" in r.topics[0].error_message
     assert broker.state.auto_created == []
     broker.allow(TOPIC, "new-a", OPS.CREATE)
     await broker.apis.metadata_(req, ctx())
