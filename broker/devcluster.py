@@ -115,15 +115,21 @@ class DevCluster:
     def __init__(self, directory: str | os.PathLike, brokers: int = 3, *, zk_port: int = 2181,
                  base_port: int = 9092, extra_config: dict[str, object] | None = None,
                  zk_host: str = "127.0.0.1", hosts: Mapping[int, str] | None = None,
-                 netns: Mapping[int, str] | None = None, security: str | None = None):
+                 netns: Mapping[int, str] | None = None, security: str | None = None,
+                 inter_broker_security: str | None = None):
         """``hosts``: broker id -> the address it listens on and advertises (default
         127.0.0.1); ``netns``: broker id -> the named network namespace it runs in.
-        ``security="SASL_SSL"``: a secured cluster (``secure_settings``)."""
+        ``security="SASL_SSL"``: a secured cluster (``secure_settings``).
+        ``inter_broker_security="SASL_SSL"``: clients keep a PLAINTEXT listener, brokers talk
+        to each other on a SASL_SSL listener named BROKER (the fault matrix runs so)."""
         self.dir = Path(directory).absolute()
         self.dir.mkdir(parents=True, exist_ok=True)
         if security not in (None, "PLAINTEXT", SECURED):
             raise ValueError(f"security must be PLAINTEXT or {SECURED}, got {security!r}")
         self.security = security if security == SECURED else None
+        if inter_broker_security not in (None, "PLAINTEXT", SECURED):
+            raise ValueError(f"inter_broker_security must be PLAINTEXT or {SECURED}, got {inter_broker_security!r}")
+        self.inter_broker_security = inter_broker_security if inter_broker_security == SECURED else None
         # an address of its own (not loopback) is ZooKeeper's alone: its usual port is free there
         zk_port = zk_port or (find_free_port() if zk_host == "127.0.0.1" else 2181)
         self.zookeeper = ZooKeeperServer(self.dir / "zookeeper", port=zk_port, host=zk_host)
@@ -133,7 +139,7 @@ class DevCluster:
         self.extra_config = {**small, **(extra_config or {})}
         self.hosts = dict(hosts or {})
         self.netns = dict(netns or {})
-        if self.security:
+        if self.security or self.inter_broker_security:
             self.extra_config = {**self._secure_settings(brokers), **self.extra_config}
         self.brokers: dict[int, BrokerProcess] = {}
         for i in range(1, brokers + 1):
@@ -144,16 +150,20 @@ class DevCluster:
         host = self.hosts.get(broker_id, "127.0.0.1")
         if config_path.exists():
             port = _port_of(config_path) or port
+            made = _listener_name_of(config_path)
+            if made is not None and made != (self.security or "PLAINTEXT"):
+                raise ValueError(f"the cluster in {self.dir} was made with {made} listeners; start it with "
+                                 f"--security {made}, or use another --dir for a {self.security or 'PLAINTEXT'} cluster")
         else:
             # a broker in its own namespace has its address to itself: any port is free there
             port = port or (9092 if broker_id in self.netns else find_free_port())
             lines = [f"\"broker.id\" = {broker_id}",
-                     f"listeners = \"{self.security or 'PLAINTEXT'}://{host}:{port}\"",
+                     f"listeners = \"{self._listeners(broker_id, host, port)}\"",
                      f"\"log.dirs\" = [\"{self.dir / f'broker-{broker_id}' / 'logs'}\"]",
                      f"\"zookeeper.connect\" = \"{self.zookeeper.connect_string}\""]
             lines += [f"\"{k}\" = {_toml(v)}" for k, v in self.extra_config.items()
                       if k != "ssl.keystore.location"]
-            if self.security:
+            if self.security or self.inter_broker_security:
                 lines.append(f"\"ssl.keystore.location\" = {_toml(self.dir / 'pki' / f'broker-{broker_id}.pem')}")
             config_path.write_text("\n".join(lines) + "\n")
         return BrokerProcess(broker_id, config_path, self.dir / f"broker-{broker_id}.log", port,
@@ -164,6 +174,13 @@ class DevCluster:
         return ",".join(f"{b.host}:{b.port}" for b in self.brokers.values())
 
     # -- security ---------------------------------------------------------------------------
+
+    def _listeners(self, broker_id: int, host: str, port: int) -> str:
+        if not self.inter_broker_security:
+            return f"{self.security or 'PLAINTEXT'}://{host}:{port}"
+        # a broker in its own namespace has its address to itself: any port is free there
+        broker_port = 9093 if broker_id in self.netns else find_free_port()
+        return f"PLAINTEXT://{host}:{port},BROKER://{host}:{broker_port}"
 
     def _secure_settings(self, brokers: int) -> dict[str, object]:
         """SASL_SSL everywhere: a CA and broker certificates made now (kept for the next
@@ -186,7 +203,9 @@ class DevCluster:
         self.client_properties = props_path
         jaas = f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN_USER}" ' \
                f'password="{password}";'
-        return {"ssl.truststore.location": str(ca), "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
+        inter = {"listener.security.protocol.map": f"PLAINTEXT:PLAINTEXT,BROKER:{SECURED}",
+                 "inter.broker.listener.name": "BROKER"} if self.inter_broker_security else {}
+        return {**inter, "ssl.truststore.location": str(ca), "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
                 "sasl.mechanism.inter.broker.protocol": ADMIN_MECHANISM, "sasl.jaas.config": jaas,
                 "super.users": f"User:{ADMIN_USER}"}
 
@@ -217,7 +236,7 @@ class DevCluster:
     def start(self, timeout: float = 60.0) -> None:
         self.zookeeper.start()
         self.zookeeper.wait_serving(timeout)
-        if self.security:
+        if self.security or self.inter_broker_security:
             self._create_admin(timeout)
         for b in self.brokers.values():
             b.start()
@@ -297,10 +316,20 @@ def secure_metadata(host: str, port: int, security: SecurityConfig, timeout: flo
 
 
 def _port_of(config_path: Path) -> int | None:
+    listener = _listener_of(config_path)
+    return listener[2] if listener else None
+
+
+def _listener_name_of(config_path: Path) -> str | None:
+    listener = _listener_of(config_path)
+    return listener[0] if listener else None
+
+
+def _listener_of(config_path: Path) -> tuple[str, str, int] | None:
     import tomllib
     listeners = tomllib.loads(config_path.read_text()).get("listeners", "")
     try:
-        return parse_listener(str(listeners))[2]
+        return parse_listener(str(listeners))
     except ValueError:
         return None
 
@@ -313,18 +342,23 @@ def _toml(v: object) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int) -> int:
+def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int, security: str = "PLAINTEXT") -> int:
     """``tidelog dev up``: start, print the bootstrap address, wait for Ctrl-C or SIGTERM."""
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    cluster = DevCluster(directory, brokers, zk_port=zk_port, base_port=base_port)
+    try:
+        cluster = DevCluster(directory, brokers, zk_port=zk_port, base_port=base_port, security=security)
+    except ValueError as e:
+        print(f"tidelog dev up: {e}", file=sys.stderr)
+        return 2
     try:
         print(f"starting ZooKeeper on 127.0.0.1:{cluster.zookeeper.port} and {brokers} brokers in {cluster.dir}",
               flush=True)
         cluster.start()
         print(f"cluster ready. bootstrap: {cluster.bootstrap}", flush=True)
+        secured = f" --command-config {cluster.client_properties}" if cluster.security else ""
         print("  try: tidelog topics create demo --partitions 6 --replication-factor "
-              f"{min(3, brokers)} --bootstrap {cluster.bootstrap}", flush=True)
+              f"{min(3, brokers)} --bootstrap {cluster.bootstrap}{secured}", flush=True)
         print("Ctrl-C stops the cluster.", flush=True)
         while not stop:
             for i, b in cluster.brokers.items():

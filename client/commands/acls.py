@@ -34,6 +34,7 @@ from tidelog.commands.common import (
     UsageError,
     add_command,
     client_options,
+    connection_options,
     run_command,
     unreachable,
 )
@@ -216,7 +217,7 @@ def _run(args: argparse.Namespace) -> int:
     timeout_ms = args.timeout_ms
     try:
         with Admin(args.bootstrap, client_id="tidelog-acls", request_timeout_ms=min(timeout_ms, 30000),
-                   default_api_timeout_ms=timeout_ms) as admin:
+                   default_api_timeout_ms=timeout_ms, **connection_options(args)) as admin:
             if args.add:
                 admin.create_acls(work)
                 _print_grouped("Adding ACLs for resource", work)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.waiting import wait_until
 from tidelog import Consumer, Record, TopicPartition
-from tidelog.broker.devcluster import DevCluster, metadata
+from tidelog.broker.devcluster import DevCluster
 from tidelog.protocol.messages import MetadataResponse, PartitionMetadata, TopicMetadata
 
 # -- processes ------------------------------------------------------------------------------------
@@ -81,10 +81,10 @@ def dump_zookeeper(cluster: DevCluster) -> None:
 
 @contextlib.contextmanager
 def started_cluster(directory: Path, brokers: int, extra_config: dict[str, object] | None = None,
-                    ready_timeout: float = 60.0) -> Iterator[DevCluster]:
+                    ready_timeout: float = 60.0, security: str | None = None) -> Iterator[DevCluster]:
     """A started DevCluster on free ports; stopped on exit (killed if the block raised)."""
     cluster = DevCluster(directory, brokers=brokers, zk_port=0, base_port=0,
-                         extra_config=dict(extra_config or {}))
+                         extra_config=dict(extra_config or {}), security=security)
     failed = True
     try:
         cluster.start(ready_timeout)
@@ -96,14 +96,14 @@ def started_cluster(directory: Path, brokers: int, extra_config: dict[str, objec
 
 def cluster_fixture(request: pytest.FixtureRequest, directory: Path, brokers: int,
                     extra_config: dict[str, object] | None = None, *,
-                    zk_tick_time_ms: int | None = None) -> Iterator[DevCluster]:
+                    zk_tick_time_ms: int | None = None, security: str | None = None) -> Iterator[DevCluster]:
     """The body of a cluster fixture of any scope: the cluster is killed (and its logs shown)
     when any test failed while it was up, else stopped cleanly. ``zk_tick_time_ms`` sets
     ZooKeeper's tick (its sessions may last at most 20 ticks)."""
     session = request.session
     failed_before = session.testsfailed
     cluster = DevCluster(directory, brokers=brokers, zk_port=0, base_port=0,
-                         extra_config=dict(extra_config or {}))
+                         extra_config=dict(extra_config or {}), security=security)
     if zk_tick_time_ms is not None:
         cluster.zookeeper.tick_time_ms = zk_tick_time_ms
     started = False
@@ -119,7 +119,7 @@ def cluster_fixture(request: pytest.FixtureRequest, directory: Path, brokers: in
 
 
 def broker_metadata(cluster: DevCluster, broker_id: int) -> MetadataResponse:
-    return metadata(cluster.brokers[broker_id].port)
+    return cluster.metadata(broker_id)
 
 
 def running(cluster: DevCluster) -> list[int]:

@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
 import re
 import threading
 import time
@@ -437,6 +438,9 @@ class Report:
 # -- the scenario --------------------------------------------------------------------------------
 
 
+INTER_BROKER_SECURITY = os.environ.get("TIDELOG_FAULT_INTER_BROKER", "SASL_SSL")  # or PLAINTEXT
+
+
 class Scenario:
     """A cluster, a topic and a steady workload; fault injection; heal; the oracle."""
 
@@ -456,8 +460,11 @@ class Scenario:
         self.lab = NetworkLab([1, 2, 3]) if network else None
         where = {} if self.lab is None else {"zk_host": self.lab.zookeeper_host, "hosts": self.lab.hosts,
                                              "netns": self.lab.netns}
+        # brokers replicate over SASL_SSL (SCRAM, TLS), as a secured production cluster does;
+        # the workload's clients use a PLAINTEXT listener
         self.cluster = DevCluster(directory, brokers=3, zk_port=0, base_port=0,
-                                  extra_config={**SYSTEM_CONFIG, **(extra_config or {})}, **where)
+                                  extra_config={**SYSTEM_CONFIG, **(extra_config or {})},
+                                  inter_broker_security=INTER_BROKER_SECURITY, **where)
         self.final_log: dict[int, dict[int, bytes | None]] = {}  # partition -> offset -> value (check)
         self.isr_samples = 0              # I8 samples taken (``IsrSampler``)
         self.isr_behind: list[str] = []   # I8 violations
