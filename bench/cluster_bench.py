@@ -21,6 +21,9 @@ reports the CPU the client and the broker used, per record.
     .venv/bin/python bench/cluster_bench.py consume [--records 2000000]
     .venv/bin/python bench/cluster_bench.py e2e     [--rate 10000] [--seconds 10]
 
+``--security SASL_SSL`` runs a SASL_SSL cluster (TLS, SCRAM-SHA-512 between brokers and
+for the clients, as ``tidelog dev up --security SASL_SSL``).
+
 ``--profile DIR`` records py-spy profiles (raw, 200 Hz) of the broker and of this process
 during the last run. Each run uses a fresh topic; the figure reported is the median.
 """
@@ -48,8 +51,11 @@ VALUE_SIZE = 100
 PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
+SECURITY: dict = {}  # the clients' security options (--security)
+
+
 def create_topic(bootstrap: str, name: str, partitions: int, rf: int = 1, min_isr: int = 1) -> None:
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, **SECURITY) as admin:
         admin.create_topics([NewTopic(name, partitions, rf, config={"min.insync.replicas": str(min_isr)})])
     time.sleep(0.5)  # let the leader settle before timing
 
@@ -135,7 +141,7 @@ def producer_options(args) -> dict:
 def run_produce(bootstrap: str, topic: str, args, bulk: bool) -> float:
     value = os.urandom(VALUE_SIZE)
     n = args.records
-    with Producer(bootstrap, **producer_options(args)) as producer:
+    with Producer(bootstrap, **producer_options(args), **SECURITY) as producer:
         producer.send(topic, value).result(30)  # metadata, connection
         sender = producer._aio._sender
         requests = {"n": 0}
@@ -164,7 +170,7 @@ def run_produce(bootstrap: str, topic: str, args, bulk: bool) -> float:
 
 def fill(bootstrap: str, topic: str, n: int, args) -> None:
     value = os.urandom(VALUE_SIZE)
-    with Producer(bootstrap, **producer_options(args)) as producer:
+    with Producer(bootstrap, **producer_options(args), **SECURITY) as producer:
         if hasattr(producer, "send_many"):
             for _ in range(n // 1000):
                 producer.send_many(topic, [value] * 1000)
@@ -176,7 +182,7 @@ def fill(bootstrap: str, topic: str, n: int, args) -> None:
 
 def run_consume(bootstrap: str, topic: str, args) -> float:
     n = args.records
-    with Consumer(bootstrap, auto_offset_reset="earliest", max_poll_records=args.max_poll_records,
+    with Consumer(bootstrap, auto_offset_reset="earliest", max_poll_records=args.max_poll_records, **SECURITY,
                   check_crcs=not args.no_crc) as consumer:
         consumer.assign([TopicPartition(topic, p) for p in range(args.partitions)])
         got = 0
@@ -193,7 +199,7 @@ def run_e2e(bootstrap: str, topic: str, args, broker_pid) -> tuple[float, float,
     """(p50 ms, p99 ms, achieved rate): latencies from send() to the consumer's poll()."""
     total = int(args.rate * args.seconds)
     pad = b"x" * (VALUE_SIZE - 8)
-    with Producer(bootstrap, acks=args.acks, linger_ms=args.linger_ms or 0,
+    with Producer(bootstrap, acks=args.acks, linger_ms=args.linger_ms or 0, **SECURITY,
                   max_in_flight_requests_per_connection=args.max_in_flight) as producer:
         producer.send(topic, b"warm").result(30)
         stats: dict = {}
@@ -237,7 +243,7 @@ def run_e2e(bootstrap: str, topic: str, args, broker_pid) -> tuple[float, float,
 
 
 def _open_e2e_consumer(bootstrap: str, topic: str, partitions: int) -> Consumer:
-    consumer = Consumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500)
+    consumer = Consumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500, **SECURITY)
     consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
     for p in range(partitions):
         consumer.position(TopicPartition(topic, p))
@@ -359,6 +365,7 @@ def main() -> None:
     ap.add_argument("--prof-seconds", type=float, default=5)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--brokers", type=int, default=1, help="broker processes in the cluster")
+    ap.add_argument("--security", choices=["PLAINTEXT", "SASL_SSL"], default="PLAINTEXT")
     ap.add_argument("--replication-factor", type=int, default=1)
     ap.add_argument("--min-isr", type=int, default=1, help="the topic's min.insync.replicas")
     ap.add_argument("--acks", default="1", help="1, 0 or all")
@@ -376,9 +383,10 @@ def main() -> None:
         args.records = {"produce": 1_000_000, "bulk": 3_000_000, "consume": 2_000_000}.get(args.mode, 0)
 
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        cluster = DevCluster(d, brokers=args.brokers, zk_port=0, base_port=0)
+        cluster = DevCluster(d, brokers=args.brokers, zk_port=0, base_port=0, security=args.security)
         try:
             cluster.start()
+            SECURITY.update(cluster.client_security().options() if cluster.security else {})
             bootstrap = cluster.bootstrap
             broker_pid = {f"broker{i}": b.proc.pid for i, b in cluster.brokers.items()} \
                 if args.brokers > 1 else cluster.brokers[1].proc.pid
