@@ -43,6 +43,7 @@ from tidelog.aio.consumer import AsyncConsumer, OffsetAndTimestamp
 from tidelog.aio.group import ConsumerRebalanceListener, call_maybe_async
 from tidelog.aio.producer import NEED_METADATA, AsyncProducer, partly_queued
 from tidelog.errors import (
+    AuthenticationFailedError,
     BrokerConnectionError,
     ClientClosedError,
     CommitFailedError,
@@ -50,6 +51,8 @@ from tidelog.errors import (
     NoOffsetForPartitionError,
     RebalanceInProgressError,
     RequestTimedOut,
+    SaslAuthenticationError,
+    SslAuthenticationError,
     TidelogClientError,
     TidelogError,
     WakeupError,
@@ -68,6 +71,7 @@ __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordF
            "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
            "ConfigEntry", "OffsetAndTimestamp", "TidelogError", "TidelogClientError",
            "RequestTimedOut", "BrokerConnectionError", "NoBrokersAvailable", "ClientClosedError",
+           "AuthenticationFailedError", "SaslAuthenticationError", "SslAuthenticationError",
            "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError", "WakeupError",
            "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
            "ListedGroup", "AclBinding", "AclBindingFilter", "ResourceType", "ResourcePatternType", "AclOperation",

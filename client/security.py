@@ -95,12 +95,6 @@ class SecurityConfig:
         return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> SecurityConfig:
-        """From a client's keyword options (the ones named like this class's fields)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in options.items() if k in names and v is not None})
-
-    @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> SecurityConfig:
         """From a properties file's keys (librdkafka's or Kafka's); other keys are ignored
         here (the caller decides which it knows), a bad value raises ValueError naming it."""
