@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from tidelog.broker.config import SENSITIVE
 from tidelog.broker.context import RequestContext
 from tidelog.broker.controller.channels import wait_all
 from tidelog.broker.metadata_cache import MetadataCache
@@ -638,8 +639,8 @@ class Apis:
             return [ConfigEntry(k, _render(v), is_default=k not in overrides)
                     for k, v in sorted(effective.items()) if keys is None or k in keys]
         if resource_type == BROKER_RESOURCE:
-            props = self.config.to_props()
-            return [ConfigEntry(k, _render(v), read_only=True)
+            props = self.config.to_props()  # secrets (SENSITIVE) without their value, as Kafka
+            return [ConfigEntry(k, None if k in SENSITIVE else _render(v), read_only=True, is_sensitive=k in SENSITIVE)
                     for k, v in sorted(props.items()) if keys is None or k in keys]
         raise TidelogError(f"unknown config resource type {resource_type}", error=INVALID_REQUEST)
 

@@ -155,6 +155,12 @@ COMMANDS: tuple[Command, ...] = (
         "entries of .index and .timeindex files, and report torn or corrupt data. Exit status: "
         "0 all is well, 1 problems were found (lines starting with ERROR:), 2 usage errors.",
         _dump_log_arguments, _dump_log),
+    Command(
+        "zookeeper-security-migration", "set the ACLs of every znode of the cluster (secure or unsecure)",
+        "Give the chroot and every znode of the cluster the ACL brokers with zookeeper.set.acl create "
+        "them with (--zookeeper.acl secure) or open them to all (unsecure), as Kafka's tool of that name. "
+        "Runs as the brokers' ZooKeeper identity (--zk-auth-file). See docs/operations.md, "
+        "\"ZooKeeper security\".", _zk_migration_arguments, _zk_migration),
 )
 
 
@@ -196,14 +202,18 @@ def build_parser(commands: Sequence[Command] = COMMANDS,
 
 
 @contextlib.asynccontextmanager
-async def _zookeeper_entity_configs(connect: str) -> AsyncIterator[Callable]:
+async def _zookeeper_entity_configs(connect: str, auth_file: str | None = None) -> AsyncIterator[Callable]:
     """For ``tidelog configs --zookeeper``: a ZooKeeper session (chroot from ``connect``,
     else /tidelog) and the ``call`` that answers the entity-config requests with the brokers'
-    own code (broker/security/entity_configs.py)."""
+    own code (broker/security/entity_configs.py). With the brokers' ZooKeeper identity
+    (``--zk-auth-file``, or TIDELOG_ZOOKEEPER_DIGEST_*) the session authenticates and what it
+    creates gets the brokers' ACLs, as Kafka's tools do when their ZooKeeper client is secure."""
+    from tidelog.broker.config import read_zookeeper_credentials
     from tidelog.broker.security.entity_configs import EntityConfigAdmin
     from tidelog.broker.zookeeper.zk import ZkClient
 
-    async with ZkClient(connect) as zk:
+    auth = read_zookeeper_credentials(auth_file)
+    async with ZkClient(connect, auth=auth, set_acl=auth is not None) as zk:
         yield EntityConfigAdmin(zk).call
 
 

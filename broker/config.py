@@ -61,6 +61,7 @@ from tidelog.broker.security.listeners import (
     resolve,
 )
 from tidelog.broker.security.sasl import SASL_MECHANISMS
+from tidelog.broker.zookeeper.layout import DigestCredentials
 from tidelog.protocol.acls import parse_principal
 from tidelog.security import JaasCredentials, parse_jaas_config
 
@@ -94,6 +95,7 @@ class Setting:
     choices: tuple[str, ...] | None = None
     default_from: str | None = None  # when unset, take this other setting's value
     check: Check | None = None
+    sensitive: bool = False  # a secret: DescribeConfigs shows no value (Kafka's PASSWORD type)
 
     @property
     def attr(self) -> str:
@@ -159,6 +161,12 @@ def _check_mechanism(value: str) -> str | None:
 def _check_chroot(value: str) -> str | None:
     if not value.startswith("/") or (value != "/" and value.endswith("/")):
         return "expected an absolute ZooKeeper path such as /tidelog (no trailing /)"
+    return None
+
+
+def _check_digest_username(value: str) -> str | None:
+    if not value or not all(c.isascii() and (c.isalnum() or c in "._-") for c in value):
+        return "expected a name of ASCII letters, digits, '.', '_' and '-'"
     return None
 
 
@@ -237,7 +245,8 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
     _S("ssl.keystore.location", str, None,
        "PEM file with this broker's certificate chain and private key (SSL and SASL_SSL "
        "listeners, and its client certificate towards other brokers)."),
-    _S("ssl.key.password", str, None, "Password of the private key in ssl.keystore.location, if encrypted."),
+    _S("ssl.key.password", str, None, "Password of the private key in ssl.keystore.location, if encrypted.",
+       sensitive=True),
     _S("ssl.truststore.location", str, None,
        "PEM file of the CA certificates this broker trusts: for client certificates, and for "
        "other brokers' certificates on a TLS inter-broker listener."),
@@ -257,7 +266,7 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
     _S("sasl.jaas.config", str, None,
        "This broker's own SASL credentials, in Kafka's JAAS form: "
        "'org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" "
-       "password=\"secret\";'. Required when the inter-broker listener uses SASL."),
+       "password=\"secret\";'. Required when the inter-broker listener uses SASL.", sensitive=True),
     _S("connection.failed.authentication.delay.ms", int, 100,
        "A failed authentication is answered this late, to slow password guessing (ms).", minimum=0),
     _S("log.dirs", tuple, ("/tmp/tidelog-logs",),
@@ -273,6 +282,18 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
     _S("zookeeper.connection.timeout.ms", int, None,
        "How long to wait for a ZooKeeper connection (ms; default: zookeeper.session.timeout.ms).",
        minimum=1, default_from="zookeeper.session.timeout.ms"),
+    _S("zookeeper.set.acl", bool, False,
+       "Create every znode with an ACL: ALL for the brokers' ZooKeeper identity "
+       "(zookeeper.digest.username), READ for anyone else but under /config/users (SCRAM "
+       "credentials: no one else). At start the broker also secures the chroot and its "
+       "containers where they are open; the znodes below them need `tidelog "
+       "zookeeper-security-migration`. Needs zookeeper.digest.username and .password."),
+    _S("zookeeper.digest.username", str, None,
+       "The brokers' ZooKeeper identity (ZooKeeper's digest scheme), the same on every broker of "
+       "a cluster; added to the session whether or not zookeeper.set.acl is on.",
+       check=_check_digest_username),
+    _S("zookeeper.digest.password", str, None,
+       "Password of zookeeper.digest.username (DescribeConfigs never shows it).", sensitive=True),
     # topics
     _S("num.partitions", int, 1, "Partitions of an auto-created or defaulted topic.", minimum=1),
     _S("default.replication.factor", int, 1, "Replication factor of an auto-created or defaulted topic.",
@@ -451,6 +472,8 @@ ALIASES: tuple[Alias, ...] = (  # in Kafka's precedence order per target
 )
 
 _BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+SENSITIVE: frozenset[str] = frozenset(s.name for s in SETTINGS if s.sensitive)  # DescribeConfigs hides them
+ZOOKEEPER_AUTH_KEYS = ("zookeeper.digest.username", "zookeeper.digest.password")
 _ALIAS_BY_NAME: dict[str, Alias] = {a.name: a for a in ALIASES}
 _KNOWN = sorted([*_BY_NAME, *_ALIAS_BY_NAME])
 
@@ -632,6 +655,27 @@ def _env_items(env: Mapping[str, str]) -> list[tuple[str, Any, str]]:
     return items
 
 
+def read_zookeeper_credentials(path: str | os.PathLike[str] | None,
+                               env: Mapping[str, str] = os.environ) -> DigestCredentials | None:
+    """The ZooKeeper identity of a tool that writes ZooKeeper (``--zk-auth-file``):
+    zookeeper.digest.username and zookeeper.digest.password from a TOML file with the
+    broker's setting names (a broker's config file will do: its other settings are ignored,
+    as Kafka's tools ignore all but the ZooKeeper client settings of such a file), then the
+    TIDELOG_ZOOKEEPER_DIGEST_* variables, as a broker reads them. None when neither names one;
+    ConfigError for a file without them, or a username without a password."""
+    wanted = set(ZOOKEEPER_AUTH_KEYS)
+    file_items = [] if path is None else [i for i in _file_items(os.fspath(path)) if i[0] in wanted]
+    merged = {**_layer(file_items), **_layer(i for i in _env_items(env) if i[0] in wanted)}
+    if not merged and path is None:
+        return None
+    missing = [k for k in ZOOKEEPER_AUTH_KEYS if k not in merged]
+    if missing:
+        where = f"{os.fspath(path)} or " if path is not None else ""
+        raise ConfigError(f"{' and '.join(missing)} not found in {where}the environment "
+                          f"({ENV_PREFIX}{_env_key(missing[0])})")
+    return DigestCredentials(*(merged[k].value for k in ZOOKEEPER_AUTH_KEYS))
+
+
 # -- the config object ------------------------------------------------------------------------
 
 
@@ -671,7 +715,28 @@ class _BrokerConfigBase:
                                   f"as {ENV_PREFIX}{_env_key(s.name)} or with --set {s.name}=...)")
         config = cls(**{_BY_NAME[n].attr: v.value for n, v in merged.items()})
         config._check_listeners(merged)
+        config._check_zookeeper_auth(merged)
         return config
+
+    def _check_zookeeper_auth(self, merged: Mapping[str, _Value]) -> None:
+        """The digest username and password go together; zookeeper.set.acl needs them."""
+        given = {k: merged[k] for k in ZOOKEEPER_AUTH_KEYS if k in merged}
+        if len(given) == 1:
+            (key, value), = given.items()
+            other = next(k for k in ZOOKEEPER_AUTH_KEYS if k != key)
+            shown = "***" if _BY_NAME[key].sensitive else value.value
+            raise _error(key, shown, value.source, f"set {other} too (the two go together)")
+        if self.zookeeper_set_acl and not given:
+            source = merged["zookeeper.set.acl"].source if "zookeeper.set.acl" in merged else "default"
+            raise _error("zookeeper.set.acl", True, source, "needs zookeeper.digest.username and "
+                         "zookeeper.digest.password: the ZooKeeper identity that owns the znodes")
+
+    @property
+    def zookeeper_credentials(self) -> DigestCredentials | None:
+        """The brokers' ZooKeeper identity (zookeeper.digest.*), if set."""
+        if self.zookeeper_digest_username is None or self.zookeeper_digest_password is None:
+            return None
+        return DigestCredentials(self.zookeeper_digest_username, self.zookeeper_digest_password)
 
     def _check_listeners(self, merged: Mapping[str, _Value]) -> None:
         """The listener settings against each other, and what their protocols need."""

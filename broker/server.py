@@ -79,7 +79,8 @@ class BrokerServer:
                                       producer_id_expiration_ms=config.producer_id_expiration_ms)
         self.zk = ZkClient(config.zookeeper_connect, chroot=config.zookeeper_chroot,
                            session_timeout_ms=config.zookeeper_session_timeout_ms,
-                           connection_timeout_ms=config.zookeeper_connection_timeout_ms)
+                           connection_timeout_ms=config.zookeeper_connection_timeout_ms,
+                           auth=config.zookeeper_credentials, set_acl=config.zookeeper_set_acl)
         self.metadata = MetadataCache(self.broker_id, ZkRegistry(
             self.zk.current_controller, self.zk.broker_epochs,
             reread_timeout_s=config.controller_socket_timeout_ms / 1000 + 5))  # see ZkRegistry

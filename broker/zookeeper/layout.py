@@ -40,10 +40,12 @@ The errors of the coordination layer live here too, so that code which only *han
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import random
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from tidelog.protocol.acls import (
@@ -106,6 +108,11 @@ class ZkNodeExistsError(ZkError):
 
 class ZkVersionConflict(ZkError):
     """A check-and-set write carried a stale znode version (ZooKeeper's BADVERSION)."""
+
+
+class ZkNoAuthError(ZkError):
+    """ZooKeeper refused the operation (NOAUTH): the znode's ACL does not grant this client's
+    ZooKeeper identity the permission (see "ZooKeeper security" in docs/operations.md)."""
 
 
 class ControllerMovedError(ZkError):
@@ -301,6 +308,50 @@ class ZkPaths:
                 self.entity_type(CLIENTS), self.config_changes, self.delete_topics,
                 self.isr_change_notification)
 
+    # znode ACLs (zookeeper.set.acl): which znodes are secret, which ones a broker secures
+
+    def sensitive(self, path: str) -> bool:
+        """Whether ``path`` holds secrets: ``/config/users`` and everything below it (SCRAM
+        credentials), as Kafka's ``ZkData.sensitivePath``. Their ACL grants no one else READ."""
+        root = self.entity_type(USERS)
+        return path == root or path.startswith(root + "/")
+
+    def znode_acl(self, path: str, owner: str | None) -> tuple["ZkAcl", ...]:
+        """The ACL ``path`` is created with (Kafka's ``ZkData.defaultAcls``). ``owner`` is the
+        digest identity of the brokers (``DigestCredentials.identity``) when
+        ``zookeeper.set.acl`` is on, else None: then anyone may do anything (ZooKeeper's
+        OPEN_ACL_UNSAFE). With an owner: ALL to the owner, and READ to anyone unless the path
+        is sensitive, so that tools and clients can still read brokers, topics, partition
+        states and the controller, and only the brokers can change them."""
+        if owner is None:
+            return (WORLD_ALL,)
+        mine = ZkAcl(ALL, DIGEST, owner)
+        return (mine,) if self.sensitive(path) else (mine, WORLD_READ)
+
+    def secure_root_paths(self) -> tuple[str, ...]:
+        """Every top-level znode of the cluster (Kafka's ``ZkData.SecureRootPaths``): the
+        security migration sets the ACL of these, everything below them, and the chroot."""
+        names = ("admin", "brokers", "cluster", "config", "controller", "controller_epoch",
+                 "isr_change_notification", "latest_producer_id_block", "kafka-acl", "kafka-acl-changes",
+                 "kafka-acl-extended", "kafka-acl-extended-changes")
+        return tuple(self._p(n) for n in names)
+
+    def container_paths(self) -> tuple[str, ...]:
+        """The chroot and the containers every broker ensures (``persistent_paths``, their
+        parents, ``/controller_epoch``, the ACL trees), top-down: those that exist with an ACL
+        more open than ``znode_acl`` are secured by a broker with ``zookeeper.set.acl`` at
+        start. The znodes below them are the security migration's."""
+        inside = [p for path in (*self.persistent_paths(), self.controller_epoch, *self.acl_paths())
+                  for p in lineage(path) if p.startswith(self.chroot + "/")]
+        return tuple(dict.fromkeys(([self.chroot] if self.chroot else []) + inside))
+
+
+def lineage(path: str) -> tuple[str, ...]:
+    """``"/a/b/c"`` -> ``("/a", "/a/b", "/a/b/c")``: the znodes that must exist, top-down,
+    for ``path`` to exist (each created with its own ACL, never its child's)."""
+    parts = [p for p in path.split("/") if p]
+    return tuple("/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1))
+
 
 ACL_CHANGE_PREFIX = "acl_changes_"
 MAX_ACL_NAME_LENGTH = 1024  # longer names (group ids may be 32,767 bytes) take a PREFIXED ACL
@@ -320,6 +371,69 @@ def check_acl_name(name: str) -> str:
         if ch == "/" or o < 0x20 or 0x7F <= o <= 0x9F or 0xD800 <= o <= 0xF8FF or o >= 0xFFF0:
             raise AclError(f"resource name {name[:100]!r} has a character ZooKeeper cannot store ({o:#06x})")
     return name
+
+
+# --------------------------------------------------------------------------- znode ACLs
+
+READ, WRITE, CREATE, DELETE, ADMIN = 1, 2, 4, 8, 16  # ZooKeeper's permission bits (ZooDefs.Perms)
+ALL = READ | WRITE | CREATE | DELETE | ADMIN
+DIGEST, WORLD, ANYONE = "digest", "world", "anyone"
+
+
+@dataclass(frozen=True, slots=True)
+class ZkAcl:
+    """One entry of a znode's ACL: ``perms`` (the bits above) granted to ``scheme:id``."""
+
+    perms: int
+    scheme: str
+    id: str
+
+
+WORLD_ALL = ZkAcl(ALL, WORLD, ANYONE)  # ZooKeeper's OPEN_ACL_UNSAFE
+WORLD_READ = ZkAcl(READ, WORLD, ANYONE)  # ZooKeeper's READ_ACL_UNSAFE
+
+
+@dataclass(frozen=True, slots=True)
+class DigestCredentials:
+    """The brokers' ZooKeeper identity (``zookeeper.digest.username`` and ``.password``),
+    for ZooKeeper's digest scheme: a session adds ``auth`` ("digest", "user:password") and
+    is then known as ``identity`` ("user:" + base64 of the SHA-1 of "user:password"), the id
+    that ACLs name. The password is never part of the repr."""
+
+    username: str
+    password: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.username or ":" in self.username:
+            raise ValueError(f"ZooKeeper digest username {self.username!r} must be non-empty and without ':'")
+        if not self.password:
+            raise ValueError(f"ZooKeeper digest password of {self.username!r} is empty")
+
+    @property
+    def auth(self) -> tuple[str, str]:
+        return DIGEST, f"{self.username}:{self.password}"
+
+    @property
+    def identity(self) -> str:
+        """ZooKeeper's ``DigestAuthenticationProvider.generateDigest``: SHA-1, base64."""
+        digest = hashlib.sha1(f"{self.username}:{self.password}".encode()).digest()
+        return f"{self.username}:{base64.b64encode(digest).decode()}"
+
+
+def world_perms(acl: Iterable[ZkAcl]) -> int:
+    """The permissions ``acl`` grants to anyone (the world scheme)."""
+    perms = 0
+    for entry in acl:
+        if entry.scheme == WORLD and entry.id == ANYONE:
+            perms |= entry.perms
+    return perms
+
+
+def more_open_than(current: Iterable[ZkAcl], wanted: Iterable[ZkAcl]) -> bool:
+    """Whether ``current`` lets anyone do something ``wanted`` does not: a znode created
+    before ``zookeeper.set.acl`` was turned on (open to all) is, a znode already secured is
+    not, and neither is one an operator gave extra identities."""
+    return bool(world_perms(current) & ~world_perms(wanted))
 
 
 # --------------------------------------------------------------------------- codec helpers

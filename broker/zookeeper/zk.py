@@ -48,6 +48,7 @@ from kazoo.exceptions import (
     ConnectionDropped,
     ConnectionLoss,
     KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
@@ -58,6 +59,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL, Id
 
 from tidelog.broker.zookeeper.layout import (
     CLIENTS,
@@ -68,11 +70,14 @@ from tidelog.broker.zookeeper.layout import (
     BrokerIdInUseError,
     BrokerInfo,
     ControllerMovedError,
+    DigestCredentials,
     LeaderAndIsr,
     ProducerIdBlock,
     TopicExistsError,
+    ZkAcl,
     ZkConnectionError,
     ZkError,
+    ZkNoAuthError,
     ZkNodeExistsError,
     ZkNoNodeError,
     ZkPaths,
@@ -104,6 +109,8 @@ from tidelog.broker.zookeeper.layout import (
     encode_producer_id_block,
     encode_topic_assignment,
     encode_topic_config,
+    lineage,
+    more_open_than,
     next_producer_id_block,
     split_connect,
 )
@@ -127,11 +134,21 @@ def _retry() -> KazooRetry:
 def _translate(exc: Exception, what: str) -> ZkError:
     """A kazoo exception as the ZkError family (kazoo stays inside this module)."""
     kinds = ((NoNodeError, ZkNoNodeError), (NodeExistsError, ZkNodeExistsError),
-             (BadVersionError, ZkVersionConflict),
+             (BadVersionError, ZkVersionConflict), (NoAuthError, ZkNoAuthError),
              ((ConnectionLoss, ConnectionDropped, SessionExpiredError, OperationTimeoutError),
               ZkConnectionError))
     cls = next((zk_cls for kz_cls, zk_cls in kinds if isinstance(exc, kz_cls)), ZkError)
-    return cls(f"ZooKeeper {what}: {type(exc).__name__} {exc}".rstrip())
+    hint = (": this client's ZooKeeper identity may not do that (zookeeper.digest.username and "
+            "zookeeper.digest.password must be the cluster's)") if cls is ZkNoAuthError else ""
+    return cls(f"ZooKeeper {what}: {type(exc).__name__} {exc}".rstrip() + hint)
+
+
+def _kazoo_acl(acl: Iterable[ZkAcl]) -> list[ACL]:
+    return [ACL(a.perms, Id(a.scheme, a.id)) for a in acl]
+
+
+def _zk_acl(acl: Iterable[ACL]) -> frozenset[ZkAcl]:
+    return frozenset(ZkAcl(a.perms, a.id.scheme, a.id.id) for a in acl)
 
 
 class _Feed:
@@ -173,12 +190,27 @@ class ZkClient:
     ``connect`` may carry a chroot suffix (``host:port/chroot``, as Kafka's
     ``zookeeper.connect``), which then wins over ``chroot``. All paths are absolute; kazoo's
     own chroot support is not used, so creating the chroot is just another ensure_path.
+
+    ``auth`` (``zookeeper.digest.username`` and ``.password``) is added to every session
+    (kazoo adds it again after each reconnect). With ``set_acl`` (``zookeeper.set.acl``,
+    which needs ``auth``) every znode this client creates gets ``ZkPaths.znode_acl``: ALL for
+    that identity, READ for anyone but on sensitive paths; without it znodes are open to all,
+    as before. Each missing parent is created with its own ACL, never its child's. With
+    ``create_paths=False`` (tools that must not create a cluster by mistake) ``start`` only
+    connects.
     """
 
     def __init__(self, connect: str, chroot: str = DEFAULT_CHROOT, session_timeout_ms: int = 6000,
-                 op_timeout_s: float = 10.0, *, max_threads: int = 8, connection_timeout_ms: int | None = None):
+                 op_timeout_s: float = 10.0, *, max_threads: int = 8, connection_timeout_ms: int | None = None,
+                 auth: DigestCredentials | None = None, set_acl: bool = False, create_paths: bool = True):
+        if set_acl and auth is None:
+            raise ZkError("zookeeper.set.acl needs zookeeper.digest.username and zookeeper.digest.password: "
+                          "the identity that owns the znodes")
         self.hosts, connect_chroot = split_connect(connect)
         self.paths = ZkPaths(chroot if connect_chroot is None else connect_chroot)
+        self.auth = auth
+        self.owner = auth.identity if set_acl and auth is not None else None  # the ACLs' owner, or None: open
+        self.create_paths = create_paths
         self.session_timeout_ms = session_timeout_ms
         self.op_timeout_s = op_timeout_s
         # zookeeper.connection.timeout.ms: how long start() waits for the first connection
@@ -198,14 +230,18 @@ class ZkClient:
             raise ZkError("ZkClient.start() may be called once")
         self._session_feed.token = trio.lowlevel.current_trio_token()
         self._zk = KazooClient(hosts=self.hosts, timeout=self.session_timeout_ms / 1000,
-                               connection_retry=_retry(), command_retry=_retry())
+                               connection_retry=_retry(), command_retry=_retry(),
+                               auth_data=[self.auth.auth] if self.auth is not None else None)
         self._zk.add_listener(self._on_state)
         try:
             await self._call(f"connect to {self.hosts}", self._zk.start, self.connect_timeout_s,
                              timeout=self.connect_timeout_s + 1)
-            for path in self.paths.persistent_paths():
-                await self._call(f"ensure_path {path}", self._zk.ensure_path, path)
-            await self._ensure_controller_epoch()
+            if self.create_paths:
+                for path in self.paths.persistent_paths():
+                    await self._ensure_path(path)
+                await self._ensure_controller_epoch()
+                if self.owner is not None:
+                    await self.secure_containers()
         except BaseException:
             await self.close()
             raise
@@ -307,8 +343,34 @@ class ZkClient:
         except ZkNoNodeError:
             return None
 
-    async def _create(self, path: str, data: bytes = b"", **kwargs) -> Any:
-        return await self._call(f"create {path}", self._kz.create, path, data, **kwargs)
+    def _acl(self, path: str) -> list[ACL]:
+        return _kazoo_acl(self.paths.znode_acl(path, self.owner))
+
+    async def _create(self, path: str, data: bytes = b"", *, makepath: bool = False, **kwargs) -> Any:
+        """kazoo's create with this client's ACL for ``path``; with ``makepath`` the missing
+        parents are created first (each with its own ACL), on the first NoNodeError."""
+        def run() -> Any:
+            try:
+                return self._kz.create(path, data, acl=self._acl(path), **kwargs)
+            except NoNodeError:
+                if not makepath:
+                    raise
+            self._ensure_path_sync(path.rsplit("/", 1)[0])
+            return self._kz.create(path, data, acl=self._acl(path), **kwargs)
+        return await self._call(f"create {path}", run)
+
+    def _ensure_path_sync(self, path: str) -> None:
+        """In a worker thread: create ``path`` and its missing ancestors, top-down."""
+        if not path or self._kz.exists(path):
+            return
+        for p in lineage(path):
+            try:
+                self._kz.create(p, b"", acl=self._acl(p))
+            except NodeExistsError:
+                pass
+
+    async def _ensure_path(self, path: str) -> None:
+        await self._call(f"ensure_path {path}", self._ensure_path_sync, path)
 
     async def _create_if_missing(self, path: str, data: bytes = b"") -> None:
         try:
@@ -337,7 +399,11 @@ class ZkClient:
         def run() -> list:
             txn = self._kz.transaction()
             for method, *args in ops:
-                getattr(txn, method)(*args)
+                if method == "create":  # (path, data, acl, ephemeral): this client's ACL for path
+                    path, data, *flags = args
+                    txn.create(path, data, self._acl(path), *flags[1:])
+                else:
+                    getattr(txn, method)(*args)
             return txn.commit()
         results = await self._call(what, run)
         for index, result in enumerate(results):
@@ -355,7 +421,7 @@ class ZkClient:
         Deletion of ``path`` itself ends the watch silently (kazoo's ChildrenWatch): watch
         container znodes only. Close the returned channel to stop watching.
         """
-        await self._call(f"ensure_path {path}", self._kz.ensure_path, path)
+        await self._ensure_path(path)
         feed = self._new_feed()
 
         def on_children(children: list[str]) -> bool | None:   # kazoo thread: enqueue only
@@ -757,13 +823,89 @@ class ZkClient:
             except (ZkNodeExistsError, ZkVersionConflict):
                 continue    # another broker got a block first: take the next one
 
+    # ------------------------------------------------------------------ znode ACLs (zookeeper.set.acl)
+
+    async def get_znode_acl(self, path: str) -> frozenset[ZkAcl] | None:
+        """The ACL of ``path`` as ZooKeeper holds it; None when the znode does not exist."""
+        try:
+            acl, _ = await self._call(f"get_acls {path}", self._kz.get_acls, path)
+        except ZkNoNodeError:
+            return None
+        return _zk_acl(acl)
+
+    async def secure_containers(self) -> list[str]:
+        """Give the chroot and the containers (``ZkPaths.container_paths``) this client's ACL
+        where they exist with a more open one (created before ``zookeeper.set.acl`` was on),
+        so that no one else can add topics, partitions or brokers; returns the paths changed.
+        The znodes below them keep their ACLs: that is the security migration's work
+        (``set_acls_recursively``). ZkNoAuthError if they belong to another identity."""
+        changed = []
+        for path in self.paths.container_paths():
+            current, wanted = await self.get_znode_acl(path), self.paths.znode_acl(path, self.owner)
+            if current is not None and more_open_than(current, wanted):
+                await self._call(f"set_acls {path}", self._kz.set_acls, path, _kazoo_acl(wanted))
+                changed.append(path)
+        if changed:
+            log.warning("zookeeper.set.acl: secured %d open containers (%s); the znodes below them keep "
+                        "their ACLs until `tidelog zookeeper-security-migration` runs", len(changed), ", ".join(changed))
+        return changed
+
+    async def set_acls_recursively(self, batch_size: int = 500) -> tuple[int, int]:
+        """Kafka's zookeeper-security-migration: give the chroot and every znode of the
+        cluster's top-level paths (``ZkPaths.secure_root_paths``, recursively) the ACL this
+        client creates it with: secured with ``set_acl``, open to all without. Returns
+        (znodes found, znodes changed). Top-down, ``batch_size`` znodes at a time, their
+        reads and writes pipelined; a znode deleted meanwhile is skipped, one created
+        meanwhile gets its creator's ACL. ZkNoAuthError names a znode this identity may not
+        change. Running it again changes nothing."""
+        found = changed = 0
+        if self.paths.chroot:   # the chroot itself, not what else may live under it
+            _, found, changed = await self._call("set the ACL of the chroot", self._set_acls_batch,
+                                                 [self.paths.chroot])
+        queue = list(self.paths.secure_root_paths())
+        while queue:
+            batch, queue = queue[:batch_size], queue[batch_size:]
+            children, n_found, n_changed = await self._call(f"set the ACLs of {len(batch)} znodes",
+                                                            self._set_acls_batch, batch)
+            queue += children
+            found, changed = found + n_found, changed + n_changed
+        return found, changed
+
+    def _set_acls_batch(self, paths: list[str]) -> tuple[list[str], int, int]:
+        """In a worker thread: (children of ``paths``, how many exist, how many were changed)."""
+        kz = self._kz
+        reads = [(p, kz.get_acls_async(p), kz.get_children_async(p)) for p in paths]
+        children, found, writes = [], 0, []
+        for path, acl_result, children_result in reads:
+            try:
+                current, names = _zk_acl(acl_result.get()[0]), children_result.get()
+            except NoNodeError:
+                continue
+            except NoAuthError as e:
+                raise NoAuthError(f"reading {path}") from e
+            found += 1
+            children += [f"{path}/{name}" for name in names]
+            wanted = self.paths.znode_acl(path, self.owner)
+            if current != frozenset(wanted):
+                writes.append((path, kz.set_acls_async(path, _kazoo_acl(wanted))))
+        changed = 0
+        for path, result in writes:
+            try:
+                result.get()
+                changed += 1
+            except NoNodeError:
+                pass
+            except NoAuthError as e:
+                raise NoAuthError(f"setting the ACL of {path}") from e
+        return children, found, changed
+
     # ------------------------------------------------------------------ ACLs
 
     async def ensure_acl_paths(self) -> None:
         """Kafka's ACL containers (``/kafka-acl``, ``/kafka-acl-extended/prefixed`` and their
         change trees), created by the authorizer before it watches them."""
         for path in self.paths.acl_paths():
-            await self._call(f"ensure_path {path}", self._kz.ensure_path, path)
+            await self._ensure_path(path)
 
     async def acl_resources(self) -> list[tuple[ResourceType, str, ResourcePatternType]]:
         """Every pattern that has an ACL znode. Resource types this broker does not know

@@ -16,8 +16,10 @@ With ``--bootstrap`` (default: env TIDELOG_BOOTSTRAP) the changes go through any
 (the Admin APIs); with ``--zookeeper host:port[/chroot]`` (default chroot ``/tidelog``, as
 brokers use) they are written to ZooKeeper directly by the brokers' own code, as Kafka's
 ZooKeeper-mode kafka-configs: that is how the first SCRAM user is created before any client
-can authenticate. Passwords are salted on this side either way. Topic configs go through
-the same Admin calls as ``tidelog topics alter`` (``--bootstrap`` only).
+can authenticate. With ``zookeeper.set.acl`` on the brokers, ``--zk-auth-file FILE`` (the
+brokers' ZooKeeper identity, e.g. a broker's config file) lets it read and write the users'
+znodes. Passwords are salted on this side either way. Topic configs go through the same
+Admin calls as ``tidelog topics alter`` (``--bootstrap`` only).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
                    help="write ZooKeeper directly instead of going through a broker (users and clients "
                         "only; chroot default /tidelog)")
+    p.add_argument("--zk-auth-file", metavar="FILE",
+                   help="with --zookeeper: the brokers' ZooKeeper identity, zookeeper.digest.username and "
+                        "zookeeper.digest.password in TOML (a broker's config file will do; env "
+                        "TIDELOG_ZOOKEEPER_DIGEST_* override it); what is created gets the brokers' ACLs")
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--alter", action="store_true", help="add or delete configs")
     action.add_argument("--describe", action="store_true", help="print configs (never passwords)")
@@ -180,11 +186,13 @@ async def _run(args: argparse.Namespace) -> int:
         if args.zookeeper:
             raise UsageError("topic configs go through the controller: use --bootstrap, not --zookeeper")
         return await _topics(args, topic)
+    if args.zk_auth_file and not args.zookeeper:
+        raise UsageError("--zk-auth-file goes with --zookeeper (a broker authenticates clients itself)")
     if args.zookeeper:
         open_session = getattr(args, "zookeeper_session", None)
         if open_session is None:
             raise UsageError("--zookeeper needs the broker's modules: run the tidelog command of a broker install")
-        async with open_session(args.zookeeper) as call:
+        async with open_session(args.zookeeper, args.zk_auth_file) as call:
             return await _entities(args, _client(call), user, client)
     from tidelog.aio import AsyncAdmin
 
