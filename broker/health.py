@@ -20,7 +20,13 @@ it registered, which is only done after its logs were loaded. A reply that lists
 a controller therefore means ready; with ``broker_id`` given (``--config`` gives it), the
 reply must also list that broker.
 
-This module uses only the standard library and the sans-IO protocol, so the health command
+On a secured inter-broker listener (SSL, SASL_SSL) ``--config`` makes the check connect as
+the broker connects to its peers (``inter_broker_security``: its truststore, keystore and
+``sasl.jaas.config`` user), to the listener's *advertised* address: that is the name its
+certificate carries, where the loopback address usually is not.
+
+This module uses only the standard library and the sans-IO protocol (plus Trio and the
+SDK's TLS and SASL code on a secured listener, imported only then), so the health command
 starts fast (a container healthcheck runs it every few seconds).
 """
 
@@ -112,11 +118,44 @@ def metadata_request(host: str, port: int, timeout: float, *, all_topics: bool =
                                               client_id=client_id))
 
 
-def probe(address: str, timeout: float = 5.0, broker_id: int | None = None) -> ProbeResult:
-    """Is the broker at ``address`` ready? Never raises for network trouble: that is "not ready"."""
+def secure_metadata_request(host: str, port: int, security: Any, timeout: float) -> MetadataResponse:
+    """``metadata_request`` (for no topics) over TLS and SASL as ``security`` (a
+    ``tidelog.security.SecurityConfig``) says; a blocking call, in a Trio run of its own.
+    Failures to connect or authenticate are ConnectionError."""
+    import trio
+
+    from tidelog.protocol.errors import TidelogError
+    from tidelog.security import open_stream
+
+    async def ask() -> MetadataResponse:
+        conn = ClientConnection(client_id="tidelog-health")
+        with trio.fail_after(timeout):
+            stream = await open_stream(host, port, security, conn, connect_timeout_s=timeout,
+                                       describe=f"{host}:{port}")
+            async with stream:
+                await stream.send_all(conn.send_request(ApiKey.METADATA, 0, MetadataRequest(topics=[]))[1])
+                while True:
+                    data = await stream.receive_some(1 << 16)
+                    if not data:
+                        raise ConnectionError(f"the broker at {host}:{port} closed the connection")
+                    for _, body in conn.receive_data(data):
+                        return MetadataResponse.from_body(body)
+
+    try:
+        return trio.run(ask)
+    except trio.TooSlowError:
+        raise ConnectionError(f"no answer from {host}:{port} within {timeout:g} s") from None
+    except TidelogError as e:
+        raise ConnectionError(str(e)) from None
+
+
+def probe(address: str, timeout: float = 5.0, broker_id: int | None = None, security: Any = None) -> ProbeResult:
+    """Is the broker at ``address`` ready? Never raises for network trouble: that is "not ready".
+    ``security``: a ``tidelog.security.SecurityConfig`` for a TLS or SASL listener."""
     try:
         host, port = parse_address(address)
-        md = metadata_request(host, port, timeout)
+        md = (metadata_request(host, port, timeout) if security is None
+              else secure_metadata_request(host, port, security, timeout))
     except (OSError, ValueError, ConnectionError) as e:
         return ProbeResult(address, False, f"cannot ask: {e}")
     except Exception as e:  # a reply that is not a Metadata response
@@ -136,11 +175,11 @@ def probe(address: str, timeout: float = 5.0, broker_id: int | None = None) -> P
 
 
 def probe_until(addresses: list[str], timeout: float, wait_s: float, broker_id: int | None = None,
-                interval: float = 0.5) -> list[ProbeResult]:
+                interval: float = 0.5, security: Any = None) -> list[ProbeResult]:
     """Probe every address; with ``wait_s`` > 0, repeat until all are ready or the time is up."""
     deadline = time.monotonic() + wait_s
     while True:
-        results = [probe(a, timeout, broker_id) for a in addresses]
+        results = [probe(a, timeout, broker_id, security) for a in addresses]
         if all(r.ready for r in results) or time.monotonic() + interval > deadline:
             return results
         time.sleep(interval)
@@ -155,10 +194,21 @@ def address_from_config(config: Any) -> tuple[str, int]:
     return host, port
 
 
+def security_from_config(config: Any) -> Any:
+    """How this broker connects to its peers (None: plain TCP), for checking it the same way."""
+    protocol = config.inter_broker_listener.protocol
+    if not (protocol.uses_tls or protocol.uses_sasl):
+        return None
+    from tidelog.broker.security.inter_broker import inter_broker_security
+
+    return inter_broker_security(config)
+
+
 def run(bootstrap: str | None, config_path: str | None, broker_id: int | None, timeout_ms: int,
         wait_s: float, quiet: bool, out, err) -> int:
     """``tidelog health``: 0 when every probed broker is ready, 1 otherwise, 2 on a bad config."""
     addresses = [a for a in (bootstrap or "").split(",") if a.strip()]
+    security = None
     if config_path is not None:
         from tidelog.broker.config import BrokerConfig, ConfigError
 
@@ -167,13 +217,14 @@ def run(bootstrap: str | None, config_path: str | None, broker_id: int | None, t
         except (ConfigError, OSError) as e:
             print(f"tidelog health: {e}", file=err)
             return 2
+        security = security_from_config(config)
         if not addresses:
-            host, port = address_from_config(config)
+            host, port = address_from_config(config) if security is None else config.advertised
             addresses = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
         broker_id = config.broker_id if broker_id is None else broker_id
     if not addresses:
         addresses = ["localhost:9092"]
-    results = probe_until(addresses, timeout_ms / 1000, wait_s, broker_id)
+    results = probe_until(addresses, timeout_ms / 1000, wait_s, broker_id, security=security)
     for r in results:
         if not quiet or not r.ready:
             print(f"{r.address}: {r.detail}" if r.ready else f"{r.address}: not ready: {r.detail}",

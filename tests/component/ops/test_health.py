@@ -153,3 +153,37 @@ async def test_wait_retries_until_ready(fake):
         out, err = io.StringIO(), io.StringIO()
         code = await trio.to_thread.run_sync(lambda: run(fake.address, None, None, 1000, 10.0, False, out, err))
     assert code == 0 and fake.requests >= 2
+
+
+def test_a_secured_config_is_checked_the_way_its_broker_connects_to_its_peers(tmp_path):
+    from tidelog.broker.health import security_from_config
+    from tidelog.broker.security.certificates import make_cluster_pki
+
+    ca = make_cluster_pki(tmp_path, {2: ["broker-2"]})
+    plain = BrokerConfig.from_props({"broker.id": 2, "zookeeper.connect": "zk:2181"})
+    assert security_from_config(plain) is None
+    secured = BrokerConfig.from_props({
+        "broker.id": 2, "zookeeper.connect": "zk:2181",
+        "listeners": "INTERNAL://0.0.0.0:19092,EXTERNAL://0.0.0.0:9093",
+        "advertised.listeners": "INTERNAL://broker-2:19092,EXTERNAL://localhost:9093",
+        "listener.security.protocol.map": "INTERNAL:SASL_SSL,EXTERNAL:SASL_SSL",
+        "inter.broker.listener.name": "INTERNAL", "ssl.keystore.location": str(tmp_path / "broker-2.pem"),
+        "ssl.truststore.location": str(ca), "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+        "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required '
+                            'username="admin" password="admin-secret";'})
+    security = security_from_config(secured)
+    assert security.security_protocol == "SASL_SSL" and security.sasl_mechanism == "SCRAM-SHA-512"
+    assert (security.sasl_plain_username, security.sasl_plain_password) == ("admin", "admin-secret")
+    assert security.ssl_cafile == str(ca) and security.ssl_check_hostname
+    assert secured.advertised == ("broker-2", 19092), "the name the certificate carries, not the loopback"
+
+
+async def test_a_secured_probe_of_a_plain_listener_is_not_ready(fake, tmp_path):
+    from tidelog.broker.security.certificates import make_cluster_pki
+    from tidelog.security import SecurityConfig
+
+    fake.brokers, fake.controller_id = [1], 1
+    ca = make_cluster_pki(tmp_path, {})
+    security = SecurityConfig(security_protocol="SSL", ssl_cafile=str(ca))
+    r = await _probe(fake.address, 2.0, security=security)
+    assert not r.ready and "cannot ask" in r.detail
