@@ -24,10 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tidelog.broker.config import parse_listener
-from tidelog.broker.health import metadata_request
+from tidelog.broker.health import metadata_request, secure_metadata_request
 from tidelog.broker.security.certificates import make_cluster_pki
 from tidelog.broker.zookeeper.zkserver import ZooKeeperServer, find_free_port
-from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.messages import MetadataResponse
 from tidelog.security import SecurityConfig, read_properties
 
@@ -217,10 +216,13 @@ class DevCluster:
 
     def _create_admin(self, timeout: float) -> None:
         """The super user's SCRAM credentials, straight into ZooKeeper (brokers need them to
-        talk to each other, and no client can authenticate before they exist)."""
+        talk to each other, and no client can authenticate before they exist). With a ZooKeeper
+        identity (zookeeper.digest.*) the tool takes it from a broker's config file."""
         chroot = str(self.extra_config.get("zookeeper.chroot", "/tidelog"))
+        zk_auth = (["--zk-auth-file", str(next(iter(self.brokers.values())).config_path)]
+                   if "zookeeper.digest.username" in self.extra_config else [])
         subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "configs", "--zookeeper",
-                        f"{self.zookeeper.connect_string}{chroot}", "--alter", "--entity-type", "users",
+                        f"{self.zookeeper.connect_string}{chroot}", *zk_auth, "--alter", "--entity-type", "users",
                         "--entity-name", ADMIN_USER, "--add-config",
                         ",".join(f"{m}=[password={self.admin_password}]" for m in ("SCRAM-SHA-256", "SCRAM-SHA-512"))],
                        check=True, timeout=timeout, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
@@ -286,33 +288,8 @@ def metadata(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> Metada
 
 
 def secure_metadata(host: str, port: int, security: SecurityConfig, timeout: float = 5.0) -> MetadataResponse:
-    """``metadata`` over TLS and SASL (a blocking call: its own Trio run)."""
-    import trio
-
-    from tidelog.protocol.apis import response_type
-    from tidelog.protocol.codec import ApiKey
-    from tidelog.protocol.connection import ClientConnection
-    from tidelog.protocol.messages import MetadataRequest
-    from tidelog.security import open_stream
-
-    async def ask() -> MetadataResponse:
-        conn = ClientConnection(client_id="tidelog-dev")
-        with trio.fail_after(timeout):
-            stream = await open_stream(host, port, security, conn, connect_timeout_s=timeout,
-                                       describe=f"{host}:{port}")
-            async with stream:
-                await stream.send_all(conn.send_request(ApiKey.METADATA, 0, MetadataRequest(topics=None))[1])
-                while True:
-                    data = await stream.receive_some(1 << 16)
-                    if not data:
-                        raise OSError(f"{host}:{port} closed the connection")
-                    for _, body in conn.receive_data(data):
-                        return response_type(ApiKey.METADATA).from_body(body)
-
-    try:
-        return trio.run(ask)
-    except (trio.TooSlowError, TidelogError) as e:
-        raise OSError(str(e)) from None
+    """``metadata`` over TLS and SASL (ConnectionError, an OSError, when it cannot ask)."""
+    return secure_metadata_request(host, port, security, timeout, all_topics=True, client_id="tidelog-dev")
 
 
 def _port_of(config_path: Path) -> int | None:

@@ -34,6 +34,11 @@ The JSON shapes are Kafka's, so Kafka's documentation of them applies. Decoders 
 ignore keys they do not know (a newer writer may add some) and raise ``ValueError`` naming
 the znode kind for anything malformed: a corrupt znode is reported, never half-read.
 
+Znode ACLs are decided here too (``ZkPaths.znode_acl``, Kafka's ``ZkData.defaultAcls``): open
+to all by default; with ``zookeeper.set.acl``, ALL for the brokers' digest identity
+(``DigestCredentials``) and READ for anyone else, except under ``/config/users``, which
+holds credentials and is the brokers' alone.
+
 The errors of the coordination layer live here too, so that code which only *handles* them
 (the controller, fakes in tests) need not import the kazoo module.
 """

@@ -32,7 +32,7 @@ from tests.support.cluster import (
     wait_topic_ready,
 )
 from tests.support.waiting import wait_until
-from tidelog import Admin, NewTopic, Producer, TopicPartition
+from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.broker.cli import main
 from tidelog.broker.zookeeper.layout import (
     ALL,
@@ -325,3 +325,33 @@ def test_a_cluster_with_zookeeper_acls_serves_and_fails_over(tmp_path):
         found = {(r.partition, r.offset): r.value for rs in records.values() for r in rs}
         lost = [(m.partition, m.offset) for v, m in acked if found.get((m.partition, m.offset)) != v]
         assert not lost, f"{len(lost)} of {len(acked)} acknowledged records lost"
+
+
+def test_a_sasl_ssl_cluster_with_zookeeper_acls(tmp_path):
+    """Everything secured at once, as an operator would run it: the super user's credential
+    goes into a secured ZooKeeper with the brokers' identity, and only they can read it."""
+    identity = {k: v for k, v in SECURED_CLUSTER.items() if k.startswith("zookeeper.")}
+    with started_cluster(tmp_path / "cluster", 3, identity, security="SASL_SSL") as cluster:
+        options = cluster.client_security().options()
+        with Admin(cluster.bootstrap, default_api_timeout_ms=30000, **options) as admin:
+            admin.create_topics([NewTopic("secured", 1, 3)])
+        wait_topic_ready(cluster, "secured", 1, 3)
+        with Producer(cluster.bootstrap, acks="all", **options) as p:
+            sent = [p.send("secured", b"s-%d" % i) for i in range(50)]
+            assert [f.result(30).offset for f in sent] == list(range(50))
+        got: list[bytes] = []
+        with Consumer(cluster.bootstrap, auto_offset_reset="earliest", **options) as consumer:
+            consumer.assign([TopicPartition("secured", 0)])
+            wait_until(lambda: got.extend(r.value for r in consumer.poll(timeout_ms=500)) or len(got) >= 50,
+                       60, "the 50 records consumed")
+        assert got == [b"s-%d" % i for i in range(50)]
+        kz = KazooClient(hosts=cluster.zookeeper.connect_string, timeout=5)
+        kz.start(timeout=10)
+        try:
+            with pytest.raises(NoAuthError):
+                kz.get(ZkPaths("/tidelog").entity_config("users/admin"))
+            with pytest.raises(NoAuthError):
+                kz.set(ZkPaths("/tidelog").partition_state("secured", 0), FORGED)
+        finally:
+            kz.stop()
+            kz.close()
