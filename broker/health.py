@@ -118,8 +118,9 @@ def metadata_request(host: str, port: int, timeout: float, *, all_topics: bool =
                                               client_id=client_id))
 
 
-def secure_metadata_request(host: str, port: int, security: Any, timeout: float) -> MetadataResponse:
-    """``metadata_request`` (for no topics) over TLS and SASL as ``security`` (a
+def secure_metadata_request(host: str, port: int, security: Any, timeout: float, *, all_topics: bool = False,
+                            client_id: str = "tidelog-health") -> MetadataResponse:
+    """``metadata_request`` over TLS and SASL as ``security`` (a
     ``tidelog.security.SecurityConfig``) says; a blocking call, in a Trio run of its own.
     Failures to connect or authenticate are ConnectionError."""
     import trio
@@ -128,12 +129,13 @@ def secure_metadata_request(host: str, port: int, security: Any, timeout: float)
     from tidelog.security import open_stream
 
     async def ask() -> MetadataResponse:
-        conn = ClientConnection(client_id="tidelog-health")
+        conn = ClientConnection(client_id=client_id)
         with trio.fail_after(timeout):
             stream = await open_stream(host, port, security, conn, connect_timeout_s=timeout,
                                        describe=f"{host}:{port}")
             async with stream:
-                await stream.send_all(conn.send_request(ApiKey.METADATA, 0, MetadataRequest(topics=[]))[1])
+                request = MetadataRequest(topics=None if all_topics else [])
+                await stream.send_all(conn.send_request(ApiKey.METADATA, 0, request)[1])
                 while True:
                     data = await stream.receive_some(1 << 16)
                     if not data:
