@@ -52,6 +52,7 @@ from typing import Any
 from tidelog.aio.consumer import ConsumerConfig
 from tidelog.aio.producer import ProducerConfig
 from tidelog.commands.common import property_value
+from tidelog.security import SecurityConfig
 
 __all__ = ["OptionError", "EARLIEST", "LATEST", "REFUSED", "OffsetSpec", "Subscription", "SourceOptions",
            "SinkOptions", "parse_source_options", "parse_sink_options", "parse_duration_ms"]
@@ -62,8 +63,10 @@ LATEST = -1
 # Client options the connector sets itself: a kafka.* option may not override them.
 _RESERVED = {"bootstrap_servers", "group_id", "auto_offset_reset", "enable_auto_commit", "acks",
              "enable_idempotence"}
+# The driver's Admin takes these of the kafka.* options: its own, and the security ones (a
+# secured cluster answers nobody who has not authenticated).
 _ADMIN_KEYS = {"client_id", "request_timeout_ms", "retry_backoff_ms", "retry_backoff_max_ms",
-               "default_api_timeout_ms"}
+               "default_api_timeout_ms"} | {f.name for f in fields(SecurityConfig)}
 
 
 class OptionError(ValueError):

@@ -14,7 +14,9 @@ and window, keyed ``<key>@<window start>``, value JSON ``{"key", "window_start",
 "window_end", "count"}``. (Python data source sinks support the append and complete modes,
 not update.) The checkpoint (``--checkpoint``) makes a restart carry on exactly where the
 previous run stopped. ``--available-now`` processes what is there and exits; windows that
-the watermark has not passed yet are written by a later run.
+the watermark has not passed yet are written by a later run. On a secured cluster,
+TIDELOG_COMMAND_CONFIG names the client's security settings (a ``--command-config``
+properties file), passed to the connector as ``kafka.*`` options.
 """
 
 from __future__ import annotations
@@ -30,14 +32,28 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
+def security_options() -> dict[str, Any]:
+    """The SDK's security options from the properties file TIDELOG_COMMAND_CONFIG names (the
+    tools' --command-config; docker-compose.yml sets it), {} without one."""
+    path = os.environ.get("TIDELOG_COMMAND_CONFIG")
+    if not path:
+        return {}
+    from tidelog.security import SecurityConfig, read_properties
+
+    return SecurityConfig.from_properties(read_properties(path)).options()
+
+
 def build_query(spark: Any, *, bootstrap: str, source: str, sink: str, checkpoint: str, window: str = "10 seconds",
                 watermark: str = "5 seconds", starting_offsets: str = "earliest",
-                max_offsets_per_trigger: int | None = None, trigger: dict[str, Any] | None = None):
-    """The streaming query (not started): tidelog ``source`` -> windowed counts -> tidelog ``sink``."""
+                max_offsets_per_trigger: int | None = None, trigger: dict[str, Any] | None = None,
+                security: dict[str, Any] | None = None):
+    """The streaming query (not started): tidelog ``source`` -> windowed counts -> tidelog ``sink``.
+    ``security``: the SDK's security options, passed to the connector as ``kafka.*`` options."""
     from pyspark.sql import functions as F
 
+    client = {f"kafka.{k.replace('_', '.')}": str(v) for k, v in (security or {}).items() if v is not None}
     reader = (spark.readStream.format("tidelog").option("bootstrap.servers", bootstrap)
-              .option("subscribe", source).option("startingOffsets", starting_offsets))
+              .option("subscribe", source).option("startingOffsets", starting_offsets).options(**client))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     events = reader.load().select(F.coalesce(F.col("key").cast("string"), F.lit("(none)")).alias("key"),
@@ -49,7 +65,7 @@ def build_query(spark: Any, *, bootstrap: str, source: str, sink: str, checkpoin
         F.to_json(F.struct("key", F.col("window.start").alias("window_start"),
                            F.col("window.end").alias("window_end"), "count")).alias("value"))
     return (out.writeStream.format("tidelog").option("bootstrap.servers", bootstrap).option("topic", sink)
-            .option("checkpointLocation", checkpoint).outputMode("append")
+            .option("checkpointLocation", checkpoint).options(**client).outputMode("append")
             .trigger(**(trigger or {"processingTime": "5 seconds"})))
 
 
@@ -73,7 +89,8 @@ def main() -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from tidelog import Admin, NewTopic
 
-    with Admin(args.bootstrap) as admin:
+    security = security_options()
+    with Admin(args.bootstrap, **security) as admin:
         deadline = time.monotonic() + args.wait
         while args.source not in (topics := set(admin.list_topics())):
             if time.monotonic() >= deadline:
@@ -100,7 +117,8 @@ def main() -> int:
     query = build_query(spark, bootstrap=args.bootstrap, source=args.source, sink=args.sink,
                         checkpoint=args.checkpoint, window=args.window, watermark=args.watermark,
                         starting_offsets=args.starting_offsets,
-                        max_offsets_per_trigger=args.max_offsets_per_trigger, trigger=trigger).start()
+                        max_offsets_per_trigger=args.max_offsets_per_trigger, trigger=trigger,
+                        security=security).start()
     print(f"reading {args.source!r}, writing counts per key and {args.window} window to {args.sink!r} "
           f"(checkpoint {args.checkpoint}); Ctrl-C stops", flush=True)
     try:
