@@ -37,15 +37,19 @@ RUN pip install --no-cache-dir --no-deps .
 COPY deploy/config/ /etc/tidelog/examples/
 COPY deploy/config/single-node.toml /etc/tidelog/broker.toml
 
+# /etc/tidelog/pki: where compose's security-init service writes the CA, the broker
+# certificates and keys (a named volume takes this directory's owner and mode when created).
 RUN groupadd --system --gid 10001 tidelog \
  && useradd --system --uid 10001 --gid tidelog --home-dir /var/lib/tidelog --shell /usr/sbin/nologin tidelog \
- && mkdir -p /var/lib/tidelog/logs \
- && chown -R tidelog:tidelog /var/lib/tidelog
+ && mkdir -p /var/lib/tidelog/logs /etc/tidelog/pki \
+ && chown -R tidelog:tidelog /var/lib/tidelog /etc/tidelog/pki \
+ && chmod 700 /etc/tidelog/pki
 
 USER 10001:10001
 WORKDIR /var/lib/tidelog
 VOLUME ["/var/lib/tidelog"]
-# 9092: the broker's listener (compose uses 9092-9094, one per broker); 9404: metrics.port
+# 9092: the broker's listener (compose: 9092-9094 for clients on the host, 19092 inside its
+# network); 9404: metrics.port
 EXPOSE 9092 9404
 
 # Ready = loaded its logs, registered in ZooKeeper, received the cluster metadata (broker/health.py).

@@ -71,7 +71,8 @@ query_container() {
 
 controller_id() {
     local out
-    out=$("$DOCKER" exec "$(query_container)" tidelog health) || true
+    # --config: the broker's own listener and credentials (the listeners use SASL_SSL)
+    out=$("$DOCKER" exec "$(query_container)" tidelog health --config /etc/tidelog/broker.toml) || true
     [[ "$out" =~ controller\ ([0-9]+) ]] || die "cannot tell the controller from: $out"
     printf '%s' "${BASH_REMATCH[1]}"
 }

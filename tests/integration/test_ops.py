@@ -1,7 +1,11 @@
 """The docker-compose topology, run without Docker: docker-compose.yml's ZooKeeper ensemble
 and brokers as local processes, configured from the same config files, environment, command
 line and healthcheck command the compose file gives the containers (host names, ports and
-volume paths rewritten for 127.0.0.1, see tests/component/ops/topology.py).
+volume paths rewritten for 127.0.0.1, see tests/component/ops/topology.py). First the
+one-shot security-init service's command runs as the compose file gives it: certificates
+into the local stand-in of the pki volume, the admin user into ZooKeeper. Every listener is
+SASL_SSL, so the brokers talk to each other over TLS as admin, the healthcheck connects as
+the broker does, and the clients here use the client.properties security-init wrote.
 
 On it: produce and consume with acks=all (RF 3, min.insync.replicas 2 from the config files),
 a rolling restart under an acks=all load (SIGTERM each broker in turn, wait until the
@@ -42,10 +46,12 @@ from tests.component.ops.topology import (
     ROOT,
     BrokerService,
     Localizer,
+    Service,
     broker_services,
     entrypoint,
-    listener_port,
+    listener_addresses,
     load_compose,
+    one_shot_services,
     process_environment,
     zookeeper_services,
 )
@@ -53,14 +59,16 @@ from tests.support.cluster import consume_range, end_offsets
 from tests.support.waiting import wait_until
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.devcluster import metadata
+from tidelog.broker.devcluster import secure_metadata
 from tidelog.broker.zookeeper.zkserver import ZooKeeperEnsemble, find_free_ports
+from tidelog.security import SecurityConfig, read_properties
 
 PR_SET_PDEATHSIG = 1
 TOPIC = "ops-orders"
 PARTITIONS = 6
 # replica.lag.time.max.ms of the compose brokers (deploy/config/cluster-node-*.toml), in seconds
-LAG_S = BrokerConfig.load(ROOT / "deploy" / "config" / "cluster-node-1.toml", env={}).replica_lag_time_max_ms / 1000
+_BROKER_1 = broker_services(load_compose())[0]
+LAG_S = BrokerConfig.load(_BROKER_1.config_file, env=_BROKER_1.environment).replica_lag_time_max_ms / 1000
 
 
 def _die_with_parent() -> None:
@@ -79,7 +87,7 @@ class LocalBroker:
 
     service: BrokerService
     broker_id: int
-    port: int
+    port: int  # EXTERNAL, for the clients here
     metrics_port: int
     env: dict[str, str]
     argv: list[str]
@@ -132,31 +140,63 @@ class LocalTopology:
         zks = zookeeper_services(compose)
         services = broker_services(compose)
         self.ensemble = ZooKeeperEnsemble(base / "zookeeper", size=len(zks))
-        ports = iter(find_free_ports(2 * len(services)))
         addresses = {(z.hostname, z.client_port): ("127.0.0.1", self.ensemble.node(z.myid).port) for z in zks}
-        local_ports = {}
+        listeners = {s.name: listener_addresses(s) for s in services}
+        ports = iter(find_free_ports(sum(len(ls) + 1 for ls in listeners.values())))
+        external, metrics = {}, {}
         for s in services:
-            local_ports[s.name] = (next(ports), next(ports))
-            addresses[(s.hostname, listener_port(s))] = ("127.0.0.1", local_ports[s.name][0])
+            for name, bind, advertised in listeners[s.name]:
+                addresses[bind] = addresses[advertised] = ("127.0.0.1", next(ports))
+                if name == "EXTERNAL":
+                    external[s.name] = addresses[advertised][1]
+            metrics[s.name] = next(ports)
         self.brokers: dict[int, LocalBroker] = {}
         for s in services:
-            port, metrics_port = local_ports[s.name]
-            volumes = {v.source: base / v.source for v in s.volumes if v.named}
-            for d in volumes.values():
-                d.mkdir(parents=True, exist_ok=True)
-            loc = Localizer(s, addresses, metrics_port, volumes)
+            loc = Localizer(s, addresses, metrics[s.name], self._volumes(base, s))
             env = process_environment(loc.environment())
             broker_id = BrokerConfig.load(s.config_file, env=env).broker_id
             self.brokers[broker_id] = LocalBroker(
-                s, broker_id, port, metrics_port, env, _tidelog(loc.argv(entrypoint() + s.command)),
+                s, broker_id, external[s.name], metrics[s.name], env, _tidelog(loc.argv(entrypoint() + s.command)),
                 _tidelog(loc.argv(s.healthcheck[1:])), base / f"{s.name}.log")
+        self.init = [self._one_shot(s, Localizer(s, addresses, 0, self._volumes(base, s)))
+                     for s in one_shot_services(compose)]
+        # the clients here connect as the tools in the broker containers do (TIDELOG_COMMAND_CONFIG)
+        self.client_properties = Path(self.brokers[1].env["TIDELOG_COMMAND_CONFIG"])
+
+    @staticmethod
+    def _volumes(base: Path, service: Service) -> dict[str, Path]:
+        volumes = {v.source: base / v.source for v in service.volumes if v.named}
+        for d in volumes.values():
+            d.mkdir(parents=True, exist_ok=True)
+        return volumes
+
+    @staticmethod
+    def _one_shot(service: Service, loc: Localizer) -> tuple[list[str], dict[str, str]]:
+        """The service's command line, its script taken from where the compose file mounts it."""
+        interpreter, script = service.entrypoint
+        assert interpreter == "python", service.entrypoint
+        inside = f"{service.service['working_dir']}/{script}"
+        mount = next(v for v in service.volumes if v.target == inside)
+        return ([sys.executable, str(ROOT / mount.source), *loc.command(service.command)],
+                process_environment(loc.environment()))
 
     @property
     def bootstrap(self) -> str:
         return ",".join(f"127.0.0.1:{b.port}" for b in self.brokers.values())
 
+    @property
+    def security(self) -> SecurityConfig:
+        return SecurityConfig.from_properties(read_properties(str(self.client_properties)))
+
+    @property
+    def client_options(self) -> dict:
+        return self.security.options()
+
     def start(self) -> None:
         self.ensemble.start(60)
+        for argv, env in self.init:
+            r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, f"{argv[1]} failed:\n{r.stdout}{r.stderr}"
         for b in self.brokers.values():
             b.start()
         for b in self.brokers.values():
@@ -201,7 +241,7 @@ def topology(request, tmp_path_factory) -> Iterator[LocalTopology]:
 
 
 def isr_of(topo: LocalTopology, via: int, topic: str = TOPIC) -> dict[int, set[int]]:
-    md = metadata(topo.brokers[via].port)
+    md = secure_metadata("127.0.0.1", topo.brokers[via].port, topo.security)
     for t in md.topics:
         if t.name == topic and t.error_code == 0:
             return {p.partition_index: set(p.isr_nodes) for p in t.partitions}
@@ -235,9 +275,9 @@ def cluster_sum(topo: LocalTopology, name: str) -> float:
 class AckedProducer:
     """acks=all records with unique values from a thread until stopped; acknowledged ones kept."""
 
-    def __init__(self, bootstrap: str):
+    def __init__(self, bootstrap: str, **options):
         self.producer = Producer(bootstrap, acks="all", linger_ms=2, request_timeout_ms=15000,
-                                 delivery_timeout_ms=120000, retry_backoff_ms=100, max_block_ms=60000)
+                                 delivery_timeout_ms=120000, retry_backoff_ms=100, max_block_ms=60000, **options)
         self.futures: list = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="acked-producer", daemon=True)
@@ -276,16 +316,17 @@ class AckedProducer:
 def test_the_compose_topology_serves_produce_and_consume(topology):
     """Three healthy brokers from the compose file's configs: an acks=all topic with the
     config files' durability (RF 3 by default, min.insync.replicas 2) works end to end."""
-    with Admin(topology.bootstrap, default_api_timeout_ms=30000) as admin:
+    options = topology.client_options
+    with Admin(topology.bootstrap, default_api_timeout_ms=30000, **options) as admin:
         admin.create_topics([NewTopic(TOPIC, PARTITIONS)])  # RF: default.replication.factor
     wait_until(lambda: all_in_sync(topology), 30, "all partitions with 3 in-sync replicas")
-    with Producer(topology.bootstrap, acks="all") as producer:
+    with Producer(topology.bootstrap, acks="all", **options) as producer:
         futures = [producer.send(TOPIC, f"v{i}".encode(), key=f"k{i}".encode()) for i in range(2000)]
         producer.flush(timeout=60)
     acked = [f.result() for f in futures]
     tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
-    ends = end_offsets(topology.bootstrap, tps)
-    records = consume_range(topology.bootstrap, ends)
+    ends = end_offsets(topology.bootstrap, tps, **options)
+    records = consume_range(topology.bootstrap, ends, **options)
     got = {(r.partition, r.offset): r.value for rs in records.values() for r in rs}
     for i, md in enumerate(acked):
         assert got[(md.partition, md.offset)] == f"v{i}".encode()
@@ -296,7 +337,7 @@ def test_the_compose_topology_serves_produce_and_consume(topology):
 
 def test_rolling_restart_loses_no_acknowledged_record(topology):
     wait_until(lambda: all_in_sync(topology), 60, "all partitions in sync before the restart")
-    with AckedProducer(topology.bootstrap) as load:
+    with AckedProducer(topology.bootstrap, **topology.client_options) as load:
         wait_until(lambda: load.acked() > 500, 30, "the producer under way")
         for broker_id, b in topology.brokers.items():
             before = load.acked()
@@ -313,7 +354,8 @@ def test_rolling_restart_loses_no_acknowledged_record(topology):
         acked = load.finish()
     assert len(acked) > 2000
     tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
-    records = consume_range(topology.bootstrap, end_offsets(topology.bootstrap, tps))
+    options = topology.client_options
+    records = consume_range(topology.bootstrap, end_offsets(topology.bootstrap, tps, **options), **options)
     got = {(r.partition, r.offset): r.value for rs in records.values() for r in rs}
     lost = [(v, md.partition, md.offset) for v, md in acked if got.get((md.partition, md.offset)) != v]
     assert not lost, f"{len(lost)} acknowledged records lost, e.g. {lost[:5]}"
@@ -340,7 +382,7 @@ def test_metrics_count_under_replicated_partitions_while_a_follower_is_away(topo
         # put it back in an ISR (a race of controlled shutdown, see the module docstring),
         # the leader drops it once it has fallen behind for replica.lag.time.max.ms: a
         # trickle of records makes it fall behind.
-        with Producer(topology.bootstrap, acks=1, linger_ms=5) as trickle:
+        with Producer(topology.bootstrap, acks=1, linger_ms=5, **topology.client_options) as trickle:
             def every_partition_under_replicated() -> bool:
                 for p in range(PARTITIONS):
                     trickle.send(TOPIC, b"tick", partition=p)
@@ -372,7 +414,19 @@ def test_ready_endpoint_and_health_command_agree(topology):
         with urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/ready", timeout=10) as r:
             assert r.status == 200 and r.read() == b"ready\n"
         assert b.healthy()
-    r = subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "health", "--bootstrap", topology.bootstrap],
-                       capture_output=True, text=True, timeout=30)
+    # every listed broker, over SASL_SSL with broker 1's credentials (--config), on EXTERNAL
+    b1 = topology.brokers[1]
+    r = subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "health", "--config", str(b1.service.config_file),
+                        "--bootstrap", topology.bootstrap], capture_output=True, text=True, timeout=30, env=b1.env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("ready") == 3
+
+
+def test_a_client_without_credentials_gets_nothing(topology):
+    """The EXTERNAL listeners speak only SASL_SSL: TLS alone, or TLS with a wrong password, is refused."""
+    tls_only = SecurityConfig(security_protocol="SSL", ssl_cafile=topology.security.ssl_cafile)
+    with pytest.raises(OSError):  # the broker closes a connection that asks before authenticating
+        secure_metadata("127.0.0.1", topology.brokers[1].port, tls_only, timeout=10)
+    wrong = SecurityConfig(**{**topology.client_options, "sasl_plain_password": "not-the-password"})
+    with pytest.raises(OSError, match="invalid credentials"):
+        secure_metadata("127.0.0.1", topology.brokers[1].port, wrong, timeout=10)

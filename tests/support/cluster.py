@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,12 +169,13 @@ def controller_id(cluster: DevCluster, via: int) -> int:
 
 
 def consume_range(bootstrap: str, ends: dict[TopicPartition, int], timeout: float = 60.0,
-                  starts: dict[TopicPartition, int] | None = None) -> dict[TopicPartition, list[Record]]:
+                  starts: dict[TopicPartition, int] | None = None, **options: Any) -> dict[TopicPartition, list[Record]]:
     """Every record of each partition from ``starts`` (default 0) up to ``ends`` (exclusive),
-    read with a Consumer assigned to those partitions."""
+    read with a Consumer assigned to those partitions (``options``: more Consumer options,
+    e.g. the security ones)."""
     out: dict[TopicPartition, list[Record]] = {tp: [] for tp in ends}
     deadline = time.monotonic() + timeout
-    with Consumer(bootstrap, auto_offset_reset="none", fetch_max_wait_ms=200) as consumer:
+    with Consumer(bootstrap, auto_offset_reset="none", fetch_max_wait_ms=200, **options) as consumer:
         consumer.assign(list(ends))
         for tp in ends:
             consumer.seek(tp, (starts or {}).get(tp, 0))
@@ -191,6 +193,7 @@ def consume_range(bootstrap: str, ends: dict[TopicPartition, int], timeout: floa
     return out
 
 
-def end_offsets(bootstrap: str, tps: list[TopicPartition], timeout_ms: int = 30000) -> dict[TopicPartition, int]:
-    with Consumer(bootstrap) as consumer:
+def end_offsets(bootstrap: str, tps: list[TopicPartition], timeout_ms: int = 30000,
+                **options: Any) -> dict[TopicPartition, int]:
+    with Consumer(bootstrap, **options) as consumer:
         return consumer.end_offsets(tps, timeout_ms=timeout_ms)

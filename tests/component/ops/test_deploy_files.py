@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 import types
 
 import pytest
@@ -80,17 +81,26 @@ def test_every_setting_has_a_unit():
 # -- example configs --------------------------------------------------------------------------------
 
 
+# The cluster-node files use SASL between brokers; the broker's password is never in a file
+# (compose sets it in the environment).
+BROKER_PASSWORD = {"TIDELOG_SASL_JAAS_CONFIG": 'org.apache.kafka.common.security.scram.ScramLoginModule '
+                                               'required username="admin" password="not-in-the-file";'}
+
+
 def test_example_configs_load():
     for path in sorted((DEPLOY / "config").glob("*.toml")):
-        config = BrokerConfig.load(path, env={})
+        config = BrokerConfig.load(path, env=BROKER_PASSWORD)
         assert config.log_dirs == ("/var/lib/tidelog/logs",), path
         assert config.metrics_port == 9404, path
+        secrets = {"sasl.jaas.config", "ssl.key.password"} & set(tomllib.loads(path.read_text()))
+        assert not secrets, f"{path}: a password in a committed file"
 
 
 def test_cluster_node_files_differ_only_in_identity_and_addresses():
-    props = [BrokerConfig.load(DEPLOY / "config" / f"cluster-node-{n}.toml", env={}).to_props() for n in (1, 2, 3)]
+    props = [BrokerConfig.load(DEPLOY / "config" / f"cluster-node-{n}.toml", env=BROKER_PASSWORD).to_props()
+             for n in (1, 2, 3)]
     differing = {k for k in props[0] if len({repr(p[k]) for p in props}) > 1}
-    assert differing == {"broker.id", "listeners", "advertised.listeners"}
+    assert differing == {"broker.id", "listeners", "advertised.listeners", "ssl.keystore.location"}
     assert [p["broker.id"] for p in props] == [1, 2, 3]
     assert props[0]["min.insync.replicas"] == 2 and props[0]["default.replication.factor"] == 3
     assert props[0]["unclean.leader.election.enable"] is False

@@ -15,8 +15,12 @@ rewritten (``Localizer``):
   listener addresses of the broker itself (``0.0.0.0:9092``) become 127.0.0.1 and a free port
   (ZooKeeper nodes: their local ensemble's ports);
 * the container port of the metrics endpoint (``TIDELOG_METRICS_PORT``) becomes a free port;
-* paths inside a mounted volume (``/var/lib/tidelog/...``, ``/etc/tidelog/broker.toml``)
-  become the local directory or file standing in for that volume.
+* paths inside a mounted volume (``/var/lib/tidelog/...``, ``/etc/tidelog/broker.toml``,
+  ``/etc/tidelog/pki/...``) become the local directory or file standing in for that volume.
+
+The one-shot services brokers wait for (``security-init``: certificates, the admin user) are
+localized the same way (``one_shot_services``); each listener of a broker, bound and
+advertised, maps to one local port (``listener_addresses``).
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ ROOT = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 CONFIG_IN_CONTAINER = "/etc/tidelog/broker.toml"
+PKI_IN_CONTAINER = "/etc/tidelog/pki"
 # Variables the compose file passes to the broker containers that are not broker settings:
-# they configure the tools in the same image (TIDELOG_BOOTSTRAP) and the log level of
-# `tidelog broker` (TIDELOG_LOG_LEVEL).
-TOOL_VARIABLES = {"TIDELOG_BOOTSTRAP", "TIDELOG_LOG_LEVEL"}
+# they configure the tools in the same image (TIDELOG_BOOTSTRAP, TIDELOG_COMMAND_CONFIG) and
+# the log level of `tidelog broker` (TIDELOG_LOG_LEVEL).
+TOOL_VARIABLES = {"TIDELOG_BOOTSTRAP", "TIDELOG_COMMAND_CONFIG", "TIDELOG_LOG_LEVEL"}
 
 _VAR = re.compile(r"\$\$|\$\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
                   r"|\$(?P<plain>[A-Za-z_][A-Za-z0-9_]*)")
@@ -130,7 +135,7 @@ class ZooKeeperService:
 
 
 @dataclass(frozen=True)
-class BrokerService:
+class Service:
     name: str
     hostname: str
     service: dict = field(repr=False)
@@ -150,6 +155,15 @@ class BrokerService:
     @property
     def command(self) -> list[str]:
         return [str(a) for a in self.service.get("command") or []]
+
+    @property
+    def entrypoint(self) -> list[str]:
+        return [str(a) for a in self.service.get("entrypoint") or []]
+
+
+@dataclass(frozen=True)
+class BrokerService(Service):
+    """A service running the broker image's entrypoint with a mounted broker config."""
 
     @property
     def healthcheck(self) -> list[str]:
@@ -188,6 +202,13 @@ def broker_services(compose: dict) -> list[BrokerService]:
     return sorted(out, key=lambda b: b.name)
 
 
+def one_shot_services(compose: dict) -> list[Service]:
+    """Services a broker waits for to complete (``condition: service_completed_successfully``)."""
+    names = {name for b in broker_services(compose) for name, d in (b.service.get("depends_on") or {}).items()
+             if d.get("condition") == "service_completed_successfully"}
+    return [Service(n, _hostname(n, compose["services"][n]), compose["services"][n]) for n in sorted(names)]
+
+
 def entrypoint() -> list[str]:
     """The Dockerfile's ENTRYPOINT (exec form) of the broker image."""
     import json
@@ -207,12 +228,14 @@ def entrypoint() -> list[str]:
 class Localizer:
     """Rewrites one broker service's addresses and volume paths for a local run."""
 
-    def __init__(self, broker: BrokerService, addresses: dict[tuple[str, int], tuple[str, int]],
+    def __init__(self, broker: Service, addresses: dict[tuple[str, int], tuple[str, int]],
                  metrics_port: int, volume_dirs: dict[str, Path]):
         self.broker = broker
         self.addresses = dict(addresses)
         self.metrics_port = metrics_port
-        self.paths: dict[str, str] = {CONFIG_IN_CONTAINER: str(broker.config_file)}
+        self.paths: dict[str, str] = {}
+        if isinstance(broker, BrokerService):
+            self.paths[CONFIG_IN_CONTAINER] = str(broker.config_file)
         for v in broker.volumes:
             if v.named:
                 self.paths[v.target] = str(volume_dirs[v.source])
@@ -245,6 +268,10 @@ class Localizer:
     def argv(self, args: list[str]) -> list[str]:
         return [self.path(a) for a in args]
 
+    def command(self, args: list[str]) -> list[str]:
+        """A command line whose arguments may hold addresses as well as paths."""
+        return [self.value("", a) for a in args]
+
 
 def process_environment(service_env: dict[str, str]) -> dict[str, str]:
     """This process's environment without its TIDELOG_* variables, plus the service's."""
@@ -252,9 +279,18 @@ def process_environment(service_env: dict[str, str]) -> dict[str, str]:
     return {**base, **service_env, "PYTHONUNBUFFERED": "1"}
 
 
-def listener_port(broker: BrokerService) -> int:
-    """The container port the broker listens on (from TIDELOG_LISTENERS or its config file)."""
+def listener_addresses(broker: BrokerService) -> list[tuple[str, tuple[str, int], tuple[str, int]]]:
+    """(listener name, (host, port) it binds, (host, port) it advertises) of each listener,
+    from TIDELOG_LISTENERS / TIDELOG_ADVERTISED_LISTENERS or the config file; a wildcard bind
+    host is the broker's host name."""
     from tidelog.broker.config import BrokerConfig
 
     config = BrokerConfig.load(broker.config_file, env=broker.environment)
-    return config.listener[1]
+    out = []
+    for listener in config.listener_list:
+        bind_host = listener.bind.host
+        if bind_host in ("", "0.0.0.0", "::"):
+            bind_host = broker.hostname
+        out.append((listener.name, (bind_host, listener.bind.port),
+                    (listener.advertised.host or broker.hostname, listener.advertised.port)))
+    return out
