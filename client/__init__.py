@@ -21,7 +21,7 @@ __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordF
            "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError", "WakeupError",
            "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
            "ListedGroup", "AclBinding", "AclBindingFilter", "ResourceType", "ResourcePatternType", "AclOperation",
-           "AclPermissionType"]
+           "AclPermissionType", "OffsetAndMetadata", "RecordDeserializationError"]
 
 
 def __getattr__(name: str) -> Any:
@@ -58,11 +58,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         NewTopic,
         NoBrokersAvailable,
         NoOffsetForPartitionError,
+        OffsetAndMetadata,
         OffsetAndTimestamp,
         PartitionInfo,
         Producer,
         RebalanceInProgressError,
         Record,
+        RecordDeserializationError,
         RecordFuture,
         RecordFutures,
         RecordMetadata,

@@ -17,6 +17,7 @@ futures as one ``RecordFutures``.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -39,7 +40,7 @@ from tidelog.aio.admin import (
     PartitionInfo,
     TopicDescription,
 )
-from tidelog.aio.consumer import AsyncConsumer, OffsetAndTimestamp
+from tidelog.aio.consumer import AsyncConsumer, Metrics, OffsetAndTimestamp
 from tidelog.aio.group import ConsumerRebalanceListener, call_maybe_async
 from tidelog.aio.producer import NEED_METADATA, AsyncProducer, partly_queued
 from tidelog.errors import (
@@ -50,6 +51,7 @@ from tidelog.errors import (
     NoBrokersAvailable,
     NoOffsetForPartitionError,
     RebalanceInProgressError,
+    RecordDeserializationError,
     RequestTimedOut,
     SaslAuthenticationError,
     SslAuthenticationError,
@@ -65,7 +67,7 @@ from tidelog.protocol.acls import (
     ResourcePatternType,
     ResourceType,
 )
-from tidelog.records import Record, RecordMetadata, TopicPartition
+from tidelog.records import OffsetAndMetadata, Record, RecordMetadata, TopicPartition
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",
            "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
@@ -75,10 +77,29 @@ __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordF
            "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError", "WakeupError",
            "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
            "ListedGroup", "AclBinding", "AclBindingFilter", "ResourceType", "ResourcePatternType", "AclOperation",
-           "AclPermissionType"]
+           "AclPermissionType", "OffsetAndMetadata", "RecordDeserializationError"]
 
 
 HANDOFF_WAIT_S = 0.001  # see Consumer._poll_waiting
+
+
+def split_positional(args: Sequence[Any], bootstrap_servers: str | Sequence[str] | None
+                     ) -> tuple[str | Sequence[str], list[str]]:
+    """The consumer's positional arguments -> (bootstrap servers, topics). Topic names cannot
+    hold ':' and a server is "host:port", so a first argument that is a list, or a string with
+    a ':', is the servers (Tidelog's ``Consumer("host:9092")``); every other argument is a topic
+    (kafka-python's ``KafkaConsumer("orders", bootstrap_servers=...)``). Servers given both
+    ways, or a list among the topics, are a TypeError."""
+    args = list(args)
+    first_names_servers = bool(args) and (not isinstance(args[0], str) or ":" in args[0])
+    if first_names_servers:
+        if bootstrap_servers is not None:
+            raise TypeError(f"bootstrap_servers given twice: {args[0]!r} and {bootstrap_servers!r}")
+        bootstrap_servers = args.pop(0)
+    for topic in args:
+        if not isinstance(topic, str):
+            raise TypeError(f"topics are strings, got {topic!r}")
+    return ("localhost:9092" if bootstrap_servers is None else bootstrap_servers), args
 
 
 class _Blocking:
@@ -218,14 +239,28 @@ class Consumer(_Blocking):
     Like Kafka's, the consumer is not meant to be used from several threads at once
     (``wakeup`` excepted)."""
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
+    def __init__(self, *topics: str | Sequence[str], bootstrap_servers: str | Sequence[str] | None = None,
                  consumer_timeout_ms: float = float("inf"), **options: Any):
-        self._aio = AsyncConsumer(bootstrap_servers, invoke_callback=self._callback_on_caller, **options)
+        """``Consumer("orders", "payments", bootstrap_servers=..., group_id=...)`` subscribes
+        to those topics, as ``KafkaConsumer(*topics)`` (without a group_id: assigns all their
+        partitions); ``Consumer("host:9092", ...)`` (a first argument that names servers) is
+        the bootstrap servers (see ``split_positional``)."""
+        bootstrap, names = split_positional(topics, bootstrap_servers)
+        self._aio = AsyncConsumer(bootstrap, invoke_callback=self._callback_on_caller, **options)
         self._api_timeout_s = self._aio.config.default_api_timeout_ms / 1000
         self._request_timeout_s = self._aio.config.request_timeout_ms / 1000
         self.consumer_timeout_ms = consumer_timeout_ms
         self._inboxes: list[queue.SimpleQueue] = []  # the serving calls' inboxes, innermost last
         self._start("tidelog-consumer")
+        if names:
+            try:
+                if self._aio.config.group_id is not None:
+                    self.subscribe(names)
+                else:
+                    self._call(self._aio.assign_topics, names, None, timeout=self._timeout(None))
+            except BaseException:
+                self.close(0)
+                raise
 
     def _sync(self, fn: Any, *args: Any) -> Any:
         if self._closed:
@@ -310,23 +345,34 @@ class Consumer(_Blocking):
     def unsubscribe(self) -> None:
         self._serve(self._aio.unsubscribe, timeout=self._request_timeout_s * 2 + GRACE_S)
 
-    def commit(self, offsets: dict[TopicPartition, int] | None = None, timeout_ms: int | None = None) -> None:
-        """Commit ``offsets`` ({partition: next offset to read}, default: the consumed
-        positions) and wait for the coordinator. Raises CommitFailedError when the group
-        rebalanced meanwhile (see its message)."""
+    def commit(self, offsets: dict[TopicPartition, int | OffsetAndMetadata] | None = None,
+               timeout_ms: int | None = None) -> None:
+        """Commit ``offsets`` ({partition: next offset to read, or OffsetAndMetadata},
+        default: the consumed positions) and wait for the coordinator. Raises
+        CommitFailedError when the group rebalanced meanwhile (see its message)."""
         self._serve(self._aio.commit, None if offsets is None else dict(offsets), timeout_ms,
                     timeout=self._timeout(timeout_ms))
 
-    def commit_async(self, offsets: dict[TopicPartition, int] | None = None,
+    def commit_async(self, offsets: dict[TopicPartition, int | OffsetAndMetadata] | None = None,
                      callback: Callable[[dict, BaseException | None], Any] | None = None) -> None:
         """Commit in the background; ``callback(offsets, error_or_None)`` runs on this thread
         in a later ``poll`` or ``commit``."""
         self._sync(self._aio.commit_async, None if offsets is None else dict(offsets), callback)
 
-    def committed(self, partitions: Any, timeout_ms: int | None = None) -> Any:
-        """The group's committed offset of a partition (None: none), or a dict for a list."""
+    def committed(self, partitions: Any, timeout_ms: int | None = None, *, metadata: bool = False) -> Any:
+        """The group's committed offset of a partition (None: none), or a dict for a list;
+        with ``metadata=True`` an OffsetAndMetadata in place of each offset."""
         arg = partitions if isinstance(partitions, tuple) else list(partitions)
-        return self._call(self._aio.committed, arg, timeout_ms, timeout=self._timeout(timeout_ms))
+        return self._call(functools.partial(self._aio.committed, metadata=metadata), arg, timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
+    def topics(self, timeout_ms: int | None = None) -> set[str]:
+        """The cluster's topics (see ``AsyncConsumer.topics``)."""
+        return self._call(self._aio.topics, timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def partitions_for_topic(self, topic: str, timeout_ms: int | None = None) -> set[int] | None:
+        """The partition ids of ``topic``, None if it does not exist."""
+        return self._call(self._aio.partitions_for_topic, topic, timeout_ms, timeout=self._timeout(timeout_ms))
 
     @property
     def group_generation(self) -> tuple[int, str] | None:
@@ -371,8 +417,8 @@ class Consumer(_Blocking):
         return self._sync(self._aio.highwater, partition)
 
     @property
-    def metrics(self) -> dict[str, int]:
-        """As ``AsyncConsumer.metrics``."""
+    def metrics(self) -> Metrics:
+        """As ``AsyncConsumer.metrics``: the flat gauges, and ``metrics()`` kafka-python's."""
         return self._sync(lambda: self._aio.metrics)
 
     def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:

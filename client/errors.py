@@ -16,6 +16,7 @@ Hierarchy (every exception the SDK raises on purpose is a ``TidelogError``, so i
           |    '- SslAuthenticationError           a TLS handshake failed (untrusted certificate...)
           |- ClientClosedError                     the producer/consumer/admin is closed
           |- NoOffsetForPartitionError             auto_offset_reset="none" and no position
+          |- RecordDeserializationError            a key or value deserializer raised
           '- CommitFailedError                     the group rebalanced: the commit was not applied
                '- RebalanceInProgressError         a rebalance is under way: poll, then commit again
 
@@ -53,7 +54,7 @@ __all__ = [
     "TidelogError", "TidelogClientError", "RequestTimedOut", "BrokerConnectionError",
     "NoBrokersAvailable", "AuthenticationFailedError", "SaslAuthenticationError", "SslAuthenticationError",
     "ClientClosedError", "NoOffsetForPartitionError", "CommitFailedError",
-    "RebalanceInProgressError",
+    "RebalanceInProgressError", "RecordDeserializationError",
     "OffsetOutOfRangeError", "CorruptRecordError", "RecordTooLargeError", "broker_error",
 ]
 
@@ -130,6 +131,17 @@ class NoOffsetForPartitionError(TidelogClientError):
     """A partition has no position and ``auto_offset_reset`` is "none" (seek first)."""
 
     error = OFFSET_OUT_OF_RANGE
+
+
+class RecordDeserializationError(TidelogClientError):
+    """The consumer's ``key_deserializer`` or ``value_deserializer`` raised for the record at
+    ``offset`` of ``topic_partition`` (Kafka's RecordDeserializationException; the cause is
+    chained). The partition's position stays at that record: ``seek`` past it to skip it."""
+
+    def __init__(self, message: str, topic_partition: Any, offset: int):
+        super().__init__(message)
+        self.topic_partition = topic_partition
+        self.offset = offset
 
 
 class CommitFailedError(TidelogClientError):

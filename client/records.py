@@ -8,11 +8,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tidelog.protocol.records import TimestampType
 from tidelog.protocol.topics import TopicPartition
 
-__all__ = ["Record", "RecordMetadata", "TopicPartition", "TimestampType"]
+__all__ = ["Record", "RecordMetadata", "OffsetAndMetadata", "TopicPartition", "TimestampType"]
 
 
 @dataclass(slots=True, init=False)
@@ -72,3 +73,15 @@ class RecordMetadata:
     @property
     def topic_partition(self) -> TopicPartition:
         return TopicPartition(self.topic, self.partition)
+
+
+class OffsetAndMetadata(NamedTuple):
+    """An offset to commit (the next offset to read) with a metadata string the group
+    coordinator stores beside it and ``committed(..., metadata=True)`` returns (Kafka's
+    OffsetAndMetadata; the broker refuses more than ``offset.metadata.max.bytes``, 4096 bytes
+    of UTF-8 by default, with OFFSET_METADATA_TOO_LARGE). ``leader_epoch`` is accepted for
+    kafka-python's three-field form and not sent."""
+
+    offset: int
+    metadata: str | None = ""
+    leader_epoch: int = -1

@@ -179,6 +179,32 @@ class RecordFuture:
         client's Trio thread (keep it short: it delays the sender)."""
         self._result.add_callback(lambda: fn(self))
 
+    # kafka-python's FutureRecordMetadata: ``get``, ``add_callback``, ``add_errback``
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """kafka-python's name for ``result``: the RecordMetadata, or the batch's error, or
+        RequestTimedOut after ``timeout`` seconds."""
+        return self.result(timeout)
+
+    def add_callback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> "RecordFuture":
+        """Call ``fn(*args, metadata, **kwargs)`` if the record is acknowledged (as
+        kafka-python's ``add_callback``), when ``add_done_callback`` would; returns the future,
+        so ``send(...).add_callback(ok).add_errback(failed)`` chains."""
+        def done() -> None:
+            if self._result.error is None:
+                fn(*args, self._metadata(), **kwargs)
+        self._result.add_callback(done)
+        return self
+
+    def add_errback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> "RecordFuture":
+        """Call ``fn(*args, error, **kwargs)`` if the record fails (as kafka-python's
+        ``add_errback``); returns the future."""
+        def done() -> None:
+            if self._result.error is not None:
+                fn(*args, self._result.error, **kwargs)
+        self._result.add_callback(done)
+        return self
+
     async def _wait(self) -> RecordMetadata:
         await self._result.wait_async()
         return self._metadata()

@@ -66,6 +66,7 @@ from tidelog.protocol.messages import (
     OffsetFetchTopic,
 )
 from tidelog.protocol.topics import TopicPartition
+from tidelog.records import OffsetAndMetadata
 
 __all__ = ["OffsetCommitter", "auto_commit_offsets", "not_superseded", "coalesce_commit",
            "commit_failed_message", "commit_request"]
@@ -117,10 +118,13 @@ def commit_failed_message(group_id: str, detail: str) -> str:
 
 
 def commit_request(group_id: str, offsets: Mapping[TopicPartition, int], generation: Generation,
-                    group_instance_id: str | None) -> OffsetCommitRequest:
+                    group_instance_id: str | None,
+                    metadata: Mapping[TopicPartition, str | None] | None = None) -> OffsetCommitRequest:
+    """The OffsetCommit of ``offsets``; ``metadata[tp]`` (if any) is stored beside its offset."""
     by_topic: dict[str, list[OffsetCommitPartition]] = {}
     for tp, offset in sorted(offsets.items()):
-        by_topic.setdefault(tp.topic, []).append(OffsetCommitPartition(tp.partition, offset))
+        md = metadata.get(tp) if metadata else None
+        by_topic.setdefault(tp.topic, []).append(OffsetCommitPartition(tp.partition, offset, committed_metadata=md))
     return OffsetCommitRequest(group_id, [OffsetCommitTopic(t, ps) for t, ps in by_topic.items()],
                                generation.generation_id, generation.member_id,
                                group_instance_id if generation.valid else None)
@@ -161,6 +165,7 @@ class OffsetCommitter:
         self._commit_seq = 0
         self._sent_seq: dict[TopicPartition, int] = {}
         self._requested: dict[TopicPartition, tuple[int, int, Generation]] = {}  # latest commit asked
+        self._requested_metadata: dict[TopicPartition, str | None] = {}  # and its metadata string
         self._completed_commits: list[tuple[Callable, dict, BaseException | None]] = []
         self._next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
 
@@ -178,19 +183,27 @@ class OffsetCommitter:
                 + (": it left after max_poll_interval_ms without a poll" if self._left_for_poll_timeout() else "")))
         return self._member.generation
 
-    async def commit(self, offsets: Mapping[TopicPartition, int], deadline: float) -> None:
-        """Commit ``offsets`` (the next offset to read, per partition) and wait for the
-        coordinator's answer, retrying coordinator moves until ``deadline`` (trio time)."""
+    async def commit(self, offsets: Mapping[TopicPartition, int], deadline: float,
+                     metadata: Mapping[TopicPartition, str | None] | None = None) -> None:
+        """Commit ``offsets`` (the next offset to read, per partition) with ``metadata``'s
+        string per partition (none: no metadata) and wait for the coordinator's answer,
+        retrying coordinator moves until ``deadline`` (trio time). A partition's metadata
+        travels with its offset: when a later commit's offset is sent instead (see
+        ``coalesce_commit``), so is that commit's metadata."""
         if not offsets:
             return
         for tp, offset in offsets.items():
             if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
                 raise ValueError(f"offset to commit for {tp} must be an int >= 0, got {offset!r}")
+        for tp, md in (metadata or {}).items():
+            if md is not None and not isinstance(md, str):
+                raise ValueError(f"metadata to commit for {tp} must be a str or None, got {type(md).__name__}")
         self._commit_seq += 1
         seq = self._commit_seq
         generation = self._commit_generation()
         for tp, offset in offsets.items():
             self._requested[tp] = (seq, offset, generation)
+            self._requested_metadata[tp] = metadata.get(tp) if metadata else None
         with trio.move_on_at(deadline) as waiting:  # an earlier commit may hold the lock: wait only this long
             await self._commit_lock.acquire()
         if waiting.cancelled_caught:
@@ -201,7 +214,9 @@ class OffsetCommitter:
             if not fresh:
                 return
             sending, seqs = coalesce_commit(fresh, seq, generation, self._requested)
-            await self._commit_with_retries(sending, generation, deadline)
+            sending_metadata = {tp: (metadata.get(tp) if metadata else None) if seqs[tp] == seq
+                                else self._requested_metadata.get(tp) for tp in sending}
+            await self._commit_with_retries(sending, generation, deadline, sending_metadata)
             for tp, offset in sending.items():
                 self._sent_seq[tp] = max(self._sent_seq.get(tp, 0), seqs[tp])
                 self.committed[tp] = offset
@@ -209,7 +224,7 @@ class OffsetCommitter:
             self._commit_lock.release()
 
     async def _commit_with_retries(self, offsets: dict[TopicPartition, int], generation: Generation,
-                                   deadline: float) -> None:
+                                   deadline: float, metadata: Mapping[TopicPartition, str | None]) -> None:
         backoff = Backoff(self._backoff_s, self._backoff_max_s)
         last: BaseException | None = None
         while True:
@@ -223,7 +238,7 @@ class OffsetCommitter:
                 with trio.fail_after(remaining):
                     await self._link.ensure(deadline)
                     r = await self._link.request(commit_request(self.group_id, offsets, generation,
-                                                                        self.config.group_instance_id),
+                                                                self.config.group_instance_id, metadata),
                                                         ApiKey.OFFSET_COMMIT,
                                                         min(remaining, self.config.request_timeout_ms / 1000))
                 self._absorb_commit(r, generation)
@@ -266,20 +281,24 @@ class OffsetCommitter:
                 raise broker_error(p.error_code, f"group {self.group_id!r} commit for {t.name}-{p.partition_index}",
                                    p.error_message)
 
-    def commit_async(self, offsets: Mapping[TopicPartition, int], callback: Callable | None) -> None:
+    def commit_async(self, offsets: Mapping[TopicPartition, int], callback: Callable | None,
+                     metadata: Mapping[TopicPartition, str | None] | None = None,
+                     reported: Mapping[TopicPartition, Any] | None = None) -> None:
         """Send a commit in the background; ``callback(offsets, error_or_None)`` runs in a
-        later poll (or commit), like Kafka's OffsetCommitCallback."""
+        later poll (or commit), like Kafka's OffsetCommitCallback (``offsets``: ``reported``,
+        the application's own mapping, if given)."""
         offsets = dict(offsets)
+        report = dict(offsets if reported is None else reported)
 
         async def run() -> None:
             error: BaseException | None = None
             try:
-                await self.commit(offsets, trio.current_time() + self.config.request_timeout_ms / 1000)
+                await self.commit(offsets, trio.current_time() + self.config.request_timeout_ms / 1000, metadata)
             except TidelogError as e:
                 error = e
                 log.warning("group %r: asynchronous commit failed: %s", self.group_id, e)
             if callback is not None:
-                self._completed_commits.append((callback, offsets, error))
+                self._completed_commits.append((callback, report, error))
 
         self._start_soon(run)
 
@@ -304,6 +323,13 @@ class OffsetCommitter:
     async def fetch_committed(self, partitions: Iterable[TopicPartition], deadline: float
                               ) -> dict[TopicPartition, int | None]:
         """The group's committed offset of each partition (None: nothing committed)."""
+        found = await self.fetch_committed_metadata(partitions, deadline)
+        return {tp: None if c is None else c.offset for tp, c in found.items()}
+
+    async def fetch_committed_metadata(self, partitions: Iterable[TopicPartition], deadline: float
+                                       ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """The group's committed offset and metadata string of each partition (None: nothing
+        committed)."""
         wanted = list(dict.fromkeys(partitions))
         if not wanted:
             return {}
@@ -333,7 +359,7 @@ class OffsetCommitter:
                 await trio.sleep(backoff.next_delay())
 
     def _absorb_offset_fetch(self, r: OffsetFetchResponse, wanted: set[TopicPartition]
-                             ) -> dict[TopicPartition, int | None]:
+                             ) -> dict[TopicPartition, OffsetAndMetadata | None]:
         errors = [r.error_code] + [p.error_code for t in r.topics for p in t.partitions]
         for code in errors:
             if code == NONE.code:
@@ -342,12 +368,12 @@ class OffsetCommitter:
             if action in (RETRY, REDISCOVER):
                 raise GroupRetry(f"OffsetFetch: {for_code(code).name}", rediscover=action == REDISCOVER)
             raise broker_error(code, f"group {self.group_id!r} (OffsetFetch)")
-        out: dict[TopicPartition, int | None] = {tp: None for tp in wanted}
+        out: dict[TopicPartition, OffsetAndMetadata | None] = {tp: None for tp in wanted}
         for t in r.topics:
             for p in t.partitions:
                 tp = TopicPartition(t.name, p.partition_index)
-                if tp in wanted:
-                    out[tp] = None if p.committed_offset == NO_OFFSET else p.committed_offset
+                if tp in wanted and p.committed_offset != NO_OFFSET:
+                    out[tp] = OffsetAndMetadata(p.committed_offset, p.metadata or "", p.committed_leader_epoch)
         return out
 
     async def refresh_committed_positions(self) -> None:

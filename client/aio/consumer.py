@@ -39,16 +39,24 @@ from tidelog.aio.fetcher import (
 )
 from tidelog.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
 from tidelog.aio.subscription import RESET_STRATEGIES, ConsumerConfig, PartitionState, SubscriptionState
-from tidelog.errors import ClientClosedError, NoOffsetForPartitionError, TidelogError, WakeupError
+from tidelog.errors import (
+    ClientClosedError,
+    NoOffsetForPartitionError,
+    RecordDeserializationError,
+    TidelogError,
+    WakeupError,
+    broker_error,
+)
+from tidelog.protocol.errors import UNKNOWN_TOPIC_OR_PARTITION
 from tidelog.protocol.messages import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from tidelog.protocol.topics import TopicPartition
-from tidelog.records import Record
+from tidelog.records import OffsetAndMetadata, Record
 
 # ConsumerConfig, SubscriptionState, PartitionState and the fetch decisions are re-exported
 # from here, where applications and tools import them.
 __all__ = ["AsyncConsumer", "ConsumerConfig", "SubscriptionState", "PartitionState",
            "CompletedFetch", "FetchPlan", "PartitionOutcome", "plan_fetches",
-           "handle_partition_response", "OffsetAndTimestamp"]
+           "handle_partition_response", "OffsetAndTimestamp", "Metrics", "split_commit", "rewind_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,42 @@ log = logging.getLogger(__name__)
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
+
+
+class Metrics(dict):
+    """The consumer's gauges, flat (``metrics["records_lag_max"]``, as before), and callable
+    for kafka-python's shape: ``metrics()`` is ``{group: {name: value}}`` with Kafka's
+    names (``consumer-fetch-manager-metrics``: ``records-lag-max``, ...)."""
+
+    def __call__(self, raw: bool = False) -> dict[str, dict[str, float]]:
+        return {"consumer-metrics": {"assigned-partitions": self["assigned_partitions"]},
+                "consumer-fetch-manager-metrics": {
+                    "records-lag-max": self["records_lag_max"],
+                    "partitions-high-watermark-held": self["partitions_high_watermark_held"]}}
+
+
+def split_commit(offsets: dict[Any, Any]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, str | None]]:
+    """``{partition: offset or OffsetAndMetadata}`` -> (offsets, metadata strings); a plain
+    int commits no metadata."""
+    plain: dict[TopicPartition, int] = {}
+    metadata: dict[TopicPartition, str | None] = {}
+    for tp, value in offsets.items():
+        tp = TopicPartition(*tp)
+        if isinstance(value, tuple):  # OffsetAndMetadata, or kafka-python's own
+            plain[tp] = value[0]
+            metadata[tp] = value[1] if len(value) > 1 else None
+        else:
+            plain[tp] = value
+    return plain, metadata
+
+
+def rewind_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:
+    """Where each partition of ``records`` (one poll's, in offset order per partition) must
+    go back to for all of them to be fetched again: the offset of its first one."""
+    out: dict[TopicPartition, int] = {}
+    for r in records:
+        out.setdefault(TopicPartition(r.topic, r.partition), r.offset)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,10 +115,18 @@ class AsyncConsumer(RunsInOwnNursery):
     ``close``/``unsubscribe``), on the Trio thread; they may be ``async def``."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
+                 key_deserializer: Callable[[bytes | None], Any] | None = None,
+                 value_deserializer: Callable[[bytes | None], Any] | None = None,
                  invoke_callback: Callable[..., Awaitable[Any]] | None = None, **options: Any):
-        """``options``: ``ConsumerConfig``'s. ``invoke_callback(fn, *args)`` runs a rebalance
-        listener method or commit callback (default: on the Trio thread, awaited if async)."""
+        """``options``: ``ConsumerConfig``'s. ``key_deserializer`` / ``value_deserializer``
+        turn each record's key / value bytes (or None) into what ``poll`` hands out, as
+        kafka-python's; without them records carry bytes and nothing is called.
+        ``invoke_callback(fn, *args)`` runs a rebalance listener method or commit callback
+        (default: on the Trio thread, awaited if async)."""
         self.config = config = ConsumerConfig(bootstrap_servers=bootstrap_servers, **options)
+        self._key_deserializer = key_deserializer
+        self._value_deserializer = value_deserializer
+        self._deserializing = key_deserializer is not None or value_deserializer is not None
         self._cluster = Cluster(config.bootstrap_servers, client_id=config.client_id,
                                 request_timeout_ms=config.request_timeout_ms,
                                 retry_backoff_ms=config.retry_backoff_ms,
@@ -181,38 +233,50 @@ class AsyncConsumer(RunsInOwnNursery):
         self._subscriptions.assign([])
         self._cluster.set_topics(())
 
-    async def commit(self, offsets: dict[TopicPartition, int] | None = None,
+    async def commit(self, offsets: dict[TopicPartition, int | OffsetAndMetadata] | None = None,
                      timeout_ms: int | None = None) -> None:
-        """Commit ``offsets`` ({partition: next offset to read}), or the consumed position of
-        every assigned partition, and wait for the coordinator to store them. A commit the
-        group refuses because it rebalanced raises CommitFailedError (RebalanceInProgressError
-        while a rebalance is under way: poll, then commit again)."""
+        """Commit ``offsets`` ({partition: next offset to read, or an OffsetAndMetadata whose
+        metadata string the coordinator stores with it}), or the consumed position of every
+        assigned partition, and wait for the coordinator to store them. A commit the group
+        refuses because it rebalanced raises CommitFailedError (RebalanceInProgressError
+        while a rebalance is under way: poll, then commit again); metadata over the broker's
+        ``offset.metadata.max.bytes`` is refused (OFFSET_METADATA_TOO_LARGE)."""
         self._require_running()
         group = self._group("commit()")
         await group.offsets.invoke_completed_commits()
-        wanted = self._offsets_to_commit(offsets)
-        await group.offsets.commit(wanted, trio.current_time() + self._deadline_s(timeout_ms))
+        wanted, metadata = self._offsets_to_commit(offsets)
+        await group.offsets.commit(wanted, trio.current_time() + self._deadline_s(timeout_ms), metadata)
 
-    def commit_async(self, offsets: dict[TopicPartition, int] | None = None, callback: Any = None) -> None:
+    def commit_async(self, offsets: dict[TopicPartition, int | OffsetAndMetadata] | None = None,
+                     callback: Any = None) -> None:
         """Commit in the background; ``callback(offsets, exception_or_None)`` runs in a later
         ``poll`` or ``commit``. Commits are applied in the order they were made."""
         self._require_running()
-        self._group("commit_async()").offsets.commit_async(self._offsets_to_commit(offsets), callback)
+        wanted, metadata = self._offsets_to_commit(offsets)
+        self._group("commit_async()").offsets.commit_async(wanted, callback, metadata,
+                                                           None if offsets is None else offsets)
 
-    def _offsets_to_commit(self, offsets: dict[TopicPartition, int] | None) -> dict[TopicPartition, int]:
+    def _offsets_to_commit(self, offsets: dict[TopicPartition, Any] | None
+                           ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, str | None]]:
         if offsets is None:
-            return self._subscriptions.consumed_positions()
-        return {TopicPartition(*tp): offset for tp, offset in offsets.items()}
+            return self._subscriptions.consumed_positions(), {}
+        return split_commit(offsets)
 
     async def committed(self, partitions: TopicPartition | Iterable[TopicPartition],
-                        timeout_ms: int | None = None) -> Any:
+                        timeout_ms: int | None = None, *, metadata: bool = False) -> Any:
         """The group's committed offset (next offset to read; None: nothing committed) of a
-        partition, or ``{partition: offset}`` for an iterable of partitions."""
+        partition, or ``{partition: offset}`` for an iterable of partitions. With
+        ``metadata=True`` (kafka-python's), an OffsetAndMetadata (offset and the metadata
+        string committed with it) in place of each offset."""
         self._require_running()
         group = self._group("committed()")
         single = isinstance(partitions, tuple) and len(partitions) == 2 and isinstance(partitions[0], str)
         tps = [TopicPartition(*partitions)] if single else [TopicPartition(*tp) for tp in partitions]
-        found = await group.offsets.fetch_committed(tps, trio.current_time() + self._deadline_s(timeout_ms))
+        deadline = trio.current_time() + self._deadline_s(timeout_ms)
+        if metadata:
+            found: dict[TopicPartition, Any] = await group.offsets.fetch_committed_metadata(tps, deadline)
+        else:
+            found = await group.offsets.fetch_committed(tps, deadline)
         return found[tps[0]] if single else found
 
     def _deadline_s(self, timeout_ms: int | None) -> float:
@@ -302,10 +366,41 @@ class AsyncConsumer(RunsInOwnNursery):
         return None if hw < 0 else hw
 
     @property
-    def metrics(self) -> dict[str, int]:
+    def metrics(self) -> Metrics:
         """Gauges of the assigned partitions (``SubscriptionState.metrics``):
-        ``assigned_partitions``, ``records_lag_max`` and ``partitions_high_watermark_held``."""
-        return self._subscriptions.metrics()
+        ``assigned_partitions``, ``records_lag_max`` and ``partitions_high_watermark_held``;
+        call it (``metrics()``) for kafka-python's ``{group: {name: value}}`` (``Metrics``)."""
+        return Metrics(self._subscriptions.metrics())
+
+    # -- cluster metadata -----------------------------------------------------------------------
+
+    async def topics(self, timeout_ms: int | None = None) -> set[str]:
+        """The cluster's topics (kafka-python's ``topics()``), without the internal ones
+        while ``exclude_internal_topics``; fetched now."""
+        self._require_running()
+        response = await self._cluster.fetch_metadata(None, timeout=self._deadline_s(timeout_ms),
+                                                      allow_auto_topic_creation=False)
+        return {t.name for t in response.topics
+                if t.error_code == 0 and not (t.is_internal and self.config.exclude_internal_topics)}
+
+    async def partitions_for_topic(self, topic: str, timeout_ms: int | None = None) -> set[int] | None:
+        """The partition ids of ``topic`` (None: no such topic), fetched now."""
+        self._require_running()
+        await self._cluster.fetch_metadata([topic], timeout=self._deadline_s(timeout_ms),
+                                           allow_auto_topic_creation=False)
+        partitions = self._cluster.metadata.partitions_for(topic)
+        return None if not partitions else set(partitions)
+
+    async def assign_topics(self, topics: Sequence[str], timeout_ms: int | None = None) -> None:
+        """Assign every partition of ``topics`` (kafka-python's ``KafkaConsumer(*topics)``
+        without a group_id); raises UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist."""
+        wanted = []
+        for topic in topics:
+            partitions = await self.partitions_for_topic(topic, timeout_ms)
+            if partitions is None:
+                raise broker_error(UNKNOWN_TOPIC_OR_PARTITION.code, f"topic {topic!r}")
+            wanted += [TopicPartition(topic, p) for p in sorted(partitions)]
+        self.assign(wanted)
 
     # -- offsets --------------------------------------------------------------------------------
 
@@ -370,7 +465,7 @@ class AsyncConsumer(RunsInOwnNursery):
         while True:
             self._raise_pending()
             holding = self._coordinator is not None and self._coordinator.holds_records()
-            records = [] if holding else self._fetcher.drain(limit)  # the commit before a rebalance is under way
+            records = [] if holding else self._drain(limit)  # the commit before a rebalance is under way
             if records:
                 return records
             if trio.current_time() >= deadline or self._closed:
@@ -424,13 +519,43 @@ class AsyncConsumer(RunsInOwnNursery):
         else:
             try:
                 self._raise_pending()
-                outcome = self._fetcher.drain(limit)
+                outcome = self._drain(limit)
             except Exception as e:  # what poll would raise
                 outcome = e
             if not outcome and not isinstance(outcome, Exception):
                 return  # keep waiting
         self._poll_waiter = None
         deliver(outcome)
+
+    def _drain(self, limit: int) -> list[Record]:
+        records = self._fetcher.drain(limit)
+        if self._deserializing and records:
+            return self._deserialize(records)
+        return records
+
+    def _deserialize(self, records: list[Record]) -> list[Record]:
+        """Apply the deserializers to each record. When one raises, the records before it are
+        returned and every partition of the rest goes back to its first one (refetched); with
+        nothing before it, RecordDeserializationError is raised and the failed record's
+        partition stays at it (Kafka's rule: the next poll fails again until a ``seek``)."""
+        kd, vd = self._key_deserializer, self._value_deserializer
+        for i, r in enumerate(records):
+            try:
+                if kd is not None:
+                    r.key = kd(r.key)
+                if vd is not None:
+                    r.value = vd(r.value)
+            except Exception as e:
+                for tp, offset in rewind_offsets(records[i:]).items():
+                    self._subscriptions.state(tp).seek(offset)
+                self._fetcher.wake()
+                if i:
+                    return records[:i]
+                raise RecordDeserializationError(
+                    f"deserializing the record at offset {r.offset} of {r.topic}-{r.partition} failed: "
+                    f"{type(e).__name__}: {e}; seek past it to skip it", TopicPartition(r.topic, r.partition),
+                    r.offset) from e
+        return records
 
     def wakeup(self) -> None:
         """Make the poll that is waiting, or else the next one, raise WakeupError (Kafka's
