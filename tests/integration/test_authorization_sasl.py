@@ -123,8 +123,9 @@ def acl(user: str, resource: str, name: str, op: str, pattern: str = "literal", 
 
 def leader_port(cluster: DevCluster, topic: str) -> tuple[int, int]:
     md = send(cluster, cluster.brokers[1].port, None, ApiKey.METADATA, MetadataRequest([topic]))
-    leader = md.topics[0].partitions[0].leader_id
-    return leader, cluster.brokers[leader].port
+    partitions = md.topics[0].partitions if md.topics else []
+    leader = partitions[0].leader_id if partitions else -1
+    return leader, cluster.brokers[leader].port if leader in cluster.brokers else 0
 
 
 def produce_code(cluster: DevCluster, port: int, user: str, topic: str) -> int:
