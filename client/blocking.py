@@ -42,7 +42,7 @@ from tidelog.aio.admin import (
 )
 from tidelog.aio.consumer import AsyncConsumer, Metrics, OffsetAndTimestamp
 from tidelog.aio.group import ConsumerRebalanceListener, call_maybe_async
-from tidelog.aio.producer import NEED_METADATA, AsyncProducer, partly_queued
+from tidelog.aio.producer import NEED_METADATA, AsyncProducer, ProducerMetrics, partly_queued
 from tidelog.errors import (
     AuthenticationFailedError,
     BrokerConnectionError,
@@ -224,7 +224,8 @@ class Producer(_Blocking):
         self._stop(self._aio.close, timeout, timeout=limit)
 
     @property
-    def metrics(self) -> dict[str, int]:
+    def metrics(self) -> ProducerMetrics:
+        """As ``AsyncProducer.metrics``: the flat gauges, and ``metrics()`` kafka-python's."""
         return self._aio.metrics
 
 

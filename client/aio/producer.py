@@ -43,6 +43,7 @@ from tidelog.aio.accumulator import BulkRecords, ProducerBatch, RecordAccumulato
 from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
 from tidelog.aio.idempotence import IdempotenceState, SequenceVerdict
 from tidelog.aio.partitioner import StickyPartitioner, murmur2, to_positive
+from tidelog.aio.stats import ProducerStats
 from tidelog.errors import BrokerConnectionError, ClientClosedError, RequestTimedOut, TidelogError, broker_error
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
@@ -67,7 +68,7 @@ from tidelog.records import RecordMetadata
 from tidelog.security import SecurityConfig
 
 __all__ = ["AsyncProducer", "ProducerConfig", "Sender", "Decision", "decide",
-           "build_produce_request", "partition_results", "parse_acks", "serialize"]
+           "build_produce_request", "partition_results", "parse_acks", "serialize", "ProducerMetrics"]
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +295,7 @@ class Sender:
         self.accumulator = accumulator
         self.config = config
         self.idempotence = idempotence
+        self.stats = ProducerStats()  # what metrics() reports (tidelog.aio.stats)
         self._initializing = False  # an InitProducerId task is running
         self._event = trio.Event()
         self._token: trio.lowlevel.TrioToken | None = None
@@ -356,6 +358,7 @@ class Sender:
             self._bump_or_init_producer_id()
         now = acc.clock()
         for batch in acc.expire(now):
+            self.stats.on_error(now, len(batch))
             acc.complete(batch, error=self._expired(batch, now), in_flight=False)
         metadata = self.cluster.metadata
         busy = [n for n, k in self._in_flight.items() if k >= config.max_in_flight_requests_per_connection]
@@ -381,12 +384,14 @@ class Sender:
         if self.idempotence is not None:
             self.idempotence.mark_sent(batches)
         written = None
+        sent = self.accumulator.clock()
         try:
             request: ProduceRequest | Exception = build_produce_request(
                 batches, acks=config.acks, timeout_ms=config.request_timeout_ms)
         except Exception as e:  # e.g. a codec library missing: _send fails these records
             request = e
         else:
+            self.stats.on_request(sent, batches)
             conn = self.cluster.open_connection(node) if config.acks != 0 else None
             if conn is not None:
                 applied: list[bool] = []
@@ -394,8 +399,9 @@ class Sender:
                 def on_response(response: ProduceResponse) -> None:
                     # by the connection's reader, in response order, the pass it arrived in
                     applied.append(True)
-                    self._apply(decide_response(response, batches, now=self.accumulator.clock(),
-                                                retries=config.retries))
+                    now = self.accumulator.clock()
+                    self.stats.on_response(now, now - sent)
+                    self._apply(decide_response(response, batches, now=now, retries=config.retries))
 
                 try:
                     pending = conn.start_request(request, api_key=ApiKey.PRODUCE, early=on_response)
@@ -403,7 +409,7 @@ class Sender:
                     pending = None  # the connection failed: _send reconnects or reports it
                 if pending is not None:
                     written = (conn, pending, applied)
-        self._nursery.start_soon(self._send, node, batches, request, written)
+        self._nursery.start_soon(self._send, node, batches, request, written, sent)
 
     def _bump_or_init_producer_id(self) -> None:
         """A bump of the epoch is made here (KIP-360: the producer's own); a producer with no
@@ -448,7 +454,7 @@ class Sender:
             f"(delivery_timeout_ms {self.config.delivery_timeout_ms}){last}")
 
     async def _send(self, node: int, batches: list[ProducerBatch], request: ProduceRequest | Exception,
-                    written: tuple[Any, Any, list[bool]] | None) -> None:
+                    written: tuple[Any, Any, list[bool]] | None, sent: float = 0.0) -> None:
         decisions: list[tuple[ProducerBatch, Decision]] | None = None
         config, acc = self.config, self.accumulator
         timeout = config.request_timeout_ms / 1000 + 1.0
@@ -459,6 +465,8 @@ class Sender:
                 if written is not None:
                     conn, pending, applied = written
                     response = await conn.finish_request(pending, api_key=ApiKey.PRODUCE, timeout=timeout)
+                    if not applied:
+                        self.stats.on_response(acc.clock(), acc.clock() - sent)
                     decisions = [] if applied else decide_response(response, batches, now=acc.clock(),
                                                                    retries=config.retries)
                 else:
@@ -468,6 +476,7 @@ class Sender:
                         decisions = [(b, Decision("done")) for b in batches]
                     else:
                         response = await conn.request(request, api_key=ApiKey.PRODUCE, timeout=timeout)
+                        self.stats.on_response(acc.clock(), acc.clock() - sent)
                         decisions = decide_response(response, batches, now=acc.clock(), retries=config.retries)
             except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
                 log.debug("produce request to node %s failed: %s", node, e)
@@ -503,6 +512,8 @@ class Sender:
                 elif verdict.action == "reset" and d.action == "retry":
                     seqs.reset_sequence(batch)  # the broker forgot the producer: a new epoch
             refresh |= d.refresh_metadata
+            if d.action != "done":
+                (self.stats.on_retry if d.action == "retry" else self.stats.on_error)(acc.clock(), len(batch))
             if d.action == "retry" and not acc.closed_for_retries:
                 batch.last_error = d.error
                 acc.reenqueue(batch, acc.clock())
@@ -855,6 +866,21 @@ class AsyncProducer(RunsInOwnNursery):
         return list(metadata.partitions_for(topic))
 
     @property
-    def metrics(self) -> dict[str, int]:
-        return {"buffer_used_bytes": self._accumulator.used_memory,
-                "queued_batches": self._accumulator.queued_batches()}
+    def metrics(self) -> ProducerMetrics:
+        """``buffer_used_bytes`` and ``queued_batches``; call it (``metrics()``) for
+        kafka-python's ``{"producer-metrics": {name: value}}`` (``tidelog.aio.stats``)."""
+        acc = self._accumulator
+        m = ProducerMetrics(buffer_used_bytes=acc.used_memory, queued_batches=acc.queued_batches())
+        m.kafka = self._sender.stats.producer_metrics(acc.clock(), buffer_total=self.config.buffer_memory,
+                                                       buffer_used=m["buffer_used_bytes"])
+        return m
+
+
+class ProducerMetrics(dict):
+    """The producer's gauges, flat (``metrics["buffer_used_bytes"]``, as before), and callable
+    for kafka-python's shape: ``metrics()`` is ``{"producer-metrics": {name: value}}``."""
+
+    kafka: dict[str, float]
+
+    def __call__(self, raw: bool = False) -> dict[str, dict[str, float]]:
+        return {"producer-metrics": dict(self.kafka)}

@@ -85,3 +85,16 @@ def test_record_futures_answer_get_and_chain_callbacks(threaded_fake):
         metadata = future.get(timeout=10)
         assert done.wait(10)
     assert seen == [("ok", metadata.offset)]
+
+
+def test_producer_metrics_report_what_kafka_pythons_do(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    with Producer(threaded_fake.cluster.bootstrap, buffer_memory=1 << 20) as producer:
+        for i in range(50):
+            producer.send("t", b"v%d" % i)
+        producer.flush(10)
+        m = producer.metrics()["producer-metrics"]
+        assert m["record-send-total"] == 50 and m["record-send-rate"] > 0
+        assert m["batch-size-avg"] > 0 and m["request-latency-avg"] >= 0
+        assert m["buffer-total-bytes"] == 1 << 20 and m["buffer-available-bytes"] == 1 << 20
+        assert producer.metrics["buffer_used_bytes"] == 0  # the flat gauges, as before

@@ -1,0 +1,56 @@
+"""The producer's client metrics (tidelog.aio.stats), with time passed in: sampled windows
+as Kafka's (a new window each ``window_s``, the oldest dropped), rates over the time the
+windows cover but at least ``(samples - 1) * window_s``, and kafka-python's names."""
+
+from __future__ import annotations
+
+from tidelog.aio.stats import ProducerStats, Sampled
+
+
+def test_sampled_windows_roll_and_old_values_drop_out():
+    s = Sampled(window_s=10, samples=2)
+    s.record(4, now=0)
+    s.record(8, now=5)
+    assert (s.avg(5), s.max(5)) == (6, 8)
+    s.record(2, now=12)  # a second window
+    assert (s.avg(12), s.max(12)) == (14 / 3, 8)
+    s.record(1, now=25)  # a third: the first is dropped
+    assert (s.avg(25), s.max(25)) == (1.5, 2)
+    assert (s.avg(100), s.max(100), s.rate(100)) == (0.0, 0.0, 0.0)  # nothing recent
+    assert s.cumulative == 15
+
+
+def test_a_rate_is_spread_over_at_least_one_full_window():
+    s = Sampled(window_s=30, samples=2)
+    s.record(300, now=0)
+    assert s.rate(1) == 10  # 300 over 30 s, not over 1 s
+    s.record(300, now=40)
+    assert s.rate(60) == 10  # 600 over the 60 s the two windows cover
+    assert s.count_rate(60) == 2 / 60
+
+
+
+class Batch:
+    def __init__(self, records: int, size: int, created: float):
+        self.payload, self.created, self._n = b"x" * size, created, records
+
+    def __len__(self) -> int:
+        return self._n
+
+
+def test_producer_metrics_have_kafka_pythons_names_and_meanings():
+    stats = ProducerStats(window_s=30, samples=2)
+    stats.on_request(10.0, [Batch(10, 1000, 9.9), Batch(30, 3000, 9.5)])
+    stats.on_response(10.2, 0.2)
+    stats.on_request(20.0, [Batch(20, 2000, 19.9)])
+    stats.on_response(20.1, 0.1)
+    stats.on_retry(20.1, 5)
+    stats.on_error(20.1, 2)
+    m = stats.producer_metrics(40.0, buffer_total=100, buffer_used=30)
+    assert m["record-send-total"] == 60 and m["record-send-rate"] == 60 / 30
+    assert m["records-per-request-avg"] == 30 and m["request-rate"] == 2 / 30
+    assert (m["batch-size-avg"], m["batch-size-max"], m["record-size-avg"]) == (2000, 3000, 100)
+    assert abs(m["request-latency-avg"] - 150) < 1e-6 and abs(m["request-latency-max"] - 200) < 1e-6
+    assert abs(m["record-queue-time-max"] - 500) < 1e-6
+    assert (m["record-retry-rate"], m["record-error-total"]) == (5 / 30, 2)
+    assert (m["buffer-total-bytes"], m["buffer-available-bytes"]) == (100, 70)
