@@ -125,6 +125,7 @@ def secure_metadata_request(host: str, port: int, security: Any, timeout: float,
     Failures to connect or authenticate are ConnectionError."""
     import trio
 
+    from tidelog.errors import decode_response
     from tidelog.protocol.errors import TidelogError
     from tidelog.security import open_stream
 
@@ -141,7 +142,7 @@ def secure_metadata_request(host: str, port: int, security: Any, timeout: float,
                     if not data:
                         raise ConnectionError(f"the broker at {host}:{port} closed the connection")
                     for _, body in conn.receive_data(data):
-                        return MetadataResponse.from_body(body)
+                        return decode_response(MetadataResponse, body)  # a refusal raises its error
 
     try:
         return trio.run(ask)

@@ -60,6 +60,7 @@ from tests.support.waiting import wait_until
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.devcluster import secure_metadata
+from tidelog.broker.health import probe
 from tidelog.broker.zookeeper.zkserver import ZooKeeperEnsemble, find_free_ports
 from tidelog.security import SecurityConfig, read_properties
 
@@ -427,6 +428,9 @@ def test_a_client_without_credentials_gets_nothing(topology):
     tls_only = SecurityConfig(security_protocol="SSL", ssl_cafile=topology.security.ssl_cafile)
     with pytest.raises(OSError):  # the broker closes a connection that asks before authenticating
         secure_metadata("127.0.0.1", topology.brokers[1].port, tls_only, timeout=10)
+    # ... saying why, which the health check passes on
+    r = probe(f"127.0.0.1:{topology.brokers[1].port}", 10.0, security=tls_only)
+    assert not r.ready and "requires SASL authentication" in r.detail, r.detail
     wrong = SecurityConfig(**{**topology.client_options, "sasl_plain_password": "not-the-password"})
     with pytest.raises(OSError, match="invalid credentials"):
         secure_metadata("127.0.0.1", topology.brokers[1].port, wrong, timeout=10)
