@@ -10,7 +10,22 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import sniffio
 import trio
+
+
+def require_trio(what: str) -> None:
+    """Raise a RuntimeError naming the right import unless this runs under Trio (under
+    asyncio, Trio's calls fail with an AttributeError that does not say why)."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        library = None
+    if library == "trio":
+        return
+    hint = (f"under asyncio use `from tidelog.asyncio import {what}`" if library == "asyncio"
+            else "use `tidelog.asyncio` under asyncio, or `tidelog` (blocking) without an event loop")
+    raise RuntimeError(f"tidelog.aio.{what} runs under Trio, but this is {library or 'no async event loop'}: {hint}")
 
 
 class RunsInOwnNursery:
@@ -19,6 +34,7 @@ class RunsInOwnNursery:
     _exit_stack: contextlib.AsyncExitStack | None = None
 
     async def __aenter__(self):
+        require_trio(type(self).__name__)
         self._exit_stack = contextlib.AsyncExitStack()
         nursery = await self._exit_stack.enter_async_context(trio.open_nursery())
         try:

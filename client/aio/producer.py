@@ -668,6 +668,11 @@ class AsyncProducer(RunsInOwnNursery):
         answered with a size asks for)."""
         self._accumulator.wait_for_memory(size, deadline)
 
+    async def wait_for_memory_async(self, size: int, deadline: float) -> None:
+        """``wait_for_memory`` as a Trio task (the asyncio facade calls it through its portal),
+        cancellable."""
+        await self._accumulator.wait_for_memory_async(size, deadline)
+
     def try_send(self, topic: str, value: Any = None, key: Any = None, headers: Headers = None,
                  partition: int | None = None, timestamp_ms: int | None = None) -> Any:
         """The synchronous, thread-safe hot path. Returns the RecordFuture, or tells the

@@ -1,0 +1,193 @@
+"""The asyncio facade (tidelog.asyncio) against the fake cluster on its own thread: a round
+trip, polls cancelled at any moment lose and repeat no record, the asyncio loop keeps running
+while a call waits, wakeup, bounded errors, and the wrong event loop named in the error.
+
+Each test runs its own asyncio loop (``asyncio.run``) from a plain test, beside pytest-trio."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import pytest
+import trio
+
+import tidelog.aio
+from tidelog import NewTopic, RecordMetadata, RequestTimedOut, TidelogError, TopicPartition, WakeupError
+from tidelog.aio.partitioner import default_partition
+from tidelog.asyncio import AsyncAdmin, AsyncConsumer, AsyncProducer
+
+NOWHERE = "127.0.0.1:1"
+
+
+def test_round_trip(threaded_fake):
+    bootstrap = threaded_fake.cluster.bootstrap
+
+    async def main():
+        async with AsyncAdmin(bootstrap) as admin:
+            await admin.create_topics([NewTopic("t", 3)])
+            assert await admin.list_topics() == ["t"]
+        async with AsyncProducer(bootstrap, linger_ms=2) as producer:
+            futures = [await producer.send("t", b"v%d" % i, key=b"k%d" % (i % 4)) for i in range(200)]
+            many = await producer.send_many("t", [b"m%d" % i for i in range(50)], partition=1)
+            await producer.flush(timeout=10)
+            results = [await f for f in futures]
+            assert all(isinstance(r, RecordMetadata) for r in results)
+            assert all(r.partition == default_partition(b"k%d" % (i % 4), 3) for i, r in enumerate(results))
+            assert [m.partition for m in await many] == [1] * 50
+            assert futures[0].done() and futures[0].result() == results[0]
+            assert (await producer.send_and_wait("t", b"last", partition=2)).partition == 2
+            assert await producer.partitions_for("t") == [0, 1, 2]
+        assert producer.closed and not producer._portal.running
+        async with AsyncConsumer(bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition("t", p) for p in range(3)])
+            got = []
+            async for record in consumer:
+                got.append(record.value)
+                if len(got) == 251:
+                    break
+            expected = [b"v%d" % i for i in range(200)] + [b"m%d" % i for i in range(50)] + [b"last"]
+            assert sorted(got) == sorted(expected)
+            consumer.seek(TopicPartition("t", 1), 0)
+            assert await consumer.position(TopicPartition("t", 1)) == 0
+            by_partition = await consumer.getmany(timeout_ms=5000)
+            assert set(by_partition) == {TopicPartition("t", 1)}
+            ends = await consumer.end_offsets([TopicPartition("t", 1)])
+            assert ends[TopicPartition("t", 1)] == sum(1 for r in results if r.partition == 1) + 50
+        assert not consumer._portal.running
+
+    asyncio.run(main())
+
+
+def test_cancelled_polls_lose_and_repeat_no_record(threaded_fake):
+    """Polls cancelled at random moments (before, while and after records arrive): every
+    record comes back exactly once, in order, and the consumer stays usable."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    rng = random.Random(7)
+
+    async def main():
+        async with AsyncConsumer(bootstrap, auto_offset_reset="earliest", max_poll_records=7,
+                                 fetch_max_wait_ms=20) as consumer:
+            consumer.assign([TopicPartition("t", 0)])
+            for _ in range(5):  # nothing there yet: cancelled while waiting
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(consumer.poll(timeout_ms=10_000), 0.02)
+            async with AsyncProducer(bootstrap, linger_ms=0) as producer:
+                for i in range(300):
+                    await producer.send("t", b"%d" % i)
+                await producer.flush(10)
+            got, cancelled = [], 0
+            while len(got) < 300:
+                try:
+                    got += await asyncio.wait_for(consumer.poll(timeout_ms=1000), rng.choice([0, 0.0005, 0.002, 1]))
+                except asyncio.TimeoutError:
+                    cancelled += 1
+            assert [r.offset for r in got] == list(range(300))
+            assert cancelled > 0
+            assert await consumer.poll(timeout_ms=50) == []
+
+    asyncio.run(main())
+
+
+def test_the_loop_runs_while_a_call_waits(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        async with AsyncConsumer(bootstrap) as consumer:
+            consumer.assign([TopicPartition("t", 0)])
+            task = asyncio.create_task(ticker())
+            assert await consumer.poll(timeout_ms=300) == []
+            task.cancel()
+        assert ticks >= 3
+
+    asyncio.run(main())
+
+
+def test_wakeup_ends_a_waiting_poll_and_a_cancelled_group_poll_leaves_the_consumer_usable(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+
+    async def main():
+        async with AsyncConsumer(bootstrap) as consumer:
+            consumer.assign([TopicPartition("t", 0)])
+            threading.Timer(0.2, consumer.wakeup).start()
+            with pytest.raises(WakeupError):
+                await consumer.poll(timeout_ms=10_000)
+            assert await consumer.poll(timeout_ms=10) == []
+        # the fake cluster has no group coordinator: a group's poll waits for one
+        async with AsyncConsumer(bootstrap, group_id="g") as member:
+            member.subscribe(["t"])
+            for _ in range(3):
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(member.poll(timeout_ms=10_000), 0.1)
+            assert await member.poll(timeout_ms=100) == []
+            asyncio.get_running_loop().call_later(0.2, member.wakeup)
+            with pytest.raises(WakeupError):
+                await member.poll(timeout_ms=10_000)
+
+    asyncio.run(main())
+
+
+def test_topic_created_later_and_nothing_listening_give_bounded_answers(threaded_fake):
+    bootstrap = threaded_fake.cluster.bootstrap
+
+    async def main():
+        async with AsyncProducer(bootstrap, max_block_ms=10_000) as producer:
+            asyncio.get_running_loop().call_later(
+                0.3, threading.Thread(target=threaded_fake.call, args=(threaded_fake.cluster.create_topic, "late", 1)).start)
+            assert (await producer.send_and_wait("late", b"x")).offset == 0
+        async with AsyncProducer(NOWHERE, max_block_ms=300, retry_backoff_ms=20) as producer:
+            with pytest.raises(RequestTimedOut, match="not present in metadata after 300 ms"):
+                await producer.send("t", b"x")
+        async with AsyncConsumer(NOWHERE, retry_backoff_ms=20, request_timeout_ms=300) as consumer:
+            consumer.assign([TopicPartition("t", 0)])
+            assert await consumer.poll(timeout_ms=100) == []
+            with pytest.raises(RequestTimedOut):
+                await consumer.end_offsets([TopicPartition("t", 0)], timeout_ms=300)
+        async with AsyncAdmin(NOWHERE, retry_backoff_ms=20) as admin:
+            with pytest.raises(TidelogError, match="127.0.0.1:1"):
+                await admin.describe_cluster(timeout_ms=300)
+
+    asyncio.run(main())
+
+
+def test_the_trio_core_under_asyncio_names_the_asyncio_import():
+    async def main():
+        with pytest.raises(RuntimeError, match="from tidelog.asyncio import AsyncConsumer"):
+            async with tidelog.aio.AsyncConsumer(NOWHERE):
+                pass
+
+    asyncio.run(main())
+
+
+async def test_the_asyncio_facade_under_trio_names_the_trio_import():
+    with pytest.raises(RuntimeError, match="from tidelog.aio import AsyncProducer"):
+        async with AsyncProducer(NOWHERE):
+            pass
+    await trio.lowlevel.checkpoint()
+
+
+def test_calls_before_start_and_after_close_say_so():
+    async def main():
+        consumer = AsyncConsumer(NOWHERE)
+        with pytest.raises(RuntimeError, match="start the consumer first"):
+            await consumer.poll()
+        async with consumer:
+            pass
+        with pytest.raises(tidelog.ClientClosedError):
+            await consumer.poll()
+        async for _ in consumer:  # a closed consumer's iteration ends
+            raise AssertionError("no record expected")
+
+    asyncio.run(main())
