@@ -1,0 +1,83 @@
+"""A kafka-python program runs against a real cluster with only its imports changed.
+
+Acceptance (issue "Fit the user's habits", point 2): ``kafka_python_app.py`` (serializers and
+deserializers, positional topics, ``future.get``, ``add_callback`` / ``add_errback``, commits
+of ``OffsetAndMetadata``, ``committed(tp, metadata=True)``, ``topics()``,
+``partitions_for_topic()``, both ``metrics()``) is run with its import block replaced by
+Tidelog's; every order comes back deserialized, and each partition's committed offset carries
+the metadata string committed with it. Also: metadata over the broker's
+``offset.metadata.max.bytes`` is refused with OFFSET_METADATA_TOO_LARGE.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster_fixtures import FAST_FAILOVER
+from tests.support.cluster import cluster_fixture, wait_topic_ready
+from tidelog import Admin, Consumer, NewTopic, OffsetAndMetadata, TidelogError, TopicPartition
+
+APP = Path(__file__).with_name("kafka_python_app.py")
+KAFKA_IMPORTS = ("from kafka import KafkaConsumer, KafkaProducer, TopicPartition\n"
+                 "from kafka.structs import OffsetAndMetadata\n")
+TIDELOG_IMPORTS = ("from tidelog import Consumer as KafkaConsumer, Producer as KafkaProducer, TopicPartition\n"
+                   "from tidelog import OffsetAndMetadata\n")
+
+
+@pytest.fixture(scope="module")
+def cluster(request, tmp_path_factory):
+    yield from cluster_fixture(request, tmp_path_factory.mktemp("kafka-python"), 1, {
+        **FAST_FAILOVER, "offsets.topic.num.partitions": 3, "offsets.topic.replication.factor": 1,
+        "group.initial.rebalance.delay.ms": 300, "offset.metadata.max.bytes": 64})
+
+
+def create_topic(cluster, name: str, partitions: int) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(name, partitions, 1)])
+    wait_topic_ready(cluster, name, partitions, 1)
+
+
+def test_a_kafka_python_program_runs_with_only_its_imports_changed(cluster, tmp_path):
+    source = APP.read_text()
+    assert source.count(KAFKA_IMPORTS) == 1
+    program = tmp_path / "app.py"
+    program.write_text(source.replace(KAFKA_IMPORTS, TIDELOG_IMPORTS))
+    create_topic(cluster, "orders", 3)
+    count = 30
+    run = subprocess.run([sys.executable, str(program), cluster.bootstrap, "orders", "billing", str(count)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert sorted(o[1] for o in seen["orders"]) == list(range(count + 1))
+    assert all(key == "customer-%d" % (order % 3) and amount == (order * 10 if order < count else 0)
+               for key, order, amount in seen["orders"])
+    assert seen["delivered"] == count and seen["last"][0] == "orders"
+    assert seen["topics"] == ["orders"] and seen["send_rate_positive"] and seen["fetch_metrics"]
+    last_order = {}  # partition -> the metadata committed with its last record
+    with Consumer("orders", bootstrap_servers=cluster.bootstrap) as c:
+        ends = c.end_offsets([TopicPartition("orders", p) for p in range(3)])
+    assert sum(ends.values()) == count + 1
+    for p, (offset, offset_again, metadata) in seen["committed"].items():
+        tp = TopicPartition("orders", int(p))
+        assert offset == offset_again == ends[tp]
+        if ends[tp]:
+            last_order[int(p)] = metadata
+    assert all(m.startswith("order-") for m in last_order.values()) and last_order
+
+
+def test_metadata_over_the_brokers_limit_is_refused(cluster):
+    create_topic(cluster, "audit", 1)
+    tp = TopicPartition("audit", 0)
+    with Consumer(bootstrap_servers=cluster.bootstrap, group_id="auditors") as consumer:
+        consumer.assign([tp])
+        consumer.commit({tp: OffsetAndMetadata(0, "fits")})
+        assert consumer.committed(tp, metadata=True) == OffsetAndMetadata(0, "fits", -1)
+        with pytest.raises(TidelogError) as refused:
+            consumer.commit({tp: OffsetAndMetadata(0, "x" * 65)})
+        assert refused.value.error.name == "OFFSET_METADATA_TOO_LARGE"
+        assert consumer.committed(tp, metadata=True).metadata == "fits"
