@@ -109,7 +109,6 @@ from tidelog.broker.zookeeper.layout import (
     encode_producer_id_block,
     encode_topic_assignment,
     encode_topic_config,
-    lineage,
     more_open_than,
     next_producer_id_block,
     split_connect,
@@ -360,12 +359,20 @@ class ZkClient:
         return await self._call(f"create {path}", run)
 
     def _ensure_path_sync(self, path: str) -> None:
-        """In a worker thread: create ``path`` and its missing ancestors, top-down."""
+        """In a worker thread: create ``path`` and whichever of its ancestors are missing,
+        each with its own ACL. Only missing znodes are created (Kafka's createRecursive): a
+        create of an existing znode whose parent this identity may not create under (a
+        secured chroot, a locked-down root) would be refused rather than found."""
         if not path or self._kz.exists(path):
             return
-        for p in lineage(path):
+        try:
+            self._kz.create(path, b"", acl=self._acl(path))
+        except NodeExistsError:
+            return
+        except NoNodeError:
+            self._ensure_path_sync(path.rsplit("/", 1)[0])
             try:
-                self._kz.create(p, b"", acl=self._acl(p))
+                self._kz.create(path, b"", acl=self._acl(path))
             except NodeExistsError:
                 pass
 

@@ -163,6 +163,21 @@ async def test_the_digest_identity_is_the_one_zookeeper_computes(zookeeper, chro
         kz.delete(f"{chroot}/probe")
 
 
+async def test_a_chroot_made_by_an_operator_under_a_parent_the_brokers_may_not_write(zookeeper, chroot):
+    """Only missing znodes are created: the brokers never try to create the chroot's parent
+    (where ZooKeeper would refuse the create before finding it exists)."""
+    operator = DigestCredentials("ops", "ops-secret")
+    ops = ZkAcl(ALL, DIGEST, operator.identity)
+    with outsider(zookeeper, operator) as kz:
+        kz.create(chroot, b"", acl=[as_kazoo(ops), as_kazoo(WORLD_READ)])
+        kz.create(f"{chroot}/tidelog", b"", acl=[as_kazoo(a) for a in OWNED])
+    async with ZkClient(zookeeper.connect_string, chroot=f"{chroot}/tidelog", auth=CREDENTIALS, set_acl=True) as zk:
+        await populate(zk)
+        assert await zk.get_znode_acl(zk.paths.partition_state("orders", 0)) == OWNED
+    with outsider(zookeeper, operator) as kz:
+        assert kz.get_acls(chroot)[0] == [as_kazoo(ops), as_kazoo(WORLD_READ)]  # not the brokers' to change
+
+
 async def test_without_set_acl_znodes_stay_open(zookeeper, chroot):
     async with ZkClient(zookeeper.connect_string, chroot=chroot, auth=CREDENTIALS) as zk:  # authenticated only
         await populate(zk)
