@@ -21,6 +21,7 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, Id
 
 from tests.integration.cluster_fixtures import FAST_FAILOVER
+from tests.integration.test_zk import TcpProxy, next_item
 from tests.support.cluster import (
     broker_metadata,
     consume_range,
@@ -48,7 +49,7 @@ from tidelog.broker.zookeeper.layout import (
     decode_partition_state,
     encode_partition_state,
 )
-from tidelog.broker.zookeeper.zk import ZkClient
+from tidelog.broker.zookeeper.zk import LOST, SUSPENDED, ZkClient, ZkConnectionError, ZkTimeoutError
 
 CREDENTIALS = DigestCredentials("tidelog", "zk-secret")
 OWNED = frozenset({ZkAcl(ALL, DIGEST, CREDENTIALS.identity), WORLD_READ})
@@ -176,6 +177,30 @@ async def test_a_chroot_made_by_an_operator_under_a_parent_the_brokers_may_not_w
         assert await zk.get_znode_acl(zk.paths.partition_state("orders", 0)) == OWNED
     with outsider(zookeeper, operator) as kz:
         assert kz.get_acls(chroot)[0] == [as_kazoo(ops), as_kazoo(WORLD_READ)]  # not the brokers' to change
+
+
+async def test_a_new_session_after_a_lost_one_has_the_identity_again(zookeeper, chroot):
+    """kazoo adds the identity to every connection: after ZooKeeper expired the session, the
+    broker's writes (its registration again, an ISR change) are still its own."""
+    proxy = TcpProxy(zookeeper.port)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        zk = ZkClient(f"127.0.0.1:{proxy.port}", chroot=chroot, session_timeout_ms=2000, op_timeout_s=3,
+                      auth=CREDENTIALS, set_acl=True)
+        async with zk:
+            assert (await next_item(zk.session_events))[0] == "CONNECTED"
+            await populate(zk)
+            proxy.cut()
+            assert (await next_item(zk.session_events))[0] == SUSPENDED
+            with pytest.raises((ZkConnectionError, ZkTimeoutError)):
+                await zk.get_broker(1)
+            proxy.restore()
+            assert [(await next_item(zk.session_events, timeout=15))[0] for _ in range(2)] == [LOST, "CONNECTED"]
+            await zk.register_broker(BrokerInfo(1, "127.0.0.1", 9091))
+            assert await zk.get_znode_acl(zk.paths.broker(1)) == OWNED
+            current, version = await zk.get_partition_state("orders", 0)
+            await zk.update_partition_state("orders", 0, current.with_isr([1]), version)
+        nursery.cancel_scope.cancel()
 
 
 async def test_without_set_acl_znodes_stay_open(zookeeper, chroot):
