@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -68,6 +68,11 @@ from tidelog.protocol.acls import (
     ResourceType,
 )
 from tidelog.records import OffsetAndMetadata, Record, RecordMetadata, TopicPartition
+
+if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers (tidelog.options)
+    from typing import Unpack
+
+    from tidelog.options import AdminOptions, ConsumerOptions, ProducerOptions
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",
            "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
@@ -144,7 +149,7 @@ class _Blocking:
 class Producer(_Blocking):
     """A blocking producer; options as ``tidelog.aio.AsyncProducer`` (Kafka's names)."""
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Any):
+    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Unpack[ProducerOptions]):
         self._aio = AsyncProducer(bootstrap_servers, **options)
         self._max_block_s = self._aio.config.max_block_ms / 1000
         self._delivery_s = self._aio.config.delivery_timeout_ms / 1000
@@ -241,7 +246,7 @@ class Consumer(_Blocking):
     (``wakeup`` excepted)."""
 
     def __init__(self, *topics: str | Sequence[str], bootstrap_servers: str | Sequence[str] | None = None,
-                 consumer_timeout_ms: float = float("inf"), **options: Any):
+                 consumer_timeout_ms: float = float("inf"), **options: Unpack[ConsumerOptions]):
         """``Consumer("orders", "payments", bootstrap_servers=..., group_id=...)`` subscribes
         to those topics, as ``KafkaConsumer(*topics)`` (without a group_id: assigns all their
         partitions); ``Consumer("host:9092", ...)`` (a first argument that names servers) is
@@ -519,7 +524,7 @@ class Consumer(_Blocking):
 class Admin(_Blocking):
     """A blocking admin client; options as ``tidelog.aio.AsyncAdmin``."""
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Any):
+    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Unpack[AdminOptions]):
         self._aio = AsyncAdmin(bootstrap_servers, **options)
         self._api_timeout_s = self._aio.default_api_timeout_ms / 1000
         self._start("tidelog-admin")

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tidelog.protocol.records import TimestampType
 from tidelog.protocol.topics import TopicPartition
@@ -29,13 +29,13 @@ class Record:
     partition: int
     offset: int
     timestamp: int
-    key: bytes | None
-    value: bytes | None
+    key: Any  # bytes or None, unless the consumer has a key_deserializer
+    value: Any  # likewise (value_deserializer)
     headers: list[tuple[str, bytes | None]] = field(default_factory=list)
     timestamp_type: int = TimestampType.CREATE_TIME
 
-    def __init__(self, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
-                 value: bytes | None, headers: list[tuple[str, bytes | None]] | None = None,
+    def __init__(self, topic: str, partition: int, offset: int, timestamp: int, key: Any,
+                 value: Any, headers: list[tuple[str, bytes | None]] | None = None,
                  timestamp_type: int = TimestampType.CREATE_TIME):
         self.topic = topic
         self.partition = partition

@@ -31,7 +31,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -106,6 +106,11 @@ from tidelog.protocol.messages import (
 )
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
 from tidelog.security import SecurityConfig
+
+if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers
+    from typing import Unpack
+
+    from tidelog.options import SecurityOptions
 
 __all__ = ["AsyncAdmin", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
            "ConfigEntry", "BrokerMetadata", "ListedGroup", "MemberDescription", "ConsumerGroupDescription",
@@ -200,7 +205,7 @@ class AsyncAdmin(RunsInOwnNursery):
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
                  client_id: str | None = None, request_timeout_ms: int = 30000,
                  retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
-                 default_api_timeout_ms: int = 60000, **security: Any):
+                 default_api_timeout_ms: int = 60000, **security: Unpack[SecurityOptions]):
         """``security``: ``tidelog.security.SecurityConfig``'s options (``security_protocol``,
         ``ssl_cafile``, ``sasl_mechanism``, ``sasl_plain_username``, ...)."""
         self.request_timeout_ms = request_timeout_ms

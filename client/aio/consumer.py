@@ -23,7 +23,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
@@ -51,6 +51,11 @@ from tidelog.protocol.errors import UNKNOWN_TOPIC_OR_PARTITION
 from tidelog.protocol.messages import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from tidelog.protocol.topics import TopicPartition
 from tidelog.records import OffsetAndMetadata, Record
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from tidelog.options import ConsumerConfigOptions
 
 # ConsumerConfig, SubscriptionState, PartitionState and the fetch decisions are re-exported
 # from here, where applications and tools import them.
@@ -115,9 +120,10 @@ class AsyncConsumer(RunsInOwnNursery):
     ``close``/``unsubscribe``), on the Trio thread; they may be ``async def``."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
-                 key_deserializer: Callable[[bytes | None], Any] | None = None,
-                 value_deserializer: Callable[[bytes | None], Any] | None = None,
-                 invoke_callback: Callable[..., Awaitable[Any]] | None = None, **options: Any):
+                 key_deserializer: Callable[[Any], Any] | None = None,
+                 value_deserializer: Callable[[Any], Any] | None = None,
+                 invoke_callback: Callable[..., Awaitable[Any]] | None = None,
+                 **options: Unpack[ConsumerConfigOptions]):
         """``options``: ``ConsumerConfig``'s. ``key_deserializer`` / ``value_deserializer``
         turn each record's key / value bytes (or None) into what ``poll`` hands out, as
         kafka-python's; without them records carry bytes and nothing is called.

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
@@ -66,6 +66,11 @@ from tidelog.protocol.records import Codec
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
 from tidelog.records import RecordMetadata
 from tidelog.security import SecurityConfig
+
+if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers
+    from typing import Unpack
+
+    from tidelog.options import ProducerConfigOptions
 
 __all__ = ["AsyncProducer", "ProducerConfig", "Sender", "Decision", "decide",
            "build_produce_request", "partition_results", "parse_acks", "serialize", "ProducerMetrics"]
@@ -553,7 +558,7 @@ class AsyncProducer(RunsInOwnNursery):
     def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", *,
                  key_serializer: Callable[[Any], bytes | None] | None = None,
                  value_serializer: Callable[[Any], bytes | None] | None = None,
-                 partitioner: Partitioner | None = None, **options: Any):
+                 partitioner: Partitioner | None = None, **options: Unpack[ProducerConfigOptions]):
         self.config = config = ProducerConfig(bootstrap_servers=bootstrap_servers, **options)
         self._key_serializer = key_serializer or serialize
         self._value_serializer = value_serializer or serialize
