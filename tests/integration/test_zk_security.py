@@ -395,3 +395,58 @@ def test_a_sasl_ssl_cluster_with_zookeeper_acls(tmp_path):
         finally:
             kz.stop()
             kz.close()
+
+
+def test_turning_acls_on_in_a_running_cluster_as_documented(tmp_path, capsys):
+    """docs/operations.md's three steps on a cluster that keeps serving: a rolling restart
+    with the identity, one with zookeeper.set.acl, then the migration. Every acknowledged
+    record is there at the end, and an outsider is locked out only once all is done."""
+    topic, acked = "rolling", []
+
+    def produce(prefix: bytes) -> None:
+        with Producer(cluster.bootstrap, acks="all", delivery_timeout_ms=90000, request_timeout_ms=15000) as p:
+            futures = [(prefix + b"-%d" % i, p.send(topic, prefix + b"-%d" % i)) for i in range(100)]
+            acked.extend((v, f.result(60)) for v, f in futures)
+
+    def rolling_restart(settings: str) -> None:
+        for b in cluster.brokers.values():
+            assert b.stop(60) == 0
+            with open(b.config_path, "a") as f:
+                f.write(settings)
+            b.start()
+            cluster.wait_ready(60)
+            wait_topic_ready(cluster, topic, 3, 3, timeout=60)  # all in sync before the next one goes
+
+    paths = ZkPaths("/tidelog")
+    with started_cluster(tmp_path / "cluster", 3, FAST_FAILOVER) as cluster:
+        with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+            admin.create_topics([NewTopic(topic, 3, 3, config={"min.insync.replicas": "2"})])
+        wait_topic_ready(cluster, topic, 3, 3)
+        produce(b"open")
+        rolling_restart(f'"zookeeper.digest.username" = "{CREDENTIALS.username}"\n'
+                        f'"zookeeper.digest.password" = "{CREDENTIALS.password}"\n')
+        produce(b"identity")
+        rolling_restart('"zookeeper.set.acl" = true\n')
+        produce(b"set-acl")
+        kz = KazooClient(hosts=cluster.zookeeper.connect_string, timeout=5)
+        kz.start(timeout=10)
+        try:
+            with pytest.raises(NoAuthError):  # the containers are secured at start...
+                kz.create(paths.topic("evil"), b"{}")
+            assert kz.get_acls(paths.partition_state(topic, 0))[0] == OPEN_ACL_UNSAFE  # ...their content is not
+            assert run_cli("zookeeper-security-migration", "--zookeeper.acl", "secure", "--zookeeper.connect",
+                           cluster.zookeeper.connect_string + "/tidelog",
+                           "--zk-auth-file", str(cluster.brokers[2].config_path)) == 0
+            assert "ACLs changed" in capsys.readouterr().out
+            with pytest.raises(NoAuthError):
+                kz.set(paths.partition_state(topic, 0), FORGED)
+        finally:
+            kz.stop()
+            kz.close()
+        produce(b"migrated")
+
+        tps = [TopicPartition(topic, i) for i in range(3)]
+        records = consume_range(cluster.bootstrap, end_offsets(cluster.bootstrap, tps), timeout=90)
+        found = {(r.partition, r.offset): r.value for rs in records.values() for r in rs}
+        lost = [(m.partition, m.offset) for v, m in acked if found.get((m.partition, m.offset)) != v]
+        assert len(acked) == 400 and not lost, f"{len(lost)} of {len(acked)} acknowledged records lost"
