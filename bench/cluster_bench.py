@@ -24,6 +24,10 @@ reports the CPU the client and the broker used, per record.
 ``--security SASL_SSL`` runs a SASL_SSL cluster (TLS, SCRAM-SHA-512 between brokers and
 for the clients, as ``tidelog dev up --security SASL_SSL``).
 
+``--acls N`` (with ``--security SASL_SSL``) turns the ACL authorizer on, loads N ACLs (the
+client's own, PREFIXED on ``bench-``, and filler on other topics, prefixes and groups, some
+of them Deny) and runs the clients as a user of their own, not the super user.
+
 ``--profile DIR`` records py-spy profiles (raw, 200 Hz) of the broker and of this process
 during the last run. Each run uses a fresh topic; the figure reported is the median.
 """
@@ -52,6 +56,43 @@ PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
 SECURITY: dict = {}  # the clients' security options (--security)
+
+
+def load_acls(bootstrap: str, count: int) -> None:
+    """As the super user: a user ``bench`` allowed on ``bench-*`` topics and groups, ``count``
+    ACLs in all; then the clients run as ``bench``."""
+    from tidelog import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+    from tidelog.aio.entity_configs import ScramCredentialInfo, UserScramCredentialUpsertion
+
+    def acl(restype, name, pattern, operation, permission="ALLOW", principal="User:bench"):
+        return AclBinding(restype, name, pattern, principal, "*", operation, AclPermissionType[permission])
+
+    own = [acl(ResourceType.TOPIC, "bench-", ResourcePatternType.PREFIXED, op)
+           for op in (AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE, AclOperation.CREATE)]
+    own += [acl(ResourceType.GROUP, "bench-", ResourcePatternType.PREFIXED, AclOperation.READ),
+            acl(ResourceType.CLUSTER, "kafka-cluster", ResourcePatternType.LITERAL, AclOperation.IDEMPOTENT_WRITE)]
+    filler = []
+    for i in range(max(0, count - len(own))):
+        kind = i % 4
+        if kind == 0:
+            filler.append(acl(ResourceType.TOPIC, f"other-{i}", ResourcePatternType.LITERAL, AclOperation.WRITE,
+                              principal=f"User:u{i % 37}"))
+        elif kind == 1:
+            filler.append(acl(ResourceType.TOPIC, f"p{i % 29}-{i}-", ResourcePatternType.PREFIXED, AclOperation.READ,
+                              principal=f"User:u{i % 37}"))
+        elif kind == 2:
+            filler.append(acl(ResourceType.GROUP, f"g-{i}", ResourcePatternType.LITERAL, AclOperation.READ,
+                              principal=f"User:u{i % 37}"))
+        else:
+            filler.append(acl(ResourceType.TOPIC, f"other-{i}", ResourcePatternType.LITERAL, AclOperation.WRITE,
+                              "DENY", principal="User:bench"))
+    with Admin(bootstrap, **SECURITY) as admin:
+        admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+            "bench", ScramCredentialInfo("SCRAM-SHA-512"), "bench-secret")])
+        bindings = own + filler
+        for start in range(0, len(bindings), 200):
+            admin.create_acls(bindings[start:start + 200])
+    SECURITY.update(sasl_plain_username="bench", sasl_plain_password="bench-secret")
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, rf: int = 1, min_isr: int = 1) -> None:
@@ -366,6 +407,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None)
     ap.add_argument("--brokers", type=int, default=1, help="broker processes in the cluster")
     ap.add_argument("--security", choices=["PLAINTEXT", "SASL_SSL"], default="PLAINTEXT")
+    ap.add_argument("--acls", type=int, default=None, help="with --security SASL_SSL: the authorizer on, N ACLs")
     ap.add_argument("--replication-factor", type=int, default=1)
     ap.add_argument("--min-isr", type=int, default=1, help="the topic's min.insync.replicas")
     ap.add_argument("--acks", default="1", help="1, 0 or all")
@@ -383,10 +425,14 @@ def main() -> None:
         args.records = {"produce": 1_000_000, "bulk": 3_000_000, "consume": 2_000_000}.get(args.mode, 0)
 
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        cluster = DevCluster(d, brokers=args.brokers, zk_port=0, base_port=0, security=args.security)
+        authorizer = {"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer"} if args.acls is not None else {}
+        cluster = DevCluster(d, brokers=args.brokers, zk_port=0, base_port=0, security=args.security,
+                             extra_config=authorizer)
         try:
             cluster.start()
             SECURITY.update(cluster.client_security().options() if cluster.security else {})
+            if args.acls is not None:
+                load_acls(cluster.bootstrap, args.acls)
             bootstrap = cluster.bootstrap
             broker_pid = {f"broker{i}": b.proc.pid for i, b in cluster.brokers.items()} \
                 if args.brokers > 1 else cluster.brokers[1].proc.pid
