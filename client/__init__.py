@@ -21,7 +21,7 @@ __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordF
            "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError", "WakeupError",
            "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
            "ListedGroup", "AclBinding", "AclBindingFilter", "ResourceType", "ResourcePatternType", "AclOperation",
-           "AclPermissionType", "OffsetAndMetadata", "RecordDeserializationError"]
+           "AclPermissionType", "OffsetAndMetadata", "RecordDeserializationError", "ConsumerRecords"]
 
 
 def __getattr__(name: str) -> Any:
@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         Consumer,
         ConsumerGroupDescription,
         ConsumerRebalanceListener,
+        ConsumerRecords,
         GroupOffsets,
         ListedGroup,
         MemberDescription,

@@ -67,7 +67,7 @@ from tidelog.protocol.acls import (
     ResourcePatternType,
     ResourceType,
 )
-from tidelog.records import OffsetAndMetadata, Record, RecordMetadata, TopicPartition
+from tidelog.records import ConsumerRecords, OffsetAndMetadata, Record, RecordMetadata, TopicPartition
 
 if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers (tidelog.options)
     from typing import Unpack
@@ -82,7 +82,7 @@ __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordF
            "NoOffsetForPartitionError", "CommitFailedError", "RebalanceInProgressError", "WakeupError",
            "ConsumerRebalanceListener", "ConsumerGroupDescription", "MemberDescription", "GroupOffsets",
            "ListedGroup", "AclBinding", "AclBindingFilter", "ResourceType", "ResourcePatternType", "AclOperation",
-           "AclPermissionType", "OffsetAndMetadata", "RecordDeserializationError"]
+           "AclPermissionType", "OffsetAndMetadata", "RecordDeserializationError", "ConsumerRecords"]
 
 
 HANDOFF_WAIT_S = 0.001  # see Consumer._poll_waiting
@@ -430,7 +430,7 @@ class Consumer(_Blocking):
     def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:
         return self._call(self._aio.position, partition, timeout_ms, timeout=self._timeout(timeout_ms))
 
-    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> ConsumerRecords:
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for some. With a
         group, a poll also runs rebalances, within the same ``timeout_ms`` (what is not done
         by then, such as a slow commit before a rebalance, goes on in the background and the
@@ -439,9 +439,11 @@ class Consumer(_Blocking):
         bounded by ``timeout_ms + request_timeout_ms`` plus a grace period: a margin over the
         poll's own bound, reached only when the loop is stuck."""
         if self._aio.polls_without_task:
-            return self._poll_waiting(timeout_ms, max_records)
-        return self._serve(self._aio.poll, timeout_ms, max_records,
-                           timeout=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
+            records = self._poll_waiting(timeout_ms, max_records)
+        else:
+            records = self._serve(self._aio.poll, timeout_ms, max_records,
+                                  timeout=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
+        return records if type(records) is ConsumerRecords else ConsumerRecords(records)
 
     def _poll_waiting(self, timeout_ms: int, max_records: int | None) -> list[Record]:
         """``poll`` without a group: a waiter on the loop (``AsyncConsumer.add_poll_waiter``)

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from tidelog.protocol.records import TimestampType
 from tidelog.protocol.topics import TopicPartition
 
-__all__ = ["Record", "RecordMetadata", "OffsetAndMetadata", "TopicPartition", "TimestampType"]
+__all__ = ["Record", "RecordMetadata", "OffsetAndMetadata", "ConsumerRecords", "TopicPartition", "TimestampType"]
 
 
 @dataclass(slots=True, init=False)
@@ -85,3 +85,30 @@ class OffsetAndMetadata(NamedTuple):
     offset: int
     metadata: str | None = ""
     leader_epoch: int = -1
+
+
+class ConsumerRecords(list):
+    """What ``poll`` returns: its records in order, a list (as always), which also answers
+    kafka-python's dict of ``{TopicPartition: [records]}``: ``items()``, ``keys()``,
+    ``values()`` and ``get(tp)`` group the records by partition (indexing and ``in`` stay
+    the list's: use ``get(tp)`` for one partition's records)."""
+
+    __slots__ = ()
+
+    def by_partition(self) -> dict[TopicPartition, list[Record]]:
+        out: dict[TopicPartition, list[Record]] = {}
+        for r in self:
+            out.setdefault(TopicPartition(r.topic, r.partition), []).append(r)
+        return out
+
+    def items(self):  # type: ignore[no-untyped-def]
+        return self.by_partition().items()
+
+    def keys(self):  # type: ignore[no-untyped-def]
+        return self.by_partition().keys()
+
+    def values(self):  # type: ignore[no-untyped-def]
+        return self.by_partition().values()
+
+    def get(self, partition: TopicPartition, default: Any = None) -> Any:
+        return self.by_partition().get(TopicPartition(*partition), default)

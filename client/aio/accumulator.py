@@ -179,7 +179,24 @@ class RecordFuture:
         client's Trio thread (keep it short: it delays the sender)."""
         self._result.add_callback(lambda: fn(self))
 
-    # kafka-python's FutureRecordMetadata: ``get``, ``add_callback``, ``add_errback``
+    # kafka-python's FutureRecordMetadata: ``get``, ``add_callback``, ``add_errback``,
+    # ``is_done``, ``succeeded()``, ``failed()``, ``value`` (its ``exception`` is an attribute
+    # there and a method here: ``exception(timeout)``)
+
+    @property
+    def is_done(self) -> bool:
+        return self._result.done()
+
+    def succeeded(self) -> bool:
+        return self._result.done() and self._result.error is None
+
+    def failed(self) -> bool:
+        return self._result.done() and self._result.error is not None
+
+    @property
+    def value(self) -> RecordMetadata | None:
+        """The RecordMetadata once acknowledged, else None (kafka-python's ``value``)."""
+        return self._metadata() if self.succeeded() else None
 
     def get(self, timeout: float | None = None) -> RecordMetadata:
         """kafka-python's name for ``result``: the RecordMetadata, or the batch's error, or

@@ -50,7 +50,7 @@ from tidelog.errors import (
 from tidelog.protocol.errors import UNKNOWN_TOPIC_OR_PARTITION
 from tidelog.protocol.messages import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from tidelog.protocol.topics import TopicPartition
-from tidelog.records import OffsetAndMetadata, Record
+from tidelog.records import ConsumerRecords, OffsetAndMetadata, Record
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -448,9 +448,10 @@ class AsyncConsumer(RunsInOwnNursery):
 
     # -- polling --------------------------------------------------------------------------------
 
-    async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
+    async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> ConsumerRecords:
         """Records from the assigned partitions, in offset order per partition: at most
-        ``max_records`` (default ``max_poll_records``), waiting up to ``timeout_ms`` for some.
+        ``max_records`` (default ``max_poll_records``), waiting up to ``timeout_ms`` for some
+        (a ``ConsumerRecords``: a list, with kafka-python's ``items()`` by partition).
         Raises an error a fetch ran into (e.g. OffsetOutOfRangeError with
         auto_offset_reset "none", CorruptRecordError) once, then carries on.
 
@@ -471,11 +472,11 @@ class AsyncConsumer(RunsInOwnNursery):
         while True:
             self._raise_pending()
             holding = self._coordinator is not None and self._coordinator.holds_records()
-            records = [] if holding else self._drain(limit)  # the commit before a rebalance is under way
+            records = ConsumerRecords() if holding else self._drain(limit)  # the commit before a rebalance
             if records:
                 return records
             if trio.current_time() >= deadline or self._closed:
-                return []
+                return records
             if self._coordinator is not None and self._coordinator.poll_step_due():
                 await self._coordinator.poll(deadline)  # a rebalance to run or to finish
                 continue
@@ -533,10 +534,11 @@ class AsyncConsumer(RunsInOwnNursery):
         self._poll_waiter = None
         deliver(outcome)
 
-    def _drain(self, limit: int) -> list[Record]:
-        records = self._fetcher.drain(limit)
+    def _drain(self, limit: int) -> ConsumerRecords:
+        records = ConsumerRecords(self._fetcher.drain(limit))
         if self._deserializing and records:
-            return self._deserialize(records)
+            out = self._deserialize(records)
+            return out if type(out) is ConsumerRecords else ConsumerRecords(out)
         return records
 
     def _deserialize(self, records: list[Record]) -> list[Record]:

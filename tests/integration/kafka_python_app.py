@@ -56,6 +56,7 @@ for message in consumer:
     if len(orders) == count + 1:
         break
 
+leftover = sum(len(messages) for tp, messages in consumer.poll(timeout_ms=200).items())
 partitions = consumer.partitions_for_topic(topic)
 committed = {}
 for p in sorted(partitions):
@@ -65,6 +66,7 @@ for p in sorted(partitions):
 print(json.dumps({
     "orders": orders,
     "delivered": len(delivered),
+    "leftover": leftover,
     "last": [record_metadata.topic, record_metadata.partition, record_metadata.offset],
     "committed": committed,
     "topics": sorted(t for t in consumer.topics() if t == topic),

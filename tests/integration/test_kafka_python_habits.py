@@ -56,7 +56,7 @@ def test_a_kafka_python_program_runs_with_only_its_imports_changed(cluster, tmp_
     assert sorted(o[1] for o in seen["orders"]) == list(range(count + 1))
     assert all(key == "customer-%d" % (order % 3) and amount == (order * 10 if order < count else 0)
                for key, order, amount in seen["orders"])
-    assert seen["delivered"] == count and seen["last"][0] == "orders"
+    assert seen["delivered"] == count and seen["last"][0] == "orders" and seen["leftover"] == 0
     assert seen["topics"] == ["orders"] and seen["send_rate_positive"] and seen["fetch_metrics"]
     last_order = {}  # partition -> the metadata committed with its last record
     with Consumer("orders", bootstrap_servers=cluster.bootstrap) as c:

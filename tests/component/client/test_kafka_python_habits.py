@@ -1,5 +1,6 @@
 """The blocking facade in kafka-python's hands, against the fake cluster: deserializers,
-positional topics without a group (every partition assigned), ``topics()``,
+positional topics without a group (every partition assigned), poll's records grouped by
+partition (``items()``), ``topics()``,
 ``partitions_for_topic()``, ``metrics()``, a deserializer that fails (Kafka's rule: the
 records before it are returned, then the error names the record and the partition stays at
 it until a seek), and record futures' ``get`` / ``add_callback`` / ``add_errback``."""
@@ -12,11 +13,11 @@ import time
 
 import pytest
 
-from tidelog import Consumer, Producer, RecordDeserializationError, TopicPartition
+from tidelog import Consumer, ConsumerRecords, Producer, RecordDeserializationError, TopicPartition
 
 
-def poll_all(consumer: Consumer, count: int) -> list:
-    got: list = []
+def poll_all(consumer: Consumer, count: int) -> ConsumerRecords:
+    got = ConsumerRecords()
     deadline = time.monotonic() + 10
     while len(got) < count and time.monotonic() < deadline:
         got += consumer.poll(timeout_ms=200)
@@ -42,6 +43,8 @@ def test_positional_topics_deserializers_and_metadata_calls(threaded_fake):
         assert {"orders", "payments"} <= consumer.topics()
         assert consumer.partitions_for_topic("orders") == {0, 1}
         assert consumer.partitions_for_topic("nothing-here") is None
+        polled = consumer.poll(timeout_ms=100)  # nothing left: still answers kafka-python's items()
+        assert list(polled.items()) == [] and polled == []
         metrics = consumer.metrics()
         assert metrics["consumer-metrics"]["assigned-partitions"] == 3
         assert consumer.metrics["assigned_partitions"] == 3  # the flat gauges, as before
@@ -62,7 +65,9 @@ def test_a_failing_deserializer_names_the_record_and_keeps_the_partition_there(t
         producer.flush(10)
     tp = TopicPartition("t", 0)
     with Consumer("t", bootstrap_servers=bootstrap, auto_offset_reset="earliest", value_deserializer=int) as consumer:
-        assert [r.value for r in poll_all(consumer, 2)] == [1, 2]
+        first = poll_all(consumer, 2)
+        assert [r.value for r in first] == [1, 2]
+        assert [(tp, [r.value for r in rs]) for tp, rs in first.items()] == [(tp, [1, 2])]
         for _ in range(2):  # the next polls fail on the same record
             with pytest.raises(RecordDeserializationError) as failed:
                 poll_all(consumer, 1)

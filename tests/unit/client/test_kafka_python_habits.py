@@ -124,13 +124,31 @@ def test_record_future_get_add_callback_and_add_errback():
     future.add_errback(lambda tag, e: seen.append((tag, e)), "failed")
     with pytest.raises(RequestTimedOut):
         future.get(timeout=0.01)
+    assert (future.is_done, future.succeeded(), future.failed(), future.value) == (False, False, False, None)
     result.complete(base_offset=10)
     assert future.get(timeout=0) == RecordMetadata("t", 0, 12, 77)
+    assert (future.is_done, future.succeeded(), future.failed()) == (True, True, False)
+    assert future.value == RecordMetadata("t", 0, 12, 77)
     assert seen == [("ok", RecordMetadata("t", 0, 12, 77), "x")]
 
     failed = ProduceResult(TP("t", 0))
     error = ClientClosedError("closed")
     failed.complete(error=error)
     later: list = []
-    RecordFuture(failed, 0, 0).add_callback(later.append).add_errback(later.append)  # done: called at once
+    failed_future = RecordFuture(failed, 0, 0)
+    failed_future.add_callback(later.append).add_errback(later.append)  # done: called at once
     assert later == [error]
+    assert (failed_future.is_done, failed_future.succeeded(), failed_future.failed(), failed_future.value) == (
+        True, False, True, None)
+
+
+def test_poll_records_are_a_list_that_also_groups_by_partition():
+    from tidelog.records import ConsumerRecords
+
+    records = ConsumerRecords([Record("a", 0, 4, 0, None, b"x"), Record("a", 1, 9, 0, None, b"y"),
+                               Record("a", 0, 5, 0, None, b"z")])
+    assert [r.offset for r in records] == [4, 9, 5] and len(records) == 3
+    assert [(tp, [r.offset for r in rs]) for tp, rs in records.items()] == [(A0, [4, 5]), (A1, [9])]
+    assert list(records.keys()) == [A0, A1] and [len(v) for v in records.values()] == [2, 1]
+    assert [r.offset for r in records.get(("a", 1))] == [9] and records.get(TP("b", 0)) is None
+    assert list(ConsumerRecords().items()) == []
