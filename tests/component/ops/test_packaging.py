@@ -67,6 +67,11 @@ def test_the_wheel_installs_one_tidelog_package(installed):
     assert (installed / "tidelog" / "broker" / "cli.py").exists()
 
 
+def test_the_wheel_ships_the_sdks_type_information(installed):
+    assert (installed / "tidelog" / "py.typed").is_file()
+    assert (installed / "tidelog" / "options.py").is_file()
+
+
 def test_an_application_with_its_own_client_and_protocol_modules(installed, tmp_path):
     (tmp_path / "client.py").write_text("MINE = 'client'\n")
     (tmp_path / "protocol").mkdir()
