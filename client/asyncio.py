@@ -644,17 +644,27 @@ class AsyncConsumer(_Client):
             if aio_consumer.remove_poll_waiter(deliver):
                 deliver([])
 
+        def give_up() -> None:  # the Trio thread did not answer: stuck, or its loop is gone
+            if not future.done():
+                portal.run_soon(expire)
+                future.set_exception(RequestTimedOut(
+                    f"poll: the client's event loop did not answer within {wait_s:g} s"))
+
         portal.call_soon(aio_consumer.add_poll_waiter, limit, deliver)
-        timer = loop.call_later(max(0, timeout_ms) / 1000, portal.run_soon, expire)
+        wait_s = max(0, timeout_ms) / 1000
+        timer = loop.call_later(wait_s, portal.run_soon, expire)
+        wait_s += self._request_timeout_s + GRACE_S  # the blocking poll's bound
+        guard = loop.call_later(wait_s, give_up)
         try:
             outcome = await future
         except asyncio.CancelledError:
             portal.run_soon(expire)
-            if future.done() and not future.cancelled():
+            if future.done() and not future.cancelled() and future.exception() is None:
                 self._unclaim(future.result())
             raise
         finally:
             timer.cancel()
+            guard.cancel()
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
