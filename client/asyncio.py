@@ -40,7 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sniffio
 import trio
@@ -48,15 +48,35 @@ import trio
 from tidelog import aio
 from tidelog._portal import GRACE_S, Portal
 from tidelog.aio.accumulator import ProduceResult
-from tidelog.aio.admin import NewTopic, TopicDescription
+from tidelog.aio.admin import (
+    ClusterDescription,
+    ConfigEntry,
+    ConsumerGroupDescription,
+    GroupOffsets,
+    ListedGroup,
+    MemberDescription,
+    NewTopic,
+    PartitionInfo,
+    TopicDescription,
+)
+from tidelog.aio.consumer import OffsetAndTimestamp
+from tidelog.aio.group import ConsumerRebalanceListener
 from tidelog.aio.producer import NEED_METADATA, partly_queued
 from tidelog.blocking import HANDOFF_WAIT_S
 from tidelog.errors import ClientClosedError, RequestTimedOut, TidelogError
 from tidelog.protocol.acls import AclBinding, AclBindingFilter
 from tidelog.records import Record, RecordMetadata, TopicPartition
 
-__all__ = ["AsyncProducer", "AsyncConsumer", "AsyncAdmin", "RecordFuture", "RecordFutures",
-           "require_asyncio"]
+if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers (tidelog.options)
+    from typing import Unpack
+
+    from tidelog.options import AdminOptions, ConsumerOptions, ProducerOptions
+
+# the names tidelog.aio exports, so that switching event loops changes one import
+__all__ = ["AsyncProducer", "AsyncConsumer", "AsyncAdmin", "RecordFuture", "RecordFutures", "Record",
+           "RecordMetadata", "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo",
+           "ClusterDescription", "ConfigEntry", "OffsetAndTimestamp", "ConsumerRebalanceListener",
+           "ConsumerGroupDescription", "MemberDescription", "GroupOffsets", "ListedGroup", "require_asyncio"]
 
 
 def require_asyncio(what: str) -> None:
@@ -311,7 +331,8 @@ class AsyncProducer(_Client):
 
     _thread_name = "tidelog-producer"
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Any):
+    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092",
+                 **options: Unpack[ProducerOptions]):
         self._init_client()
         self._aio = aio.AsyncProducer(bootstrap_servers, **options)
         self.config = self._aio.config
@@ -430,7 +451,8 @@ class AsyncConsumer(_Client):
 
     _thread_name = "tidelog-consumer"
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Any):
+    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092",
+                 **options: Unpack[ConsumerOptions]):
         self._init_client()
         self._aio = aio.AsyncConsumer(bootstrap_servers, invoke_callback=self._callback_on_loop, **options)
         self.config = self._aio.config
@@ -495,7 +517,7 @@ class AsyncConsumer(_Client):
     # -- groups ---------------------------------------------------------------------------------
 
     def subscribe(self, topics: Sequence[str] | None = None, pattern: str | None = None,
-                  listener: aio.ConsumerRebalanceListener | None = None) -> None:
+                  listener: ConsumerRebalanceListener | None = None) -> None:
         """Join ``group_id`` for these topics (or every topic matching ``pattern``); takes
         effect in the next ``poll``. ``listener``'s methods run on this loop."""
         if isinstance(topics, str):
@@ -581,7 +603,7 @@ class AsyncConsumer(_Client):
                                 timeout=self._timeout(timeout_ms))
 
     async def offsets_for_times(self, timestamps: dict[TopicPartition, int], timeout_ms: int | None = None
-                                ) -> dict[TopicPartition, aio.OffsetAndTimestamp | None]:
+                                ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         return await self._call(self._aio.offsets_for_times, dict(timestamps), timeout_ms,
                                 timeout=self._timeout(timeout_ms))
 
@@ -734,7 +756,8 @@ class AsyncAdmin(_Client):
 
     _thread_name = "tidelog-admin"
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092", **options: Any):
+    def __init__(self, bootstrap_servers: str | Sequence[str] = "localhost:9092",
+                 **options: Unpack[AdminOptions]):
         self._init_client()
         self._aio = aio.AsyncAdmin(bootstrap_servers, **options)
         self._api_timeout_s = self._aio.default_api_timeout_ms / 1000
@@ -764,11 +787,11 @@ class AsyncAdmin(_Client):
         return await self._call(self._aio.list_topics, include_internal, timeout_ms,
                                 timeout=self._timeout(timeout_ms))
 
-    async def describe_cluster(self, timeout_ms: int | None = None) -> aio.ClusterDescription:
+    async def describe_cluster(self, timeout_ms: int | None = None) -> ClusterDescription:
         return await self._call(self._aio.describe_cluster, timeout_ms, timeout=self._timeout(timeout_ms))
 
     async def describe_configs(self, topic: str, keys: Sequence[str] | None = None,
-                               timeout_ms: int | None = None) -> dict[str, aio.ConfigEntry]:
+                               timeout_ms: int | None = None) -> dict[str, ConfigEntry]:
         return await self._call(self._aio.describe_configs, topic, keys, timeout_ms,
                                 timeout=self._timeout(timeout_ms))
 
@@ -795,12 +818,12 @@ class AsyncAdmin(_Client):
         return await self._call(self._aio.delete_acls, list(filters), timeout_ms, timeout=self._timeout(timeout_ms))
 
     async def list_groups(self, states: Iterable[str] | None = None,
-                          timeout_ms: int | None = None) -> list[aio.ListedGroup]:
+                          timeout_ms: int | None = None) -> list[ListedGroup]:
         return await self._call(self._aio.list_groups, None if states is None else list(states), timeout_ms,
                                 timeout=self._timeout(timeout_ms))
 
     async def describe_groups(self, group_ids: Iterable[str],
-                              timeout_ms: int | None = None) -> list[aio.ConsumerGroupDescription]:
+                              timeout_ms: int | None = None) -> list[ConsumerGroupDescription]:
         return await self._call(self._aio.describe_groups, list(group_ids), timeout_ms,
                                 timeout=self._timeout(timeout_ms))
 
@@ -809,7 +832,7 @@ class AsyncAdmin(_Client):
                                 timeout=self._timeout(timeout_ms))
 
     async def list_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None,
-                                 timeout_ms: int | None = None) -> list[aio.GroupOffsets]:
+                                 timeout_ms: int | None = None) -> list[GroupOffsets]:
         return await self._call(self._aio.list_group_offsets, group_id,
                                 None if partitions is None else list(partitions), timeout_ms,
                                 timeout=self._timeout(timeout_ms))
