@@ -74,11 +74,15 @@ class OffsetAndTimestamp(NamedTuple):
 class Metrics(dict):
     """The consumer's gauges, flat (``metrics["records_lag_max"]``, as before), and callable
     for kafka-python's shape: ``metrics()`` is ``{group: {name: value}}`` with Kafka's
-    names (``consumer-fetch-manager-metrics``: ``records-lag-max``, ...)."""
+    names (``consumer-fetch-manager-metrics``: ``records-lag-max``, ``fetch-rate``,
+    ``records-consumed-rate``, ...; ``fetch`` holds those of ``ConsumerStats``)."""
+
+    fetch: dict[str, float]
 
     def __call__(self, raw: bool = False) -> dict[str, dict[str, float]]:
         return {"consumer-metrics": {"assigned-partitions": self["assigned_partitions"]},
                 "consumer-fetch-manager-metrics": {
+                    **getattr(self, "fetch", {}),
                     "records-lag-max": self["records_lag_max"],
                     "partitions-high-watermark-held": self["partitions_high_watermark_held"]}}
 
@@ -376,7 +380,9 @@ class AsyncConsumer(RunsInOwnNursery):
         """Gauges of the assigned partitions (``SubscriptionState.metrics``):
         ``assigned_partitions``, ``records_lag_max`` and ``partitions_high_watermark_held``;
         call it (``metrics()``) for kafka-python's ``{group: {name: value}}`` (``Metrics``)."""
-        return Metrics(self._subscriptions.metrics())
+        m = Metrics(self._subscriptions.metrics())
+        m.fetch = self._fetcher.stats.consumer_metrics(time.monotonic())
+        return m
 
     # -- cluster metadata -----------------------------------------------------------------------
 
@@ -536,9 +542,12 @@ class AsyncConsumer(RunsInOwnNursery):
 
     def _drain(self, limit: int) -> ConsumerRecords:
         records = ConsumerRecords(self._fetcher.drain(limit))
-        if self._deserializing and records:
+        if not records:
+            return records
+        if self._deserializing:
             out = self._deserialize(records)
-            return out if type(out) is ConsumerRecords else ConsumerRecords(out)
+            records = out if type(out) is ConsumerRecords else ConsumerRecords(out)
+        self._fetcher.stats.on_consumed(time.monotonic(), len(records))
         return records
 
     def _deserialize(self, records: list[Record]) -> list[Record]:

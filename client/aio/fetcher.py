@@ -47,6 +47,7 @@ from typing import NamedTuple
 import trio
 
 from tidelog.aio.cluster import Cluster, ClusterMetadata
+from tidelog.aio.stats import ConsumerStats
 from tidelog.aio.subscription import ConsumerConfig, PartitionState, SubscriptionState
 from tidelog.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
 from tidelog.protocol.codec import ApiKey
@@ -303,6 +304,7 @@ class Fetcher:
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.errors: deque[TidelogError] = deque()  # for poll to raise, oldest first
+        self.stats = ConsumerStats()  # fetch latency and bytes, for the consumer's metrics()
 
     def wake(self) -> None:
         """Something changed (assignment, position, metadata, a drained buffer): plan again."""
@@ -365,13 +367,14 @@ class Fetcher:
     async def _fetch(self, node: int, plan: FetchPlan) -> None:
         subs = self._subscriptions
         absorbed = False
+        sent = time.monotonic()
 
         def absorb_now(response: FetchResponse) -> None:
             # by the connection's reader, the pass the response arrived in: records reach a
             # waiting poll without waiting for this task to be scheduled
             nonlocal absorbed
             absorbed = True
-            self._absorb(response, plan)
+            self._absorb(response, plan, sent)
 
         try:
             timeout = (self._config.request_timeout_ms + self._config.fetch_max_wait_ms) / 1000
@@ -394,14 +397,17 @@ class Fetcher:
                     state.fetching = False
             self._wake.set()
         if not absorbed:
-            self._absorb(response, plan)
+            self._absorb(response, plan, sent)
 
-    def _absorb(self, response: FetchResponse, plan: FetchPlan) -> None:
+    def _absorb(self, response: FetchResponse, plan: FetchPlan, sent: float) -> None:
         subs, now = self._subscriptions, time.monotonic()
         got_data = refresh = False
         first = _first_partition(plan.request)
+        size = 0
         for t in response.responses:
             for p in t.partitions:
+                if p.records:
+                    size += len(p.records)
                 tp = TopicPartition(t.topic, p.partition_index)
                 if tp not in plan.sent:
                     continue
@@ -413,6 +419,7 @@ class Fetcher:
                                                     backoff_s=self._backoff_s, first=tp == first)
                 got_data |= self._apply(outcome, state)
                 refresh |= outcome.action == "refresh"
+        self.stats.on_fetch(now, now - sent, size)
         if refresh:
             self._cluster.request_update()
         if got_data:

@@ -12,6 +12,9 @@ sampled windows as Kafka's client metrics are; time is passed in (monotonic seco
   ``on_response`` with the request's latency, ``on_retry`` and ``on_error`` with the
   record counts of retried and failed batches. ``producer_metrics`` names them as
   kafka-python's ``KafkaProducer.metrics()`` does, under ``producer-metrics``.
+* ``ConsumerStats`` holds the consumer's: ``on_fetch`` per fetch response (its latency and
+  record bytes), ``on_consumed`` per poll that returned records; ``consumer_metrics`` names
+  them as kafka-python's ``consumer-fetch-manager-metrics``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Sampled", "ProducerStats", "WINDOW_S", "SAMPLES"]
+__all__ = ["Sampled", "ProducerStats", "ConsumerStats", "WINDOW_S", "SAMPLES"]
 
 WINDOW_S = 30.0  # Kafka's metrics.sample.window.ms
 SAMPLES = 2  # Kafka's metrics.num.samples
@@ -143,4 +146,34 @@ class ProducerStats:
             "record-error-total": self.errors.cumulative,
             "buffer-total-bytes": float(buffer_total),
             "buffer-available-bytes": float(buffer_total - buffer_used),
+        }
+
+
+class ConsumerStats:
+    """The consumer's measurements (see the module docstring)."""
+
+    def __init__(self, window_s: float = WINDOW_S, samples: int = SAMPLES):
+        self.fetch_bytes = Sampled(window_s, samples)  # record bytes per fetch response
+        self.fetch_latency_ms = Sampled(window_s, samples)
+        self.records = Sampled(window_s, samples)  # records per poll that returned some
+
+    def on_fetch(self, now: float, latency_s: float, size: int) -> None:
+        self.fetch_latency_ms.record(latency_s * 1000, now)
+        self.fetch_bytes.record(size, now)
+
+    def on_consumed(self, now: float, records: int) -> None:
+        self.records.record(records, now)
+
+    def consumer_metrics(self, now: float) -> dict[str, float]:
+        """kafka-python's ``consumer-fetch-manager-metrics`` names and meanings."""
+        return {
+            "fetch-rate": self.fetch_latency_ms.count_rate(now),
+            "fetch-latency-avg": self.fetch_latency_ms.avg(now),
+            "fetch-latency-max": self.fetch_latency_ms.max(now),
+            "fetch-size-avg": self.fetch_bytes.avg(now),
+            "fetch-size-max": self.fetch_bytes.max(now),
+            "bytes-consumed-rate": self.fetch_bytes.rate(now),
+            "bytes-consumed-total": self.fetch_bytes.cumulative,
+            "records-consumed-rate": self.records.rate(now),
+            "records-consumed-total": self.records.cumulative,
         }

@@ -47,6 +47,9 @@ def test_positional_topics_deserializers_and_metadata_calls(threaded_fake):
         assert list(polled.items()) == [] and polled == []
         metrics = consumer.metrics()
         assert metrics["consumer-metrics"]["assigned-partitions"] == 3
+        fetched = metrics["consumer-fetch-manager-metrics"]
+        assert fetched["records-consumed-total"] == 7 and fetched["bytes-consumed-total"] > 0
+        assert fetched["fetch-rate"] > 0 and fetched["records-lag-max"] == 0
         assert consumer.metrics["assigned_partitions"] == 3  # the flat gauges, as before
 
 

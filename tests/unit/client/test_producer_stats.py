@@ -4,7 +4,7 @@ windows cover but at least ``(samples - 1) * window_s``, and kafka-python's name
 
 from __future__ import annotations
 
-from tidelog.aio.stats import ProducerStats, Sampled
+from tidelog.aio.stats import ConsumerStats, ProducerStats, Sampled
 
 
 def test_sampled_windows_roll_and_old_values_drop_out():
@@ -54,3 +54,16 @@ def test_producer_metrics_have_kafka_pythons_names_and_meanings():
     assert abs(m["record-queue-time-max"] - 500) < 1e-6
     assert (m["record-retry-rate"], m["record-error-total"]) == (5 / 30, 2)
     assert (m["buffer-total-bytes"], m["buffer-available-bytes"]) == (100, 70)
+
+
+def test_consumer_metrics_have_kafka_pythons_fetch_manager_names():
+    stats = ConsumerStats(window_s=30, samples=2)
+    stats.on_fetch(10.0, 0.05, 3000)
+    stats.on_fetch(11.0, 0.15, 0)  # an empty long poll is a fetch too
+    stats.on_consumed(11.0, 40)
+    m = stats.consumer_metrics(40.0)
+    assert m["fetch-rate"] == 2 / 30 and abs(m["fetch-latency-avg"] - 100) < 1e-6
+    assert abs(m["fetch-latency-max"] - 150) < 1e-6
+    assert (m["fetch-size-avg"], m["fetch-size-max"], m["bytes-consumed-total"]) == (1500, 3000, 3000)
+    assert m["bytes-consumed-rate"] == 100 and m["records-consumed-rate"] == 40 / 30
+    assert m["records-consumed-total"] == 40
