@@ -167,6 +167,7 @@ RESERVED_DESCRIPTORS = 8  # /dev/null placeholders given up when accept hits EMF
 SHED_ON_EMFILE = 8  # newest connections closed when accept hits EMFILE
 ACCEPT_RETRY_S = 0.1
 TLS_HANDSHAKE_RECORD = 0x16  # the first byte a TLS client sends
+LINGER_S = 1.0  # how long a refused connection's last bytes are drained before it closes
 SASL_MAX_FRAME_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size: frames before authentication
 _CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -436,6 +437,7 @@ class _Connection:
                                       DECODE_INLINE_MAX_BYTES)
         security = server.security
         self._principal = ANONYMOUS
+        self._linger = False  # refused: drain what the peer still sends before closing (_drain)
         self._auth: ServerAuthenticator | None = None  # None: nothing to authenticate (or done)
         if security.protocol.uses_sasl:
             self._auth = ServerAuthenticator(security.sasl_mechanisms, security.credentials)
@@ -475,17 +477,20 @@ class _Connection:
     async def run(self) -> None:
         try:
             with self._scope:
-                async with self._stream, trio.open_nursery() as requests:
-                    self._requests = requests
-                    try:
-                        if self._tls and not await self._handshake():
-                            return
-                        await self._read_loop(requests)
-                        while self._deferred:  # answer what was read (a graceful shutdown)
-                            self._deferred_done = trio.Event()
-                            await self._deferred_done.wait()
-                    finally:
-                        self._cancel_deferred()
+                async with self._stream:
+                    async with trio.open_nursery() as requests:
+                        self._requests = requests
+                        try:
+                            if self._tls and not await self._handshake():
+                                return
+                            await self._read_loop(requests)
+                            while self._deferred:  # answer what was read (a graceful shutdown)
+                                self._deferred_done = trio.Event()
+                                await self._deferred_done.wait()
+                        finally:
+                            self._cancel_deferred()
+                    if self._linger:
+                        await _drain(self._stream)
             if self._scope.cancelled_caught:
                 log.debug("closed the connection from %s: idle for %.1f s", self._peer,
                           self._server.idle_timeout_s)
@@ -542,6 +547,8 @@ class _Connection:
                 SSL_HANDSHAKE_FAILED, f"listener {self._server.listener} speaks TLS "
                 f"({self._server.security.protocol}): connect with security_protocol="
                 f"{self._server.security.protocol} and the CA that signs the broker's certificate")))
+            await _drain(transport)
+        await trio.aclose_forcefully(transport)  # no TLS session to close: its aclose would wait for one
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -688,6 +695,7 @@ class _Connection:
             return None
         self._server.counters.invalid += 1
         self.stop_reading()
+        self._linger = True
         log.info("closing the connection from %s on listener %s: %s before SASL authentication",
                  self._peer, self._server.listener, name or "a malformed request")
         return error_body(SASL_AUTHENTICATION_FAILED, (
@@ -722,6 +730,7 @@ class _Connection:
             log.info("SASL authentication from %s on listener %s failed: %s", self._peer,
                      self._server.listener, step.message)
             self.stop_reading()  # answer, then close
+            self._linger = True
             await trio.sleep(self._server.security.failed_authentication_delay_s)
         return SaslAuthenticateResponse(step.error.code, step.message, step.auth_bytes)
 
@@ -888,6 +897,19 @@ class _Connection:
             self._room_wanted = False
             self._changed.set()
             self._changed = trio.Event()
+
+
+async def _drain(stream: trio.abc.ReceiveStream) -> None:
+    """Before closing a refused connection, read and drop what the client still sends, until
+    it closes or ``LINGER_S`` pass: closing a socket with unread bytes sends a reset, which
+    can destroy the refusal in the client's receive buffer before it is read (the client
+    would see a broken connection instead of the reason)."""
+    with trio.move_on_after(LINGER_S):
+        try:
+            while await stream.receive_some(READ_BYTES):
+                pass
+        except _CONNECTION_ERRORS:
+            pass
 
 
 def _correlation_id(event: Request | BadRequest) -> int:

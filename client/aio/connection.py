@@ -46,7 +46,13 @@ from typing import Any
 
 import trio
 
-from tidelog.errors import BrokerConnectionError, RequestTimedOut, SslAuthenticationError, decode_response
+from tidelog.errors import (
+    AuthenticationFailedError,
+    BrokerConnectionError,
+    RequestTimedOut,
+    SslAuthenticationError,
+    decode_response,
+)
 from tidelog.protocol.apis import response_type
 from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.connection import ClientConnection
@@ -110,7 +116,7 @@ class BrokerConnection:
         self._stream: trio.abc.Stream | None = None
         self._socket: trio.socket.SocketType | None = None  # under the TLS layer, if any
         self._scope: trio.CancelScope | None = None
-        self._failure: BrokerConnectionError | SslAuthenticationError | None = None
+        self._failure: BrokerConnectionError | AuthenticationFailedError | None = None
         self.closed_event = trio.Event()
         self.throttled_until = 0.0  # Trio time: a quota throttle's end (KIP-219)
 
@@ -238,7 +244,11 @@ class BrokerConnection:
             if pending.early_error is not None:
                 raise pending.early_error
             return pending.response
-        return decode_response(response_type(api_key), pending.body)
+        try:
+            return decode_response(response_type(api_key), pending.body)
+        except AuthenticationFailedError as e:  # the broker refused us and closes: nothing more here
+            self._fail(e)
+            raise
 
     async def send_no_response(self, message: Message, *, api_key: ApiKey, api_version: int = 0) -> None:
         """Write a request the broker will not answer (an acks=0 produce). Returns once the
@@ -340,7 +350,7 @@ class BrokerConnection:
 
     # -- failure --------------------------------------------------------------------------------
 
-    def _fail(self, error: BrokerConnectionError | SslAuthenticationError) -> None:
+    def _fail(self, error: BrokerConnectionError | AuthenticationFailedError) -> None:
         """Fail the connection for good (idempotent): pending requests get ``error``."""
         if self._failure is not None:
             return
