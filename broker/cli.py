@@ -122,6 +122,9 @@ def _health_arguments(p: argparse.ArgumentParser) -> None:
                    help="a broker config (with its TIDELOG_* environment, like `tidelog broker`): "
                         "check that broker, on its own listener, and require its broker.id")
     p.add_argument("--broker-id", type=int, metavar="ID", help="require this broker in the metadata")
+    p.add_argument("--command-config", metavar="FILE", default=os.environ.get("TIDELOG_COMMAND_CONFIG"),
+                   help="with --bootstrap: a properties file of security settings (security.protocol, "
+                        "sasl.*, ssl.*), as the other commands take; env TIDELOG_COMMAND_CONFIG")
     p.add_argument("--timeout-ms", type=int, default=5000, metavar="MS", help="per attempt (default 5000)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="keep trying until ready or this long has passed (default: one attempt)")
@@ -133,7 +136,7 @@ def _health(args: argparse.Namespace) -> int:
 
     bootstrap = args.bootstrap or (None if args.config else os.environ.get("TIDELOG_BOOTSTRAP"))
     return run(bootstrap, args.config, args.broker_id, args.timeout_ms, args.wait, args.quiet,
-               sys.stdout, sys.stderr)
+               sys.stdout, sys.stderr, args.command_config)
 
 
 COMMANDS: tuple[Command, ...] = (

@@ -113,9 +113,15 @@ def metadata_request(host: str, port: int, timeout: float, *, all_topics: bool =
                      client_id: str = "tidelog-health") -> MetadataResponse:
     """One blocking Metadata request: for no topics (cheap on a broker with many), or with
     ``all_topics`` for every one."""
+    from tidelog.errors import decode_response
+    from tidelog.protocol.errors import TidelogError
+
     body = MetadataRequest(topics=None if all_topics else [])
-    return MetadataResponse.from_body(request(host, port, ApiKey.METADATA, body, timeout=timeout,
-                                              client_id=client_id))
+    reply = request(host, port, ApiKey.METADATA, body, timeout=timeout, client_id=client_id)
+    try:
+        return decode_response(MetadataResponse, reply)
+    except TidelogError as e:  # refused as a whole: a TLS or SASL listener says what it wants
+        raise ConnectionError(str(e)) from None
 
 
 def secure_metadata_request(host: str, port: int, security: Any, timeout: float, *, all_topics: bool = False,
@@ -208,10 +214,19 @@ def security_from_config(config: Any) -> Any:
 
 
 def run(bootstrap: str | None, config_path: str | None, broker_id: int | None, timeout_ms: int,
-        wait_s: float, quiet: bool, out, err) -> int:
-    """``tidelog health``: 0 when every probed broker is ready, 1 otherwise, 2 on a bad config."""
+        wait_s: float, quiet: bool, out, err, command_config: str | None = None) -> int:
+    """``tidelog health``: 0 when every probed broker is ready, 1 otherwise, 2 on a bad config.
+    ``command_config``: security settings for ``bootstrap`` (``--command-config``)."""
     addresses = [a for a in (bootstrap or "").split(",") if a.strip()]
     security = None
+    if command_config and config_path is None:
+        from tidelog.security import SecurityConfig, read_properties
+
+        try:
+            security = SecurityConfig.from_properties(read_properties(command_config))
+        except (OSError, ValueError) as e:
+            print(f"tidelog health: --command-config {command_config}: {e}", file=err)
+            return 2
     if config_path is not None:
         from tidelog.broker.config import BrokerConfig, ConfigError
 

@@ -11,6 +11,7 @@ with ``--command-config``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -111,3 +112,12 @@ def test_the_cli_connects_with_a_command_config_file(cluster):
     assert created.returncode == 0, created.stderr
     listed = cli(cluster, "topics", "list")
     assert listed.returncode == 0 and "from-cli" in listed.stdout.split(), listed.stderr
+
+
+def test_health_checks_a_secured_cluster_with_a_command_config(cluster):
+    checked = cli(cluster, "health")
+    assert checked.returncode == 0, checked.stderr
+    plain = subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "health", "--bootstrap", cluster.bootstrap],
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                           env={k: v for k, v in os.environ.items() if k != "TIDELOG_COMMAND_CONFIG"})
+    assert plain.returncode == 1 and "TLS" in plain.stderr, plain.stderr
