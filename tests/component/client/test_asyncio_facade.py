@@ -191,3 +191,30 @@ def test_calls_before_start_and_after_close_say_so():
             raise AssertionError("no record expected")
 
     asyncio.run(main())
+
+
+def test_records_pending_when_the_producer_closes_fail_and_their_callbacks_run_on_the_loop():
+    from tests.component.client.test_blocking import _fake_metadata
+
+    async def main():
+        loop_thread = threading.current_thread()
+        called = []
+        async with AsyncProducer(NOWHERE, linger_ms=0) as producer:
+            producer._aio._cluster.metadata = _fake_metadata()  # pretend to know the topic
+            future = await producer.send("t", b"v")
+            with pytest.raises(asyncio.InvalidStateError):
+                future.result()
+            future.add_done_callback(lambda f: called.append((f.done(), threading.current_thread())))
+            waiting = asyncio.ensure_future(future)  # a second waiter on the same batch
+            await producer.close(timeout=0.2)
+            with pytest.raises(tidelog.ClientClosedError):
+                await future
+            with pytest.raises(tidelog.ClientClosedError):
+                await waiting
+            assert isinstance(future.exception(), tidelog.ClientClosedError)
+            with pytest.raises(tidelog.ClientClosedError):
+                await producer.send("t", b"after")
+        await asyncio.sleep(0)
+        assert called == [(True, loop_thread)]
+
+    asyncio.run(main())
