@@ -35,6 +35,7 @@ refuse asyncio the same way.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
 import time
@@ -65,7 +66,7 @@ from tidelog.aio.producer import NEED_METADATA, partly_queued
 from tidelog.blocking import HANDOFF_WAIT_S
 from tidelog.errors import ClientClosedError, RequestTimedOut, TidelogError
 from tidelog.protocol.acls import AclBinding, AclBindingFilter
-from tidelog.records import Record, RecordMetadata, TopicPartition
+from tidelog.records import ConsumerRecords, Record, RecordMetadata, TopicPartition
 
 if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers (tidelog.options)
     from typing import Unpack
@@ -461,7 +462,7 @@ class AsyncConsumer(_Client):
         # What polls took from the fetcher but could not hand over (their caller was cancelled
         # or timed out), and what getone has not returned yet: lists of records, or an error
         # poll was about to raise. The next polls return these first.
-        self._unclaimed: deque[list[Record] | BaseException] = deque()
+        self._unclaimed: deque[ConsumerRecords | BaseException] = deque()
         self._callback_tasks: set[asyncio.Task] = set()
 
     # -- callbacks on the asyncio loop ----------------------------------------------------------
@@ -542,10 +543,12 @@ class AsyncConsumer(_Client):
         a later ``poll`` or ``commit``."""
         self._sync(self._aio.commit_async, None if offsets is None else dict(offsets), callback)
 
-    async def committed(self, partitions: Any, timeout_ms: int | None = None) -> Any:
-        """The group's committed offset of a partition (None: none), or a dict for a list."""
+    async def committed(self, partitions: Any, timeout_ms: int | None = None, *, metadata: bool = False) -> Any:
+        """The group's committed offset of a partition (None: none), or a dict for a list;
+        with ``metadata=True`` an OffsetAndMetadata in place of each offset."""
         arg = partitions if isinstance(partitions, tuple) else list(partitions)
-        return await self._call(self._aio.committed, arg, timeout_ms, timeout=self._timeout(timeout_ms))
+        return await self._call(functools.partial(self._aio.committed, metadata=metadata), arg, timeout_ms,
+                                timeout=self._timeout(timeout_ms))
 
     @property
     def group_generation(self) -> tuple[int, str] | None:
@@ -589,6 +592,18 @@ class AsyncConsumer(_Client):
         if not self._closed and self._portal is not None:
             self._portal.run_soon(self._aio.wakeup)
 
+    async def topics(self, timeout_ms: int | None = None) -> set[str]:
+        """The cluster's topics (see ``tidelog.aio.AsyncConsumer.topics``)."""
+        return await self._call(self._aio.topics, timeout_ms, timeout=self._timeout(timeout_ms))
+
+    async def partitions_for_topic(self, topic: str, timeout_ms: int | None = None) -> set[int] | None:
+        """The partition ids of ``topic`` (None: no such topic), fetched now."""
+        return await self._call(self._aio.partitions_for_topic, topic, timeout_ms, timeout=self._timeout(timeout_ms))
+
+    async def assign_topics(self, topics: Sequence[str], timeout_ms: int | None = None) -> None:
+        """Assign every partition of ``topics`` (see ``tidelog.aio.AsyncConsumer.assign_topics``)."""
+        await self._call(self._aio.assign_topics, list(topics), timeout_ms, timeout=self._timeout(timeout_ms) * 2)
+
     async def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:
         return await self._call(self._aio.position, partition, timeout_ms, timeout=self._timeout(timeout_ms))
 
@@ -612,7 +627,7 @@ class AsyncConsumer(_Client):
 
     # -- polling --------------------------------------------------------------------------------
 
-    async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
+    async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> ConsumerRecords:
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for some (with a
         group, rebalances run within the same time, their listener on this loop). As
         ``tidelog.aio.AsyncConsumer.poll``; cancelling it leaves the consumer usable."""
@@ -630,16 +645,16 @@ class AsyncConsumer(_Client):
         if isinstance(outcome, BaseException) or outcome:
             self._unclaimed.append(outcome)
 
-    def _take_unclaimed(self, limit: int) -> list[Record]:
+    def _take_unclaimed(self, limit: int) -> ConsumerRecords:
         first = self._unclaimed.popleft()
         if isinstance(first, BaseException):
             raise first
         if len(first) > limit:
-            self._unclaimed.appendleft(first[limit:])
-            return first[:limit]
+            self._unclaimed.appendleft(ConsumerRecords(first[limit:]))
+            return ConsumerRecords(first[:limit])
         return first
 
-    async def _poll_waiting(self, portal: Portal, timeout_ms: int, limit: int) -> list[Record]:
+    async def _poll_waiting(self, portal: Portal, timeout_ms: int, limit: int) -> ConsumerRecords:
         """``poll`` without a group: a waiter on the Trio thread (``add_poll_waiter``) hands
         the outcome over in the scheduler pass that received the records, as the blocking
         facade's ``poll`` does (and waits up to ``HANDOFF_WAIT_S`` for this loop to take it,
@@ -664,7 +679,7 @@ class AsyncConsumer(_Client):
 
         def expire() -> None:  # on the Trio thread
             if aio_consumer.remove_poll_waiter(deliver):
-                deliver([])
+                deliver(ConsumerRecords())
 
         def give_up() -> None:  # the Trio thread did not answer: stuck, or its loop is gone
             if not future.done():
@@ -689,7 +704,7 @@ class AsyncConsumer(_Client):
             guard.cancel()
         if isinstance(outcome, BaseException):
             raise outcome
-        return outcome
+        return outcome if type(outcome) is ConsumerRecords else ConsumerRecords(outcome)
 
     async def getone(self) -> Record:
         """The next record, waiting as long as it takes (aiokafka's ``getone``)."""
@@ -697,16 +712,13 @@ class AsyncConsumer(_Client):
             records = await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100))
             if records:
                 if len(records) > 1:
-                    self._unclaimed.appendleft(records[1:])
+                    self._unclaimed.appendleft(ConsumerRecords(records[1:]))
                 return records[0]
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None
                       ) -> dict[TopicPartition, list[Record]]:
         """A poll's records by partition (aiokafka's ``getmany``)."""
-        out: dict[TopicPartition, list[Record]] = {}
-        for record in await self.poll(timeout_ms, max_records):
-            out.setdefault(TopicPartition(record.topic, record.partition), []).append(record)
-        return out
+        return (await self.poll(timeout_ms, max_records)).by_partition()
 
     def __aiter__(self) -> AsyncConsumer:
         """``async for record in consumer``: records as they arrive, until the consumer is closed."""

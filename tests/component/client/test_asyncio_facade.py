@@ -17,6 +17,7 @@ import tidelog.aio
 from tidelog import NewTopic, RecordMetadata, RequestTimedOut, TidelogError, TopicPartition, WakeupError
 from tidelog.aio.partitioner import default_partition
 from tidelog.asyncio import AsyncAdmin, AsyncConsumer, AsyncProducer
+from tidelog.records import ConsumerRecords
 
 NOWHERE = "127.0.0.1:1"
 
@@ -53,6 +54,12 @@ def test_round_trip(threaded_fake):
             assert await consumer.position(TopicPartition("t", 1)) == 0
             by_partition = await consumer.getmany(timeout_ms=5000)
             assert set(by_partition) == {TopicPartition("t", 1)}
+            assert await consumer.topics() == {"t"}
+            assert await consumer.partitions_for_topic("t") == {0, 1, 2}
+            assert await consumer.partitions_for_topic("nope") is None
+            consumer.seek(TopicPartition("t", 2), 0)
+            polled = await consumer.poll(timeout_ms=5000)
+            assert dict(polled.items()) == {TopicPartition("t", 2): list(polled)}  # kafka-python's shape
             ends = await consumer.end_offsets([TopicPartition("t", 1)])
             assert ends[TopicPartition("t", 1)] == sum(1 for r in results if r.partition == 1) + 50
         assert not consumer._portal.running
@@ -85,6 +92,7 @@ def test_cancelled_polls_lose_and_repeat_no_record(threaded_fake):
                 except asyncio.TimeoutError:
                     cancelled += 1
             assert [r.offset for r in got] == list(range(300))
+            assert type(await consumer.poll(timeout_ms=10)) is ConsumerRecords
             assert cancelled > 0
             assert await consumer.poll(timeout_ms=50) == []
 
