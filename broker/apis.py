@@ -90,6 +90,7 @@ from tidelog.protocol.messages import (
     TOPIC_RESOURCE,
     AclCreationResult,
     AclDescription,
+    AlterClientQuotasEntryResult,
     AlterClientQuotasRequest,
     AlterClientQuotasResponse,
     AlterConfigsRequest,
@@ -97,6 +98,7 @@ from tidelog.protocol.messages import (
     AlterConfigsResult,
     AlterUserScramCredentialsRequest,
     AlterUserScramCredentialsResponse,
+    AlterUserScramCredentialsResult,
     ApiVersionsResponse,
     ConfigEntry,
     ControlledShutdownRequest,
@@ -670,7 +672,22 @@ class Apis:
 
     # -- user and client-id configs: quotas, SCRAM credentials (broker/security/entity_configs.py)
     # Any broker answers: each reads and writes ZooKeeper itself, and every broker's
-    # EntityConfigStore follows the change notifications the writes leave.
+    # EntityConfigStore follows the change notifications the writes leave. Authorization is
+    # Kafka's (Describe/Alter, DescribeConfigs/AlterConfigs on the cluster); without an
+    # authorizer, an authenticated principal that is not a broker principal may still not
+    # alter them: a user who could set the brokers' own credential could act as a broker.
+
+    def _entity_refusal(self, ctx: RequestContext | None, operation: AclOperation,
+                        what: str) -> tuple[ErrorCode, str] | None:
+        if self.authorizer is not None:
+            if self._can(ctx, operation, ResourceType.CLUSTER, CLUSTER_NAME):
+                return None
+            return CLUSTER_AUTHORIZATION_FAILED, _denied(ctx, operation.kafka_name, "cluster", CLUSTER_NAME)
+        altering = operation in (AclOperation.ALTER, AclOperation.ALTER_CONFIGS)
+        if altering and ctx is not None and ctx.authenticated and ctx.principal not in self.broker_principals:
+            return CLUSTER_AUTHORIZATION_FAILED, (
+                f"{ctx.principal} may not alter {what}: without an authorizer only super users (super.users) may")
+        return None
 
     @property
     def _entity_configs(self) -> EntityConfigAdmin:
@@ -679,21 +696,32 @@ class Apis:
     @handles(ApiKey.DESCRIBE_CLIENT_QUOTAS, Kind.ASYNC)
     async def describe_client_quotas(self, req: DescribeClientQuotasRequest,
                                      ctx: RequestContext | None = None) -> DescribeClientQuotasResponse:
+        if refusal := self._entity_refusal(ctx, AclOperation.DESCRIBE_CONFIGS, "client quotas"):
+            return DescribeClientQuotasResponse(refusal[0].code, refusal[1])
         return await self._entity_configs.describe_client_quotas(req)
 
     @handles(ApiKey.ALTER_CLIENT_QUOTAS, Kind.ASYNC)
     async def alter_client_quotas(self, req: AlterClientQuotasRequest,
                                   ctx: RequestContext | None = None) -> AlterClientQuotasResponse:
+        if refusal := self._entity_refusal(ctx, AclOperation.ALTER_CONFIGS, "client quotas"):
+            return AlterClientQuotasResponse([AlterClientQuotasEntryResult(refusal[0].code, refusal[1], e.entity)
+                                              for e in req.entries])
         return await self._entity_configs.alter_client_quotas(req)
 
     @handles(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, Kind.ASYNC)
     async def describe_user_scram_credentials(self, req: DescribeUserScramCredentialsRequest,
                                               ctx: RequestContext | None = None) -> DescribeUserScramCredentialsResponse:
+        if refusal := self._entity_refusal(ctx, AclOperation.DESCRIBE, "SCRAM credentials"):
+            return DescribeUserScramCredentialsResponse(refusal[0].code, refusal[1])
         return await self._entity_configs.describe_user_scram_credentials(req)
 
     @handles(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, Kind.ASYNC)
     async def alter_user_scram_credentials(self, req: AlterUserScramCredentialsRequest,
                                            ctx: RequestContext | None = None) -> AlterUserScramCredentialsResponse:
+        if refusal := self._entity_refusal(ctx, AclOperation.ALTER, "SCRAM credentials"):
+            users = dict.fromkeys([*(d.name for d in req.deletions), *(u.name for u in req.upsertions)])
+            return AlterUserScramCredentialsResponse([AlterUserScramCredentialsResult(u, refusal[0].code, refusal[1])
+                                                      for u in users])
         return await self._entity_configs.alter_user_scram_credentials(req)
 
     # -- idempotent producers ------------------------------------------------------------------

@@ -37,6 +37,14 @@ from tidelog.protocol.messages import (
     TOPIC_RESOURCE,
     AclCreation,
     AclFilter,
+    AlterClientQuotasEntry,
+    AlterClientQuotasRequest,
+    AlterClientQuotasResponse,
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
+    AlterUserScramCredentialsResult,
+    ClientQuotaEntityData,
+    ClientQuotaOp,
     ControlledShutdownRequest,
     CreatableTopic,
     CreateAclsRequest,
@@ -52,11 +60,14 @@ from tidelog.protocol.messages import (
     DeleteRecordsTopic,
     DeleteTopicsRequest,
     DescribeAclsRequest,
+    DescribeClientQuotasResponse,
     DescribeConfigsRequest,
     DescribeConfigsResource,
     DescribedGroup,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
     ElectLeadersRequest,
     FetchPartition,
     FetchRequest,
@@ -98,6 +109,7 @@ from tidelog.protocol.messages import (
     PartitionProduceData,
     PartitionState,
     ProduceRequest,
+    ScramCredentialUpsertion,
     StopReplicaRequest,
     SyncGroupRequest,
     SyncGroupResponse,
@@ -591,3 +603,72 @@ async def test_without_an_authorizer_the_acl_apis_are_disabled_and_everything_bu
     finally:
         for log in b.log_manager.logs.values():
             log.close()
+
+
+# -- user and client-id configs ---------------------------------------------------------------
+
+
+class FakeEntityConfigs:
+    """Records what reaches the entity-config admin (the ZooKeeper writes)."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    async def alter_user_scram_credentials(self, req):
+        self.calls.append("alter scram")
+        return AlterUserScramCredentialsResponse([AlterUserScramCredentialsResult(u.name, NONE.code)
+                                                  for u in req.upsertions])
+
+    async def describe_user_scram_credentials(self, req):
+        self.calls.append("describe scram")
+        return DescribeUserScramCredentialsResponse(NONE.code)
+
+    async def alter_client_quotas(self, req):
+        self.calls.append("alter quotas")
+        return AlterClientQuotasResponse([])
+
+    async def describe_client_quotas(self, req):
+        self.calls.append("describe quotas")
+        return DescribeClientQuotasResponse(NONE.code)
+
+
+def set_admin_password() -> AlterUserScramCredentialsRequest:
+    return AlterUserScramCredentialsRequest(upsertions=[ScramCredentialUpsertion("admin", 1, 4096, b"s" * 16, b"p" * 32)])
+
+
+@pytest.fixture
+def entity_configs(monkeypatch) -> FakeEntityConfigs:
+    fake = FakeEntityConfigs()
+    monkeypatch.setattr(Apis, "_entity_configs", property(lambda self: fake))
+    return fake
+
+
+async def test_scram_credentials_and_quotas_need_cluster_acls(broker, entity_configs):
+    r = await broker.apis.alter_user_scram_credentials(set_admin_password(), ctx())
+    assert [x.error_code for x in r.results] == [CLUSTER_AUTHORIZATION_FAILED.code]
+    quotas = AlterClientQuotasRequest([AlterClientQuotasEntry([ClientQuotaEntityData("user", "alice")],
+                                                              [ClientQuotaOp("producer_byte_rate", 1e9)])])
+    r = await broker.apis.alter_client_quotas(quotas, ctx())
+    assert [x.error_code for x in r.entries] == [CLUSTER_AUTHORIZATION_FAILED.code]
+    r = await broker.apis.describe_user_scram_credentials(DescribeUserScramCredentialsRequest(), ctx())
+    assert r.error_code == CLUSTER_AUTHORIZATION_FAILED.code
+    assert entity_configs.calls == []
+    broker.allow(CLUSTER, CLUSTER_NAME, OPS.ALTER)
+    broker.allow(CLUSTER, CLUSTER_NAME, OPS.ALTER_CONFIGS)
+    await broker.apis.alter_user_scram_credentials(set_admin_password(), ctx())
+    await broker.apis.alter_client_quotas(quotas, ctx())
+    assert entity_configs.calls == ["alter scram", "alter quotas"]
+
+
+async def test_without_an_authorizer_only_broker_principals_alter_credentials(tmp_path, entity_configs):
+    b = Broker(str(tmp_path), authorizer=False)
+    r = await b.apis.alter_user_scram_credentials(set_admin_password(), ctx())
+    assert [x.error_code for x in r.results] == [CLUSTER_AUTHORIZATION_FAILED.code]
+    assert "only super users" in r.results[0].error_message
+    await b.apis.alter_user_scram_credentials(set_admin_password(), ctx(ADMIN))
+    await b.apis.describe_user_scram_credentials(DescribeUserScramCredentialsRequest(), ctx())
+    # an unauthenticated listener is an open cluster (docs/operations.md)
+    await b.apis.alter_user_scram_credentials(set_admin_password(), ctx("User:ANONYMOUS", protocol="PLAINTEXT"))
+    assert entity_configs.calls == ["alter scram", "describe scram", "alter scram"]
+    for log in b.log_manager.logs.values():
+        log.close()
