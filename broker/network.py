@@ -167,6 +167,7 @@ RESERVED_DESCRIPTORS = 8  # /dev/null placeholders given up when accept hits EMF
 SHED_ON_EMFILE = 8  # newest connections closed when accept hits EMFILE
 ACCEPT_RETRY_S = 0.1
 TLS_HANDSHAKE_RECORD = 0x16  # the first byte a TLS client sends
+SASL_THREADS = 2  # worker threads for authentication rounds, per listener
 LINGER_S = 1.0  # how long a refused connection's last bytes are drained before it closes
 SASL_MAX_FRAME_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size: frames before authentication
 _CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
@@ -252,6 +253,9 @@ class SocketServer:
             raise ValueError(f"max_in_flight_per_connection must be >= 1, got {max_in_flight_per_connection}")
         self.handler = handler
         self.security = security or ListenerSecurity.plaintext()
+        # SASL rounds (PLAIN hashes a password) get threads of their own, so unauthenticated
+        # clients cannot take the worker threads produce validation and decoding use
+        self.sasl_limiter = trio.CapacityLimiter(SASL_THREADS)
         self.listener = self.security.name  # its name, as requests' contexts report it
         self.host = host or None  # "" or None: every interface
         self.port = port  # the bound port once run() has started
@@ -449,7 +453,9 @@ class _Connection:
         self._reservation = 0  # reserved for the frame still arriving
         self._held: deque[tuple[int, int]] = deque()  # (request number, bytes) of large requests
         self._written = 0  # requests whose response was written (or skipped)
-        self._max_pending = server.max_in_flight_per_connection
+        # one request at a time until authenticated (Kafka mutes the channel): SASL rounds are
+        # a sequence, and pipelined guesses must not all run before the first one fails
+        self._max_pending = 1 if self._auth is not None else server.max_in_flight_per_connection
         self._scope = trio.CancelScope()  # the whole connection; its deadline is the idle timeout
         self._read_scope = trio.CancelScope()  # the current read (graceful shutdown cancels it)
         self._reading = True
@@ -720,10 +726,11 @@ class _Connection:
 
     async def _authenticate(self, auth_bytes: bytes) -> SaslAuthenticateResponse:
         auth = self._auth
-        step: Step = await trio.to_thread.run_sync(auth.authenticate, auth_bytes)
+        step: Step = await trio.to_thread.run_sync(auth.authenticate, auth_bytes, limiter=self._server.sasl_limiter)
         if auth.complete:
             self._principal = auth.principal
             self._conn.max_frame_bytes = self._server.max_frame_bytes
+            self._max_pending = self._server.max_in_flight_per_connection
             self._auth = None
             log.debug("%s authenticated as %s with %s", self._peer, self._principal, auth.mechanism)
         elif step.failed:
