@@ -26,6 +26,7 @@ from pathlib import Path
 from tidelog.broker.config import parse_listener
 from tidelog.broker.health import metadata_request, secure_metadata_request
 from tidelog.broker.security.certificates import make_cluster_pki
+from tidelog.broker.security.entity_configs import set_scram_password
 from tidelog.broker.zookeeper.zkserver import ZooKeeperServer, find_free_port
 from tidelog.protocol.messages import MetadataResponse
 from tidelog.security import SecurityConfig, read_properties
@@ -219,13 +220,10 @@ class DevCluster:
         talk to each other, and no client can authenticate before they exist). With a ZooKeeper
         identity (zookeeper.digest.*) the tool takes it from a broker's config file."""
         chroot = str(self.extra_config.get("zookeeper.chroot", "/tidelog"))
-        zk_auth = (["--zk-auth-file", str(next(iter(self.brokers.values())).config_path)]
-                   if "zookeeper.digest.username" in self.extra_config else [])
-        subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "configs", "--zookeeper",
-                        f"{self.zookeeper.connect_string}{chroot}", *zk_auth, "--alter", "--entity-type", "users",
-                        "--entity-name", ADMIN_USER, "--add-config",
-                        ",".join(f"{m}=[password={self.admin_password}]" for m in ("SCRAM-SHA-256", "SCRAM-SHA-512"))],
-                       check=True, timeout=timeout, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        zk_auth = (str(next(iter(self.brokers.values())).config_path)
+                   if "zookeeper.digest.username" in self.extra_config else None)
+        set_scram_password(f"{self.zookeeper.connect_string}{chroot}", ADMIN_USER, self.admin_password,
+                           auth_file=zk_auth)
 
     def metadata(self, broker_id: int, timeout: float = 5.0) -> MetadataResponse:
         """Broker ``broker_id``'s Metadata for every topic, over the cluster's security."""

@@ -34,7 +34,6 @@ import argparse
 import datetime
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -47,6 +46,8 @@ from cryptography import x509  # noqa: E402
 from cryptography.exceptions import InvalidSignature  # noqa: E402
 
 from tidelog.broker.security.certificates import make_cluster_pki  # noqa: E402
+from tidelog.broker.security.entity_configs import set_scram_password  # noqa: E402
+from tidelog.protocol.errors import TidelogError  # noqa: E402
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 CLIENT_MECHANISM = "SCRAM-SHA-512"
@@ -118,12 +119,10 @@ def make_certificates(ca_dir: Path, brokers: Mapping[int, Iterable[str]], pki_di
     return sorted(stale)
 
 
-def create_user(zookeeper: str, user: str, password: str, timeout_s: float = 120.0) -> None:
-    """Step 2: the user's SCRAM credentials, straight into ZooKeeper (raises CalledProcessError)."""
-    subprocess.run([sys.executable, "-m", "tidelog.broker.cli", "configs", "--zookeeper", zookeeper, "--alter",
-                    "--entity-type", "users", "--entity-name", user, "--add-config",
-                    ",".join(f"{m}=[password={password}]" for m in SCRAM_MECHANISMS)],
-                   check=True, timeout=timeout_s, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+def create_user(zookeeper: str, user: str, password: str) -> None:
+    """Step 2: the user's SCRAM credentials, straight into ZooKeeper, in this process (the
+    password never appears in a command line); raises ValueError or a ZooKeeper error."""
+    set_scram_password(zookeeper, user, password)
 
 
 def client_properties(ca: Path, user: str, password: str) -> str:
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.zookeeper:
         try:
             create_user(args.zookeeper, args.user, password)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        except (ValueError, OSError, TidelogError) as e:
             print(f"init_security: setting the SCRAM credentials of {args.user} failed: {e}", file=sys.stderr)
             return 1
         print(f"user {args.user}: {' and '.join(SCRAM_MECHANISMS)} credentials set in {args.zookeeper}", flush=True)

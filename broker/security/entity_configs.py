@@ -18,8 +18,11 @@ Notifications older than ``CHANGE_EXPIRY_MS`` (15 minutes, as Kafka) are deleted
 broker sees them first. After a ZooKeeper session was lost (the notifications it missed may
 be gone) the broker reads every entity again (``request_reload``).
 
-Lookups are synchronous and in memory (``scram_credential``, ``configs``): the SASL
-authenticator calls ``scram_credential`` on the Trio thread and never waits for ZooKeeper.
+Lookups are synchronous and in memory (``scram_credential``, ``configs``) and never wait for
+ZooKeeper. The SASL authenticator calls ``scram_credential`` from its worker threads while
+the Trio thread may be updating the store: an update replaces one user's entry (a dict
+assignment), and a full reload builds new dicts and swaps them in whole, so a lookup sees
+the old state or the new one, never a store emptied half-way.
 
 Topic configs are not served from here: they reach brokers with the controller's
 LeaderAndIsr and UpdateMetadata, because the controller decides with them. Entity configs
@@ -67,6 +70,7 @@ from tidelog.protocol.errors import (
     UNACCEPTABLE_CREDENTIAL,
     UNSUPPORTED_SASL_MECHANISM,
     TidelogError,
+    for_code,
 )
 from tidelog.protocol.messages import (
     QUOTA_MATCH_ANY,
@@ -104,7 +108,7 @@ class EntityConfigStore:
     """Every user and client-id config of the cluster, in memory, kept current by the
     change notifications (the module docstring). ``configs`` maps entity paths (as in
     ZooKeeper: ``users/alice``, ``users/<default>/clients/app``) to configs; ``generation``
-    changes whenever they do. Trio thread only.
+    changes whenever they do. Updated on the Trio thread; lookups from any thread.
 
     Started by the broker before its listener opens: ``await nursery.start(store.run)``
     returns once every entity was read."""
@@ -164,11 +168,12 @@ class EntityConfigStore:
     async def _load_all(self, names: list[str] | None) -> None:
         """Read every entity; the notifications ``names`` (present before the read) are done."""
         paths = await self.zk.list_entities()
-        configs = await self.zk.get_entity_configs(paths)
-        self.configs = {}
-        self._credentials = {}
+        read = await self.zk.get_entity_configs(paths)
+        configs: dict[str, dict[str, str]] = {}
+        credentials: dict[str, dict[str, ScramCredential]] = {}
         for path in paths:
-            self._apply(path, configs.get(path))
+            self._apply(path, read.get(path), configs, credentials)
+        self.configs, self._credentials = configs, credentials  # swapped whole (module docstring)
         self.generation += 1
         if names is not None:
             self._last_sequence = max([s for n in names if (s := config_change_sequence(n)) is not None], default=-1)
@@ -211,11 +216,15 @@ class EntityConfigStore:
             for n in expired:
                 self._created_ms.pop(n, None)
 
-    def _apply(self, path: str, config: Mapping[str, str] | None) -> None:
+    def _apply(self, path: str, config: Mapping[str, str] | None, configs: dict | None = None,
+               all_credentials: dict | None = None) -> None:
+        """Set ``path``'s config in ``configs`` and ``all_credentials`` (default: the store's)."""
+        configs = self.configs if configs is None else configs
+        all_credentials = self._credentials if all_credentials is None else all_credentials
         if config:
-            self.configs[path] = dict(config)
+            configs[path] = dict(config)
         else:
-            self.configs.pop(path, None)
+            configs.pop(path, None)
         user, client = parse_entity_path(path)
         if user is None or client is not None or user == DEFAULT_ENTITY:
             return
@@ -227,9 +236,9 @@ class EntityConfigStore:
                 except CredentialError as e:
                     logger.error("user %r: ignoring its %s credential: %s", user, mechanism, e)
         if credentials:
-            self._credentials[user] = credentials
+            all_credentials[user] = credentials
         else:
-            self._credentials.pop(user, None)
+            all_credentials.pop(user, None)
 
 
 # -- the Admin APIs ---------------------------------------------------------------------------
@@ -506,3 +515,27 @@ def quota_filter(components: list[Any], strict: bool) -> Callable[[Mapping[str, 
     return match
 
 
+
+
+def set_scram_password(connect: str, user: str, password: str, *, auth_file: str | None = None) -> None:
+    """Blocking: ``user``'s SCRAM-SHA-256 and -512 credentials straight into ZooKeeper
+    (``connect`` is ``host:port[/chroot]``; ``auth_file`` the brokers' ZooKeeper identity, as
+    ``tidelog configs --zookeeper --zk-auth-file`` takes it). For the first user of a secured
+    cluster, which brokers need before any client can authenticate. The password is salted
+    here and never appears in a process's arguments. Raises ValueError naming the problem."""
+    from tidelog.aio.entity_configs import ScramCredentialInfo, UserScramCredentialUpsertion, alter_scram_request
+    from tidelog.broker.config import read_zookeeper_credentials
+    from tidelog.broker.zookeeper.zk import ZkClient
+
+    async def write() -> AlterUserScramCredentialsResponse:
+        request = alter_scram_request([UserScramCredentialUpsertion(user, ScramCredentialInfo(m), password)
+                                       for m in SCRAM_MECHANISMS])
+        auth = read_zookeeper_credentials(auth_file)
+        async with ZkClient(connect, auth=auth, set_acl=auth is not None) as zk:
+            return await EntityConfigAdmin(zk).alter_user_scram_credentials(request)
+
+    response = trio.run(write)
+    failed = [r for r in response.results if r.error_code != NONE.code]
+    if failed:
+        raise ValueError(f"setting the SCRAM credentials of {user!r} failed: "
+                         + "; ".join(r.error_message or for_code(r.error_code).message for r in failed))
