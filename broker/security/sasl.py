@@ -47,7 +47,6 @@ from tidelog.broker.security.credentials import (
     MIN_ITERATIONS,
     SCRAM_MECHANISMS,
     ScramCredential,
-    make_credential,
     password_matches,
 )
 from tidelog.protocol.errors import (
@@ -178,6 +177,12 @@ _DECOY_KEY = os.urandom(32)  # per process: the same unknown user gets the same 
 
 
 def _decoy(mechanism: str, user: str) -> ScramCredential:
-    """A credential nobody has a password for, with a stable salt per user name."""
-    salt = hmac.digest(_DECOY_KEY, user.encode(), "sha256")[:16]
-    return make_credential(mechanism, os.urandom(16).hex(), MIN_ITERATIONS, salt)
+    """A credential nobody has a password for, stable per user name, made without PBKDF2
+    (keyed hashes of the name): an unknown user then costs what a known one does, one
+    salted-password derivation for PLAIN and none for SCRAM's server side."""
+    name = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
+
+    def keyed(label: bytes) -> bytes:
+        return hmac.digest(_DECOY_KEY, label + b"\0" + mechanism.encode() + b"\0" + user.encode(), name)
+
+    return ScramCredential(keyed(b"salt")[:16], keyed(b"stored"), keyed(b"server"), MIN_ITERATIONS)
