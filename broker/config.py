@@ -569,7 +569,10 @@ def _problem(s: Setting, value: Any) -> str | None:
 
 
 def _error(key: str, raw: Any, source: str, problem: str) -> ConfigError:
-    return ConfigError(f"{key} = {raw!r} ({source}): {problem}")
+    """The error naming the setting and its value; a secret's value is shown as ***."""
+    setting = _BY_NAME.get(key)
+    shown = "***" if setting is not None and setting.sensitive else repr(raw)
+    return ConfigError(f"{key} = {shown} ({source}): {problem}")
 
 
 def _parse(s: Setting, key: str, raw: Any, source: str) -> Any:
@@ -724,8 +727,7 @@ class _BrokerConfigBase:
         if len(given) == 1:
             (key, value), = given.items()
             other = next(k for k in ZOOKEEPER_AUTH_KEYS if k != key)
-            shown = "***" if _BY_NAME[key].sensitive else value.value
-            raise _error(key, shown, value.source, f"set {other} too (the two go together)")
+            raise _error(key, value.value, value.source, f"set {other} too (the two go together)")
         if self.zookeeper_set_acl and not given:
             source = merged["zookeeper.set.acl"].source if "zookeeper.set.acl" in merged else "default"
             raise _error("zookeeper.set.acl", True, source, "needs zookeeper.digest.username and "
@@ -881,7 +883,7 @@ def _annotation(s: Setting) -> Any:
 def _field(s: Setting) -> tuple[str, Any, Any]:
     if s.default is REQUIRED:
         return s.attr, _annotation(s), dataclasses.field()
-    return s.attr, _annotation(s), dataclasses.field(default=s.default)
+    return s.attr, _annotation(s), dataclasses.field(default=s.default, repr=not s.sensitive)
 
 
 def settings_reference() -> str:

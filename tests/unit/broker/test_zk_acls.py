@@ -105,7 +105,7 @@ def test_set_acl_needs_the_identity_and_the_two_settings_go_together():
         BrokerConfig.from_props({**BASE, "zookeeper.set.acl": True})
     with pytest.raises(ConfigError, match="zookeeper.digest.username = 'tidelog'.*set zookeeper.digest.password"):
         BrokerConfig.from_props({**BASE, "zookeeper.digest.username": "tidelog"})
-    with pytest.raises(ConfigError, match=r"zookeeper.digest.password = '\*\*\*'") as e:
+    with pytest.raises(ConfigError, match=r"zookeeper.digest.password = \*\*\* ") as e:
         BrokerConfig.from_props({**BASE, "zookeeper.digest.password": "hunter2"})
     assert "hunter2" not in str(e.value)
     with pytest.raises(ConfigError, match="expected a name of ASCII letters"):
