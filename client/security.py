@@ -47,6 +47,7 @@ __all__ = ["SecurityConfig", "open_stream", "read_properties", "parse_jaas_confi
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 READ_BYTES = 64 * 1024
+MAX_SCRAM_ITERATIONS = 16384  # Kafka's bound on a stored credential
 
 # librdkafka / Kafka Java property -> SecurityConfig field (both spellings are accepted)
 _PROPERTIES = {
@@ -198,10 +199,15 @@ async def _sasl(stream: trio.abc.Stream, proto: ClientConnection, security: Secu
     server_first = await _authenticate(stream, proto, client.get_client_first().encode(), describe, user)
     try:
         client.set_server_first(server_first.decode())
-        final = client.get_client_final().encode()
     except (scramp.ScramException, UnicodeDecodeError) as e:
         raise SaslAuthenticationError(f"SASL {mechanism} with {describe}: the broker's first message "
                                       f"is not valid SCRAM: {e}") from None
+    if not 0 < int(client.iterations) <= MAX_SCRAM_ITERATIONS:  # the salted password costs that many hashes
+        raise SaslAuthenticationError(f"SASL {mechanism} with {describe}: the broker asks for {client.iterations} "
+                                      f"iterations (at most {MAX_SCRAM_ITERATIONS} are done)")
+    # the salted password takes milliseconds of hashing: not on the event loop (a broker
+    # connecting to its peers runs this too)
+    final = (await trio.to_thread.run_sync(client.get_client_final)).encode()
     server_final = await _authenticate(stream, proto, final, describe, user)
     try:
         client.set_server_final(server_final.decode())
