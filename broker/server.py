@@ -38,7 +38,7 @@ import trio
 
 from tidelog.broker.apis import Apis
 from tidelog.broker.channel import BrokerChannel, BrokerUnreachable
-from tidelog.broker.config import BrokerConfig, parse_super_users
+from tidelog.broker.config import BrokerConfig
 from tidelog.broker.controller.controller import Controller, ControllerConfig
 from tidelog.broker.groups.group_coordinator import CoordinatorConfig, GroupCoordinator
 from tidelog.broker.health import Readiness, broker_readiness
@@ -53,7 +53,7 @@ from tidelog.broker.replication.fetcher import RemoteLeaderEndpoint
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.broker.security.authorizer import Authorizer, ZkAclStore
 from tidelog.broker.security.entity_configs import EntityConfigStore
-from tidelog.broker.security.inter_broker import inter_broker_security
+from tidelog.broker.security.inter_broker import broker_principals, inter_broker_security
 from tidelog.broker.security.listeners import Listener, ListenerSecurity
 from tidelog.broker.security.quotas import ClientQuotas, QuotaEnforcer
 from tidelog.broker.security.tls import server_context
@@ -97,8 +97,7 @@ class BrokerServer:
         self._coordinator_channels: dict[int, BrokerChannel] = {}
         # authorization: super.users and this broker's own inter-broker principal are brokers (and
         # super users); the ACLs are loaded from ZooKeeper before the listeners open
-        own = getattr(config, "inter_broker_principal", None)
-        self.broker_principals = parse_super_users(config.super_users) | ({own} if own else set())
+        self.broker_principals = broker_principals(config)
         self.authorizer = Authorizer(self.broker_principals, config.allow_everyone_if_no_acl_found) \
             if config.authorizer_class_name else None
         self.acl_store = ZkAclStore(self.zk, self.authorizer) if self.authorizer is not None else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidelog.broker.security.tls import keystore_principal
+from tidelog.broker.config import parse_super_users
 from tidelog.security import SecurityConfig
 
 
@@ -33,13 +33,8 @@ def inter_broker_security(config: Any) -> SecurityConfig | None:
 
 
 def broker_principals(config: Any) -> frozenset[str]:
-    """The principals brokers of this cluster authenticate as towards each other: this
-    broker's own (SASL username, or its certificate's subject on an SSL inter-broker
-    listener with client authentication) and the super users (``super.users``)."""
-    principals = {p.strip() for p in (getattr(config, "super_users", None) or "").split(";") if p.strip()}
-    listener = config.inter_broker_listener
-    if config.inter_broker_principal:
-        principals.add(config.inter_broker_principal)
-    elif listener.protocol.uses_tls and config.ssl_client_auth != "none" and config.ssl_keystore_location:
-        principals.add(keystore_principal(config.ssl_keystore_location))
-    return frozenset(principals)
+    """The principals brokers of this cluster authenticate as towards each other: the super
+    users (``super.users``) and this broker's own SASL principal. Brokers that authenticate by
+    certificate each have a subject of their own: list them in ``super.users``."""
+    own = config.inter_broker_principal
+    return parse_super_users(config.super_users) | ({own} if own else set())

@@ -64,12 +64,6 @@ def principal_of(certificate: x509.Certificate) -> str:
     return f"User:{certificate.subject.rfc4514_string()}"
 
 
-def keystore_principal(keystore: str) -> str:
-    """The principal a broker's own certificate gives it (the first certificate of the file)."""
-    with open(keystore, "rb") as f:
-        return principal_of(x509.load_pem_x509_certificate(f.read()))
-
-
 def _load_keystore(context: ssl.SSLContext, path: str, password: str | None) -> None:
     try:
         context.load_cert_chain(path, password=password)
