@@ -58,7 +58,7 @@ from tidelog.broker.security.listeners import Listener, ListenerSecurity
 from tidelog.broker.security.quotas import ClientQuotas, QuotaEnforcer
 from tidelog.broker.security.tls import server_context
 from tidelog.broker.zookeeper import layout
-from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkError
 from tidelog.broker.zookeeper.zk import ZkClient
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, StorageError, TidelogError
@@ -213,6 +213,18 @@ class BrokerServer:
                 await self._register()
                 logger.info("broker %d registered again (broker epoch %d)", self.broker_id, self.broker_epoch)
                 self.entity_configs.request_reload()  # notifications may have expired meanwhile
+                if self.acl_store is not None:
+                    await self._reload_acls()
+
+    async def _reload_acls(self) -> None:
+        """Every ACL again after a new session (the notifications missed may have expired)."""
+        while True:
+            try:
+                await self.acl_store.load_all()
+                return
+            except ZkError as e:
+                logger.warning("reloading the ACLs after a new ZooKeeper session failed: %s; retrying", e)
+                await trio.sleep(1.0)
 
     async def _watch_registry(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Keep ``metadata.registry`` as ZooKeeper holds it: every change of ``/controller``

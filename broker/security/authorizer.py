@@ -343,8 +343,14 @@ class ZkAclStore:
             task_status.started()
 
     async def load_all(self) -> None:
-        for pattern in await self.zk.acl_resources():
+        """Every pattern as ZooKeeper holds it now, and no pattern it no longer holds: at start,
+        and after a lost session (whose missed notifications may have expired meanwhile, so a
+        revoked Allow would otherwise stay in force)."""
+        present = await self.zk.acl_resources()
+        for pattern in present:
             await self.reload(pattern)
+        for pattern in set(self.authorizer.acls.patterns()) - set(present):
+            self.authorizer.set_acls(*pattern, frozenset())
 
     async def reload(self, pattern: Pattern) -> None:
         """One pattern as ZooKeeper holds it now (a malformed znode counts as no ACLs, with an

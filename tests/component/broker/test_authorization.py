@@ -672,3 +672,29 @@ async def test_without_an_authorizer_only_broker_principals_alter_credentials(tm
     assert entity_configs.calls == ["alter scram", "describe scram", "alter scram"]
     for log in b.log_manager.logs.values():
         log.close()
+
+
+async def test_a_full_reload_forgets_patterns_gone_from_zookeeper():
+    """After a lost session the broker reads every ACL again: a pattern deleted meanwhile
+    (its notification may have expired) must not stay in force."""
+    pattern = (TOPIC, "orders", LIT)
+
+    class HeldAcls:
+        def __init__(self):
+            self.held = {pattern: (frozenset({(ALICE, "*", OPS.WRITE, ALLOW)}), 0)}
+
+        async def acl_resources(self):
+            return list(self.held)
+
+        async def get_acls(self, *p):
+            return self.held.get(p)
+
+    authorizer = Authorizer({ADMIN})
+    zk = HeldAcls()
+    store = ZkAclStore(zk, authorizer)
+    await store.load_all()
+    assert authorizer.authorize(ALICE, "10.1.2.3", OPS.WRITE, TOPIC, "orders")
+    zk.held.clear()
+    await store.load_all()
+    assert not authorizer.authorize(ALICE, "10.1.2.3", OPS.WRITE, TOPIC, "orders")
+    assert authorizer.bindings() == []
