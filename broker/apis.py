@@ -281,7 +281,7 @@ class Apis:
         """The authorizer's decision (a dict lookup once decided); no authorizer or no context
         (the broker calling itself): allowed."""
         a = self.authorizer
-        return a is None or ctx is None or a.authorize_peer(ctx.principal, ctx.peer, operation, resource_type, name)
+        return a is None or ctx is None or a.authorize(ctx.principal, ctx.peer_host, operation, resource_type, name)
 
     def _denied_topics(self, ctx: RequestContext | None, operation: AclOperation, names: Iterable[str]) -> set[str]:
         if self.authorizer is None or ctx is None:
@@ -378,7 +378,7 @@ class Apis:
 
     def _produce_refused(self, ctx: RequestContext, req: ProduceRequest, entries: dict) -> dict:
         """The hot path: one remembered decision (a dict lookup) per topic of the request."""
-        authorize, principal, peer = self.authorizer.authorize_peer, ctx.principal, ctx.peer
+        authorize, principal, peer = self.authorizer.authorize, ctx.principal, ctx.peer_host
         if req.transactional_id is not None and not authorize(principal, peer, _WRITE, ResourceType.TRANSACTIONAL_ID,
                                                               req.transactional_id):
             message = _denied(ctx, "Write", "transactional id", req.transactional_id)

@@ -15,6 +15,12 @@ from dataclasses import dataclass
 
 from tidelog.protocol.codec import RequestHeader
 
+
+def host_of(peer: str) -> str:
+    """The host of a ``host:port`` peer address (IPv6 hosts keep their colons)."""
+    return peer.rpartition(":")[0] if ":" in peer else peer
+
+
 ANONYMOUS = "User:ANONYMOUS"  # Kafka's principal for unauthenticated connections
 DEFAULT_LISTENER = "PLAINTEXT"
 
@@ -27,6 +33,7 @@ class RequestContext:
     principal: str = ANONYMOUS
     security_protocol: str = "PLAINTEXT"
     inter_broker: bool = True  # the listener is inter.broker.listener.name (one listener: it is)
+    host: str = ""  # the peer's host, taken out of ``peer`` once per connection (authorization reads it)
 
     @property
     def authenticated(self) -> bool:
@@ -35,7 +42,7 @@ class RequestContext:
 
     @property
     def peer_host(self) -> str:
-        return self.peer.rpartition(":")[0] if ":" in self.peer else self.peer
+        return self.host or host_of(self.peer)
 
     @property
     def client_id(self) -> str | None:

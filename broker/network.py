@@ -121,7 +121,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from tidelog.broker.config import parse_ip_overrides
-from tidelog.broker.context import ANONYMOUS, RequestContext
+from tidelog.broker.context import ANONYMOUS, RequestContext, host_of
 from tidelog.broker.deferred import DeferredResponse, is_deferred
 from tidelog.broker.security.listeners import ListenerSecurity
 from tidelog.broker.security.sasl import SaslState, ServerAuthenticator, Step
@@ -446,7 +446,8 @@ class _Connection:
         if security.protocol.uses_sasl:
             self._auth = ServerAuthenticator(security.sasl_mechanisms, security.credentials)
             self._conn.max_frame_bytes = min(server.max_frame_bytes, SASL_MAX_FRAME_BYTES)
-        self._context = functools.partial(RequestContext, peer=self._peer, listener=server.listener,
+        self._context = functools.partial(RequestContext, peer=self._peer, host=host_of(self._peer),
+                                          listener=server.listener,
                                           security_protocol=str(security.protocol),
                                           inter_broker=security.inter_broker)
         self._pool = server.pool

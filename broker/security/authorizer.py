@@ -208,7 +208,6 @@ class Authorizer:
         self.allow_everyone_if_no_acl_found = allow_everyone_if_no_acl_found
         self.acls = AclCache()
         self._decisions: dict[tuple[str, str, AclOperation, ResourceType, str], bool] = {}
-        self._by_peer: dict[tuple[str, str, AclOperation, ResourceType, str], bool] = {}
         self._cache_size = cache_size
         self.changes = 0  # ACL changes applied (the decision cache's generation)
 
@@ -223,20 +222,6 @@ class Authorizer:
             if len(self._decisions) >= self._cache_size:
                 self._decisions.clear()
             self._decisions[key] = decision
-        return decision
-
-    def authorize_peer(self, principal: str, peer: str, operation: AclOperation, resource_type: ResourceType,
-                       name: str) -> bool:
-        """``authorize`` for a connection's peer address ``host:port`` (``RequestContext.peer``),
-        remembered by the address as given: the request path skips taking the host out of it."""
-        key = (principal, peer, operation, resource_type, name)
-        decision = self._by_peer.get(key)
-        if decision is None:
-            decision = self.authorize(principal, peer.rpartition(":")[0] if ":" in peer else peer, operation,
-                                      resource_type, name)
-            if len(self._by_peer) >= self._cache_size:
-                self._by_peer.clear()
-            self._by_peer[key] = decision
         return decision
 
     def authorize_any(self, principal: str, host: str, operation: AclOperation, resource_type: ResourceType) -> bool:
@@ -265,7 +250,6 @@ class Authorizer:
         changed."""
         if self.acls.set(resource_type, name, pattern_type, frozenset(entries)):
             self._decisions.clear()
-            self._by_peer.clear()
             self.changes += 1
 
     def bindings(self, acl_filter: AclBindingFilter | None = None) -> list[AclBinding]:
