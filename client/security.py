@@ -99,18 +99,7 @@ class SecurityConfig:
     def from_properties(cls, props: Mapping[str, str]) -> SecurityConfig:
         """From a properties file's keys (librdkafka's or Kafka's); other keys are ignored
         here (the caller decides which it knows), a bad value raises ValueError naming it."""
-        values: dict[str, Any] = {}
-        for key, value in props.items():
-            name = _PROPERTIES.get(key)
-            if name == "ssl_check_hostname":
-                values[name] = str(value).strip().lower() in ("https", "true")
-            elif name is not None:
-                values[name] = value.strip()
-        if "sasl.jaas.config" in props:  # Kafka's Java clients put the user and password there
-            credentials = parse_jaas_config(props["sasl.jaas.config"])
-            values.setdefault("sasl_plain_username", credentials.username)
-            values.setdefault("sasl_plain_password", credentials.password)
-        return cls(**values)
+        return cls(**options_from_properties(props))
 
     @staticmethod
     def knows(key: str) -> bool:
@@ -124,6 +113,23 @@ class SecurityConfig:
     def ssl_context(self) -> ssl.SSLContext:
         return _ssl_context(self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile, self.ssl_password,
                             self.ssl_check_hostname)
+
+
+def options_from_properties(props: Mapping[str, str]) -> dict[str, Any]:
+    """The SecurityConfig options the security properties among ``props`` give (unchecked;
+    other keys are ignored)."""
+    values: dict[str, Any] = {}
+    for key, value in props.items():
+        name = _PROPERTIES.get(key)
+        if name == "ssl_check_hostname":
+            values[name] = str(value).strip().lower() in ("https", "true")
+        elif name is not None:
+            values[name] = value.strip()
+    if "sasl.jaas.config" in props:  # Kafka's Java clients put the user and password there
+        credentials = parse_jaas_config(props["sasl.jaas.config"])
+        values.setdefault("sasl_plain_username", credentials.username)
+        values.setdefault("sasl_plain_password", credentials.password)
+    return values
 
 
 @functools.lru_cache(maxsize=16)

@@ -52,7 +52,7 @@ from typing import Any
 from tidelog.aio.consumer import ConsumerConfig
 from tidelog.aio.producer import ProducerConfig
 from tidelog.commands.common import property_value
-from tidelog.security import SecurityConfig
+from tidelog.security import SecurityConfig, options_from_properties
 
 __all__ = ["OptionError", "EARLIEST", "LATEST", "REFUSED", "OffsetSpec", "Subscription", "SourceOptions",
            "SinkOptions", "parse_source_options", "parse_sink_options", "parse_duration_ms"]
@@ -65,8 +65,9 @@ _RESERVED = {"bootstrap_servers", "group_id", "auto_offset_reset", "enable_auto_
              "enable_idempotence"}
 # The driver's Admin takes these of the kafka.* options: its own, and the security ones (a
 # secured cluster answers nobody who has not authenticated).
+_SECURITY = {f.name for f in fields(SecurityConfig)}
 _ADMIN_KEYS = {"client_id", "request_timeout_ms", "retry_backoff_ms", "retry_backoff_max_ms",
-               "default_api_timeout_ms"} | {f.name for f in fields(SecurityConfig)}
+               "default_api_timeout_ms"} | _SECURITY
 
 
 class OptionError(ValueError):
@@ -327,8 +328,12 @@ def _client_options(options: Mapping[str, str], config_types: tuple[type, ...], 
         known |= {f.name for f in fields(t)}
     known -= _RESERVED
     out: dict[str, Any] = {}
+    security: dict[str, str] = {}  # Kafka's Java names, as Spark's Kafka connector passes them on
     for key, raw in options.items():
         if not key.lower().startswith("kafka.") or key.lower() in ("kafka.bootstrap.servers", "kafka.group.id"):
+            continue
+        if SecurityConfig.knows(key[6:].strip().lower()):
+            security[key[6:].strip().lower()] = raw
             continue
         name = key[6:].strip().lower().replace(".", "_").replace("-", "_")
         if name in _RESERVED:
@@ -337,6 +342,12 @@ def _client_options(options: Mapping[str, str], config_types: tuple[type, ...], 
             raise OptionError(f"unknown {role} option {key!r} (known: "
                               f"{', '.join('kafka.' + k.replace('_', '.') for k in sorted(known))})")
         out[name] = property_value(raw)
+    if security:  # merged with the kafka.* options named like the SDK's (kafka.sasl.plain.username)
+        try:
+            out.update({**options_from_properties(security), **{k: v for k, v in out.items() if k in _SECURITY}})
+            SecurityConfig(**{k: v for k, v in out.items() if k in _SECURITY})
+        except ValueError as e:
+            raise OptionError(f"kafka.* security options: {e}") from None
     return out
 
 

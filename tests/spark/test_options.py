@@ -75,9 +75,15 @@ SPARK_KAFKA_OPTIONS: dict[str, tuple[str, str, list[str] | str]] = {
     "startingOffsetsByTimestampStrategy": ("latest", "source",
                                            ["test_planning::test_resolve_starting_by_timestamp"]),
     "topic": ("t", "sink", ["test_connector::test_streaming_sink_and_the_topic_column"]),
+    # security settings by Kafka's Java names, as Spark's connector passes them on
+    "kafka.security.protocol": ("SSL", "source", ["test_options::test_security_options_pass_through_by_kafkas_names"]),
+    "kafka.sasl.mechanism": ("PLAIN", "source", ["test_options::test_security_options_pass_through_by_kafkas_names"]),
+    "kafka.sasl.jaas.config": ('x required username="u" password="p";', "source",
+                               ["test_options::test_security_options_pass_through_by_kafkas_names"]),
+    "kafka.ssl.truststore.location": ("/ca.pem", "source",
+                                      ["test_options::test_security_options_pass_through_by_kafkas_names"]),
     # kafka.* settings Tidelog's clients do not have are refused, with the list of those they have
-    "kafka.security.protocol": ("SSL", "source", "refused"),
-    "kafka.sasl.mechanism": ("PLAIN", "source", "refused"),
+    "kafka.sasl.kerberos.service.name": ("kafka", "source", "refused"),
 }
 
 
@@ -266,3 +272,18 @@ def test_offset_lookups_are_retried():
         retrying(flaky(1), retries=0, interval_ms=5, what="x", sleep=sleeps.append)
     with pytest.raises(OptionError, match="fetchOffset.numRetries must be >= 0"):
         parse_source_options({**SUB, "fetchOffset.numRetries": "-1"}, streaming=True)
+
+
+def test_security_options_pass_through_by_kafkas_names():
+    jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="etl" password="etl-secret";'
+    options = parse_source_options({**SUB, "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+                                    "kafka.sasl.jaas.config": jaas, "kafka.ssl.truststore.location": "/pki/ca.pem"},
+                                   streaming=True)
+    for client in (options.consumer_options, options.admin_options):
+        assert client["security_protocol"] == "SASL_SSL" and client["sasl_mechanism"] == "SCRAM-SHA-512"
+        assert client["sasl_plain_username"] == "etl" and client["sasl_plain_password"] == "etl-secret"
+        assert client["ssl_cafile"] == "/pki/ca.pem"
+    sink = parse_sink_options({**B, "topic": "t", "kafka.security.protocol": "SSL", "kafka.ssl.ca.location": "/ca.pem"})
+    assert sink.producer_options["security_protocol"] == "SSL" and sink.producer_options["ssl_cafile"] == "/ca.pem"
+    with pytest.raises(OptionError, match="security_protocol SASL_SSL needs sasl_plain_username"):
+        parse_source_options({**SUB, "kafka.security.protocol": "SASL_SSL"}, streaming=True)
