@@ -175,12 +175,7 @@ class AclBinding:
     permission_type: AclPermissionType
 
     def __post_init__(self) -> None:
-        _set = object.__setattr__
-        _set(self, "restype", parse_enum(ResourceType, self.restype, "resource type"))
-        _set(self, "resource_pattern_type", parse_enum(ResourcePatternType, self.resource_pattern_type,
-                                                       "pattern type"))
-        _set(self, "operation", parse_enum(AclOperation, self.operation, "operation"))
-        _set(self, "permission_type", parse_enum(AclPermissionType, self.permission_type, "permission type"))
+        _parse_enums(self)
 
     def validate(self) -> AclBinding:
         """Self, if it can be stored (specific enums, a valid pattern, ``Type:name`` principal,
@@ -209,6 +204,16 @@ class AclBinding:
                 f"{self.restype.kafka_name}:{self.resource_pattern_type.name}:{self.name}")
 
 
+_ENUM_FIELDS = (("restype", ResourceType, "resource type"), ("resource_pattern_type", ResourcePatternType, "pattern type"),
+                ("operation", AclOperation, "operation"), ("permission_type", AclPermissionType, "permission type"))
+
+
+def _parse_enums(acl: AclBinding | AclBindingFilter) -> None:
+    """The four enum fields of a binding or filter as members (given by code, name or member)."""
+    for field_name, kind, what in _ENUM_FIELDS:
+        object.__setattr__(acl, field_name, parse_enum(kind, getattr(acl, field_name), what))
+
+
 @dataclass(frozen=True, slots=True)
 class AclBindingFilter:
     """Which bindings to describe or delete: ``ANY`` (enums) and ``None`` (strings) match
@@ -223,12 +228,7 @@ class AclBindingFilter:
     permission_type: AclPermissionType = AclPermissionType.ANY
 
     def __post_init__(self) -> None:
-        _set = object.__setattr__
-        _set(self, "restype", parse_enum(ResourceType, self.restype, "resource type"))
-        _set(self, "resource_pattern_type", parse_enum(ResourcePatternType, self.resource_pattern_type,
-                                                       "pattern type"))
-        _set(self, "operation", parse_enum(AclOperation, self.operation, "operation"))
-        _set(self, "permission_type", parse_enum(AclPermissionType, self.permission_type, "permission type"))
+        _parse_enums(self)
 
     def validate(self) -> AclBindingFilter:
         for value, what in ((self.restype, "resource type"), (self.resource_pattern_type, "pattern type"),
