@@ -103,9 +103,12 @@ def quota_entities(user: str, client_id: str) -> list[tuple[str, SensorKey]]:
     with the sensor key requests matched by it are measured under (the module docstring)."""
     d = DEFAULT_ENTITY
     both, user_only, client_only = (user, client_id), (user, ""), ("", client_id)
-    return [(entity_path(user, client_id), both), (entity_path(user, d), both), (entity_path(user, None), user_only),
-            (entity_path(d, client_id), both), (entity_path(d, d), both), (entity_path(d, None), user_only),
-            (entity_path(None, client_id), client_only), (entity_path(None, d), client_only)]
+    candidates = [((user, client_id), both), ((user, d), both), ((user, None), user_only),
+                  ((d, client_id), both), ((d, d), both), ((d, None), user_only),
+                  ((None, client_id), client_only), ((None, d), client_only)]
+    # an empty user or client id (a client that sends none) has no entity of its own: only
+    # the <default> entities can apply to it
+    return [(entity_path(*names), sensor) for names, sensor in candidates if "" not in names]
 
 
 @dataclass(frozen=True, slots=True)

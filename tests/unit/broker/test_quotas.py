@@ -14,6 +14,7 @@ from tidelog.broker.security.quotas import (
     QuotaSensors,
     QuotaType,
     Rate,
+    quota_entities,
     resolve,
     throttle_time_ms,
     user_of,
@@ -185,3 +186,12 @@ def test_the_bracket_syntax():
     for bad in ("iterations=8192", "password=s,salt=x", "iterations=many,password=s"):
         with pytest.raises(UsageError):
             parse_scram("SCRAM-SHA-256", bad)
+
+
+def test_a_client_without_a_client_id_gets_the_default_quotas():
+    """A request with no client id (the envelope allows none) must resolve, not fail: only
+    the <default> client entities can apply to it."""
+    configs = {"clients/<default>": {"producer_byte_rate": "100"}, "users/alice": {"consumer_byte_rate": "7"}}
+    assert resolve(configs, "alice", "", "producer_byte_rate").entity == "clients/<default>"
+    assert resolve(configs, "alice", "", "consumer_byte_rate").entity == "users/alice"
+    assert all("//" not in path and not path.endswith("/") for path, _ in quota_entities("alice", ""))
