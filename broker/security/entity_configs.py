@@ -308,8 +308,8 @@ class EntityConfigAdmin:
                                                               "the user is named more than once in the request"))
                 continue
             try:
-                config, _ = await self.zk.get_entity_config(entity_path(_user_name(name), None))
-            except ValueError as e:
+                config, _ = await self.zk.get_entity_config(checked_entity_path(_user_name(name), None))
+            except TidelogError as e:
                 out.append(DescribeUserScramCredentialsResult(name, RESOURCE_NOT_FOUND.code, str(e)))
                 continue
             result = _described(name, config)
@@ -329,7 +329,7 @@ class EntityConfigAdmin:
         for user, ops in by_user.items():
             try:
                 change = scram_change(user, ops)
-                await self.zk.change_entity_config(entity_path(_user_name(user), None), change)
+                await self.zk.change_entity_config(checked_entity_path(_user_name(user), None), change)
                 out.append(AlterUserScramCredentialsResult(user, NONE.code))
             except TidelogError as e:
                 out.append(AlterUserScramCredentialsResult(user, e.code, str(e)))
@@ -427,7 +427,18 @@ def quota_entity_path(entity: list[ClientQuotaEntityData]) -> str:
         names[c.entity_type] = DEFAULT_ENTITY if c.entity_name is None else c.entity_name
     if not names:
         raise TidelogError("the entity names no user and no client id", error=INVALID_REQUEST)
-    return entity_path(names.get(USER_TYPE), names.get(CLIENT_ID_TYPE))
+    return checked_entity_path(names.get(USER_TYPE), names.get(CLIENT_ID_TYPE))
+
+
+def checked_entity_path(user: str | None, client_id: str | None) -> str:
+    """``entity_path``, refused with INVALID_REQUEST when a name cannot be stored (too long
+    for a znode name, say): a request names it, so the request is wrong, not the broker."""
+    try:
+        path = entity_path(user, client_id)
+        parse_entity_path(path)
+    except ValueError as e:
+        raise TidelogError(str(e), error=INVALID_REQUEST) from None
+    return path
 
 
 def quota_components(path: str) -> dict[str, str | None]:

@@ -567,9 +567,12 @@ def decode_entity_config(data: bytes, entity_path: str) -> dict[str, str]:
 def sanitize(name: str) -> str:
     """Kafka's ``Sanitizer.sanitize``: Java's URL encoding of the UTF-8 name, with "*" as %2A
     and " " as %20, so any user or client id is one znode name and a name cannot be
-    ``<default>``. Letters, digits and ``._-`` stay as they are."""
+    ``<default>``. Letters, digits and ``._-`` stay as they are, except that the names ``.``
+    and ``..``, which ZooKeeper refuses as znode names, are encoded as %2E."""
     if not isinstance(name, str) or not name:
         raise ValueError("a user or client id in an entity config must be a non-empty string")
+    if name in (".", ".."):  # not a znode name ZooKeeper takes
+        return name.replace(".", "%2E")
     return urllib.parse.quote(name, safe="").replace("~", "%7E")
 
 

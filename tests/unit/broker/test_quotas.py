@@ -195,3 +195,15 @@ def test_a_client_without_a_client_id_gets_the_default_quotas():
     assert resolve(configs, "alice", "", "producer_byte_rate").entity == "clients/<default>"
     assert resolve(configs, "alice", "", "consumer_byte_rate").entity == "users/alice"
     assert all("//" not in path and not path.endswith("/") for path, _ in quota_entities("alice", ""))
+
+
+@pytest.mark.parametrize("name", [".", "..", "a.b", "*", "x" * 300])
+def test_any_user_or_client_id_that_fits_is_an_entity_path_and_back(name):
+    path = quota_entity_path([ClientQuotaEntityData("user", name)])
+    assert parse_entity_path(path) == (name, None) and path.count("/") == 1
+
+
+def test_a_name_too_long_for_a_znode_is_an_invalid_request():
+    with pytest.raises(TidelogError) as e:
+        quota_entity_path([ClientQuotaEntityData("client-id", "x" * 5000)])
+    assert e.value.error is INVALID_REQUEST
