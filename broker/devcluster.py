@@ -130,8 +130,10 @@ class DevCluster:
         if inter_broker_security not in (None, "PLAINTEXT", SECURED):
             raise ValueError(f"inter_broker_security must be PLAINTEXT or {SECURED}, got {inter_broker_security!r}")
         self.inter_broker_security = inter_broker_security if inter_broker_security == SECURED else None
+        # ports this cluster picked: a port freed a moment ago can come back from the kernel
+        self._picked_ports: set[int] = set()
         # an address of its own (not loopback) is ZooKeeper's alone: its usual port is free there
-        zk_port = zk_port or (find_free_port() if zk_host == "127.0.0.1" else 2181)
+        zk_port = zk_port or (self._free_port() if zk_host == "127.0.0.1" else 2181)
         self.zookeeper = ZooKeeperServer(self.dir / "zookeeper", port=zk_port, host=zk_host)
         # Kafka's habit for a small cluster: __consumer_offsets is never created with fewer
         # replicas than offsets.topic.replication.factor (3), so fewer brokers set it to their count
@@ -156,7 +158,7 @@ class DevCluster:
                                  f"--security {made}, or use another --dir for a {self.security or 'PLAINTEXT'} cluster")
         else:
             # a broker in its own namespace has its address to itself: any port is free there
-            port = port or (9092 if broker_id in self.netns else find_free_port())
+            port = port or (9092 if broker_id in self.netns else self._free_port())
             lines = [f"\"broker.id\" = {broker_id}",
                      f"listeners = \"{self._listeners(broker_id, host, port)}\"",
                      f"\"log.dirs\" = [\"{self.dir / f'broker-{broker_id}' / 'logs'}\"]",
@@ -169,6 +171,16 @@ class DevCluster:
         return BrokerProcess(broker_id, config_path, self.dir / f"broker-{broker_id}.log", port,
                              host=host, netns=self.netns.get(broker_id))
 
+    def _free_port(self) -> int:
+        """A free port this cluster has not handed out yet (its processes bind them later,
+        so the kernel may offer one of them again in the meantime)."""
+        for _ in range(100):
+            port = find_free_port()
+            if port not in self._picked_ports:
+                self._picked_ports.add(port)
+                return port
+        raise RuntimeError("no free port found that this cluster has not picked already")
+
     @property
     def bootstrap(self) -> str:
         return ",".join(f"{b.host}:{b.port}" for b in self.brokers.values())
@@ -179,7 +191,7 @@ class DevCluster:
         if not self.inter_broker_security:
             return f"{self.security or 'PLAINTEXT'}://{host}:{port}"
         # a broker in its own namespace has its address to itself: any port is free there
-        broker_port = 9093 if broker_id in self.netns else find_free_port()
+        broker_port = 9093 if broker_id in self.netns else self._free_port()
         return f"PLAINTEXT://{host}:{port},BROKER://{host}:{broker_port}"
 
     def _secure_settings(self, brokers: int) -> dict[str, object]:

@@ -3,6 +3,8 @@ timeouts, back-pressure, flush and close."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 
@@ -219,6 +221,8 @@ async def test_exhausted_buffer_memory_raises_after_max_block_ms(fake):
     fake.inject(ApiKey.PRODUCE, delay_s=2)
     async with AsyncProducer(fake.bootstrap, buffer_memory=400, batch_size=400, max_block_ms=100,
                              **FAST) as producer:
+        # metadata first: max_block_ms also bounds the wait for it, which is not under test
+        await producer.wait_for_topic("t", time.monotonic() + 30)
         await producer.send("t", b"x" * 300)
         with pytest.raises(RequestTimedOut, match="buffer_memory"):
             await producer.send("t", b"y" * 300)
@@ -383,6 +387,7 @@ async def test_send_many_gives_up_after_max_block_ms_naming_the_records_it_queue
     fake.inject(ApiKey.PRODUCE, delay_s=2)
     async with AsyncProducer(fake.bootstrap, buffer_memory=400, batch_size=400, max_block_ms=100,
                              **FAST) as producer:
+        await producer.wait_for_topic("t", time.monotonic() + 30)  # max_block_ms bounds this wait too
         with pytest.raises(RequestTimedOut, match="buffer_memory") as info:
             await producer.send_many("t", [b"%04d" % i for i in range(40)])
         assert len(info.value.futures) == 11  # 11 records of 36 bytes fit in 400
