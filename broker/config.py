@@ -59,6 +59,7 @@ from tidelog.broker.security.listeners import (
     parse_endpoints,
     parse_protocol_map,
     resolve,
+    resolve_kafka,
 )
 from tidelog.broker.security.sasl import SASL_MECHANISMS
 from tidelog.broker.zookeeper.layout import DigestCredentials
@@ -238,6 +239,14 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
     _S("listener.security.protocol.map", str, DEFAULT_PROTOCOL_MAP,
        "Security protocol of each listener name, NAME:PROTOCOL,... (PLAINTEXT, SSL, "
        "SASL_PLAINTEXT, SASL_SSL).", check=_check_protocol_map),
+    _S("kafka.listeners", str, None,
+       "Listeners speaking Kafka's wire protocol (for Kafka clients: librdkafka, kafka-python, "
+       "kcat, Java), comma-separated NAME://host:port like listeners, e.g. PLAINTEXT://127.0.0.1:9192. "
+       "They serve the same logs, groups and security; docs/kafka-compatibility.md.",
+       check=_check_listeners),
+    _S("kafka.advertised.listeners", str, None,
+       "Addresses published for the Kafka listeners, per name (default: kafka.listeners).",
+       check=_check_listeners),
     _S("inter.broker.listener.name", str, None,
        "The listener brokers use between themselves (fetches, the controller's requests); the "
        "inter-broker APIs are accepted only on it. Default: the first listener."),
@@ -750,7 +759,9 @@ class _BrokerConfigBase:
             listeners = self.listener_list
         except ValueError as e:
             text = str(e)
-            key = ("inter.broker.listener.name" if "inter.broker.listener.name" in text
+            key = ("kafka.advertised.listeners" if text.startswith("Kafka advertised")
+                   or text.startswith("kafka.advertised") else "kafka.listeners" if "Kafka listener" in text
+                   else "inter.broker.listener.name" if "inter.broker.listener.name" in text
                    else "advertised.listeners" if text.startswith("advertised")
                    else "listener.security.protocol.map" if "no security protocol" in text
                    and "listener.security.protocol.map" in merged else "listeners")
@@ -784,8 +795,10 @@ class _BrokerConfigBase:
     @property
     def listener_list(self) -> tuple[Listener, ...]:
         """Every listener, checked (ValueError otherwise); the inter-broker one is marked."""
-        return resolve(self.listeners, self.advertised_listeners, self.listener_security_protocol_map,
-                       self.inter_broker_listener_name)
+        native = resolve(self.listeners, self.advertised_listeners, self.listener_security_protocol_map,
+                         self.inter_broker_listener_name)
+        return native + resolve_kafka(self.kafka_listeners, self.kafka_advertised_listeners,
+                                      self.listener_security_protocol_map, native)
 
     @property
     def inter_broker_listener(self) -> Listener:

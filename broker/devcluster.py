@@ -116,12 +116,15 @@ class DevCluster:
                  base_port: int = 9092, extra_config: dict[str, object] | None = None,
                  zk_host: str = "127.0.0.1", hosts: Mapping[int, str] | None = None,
                  netns: Mapping[int, str] | None = None, security: str | None = None,
-                 inter_broker_security: str | None = None):
+                 inter_broker_security: str | None = None, kafka: bool = False):
         """``hosts``: broker id -> the address it listens on and advertises (default
         127.0.0.1); ``netns``: broker id -> the named network namespace it runs in.
         ``security="SASL_SSL"``: a secured cluster (``secure_settings``).
         ``inter_broker_security="SASL_SSL"``: clients keep a PLAINTEXT listener, brokers talk
-        to each other on a SASL_SSL listener named BROKER (the fault matrix runs so)."""
+        to each other on a SASL_SSL listener named BROKER (the fault matrix runs so).
+        ``kafka``: every broker also opens a Kafka-protocol listener (``kafka.listeners``, with
+        the clients' security protocol); ``kafka_bootstrap`` lists them."""
+        self.kafka = kafka
         self.dir = Path(directory).absolute()
         self.dir.mkdir(parents=True, exist_ok=True)
         if security not in (None, "PLAINTEXT", SECURED):
@@ -161,6 +164,8 @@ class DevCluster:
             port = port or (9092 if broker_id in self.netns else self._free_port())
             lines = [f"\"broker.id\" = {broker_id}",
                      f"listeners = \"{self._listeners(broker_id, host, port)}\"",
+                     *([f"\"kafka.listeners\" = \"{self.security or 'PLAINTEXT'}://{host}:"
+                        f"{9192 if broker_id in self.netns else self._free_port()}\""] if self.kafka else []),
                      f"\"log.dirs\" = [\"{self.dir / f'broker-{broker_id}' / 'logs'}\"]",
                      f"\"zookeeper.connect\" = \"{self.zookeeper.connect_string}\""]
             lines += [f"\"{k}\" = {_toml(v)}" for k, v in self.extra_config.items()
@@ -184,6 +189,17 @@ class DevCluster:
     @property
     def bootstrap(self) -> str:
         return ",".join(f"{b.host}:{b.port}" for b in self.brokers.values())
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The brokers' Kafka-protocol listeners (``kafka=True``), for Kafka clients."""
+        addresses = []
+        for b in self.brokers.values():
+            line = next((x for x in b.config_path.read_text().splitlines() if x.startswith('"kafka.listeners"')), None)
+            if line is None:
+                raise ValueError(f"broker {b.broker_id} has no Kafka listener: make the cluster with kafka=True")
+            addresses.append(line.split("://", 1)[1].rstrip('"'))
+        return ",".join(addresses)
 
     # -- security ---------------------------------------------------------------------------
 

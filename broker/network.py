@@ -138,6 +138,7 @@ from tidelog.protocol.errors import (
     error_body,
 )
 from tidelog.protocol.frames import MAX_FRAME_BYTES_DEFAULT
+from tidelog.protocol.kafka.connection import KafkaServerConnection
 from tidelog.protocol.messages import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -172,6 +173,8 @@ LINGER_S = 1.0  # how long a refused connection's last bytes are drained before 
 SASL_MAX_FRAME_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size: frames before authentication
 _CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+_WIRES: Mapping[str, type[ServerConnection]] = MappingProxyType({
+    "tidelog": ServerConnection, "kafka": KafkaServerConnection})
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,10 +251,14 @@ class SocketServer:
                  security: ListenerSecurity | None = None,
                  queued_max_request_bytes: int = QUEUED_MAX_REQUEST_BYTES_DEFAULT,
                  max_connections: int | None = None, max_connections_per_ip: int | None = None,
-                 max_connections_per_ip_overrides: Mapping[str, int] | None = None):
+                 max_connections_per_ip_overrides: Mapping[str, int] | None = None,
+                 wire: str = "tidelog"):
         if max_in_flight_per_connection < 1:
             raise ValueError(f"max_in_flight_per_connection must be >= 1, got {max_in_flight_per_connection}")
         self.handler = handler
+        if wire not in _WIRES:
+            raise ValueError(f"wire must be one of {', '.join(_WIRES)}, got {wire!r}")
+        self.wire = wire  # the protocol its clients speak: Tidelog's, or Kafka's (protocol/kafka)
         self.security = security or ListenerSecurity.plaintext()
         # SASL rounds (PLAIN hashes a password) get threads of their own, so unauthenticated
         # clients cannot take the worker threads produce validation and decoding use
@@ -280,7 +287,7 @@ class SocketServer:
 
     @classmethod
     def from_config(cls, config: BrokerConfig, handler: Handler, security: ListenerSecurity | None = None,
-                    address: tuple[str, int] | None = None) -> SocketServer:
+                    address: tuple[str, int] | None = None, wire: str = "tidelog") -> SocketServer:
         """The server of one listener (default: the inter-broker listener, as plain TCP)."""
         host, port = address or config.listener
         return cls(handler, host=host, port=port, max_frame_bytes=config.socket_request_max_bytes,
@@ -290,7 +297,8 @@ class SocketServer:
                    queued_max_request_bytes=config.queued_max_request_bytes,
                    max_connections=config.max_connections,
                    max_connections_per_ip=config.max_connections_per_ip,
-                   max_connections_per_ip_overrides=_ip_overrides(config.max_connections_per_ip_overrides))
+                   max_connections_per_ip_overrides=_ip_overrides(config.max_connections_per_ip_overrides),
+                   wire=wire)
 
     @property
     def closing(self) -> bool:
@@ -437,8 +445,8 @@ class _Connection:
         self._tls = isinstance(stream, trio.SSLStream)
         self._socket = stream.transport_stream.socket if self._tls else stream.socket
         self._peer = _peer_name(self._socket)
-        self._conn = ServerConnection(server.max_frame_bytes, server.max_in_flight_per_connection,
-                                      DECODE_INLINE_MAX_BYTES)
+        self._conn = _WIRES[server.wire](server.max_frame_bytes, server.max_in_flight_per_connection,
+                                         DECODE_INLINE_MAX_BYTES)
         security = server.security
         self._principal = ANONYMOUS
         self._linger = False  # refused: drain what the peer still sends before closing (_drain)
@@ -584,7 +592,7 @@ class _Connection:
             queued_at = None  # the queue time is read only on the paths that wait
             if type(event) is LargeFrame:
                 queued_at = trio.current_time()
-                event = self._conn.admit(await trio.to_thread.run_sync(ServerConnection.decode, event.data))
+                event = self._conn.admit(await trio.to_thread.run_sync(self._conn.decode, event.data))
             if isinstance(event, BadRequest) and event.must_close:
                 self._server.counters.invalid += 1
                 log.debug("closing the connection from %s: %s", self._peer, event.error)

@@ -164,7 +164,7 @@ class BrokerServer:
             self.metrics_port = await nursery.start(self.metrics.run, host, self.config.metrics_port)
         for listener in self.config.listener_list:
             server = SocketServer.from_config(self.config, handler, self._listener_security(listener),
-                                              (listener.bind.host, listener.bind.port))
+                                              (listener.bind.host, listener.bind.port), listener.wire)
             self.ports[listener.name] = await nursery.start(server.run)
             self._socket_servers.append(server)
         self.port = self.ports[self.config.inter_broker_listener.name]

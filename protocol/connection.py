@@ -162,6 +162,7 @@ class _Slot:
 
     correlation_id: int
     frame: bytes | None = None
+    meta: Any = None  # what a subclass needs to encode the response (the Kafka listener's version)
 
 
 class ServerConnection:
@@ -234,14 +235,22 @@ class ServerConnection:
         """Give a ``decode``d request its place in the response order; returns it."""
         correlation_id = event.header.correlation_id if isinstance(event, Request) else event.correlation_id
         if correlation_id is not None:
-            self._slots.append(_Slot(correlation_id))
+            self._slots.append(_Slot(correlation_id, None, self._meta(event)))
         return event
+
+    def _meta(self, event: Request | BadRequest) -> Any:
+        """What ``_encode`` will need of this request (nothing, for the native protocol)."""
+        return None
+
+    def _encode(self, slot: _Slot, body: Body | Message) -> bytes:
+        """The response frame for ``slot``'s request."""
+        return encode_frame(encode_response(slot.correlation_id, body))
 
     def send_response(self, correlation_id: int, body: Body | Message) -> bytes:
         """Answer the oldest unanswered request with this id; returns the bytes to write now:
         this response and any parked behind it, or b"" while an older request is unanswered."""
         slot = self._unanswered(correlation_id)
-        slot.frame = encode_frame(encode_response(correlation_id, body))
+        slot.frame = self._encode(slot, body)
         return self._release()
 
     def skip_response(self, correlation_id: int) -> bytes:
@@ -250,14 +259,7 @@ class ServerConnection:
         return self._release()
 
     def _parse(self, frame: bytes) -> Request | BadRequest:
-        try:
-            header, body = decode_request(frame)
-        except InvalidRequestError as e:
-            if e.correlation_id is not None:
-                self._slots.append(_Slot(e.correlation_id))
-            return BadRequest(e.correlation_id, e)
-        self._slots.append(_Slot(header.correlation_id))
-        return Request(header, body)
+        return self.admit(self.decode(frame))
 
     def _unanswered(self, correlation_id: int) -> _Slot:
         for slot in self._slots:  # at most max_in_flight (+ one read's worth) entries

@@ -49,8 +49,10 @@ from tidelog.protocol.errors import (
     TidelogError,
     UnsupportedCompressionError,
 )
+from tidelog.protocol.kafka.records import KAFKA_MAGIC, WIRE_MAGIC, decode_records, encode_records
 
 MAGIC = 2
+MAGICS = frozenset({MAGIC, KAFKA_MAGIC})  # KAFKA_MAGIC: records in Kafka's encoding (protocol.kafka.records)
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
 LOG_OVERHEAD = 12  # base_offset + batch_length: the bytes not counted by batch_length
@@ -93,12 +95,13 @@ MAX_LONG = 2**63 - 1
 class Codec(IntEnum):
     NONE = 0
     GZIP = 1
+    SNAPPY = 2
     LZ4 = 3
     ZSTD = 4
 
     @classmethod
     def parse(cls, name: str | int | None) -> "Codec":
-        """A codec from a Kafka ``compression.type`` name (``none``, ``gzip``, ``lz4``, ``zstd``)."""
+        """A codec from a Kafka ``compression.type`` name (``none``, ``gzip``, ``snappy``, ``lz4``, ``zstd``)."""
         if name is None:
             return cls.NONE
         if isinstance(name, int):
@@ -110,7 +113,7 @@ class Codec(IntEnum):
             return cls[name.upper()]
         except KeyError:
             raise UnsupportedCompressionError(
-                f"unsupported compression type {name!r}: use none, gzip, lz4 or zstd") from None
+                f"unsupported compression type {name!r}: use none, gzip, snappy, lz4 or zstd") from None
 
 
 _VALID_CODECS = frozenset(int(c) for c in Codec)
@@ -225,8 +228,9 @@ def validate_batch(buf, pos: int = 0, end: int | None = None,
     if pos + size > end:
         raise CorruptRecordError(
             f"record batch at position {pos} claims {size} bytes but only {end - pos} remain")
-    if h.magic != MAGIC:
-        raise CorruptRecordError(f"record batch at position {pos} has magic {h.magic}, expected {MAGIC}")
+    if h.magic not in MAGICS:
+        raise CorruptRecordError(f"record batch at position {pos} has magic {h.magic}, expected {MAGIC} "
+                                 f"(or {KAFKA_MAGIC}, Kafka's record encoding)")
     if h.record_count <= 0:
         raise CorruptRecordError(f"record batch at position {pos} has record_count {h.record_count}")
     if h.last_offset_delta != h.record_count - 1:
@@ -236,7 +240,7 @@ def validate_batch(buf, pos: int = 0, end: int | None = None,
     if h.attributes & CODEC_MASK not in _VALID_CODECS:
         raise UnsupportedCompressionError(
             f"record batch at position {pos} uses compression codec id {h.attributes & CODEC_MASK}, "
-            "which is not supported (none, gzip, lz4, zstd)")
+            "which is not supported (none, gzip, snappy, lz4, zstd)")
     if max_batch_bytes is not None and size > max_batch_bytes:
         raise RecordTooLargeError(
             f"record batch at position {pos} is {size} bytes, larger than max.message.bytes {max_batch_bytes}")
@@ -296,7 +300,7 @@ def _check_framing(buf, pos: int, end: int) -> BatchHeader:
     if end - pos < HEADER_SIZE:
         raise CorruptRecordError(f"record batch at position {pos} truncated")
     h = BatchHeader._make(HEADER.unpack_from(buf, pos))
-    if h.batch_length < MIN_BATCH_LENGTH or pos + h.batch_length + LOG_OVERHEAD > end or h.magic != MAGIC:
+    if h.batch_length < MIN_BATCH_LENGTH or pos + h.batch_length + LOG_OVERHEAD > end or h.magic not in MAGICS:
         raise CorruptRecordError(f"record batch at position {pos} has an invalid length or magic")
     return h
 
@@ -339,9 +343,12 @@ def compress(codec: int, data: bytes) -> bytes:
     if codec == Codec.GZIP:
         c = zlib.compressobj(6, zlib.DEFLATED, 31)
         return c.compress(data) + c.flush()
+    if codec == Codec.SNAPPY:
+        return snappy_compress(data)
     if codec == Codec.LZ4:
         import lz4.frame
-        return lz4.frame.compress(data)
+        # independent blocks: the Java client's reader refuses linked ones
+        return lz4.frame.compress(data, block_linked=False)
     if codec == Codec.ZSTD:
         import zstandard
         return zstandard.ZstdCompressor(level=3).compress(data)
@@ -358,6 +365,8 @@ def decompress(codec: int, data, max_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES
             out = d.decompress(bytes(data), max_bytes + 1)
             if not d.eof and len(out) <= max_bytes:
                 raise CorruptRecordError("gzip records block is truncated")
+        elif codec == Codec.SNAPPY:
+            out = snappy_decompress(data, max_bytes)
         elif codec == Codec.LZ4:
             import lz4.frame
             d = lz4.frame.LZ4FrameDecompressor()
@@ -385,6 +394,51 @@ def decompress(codec: int, data, max_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES
     if len(out) > max_bytes:
         raise CorruptRecordError(f"records block inflates beyond {max_bytes} bytes")
     return out
+
+
+# Snappy as Kafka's Java client writes it: xerial's stream framing (a 16-byte header, then
+# blocks of [int32 length][raw snappy block]), which librdkafka and kafka-python also read.
+# Raw snappy (librdkafka can write it) is read as well.
+XERIAL_HEADER = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+XERIAL_BLOCK_BYTES = 32 * 1024  # the Java client's block size
+
+
+def snappy_compress(data) -> bytes:
+    import cramjam
+    out = [XERIAL_HEADER]
+    view = memoryview(data)
+    for start in range(0, len(view), XERIAL_BLOCK_BYTES):
+        block = bytes(cramjam.snappy.compress_raw(view[start:start + XERIAL_BLOCK_BYTES]))
+        out += (_I32.pack(len(block)), block)
+    return b"".join(out)
+
+
+def snappy_decompress(data, max_bytes: int) -> bytes:
+    """Xerial-framed or raw snappy, refusing to inflate beyond ``max_bytes`` (each raw block
+    announces its length first, so the bound is checked before inflating it)."""
+    import cramjam
+    data = bytes(data)
+    if not data.startswith(XERIAL_HEADER[:8]):
+        return _snappy_block(cramjam, data, max_bytes)
+    out, pos, left = [], 16, max_bytes
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise CorruptRecordError("snappy records block is truncated")
+        (size,) = _I32.unpack_from(data, pos)
+        if size < 0 or pos + 4 + size > len(data):
+            raise CorruptRecordError("snappy records block is truncated")
+        block = _snappy_block(cramjam, data[pos + 4:pos + 4 + size], left)
+        left -= len(block)
+        out.append(block)
+        pos += 4 + size
+    return b"".join(out)
+
+
+def _snappy_block(cramjam, block: bytes, max_bytes: int) -> bytes:
+    size = cramjam.snappy.decompress_raw_len(block)
+    if size > max_bytes:
+        raise CorruptRecordError(f"records block inflates beyond {max_bytes} bytes")
+    return bytes(cramjam.snappy.decompress_raw(block))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,7 +496,7 @@ class BatchBuilder:
         elif self._keys is not None:
             self._keys.append(None)
         if headers:
-            size += sum(len(k) + len(v or b"") + 8 for k, v in headers)
+            size += sum(len(k.encode()) + len(v or b"") + 8 for k, v in headers)
             if self._headers is None:
                 self._headers = [None] * delta
             self._headers.append([list(h) for h in headers])
@@ -554,11 +608,7 @@ def record_columns(buf, pos: int = 0, header: BatchHeader | None = None, *,
     h = header or read_header(buf, pos)
     block = memoryview(buf)[pos + HEADER_SIZE:pos + h.batch_length + LOG_OVERHEAD]
     raw = decompress(h.codec, block, max_uncompressed_bytes)
-    try:
-        items = msgpack.unpackb(raw, use_list=False, raw=False, strict_map_key=True)
-    except Exception as e:
-        raise CorruptRecordError(f"records of batch at offset {h.base_offset} are not valid msgpack: "
-                                 f"{type(e).__name__} {e}".rstrip()) from None
+    items = decode_items(h, raw)
     n = h.record_count
     if type(items) is not tuple or len(items) != n:
         raise CorruptRecordError(
@@ -648,6 +698,42 @@ def _headers(raw, offset: int) -> list[tuple[str, bytes | None]]:
     return out
 
 
+def decode_items(h: BatchHeader, raw) -> tuple:
+    """The records block of batch ``h`` (decompressed) as record tuples ``(timestamp_delta,
+    offset_delta, key, value, headers)``, whichever the encoding its magic names; the shape
+    of each is the caller's to check."""
+    if h.magic == KAFKA_MAGIC:
+        return decode_records(raw, h.record_count, h.base_offset)
+    try:
+        return msgpack.unpackb(raw, use_list=False, raw=False, strict_map_key=True)
+    except Exception as e:
+        raise CorruptRecordError(f"records of batch at offset {h.base_offset} are not valid msgpack: "
+                                 f"{type(e).__name__} {e}".rstrip()) from None
+
+
+def encode_items(magic: int, items) -> bytes:
+    """Record tuples in the encoding ``magic`` names (uncompressed)."""
+    if magic == KAFKA_MAGIC:
+        return encode_records(items)
+    return msgpack.packb(items, use_bin_type=True)
+
+
+def kafka_batch(buf, pos: int = 0) -> bytes:
+    """The Tidelog-encoded batch at ``pos`` as Kafka's v2 batch (magic 2): the same header
+    fields, offsets, timestamps and codec, its records re-encoded. For the Kafka listener's
+    fetches of batches that Tidelog clients produced."""
+    h = read_header(buf, pos)
+    raw = decompress(h.codec, memoryview(buf)[pos + HEADER_SIZE:pos + h.size])
+    items = decode_items(h, raw)
+    if _columns(items, h.record_count) is None:
+        _find_malformed(items, h.base_offset)
+    body = compress(h.codec, encode_records(items))
+    tail = bytes(memoryview(buf)[pos + CRC_START:pos + HEADER_SIZE])
+    crc = crc32c(body, crc32c(tail))
+    head = struct.pack(">qiibI", h.base_offset, len(tail) + len(body) + 9, h.leader_epoch, WIRE_MAGIC, crc)
+    return b"".join((head, tail, body))
+
+
 def iter_all_records(buf, **kw) -> Iterator[BatchRecord]:
     """Every record of a buffer of back-to-back batches (for tools and tests)."""
     for pos, h in iter_headers(buf):
@@ -704,7 +790,8 @@ def validate_records(buf, pos: int, h: BatchHeader, rules: RecordRules, *,
             f"batch at offset {h.base_offset} declares {n} records, but its {len(raw)}-byte "
             f"records block can hold at most {len(raw) // MIN_RECORD_BYTES}")
     high, high_at = -2, 0
-    for start, part in _unpack_parts(raw, n, h.base_offset, chunk):
+    parts = _unpack_parts(raw, n, h.base_offset, chunk) if h.magic == MAGIC else _kafka_parts(raw, n, h, chunk)
+    for start, part in parts:
         part_high, part_high_at = _check_part(part, start, h, rules)
         if part_high > high:
             high, high_at = part_high, part_high_at
@@ -718,6 +805,13 @@ def validate_records(buf, pos: int, h: BatchHeader, rules: RecordRules, *,
         raise TidelogError(f"record {high_at} of batch at offset {h.base_offset} has the largest timestamp, {high}, "
                            f"but the batch's max timestamp is {h.max_timestamp}: it must be the largest "
                            "record timestamp", error=INVALID_RECORD)
+
+
+def _kafka_parts(raw, n: int, h: BatchHeader, chunk: int | None) -> Iterator[tuple[int, tuple]]:
+    items = decode_records(raw, n, h.base_offset)
+    step = chunk or max(n, 1)
+    for start in range(0, n, step):
+        yield start, items[start:start + step]
 
 
 def _unpack_parts(raw, n: int, base: int, chunk: int | None) -> Iterator[tuple[int, tuple]]:

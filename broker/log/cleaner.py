@@ -93,7 +93,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, NamedTuple
 
-import msgpack
 from crc32c import crc32c
 
 from tidelog.broker.log.config import LogConfig
@@ -104,7 +103,6 @@ from tidelog.protocol.records import (
     CODEC_MASK,
     DELETE_HORIZON_BIT,
     HEADER_SIZE,
-    MAGIC,
     MIN_BATCH_LENGTH,
     NO_SEQUENCE,
     NO_TIMESTAMP,
@@ -112,7 +110,9 @@ from tidelog.protocol.records import (
     BatchHeader,
     Codec,
     compress,
+    decode_items,
     decompress,
+    encode_items,
     iter_headers,
     read_header,
     record_columns,
@@ -353,10 +353,7 @@ def iter_file_batches(fd: int, size: int, check: Callable[[], None]) -> Iterator
 def decode_records(batch: bytes, h: BatchHeader) -> tuple:
     """The raw records ``(timestamp_delta, offset_delta, key, value, headers)`` of a batch."""
     raw = decompress(h.codec, memoryview(batch)[HEADER_SIZE:h.size])
-    try:
-        items = msgpack.unpackb(raw, use_list=False, raw=False, strict_map_key=True)
-    except Exception as e:
-        raise CorruptRecordError(f"records of batch at offset {h.base_offset} are not valid msgpack: {e}") from None
+    items = decode_items(h, raw)
     if type(items) is not tuple or len(items) != h.record_count:
         raise CorruptRecordError(f"batch at offset {h.base_offset}: its records do not match its record count")
     for r in items:
@@ -372,8 +369,7 @@ def encode_run(h: BatchHeader, first_offset: int, records: list[tuple[int, tuple
     ``records``: ``(absolute timestamp, raw record)``."""
     n = len(records)
     base_ts = horizon if horizon is not None else records[0][0]
-    body = msgpack.packb([(ts - base_ts, i, r[2], r[3], r[4]) for i, (ts, r) in enumerate(records)],
-                         use_bin_type=True)
+    body = encode_items(h.magic, [(ts - base_ts, i, r[2], r[3], r[4]) for i, (ts, r) in enumerate(records)])
     codec = h.codec
     if codec != Codec.NONE:
         packed = compress(codec, body)
@@ -392,7 +388,7 @@ def encode_run(h: BatchHeader, first_offset: int, records: list[tuple[int, tuple
         sequence = (sequence + first_offset - h.base_offset) & 0x7FFFFFFF
     tail = _TAIL.pack(attributes, n - 1, base_ts, max_ts, h.producer_id, h.producer_epoch, sequence, n)
     crc = crc32c(body, crc32c(tail))
-    return _HEAD.pack(first_offset, len(tail) + len(body) + 9, h.leader_epoch, MAGIC, crc) + tail + body
+    return _HEAD.pack(first_offset, len(tail) + len(body) + 9, h.leader_epoch, h.magic, crc) + tail + body
 
 
 # -- one cleaning -------------------------------------------------------------------------------

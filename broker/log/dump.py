@@ -61,6 +61,7 @@ from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.records import (
     HEADER_SIZE,
     MAGIC,
+    MAGICS,
     MIN_BATCH_LENGTH,
     NO_SEQUENCE,
     BatchHeader,
@@ -182,7 +183,7 @@ def _framing_fault(head: bytes, position: int, size: int) -> tuple[BatchHeader |
     if h.size > left:
         return h, (f"torn tail at position {position}: the batch there claims {h.size} bytes "
                    f"but only {left} remain (a partial write, or a corrupt length)")
-    if h.magic != MAGIC:
+    if h.magic not in MAGICS:
         return h, f"corrupt batch header at position {position}: magic {h.magic}, expected {MAGIC}"
     return h, None
 

@@ -49,6 +49,7 @@ from tidelog.protocol.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC,
+    MAGICS,
     MIN_BATCH_LENGTH,
     BatchHeader,
     compute_crc,
@@ -496,7 +497,7 @@ class LogSegment:
         walk does not check): answered with the next batch, a read would skip offsets. So the
         batch before a gap is checked whole, once, when a lookup lands in it."""
         data = self._pread(h.size, pos)
-        if h.magic != MAGIC or len(data) < h.size or compute_crc(data, 0, h.size) != h.crc:
+        if h.magic not in MAGICS or len(data) < h.size or compute_crc(data, 0, h.size) != h.crc:
             raise CorruptRecordError(
                 f"{self.log_path}: the batch at position {pos} (base offset {h.base_offset}) fails its CRC "
                 f"check on disk, so offset {offset} cannot be located")
@@ -536,11 +537,11 @@ class LogSegment:
         for p, h in iter_headers(data):
             if max_offset is not None and h.base_offset + h.last_offset_delta >= max_offset:
                 break
-            if h.magic != MAGIC or compute_crc(data, p, h.batch_length + LOG_OVERHEAD) != h.crc:
+            if h.magic not in MAGICS or compute_crc(data, p, h.batch_length + LOG_OVERHEAD) != h.crc:
                 if end == 0:
                     raise CorruptRecordError(
                         f"{self.log_path}: batch at position {file_pos + p} (base offset {h.base_offset}) "
-                        + ("fails its CRC check on disk" if h.magic == MAGIC else
+                        + ("fails its CRC check on disk" if h.magic in MAGICS else
                            f"has magic {h.magic} on disk, not {MAGIC}"))
                 break
             end = p + h.batch_length + LOG_OVERHEAD

@@ -13,6 +13,12 @@
   to it, and the inter-broker APIs are accepted only on it.
 * A client is told, for every broker, the address of the listener the client connected on
   (Kafka's rule): a broker without a listener of that name is not in the client's metadata.
+* ``kafka.listeners`` (and ``kafka.advertised.listeners``) are listeners that speak Kafka's
+  wire protocol (protocol/kafka), written and mapped to security protocols by the same
+  rules. Each is known inside the cluster as ``KAFKA_<NAME>`` (``kafka_name``), so
+  ``kafka.listeners = "PLAINTEXT://..."`` lives beside the native PLAINTEXT listener; a Kafka
+  client is told the other brokers' Kafka addresses. A Kafka listener is never the
+  inter-broker one.
 
 Everything here is pure; ``parse_listeners`` and ``resolve`` raise ValueError with a message
 that names the listener and the problem.
@@ -68,6 +74,7 @@ class Listener:
     bind: Endpoint
     advertised: Endpoint
     inter_broker: bool
+    wire: str = "tidelog"  # or "kafka": the protocol its clients speak
 
 
 def parse_endpoints(value: str) -> list[Endpoint]:
@@ -124,6 +131,46 @@ def resolve(listeners: str, advertised: str | None, protocol_map: str,
         raise ValueError(f"inter.broker.listener.name {inter} is not in listeners ({', '.join(names)})")
     return tuple(Listener(e.name, protocols[e.name], e, published.get(e.name, e), e.name == inter)
                  for e in bound)
+
+
+KAFKA_PREFIX = "KAFKA_"
+
+
+def kafka_name(name: str) -> str:
+    """The cluster-wide name of the Kafka listener a user calls ``name``."""
+    return f"{KAFKA_PREFIX}{name}"
+
+
+def resolve_kafka(listeners: str | None, advertised: str | None, protocol_map: str,
+                  native: Iterable[Listener]) -> tuple[Listener, ...]:
+    """The Kafka-protocol listeners (``kafka.listeners``), checked against the native ones."""
+    if not listeners:
+        if advertised:
+            raise ValueError("kafka.advertised.listeners is set but kafka.listeners is not")
+        return ()
+    bound = parse_endpoints(listeners)
+    published = {e.name: e for e in parse_endpoints(advertised)} if advertised else {}
+    protocols = parse_protocol_map(protocol_map)
+    names = [e.name for e in bound]
+    for name in names:
+        if name not in protocols:
+            raise ValueError(f"Kafka listener {name} has no security protocol: name one of "
+                             f"{', '.join(SecurityProtocol)} or map it in listener.security.protocol.map")
+    if extra := sorted(published.keys() - set(names)):
+        raise ValueError(f"Kafka advertised listener {extra[0]} is not in kafka.listeners ({', '.join(names)})")
+    taken = {listener.name: listener for listener in native}
+    used_ports = {listener.bind.port for listener in taken.values() if listener.bind.port}
+    out = []
+    for e in bound:
+        name = kafka_name(e.name)
+        if name in taken:
+            raise ValueError(f"Kafka listener {e.name} would be called {name}, the name of a listener in listeners")
+        if e.port and e.port in used_ports:
+            raise ValueError(f"port {e.port} is used by a listener in listeners and by Kafka listener {e.name}")
+        adv = published.get(e.name, e)
+        out.append(Listener(name, protocols[e.name], Endpoint(name, e.host, e.port),
+                            Endpoint(name, adv.host, adv.port), False, "kafka"))
+    return tuple(out)
 
 
 def inter_broker(listeners: Iterable[Listener]) -> Listener:

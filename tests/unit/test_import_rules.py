@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"protocol": "tidelog.protocol", "broker": "tidelog.broker", "client": "tidelog",
             "spark_connector": "tidelog.spark"}
 OLD_NAMES = set(PACKAGES)  # not installed: an import of one of them works only by accident
-PROTOCOL_THIRD_PARTY = {"msgpack", "crc32c", "lz4", "zstandard"}
+PROTOCOL_THIRD_PARTY = {"msgpack", "crc32c", "lz4", "zstandard", "cramjam"}
 NETWORK_MODULES = {"trio", "kazoo", "socket", "ssl", "asyncio", "selectors"}
 SUBPACKAGES = ("tidelog.protocol", "tidelog.broker", "tidelog.spark")
 

@@ -155,7 +155,7 @@ def test_config_defaults_are_kafkas():
 
 
 @pytest.mark.parametrize("options,match", [
-    ({"compression_type": "snappy"}, "compression"),
+    ({"compression_type": "brotli"}, "compression"),
     ({"batch_size": 0}, "batch_size"),
     ({"delivery_timeout_ms": 1000}, "delivery_timeout_ms"),
     ({"acks": "some"}, "acks"),

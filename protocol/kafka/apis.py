@@ -1,0 +1,137 @@
+"""The APIs the Kafka listener serves, their versions, and how each meets Tidelog's bodies.
+
+Each row names a Kafka API, the versions served (chosen so that librdkafka, kafka-python and
+kcat all negotiate one: docs/kafka-compatibility.md) and, where Kafka's body differs from
+Tidelog's (``protocol.messages``) by more than the names both take from Kafka, a function
+that turns a decoded Kafka request into Tidelog's body and one that turns Tidelog's
+response body into Kafka's. Both are pure functions of dicts; everything else about the
+listener is the socket server's (broker/network.py), as for the native listener.
+
+What crosses with a meaning, not only a shape:
+
+* Produce: each batch's magic 2 becomes ``records.KAFKA_MAGIC`` (stored as sent).
+* Fetch: stored batches become Kafka's (``records.to_kafka``); ``last_stable_offset`` is
+  the high watermark (no transactions), no fetch session is kept (session id 0, so clients
+  send full fetches), and a Kafka client always fetches as a consumer (replica id -1).
+* ApiVersions lists this table, never the native one; an unsupported ApiVersions version
+  gets a v0 response with UNSUPPORTED_VERSION and the table (KIP-511).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.kafka.records import to_kafka, to_stored
+from tidelog.protocol.records import kafka_batch
+
+Body = dict[str, Any]
+Adapt = Callable[[Body, int], Body]
+
+CONSUMER_REPLICA_ID = -1
+
+
+def _same(body: Body, version: int) -> Body:
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaApi:
+    key: ApiKey
+    spec: str  # the JSON spec's name without Request/Response
+    min_version: int
+    max_version: int
+    request: Adapt = _same  # Kafka's decoded request -> Tidelog's body
+    response: Adapt = _same  # Tidelog's response body -> Kafka's, for the version asked
+
+    @property
+    def request_spec(self) -> str:
+        return f"{self.spec}Request"
+
+    @property
+    def response_spec(self) -> str:
+        return f"{self.spec}Response"
+
+
+# -- adapters ------------------------------------------------------------------------------------
+
+
+def _api_versions_response(body: Body, version: int) -> Body:
+    return {**body, "api_keys": api_versions()}
+
+
+def _metadata_request(body: Body, version: int) -> Body:
+    topics = body.get("topics")
+    if topics is not None:
+        topics = [t["name"] for t in topics if t.get("name") is not None]
+    # v0 asks for every topic with an empty list, later versions with null
+    if version == 0 and not topics:
+        topics = None
+    # before v4 a Metadata request creates topics if the broker allows it (Kafka's rule)
+    auto = body.get("allow_auto_topic_creation", True) if version >= 4 else True
+    return {"topics": topics, "allow_auto_topic_creation": auto}
+
+
+def _produce_request(body: Body, version: int) -> Body:
+    for topic in body.get("topic_data") or ():
+        for partition in topic.get("partition_data") or ():
+            if partition.get("records") is not None:
+                partition["records"] = to_stored(partition["records"])
+    return body
+
+
+def _fetch_request(body: Body, version: int) -> Body:
+    body["replica_id"] = CONSUMER_REPLICA_ID
+    if version < 3:
+        body["max_bytes"] = 0x7FFFFFFF
+    return body
+
+
+def _fetch_response(body: Body, version: int) -> Body:
+    for topic in body.get("responses") or ():
+        for p in topic.get("partitions") or ():
+            p["last_stable_offset"] = p.get("high_watermark", -1)
+            if p.get("records"):
+                p["records"] = to_kafka(p["records"], kafka_batch)
+            diverging = p.get("diverging_epoch")
+            p["diverging_epoch"] = diverging if diverging is not None else {"epoch": -1, "end_offset": -1}
+    body["session_id"] = 0
+    return body
+
+
+def _list_offsets_request(body: Body, version: int) -> Body:
+    body["replica_id"] = CONSUMER_REPLICA_ID
+    return body
+
+
+def _list_offsets_response(body: Body, version: int) -> Body:
+    if version == 0:
+        for topic in body.get("topics") or ():
+            for p in topic.get("partitions") or ():
+                p["old_style_offsets"] = [] if p.get("offset", -1) < 0 else [p["offset"]]
+    return body
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def _table(*rows: KafkaApi) -> Mapping[int, KafkaApi]:
+    return MappingProxyType({int(row.key): row for row in rows})
+
+
+KAFKA_APIS: Mapping[int, KafkaApi] = _table(
+    KafkaApi(ApiKey.PRODUCE, "Produce", 3, 10, _produce_request),
+    KafkaApi(ApiKey.FETCH, "Fetch", 4, 12, _fetch_request, _fetch_response),
+    KafkaApi(ApiKey.LIST_OFFSETS, "ListOffsets", 1, 7, _list_offsets_request, _list_offsets_response),
+    KafkaApi(ApiKey.METADATA, "Metadata", 0, 12, _metadata_request),
+    KafkaApi(ApiKey.API_VERSIONS, "ApiVersions", 0, 3, response=_api_versions_response),
+    KafkaApi(ApiKey.INIT_PRODUCER_ID, "InitProducerId", 0, 4),
+)
+
+
+def api_versions() -> list[Body]:
+    return [{"api_key": key, "min_version": api.min_version, "max_version": api.max_version}
+            for key, api in sorted(KAFKA_APIS.items())]

@@ -1,0 +1,225 @@
+"""Kafka's record encoding inside a v2 record batch, and how it meets Tidelog's.
+
+A Kafka v2 batch and a Tidelog batch share the 61-byte header, its CRC-32C (over attributes
+to the end) and its codec numbers; they differ only in how the records block encodes each
+record. Kafka's::
+
+    record  := length:varint attributes:int8 timestamp_delta:varlong offset_delta:varint
+               key_length:varint key value_length:varint value header_count:varint header*
+    header  := key_length:varint key(UTF-8) value_length:varint value     (-1 length: null)
+
+(varints are zigzag-encoded, as in protocol buffers). Tidelog's is one msgpack array.
+
+The broker stores both, told apart by the magic byte, which lies outside the CRC: a batch
+produced through the Kafka listener is stored byte for byte as the client sent it, except
+that its magic 2 becomes ``KAFKA_MAGIC`` (``to_stored``: one byte per batch, no re-encoding);
+a fetch through the Kafka listener gives such a batch back with magic 2
+(``to_kafka``), and translates a Tidelog batch record by record into Kafka's encoding
+(same offsets, timestamps, keys, values, headers and codec). The Tidelog SDK reads both
+encodings (``protocol.records`` dispatches on the magic). docs/architecture.md gives the
+reasons and the costs.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from crc32c import crc32c
+
+from tidelog.protocol.errors import CorruptRecordError
+
+KAFKA_MAGIC = 0x4B  # "K": a stored batch whose records block is in Kafka's encoding
+WIRE_MAGIC = 2  # what Kafka clients send and read
+
+
+# -- varints ----------------------------------------------------------------------------------
+
+
+def _zigzag_out(out: bytearray, value: int) -> None:
+    v = (value << 1) ^ (value >> 63)
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+class _Malformed(Exception):
+    pass
+
+
+def decode_records(raw, n: int, base_offset: int) -> tuple[tuple, ...]:
+    """The ``n`` records of an (uncompressed) Kafka records block as Tidelog's record
+    tuples ``(timestamp_delta, offset_delta, key, value, headers)``, headers being None or a
+    tuple of ``(str, bytes | None)``. Raises CorruptRecordError naming the bad record."""
+    raw = bytes(raw)
+    end = len(raw)
+    pos = 0
+    out = []
+    i = 0
+
+    def varint() -> int:
+        nonlocal pos
+        if pos >= end:
+            raise _Malformed("truncated")
+        b = raw[pos]
+        pos += 1
+        if b < 0x80:
+            return (b >> 1) ^ -(b & 1)
+        value, shift = b & 0x7F, 7
+        while True:
+            if pos >= end:
+                raise _Malformed("truncated varint")
+            b = raw[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                return (value >> 1) ^ -(value & 1)
+            shift += 7
+            if shift > 63:
+                raise _Malformed("varint longer than 10 bytes")
+
+    def blob(record_end: int) -> bytes | None:
+        nonlocal pos
+        size = varint()
+        if size < 0:
+            if size != -1:
+                raise _Malformed(f"length {size}")
+            return None
+        if pos + size > record_end:
+            raise _Malformed(f"a {size}-byte field runs past the record's end")
+        pos += size
+        return raw[pos - size:pos]
+
+    try:
+        for i in range(n):
+            length = varint()
+            if length < 6 or pos + length > end:
+                raise _Malformed(f"length {length} with {end - pos} bytes left")
+            record_end = pos + length
+            pos += 1  # attributes: unused by Kafka so far
+            ts_delta = varint()
+            offset_delta = varint()
+            key = blob(record_end)
+            value = blob(record_end)
+            count = varint()
+            if count < 0 or count > record_end - pos:
+                raise _Malformed(f"{count} headers")
+            headers = None
+            if count:
+                hs = []
+                for _ in range(count):
+                    name = blob(record_end)
+                    if name is None:
+                        raise _Malformed("a header without a key")
+                    hs.append((name.decode(), blob(record_end)))
+                headers = tuple(hs)
+            if pos != record_end:
+                raise _Malformed(f"{record_end - pos} bytes left inside the record")
+            out.append((ts_delta, offset_delta, key, value, headers))
+    except (_Malformed, UnicodeDecodeError) as e:
+        raise CorruptRecordError(f"record {i} of batch at offset {base_offset} is malformed (Kafka encoding): "
+                                 f"{e}") from None
+    if pos != end:
+        raise CorruptRecordError(f"records block of batch at offset {base_offset} has {end - pos} bytes after "
+                                 f"its {n} records")
+    return tuple(out)
+
+
+def encode_records(records) -> bytes:
+    """Tidelog record tuples ``(timestamp_delta, offset_delta, key, value, headers)`` (headers
+    None or pairs) in Kafka's encoding, uncompressed."""
+    out = bytearray()
+    body = bytearray()
+    for ts_delta, offset_delta, key, value, headers in records:
+        body.clear()
+        body.append(0)
+        _zigzag_out(body, ts_delta)
+        _zigzag_out(body, offset_delta)
+        for blob in (key, value):
+            if blob is None:
+                body.append(1)  # zigzag(-1)
+            else:
+                _zigzag_out(body, len(blob))
+                body += blob
+        _zigzag_out(body, len(headers) if headers else 0)
+        for name, hv in headers or ():
+            encoded = name.encode()
+            _zigzag_out(body, len(encoded))
+            body += encoded
+            if hv is None:
+                body.append(1)
+            else:
+                _zigzag_out(body, len(hv))
+                body += hv
+        _zigzag_out(out, len(body))
+        out += body
+    return bytes(out)
+
+
+# -- batches between the wire and the log ------------------------------------------------------
+
+_MAGIC_AT = 16
+_LENGTH = struct.Struct(">qi")
+_CRC = struct.Struct(">I")
+_OVERHEAD = 12
+_HEADER_SIZE = 61
+_CRC_START = 21
+
+
+def to_stored(records: bytes) -> bytes:
+    """A Kafka client's produced record set as the log stores it: each batch's magic 2
+    becomes ``KAFKA_MAGIC``. A batch with another magic (Kafka's v0/v1 message sets), or a
+    set that does not split into whole batches, raises CorruptRecordError; the log's own
+    validation then checks each batch in full."""
+    buf = bytearray(records)
+    pos, end = 0, len(buf)
+    while pos < end:
+        if end - pos < _HEADER_SIZE:
+            raise CorruptRecordError(f"record batch at position {pos} truncated: {end - pos} bytes left")
+        _, length = _LENGTH.unpack_from(buf, pos)
+        if length < _HEADER_SIZE - _OVERHEAD or pos + _OVERHEAD + length > end:
+            raise CorruptRecordError(f"record batch at position {pos} has batch_length {length}, "
+                                     f"{end - pos - _OVERHEAD} bytes remain")
+        magic = buf[pos + _MAGIC_AT]
+        if magic != WIRE_MAGIC:
+            raise CorruptRecordError(f"record batch at position {pos} has magic {magic}: only the v2 record "
+                                     "batch (magic 2) is supported")
+        buf[pos + _MAGIC_AT] = KAFKA_MAGIC
+        pos += _OVERHEAD + length
+    return bytes(buf)
+
+
+def to_kafka(records: bytes | memoryview, translate) -> bytes:
+    """Stored batches as a Kafka client reads them: a Kafka-encoded batch with magic 2 again,
+    a Tidelog batch through ``translate(buf, pos) -> bytes`` (the records re-encoded). A
+    trailing partial batch (a fetch cut at its size limit) is passed on as it is, as Kafka
+    does."""
+    buf = bytearray(records)
+    pos, end = 0, len(buf)
+    pieces: list[bytes] = []
+    start = 0  # the first byte not yet in pieces
+    while end - pos >= _HEADER_SIZE:
+        _, length = _LENGTH.unpack_from(buf, pos)
+        size = _OVERHEAD + length
+        if pos + size > end:
+            break
+        magic = buf[pos + _MAGIC_AT]
+        if magic == KAFKA_MAGIC:
+            buf[pos + _MAGIC_AT] = WIRE_MAGIC
+        elif magic != KAFKA_MAGIC:
+            pieces.append(bytes(buf[start:pos]))
+            pieces.append(translate(buf, pos))
+            start = pos + size
+        pos += size
+    if not pieces:
+        return bytes(buf)
+    pieces.append(bytes(buf[start:]))
+    return b"".join(pieces)
+
+
+def crc_of(batch: bytearray | bytes) -> int:
+    return crc32c(memoryview(batch)[_CRC_START:])
+
+
+def set_crc(batch: bytearray) -> None:
+    _CRC.pack_into(batch, 17, crc_of(batch))
