@@ -105,6 +105,7 @@ class ApiKey(IntEnum):
     ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
+    DESCRIBE_CLUSTER = 60
 
 
 _API_KEYS: dict[int, ApiKey] = {int(k): k for k in ApiKey}

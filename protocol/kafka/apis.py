@@ -46,6 +46,11 @@ class KafkaApi:
     max_version: int
     request: Adapt = _same  # Kafka's decoded request -> Tidelog's body
     response: Adapt = _same  # Tidelog's response body -> Kafka's, for the version asked
+    native: ApiKey | None = None  # the Tidelog API that serves it (default: the same key)
+
+    @property
+    def native_key(self) -> ApiKey:
+        return self.native if self.native is not None else self.key
 
     @property
     def request_spec(self) -> str:
@@ -102,17 +107,79 @@ def _fetch_response(body: Body, version: int) -> Body:
     return body
 
 
-def _list_offsets_request(body: Body, version: int) -> Body:
-    body["replica_id"] = CONSUMER_REPLICA_ID
-    return body
-
-
 def _list_offsets_response(body: Body, version: int) -> Body:
     if version == 0:
         for topic in body.get("topics") or ():
             for p in topic.get("partitions") or ():
                 p["old_style_offsets"] = [] if p.get("offset", -1) < 0 else [p["offset"]]
     return body
+
+
+def _leave_group_request(body: Body, version: int) -> Body:
+    if version < 3:
+        body["members"] = [{"member_id": body.get("member_id", "")}]
+    return body
+
+
+def _offset_commit_request(body: Body, version: int) -> Body:
+    body["generation_id"] = body.get("generation_id_or_member_epoch", -1)
+    if body.get("retention_time_ms", -1) is None:
+        body["retention_time_ms"] = -1
+    return body
+
+
+def _create_topics_request(body: Body, version: int) -> Body:
+    for topic in body.get("topics") or ():
+        assignments = topic.get("assignments")
+        topic["assignments"] = ({str(a["partition_index"]): a["broker_ids"] for a in assignments}
+                                if assignments else None)
+        topic["configs"] = {c["name"]: c["value"] for c in topic.get("configs") or () if c.get("value") is not None}
+    return body
+
+
+def _create_partitions_request(body: Body, version: int) -> Body:
+    for topic in body.get("topics") or ():
+        assignments = topic.get("assignments")
+        topic["assignments"] = [a["broker_ids"] for a in assignments] if assignments is not None else None
+    return body
+
+
+def _alter_configs_request(body: Body, version: int) -> Body:
+    for resource in body.get("resources") or ():
+        resource["configs"] = {c["name"]: c["value"] for c in resource.get("configs") or ()}
+    return body
+
+
+TOPIC_RESOURCE = 2
+# Kafka's ConfigSource: where a described value comes from
+TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
+
+
+def _describe_configs_response(body: Body, version: int) -> Body:
+    for result in body.get("results") or ():
+        explicit = TOPIC_CONFIG if result.get("resource_type") == TOPIC_RESOURCE else STATIC_BROKER_CONFIG
+        for entry in result.get("configs") or ():
+            entry["config_source"] = DEFAULT_CONFIG if entry.get("is_default", True) else explicit
+    return body
+
+
+def _consumer_replica(body: Body, version: int) -> Body:
+    body["replica_id"] = CONSUMER_REPLICA_ID
+    return body
+
+
+def _describe_cluster_request(body: Body, version: int) -> Body:
+    return {"topics": [], "allow_auto_topic_creation": False}
+
+
+def _describe_cluster_response(body: Body, version: int) -> Body:
+    """A Metadata answer without topics, as DescribeCluster's."""
+    if set(body) <= {"error_code", "error_message"}:
+        return body
+    return {"throttle_time_ms": body.get("throttle_time_ms", 0), "error_code": 0, "endpoint_type": 1,
+            "cluster_id": body.get("cluster_id") or "", "controller_id": body.get("controller_id", -1),
+            "brokers": [{"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b.get("rack")}
+                        for b in body.get("brokers") or ()]}
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -125,10 +192,32 @@ def _table(*rows: KafkaApi) -> Mapping[int, KafkaApi]:
 KAFKA_APIS: Mapping[int, KafkaApi] = _table(
     KafkaApi(ApiKey.PRODUCE, "Produce", 3, 10, _produce_request),
     KafkaApi(ApiKey.FETCH, "Fetch", 4, 12, _fetch_request, _fetch_response),
-    KafkaApi(ApiKey.LIST_OFFSETS, "ListOffsets", 1, 7, _list_offsets_request, _list_offsets_response),
+    KafkaApi(ApiKey.LIST_OFFSETS, "ListOffsets", 1, 7, _consumer_replica, _list_offsets_response),
     KafkaApi(ApiKey.METADATA, "Metadata", 0, 12, _metadata_request),
     KafkaApi(ApiKey.API_VERSIONS, "ApiVersions", 0, 3, response=_api_versions_response),
     KafkaApi(ApiKey.INIT_PRODUCER_ID, "InitProducerId", 0, 4),
+    KafkaApi(ApiKey.FIND_COORDINATOR, "FindCoordinator", 0, 3),
+    # from v4 on a new member first gets MEMBER_ID_REQUIRED, which the coordinator always asks
+    KafkaApi(ApiKey.JOIN_GROUP, "JoinGroup", 4, 7),
+    KafkaApi(ApiKey.SYNC_GROUP, "SyncGroup", 0, 5),
+    KafkaApi(ApiKey.HEARTBEAT, "Heartbeat", 0, 4),
+    KafkaApi(ApiKey.LEAVE_GROUP, "LeaveGroup", 0, 5, _leave_group_request),
+    KafkaApi(ApiKey.OFFSET_COMMIT, "OffsetCommit", 0, 8, _offset_commit_request),
+    KafkaApi(ApiKey.OFFSET_FETCH, "OffsetFetch", 0, 7),
+    KafkaApi(ApiKey.LIST_GROUPS, "ListGroups", 0, 4),
+    KafkaApi(ApiKey.DESCRIBE_GROUPS, "DescribeGroups", 0, 5),
+    KafkaApi(ApiKey.DELETE_GROUPS, "DeleteGroups", 0, 2),
+    KafkaApi(ApiKey.CREATE_TOPICS, "CreateTopics", 0, 7, _create_topics_request),
+    KafkaApi(ApiKey.DELETE_TOPICS, "DeleteTopics", 0, 5),
+    KafkaApi(ApiKey.CREATE_PARTITIONS, "CreatePartitions", 0, 3, _create_partitions_request),
+    KafkaApi(ApiKey.DESCRIBE_CONFIGS, "DescribeConfigs", 0, 4, response=_describe_configs_response),
+    KafkaApi(ApiKey.ALTER_CONFIGS, "AlterConfigs", 0, 2, _alter_configs_request),
+    KafkaApi(ApiKey.DELETE_RECORDS, "DeleteRecords", 0, 2),
+    KafkaApi(ApiKey.OFFSETS_FOR_LEADER_EPOCH, "OffsetForLeaderEpoch", 0, 4, _consumer_replica),
+    KafkaApi(ApiKey.DESCRIBE_CLUSTER, "DescribeCluster", 0, 1, _describe_cluster_request,
+             _describe_cluster_response, native=ApiKey.METADATA),
+    KafkaApi(ApiKey.SASL_HANDSHAKE, "SaslHandshake", 1, 1),
+    KafkaApi(ApiKey.SASL_AUTHENTICATE, "SaslAuthenticate", 0, 2),
 )
 
 

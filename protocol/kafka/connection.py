@@ -47,6 +47,7 @@ class KafkaRequest(Request):
     is the Kafka version the response is encoded for. ``refused``: an ApiVersions request of
     a version not served, answered with KIP-511's v0 response."""
 
+    key: int = 0  # the Kafka API key (the header has the native one serving it)
     version: int = 0
     refused: bool = False
 
@@ -71,7 +72,7 @@ class KafkaServerConnection(ServerConnection):
 
     def _meta(self, event: Request | BadRequest) -> Any:
         if isinstance(event, KafkaRequest):
-            return event.header.api_key, event.version, event.refused
+            return event.key, event.version, event.refused
         return None
 
     def _encode(self, slot: Any, body: Body | Message) -> bytes:
@@ -101,18 +102,18 @@ def _decode(frame: bytes) -> KafkaRequest:
         name = ApiKey(key).name if key in ApiKey._value2member_map_ else "unknown"
         raise UnsupportedVersionError(f"api key {key} ({name}) is not served on a Kafka listener")
     client_id = _client_id(r)
-    header = RequestHeader(ApiKey(key), 0, correlation_id, client_id)
+    header = RequestHeader(api.native_key, 0, correlation_id, client_id)
     if not api.min_version <= version <= api.max_version:
         if key == ApiKey.API_VERSIONS:
-            return KafkaRequest(header, {}, version=0, refused=True)
+            return KafkaRequest(header, {}, key=key, version=0, refused=True)
         raise UnsupportedVersionError(f"{api.key.name} version {version} is not served: this listener speaks "
                                       f"versions {api.min_version} to {api.max_version}")
     if _flexible(api.request_spec, version):
         _skip_tags(r)
+    # bytes after the body are ignored, as Kafka's brokers do: librdkafka's Metadata v12 of
+    # every topic carries three
     body = codec(api.request_spec, version).decode(r)
-    if r.pos != r.end:
-        raise InvalidRequestError(f"{api.key.name} v{version}: {r.end - r.pos} bytes after the request body")
-    return KafkaRequest(header, api.request(body, version), version=version)
+    return KafkaRequest(header, api.request(body, version), key=key, version=version)
 
 
 def _client_id(r: Reader) -> str | None:

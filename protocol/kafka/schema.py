@@ -20,7 +20,8 @@ Encodings (all integers big-endian):
 * flexible: the same with an unsigned varint of length + 1 (0: null), and after each struct's
   fields its tagged fields: a varint count, then per field a varint tag, a varint size and
   the value. Unknown tags are skipped; a tagged field is written only when it differs from
-  its default.
+  its default. Encoding None where a version's field cannot be null writes its empty value
+(Tidelog's bodies say "absent" with None: a protocol name before the join completed, say).
 
 Decoding is bounded like the native codec (``protocol.codec``): a length or count may not
 exceed the bytes left in the frame, and a frame decodes into at most
@@ -226,10 +227,8 @@ def _string(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]
             raise InvalidRequestError(f"{where}: not UTF-8 ({e.reason})") from None
 
     def encode(value: Any, out: bytearray) -> None:
-        if value is None:
-            if not nullable:
-                raise ValueError(f"{where}: None where the field is not nullable")
-            write(None, out)
+        if value is None:  # an absent value of a version where the field cannot be null: ""
+            write(None if nullable else 0, out)
             return
         data = value.encode()
         write(len(data), out)
@@ -332,8 +331,11 @@ def _compile_type(kind: str, field: dict[str, Any], v: int, flexible: bool, null
     fields = field["fields"] if "fields" in field and field["type"].removeprefix("[]") == kind else structs.get(kind)
     if fields is None:
         raise ValueError(f"{where}: unknown type {kind!r}")
-    decode, encode = _compile_struct(fields, v, flexible, structs, where)
+    decode, encode_present = _compile_struct(fields, v, flexible, structs, where)
     if not nullable:
+        def encode(value: Any, out: bytearray) -> None:
+            encode_present({} if value is None else value, out)
+
         return decode, encode
 
     def decode_nullable(r: Reader) -> dict | None:
@@ -344,7 +346,7 @@ def _compile_type(kind: str, field: dict[str, Any], v: int, flexible: bool, null
             out.append(0xFF)
         else:
             out.append(1)
-            encode(value, out)
+            encode_present(value, out)
 
     return decode_nullable, encode_nullable
 
@@ -361,7 +363,8 @@ def _compile_struct(fields: list[dict[str, Any]], v: int, flexible: bool, struct
         is_tagged = in_version and "tag" in f and _within(tag_versions, v)
         nullable = _within(parse_versions(f.get("nullableVersions")), v)
         field_flexible = flexible and f.get("flexibleVersions") != "none"
-        default = _default_of(f, nullable, structs)
+        # a field a version lacks takes its spec default, null included ("absent" to Tidelog)
+        default = _default_of(f, nullable or (not in_version and f.get("default") == "null"), structs)
         if not in_version:
             absent.append(_Field(key, None, None, default, None))  # type: ignore[arg-type]
             continue

@@ -82,10 +82,11 @@ def dump_zookeeper(cluster: DevCluster) -> None:
 
 @contextlib.contextmanager
 def started_cluster(directory: Path, brokers: int, extra_config: dict[str, object] | None = None,
-                    ready_timeout: float = 60.0, security: str | None = None) -> Iterator[DevCluster]:
+                    ready_timeout: float = 60.0, security: str | None = None,
+                    kafka: bool = False) -> Iterator[DevCluster]:
     """A started DevCluster on free ports; stopped on exit (killed if the block raised)."""
     cluster = DevCluster(directory, brokers=brokers, zk_port=0, base_port=0,
-                         extra_config=dict(extra_config or {}), security=security)
+                         extra_config=dict(extra_config or {}), security=security, kafka=kafka)
     failed = True
     try:
         cluster.start(ready_timeout)
@@ -97,14 +98,15 @@ def started_cluster(directory: Path, brokers: int, extra_config: dict[str, objec
 
 def cluster_fixture(request: pytest.FixtureRequest, directory: Path, brokers: int,
                     extra_config: dict[str, object] | None = None, *,
-                    zk_tick_time_ms: int | None = None, security: str | None = None) -> Iterator[DevCluster]:
+                    zk_tick_time_ms: int | None = None, security: str | None = None,
+                    kafka: bool = False) -> Iterator[DevCluster]:
     """The body of a cluster fixture of any scope: the cluster is killed (and its logs shown)
     when any test failed while it was up, else stopped cleanly. ``zk_tick_time_ms`` sets
-    ZooKeeper's tick (its sessions may last at most 20 ticks)."""
+    ZooKeeper's tick (its sessions may last at most 20 ticks). ``kafka``: Kafka listeners too."""
     session = request.session
     failed_before = session.testsfailed
     cluster = DevCluster(directory, brokers=brokers, zk_port=0, base_port=0,
-                         extra_config=dict(extra_config or {}), security=security)
+                         extra_config=dict(extra_config or {}), security=security, kafka=kafka)
     if zk_tick_time_ms is not None:
         cluster.zookeeper.tick_time_ms = zk_tick_time_ms
     started = False
