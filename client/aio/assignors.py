@@ -8,14 +8,15 @@ Theory of operation (Kafka's client-side assignment).
   subscriptions to one member, the *leader*. The leader computes the assignment with that
   assignor and sends every member's *assignment* (``encode_assignment``) in its SyncGroup;
   the coordinator relays each member's part.
-* Both byte formats are versioned msgpack arrays ``[version, field, ...]``; a decoder accepts
-  any version >= 1 and ignores trailing fields it does not know, so a newer client may add
-  fields at the end without breaking older group members (Kafka's consumer protocol does the
-  same). Malformed bytes raise ``TidelogError`` (INCONSISTENT_GROUP_PROTOCOL) naming the
-  problem.
-
-  subscription v1: ``[1, [topic, ...], user_data | nil, [[topic, [partition, ...]], ...] (owned), generation]``
-  assignment v1:   ``[1, [[topic, [partition, ...]], ...], user_data | nil]``
+* Both byte formats are Kafka's consumer protocol (``ConsumerProtocolSubscription`` and
+  ``ConsumerProtocolAssignment``: an int16 version, then the fields of that version), so a
+  group can mix Tidelog consumers with Kafka clients on the Kafka listener (same protocol
+  type "consumer", same assignor names). Written at version 3; any version is read (a newer
+  one's trailing fields are ignored, as Kafka's clients do). Bytes that start like a msgpack
+  array are the format Tidelog consumers wrote before (``[version, topics, user_data,
+  owned, generation]`` and ``[version, partitions, user_data]``), still read, so a group can
+  be upgraded member by member. Malformed bytes raise ``TidelogError``
+  (INCONSISTENT_GROUP_PROTOCOL) naming the problem.
 
 * Assignors (``assign(partitions_per_topic, subscriptions) -> {member_id: Assignment}``):
 
@@ -43,13 +44,15 @@ Theory of operation (Kafka's client-side assignment).
 
 from __future__ import annotations
 
+import struct
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgpack
 
-from tidelog.protocol.errors import INCONSISTENT_GROUP_PROTOCOL, TidelogError
+from tidelog.protocol.errors import INCONSISTENT_GROUP_PROTOCOL, InvalidRequestError, TidelogError
+from tidelog.protocol.kafka.schema import Reader, codec
 from tidelog.protocol.messages import NO_GENERATION
 from tidelog.protocol.topics import TopicPartition
 
@@ -60,8 +63,9 @@ __all__ = ["PROTOCOL_TYPE", "EAGER", "COOPERATIVE", "Subscription", "Assignment"
 
 PROTOCOL_TYPE = "consumer"
 EAGER, COOPERATIVE = "eager", "cooperative"
-SUBSCRIPTION_VERSION = 1
-ASSIGNMENT_VERSION = 1
+SUBSCRIPTION, ASSIGNMENT = "ConsumerProtocolSubscription", "ConsumerProtocolAssignment"
+SUBSCRIPTION_VERSION = ASSIGNMENT_VERSION = _HIGHEST = 3
+_VERSION = struct.Struct(">h")
 _MAX_ELEMENTS = 1 << 20
 _MAX_BYTES = 64 << 20
 
@@ -95,13 +99,52 @@ def _by_topic(tps: Iterable[TopicPartition]) -> list[list]:
     return [[topic, sorted(ps)] for topic, ps in sorted(grouped.items())]
 
 
+def _kafka_partitions(tps: Iterable[TopicPartition]) -> list[dict]:
+    return [{"topic": topic, "partitions": ps} for topic, ps in _by_topic(tps)]
+
+
 def encode_subscription(s: Subscription) -> bytes:
-    return msgpack.packb([SUBSCRIPTION_VERSION, sorted(s.topics), s.user_data,
-                          _by_topic(s.owned_partitions), s.generation], use_bin_type=True)
+    out = bytearray(_VERSION.pack(SUBSCRIPTION_VERSION))
+    codec(SUBSCRIPTION, SUBSCRIPTION_VERSION).encode(
+        {"topics": sorted(s.topics), "user_data": s.user_data, "owned_partitions": _kafka_partitions(s.owned_partitions),
+         "generation_id": s.generation, "rack_id": None}, out)
+    return bytes(out)
 
 
 def encode_assignment(a: Assignment) -> bytes:
-    return msgpack.packb([ASSIGNMENT_VERSION, _by_topic(a.partitions), a.user_data], use_bin_type=True)
+    out = bytearray(_VERSION.pack(ASSIGNMENT_VERSION))
+    codec(ASSIGNMENT, ASSIGNMENT_VERSION).encode(
+        {"assigned_partitions": _kafka_partitions(a.partitions), "user_data": a.user_data}, out)
+    return bytes(out)
+
+
+def _kafka_body(data: bytes, name: str, what: str) -> dict | None:
+    """The consumer protocol body of ``data`` in Kafka's format, or None for the msgpack one."""
+    if not isinstance(data, (bytes, bytearray)):
+        raise _bad(what, f"expected bytes, got {type(data).__name__}")
+    if data[:1] and (data[0] & 0xF0 == 0x90 or data[0] in (0xDC, 0xDD)):
+        return None
+    if len(data) < 2:
+        raise _bad(what, f"{len(data)} bytes, shorter than a version")
+    (version,) = _VERSION.unpack_from(data)
+    if version < 0:
+        raise _bad(what, f"unknown version {version}")
+    try:
+        return codec(name, min(version, _HIGHEST)).decode(Reader(bytes(data), 2))
+    except InvalidRequestError as e:
+        raise _bad(what, str(e)) from None
+
+
+def _from_kafka(entries: list | None) -> tuple[TopicPartition, ...]:
+    out = []
+    for entry in entries or ():
+        if entry["topic"] is None:
+            raise _bad("partitions", "a null topic name")
+        for p in entry["partitions"] or ():
+            if p < 0:
+                raise _bad("partitions", f"bad partition number {p} of topic {entry['topic']!r}")
+            out.append(TopicPartition(entry["topic"], p))
+    return tuple(out)
 
 
 def _bad(what: str, detail: str) -> TidelogError:
@@ -145,6 +188,13 @@ def _user_data(raw: object, what: str) -> bytes | None:
 
 
 def decode_subscription(data: bytes, group_instance_id: str | None = None) -> Subscription:
+    body = _kafka_body(data, SUBSCRIPTION, "subscription")
+    if body is not None:
+        topics = body["topics"]
+        if topics is None or None in topics:
+            raise _bad("subscription", "topics must be an array of strings")
+        return Subscription(tuple(topics), body["user_data"], _from_kafka(body["owned_partitions"]),
+                            body["generation_id"], group_instance_id)
     v = _unpack(data, "subscription", 5)
     topics = v[1]
     if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
@@ -159,6 +209,9 @@ def decode_subscription(data: bytes, group_instance_id: str | None = None) -> Su
 def decode_assignment(data: bytes) -> Assignment:
     if not data:  # the coordinator's empty assignment (e.g. a member the leader left out)
         return Assignment(())
+    body = _kafka_body(data, ASSIGNMENT, "assignment")
+    if body is not None:
+        return Assignment(_from_kafka(body["assigned_partitions"]), body["user_data"])
     v = _unpack(data, "assignment", 3)
     return Assignment(_partitions(v[1], "assignment"), _user_data(v[2], "assignment"))
 

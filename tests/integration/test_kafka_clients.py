@@ -245,3 +245,62 @@ def test_an_unsupported_api_versions_version_gets_the_v0_answer(cluster):
     assert correlation_id == 5 and error_code == 35 and count > 10
     keys = {struct.unpack_from(">hhh", data, 10 + 6 * i) for i in range(count)}
     assert (18, 0, 3) in keys and (0, 3, 10) in keys
+
+
+def test_a_group_mixing_the_sdk_and_confluent_kafka_splits_partitions_and_shares_commits(cluster):
+    import threading
+
+    topic = make_topic(cluster, topic_name("mixed"), partitions=4)
+    with Producer(cluster.bootstrap) as producer:
+        for i in range(200):
+            producer.send(topic, b"v%d" % i, key=b"k%d" % i)
+        producer.flush(TIMEOUT_S)
+    group = topic_name("mixed-group")
+    kafka_member = confluent_consumer(cluster, group, **{"partition.assignment.strategy": "range"})
+    kafka_member.subscribe([topic])
+    sdk_seen: list = []
+    kafka_seen: list = []
+    stop = threading.Event()
+
+    def run_sdk_member() -> None:
+        with Consumer(topic, bootstrap_servers=cluster.bootstrap, group_id=group, auto_offset_reset="earliest",
+                      enable_auto_commit=False, partition_assignment_strategy="range") as consumer:
+            deadline = time.monotonic() + TIMEOUT_S
+            while not stop.is_set() and time.monotonic() < deadline:
+                for records in consumer.poll(200).values():
+                    sdk_seen.extend(records)
+                consumer.commit()
+            sdk_seen.append(("assignment", sorted(tp.partition for tp in consumer.assignment())))
+
+    member = threading.Thread(target=run_sdk_member)
+    member.start()
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline and len(kafka_seen) + len(sdk_seen) < 200:
+            m = kafka_member.poll(0.2)
+            if m is not None and m.error() is None:
+                kafka_seen.append(m)
+                kafka_member.commit(m, asynchronous=False)
+        kafka_partitions = sorted(tp.partition for tp in kafka_member.assignment())
+    finally:
+        stop.set()
+        member.join(TIMEOUT_S)
+        kafka_member.close()
+    sdk_assignment = sdk_seen.pop()[1]
+    # each member got two of the four partitions, and between them every record once
+    assert sorted(kafka_partitions + sdk_assignment) == [0, 1, 2, 3] and len(kafka_partitions) == 2
+    keys = [m.key() for m in kafka_seen] + [r.key for r in sdk_seen]
+    assert sorted(keys) == sorted(b"k%d" % i for i in range(200))
+    # the commits of both are the group's, seen by either kind of client
+    with Admin(cluster.bootstrap) as admin:
+        committed = {g.partition.partition: g.committed for g in admin.list_group_offsets(group)}
+    ends = {p: 0 for p in range(4)}
+    for m in kafka_seen:
+        ends[m.partition()] = max(ends[m.partition()], m.offset() + 1)
+    for r in sdk_seen:
+        ends[r.partition] = max(ends[r.partition], r.offset + 1)
+    assert committed == ends
+    checker = confluent_consumer(cluster, group)
+    got = checker.committed([confluent_kafka.TopicPartition(topic, p) for p in range(4)], timeout=10)
+    checker.close()
+    assert {tp.partition: tp.offset for tp in got} == ends

@@ -59,9 +59,31 @@ def test_newer_versions_with_extra_fields_decode():
     assert decode_assignment(data) == Assignment((TP("t", 1),), b"x")
 
 
+def test_kafka_clients_consumer_protocol_bytes_decode():
+    """What librdkafka and Java write: int16 version, then Kafka's fields."""
+    v0 = b"\x00\x00" + b"\x00\x00\x00\x01" + b"\x00\x01t" + b"\xff\xff\xff\xff"
+    assert decode_subscription(v0) == Subscription(("t",), None, (), -1)
+    v3 = (b"\x00\x03" + b"\x00\x00\x00\x01\x00\x01t" + b"\x00\x00\x00\x01u"
+          + b"\x00\x00\x00\x01\x00\x01t\x00\x00\x00\x01\x00\x00\x00\x02" + b"\x00\x00\x00\x05" + b"\x00\x02r1"
+          + b"future fields")
+    assert decode_subscription(v3, "i") == Subscription(("t",), b"u", (TP("t", 2),), 5, "i")
+    assignment = b"\x00\x00" + b"\x00\x00\x00\x01\x00\x01t\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x01" + b"\xff\xff\xff\xff"
+    assert decode_assignment(assignment) == Assignment((TP("t", 0), TP("t", 1)))
+
+
+def test_what_tidelog_writes_is_kafkas_format():
+    data = encode_subscription(Subscription(("t",), None, (TP("t", 1),), 4))
+    assert data == (b"\x00\x03\x00\x00\x00\x01\x00\x01t\xff\xff\xff\xff\x00\x00\x00\x01\x00\x01t"
+                    b"\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x04\xff\xff")
+    assert encode_assignment(Assignment((TP("t", 0),))) == (
+        b"\x00\x03\x00\x00\x00\x01\x00\x01t\x00\x00\x00\x01\x00\x00\x00\x00\xff\xff\xff\xff")
+
+
 @pytest.mark.parametrize("data, problem", [
-    (b"\xc1", "not msgpack"),
-    (msgpack.packb({"a": 1}), "array"),
+    (b"\xc1", "shorter than a version"),
+    (msgpack.packb({"a": 1}), "unknown version"),
+    (b"\x00\x00\x00\x00\x00\x05", "announced"),  # Kafka's format: 5 topics in 2 bytes
+    (b"\x00\x01\x00\x00\x00\x01\xff\xff", r"topics\[\]: length -1"),  # a null topic name
     (msgpack.packb([0, [], None, [], 1]), "version"),
     (msgpack.packb([1, [1], None, [], 1]), "topics"),
     (msgpack.packb([1, ["t"], None, [["t", [-1]]], 1]), "partition number"),
