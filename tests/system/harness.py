@@ -256,6 +256,68 @@ class ProducerWorker:
             raise AssertionError(f"the producer thread failed: {self.error!r}") from self.error
 
 
+class KafkaProducerWorker(ProducerWorker):
+    """The same workload driven by a third-party Kafka client (confluent-kafka, librdkafka)
+    on the brokers' Kafka listeners: acks=all and idempotence, every outcome recorded by its
+    delivery report (served by a polling thread of its own)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int, **config: Any):
+        import confluent_kafka
+
+        self.topic, self.partitions, self.rate = topic, partitions, rate
+        self.producer = _ConfluentProducer(confluent_kafka.Producer({
+            "bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5,
+            "request.timeout.ms": 10000, "delivery.timeout.ms": 60000, "retry.backoff.ms": 100,
+            "client.id": "system-kafka-producer", **config}))
+        self.acked, self.failed, self.sent = [], [], 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._resume = threading.Event()
+        self._resume.set()
+        self.error = None
+        self._thread = threading.Thread(target=self._run, name="system-kafka-producer", daemon=True)
+
+    def _send_one(self, seq: int) -> None:
+        p = seq % self.partitions
+        value = value_of(p, seq)
+
+        def delivered(err, message) -> None:
+            if err is not None:
+                with self._lock:
+                    self.failed.append(Failure(p, value, seq, err.name(), err.str(), time.monotonic()))
+            else:
+                with self._lock:
+                    self.acked.append(Ack(p, message.offset(), value, seq, time.monotonic()))
+
+        while True:
+            try:
+                self.producer.kafka.produce(self.topic, value, partition=p, on_delivery=delivered)
+                return
+            except BufferError:  # the local queue is full: wait for delivery reports
+                self.producer.kafka.poll(0.1)
+
+
+class _ConfluentProducer:
+    """confluent-kafka's producer with a thread serving its delivery reports, closed like
+    the SDK's (``close(timeout)`` flushes, then stops the thread)."""
+
+    def __init__(self, kafka: Any):
+        self.kafka = kafka
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="system-kafka-reports", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.kafka.poll(0.1)
+
+    def close(self, timeout: float = SETTLE_TIMEOUT_S) -> None:
+        self.kafka.flush(timeout)
+        self._stop.set()
+        self._thread.join(10)
+        self.kafka.poll(0)
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerEvent:
     at: float
@@ -447,10 +509,13 @@ class Scenario:
     def __init__(self, directory: Path, name: str, *, topic: str = "chaos", partitions: int = 3,
                  replication_factor: int = 3, topic_config: dict[str, str] | None = None,
                  extra_config: dict[str, object] | None = None, rate: int = 600, consumers: int = 2,
-                 network: bool = False, producer_config: dict[str, Any] | None = None):
+                 network: bool = False, producer_config: dict[str, Any] | None = None,
+                 kafka_producer: bool = False):
         """``network``: run every broker in its own network namespace (``netlab``), so that
         ``cut`` and ``isolate`` can partition the network. ``producer_config``: options of the
-        steady producer that differ from ``ProducerWorker``'s."""
+        steady producer that differ from ``ProducerWorker``'s. ``kafka_producer``: the steady
+        producer is confluent-kafka on the brokers' Kafka listeners (``KafkaProducerWorker``)."""
+        self.kafka_producer = kafka_producer
         self.name = name
         self.topic, self.partitions, self.replication_factor = topic, partitions, replication_factor
         self.topic_config = {"min.insync.replicas": "2", "unclean.leader.election.enable": "false",
@@ -464,7 +529,7 @@ class Scenario:
         # the workload's clients use a PLAINTEXT listener
         self.cluster = DevCluster(directory, brokers=3, zk_port=0, base_port=0,
                                   extra_config={**SYSTEM_CONFIG, **(extra_config or {})},
-                                  inter_broker_security=INTER_BROKER_SECURITY, **where)
+                                  inter_broker_security=INTER_BROKER_SECURITY, kafka=kafka_producer, **where)
         self.final_log: dict[int, dict[int, bytes | None]] = {}  # partition -> offset -> value (check)
         self.isr_samples = 0              # I8 samples taken (``IsrSampler``)
         self.isr_behind: list[str] = []   # I8 violations
@@ -543,8 +608,12 @@ class Scenario:
         self.note(f"topic {name!r} created: {partitions} partitions, RF {replication_factor}, {config}")
 
     def start_workload(self) -> None:
-        self.producer = ProducerWorker(self.bootstrap, self.topic, self.partitions, self.rate,
-                                       **self.producer_config)
+        if self.kafka_producer:
+            self.producer = KafkaProducerWorker(self.cluster.kafka_bootstrap, self.topic, self.partitions,
+                                                self.rate, **self.producer_config)
+        else:
+            self.producer = ProducerWorker(self.bootstrap, self.topic, self.partitions, self.rate,
+                                           **self.producer_config)
         self.consumers = [ConsumerWorker(self.bootstrap, self.topic, self.partitions, f"system-consumer-{i}")
                           for i in range(self.n_consumers)]
         self.producer.start()
