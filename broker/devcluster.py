@@ -125,6 +125,7 @@ class DevCluster:
         ``kafka``: every broker also opens a Kafka-protocol listener (``kafka.listeners``, with
         the clients' security protocol); ``kafka_bootstrap`` lists them."""
         self.kafka = kafka
+        self.base_port = base_port
         self.dir = Path(directory).absolute()
         self.dir.mkdir(parents=True, exist_ok=True)
         if security not in (None, "PLAINTEXT", SECURED):
@@ -165,7 +166,7 @@ class DevCluster:
             lines = [f"\"broker.id\" = {broker_id}",
                      f"listeners = \"{self._listeners(broker_id, host, port)}\"",
                      *([f"\"kafka.listeners\" = \"{self.security or 'PLAINTEXT'}://{host}:"
-                        f"{9192 if broker_id in self.netns else self._free_port()}\""] if self.kafka else []),
+                        f"{self._kafka_port(broker_id, port)}\""] if self.kafka else []),
                      f"\"log.dirs\" = [\"{self.dir / f'broker-{broker_id}' / 'logs'}\"]",
                      f"\"zookeeper.connect\" = \"{self.zookeeper.connect_string}\""]
             lines += [f"\"{k}\" = {_toml(v)}" for k, v in self.extra_config.items()
@@ -175,6 +176,12 @@ class DevCluster:
             config_path.write_text("\n".join(lines) + "\n")
         return BrokerProcess(broker_id, config_path, self.dir / f"broker-{broker_id}.log", port,
                              host=host, netns=self.netns.get(broker_id))
+
+    def _kafka_port(self, broker_id: int, port: int) -> int:
+        """Fixed ports put the Kafka listener 100 above the broker's (9092 -> 9192)."""
+        if broker_id in self.netns:
+            return 9192
+        return port + 100 if self.base_port else self._free_port()
 
     def _free_port(self) -> int:
         """A free port this cluster has not handed out yet (its processes bind them later,
@@ -345,12 +352,22 @@ def _toml(v: object) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int, security: str = "PLAINTEXT") -> int:
+def _has_kafka_listeners(cluster: DevCluster) -> bool:
+    try:
+        cluster.kafka_bootstrap
+    except ValueError:  # a cluster made before Kafka listeners existed keeps its configuration
+        return False
+    return True
+
+
+def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int, security: str = "PLAINTEXT",
+               kafka: bool = True) -> int:
     """``tidelog dev up``: start, print the bootstrap address, wait for Ctrl-C or SIGTERM."""
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
-        cluster = DevCluster(directory, brokers, zk_port=zk_port, base_port=base_port, security=security)
+        cluster = DevCluster(directory, brokers, zk_port=zk_port, base_port=base_port, security=security,
+                             kafka=kafka)
     except ValueError as e:
         print(f"tidelog dev up: {e}", file=sys.stderr)
         return 2
@@ -359,6 +376,8 @@ def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int, secur
               flush=True)
         cluster.start()
         print(f"cluster ready. bootstrap: {cluster.bootstrap}", flush=True)
+        if _has_kafka_listeners(cluster):
+            print(f"Kafka clients (librdkafka, kafka-python, kcat, Java): {cluster.kafka_bootstrap}", flush=True)
         secured = f" --command-config {cluster.client_properties}" if cluster.security else ""
         print("  try: tidelog topics create demo --partitions 6 --replication-factor "
               f"{min(3, brokers)} --bootstrap {cluster.bootstrap}{secured}", flush=True)

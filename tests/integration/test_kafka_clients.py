@@ -23,6 +23,8 @@ from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.broker.devcluster import DevCluster
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
+import confluent_kafka.admin  # noqa: E402
+
 with warnings.catch_warnings():  # kafka-python reads its own package data with a deprecated call
     warnings.simplefilter("ignore", DeprecationWarning)
     import kafka  # noqa: E402
