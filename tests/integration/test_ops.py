@@ -61,6 +61,7 @@ from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.devcluster import secure_metadata
 from tidelog.broker.health import probe
+from tidelog.broker.security.listeners import kafka_name
 from tidelog.broker.zookeeper.zkserver import ZooKeeperEnsemble, find_free_ports
 from tidelog.security import SecurityConfig, read_properties
 
@@ -89,6 +90,7 @@ class LocalBroker:
     service: BrokerService
     broker_id: int
     port: int  # EXTERNAL, for the clients here
+    kafka_port: int  # the Kafka listener named EXTERNAL, for Kafka clients
     metrics_port: int
     env: dict[str, str]
     argv: list[str]
@@ -144,12 +146,14 @@ class LocalTopology:
         addresses = {(z.hostname, z.client_port): ("127.0.0.1", self.ensemble.node(z.myid).port) for z in zks}
         listeners = {s.name: listener_addresses(s) for s in services}
         ports = iter(find_free_ports(sum(len(ls) + 1 for ls in listeners.values())))
-        external, metrics = {}, {}
+        external, kafka, metrics = {}, {}, {}
         for s in services:
             for name, bind, advertised in listeners[s.name]:
                 addresses[bind] = addresses[advertised] = ("127.0.0.1", next(ports))
                 if name == "EXTERNAL":
                     external[s.name] = addresses[advertised][1]
+                elif name == kafka_name("EXTERNAL"):
+                    kafka[s.name] = addresses[advertised][1]
             metrics[s.name] = next(ports)
         self.brokers: dict[int, LocalBroker] = {}
         for s in services:
@@ -157,7 +161,7 @@ class LocalTopology:
             env = process_environment(loc.environment())
             broker_id = BrokerConfig.load(s.config_file, env=env).broker_id
             self.brokers[broker_id] = LocalBroker(
-                s, broker_id, external[s.name], metrics[s.name], env, _tidelog(loc.argv(entrypoint() + s.command)),
+                s, broker_id, external[s.name], kafka[s.name], metrics[s.name], env, _tidelog(loc.argv(entrypoint() + s.command)),
                 _tidelog(loc.argv(s.healthcheck[1:])), base / f"{s.name}.log")
         self.init = [self._one_shot(s, Localizer(s, addresses, 0, self._volumes(base, s)))
                      for s in one_shot_services(compose)]
@@ -334,6 +338,23 @@ def test_the_compose_topology_serves_produce_and_consume(topology):
     scraped = scrape(topology.brokers[1])
     assert scraped["tidelog_broker_ready"] == 1.0
     assert cluster_sum(topology, f"tidelog_topic_messages_in_total{{topic={TOPIC}}}") == 2000
+
+
+def test_kafka_clients_use_the_compose_topologys_kafka_listeners(topology):
+    """librdkafka with the admin's client.properties (librdkafka's names) on the Kafka
+    listeners: SASL_SSL, every broker's Kafka address in its metadata."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from tidelog.security import read_properties
+
+    config = {"bootstrap.servers": ",".join(f"127.0.0.1:{b.kafka_port}" for b in topology.brokers.values()),
+              **read_properties(str(topology.client_properties))}
+    producer = confluent_kafka.Producer({**config, "acks": "all", "enable.idempotence": True})
+    outcomes = []
+    for i in range(20):
+        producer.produce(TOPIC, b"kafka-%d" % i, key=b"kafka", on_delivery=lambda err, m: outcomes.append(err))
+    assert producer.flush(60) == 0 and outcomes == [None] * 20
+    brokers = producer.list_topics(timeout=10).brokers
+    assert sorted(b.port for b in brokers.values()) == sorted(b.kafka_port for b in topology.brokers.values())
 
 
 def test_rolling_restart_loses_no_acknowledged_record(topology):

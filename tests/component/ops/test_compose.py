@@ -71,7 +71,8 @@ def test_docker_compose_validates_the_file_offline():
 def test_docker_compose_rejects_a_broken_copy(tmp_path):
     """The validator really validates: the same file with a wrongly typed key fails."""
     broken = tmp_path / "docker-compose.yml"
-    broken.write_text(COMPOSE_FILE.read_text().replace('ports: ["9092:9092", "9401:9404"]', 'ports: "9092:9092"'))
+    broken.write_text(COMPOSE_FILE.read_text().replace('ports: ["9092:9092", "9192:9192", "9401:9404"]',
+                                                       'ports: "9092:9092"'))
     r = subprocess.run([DOCKER_COMPOSE, "-f", str(broken), "config", "-q"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode != 0
@@ -169,13 +170,16 @@ def test_config_files_and_environment_make_a_durable_cluster(compose):
 def test_every_listener_is_sasl_ssl_internal_between_brokers_external_for_the_host(compose):
     """INTERNAL (inter-broker; clients on the compose network) is advertised under the
     service name and not published; EXTERNAL is published on the host on the same port and
-    advertised as localhost, so a client on the host reaches every broker through it."""
+    advertised as localhost, so a client on the host reaches every broker through it; so is
+    the Kafka listener, for Kafka clients."""
     published = set()
     for b in broker_services(compose):
         config = BrokerConfig.load(b.config_file, env=b.environment)
         assert {str(listener.protocol) for listener in config.listener_list} == {"SASL_SSL"}
         listeners = {name: (bind, adv) for name, bind, adv in listener_addresses(b)}
-        assert set(listeners) == {"INTERNAL", "EXTERNAL"}
+        assert set(listeners) == {"INTERNAL", "EXTERNAL", "KAFKA_EXTERNAL"}
+        (_, kafka_port), kafka_adv = listeners["KAFKA_EXTERNAL"]  # Kafka clients: published likewise
+        assert kafka_adv == ("localhost", kafka_port) and (kafka_port, kafka_port) in b.ports
         assert config.inter_broker_listener.name == "INTERNAL"
         assert config.listener[0] == "0.0.0.0", "listen on every interface of the container"
         (_, internal_port), internal_adv = listeners["INTERNAL"]
