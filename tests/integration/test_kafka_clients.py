@@ -306,3 +306,27 @@ def test_a_group_mixing_the_sdk_and_confluent_kafka_splits_partitions_and_shares
     got = checker.committed([confluent_kafka.TopicPartition(topic, p) for p in range(4)], timeout=10)
     checker.close()
     assert {tp.partition: tp.offset for tp in got} == ends
+
+
+def test_an_old_message_format_is_refused_for_its_partition_only(cluster):
+    """A v1 message set (magic 1) in a Produce v3: that partition is answered CORRUPT_MESSAGE,
+    the connection carries on."""
+    from tidelog.protocol.kafka.schema import codec
+
+    topic = make_topic(cluster, topic_name("magic1"), partitions=1, rf=1)
+    leader = wait_topic_ready(cluster, topic, 1, 1)[0].leader_id
+    port = int(cluster.kafka_bootstrap.split(",")[leader - 1].rsplit(":", 1)[1])
+    message = struct.pack(">qi", 0, 22) + struct.pack(">Ibbqii", 0, 1, 0, 0, -1, 1) + b"x"
+    body = bytes(codec("ProduceRequest", 3).encode({"acks": 1, "timeout_ms": 5000, "topic_data": [
+        {"name": topic, "partition_data": [{"index": 0, "records": message}]}]}))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        for correlation_id in (1, 2):  # answered twice: the connection stays open
+            s.sendall(_kafka_frame(0, 3, correlation_id, body))
+            size = struct.unpack(">i", s.recv(4))[0]
+            data = b""
+            while len(data) < size:
+                data += s.recv(size - len(data))
+            response = codec("ProduceResponse", 3).decode_all(data[4:])
+            assert struct.unpack(">i", data[:4])[0] == correlation_id
+            partition = response["responses"][0]["partition_responses"][0]
+            assert partition["error_code"] == 2  # CORRUPT_MESSAGE
