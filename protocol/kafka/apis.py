@@ -186,6 +186,72 @@ def _describe_cluster_response(body: Body, version: int) -> Body:
                         for b in body.get("brokers") or ()]}
 
 
+# -- whole-request errors -------------------------------------------------------------------------
+#
+# A request the broker refuses as a whole (not authenticated, not authorized, malformed for
+# its handler) gets Tidelog's error body {"error_code", "error_message"}. Kafka's clients read
+# such an answer per partition (or per topic, group, resource): librdkafka even aborts when a
+# DescribeGroups answer lacks a group it asked for. So the error is spread over every entry
+# the request named, as a Kafka broker's getErrorResponse does.
+
+
+def _per_partition(topics_key: str, name_key: str, partitions_key: str, index_key: str,
+                   out_topics: str, out_name: str, out_partitions: str, out_index: str) -> Callable:
+    def spread(request: Body, code: int, message: str | None) -> Body:
+        return {out_topics: [{out_name: t.get(name_key), out_partitions: [
+            {out_index: p.get(index_key), "error_code": code, "error_message": message}
+            for p in t.get(partitions_key) or ()]} for t in request.get(topics_key) or ()]}
+    return spread
+
+
+def _per_entry(entries_key: str, name_key: str, out_key: str, out_name: str, *extra: str) -> Callable:
+    def spread(request: Body, code: int, message: str | None) -> Body:
+        out = []
+        for entry in request.get(entries_key) or ():
+            name = entry if isinstance(entry, str) else entry.get(name_key)
+            row = {out_name: name, "error_code": code, "error_message": message}
+            for key in extra:
+                row[key] = entry.get(key) if isinstance(entry, dict) else None
+            out.append(row)
+        return {out_key: out}
+    return spread
+
+
+_SPREAD: Mapping[int, Callable[[Body, int, str | None], Body]] = MappingProxyType({
+    ApiKey.PRODUCE: _per_partition("topic_data", "name", "partition_data", "index",
+                                   "responses", "name", "partition_responses", "index"),
+    ApiKey.FETCH: _per_partition("topics", "topic", "partitions", "partition",
+                                 "responses", "topic", "partitions", "partition_index"),
+    ApiKey.LIST_OFFSETS: _per_partition("topics", "name", "partitions", "partition_index",
+                                        "topics", "name", "partitions", "partition_index"),
+    ApiKey.OFFSET_COMMIT: _per_partition("topics", "name", "partitions", "partition_index",
+                                         "topics", "name", "partitions", "partition_index"),
+    ApiKey.DELETE_RECORDS: _per_partition("topics", "name", "partitions", "partition_index",
+                                          "topics", "name", "partitions", "partition_index"),
+    ApiKey.OFFSETS_FOR_LEADER_EPOCH: _per_partition("topics", "topic", "partitions", "partition",
+                                                    "topics", "topic", "partitions", "partition"),
+    ApiKey.CREATE_TOPICS: _per_entry("topics", "name", "topics", "name"),
+    ApiKey.DELETE_TOPICS: _per_entry("topic_names", "name", "responses", "name"),
+    ApiKey.CREATE_PARTITIONS: _per_entry("topics", "name", "results", "name"),
+    ApiKey.DESCRIBE_CONFIGS: _per_entry("resources", "resource_name", "results", "resource_name", "resource_type"),
+    ApiKey.ALTER_CONFIGS: _per_entry("resources", "resource_name", "responses", "resource_name", "resource_type"),
+    ApiKey.DESCRIBE_GROUPS: _per_entry("groups", "group_id", "groups", "group_id"),
+    ApiKey.DELETE_GROUPS: _per_entry("groups_names", "group_id", "results", "group_id"),
+})
+
+
+def error_response(key: int, request: Body, error: Body) -> Body:
+    """Tidelog's whole-request error as Kafka's answer to ``request`` (its decoded body)."""
+    code, message = error.get("error_code", -1), error.get("error_message")
+    spread = _SPREAD.get(key)
+    body = spread(request, code, message) if spread is not None else {}
+    return {**body, "error_code": code, "error_message": message}
+
+
+def is_error_body(body: Body) -> bool:
+    return "error_code" in body and set(body) <= {"error_code", "error_message"}
+
+
 # -- the table ----------------------------------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ from tidelog.protocol.errors import (
     UnsupportedVersionError,
 )
 from tidelog.protocol.frames import PREFIX_SIZE
-from tidelog.protocol.kafka.apis import KAFKA_APIS, KafkaApi, api_versions
+from tidelog.protocol.kafka.apis import KAFKA_APIS, KafkaApi, api_versions, error_response, is_error_body
 from tidelog.protocol.kafka.schema import Reader, codec, flexible_versions
 
 _HEAD = struct.Struct(">hhi")  # api key, api version, correlation id
@@ -72,18 +72,19 @@ class KafkaServerConnection(ServerConnection):
 
     def _meta(self, event: Request | BadRequest) -> Any:
         if isinstance(event, KafkaRequest):
-            return event.key, event.version, event.refused
+            return event.key, event.version, event.refused, event.body
         return None
 
     def _encode(self, slot: Any, body: Body | Message) -> bytes:
-        key, version, refused = slot.meta
+        key, version, refused, request = slot.meta
         api: KafkaApi = KAFKA_APIS[key]
         if refused:
             version = 0
             kafka_body: Body = {"error_code": UNSUPPORTED_VERSION.code, "api_keys": api_versions()}
         else:
             native = body.to_body() if isinstance(body, Message) else dict(body)
-            kafka_body = api.response(native, version)
+            kafka_body = (error_response(key, request, native) if is_error_body(native)
+                          else api.response(native, version))
         out = bytearray(_RESPONSE_HEAD.size)
         if key != ApiKey.API_VERSIONS and _flexible(api.response_spec, version):
             out += _NO_TAGS

@@ -1,0 +1,85 @@
+"""The Kafka listener's sans-IO connection: Kafka's headers in and out, the native request
+handed on, the response encoded for the version asked, errors spread as Kafka clients expect."""
+
+from __future__ import annotations
+
+import struct
+
+from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.connection import BadRequest
+from tidelog.protocol.kafka.connection import KafkaRequest, KafkaServerConnection
+from tidelog.protocol.kafka.schema import codec
+from tidelog.protocol.messages import ApiVersionsResponse, MetadataResponse
+
+
+def frame(key: int, version: int, correlation_id: int, body: bytes, flexible: bool) -> bytes:
+    head = struct.pack(">hhih", key, version, correlation_id, 3) + b"cli" + (b"\x00" if flexible else b"")
+    return struct.pack(">i", len(head) + len(body)) + head + body
+
+
+def response_of(data: bytes) -> tuple[int, bytes]:
+    size, correlation_id = struct.unpack_from(">ii", data)
+    assert len(data) == 4 + size
+    return correlation_id, data[8:]
+
+
+def test_a_flexible_request_becomes_the_native_one_and_its_answer_kafkas():
+    conn = KafkaServerConnection()
+    body = bytes(codec("MetadataRequest", 12).encode({"topics": [{"name": "t"}]}))
+    [event] = conn.receive_data(frame(3, 12, 7, body, flexible=True))
+    assert isinstance(event, KafkaRequest) and event.version == 12
+    assert event.header.api_key == ApiKey.METADATA and event.header.api_version == 0
+    assert event.header.client_id == "cli" and event.body["topics"] == ["t"]
+    out = conn.send_response(7, MetadataResponse([], "c", 1, []))
+    correlation_id, rest = response_of(out)
+    assert correlation_id == 7 and rest[0] == 0  # response header v1: empty tagged fields
+    assert codec("MetadataResponse", 12).decode_all(rest[1:])["cluster_id"] == "c"
+
+
+def test_api_versions_answers_with_header_v0_and_the_kafka_table():
+    conn = KafkaServerConnection()
+    body = bytes(codec("ApiVersionsRequest", 3).encode({"client_software_name": "x"}))
+    [event] = conn.receive_data(frame(18, 3, 1, body, flexible=True))
+    correlation_id, rest = response_of(conn.send_response(1, ApiVersionsResponse(0, [])))
+    decoded = codec("ApiVersionsResponse", 3).decode_all(rest)  # no header tags before the body
+    keys = {k["api_key"]: (k["min_version"], k["max_version"]) for k in decoded["api_keys"]}
+    assert keys[18] == (0, 3) and keys[1] == (4, 12) and 4 not in keys  # never LeaderAndIsr
+
+
+def test_an_unsupported_api_versions_version_gets_kip_511s_v0_answer():
+    conn = KafkaServerConnection()
+    [event] = conn.receive_data(frame(18, 9, 3, b"garbage", flexible=True))
+    assert event.refused
+    _, rest = response_of(conn.send_response(3, ApiVersionsResponse(0, [])))
+    decoded = codec("ApiVersionsResponse", 0).decode_all(rest)
+    assert decoded["error_code"] == 35 and any(k["api_key"] == 0 for k in decoded["api_keys"])
+
+
+def test_requests_that_cannot_be_answered_in_order_close_the_connection():
+    for data in (frame(4, 0, 1, b"", flexible=False),  # LeaderAndIsr
+                 frame(0, 99, 2, b"", flexible=False),  # a Produce version not served
+                 frame(3, 1, 3, b"\x00\x00\x00\x09", flexible=False),  # 9 topics, no bytes
+                 struct.pack(">i", 2) + b"ab"):
+        [event] = KafkaServerConnection().receive_data(data)
+        assert isinstance(event, BadRequest) and event.must_close, data
+
+
+def test_a_whole_request_error_is_spread_over_what_the_request_named():
+    conn = KafkaServerConnection()
+    body = bytes(codec("ProduceRequest", 9).encode({"acks": -1, "timeout_ms": 1000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": 0, "records": None}, {"index": 1, "records": None}]}]}))
+    conn.receive_data(frame(0, 9, 5, body, flexible=True))
+    _, rest = response_of(conn.send_response(5, {"error_code": 58, "error_message": "who are you"}))
+    decoded = codec("ProduceResponse", 9).decode_all(rest[1:])
+    [topic] = decoded["responses"]
+    assert [(p["index"], p["error_code"], p["error_message"]) for p in topic["partition_responses"]] == [
+        (0, 58, "who are you"), (1, 58, "who are you")]
+
+
+def test_large_frames_decode_off_the_connection_like_native_ones():
+    conn = KafkaServerConnection(decode_inline_max_bytes=10)
+    body = bytes(codec("MetadataRequest", 1).encode({"topics": [{"name": "a" * 50}]}))
+    [large] = conn.receive_data(frame(3, 1, 9, body, flexible=False))
+    event = conn.admit(conn.decode(large.data))
+    assert isinstance(event, KafkaRequest) and event.body["topics"] == ["a" * 50]
+    assert response_of(conn.send_response(9, MetadataResponse([], None, -1, [])))[0] == 9
