@@ -28,6 +28,14 @@ for the clients, as ``tidelog dev up --security SASL_SSL``).
 client's own, PREFIXED on ``bench-``, and filler on other topics, prefixes and groups, some
 of them Deny) and runs the clients as a user of their own, not the super user.
 
+``--client kafka`` times confluent-kafka (librdkafka) on the brokers' Kafka listeners instead
+of the Tidelog SDK on the native ones (produce: ``produce`` per record, ``poll(0)`` every
+1,000, then ``flush``; consume: ``consume(500)`` in a loop), with the same acks, linger
+(5 ms) and batch size (16 KiB) as the SDK's defaults. ``--fill tidelog|kafka`` chooses who
+writes the records a consume run reads (default: the timed client), so a Kafka consumer can
+read Tidelog-encoded batches (translated per record) or Kafka-encoded ones (one byte patched
+per batch).
+
 ``--profile DIR`` records py-spy profiles (raw, 200 Hz) of the broker and of this process
 during the last run. Each run uses a fresh topic; the figure reported is the median.
 """
@@ -206,6 +214,58 @@ def run_produce(bootstrap: str, topic: str, args, bulk: bool) -> float:
         producer.flush()
         elapsed = time.perf_counter() - t0
     print(f"  {requests['n']} produce requests, {n / max(1, requests['n']):.0f} records per request", flush=True)
+    return n / elapsed
+
+
+def kafka_producer(bootstrap: str, args):
+    import confluent_kafka
+
+    acks = {"all": "all", 1: "1", 0: "0"}[args.acks]
+    config = {"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5 if args.linger_ms is None else args.linger_ms,
+              "batch.size": args.batch_size or 16384, "queue.buffering.max.messages": 1_000_000,
+              "enable.idempotence": args.idempotence == "on"}
+    return confluent_kafka.Producer(config)
+
+
+def run_kafka_produce(bootstrap: str, topic: str, args) -> float:
+    value = os.urandom(VALUE_SIZE)
+    n = args.records
+    producer = kafka_producer(bootstrap, args)
+    producer.produce(topic, value)
+    producer.flush(30)  # metadata, connection
+    produce, poll = producer.produce, producer.poll
+    t0 = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                produce(topic, value)
+                break
+            except BufferError:
+                poll(0.01)
+        if not i % 1000:
+            poll(0)
+    left = producer.flush(120)
+    elapsed = time.perf_counter() - t0
+    assert left == 0, f"{left} records not delivered"
+    return n / elapsed
+
+
+def run_kafka_consume(bootstrap: str, topic: str, args) -> float:
+    import confluent_kafka
+
+    n = args.records
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{topic}",
+                                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                                         "check.crcs": not args.no_crc})
+    consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(args.partitions)])
+    got = 0
+    t0 = time.perf_counter()
+    while got < n:
+        for m in consumer.consume(500, 1.0):
+            if m.error() is None:
+                got += 1
+    elapsed = time.perf_counter() - t0
+    consumer.close()
     return n / elapsed
 
 
@@ -408,6 +468,10 @@ def main() -> None:
     ap.add_argument("--brokers", type=int, default=1, help="broker processes in the cluster")
     ap.add_argument("--security", choices=["PLAINTEXT", "SASL_SSL"], default="PLAINTEXT")
     ap.add_argument("--acls", type=int, default=None, help="with --security SASL_SSL: the authorizer on, N ACLs")
+    ap.add_argument("--client", choices=["tidelog", "kafka"], default="tidelog",
+                    help="the timed client: the SDK on the native listener, or confluent-kafka on the Kafka listener")
+    ap.add_argument("--fill", choices=["tidelog", "kafka"], default=None,
+                    help="consume: who writes the records read (default: --client)")
     ap.add_argument("--replication-factor", type=int, default=1)
     ap.add_argument("--min-isr", type=int, default=1, help="the topic's min.insync.replicas")
     ap.add_argument("--acks", default="1", help="1, 0 or all")
@@ -427,7 +491,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         authorizer = {"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer"} if args.acls is not None else {}
         cluster = DevCluster(d, brokers=args.brokers, zk_port=0, base_port=0, security=args.security,
-                             extra_config=authorizer)
+                             extra_config=authorizer, kafka=args.client == "kafka" or args.fill == "kafka")
         try:
             cluster.start()
             SECURITY.update(cluster.client_security().options() if cluster.security else {})
@@ -441,13 +505,31 @@ def main() -> None:
                 topic = f"bench-{args.mode}-{run}"
                 create_topic(bootstrap, topic, args.partitions, args.replication_factor, args.min_isr)
                 if args.mode == "consume":
-                    fill(bootstrap, topic, args.records, args)
+                    if (args.fill or args.client) == "kafka":
+                        producer = kafka_producer(cluster.kafka_bootstrap, args)
+                        value = os.urandom(VALUE_SIZE)
+                        for i in range(args.records):
+                            while True:
+                                try:
+                                    producer.produce(topic, value)
+                                    break
+                                except BufferError:
+                                    producer.poll(0.01)
+                        assert producer.flush(120) == 0
+                    else:
+                        fill(bootstrap, topic, args.records, args)
                 last = run == args.runs - 1
                 prof = Profiler(args.profile if last else None,
                                 broker_pid if isinstance(broker_pid, int) else next(iter(broker_pid.values())),
                                 args.mode, args.prof_seconds)
                 cpu = CpuMeter(broker_pid)
-                if args.mode in ("produce", "bulk"):
+                if args.client == "kafka" and args.mode == "produce":
+                    r = run_kafka_produce(cluster.kafka_bootstrap, topic, args)
+                    print(f"run {run + 1}: {r:,.0f} records/s ({cpu.report(args.records)})", flush=True)
+                elif args.client == "kafka" and args.mode == "consume":
+                    r = run_kafka_consume(cluster.kafka_bootstrap, topic, args)
+                    print(f"run {run + 1}: {r:,.0f} records/s ({cpu.report(args.records)})", flush=True)
+                elif args.mode in ("produce", "bulk"):
                     r = run_produce(bootstrap, topic, args, args.mode == "bulk")
                     print(f"run {run + 1}: {r:,.0f} records/s ({cpu.report(args.records)})", flush=True)
                 elif args.mode == "consume":

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -32,14 +34,14 @@ QUERY_TIMEOUT_S = 120
 def cluster(request, tmp_path_factory, spark) -> Iterator[DevCluster]:
     """3 brokers for the module. ZooKeeper ticks every 2 s (sessions up to 40 s) and followers
     may lag 60 s before leaving the ISR, so a follower paused for up to 40 s holds the high
-    watermark back; retention runs every 500 ms."""
+    watermark back; retention runs every 500 ms. Kafka listeners too, for kcat."""
     yield from cluster_fixture(request, tmp_path_factory.mktemp("spark-cluster"), 3,
                                {"log.retention.check.interval.ms": 500,
                                 "zookeeper.session.timeout.ms": 40000,
                                 "replica.lag.time.max.ms": 60000,
                                 "auto.create.topics.enable": False,
                                 "log.segment.min.bytes": 2048},  # 2 KiB segments below: allow them
-                               zk_tick_time_ms=2000)
+                               zk_tick_time_ms=2000, kafka=True)
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -572,3 +574,29 @@ def test_the_readme_spark_snippets_run_as_written(spark, cluster, tmp_path, monk
         from tidelog.spark import register
 
         register(spark)
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (./dev setup installs it)")
+def test_kcat_and_spark_read_each_others_records_byte_for_byte(spark, cluster):
+    """kcat (librdkafka) on the Kafka listener -> the tidelog source; the tidelog sink -> kcat."""
+    create_topic(cluster, "from-kcat", 1)
+    values = [bytes([i % 256]) * (i % 7 + 1) + b"\x00\xff" for i in range(50)]
+    payload = b"".join(b"key%d\t%s\n" % (i, v.hex().encode()) for i, v in enumerate(values))
+    # kcat splits on the delimiter, so the values travel hex-encoded and are compared decoded
+    subprocess.run(["kcat", "-b", cluster.kafka_bootstrap, "-t", "from-kcat", "-P", "-K", "\t", "-z", "lz4",
+                    "-H", "origin=kcat", "-X", "acks=all"], input=payload, check=True, timeout=60)
+    rows = (spark.read.format("tidelog").option("bootstrap.servers", cluster.bootstrap)
+            .option("subscribe", "from-kcat").option("includeHeaders", "true").load().collect())
+    assert sorted((r.offset, r.key, bytes.fromhex(r.value.decode()), [(h.key, h.value) for h in r.headers])
+                  for r in rows) == [(i, b"key%d" % i, v, [("origin", b"kcat")]) for i, v in enumerate(values)]
+
+    create_topic(cluster, "to-kcat", 1)
+    df = spark.createDataFrame([(b"k%d" % i, v.hex().encode()) for i, v in enumerate(values)],
+                               "key binary, value binary")
+    (df.write.format("tidelog").option("bootstrap.servers", cluster.bootstrap).option("topic", "to-kcat")
+     .mode("append").save())
+    out = subprocess.run(["kcat", "-b", cluster.kafka_bootstrap, "-t", "to-kcat", "-C", "-e", "-o", "beginning",
+                          "-f", "%k %s\\n"], capture_output=True, check=True, timeout=60).stdout
+    got = sorted(line.split(b" ") for line in out.splitlines())
+    assert sorted((k, bytes.fromhex(v.decode())) for k, v in got) == sorted(
+        (b"k%d" % i, v) for i, v in enumerate(values))
