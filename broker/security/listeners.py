@@ -113,19 +113,29 @@ def parse_protocol_map(value: str) -> dict[str, SecurityProtocol]:
     return mapping
 
 
-def resolve(listeners: str, advertised: str | None, protocol_map: str,
-            inter_broker_name: str | None) -> tuple[Listener, ...]:
-    """The broker's listeners from the four settings, checked against each other."""
+def _endpoints(listeners: str, advertised: str | None, protocol_map: str, kind: str, setting: str
+               ) -> tuple[list[Endpoint], dict[str, Endpoint], dict[str, SecurityProtocol]]:
+    """Bound endpoints, advertised ones by name and the protocol map, checked: every listener
+    has a protocol, every advertised name is a listener. ``kind`` and ``setting`` name them
+    in errors ("Kafka ", "kafka.listeners")."""
     bound = parse_endpoints(listeners)
     published = {e.name: e for e in parse_endpoints(advertised)} if advertised else {}
     protocols = parse_protocol_map(protocol_map)
     names = [e.name for e in bound]
     for name in names:
         if name not in protocols:
-            raise ValueError(f"listener {name} has no security protocol: name one of "
+            raise ValueError(f"{kind}listener {name} has no security protocol: name one of "
                              f"{', '.join(SecurityProtocol)} or map it in listener.security.protocol.map")
     if extra := sorted(published.keys() - set(names)):
-        raise ValueError(f"advertised listener {extra[0]} is not in listeners ({', '.join(names)})")
+        raise ValueError(f"{kind}advertised listener {extra[0]} is not in {setting} ({', '.join(names)})")
+    return bound, published, protocols
+
+
+def resolve(listeners: str, advertised: str | None, protocol_map: str,
+            inter_broker_name: str | None) -> tuple[Listener, ...]:
+    """The broker's listeners from the four settings, checked against each other."""
+    bound, published, protocols = _endpoints(listeners, advertised, protocol_map, "", "listeners")
+    names = [e.name for e in bound]
     inter = (inter_broker_name or names[0]).upper()
     if inter not in names:
         raise ValueError(f"inter.broker.listener.name {inter} is not in listeners ({', '.join(names)})")
@@ -148,16 +158,7 @@ def resolve_kafka(listeners: str | None, advertised: str | None, protocol_map: s
         if advertised:
             raise ValueError("kafka.advertised.listeners is set but kafka.listeners is not")
         return ()
-    bound = parse_endpoints(listeners)
-    published = {e.name: e for e in parse_endpoints(advertised)} if advertised else {}
-    protocols = parse_protocol_map(protocol_map)
-    names = [e.name for e in bound]
-    for name in names:
-        if name not in protocols:
-            raise ValueError(f"Kafka listener {name} has no security protocol: name one of "
-                             f"{', '.join(SecurityProtocol)} or map it in listener.security.protocol.map")
-    if extra := sorted(published.keys() - set(names)):
-        raise ValueError(f"Kafka advertised listener {extra[0]} is not in kafka.listeners ({', '.join(names)})")
+    bound, published, protocols = _endpoints(listeners, advertised, protocol_map, "Kafka ", "kafka.listeners")
     taken = {listener.name: listener for listener in native}
     used_ports = {listener.bind.port for listener in taken.values() if listener.bind.port}
     out = []

@@ -311,6 +311,35 @@ def test_advertised_listener_defaults_to_the_listener_and_can_differ():
     assert c.listener == ("", 9092) and c.advertised == (socket.gethostname(), 9092)
 
 
+def test_kafka_listeners_live_beside_the_native_ones_under_their_own_names():
+    c = BrokerConfig.from_props({**MINIMAL, "listeners": "PLAINTEXT://127.0.0.1:9092",
+                                 "kafka.listeners": "PLAINTEXT://127.0.0.1:9192,SASL_SSL://127.0.0.1:9193",
+                                 "kafka.advertised.listeners": "PLAINTEXT://kafka.example:9192",
+                                 "ssl.keystore.location": "/k.pem"})
+    kafka = [x for x in c.listener_list if x.wire == "kafka"]
+    assert [(x.name, str(x.protocol), x.advertised.host, x.advertised.port, x.inter_broker) for x in kafka] == [
+        ("KAFKA_PLAINTEXT", "PLAINTEXT", "kafka.example", 9192, False),
+        ("KAFKA_SASL_SSL", "SASL_SSL", "127.0.0.1", 9193, False)]
+    assert c.inter_broker_listener.name == "PLAINTEXT" and c.inter_broker_listener.wire == "tidelog"
+
+
+@pytest.mark.parametrize("settings,key,why", [
+    ({"kafka.listeners": "PLAINTEXT://127.0.0.1:9092"}, "kafka.listeners",
+     "port 9092 is used by a listener in listeners and by Kafka listener PLAINTEXT"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,KAFKA_X://127.0.0.1:9093",
+      "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,KAFKA_X:PLAINTEXT,X:PLAINTEXT",
+      "kafka.listeners": "X://127.0.0.1:9192"}, "kafka.listeners", "would be called KAFKA_X"),
+    ({"kafka.listeners": "CLIENT://127.0.0.1:9192"}, "kafka.listeners", "Kafka listener CLIENT has no security"),
+    ({"kafka.listeners": "PLAINTEXT://127.0.0.1:9192", "kafka.advertised.listeners": "SSL://h:1"},
+     "kafka.advertised.listeners", "Kafka advertised listener SSL is not in kafka.listeners"),
+    ({"kafka.advertised.listeners": "PLAINTEXT://h:1"}, "kafka.advertised.listeners",
+     "kafka.advertised.listeners is set but kafka.listeners is not"),
+])
+def test_bad_kafka_listeners_name_the_key(settings, key, why):
+    message = error_of(overrides={**MINIMAL, **settings})
+    assert message.startswith(f"{key} = ") and why in message, message
+
+
 def test_a_wildcard_address_cannot_be_advertised():
     message = error_of(overrides={**MINIMAL, "listeners": "PLAINTEXT://0.0.0.0:9092"})
     assert message.startswith("listeners = 'PLAINTEXT://0.0.0.0:9092' (from --set): 0.0.0.0 cannot be advertised")
