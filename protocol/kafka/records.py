@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import struct
 
-from crc32c import crc32c
-
 from tidelog.protocol.errors import CorruptRecordError
 
 KAFKA_MAGIC = 0x4B  # "K": a stored batch whose records block is in Kafka's encoding
@@ -160,10 +158,10 @@ def encode_records(records) -> bytes:
 
 _MAGIC_AT = 16
 _LENGTH = struct.Struct(">qi")
-_CRC = struct.Struct(">I")
 _OVERHEAD = 12
 _HEADER_SIZE = 61
-_CRC_START = 21
+_COUNT = struct.Struct(">i")
+_COUNT_AT = 57  # record_count, the header's last field
 
 
 def to_stored(records: bytes) -> bytes:
@@ -189,11 +187,33 @@ def to_stored(records: bytes) -> bytes:
     return bytes(buf)
 
 
-def to_kafka(records: bytes | memoryview, translate) -> bytes:
+class TranslationBudget:
+    """How many records of Tidelog-encoded batches one fetch response may still translate.
+
+    Translation runs per record on the event loop while the response is encoded, so a
+    response translates at most ``records`` of them (and always its first batch, so every
+    fetch makes progress); the batches after that are left out, and the client fetches them
+    next, as after any response cut at its size limit."""
+
+    __slots__ = ("left", "used")
+
+    def __init__(self, records: int):
+        self.left = records
+        self.used = False
+
+    def allows(self, count: int) -> bool:
+        if self.used and count > self.left:
+            return False
+        self.left -= count
+        self.used = True
+        return True
+
+
+def to_kafka(records: bytes | memoryview, translate, budget: TranslationBudget | None = None) -> bytes:
     """Stored batches as a Kafka client reads them: a Kafka-encoded batch with magic 2 again,
-    a Tidelog batch through ``translate(buf, pos) -> bytes`` (the records re-encoded). A
-    trailing partial batch (a fetch cut at its size limit) is passed on as it is, as Kafka
-    does."""
+    a Tidelog batch through ``translate(buf, pos) -> bytes`` (the records re-encoded) while
+    ``budget`` allows. A trailing partial batch (a fetch cut at its size limit) is passed on
+    as it is, as Kafka does; so is nothing after a batch the budget refused."""
     buf = bytearray(records)
     pos, end = 0, len(buf)
     pieces: list[bytes] = []
@@ -206,20 +226,15 @@ def to_kafka(records: bytes | memoryview, translate) -> bytes:
         magic = buf[pos + _MAGIC_AT]
         if magic == KAFKA_MAGIC:
             buf[pos + _MAGIC_AT] = WIRE_MAGIC
-        elif magic != KAFKA_MAGIC:
+        else:
+            if budget is not None and not budget.allows(_COUNT.unpack_from(buf, pos + _COUNT_AT)[0]):
+                end = pos  # this batch and everything after it wait for the next fetch
+                break
             pieces.append(bytes(buf[start:pos]))
             pieces.append(translate(buf, pos))
             start = pos + size
         pos += size
     if not pieces:
-        return bytes(buf)
-    pieces.append(bytes(buf[start:]))
+        return bytes(buf[:end])
+    pieces.append(bytes(buf[start:end]))
     return b"".join(pieces)
-
-
-def crc_of(batch: bytearray | bytes) -> int:
-    return crc32c(memoryview(batch)[_CRC_START:])
-
-
-def set_crc(batch: bytearray) -> None:
-    _CRC.pack_into(batch, 17, crc_of(batch))

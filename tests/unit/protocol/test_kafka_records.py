@@ -105,3 +105,18 @@ def test_a_stored_kafka_batch_keeps_its_header_fields():
     stored = to_stored(kafka_python_batch("gzip", [(b"k", b"v" * 1000, [])] * 3))
     h = read_header(stored)
     assert h.magic == KAFKA_MAGIC and h.codec == Codec.GZIP and h.record_count == 3
+
+
+def test_a_fetch_translates_at_most_its_budget_and_always_one_batch():
+    from tidelog.protocol.kafka.records import TranslationBudget
+
+    batches = [build_batch([b"r%d" % i for i in range(10)], base_offset=10 * b, timestamp_ms=1) for b in range(3)]
+    stored = b"".join(batches)
+    budget = TranslationBudget(15)
+    first = to_kafka(stored, kafka_batch, budget)  # 10 records, then 10 more would pass 15
+    assert [h.base_offset for _, h in iter_headers(first)] == [0]
+    assert [h.base_offset for _, h in iter_headers(to_kafka(stored, kafka_batch, TranslationBudget(1)))] == [0]
+    # a Kafka-encoded batch costs nothing and still comes after the budget is spent on others
+    kafka = to_stored(kafka_python_batch())
+    out = to_kafka(batches[0] + kafka, kafka_batch, TranslationBudget(10))
+    assert [h.magic for _, h in iter_headers(out)] == [WIRE_MAGIC, WIRE_MAGIC]
