@@ -23,6 +23,7 @@ Limits on a partition count:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -162,6 +163,12 @@ def check_request_total(total: int, limits: PartitionLimits) -> None:
                            f"{limits.per_request}", error=INVALID_PARTITIONS)
 
 
+def _few(items: list, shown: int = 10) -> str:
+    """A list for a message, its first ``shown`` items (a request may name thousands)."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return f"{items[:shown]}{more}"
+
+
 def check_assignment(assignment: Mapping[int, list[int]], known: set[int], start: int = 0,
                      replication_factor: int | None = None) -> None:
     """INVALID_REPLICA_ASSIGNMENT unless every partition from ``start`` on has the same,
@@ -176,10 +183,12 @@ def check_assignment(assignment: Mapping[int, list[int]], known: set[int], start
                            error=INVALID_REPLICA_ASSIGNMENT)
     for p, replicas in assignment.items():
         if len(set(replicas)) != len(replicas):
-            raise TidelogError(f"partition {p} lists a broker twice: {replicas}", error=INVALID_REPLICA_ASSIGNMENT)
+            twice = sorted(b for b, n in Counter(replicas).items() if n > 1)
+            raise TidelogError(f"partition {p} lists broker{'s' if len(twice) > 1 else ''} {_few(twice)} more than "
+                               f"once", error=INVALID_REPLICA_ASSIGNMENT)
         unknown = set(replicas) - known
         if unknown:
-            raise TidelogError(f"partition {p} is assigned to unknown brokers {sorted(unknown)}",
+            raise TidelogError(f"partition {p} is assigned to unknown brokers {_few(sorted(unknown))}",
                                error=INVALID_REPLICA_ASSIGNMENT)
     if sorted(assignment) != list(range(start, start + len(assignment))):
         raise TidelogError(f"partitions must be numbered {start}..{start + len(assignment) - 1}",

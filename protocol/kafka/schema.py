@@ -21,7 +21,9 @@ Encodings (all integers big-endian):
   fields its tagged fields: a varint count, then per field a varint tag, a varint size and
   the value. Unknown tags are skipped; a tagged field is written only when it differs from
   its default. Encoding None where a version's field cannot be null writes its empty value
-(Tidelog's bodies say "absent" with None: a protocol name before the join completed, say).
+(Tidelog's bodies say "absent" with None: a protocol name before the join completed, say);
+a string longer than a non-flexible version's int16 length can say is cut to fit, with "..."
+(only error messages get that long).
 
 Decoding is bounded like the native codec (``protocol.codec``): a length or count may not
 exceed the bytes left in the frame, and a frame decodes into at most
@@ -144,6 +146,7 @@ _FIXED = {
     "int32": struct.Struct(">i"), "int64": struct.Struct(">q"), "float64": struct.Struct(">d"),
 }
 _I16 = _FIXED["int16"]
+_I16_MAX = 0x7FFF
 _I32 = _FIXED["int32"]
 
 
@@ -231,6 +234,8 @@ def _string(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]
             write(None if nullable else 0, out)
             return
         data = value.encode()
+        if not flexible and len(data) > _I16_MAX:  # a long error message: cut, not unencodable
+            data = data[:_I16_MAX - 3].decode("utf-8", "ignore").encode() + b"..."
         write(len(data), out)
         out += data
 

@@ -245,7 +245,7 @@ async def test_a_topic_with_an_invalid_name_in_zookeeper_is_ignored():
 
 @pytest.mark.parametrize("assignments, words", [
     ({"0": [1], "2": [1]}, "numbered 0..1"),
-    ({"0": [1, 1]}, "lists a broker twice"),
+    ({"0": [1, 1]}, "lists broker [1] more than once"),
     ({"0": [9]}, "unknown brokers [9]"),
     ({"0": [1], "1": [1, 2]}, "same, non-zero number"),
     ({"0": []}, "same, non-zero number"),
@@ -415,3 +415,15 @@ async def test_a_topic_named_twice_in_delete_topics_is_refused_before_anything_i
     assert [r.error_code for r in results] == [INVALID_REQUEST.code] * 100_000 + [UNKNOWN_TOPIC_OR_PARTITION.code]
     assert "appears more than once" in results[0].error_message
     assert zk.writes == writes and "gone" in c.ctx.assignments
+
+
+def test_a_huge_assignment_gets_a_short_message():
+    """Found by the Kafka listener's fuzzer: 20,000 copies of one broker made a 60 KB message."""
+    from tidelog.broker.controller.validation import check_assignment
+
+    with pytest.raises(TidelogError) as info:
+        check_assignment({0: [1] * 20_000}, {1})
+    assert str(info.value) == "partition 0 lists broker [1] more than once"
+    with pytest.raises(TidelogError) as info:
+        check_assignment({0: list(range(100, 20_100))}, {1})
+    assert len(str(info.value)) < 200 and "and 19990 more" in str(info.value)

@@ -122,3 +122,13 @@ def test_every_spec_file_parses():
         for name in (api.request_spec, api.response_spec):
             low, high = valid_versions(name)
             assert low <= api.min_version <= api.max_version <= high, name
+
+
+def test_a_message_too_long_for_an_int16_length_is_cut_not_unencodable():
+    message = "é" * 40_000  # 80,000 bytes of UTF-8
+    body = {"topics": [{"name": "t", "error_code": 39, "error_message": message}]}
+    old = codec("CreateTopicsResponse", 4).decode_all(bytes(codec("CreateTopicsResponse", 4).encode(body)))
+    cut = old["topics"][0]["error_message"]
+    assert len(cut.encode()) <= 0x7FFF and cut.endswith("...") and message.startswith(cut[:-3])
+    flexible = codec("CreateTopicsResponse", 5)  # compact strings: no need to cut
+    assert flexible.decode_all(bytes(flexible.encode(body)))["topics"][0]["error_message"] == message
