@@ -218,7 +218,7 @@ def log_to_clean(tp: TopicPartition, log: Log, offsets: OffsetsToClean, now_ms: 
     for seg, upper in zip(segments, [s.base_offset for s in segments[1:]] + [log.log_end_offset]):
         if upper <= dirty:
             clean += seg.size
-        elif seg.base_offset < uncleanable:
+        elif dirty < uncleanable and seg.base_offset < uncleanable:  # [dirty, uncleanable) may be empty
             cleanable += seg.size
         if upper > dirty and seg is not segments[-1] and seg.first_batch_timestamp not in (None, -1):
             ts = seg.first_batch_timestamp

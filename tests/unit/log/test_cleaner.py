@@ -22,6 +22,7 @@ from tidelog.broker.log.cleaner import (
     LogCleaner,
     OffsetMap,
     cleanable_offsets,
+    log_to_clean,
     retain_record,
 )
 from tidelog.broker.log.config import InvalidConfigError, LogConfig
@@ -266,6 +267,23 @@ def test_dirty_ratio_and_compaction_lags_decide_when_to_clean(tmp_path):
     env.roll()
     offsets = cleanable_offsets(env.log, env.manager.cleaner_checkpoints().get(TP), env.clock())
     assert offsets.first_uncleanable_offset == offsets.first_dirty_offset  # too young to clean
+
+
+def test_a_log_start_inside_the_active_segment_leaves_nothing_to_clean(tmp_path):
+    """Found by the Kafka listener's fuzzer: records deleted up to the middle of the only
+    (active) segment, then cleanup.policy=compact. The dirty range [5, 5) is empty, but the
+    active segment was counted as cleanable, so the cleaner chose the log, found the active
+    segment in its group, abandoned the cleaning and chose it again, a thousand times a second."""
+    one_segment = dataclasses.replace(COMPACT, segment_bytes=1 << 20)
+    env = Env(tmp_path, dataclasses.replace(one_segment, cleanup_policy="delete"))
+    for i in range(10):
+        env.append((b"k%d" % (i % 3), b"v"))
+    assert env.log.maybe_increment_log_start_offset(5) and len(env.log.segments) == 1
+    env.manager.update_config(TP, one_segment)
+    offsets = cleanable_offsets(env.log, env.manager.cleaner_checkpoints().get(TP), env.clock())
+    assert (offsets.first_dirty_offset, offsets.first_uncleanable_offset) == (5, 5)
+    assert log_to_clean(TP, env.log, offsets, env.clock()).cleanable_bytes == 0
+    assert env.clean() is None and env.clean() is None
 
 
 def test_a_delete_policy_log_is_never_cleaned(tmp_path):
