@@ -47,6 +47,7 @@ Server side (``ServerConnection``)
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,6 +252,17 @@ class ServerConnection:
         this response and any parked behind it, or b"" while an older request is unanswered."""
         slot = self._unanswered(correlation_id)
         slot.frame = self._encode(slot, body)
+        return self._release()
+
+    def slow_encoder(self, correlation_id: int, body: Body | Message) -> Callable[[], bytes] | None:
+        """For a response too costly to encode on the event loop (a Kafka fetch of records to
+        translate): a function that encodes it, touching no connection state (run it in a
+        worker thread), whose result goes to ``send_frame``. None: ``send_response`` it."""
+        return None
+
+    def send_frame(self, correlation_id: int, frame: bytes) -> bytes:
+        """Answer with a frame a ``slow_encoder`` made; returns the bytes to write now."""
+        self._unanswered(correlation_id).frame = frame
         return self._release()
 
     def skip_response(self, correlation_id: int) -> bytes:

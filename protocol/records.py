@@ -49,7 +49,7 @@ from tidelog.protocol.errors import (
     TidelogError,
     UnsupportedCompressionError,
 )
-from tidelog.protocol.kafka.records import KAFKA_MAGIC, WIRE_MAGIC, decode_records, encode_records
+from tidelog.protocol.kafka.records import KAFKA_MAGIC, WIRE_MAGIC, decode_records, encode_records, iter_record_parts
 
 MAGIC = 2
 MAGICS = frozenset({MAGIC, KAFKA_MAGIC})  # KAFKA_MAGIC: records in Kafka's encoding (protocol.kafka.records)
@@ -808,10 +808,10 @@ def validate_records(buf, pos: int, h: BatchHeader, rules: RecordRules, *,
 
 
 def _kafka_parts(raw, n: int, h: BatchHeader, chunk: int | None) -> Iterator[tuple[int, tuple]]:
-    items = decode_records(raw, n, h.base_offset)
-    step = chunk or max(n, 1)
-    for start in range(0, n, step):
-        yield start, items[start:start + step]
+    start = 0
+    for part in iter_record_parts(raw, n, h.base_offset, chunk or max(n, 1)):
+        yield start, tuple(part)
+        start += len(part)
 
 
 def _unpack_parts(raw, n: int, base: int, chunk: int | None) -> Iterator[tuple[int, tuple]]:

@@ -27,7 +27,7 @@ from typing import Any
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import CorruptRecordError
 from tidelog.protocol.kafka.records import TranslationBudget, to_kafka, to_stored
-from tidelog.protocol.records import kafka_batch
+from tidelog.protocol.records import MAGIC, iter_headers, kafka_batch
 
 Body = dict[str, Any]
 Adapt = Callable[[Body, int], Body]
@@ -115,6 +115,17 @@ def _fetch_response(body: Body, version: int) -> Body:
             p["diverging_epoch"] = diverging if diverging is not None else {"epoch": -1, "end_offset": -1}
     body["session_id"] = 0
     return body
+
+
+def records_to_translate(body: Any) -> int:
+    """How many records of Tidelog-encoded batches a (native) fetch answer holds: what a Kafka
+    fetch answer would translate (headers only: per batch)."""
+    total = 0
+    for topic in getattr(body, "responses", None) or ():
+        for p in topic.partitions:
+            if p.records:
+                total += sum(h.record_count for _, h in iter_headers(p.records) if h.magic == MAGIC)
+    return total
 
 
 def _list_offsets_response(body: Body, version: int) -> Body:
@@ -223,7 +234,16 @@ def _per_entry(entries_key: str, name_key: str, out_key: str, out_name: str, *ex
     return spread
 
 
+def _offset_fetch_spread(request: Body, code: int, message: str | None) -> Body:
+    # before v2 the answer has no top-level error: every partition asked carries it
+    return {"topics": [{"name": t.get("name"), "partitions": [
+        {"partition_index": p, "error_code": code, "committed_offset": -1} for p in t.get("partition_indexes") or ()]}
+        for t in request.get("topics") or ()]}
+
+
 _SPREAD: Mapping[int, Callable[[Body, int, str | None], Body]] = MappingProxyType({
+    ApiKey.METADATA: _per_entry("topics", "name", "topics", "name"),
+    ApiKey.OFFSET_FETCH: _offset_fetch_spread,
     ApiKey.PRODUCE: _per_partition("topic_data", "name", "partition_data", "index",
                                    "responses", "name", "partition_responses", "index"),
     ApiKey.FETCH: _per_partition("topics", "topic", "partitions", "partition",

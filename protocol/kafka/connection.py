@@ -19,7 +19,9 @@ request order, large frames decoded off the event loop. What differs:
 
 from __future__ import annotations
 
+import functools
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +34,33 @@ from tidelog.protocol.errors import (
     UnsupportedVersionError,
 )
 from tidelog.protocol.frames import PREFIX_SIZE
-from tidelog.protocol.kafka.apis import KAFKA_APIS, KafkaApi, api_versions, error_response, is_error_body
+from tidelog.protocol.kafka.apis import (
+    KAFKA_APIS,
+    KafkaApi,
+    api_versions,
+    error_response,
+    is_error_body,
+    records_to_translate,
+)
 from tidelog.protocol.kafka.schema import Reader, codec, flexible_versions
 
 _HEAD = struct.Struct(">hhi")  # api key, api version, correlation id
 _I16 = struct.Struct(">h")
 _RESPONSE_HEAD = struct.Struct(">ii")  # length, correlation id
 _NO_TAGS = b"\x00"
+
+
+# Tidelog-encoded records a fetch answer may translate on the event loop (about 3 ms); more are
+# translated in a worker thread (``slow_encoder``).
+TRANSLATE_ON_LOOP_RECORDS = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Detached:
+    """What ``_encode`` reads of a slot, copied for a worker thread."""
+
+    correlation_id: int
+    meta: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +96,15 @@ class KafkaServerConnection(ServerConnection):
         if isinstance(event, KafkaRequest):
             return event.key, event.version, event.refused, event.body
         return None
+
+    def slow_encoder(self, correlation_id: int, body: Body | Message) -> Callable[[], bytes] | None:
+        """A fetch answer with more than ``TRANSLATE_ON_LOOP_RECORDS`` records of
+        Tidelog-encoded batches to translate is encoded off the event loop."""
+        slot = self._unanswered(correlation_id)
+        if slot.meta is None or slot.meta[0] != ApiKey.FETCH or records_to_translate(body) <= TRANSLATE_ON_LOOP_RECORDS:
+            return None
+        detached = _Detached(correlation_id, slot.meta)
+        return functools.partial(self._encode, detached, body)
 
     def _encode(self, slot: Any, body: Body | Message) -> bytes:
         key, version, refused, request = slot.meta

@@ -23,6 +23,7 @@ reasons and the costs.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 from tidelog.protocol.errors import CorruptRecordError
 
@@ -45,14 +46,26 @@ class _Malformed(Exception):
     pass
 
 
+MIN_RECORD_BYTES = 7  # length, attributes, two deltas, key and value lengths, header count
+
+
 def decode_records(raw, n: int, base_offset: int) -> tuple[tuple, ...]:
     """The ``n`` records of an (uncompressed) Kafka records block as Tidelog's record
     tuples ``(timestamp_delta, offset_delta, key, value, headers)``, headers being None or a
     tuple of ``(str, bytes | None)``. Raises CorruptRecordError naming the bad record."""
+    return tuple(r for part in iter_record_parts(raw, n, base_offset, n or 1) for r in part)
+
+
+def iter_record_parts(raw, n: int, base_offset: int, chunk: int) -> Iterator[list[tuple]]:
+    """``decode_records`` ``chunk`` records at a time, so a caller that checks each part
+    (a produce's validation) holds one part at a time and stops at the first bad one."""
     raw = bytes(raw)
     end = len(raw)
+    if n > end // MIN_RECORD_BYTES:
+        raise CorruptRecordError(f"batch at offset {base_offset} declares {n} records, but its {end}-byte "
+                                 f"records block can hold at most {end // MIN_RECORD_BYTES}")
     pos = 0
-    out = []
+    out: list[tuple] = []
     i = 0
 
     def varint() -> int:
@@ -114,13 +127,17 @@ def decode_records(raw, n: int, base_offset: int) -> tuple[tuple, ...]:
             if pos != record_end:
                 raise _Malformed(f"{record_end - pos} bytes left inside the record")
             out.append((ts_delta, offset_delta, key, value, headers))
+            if len(out) == chunk:
+                yield out
+                out = []
     except (_Malformed, UnicodeDecodeError) as e:
         raise CorruptRecordError(f"record {i} of batch at offset {base_offset} is malformed (Kafka encoding): "
                                  f"{e}") from None
     if pos != end:
         raise CorruptRecordError(f"records block of batch at offset {base_offset} has {end - pos} bytes after "
                                  f"its {n} records")
-    return tuple(out)
+    if out:
+        yield out
 
 
 def encode_records(records) -> bytes:
@@ -212,8 +229,9 @@ class TranslationBudget:
 def to_kafka(records: bytes | memoryview, translate, budget: TranslationBudget | None = None) -> bytes:
     """Stored batches as a Kafka client reads them: a Kafka-encoded batch with magic 2 again,
     a Tidelog batch through ``translate(buf, pos) -> bytes`` (the records re-encoded) while
-    ``budget`` allows. A trailing partial batch (a fetch cut at its size limit) is passed on
-    as it is, as Kafka does; so is nothing after a batch the budget refused."""
+    ``budget`` allows. A trailing partial batch (a fetch cut at its size limit) is passed on,
+    as Kafka does (with Kafka's magic: clients read it first); nothing after a batch the
+    budget refused, or after bytes that are not a batch, is."""
     buf = bytearray(records)
     pos, end = 0, len(buf)
     pieces: list[bytes] = []
@@ -221,7 +239,12 @@ def to_kafka(records: bytes | memoryview, translate, budget: TranslationBudget |
     while end - pos >= _HEADER_SIZE:
         _, length = _LENGTH.unpack_from(buf, pos)
         size = _OVERHEAD + length
+        if length < _HEADER_SIZE - _OVERHEAD:  # not a batch: nothing from here on is passed on
+            end = pos
+            break
         if pos + size > end:
+            if buf[pos + _MAGIC_AT] == KAFKA_MAGIC:  # a trailing partial batch: librdkafka reads its magic
+                buf[pos + _MAGIC_AT] = WIRE_MAGIC
             break
         magic = buf[pos + _MAGIC_AT]
         if magic == KAFKA_MAGIC:

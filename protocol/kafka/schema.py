@@ -122,11 +122,12 @@ class Reader:
             if shift > 28:
                 raise InvalidRequestError(f"{what}: varint longer than 5 bytes")
 
-    def count(self, n: int, what: str) -> int:
-        """A length or element count read from the frame, checked against what is left."""
+    def count(self, n: int, what: str, values: int | None = None) -> int:
+        """A length or element count read from the frame, checked against what is left; it
+        costs ``values`` (default ``n``: an array's elements) of the frame's budget."""
         if n > self.end - self.pos:
             raise InvalidRequestError(f"{what}: {n} elements announced, only {self.end - self.pos} bytes left")
-        self.budget -= n
+        self.budget -= n if values is None else values
         if self.budget < 0:
             raise InvalidRequestError(f"{what}: the frame decodes into too many values")
         return n
@@ -189,9 +190,10 @@ def _uuid(where: str) -> tuple[Decode, Encode]:
     return decode, encode
 
 
-def _length(flexible: bool, prefix: struct.Struct, nullable: bool, where: str
+def _length(flexible: bool, prefix: struct.Struct, nullable: bool, where: str, values: int | None = None
             ) -> tuple[Callable[[Reader], int | None], Callable[[int | None, bytearray], None]]:
-    """The length (or count) prefix of a string, bytes or array; None is null."""
+    """The length (or count) prefix of a string, bytes or array; None is null. ``values``: what
+    one costs of the frame's budget (None: the count, for an array's elements)."""
     if flexible:
         def read(r: Reader) -> int | None:
             n = r.uvarint(where) - 1
@@ -199,7 +201,7 @@ def _length(flexible: bool, prefix: struct.Struct, nullable: bool, where: str
                 if not nullable:
                     raise InvalidRequestError(f"{where}: null where the field is not nullable")
                 return None
-            return r.count(n, where)
+            return r.count(n, where, values)
 
         def write(n: int | None, out: bytearray) -> None:
             write_uvarint(out, 0 if n is None else n + 1)
@@ -210,7 +212,7 @@ def _length(flexible: bool, prefix: struct.Struct, nullable: bool, where: str
                 if n != -1 or not nullable:
                     raise InvalidRequestError(f"{where}: length {n}")
                 return None
-            return r.count(n, where)
+            return r.count(n, where, values)
 
         def write(n: int | None, out: bytearray) -> None:
             out += prefix.pack(-1 if n is None else n)
@@ -218,7 +220,7 @@ def _length(flexible: bool, prefix: struct.Struct, nullable: bool, where: str
 
 
 def _string(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]:
-    read, write = _length(flexible, _I16, nullable, where)
+    read, write = _length(flexible, _I16, nullable, where, values=1)
 
     def decode(r: Reader) -> str | None:
         n = read(r)
@@ -243,11 +245,10 @@ def _string(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]
 
 
 def _bytes(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]:
-    read, write = _length(flexible, _I32, nullable, where)
+    read, write = _length(flexible, _I32, nullable, where, values=1)
 
     def decode(r: Reader) -> bytes | None:
         n = read(r)
-        r.budget += 0 if n is None else n - 1  # one value, not n
         return None if n is None else bytes(r.take(n, where))
 
     def encode(value: Any, out: bytearray) -> None:
@@ -382,7 +383,7 @@ def _compile_struct(fields: list[dict[str, Any]], v: int, flexible: bool, struct
     ordered_tags = sorted(tagged.items())
 
     def decode(r: Reader) -> dict[str, Any]:
-        r.budget -= len(regular) + 1
+        r.budget -= len(regular) + len(absent) + len(tagged) + 1  # every key gets a value
         if r.budget < 0:
             raise InvalidRequestError(f"{where}: the frame decodes into too many values")
         out = {f.key: f.decode(r) for f in regular}
@@ -394,7 +395,7 @@ def _compile_struct(fields: list[dict[str, Any]], v: int, flexible: bool, struct
             seen = -1
             for _ in range(r.count(r.uvarint(where), where)):
                 tag = r.uvarint(f"{where} tag")
-                size = r.count(r.uvarint(f"{where} tag {tag}"), f"{where} tag {tag}")
+                size = r.count(r.uvarint(f"{where} tag {tag}"), f"{where} tag {tag}", values=0)
                 if tag <= seen:
                     raise InvalidRequestError(f"{where}: tagged fields out of order ({tag} after {seen})")
                 seen = tag

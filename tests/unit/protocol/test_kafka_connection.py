@@ -83,3 +83,34 @@ def test_large_frames_decode_off_the_connection_like_native_ones():
     event = conn.admit(conn.decode(large.data))
     assert isinstance(event, KafkaRequest) and event.body["topics"] == ["a" * 50]
     assert response_of(conn.send_response(9, MetadataResponse([], None, -1, [])))[0] == 9
+
+
+def test_a_fetch_answer_with_many_records_to_translate_is_encoded_aside():
+    from tidelog.protocol.kafka.records import to_stored
+    from tidelog.protocol.messages import FetchPartitionResponse, FetchResponse, FetchTopicResponse
+    from tidelog.protocol.records import build_batch, iter_all_records
+
+    def fetch_answer(n: int) -> FetchResponse:
+        batch = build_batch([b"v%d" % i for i in range(n)], timestamp_ms=1)
+        return FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, n, 0, batch)])])
+
+    body = bytes(codec("FetchRequest", 12).encode({"topics": [{"topic": "t", "partitions": [{"partition": 0}]}]}))
+    conn = KafkaServerConnection()
+    conn.receive_data(frame(1, 12, 1, body, flexible=True) + frame(1, 12, 2, body, flexible=True))
+    assert conn.slow_encoder(1, fetch_answer(100)) is None  # cheap: encoded in place
+    assert conn.send_response(1, fetch_answer(100))
+    encode = conn.slow_encoder(2, fetch_answer(5000))
+    assert encode is not None
+    out = conn.send_frame(2, encode())  # in a worker thread, then back in the response order
+    _, rest = response_of(out)
+    records = codec("FetchResponse", 12).decode_all(rest[1:])["responses"][0]["partitions"][0]["records"]
+    assert records[16] == 2 and len(list(iter_all_records(to_stored(records)))) == 5000  # Kafka's encoding
+
+
+def test_a_refused_metadata_request_names_every_topic_it_asked_for():
+    conn = KafkaServerConnection()
+    body = bytes(codec("MetadataRequest", 1).encode({"topics": [{"name": "a"}, {"name": "b"}]}))
+    conn.receive_data(frame(3, 1, 4, body, flexible=False))
+    _, rest = response_of(conn.send_response(4, {"error_code": 29, "error_message": "no"}))
+    topics = codec("MetadataResponse", 1).decode_all(rest)["topics"]
+    assert [(t["name"], t["error_code"]) for t in topics] == [("a", 29), ("b", 29)]

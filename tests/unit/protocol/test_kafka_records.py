@@ -91,7 +91,7 @@ def test_produced_sets_that_are_not_whole_v2_batches_are_refused(mutate, problem
 
 
 @pytest.mark.parametrize("raw,problem", [
-    (b"\x10\x00\x00\x00\x01", "record 0 .* malformed"),  # length 8, truncated
+    (b"\x10\x00\x00\x00\x01", "can hold at most 0"),  # length 8, truncated: fewer bytes than a record
     (encode_records(RECORDS[:1])[:-1], "malformed"),
     (encode_records(RECORDS[:1]) + b"\x00", "bytes after"),
     (b"\x0e\x00\x00\x00\x03\xff\x01\x00", "malformed"),  # a key longer than its record
@@ -120,3 +120,36 @@ def test_a_fetch_translates_at_most_its_budget_and_always_one_batch():
     kafka = to_stored(kafka_python_batch())
     out = to_kafka(batches[0] + kafka, kafka_batch, TranslationBudget(10))
     assert [h.magic for _, h in iter_headers(out)] == [WIRE_MAGIC, WIRE_MAGIC]
+
+
+def test_a_produced_bomb_of_tiny_records_is_refused_holding_one_part_at_a_time():
+    """845 bytes of zstd inflating to 1.2 million 7-byte records, every offset delta 0: the
+    first part of 8,192 records fails; the whole block is never decoded at once."""
+    import struct
+    import tracemalloc
+
+    import zstandard
+    from crc32c import crc32c
+
+    n = 1_200_000
+    block = zstandard.ZstdCompressor().compress(b"\x0c\x00\x00\x00\x01\x01\x00" * n)
+    tail = struct.pack(">hiqqqhii", 4, n - 1, 1, 1, -1, -1, -1, n)
+    batch = struct.pack(">qiibI", 0, len(tail) + len(block) + 9, 0, KAFKA_MAGIC, crc32c(block, crc32c(tail))) + tail + block
+    h = validate_batch(batch)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptRecordError, match="record 1 .*offset_delta 0, expected 1"):
+            validate_records(batch, 0, h, RecordRules(now_ms=1, max_uncompressed_bytes=16 << 20), chunk=8192)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 30 * 1024 * 1024  # the inflated block (8.4 MB) and one part, not 1.2 million tuples
+
+
+def test_bytes_that_are_not_a_batch_end_what_a_fetch_passes_on():
+    good = to_stored(kafka_python_batch())
+    lying = bytearray(good)
+    lying[8:12] = (-5).to_bytes(4, "big", signed=True)  # a negative batch length
+    assert to_kafka(good + bytes(lying), kafka_batch) == to_kafka(good, kafka_batch)
+    partial = to_kafka(good + good[:70], kafka_batch)  # a fetch cut inside the second batch
+    assert partial[len(good) + 16] == WIRE_MAGIC and len(partial) == len(good) + 70

@@ -132,3 +132,13 @@ def test_a_message_too_long_for_an_int16_length_is_cut_not_unencodable():
     assert len(cut.encode()) <= 0x7FFF and cut.endswith("...") and message.startswith(cut[:-3])
     flexible = codec("CreateTopicsResponse", 5)  # compact strings: no need to cut
     assert flexible.decode_all(bytes(flexible.encode(body)))["topics"][0]["error_message"] == message
+
+
+def test_a_long_string_or_blob_costs_one_value_of_the_budget():
+    records = b"x" * 2_000_000
+    c = codec("ProduceRequest", 9)
+    data = bytes(c.encode({"acks": 1, "timeout_ms": 1, "topic_data": [
+        {"name": "t" * 1000, "partition_data": [{"index": 0, "records": records}]}]}))
+    r = Reader(data)
+    r.budget = 50  # far fewer values than bytes
+    assert c.decode(r)["topic_data"][0]["partition_data"][0]["records"] == records
