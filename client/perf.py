@@ -45,6 +45,7 @@ from typing import Any
 __all__ = [
     "MB",
     "REPORT_INTERVAL_S",
+    "Histogram",
     "Latency",
     "PerfResult",
     "Throttler",
@@ -92,6 +93,54 @@ class Latency:
         return cls(math.fsum(latencies_ms) / n, max(latencies_ms), at(0.5), at(0.95), at(0.99), at(0.999))
 
 
+SUB_BUCKETS = 16  # linear sub-buckets per power of two: a bucket's width is at most 1/16 of its value
+HISTOGRAM_FLOOR_MS = 0.001  # latencies below one microsecond share the first bucket
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Latencies in log-linear buckets, as HdrHistogram keeps them: each power of two of
+    microseconds is cut into ``SUB_BUCKETS`` equal buckets, so every bucket's upper bound is
+    within 1/16 (6.25 %) of the latencies it counts, whatever their scale. ``buckets`` lists
+    the non-empty ones as ``(upper bound in ms, count)``, in order; every latency is counted
+    (no sampling), so the tail shows as it is."""
+
+    buckets: tuple[tuple[float, int], ...]
+
+    @classmethod
+    def of(cls, latencies_ms: Sequence[float]) -> Histogram:
+        counts: dict[int, int] = {}
+        for ms in latencies_ms:
+            b = _bucket(ms)
+            counts[b] = counts.get(b, 0) + 1
+        return cls(tuple((_upper_ms(b), counts[b]) for b in sorted(counts)))
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.buckets)
+
+    def lines(self) -> list[str]:
+        """One line per non-empty bucket: its upper bound, count, share and cumulative share."""
+        total, seen, out = self.total, 0, []
+        for upper, n in self.buckets:
+            seen += n
+            out.append(f"  <= {upper:>10.4g} ms {n:>10} {100 * n / total:6.2f} % {100 * seen / total:7.3f} %")
+        return out
+
+
+def _bucket(ms: float) -> int:
+    """The bucket of a latency: ``SUB_BUCKETS * power + sub-bucket``, over microseconds."""
+    us = max(ms, HISTOGRAM_FLOOR_MS) * 1000
+    power = max(0, math.frexp(us)[1] - 1)  # 2^power <= us < 2^(power + 1)
+    sub = min(SUB_BUCKETS - 1, int((us / 2 ** power - 1) * SUB_BUCKETS))
+    return power * SUB_BUCKETS + sub
+
+
+def _upper_ms(bucket: int) -> float:
+    power, sub = divmod(bucket, SUB_BUCKETS)
+    return 2 ** power * (1 + (sub + 1) / SUB_BUCKETS) / 1000
+
+
 @dataclass(slots=True)
 class PerfResult:
     """What a run measured. ``records``/``bytes`` count the records that completed (were
@@ -119,6 +168,9 @@ class PerfResult:
 
     def latency(self) -> Latency:
         return Latency.of(self.latencies_ms)
+
+    def histogram(self) -> Histogram:
+        return Histogram.of(self.latencies_ms)
 
 
 @dataclass(frozen=True, slots=True)

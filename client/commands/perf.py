@@ -48,7 +48,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
         client_options(a)
         a.add_argument("--topic", required=True)
         a.add_argument("--num-records", type=int, required=True)
-        a.add_argument("--json", action="store_true", help="print the result as one JSON object")
+        a.add_argument("--json", action="store_true", help="print the result as one JSON object (with the "
+                                                           "latency histogram)")
+        a.add_argument("--histogram", action="store_true",
+                       help="print the latency histogram after the summary: log-linear buckets "
+                            "(HdrHistogram's), each bound within 6.25 %% of what it counts")
         return a
 
     props = {"type": key_value, "nargs": "+", "default": [], "metavar": "KEY=VALUE"}
@@ -113,7 +117,8 @@ def result_json(result: PerfResult) -> dict[str, Any]:
     return {"records": result.records, "records_per_sec": round(result.records_per_sec, 3),
             "mb_per_sec": round(result.mb_per_sec, 6),
             "latency_ms": {"avg": round(lat.avg, 3), "max": round(lat.max, 3), "p50": round(lat.p50, 3),
-                           "p95": round(lat.p95, 3), "p99": round(lat.p99, 3), "p999": round(lat.p999, 3)}}
+                           "p95": round(lat.p95, 3), "p99": round(lat.p99, 3), "p999": round(lat.p999, 3)},
+            "latency_histogram_ms": [{"le": round(upper, 6), "count": n} for upper, n in result.histogram().buckets]}
 
 
 def _progress(action: str) -> Any:
@@ -129,6 +134,9 @@ def _report(result: PerfResult, args: argparse.Namespace, noun: str) -> int:
         print(json.dumps(result_json(result)), flush=True)
     else:
         print(summary_line(result, args.action), flush=True)
+        if getattr(args, "histogram", False) and result.records:
+            print(f"{WORDS[args.action][1]} histogram (upper bound, records, share, cumulative):", flush=True)
+            print("\n".join(result.histogram().lines()), flush=True)
     if result.failed:
         raise CommandError(f"{result.failed} of {result.expected} records failed; first error: "
                            f"{result.first_error}")

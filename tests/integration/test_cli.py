@@ -280,6 +280,11 @@ def test_perf_produce_consume_summary_and_json(tidelog, cluster):
     assert len(r.lines) == 1 and SUMMARY_LINE.match(r.lines[0]), r.out
     assert SUMMARY_LINE.match(r.lines[0])["records"] == "3000"
     assert SUMMARY_LINE.match(r.lines[0])["counted"] == "records sent"
+    r = tidelog("perf", "produce", "--topic", "perf-histogram", "--num-records", "300", "--record-size", "100",
+                "--throughput", "-1", "--histogram")
+    assert r.rc == 0, r.err
+    assert SUMMARY_LINE.match(r.lines[0]) and r.lines[1].startswith("latency histogram")
+    assert r.lines[-1].rstrip().endswith("100.000 %") and all(line.startswith("  <= ") for line in r.lines[2:])
 
     started = time.monotonic()
     r = tidelog("perf", "produce", "--topic", "perf", "--num-records", "400", "--record-size", "10",
@@ -287,7 +292,11 @@ def test_perf_produce_consume_summary_and_json(tidelog, cluster):
     assert r.rc == 0, r.err
     assert time.monotonic() - started >= 0.35  # throttled to 1000 records/sec
     result = json.loads(r.out)
-    assert set(result) == {"records", "records_per_sec", "mb_per_sec", "latency_ms"}
+    assert set(result) == {"records", "records_per_sec", "mb_per_sec", "latency_ms", "latency_histogram_ms"}
+    histogram = result["latency_histogram_ms"]
+    assert sum(b["count"] for b in histogram) == 400
+    assert [b["le"] for b in histogram] == sorted(b["le"] for b in histogram)
+    assert histogram[-1]["le"] >= result["latency_ms"]["max"]
     assert result["records"] == 400 and 0 < result["records_per_sec"] <= 1100
     lat = result["latency_ms"]
     assert set(lat) == {"avg", "max", "p50", "p95", "p99", "p999"}
