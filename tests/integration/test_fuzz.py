@@ -26,17 +26,16 @@ A finding names its seed, lane and input number: ``tests.support.fuzz.replay`` r
 from __future__ import annotations
 
 import os
-import random
 import time
 
 import pytest
 
-from tests.support.cluster import cluster_fixture, log_tail, wait_topic_ready
+from tests.support import fuzz_lanes
+from tests.support.cluster import log_tail
 from tests.support.disk import log_dirs
 from tests.support.fuzz import Driver, Names, Stats
+from tests.support.fuzz_lanes import MAX_FRAME, consume_all, create_topics, fuzz_cluster, report_head
 from tests.support.raw_client import RawClient
-from tests.support.waiting import wait_until
-from tidelog import Admin, Consumer, NewTopic, TopicPartition
 from tidelog.broker.log.dump import run as dump_run
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE
@@ -54,22 +53,13 @@ from tidelog.protocol.records import build_batch, iter_all_records
 
 FIXED_SEED = 14
 SLICE_SECONDS = 24.0
-MAX_FRAME = 1 << 20
 GOOD_TOPIC = "steady"
 NAMES = Names()
 
 
 @pytest.fixture(scope="module")
 def cluster(request, tmp_path_factory):
-    yield from cluster_fixture(request, tmp_path_factory.mktemp("fuzz"), 1, {
-        "socket.request.max.bytes": MAX_FRAME, "auto.create.topics.enable": False,
-        "max.partitions.per.topic": 64, "max.partitions.per.request": 128,
-        "group.initial.rebalance.delay.ms": 0, "group.min.session.timeout.ms": 1000,
-        "group.max.session.timeout.ms": 10000, "offsets.topic.num.partitions": 1,
-        "offsets.topic.replication.factor": 1,
-        # the fuzz topics take what the broker accepts, hours of it: kept to a few segments
-        "log.segment.bytes": 4 << 20, "log.retention.bytes": 32 << 20, "log.retention.check.interval.ms": 10000,
-        "log.segment.delete.delay.ms": 1000})
+    yield from fuzz_cluster(request, tmp_path_factory.mktemp("fuzz"))
 
 
 class GoodClient:
@@ -100,11 +90,7 @@ class GoodClient:
 
 @pytest.fixture(scope="module")
 def good(cluster):
-    with Admin(cluster.bootstrap) as admin:
-        admin.create_topics([NewTopic(t, NAMES.partitions, 1) for t in NAMES.topics] + [NewTopic(GOOD_TOPIC, 1, 1)])
-    for t in NAMES.topics:
-        wait_topic_ready(cluster, t, NAMES.partitions, 1)
-    wait_topic_ready(cluster, GOOD_TOPIC, 1, 1)
+    create_topics(cluster, NAMES, GOOD_TOPIC)
     client = GoodClient(cluster)
     client.check()
     yield client
@@ -113,21 +99,11 @@ def good(cluster):
 
 @pytest.fixture
 def plan(request) -> list[tuple[int, float]]:
-    """(seed, seconds) of each run: --fuzz-seed for --fuzz-seconds, else the fixed seed and a
-    random one, half the slice each."""
-    seconds = request.config.getoption("--fuzz-seconds")
-    seed = request.config.getoption("--fuzz-seed")
-    if seed is not None:
-        return [(seed, seconds or SLICE_SECONDS)]
-    total = seconds or SLICE_SECONDS
-    return [(FIXED_SEED, total / 2), (random.SystemRandom().randrange(1, 2**31), total / 2)]
+    return fuzz_lanes.plan(request.config, FIXED_SEED, SLICE_SECONDS)
 
 
 def report(seed: int, stats: Stats) -> str:
-    rate = stats.total / stats.seconds if stats.seconds else 0.0
-    lines = [f"fuzz seed {seed}: {stats.total} inputs in {stats.seconds:.1f} s ({rate:.0f}/s), "
-             f"{stats.responses} responses, {stats.checks} good-client checks, "
-             f"connections closed by the broker {dict(stats.closed)}, load average {os.getloadavg()}",
+    lines = [report_head("fuzz", seed, stats),
              f"  inputs: {dict(stats.inputs)}",
              f"  apis: {dict(sorted(stats.apis.items()))}",
              f"  mutations: {dict(sorted(stats.mutations.items()))}",
@@ -155,12 +131,8 @@ def test_fuzzing_never_kills_poisons_or_starves_the_broker(cluster, good, plan, 
     good.raw.close()
 
     # every acknowledged record, for an ordinary consumer too
-    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
-        consumer.assign([TopicPartition(GOOD_TOPIC, 0)])
-        got: list[bytes] = []
-        wait_until(lambda: got.extend(r.value for r in consumer.poll(timeout_ms=500)) or len(got) >= len(good.values),
-                   60, "the well-behaved client's records consumed")
-    assert got == good.values
+    assert consume_all(cluster, GOOD_TOPIC, len(good.values), "the well-behaved client's records consumed") \
+        == good.values
 
     # a clean stop, no traceback, and every segment verifies
     assert broker.stop(60) == 0, log_tail(broker.log_path, 60)

@@ -30,24 +30,22 @@ rebuilds it (``replay(seed, lane, number, lane_kind)``).
 
 from __future__ import annotations
 
-import os
-import random
 import re
 import time
 
 import pytest
 
-from tests.support.cluster import cluster_fixture, log_tail, wait_topic_ready
+from tests.support import fuzz_lanes
+from tests.support.cluster import log_tail
+from tests.support.fuzz_lanes import MAX_FRAME, consume_all, create_topics, fuzz_cluster, report_head
 from tests.support.kafka_fuzz import Driver, Names, Stats, bombs
-from tests.support.waiting import wait_until
-from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
+from tidelog import Producer
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
 FIXED_SEED = 9092
 SLICE_SECONDS = 60.0
 HANG_S = 30.0
-MAX_FRAME = 1 << 20
 GOOD_TOPIC = "kafka-steady"
 NAMES = Names()
 # what a broker log must never hold: a traceback, an ERROR line, a failed handler
@@ -56,14 +54,7 @@ LOG_NEEDLES = ("Traceback", " ERROR ", "handler failed on", "does not encode", "
 
 @pytest.fixture(scope="module")
 def cluster(request, tmp_path_factory):
-    yield from cluster_fixture(request, tmp_path_factory.mktemp("kafka-fuzz"), 1, {
-        "socket.request.max.bytes": MAX_FRAME, "auto.create.topics.enable": False,
-        "max.partitions.per.topic": 64, "max.partitions.per.request": 128,
-        "group.initial.rebalance.delay.ms": 0, "group.min.session.timeout.ms": 1000,
-        "group.max.session.timeout.ms": 10000, "offsets.topic.num.partitions": 1,
-        "offsets.topic.replication.factor": 1,
-        "log.segment.bytes": 4 << 20, "log.retention.bytes": 32 << 20, "log.retention.check.interval.ms": 10000,
-        "log.segment.delete.delay.ms": 1000}, kafka=True)
+    yield from fuzz_cluster(request, tmp_path_factory.mktemp("kafka-fuzz"), kafka=True)
 
 
 class GoodClient:
@@ -93,11 +84,7 @@ class GoodClient:
 
 @pytest.fixture(scope="module")
 def good(cluster):
-    with Admin(cluster.bootstrap) as admin:
-        admin.create_topics([NewTopic(t, NAMES.partitions, 1) for t in NAMES.topics] + [NewTopic(GOOD_TOPIC, 1, 1)])
-    for t in NAMES.topics:
-        wait_topic_ready(cluster, t, NAMES.partitions, 1)
-    wait_topic_ready(cluster, GOOD_TOPIC, 1, 1)
+    create_topics(cluster, NAMES, GOOD_TOPIC)
     client = GoodClient(cluster)
     client.check()
     yield client
@@ -105,21 +92,11 @@ def good(cluster):
 
 @pytest.fixture
 def plan(request) -> list[tuple[int, float]]:
-    """(seed, seconds) of each run: --fuzz-seed for --fuzz-seconds, else the fixed seed and a
-    random one, half the slice each."""
-    seconds = request.config.getoption("--fuzz-seconds")
-    seed = request.config.getoption("--fuzz-seed")
-    if seed is not None:
-        return [(seed, seconds or SLICE_SECONDS)]
-    total = seconds or SLICE_SECONDS
-    return [(FIXED_SEED, total / 2), (random.SystemRandom().randrange(1, 2**31), total / 2)]
+    return fuzz_lanes.plan(request.config, FIXED_SEED, SLICE_SECONDS)
 
 
 def report(seed: int, stats: Stats) -> str:
-    rate = stats.total / stats.seconds if stats.seconds else 0.0
-    lines = [f"kafka fuzz seed {seed}: {stats.total} inputs in {stats.seconds:.1f} s ({rate:.0f}/s), "
-             f"{stats.responses} responses, {stats.checks} good-client checks, "
-             f"connections closed by the broker {dict(stats.closed)}, load average {os.getloadavg()}",
+    lines = [report_head("kafka fuzz", seed, stats),
              f"  inputs: {dict(stats.inputs)}",
              f"  requests that decode, by API and version: {len(stats.apis)} of them, "
              f"{dict(sorted(stats.apis.items()))}",
@@ -164,12 +141,7 @@ def test_kafka_fuzzing_never_kills_poisons_or_starves_the_broker(cluster, good, 
         producer.flush(60)
     expected = good.values + sdk_values
     assert _confluent_read(cluster, len(expected)) == expected
-    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
-        consumer.assign([TopicPartition(GOOD_TOPIC, 0)])
-        got: list[bytes] = []
-        wait_until(lambda: got.extend(r.value for r in consumer.poll(timeout_ms=500)) or len(got) >= len(expected),
-                   60, "every acknowledged record consumed by the SDK")
-    assert got == expected
+    assert consume_all(cluster, GOOD_TOPIC, len(expected), "every acknowledged record consumed by the SDK") == expected
     good.close()
 
     # a clean stop, and nothing in the log

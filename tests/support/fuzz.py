@@ -45,12 +45,10 @@ from __future__ import annotations
 
 import copy
 import math
-import selectors
-import socket
 import struct
 import time
 import zlib
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from random import Random
@@ -59,6 +57,8 @@ from typing import Any
 import msgpack
 from crc32c import crc32c
 
+from tests.support import fuzz_lanes
+from tests.support.fuzz_lanes import PROBE_CORRELATION_ID, BatchMutations, LaneDriver, frame, wrap
 from tidelog.protocol import messages as m
 from tidelog.protocol.apis import APIS
 from tidelog.protocol.codec import ApiKey, RequestHeader, decode_request, decode_response, encode_request
@@ -541,11 +541,6 @@ _TAIL = struct.Struct(">hiqqqhii")  # attributes .. record_count: the bytes the 
 _HEAD = struct.Struct(">qiibI")
 
 
-def _wrap(value: int, bits: int) -> int:
-    value &= (1 << bits) - 1
-    return value - (1 << bits) if value >> (bits - 1) else value
-
-
 def forge(block: bytes, *, count: int, codec: int = 0, attributes: int | None = None,
           last_offset_delta: int | None = None, first_ts: int | None = None, max_ts: int | None = None,
           producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1, base_offset: int = 0,
@@ -553,19 +548,15 @@ def forge(block: bytes, *, count: int, codec: int = 0, attributes: int | None = 
     """A batch with every header field as given (wrapped to its width), the CRC computed
     unless given."""
     now = _now_ms()
-    tail = _TAIL.pack(_wrap(codec if attributes is None else attributes, 16),
-                      _wrap(count - 1 if last_offset_delta is None else last_offset_delta, 32),
-                      _wrap(now if first_ts is None else first_ts, 64), _wrap(now if max_ts is None else max_ts, 64),
-                      _wrap(producer_id, 64), _wrap(producer_epoch, 16), _wrap(base_sequence, 32),
-                      _wrap(count, 32))
+    tail = _TAIL.pack(wrap(codec if attributes is None else attributes, 16),
+                      wrap(count - 1 if last_offset_delta is None else last_offset_delta, 32),
+                      wrap(now if first_ts is None else first_ts, 64), wrap(now if max_ts is None else max_ts, 64),
+                      wrap(producer_id, 64), wrap(producer_epoch, 16), wrap(base_sequence, 32),
+                      wrap(count, 32))
     crc = crc32c(block, crc32c(tail)) if crc is None else crc & 0xFFFFFFFF
     length = len(tail) + len(block) + 9 if batch_length is None else batch_length
-    return _HEAD.pack(_wrap(base_offset, 64), _wrap(length, 32), _wrap(leader_epoch, 32), _wrap(magic, 8), crc) \
+    return _HEAD.pack(wrap(base_offset, 64), wrap(length, 32), wrap(leader_epoch, 32), wrap(magic, 8), crc) \
         + tail + block
-
-
-def recompute_crc(batch: bytearray) -> None:
-    struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[21:]))
 
 
 _BOMBS: dict[str, bytes] = {}
@@ -583,37 +574,19 @@ def bombs() -> dict[str, bytes]:
     return _BOMBS
 
 
-class BatchMutator:
+class BatchMutator(BatchMutations):
     """Record sets for a Produce: one valid batch mutated, or several batches."""
 
-    KINDS = ("flip", "flip_crc", "header", "block", "compressed", "bomb", "multi", "cut", "untouched")
     WEIGHTS = (10, 12, 16, 14, 12, 3, 6, 5, 6)
 
     def __init__(self, rng: Random, valid: Valid, max_frame_bytes: int):
         self.rng, self.valid, self.max_frame_bytes = rng, valid, max_frame_bytes
 
-    def make(self) -> tuple[bytes, str]:
-        kind = self.rng.choices(self.KINDS, self.WEIGHTS)[0]
-        records, detail = getattr(self, kind)()
-        return records, f"{kind}:{detail}"
+    def valid_batch(self) -> bytes:
+        return self.valid.batch()
 
-    def untouched(self) -> tuple[bytes, str]:
-        return self.valid.batch(), "valid"
-
-    def flip(self) -> tuple[bytes, str]:
-        b = bytearray(self.valid.batch())
-        n = self.rng.randint(1, 8)
-        for _ in range(n):
-            b[self.rng.randrange(len(b))] ^= 1 << self.rng.randrange(8)
-        return bytes(b), f"{n} bits"
-
-    def flip_crc(self) -> tuple[bytes, str]:
-        b = bytearray(self.valid.batch())
-        n = self.rng.randint(1, 6)
-        for _ in range(n):
-            b[self.rng.randrange(21, len(b))] = self.rng.randrange(256)
-        recompute_crc(b)
-        return bytes(b), f"{n} bytes"
+    def small_batch(self) -> bytes:
+        return build_batch([b"s"], timestamp_ms=_now_ms())
 
     def _int(self) -> int:
         return self.rng.choice(INT_EXTREMES) if self.rng.random() < 0.7 else self.rng.randint(-2**63, 2**63 - 1)
@@ -708,26 +681,6 @@ class BatchMutator:
         count = self.rng.choice((1, 8_000_000, 2**31 - 1))
         return forge(data, count=count, codec=codec), f"{name},count={count}"
 
-    def multi(self) -> tuple[bytes, str]:
-        r = self.rng
-        what = r.choice(("good+bad", "bad+good", "duplicated", "many-small", "good+garbage"))
-        good = self.valid.batch()
-        if what == "good+bad":
-            return good + self.flip_crc()[0], what
-        if what == "bad+good":
-            return self.header()[0] + good, what
-        if what == "duplicated":
-            return good * r.randint(2, max(2, min(1000, (self.max_frame_bytes // 2) // len(good)))), what
-        if what == "many-small":
-            one = build_batch([b"s"], timestamp_ms=_now_ms())
-            return one * r.randint(100, 5000), what
-        return good + r.randbytes(r.randrange(1, 100)), what
-
-    def cut(self) -> tuple[bytes, str]:
-        b = self.valid.batch()
-        at = self.rng.randrange(len(b))
-        return (b[:at], f"at {at}") if self.rng.random() < 0.7 else (b + b[:at], f"extended by {at}")
-
 
 # -- inputs -------------------------------------------------------------------------------------
 
@@ -749,10 +702,6 @@ class Input:
         api = ApiKey(self.api_key).name if self.api_key in APIS else self.api_key
         return (f"lane {self.lane} input {self.number}: {self.kind} {api} [{self.mutation}] "
                 f"{len(self.data)} bytes, starts {self.data[:120].hex()}")
-
-
-def frame(body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + body
 
 
 class Generator:
@@ -882,26 +831,22 @@ def _encode(api_key: int, version: int, correlation_id: int, body: dict) -> byte
     return pack(header)
 
 
+def draw(g: Generator, lane_kind: str) -> Input:
+    if lane_kind == "structured":
+        return g.structured(0)
+    if lane_kind == "frames":
+        return g.framed()
+    return g.stream()
+
+
 def replay(seed: int, lane: int, number: int, lane_kind: str, names: Names | None = None,
            max_frame_bytes: int = 1 << 20) -> Input:
     """Input ``number`` of a lane, as the driver drew it (correlation ids as ``Driver`` numbers
     them: structured lanes count from 0, one id per input and one per probe)."""
-    g = Generator(seed, lane, names, max_frame_bytes)
-    out = None
-    for _ in range(number):
-        if lane_kind == "structured":
-            out = g.structured(0)
-        elif lane_kind == "frames":
-            out = g.framed()
-        else:
-            out = g.stream()
-    assert out is not None
-    return out
+    return fuzz_lanes.nth_input(Generator(seed, lane, names, max_frame_bytes), number, lane_kind, draw)
 
 
 # -- the driver ---------------------------------------------------------------------------------
-
-PROBE_CORRELATION_ID = 0x7FFFFFF0
 
 
 def _probe(correlation_id: int) -> bytes:
@@ -909,39 +854,12 @@ def _probe(correlation_id: int) -> bytes:
                                 m.ApiVersionsRequest()))
 
 
-def error_codes(body: Any, out: list[int], depth: int = 0) -> list[int]:
-    """Every ``error_code`` in a response body."""
-    if depth > 8:
-        return out
-    if type(body) is dict:
-        for k, v in body.items():
-            if k == "error_code" and type(v) is int:
-                out.append(v)
-            elif type(v) in (dict, list):
-                error_codes(v, out, depth + 1)
-    elif type(body) is list:
-        for v in body:
-            error_codes(v, out, depth + 1)
-    return out
-
-
 @dataclass
-class Stats:
-    inputs: Counter = field(default_factory=Counter)  # by kind
-    apis: Counter = field(default_factory=Counter)  # by API name, structured inputs
-    mutations: Counter = field(default_factory=Counter)  # by mutation kind
-    errors: Counter = field(default_factory=Counter)  # responses carrying each error code, by name
-    responses: int = 0
-    closed: Counter = field(default_factory=Counter)  # connections the broker closed, by lane kind
-    checks: int = 0
-    seconds: float = 0.0
+class Stats(fuzz_lanes.Stats):
+    """``fuzz_lanes.Stats`` (``apis`` by API name, ``errors`` by error name) and the responses
+    over the client's object bound."""
     amplified: Counter = field(default_factory=Counter)  # responses over the client's object bound, by API
     amplified_examples: list[str] = field(default_factory=list)
-    findings: list[str] = field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        return sum(self.inputs.values())
 
 
 @dataclass
@@ -950,108 +868,40 @@ class _Pending:
     input: Input | None  # None: the probe
 
 
-class Lane:
-    """One connection: what it sent and what it still awaits."""
+class Lane(fuzz_lanes.Lane):
+    """One connection: what it sent and what it still awaits (a stream lane's input may go
+    unanswered)."""
 
     def __init__(self, index: int, kind: str, port: int, generator: Generator):
-        self.index, self.kind, self.port, self.generator = index, kind, port, generator
-        self.sock: socket.socket | None = None
-        self.out = bytearray()
-        self.inbuf = bytearray()
-        self.pending: deque[_Pending] = deque()
+        super().__init__(index, kind, port, generator)
         self.next_correlation_id = 0
-        self.last_progress = time.monotonic()
-        # round sizes from an rng of their own, so the inputs replay without them
-        self.rounds = Random(f"{generator.seed}/{index}/rounds")
 
-    def connect(self) -> socket.socket:
-        self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-        self.sock.setblocking(False)
-        self.out.clear()
-        self.inbuf.clear()
-        self.pending.clear()
-        self.last_progress = time.monotonic()
-        return self.sock
-
-    def take_frames(self) -> list[bytes]:
-        frames, pos, buf = [], 0, self.inbuf
-        while len(buf) - pos >= 4:
-            (n,) = struct.unpack_from(">I", buf, pos)
-            if len(buf) - pos - 4 < n:
-                break
-            frames.append(bytes(buf[pos + 4:pos + 4 + n]))
-            pos += 4 + n
-        del buf[:pos]
-        return frames
+    def overdue(self) -> bool:
+        return bool(self.pending) and self.kind != "stream"
 
 
-class Driver:
-    """Sends inputs on several lanes at once and judges every answer (module docstring).
+class Driver(LaneDriver):
+    """Sends inputs on several lanes at once and judges every answer (module docstring;
+    ``fuzz_lanes.LaneDriver`` the loop).
 
     ``lanes``: structured lanes (valid envelopes, ``batch`` inputs pipelined per round), one
     frames lane and one stream lane. Stops after ``seconds`` or ``max_inputs``, or once
     ``max_findings`` findings are recorded."""
+
+    DRAIN_CAP_S = 30.0
 
     def __init__(self, port: int, seed: int, *, seconds: float, max_inputs: int = 10**9,
                  structured_lanes: int = 3, batch: int = 32, names: Names | None = None,
                  max_frame_bytes: int = 1 << 20, hang_s: float = 60.0,
                  check: Callable[[], None] | None = None, check_every_s: float = 2.0,
                  alive: Callable[[], bool] | None = None, max_findings: int = 20):
-        self.port, self.seed, self.seconds, self.max_inputs = port, seed, seconds, max_inputs
-        self.batch, self.hang_s, self.max_findings = batch, hang_s, max_findings
-        self.check, self.check_every_s, self.alive = check, check_every_s, alive
         kinds = ["structured"] * structured_lanes + ["frames", "stream"]
-        self.lanes = [Lane(i, k, port, Generator(seed, i, names, max_frame_bytes)) for i, k in enumerate(kinds)]
-        self.stats = Stats()
-        self.selector = selectors.DefaultSelector()
+        lanes = [Lane(i, k, port, Generator(seed, i, names, max_frame_bytes)) for i, k in enumerate(kinds)]
+        super().__init__(port, seed, lanes, Stats(), seconds=seconds, max_inputs=max_inputs, batch=batch,
+                         hang_s=hang_s, check=check, check_every_s=check_every_s, alive=alive,
+                         max_findings=max_findings)
 
-    # -- the loop --
-
-    def run(self) -> Stats:
-        start = time.monotonic()
-        deadline = start + self.seconds
-        next_check = start + self.check_every_s
-        try:
-            while time.monotonic() < deadline and self.stats.total < self.max_inputs \
-                    and len(self.stats.findings) < self.max_findings:
-                for lane in self.lanes:
-                    if lane.sock is None or not lane.pending and not lane.out:
-                        self._next_round(lane)
-                self._pump(0.05)
-                now = time.monotonic()
-                self._look_for_hangs(now)
-                if now >= next_check:
-                    self._check()
-                    next_check = time.monotonic() + self.check_every_s
-            self._drain(min(self.hang_s, 30.0))
-            self._check()
-        finally:
-            for lane in self.lanes:
-                self._close(lane)
-            self.selector.close()
-        self.stats.seconds = time.monotonic() - start
-        return self.stats
-
-    def _drain(self, timeout: float) -> None:
-        """Wait for the answers still due (bounded), then hang checks as usual."""
-        end = time.monotonic() + timeout
-        while any(lane.sock is not None and (lane.pending or lane.out) for lane in self.lanes) \
-                and time.monotonic() < end:
-            self._pump(0.05)
-        for lane in self.lanes:
-            if lane.sock is not None and lane.pending and lane.kind != "stream":
-                self._hang(lane, f"not answered within {timeout:g} s of the end of the run")
-
-    def _next_round(self, lane: Lane) -> None:
-        if lane.sock is None or lane.kind == "stream":
-            self._close(lane)
-            try:
-                sock = lane.connect()
-            except OSError as e:
-                self._finding(lane, f"cannot connect: {e!r}")
-                self._check()  # raises BrokerExited if it is gone
-                return
-            self.selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, lane)
+    def _fill(self, lane: Lane) -> None:
         if lane.kind == "structured":
             for _ in range(self.lane_round_size(lane)):
                 cid = lane.next_correlation_id
@@ -1074,8 +924,6 @@ class Driver:
             self._count(inp)
             lane.out += inp.data
             lane.pending.append(_Pending(-1, inp))
-        lane.last_progress = time.monotonic()
-        self.selector.modify(lane.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, lane)
 
     def lane_round_size(self, lane: Lane) -> int:
         return lane.rounds.randint(1, self.batch)
@@ -1084,53 +932,9 @@ class Driver:
         lane.out += _probe(correlation_id)
         lane.pending.append(_Pending(correlation_id, None))
 
-    def _count(self, inp: Input) -> None:
-        s = self.stats
-        s.inputs[inp.kind] += 1
+    def _count_apis(self, inp: Input) -> None:
         if inp.api_key in APIS:
-            s.apis[ApiKey(inp.api_key).name] += 1
-        for tag in inp.tags:
-            s.mutations[f"{inp.kind}/{tag}"] += 1
-
-    def _pump(self, timeout: float) -> None:
-        for key, events in self.selector.select(timeout):
-            lane = key.data
-            if events & selectors.EVENT_WRITE and lane.out:
-                self._write(lane)
-            if lane.sock is not None and events & selectors.EVENT_READ:
-                self._read(lane)
-
-    def _write(self, lane: Lane) -> None:
-        try:
-            sent = lane.sock.send(lane.out)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._closed_by_broker(lane)
-            return
-        del lane.out[:sent]
-        if not lane.out:
-            if lane.kind == "stream":
-                try:
-                    lane.sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-            self.selector.modify(lane.sock, selectors.EVENT_READ, lane)
-
-    def _read(self, lane: Lane) -> None:
-        try:
-            data = lane.sock.recv(1 << 20)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._closed_by_broker(lane)
-            return
-        lane.last_progress = time.monotonic()
-        lane.inbuf += data
-        for f in lane.take_frames():
-            self._judge(lane, f)
+            self.stats.apis[ApiKey(inp.api_key).name] += 1
 
     # -- the oracle --
 
@@ -1144,7 +948,7 @@ class Driver:
                 return
             cid, body = parsed
             self._amplified(lane, cid, len(response))
-        codes = error_codes(body, [])
+        codes = fuzz_lanes.error_codes(body, [])
         for code in set(codes):  # responses that carry each code (not entries: a list of 10^5 would swamp it)
             self.stats.errors[_CODE_NAMES.get(code, f"unregistered {code}")] += 1
         if lane.kind != "structured":
@@ -1187,47 +991,6 @@ class Driver:
         if lane.kind == "structured" and lane.pending:
             self._finding(lane, f"the broker closed a connection of valid envelopes awaiting {self._recent(lane)}")
         self._close(lane)
-
-    def _close(self, lane: Lane) -> None:
-        if lane.sock is not None:
-            try:
-                self.selector.unregister(lane.sock)
-            except (KeyError, ValueError):
-                pass
-            lane.sock.close()
-            lane.sock = None
-        lane.pending.clear()
-        lane.out.clear()
-
-    def _look_for_hangs(self, now: float) -> None:
-        for lane in self.lanes:
-            if lane.sock is not None and (lane.pending or lane.out) and now - lane.last_progress > self.hang_s:
-                self._hang(lane, f"no answer for {self.hang_s:g} s")
-
-    def _hang(self, lane: Lane, why: str) -> None:
-        self._finding(lane, f"hang: {why}; awaiting {self._recent(lane)}")
-        self._close(lane)
-
-    def _check(self) -> None:
-        if self.alive is not None and not self.alive():
-            self._finding(None, "the broker process exited")
-            raise BrokerExited(self.stats)
-        if self.check is not None:
-            try:
-                self.check()
-            except Exception as e:  # noqa: BLE001 -- the well-behaved client's failure is a finding
-                self._finding(None, f"the well-behaved client failed: {e!r}")
-            self.stats.checks += 1
-
-    def _finding(self, lane: Lane | None, what: str) -> None:
-        where = f"seed {self.seed} lane {lane.index} ({lane.kind})" if lane is not None else f"seed {self.seed}"
-        self.stats.findings.append(f"{where}: {what}")
-
-
-class BrokerExited(Exception):
-    def __init__(self, stats: Stats):
-        super().__init__("the broker process exited")
-        self.stats = stats
 
 
 _CODE_NAMES = {e.code: e.name for e in all_codes()}

@@ -1,6 +1,7 @@
 """A fuzzer of the Kafka listener's request path (protocol/kafka): the inputs, and a driver
 that sends them on several pipelined connections and judges every answer. The Kafka
-counterpart of ``tests.support.fuzz`` (the native listener's fuzzer), built the same way.
+counterpart of ``tests.support.fuzz`` (the native listener's fuzzer), built the same way: both
+drive their lanes with ``tests.support.fuzz_lanes``.
 
 Inputs (``Generator``), each the exact bytes to write:
 
@@ -49,7 +50,6 @@ of the frame's size), and the listener closes the connection as for any frame it
 from __future__ import annotations
 
 import copy
-import selectors
 import socket
 import struct
 import time
@@ -61,13 +61,25 @@ from typing import Any
 
 from crc32c import crc32c
 
+from tests.support import fuzz_lanes
+from tests.support.fuzz_lanes import PROBE_CORRELATION_ID, BatchMutations, LaneDriver, frame, wrap
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import BadRequest
 from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR, TidelogError
 from tidelog.protocol.kafka.apis import KAFKA_APIS
 from tidelog.protocol.kafka.connection import KafkaRequest, KafkaServerConnection
 from tidelog.protocol.kafka.records import encode_records
-from tidelog.protocol.kafka.schema import Reader, codec, flexible_versions, parse_versions, snake, spec
+from tidelog.protocol.kafka.schema import (
+    Reader,
+    _structs_of,
+    _within,
+    codec,
+    flexible_versions,
+    parse_versions,
+    snake,
+    spec,
+    write_uvarint,
+)
 from tidelog.protocol.records import Codec, compress
 
 SERVED = tuple(sorted(KAFKA_APIS))
@@ -84,21 +96,6 @@ _HEAD = struct.Struct(">hhi")
 # the timestamp of every generated record and query: a constant, so inputs are pure functions of
 # (seed, lane, number) (records older than the retention are the fuzz topics' business)
 TIMESTAMP_MS = 1_790_000_000_000
-
-
-def frame(body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + body
-
-
-def write_uvarint(out: bytearray, value: int) -> None:
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
-def _within(versions: tuple[int, int], v: int) -> bool:
-    return versions[0] <= v <= versions[1]
 
 
 def is_flexible(spec_name: str, version: int) -> bool:
@@ -122,21 +119,6 @@ class Shape:
     item: Shape | None = None
     fields: tuple[Shape, ...] = ()
     tags: bool = False
-
-
-def _structs(doc: dict) -> dict[str, list]:
-    found: dict[str, list] = {s["name"]: s["fields"] for s in doc.get("commonStructs", [])}
-
-    def walk(fields: list) -> None:
-        for f in fields:
-            if "fields" in f:
-                found.setdefault(f["type"].removeprefix("[]"), f["fields"])
-                walk(f["fields"])
-
-    walk(doc["fields"])
-    for s in doc.get("commonStructs", []):
-        walk(s["fields"])
-    return found
 
 
 def _default(f: dict, kind: str, nullable: bool) -> Any:
@@ -193,7 +175,7 @@ def shape(name: str, version: int) -> Shape:
         doc = spec(name)
         flexible = is_flexible(name, version)
         _SHAPES[key] = Shape(name, "struct", flexible=flexible, fields=_fields(doc["fields"], version, flexible,
-                                                                               _structs(doc)), tags=flexible)
+                                                                               _structs_of(doc)), tags=flexible)
     return _SHAPES[key]
 
 
@@ -542,11 +524,6 @@ _BATCH_HEAD = struct.Struct(">qiibI")  # base offset, batch length, leader epoch
 _BATCH_TAIL = struct.Struct(">hiqqqhii")  # attributes .. record count: where the CRC starts
 
 
-def _wrap(value: int, bits: int) -> int:
-    value &= (1 << bits) - 1
-    return value - (1 << bits) if value >> (bits - 1) else value
-
-
 def kafka_batch(block: bytes, *, count: int, codec: int = 0, attributes: int | None = None,
                 last_offset_delta: int | None = None, first_ts: int | None = None, max_ts: int | None = None,
                 producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1, base_offset: int = 0,
@@ -554,18 +531,14 @@ def kafka_batch(block: bytes, *, count: int, codec: int = 0, attributes: int | N
     """A Kafka v2 record batch around ``block`` (the records, compressed or not) with every
     header field as given (wrapped to its width), the CRC-32C over bytes [21:] computed."""
     now = TIMESTAMP_MS
-    tail = _BATCH_TAIL.pack(_wrap(codec if attributes is None else attributes, 16),
-                            _wrap(count - 1 if last_offset_delta is None else last_offset_delta, 32),
-                            _wrap(now if first_ts is None else first_ts, 64), _wrap(now if max_ts is None else max_ts, 64),
-                            _wrap(producer_id, 64), _wrap(producer_epoch, 16), _wrap(base_sequence, 32),
-                            _wrap(count, 32))
+    tail = _BATCH_TAIL.pack(wrap(codec if attributes is None else attributes, 16),
+                            wrap(count - 1 if last_offset_delta is None else last_offset_delta, 32),
+                            wrap(now if first_ts is None else first_ts, 64), wrap(now if max_ts is None else max_ts, 64),
+                            wrap(producer_id, 64), wrap(producer_epoch, 16), wrap(base_sequence, 32),
+                            wrap(count, 32))
     length = len(tail) + len(block) + 9 if batch_length is None else batch_length
-    return _BATCH_HEAD.pack(_wrap(base_offset, 64), _wrap(length, 32), _wrap(leader_epoch, 32), _wrap(magic, 8),
+    return _BATCH_HEAD.pack(wrap(base_offset, 64), wrap(length, 32), wrap(leader_epoch, 32), wrap(magic, 8),
                             crc32c(block, crc32c(tail))) + tail + block
-
-
-def recompute_crc(batch: bytearray) -> None:
-    struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[21:]))
 
 
 _BOMBS: dict[str, bytes] = {}
@@ -586,10 +559,9 @@ def bombs() -> dict[str, bytes]:
 CODECS = (Codec.GZIP, Codec.SNAPPY, Codec.LZ4, Codec.ZSTD)
 
 
-class BatchMutator:
+class BatchMutator(BatchMutations):
     """Record sets for a Produce: one valid Kafka batch mutated, or several batches."""
 
-    KINDS = ("flip", "flip_crc", "header", "block", "compressed", "bomb", "multi", "cut", "untouched")
     WEIGHTS = (10, 12, 16, 14, 14, 3, 6, 5, 8)
 
     def __init__(self, rng: Random, max_frame_bytes: int):
@@ -600,33 +572,13 @@ class BatchMutator:
         return [(r.randrange(0, 100), i, r.choice((None, b"k%d" % i)), r.randbytes(r.randrange(0, 64)),
                  r.choice((None, [("h", b"v")], [("a", None), ("b", b"")]))) for i in range(r.randint(1, 5))]
 
-    def valid(self) -> bytes:
+    def valid_batch(self) -> bytes:
         recs = self.records()
         c = self.rng.choice((Codec.NONE, Codec.NONE) + CODECS)
         return kafka_batch(compress(c, encode_records(recs)), count=len(recs), codec=c)
 
-    def make(self) -> tuple[bytes, str]:
-        kind = self.rng.choices(self.KINDS, self.WEIGHTS)[0]
-        records, detail = getattr(self, kind)()
-        return records, f"{kind}:{detail}"
-
-    def untouched(self) -> tuple[bytes, str]:
-        return self.valid(), "valid"
-
-    def flip(self) -> tuple[bytes, str]:
-        b = bytearray(self.valid())
-        n = self.rng.randint(1, 8)
-        for _ in range(n):
-            b[self.rng.randrange(len(b))] ^= 1 << self.rng.randrange(8)
-        return bytes(b), f"{n} bits"
-
-    def flip_crc(self) -> tuple[bytes, str]:
-        b = bytearray(self.valid())
-        n = self.rng.randint(1, 6)
-        for _ in range(n):
-            b[self.rng.randrange(21, len(b))] = self.rng.randrange(256)
-        recompute_crc(b)
-        return bytes(b), f"{n} bytes"
+    def small_batch(self) -> bytes:
+        return kafka_batch(encode_records([(0, 0, None, b"s", None)]), count=1)
 
     def header(self) -> tuple[bytes, str]:
         r = self.rng
@@ -716,26 +668,6 @@ class BatchMutator:
         c = Codec[name.split("-")[1]]
         count = self.rng.choice((1, 4_000_000, 2**31 - 1))
         return kafka_batch(data, count=count, codec=c), f"{name},count={count}"
-
-    def multi(self) -> tuple[bytes, str]:
-        r = self.rng
-        what = r.choice(("good+bad", "bad+good", "duplicated", "many-small", "good+garbage"))
-        good = self.valid()
-        if what == "good+bad":
-            return good + self.flip_crc()[0], what
-        if what == "bad+good":
-            return self.header()[0] + good, what
-        if what == "duplicated":
-            return good * r.randint(2, max(2, min(1000, (self.max_frame_bytes // 2) // len(good)))), what
-        if what == "many-small":
-            one = kafka_batch(encode_records([(0, 0, None, b"s", None)]), count=1)
-            return one * r.randint(100, 5000), what
-        return good + r.randbytes(r.randrange(1, 100)), what
-
-    def cut(self) -> tuple[bytes, str]:
-        b = self.valid()
-        at = self.rng.randrange(len(b))
-        return (b[:at], f"at {at}") if self.rng.random() < 0.7 else (b + b[:at], f"extended by {at}")
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -842,7 +774,7 @@ class Generator:
         self.seed, self.lane, self.number = seed, lane, 0
         self.max_frame_bytes = max_frame_bytes
         self.batches = BatchMutator(self.rng, max_frame_bytes)
-        self.sampler = Sampler(self.rng, names or Names(), self.batches.valid, max_frame_bytes)
+        self.sampler = Sampler(self.rng, names or Names(), self.batches.valid_batch, max_frame_bytes)
 
     def version(self, api_key: int) -> int:
         api = KAFKA_APIS[api_key]
@@ -990,8 +922,8 @@ class Generator:
         (old,) = struct.unpack_from(fmt, b, s.offset)
         bits = 16 if s.kind == "len16" else 32
         value = r.choice((-1, -2, 2**31 - 1, -2**31, 0x7FFF, -0x8000, old + 1, max(0, old - 1), old * 2 + 1, 0))
-        struct.pack_into(fmt, b, s.offset, _wrap(value, bits))
-        return b, f"{s.kind}@{s.offset}={_wrap(value, bits)}"
+        struct.pack_into(fmt, b, s.offset, wrap(value, bits))
+        return b, f"{s.kind}@{s.offset}={wrap(value, bits)}"
 
     def _m_int(self, b: bytearray, slots: list[Slot], key: int, version: int) -> tuple[bytearray, str]:
         s = self._slot(slots, b, ("int",))
@@ -1051,8 +983,8 @@ class Generator:
             return self._m_flip(b, slots, key, version)
         api = KAFKA_APIS[key]
         v = self.rng.choice((api.min_version - 1, api.max_version + 1, -1, 32767, -32768, api.max_version + 5))
-        struct.pack_into(">h", b, 2, _wrap(v, 16))
-        return b, f"v{_wrap(v, 16)}"
+        struct.pack_into(">h", b, 2, wrap(v, 16))
+        return b, f"v{wrap(v, 16)}"
 
     def _m_api_key(self, b: bytearray, slots: list[Slot], key: int, version: int) -> tuple[bytearray, str]:
         if len(b) < 10:  # cut short already: no header to aim at
@@ -1077,7 +1009,7 @@ class Generator:
         if what == "client-id-null":
             return b[:8] + b"\xff\xff" + b[end:], what
         if what == "client-id-lies":
-            v = _wrap(r.choice((-2, -32768, 32767, n + 1, n + 50)), 16)
+            v = wrap(r.choice((-2, -32768, 32767, n + 1, n + 50)), 16)
             struct.pack_into(">h", b, 8, v)
             return b, f"{what} {v}"
         if what == "client-id-utf8":
@@ -1128,31 +1060,10 @@ def draw(g: Generator, lane_kind: str) -> Input:
 def replay(seed: int, lane: int, number: int, lane_kind: str, names: Names | None = None,
            max_frame_bytes: int = 1 << 20) -> Input:
     """Input ``number`` of a lane (numbers count from 1), as the driver drew it."""
-    g = Generator(seed, lane, names, max_frame_bytes)
-    out = None
-    for _ in range(number):
-        out = draw(g, lane_kind)
-    assert out is not None
-    return out
+    return fuzz_lanes.nth_input(Generator(seed, lane, names, max_frame_bytes), number, lane_kind, draw)
 
 
 # -- judging responses --------------------------------------------------------------------------
-
-
-def error_codes(body: Any, out: list[int], depth: int = 0) -> list[int]:
-    """Every ``error_code`` in a response body."""
-    if depth > 10:
-        return out
-    if type(body) is dict:
-        for k, v in body.items():
-            if k == "error_code" and type(v) is int:
-                out.append(v)
-            elif type(v) in (dict, list):
-                error_codes(v, out, depth + 1)
-    elif type(body) is list:
-        for v in body:
-            error_codes(v, out, depth + 1)
-    return out
 
 
 def decode_response(response: bytes, expect: Expect) -> dict:
@@ -1175,7 +1086,6 @@ def decode_response(response: bytes, expect: Expect) -> dict:
 
 # -- the driver ---------------------------------------------------------------------------------
 
-PROBE_CORRELATION_ID = 0x7FFFFFF0
 # schema.Reader's refusal of a frame that decodes into more values than its size allows
 OBJECT_BOUND = "the frame decodes into too many values"
 
@@ -1186,25 +1096,14 @@ def probe() -> tuple[bytes, Expect]:
 
 
 @dataclass
-class Stats:
-    inputs: Counter = field(default_factory=Counter)  # by kind
-    apis: Counter = field(default_factory=Counter)  # by API and version, requests that decode
-    mutations: Counter = field(default_factory=Counter)  # by mutation kind
-    errors: Counter = field(default_factory=Counter)  # responses carrying each error code
+class Stats(fuzz_lanes.Stats):
+    """``fuzz_lanes.Stats`` (``apis`` by API and version, requests that decode; ``errors`` by
+    code) and what the Kafka oracle counts besides."""
     refusals: Counter = field(default_factory=Counter)  # why the decoder refuses frames (first words)
-    responses: int = 0
-    closed: Counter = field(default_factory=Counter)  # connections the broker closed, by lane kind
     unanswered_before_close: int = 0
     dense: int = 0  # valid requests refused (closed) for decoding into more values than the frame's bound
     slowest: list[tuple[float, str]] = field(default_factory=list)  # the slowest answers (seconds since sent,
     # or since the answer before it on its connection), and to what
-    checks: int = 0
-    seconds: float = 0.0
-    findings: list[str] = field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        return sum(self.inputs.values())
 
 
 @dataclass
@@ -1214,47 +1113,35 @@ class _Pending:
     sent_at: float = 0.0  # when it was queued (behind the lane's earlier requests)
 
 
-class Lane:
-    """One connection: what it sent and what it still awaits."""
+class Lane(fuzz_lanes.Lane):
+    """One connection: what it sent and what it still awaits, a close included (``closing``,
+    the input sent that closes the connection)."""
+
+    ROUNDS = "kafka/{seed}/{index}/rounds"
 
     def __init__(self, index: int, kind: str, port: int, generator: Generator):
-        self.index, self.kind, self.port, self.generator = index, kind, port, generator
-        self.sock: socket.socket | None = None
-        self.out = bytearray()
-        self.inbuf = bytearray()
-        self.pending: deque[_Pending] = deque()
-        self.closing: Input | None = None  # the input sent that closes the connection
+        super().__init__(index, kind, port, generator)
+        self.closing: Input | None = None
         self.sent: deque[Input] = deque(maxlen=64)
         self.local_port = 0
         self.answered_at = 0.0  # when its last response arrived
-        self.last_progress = time.monotonic()
-        self.rounds = Random(f"kafka/{generator.seed}/{index}/rounds")
+
+    def busy(self) -> bool:
+        return bool(self.pending or self.out or self.closing)
+
+    def overdue(self) -> bool:
+        return bool(self.pending or self.closing)
 
     def connect(self) -> socket.socket:
-        self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-        self.sock.setblocking(False)
-        self.local_port = self.sock.getsockname()[1]
-        self.out.clear()
-        self.inbuf.clear()
-        self.pending.clear()
+        sock = super().connect()
+        self.local_port = sock.getsockname()[1]
         self.closing = None
-        self.last_progress = time.monotonic()
-        return self.sock
-
-    def take_frames(self) -> list[bytes]:
-        frames, pos, buf = [], 0, self.inbuf
-        while len(buf) - pos >= 4:
-            (n,) = struct.unpack_from(">I", buf, pos)
-            if len(buf) - pos - 4 < n:
-                break
-            frames.append(bytes(buf[pos + 4:pos + 4 + n]))
-            pos += 4 + n
-        del buf[:pos]
-        return frames
+        return sock
 
 
-class Driver:
-    """Sends inputs on several lanes at once and judges every answer (module docstring).
+class Driver(LaneDriver):
+    """Sends inputs on several lanes at once and judges every answer (module docstring;
+    ``fuzz_lanes.LaneDriver`` the loop).
 
     Lanes: ``valid_lanes`` of requests that decode (pipelined, ``batch`` per round at most),
     ``frame_lanes`` of mutated frames (a round ends at the first frame the listener refuses,
@@ -1262,65 +1149,25 @@ class Driver:
     ``max_findings`` findings are recorded. ``ports`` maps each local port a lane used to
     ``(lane, first input number on it)``, to name the inputs behind a broker log line."""
 
+    HANG = "no answer and no close"
+    LATE = "not answered or closed"
+    AWAITING = "after"
+
     def __init__(self, port: int, seed: int, *, seconds: float, max_inputs: int = 10**9, valid_lanes: int = 2,
                  frame_lanes: int = 2, batch: int = 24, names: Names | None = None, max_frame_bytes: int = 1 << 20,
                  hang_s: float = 30.0, check: Callable[[], None] | None = None, check_every_s: float = 2.0,
                  alive: Callable[[], bool] | None = None, max_findings: int = 20):
-        self.port, self.seed, self.seconds, self.max_inputs = port, seed, seconds, max_inputs
-        self.batch, self.hang_s, self.max_findings = batch, hang_s, max_findings
-        self.check, self.check_every_s, self.alive = check, check_every_s, alive
         kinds = ["valid"] * valid_lanes + ["frames"] * frame_lanes + ["stream"]
-        self.lanes = [Lane(i, k, port, Generator(seed, i, names, max_frame_bytes)) for i, k in enumerate(kinds)]
-        self.stats = Stats()
+        lanes = [Lane(i, k, port, Generator(seed, i, names, max_frame_bytes)) for i, k in enumerate(kinds)]
+        super().__init__(port, seed, lanes, Stats(), seconds=seconds, max_inputs=max_inputs, batch=batch,
+                         hang_s=hang_s, check=check, check_every_s=check_every_s, alive=alive,
+                         max_findings=max_findings)
         self.ports: dict[int, tuple[int, str, int]] = {}
-        self.selector = selectors.DefaultSelector()
 
-    def run(self) -> Stats:
-        start = time.monotonic()
-        deadline = start + self.seconds
-        next_check = start + self.check_every_s
-        try:
-            while time.monotonic() < deadline and self.stats.total < self.max_inputs \
-                    and len(self.stats.findings) < self.max_findings:
-                for lane in self.lanes:
-                    if lane.sock is None or not lane.pending and not lane.out and lane.closing is None:
-                        self._next_round(lane)
-                self._pump(0.05)
-                now = time.monotonic()
-                self._look_for_hangs(now)
-                if now >= next_check:
-                    self._check()
-                    next_check = time.monotonic() + self.check_every_s
-            self._drain(self.hang_s)
-            self._check()
-        finally:
-            for lane in self.lanes:
-                self._close(lane)
-            self.selector.close()
-        self.stats.seconds = time.monotonic() - start
-        return self.stats
+    def _connected(self, lane: Lane) -> None:
+        self.ports[lane.local_port] = (lane.index, lane.kind, lane.generator.number + 1)
 
-    def _drain(self, timeout: float) -> None:
-        """Wait for the answers and closes still due (bounded), then hang checks as usual."""
-        end = time.monotonic() + timeout
-        while any(lane.sock is not None and (lane.pending or lane.out or lane.closing) for lane in self.lanes) \
-                and time.monotonic() < end:
-            self._pump(0.05)
-        for lane in self.lanes:
-            if lane.sock is not None and (lane.pending or lane.closing):
-                self._hang(lane, f"not answered or closed within {timeout:g} s of the end of the run")
-
-    def _next_round(self, lane: Lane) -> None:
-        if lane.sock is None or lane.kind == "stream":
-            self._close(lane)
-            try:
-                sock = lane.connect()
-            except OSError as e:
-                self._finding(lane, f"cannot connect: {e!r}")
-                self._check()
-                return
-            self.ports[lane.local_port] = (lane.index, lane.kind, lane.generator.number + 1)
-            self.selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, lane)
+    def _fill(self, lane: Lane) -> None:
         size = 1 if lane.kind == "stream" else lane.rounds.randint(1, self.batch)
         for _ in range(size):
             inp = draw(lane.generator, lane.kind)
@@ -1346,60 +1193,14 @@ class Driver:
             data, expect = probe()
             lane.out += data
             lane.pending.append(_Pending(expect, None, time.monotonic()))
-        lane.last_progress = time.monotonic()
-        self.selector.modify(lane.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, lane)
 
-    def _count(self, inp: Input) -> None:
-        s = self.stats
-        s.inputs[inp.kind] += 1
+    def _count_apis(self, inp: Input) -> None:
         for e in inp.expects:
             if not e.closes and e.key in KAFKA_APIS:
-                s.apis[f"{KAFKA_APIS[e.key].spec} v{e.version}"] += 1
-        for tag in inp.tags:
-            s.mutations[f"{inp.kind}/{tag}"] += 1
+                self.stats.apis[f"{KAFKA_APIS[e.key].spec} v{e.version}"] += 1
 
-    def _pump(self, timeout: float) -> None:
-        for key, events in self.selector.select(timeout):
-            lane = key.data
-            if events & selectors.EVENT_WRITE and lane.out:
-                self._write(lane)
-            if lane.sock is not None and events & selectors.EVENT_READ:
-                self._read(lane)
-
-    def _write(self, lane: Lane) -> None:
-        try:
-            sent = lane.sock.send(lane.out)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._closed_by_broker(lane)
-            return
-        del lane.out[:sent]
-        if not lane.out:
-            if lane.kind == "stream":
-                try:
-                    lane.sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-                lane.closing = lane.closing or lane.sent[-1]  # after end-of-stream the broker closes
-            self.selector.modify(lane.sock, selectors.EVENT_READ, lane)
-
-    def _read(self, lane: Lane) -> None:
-        try:
-            data = lane.sock.recv(1 << 20)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._closed_by_broker(lane)
-            return
-        lane.last_progress = time.monotonic()
-        lane.inbuf += data
-        for f in lane.take_frames():
-            self._judge(lane, f)
-            if lane.sock is None:
-                return
+    def _stream_ended(self, lane: Lane) -> None:
+        lane.closing = lane.closing or lane.sent[-1]  # after end-of-stream the broker closes
 
     # -- the oracle --
 
@@ -1430,7 +1231,7 @@ class Driver:
         except (TidelogError, AssertionError, struct.error) as e:
             self._finding(lane, f"a response that does not decode ({e}) to {what}: {response[:200].hex()}")
             return
-        codes = error_codes(body, [])
+        codes = fuzz_lanes.error_codes(body, [], max_depth=10)
         for code in set(codes):
             self.stats.errors[code] += 1
         if UNKNOWN_SERVER_ERROR.code in codes:
@@ -1449,41 +1250,8 @@ class Driver:
         self._close(lane)
 
     def _close(self, lane: Lane) -> None:
-        if lane.sock is not None:
-            try:
-                self.selector.unregister(lane.sock)
-            except (KeyError, ValueError):
-                pass
-            lane.sock.close()
-            lane.sock = None
-        lane.pending.clear()
-        lane.out.clear()
+        super()._close(lane)
         lane.closing = None
-
-    def _look_for_hangs(self, now: float) -> None:
-        for lane in self.lanes:
-            if lane.sock is not None and (lane.pending or lane.out or lane.closing) \
-                    and now - lane.last_progress > self.hang_s:
-                self._hang(lane, f"no answer and no close for {self.hang_s:g} s")
-
-    def _hang(self, lane: Lane, why: str) -> None:
-        self._finding(lane, f"hang: {why}; after {self._recent(lane)}")
-        self._close(lane)
-
-    def _check(self) -> None:
-        if self.alive is not None and not self.alive():
-            self._finding(None, "the broker process exited")
-            raise BrokerExited(self.stats)
-        if self.check is not None:
-            try:
-                self.check()
-            except Exception as e:  # noqa: BLE001 -- the well-behaved client's failure is a finding
-                self._finding(None, f"the well-behaved client failed: {e!r}")
-            self.stats.checks += 1
-
-    def _finding(self, lane: Lane | None, what: str) -> None:
-        where = f"seed {self.seed} lane {lane.index} ({lane.kind})" if lane is not None else f"seed {self.seed}"
-        self.stats.findings.append(f"{where}: {what}")
 
     def inputs_on(self, port: int) -> str:
         """The lane and first input of the connection from local ``port`` (for a log line)."""
@@ -1492,9 +1260,3 @@ class Driver:
         lane, kind, first = self.ports[port]
         return (f"lane {lane} ({kind}) connection opened at input {first}: replay(seed={self.seed}, lane={lane}, "
                 f"number=<n from {first}>, lane_kind={kind!r})")
-
-
-class BrokerExited(Exception):
-    def __init__(self, stats: Stats):
-        super().__init__("the broker process exited")
-        self.stats = stats
