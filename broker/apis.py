@@ -44,6 +44,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+import trio
+
 from tidelog.broker.config import SENSITIVE
 from tidelog.broker.context import RequestContext
 from tidelog.broker.controller.channels import wait_all
@@ -86,7 +88,9 @@ from tidelog.protocol.messages import (
     BROKER_RESOURCE,
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
+    EARLIEST_TIMESTAMP,
     GROUP_KEY,
+    LATEST_TIMESTAMP,
     TOPIC_RESOURCE,
     AclCreationResult,
     AclDescription,
@@ -196,6 +200,8 @@ from tidelog.protocol.topics import TopicPartition, is_internal_topic, metric_na
 
 logger = logging.getLogger("tidelog.apis")
 
+SCAN_THREADS = 2  # ListOffsets searches by timestamp running at once (worker threads)
+
 
 class Kind(enum.Enum):
     """How the network layer runs a handler (the module docstring's table)."""
@@ -261,6 +267,8 @@ class Apis:
         self.coordinator = group_coordinator  # broker.groups.GroupCoordinator
         self.producer_ids = producer_ids  # broker.producer_ids.ProducerIdManager
         self.produce_order = ProduceOrder()  # produces validated off the event loop keep their order
+        # searches by timestamp scan segments in worker threads, this many at a time
+        self.scan_limiter = trio.CapacityLimiter(SCAN_THREADS)
         missing = set(APIS) - set(_HANDLERS)
         if missing or set(_HANDLERS) - set(APIS):
             raise RuntimeError(f"the handlers do not match the API registry: no handler for "
@@ -483,6 +491,9 @@ class Apis:
         from_consumer = req.replica_id == CONSUMER_REPLICA_ID
         from_any_replica = req.replica_id == DEBUGGING_REPLICA_ID
         denied = self._denied_topics(ctx, AclOperation.DESCRIBE, {t.name for t in req.topics})
+        # a partition named twice is answered INVALID_REQUEST, as Kafka does (each search by
+        # timestamp may read a segment: a request repeating one must not multiply that)
+        named = Counter(TopicPartition(t.name, p.partition_index) for t in req.topics for p in t.partitions)
         out = []
         for t in req.topics:
             if t.name in denied:
@@ -493,7 +504,15 @@ class Apis:
             parts = []
             for p in t.partitions:
                 tp = TopicPartition(t.name, p.partition_index)
-                r = rm.list_offset(tp, p.timestamp, p.current_leader_epoch, from_consumer, from_any_replica)
+                if named[tp] > 1:
+                    parts.append(ListOffsetsPartitionResponse(p.partition_index, INVALID_REQUEST.code, error_message=(
+                        f"{tp} is named {named[tp]} times in the request: name each partition once")))
+                    continue
+                args = (tp, p.timestamp, p.current_leader_epoch, from_consumer, from_any_replica)
+                if p.timestamp in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
+                    r = rm.list_offset(*args)
+                else:  # a search by timestamp reads batch headers, a whole segment at worst
+                    r = await trio.to_thread.run_sync(rm.list_offset, *args, limiter=self.scan_limiter)
                 code = self._absent_as_unknown(tp, r.error_code)
                 parts.append(r if code == r.error_code else dataclasses.replace(r, error_code=code))
             out.append(ListOffsetsTopicResponse(t.name, parts))

@@ -108,3 +108,20 @@ async def test_an_in_sync_follower_that_does_not_follow_times_the_request_out(br
     timed_out = r[(DATA_TP.topic, 0)]
     assert timed_out.error_code == REQUEST_TIMED_OUT.code and timed_out.low_watermark == -1
     assert "did not all follow within 100 ms" in timed_out.error_message
+
+
+async def test_list_offsets_by_timestamp_answers_and_refuses_a_partition_named_twice(broker):
+    """Found by the fuzzer: one ListOffsets naming a partition 14,592 times, each a search
+    by timestamp (a segment scan), held the broker for half a minute. Kafka answers a
+    partition named twice INVALID_REQUEST; so does Tidelog, and searches run off the loop."""
+    from tidelog.protocol.errors import INVALID_REQUEST
+
+    await broker.call(ApiKey.PRODUCE, produce(1, DATA_TP))  # records without a timestamp
+    once = await broker.call(ApiKey.LIST_OFFSETS, ListOffsetsRequest([ListOffsetsTopic(DATA_TP.topic, [
+        ListOffsetsPartition(DATA_TP.partition, 0)])]))
+    assert once.topics[0].partitions[0].error_code == NONE.code and once.topics[0].partitions[0].offset == -1
+    twice = await broker.call(ApiKey.LIST_OFFSETS, ListOffsetsRequest([ListOffsetsTopic(DATA_TP.topic, [
+        ListOffsetsPartition(DATA_TP.partition, 0)] * 10_000)]))
+    codes = {p.error_code for p in twice.topics[0].partitions}
+    assert codes == {INVALID_REQUEST.code} and len(twice.topics[0].partitions) == 10_000
+    assert "named 10000 times" in twice.topics[0].partitions[0].error_message
