@@ -5,8 +5,6 @@ and partition states in dicts and counts its writes."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tidelog.broker.config import BrokerConfig
@@ -82,6 +80,24 @@ class FakeZk:
         self.assignments.pop(topic, None)
 
 
+PLANNED_AT_MOST = 100_000  # partitions these tests' requests may legitimately plan
+
+
+@pytest.fixture
+def no_huge_plans(monkeypatch):
+    """Refusing "at once" means refusing before planning: the replica placement of millions
+    of partitions is what used to stall the controller, so planning more is a failure here."""
+    from tidelog.broker.zookeeper import layout
+
+    plan = layout.assign_replicas
+
+    def bounded(brokers, n, *args, **kwargs):
+        assert n <= PLANNED_AT_MOST, f"planned {n} partitions before refusing"
+        return plan(brokers, n, *args, **kwargs)
+
+    monkeypatch.setattr(layout, "assign_replicas", bounded)
+
+
 def controller(brokers=(1, 2, 3), limits: PartitionLimits | None = None, **config) -> tuple[Controller, FakeZk]:
     zk = FakeZk()
     c = Controller(ControllerConfig(broker_id=brokers[0], partition_limits=limits or PartitionLimits(), **config), zk)
@@ -105,13 +121,11 @@ def only(results):
 
 @pytest.mark.parametrize("validate_only", [True, False])
 @pytest.mark.parametrize("n", [2**31 - 1, 10**7, 10_001])
-async def test_a_huge_partition_count_is_refused_at_once(n, validate_only):
+async def test_a_huge_partition_count_is_refused_at_once(n, validate_only, no_huge_plans):
     """2^31-1 partitions with validate_only used to plan (and allocate) until the controller
     died; 10^7 stalled it for seconds."""
     c, zk = controller()
-    started = time.monotonic()
     r = only(await create(c, CreatableTopic("big", n, 1), validate_only=validate_only))
-    assert time.monotonic() - started < 0.5
     assert r.error_code == INVALID_PARTITIONS.code
     assert f"{n} partitions, more than max.partitions.per.topic=10000" in r.error_message
     assert zk.writes == 0 and not zk.assignments
@@ -124,13 +138,11 @@ async def test_the_per_topic_limit_is_inclusive():
     assert only(await create(c, CreatableTopic("more", 51, 3))).error_code == INVALID_PARTITIONS.code
 
 
-async def test_partitions_are_bounded_by_what_zookeeper_can_store():
+async def test_partitions_are_bounded_by_what_zookeeper_can_store(no_huge_plans):
     """10^6 partitions: the assignment znode would pass jute.maxbuffer (1 MiB), which fails in
     ZooKeeper itself; the controller computes the bound and says how many would fit."""
     c, zk = controller(limits=PartitionLimits(per_topic=10**7, per_request=10**7))
-    started = time.monotonic()
     r = only(await create(c, CreatableTopic("huge", 10**6, 3), validate_only=True))
-    assert time.monotonic() - started < 0.5
     assert r.error_code == INVALID_PARTITIONS.code
     fit = max_partitions_in_znode(3, 1, ZNODE_DATA_LIMIT - len(encode_topic_config({})))
     assert f"at most {fit} such partitions fit" in r.error_message
@@ -321,12 +333,10 @@ async def add(c: Controller, *topics: CreatePartitionsTopic, validate_only: bool
     return results
 
 
-async def test_create_partitions_limits():
+async def test_create_partitions_limits(no_huge_plans):
     c, zk = controller(limits=PartitionLimits(per_topic=100, per_request=30))
     await create(c, CreatableTopic("t", 10, 3), CreatableTopic("u", 10, 3))
-    started = time.monotonic()
     r = only(await add(c, CreatePartitionsTopic("t", 2**31 - 1), validate_only=True))
-    assert time.monotonic() - started < 0.5
     assert r.error_code == INVALID_PARTITIONS.code and "more than max.partitions.per.topic=100" in r.error_message
     # 20 + 20 new partitions in one request: over 30
     results = await add(c, CreatePartitionsTopic("t", 30), CreatePartitionsTopic("u", 30))
@@ -409,9 +419,7 @@ async def test_a_topic_named_twice_in_delete_topics_is_refused_before_anything_i
     c, zk = controller()
     assert only(await create(c, CreatableTopic("gone", 1, 1))).error_code == NONE.code
     writes = zk.writes
-    started = time.monotonic()
     results = await c.delete_topics(["gone"] * 100_000 + ["ghost"])
-    assert time.monotonic() - started < 2
     assert [r.error_code for r in results] == [INVALID_REQUEST.code] * 100_000 + [UNKNOWN_TOPIC_OR_PARTITION.code]
     assert "appears more than once" in results[0].error_message
     assert zk.writes == writes and "gone" in c.ctx.assignments
