@@ -1,0 +1,80 @@
+"""Partition reassignment's pure rules (KIP-455): the replica set during a move, replacing and
+cancelling a move, and the controller's next step from the ISR."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tidelog.broker.controller.reassignment import ReplicaAssignment, Step, check_target, next_step
+from tidelog.protocol.errors import INVALID_REPLICA_ASSIGNMENT, TidelogError
+
+
+def test_a_move_lists_the_target_first_then_what_leaves():
+    a = ReplicaAssignment.of([1, 2, 3]).reassign_to([4, 2, 5])
+    assert a == ReplicaAssignment((4, 2, 5, 1, 3), adding=(4, 5), removing=(1, 3))
+    assert a.original == (2, 1, 3)  # RS without what is added, in RS's order (as Kafka keeps it)
+    assert a.target == (4, 2, 5) and a.is_reassigning
+    assert a.completed() == ReplicaAssignment((4, 2, 5))
+
+
+def test_a_move_to_the_same_replicas_is_no_move():
+    assert ReplicaAssignment.of([1, 2]).reassign_to([1, 2]) == ReplicaAssignment((1, 2))
+    assert not ReplicaAssignment.of([1, 2]).is_reassigning
+
+
+def test_changing_the_replication_factor_is_a_move():
+    up = ReplicaAssignment.of([1, 2]).reassign_to([1, 2, 3])
+    assert (up.adding, up.removing, up.target) == ((3,), (), (1, 2, 3))
+    down = ReplicaAssignment.of([1, 2, 3]).reassign_to([1, 2])
+    assert (down.adding, down.removing, down.replicas) == ((), (3,), (1, 2, 3))
+
+
+def test_a_new_target_replaces_a_move_in_progress_and_cancel_restores_the_original():
+    moving = ReplicaAssignment.of([1, 2, 3]).reassign_to([4, 5, 6])
+    again = moving.reassign_to([1, 2, 4])  # 5 and 6 were being added: no longer wanted
+    assert set(again.adding) == {4} and set(again.removing) == {3} and set(again.target) == {1, 2, 4}
+    assert set(moving.cancel().replicas) == {1, 2, 3} and not moving.cancel().is_reassigning
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=5, unique=True),
+       st.lists(st.integers(0, 9), min_size=1, max_size=5, unique=True),
+       st.lists(st.integers(0, 9), min_size=1, max_size=5, unique=True))
+def test_any_sequence_of_moves_keeps_the_original_and_reaches_the_last_target(original, first, second):
+    a = ReplicaAssignment.of(original).reassign_to(first).reassign_to(second)
+    assert set(a.original) == set(original)
+    assert list(a.target) == second
+    assert set(a.replicas) == set(original) | set(second)
+    assert not set(a.adding) & set(a.removing)
+    assert set(a.cancel().replicas) == set(original) and not a.cancel().is_reassigning
+
+
+def test_the_steps_of_a_move():
+    a = ReplicaAssignment.of([1, 2, 3]).reassign_to([2, 3, 4])
+    live = {1, 2, 3, 4}
+    d = next_step(a, leader=1, isr=[1, 2, 3], live=live)
+    assert d.step is Step.CATCH_UP and d.waiting_for == (4,)
+    d = next_step(a, leader=1, isr=[1, 2, 3, 4], live=live)  # the leader is leaving: move it first
+    assert d.step is Step.ELECT and d.leader == 2 and d.isr == (2, 3, 4)
+    d = next_step(a, leader=2, isr=[1, 2, 3, 4], live=live)
+    assert d.step is Step.COMPLETE and d.isr == (2, 3, 4)
+
+
+def test_a_dead_leader_in_the_target_is_replaced_before_completing():
+    a = ReplicaAssignment.of([1, 2]).reassign_to([1, 2, 3])
+    d = next_step(a, leader=1, isr=[1, 2, 3], live={2, 3})
+    assert d.step is Step.ELECT and d.leader == 2
+    d = next_step(a, leader=1, isr=[1, 2, 3], live={3})  # ... only to a live ISR member
+    assert d.step is Step.ELECT and d.leader == 3
+
+
+@pytest.mark.parametrize("target,problem", [
+    ([], "at least one"),
+    ([1, 1], "more than once"),
+    ([1, 9], r"not registered: \[9\]"),
+])
+def test_bad_targets_are_refused_naming_the_problem(target, problem):
+    with pytest.raises(TidelogError, match=problem) as info:
+        check_target(target, {1, 2, 3})
+    assert info.value.error is INVALID_REPLICA_ASSIGNMENT
