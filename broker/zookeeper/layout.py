@@ -526,9 +526,33 @@ def decode_broker_info(broker_id: int, data: bytes) -> BrokerInfo:
 
 # --------------------------------------------------------------------------- topics
 
-def encode_topic_assignment(assignment: Mapping[int, Iterable[int]]) -> bytes:
-    return _dumps({"version": 1,
-                   "partitions": {str(p): list(r) for p, r in sorted(assignment.items())}})
+def encode_topic_assignment(assignment: Mapping[int, Iterable[int]],
+                            moving: Mapping[int, tuple[Iterable[int], Iterable[int]]] | None = None) -> bytes:
+    """A topic's znode; ``moving``: partition -> (replicas being added, being removed) of the
+    partitions under reassignment, which Kafka's version 2 keeps beside the replica sets
+    (``adding_replicas``, ``removing_replicas``), so a new controller resumes the moves."""
+    obj: dict[str, Any] = {"version": 1, "partitions": {str(p): list(r) for p, r in sorted(assignment.items())}}
+    if moving:
+        obj["version"] = 2
+        obj["adding_replicas"] = {str(p): list(a) for p, (a, _) in sorted(moving.items()) if a}
+        obj["removing_replicas"] = {str(p): list(r) for p, (_, r) in sorted(moving.items()) if r}
+    return _dumps(obj)
+
+
+def decode_topic_moves(data: bytes) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Partition -> (replicas being added, being removed), for the partitions of a topic's
+    znode under reassignment (none in a version 1 znode)."""
+    what = "topic"
+    obj = _loads(data, what)
+    out: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    for key, index in (("adding_replicas", 0), ("removing_replicas", 1)):
+        for p, replicas in (obj.get(key) or {}).items():
+            if not isinstance(p, str) or not p.isdigit():
+                raise ValueError(f"malformed {what} znode data: {key} partition {p!r}")
+            pair = list(out.get(int(p), ((), ())))
+            pair[index] = _int_list(replicas, what, f"{key}.{p}")
+            out[int(p)] = (pair[0], pair[1])
+    return dict(sorted(out.items()))
 
 
 def decode_topic_assignment(data: bytes) -> dict[int, list[int]]:

@@ -258,3 +258,19 @@ def test_racks_all_or_nothing():
         assign_replicas([0, 1], 2, 2, start_index=0)
     with pytest.raises(ValueError, match="Not all brokers have rack information"):
         assign_replicas([0, 1, 2], 2, 2, racks={0: "a", 1: "b"})
+
+
+def test_a_topic_under_reassignment_keeps_its_moves_as_kafka_does():
+    from tidelog.broker.zookeeper.layout import decode_topic_moves
+
+    data = encode_topic_assignment({0: [4, 2, 1], 1: [1, 2]}, moving={0: ((4,), (1,))})
+    assert json.loads(data) == {"version": 2, "partitions": {"0": [4, 2, 1], "1": [1, 2]},
+                                "adding_replicas": {"0": [4]}, "removing_replicas": {"0": [1]}}
+    assert decode_topic_assignment(data) == {0: [4, 2, 1], 1: [1, 2]}
+    assert decode_topic_moves(data) == {0: ((4,), (1,))}
+    assert decode_topic_moves(encode_topic_assignment({0: [1]})) == {}
+    # Kafka's own version 2 znode, with an empty move list for a partition not moving
+    kafka = b'{"version":2,"partitions":{"0":[3,1]},"adding_replicas":{"0":[3]},"removing_replicas":{}}'
+    assert decode_topic_moves(kafka) == {0: ((3,), ())}
+    with pytest.raises(ValueError, match="adding_replicas"):
+        decode_topic_moves(b'{"version":2,"partitions":{},"adding_replicas":{"x":[1]}}')
