@@ -154,6 +154,7 @@ class Portal:
         try:
             self._token.run_sync_soon(fn)
         except trio.RunFinishedError:
+            self._thread.join(START_TIMEOUT_S)  # the loop just ended: let its thread record why
             raise ClientClosedError(f"the client is closed{self._crash_note()}") from None
 
     def _wait(self, call: _Call, timeout: float | None) -> Any:

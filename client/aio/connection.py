@@ -328,6 +328,12 @@ class BrokerConnection:
                 if not data:
                     raise BrokerConnectionError(f"{self}: the broker closed the connection")
                 for _, body in self._proto.receive_data(data):
+                    # failed meanwhile (a refusal decoded by a request, or an early callback):
+                    # every request it had pending was answered with the failure
+                    if self._failure is not None:
+                        return
+                    if not self._pending:
+                        raise BrokerConnectionError(f"{self}: a response to no request in flight")
                     pending = self._pending.popleft()
                     pending.body = body
                     throttle = body.get("throttle_time_ms")
