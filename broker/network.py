@@ -834,30 +834,31 @@ class _Connection:
                 encode := self._conn.slow_encoder(correlation_id, body)) is not None:
             self._requests.start_soon(self._respond_encoded_aside, correlation_id, encode)
             return
-        before = self._conn.in_flight
         if body is None:
-            data = self._conn.skip_response(correlation_id)
+            self._to_outbox(functools.partial(self._conn.skip_response, correlation_id))
         else:
-            data = self._encode(correlation_id, body)
-        self._outbox += data
+            self._to_outbox(functools.partial(self._encode, correlation_id, body))
+
+    def _to_outbox(self, answer: Callable[[], bytes]) -> None:
+        """Queue what ``answer`` releases for writing (it completes one request, and maybe
+        the parked ones behind it), counting the requests it completed."""
+        before = self._conn.in_flight
+        self._outbox += answer()
         self._outbox_count += before - self._conn.in_flight
 
     async def _respond_encoded_aside(self, correlation_id: int, encode: Callable[[], bytes]) -> None:
         """A response too costly to encode on the event loop (see ``slow_encoder``): encoded in
         a worker thread, then answered in its place in the response order."""
         self._running += 1  # the connection is not idle meanwhile
+        frame = None
         try:
             frame = await trio.to_thread.run_sync(encode)
-            answer = functools.partial(self._conn.send_frame, correlation_id, frame)
         except Exception:
-            self._server.counters.handler_errors += 1
-            log.exception("response %d for %s does not encode", correlation_id, self._peer)
-            answer = functools.partial(self._conn.send_response, correlation_id, error_body(UNKNOWN_SERVER_ERROR))
+            self._to_outbox(functools.partial(self._unencodable, correlation_id))  # logs what was caught
         finally:
             self._running -= 1
-        before = self._conn.in_flight
-        self._outbox += answer()
-        self._outbox_count += before - self._conn.in_flight
+        if frame is not None:
+            self._to_outbox(functools.partial(self._conn.send_frame, correlation_id, frame))
         if not self._write_now():
             await self._flush()
 
@@ -865,9 +866,14 @@ class _Connection:
         try:
             return self._conn.send_response(correlation_id, body)
         except Exception:  # the handler returned something that does not encode
-            self._server.counters.handler_errors += 1
-            log.exception("response %d for %s does not encode", correlation_id, self._peer)
-            return self._conn.send_response(correlation_id, error_body(UNKNOWN_SERVER_ERROR))
+            return self._unencodable(correlation_id)
+
+    def _unencodable(self, correlation_id: int) -> bytes:
+        """Answer UNKNOWN_SERVER_ERROR for a response that did not encode (logged, counted);
+        called in the ``except`` that caught why."""
+        self._server.counters.handler_errors += 1
+        log.exception("response %d for %s does not encode", correlation_id, self._peer)
+        return self._conn.send_response(correlation_id, error_body(UNKNOWN_SERVER_ERROR))
 
     # -- writing ----------------------------------------------------------------------------
 
