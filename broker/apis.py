@@ -100,6 +100,8 @@ from tidelog.protocol.messages import (
     AlterConfigsRequest,
     AlterConfigsResponse,
     AlterConfigsResult,
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
     AlterUserScramCredentialsRequest,
     AlterUserScramCredentialsResponse,
     AlterUserScramCredentialsResult,
@@ -165,6 +167,8 @@ from tidelog.protocol.messages import (
     ListOffsetsRequest,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
+    ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
     MetadataRequest,
     MetadataResponse,
     OffsetCommitPartitionResponse,
@@ -178,9 +182,13 @@ from tidelog.protocol.messages import (
     OffsetForLeaderTopicResult,
     OffsetsForLeaderEpochRequest,
     OffsetsForLeaderEpochResponse,
+    OngoingPartitionReassignment,
+    OngoingTopicReassignment,
     PartitionProduceResponse,
     ProduceRequest,
     ProduceResponse,
+    ReassignablePartitionResponse,
+    ReassignableTopicResponse,
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
     SaslHandshakeRequest,
@@ -789,6 +797,38 @@ class Apis:
         return ElectLeadersResponse(NONE.code, [ElectLeadersResult(tp.topic, tp.partition, code, msg)
                                                 for tp, code, msg in results])
 
+    @handles(ApiKey.ALTER_PARTITION_REASSIGNMENTS, Kind.ASYNC)
+    async def alter_partition_reassignments(self, req: AlterPartitionReassignmentsRequest,
+                                            ctx: RequestContext | None = None) -> AlterPartitionReassignmentsResponse:
+        """Start, replace or cancel (replicas None) partition moves, on the controller (Alter
+        on the cluster, as in Kafka). A partition named twice is INVALID_REQUEST."""
+        named = [TopicPartition(t.name, p.partition_index) for t in req.topics for p in t.partitions]
+        if not self._can(ctx, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
+            return _reassignment_answer(named, {}, CLUSTER_AUTHORIZATION_FAILED.code,
+                                        _denied(ctx, "Alter", "cluster", CLUSTER_NAME))
+        c = self._controller()
+        targets = [(TopicPartition(t.name, p.partition_index), p.replicas) for t in req.topics for p in t.partitions]
+        # as Kafka: answered once the moves are written and sent, not when replicas have acted
+        results, _ = await c.call(lambda: c.alter_reassignments(targets))
+        return _reassignment_answer(named, results)
+
+    @handles(ApiKey.LIST_PARTITION_REASSIGNMENTS, Kind.ASYNC)
+    async def list_partition_reassignments(self, req: ListPartitionReassignmentsRequest,
+                                           ctx: RequestContext | None = None) -> ListPartitionReassignmentsResponse:
+        if not self._can(ctx, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            return ListPartitionReassignmentsResponse(CLUSTER_AUTHORIZATION_FAILED.code,
+                                                      _denied(ctx, "Describe", "cluster", CLUSTER_NAME))
+        c = self._controller()
+        tps = None if req.topics is None else [TopicPartition(t.name, p) for t in req.topics
+                                               for p in t.partition_indexes]
+        moves = await c.call(lambda: _async(c.reassignments(tps)))
+        by_topic: dict[str, list[OngoingPartitionReassignment]] = {}
+        for tp, m in moves.items():
+            by_topic.setdefault(tp.topic, []).append(OngoingPartitionReassignment(
+                tp.partition, list(m.replicas), list(m.adding), list(m.removing)))
+        return ListPartitionReassignmentsResponse(NONE.code, None, [OngoingTopicReassignment(t, ps)
+                                                                    for t, ps in by_topic.items()])
+
     @handles(ApiKey.CONTROLLED_SHUTDOWN, Kind.ASYNC)
     async def controlled_shutdown(self, req: ControlledShutdownRequest, ctx: RequestContext | None = None) -> ControlledShutdownResponse:
         if self._cluster_action_problem(ctx, f"ControlledShutdown of broker {req.broker_id}") is not None:
@@ -1101,3 +1141,19 @@ def _render(value: Any) -> str | None:
         return ",".join(str(v) for v in value)
     return str(value)
 
+
+
+def _reassignment_answer(named: list[TopicPartition], results: dict[TopicPartition, tuple[int, str | None]],
+                         code: int = NONE.code, message: str | None = None) -> AlterPartitionReassignmentsResponse:
+    """AlterPartitionReassignments' answer: each partition named (once) with its result, or
+    with ``code``/``message`` when the whole request was refused."""
+    by_topic: dict[str, dict[int, ReassignablePartitionResponse]] = {}
+    for tp in named:
+        err, msg = results.get(tp, (code, message))
+        by_topic.setdefault(tp.topic, {})[tp.partition] = ReassignablePartitionResponse(tp.partition, err, msg)
+    return AlterPartitionReassignmentsResponse(code, message, [ReassignableTopicResponse(t, list(ps.values()))
+                                                               for t, ps in by_topic.items()])
+
+
+async def _async(value):
+    return value

@@ -177,6 +177,26 @@ class DevCluster:
         return BrokerProcess(broker_id, config_path, self.dir / f"broker-{broker_id}.log", port,
                              host=host, netns=self.netns.get(broker_id))
 
+    def add_broker(self, broker_id: int | None = None, rack: str | None = None, timeout: float = 60.0) -> BrokerProcess:
+        """Grow the cluster: write a new broker's config (the next id by default), start it and
+        wait until every broker sees it. Its partitions come only from reassignments."""
+        if self.security or self.inter_broker_security:
+            raise ValueError("a secured dev cluster has certificates for its first brokers only: "
+                             "grow a PLAINTEXT one")
+        broker_id = broker_id if broker_id is not None else max(self.brokers, default=0) + 1
+        if broker_id in self.brokers:
+            raise ValueError(f"broker {broker_id} is already in the cluster")
+        saved = self.extra_config
+        if rack is not None:
+            self.extra_config = {**saved, "broker.rack": rack}
+        try:
+            b = self.brokers[broker_id] = self._broker(broker_id, self.base_port + broker_id - 1 if self.base_port else 0)
+        finally:
+            self.extra_config = saved
+        b.start()
+        self.wait_ready(timeout)
+        return b
+
     def _kafka_port(self, broker_id: int, port: int) -> int:
         """Fixed ports put the Kafka listener 100 above the broker's (9092 -> 9192)."""
         if broker_id in self.netns:

@@ -58,6 +58,7 @@ from tidelog.aio.admin import (
     MemberDescription,
     NewTopic,
     PartitionInfo,
+    PartitionReassignment,
     TopicDescription,
 )
 from tidelog.aio.consumer import OffsetAndTimestamp
@@ -76,7 +77,7 @@ if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers (t
 # the names tidelog.aio exports, so that switching event loops changes one import
 __all__ = ["AsyncProducer", "AsyncConsumer", "AsyncAdmin", "RecordFuture", "RecordFutures", "Record",
            "RecordMetadata", "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo",
-           "ClusterDescription", "ConfigEntry", "OffsetAndTimestamp", "ConsumerRebalanceListener",
+           "ClusterDescription", "PartitionReassignment", "ConfigEntry", "OffsetAndTimestamp", "ConsumerRebalanceListener",
            "ConsumerGroupDescription", "MemberDescription", "GroupOffsets", "ListedGroup", "require_asyncio"]
 
 
@@ -816,6 +817,19 @@ class AsyncAdmin(_Client):
                             timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
         return await self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
                                 timeout_ms, timeout=self._timeout(timeout_ms))
+
+    async def alter_partition_reassignments(self, reassignments: dict[TopicPartition, Sequence[int] | None],
+                                            timeout_ms: int | None = None
+                                            ) -> dict[TopicPartition, tuple[int, str | None]]:
+        return await self._call(self._aio.alter_partition_reassignments, dict(reassignments), timeout_ms,
+                                timeout=self._timeout(timeout_ms))
+
+    async def list_partition_reassignments(self, partitions: Iterable[TopicPartition] | None = None,
+                                           timeout_ms: int | None = None
+                                           ) -> dict[TopicPartition, PartitionReassignment]:
+        return await self._call(self._aio.list_partition_reassignments,
+                                None if partitions is None else list(partitions), timeout_ms,
+                                timeout=self._timeout(timeout_ms))
 
     async def create_acls(self, bindings: Iterable[AclBinding], timeout_ms: int | None = None
                           ) -> dict[AclBinding, None]:

@@ -38,6 +38,7 @@ from tidelog.aio.admin import (
     MemberDescription,
     NewTopic,
     PartitionInfo,
+    PartitionReassignment,
     TopicDescription,
 )
 from tidelog.aio.consumer import AsyncConsumer, Metrics, OffsetAndTimestamp
@@ -75,7 +76,7 @@ if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers (t
     from tidelog.options import AdminOptions, ConsumerOptions, ProducerOptions
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",
-           "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
+           "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription", "PartitionReassignment",
            "ConfigEntry", "OffsetAndTimestamp", "TidelogError", "TidelogClientError",
            "RequestTimedOut", "BrokerConnectionError", "NoBrokersAvailable", "ClientClosedError",
            "AuthenticationFailedError", "SaslAuthenticationError", "SslAuthenticationError",
@@ -571,6 +572,18 @@ class Admin(_Blocking):
                       timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
         """Preferred leader election; see ``AsyncAdmin.elect_leaders``."""
         return self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
+                          timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def alter_partition_reassignments(self, reassignments: dict[TopicPartition, Sequence[int] | None],
+                                      timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
+        """Start or cancel partition moves; see ``AsyncAdmin.alter_partition_reassignments``."""
+        return self._call(self._aio.alter_partition_reassignments, dict(reassignments), timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
+    def list_partition_reassignments(self, partitions: Iterable[TopicPartition] | None = None,
+                                     timeout_ms: int | None = None) -> dict[TopicPartition, PartitionReassignment]:
+        """The moves in progress; see ``AsyncAdmin.list_partition_reassignments``."""
+        return self._call(self._aio.list_partition_reassignments, None if partitions is None else list(partitions),
                           timeout_ms, timeout=self._timeout(timeout_ms))
 
     def create_acls(self, bindings: Iterable[AclBinding], timeout_ms: int | None = None) -> dict[AclBinding, None]:

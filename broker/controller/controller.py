@@ -41,7 +41,7 @@ import enum
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable
 
 import trio
 
@@ -53,6 +53,7 @@ from tidelog.broker.controller.election import (
     preferred_replica_leader,
     remove_from_isr,
 )
+from tidelog.broker.controller.reassignment import ReplicaAssignment, Step, check_target, next_step, restate
 from tidelog.broker.controller.validation import (
     PartitionLimits,
     by_metric_name,
@@ -72,13 +73,16 @@ from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionC
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     ELECTION_NOT_NEEDED,
+    ELIGIBLE_LEADERS_NOT_AVAILABLE,
     INVALID_CONFIG,
     INVALID_PARTITIONS,
     INVALID_REPLICA_ASSIGNMENT,
     INVALID_REQUEST,
     INVALID_TOPIC_EXCEPTION,
+    NO_REASSIGNMENT_IN_PROGRESS,
     NONE,
     PREFERRED_LEADER_NOT_AVAILABLE,
+    REASSIGNMENT_IN_PROGRESS,
     STALE_BROKER_EPOCH,
     TOPIC_ALREADY_EXISTS,
     UNKNOWN_TOPIC_OR_PARTITION,
@@ -146,6 +150,8 @@ class ControllerContext:
     states: dict[TopicPartition, tuple[LeaderAndIsr, int]] = field(default_factory=dict)
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     shutting_down: set[int] = field(default_factory=set)
+    # partitions under reassignment; their ``assignments`` entry is the move's RS
+    moves: dict[TopicPartition, ReplicaAssignment] = field(default_factory=dict)
 
     @property
     def live(self) -> set[int]:
@@ -282,10 +288,11 @@ class Controller:
         await self._shrink_isr([tp for tp, (st, _) in ctx.states.items()
                                 if st.leader in ctx.live and set(st.isr) & dead], dead)
         for b in ctx.brokers:
-            self._send_leader_and_isr(b, ctx.all_partitions())
+            self._send_leader_and_isr(b, ctx.all_partitions(), full=True)
         self._send_update_metadata(ctx.all_partitions())
         await self._on_delete_topics(await self.zk.topics_marked_for_deletion())
         await self._on_isr_change(None)
+        await self._advance_moves(list(ctx.moves))
         self._signal()
 
     async def _refresh_brokers(self) -> tuple[set[int], set[int]]:
@@ -313,10 +320,14 @@ class Controller:
         if problem is not None:  # not written by a broker (they validate): never sent anywhere
             logger.error("ignoring topic %r in ZooKeeper: %s", topic, problem)
             return
-        assignment = await self.zk.get_assignment(topic)
-        if assignment is None:
+        got = await self.zk.get_assignment_and_moves(topic)
+        if got is None:
             return
+        assignment, moves = got
         ctx.assignments[topic] = assignment
+        for p, (adding, removing) in moves.items():
+            if p in assignment:
+                ctx.moves[TopicPartition(topic, p)] = ReplicaAssignment(tuple(assignment[p]), adding, removing)
         ctx.topic_configs[topic] = await self.zk.get_topic_config(topic)
         for p, state in (await self.zk.get_partition_states(topic)).items():
             if state is not None:
@@ -342,13 +353,15 @@ class Controller:
         await self._elect_offline([tp for tp in affected if ctx.states[tp][0].leader in gone])
         await self._shrink_isr([tp for tp in affected if ctx.states[tp][0].leader not in gone], gone)
         self._send_update_metadata(ctx.all_partitions())
+        await self._advance_moves([tp for tp in affected if tp in ctx.moves])
 
     async def _on_brokers_joined(self, joined: set[int]) -> None:
         ctx = self.ctx
         self._send_update_metadata(ctx.all_partitions())
-        for b in joined:
-            self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)])
+        for b in joined:  # full: a log of a partition no longer assigned to it is deleted
+            self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)], full=True)
         await self._elect_offline([tp for tp, (st, _) in ctx.states.items() if st.leader not in ctx.live])
+        await self._advance_moves(list(ctx.moves))
 
     def _replicas(self, tp: TopicPartition) -> list[int]:
         return self.ctx.assignments.get(tp.topic, {}).get(tp.partition, [])
@@ -451,22 +464,30 @@ class Controller:
     def _partition_state(self, tp: TopicPartition, is_new: bool = False) -> PartitionState:
         st, version = self.ctx.states[tp]
         replicas = self._replicas(tp)
+        move = self.ctx.moves.get(tp)
         return PartitionState(tp.topic, tp.partition, st.controller_epoch, st.leader, st.leader_epoch,
                               list(st.isr), version, list(replicas), is_new,
-                              [r for r in replicas if r not in self.ctx.brokers])
+                              [r for r in replicas if r not in self.ctx.brokers],
+                              list(move.adding) if move else [], list(move.removing) if move else [])
 
     def _live_brokers(self) -> list[LiveBroker]:
         return [LiveBroker(b, i.host, i.port, i.rack, _endpoints(i)) for b, i in sorted(self.ctx.brokers.items())]
 
-    def _send_leader_and_isr(self, broker_id: int, tps: list[TopicPartition]) -> Outgoing | None:
-        tps = [tp for tp in tps if tp in self.ctx.states]
-        if not tps:
+    def _send_leader_and_isr(self, broker_id: int, tps: list[TopicPartition], full: bool = False) -> Outgoing | None:
+        """``full``: ``tps`` holds every partition assigned to the broker (Kafka's FULL type):
+        the broker deletes the logs of any other partition it holds (a replica removed while
+        it was down)."""
+        known = [tp for tp in tps if tp in self.ctx.states]
+        if len(known) < len(tps):  # a partition without a state: its log must not look stray
+            full, tps = False, known
+        if not tps and not full:
             return None
         leaders = {self.ctx.states[tp][0].leader for tp in tps}
         req = LeaderAndIsrRequest(self.broker_id, self.ctx.epoch, self.ctx.broker_epochs.get(broker_id, -1),
                                   [self._partition_state(tp) for tp in tps],
                                   [lb for lb in self._live_brokers() if lb.broker_id in leaders],
-                                  topic_configs={t: self.ctx.topic_configs.get(t, {}) for t in {tp.topic for tp in tps}})
+                                  topic_configs={t: self.ctx.topic_configs.get(t, {}) for t in {tp.topic for tp in tps}},
+                                  full=full)
         return self.channels.send(broker_id, ApiKey.LEADER_AND_ISR, req)
 
     def _send_update_metadata(self, tps: list[TopicPartition], deleted: list[str] | None = None,
@@ -615,6 +636,10 @@ class Controller:
         if count <= len(current):
             raise TidelogError(f"topic {topic!r} has {len(current)} partitions; the new count {count} "
                                "must be larger", error=INVALID_PARTITIONS)
+        moving = sorted(tp.partition for tp in ctx.moves if tp.topic == topic)
+        if moving:  # the new assignment would be written over the moves' replica sets
+            raise TidelogError(f"topic {topic!r} has partitions being reassigned ({moving[:20]}): add partitions "
+                               "once the reassignment is done", error=REASSIGNMENT_IN_PROGRESS)
         check_partition_count(topic, count, limits)
         check_request_total(count - len(current) if request_total is None else request_total, limits)
         rf = len(current[0])
@@ -698,6 +723,7 @@ class Controller:
         ctx.topic_configs.pop(topic, None)
         for tp in tps:
             ctx.states.pop(tp, None)
+            ctx.moves.pop(tp, None)
         self._send_update_metadata([], deleted=[topic])
         logger.info("deleted topic %s", topic)
 
@@ -718,6 +744,7 @@ class Controller:
                 self.ctx.states[tp] = state
         self._send_update_metadata(sorted(tp for tp in tps if tp in self.ctx.states))
         await self.zk.delete_isr_change_notifications([path for path, _ in notes])
+        await self._advance_moves(sorted(tp for tp in tps if tp in self.ctx.moves))
         # a leader may have taken a broker into its ISR just before the broker died
         dead = {r for tp in tps if tp in self.ctx.states for r in self.ctx.states[tp][0].isr} - set(self.ctx.brokers)
         if dead:
@@ -776,6 +803,127 @@ class Controller:
         if broker_epoch < 0 or (known is not None and broker_epoch < known):
             return False
         return broker_epoch == await self.zk.get_broker_epoch(broker_id)
+
+    # -- reassignment (the rules: broker/controller/reassignment.py) ----------------------------
+
+    async def alter_reassignments(self, requested: list[tuple[TopicPartition, list[int] | None]]):
+        """AlterPartitionReassignments: move each partition to its target replicas (None:
+        cancel its move). Returns {tp: (error code, message)} and the propagation waits. A
+        partition named twice is refused (INVALID_REQUEST), as Kafka does.
+
+        Per topic, the new replica sets and moves are written to the topic's znode first (a
+        controller that takes over resumes from there), then each partition's state with a
+        new leader epoch, then LeaderAndIsr to the new RS (added replicas start fetching) and
+        StopReplica with deletion to replicas dropped at once (by a cancel or a replaced move)."""
+        ctx = self.ctx
+        results: dict[TopicPartition, tuple[int, str | None]] = {}
+        plans: dict[TopicPartition, tuple[ReplicaAssignment, ReplicaAssignment]] = {}
+        twice = _named_twice(tp for tp, _ in requested)
+        for tp, target in requested:
+            if tp in twice:
+                results[tp] = (INVALID_REQUEST.code, f"{tp} appears more than once in the request")
+                continue
+            try:
+                plans[tp] = self._plan_move(tp, target)
+                results[tp] = (NONE.code, None)
+            except TidelogError as e:
+                results[tp] = (e.code, str(e))
+        for topic in sorted({tp.topic for tp in plans}):
+            for tp, (_, after) in plans.items():
+                if tp.topic == topic:
+                    ctx.assignments[topic][tp.partition] = list(after.replicas)
+                    ctx.moves.pop(tp, None)
+                    if after.is_reassigning:
+                        ctx.moves[tp] = after
+            await self._write_assignment(topic)
+        changed = []
+        for tp, (before, after) in plans.items():
+            await self._update_state(tp, lambda st, b=before, a=after: restate(b, a, st.leader, st.isr, ctx.live))
+            changed.append(tp)
+            if after.is_reassigning:
+                logger.info("%s: reassigning from %s to %s", tp, list(after.original), list(after.target))
+            else:
+                logger.info("%s: replicas %s (move %s)", tp, list(after.replicas),
+                            "cancelled" if before.is_reassigning else "not needed")
+        waits = self._propagate(changed)
+        self._stop_dropped({tp: set(b.replicas) - set(a.replicas) for tp, (b, a) in plans.items()})
+        waits += await self._advance_moves([tp for tp in changed if tp in ctx.moves])
+        return results, waits
+
+    def _plan_move(self, tp: TopicPartition, target: list[int] | None) -> tuple[ReplicaAssignment, ReplicaAssignment]:
+        """(assignment now, assignment after) for moving ``tp`` to ``target`` (None: cancel),
+        or the TidelogError that refuses it."""
+        ctx = self.ctx
+        if tp not in ctx.states or tp.partition not in ctx.assignments.get(tp.topic, {}):
+            raise TidelogError(f"{tp} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
+        before = ctx.moves.get(tp) or ReplicaAssignment.of(self._replicas(tp))
+        if target is None:
+            if not before.is_reassigning:
+                raise TidelogError(f"{tp} is not being reassigned: nothing to cancel",
+                                   error=NO_REASSIGNMENT_IN_PROGRESS)
+            after = before.cancel()
+        else:
+            check_target(target, ctx.brokers)
+            after = before.reassign_to(target)
+        st = ctx.states[tp][0]
+        if restate(before, after, st.leader, st.isr, ctx.live) is None:
+            raise TidelogError(f"{tp}: no replica of {list(after.replicas)} is live and in the ISR {list(st.isr)} "
+                               "to lead it", error=ELIGIBLE_LEADERS_NOT_AVAILABLE)
+        return before, after
+
+    async def _write_assignment(self, topic: str) -> None:
+        ctx = self.ctx
+        moving = {tp.partition: (m.adding, m.removing) for tp, m in ctx.moves.items() if tp.topic == topic}
+        await self.zk.set_assignment(topic, ctx.assignments[topic], moving=moving)
+
+    def _stop_dropped(self, dropped: dict[TopicPartition, set[int]]) -> None:
+        """StopReplica with deletion to the live brokers of replicas a partition no longer has
+        (one that is down deletes its copy when it comes back: its LeaderAndIsr is full)."""
+        ctx = self.ctx
+        by_broker: dict[int, list[StopReplicaPartition]] = {}
+        for tp, brokers in dropped.items():
+            epoch = ctx.states[tp][0].leader_epoch if tp in ctx.states else -1
+            for b in sorted(brokers):
+                if b in ctx.brokers:
+                    by_broker.setdefault(b, []).append(StopReplicaPartition(tp.topic, tp.partition, epoch, True))
+        for b, partitions in by_broker.items():
+            self.channels.send(b, ApiKey.STOP_REPLICA, StopReplicaRequest(
+                self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, -1), partitions))
+
+    async def _advance_moves(self, tps: list[TopicPartition]) -> list[Outgoing | None]:
+        """Phase 2 of the moves of ``tps`` whose target replicas are all in the ISR: leadership
+        onto the target if needed, the removed replicas out of the ISR, stopped and deleted,
+        and the target written as the partition's replicas."""
+        ctx = self.ctx
+        done: list[TopicPartition] = []
+        for tp in tps:
+            move = ctx.moves.get(tp)
+            if move is None or tp not in ctx.states:
+                continue
+
+            def decide(st: LeaderAndIsr, move=move) -> tuple[int, list[int]] | None:
+                d = next_step(move, st.leader, st.isr, ctx.live)
+                return None if d.step is Step.CATCH_UP else (d.leader, list(d.isr))
+            if await self._update_state(tp, decide):
+                done.append(tp)
+        if not done:
+            return []
+        removed = {}
+        for tp in done:
+            move = ctx.moves.pop(tp)
+            ctx.assignments[tp.topic][tp.partition] = list(move.target)
+            removed[tp] = set(move.removing)
+            logger.info("%s: reassignment done, replicas %s (removed %s)", tp, list(move.target), list(move.removing))
+        for topic in sorted({tp.topic for tp in done}):
+            await self._write_assignment(topic)
+        waits = self._propagate(done)
+        self._stop_dropped(removed)
+        return waits
+
+    def reassignments(self, tps: list[TopicPartition] | None) -> dict[TopicPartition, ReplicaAssignment]:
+        """ListPartitionReassignments: the moves in progress (of ``tps``; None: all)."""
+        moves = self.ctx.moves
+        return {tp: moves[tp] for tp in sorted(moves if tps is None else (tp for tp in tps if tp in moves))}
 
     # -- preferred leaders ---------------------------------------------------------------------
 
@@ -853,7 +1001,7 @@ def _preferred(replicas: list[int], st: LeaderAndIsr, live: set[int]) -> tuple[i
     return None if election is None else (election.leader, election.isr)
 
 
-def _named_twice(names) -> set[str]:
+def _named_twice(names: Iterable[Hashable]) -> set:
     seen, twice = set(), set()
     for n in names:
         (twice if n in seen else seen).add(n)

@@ -162,8 +162,10 @@ class Partition:
         if epoch_changed or not was_leader:
             self.leader_epoch_start_offset = log.log_end_offset
             log.epoch_cache.assign(self.leader_epoch, log.log_end_offset)
-            self.remote = {r: ReplicaState(last_caught_up_time_ms=now_ms if r in self.isr else 0)
-                           for r in self.replicas if r != self.local_broker_id}
+            self.remote = {}
+        # a reassignment changes the replicas: those kept keep what their fetches told
+        self.remote = {r: self.remote.get(r) or ReplicaState(last_caught_up_time_ms=now_ms if r in self.isr else 0)
+                       for r in self.replicas if r != self.local_broker_id}
         self.maybe_increment_high_watermark()
         return not was_leader or epoch_changed
 

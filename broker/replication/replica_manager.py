@@ -242,7 +242,18 @@ class ReplicaManager:
                 by_fetcher.setdefault(fetcher_id(tp, self.config.num_replica_fetchers), {})[tp] = epoch
             for fid, part in by_fetcher.items():
                 self._fetcher((leader_id, fid)).add_partitions(part)
+        if req.full:
+            self._delete_strays({TopicPartition(st.topic_name, st.partition_index) for st in req.partition_states
+                                 if self.broker_id in st.replicas})
         return LeaderAndIsrResponse(NONE.code, errors)
+
+    def _delete_strays(self, assigned: set[TopicPartition]) -> None:
+        """After a full LeaderAndIsr: the logs of partitions no longer assigned here (a
+        reassignment removed this replica, or its topic was deleted, while the broker was
+        down) are deleted, as the StopReplica it missed would have."""
+        for tp in sorted(set(self.log_manager.logs) - assigned):
+            logger.warning("%s: not assigned to broker %d any more: deleting its log", tp, self.broker_id)
+            self._stop_replica(tp, delete=True)
 
     def _apply(self, tp: TopicPartition, st: PartitionState, to_follow: dict) -> int:
         if self.broker_id not in st.replicas:
@@ -281,16 +292,19 @@ class ReplicaManager:
         errors = []
         for sp in req.partitions:
             tp = TopicPartition(sp.topic_name, sp.partition_index)
-            self._stop_fetching(tp)
-            p = self.partitions.pop(tp, None) if sp.delete_partition else self.partitions.get(tp)
-            if p is not None:
-                p.leader_id = -1
-                p.notify()
-                self._leadership_changed(p)
-            if sp.delete_partition:
-                self.log_manager.delete_log(tp)
+            self._stop_replica(tp, sp.delete_partition)
             errors.append(PartitionError(tp.topic, tp.partition, NONE.code))
         return StopReplicaResponse(NONE.code, errors)
+
+    def _stop_replica(self, tp: TopicPartition, delete: bool) -> None:
+        self._stop_fetching(tp)
+        p = self.partitions.pop(tp, None) if delete else self.partitions.get(tp)
+        if p is not None:
+            p.leader_id = -1
+            p.notify()
+            self._leadership_changed(p)
+        if delete:
+            self.log_manager.delete_log(tp)
 
     def _fetcher(self, key: FetcherKey) -> ReplicaFetcher:
         f = self.fetchers.get(key)

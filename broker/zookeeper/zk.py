@@ -96,6 +96,7 @@ from tidelog.broker.zookeeper.layout import (
     decode_producer_id_block,
     decode_topic_assignment,
     decode_topic_config,
+    decode_topic_moves,
     encode_acl_change,
     encode_acls,
     encode_broker_info,
@@ -637,10 +638,18 @@ class ZkClient:
         got = await self.get_assignment_with_version(topic)
         return None if got is None else got[0]
 
+    async def get_assignment_and_moves(self, topic: str) -> tuple[dict[int, list[int]], dict[int, tuple]] | None:
+        """The topic's replica sets and, for partitions under reassignment, their replicas
+        being (added, removed)."""
+        got = await self._get(self.paths.topic(topic))
+        return None if got is None else (decode_topic_assignment(got[0]), decode_topic_moves(got[0]))
+
     async def set_assignment(self, topic: str, assignment: Mapping[int, Iterable[int]],
-                             version: int | None = None) -> int:
-        """Replace the assignment (CreatePartitions); check-and-set when ``version`` is given."""
-        return await self._set(self.paths.topic(topic), encode_topic_assignment(assignment),
+                             version: int | None = None,
+                             moving: Mapping[int, tuple[Iterable[int], Iterable[int]]] | None = None) -> int:
+        """Replace the assignment (CreatePartitions, reassignments with ``moving``: partition ->
+        replicas being added, being removed); check-and-set when ``version`` is given."""
+        return await self._set(self.paths.topic(topic), encode_topic_assignment(assignment, moving),
                                -1 if version is None else version)
 
     async def get_topic_config(self, topic: str) -> dict[str, str]:

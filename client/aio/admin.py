@@ -71,6 +71,8 @@ from tidelog.protocol.messages import (
     AclFilter,
     AlterConfigsRequest,
     AlterConfigsResource,
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
     BrokerMetadata,
     ConfigEntry,
     CreatableTopic,
@@ -96,12 +98,17 @@ from tidelog.protocol.messages import (
     FindCoordinatorRequest,
     ListGroupsRequest,
     ListOffsetsRequest,
+    ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
+    ListPartitionReassignmentsTopics,
     MetadataResponse,
     OffsetCommitPartition,
     OffsetCommitRequest,
     OffsetCommitTopic,
     OffsetFetchRequest,
     OffsetFetchTopic,
+    ReassignablePartition,
+    ReassignableTopic,
     TopicPartitionRef,
 )
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
@@ -191,6 +198,21 @@ class GroupOffsets:
     committed: int | None
     log_end_offset: int | None
     lag: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReassignment:
+    """A partition being moved (Kafka's names): its replica set RS while the move runs (the
+    target first, then the replicas leaving), the replicas being added and those being
+    removed. The target is ``replicas`` without ``removing_replicas``."""
+
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        return tuple(r for r in self.replicas if r not in self.removing_replicas)
 
 
 _COORDINATOR_RETRY = {COORDINATOR_NOT_AVAILABLE.code, NOT_COORDINATOR.code, COORDINATOR_LOAD_IN_PROGRESS.code}
@@ -369,6 +391,58 @@ class AsyncAdmin(RunsInOwnNursery):
         _raise_for(outcomes, "elect leaders for")
         return {TopicPartition(x.topic_name, x.partition_index): (x.error_code, x.error_message)
                 for x in answers[-1].results}
+
+    # -- reassignment ---------------------------------------------------------------------------
+
+    async def alter_partition_reassignments(self, reassignments: dict[TopicPartition, Sequence[int] | None],
+                                            timeout_ms: int | None = None
+                                            ) -> dict[TopicPartition, tuple[int, str | None]]:
+        """Move each partition to its target replicas (the first one becomes the preferred
+        leader), or cancel its move (None), as kafka-reassign-partitions --execute/--cancel.
+        The call returns once the moves have started; ``list_partition_reassignments`` tells
+        when they are done. Returns each partition's (error code, message)."""
+        timeout_ms = self._timeout_ms(timeout_ms)
+        by_topic: dict[str, list[ReassignablePartition]] = {}
+        for tp, replicas in reassignments.items():
+            by_topic.setdefault(tp.topic, []).append(
+                ReassignablePartition(tp.partition, None if replicas is None else [int(r) for r in replicas]))
+        request = AlterPartitionReassignmentsRequest([ReassignableTopic(t, ps) for t, ps in by_topic.items()],
+                                                     timeout_ms=timeout_ms)
+        answers: list[AlterPartitionReassignmentsResponse] = []
+
+        def extract(r: AlterPartitionReassignmentsResponse) -> Outcomes:
+            answers.append(r)
+            return {"partitions": (r.error_code, r.error_message)}
+        outcomes = await self._to_controller(["partitions"], lambda ns: request,
+                                             ApiKey.ALTER_PARTITION_REASSIGNMENTS, extract, timeout_ms)
+        _raise_for(outcomes, "reassign")
+        return {TopicPartition(t.name, p.partition_index): (p.error_code, p.error_message)
+                for t in answers[-1].responses for p in t.partitions}
+
+    async def list_partition_reassignments(self, partitions: Iterable[TopicPartition] | None = None,
+                                           timeout_ms: int | None = None
+                                           ) -> dict[TopicPartition, PartitionReassignment]:
+        """The moves in progress (of ``partitions``; None: all), as kafka-reassign-partitions
+        --verify and kafka-topics --describe see them."""
+        timeout_ms = self._timeout_ms(timeout_ms)
+        topics = None
+        if partitions is not None:
+            by_topic: dict[str, list[int]] = {}
+            for tp in partitions:
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            topics = [ListPartitionReassignmentsTopics(t, ps) for t, ps in by_topic.items()]
+        answers: list[ListPartitionReassignmentsResponse] = []
+
+        def extract(r: ListPartitionReassignmentsResponse) -> Outcomes:
+            answers.append(r)
+            return {"partitions": (r.error_code, r.error_message)}
+        outcomes = await self._to_controller(
+            ["partitions"], lambda ns: ListPartitionReassignmentsRequest(topics, timeout_ms=timeout_ms),
+            ApiKey.LIST_PARTITION_REASSIGNMENTS, extract, timeout_ms)
+        _raise_for(outcomes, "list the reassignments of")
+        return {TopicPartition(t.name, p.partition_index): PartitionReassignment(
+                    tuple(p.replicas), tuple(p.adding_replicas), tuple(p.removing_replicas))
+                for t in answers[-1].topics for p in t.partitions}
 
     # -- ACLs -----------------------------------------------------------------------------------
 

@@ -1,0 +1,168 @@
+"""Partition reassignment on a real cluster that grows from 3 brokers to 4: partitions moved
+onto the new broker under an acks=all load, the replication factor taken down and up again,
+a move cancelled, a move that survives a controller kill, and a replica removed while its
+broker was down deleted when the broker comes back.
+
+The oracle is RELIABILITY.md's I1 (every acknowledged record is at its offset afterwards)
+plus the cluster's own view: the metadata's replicas and ISRs, ListPartitionReassignments,
+and the partition directories on each broker's disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.cluster_fixtures import FAST_FAILOVER
+from tests.support.cluster import (
+    broker_metadata,
+    cluster_fixture,
+    controller_id,
+    partitions_of,
+    running,
+    wait_topic_ready,
+)
+from tests.support.disk import partition_dirs
+from tests.support.producing import SteadyProducer, assert_all_acked_present
+from tests.support.waiting import wait_until
+from tidelog import Admin, NewTopic, TopicPartition
+from tidelog.broker.devcluster import DevCluster
+from tidelog.protocol.errors import NONE
+
+MOVE_S = 60.0  # generous bound for a small move to complete on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def cluster(request, tmp_path_factory) -> Iterator[DevCluster]:
+    """Three brokers, then a fourth added by the first test that needs it (``grown``)."""
+    yield from cluster_fixture(request, tmp_path_factory.mktemp("reassign"), 3, FAST_FAILOVER)
+
+
+@pytest.fixture(scope="module")
+def grown(cluster) -> DevCluster:
+    if 4 not in cluster.brokers:
+        cluster.add_broker()
+    return cluster
+
+
+def admin(cluster) -> Admin:
+    # a paused broker answers nothing: a request to it gives up after 5 s for another broker
+    return Admin(cluster.bootstrap, default_api_timeout_ms=60000, request_timeout_ms=5000)
+
+
+def create(cluster, topic: str, assignment: dict[int, list[int]]) -> None:
+    with admin(cluster) as a:
+        a.create_topics([NewTopic(topic, replica_assignment=assignment, config={"min.insync.replicas": "2"})])
+    wait_topic_ready(cluster, topic, len(assignment), len(assignment[0]))
+
+
+def replicas(cluster, topic: str) -> dict[int, tuple[list[int], list[int]]]:
+    """partition -> (replicas, ISR) as a running broker's metadata shows them."""
+    parts = partitions_of(broker_metadata(cluster, running(cluster)[0]), topic)
+    return {p: (list(m.replica_nodes), sorted(m.isr_nodes)) for p, m in parts.items()}
+
+
+def wait_moved(cluster, topic: str, target: dict[int, list[int]]) -> None:
+    """Until no move is in progress and every running broker shows ``target`` with full ISRs."""
+    with admin(cluster) as a:
+        wait_until(lambda: not a.list_partition_reassignments(), MOVE_S, "the reassignments to finish")
+
+    def shown():
+        for i in running(cluster):
+            parts = partitions_of(broker_metadata(cluster, i), topic)
+            if any(list(parts[p].replica_nodes) != r or sorted(parts[p].isr_nodes) != sorted(r)
+                   for p, r in target.items()):
+                return False
+        return True
+    wait_until(shown, MOVE_S, f"{topic} on {target} with full ISRs")
+
+
+def wait_on_disk(cluster, topic: str, target: dict[int, list[int]]) -> None:
+    """Until each broker holds exactly the partition directories ``target`` gives it."""
+    want = {b: sorted(f"{topic}-{p}" for p, r in target.items() if b in r) for b in cluster.brokers}
+    wait_until(lambda: partition_dirs(cluster, topic) == want, MOVE_S,
+               f"the replicas of {topic} on disk to be {want} (are {partition_dirs(cluster, topic)})")
+
+
+def reassign(cluster, moves: dict[TopicPartition, list[int] | None]) -> None:
+    with admin(cluster) as a:
+        results = a.alter_partition_reassignments(moves)
+    assert all(code == NONE.code for code, _ in results.values()), results
+
+
+def test_partitions_move_onto_a_new_broker_under_load(grown):
+    topic = "onto-new"
+    create(grown, topic, {0: [1, 2, 3], 1: [2, 3, 1], 2: [3, 1, 2], 3: [1, 3, 2]})
+    target = {0: [4, 1, 2], 1: [2, 4, 3], 2: [3, 1, 4], 3: [4, 3, 2]}
+    with SteadyProducer(grown.bootstrap, topic) as producer:
+        producer.wait_acked(2000, 60)
+        reassign(grown, {TopicPartition(topic, p): r for p, r in target.items()})
+        wait_moved(grown, topic, target)
+        before = producer.acked()
+        producer.wait_acked(before + 2000, 60)  # and producing goes on on the new replicas
+        acked = producer.finish()
+    assert_all_acked_present(grown, topic, acked, len(target))
+    wait_on_disk(grown, topic, target)
+
+
+def test_the_replication_factor_goes_down_and_up_again(grown):
+    topic = "rf-round-trip"
+    create(grown, topic, {0: [1, 2, 3], 1: [2, 3, 4]})
+    with SteadyProducer(grown.bootstrap, topic) as producer:
+        producer.wait_acked(1000, 60)
+        down = {0: [1, 2], 1: [2, 3]}
+        reassign(grown, {TopicPartition(topic, p): r for p, r in down.items()})
+        wait_moved(grown, topic, down)
+        wait_on_disk(grown, topic, down)
+        up = {0: [1, 2, 4], 1: [2, 3, 1]}
+        reassign(grown, {TopicPartition(topic, p): r for p, r in up.items()})
+        wait_moved(grown, topic, up)
+        acked = producer.finish()
+    assert_all_acked_present(grown, topic, acked, 2)
+    wait_on_disk(grown, topic, up)
+
+
+def test_a_cancelled_move_restores_the_original_replicas(grown):
+    topic = "cancelled"
+    create(grown, topic, {0: [1, 2, 3]})
+    # a paused broker stays registered (for the session timeout) but cannot fetch: the move
+    # cannot finish (Kafka refuses a target naming a broker that is not registered)
+    grown.brokers[4].pause()
+    try:
+        reassign(grown, {TopicPartition(topic, 0): [1, 2, 4]})
+        with admin(grown) as a:
+            moving = a.list_partition_reassignments()[TopicPartition(topic, 0)]
+            assert (moving.replicas, moving.adding_replicas, moving.removing_replicas) == ((1, 2, 4, 3), (4,), (3,))
+            assert moving.target_replicas == (1, 2, 4)
+        reassign(grown, {TopicPartition(topic, 0): None})
+    finally:
+        grown.brokers[4].resume()
+        grown.wait_ready()
+    wait_moved(grown, topic, {0: [1, 2, 3]})
+    wait_on_disk(grown, topic, {0: [1, 2, 3]})  # 4 deleted the replica it had started
+
+
+def test_a_move_survives_a_controller_kill_and_a_removed_replica_is_deleted_on_return(grown):
+    topic = "through-failover"
+    create(grown, topic, {0: [1, 2, 3], 1: [2, 3, 1]})
+    target = {0: [2, 3, 4], 1: [3, 4, 2]}  # broker 1 leaves both partitions
+    with SteadyProducer(grown.bootstrap, topic) as producer:
+        producer.wait_acked(1000, 60)
+        grown.brokers[4].pause()
+        reassign(grown, {TopicPartition(topic, p): r for p, r in target.items()})
+        killed = controller_id(grown, running(grown)[0])
+        grown.brokers[killed].kill()
+        wait_until(lambda: controller_id(grown, running(grown)[0]) not in (-1, killed), 60, "a new controller")
+        if killed != 1:  # the killed broker returns; broker 1 is down while its replicas are removed
+            grown.brokers[killed].start()
+            grown.brokers[1].stop()
+        grown.brokers[4].resume()  # its session may have expired meanwhile: it registers again
+        grown.wait_ready(brokers={b for b in grown.brokers if grown.brokers[b].running})
+        wait_moved(grown, topic, target)
+        acked = producer.finish()
+    assert not grown.brokers[1].running
+    grown.brokers[1].start()
+    grown.wait_ready()
+    assert_all_acked_present(grown, topic, acked, len(target))
+    wait_on_disk(grown, topic, target)  # broker 1 deleted the replicas it missed the removal of
