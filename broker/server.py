@@ -57,9 +57,9 @@ from tidelog.broker.security.inter_broker import broker_principals, inter_broker
 from tidelog.broker.security.listeners import Listener, ListenerSecurity
 from tidelog.broker.security.quotas import ClientQuotas, QuotaEnforcer
 from tidelog.broker.security.tls import server_context
-from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkError
 from tidelog.broker.zookeeper.zk import ZkClient
+from tidelog.protocol import placement
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, StorageError, TidelogError
 from tidelog.protocol.messages import ControlledShutdownRequest
@@ -406,7 +406,7 @@ class BrokerServer:
         rf = min(self.config.default_replication_factor, len(live))
         for name in names:
             try:
-                assignment = layout.assign_replicas(live, self.config.num_partitions, rf)
+                assignment = placement.assign_replicas(live, self.config.num_partitions, rf)
                 await self.zk.create_topic(name, assignment, {})
                 logger.info("auto-created topic %s", name)
                 if rf < self.config.min_insync_replicas:
@@ -423,7 +423,7 @@ class BrokerServer:
         """For the group coordinator: create ``__consumer_offsets`` in ZooKeeper (the controller
         picks it up from its topics watch, as for any topic)."""
         live = sorted(self.metadata.brokers)
-        assignment = layout.assign_replicas(live, partitions, replication_factor)
+        assignment = placement.assign_replicas(live, partitions, replication_factor)
         await self.zk.create_topic(name, assignment, configs)
 
     async def _list_offsets_at(self, broker_id: int, request):

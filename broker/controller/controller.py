@@ -68,8 +68,8 @@ from tidelog.broker.controller.validation import (
 from tidelog.broker.log.config import REQUEST_MINIMUMS, InvalidConfigError, LogConfig, check_requested
 from tidelog.broker.security.inter_broker import inter_broker_security
 from tidelog.broker.security.listeners import parse_endpoints
-from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.protocol import placement
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     ELECTION_NOT_NEEDED,
@@ -600,7 +600,7 @@ class Controller:
         check_replication_factor(t.name, rf, len(live))
         check_fits_zookeeper(t.name, n, rf, live, t.configs, limits)
         racks = {b: self.ctx.brokers[b].rack for b in live if self.ctx.brokers[b].rack}
-        return layout.assign_replicas(live, n, rf, racks=racks if len(racks) == len(live) else None)
+        return placement.assign_replicas(live, n, rf, racks=racks if len(racks) == len(live) else None)
 
     async def create_partitions_all(self, topics, validate_only: bool) -> tuple[list[TopicResult], list]:
         """CreatePartitions, on the controller: results (in request order) and the propagation
@@ -653,7 +653,7 @@ class Controller:
             live = sorted(ctx.live)
             check_replication_factor(topic, rf, len(live))
             check_fits_zookeeper(topic, count, rf, live, ctx.topic_configs.get(topic, {}), limits)
-            new = layout.assign_replicas(live, count - len(current), rf, start_partition_id=len(current))
+            new = placement.assign_replicas(live, count - len(current), rf, start_partition_id=len(current))
         merged = {**current, **new}
         check_assignment_size(topic, merged, ctx.topic_configs.get(topic, {}), limits)
         if validate_only:

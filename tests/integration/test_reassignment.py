@@ -10,6 +10,7 @@ and the partition directories on each broker's disk.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -166,3 +167,35 @@ def test_a_move_survives_a_controller_kill_and_a_removed_replica_is_deleted_on_r
     grown.wait_ready()
     assert_all_acked_present(grown, topic, acked, len(target))
     wait_on_disk(grown, topic, target)  # broker 1 deleted the replicas it missed the removal of
+
+
+def test_the_cli_drains_a_broker(grown, tmp_path, capsys):
+    """kafka-reassign-partitions' round: --generate without broker 4 gives a plan that empties
+    it, --execute starts it, --verify reports it done; broker 4 then holds nothing of the topic."""
+    from tidelog.broker.cli import main
+
+    topic = "drained"
+    create(grown, topic, {0: [4, 1, 2], 1: [2, 4, 3], 2: [3, 4, 1]})
+
+    def tidelog(*argv: str) -> tuple[int, str]:
+        capsys.readouterr()
+        rc = main([*argv, "--bootstrap", grown.bootstrap, "--timeout-ms", "60000"])
+        return rc, capsys.readouterr().out
+
+    (tmp_path / "topics.json").write_text(json.dumps({"topics": [{"topic": topic}], "version": 1}))
+    rc, out = tidelog("reassign", "--generate", "--topics-to-move-json-file", str(tmp_path / "topics.json"),
+                      "--broker-list", "1,2,3")
+    assert rc == 0, out
+    lines = out.splitlines()
+    proposal = json.loads(lines[lines.index("Proposed partition reassignment configuration") + 1])
+    assert all(4 not in p["replicas"] and len(p["replicas"]) == 3 for p in proposal["partitions"])
+    (tmp_path / "plan.json").write_text(json.dumps(proposal))
+
+    rc, out = tidelog("reassign", "--execute", "--reassignment-json-file", str(tmp_path / "plan.json"))
+    assert rc == 0 and "Successfully started partition reassignments for: drained-0,drained-1,drained-2" in out, out
+    target = {p["partition"]: p["replicas"] for p in proposal["partitions"]}
+    wait_moved(grown, topic, target)
+    rc, out = tidelog("reassign", "--verify", "--reassignment-json-file", str(tmp_path / "plan.json"))
+    assert rc == 0 and out.count("is completed.") == 3, out
+    wait_on_disk(grown, topic, target)
+    assert partition_dirs(grown, topic)[4] == []

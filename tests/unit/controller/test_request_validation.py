@@ -40,15 +40,15 @@ PLANNED_AT_MOST = 100_000  # partitions these tests' requests may legitimately p
 def no_huge_plans(monkeypatch):
     """Refusing "at once" means refusing before planning: the replica placement of millions
     of partitions is what used to stall the controller, so planning more is a failure here."""
-    from tidelog.broker.zookeeper import layout
+    from tidelog.protocol import placement
 
-    plan = layout.assign_replicas
+    plan = placement.assign_replicas
 
     def bounded(brokers, n, *args, **kwargs):
         assert n <= PLANNED_AT_MOST, f"planned {n} partitions before refusing"
         return plan(brokers, n, *args, **kwargs)
 
-    monkeypatch.setattr(layout, "assign_replicas", bounded)
+    monkeypatch.setattr(placement, "assign_replicas", bounded)
 
 
 def controller(brokers=(1, 2, 3), limits: PartitionLimits | None = None, **config) -> tuple[Controller, FakeZk]:
