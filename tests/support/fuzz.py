@@ -330,6 +330,10 @@ def _elect_leaders(v: Valid) -> m.Message:
     return m.ElectLeadersRequest(v.rng.choice((None, [m.TopicPartitionRef(v.topic(), v.partition())])), 0, 5000)
 
 
+def _describe_log_dirs(v: Valid) -> m.Message:
+    return m.DescribeLogDirsRequest(v.rng.choice((None, [m.DescribableLogDirTopic(v.topic(), [v.partition()])])))
+
+
 VALID: dict[ApiKey, Callable[[Valid], m.Message]] = {
     ApiKey.PRODUCE: _produce, ApiKey.FETCH: _fetch, ApiKey.LIST_OFFSETS: _list_offsets,
     ApiKey.METADATA: _metadata, ApiKey.LEADER_AND_ISR: _leader_and_isr, ApiKey.STOP_REPLICA: _stop_replica,
@@ -342,7 +346,7 @@ VALID: dict[ApiKey, Callable[[Valid], m.Message]] = {
     ApiKey.INIT_PRODUCER_ID: _init_producer_id, ApiKey.OFFSETS_FOR_LEADER_EPOCH: _offsets_for_leader_epoch,
     ApiKey.DESCRIBE_CONFIGS: _describe_configs, ApiKey.ALTER_CONFIGS: _alter_configs,
     ApiKey.CREATE_PARTITIONS: _create_partitions, ApiKey.DELETE_GROUPS: _delete_groups,
-    ApiKey.ELECT_LEADERS: _elect_leaders,
+    ApiKey.ELECT_LEADERS: _elect_leaders, ApiKey.DESCRIBE_LOG_DIRS: _describe_log_dirs,
 }
 
 
