@@ -23,11 +23,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # folder in the repository -> the name it is installed under (pyproject.toml's package-dir)
 PACKAGES = {"protocol": "tidelog.protocol", "broker": "tidelog.broker", "client": "tidelog",
-            "spark_connector": "tidelog.spark"}
+            "spark_connector": "tidelog.spark", "webconsole": "tidelog.webconsole"}
 OLD_NAMES = set(PACKAGES)  # not installed: an import of one of them works only by accident
 PROTOCOL_THIRD_PARTY = {"msgpack", "crc32c", "lz4", "zstandard", "cramjam"}
 NETWORK_MODULES = {"trio", "kazoo", "socket", "ssl", "asyncio", "selectors"}
-SUBPACKAGES = ("tidelog.protocol", "tidelog.broker", "tidelog.spark")
+SUBPACKAGES = ("tidelog.protocol", "tidelog.broker", "tidelog.spark", "tidelog.webconsole")
 
 
 def _installed_name(path: Path) -> str:

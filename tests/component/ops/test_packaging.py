@@ -21,7 +21,7 @@ import pytest
 from tests.component.ops.topology import ROOT
 
 FOLDERS = {"client": "tidelog", "broker": "tidelog.broker", "protocol": "tidelog.protocol",
-           "spark_connector": "tidelog.spark"}
+           "spark_connector": "tidelog.spark", "webconsole": "tidelog.webconsole"}
 
 
 def _declared_packages() -> set[str]:
@@ -86,7 +86,7 @@ def test_an_application_with_its_own_client_and_protocol_modules(installed, tmp_
 
 
 def test_the_folder_names_are_not_installed(installed, tmp_path):
-    for name in ("client", "protocol", "broker", "spark_connector"):
+    for name in ("client", "protocol", "broker", "spark_connector", "webconsole"):
         r = _run_from(tmp_path, installed, f"import {name}")
         assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, (name, r.stderr)
 
