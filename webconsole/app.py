@@ -88,8 +88,11 @@ def build_app(clients: Clients) -> Starlette:
             except TidelogError as e:
                 return _error(409, str(e))
             except Exception as e:  # a page's request must never take the server down
+                leaf = _leaf(e)
+                if isinstance(leaf, TidelogError):
+                    return _error(409, str(leaf))
                 logger.exception("console request %s failed", request.url.path)
-                return _error(500, f"{type(e).__name__}: {e}")
+                return _error(500, f"{type(leaf).__name__}: {leaf}")
         return endpoint
 
     async def index(request: Request) -> Response:
@@ -119,6 +122,13 @@ def build_app(clients: Clients) -> Starlette:
 
 class Forbidden(Exception):
     """An action the principal's ACLs do not allow (HTTP 403)."""
+
+
+def _leaf(e: BaseException) -> BaseException:
+    """The first leaf of an exception group (the SDK's concurrent requests raise them)."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -229,8 +239,9 @@ async def partitions(c: Clients, r: Request) -> dict:
     s = _snapshot(c)
     number, size = page_params(r.query_params)
     shown = page(t.partitions, number, size)
-    return shown.to_json(lambda p: partition_view(p, s.replicas.get(TopicPartition(p.topic, p.partition), {}))
-                         .to_json()) | {"time_ms": s.time_ms, "error": c.watch.error,
+    stale = s.stale_brokers
+    return shown.to_json(lambda p: partition_view(p, s.replicas.get(TopicPartition(p.topic, p.partition), {}),
+                                                  stale).to_json()) | {"time_ms": s.time_ms, "error": c.watch.error,
                                         "broker_errors": {str(b): e for b, e in s.broker_errors.items()}}
 
 

@@ -4,8 +4,10 @@ value types, no I/O and no clock (``now_ms`` is passed in).
 * A partition's replicas on one offset axis (``partition_view``): every replica with its log
   start offset and log end offset (LEO) as its own broker reports them (DescribeLogDirs), the
   partition's high watermark (the leader's), the leader and its epoch, and each replica in
-  the ISR or set apart from it. A replica whose broker did not answer is drawn as unknown,
-  never as empty. Its lag is the leader's LEO minus its own.
+  the ISR or set apart from it. A replica whose broker stopped answering keeps its last known
+  figures, marked stale, so a dead follower is seen standing still while the leader moves on;
+  one never heard from is drawn as unknown, never as empty. Its lag is the leader's LEO
+  minus its own.
 * Lists are paged (``page``): a page is at most ``MAX_PAGE_SIZE`` rows, so a cluster of
   10,000 partitions costs the browser one page at a time. A page number past the end answers
   the last page; a bad number is a ``BadRequest`` naming the parameter.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -138,6 +140,7 @@ class ReplicaView:
     is_leader: bool
     offline: bool
     lag: int | None  # the leader's LEO minus this replica's; None when either is unknown
+    stale: bool = False  # its broker did not answer: the figures are the last it gave
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +174,15 @@ class PartitionView:
                 "axis": [lo, hi], "under_replicated": self.under_replicated,
                 "replicas": [{"broker": r.broker, "log_start_offset": r.log_start_offset,
                               "log_end_offset": r.log_end_offset, "size": r.size, "in_isr": r.in_isr,
-                              "is_leader": r.is_leader, "offline": r.offline, "lag": r.lag}
+                              "is_leader": r.is_leader, "offline": r.offline, "lag": r.lag,
+                              "stale": r.stale}
                              for r in self.replicas]}
 
 
-def partition_view(info: Any, replicas: Mapping[int, Any]) -> PartitionView:
+def partition_view(info: Any, replicas: Mapping[int, Any], stale: Container[int] = ()) -> PartitionView:
     """``info``: the partition's metadata (``PartitionInfo``); ``replicas``: broker -> its
-    ``ReplicaInfo`` from DescribeLogDirs, for the brokers that answered."""
+    ``ReplicaInfo`` from DescribeLogDirs; ``stale``: the brokers whose figures are their last
+    known ones (they did not answer this time)."""
     leader_replica = replicas.get(info.leader)
     leader_leo = leader_replica.log_end_offset if leader_replica is not None else UNKNOWN
     if leader_replica is not None:
@@ -190,7 +195,7 @@ def partition_view(info: Any, replicas: Mapping[int, Any]) -> PartitionView:
         start, leo, size = (r.log_start_offset, r.log_end_offset, r.size) if r is not None else (UNKNOWN,) * 3
         lag = leader_leo - leo if leader_leo >= 0 and leo >= 0 else None
         views.append(ReplicaView(broker, start, leo, size, broker in info.isr, broker == info.leader,
-                                 broker in info.offline, lag))
+                                 broker in info.offline, lag, r is not None and broker in stale))
     return PartitionView(info.topic, info.partition, info.leader, info.leader_epoch, hw, views)
 
 

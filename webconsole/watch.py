@@ -55,6 +55,11 @@ class Snapshot:
     replicas: dict[TopicPartition, dict[int, Any]]  # -> broker -> ReplicaInfo
     broker_errors: dict[int, str]
     groups: dict[str, GroupState]
+    stale_brokers: set[int] = field(default_factory=set)  # their replicas' figures are the last known
+
+
+def topics_partitions(topics: dict[str, Any]) -> set[TopicPartition]:
+    return {TopicPartition(p.topic, p.partition) for t in topics.values() for p in t.partitions}
 
 
 class Series:
@@ -106,8 +111,8 @@ class ClusterWatch:
     async def poll_once(self) -> None:
         try:
             snapshot = await self._poll()
-        except TidelogError as e:
-            self.error = f"the cluster did not answer: {e}"
+        except Exception as e:  # the watch outlives any failure (trio.Cancelled is not an Exception)
+            self.error = f"the cluster did not answer: {_describe(e)}"
             logger.warning("%s", self.error)
         else:
             self.error = None
@@ -132,8 +137,21 @@ class ClusterWatch:
             for d in dirs.values():
                 for tp, info in d.replicas.items():
                     replicas.setdefault(tp, {})[broker] = info
-        groups = await self._groups()
-        return Snapshot(int(self.clock() * 1000), cluster, topics, replicas, errors, groups)
+        stale: set[int] = set()
+        if self.snapshot is not None:  # a replica whose broker did not answer (or left) keeps its last figures
+            existing = topics_partitions(topics)
+            for tp, held in self.snapshot.replicas.items():
+                for broker, info in held.items():
+                    if broker not in by_broker and tp in existing:
+                        replicas.setdefault(tp, {})[broker] = info
+                        stale.add(broker)
+        try:
+            groups = await self._groups()
+        except Exception as e:  # keep the last known groups, each saying why it is stale
+            reason = f"the groups could not be listed: {_describe(e)}"
+            old = self.snapshot.groups if self.snapshot is not None else {}
+            groups = {g: GroupState(st.description, st.offsets, reason) for g, st in old.items()}
+        return Snapshot(int(self.clock() * 1000), cluster, topics, replicas, errors, groups, stale)
 
     async def _groups(self) -> dict[str, GroupState]:
         listed = await self.admin.list_groups()
@@ -146,8 +164,8 @@ class ClusterWatch:
                 try:
                     (state.description,) = await self.admin.describe_groups([group_id])
                     state.offsets = await self.admin.list_group_offsets(group_id)
-                except TidelogError as e:
-                    state.error = str(e)
+                except Exception as e:
+                    state.error = _describe(e)
 
         async with trio.open_nursery() as nursery:
             for g in out:
@@ -203,3 +221,10 @@ class ClusterWatch:
         before = self._counters.get(key)
         self._counters[key] = (now_ms, counter)
         return rate(before, (now_ms, counter))
+
+
+def _describe(e: BaseException) -> str:
+    """An error's text; an exception group's first leaf's (concurrent requests fail together)."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return str(e) if isinstance(e, TidelogError) else f"{type(e).__name__}: {e}"

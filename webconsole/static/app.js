@@ -233,15 +233,15 @@ function partitionHtml(part) {
   const pos = o => (100 * (o - lo) / span).toFixed(2);
   const rows = part.replicas.map((r, i) => {
     const known = r.log_end_offset >= 0;
-    const cls = !known ? "unknown" : (r.in_isr ? "in" : "out");
+    const cls = (!known ? "unknown" : (r.in_isr ? "in" : "out")) + (r.stale ? " stale" : "");
     const state = r.in_isr ? '<span class="badge isr">ISR</span>' : '<span class="badge out">out of sync</span>';
     const bar = known ? `<div class="bar" style="left:${pos(Math.max(lo, r.log_start_offset))}%;width:${(pos(r.log_end_offset) - pos(Math.max(lo, r.log_start_offset))).toFixed(2)}%"></div>` : "";
     const hw = part.high_watermark >= 0 ? `<div class="hw${i ? "" : " labelled"}" style="left:${pos(part.high_watermark)}%"></div>` : "";
     return `<div class="replica ${cls}" data-replica="${r.broker}" data-in-isr="${r.in_isr}" data-leo="${r.log_end_offset}">
       <div class="name">broker ${r.broker} ${r.is_leader ? '<span class="badge leader">leader</span>' : ""} ${state}
-        ${r.offline ? '<span class="badge out">offline</span>' : ""}</div>
+        ${r.offline ? '<span class="badge out">offline</span>' : ""}${r.stale ? '<span class="badge out">not answering</span>' : ""}</div>
       <div class="axis">${bar}${hw}</div>
-      <div class="figures">${known ? `start ${num(r.log_start_offset)} · LEO ${num(r.log_end_offset)} · lag ${num(r.lag)} · ${bytes(r.size)}` : "broker not answering"}</div></div>`;
+      <div class="figures">${known ? `${r.stale ? "last known: " : ""}start ${num(r.log_start_offset)} · LEO ${num(r.log_end_offset)} · lag ${num(r.lag)} · ${bytes(r.size)}` : "broker not answering"}</div></div>`;
   }).join("");
   return `<div class="partition" data-partition="${part.partition}">
     <div class="head"><strong>Partition ${part.partition}</strong><span>leader ${part.leader < 0 ? "none" : part.leader}</span>
@@ -442,25 +442,30 @@ function route() {
   else if (parts[0] === "groups") view = groupsView();
   else if (parts[0] === "group" && parts[1]) view = groupView(parts[1]);
   else view = overviewView();
-  tick(true);
+  tick();
   if (view.init) view.init();
 }
 
-async function tick(first) {
+async function tick() {
   clearTimeout(timer);
   const mine = generation;
   if (view && view.live) {
     try {
       await view.live();
-      if (mine === generation) setStatus(`live · updated ${new Date().toLocaleTimeString()}`, false);
+      if (mine === generation) {
+        setStatus(`live · updated ${new Date().toLocaleTimeString()}`, false);
+        document.getElementById("load-error")?.remove();
+      }
     } catch (e) {
       if (mine === generation) {
         setStatus(e.message, true);
-        if (first) main.insertAdjacentHTML("beforeend", `<div class="error">${esc(e.message)}</div>`);
+        const shown = document.getElementById("load-error");
+        if (shown) shown.textContent = e.message;
+        else main.insertAdjacentHTML("beforeend", `<div class="error" id="load-error">${esc(e.message)}</div>`);
       }
     }
   }
-  if (mine === generation) timer = setTimeout(() => tick(false), refreshMs);
+  if (mine === generation) timer = setTimeout(tick, refreshMs);
 }
 
 window.addEventListener("hashchange", route);

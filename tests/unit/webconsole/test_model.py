@@ -51,6 +51,14 @@ def test_a_replica_whose_broker_did_not_answer_is_unknown_not_empty():
     assert view.axis == (5, 50)
 
 
+def test_a_broker_that_stopped_answering_keeps_its_last_figures_marked_stale():
+    info = PartitionInfo("orders", 0, leader=1, leader_epoch=2, replicas=(1, 3), isr=(1,), offline=(3,))
+    view = partition_view(info, {1: replica(0, 500, 500), 3: replica(0, 200, 200)}, stale={3})
+    r3 = view.replicas[1]
+    assert (r3.stale, r3.log_end_offset, r3.lag, r3.in_isr) == (True, 200, 300, False)
+    assert not view.replicas[0].stale
+
+
 def test_without_the_leaders_answer_the_hw_is_the_best_known_of_the_isr():
     info = PartitionInfo("orders", 0, leader=1, leader_epoch=1, replicas=(1, 2, 3), isr=(1, 2, 3))
     view = partition_view(info, {2: replica(0, 30, 25), 3: replica(0, 30, 28)})
