@@ -217,13 +217,14 @@ def _topic_of(c: Clients, r: Request) -> Any:
 async def topic(c: Clients, r: Request) -> dict:
     t = _topic_of(c, r)
     name = t.name
-    try:
-        configs = await c.admin.describe_configs(name, timeout_ms=10000)
-        config_rows = [{"name": e.name, "value": None if e.is_sensitive else e.value, "default": e.is_default,
-                        "read_only": e.read_only} for e in sorted(configs.values(), key=lambda e: e.name)]
-        config_error = None
-    except TidelogError as e:
-        config_rows, config_error = [], str(e)
+    config_rows, config_error = [], None
+    if r.query_params.get("configs") == "1":  # asked of the controller: only when the page shows them
+        try:
+            configs = await c.admin.describe_configs(name, timeout_ms=10000)
+            config_rows = [{"name": e.name, "value": None if e.is_sensitive else e.value, "default": e.is_default,
+                            "read_only": e.read_only} for e in sorted(configs.values(), key=lambda e: e.name)]
+        except TidelogError as e:
+            config_error = str(e)
     return {"name": name, "partitions": len(t.partitions), "internal": t.is_internal,
             "replication_factor": max((len(p.replicas) for p in t.partitions), default=0),
             "configs": config_rows, "configs_error": config_error,

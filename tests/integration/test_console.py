@@ -158,6 +158,41 @@ def test_a_groups_lag_rises_while_producing_and_falls_to_zero_after_consuming(co
     groups = open_page(browser, console, "/groups")
     poll(lambda: groups.locator(f'tr[data-group="{group}"] [data-role=lag]').inner_text() == "0", 30,
          "the group in the list with lag 0")
+    # the group has no members now: reset it to the earliest offsets from the page
+    page = open_page(browser, console, f"/group/{group}")
+    page.wait_for_selector("#reset")
+    page.select_option("#reset select[name=to]", "earliest")
+    page.click("#reset button")
+    confirm(page)
+    page.wait_for_selector("#reset-out .ok")
+    poll(lambda: page.inner_text("[data-role=total-lag]") == "530", 30, "lag 530 after the reset to earliest")
+
+
+def test_a_config_edit_and_a_topic_deletion_ask_first_and_cancel_does_nothing(console, browser, admin, artifacts):
+    admin.create_topics([NewTopic("doomed", num_partitions=1, replication_factor=3)])
+    wait_until(lambda: [t["name"] for t in console.get("/api/topics?q=doomed").get("items", [])] == ["doomed"],
+               30, "the console sees topic doomed")
+    page = open_page(browser, console, "/topic/doomed/configs")
+    page.wait_for_selector("#config-edit")
+    page.fill("#config-edit input[name=key]", "retention.ms")
+    page.fill("#config-edit input[name=value]", "3600000")
+    page.click("#config-edit button")
+    confirm(page)
+    page.wait_for_selector("#config-out .ok")
+    assert admin.describe_configs("doomed")["retention.ms"].value == "3600000"
+    page.fill("#config-edit input[name=value]", "not-a-number")
+    page.click("#config-edit button")
+    confirm(page)
+    assert "retention.ms" in page.wait_for_selector("[data-role=action-error]").inner_text()
+    page.screenshot(path=str(artifacts / "configs.png"), full_page=True)
+    page.click("#delete-topic")
+    page.wait_for_selector("dialog#confirm[open]")
+    page.click("#confirm-cancel")
+    assert "doomed" in admin.list_topics()
+    page.click("#delete-topic")
+    confirm(page)
+    page.wait_for_selector("#config-out .ok")
+    wait_until(lambda: "doomed" not in admin.list_topics(), 30, "topic doomed deleted")
 
 
 def test_a_killed_follower_turns_out_of_sync_and_back_after_restart(console, browser, admin, cluster_3, artifacts):

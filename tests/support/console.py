@@ -8,11 +8,13 @@ never downloaded. Both are always stopped by the fixture that started them, by P
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -45,18 +47,24 @@ def artifacts_dir(tmp_path_factory: Any) -> Path:
 
 
 class ConsoleProcess:
-    def __init__(self, bootstrap: str, log_path: Path, refresh_ms: int = 500):
+    def __init__(self, bootstrap: str, log_path: Path, refresh_ms: int = 500, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None, ssl_context: Any = None, auth: tuple[str, str] | None = None):
+        """``ssl_context``: the console serves HTTPS (``extra_args`` name its certificate) and
+        is reached with this context; ``auth``: the login the test's own requests send."""
         self.port = find_free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.args = [sys.executable, "-m", "tidelog.broker.cli", "console", "--bootstrap", bootstrap,
-                     "--port", str(self.port), "--refresh-ms", str(refresh_ms)]
+                     "--port", str(self.port), "--refresh-ms", str(refresh_ms), *(extra_args or [])]
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        self.ssl_context = ssl_context
+        self.auth = auth
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+                                         env=self.env, start_new_session=True)
         wait_until(self._serving, timeout, f"the console on {self.url} (log {self.log_path})", interval=0.2)
 
     def _serving(self) -> bool:
@@ -66,11 +74,26 @@ class ConsoleProcess:
         return self.get("/api/overview").get("brokers") is not None
 
     def get(self, path: str) -> dict:
+        return self.request("GET", path)[1]
+
+    def request(self, method: str, path: str, body: Any = None, auth: tuple[str, str] | None = None
+                ) -> tuple[int, dict]:
+        """(status, JSON answer) of a request to the console, with ``auth`` or the default login."""
+        headers = {"Content-Type": "application/json"}
+        login = auth or self.auth
+        if login is not None:
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{login[0]}:{login[1]}".encode()).decode()
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as r:
-                return json.loads(r.read())
+            with urllib.request.urlopen(req, timeout=30, context=self.ssl_context) as r:
+                return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
-            return json.loads(e.read() or b"{}")
+            raw = e.read() or b"{}"
+            try:
+                return e.code, json.loads(raw)
+            except ValueError:
+                return e.code, {"text": raw.decode(errors="replace")}
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

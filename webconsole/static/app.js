@@ -329,7 +329,7 @@ function produceTab(el, path, name) {
 function configsTab(el, path, name) {
   return {
     async live() {
-      const t = await api(path);
+      const t = await api(`${path}?configs=1`);
       el.innerHTML = `${t.configs_error ? `<div class="error">${esc(t.configs_error)}</div>` : ""}
         <table data-role="configs"><thead><tr><th>Config</th><th>Value</th><th>Source</th><th></th></tr></thead><tbody>
         ${t.configs.map(c => `<tr data-config="${esc(c.name)}"><td>${esc(c.name)}</td><td>${c.value === null ? '<span class="muted">(sensitive)</span>' : esc(c.value)}</td>
