@@ -116,12 +116,17 @@ def test_a_record_produced_from_the_page_shows_in_the_message_browser(console, b
     page.click("[data-role=produce]")
     confirm(page)
     assert "offset 0" in page.wait_for_selector("#produce-out .ok").inner_text()
+    page.screenshot(path=str(artifacts / "produce.png"), full_page=True)
     page = open_page(browser, console, "/topic/browsed/messages")
     page.select_option("#browse select[name=as]", "json")
     row = page.wait_for_selector('[data-role=records] tr[data-offset="0"]')
     text = row.inner_text()
     assert "alice" in text and '"paid": 12.5' in text and "source" in text
     page.screenshot(path=str(artifacts / "messages.png"), full_page=True)
+    by_time = console.get("/api/topics/browsed/records?partition=0&timestamp=0")
+    assert by_time["from_offset"] == 0 and [r["key"]["text"] for r in by_time["records"]] == ["alice"]
+    later = console.get(f"/api/topics/browsed/records?partition=0&timestamp={by_time['records'][0]['timestamp'] + 1}")
+    assert later["records"] == [] and later["from_offset"] == later["high_watermark"] == 1
 
 
 def test_a_groups_lag_rises_while_producing_and_falls_to_zero_after_consuming(console, browser, admin, cluster_3,
@@ -158,6 +163,7 @@ def test_a_groups_lag_rises_while_producing_and_falls_to_zero_after_consuming(co
     groups = open_page(browser, console, "/groups")
     poll(lambda: groups.locator(f'tr[data-group="{group}"] [data-role=lag]').inner_text() == "0", 30,
          "the group in the list with lag 0")
+    groups.screenshot(path=str(artifacts / "groups.png"), full_page=True)
     # the group has no members now: reset it to the earliest offsets from the page
     page = open_page(browser, console, f"/group/{group}")
     page.wait_for_selector("#reset")
@@ -223,6 +229,8 @@ def test_a_killed_follower_turns_out_of_sync_and_back_after_restart(console, bro
     poll(lambda: page.get_attribute(replica, "data-in-isr") == "true", 90, "the restarted follower back in sync")
     poll(lambda: page.get_attribute(replica, "data-leo") == "500", 30, "the follower caught up to LEO 500")
     page.screenshot(path=str(artifacts / "partition.png"), full_page=True)
+    overview = open_page(browser, console, "/")
+    poll(lambda: overview.inner_text("[data-role=under-replicated]") == "0", 30, "nothing under-replicated")
     tp = TopicPartition("replicated", 0)
     assert admin.log_end_offsets([tp])[tp] == 500
 

@@ -98,7 +98,8 @@ def test_storage_knows_no_networking(name, path):
     assert not outside, f"{name} imports project code outside tidelog.broker.log and the protocol: {outside}"
 
 
-@pytest.mark.parametrize("name,path", [m for m in MODULES if _sdk(m[0]) or _in(m[0], "tidelog.spark")],
+@pytest.mark.parametrize("name,path", [m for m in MODULES if _sdk(m[0]) or _in(m[0], "tidelog.spark")
+                                       or _in(m[0], "tidelog.webconsole")],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_clients_never_import_the_broker(name, path):
     assert not any(_in(m, "tidelog.broker") for m in _imports(path)), f"{name} imports the broker"
@@ -121,7 +122,8 @@ def test_no_relative_imports():
 
 def test_nothing_imports_the_folder_names():
     """Code, tests, benchmarks and examples import what users import: ``tidelog...``."""
-    files = [p for d in ("client", "broker", "protocol", "spark_connector", "tests", "bench", "deploy", "docs")
+    files = [p for d in ("client", "broker", "protocol", "spark_connector", "webconsole", "tests", "bench", "deploy",
+                         "docs")
              for p in sorted((ROOT / d).rglob("*.py"))]
     users = {str(p.relative_to(ROOT)): _top(_imports(p)) & OLD_NAMES for p in files}
     assert not {k: v for k, v in users.items() if v}

@@ -120,7 +120,7 @@ function overviewView() {
         ${o.brokers.map(b => `<tr data-broker="${b.id}"><td>${b.id} ${b.controller ? '<span class="badge ctl">controller</span>' : ""}</td>
           <td>${esc(b.host)}:${b.port}</td><td>${esc(b.rack ?? "–")}</td><td class="num">${num(b.leaders)}</td>
           <td class="num">${rate(last(b.bytes_in))}</td><td class="num">${rate(last(b.bytes_out))}</td>
-          <td>${b.error ? `<span class="badge out" title="${esc(b.error)}">not answering</span>` : '<span class="badge isr">up</span>'}</td></tr>`).join("")}
+          <td>${b.error ? `<span class="badge out" title="${esc(b.error)}">${b.error.includes("AUTHORIZATION") ? "log dirs not allowed" : "not answering"}</span>` : '<span class="badge isr">up</span>'}</td></tr>`).join("")}
         </tbody></table>`;
       const times = o.brokers.length ? o.brokers[0].bytes_in.map(p => p[0]) : [];
       const align = pts => times.map(t => { const p = pts.find(q => q[0] === t); return p ? p[1] : null; });

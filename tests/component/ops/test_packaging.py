@@ -72,6 +72,13 @@ def test_the_wheel_ships_the_sdks_type_information(installed):
     assert (installed / "tidelog" / "options.py").is_file()
 
 
+def test_the_wheel_ships_the_consoles_page_and_its_chart_library(installed):
+    static = installed / "tidelog" / "webconsole" / "static"
+    for name in ("index.html", "app.js", "app.css", "vendor/uPlot.iife.min.js", "vendor/uPlot.min.css",
+                 "vendor/uPlot-LICENSE"):
+        assert (static / name).is_file(), name
+
+
 def test_an_application_with_its_own_client_and_protocol_modules(installed, tmp_path):
     (tmp_path / "client.py").write_text("MINE = 'client'\n")
     (tmp_path / "protocol").mkdir()
