@@ -5,16 +5,19 @@ from __future__ import annotations
 import pytest
 import trio
 
+from tests.component.client.fake_broker import Fault
 from tidelog.aio import AsyncAdmin, NewTopic
 from tidelog.errors import RequestTimedOut
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
     INVALID_PARTITIONS,
     NOT_CONTROLLER,
     TOPIC_ALREADY_EXISTS,
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
 )
+from tidelog.protocol.topics import TopicPartition
 
 FAST = dict(retry_backoff_ms=10)
 
@@ -100,10 +103,6 @@ async def test_an_unreachable_cluster_is_a_bounded_error():
 
 
 async def test_describe_log_dirs_asks_every_broker_and_keeps_the_others_results_on_a_failure(fake):
-    from tests.component.client.fake_broker import Fault
-    from tidelog.protocol.errors import CLUSTER_AUTHORIZATION_FAILED
-    from tidelog.protocol.topics import TopicPartition
-
     fake.create_topic("orders", 2)
     async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
         await admin.create_topics([NewTopic("x", 1)])
