@@ -124,6 +124,12 @@ class Forbidden(Exception):
     """An action the principal's ACLs do not allow (HTTP 403)."""
 
 
+def _forbidden(c: Clients, action: str) -> Forbidden:
+    p = c.permissions
+    why = f": {p.reason}" if p.mode == "read-only" else ""
+    return Forbidden(f"the console's principal {p.principal} may not {action}{why}")
+
+
 def _leaf(e: BaseException) -> BaseException:
     """The first leaf of an exception group (the SDK's concurrent requests raise them)."""
     while isinstance(e, BaseExceptionGroup) and e.exceptions:
@@ -293,7 +299,7 @@ async def browse(c: Clients, r: Request) -> dict:
     if offset is not None and timestamp is not None:
         raise BadRequest("give offset or timestamp, not both")
     if not c.permissions.can("READ", "TOPIC", t.name):
-        raise Forbidden(f"the console's principal may not read topic {t.name!r}")
+        raise _forbidden(c, f"read topic {t.name!r}")
     tp = TopicPartition(t.name, partition)
     consumer = c.consumer_factory()
     async with trio.open_nursery() as nursery:
@@ -369,7 +375,7 @@ async def create_topic(c: Clients, r: Request) -> dict:
     if not isinstance(name, str) or (problem := topic_name_problem(name)) is not None:
         raise BadRequest(f"topic name: {problem if isinstance(name, str) else 'missing'}")
     if not c.permissions.can("CREATE", "TOPIC", name):
-        raise Forbidden(f"the console's principal may not create topic {name!r}")
+        raise _forbidden(c, f"create topic {name!r}")
     configs = config_changes({"set": body["configs"]}) if body.get("configs") else {}
     new = NewTopic(name, _int_field(body, "partitions", 1, 1, 100000),
                    _int_field(body, "replication_factor", -1, -1, 100),
@@ -382,7 +388,7 @@ async def create_topic(c: Clients, r: Request) -> dict:
 async def delete_topic(c: Clients, r: Request) -> dict:
     name = r.path_params["name"]
     if not c.permissions.can("DELETE", "TOPIC", name):
-        raise Forbidden(f"the console's principal may not delete topic {name!r}")
+        raise _forbidden(c, f"delete topic {name!r}")
     await c.admin.delete_topics([name], timeout_ms=30000)
     await c.watch.poll_once()
     return {"deleted": name}
@@ -391,7 +397,7 @@ async def delete_topic(c: Clients, r: Request) -> dict:
 async def alter_configs(c: Clients, r: Request) -> dict:
     t = _topic_of(c, r)
     if not c.permissions.can("ALTER_CONFIGS", "TOPIC", t.name):
-        raise Forbidden(f"the console's principal may not alter the configs of topic {t.name!r}")
+        raise _forbidden(c, f"alter the configs of topic {t.name!r}")
     changes = config_changes(await _body(r))
     await c.admin.alter_configs(t.name, changes, timeout_ms=30000)
     return {"altered": t.name, "changes": changes}
@@ -400,7 +406,7 @@ async def alter_configs(c: Clients, r: Request) -> dict:
 async def produce(c: Clients, r: Request) -> dict:
     t = _topic_of(c, r)
     if not c.permissions.can("WRITE", "TOPIC", t.name):
-        raise Forbidden(f"the console's principal may not write to topic {t.name!r}")
+        raise _forbidden(c, f"write to topic {t.name!r}")
     body = await _body(r)
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object with 'value' (and 'key', 'partition', 'headers')")
@@ -439,7 +445,7 @@ def _payload(body: dict, name: str) -> bytes | None:
 async def reset_group(c: Clients, r: Request) -> dict:
     gid = r.path_params["group"]
     if not c.permissions.can("READ", "GROUP", gid):
-        raise Forbidden(f"the console's principal may not reset group {gid!r}")
+        raise _forbidden(c, f"reset group {gid!r}")
     body = await _body(r)
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
