@@ -40,6 +40,7 @@ import dataclasses
 import enum
 import inspect
 import logging
+import shutil
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
@@ -49,6 +50,7 @@ import trio
 from tidelog.broker.config import SENSITIVE
 from tidelog.broker.context import RequestContext
 from tidelog.broker.controller.channels import wait_all
+from tidelog.broker.log_dirs import LocalReplica, describe_log_dirs, log_dir_of, wanted_partitions
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
 from tidelog.broker.replication.replica_manager import ReplicaManager
@@ -139,6 +141,8 @@ from tidelog.protocol.messages import (
     DescribedGroup,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
     DescribeUserScramCredentialsRequest,
     DescribeUserScramCredentialsResponse,
     ElectLeadersRequest,
@@ -697,6 +701,21 @@ class Apis:
                 out.append(AlterConfigsResult(e.code, r.resource_type, r.resource_name, str(e)))
         return AlterConfigsResponse(out)
 
+    @handles(ApiKey.DESCRIBE_LOG_DIRS, Kind.ASYNC)
+    async def describe_log_dirs(self, req: DescribeLogDirsRequest,
+                                ctx: RequestContext | None = None) -> DescribeLogDirsResponse:
+        """This broker's replicas (broker/log_dirs.py); Describe on the Cluster, as in Kafka."""
+        if not self._can(ctx, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            return DescribeLogDirsResponse(CLUSTER_AUTHORIZATION_FAILED.code)
+        manager = self.replica_manager.log_manager
+        # the logs are read on the event loop, where they change; only statvfs goes to a thread
+        replicas = {tp: LocalReplica(log_dir_of(log.directory), log.size, log.log_start_offset,
+                                     log.log_end_offset, log.high_watermark)
+                    for tp, log in manager.logs.items()}
+        disk = await trio.to_thread.run_sync(_disk_usage, manager.log_dirs)
+        return DescribeLogDirsResponse(NONE.code, describe_log_dirs(manager.log_dirs, replicas,
+                                                                    wanted_partitions(req.topics), disk))
+
     # -- user and client-id configs: quotas, SCRAM credentials (broker/security/entity_configs.py)
     # Any broker answers: each reads and writes ZooKeeper itself, and every broker's
     # EntityConfigStore follows the change notifications the writes leave. Authorization is
@@ -1103,6 +1122,18 @@ def _sasl_refusal(ctx: RequestContext | None) -> str:
 
 
 _WRITE, _TOPIC = AclOperation.WRITE, ResourceType.TOPIC  # the produce path's (an enum's attribute costs ~70 ns)
+
+
+def _disk_usage(log_dirs: list[str]) -> dict[str, tuple[int, int]]:
+    """(total, usable) bytes of each log dir's file system; (-1, -1) when it cannot be read."""
+    out = {}
+    for d in log_dirs:
+        try:
+            usage = shutil.disk_usage(d)
+            out[d] = (usage.total, usage.free)
+        except OSError:
+            out[d] = (-1, -1)
+    return out
 
 
 def _denied(ctx: RequestContext | None, operation: str, kind: str, name: str) -> str:

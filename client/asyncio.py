@@ -55,6 +55,7 @@ from tidelog.aio.admin import (
     ConsumerGroupDescription,
     GroupOffsets,
     ListedGroup,
+    LogDirDescription,
     MemberDescription,
     NewTopic,
     PartitionInfo,
@@ -802,6 +803,10 @@ class AsyncAdmin(_Client):
 
     async def describe_cluster(self, timeout_ms: int | None = None) -> ClusterDescription:
         return await self._call(self._aio.describe_cluster, timeout_ms, timeout=self._timeout(timeout_ms))
+
+    async def describe_log_dirs(self, brokers: Iterable[int] | None = None, timeout_ms: int | None = None
+                      ) -> dict[int, dict[str, LogDirDescription]]:
+        return await self._call(self._aio.describe_log_dirs, brokers, timeout_ms, timeout=self._timeout(timeout_ms))
 
     async def describe_configs(self, topic: str, keys: Sequence[str] | None = None,
                                timeout_ms: int | None = None) -> dict[str, ConfigEntry]:

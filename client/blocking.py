@@ -35,6 +35,7 @@ from tidelog.aio.admin import (
     ConsumerGroupDescription,
     GroupOffsets,
     ListedGroup,
+    LogDirDescription,
     MemberDescription,
     NewTopic,
     PartitionInfo,
@@ -558,6 +559,10 @@ class Admin(_Blocking):
 
     def describe_cluster(self, timeout_ms: int | None = None) -> ClusterDescription:
         return self._call(self._aio.describe_cluster, timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def describe_log_dirs(self, brokers: Iterable[int] | None = None, timeout_ms: int | None = None
+                      ) -> dict[int, dict[str, LogDirDescription]]:
+        return self._call(self._aio.describe_log_dirs, brokers, timeout_ms, timeout=self._timeout(timeout_ms))
 
     def describe_configs(self, topic: str, keys: Sequence[str] | None = None,
                          timeout_ms: int | None = None) -> dict[str, ConfigEntry]:

@@ -76,6 +76,7 @@ APIS: Mapping[ApiKey, Api] = _table(
     Api(ApiKey.DELETE_ACLS, 0, 0, m.DeleteAclsRequest, m.DeleteAclsResponse),
     Api(ApiKey.DESCRIBE_CONFIGS, 0, 0, m.DescribeConfigsRequest, m.DescribeConfigsResponse),
     Api(ApiKey.ALTER_CONFIGS, 0, 0, m.AlterConfigsRequest, m.AlterConfigsResponse),
+    Api(ApiKey.DESCRIBE_LOG_DIRS, 0, 0, m.DescribeLogDirsRequest, m.DescribeLogDirsResponse),
     Api(ApiKey.CREATE_PARTITIONS, 0, 0, m.CreatePartitionsRequest, m.CreatePartitionsResponse),
     Api(ApiKey.DELETE_GROUPS, 0, 0, m.DeleteGroupsRequest, m.DeleteGroupsResponse),
     Api(ApiKey.ELECT_LEADERS, 0, 0, m.ElectLeadersRequest, m.ElectLeadersResponse),

@@ -286,6 +286,57 @@ class AlterConfigsResponse(Message):
     throttle_time_ms: int = 0
 
 
+# DescribeLogDirs (Kafka's key 35): each broker describes its own replicas, log dir by log
+# dir. Kafka's fields (partition_size, offset_lag: the HW minus the replica's LEO, never
+# negative) plus Tidelog's log_start_offset, log_end_offset and high_watermark as this
+# broker holds them, so a tool can draw every replica of a partition on one offset axis.
+
+
+@dataclass(frozen=True, slots=True)
+class DescribableLogDirTopic(Message):
+    topic: str
+    partitions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsRequest(Message):
+    """None: every replica this broker holds."""
+    topics: list[DescribableLogDirTopic] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsPartition(Message):
+    partition_index: int = field(metadata=INT32)
+    partition_size: int = field(metadata=INT64)
+    offset_lag: int = field(metadata=INT64)
+    is_future_key: bool = False
+    log_start_offset: int = field(default=-1, metadata=INT64)
+    log_end_offset: int = field(default=-1, metadata=INT64)
+    high_watermark: int = field(default=-1, metadata=INT64)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsTopic(Message):
+    name: str
+    partitions: list[DescribeLogDirsPartition] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsResult(Message):
+    error_code: int
+    log_dir: str
+    topics: list[DescribeLogDirsTopic] = field(default_factory=list)
+    total_bytes: int = field(default=-1, metadata=INT64)
+    usable_bytes: int = field(default=-1, metadata=INT64)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsResponse(Message):
+    error_code: int = 0
+    results: list[DescribeLogDirsResult] = field(default_factory=list)
+    throttle_time_ms: int = 0
+
+
 # ---------------------------------------------------------------------------------------------
 # User and client-id entity configs (Kafka's keys 48 to 51): client quotas and SCRAM
 # credentials, stored in ZooKeeper (broker/security/entity_configs.py). Quota values are

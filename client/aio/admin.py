@@ -93,6 +93,8 @@ from tidelog.protocol.messages import (
     DescribeConfigsRequest,
     DescribeConfigsResource,
     DescribeGroupsRequest,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
     ElectLeadersRequest,
     ElectLeadersResponse,
     FindCoordinatorRequest,
@@ -121,7 +123,7 @@ if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers
 
 __all__ = ["AsyncAdmin", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
            "ConfigEntry", "BrokerMetadata", "ListedGroup", "MemberDescription", "ConsumerGroupDescription",
-           "GroupOffsets", "ClientQuotaAlteration", "ClientQuotaEntity", "ClientQuotaFilter",
+           "GroupOffsets", "ReplicaInfo", "LogDirDescription", "ClientQuotaAlteration", "ClientQuotaEntity", "ClientQuotaFilter",
            "UserScramCredentialDeletion", "UserScramCredentialUpsertion", "UserScramCredentialsDescription"]
 
 
@@ -213,6 +215,32 @@ class PartitionReassignment:
     @property
     def target_replicas(self) -> tuple[int, ...]:
         return tuple(r for r in self.replicas if r not in self.removing_replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """One replica as its broker holds it (DescribeLogDirs): size on disk, Kafka's
+    ``offset_lag`` (the HW minus the replica's LEO, never negative), and the replica's log
+    start offset, log end offset and high watermark."""
+
+    partition: TopicPartition
+    size: int
+    offset_lag: int
+    is_future: bool
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirDescription:
+    """One log dir of a broker: its replicas, and its file system's total and usable bytes
+    (-1 when unknown)."""
+
+    path: str
+    replicas: dict[TopicPartition, ReplicaInfo]
+    total_bytes: int = -1
+    usable_bytes: int = -1
 
 
 _COORDINATOR_RETRY = {COORDINATOR_NOT_AVAILABLE.code, NOT_COORDINATOR.code, COORDINATOR_LOAD_IN_PROGRESS.code}
@@ -331,6 +359,41 @@ class AsyncAdmin(RunsInOwnNursery):
         response = await self._metadata([], timeout_ms)
         return ClusterDescription(response.cluster_id, response.controller_id,
                                   sorted(response.brokers, key=lambda b: b.node_id))
+
+    async def describe_log_dirs(self, brokers: Iterable[int] | None = None, timeout_ms: int | None = None
+                                ) -> dict[int, dict[str, LogDirDescription]]:
+        """Kafka's ``describeLogDirs``: each broker's log dirs and the replicas in them, asked
+        of each broker (None: every broker of the cluster), all at once. Returns broker ->
+        log dir path -> description, or raises the first broker's failure (for instance
+        CLUSTER_AUTHORIZATION_FAILED without Describe on the cluster, or a broker that cannot
+        be reached) with ``.results`` (broker -> its dirs or the exception) attached."""
+        deadline = self._deadline(timeout_ms)
+        if brokers is None:
+            await self._cluster.refresh(timeout=self._remaining(deadline))
+            brokers = sorted(self._cluster.metadata.brokers)
+        results: dict[int, Any] = {}
+
+        async def ask(node: int) -> None:
+            try:
+                r: DescribeLogDirsResponse = await self._cluster.request(
+                    node, DescribeLogDirsRequest(None), api_key=ApiKey.DESCRIBE_LOG_DIRS,
+                    timeout=self._request_s(deadline))
+            except TidelogError as e:
+                results[node] = e
+                return
+            if r.error_code != NONE.code:
+                results[node] = broker_error(r.error_code, f"cannot describe the log dirs of broker {node}")
+                return
+            results[node] = {d.log_dir: _log_dir_description(d) for d in r.results}
+
+        async with trio.open_nursery() as nursery:
+            for node in dict.fromkeys(brokers):
+                nursery.start_soon(ask, node)
+        failures = [e for e in results.values() if isinstance(e, BaseException)]
+        if failures:
+            failures[0].results = results
+            raise failures[0]
+        return dict(sorted(results.items()))
 
     async def _metadata(self, topics: list[str] | None, timeout_ms: int | None) -> MetadataResponse:
         return await self._cluster.fetch_metadata(topics, timeout=self._timeout_ms(timeout_ms) / 1000,
@@ -864,6 +927,16 @@ def _raise_first(results: dict) -> dict:
         failures[0].results = results
         raise failures[0]
     return {key: None for key in results}
+
+
+def _log_dir_description(d: Any) -> LogDirDescription:
+    replicas = {}
+    for t in d.topics:
+        for p in t.partitions:
+            tp = TopicPartition(t.name, p.partition_index)
+            replicas[tp] = ReplicaInfo(tp, p.partition_size, p.offset_lag, p.is_future_key, p.log_start_offset,
+                                       p.log_end_offset, p.high_watermark)
+    return LogDirDescription(d.log_dir, replicas, d.total_bytes, d.usable_bytes)
 
 
 def _acl_order(b: AclBinding) -> tuple:

@@ -342,6 +342,10 @@ def _list_partition_reassignments(v: Valid) -> m.Message:
         v.rng.choice((None, [m.ListPartitionReassignmentsTopics(v.topic(), [v.partition()])])), 5000)
 
 
+def _describe_log_dirs(v: Valid) -> m.Message:
+    return m.DescribeLogDirsRequest(v.rng.choice((None, [m.DescribableLogDirTopic(v.topic(), [v.partition()])])))
+
+
 VALID: dict[ApiKey, Callable[[Valid], m.Message]] = {
     ApiKey.PRODUCE: _produce, ApiKey.FETCH: _fetch, ApiKey.LIST_OFFSETS: _list_offsets,
     ApiKey.METADATA: _metadata, ApiKey.LEADER_AND_ISR: _leader_and_isr, ApiKey.STOP_REPLICA: _stop_replica,
@@ -355,7 +359,7 @@ VALID: dict[ApiKey, Callable[[Valid], m.Message]] = {
     ApiKey.DESCRIBE_CONFIGS: _describe_configs, ApiKey.ALTER_CONFIGS: _alter_configs,
     ApiKey.CREATE_PARTITIONS: _create_partitions, ApiKey.DELETE_GROUPS: _delete_groups,
     ApiKey.ELECT_LEADERS: _elect_leaders, ApiKey.ALTER_PARTITION_REASSIGNMENTS: _alter_partition_reassignments,
-    ApiKey.LIST_PARTITION_REASSIGNMENTS: _list_partition_reassignments,
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: _list_partition_reassignments, ApiKey.DESCRIBE_LOG_DIRS: _describe_log_dirs,
 }
 
 
