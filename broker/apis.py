@@ -208,6 +208,7 @@ from tidelog.protocol.messages import (
     UpdateMetadataRequest,
     UpdateMetadataResponse,
 )
+from tidelog.protocol.throttles import DYNAMIC_BROKER_CONFIGS
 from tidelog.protocol.topics import TopicPartition, is_internal_topic, metric_name, topic_name_problem
 
 logger = logging.getLogger("tidelog.apis")
@@ -253,6 +254,7 @@ class BrokerState(Protocol):
     log_defaults: Any  # broker.log.config.LogConfig
     zk: Any  # broker.zookeeper.zk.ZkClient
     topic_overrides: dict[str, dict[str, str]]
+    entity_configs: Any  # broker.security.entity_configs.EntityConfigStore (dynamic broker configs)
 
     def update_topic_overrides(self, configs: Mapping[str, Mapping[str, str]]) -> None: ...
 
@@ -673,8 +675,11 @@ class Apis:
                     for k, v in sorted(effective.items()) if keys is None or k in keys]
         if resource_type == BROKER_RESOURCE:
             props = self.config.to_props()  # secrets (SENSITIVE) without their value, as Kafka
-            return [ConfigEntry(k, None if k in SENSITIVE else _render(v), read_only=True, is_sensitive=k in SENSITIVE)
-                    for k, v in sorted(props.items()) if keys is None or k in keys]
+            entries = [ConfigEntry(k, None if k in SENSITIVE else _render(v), read_only=True,
+                                   is_sensitive=k in SENSITIVE) for k, v in props.items()]
+            dynamic = self.broker.entity_configs.broker_config(self.config.broker_id) if self.broker else {}
+            entries += [ConfigEntry(k, dynamic.get(k), is_default=k not in dynamic) for k in DYNAMIC_BROKER_CONFIGS]
+            return sorted((e for e in entries if keys is None or e.name in keys), key=lambda e: e.name)
         raise TidelogError(f"unknown config resource type {resource_type}", error=INVALID_REQUEST)
 
     @handles(ApiKey.ALTER_CONFIGS, Kind.ASYNC)
@@ -691,8 +696,13 @@ class Apis:
                     raise TidelogError(f"resource {r.resource_name[:250]!r} (type {r.resource_type}) appears more "
                                        "than once in the request", error=INVALID_REQUEST)
                 self._check_config_access(ctx, AclOperation.ALTER_CONFIGS, r.resource_type, r.resource_name)
+                if r.resource_type == BROKER_RESOURCE:  # any broker writes it; each follows the notification
+                    await self._entity_configs.alter_broker_config(r.resource_name, r.configs, req.validate_only)
+                    out.append(AlterConfigsResult(NONE.code, r.resource_type, r.resource_name))
+                    continue
                 if r.resource_type != TOPIC_RESOURCE:
-                    raise TidelogError("only topic configs can be altered at runtime", error=INVALID_REQUEST)
+                    raise TidelogError("only topic and broker configs can be altered at runtime",
+                                       error=INVALID_REQUEST)
                 c = self._controller()
                 waits = await c.call(lambda r=r: c.alter_topic_config(r.resource_name, r.configs, req.validate_only))
                 await wait_all(waits, 10)

@@ -63,6 +63,7 @@ from tidelog.protocol import placement
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, StorageError, TidelogError
 from tidelog.protocol.messages import ControlledShutdownRequest
+from tidelog.protocol.throttles import FOLLOWER_RATE, LEADER_RATE
 from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.broker")
@@ -108,6 +109,9 @@ class BrokerServer:
         self.log_cleaner = LogCleaner(self.log_manager, CleanerConfig.from_broker_config(config))
         # user and client-id configs (SCRAM credentials, quotas) and the quotas' enforcement
         self.entity_configs = EntityConfigStore(self.zk)
+        rm, store = self.replica_manager, self.entity_configs  # the throttles follow the dynamic configs
+        rm.leader_quota.rate_of = lambda: store.broker_int(self.broker_id, LEADER_RATE)
+        rm.follower_quota.rate_of = lambda: store.broker_int(self.broker_id, FOLLOWER_RATE)
         self.quotas = ClientQuotas.from_config(self.entity_configs, config)
         self.quota_enforcer = QuotaEnforcer(self.quotas)
         self.broker_epoch = -1

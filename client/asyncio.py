@@ -818,6 +818,11 @@ class AsyncAdmin(_Client):
         return await self._call(self._aio.alter_configs, topic, dict(configs), validate_only, timeout_ms,
                                 timeout=self._timeout(timeout_ms))
 
+    async def alter_broker_configs(self, broker_id: int | None, configs: dict[str, str | None],
+                                   validate_only: bool = False, timeout_ms: int | None = None) -> None:
+        return await self._call(self._aio.alter_broker_configs, broker_id, dict(configs), validate_only, timeout_ms,
+                                timeout=self._timeout(timeout_ms))
+
     async def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
                             timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
         return await self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),

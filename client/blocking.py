@@ -573,6 +573,12 @@ class Admin(_Blocking):
         return self._call(self._aio.alter_configs, topic, dict(configs), validate_only, timeout_ms,
                           timeout=self._timeout(timeout_ms))
 
+    def alter_broker_configs(self, broker_id: int | None, configs: dict[str, str | None],
+                             validate_only: bool = False, timeout_ms: int | None = None) -> None:
+        """Set a broker's dynamic configs; see ``AsyncAdmin.alter_broker_configs``."""
+        return self._call(self._aio.alter_broker_configs, broker_id, dict(configs), validate_only, timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
     def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
                       timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
         """Preferred leader election; see ``AsyncAdmin.elect_leaders``."""

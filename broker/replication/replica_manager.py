@@ -30,6 +30,7 @@ from tidelog.broker.log.log import Log, checked
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
 from tidelog.broker.replication.partition import Partition, check_leader_epoch
+from tidelog.broker.replication.throttle import ReplicationQuota
 from tidelog.protocol.errors import (
     INVALID_REQUIRED_ACKS,
     NONE,
@@ -60,6 +61,7 @@ from tidelog.protocol.messages import (
     StopReplicaRequest,
     StopReplicaResponse,
 )
+from tidelog.protocol.throttles import is_throttled
 from tidelog.protocol.topics import TopicPartition
 
 if TYPE_CHECKING:
@@ -208,6 +210,10 @@ class ReplicaManager:
         self._nursery: trio.Nursery | None = None
         self.isr_shrinks = 0
         self.isr_expands = 0
+        # the replication throttles' rates (broker/replication/throttle.py); the broker points
+        # ``rate_of`` at its dynamic configs
+        self.leader_quota = ReplicationQuota(lambda: None)
+        self.follower_quota = ReplicationQuota(lambda: None)
         # called with (partition, leads it now, leader epoch) after each LeaderAndIsr and
         # StopReplica: the group coordinator loads and unloads __consumer_offsets partitions
         self.leadership_listeners: list[Callable[[TopicPartition, bool, int], None]] = []
@@ -313,7 +319,7 @@ class ReplicaManager:
             endpoint = self.endpoint_for(leader_id, fid)
             f = self.fetchers[key] = ReplicaFetcher(
                 leader_id, endpoint, self._log_of, self.config.fetcher or FetcherConfig(self.broker_id),
-                broker_epoch=lambda: self.broker_epoch)
+                broker_epoch=lambda: self.broker_epoch, quota=self.follower_quota)
             self._nursery.start_soon(f.run)
         return f
 
@@ -587,8 +593,17 @@ class ReplicaManager:
                 raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
             log = p.fetch_log(fp.current_leader_epoch, from_follower, replica_id)
             max_offset = None if from_follower else log.high_watermark
-            records = log.read(fp.fetch_offset, min(fp.partition_max_bytes, budget), max_offset,
-                               min_one_message=first)
+            # Kafka's leader side: this broker's replica is a listed source, the follower lags
+            throttled = from_follower and replica_id not in p.isr and is_throttled(
+                log.config.leader_replication_throttled_replicas, tp.partition, self.broker_id)
+            now_s = trio.current_time() if throttled else 0.0
+            if throttled and self.leader_quota.exceeded(now_s):
+                records = b""  # the follower waits for the bucket to refill (max_wait_ms at most)
+            else:
+                records = log.read(fp.fetch_offset, min(fp.partition_max_bytes, budget), max_offset,
+                                   min_one_message=first)
+                if throttled:
+                    self.leader_quota.record(len(records or b""), now_s)
             # only a fetch the log could serve says where the follower is (as in Kafka): one
             # beyond our LEO holds records we lack, and must not count as caught up
             if from_follower and p.record_follower_fetch(replica_id, fp.fetch_offset, self.clock(),

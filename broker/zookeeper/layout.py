@@ -74,6 +74,7 @@ NO_LEADER = -1          # Kafka's LeaderAndIsr.NoLeader
 INITIAL_CONTROLLER_EPOCH = 0
 INITIAL_LEADER_EPOCH = 0
 USERS, CLIENTS = "users", "clients"  # the entity types of user and client-id configs
+BROKERS = "brokers"  # dynamic broker configs: brokers/<id>, brokers/<default> (the cluster's)
 DEFAULT_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default
 CONFIG_CHANGE_PREFIX = "config_change_"
 
@@ -219,7 +220,7 @@ class ZkPaths:
 
     def entity_type(self, entity_type: str) -> str:
         """``/config/users`` or ``/config/clients``: the entities of a type are its children."""
-        if entity_type not in (USERS, CLIENTS):
+        if entity_type not in (USERS, CLIENTS, BROKERS):
             raise ValueError(f"unknown config entity type {entity_type!r}")
         return self._p("config", entity_type)
 
@@ -230,7 +231,10 @@ class ZkPaths:
 
     def entity_config(self, entity_path: str) -> str:
         """The znode of an entity config: ``users/alice`` -> ``/config/users/alice``."""
-        parse_entity_path(entity_path)  # only the four shapes of user and client-id entities
+        if entity_path.startswith(BROKERS + "/"):
+            parse_broker_entity_path(entity_path)
+        else:
+            parse_entity_path(entity_path)  # only the four shapes of user and client-id entities
         return self._p("config", entity_path)
 
     @property
@@ -621,6 +625,22 @@ def parse_entity_path(path: str) -> tuple[str | None, str | None]:
         return name(parts[1]), name(parts[3])
     raise ValueError(f"{path!r} is not a user or client-id entity path "
                      "(users/<user>, clients/<client id> or users/<user>/clients/<client id>)")
+
+
+def broker_entity_path(broker_id: int | None) -> str:
+    """``brokers/<id>``, or ``brokers/<default>`` (the cluster-wide default) for None."""
+    return f"{BROKERS}/{DEFAULT_ENTITY if broker_id is None else int(broker_id)}"
+
+
+def parse_broker_entity_path(path: str) -> int | None:
+    """``broker_entity_path``'s inverse (None for the default); ValueError for anything else."""
+    parts = path.split("/") if isinstance(path, str) else []
+    if len(parts) == 2 and parts[0] == BROKERS:
+        if parts[1] == DEFAULT_ENTITY:
+            return None
+        if parts[1].isascii() and parts[1].isdigit() and len(parts[1]) <= 10:
+            return int(parts[1])
+    raise ValueError(f"{path!r} is not a broker entity path (brokers/<id> or brokers/{DEFAULT_ENTITY})")
 
 
 def encode_config_change(entity_path_: str) -> bytes:

@@ -62,6 +62,7 @@ from kazoo.retry import KazooRetry
 from kazoo.security import ACL, Id
 
 from tidelog.broker.zookeeper.layout import (
+    BROKERS,
     CLIENTS,
     DEFAULT_CHROOT,
     INITIAL_CONTROLLER_EPOCH,
@@ -710,11 +711,13 @@ class ZkClient:
             return config
 
     async def list_entities(self) -> list[str]:
-        """The entity path of every user and client-id config: ``users/U``, ``clients/C`` and
-        ``users/U/clients/C`` (names sanitized, ``<default>`` as it is)."""
+        """The entity path of every user, client-id and broker config: ``users/U``,
+        ``clients/C``, ``users/U/clients/C`` (names sanitized, ``<default>`` as it is) and
+        ``brokers/B``."""
         users = await self._children(self.paths.entity_type(USERS)) or []
         clients = await self._children(self.paths.entity_type(CLIENTS)) or []
-        out = [f"users/{u}" for u in users] + [f"clients/{c}" for c in clients]
+        brokers = await self._children(self.paths.entity_type(BROKERS)) or []
+        out = [f"users/{u}" for u in users] + [f"clients/{c}" for c in clients] + [f"brokers/{b}" for b in brokers]
         for user in users:
             for client in await self._children(self.paths.user_clients(user)) or []:
                 out.append(f"users/{user}/clients/{client}")

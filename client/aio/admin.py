@@ -63,6 +63,7 @@ from tidelog.protocol.errors import (
     error_for,
 )
 from tidelog.protocol.messages import (
+    BROKER_RESOURCE,
     DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,
     NO_OFFSET,
@@ -434,6 +435,25 @@ class AsyncAdmin(RunsInOwnNursery):
             lambda r: {res.resource_name: (res.error_code, res.error_message) for res in r.responses},
             timeout_ms)
         _raise_for(outcomes, "alter the configuration of")
+
+    async def alter_broker_configs(self, broker_id: int | None, configs: dict[str, str | None],
+                                   validate_only: bool = False, timeout_ms: int | None = None) -> None:
+        """Set a broker's dynamic configs (None: the cluster-wide default): the replication
+        throttle rates, ``leader.replication.throttled.rate`` and
+        ``follower.replication.throttled.rate`` (bytes/s). A None value removes one."""
+        timeout_ms = self._timeout_ms(timeout_ms)
+        name = "" if broker_id is None else str(int(broker_id))
+        values = {k: None if v is None else str(v) for k, v in configs.items()}
+        outcomes = await self._to_controller(
+            [name], lambda ns: AlterConfigsRequest([AlterConfigsResource(BROKER_RESOURCE, name, values)],
+                                                   validate_only),
+            ApiKey.ALTER_CONFIGS,
+            lambda r: {res.resource_name: (res.error_code, res.error_message) for res in r.responses},
+            timeout_ms)
+        code, message = outcomes[name]
+        if code != NONE.code:
+            raise broker_error(code, f"cannot alter the configs of {f'broker {name}' if name else 'every broker'}",
+                               message)
 
     async def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
                             timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:

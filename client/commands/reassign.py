@@ -6,8 +6,10 @@
   ``--disable-rack-aware``). Leaving a broker out of the list drains it.
 * ``--execute --reassignment-json-file F``: prints the current assignment (keep it to roll
   back), then starts the moves (AlterPartitionReassignments). Refused while other moves run,
-  unless ``--additional``.
-* ``--verify --reassignment-json-file F``: per partition, done or still moving.
+  unless ``--additional``. ``--throttle B`` bounds the copying to B bytes/s per broker
+  (broker/replication/throttle.py: the brokers' rates and the topics' throttled replicas).
+* ``--verify --reassignment-json-file F``: per partition, done or still moving; once all are
+  done, the throttles ``--execute --throttle`` set are removed (unless ``--preserve-throttles``).
 * ``--cancel --reassignment-json-file F``: cancels the moves of F's partitions still running
   (they return to their original replicas).
 
@@ -37,7 +39,8 @@ from tidelog.commands.common import (
     unreachable,
 )
 
-__all__ = ["generate", "parse_reassignment", "parse_topics_to_move", "reassignment_json", "register", "run"]
+__all__ = ["generate", "parse_reassignment", "parse_topics_to_move", "reassignment_json", "register", "run",
+           "throttled_replicas"]
 
 Assignment = dict[tuple[str, int], list[int]]  # (topic, partition) -> replicas
 
@@ -61,6 +64,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reassignment-json-file", metavar="FILE", help="--execute/--verify/--cancel: the moves")
     p.add_argument("--additional", action="store_true",
                    help="--execute: start these moves even while others are running")
+    p.add_argument("--throttle", type=int, metavar="BYTES/S",
+                   help="--execute: copy the moving replicas at no more than this many bytes per second "
+                        "(in-sync replicas are never throttled); --verify removes the throttle when done")
+    p.add_argument("--preserve-throttles", action="store_true",
+                   help="--verify/--cancel: leave the throttles in place")
     p.add_argument("--timeout-ms", type=int, default=30000, metavar="MS",
                    help="bound on the admin requests (default 30000)")
 
@@ -260,6 +268,10 @@ async def _execute(args: argparse.Namespace) -> int:
         print(reassignment_json({tp: current[tp] for tp in wanted}))
         print()
         print("Save this to use as the --reassignment-json-file option during rollback")
+        if args.throttle is not None:
+            if args.throttle <= 0:
+                raise UsageError(f"--throttle must be a positive number of bytes per second, got {args.throttle}")
+            await _set_throttles(admin, args, wanted, current)
         results = await admin.alter_partition_reassignments(_moves(wanted), timeout_ms=args.timeout_ms)
     return _report(results, "started partition reassignments")
 
@@ -269,9 +281,11 @@ async def _verify(args: argparse.Namespace) -> int:
 
     wanted = _file(args)
     async with _admin(args) as admin:
-        await _connect(admin, args)
+        cluster = await _connect(admin, args)
         moving = await admin.list_partition_reassignments([TopicPartition(t, p) for t, p in wanted])
         current = await _current(admin, {t for t, _ in wanted})
+        if not moving and not args.preserve_throttles:
+            await _clear_throttles(admin, args, [b.node_id for b in cluster.brokers], {t for t, _ in wanted})
     print("Status of partition reassignment:")
     status = EXIT_OK
     for (t, p), target in sorted(wanted.items()):
@@ -298,7 +312,52 @@ async def _cancel(args: argparse.Namespace) -> int:
             print("None of the specified partition reassignments are active.")
             return EXIT_OK
         results = await admin.alter_partition_reassignments({tp: None for tp in moving}, timeout_ms=args.timeout_ms)
+        if not args.preserve_throttles:
+            cluster = await admin.describe_cluster(timeout_ms=args.timeout_ms)
+            await _clear_throttles(admin, args, [b.node_id for b in cluster.brokers], {t for t, _ in wanted})
     return _report(results, "cancelled partition reassignments")
+
+
+def throttled_replicas(wanted: Assignment, current: Assignment) -> dict[str, tuple[str, str]]:
+    """Per topic, the (leader, follower) throttled-replica lists of a reassignment, as
+    kafka-reassign-partitions sets them: the leader side of every current replica of a moving
+    partition, the follower side of every replica being added."""
+    leader: dict[str, set[tuple[int, int]]] = {}
+    follower: dict[str, set[tuple[int, int]]] = {}
+    for (t, p), target in wanted.items():
+        now = current.get((t, p), [])
+        if list(target) == list(now):
+            continue
+        leader.setdefault(t, set()).update((p, b) for b in now)
+        follower.setdefault(t, set()).update((p, b) for b in target if b not in now)
+    return {t: (",".join(f"{p}:{b}" for p, b in sorted(leader.get(t, ()))),
+                ",".join(f"{p}:{b}" for p, b in sorted(follower.get(t, ())))) for t in sorted(leader)}
+
+
+async def _set_throttles(admin: Any, args: argparse.Namespace, wanted: Assignment, current: Assignment) -> None:
+    from tidelog.protocol.throttles import FOLLOWER_RATE, FOLLOWER_REPLICAS, LEADER_RATE, LEADER_REPLICAS
+
+    for topic, (leader, follower) in throttled_replicas(wanted, current).items():
+        await admin.alter_configs(topic, {LEADER_REPLICAS: leader or None, FOLLOWER_REPLICAS: follower or None},
+                                  timeout_ms=args.timeout_ms)
+    brokers = sorted({b for r in [*wanted.values(), *current.values()] for b in r})
+    for b in brokers:
+        await admin.alter_broker_configs(b, {LEADER_RATE: str(args.throttle), FOLLOWER_RATE: str(args.throttle)},
+                                         timeout_ms=args.timeout_ms)
+    print("Warning: You must run --verify periodically, until the reassignment completes, to ensure the "
+          "throttle is removed.")
+    print(f"The inter-broker throttle limit was set to {args.throttle} B/s")
+
+
+async def _clear_throttles(admin: Any, args: argparse.Namespace, brokers: list[int], topics: set[str]) -> None:
+    from tidelog.protocol.throttles import FOLLOWER_RATE, FOLLOWER_REPLICAS, LEADER_RATE, LEADER_REPLICAS
+
+    for b in sorted(brokers):
+        await admin.alter_broker_configs(b, {LEADER_RATE: None, FOLLOWER_RATE: None}, timeout_ms=args.timeout_ms)
+    print(f"Clearing broker-level throttles on brokers {','.join(map(str, sorted(brokers)))}")
+    for t in sorted(topics):
+        await admin.alter_configs(t, {LEADER_REPLICAS: None, FOLLOWER_REPLICAS: None}, timeout_ms=args.timeout_ms)
+        print(f"Clearing topic-level throttles on topic {t}")
 
 
 def _moves(wanted: Assignment) -> dict:

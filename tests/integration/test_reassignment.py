@@ -199,3 +199,40 @@ def test_the_cli_drains_a_broker(grown, tmp_path, capsys):
     assert rc == 0 and out.count("is completed.") == 3, out
     wait_on_disk(grown, topic, target)
     assert partition_dirs(grown, topic)[4] == []
+
+
+def test_a_throttled_move_through_the_cli(grown, tmp_path, capsys):
+    """--execute --throttle sets Kafka's throttle configs (the sources' leader side, the new
+    replica's follower side, the brokers' rates); the move still completes under them; --verify
+    then removes them all."""
+    from tidelog import Producer
+    from tidelog.broker.cli import main
+
+    topic = "throttled"
+    create(grown, topic, {0: [1, 2, 3]})
+    with Producer(grown.bootstrap, acks="all") as p:
+        for i in range(2000):
+            p.send(topic, b"x" * 1000, key=b"%d" % i)
+        p.flush(60)
+
+    def tidelog(*argv: str) -> tuple[int, str]:
+        capsys.readouterr()
+        rc = main([*argv, "--bootstrap", grown.bootstrap, "--timeout-ms", "60000"])
+        return rc, capsys.readouterr().out
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [{"topic": topic, "partition": 0, "replicas": [4, 2, 3]}]}))
+    rc, out = tidelog("reassign", "--execute", "--reassignment-json-file", str(plan), "--throttle", "500000")
+    assert rc == 0 and "The inter-broker throttle limit was set to 500000 B/s" in out, out
+    with admin(grown) as a:
+        configs = a.describe_configs(topic)
+        assert configs["leader.replication.throttled.replicas"].value == "0:1,0:2,0:3"
+        assert configs["follower.replication.throttled.replicas"].value == "0:4"
+    wait_moved(grown, topic, {0: [4, 2, 3]})
+    rc, out = tidelog("reassign", "--verify", "--reassignment-json-file", str(plan))
+    assert rc == 0 and "is completed." in out and "Clearing broker-level throttles on brokers 1,2,3,4" in out, out
+    with admin(grown) as a:
+        configs = a.describe_configs(topic)
+        assert configs["leader.replication.throttled.replicas"].is_default
+        assert configs["follower.replication.throttled.replicas"].is_default
+    wait_on_disk(grown, topic, {0: [4, 2, 3]})

@@ -8,7 +8,13 @@ import random
 
 import pytest
 
-from tidelog.commands.reassign import generate, parse_reassignment, parse_topics_to_move, reassignment_json
+from tidelog.commands.reassign import (
+    generate,
+    parse_reassignment,
+    parse_topics_to_move,
+    reassignment_json,
+    throttled_replicas,
+)
 
 # kafka-reassign-partitions' examples, from Kafka's operations documentation
 TOPICS_TO_MOVE = """{"topics": [{"topic": "foo1"},
@@ -82,3 +88,9 @@ def test_generate_spreads_replicas_over_racks():
     racks = {1: "r1", 2: "r1", 3: "r2", 4: "r2"}
     proposal = generate(current, [1, 2, 3, 4], racks, rng=random.Random(1))
     assert all({racks[b] for b in r} == {"r1", "r2"} for r in proposal.values())
+
+
+def test_the_cli_throttles_the_sources_leader_side_and_the_new_replicas_follower_side():
+    current = {("t", 0): [1, 2, 3], ("t", 1): [2, 3, 1], ("u", 0): [1, 2]}
+    wanted = {("t", 0): [4, 2, 3], ("t", 1): [2, 3, 1], ("u", 0): [2, 5]}
+    assert throttled_replicas(wanted, current) == {"t": ("0:1,0:2,0:3", "0:4"), "u": ("0:1,0:2", "0:5")}
