@@ -180,12 +180,11 @@ class DevCluster:
     def add_broker(self, broker_id: int | None = None, rack: str | None = None, timeout: float = 60.0) -> BrokerProcess:
         """Grow the cluster: write a new broker's config (the next id by default), start it and
         wait until every broker sees it. Its partitions come only from reassignments."""
-        if self.security or self.inter_broker_security:
-            raise ValueError("a secured dev cluster has certificates for its first brokers only: "
-                             "grow a PLAINTEXT one")
         broker_id = broker_id if broker_id is not None else max(self.brokers, default=0) + 1
         if broker_id in self.brokers:
             raise ValueError(f"broker {broker_id} is already in the cluster")
+        if self.security or self.inter_broker_security:  # a certificate from the cluster's CA
+            make_cluster_pki(self.dir / "pki", {broker_id: [self.hosts.get(broker_id, "127.0.0.1"), "localhost"]})
         saved = self.extra_config
         if rack is not None:
             self.extra_config = {**saved, "broker.rack": rack}

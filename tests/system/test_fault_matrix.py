@@ -29,8 +29,9 @@ Covered here:
 F4 and F5, the network partitions, are in ``test_network_faults`` (a network namespace per
 broker, see ``netlab``). F14 (consumer group churn) and F1/F2/F3 against the group coordinator's
 broker (F3: SIGKILL of the broker that is both controller and coordinator), checked by I12
-and I13, are in ``test_group_faults``. Not covered yet: F9, F10, F12,
-F13, F15 and F16 (other suites or later versions).
+and I13, are in ``test_group_faults``. F13 (reassignment onto an added broker, through a
+leader kill and a controller kill) is the last scenario here. Not covered yet: F9, F10, F12,
+F15 and F16 (other suites or later versions).
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
 bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
@@ -48,12 +49,13 @@ import pytest
 from tests.support.disk import log_dir
 from tests.system.harness import (
     ELECTION_TIMEOUT_S,
+    HEAL_TIMEOUT_S,
     SESSION_S,
     Scenario,
     value_of,
     wait_until,
 )
-from tidelog import Producer
+from tidelog import Producer, TopicPartition
 from tidelog.protocol.errors import NOT_ENOUGH_REPLICAS
 
 BOUNCES = 5
@@ -296,3 +298,49 @@ def test_f11_isr_of_one_loses_leader_unclean_on(tmp_path: Path) -> None:
     assert not untold, f"consumed records vanished without an OFFSET_OUT_OF_RANGE: {untold[:5]}"
     # never a silent skip; everything else holds (replicas agree after the truncation)
     report.assert_ok(ignore=("lost", "phantom", "not_consumed"))
+
+
+# -- F13: partitions moved onto an added broker, through a leader kill and a controller kill ---------
+
+
+def test_f13_reassignment_onto_an_added_broker_through_failures(tmp_path: Path, soak: int) -> None:
+    """A fourth broker joins and every partition is moved to include it, under the acks=all
+    load. While the moves wait (the new broker is paused: registered, not fetching), the leader
+    of partition 0 is SIGKILLed and then the controller; the new controller resumes the moves
+    from ZooKeeper, and once the new broker resumes they complete. The oracle then also finds
+    every replica of the final assignment, and only those, on disk (I2 over each holder)."""
+    target = {0: [4, 1, 2], 1: [2, 4, 3], 2: [3, 1, 4]}
+    with Scenario(tmp_path, "F13 reassignment under faults") as s:
+        s.wait_acked(WARMUP_ACKS)
+        s.note("adding broker 4")
+        s.cluster.add_broker(timeout=ELECTION_TIMEOUT_S)
+        s.pause(4)
+        with s.admin() as a:
+            results = a.alter_partition_reassignments(
+                {TopicPartition(s.topic, p): r for p, r in target.items()})
+        assert all(code == 0 for code, _ in results.values()), results
+        s.note(f"reassignment started: {target}")
+        leader = s.leader_of(0)
+        s.kill(leader)
+        s.leader_of(0, not_in=[leader])
+        s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        controller = s.controller(not_in=[leader])
+        s.kill(controller)
+        s.controller(not_in=[leader, controller])
+        s.resume(4)
+        s.heal()  # the killed brokers back; every replica in its ISR
+
+        def moved() -> bool:
+            with s.admin() as a:
+                if a.list_partition_reassignments():
+                    return False
+            return all(s.replicas_of(p) == r for p, r in target.items())
+        wait_until(moved, HEAL_TIMEOUT_S, f"the reassignment to {target} to complete")
+        s.note("reassignment complete")
+        s.wait_isr_full()
+        s.wait_acked(BETWEEN_ACKS * soak)
+        report = run_to_report(s)
+    report.assert_ok()
+    holders = {p: sorted(b for b in s.cluster.brokers if (log_dir(s.cluster, b) / f"{s.topic}-{p}").is_dir())
+               for p in target}
+    assert holders == {p: sorted(r) for p, r in target.items()}, holders
