@@ -30,8 +30,8 @@ F4 and F5, the network partitions, are in ``test_network_faults`` (a network nam
 broker, see ``netlab``). F14 (consumer group churn) and F1/F2/F3 against the group coordinator's
 broker (F3: SIGKILL of the broker that is both controller and coordinator), checked by I12
 and I13, are in ``test_group_faults``. F13 (reassignment onto an added broker, through a
-leader kill and a controller kill) is the last scenario here. Not covered yet: F9, F10, F12,
-F15 and F16 (other suites or later versions).
+leader kill and a controller kill) is the last scenario here; F10 (index and checkpoint files
+deleted or garbled on a killed leader) follows F8. Not covered yet: F9, F12, F15 and F16.
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
 bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
@@ -51,6 +51,8 @@ from tests.system.harness import (
     ELECTION_TIMEOUT_S,
     HEAL_TIMEOUT_S,
     SESSION_S,
+    SETTLE_TIMEOUT_S,
+    IsrSampler,
     Scenario,
     value_of,
     wait_until,
@@ -199,6 +201,47 @@ def test_f8_power_loss_torn_tail(tmp_path: Path, soak: int, damage: str) -> None
     report.assert_ok()
 
 
+# -- F10: index and checkpoint files lost ---------------------------------------------------------
+
+# several closed segments, each with its indexes (below the 1 MiB clients may ask for by default)
+SMALL_SEGMENTS = {"segment.bytes": "16384"}
+SMALL_SEGMENTS_ALLOWED = {"log.segment.min.bytes": 16384}
+
+
+@pytest.mark.parametrize("damage", ["delete", "garble"])
+def test_f10_index_and_checkpoint_files_lost(tmp_path: Path, soak: int, damage: str) -> None:
+    """The leader of partition 0 is SIGKILLed; every .index and .timeindex of its segments,
+    each partition's leader-epoch-checkpoint and the log dir's checkpoints (recovery point,
+    replication offsets, log start) are deleted or overwritten with random bytes; it restarts,
+    rebuilds what it lost from the segments themselves, catches up and rejoins every ISR."""
+    with Scenario(tmp_path, f"F10 index and checkpoint files ({damage})", topic_config=SMALL_SEGMENTS,
+                  extra_config=SMALL_SEGMENTS_ALLOWED) as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            victim = s.leader_of(0)
+            d = log_dir(s.cluster, victim)
+            wait_until(lambda d=d: len(list(d.glob(f"{s.topic}-0/*.log"))) >= 3, SETTLE_TIMEOUT_S,
+                       f"three segments of partition 0 on broker {victim}")
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+            s.kill(victim)
+            segments = list(d.glob(f"{s.topic}-0/*.log"))
+            files = [*d.glob(f"{s.topic}-*/*.index"), *d.glob(f"{s.topic}-*/*.timeindex"),
+                     *d.glob(f"{s.topic}-*/leader-epoch-checkpoint"), *d.glob("*-checkpoint")]
+            for f in files:
+                if damage == "delete":
+                    f.unlink()
+                else:
+                    f.write_bytes(os.urandom(max(f.stat().st_size, 16)))
+            s.note(f"{damage}d {len(files)} index and checkpoint files on broker {victim} "
+                   f"({len(segments)} segments of partition 0)")
+            s.wait_gone(victim)
+            s.start(victim)
+            s.wait_isr_full()
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
 # -- F11: an ISR of one loses its leader ---------------------------------------------------------
 
 
@@ -315,27 +358,29 @@ def test_f13_reassignment_onto_an_added_broker_through_failures(tmp_path: Path, 
         s.note("adding broker 4")
         s.cluster.add_broker(timeout=ELECTION_TIMEOUT_S)
         s.pause(4)
-        with s.admin() as a:
-            results = a.alter_partition_reassignments(
-                {TopicPartition(s.topic, p): r for p, r in target.items()})
-        assert all(code == 0 for code, _ in results.values()), results
-        s.note(f"reassignment started: {target}")
-        leader = s.leader_of(0)
-        s.kill(leader)
-        s.leader_of(0, not_in=[leader])
-        s.wait_acked(BETWEEN_ACKS * soak, partition=0)
-        controller = s.controller(not_in=[leader])
-        s.kill(controller)
-        s.controller(not_in=[leader, controller])
-        s.resume(4)
-        s.heal()  # the killed brokers back; every replica in its ISR
-
-        def moved() -> bool:
+        with IsrSampler(s) as sampler:  # I8 throughout the move
             with s.admin() as a:
-                if a.list_partition_reassignments():
-                    return False
-            return all(s.replicas_of(p) == r for p, r in target.items())
-        wait_until(moved, HEAL_TIMEOUT_S, f"the reassignment to {target} to complete")
+                results = a.alter_partition_reassignments(
+                    {TopicPartition(s.topic, p): r for p, r in target.items()})
+            assert all(code == 0 for code, _ in results.values()), results
+            s.note(f"reassignment started: {target}")
+            leader = s.leader_of(0)
+            s.kill(leader)
+            s.leader_of(0, not_in=[leader])
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+            controller = s.controller(not_in=[leader])
+            s.kill(controller)
+            s.controller(not_in=[leader, controller])
+            s.resume(4)
+            s.heal()  # the killed brokers back; every replica in its ISR
+
+            def moved() -> bool:
+                with s.admin() as a:
+                    if a.list_partition_reassignments():
+                        return False
+                return all(s.replicas_of(p) == r for p, r in target.items())
+            wait_until(moved, HEAL_TIMEOUT_S, f"the reassignment to {target} to complete")
+        assert any(4 in isr for _, isr in sampler.isrs), f"I8 never sampled broker 4 in an ISR: {dict(sampler.isrs)}"
         s.note("reassignment complete")
         s.wait_isr_full()
         s.wait_acked(BETWEEN_ACKS * soak)
