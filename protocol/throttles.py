@@ -10,6 +10,7 @@ ALL_REPLICAS = "*"
 LEADER_RATE, FOLLOWER_RATE = "leader.replication.throttled.rate", "follower.replication.throttled.rate"
 LEADER_REPLICAS, FOLLOWER_REPLICAS = "leader.replication.throttled.replicas", "follower.replication.throttled.replicas"
 DYNAMIC_BROKER_CONFIGS = (LEADER_RATE, FOLLOWER_RATE)
+MAX_RATE = (1 << 63) - 1
 
 
 def normalize_throttled_replicas(value: str) -> str:
@@ -51,5 +52,5 @@ def check_rate(key: str, value: str | None) -> None:
         rate = int(str(value).strip())
     except ValueError:
         raise ValueError(f"{key} must be a whole number of bytes per second, got {value!r}") from None
-    if rate <= 0:
-        raise ValueError(f"{key} must be positive (bytes per second), got {rate}")
+    if not 0 < rate <= MAX_RATE:
+        raise ValueError(f"{key} must be between 1 and {MAX_RATE} bytes per second (Kafka's long), got {rate}")

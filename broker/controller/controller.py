@@ -37,6 +37,7 @@ Events and what they do:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import math
@@ -152,6 +153,10 @@ class ControllerContext:
     shutting_down: set[int] = field(default_factory=set)
     # partitions under reassignment; their ``assignments`` entry is the move's RS
     moves: dict[TopicPartition, ReplicaAssignment] = field(default_factory=dict)
+    # every topic in ZooKeeper was read: only then may a LeaderAndIsr be full (a broker deletes
+    # the logs it holds that a full one does not list)
+    complete: bool = False
+    unreadable: set[str] = field(default_factory=set)  # topics whose znodes could not be decoded
 
     @property
     def live(self) -> set[int]:
@@ -262,7 +267,13 @@ class Controller:
         if current is None and data is None:
             epoch = await self.zk.try_elect_controller(self.broker_id)
             if epoch is not None:
-                await self._failover(epoch)
+                try:
+                    await self._failover(epoch)
+                except Exception:  # a partial view must not act: let the election run again
+                    logger.exception("broker %d: controller failover failed; resigning", self.broker_id)
+                    self._resign()
+                    with contextlib.suppress(Exception):
+                        await self.zk.resign_controller(self.broker_id)
 
     def _resign(self) -> None:
         self.ctx = None
@@ -280,6 +291,7 @@ class Controller:
         await self._refresh_brokers()
         for topic in await self.zk.get_topics():
             await self._load_topic(topic)
+        ctx.complete = not ctx.unreadable
         await self._init_new_partitions(ctx.all_partitions())
         await self._elect_offline(ctx.all_partitions())
         # brokers that died while no controller was watching (the previous controller among
@@ -320,7 +332,13 @@ class Controller:
         if problem is not None:  # not written by a broker (they validate): never sent anywhere
             logger.error("ignoring topic %r in ZooKeeper: %s", topic, problem)
             return
-        got = await self.zk.get_assignment_and_moves(topic)
+        try:
+            got = await self.zk.get_assignment_and_moves(topic)
+        except ValueError as e:  # a malformed znode: the topic is left alone, and no request is full
+            logger.error("ignoring topic %r in ZooKeeper: %s", topic, e)
+            ctx.unreadable.add(topic)
+            ctx.complete = False
+            return
         if got is None:
             return
         assignment, moves = got
@@ -478,7 +496,7 @@ class Controller:
         the broker deletes the logs of any other partition it holds (a replica removed while
         it was down)."""
         known = [tp for tp in tps if tp in self.ctx.states]
-        if len(known) < len(tps):  # a partition without a state: its log must not look stray
+        if len(known) < len(tps) or not self.ctx.complete:  # nothing may look stray on a guess
             full, tps = False, known
         if not tps and not full:
             return None
@@ -744,13 +762,13 @@ class Controller:
                 self.ctx.states[tp] = state
         self._send_update_metadata(sorted(tp for tp in tps if tp in self.ctx.states))
         await self.zk.delete_isr_change_notifications([path for path, _ in notes])
-        await self._advance_moves(sorted(tp for tp in tps if tp in self.ctx.moves))
         # a leader may have taken a broker into its ISR just before the broker died
         dead = {r for tp in tps if tp in self.ctx.states for r in self.ctx.states[tp][0].isr} - set(self.ctx.brokers)
         if dead:
             await self._shrink_isr([tp for tp in tps if tp in self.ctx.states
                                     and self.ctx.states[tp][0].leader in self.ctx.live
                                     and set(self.ctx.states[tp][0].isr) & dead], dead)
+        await self._advance_moves(sorted(tp for tp in tps if tp in self.ctx.moves))
 
     # -- controlled shutdown -------------------------------------------------------------------
 
@@ -809,12 +827,17 @@ class Controller:
     async def alter_reassignments(self, requested: list[tuple[TopicPartition, list[int] | None]]):
         """AlterPartitionReassignments: move each partition to its target replicas (None:
         cancel its move). Returns {tp: (error code, message)} and the propagation waits. A
-        partition named twice is refused (INVALID_REQUEST), as Kafka does.
+        partition named twice is refused (INVALID_REQUEST), as Kafka does; a target equal to
+        the replicas of a partition that is not moving changes nothing.
 
-        Per topic, the new replica sets and moves are written to the topic's znode first (a
-        controller that takes over resumes from there), then each partition's state with a
-        new leader epoch, then LeaderAndIsr to the new RS (added replicas start fetching) and
-        StopReplica with deletion to replicas dropped at once (by a cancel or a replaced move)."""
+        Order of the writes, so that ZooKeeper is consistent after each one (a controller that
+        takes over resumes from there): first the state of each partition that drops replicas
+        at once (a cancel or a replaced move: they leave the ISR, a leader among them hands
+        over), refusing that partition if the state cannot be written; then, per topic, the
+        new replica sets and moves in the topic's znode (checked against the znode size
+        bound; memory follows only once written); then each moving partition's state with a
+        new leader epoch; then LeaderAndIsr to the new RS (added replicas start fetching) and
+        StopReplica with deletion to the dropped replicas."""
         ctx = self.ctx
         results: dict[TopicPartition, tuple[int, str | None]] = {}
         plans: dict[TopicPartition, tuple[ReplicaAssignment, ReplicaAssignment]] = {}
@@ -824,27 +847,50 @@ class Controller:
                 results[tp] = (INVALID_REQUEST.code, f"{tp} appears more than once in the request")
                 continue
             try:
-                plans[tp] = self._plan_move(tp, target)
+                before, after = self._plan_move(tp, target)
                 results[tp] = (NONE.code, None)
+                if after != before:
+                    plans[tp] = (before, after)
             except TidelogError as e:
                 results[tp] = (e.code, str(e))
-        for topic in sorted({tp.topic for tp in plans}):
-            for tp, (_, after) in plans.items():
-                if tp.topic == topic:
-                    ctx.assignments[topic][tp.partition] = list(after.replicas)
-                    ctx.moves.pop(tp, None)
-                    if after.is_reassigning:
-                        ctx.moves[tp] = after
-            await self._write_assignment(topic)
         changed = []
+        for tp, (before, after) in list(plans.items()):
+            if set(before.replicas) - set(after.replicas):
+                if not await self._update_state(
+                        tp, lambda st, b=before, a=after: restate(b, a, st.leader, st.isr, ctx.live)):
+                    del plans[tp]
+                    results[tp] = (ELIGIBLE_LEADERS_NOT_AVAILABLE.code,
+                                   f"{tp}: the state changed to {ctx.states[tp][0]}, from which the replicas it "
+                                   "drops cannot leave the ISR (no other live in-sync replica to lead): retry")
+                    continue
+                changed.append(tp)
+        for topic in sorted({tp.topic for tp in plans}):
+            mine = {tp: after for tp, (_, after) in plans.items() if tp.topic == topic}
+            assignment = {**ctx.assignments[topic], **{tp.partition: list(a.replicas) for tp, a in mine.items()}}
+            moves = {**{tp: m for tp, m in ctx.moves.items() if tp.topic == topic and tp not in mine},
+                     **{tp: a for tp, a in mine.items() if a.is_reassigning}}
+            try:
+                check_assignment_size(topic, assignment, ctx.topic_configs.get(topic, {}), self.config.partition_limits,
+                                      moving=_moving(moves))
+                await self.zk.set_assignment(topic, assignment, moving=_moving(moves))
+            except TidelogError as e:  # the states written above stay valid under the old replicas
+                for tp in mine:
+                    del plans[tp]
+                    results[tp] = (e.code, str(e))
+                continue
+            ctx.assignments[topic] = assignment
+            for tp in mine:
+                ctx.moves.pop(tp, None)
+            ctx.moves.update(moves)
         for tp, (before, after) in plans.items():
-            await self._update_state(tp, lambda st, b=before, a=after: restate(b, a, st.leader, st.isr, ctx.live))
-            changed.append(tp)
+            if tp not in changed:  # a new leader epoch tells every replica of the new RS
+                await self._update_state(tp, lambda st: (st.leader, list(st.isr)))
+                changed.append(tp)
             if after.is_reassigning:
                 logger.info("%s: reassigning from %s to %s", tp, list(after.original), list(after.target))
             else:
-                logger.info("%s: replicas %s (move %s)", tp, list(after.replicas),
-                            "cancelled" if before.is_reassigning else "not needed")
+                logger.info("%s: replicas %s (move cancelled)", tp, list(after.replicas))
+        changed = [tp for tp in changed if tp in plans]
         waits = self._propagate(changed)
         self._stop_dropped({tp: set(b.replicas) - set(a.replicas) for tp, (b, a) in plans.items()})
         waits += await self._advance_moves([tp for tp in changed if tp in ctx.moves])
@@ -873,8 +919,8 @@ class Controller:
 
     async def _write_assignment(self, topic: str) -> None:
         ctx = self.ctx
-        moving = {tp.partition: (m.adding, m.removing) for tp, m in ctx.moves.items() if tp.topic == topic}
-        await self.zk.set_assignment(topic, ctx.assignments[topic], moving=moving)
+        await self.zk.set_assignment(topic, ctx.assignments[topic],
+                                     moving=_moving({tp: m for tp, m in ctx.moves.items() if tp.topic == topic}))
 
     def _stop_dropped(self, dropped: dict[TopicPartition, set[int]]) -> None:
         """StopReplica with deletion to the live brokers of replicas a partition no longer has
@@ -965,8 +1011,8 @@ class Controller:
             return
         imbalanced = []
         for broker in self.ctx.live:
-            preferred = [tp for tp in self.ctx.all_partitions()
-                         if self._replicas(tp)[:1] == [broker] and tp in self.ctx.states]
+            preferred = [tp for tp in self.ctx.all_partitions()  # a moving partition's leader moves with it
+                         if self._replicas(tp)[:1] == [broker] and tp in self.ctx.states and tp not in self.ctx.moves]
             elsewhere = [tp for tp in preferred if self.ctx.states[tp][0].leader != broker]
             if preferred and len(elsewhere) * 100 > self.config.leader_imbalance_per_broker_percentage * len(preferred):
                 imbalanced += elsewhere
@@ -999,6 +1045,11 @@ def _preferred(replicas: list[int], st: LeaderAndIsr, live: set[int]) -> tuple[i
         return None
     election = preferred_replica_leader(replicas, st.isr, live)
     return None if election is None else (election.leader, election.isr)
+
+
+def _moving(moves: dict[TopicPartition, ReplicaAssignment]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """A topic's moves as its znode keeps them: partition -> (adding, removing)."""
+    return {tp.partition: (m.adding, m.removing) for tp, m in moves.items()}
 
 
 def _named_twice(names: Iterable[Hashable]) -> set:

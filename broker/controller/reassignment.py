@@ -117,15 +117,14 @@ def next_step(assignment: ReplicaAssignment, leader: int, isr: Sequence[int], li
     current leader and ISR (ZooKeeper's) and the live brokers."""
     live = set(live)
     target = assignment.target
-    missing = tuple(r for r in target if r not in isr)
+    # a replica counts once it is live and in the ISR: a leader may have taken a broker into
+    # its ISR just before the broker died, and a move must not complete onto it
+    missing = tuple(r for r in target if r not in isr or r not in live)
     if missing:
         return Decision(Step.CATCH_UP, waiting_for=missing)
     new_isr = tuple(r for r in isr if r not in assignment.removing)
     if leader not in target or leader not in live:
-        for r in target:
-            if r in live and r in isr:
-                return Decision(Step.ELECT, leader=r, isr=new_isr)
-        return Decision(Step.CATCH_UP, waiting_for=tuple(r for r in target if r not in live))
+        return Decision(Step.ELECT, leader=target[0], isr=new_isr)
     return Decision(Step.COMPLETE, leader=leader, isr=new_isr)
 
 

@@ -149,7 +149,10 @@ class Partition:
         """Adopt the controller's state; returns True when the leader epoch changed."""
         changed = st.leader_epoch != self.leader_epoch
         self.leader_id, self.leader_epoch = st.leader, st.leader_epoch
-        self.replicas, self.isr, self.pending_isr = list(st.replicas), frozenset(st.isr), None
+        # an ISR member that is not a replica (a state written before a reassignment dropped
+        # it) is out of sync here: its fetches no longer count, so it must not hold the HW
+        self.replicas, self.pending_isr = list(st.replicas), None
+        self.isr = frozenset(r for r in st.isr if r in st.replicas)
         self.zk_version, self.controller_epoch = st.zk_version, st.controller_epoch
         return changed
 

@@ -15,10 +15,12 @@ Everything here runs on the broker's Trio thread; the logs it calls are synchron
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Container
@@ -256,10 +258,21 @@ class ReplicaManager:
     def _delete_strays(self, assigned: set[TopicPartition]) -> None:
         """After a full LeaderAndIsr: the logs of partitions no longer assigned here (a
         reassignment removed this replica, or its topic was deleted, while the broker was
-        down) are deleted, as the StopReplica it missed would have."""
-        for tp in sorted(set(self.log_manager.logs) - assigned):
+        down) are deleted, as the StopReplica it missed would have. The directories are
+        renamed away here; their files are removed in a worker thread, and the checkpoints
+        written once, so that many strays do not hold the event loop."""
+        strays = sorted(set(self.log_manager.logs) - assigned)
+        doomed = []
+        for tp in strays:
             logger.warning("%s: not assigned to broker %d any more: deleting its log", tp, self.broker_id)
-            self._stop_replica(tp, delete=True)
+            doomed.append(self._stop_replica(tp, delete=True, remove_files=False, checkpoint=False))
+        if strays:
+            self.log_manager.checkpoint_all()
+        for path in filter(None, doomed):
+            if self._nursery is not None:
+                self._nursery.start_soon(functools.partial(trio.to_thread.run_sync, shutil.rmtree, path, True))
+            else:
+                shutil.rmtree(path, ignore_errors=True)
 
     def _apply(self, tp: TopicPartition, st: PartitionState, to_follow: dict) -> int:
         if self.broker_id not in st.replicas:
@@ -302,15 +315,16 @@ class ReplicaManager:
             errors.append(PartitionError(tp.topic, tp.partition, NONE.code))
         return StopReplicaResponse(NONE.code, errors)
 
-    def _stop_replica(self, tp: TopicPartition, delete: bool) -> None:
+    def _stop_replica(self, tp: TopicPartition, delete: bool, **deleting: bool) -> str | None:
+        """Stop following or leading ``tp``; with ``delete``, delete its log (``deleting``:
+        ``LogManager.delete_log``'s options) and return the directory it was renamed to."""
         self._stop_fetching(tp)
         p = self.partitions.pop(tp, None) if delete else self.partitions.get(tp)
         if p is not None:
             p.leader_id = -1
             p.notify()
             self._leadership_changed(p)
-        if delete:
-            self.log_manager.delete_log(tp)
+        return self.log_manager.delete_log(tp, **deleting) if delete else None
 
     def _fetcher(self, key: FetcherKey) -> ReplicaFetcher:
         f = self.fetchers.get(key)

@@ -14,8 +14,12 @@ The rules
   leaders send to throttled replicas, ``follower.replication.throttled.rate`` the bytes per
   second its fetchers take for them (dynamic broker configs, per broker or the cluster
   default; unset means no bound).
-* In-sync replicas are never throttled: an acks=all write never waits for a throttle, and a
-  replica that caught up under a throttle copies at full speed from then on.
+* Replicas that keep up are not held, as in Kafka: a leader holds back only a follower that is
+  out of its ISR, and a follower only a partition it lags on (its lag after its last fetch;
+  unknown, so held, until its first answer). A listed replica that keeps up copies at full
+  speed; a listed in-sync follower that falls behind (one answer cut at the fetch size) waits
+  for its own bucket, so keep the rate well above what the topic takes in, and let
+  ``--verify`` remove the lists once the moves are done.
 * The measure is a token bucket (``ReplicationQuota``): the rate refills it, one second's
   worth at most; the bytes copied drain it. While it is empty the leader answers a throttled
   replica's partition with no records, and the follower leaves it out of its fetches, so

@@ -98,7 +98,7 @@ from tidelog.protocol.messages import (
     DescribeUserScramCredentialsResult,
     ScramCredentialInfo,
 )
-from tidelog.protocol.throttles import DYNAMIC_BROKER_CONFIGS, check_rate
+from tidelog.protocol.throttles import DYNAMIC_BROKER_CONFIGS, MAX_RATE, check_rate
 
 logger = logging.getLogger("tidelog.entity_configs")
 
@@ -147,9 +147,10 @@ class EntityConfigStore:
         """One dynamic broker config as an integer (None when unset or unreadable)."""
         value = self.broker_config(broker_id).get(key)
         try:
-            return None if value is None else int(value)
+            number = None if value is None else int(value)
         except ValueError:
             return None
+        return number if number is None or 0 < number <= MAX_RATE else None  # as check_rate allows
 
     # -- keeping current ----------------------------------------------------------------------
 

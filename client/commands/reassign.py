@@ -66,7 +66,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="--execute: start these moves even while others are running")
     p.add_argument("--throttle", type=int, metavar="BYTES/S",
                    help="--execute: copy the moving replicas at no more than this many bytes per second "
-                        "(in-sync replicas are never throttled); --verify removes the throttle when done")
+                        "(replicas that keep up are not held); --verify removes the throttle when done")
     p.add_argument("--preserve-throttles", action="store_true",
                    help="--verify/--cancel: leave the throttles in place")
     p.add_argument("--timeout-ms", type=int, default=30000, metavar="MS",
@@ -337,9 +337,15 @@ def throttled_replicas(wanted: Assignment, current: Assignment) -> dict[str, tup
 async def _set_throttles(admin: Any, args: argparse.Namespace, wanted: Assignment, current: Assignment) -> None:
     from tidelog.protocol.throttles import FOLLOWER_RATE, FOLLOWER_REPLICAS, LEADER_RATE, LEADER_REPLICAS
 
-    for topic, (leader, follower) in throttled_replicas(wanted, current).items():
-        await admin.alter_configs(topic, {LEADER_REPLICAS: leader or None, FOLLOWER_REPLICAS: follower or None},
-                                  timeout_ms=args.timeout_ms)
+    for topic, lists in throttled_replicas(wanted, current).items():
+        # added to what the topic lists already (the throttles of moves still running)
+        existing = await admin.describe_configs(topic, [LEADER_REPLICAS, FOLLOWER_REPLICAS], timeout_ms=args.timeout_ms)
+        merged = {}
+        for key, new in zip((LEADER_REPLICAS, FOLLOWER_REPLICAS), lists):
+            old = existing[key].value if key in existing and not existing[key].is_default else ""
+            entries = {e for e in f"{old},{new}".split(",") if e}
+            merged[key] = "*" if "*" in entries else ",".join(sorted(entries)) or None
+        await admin.alter_configs(topic, merged, timeout_ms=args.timeout_ms)
     brokers = sorted({b for r in [*wanted.values(), *current.values()] for b in r})
     for b in brokers:
         await admin.alter_broker_configs(b, {LEADER_RATE: str(args.throttle), FOLLOWER_RATE: str(args.throttle)},

@@ -179,9 +179,12 @@ async def test_partitions_cannot_be_added_while_a_topic_moves():
     assert e.value.code == REASSIGNMENT_IN_PROGRESS.code
 
 
-async def test_a_returning_broker_gets_a_full_leader_and_isr():
+async def test_a_returning_broker_gets_a_full_leader_and_isr_only_from_a_complete_view():
     c, zk, sent = controller()
     await load(c)
+    c._send_leader_and_isr(4, [], full=True)
+    assert sent == []  # the topics were not all read (no failover ran): nothing may look stray
+    c.ctx.complete = True
     c._send_leader_and_isr(4, [tp for tp in c.ctx.all_partitions() if 4 in c._replicas(tp)], full=True)
     (msg,) = [m for b, k, m in sent if b == 4]
     assert msg.full and msg.partition_states == []  # 4 holds nothing: any log of it is stray
@@ -189,3 +192,27 @@ async def test_a_returning_broker_gets_a_full_leader_and_isr():
     c.ctx.states.clear()  # a partition without a known state: nothing may look stray
     c._send_leader_and_isr(1, [TP], full=True)
     assert sent == []
+
+
+async def test_a_target_equal_to_the_replicas_changes_nothing():
+    c, zk, sent = controller()
+    await load(c)
+    results, _ = await c.alter_reassignments([(TP, [1, 2, 3])])
+    assert results == {TP: (NONE.code, None)}
+    assert zk.writes == 0 and sent == [] and c.reassignments(None) == {}
+
+
+async def test_a_cancel_refused_on_a_fresh_state_leaves_the_move_as_it_was():
+    # the cancel is planned on a state where 1 is in sync; a leader's ISR write removes it
+    # before the controller's own write: the move stays, nothing is stopped or deleted
+    c, zk, sent = controller(live=(1, 2, 3, 4, 5, 6))
+    await load(c)
+    await c.alter_reassignments([(TP, [4, 5, 6])])
+    zk.states[(T, 0)] = (LeaderAndIsr(4, 9, (4, 1), 1), zk.states[(T, 0)][1])
+    c.ctx.states[TP] = zk.states[(T, 0)]
+    zk.leader_changes_isr(T, 0, [4])
+    sent.clear()
+    results, _ = await c.alter_reassignments([(TP, None)])
+    assert results[TP][0] == ELIGIBLE_LEADERS_NOT_AVAILABLE.code
+    assert zk.assignments[T] == {0: [4, 5, 6, 1, 2, 3]} and c.reassignments(None)[TP].target == (4, 5, 6)
+    assert to(sent, ApiKey.STOP_REPLICA) == []

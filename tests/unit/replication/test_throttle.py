@@ -22,7 +22,8 @@ def test_lists_are_kafkas_partition_broker_pairs_or_a_star():
 def test_rates_are_positive_whole_bytes_per_second():
     check_rate("leader.replication.throttled.rate", "1048576")
     check_rate("leader.replication.throttled.rate", None)
-    for bad in ("0", "-5", "1.5", "fast"):
+    check_rate("leader.replication.throttled.rate", str(2**63 - 1))
+    for bad in ("0", "-5", "1.5", "fast", "1" + "0" * 400, str(2**63)):
         with pytest.raises(ValueError, match="leader.replication.throttled.rate"):
             check_rate("leader.replication.throttled.rate", bad)
 
