@@ -426,14 +426,7 @@ class AsyncAdmin(RunsInOwnNursery):
     async def alter_configs(self, topic: str, configs: dict[str, str | None],
                             validate_only: bool = False, timeout_ms: int | None = None) -> None:
         """Set each key of the topic's configuration; a None value removes the override."""
-        timeout_ms = self._timeout_ms(timeout_ms)
-        values = {k: None if v is None else str(v) for k, v in configs.items()}
-        outcomes = await self._to_controller(
-            [topic], lambda ns: AlterConfigsRequest([AlterConfigsResource(TOPIC_RESOURCE, topic, values)],
-                                                    validate_only),
-            ApiKey.ALTER_CONFIGS,
-            lambda r: {res.resource_name: (res.error_code, res.error_message) for res in r.responses},
-            timeout_ms)
+        outcomes = await self._alter_configs(TOPIC_RESOURCE, topic, configs, validate_only, timeout_ms)
         _raise_for(outcomes, "alter the configuration of")
 
     async def alter_broker_configs(self, broker_id: int | None, configs: dict[str, str | None],
@@ -441,19 +434,22 @@ class AsyncAdmin(RunsInOwnNursery):
         """Set a broker's dynamic configs (None: the cluster-wide default): the replication
         throttle rates, ``leader.replication.throttled.rate`` and
         ``follower.replication.throttled.rate`` (bytes/s). A None value removes one."""
-        timeout_ms = self._timeout_ms(timeout_ms)
         name = "" if broker_id is None else str(int(broker_id))
-        values = {k: None if v is None else str(v) for k, v in configs.items()}
-        outcomes = await self._to_controller(
-            [name], lambda ns: AlterConfigsRequest([AlterConfigsResource(BROKER_RESOURCE, name, values)],
-                                                   validate_only),
-            ApiKey.ALTER_CONFIGS,
-            lambda r: {res.resource_name: (res.error_code, res.error_message) for res in r.responses},
-            timeout_ms)
-        code, message = outcomes[name]
+        code, message = (await self._alter_configs(BROKER_RESOURCE, name, configs, validate_only, timeout_ms))[name]
         if code != NONE.code:
             raise broker_error(code, f"cannot alter the configs of {f'broker {name}' if name else 'every broker'}",
                                message)
+
+    async def _alter_configs(self, resource_type: int, name: str, configs: dict[str, str | None],
+                             validate_only: bool, timeout_ms: int | None) -> Outcomes:
+        """AlterConfigs of one resource, on the controller: its (error code, message)."""
+        values = {k: None if v is None else str(v) for k, v in configs.items()}
+        return await self._to_controller(
+            [name], lambda ns: AlterConfigsRequest([AlterConfigsResource(resource_type, name, values)],
+                                                   validate_only),
+            ApiKey.ALTER_CONFIGS,
+            lambda r: {res.resource_name: (res.error_code, res.error_message) for res in r.responses},
+            self._timeout_ms(timeout_ms))
 
     async def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
                             timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:

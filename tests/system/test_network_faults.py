@@ -62,6 +62,17 @@ def run_to_report(s: Scenario):
     return s.check()
 
 
+def leader_and_follower(s: Scenario, round_: int) -> tuple[int, int]:
+    """Partition 0's leader and a follower that is not the controller, so that the
+    controller's requests reach both sides (with the controller cut off or slowed, metadata
+    would lag on one side too)."""
+    leader, controller = s.leader_of(0), s.controller()
+    followers = [r for r in s.replicas_of(0) if r != leader]
+    follower = next((f for f in followers if f != controller), followers[0])
+    s.note(f"round {round_ + 1}: partition 0 led by {leader}, follower {follower}, controller {controller}")
+    return leader, follower
+
+
 # -- F4: a follower cut off from its leader ------------------------------------------------------
 
 
@@ -70,12 +81,7 @@ def test_f4_follower_cut_off_from_leader(tmp_path: Path, soak: int) -> None:
                   extra_config={"replica.lag.time.max.ms": F4_LAG_MS}) as s:
         s.wait_acked(WARMUP_ACKS)
         for i in range(soak):
-            leader, controller = s.leader_of(0), s.controller()
-            followers = [r for r in s.replicas_of(0) if r != leader]
-            # a follower that is not the controller, so that the controller's requests reach
-            # both sides (with the controller cut off, metadata would lag on one side too)
-            follower = next((f for f in followers if f != controller), followers[0])
-            s.note(f"round {i + 1}: partition 0 led by {leader}, follower {follower}, controller {controller}")
+            leader, follower = leader_and_follower(s, i)
             with IsrSampler(s) as sampler, s.zookeeper() as zk:
                 s.cut(leader, follower)
                 wait_until(lambda: follower not in zk.partition_state(s.topic, 0).isr, ELECTION_TIMEOUT_S,
@@ -180,10 +186,7 @@ def test_f15_slow_link_into_a_follower(tmp_path: Path, soak: int) -> None:
                   extra_config={"replica.lag.time.max.ms": F4_LAG_MS}) as s:
         s.wait_acked(WARMUP_ACKS)
         for i in range(soak):
-            leader, controller = s.leader_of(0), s.controller()
-            followers = [r for r in s.replicas_of(0) if r != leader]
-            follower = next((f for f in followers if f != controller), followers[0])
-            s.note(f"round {i + 1}: partition 0 led by {leader}, slowing follower {follower}")
+            leader, follower = leader_and_follower(s, i)
             with IsrSampler(s) as sampler, s.zookeeper() as zk:
                 s.slow(follower, rate_kbit=8)
                 wait_until(lambda: follower not in zk.partition_state(s.topic, 0).isr, ELECTION_TIMEOUT_S,
