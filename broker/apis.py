@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 import logging
 import shutil
@@ -320,7 +321,7 @@ class Apis:
 
     @handles(ApiKey.API_VERSIONS, Kind.ASYNC)
     async def api_versions(self, req, ctx: RequestContext | None = None) -> ApiVersionsResponse:
-        return ApiVersionsResponse(NONE.code, api_versions())
+        return ApiVersionsResponse(NONE.code, api_versions(), software_version=_software_version())
 
     @handles(ApiKey.SASL_HANDSHAKE, Kind.ASYNC)
     async def sasl_handshake(self, req: SaslHandshakeRequest, ctx: RequestContext | None = None) -> SaslHandshakeResponse:
@@ -1198,3 +1199,10 @@ def _reassignment_answer(named: list[TopicPartition], results: dict[TopicPartiti
 
 async def _async(value):
     return value
+
+
+@functools.lru_cache(maxsize=1)
+def _software_version() -> str:
+    from tidelog.broker.cli import installed_version
+
+    return installed_version()

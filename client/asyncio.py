@@ -828,6 +828,11 @@ class AsyncAdmin(_Client):
         return await self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
                                 timeout_ms, timeout=self._timeout(timeout_ms))
 
+    async def broker_versions(self, brokers: Iterable[int] | None = None,
+                              timeout_ms: int | None = None) -> dict[int, str | None]:
+        return await self._call(self._aio.broker_versions, None if brokers is None else list(brokers), timeout_ms,
+                                timeout=self._timeout(timeout_ms))
+
     async def alter_partition_reassignments(self, reassignments: dict[TopicPartition, Sequence[int] | None],
                                             timeout_ms: int | None = None
                                             ) -> dict[TopicPartition, tuple[int, str | None]]:

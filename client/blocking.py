@@ -585,6 +585,12 @@ class Admin(_Blocking):
         return self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
                           timeout_ms, timeout=self._timeout(timeout_ms))
 
+    def broker_versions(self, brokers: Iterable[int] | None = None,
+                        timeout_ms: int | None = None) -> dict[int, str | None]:
+        """Each broker's software version; see ``AsyncAdmin.broker_versions``."""
+        return self._call(self._aio.broker_versions, None if brokers is None else list(brokers), timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
     def alter_partition_reassignments(self, reassignments: dict[TopicPartition, Sequence[int] | None],
                                       timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
         """Start or cancel partition moves; see ``AsyncAdmin.alter_partition_reassignments``."""

@@ -70,6 +70,7 @@ class ApiVersionsResponse(Message):
     error_code: int = field(metadata=INT16)
     api_keys: list[ApiVersion] = field(default_factory=list)
     throttle_time_ms: int = field(default=0, metadata=INT32)
+    software_version: str | None = None  # Tidelog's: the broker's installed version (not on a Kafka listener)
 
 
 # SASL (Kafka's keys 17 and 36): on a SASL listener, the only requests served before

@@ -177,6 +177,7 @@ async def overview(c: Clients) -> dict:
     for p in all_partitions:
         leaders[p.leader] = leaders.get(p.leader, 0) + 1
     brokers = [{"id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack,
+                "version": s.versions.get(b.node_id),
                 "controller": b.node_id == s.cluster.controller_id, "leaders": leaders.get(b.node_id, 0),
                 "error": s.broker_errors.get(b.node_id),
                 "bytes_in": c.watch.broker_in.points(b.node_id),

@@ -56,6 +56,7 @@ class Snapshot:
     broker_errors: dict[int, str]
     groups: dict[str, GroupState]
     stale_brokers: set[int] = field(default_factory=set)  # their replicas' figures are the last known
+    versions: dict[int, str | None] = field(default_factory=dict)  # broker -> its software version
 
 
 def topics_partitions(topics: dict[str, Any]) -> set[TopicPartition]:
@@ -151,7 +152,8 @@ class ClusterWatch:
             reason = f"the groups could not be listed: {_describe(e)}"
             old = self.snapshot.groups if self.snapshot is not None else {}
             groups = {g: GroupState(st.description, st.offsets, reason) for g, st in old.items()}
-        return Snapshot(int(self.clock() * 1000), cluster, topics, replicas, errors, groups, stale)
+        versions = await self.admin.broker_versions(brokers)  # None for a broker that did not answer
+        return Snapshot(int(self.clock() * 1000), cluster, topics, replicas, errors, groups, stale, versions)
 
     async def _groups(self) -> dict[str, GroupState]:
         listed = await self.admin.list_groups()

@@ -74,6 +74,7 @@ from tidelog.protocol.messages import (
     AlterConfigsResource,
     AlterPartitionReassignmentsRequest,
     AlterPartitionReassignmentsResponse,
+    ApiVersionsRequest,
     BrokerMetadata,
     ConfigEntry,
     CreatableTopic,
@@ -470,6 +471,26 @@ class AsyncAdmin(RunsInOwnNursery):
         _raise_for(outcomes, "elect leaders for")
         return {TopicPartition(x.topic_name, x.partition_index): (x.error_code, x.error_message)
                 for x in answers[-1].results}
+
+    async def broker_versions(self, brokers: Iterable[int] | None = None,
+                              timeout_ms: int | None = None) -> dict[int, str | None]:
+        """Each broker's software version (ApiVersions, asked of each broker; None for one that
+        did not answer or does not say)."""
+        timeout_s = self._timeout_ms(timeout_ms) / 1000
+        nodes = sorted(self._cluster.metadata.brokers) if brokers is None else list(brokers)
+        out: dict[int, str | None] = {}
+
+        async def ask(node: int) -> None:
+            try:
+                r = await self._cluster.request(node, ApiVersionsRequest(), api_key=ApiKey.API_VERSIONS,
+                                                timeout=timeout_s)
+                out[node] = r.software_version
+            except (TidelogError, OSError):
+                out[node] = None
+        async with trio.open_nursery() as nursery:
+            for node in nodes:
+                nursery.start_soon(ask, node)
+        return out
 
     # -- reassignment ---------------------------------------------------------------------------
 

@@ -66,7 +66,8 @@ class KafkaApi:
 
 
 def _api_versions_response(body: Body, version: int) -> Body:
-    return {**body, "api_keys": api_versions()}
+    kafka = {k: v for k, v in body.items() if k != "software_version"}  # a field of Tidelog's only
+    return {**kafka, "api_keys": api_versions()}
 
 
 def _metadata_request(body: Body, version: int) -> Body:

@@ -22,6 +22,7 @@ from tests.integration.cluster_fixtures import cluster_3
 from tests.support.console import Browser, ConsoleProcess, artifacts_dir, browser_problem, poll
 from tests.support.waiting import wait_until
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.broker.cli import installed_version
 
 __all__ = ["cluster_3"]
 
@@ -74,6 +75,8 @@ def test_the_overview_shows_the_three_brokers(console, browser, artifacts):
     poll(lambda: page.inner_text("[data-role=broker-count]") == "3", 30, "3 brokers on the overview")
     assert page.locator("[data-role=brokers] tbody tr").count() == 3
     assert page.locator(".badge.ctl").count() == 1  # the controller is marked
+    poll(lambda: page.locator("[data-role=brokers] [data-role=version]").all_inner_texts()
+         == [installed_version()] * 3, 30, "each broker's version on the overview")
     page.wait_for_timeout(1500)  # a few refreshes: the throughput charts get points
     page.screenshot(path=str(artifacts / "overview.png"), full_page=True)
 

@@ -115,10 +115,10 @@ function overviewView() {
         <p class="muted">cluster id ${esc(o.cluster_id)} · console ${esc(o.version)} ·
           principal ${esc(o.permissions.principal)} (${esc(o.permissions.mode)})</p>
         ${o.error ? `<div class="error">${esc(o.error)}</div>` : ""}
-        <table data-role="brokers"><thead><tr><th>Broker</th><th>Host</th><th>Rack</th><th class="num">Leaders</th>
+        <table data-role="brokers"><thead><tr><th>Broker</th><th>Host</th><th>Rack</th><th>Version</th><th class="num">Leaders</th>
           <th class="num">In (B/s)</th><th class="num">Out (B/s)</th><th>State</th></tr></thead><tbody>
         ${o.brokers.map(b => `<tr data-broker="${b.id}"><td>${b.id} ${b.controller ? '<span class="badge ctl">controller</span>' : ""}</td>
-          <td>${esc(b.host)}:${b.port}</td><td>${esc(b.rack ?? "–")}</td><td class="num">${num(b.leaders)}</td>
+          <td>${esc(b.host)}:${b.port}</td><td>${esc(b.rack ?? "–")}</td><td data-role="version">${esc(b.version ?? "–")}</td><td class="num">${num(b.leaders)}</td>
           <td class="num">${rate(last(b.bytes_in))}</td><td class="num">${rate(last(b.bytes_out))}</td>
           <td>${b.error ? `<span class="badge out" title="${esc(b.error)}">${b.error.includes("AUTHORIZATION") ? "log dirs not allowed" : "not answering"}</span>` : '<span class="badge isr">up</span>'}</td></tr>`).join("")}
         </tbody></table>`;

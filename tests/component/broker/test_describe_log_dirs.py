@@ -5,6 +5,7 @@ size and offsets, only the partitions asked for, and Describe on the Cluster req
 from __future__ import annotations
 
 from tests.component.broker.test_authorization import ADMIN, ALICE, CLUSTER, OPS, OTHER, TP, broker, ctx, produce
+from tidelog.broker.cli import installed_version
 from tidelog.protocol.acls import CLUSTER_NAME
 from tidelog.protocol.errors import CLUSTER_AUTHORIZATION_FAILED, NONE
 from tidelog.protocol.messages import DescribableLogDirTopic, DescribeLogDirsRequest
@@ -42,3 +43,8 @@ async def test_describe_on_the_cluster_is_required(broker):
     broker.allow(CLUSTER, CLUSTER_NAME, OPS.DESCRIBE)
     r = await broker.apis.describe_log_dirs(DescribeLogDirsRequest(), ctx(ALICE))
     assert r.error_code == NONE.code and replicas(r)
+
+
+async def test_api_versions_says_the_brokers_software_version(broker):
+    r = await broker.apis.api_versions(None, ctx(ALICE))
+    assert r.software_version == installed_version() and r.api_keys

@@ -52,6 +52,9 @@ class FakeAdmin:
             raise failures[0]
         return results
 
+    async def broker_versions(self, brokers):
+        return {b: None if b in self.down else "0.2.0" for b in brokers}
+
     async def list_groups(self):
         if self.groups_fail:  # as the SDK's concurrent ListGroups fails: a group of errors
             raise ExceptionGroup("nursery", [RequestTimedOut("ListGroups to broker 2 did not complete")])
@@ -92,6 +95,7 @@ async def test_rates_lags_and_a_broker_that_stops_answering():
     assert s.broker_errors == {2: "broker 2 is down"}
     assert s.replicas[TP][2].log_end_offset == 100 and s.replicas[TP][1].log_end_offset == 300
     assert watch.broker_in.points(2)[-1][1] is None and s.stale_brokers == {2}
+    assert s.versions == {1: "0.2.0", 2: None}  # each broker's own version; unknown when it is down
 
 
 async def test_no_failure_of_the_cluster_stops_the_watch():
