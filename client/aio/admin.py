@@ -654,17 +654,25 @@ class AsyncAdmin(RunsInOwnNursery):
         request = ListGroupsRequest(list(states or []))
         found: dict[str, ListedGroup] = {}
 
+        failures: list[TidelogError] = []
+
         async def ask(node: int) -> None:
-            r = await self._retry_coordinator_codes(
-                lambda: self._cluster.request(node, request, api_key=ApiKey.LIST_GROUPS,
-                                              timeout=self._request_s(deadline)),
-                lambda r: r.error_code, deadline, f"ListGroups to broker {node}")
+            try:
+                r = await self._retry_coordinator_codes(
+                    lambda: self._cluster.request(node, request, api_key=ApiKey.LIST_GROUPS,
+                                                  timeout=self._request_s(deadline)),
+                    lambda r: r.error_code, deadline, f"ListGroups to broker {node}")
+            except TidelogError as e:  # raised once every broker answered or failed
+                failures.append(e)
+                return
             for g in r.groups:
                 found[g.group_id] = ListedGroup(g.group_id, g.protocol_type, g.group_state, node)
 
         async with trio.open_nursery() as nursery:
             for node in self._cluster.metadata.brokers:
                 nursery.start_soon(ask, node)
+        if failures:  # the first broker's error, not a group of them (the listing is incomplete)
+            raise failures[0]
         return sorted(found.values(), key=lambda g: g.group_id)
 
     async def describe_groups(self, group_ids: Iterable[str],

@@ -61,6 +61,7 @@ from tidelog.protocol.messages import (
     FetchTopicResponse,
     FindCoordinatorResponse,
     InitProducerIdResponse,
+    ListGroupsResponse,
     ListOffsetsPartitionResponse,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
@@ -280,6 +281,9 @@ class FakeCluster:
         return None
 
     # -- APIs -----------------------------------------------------------------------------------
+
+    async def _list_groups(self, node: int, request: Any, error: int | None) -> ListGroupsResponse:
+        return ListGroupsResponse(error or NONE.code)  # no groups in the fake cluster
 
     async def _metadata(self, node: int, request: Any, error: int | None) -> MetadataResponse:
         names = list(self.topics) if request.topics is None else request.topics

@@ -116,3 +116,10 @@ async def test_describe_log_dirs_asks_every_broker_and_keeps_the_others_results_
         with pytest.raises(TidelogError, match="broker 1") as e:
             await admin.describe_log_dirs([0, 1])
         assert e.value.code == CLUSTER_AUTHORIZATION_FAILED.code and "/fake/0" in e.value.results[0]
+
+
+async def test_a_broker_failing_list_groups_is_one_clear_error_not_a_group_of_them(fake):
+    fake.inject(ApiKey.LIST_GROUPS, node=1, drop_connection=True, count=1000)
+    async with AsyncAdmin(fake.bootstrap, request_timeout_ms=2000, default_api_timeout_ms=2000, **FAST) as admin:
+        with pytest.raises(TidelogError, match="ListGroups to broker 1|broker 1"):
+            await admin.list_groups()
