@@ -65,6 +65,7 @@ class BrokerProcess:
         self.port = port
         self.host = host
         self.netns = netns  # a named network namespace the process runs in, or None
+        self.env: dict[str, str] = {}  # set in the process's environment at its next start
         self.proc: subprocess.Popen | None = None
 
     def _preexec(self) -> None:
@@ -80,7 +81,7 @@ class BrokerProcess:
         if self.running:
             return
         log = open(self.log_path, "ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tidelog.broker.cli", "broker", "--config", str(self.config_path)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

@@ -31,7 +31,9 @@ broker, see ``netlab``). F14 (consumer group churn) and F1/F2/F3 against the gro
 broker (F3: SIGKILL of the broker that is both controller and coordinator), checked by I12
 and I13, are in ``test_group_faults``. F13 (reassignment onto an added broker, through a
 leader kill and a controller kill) is the last scenario here; F10 (index and checkpoint files
-deleted or garbled on a killed leader) follows F8. Not covered yet: F9, F12, F15 and F16.
+deleted or garbled on a killed leader) follows F8, F12 (a leader whose clock is minutes ahead
+or behind, through libfaketime) follows F10. F15 is in ``test_network_faults``. Not covered
+yet: F9 and F16.
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
 bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
@@ -57,7 +59,7 @@ from tests.system.harness import (
     value_of,
     wait_until,
 )
-from tidelog import Producer, TopicPartition
+from tidelog import Consumer, Producer, TopicPartition
 from tidelog.protocol.errors import NOT_ENOUGH_REPLICAS
 
 BOUNCES = 5
@@ -238,6 +240,59 @@ def test_f10_index_and_checkpoint_files_lost(tmp_path: Path, soak: int, damage: 
             s.start(victim)
             s.wait_isr_full()
             s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+# -- F12: one broker's clock skewed --------------------------------------------------------------
+
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # Debian's faketime (./dev setup)
+
+
+def first_offset_at_or_after(records: list, timestamp: int) -> int | None:
+    return next((r.offset for r in records if r.timestamp >= timestamp), None)
+
+
+@pytest.mark.skipif(not os.path.exists(FAKETIME), reason=f"{FAKETIME} (Debian's faketime) is not installed")
+@pytest.mark.parametrize("skew", ["+4m", "-3m"])
+def test_f12_a_leader_whose_clock_is_minutes_off(tmp_path: Path, soak: int, skew: str) -> None:
+    """The leader of partition 0 restarts with its wall clock minutes ahead or behind (libfaketime;
+    its monotonic clock, which timeouts use, is left alone) and leads again under the load. Its
+    retention (30 minutes, time-based) deletes nothing, its ISR lag decisions keep the followers
+    (the oracle's final ISR), and a timestamp lookup it answers (ListOffsets, the time index)
+    finds the first record at or after the time, as the records' own timestamps say."""
+    with Scenario(tmp_path, f"F12 leader clock {skew}", topic_config={**SMALL_SEGMENTS, "retention.ms": str(30 * 60 * 1000)},
+                  extra_config={**SMALL_SEGMENTS_ALLOWED, "log.retention.check.interval.ms": 1000}) as s:
+        s.wait_acked(WARMUP_ACKS)
+        victim = s.leader_of(0)
+        s.stop(victim)
+        s.cluster.brokers[victim].env = {"LD_PRELOAD": FAKETIME, "FAKETIME": skew,
+                                         "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        s.note(f"broker {victim} restarts with its clock {skew}")
+        s.start(victim)
+        s.wait_isr_full()
+        with s.admin() as a:
+            a.elect_leaders([TopicPartition(s.topic, 0)])
+        wait_until(lambda: s.leader_of(0) == victim, ELECTION_TIMEOUT_S, f"broker {victim} to lead partition 0 again")
+        s.note(f"broker {victim} leads partition 0 with its clock {skew}")
+        for _ in range(soak):
+            s.wait_acked(BETWEEN_ACKS * 3, partition=0)
+        tp = TopicPartition(s.topic, 0)
+        with Consumer(s.bootstrap, auto_offset_reset="earliest", client_id="system-probe") as c:
+            end = c.end_offsets([tp])[tp]
+            c.assign([tp])
+            records = []
+            deadline = time.monotonic() + ELECTION_TIMEOUT_S
+            while len(records) < end and time.monotonic() < deadline:
+                records += c.poll(timeout_ms=500)
+            assert len(records) >= end > 0
+            for probe in (records[len(records) // 3], records[-5]):
+                found = c.offsets_for_times({tp: probe.timestamp})[tp]
+                assert found is not None and found.offset == first_offset_at_or_after(records, probe.timestamp), \
+                    (probe, found)
+            s.note(f"timestamp lookups on the skewed leader agree with the records' timestamps ({end} records)")
+            # retention ran every second on closed segments none of which is 30 minutes old
+            assert c.beginning_offsets([tp])[tp] == 0
         report = run_to_report(s)
     report.assert_ok()
 
