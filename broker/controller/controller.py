@@ -890,7 +890,8 @@ class Controller:
                 logger.info("%s: reassigning from %s to %s", tp, list(after.original), list(after.target))
             else:
                 logger.info("%s: replicas %s (move cancelled)", tp, list(after.replicas))
-        changed = [tp for tp in changed if tp in plans]
+        # every state written goes out, also one whose topic znode then failed to be written
+        # (its ISR shrank under the old replicas: the leader must learn it)
         waits = self._propagate(changed)
         self._stop_dropped({tp: set(b.replicas) - set(a.replicas) for tp, (b, a) in plans.items()})
         waits += await self._advance_moves([tp for tp in changed if tp in ctx.moves])
