@@ -195,6 +195,10 @@ def test_f15_slow_link_into_a_follower(tmp_path: Path, soak: int) -> None:
                 since = time.monotonic()
                 s.wait_acked(DURING_ACKS * soak, partition=0, since=since)
                 s.note("acks=all went on with the slow follower out of the ISR")
+                # the sampler's requests to the slowed broker (for the partitions it is still in
+                # sync on) crawl too: let it reach partition 0's shrunk ISR before healing
+                wait_until(lambda: any(p == 0 and follower not in isr for p, isr in list(sampler.isrs)),
+                           ELECTION_TIMEOUT_S, f"an I8 sample of partition 0 without {follower}")
                 s.heal()
                 assert follower in zk.partition_state(s.topic, 0).isr
             shrunk = [isr for (p, isr), n in sampler.isrs.items() if p == 0 and follower not in isr]
