@@ -471,7 +471,10 @@ class BrokerCollector:
         for name, doc, value in (("tidelog_replica_manager_isr_shrinks", "ISR shrinks on partitions led here",
                                   rm.isr_shrinks),
                                  ("tidelog_replica_manager_isr_expands", "ISR expansions on partitions led here",
-                                  rm.isr_expands)):
+                                  rm.isr_expands),
+                                 ("tidelog_replica_manager_damaged_replicas",
+                                  "Replicas here found damaged on disk (a stored batch failing its CRC check) and "
+                                  "reported, to be re-fetched from a replica in sync", rm.damaged_replicas_found)):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(value))
             yield c

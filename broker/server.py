@@ -88,7 +88,7 @@ class BrokerServer:
         self.controller = Controller(ControllerConfig.from_broker_config(config), self.zk)
         self.replica_manager = ReplicaManager(
             ReplicaConfig.from_broker_config(config), self.log_manager, self.topic_log_config,
-            self._endpoint_for, self._write_isr)
+            self._endpoint_for, self._write_isr, damage_reporter=self._report_damage)
         self.producer_ids = ProducerIdManager(
             lambda: self.zk.allocate_producer_id_block(self.broker_id, PRODUCER_ID_BLOCK_SIZE))
         self.group_coordinator = GroupCoordinator(
@@ -404,6 +404,10 @@ class BrokerServer:
         version = await self.zk.update_partition_state(tp.topic, tp.partition, state, zk_version)
         await self.zk.notify_isr_change([(tp.topic, tp.partition)])
         return version
+
+    async def _report_damage(self, tps: list[TopicPartition]) -> None:
+        await self.zk.notify_replica_damage(self.broker_id, self.replica_manager.broker_epoch,
+                                            [(tp.topic, tp.partition) for tp in tps])
 
     async def auto_create_topics(self, names: list[str]) -> None:
         live = sorted(self.metadata.brokers)

@@ -32,6 +32,10 @@ Events and what they do:
   the ISR only with unclean.leader.election.enable), and it is removed from the ISR of the
   partitions it followed. Each change bumps the leader epoch.
 * topics created / marked for deletion, ISR change notifications from leaders.
+* replica damage notifications: a broker found a batch of one of its replicas failing its
+  check on disk; leadership moves off that replica and it leaves the ISR (``election.
+  without_damaged_replica``), and it is sent its state, on which, a follower outside the ISR,
+  it drops the damaged records and fetches them again.
 * requests: CreateTopics, CreatePartitions, DeleteTopics, AlterConfigs, ControlledShutdown.
 """
 
@@ -53,6 +57,7 @@ from tidelog.broker.controller.election import (
     offline_partition_leader,
     preferred_replica_leader,
     remove_from_isr,
+    without_damaged_replica,
 )
 from tidelog.broker.controller.reassignment import ReplicaAssignment, Step, check_target, next_step, restate
 from tidelog.broker.controller.validation import (
@@ -178,6 +183,7 @@ class ControllerEvent(enum.Enum):
     TOPIC_CHANGE = "topic change"  # /brokers/topics children
     TOPIC_DELETION = "topic deletion"  # /admin/delete_topics children
     ISR_CHANGE = "isr change notification"  # /isr_change_notification children
+    REPLICA_DAMAGE = "replica damage notification"  # /replica_damage_notification children
     AUTO_LEADER_BALANCE = "auto leader balance"  # leader.imbalance.check.interval.seconds
     CALL = "call"  # an admin request's work, run in the loop (Controller.call)
 
@@ -211,7 +217,8 @@ class Controller:
                     (ControllerEvent.BROKER_CHANGE, paths.broker_ids, "children"),
                     (ControllerEvent.TOPIC_CHANGE, paths.topics, "children"),
                     (ControllerEvent.TOPIC_DELETION, paths.delete_topics, "children"),
-                    (ControllerEvent.ISR_CHANGE, paths.isr_change_notification, "children")):
+                    (ControllerEvent.ISR_CHANGE, paths.isr_change_notification, "children"),
+                    (ControllerEvent.REPLICA_DAMAGE, paths.replica_damage_notification, "children")):
                 watch = self.zk.watch_data if kind_of_watch == "data" else self.zk.watch_children
                 nursery.start_soon(self._forward, kind, await watch(path))
             if self.config.auto_leader_rebalance_enable:
@@ -304,6 +311,7 @@ class Controller:
         self._send_update_metadata(ctx.all_partitions())
         await self._on_delete_topics(await self.zk.topics_marked_for_deletion())
         await self._on_isr_change(None)
+        await self._on_replica_damage(None)
         await self._advance_moves(list(ctx.moves))
         self._signal()
 
@@ -770,6 +778,41 @@ class Controller:
                                     and set(self.ctx.states[tp][0].isr) & dead], dead)
         await self._advance_moves(sorted(tp for tp in tps if tp in self.ctx.moves))
 
+    async def _on_replica_damage(self, _children) -> None:
+        """Brokers that found replicas damaged on disk: each such replica gives up leadership
+        to a live in-sync replica and leaves the ISR, and its broker is sent the partition's
+        state (changed or not), on which the replica, now a follower outside the ISR, drops
+        its damaged records and fetches them again. A report from an earlier registration of
+        the broker is dropped: a restarted broker finds the damage again when it reads it."""
+        if self.ctx is None:
+            return
+        notes = await self.zk.replica_damage_notifications()
+        if not notes:
+            return
+        ctx = self.ctx
+        changed, told = [], {}
+        for _, (broker, broker_epoch, partitions) in notes:
+            if broker not in ctx.brokers or not await self._is_current_broker_epoch(broker, broker_epoch):
+                logger.info("replica damage report of broker %d (epoch %d) is stale: ignored", broker, broker_epoch)
+                continue
+            for topic, partition in partitions:
+                tp = TopicPartition(topic, partition)
+                if tp not in ctx.states or broker not in self._replicas(tp):
+                    continue
+                if await self._update_state(tp, lambda st, tp=tp, b=broker: _out_of_damaged(
+                        without_damaged_replica(self._replicas(tp), st.leader, st.isr, ctx.live, b))):
+                    changed.append(tp)
+                    logger.warning("%s: the replica on broker %d is damaged: now led by %d, ISR %s", tp, broker,
+                                   ctx.states[tp][0].leader, ctx.states[tp][0].isr)
+                elif ctx.states[tp][0].leader == broker:
+                    logger.error("%s: the replica on broker %d is damaged and no other live replica is in "
+                                 "sync: it stays leader, and cannot serve the damaged records", tp, broker)
+                told.setdefault(broker, []).append(tp)
+        self._propagate(changed)
+        for b, tps in told.items():
+            self._send_leader_and_isr(b, [tp for tp in tps if tp not in changed])
+        await self.zk.delete_isr_change_notifications([path for path, _ in notes])
+
     # -- controlled shutdown -------------------------------------------------------------------
 
     async def controlled_shutdown(self, broker_id: int, broker_epoch: int):
@@ -1027,6 +1070,7 @@ class Controller:
         ControllerEvent.TOPIC_CHANGE: _on_topics,
         ControllerEvent.TOPIC_DELETION: _on_delete_topics,
         ControllerEvent.ISR_CHANGE: _on_isr_change,
+        ControllerEvent.REPLICA_DAMAGE: _on_replica_damage,
     }
 
 
@@ -1038,6 +1082,10 @@ def _without(st: LeaderAndIsr, gone: set[int]) -> tuple[int, list[int]] | None:
     if tuple(isr) == tuple(st.isr):
         return None
     return leader, isr or list(st.isr[-1:])
+
+
+def _out_of_damaged(election: Election | None) -> tuple[int, list[int]] | None:
+    return None if election is None else (election.leader, election.isr)
 
 
 def _preferred(replicas: list[int], st: LeaderAndIsr, live: set[int]) -> tuple[int, list[int]] | None:

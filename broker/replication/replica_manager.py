@@ -35,6 +35,7 @@ from tidelog.broker.replication.partition import Partition, check_leader_epoch
 from tidelog.broker.replication.throttle import ReplicationQuota
 from tidelog.protocol.errors import (
     INVALID_REQUIRED_ACKS,
+    KAFKA_STORAGE_ERROR,
     NONE,
     NOT_ENOUGH_REPLICAS_AFTER_APPEND,
     NOT_LEADER_OR_FOLLOWER,
@@ -44,6 +45,7 @@ from tidelog.protocol.errors import (
     STALE_CONTROLLER_EPOCH,
     UNKNOWN_SERVER_ERROR,
     UNKNOWN_TOPIC_OR_PARTITION,
+    CorruptRecordError,
     TidelogError,
     code_of,
     error_body,
@@ -73,6 +75,9 @@ logger = logging.getLogger("tidelog.replica_manager")
 
 # (topic partition, new isr, leader epoch, expected zk version) -> new zk version; raises on conflict
 IsrWriter = Callable[[TopicPartition, list[int], int, int, int], Awaitable[int]]
+# partitions whose replica here was found damaged on disk -> reported to the controller
+DamageReporter = Callable[[list[TopicPartition]], Awaitable[None]]
+DAMAGE_REPORT_RETRY_S = 1.0
 
 
 def wall_ms() -> int:
@@ -197,13 +202,15 @@ class ReplicaManager:
     def __init__(self, config: ReplicaConfig, log_manager: LogManager,
                  topic_config: Callable[[str], LogConfig],
                  endpoint_for: Callable[[int, int], LeaderEndpoint | None],
-                 isr_writer: IsrWriter | None = None, clock: Callable[[], int] = wall_ms):
+                 isr_writer: IsrWriter | None = None, clock: Callable[[], int] = wall_ms,
+                 damage_reporter: DamageReporter | None = None):
         self.config = config
         self.broker_id = config.broker_id
         self.log_manager = log_manager
         self.topic_config = topic_config
         self.endpoint_for = endpoint_for
         self.isr_writer = isr_writer
+        self.damage_reporter = damage_reporter
         self.clock = clock
         self.partitions: dict[TopicPartition, NotifyingPartition] = {}
         self.controller_epoch = -1
@@ -212,6 +219,7 @@ class ReplicaManager:
         self._nursery: trio.Nursery | None = None
         self.isr_shrinks = 0
         self.isr_expands = 0
+        self.damaged_replicas_found = 0
         # the replication throttles' rates (broker/replication/throttle.py); the broker points
         # ``rate_of`` at its dynamic configs
         self.leader_quota = ReplicationQuota(lambda: None)
@@ -625,6 +633,8 @@ class ReplicaManager:
                 p.notify()
             if from_follower:
                 self._maybe_expand_isr(p)
+        except CorruptRecordError as e:  # this replica's own bytes failed their check on disk
+            return self._damaged(p, fp.fetch_offset, e)
         except TidelogError as e:
             return FetchPartitionResponse(tp.partition, e.code, error_message=str(e),
                                           high_watermark=p.log.high_watermark if p and p.log else -1,
@@ -632,6 +642,33 @@ class ReplicaManager:
         return FetchPartitionResponse(tp.partition, NONE.code, log.high_watermark, log.log_start_offset,
                                       records, current_leader_epoch=p.leader_epoch,
                                       high_watermark_held=not from_follower and p.high_watermark_held)
+
+    def _damaged(self, p: NotifyingPartition, offset: int, e: CorruptRecordError) -> FetchPartitionResponse:
+        """A read found this replica's batch at ``offset`` damaged on disk: the fetch gets
+        KAFKA_STORAGE_ERROR (retriable: a client asks for metadata again and goes to the next
+        leader), and the first time the replica is reported to the controller (see the rules
+        in ``partition``)."""
+        if p.mark_damaged(offset):
+            self.damaged_replicas_found += 1
+            logger.error("%s: this replica is damaged on disk at offset %d (%s): reporting it, to be taken out "
+                         "of the ISR and fetch the damaged records again", p.tp, offset, e)
+            if self.damage_reporter is not None and self._nursery is not None:
+                self._nursery.start_soon(self._report_damage, p)
+        return FetchPartitionResponse(
+            p.tp.partition, KAFKA_STORAGE_ERROR.code,
+            error_message=f"broker {self.broker_id}: the replica of {p.tp} is damaged on disk at offset {offset} "
+                          f"({e}); it is being replaced by a replica in sync",
+            high_watermark=p.log.high_watermark, log_start_offset=p.log.log_start_offset)
+
+    async def _report_damage(self, p: NotifyingPartition) -> None:
+        """Report until ZooKeeper takes it, or the replica no longer needs it."""
+        while p.damaged_from is not None and self.partitions.get(p.tp) is p:
+            try:
+                await self.damage_reporter([p.tp])
+                return
+            except Exception as e:  # ZooKeeper away: the damage stays, try again
+                logger.warning("%s: reporting the damaged replica failed (%s); retrying", p.tp, e)
+                await trio.sleep(DAMAGE_REPORT_RETRY_S)
 
     # -- offsets -------------------------------------------------------------------------------
 

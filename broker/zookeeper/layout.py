@@ -18,6 +18,7 @@ section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
     /admin/delete_topics/<topic>
     /admin/reassign_partitions                    {"version":1,"partitions":[{"topic","partition","replicas"}]}
     /isr_change_notification/isr_change_<seq>     {"version":1,"partitions":[{"topic","partition"}]}
+    /replica_damage_notification/replica_damage_<seq>  {"version":1,"broker","broker_epoch","partitions":[{"topic","partition"}]}
     /latest_producer_id_block                     {"version":1,"broker","block_start","block_end"}
     /kafka-acl/<ResourceType>/<name>              {"version":1,"acls":[{"principal","permissionType","operation","host"}]}
     /kafka-acl-extended/prefixed/<ResourceType>/<name>   the same, for PREFIXED patterns
@@ -267,6 +268,16 @@ class ZkPaths:
         return self._p("isr_change_notification", "isr_change_")
 
     @property
+    def replica_damage_notification(self) -> str:
+        """A broker's report of replicas it found damaged on disk (Tidelog's; Kafka's nearest is
+        ``/log_dir_event_notification``, which reports a whole log directory offline)."""
+        return self._p("replica_damage_notification")
+
+    @property
+    def replica_damage_prefix(self) -> str:
+        return self._p("replica_damage_notification", "replica_damage_")
+
+    @property
     def latest_producer_id_block(self) -> str:
         return self._p("latest_producer_id_block")
 
@@ -304,7 +315,7 @@ class ZkPaths:
         """The container znodes created at client start (Kafka's top-level paths)."""
         return (self.broker_ids, self.topics, self.config_topics, self.entity_type(USERS),
                 self.entity_type(CLIENTS), self.config_changes, self.delete_topics,
-                self.isr_change_notification)
+                self.isr_change_notification, self.replica_damage_notification)
 
     # znode ACLs (zookeeper.set.acl): which znodes are secret, which ones a broker secures
 
@@ -330,7 +341,8 @@ class ZkPaths:
         """Every top-level znode of the cluster (Kafka's ``ZkData.SecureRootPaths``): the
         security migration sets the ACL of these, everything below them, and the chroot."""
         names = ("admin", "brokers", "cluster", "config", "controller", "controller_epoch",
-                 "isr_change_notification", "latest_producer_id_block", "kafka-acl", "kafka-acl-changes",
+                 "isr_change_notification", "replica_damage_notification", "latest_producer_id_block",
+                 "kafka-acl", "kafka-acl-changes",
                  "kafka-acl-extended", "kafka-acl-extended-changes")
         return tuple(self._p(n) for n in names)
 
@@ -764,6 +776,23 @@ def decode_isr_change(data: bytes) -> list[tuple[str, int]]:
             raise ValueError(f"malformed {what} znode data: {entry!r}")
         out.append((_field(entry, "topic", str, what), _field(entry, "partition", int, what)))
     return out
+
+
+def encode_replica_damage(broker_id: int, broker_epoch: int, partitions: Iterable[tuple[str, int]]) -> bytes:
+    return _dumps({"version": 1, "broker": broker_id, "broker_epoch": broker_epoch,
+                   "partitions": [{"topic": t, "partition": p} for t, p in partitions]})
+
+
+def decode_replica_damage(data: bytes) -> tuple[int, int, list[tuple[str, int]]]:
+    """``(broker, broker epoch, [(topic, partition), ...])`` of a replica damage notification."""
+    what = "replica damage notification"
+    body = _loads(data, what)
+    out = []
+    for entry in _field(body, "partitions", list, what):
+        if not isinstance(entry, dict):
+            raise ValueError(f"malformed {what} znode data: {entry!r}")
+        out.append((_field(entry, "topic", str, what), _field(entry, "partition", int, what)))
+    return _field(body, "broker", int, what), _field(body, "broker_epoch", int, what), out
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ from tidelog.broker.zookeeper.layout import (
     decode_isr_change,
     decode_partition_state,
     decode_producer_id_block,
+    decode_replica_damage,
     decode_topic_assignment,
     decode_topic_config,
     decode_topic_moves,
@@ -109,6 +110,7 @@ from tidelog.broker.zookeeper.layout import (
     encode_isr_change,
     encode_partition_state,
     encode_producer_id_block,
+    encode_replica_damage,
     encode_topic_assignment,
     encode_topic_config,
     more_open_than,
@@ -812,6 +814,32 @@ class ZkClient:
         paths = [f"{self.paths.isr_change_notification}/{n}" for n in names]
         got = await self._get_many(paths)
         return [(p, decode_isr_change(g[0])) for p, g in zip(paths, got) if g is not None]
+
+    # ------------------------------------------------------------------ replica damage notifications
+
+    async def notify_replica_damage(self, broker_id: int, broker_epoch: int,
+                                    partitions: list[tuple[str, int]]) -> str:
+        """Tell the controller these replicas on ``broker_id`` hold damaged batches; its path."""
+        return await self._create(self.paths.replica_damage_prefix,
+                                  encode_replica_damage(broker_id, broker_epoch, partitions), sequence=True)
+
+    async def replica_damage_notifications(self) -> list[tuple[str, tuple[int, int, list[tuple[str, int]]]]]:
+        """Pending reports: (path, (broker, broker epoch, [(topic, partition), ...])). One that
+        cannot be decoded is logged, deleted and skipped."""
+        names = sorted(await self._children(self.paths.replica_damage_notification) or [])
+        paths = [f"{self.paths.replica_damage_notification}/{n}" for n in names]
+        out, bad = [], []
+        for path, got in zip(paths, await self._get_many(paths)):
+            if got is None:
+                continue
+            try:
+                out.append((path, decode_replica_damage(got[0])))
+            except ValueError as e:
+                log.error("%s: %s; deleted", path, e)
+                bad.append(path)
+        if bad:
+            await self.delete_isr_change_notifications(bad)
+        return out
 
     async def delete_isr_change_notifications(self, paths: Iterable[str]) -> None:
         def run(paths: list[str]) -> None:

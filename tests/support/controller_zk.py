@@ -15,6 +15,8 @@ class FakeZk:
         self.moves: dict[str, dict[int, tuple]] = {}
         self.configs: dict[str, dict[str, str]] = {}
         self.states: dict[tuple[str, int], tuple[LeaderAndIsr, int]] = {}
+        self.damage: dict[str, tuple[int, int, list[tuple[str, int]]]] = {}  # path -> report
+        self.deleted_notifications: list[str] = []
         self.writes = 0
 
     # -- topics
@@ -80,3 +82,24 @@ class FakeZk:
         """What a leader's ISR write does (same leader epoch), unseen by the controller."""
         st, version = self.states[(topic, partition)]
         self.states[(topic, partition)] = (st.with_isr(isr), version + 1)
+
+    # -- notifications
+
+    async def notify_replica_damage(self, broker_id, broker_epoch, partitions):
+        path = f"/replica_damage_notification/replica_damage_{len(self.damage):010d}"
+        self.damage[path] = (broker_id, broker_epoch, list(partitions))
+        return path
+
+    async def replica_damage_notifications(self):
+        return sorted(self.damage.items())
+
+    async def isr_change_notifications(self):
+        return []
+
+    async def delete_isr_change_notifications(self, paths):
+        for p in paths:
+            self.damage.pop(p, None)
+            self.deleted_notifications.append(p)
+
+    async def get_broker_epoch(self, broker_id):
+        return None

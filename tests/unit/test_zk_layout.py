@@ -19,6 +19,7 @@ from tidelog.broker.zookeeper.layout import (
     decode_partition_state,
     decode_producer_id_block,
     decode_reassignment,
+    decode_replica_damage,
     decode_topic_assignment,
     decode_topic_config,
     encode_broker_info,
@@ -29,6 +30,7 @@ from tidelog.broker.zookeeper.layout import (
     encode_partition_state,
     encode_producer_id_block,
     encode_reassignment,
+    encode_replica_damage,
     encode_topic_assignment,
     encode_topic_config,
     next_producer_id_block,
@@ -120,6 +122,9 @@ def test_small_codecs_round_trip():
     assert decode_topic_config(encode_topic_config({"retention.ms": 10})) == {"retention.ms": "10"}
     assert decode_isr_change(encode_isr_change([("a", 0), ("b", 2)])) == [("a", 0), ("b", 2)]
     assert decode_reassignment(encode_reassignment({("a", 1): [3, 2]})) == {("a", 1): [3, 2]}
+    assert decode_replica_damage(encode_replica_damage(2, 77, [("a", 1)])) == (2, 77, [("a", 1)])
+    with pytest.raises(ValueError, match="replica damage notification"):
+        decode_replica_damage(b'{"version":1,"broker":"2","broker_epoch":1,"partitions":[]}')
     block = ProducerIdBlock(2, 1000, 1999)
     assert json.loads(encode_producer_id_block(block))["block_start"] == "1000"   # Kafka's strings
     assert decode_producer_id_block(encode_producer_id_block(block)) == block
