@@ -23,13 +23,14 @@ import math
 import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Container
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Container, Iterator
 
 import trio
 
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.log import Log, checked
 from tidelog.broker.log.manager import LogManager
+from tidelog.broker.log.verifier import ClosedSegment, Pace, first_suspect_offset
 from tidelog.broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
 from tidelog.broker.replication.partition import Partition, check_leader_epoch
 from tidelog.broker.replication.throttle import ReplicationQuota
@@ -90,13 +91,16 @@ class ReplicaConfig:
     replica_lag_time_max_ms: int = 30000
     fetcher: FetcherConfig | None = None
     num_replica_fetchers: int = 1  # fetchers (each with its own connection) per source broker
+    verify_interval_ms: int = 0  # closed segments verified in the background (0: never)
+    verify_bytes_per_second: int | None = None
 
     @classmethod
     def from_broker_config(cls, config: BrokerConfig) -> ReplicaConfig:
         return cls(config.broker_id, config.replica_lag_time_max_ms, FetcherConfig(
             config.broker_id, config.replica_fetch_wait_max_ms, config.replica_fetch_min_bytes,
             max(config.replica_fetch_max_bytes * 10, 10 << 20), config.replica_fetch_max_bytes,
-            config.replica_fetch_backoff_ms / 1000), config.num_replica_fetchers)
+            config.replica_fetch_backoff_ms / 1000), config.num_replica_fetchers,
+            config.log_verify_interval_ms, config.log_verify_bytes_per_second or None)
 
 
 FetcherKey = tuple[int, int]  # (source broker id, fetcher id)
@@ -238,6 +242,8 @@ class ReplicaManager:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._isr_maintenance)
+            if self.config.verify_interval_ms > 0:
+                nursery.start_soon(self._verify_segments)
             await nursery.start(self._expire_delayed)
             task_status.started()
             await trio.sleep_forever()
@@ -646,19 +652,57 @@ class ReplicaManager:
     def _damaged(self, p: NotifyingPartition, offset: int, e: CorruptRecordError) -> FetchPartitionResponse:
         """A read found this replica's batch at ``offset`` damaged on disk: the fetch gets
         KAFKA_STORAGE_ERROR (retriable: a client asks for metadata again and goes to the next
-        leader), and the first time the replica is reported to the controller (see the rules
-        in ``partition``)."""
+        leader), and the replica is reported (``_note_damage``)."""
+        self._note_damage(p, offset, e)
+        return FetchPartitionResponse(
+            p.tp.partition, KAFKA_STORAGE_ERROR.code,
+            error_message=f"broker {self.broker_id}: the replica of {p.tp} is damaged on disk at offset {offset} "
+                          f"({e}); it is being replaced by a replica in sync",
+            high_watermark=p.log.high_watermark, log_start_offset=p.log.log_start_offset)
+
+    def _note_damage(self, p: NotifyingPartition, offset: int, e: CorruptRecordError) -> None:
+        """The first time a replica is found damaged, it is reported to the controller (see the
+        rules in ``partition``)."""
         if p.mark_damaged(offset):
             self.damaged_replicas_found += 1
             logger.error("%s: this replica is damaged on disk at offset %d (%s): reporting it, to be taken out "
                          "of the ISR and fetch the damaged records again", p.tp, offset, e)
             if self.damage_reporter is not None and self._nursery is not None:
                 self._nursery.start_soon(self._report_damage, p)
-        return FetchPartitionResponse(
-            p.tp.partition, KAFKA_STORAGE_ERROR.code,
-            error_message=f"broker {self.broker_id}: the replica of {p.tp} is damaged on disk at offset {offset} "
-                          f"({e}); it is being replaced by a replica in sync",
-            high_watermark=p.log.high_watermark, log_start_offset=p.log.log_start_offset)
+
+    def _closed_segments(self) -> Iterator[ClosedSegment]:
+        for tp, p in list(self.partitions.items()):
+            if p.log is not None:
+                for seg in p.log.segments[:-1]:
+                    yield ClosedSegment(tp, seg.log_path, seg.base_offset, seg.size)
+
+    async def _verify_segments(self) -> None:
+        """Every ``log.verify.interval.ms``, every closed segment of every replica here read
+        through in a worker thread (``broker/log/verifier.py``), each suspect offset checked."""
+        pace = Pace(self.config.verify_bytes_per_second)
+        try:
+            while True:
+                await trio.sleep(self.config.verify_interval_ms / 1000)
+                for seg in list(self._closed_segments()):
+                    found = await trio.to_thread.run_sync(first_suspect_offset, seg.path, seg.base_offset, seg.size,
+                                                          pace, abandon_on_cancel=True)
+                    if found is not None:
+                        logger.warning("%s: %s does not verify from offset %d on", seg.tp, seg.path, found)
+                        self._check_suspect(seg.tp, found)
+        finally:
+            pace.stop()
+
+    def _check_suspect(self, tp: TopicPartition, offset: int) -> None:
+        """The background verification suspects ``offset``: an ordinary read of it tells."""
+        p = self.partitions.get(tp)
+        if p is None or p.log is None:
+            return
+        try:
+            p.log.read(offset, 1)
+        except CorruptRecordError as e:
+            self._note_damage(p, offset, e)
+        except TidelogError:  # out of range by now (retention, truncation): nothing to repair
+            pass
 
     async def _report_damage(self, p: NotifyingPartition) -> None:
         """Report until ZooKeeper takes it, or the replica no longer needs it."""

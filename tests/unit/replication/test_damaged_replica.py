@@ -6,14 +6,17 @@ The controller's side is in tests/unit/controller/test_replica_damage.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
+import trio
 
 from tests.unit.log.helpers import make_batch, open_log, read_records
 from tests.unit.replication.memory_leader import TP, MemoryBroker, assert_same_log
 from tests.unit.replication.test_fetcher import make_cluster, produce
 from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.verifier import Pace, first_suspect_offset
 from tidelog.protocol.errors import KAFKA_STORAGE_ERROR, NONE, CorruptRecordError
 from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic
 from tidelog.protocol.records import HEADER_SIZE, iter_headers
@@ -105,3 +108,42 @@ def test_damaged_framing_drops_the_whole_segment(tmp_path):
     log.close()
 
 
+
+
+# -- the background verification ------------------------------------------------------------------
+
+
+def test_the_scan_names_the_offset_after_the_last_good_batch(tmp_path):
+    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
+    for _ in range(30):
+        log.append_as_leader(make_batch(3), 0)
+    seg = log.segments[1]
+    assert first_suspect_offset(seg.log_path, seg.base_offset, seg.size) is None
+    damaged = flip_a_byte_of_batch(log, 1, 2)
+    assert first_suspect_offset(seg.log_path, seg.base_offset, seg.size) == damaged
+    stopped = Pace(None)
+    stopped.stop()
+    assert first_suspect_offset(seg.log_path, seg.base_offset, seg.size, stopped) is None
+    assert first_suspect_offset(str(tmp_path / "gone.log"), 0, 100) is None
+    log.close()
+
+
+async def test_a_damaged_follower_is_found_by_the_verification_and_repaired(cluster, autojump_clock):
+    cluster.elect(1)
+    produce(cluster.leader, 60, records=3)
+    await cluster.sync()
+    follower = cluster.brokers[3]
+    rm = follower.replica_manager
+    rm.config = dataclasses.replace(rm.config, verify_interval_ms=1000)
+    damaged = flip_a_byte_of_batch(follower.log(), 2, 1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rm._verify_segments)
+        with trio.fail_after(10**6):  # virtual seconds: the scan's thread takes real ones
+            while follower.partition().damaged_from is None:
+                await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert follower.partition().damaged_from == damaged and rm.damaged_replicas_found == 1
+    cluster.elect(1, isr=[1, 2])  # what the controller does on the report
+    assert follower.log().log_end_offset == damaged
+    await cluster.sync()
+    assert_same_log(follower.log(), cluster.leader.log())
