@@ -32,8 +32,10 @@ broker (F3: SIGKILL of the broker that is both controller and coordinator), chec
 and I13, are in ``test_group_faults``. F13 (reassignment onto an added broker, through a
 leader kill and a controller kill) is the last scenario here; F10 (index and checkpoint files
 deleted or garbled on a killed leader) follows F8, F12 (a leader whose clock is minutes ahead
-or behind, through libfaketime) follows F10. F15 is in ``test_network_faults``. Not covered
-yet: F9 and F16.
+or behind, through libfaketime) follows F10, and F9 (a bit flipped in a closed segment of
+the leader, found by a read, or of a follower, found by the background verification; the
+damaged replica is re-fetched) follows F12's helpers. F15 is in ``test_network_faults``. Not
+covered yet: F16.
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
 bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
@@ -60,7 +62,9 @@ from tests.system.harness import (
     wait_until,
 )
 from tidelog import Admin, Consumer, Producer, TopicPartition
-from tidelog.protocol.errors import NOT_ENOUGH_REPLICAS
+from tidelog.broker.log.verifier import first_suspect_offset
+from tidelog.protocol.errors import KAFKA_STORAGE_ERROR, NOT_ENOUGH_REPLICAS
+from tidelog.protocol.records import CRC_START, iter_headers
 
 BOUNCES = 5
 WARMUP_ACKS = 300      # acknowledged records before the first fault
@@ -242,6 +246,96 @@ def test_f10_index_and_checkpoint_files_lost(tmp_path: Path, soak: int, damage: 
             s.wait_acked(BETWEEN_ACKS * soak, partition=0)
         report = run_to_report(s)
     report.assert_ok()
+
+
+# -- F9: a bit flipped in a closed segment --------------------------------------------------------
+
+# the background verification of closed segments, every 2 s without a rate limit
+VERIFYING = {"log.verify.interval.ms": 2000, "log.verify.bytes.per.second": 0}
+
+
+def flip_a_bit_mid_segment(path: Path) -> tuple[int, int]:
+    """Flip one bit inside the CRC-covered part of the batch in the middle of the segment file
+    ``path``, through the file (the broker's page cache sees it); ``(base offset, position)``."""
+    data = path.read_bytes()
+    batches = list(iter_headers(data))
+    pos, h = batches[len(batches) // 2]
+    at = pos + CRC_START + (h.size - CRC_START) // 2
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x04]))
+    return h.base_offset, at
+
+
+def segments_of(s: Scenario, broker_id: int, partition: int) -> list[Path]:
+    d = log_dir(s.cluster, broker_id) / f"{s.topic}-{partition}"
+    return sorted(d.glob("*.log"), key=lambda p: int(p.stem))
+
+
+def verifies(path: Path) -> bool:
+    size = path.stat().st_size if path.exists() else 0
+    return size > 0 and first_suspect_offset(str(path), int(path.stem), size) is None
+
+
+@pytest.mark.parametrize("replica", ["leader", "follower"])
+def test_f9_a_bit_flipped_in_a_closed_segment(tmp_path: Path, soak: int, replica: str) -> None:
+    """One bit of a closed segment of partition 0 flipped on disk, in the middle of a batch, on
+    its leader or on a follower, while the brokers run. The leader's is found by the next read
+    of it: a consumer fetching straight from that broker gets every record before the damaged
+    batch, then KAFKA_STORAGE_ERROR, never the batch; an SDK consumer reading the partition from
+    its start gets every acknowledged record, as the leadership moves to an in-sync replica. The
+    follower's is found by the background verification of closed segments (every 2 s here). In
+    both cases the damaged replica leaves the ISR, drops its log from the damaged batch on,
+    fetches it again and rejoins; the oracle's I2 and I5 then find every replica's segments
+    identical and verifying."""
+    with Scenario(tmp_path, f"F9 a bit flipped on the {replica}", topic_config=SMALL_SEGMENTS,
+                  extra_config={**SMALL_SEGMENTS_ALLOWED, **(VERIFYING if replica == "follower" else {})}) as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            leader = s.leader_of(0)
+            victim = leader if replica == "leader" else next(r for r in s.replicas_of(0) if r != leader)
+            wait_until(lambda v=victim: len(segments_of(s, v, 0)) >= 3, SETTLE_TIMEOUT_S,
+                       f"three segments of partition 0 on broker {victim}")
+            seg = segments_of(s, victim, 0)[-2]  # the newest closed one
+            damaged, at = flip_a_bit_mid_segment(seg)
+            s.note(f"flipped a bit at position {at} of {seg.name} (batch at offset {damaged}) on broker "
+                   f"{victim}, the {replica} of partition 0")
+            if replica == "leader":
+                error, served = s.read_from(victim, 0)
+                assert error == KAFKA_STORAGE_ERROR.code, f"broker {victim} answered error {error}"
+                acked = {a.offset: a.value for a in s.producer.acks() if a.partition == 0}
+                assert served and served[-1][0] < damaged, f"served up to {served[-1:]}, damaged at {damaged}"
+                assert all(acked.get(o, v) == v for o, v in served), "the damaged leader served a wrong value"
+                s.note(f"broker {victim} served offsets 0-{served[-1][0]}, then KAFKA_STORAGE_ERROR")
+                read_all(s, 0, damaged + 1)
+                s.leader_of(0, not_in=[victim])
+            wait_until(lambda: verifies(seg), HEAL_TIMEOUT_S,
+                       f"{seg.name} on broker {victim} fetched again and verifying")
+            s.note(f"{seg.name} on broker {victim} verifies again")
+            s.wait_isr_full()
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+def read_all(s: Scenario, partition: int, past: int) -> None:
+    """An SDK consumer reads ``partition`` from its start past offset ``past``: every record it
+    gets is the acknowledged one at its offset (the damaged batch is never delivered)."""
+    tp = TopicPartition(s.topic, partition)
+    acked = {a.offset: a.value for a in s.producer.acks() if a.partition == partition}
+    got: dict[int, bytes | None] = {}
+    with Consumer(s.bootstrap, auto_offset_reset="earliest", default_api_timeout_ms=30000) as c:
+        c.assign([tp])
+        c.seek(tp, 0)
+        deadline = time.monotonic() + HEAL_TIMEOUT_S
+        while (not got or max(got) < past) and time.monotonic() < deadline:
+            for r in c.poll(timeout_ms=500).get(tp, []):
+                got[r.offset] = r.value
+    assert got and max(got) >= past, f"read only up to {max(got, default=None)} of partition {partition}"
+    assert sorted(got) == list(range(max(got) + 1)), "offsets skipped"
+    wrong = [o for o, v in got.items() if o in acked and acked[o] != v]
+    assert not wrong, f"values differ from the acknowledged ones at {wrong[:5]}"
+    s.note(f"an SDK consumer read partition {partition} from 0 to {max(got)}, every record intact")
 
 
 # -- F12: one broker's clock skewed --------------------------------------------------------------
