@@ -784,7 +784,8 @@ class Scenario:
     def delay(self, a: int, b: int, delay_ms: float) -> None:
         """Latency between brokers ``a`` and ``b``: ``delay_ms`` one way, both ways
         (``netlab.NetworkLab.delay``; needs ``latency=True``)."""
-        self.note(f"network: {delay_ms:g} ms one-way delay between broker {a} and broker {b}")
+        self.note(f"network: {delay_ms:g} ms one-way delay between broker {a} and broker {b} (the relays "
+                  f"between them carried {self.lab.relayed_bytes(a, b)} bytes so far)")
         self.lab.delay(a, b, delay_ms)
 
     def relayed_bytes(self, a: int, b: int) -> int:
