@@ -22,13 +22,15 @@ then runs in its own network namespace with its own address on a bridge, ZooKeep
 test's clients on two addresses of the bridge (``netlab``, which explains the mechanism), and
 ``cut(a, b)`` drops every packet between two brokers, ``isolate(b)`` every packet between a
 broker and ZooKeeper or another broker, while clients still reach every broker; ``heal``
-removes the cuts. ``IsrSampler`` checks I8 while a fault lasts: every replica in the ISR that
-ZooKeeper holds has a log end offset (asked of that replica) at or past the leader's high
-watermark. ``produce_to``, ``read_from``, ``high_watermark_of`` and ``log_end_offset_of`` ask
-one broker directly (no metadata, no retries), to see what a zombie leader does. Who leads a
-partition and who is the controller is read from the
-metadata of every running broker, and only a view they all agree on counts (a broker's cache
-lags the controller by one UpdateMetadata). Every wait polls a condition under a deadline.
+removes the cuts. With ``latency=True`` instead, the brokers' connections to each other run
+through delaying relays, and ``delay(a, b, ms)`` adds a one-way latency between two brokers.
+``IsrSampler`` checks I8 while a fault lasts: every replica in the ISR that ZooKeeper holds
+has a log end offset (asked of that replica) at or past the leader's high watermark.
+``produce_to``, ``read_from``, ``high_watermark_of`` and ``log_end_offset_of`` ask one broker
+directly (no metadata, no retries), to see what a zombie leader does. Who leads a partition
+and who is the controller is read from the metadata of every running broker, and only a view
+they all agree on counts (a broker's cache lags the controller by one UpdateMetadata). Every
+wait polls a condition under a deadline.
 
 ``heal`` restarts what was stopped and waits until every replica is back in its ISR;
 ``stop_workload`` stops producing, settles every produce future and lets the consumers catch
@@ -61,6 +63,7 @@ import os
 import re
 import threading
 import time
+import tomllib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -76,6 +79,7 @@ from tidelog import Admin, Consumer, NewTopic, Producer, TidelogError, TopicPart
 from tidelog.broker import health
 from tidelog.broker.devcluster import DevCluster, metadata
 from tidelog.broker.log import dump
+from tidelog.broker.security.listeners import parse_endpoints
 from tidelog.errors import OffsetOutOfRangeError
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.messages import (
@@ -509,13 +513,16 @@ class Scenario:
     def __init__(self, directory: Path, name: str, *, topic: str = "chaos", partitions: int = 3,
                  replication_factor: int = 3, topic_config: dict[str, str] | None = None,
                  extra_config: dict[str, object] | None = None, rate: int = 600, consumers: int = 2,
-                 network: bool = False, producer_config: dict[str, Any] | None = None,
+                 network: bool = False, latency: bool = False, producer_config: dict[str, Any] | None = None,
                  kafka_producer: bool = False):
         """``network``: run every broker in its own network namespace (``netlab``), so that
-        ``cut`` and ``isolate`` can partition the network. ``producer_config``: options of the
+        ``cut`` and ``isolate`` can partition the network. ``latency`` (with ``network``):
+        route the brokers' connections to each other through delay relays, so that ``delay``
+        can slow them down (``cut`` does not work on relayed traffic). ``producer_config``: options of the
         steady producer that differ from ``ProducerWorker``'s. ``kafka_producer``: the steady
         producer is confluent-kafka on the brokers' Kafka listeners (``KafkaProducerWorker``)."""
         self.kafka_producer = kafka_producer
+        self.latency = latency
         self.name = name
         self.topic, self.partitions, self.replication_factor = topic, partitions, replication_factor
         self.topic_config = {"min.insync.replicas": "2", "unclean.leader.election.enable": "false",
@@ -545,7 +552,7 @@ class Scenario:
     def __enter__(self) -> Self:
         try:
             if self.lab is not None:
-                self.lab.create()
+                self.lab.create(delayed_port=self._inter_broker_port() if self.latency else None)
                 self.note(f"network lab: {self.lab.describe()}")
             self.note("starting ZooKeeper and 3 brokers")
             self.cluster.start(60.0)
@@ -774,6 +781,24 @@ class Scenario:
         self.note(f"network: link into broker {broker_id} limited to {rate_kbit} kbit/s")
         self.lab.slow(broker_id, rate_kbit)
 
+    def delay(self, a: int, b: int, delay_ms: float) -> None:
+        """Latency between brokers ``a`` and ``b``: ``delay_ms`` one way, both ways
+        (``netlab.NetworkLab.delay``; needs ``latency=True``)."""
+        self.note(f"network: {delay_ms:g} ms one-way delay between broker {a} and broker {b} (the relays "
+                  f"between them carried {self.lab.relayed_bytes(a, b)} bytes so far)")
+        self.lab.delay(a, b, delay_ms)
+
+    def relayed_bytes(self, a: int, b: int) -> int:
+        """Bytes the delay relays carried between brokers ``a`` and ``b`` so far."""
+        return self.lab.relayed_bytes(a, b)
+
+    def _inter_broker_port(self) -> int:
+        """The port of the listener the brokers connect to each other on (the same for every
+        broker: each has its own namespace and address)."""
+        config = tomllib.loads(self.cluster.brokers[1].config_path.read_text())
+        name = config.get("inter.broker.listener.name")
+        return next(e.port for e in parse_endpoints(config["listeners"]) if name in (None, e.name))
+
     def isolate(self, broker_id: int) -> None:
         """Cut ``broker_id`` off from ZooKeeper and from every other broker; clients still reach it."""
         self.note(f"network: isolate broker {broker_id} from ZooKeeper and the other brokers")
@@ -788,7 +813,7 @@ class Scenario:
         self.note("healing")
         if self.lab is not None and self.lab.is_cut():
             self.lab.heal()
-            self.note("network: every cut and slow link removed")
+            self.note("network: every cut, slow link and delay removed")
         for b in sorted(self.paused):
             self.resume(b)
         for i, b in self.cluster.brokers.items():

@@ -17,6 +17,22 @@ in a real partition instead of being closed by a proxy):
   connect times out, an established connection stalls and retransmits, and after ``heal``
   the retransmissions get through, as on a real network.
 
+Latency (``delay``), for a lab created with ``delayed_port`` (the brokers' inter-broker
+listener port): tc's netem is not in every kernel (not in this sandbox's), so latency comes
+from relays instead (``delayrelay``). The test process runs one ``DelayRelay`` per ordered pair
+of brokers ``(a, b)`` on the clients' address ``.1``, and ``a``'s namespace gets an nftables
+table ``ip tidelog_delay`` whose output chain rewrites (DNAT) every connection to ``b``'s
+address and that port into a connection to the ``(a, b)`` relay, which connects on to ``b``.
+So every connection a broker opens to another -- its replica fetchers, the controller's
+requests, a group coordinator's -- runs through a relay, while its connections to itself, to
+ZooKeeper and to the test's clients stay direct. The rules are in place before the brokers
+start (conntrack keeps a connection on the path it was opened on) and the relays start with
+no delay; ``delay(a, b, ms)`` then holds every byte between ``a`` and ``b`` for ``ms`` in
+each direction (a round trip between them takes ``2 * ms`` longer). A relayed connection
+reaches its target from ``.1``: the ``cut`` sets do not see it as traffic between brokers, so
+a lab is made either for cuts or for delays (``delayed_port``), and only the F15 latency
+scenarios use the second.
+
 ``cut(a, b)`` puts ``b``'s address into ``a``'s set and ``a``'s into ``b``'s (both directions
 of all traffic between two brokers); ``isolate_from_zookeeper(b)`` puts ZooKeeper's address
 into ``b``'s set (nothing ``b`` sends reaches ZooKeeper and nothing comes back, so its session
@@ -39,7 +55,10 @@ import shutil
 import subprocess
 import threading
 
+from tests.system.delayrelay import DelayRelay, RelayGroup
+
 TABLE = "tidelog_partition"
+DELAY_TABLE = "tidelog_delay"
 _NETNS_NAME = re.compile(r"^tidelog-(\d+)-(\d+)-b\d+$")
 _BRIDGE_NAME = re.compile(r"^tl([0-9a-z]+)x(\d)br$")
 _counter = 0
@@ -135,6 +154,9 @@ class NetworkLab:
         self.netns = {b: f"tidelog-{pid}-{n}-b{b}" for b in broker_ids}
         self.cuts: dict[int, set[str]] = {b: set() for b in broker_ids}
         self.slowed: set[int] = set()  # brokers whose inbound link is shaped (``slow``)
+        self.relays: dict[tuple[int, int], DelayRelay] = {}  # (from, to) -> relay (``delayed_port``)
+        self.delayed: set[tuple[int, int]] = set()  # relays with a delay set (``delay``)
+        self._relay_group: RelayGroup | None = None
         self.created = False
 
     def describe(self) -> str:
@@ -144,15 +166,40 @@ class NetworkLab:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def create(self) -> None:
+    def create(self, delayed_port: int | None = None) -> None:
+        """Make the bridge and the namespaces. ``delayed_port``: the port of the brokers'
+        inter-broker listener, to route their connections to each other through the delay
+        relays (see the module's docstring); without it ``delay`` is not available."""
         sweep_stale()
         self.created = True  # from here on, close() removes whatever was made
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.client_host}/24", "dev", self.bridge)
         _run("ip", "addr", "add", f"{self.zookeeper_host}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        if delayed_port is not None:
+            self._start_relays(delayed_port)
         for b in self.hosts:
             self._add_broker(b)
+            if self.relays:
+                self._route_through_relays(b, delayed_port)
+
+    def _start_relays(self, port: int) -> None:
+        # the relays listen on the bridge's client address, which the brokers reach over eth0
+        self.relays = {(a, b): DelayRelay(f"{a}->{b}", self.client_host, self.hosts[b], port)
+                       for a in self.hosts for b in self.hosts if a != b}
+        self._relay_group = RelayGroup(self.relays.values())
+        self._relay_group.start()
+
+    def _route_through_relays(self, a: int, port: int) -> None:
+        rules = "".join(f"    ip daddr {self.hosts[b]} tcp dport {port} dnat to {relay.address[0]}:{relay.address[1]}\n"
+                        for (source, b), relay in sorted(self.relays.items()) if source == a)
+        _run("ip", "netns", "exec", self.netns[a], "nft", "-f", "-", stdin=(
+            f"table ip {DELAY_TABLE} {{\n"
+            "  chain output {\n"
+            "    type nat hook output priority -100; policy accept;\n"
+            f"{rules}"
+            "  }\n"
+            "}\n"))
 
     def _add_broker(self, b: int) -> None:
         ns, veth = self.netns[b], f"{self._veth_prefix}{b}"
@@ -176,6 +223,9 @@ class NetworkLab:
         """Delete the namespaces (with their veths and rules) and the bridge. Idempotent."""
         if not self.created:
             return
+        if self._relay_group is not None:
+            self._relay_group.close()
+            self._relay_group = None
         for ns in self.netns.values():
             _run("ip", "netns", "delete", ns, check=False)
         _run("ip", "link", "delete", self.bridge, check=False)
@@ -221,13 +271,36 @@ class NetworkLab:
             _run("tc", "qdisc", "del", "dev", f"{self._veth_prefix}{b}", "root", check=False)
             self.slowed.discard(b)
 
+    def delay(self, a: int, b: int, delay_ms: float) -> None:
+        """Latency on the link between brokers ``a`` and ``b``: every byte either sends the
+        other arrives ``delay_ms`` later (one way, both ways), on the connections open now and
+        on new ones. Needs a lab created with ``delayed_port``. Replaces an earlier delay."""
+        if not self.relays:
+            raise RuntimeError("delay needs a network lab created with delayed_port (the delay relays)")
+        for pair in ((a, b), (b, a)):
+            self.relays[pair].set_delay(delay_ms)
+            self.delayed.add(pair)
+
+    def undelay(self, a: int, b: int) -> None:
+        """No more latency between ``a`` and ``b``; bytes already held are still sent, in order."""
+        for pair in ((a, b), (b, a)):
+            if pair in self.delayed:
+                self.relays[pair].set_delay(0)
+                self.delayed.discard(pair)
+
+    def relayed_bytes(self, a: int, b: int) -> int:
+        """Bytes the relays carried between ``a`` and ``b`` (both directions, all connections)."""
+        return self.relays[a, b].bytes_relayed + self.relays[b, a].bytes_relayed
+
     def heal(self) -> None:
-        """Remove every cut and every slow link."""
+        """Remove every cut, every slow link and every delay."""
         for b, addresses in self.cuts.items():
             for address in sorted(addresses):
                 self._heal_address(b, address)
         for b in sorted(self.slowed):
             self.unslow(b)
+        for a, b in sorted(self.delayed):
+            self.undelay(a, b)
 
     def is_cut(self) -> bool:
-        return any(self.cuts.values()) or bool(self.slowed)
+        return any(self.cuts.values()) or bool(self.slowed) or bool(self.delayed)

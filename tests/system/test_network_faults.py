@@ -23,10 +23,25 @@ test's clients are never cut off.
       learns its session expired, becomes a follower, truncates what it appended as a zombie
       (the probe's record is in none of its segments) and rejoins the ISR.
 
-* F15 the link into a follower of partition 0 limited far below the topic's intake (a tc token
-      bucket: tc's netem, for latency, is missing from some kernels, this sandbox's among them);
-      the follower leaves the ISR, acks=all goes on, and after healing it catches up and
-      rejoins (I8 sampled throughout).
+* F15 a slow network, three ways:
+      - latency between partition 0's leader and a follower far under the lag time (150 ms
+        one way, ``replica.lag.time.max.ms`` 4 s): the follower stays in the ISR throughout
+        (partition 0's state znode is not rewritten), acks=all goes on, slower, on every
+        partition, and I8 holds;
+      - latency far over the lag time (3 s one way, a 6 s round trip, with the lag at 2 s):
+        the follower leaves the ISR of partition 0 (and its leader the ISRs of the follower's
+        partitions), acks=all goes on with the two replicas left, and after healing the
+        follower catches up and rejoins (I8 sampled throughout);
+      - the link into a follower limited far below the topic's intake (a tc token bucket):
+        the follower leaves the ISR, acks=all goes on, and after healing it catches up and
+        rejoins (I8 sampled throughout).
+      tc's netem, which would add latency in the kernel, is missing from some kernels (this
+      sandbox's among them). Latency comes from relays in the test process instead: with
+      ``Scenario(..., latency=True)`` every connection a broker opens to another broker is
+      redirected (nftables DNAT in its namespace) through a relay that holds each chunk for
+      the link's delay, in order (``netlab``, ``delayrelay``). ZooKeeper traffic and the
+      test's clients are never delayed, so no session expires. The relays' byte counts show
+      that the delayed link carried the replication traffic.
 
 These need root for the namespaces and ``ip``/``nft``, which ``./dev setup`` installs; they
 are skipped, with the reason, when that is not the case.
@@ -42,6 +57,7 @@ import pytest
 from tests.support.disk import replica_records
 from tests.system.harness import (
     ELECTION_TIMEOUT_S,
+    SETTLE_TIMEOUT_S,
     IsrSampler,
     Scenario,
     wait_until,
@@ -54,6 +70,9 @@ WARMUP_ACKS = 300      # acknowledged records before the fault
 DURING_ACKS = 300      # acknowledged records per partition while the fault lasts
 AFTER_ACKS = 100       # acknowledged records on partition 0 after healing
 F4_LAG_MS = 2000       # replica.lag.time.max.ms for F4
+F15_SHORT_DELAY_MS = 150    # one way: a round trip far under SYSTEM_CONFIG's 4 s lag time
+F15_LONG_DELAY_MS = 3000    # one way: a round trip of 6 s, three times F4_LAG_MS
+IN_SYNC_SAMPLES = 25        # I8 samples of partition 0 under the short delay (5 s or more)
 
 
 def run_to_report(s: Scenario):
@@ -201,6 +220,80 @@ def test_f15_slow_link_into_a_follower(tmp_path: Path, soak: int) -> None:
                            ELECTION_TIMEOUT_S, f"an I8 sample of partition 0 without {follower}")
                 s.heal()
                 assert follower in zk.partition_state(s.topic, 0).isr
+            shrunk = [isr for (p, isr), n in sampler.isrs.items() if p == 0 and follower not in isr]
+            assert shrunk, f"I8 was never sampled with {follower} out of the ISR: {dict(sampler.isrs)}"
+            s.wait_acked(AFTER_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+def samples_of(sampler: IsrSampler, partition: int) -> int:
+    return sum(n for (p, _), n in list(sampler.isrs.items()) if p == partition)
+
+
+def test_f15_latency_under_the_lag_time(tmp_path: Path, soak: int) -> None:
+    """A one-way delay of 150 ms between partition 0's leader and a follower, far under the
+    lag time: each fetch round trip takes 300 ms longer, the follower still reaches the
+    leader's log end offset on every one, and the ISR never changes (the state znode keeps its
+    version). acks=all goes on on every partition; I8 is sampled throughout."""
+    with Scenario(tmp_path, "F15 latency under the lag time", network=True, latency=True) as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            leader, follower = leader_and_follower(s, i)
+            with IsrSampler(s) as sampler, s.zookeeper() as zk:
+                before = zk.partition_state(s.topic, 0)
+                relayed = s.relayed_bytes(leader, follower)
+                s.delay(leader, follower, F15_SHORT_DELAY_MS)
+                since, sampled = time.monotonic(), samples_of(sampler, 0)
+                for p in range(s.partitions):
+                    s.wait_acked(DURING_ACKS * soak, partition=p, since=since)
+                wait_until(lambda n=sampled: samples_of(sampler, 0) - n >= IN_SYNC_SAMPLES * soak,
+                           SETTLE_TIMEOUT_S, f"{IN_SYNC_SAMPLES * soak} I8 samples of partition 0 under the delay")
+                after = zk.partition_state(s.topic, 0)
+                carried = s.relayed_bytes(leader, follower) - relayed
+                s.note(f"acks=all went on: {DURING_ACKS * soak} more per partition; the delayed link carried "
+                       f"{carried} bytes; ZooKeeper: partition 0 {after}")
+                assert carried > 0, f"nothing went through the relays between {leader} and {follower}"
+                assert after == before, \
+                    f"the ISR of partition 0 changed under a {F15_SHORT_DELAY_MS} ms delay: {before} -> {after}"
+                s.heal()
+            isrs = {isr for (p, isr), n in sampler.isrs.items() if p == 0}
+            assert isrs == {before.isr}, f"I8 sampled partition 0 with the ISRs {isrs}, not only {before.isr}"
+        report = run_to_report(s)
+    report.assert_ok()
+    assert report.isr_samples > 0
+
+
+def test_f15_latency_over_the_lag_time(tmp_path: Path, soak: int) -> None:
+    """A one-way delay of 3 s between partition 0's leader and a follower, with the lag time
+    at 2 s: a fetch round trip (6 s) outlasts the lag time, the leader removes the follower
+    from the ISR in ZooKeeper, and acks=all goes on with the other two replicas on every
+    partition. Once the delay is gone the follower catches up and rejoins. I8 is sampled
+    throughout."""
+    with Scenario(tmp_path, "F15 latency over the lag time", network=True, latency=True,
+                  extra_config={"replica.lag.time.max.ms": F4_LAG_MS}) as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            leader, follower = leader_and_follower(s, i)
+            with IsrSampler(s) as sampler, s.zookeeper() as zk:
+                relayed = s.relayed_bytes(leader, follower)
+                s.delay(leader, follower, F15_LONG_DELAY_MS)
+                wait_until(lambda: follower not in zk.partition_state(s.topic, 0).isr, ELECTION_TIMEOUT_S,
+                           f"the leader {leader} to remove the delayed follower {follower} from the ISR")
+                s.note(f"ZooKeeper: ISR of partition 0 is {list(zk.partition_state(s.topic, 0).isr)}")
+                since = time.monotonic()
+                for p in range(s.partitions):
+                    s.wait_acked(DURING_ACKS * soak, partition=p, since=since)
+                s.note(f"acks=all went on with the delayed follower out of the ISR: {DURING_ACKS * soak} more "
+                       f"per partition; the delayed link carried {s.relayed_bytes(leader, follower) - relayed} bytes")
+                wait_until(lambda: any(p == 0 and follower not in isr for p, isr in list(sampler.isrs)),
+                           ELECTION_TIMEOUT_S, f"an I8 sample of partition 0 without {follower}")
+                assert s.relayed_bytes(leader, follower) > relayed, \
+                    f"nothing went through the relays between {leader} and {follower}"
+                s.heal()
+                state = zk.partition_state(s.topic, 0)
+                assert follower in state.isr and state.leader == leader, \
+                    f"after healing, partition 0 has {state}: expected leader {leader} and {follower} in the ISR"
             shrunk = [isr for (p, isr), n in sampler.isrs.items() if p == 0 and follower not in isr]
             assert shrunk, f"I8 was never sampled with {follower} out of the ISR: {dict(sampler.isrs)}"
             s.wait_acked(AFTER_ACKS * soak, partition=0)
