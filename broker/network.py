@@ -792,12 +792,7 @@ class _Connection:
         self._deferred.discard(deferred)
         self._handler_done()
         self._respond(correlation_id, body)
-        if self._write_now():
-            # Linux puts the thread this write woke on this CPU, expecting the writer to
-            # sleep; the broker would otherwise go on (the produce acknowledgement, the next
-            # read) while the consumer waits for the CPU: ~80 us of its end-to-end latency.
-            os.sched_yield()
-        elif self._requests is not None:
+        if not self._write_now() and self._requests is not None:
             self._requests.start_soon(self._flush)
         if not self._deferred:
             self._deferred_done.set()
