@@ -324,16 +324,19 @@ class Sender:
                 pass
 
     def _send_from_caller(self) -> bool:
-        """On an application thread that just made a batch ready (linger_ms 0, or a batch
-        filled), when the leader's connection is idle and the loop thread is not sending (its
-        step holds the same lock): drain and write the request from this thread, then let
-        the loop thread register the response's task. Waking the loop thread to do it costs
-        the wake-up of an idle thread (~70 us in this VM) before the request is on the wire.
-        False: nothing was sent, the loop thread must look. Not with idempotence (sequence
-        numbers are the loop's), acks=0, nor at most one request in flight (until the loop
-        counts this one, it could start another)."""
+        """On an application thread that just made a batch ready, with linger_ms 0, when
+        the leader's connection is idle and the loop thread is not sending (its step holds
+        the same lock): drain and write the request from this thread, then let the loop
+        thread register the response's task. Waking the loop thread to do it costs the
+        wake-up of an idle thread (~70 us in this VM) before the request is on the wire.
+        False: nothing was sent, the loop thread must look. Only for linger_ms 0 (a producer
+        that lingers trades latency for batching: its requests are written by the loop
+        thread, in parallel with the application); not with idempotence (sequence numbers
+        are the loop's), acks=0, nor at most one request in flight (until the loop counts
+        this one, it could start another)."""
         config = self.config
-        if (self.idempotence is not None or config.acks == 0 or config.max_in_flight_requests_per_connection < 2
+        if (config.linger_ms or self.idempotence is not None or config.acks == 0
+                or config.max_in_flight_requests_per_connection < 2
                 or self._stopping or self._nursery is None or self.accumulator.closed
                 or not self._caller_lock.acquire(blocking=False)):
             return False
