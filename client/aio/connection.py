@@ -20,6 +20,11 @@ section 2: responses come back in request order). This module only moves bytes:
   or any trip through Trio's scheduler; the reader likewise reads with ``os.read`` and waits
   only when nothing is there (each Trio socket call yields once even when it need not wait,
   and those round trips cost more than a small request's own work).
+* One other thread may write: the blocking producer's application thread frames and writes
+  a request itself (``start_request_from_thread``) while the loop thread reads. Framing,
+  the pending FIFO, the outbox and the fast write are under ``thread_lock`` (loop thread
+  included), and a pending entry goes into the FIFO before its frame is written, so the
+  reader always finds the entry of the response it reads.
 * At most ``max_in_flight`` requests await a response (a semaphore); acks=0 produce requests
   (``send_no_response``) expect none and do not count.
 * Security: on a TLS listener the stream is a ``trio.SSLStream`` (the bytes pass through
