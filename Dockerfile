@@ -32,6 +32,7 @@ COPY protocol/ protocol/
 COPY broker/ broker/
 COPY client/ client/
 COPY spark_connector/ spark_connector/
+COPY webconsole/ webconsole/
 RUN pip install --no-cache-dir --no-deps .
 
 COPY deploy/config/ /etc/tidelog/examples/

@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 import logging
+import shutil
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
@@ -49,6 +51,7 @@ import trio
 from tidelog.broker.config import SENSITIVE
 from tidelog.broker.context import RequestContext
 from tidelog.broker.controller.channels import wait_all
+from tidelog.broker.log_dirs import LocalReplica, describe_log_dirs, log_dir_of, wanted_partitions
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
 from tidelog.broker.replication.replica_manager import ReplicaManager
@@ -100,6 +103,8 @@ from tidelog.protocol.messages import (
     AlterConfigsRequest,
     AlterConfigsResponse,
     AlterConfigsResult,
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
     AlterUserScramCredentialsRequest,
     AlterUserScramCredentialsResponse,
     AlterUserScramCredentialsResult,
@@ -137,6 +142,8 @@ from tidelog.protocol.messages import (
     DescribedGroup,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
     DescribeUserScramCredentialsRequest,
     DescribeUserScramCredentialsResponse,
     ElectLeadersRequest,
@@ -165,6 +172,8 @@ from tidelog.protocol.messages import (
     ListOffsetsRequest,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
+    ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
     MetadataRequest,
     MetadataResponse,
     OffsetCommitPartitionResponse,
@@ -178,9 +187,13 @@ from tidelog.protocol.messages import (
     OffsetForLeaderTopicResult,
     OffsetsForLeaderEpochRequest,
     OffsetsForLeaderEpochResponse,
+    OngoingPartitionReassignment,
+    OngoingTopicReassignment,
     PartitionProduceResponse,
     ProduceRequest,
     ProduceResponse,
+    ReassignablePartitionResponse,
+    ReassignableTopicResponse,
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
     SaslHandshakeRequest,
@@ -196,6 +209,7 @@ from tidelog.protocol.messages import (
     UpdateMetadataRequest,
     UpdateMetadataResponse,
 )
+from tidelog.protocol.throttles import DYNAMIC_BROKER_CONFIGS
 from tidelog.protocol.topics import TopicPartition, is_internal_topic, metric_name, topic_name_problem
 
 logger = logging.getLogger("tidelog.apis")
@@ -241,6 +255,7 @@ class BrokerState(Protocol):
     log_defaults: Any  # broker.log.config.LogConfig
     zk: Any  # broker.zookeeper.zk.ZkClient
     topic_overrides: dict[str, dict[str, str]]
+    entity_configs: Any  # broker.security.entity_configs.EntityConfigStore (dynamic broker configs)
 
     def update_topic_overrides(self, configs: Mapping[str, Mapping[str, str]]) -> None: ...
 
@@ -306,7 +321,7 @@ class Apis:
 
     @handles(ApiKey.API_VERSIONS, Kind.ASYNC)
     async def api_versions(self, req, ctx: RequestContext | None = None) -> ApiVersionsResponse:
-        return ApiVersionsResponse(NONE.code, api_versions())
+        return ApiVersionsResponse(NONE.code, api_versions(), software_version=_software_version())
 
     @handles(ApiKey.SASL_HANDSHAKE, Kind.ASYNC)
     async def sasl_handshake(self, req: SaslHandshakeRequest, ctx: RequestContext | None = None) -> SaslHandshakeResponse:
@@ -661,8 +676,11 @@ class Apis:
                     for k, v in sorted(effective.items()) if keys is None or k in keys]
         if resource_type == BROKER_RESOURCE:
             props = self.config.to_props()  # secrets (SENSITIVE) without their value, as Kafka
-            return [ConfigEntry(k, None if k in SENSITIVE else _render(v), read_only=True, is_sensitive=k in SENSITIVE)
-                    for k, v in sorted(props.items()) if keys is None or k in keys]
+            entries = [ConfigEntry(k, None if k in SENSITIVE else _render(v), read_only=True,
+                                   is_sensitive=k in SENSITIVE) for k, v in props.items()]
+            dynamic = self.broker.entity_configs.broker_config(self.config.broker_id) if self.broker else {}
+            entries += [ConfigEntry(k, dynamic.get(k), is_default=k not in dynamic) for k in DYNAMIC_BROKER_CONFIGS]
+            return sorted((e for e in entries if keys is None or e.name in keys), key=lambda e: e.name)
         raise TidelogError(f"unknown config resource type {resource_type}", error=INVALID_REQUEST)
 
     @handles(ApiKey.ALTER_CONFIGS, Kind.ASYNC)
@@ -679,8 +697,13 @@ class Apis:
                     raise TidelogError(f"resource {r.resource_name[:250]!r} (type {r.resource_type}) appears more "
                                        "than once in the request", error=INVALID_REQUEST)
                 self._check_config_access(ctx, AclOperation.ALTER_CONFIGS, r.resource_type, r.resource_name)
+                if r.resource_type == BROKER_RESOURCE:  # any broker writes it; each follows the notification
+                    await self._entity_configs.alter_broker_config(r.resource_name, r.configs, req.validate_only)
+                    out.append(AlterConfigsResult(NONE.code, r.resource_type, r.resource_name))
+                    continue
                 if r.resource_type != TOPIC_RESOURCE:
-                    raise TidelogError("only topic configs can be altered at runtime", error=INVALID_REQUEST)
+                    raise TidelogError("only topic and broker configs can be altered at runtime",
+                                       error=INVALID_REQUEST)
                 c = self._controller()
                 waits = await c.call(lambda r=r: c.alter_topic_config(r.resource_name, r.configs, req.validate_only))
                 await wait_all(waits, 10)
@@ -688,6 +711,21 @@ class Apis:
             except TidelogError as e:
                 out.append(AlterConfigsResult(e.code, r.resource_type, r.resource_name, str(e)))
         return AlterConfigsResponse(out)
+
+    @handles(ApiKey.DESCRIBE_LOG_DIRS, Kind.ASYNC)
+    async def describe_log_dirs(self, req: DescribeLogDirsRequest,
+                                ctx: RequestContext | None = None) -> DescribeLogDirsResponse:
+        """This broker's replicas (broker/log_dirs.py); Describe on the Cluster, as in Kafka."""
+        if not self._can(ctx, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            return DescribeLogDirsResponse(CLUSTER_AUTHORIZATION_FAILED.code)
+        manager = self.replica_manager.log_manager
+        # the logs are read on the event loop, where they change; only statvfs goes to a thread
+        replicas = {tp: LocalReplica(log_dir_of(log.directory), log.size, log.log_start_offset,
+                                     log.log_end_offset, log.high_watermark)
+                    for tp, log in manager.logs.items()}
+        disk = await trio.to_thread.run_sync(_disk_usage, manager.log_dirs)
+        return DescribeLogDirsResponse(NONE.code, describe_log_dirs(manager.log_dirs, replicas,
+                                                                    wanted_partitions(req.topics), disk))
 
     # -- user and client-id configs: quotas, SCRAM credentials (broker/security/entity_configs.py)
     # Any broker answers: each reads and writes ZooKeeper itself, and every broker's
@@ -788,6 +826,38 @@ class Apis:
         await wait_all(waits, req.timeout_ms / 1000)
         return ElectLeadersResponse(NONE.code, [ElectLeadersResult(tp.topic, tp.partition, code, msg)
                                                 for tp, code, msg in results])
+
+    @handles(ApiKey.ALTER_PARTITION_REASSIGNMENTS, Kind.ASYNC)
+    async def alter_partition_reassignments(self, req: AlterPartitionReassignmentsRequest,
+                                            ctx: RequestContext | None = None) -> AlterPartitionReassignmentsResponse:
+        """Start, replace or cancel (replicas None) partition moves, on the controller (Alter
+        on the cluster, as in Kafka). A partition named twice is INVALID_REQUEST."""
+        named = [TopicPartition(t.name, p.partition_index) for t in req.topics for p in t.partitions]
+        if not self._can(ctx, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
+            return _reassignment_answer(named, {}, CLUSTER_AUTHORIZATION_FAILED.code,
+                                        _denied(ctx, "Alter", "cluster", CLUSTER_NAME))
+        c = self._controller()
+        targets = [(TopicPartition(t.name, p.partition_index), p.replicas) for t in req.topics for p in t.partitions]
+        # as Kafka: answered once the moves are written and sent, not when replicas have acted
+        results, _ = await c.call(lambda: c.alter_reassignments(targets))
+        return _reassignment_answer(named, results)
+
+    @handles(ApiKey.LIST_PARTITION_REASSIGNMENTS, Kind.ASYNC)
+    async def list_partition_reassignments(self, req: ListPartitionReassignmentsRequest,
+                                           ctx: RequestContext | None = None) -> ListPartitionReassignmentsResponse:
+        if not self._can(ctx, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            return ListPartitionReassignmentsResponse(CLUSTER_AUTHORIZATION_FAILED.code,
+                                                      _denied(ctx, "Describe", "cluster", CLUSTER_NAME))
+        c = self._controller()
+        tps = None if req.topics is None else [TopicPartition(t.name, p) for t in req.topics
+                                               for p in t.partition_indexes]
+        moves = await c.call(lambda: _async(c.reassignments(tps)))
+        by_topic: dict[str, list[OngoingPartitionReassignment]] = {}
+        for tp, m in moves.items():
+            by_topic.setdefault(tp.topic, []).append(OngoingPartitionReassignment(
+                tp.partition, list(m.replicas), list(m.adding), list(m.removing)))
+        return ListPartitionReassignmentsResponse(NONE.code, None, [OngoingTopicReassignment(t, ps)
+                                                                    for t, ps in by_topic.items()])
 
     @handles(ApiKey.CONTROLLED_SHUTDOWN, Kind.ASYNC)
     async def controlled_shutdown(self, req: ControlledShutdownRequest, ctx: RequestContext | None = None) -> ControlledShutdownResponse:
@@ -1065,6 +1135,18 @@ def _sasl_refusal(ctx: RequestContext | None) -> str:
 _WRITE, _TOPIC = AclOperation.WRITE, ResourceType.TOPIC  # the produce path's (an enum's attribute costs ~70 ns)
 
 
+def _disk_usage(log_dirs: list[str]) -> dict[str, tuple[int, int]]:
+    """(total, usable) bytes of each log dir's file system; (-1, -1) when it cannot be read."""
+    out = {}
+    for d in log_dirs:
+        try:
+            usage = shutil.disk_usage(d)
+            out[d] = (usage.total, usage.free)
+        except OSError:
+            out[d] = (-1, -1)
+    return out
+
+
 def _denied(ctx: RequestContext | None, operation: str, kind: str, name: str) -> str:
     principal = ctx.principal if ctx is not None else "?"
     return f"{principal} is not authorized to {operation} {kind} {name[:255]!r}"
@@ -1101,3 +1183,26 @@ def _render(value: Any) -> str | None:
         return ",".join(str(v) for v in value)
     return str(value)
 
+
+
+def _reassignment_answer(named: list[TopicPartition], results: dict[TopicPartition, tuple[int, str | None]],
+                         code: int = NONE.code, message: str | None = None) -> AlterPartitionReassignmentsResponse:
+    """AlterPartitionReassignments' answer: each partition named (once) with its result, or
+    with ``code``/``message`` when the whole request was refused."""
+    by_topic: dict[str, dict[int, ReassignablePartitionResponse]] = {}
+    for tp in named:
+        err, msg = results.get(tp, (code, message))
+        by_topic.setdefault(tp.topic, {})[tp.partition] = ReassignablePartitionResponse(tp.partition, err, msg)
+    return AlterPartitionReassignmentsResponse(code, message, [ReassignableTopicResponse(t, list(ps.values()))
+                                                               for t, ps in by_topic.items()])
+
+
+async def _async(value):
+    return value
+
+
+@functools.lru_cache(maxsize=1)
+def _software_version() -> str:
+    from tidelog.broker.cli import installed_version
+
+    return installed_version()

@@ -173,7 +173,8 @@ COMMANDS: tuple[Command, ...] = (
 # the client command families, listed after the broker-side commands in ``tidelog --help``
 FAMILIES: tuple[str, ...] = ("tidelog.commands.topics", "tidelog.commands.console",
                              "tidelog.commands.groups", "tidelog.commands.acls", "tidelog.commands.perf",
-                             "tidelog.commands.configs")
+                             "tidelog.commands.configs", "tidelog.commands.reassign",
+                             "tidelog.commands.webconsole")
 
 
 def installed_version() -> str:

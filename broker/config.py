@@ -359,6 +359,13 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
        "How often logs are checked for a time-based flush (ms); the default never checks.", minimum=1),
     _S("log.retention.check.interval.ms", int, 300000,
        "How often logs are checked for segments to delete (ms).", minimum=1),
+    _S("log.verify.interval.ms", int, 7 * 24 * 3600 * 1000,
+       "How often every closed segment of every replica here is read through and its batches' "
+       "CRCs checked, so that a replica damaged on disk is found and fetched again before a "
+       "reader needs it (ms); 0 never verifies.", minimum=0),
+    _S("log.verify.bytes.per.second", int, 8 * MIB,
+       "Most bytes per second the background verification of closed segments reads; 0: no limit.",
+       minimum=0),
     # log cleaner (compaction, broker/log/cleaner.py)
     _S("log.cleaner.enable", bool, True,
        "Run the log cleaner, which compacts topics with cleanup.policy compact."),

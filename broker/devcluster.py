@@ -65,6 +65,7 @@ class BrokerProcess:
         self.port = port
         self.host = host
         self.netns = netns  # a named network namespace the process runs in, or None
+        self.env: dict[str, str] = {}  # set in the process's environment at its next start
         self.proc: subprocess.Popen | None = None
 
     def _preexec(self) -> None:
@@ -80,7 +81,7 @@ class BrokerProcess:
         if self.running:
             return
         log = open(self.log_path, "ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tidelog.broker.cli", "broker", "--config", str(self.config_path)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -176,6 +177,25 @@ class DevCluster:
             config_path.write_text("\n".join(lines) + "\n")
         return BrokerProcess(broker_id, config_path, self.dir / f"broker-{broker_id}.log", port,
                              host=host, netns=self.netns.get(broker_id))
+
+    def add_broker(self, broker_id: int | None = None, rack: str | None = None, timeout: float = 60.0) -> BrokerProcess:
+        """Grow the cluster: write a new broker's config (the next id by default), start it and
+        wait until every broker sees it. Its partitions come only from reassignments."""
+        broker_id = broker_id if broker_id is not None else max(self.brokers, default=0) + 1
+        if broker_id in self.brokers:
+            raise ValueError(f"broker {broker_id} is already in the cluster")
+        if self.security or self.inter_broker_security:  # a certificate from the cluster's CA
+            make_cluster_pki(self.dir / "pki", {broker_id: [self.hosts.get(broker_id, "127.0.0.1"), "localhost"]})
+        saved = self.extra_config
+        if rack is not None:
+            self.extra_config = {**saved, "broker.rack": rack}
+        try:
+            b = self.brokers[broker_id] = self._broker(broker_id, self.base_port + broker_id - 1 if self.base_port else 0)
+        finally:
+            self.extra_config = saved
+        b.start()
+        self.wait_ready(timeout)
+        return b
 
     def _kafka_port(self, broker_id: int, port: int) -> int:
         """Fixed ports put the Kafka listener 100 above the broker's (9092 -> 9192)."""

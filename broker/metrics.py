@@ -464,17 +464,31 @@ class BrokerCollector:
                 ("tidelog_replica_fetcher_max_lag",
                  "Largest lag in records of a partition this broker follows: its leader's high watermark at "
                  "the last fetch minus this replica's log end offset (Kafka's ReplicaFetcherManager MaxLag)",
-                 max((st.lag for f in rm.fetchers.values() for st in f.partitions.values()), default=0))):
+                 max([0, *(st.lag for f in rm.fetchers.values() for st in f.partitions.values())]))):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], float(value))
             yield g
         for name, doc, value in (("tidelog_replica_manager_isr_shrinks", "ISR shrinks on partitions led here",
                                   rm.isr_shrinks),
                                  ("tidelog_replica_manager_isr_expands", "ISR expansions on partitions led here",
-                                  rm.isr_expands)):
+                                  rm.isr_expands),
+                                 ("tidelog_replica_manager_damaged_replicas",
+                                  "Replicas here found damaged on disk (a stored batch failing its CRC check) and "
+                                  "reported, to be re-fetched from a replica in sync", rm.damaged_replicas_found)):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(value))
             yield c
+        rate = GaugeMetricFamily("tidelog_replication_throttled_rate",
+                                 "leader.replication.throttled.rate and follower.replication.throttled.rate in "
+                                 "force here (bytes/s; -1: not set)", labels=["side"])
+        copied = CounterMetricFamily("tidelog_replication_throttled_bytes",
+                                     "Bytes copied for throttled replicas (not in sync, listed in the topic's "
+                                     "*.replication.throttled.replicas), per side", labels=["side"])
+        for side, quota in (("leader", rm.leader_quota), ("follower", rm.follower_quota)):
+            rate.add_metric([side], float(-1 if quota.rate is None else quota.rate))
+            copied.add_metric([side], float(quota.throttled_bytes))
+        yield rate
+        yield copied
         purgatory = GaugeMetricFamily("tidelog_produce_purgatory_size",
                                       "acks=all produce requests waiting for the high watermark")
         purgatory.add_metric([], float(self.requests.produce_purgatory_size))
@@ -495,6 +509,10 @@ class BrokerCollector:
                                     "Partitions without a live leader (reported by the active controller only)")
         offline.add_metric([], float(offline_partitions(controller)))
         yield offline
+        moving = GaugeMetricFamily("tidelog_controller_reassigning_partitions",
+                                   "Partitions being reassigned (reported by the active controller only)")
+        moving.add_metric([], float(len(controller.ctx.moves) if controller.ctx is not None else 0))
+        yield moving
 
     def _requests(self) -> Iterator[Metric]:
         latency = HistogramMetricFamily("tidelog_request_duration_seconds",

@@ -57,12 +57,13 @@ from tidelog.broker.security.inter_broker import broker_principals, inter_broker
 from tidelog.broker.security.listeners import Listener, ListenerSecurity
 from tidelog.broker.security.quotas import ClientQuotas, QuotaEnforcer
 from tidelog.broker.security.tls import server_context
-from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkError
 from tidelog.broker.zookeeper.zk import ZkClient
+from tidelog.protocol import placement
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, StorageError, TidelogError
 from tidelog.protocol.messages import ControlledShutdownRequest
+from tidelog.protocol.throttles import FOLLOWER_RATE, LEADER_RATE
 from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.broker")
@@ -87,7 +88,7 @@ class BrokerServer:
         self.controller = Controller(ControllerConfig.from_broker_config(config), self.zk)
         self.replica_manager = ReplicaManager(
             ReplicaConfig.from_broker_config(config), self.log_manager, self.topic_log_config,
-            self._endpoint_for, self._write_isr)
+            self._endpoint_for, self._write_isr, damage_reporter=self._report_damage)
         self.producer_ids = ProducerIdManager(
             lambda: self.zk.allocate_producer_id_block(self.broker_id, PRODUCER_ID_BLOCK_SIZE))
         self.group_coordinator = GroupCoordinator(
@@ -108,6 +109,9 @@ class BrokerServer:
         self.log_cleaner = LogCleaner(self.log_manager, CleanerConfig.from_broker_config(config))
         # user and client-id configs (SCRAM credentials, quotas) and the quotas' enforcement
         self.entity_configs = EntityConfigStore(self.zk)
+        rm, store = self.replica_manager, self.entity_configs  # the throttles follow the dynamic configs
+        rm.leader_quota.rate_of = lambda: store.broker_int(self.broker_id, LEADER_RATE)
+        rm.follower_quota.rate_of = lambda: store.broker_int(self.broker_id, FOLLOWER_RATE)
         self.quotas = ClientQuotas.from_config(self.entity_configs, config)
         self.quota_enforcer = QuotaEnforcer(self.quotas)
         self.broker_epoch = -1
@@ -401,12 +405,16 @@ class BrokerServer:
         await self.zk.notify_isr_change([(tp.topic, tp.partition)])
         return version
 
+    async def _report_damage(self, tps: list[TopicPartition]) -> None:
+        await self.zk.notify_replica_damage(self.broker_id, self.replica_manager.broker_epoch,
+                                            [(tp.topic, tp.partition) for tp in tps])
+
     async def auto_create_topics(self, names: list[str]) -> None:
         live = sorted(self.metadata.brokers)
         rf = min(self.config.default_replication_factor, len(live))
         for name in names:
             try:
-                assignment = layout.assign_replicas(live, self.config.num_partitions, rf)
+                assignment = placement.assign_replicas(live, self.config.num_partitions, rf)
                 await self.zk.create_topic(name, assignment, {})
                 logger.info("auto-created topic %s", name)
                 if rf < self.config.min_insync_replicas:
@@ -423,7 +431,7 @@ class BrokerServer:
         """For the group coordinator: create ``__consumer_offsets`` in ZooKeeper (the controller
         picks it up from its topics watch, as for any topic)."""
         live = sorted(self.metadata.brokers)
-        assignment = layout.assign_replicas(live, partitions, replication_factor)
+        assignment = placement.assign_replicas(live, partitions, replication_factor)
         await self.zk.create_topic(name, assignment, configs)
 
     async def _list_offsets_at(self, broker_id: int, request):

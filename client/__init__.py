@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",
-           "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
+           "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription", "PartitionReassignment",
            "ConfigEntry", "OffsetAndTimestamp", "TidelogError", "TidelogClientError",
            "RequestTimedOut", "BrokerConnectionError", "NoBrokersAvailable", "ClientClosedError",
            "AuthenticationFailedError", "SaslAuthenticationError", "SslAuthenticationError",
@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         OffsetAndMetadata,
         OffsetAndTimestamp,
         PartitionInfo,
+        PartitionReassignment,
         Producer,
         RebalanceInProgressError,
         Record,

@@ -55,9 +55,11 @@ from tidelog.aio.admin import (
     ConsumerGroupDescription,
     GroupOffsets,
     ListedGroup,
+    LogDirDescription,
     MemberDescription,
     NewTopic,
     PartitionInfo,
+    PartitionReassignment,
     TopicDescription,
 )
 from tidelog.aio.consumer import OffsetAndTimestamp
@@ -76,7 +78,7 @@ if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers (t
 # the names tidelog.aio exports, so that switching event loops changes one import
 __all__ = ["AsyncProducer", "AsyncConsumer", "AsyncAdmin", "RecordFuture", "RecordFutures", "Record",
            "RecordMetadata", "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo",
-           "ClusterDescription", "ConfigEntry", "OffsetAndTimestamp", "ConsumerRebalanceListener",
+           "ClusterDescription", "PartitionReassignment", "ConfigEntry", "OffsetAndTimestamp", "ConsumerRebalanceListener",
            "ConsumerGroupDescription", "MemberDescription", "GroupOffsets", "ListedGroup", "require_asyncio"]
 
 
@@ -802,6 +804,10 @@ class AsyncAdmin(_Client):
     async def describe_cluster(self, timeout_ms: int | None = None) -> ClusterDescription:
         return await self._call(self._aio.describe_cluster, timeout_ms, timeout=self._timeout(timeout_ms))
 
+    async def describe_log_dirs(self, brokers: Iterable[int] | None = None, timeout_ms: int | None = None
+                      ) -> dict[int, dict[str, LogDirDescription]]:
+        return await self._call(self._aio.describe_log_dirs, brokers, timeout_ms, timeout=self._timeout(timeout_ms))
+
     async def describe_configs(self, topic: str, keys: Sequence[str] | None = None,
                                timeout_ms: int | None = None) -> dict[str, ConfigEntry]:
         return await self._call(self._aio.describe_configs, topic, keys, timeout_ms,
@@ -812,10 +818,33 @@ class AsyncAdmin(_Client):
         return await self._call(self._aio.alter_configs, topic, dict(configs), validate_only, timeout_ms,
                                 timeout=self._timeout(timeout_ms))
 
+    async def alter_broker_configs(self, broker_id: int | None, configs: dict[str, str | None],
+                                   validate_only: bool = False, timeout_ms: int | None = None) -> None:
+        return await self._call(self._aio.alter_broker_configs, broker_id, dict(configs), validate_only, timeout_ms,
+                                timeout=self._timeout(timeout_ms))
+
     async def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
                             timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
         return await self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
                                 timeout_ms, timeout=self._timeout(timeout_ms))
+
+    async def broker_versions(self, brokers: Iterable[int] | None = None,
+                              timeout_ms: int | None = None) -> dict[int, str | None]:
+        return await self._call(self._aio.broker_versions, None if brokers is None else list(brokers), timeout_ms,
+                                timeout=self._timeout(timeout_ms))
+
+    async def alter_partition_reassignments(self, reassignments: dict[TopicPartition, Sequence[int] | None],
+                                            timeout_ms: int | None = None
+                                            ) -> dict[TopicPartition, tuple[int, str | None]]:
+        return await self._call(self._aio.alter_partition_reassignments, dict(reassignments), timeout_ms,
+                                timeout=self._timeout(timeout_ms))
+
+    async def list_partition_reassignments(self, partitions: Iterable[TopicPartition] | None = None,
+                                           timeout_ms: int | None = None
+                                           ) -> dict[TopicPartition, PartitionReassignment]:
+        return await self._call(self._aio.list_partition_reassignments,
+                                None if partitions is None else list(partitions), timeout_ms,
+                                timeout=self._timeout(timeout_ms))
 
     async def create_acls(self, bindings: Iterable[AclBinding], timeout_ms: int | None = None
                           ) -> dict[AclBinding, None]:

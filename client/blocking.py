@@ -35,9 +35,11 @@ from tidelog.aio.admin import (
     ConsumerGroupDescription,
     GroupOffsets,
     ListedGroup,
+    LogDirDescription,
     MemberDescription,
     NewTopic,
     PartitionInfo,
+    PartitionReassignment,
     TopicDescription,
 )
 from tidelog.aio.consumer import AsyncConsumer, Metrics, OffsetAndTimestamp
@@ -75,7 +77,7 @@ if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers (t
     from tidelog.options import AdminOptions, ConsumerOptions, ProducerOptions
 
 __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordFuture", "RecordFutures",
-           "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
+           "TopicPartition", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription", "PartitionReassignment",
            "ConfigEntry", "OffsetAndTimestamp", "TidelogError", "TidelogClientError",
            "RequestTimedOut", "BrokerConnectionError", "NoBrokersAvailable", "ClientClosedError",
            "AuthenticationFailedError", "SaslAuthenticationError", "SslAuthenticationError",
@@ -558,6 +560,10 @@ class Admin(_Blocking):
     def describe_cluster(self, timeout_ms: int | None = None) -> ClusterDescription:
         return self._call(self._aio.describe_cluster, timeout_ms, timeout=self._timeout(timeout_ms))
 
+    def describe_log_dirs(self, brokers: Iterable[int] | None = None, timeout_ms: int | None = None
+                      ) -> dict[int, dict[str, LogDirDescription]]:
+        return self._call(self._aio.describe_log_dirs, brokers, timeout_ms, timeout=self._timeout(timeout_ms))
+
     def describe_configs(self, topic: str, keys: Sequence[str] | None = None,
                          timeout_ms: int | None = None) -> dict[str, ConfigEntry]:
         return self._call(self._aio.describe_configs, topic, keys, timeout_ms, timeout=self._timeout(timeout_ms))
@@ -567,10 +573,34 @@ class Admin(_Blocking):
         return self._call(self._aio.alter_configs, topic, dict(configs), validate_only, timeout_ms,
                           timeout=self._timeout(timeout_ms))
 
+    def alter_broker_configs(self, broker_id: int | None, configs: dict[str, str | None],
+                             validate_only: bool = False, timeout_ms: int | None = None) -> None:
+        """Set a broker's dynamic configs; see ``AsyncAdmin.alter_broker_configs``."""
+        return self._call(self._aio.alter_broker_configs, broker_id, dict(configs), validate_only, timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
     def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
                       timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
         """Preferred leader election; see ``AsyncAdmin.elect_leaders``."""
         return self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
+                          timeout_ms, timeout=self._timeout(timeout_ms))
+
+    def broker_versions(self, brokers: Iterable[int] | None = None,
+                        timeout_ms: int | None = None) -> dict[int, str | None]:
+        """Each broker's software version; see ``AsyncAdmin.broker_versions``."""
+        return self._call(self._aio.broker_versions, None if brokers is None else list(brokers), timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
+    def alter_partition_reassignments(self, reassignments: dict[TopicPartition, Sequence[int] | None],
+                                      timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
+        """Start or cancel partition moves; see ``AsyncAdmin.alter_partition_reassignments``."""
+        return self._call(self._aio.alter_partition_reassignments, dict(reassignments), timeout_ms,
+                          timeout=self._timeout(timeout_ms))
+
+    def list_partition_reassignments(self, partitions: Iterable[TopicPartition] | None = None,
+                                     timeout_ms: int | None = None) -> dict[TopicPartition, PartitionReassignment]:
+        """The moves in progress; see ``AsyncAdmin.list_partition_reassignments``."""
+        return self._call(self._aio.list_partition_reassignments, None if partitions is None else list(partitions),
                           timeout_ms, timeout=self._timeout(timeout_ms))
 
     def create_acls(self, bindings: Iterable[AclBinding], timeout_ms: int | None = None) -> dict[AclBinding, None]:

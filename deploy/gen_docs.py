@@ -101,6 +101,19 @@ The settings named like a topic config (`log.segment.bytes`, `log.retention.ms`,
 `min.insync.replicas`, ...) are the defaults of every topic; a topic overrides them with
 Kafka's topic-level names (`segment.bytes`, `retention.ms`, `min.insync.replicas`).
 
+## Dynamic broker configs
+
+Two settings change at runtime, with no restart, as Kafka's dynamic broker configs: the
+replication throttle rates `leader.replication.throttled.rate` and
+`follower.replication.throttled.rate` (bytes per second; unset: no bound). They are set per
+broker or as the cluster's default through AlterConfigs on a broker resource
+(`Admin.alter_broker_configs`, or `tidelog reassign --execute --throttle`, which also sets
+the topics' `leader.replication.throttled.replicas` and `follower.replication.throttled.replicas`),
+are stored in ZooKeeper under `/config/brokers/<id>` and `/config/brokers/<default>` as in
+Kafka, and reach every broker through the config change notifications. They bound only
+replicas that the topic lists and that are not in sync (docs/operations.md, "Moving
+partitions").
+
 ## Settings
 
 {settings_reference()}"""

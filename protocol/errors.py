@@ -115,6 +115,7 @@ GROUP_MAX_SIZE_REACHED = _register("GROUP_MAX_SIZE_REACHED", 81, "The group has 
 FENCED_INSTANCE_ID = _register("FENCED_INSTANCE_ID", 82, "Another member with the same group.instance.id fenced this one")
 ELIGIBLE_LEADERS_NOT_AVAILABLE = _register("ELIGIBLE_LEADERS_NOT_AVAILABLE", 83, "No eligible leader is available for the partition", retriable=R)
 ELECTION_NOT_NEEDED = _register("ELECTION_NOT_NEEDED", 84, "The leader is already the preferred one")
+NO_REASSIGNMENT_IN_PROGRESS = _register("NO_REASSIGNMENT_IN_PROGRESS", 85, "No partition reassignment is in progress")
 INVALID_RECORD = _register("INVALID_RECORD", 87, "A record in the batch failed broker-side validation")
 UNSTABLE_OFFSET_COMMIT = _register("UNSTABLE_OFFSET_COMMIT", 88, "There are unstable offsets that need to be cleared", retriable=R)
 PRODUCER_FENCED = _register("PRODUCER_FENCED", 90, "A newer epoch of this producer id was initialised; this one is fenced")

@@ -70,6 +70,7 @@ class ApiVersionsResponse(Message):
     error_code: int = field(metadata=INT16)
     api_keys: list[ApiVersion] = field(default_factory=list)
     throttle_time_ms: int = field(default=0, metadata=INT32)
+    software_version: str | None = None  # Tidelog's: the broker's installed version (not on a Kafka listener)
 
 
 # SASL (Kafka's keys 17 and 36): on a SASL listener, the only requests served before
@@ -283,6 +284,57 @@ class AlterConfigsResult(Message):
 @dataclass(frozen=True, slots=True)
 class AlterConfigsResponse(Message):
     responses: list[AlterConfigsResult]
+    throttle_time_ms: int = 0
+
+
+# DescribeLogDirs (Kafka's key 35): each broker describes its own replicas, log dir by log
+# dir. Kafka's fields (partition_size, offset_lag: the HW minus the replica's LEO, never
+# negative) plus Tidelog's log_start_offset, log_end_offset and high_watermark as this
+# broker holds them, so a tool can draw every replica of a partition on one offset axis.
+
+
+@dataclass(frozen=True, slots=True)
+class DescribableLogDirTopic(Message):
+    topic: str
+    partitions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsRequest(Message):
+    """None: every replica this broker holds."""
+    topics: list[DescribableLogDirTopic] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsPartition(Message):
+    partition_index: int = field(metadata=INT32)
+    partition_size: int = field(metadata=INT64)
+    offset_lag: int = field(metadata=INT64)
+    is_future_key: bool = False
+    log_start_offset: int = field(default=-1, metadata=INT64)
+    log_end_offset: int = field(default=-1, metadata=INT64)
+    high_watermark: int = field(default=-1, metadata=INT64)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsTopic(Message):
+    name: str
+    partitions: list[DescribeLogDirsPartition] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsResult(Message):
+    error_code: int
+    log_dir: str
+    topics: list[DescribeLogDirsTopic] = field(default_factory=list)
+    total_bytes: int = field(default=-1, metadata=INT64)
+    usable_bytes: int = field(default=-1, metadata=INT64)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsResponse(Message):
+    error_code: int = 0
+    results: list[DescribeLogDirsResult] = field(default_factory=list)
     throttle_time_ms: int = 0
 
 
@@ -685,6 +737,8 @@ class PartitionState(Message):
     replicas: list[int] = field(metadata=INT32)
     is_new: bool = False
     offline_replicas: list[int] = field(default_factory=list, metadata=INT32)
+    adding_replicas: list[int] = field(default_factory=list, metadata=INT32)  # a reassignment's
+    removing_replicas: list[int] = field(default_factory=list, metadata=INT32)
 
     def __post_init__(self) -> None:
         _check_topic_names((self.topic_name,), "topic_name")
@@ -716,6 +770,9 @@ class LeaderAndIsrRequest(Message):
     partition_states: list[PartitionState]
     live_leaders: list[LiveBroker] = field(default_factory=list)
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # topic-level overrides
+    # Kafka's FULL type: the states name every partition assigned to the broker, which
+    # deletes its logs of any other (replicas removed while it was down)
+    full: bool = False
 
     def __post_init__(self) -> None:
         _check_topic_names(self.topic_configs, "topic_configs")
@@ -822,6 +879,81 @@ class ElectLeadersResult(Message):
 class ElectLeadersResponse(Message):
     error_code: int
     results: list[ElectLeadersResult] = field(default_factory=list)
+
+
+# Partition reassignment (KIP-455, keys 45 and 46), on the controller.
+
+@dataclass(frozen=True, slots=True)
+class ReassignablePartition(Message):
+    partition_index: int = field(metadata=NON_NEGATIVE)
+    replicas: list[int] | None = field(default=None, metadata=INT32)  # None: cancel the partition's move
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignableTopic(Message):
+    name: str
+    partitions: list[ReassignablePartition]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionReassignmentsRequest(Message):
+    topics: list[ReassignableTopic]
+    timeout_ms: int = field(default=60000, metadata=NON_NEGATIVE)
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignablePartitionResponse(Message):
+    partition_index: int
+    error_code: int
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignableTopicResponse(Message):
+    name: str
+    partitions: list[ReassignablePartitionResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionReassignmentsResponse(Message):
+    error_code: int
+    error_message: str | None = None
+    responses: list[ReassignableTopicResponse] = field(default_factory=list)
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ListPartitionReassignmentsTopics(Message):
+    name: str
+    partition_indexes: list[int] = field(metadata=NON_NEGATIVE)
+
+
+@dataclass(frozen=True, slots=True)
+class ListPartitionReassignmentsRequest(Message):
+    topics: list[ListPartitionReassignmentsTopics] | None = None  # None: every partition being moved
+    timeout_ms: int = field(default=60000, metadata=NON_NEGATIVE)
+
+
+@dataclass(frozen=True, slots=True)
+class OngoingPartitionReassignment(Message):
+    partition_index: int
+    replicas: list[int]
+    adding_replicas: list[int]
+    removing_replicas: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class OngoingTopicReassignment(Message):
+    name: str
+    partitions: list[OngoingPartitionReassignment]
+
+
+@dataclass(frozen=True, slots=True)
+class ListPartitionReassignmentsResponse(Message):
+    error_code: int
+    error_message: str | None = None
+    topics: list[OngoingTopicReassignment] = field(default_factory=list)
+    throttle_time_ms: int = 0
 
 
 

@@ -32,16 +32,21 @@ Events and what they do:
   the ISR only with unclean.leader.election.enable), and it is removed from the ISR of the
   partitions it followed. Each change bumps the leader epoch.
 * topics created / marked for deletion, ISR change notifications from leaders.
+* replica damage notifications: a broker found a batch of one of its replicas failing its
+  check on disk; leadership moves off that replica and it leaves the ISR (``election.
+  without_damaged_replica``), and it is sent its state, on which, a follower outside the ISR,
+  it drops the damaged records and fetches them again.
 * requests: CreateTopics, CreatePartitions, DeleteTopics, AlterConfigs, ControlledShutdown.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable
 
 import trio
 
@@ -52,7 +57,9 @@ from tidelog.broker.controller.election import (
     offline_partition_leader,
     preferred_replica_leader,
     remove_from_isr,
+    without_damaged_replica,
 )
+from tidelog.broker.controller.reassignment import ReplicaAssignment, Step, check_target, next_step, restate
 from tidelog.broker.controller.validation import (
     PartitionLimits,
     by_metric_name,
@@ -67,18 +74,21 @@ from tidelog.broker.controller.validation import (
 from tidelog.broker.log.config import REQUEST_MINIMUMS, InvalidConfigError, LogConfig, check_requested
 from tidelog.broker.security.inter_broker import inter_broker_security
 from tidelog.broker.security.listeners import parse_endpoints
-from tidelog.broker.zookeeper import layout
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.protocol import placement
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     ELECTION_NOT_NEEDED,
+    ELIGIBLE_LEADERS_NOT_AVAILABLE,
     INVALID_CONFIG,
     INVALID_PARTITIONS,
     INVALID_REPLICA_ASSIGNMENT,
     INVALID_REQUEST,
     INVALID_TOPIC_EXCEPTION,
+    NO_REASSIGNMENT_IN_PROGRESS,
     NONE,
     PREFERRED_LEADER_NOT_AVAILABLE,
+    REASSIGNMENT_IN_PROGRESS,
     STALE_BROKER_EPOCH,
     TOPIC_ALREADY_EXISTS,
     UNKNOWN_TOPIC_OR_PARTITION,
@@ -146,6 +156,12 @@ class ControllerContext:
     states: dict[TopicPartition, tuple[LeaderAndIsr, int]] = field(default_factory=dict)
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     shutting_down: set[int] = field(default_factory=set)
+    # partitions under reassignment; their ``assignments`` entry is the move's RS
+    moves: dict[TopicPartition, ReplicaAssignment] = field(default_factory=dict)
+    # every topic in ZooKeeper was read: only then may a LeaderAndIsr be full (a broker deletes
+    # the logs it holds that a full one does not list)
+    complete: bool = False
+    unreadable: set[str] = field(default_factory=set)  # topics whose znodes could not be decoded
 
     @property
     def live(self) -> set[int]:
@@ -167,6 +183,7 @@ class ControllerEvent(enum.Enum):
     TOPIC_CHANGE = "topic change"  # /brokers/topics children
     TOPIC_DELETION = "topic deletion"  # /admin/delete_topics children
     ISR_CHANGE = "isr change notification"  # /isr_change_notification children
+    REPLICA_DAMAGE = "replica damage notification"  # /replica_damage_notification children
     AUTO_LEADER_BALANCE = "auto leader balance"  # leader.imbalance.check.interval.seconds
     CALL = "call"  # an admin request's work, run in the loop (Controller.call)
 
@@ -200,7 +217,8 @@ class Controller:
                     (ControllerEvent.BROKER_CHANGE, paths.broker_ids, "children"),
                     (ControllerEvent.TOPIC_CHANGE, paths.topics, "children"),
                     (ControllerEvent.TOPIC_DELETION, paths.delete_topics, "children"),
-                    (ControllerEvent.ISR_CHANGE, paths.isr_change_notification, "children")):
+                    (ControllerEvent.ISR_CHANGE, paths.isr_change_notification, "children"),
+                    (ControllerEvent.REPLICA_DAMAGE, paths.replica_damage_notification, "children")):
                 watch = self.zk.watch_data if kind_of_watch == "data" else self.zk.watch_children
                 nursery.start_soon(self._forward, kind, await watch(path))
             if self.config.auto_leader_rebalance_enable:
@@ -256,7 +274,13 @@ class Controller:
         if current is None and data is None:
             epoch = await self.zk.try_elect_controller(self.broker_id)
             if epoch is not None:
-                await self._failover(epoch)
+                try:
+                    await self._failover(epoch)
+                except Exception:  # a partial view must not act: let the election run again
+                    logger.exception("broker %d: controller failover failed; resigning", self.broker_id)
+                    self._resign()
+                    with contextlib.suppress(Exception):
+                        await self.zk.resign_controller(self.broker_id)
 
     def _resign(self) -> None:
         self.ctx = None
@@ -274,6 +298,7 @@ class Controller:
         await self._refresh_brokers()
         for topic in await self.zk.get_topics():
             await self._load_topic(topic)
+        ctx.complete = not ctx.unreadable
         await self._init_new_partitions(ctx.all_partitions())
         await self._elect_offline(ctx.all_partitions())
         # brokers that died while no controller was watching (the previous controller among
@@ -282,10 +307,12 @@ class Controller:
         await self._shrink_isr([tp for tp, (st, _) in ctx.states.items()
                                 if st.leader in ctx.live and set(st.isr) & dead], dead)
         for b in ctx.brokers:
-            self._send_leader_and_isr(b, ctx.all_partitions())
+            self._send_leader_and_isr(b, ctx.all_partitions(), full=True)
         self._send_update_metadata(ctx.all_partitions())
         await self._on_delete_topics(await self.zk.topics_marked_for_deletion())
         await self._on_isr_change(None)
+        await self._on_replica_damage(None)
+        await self._advance_moves(list(ctx.moves))
         self._signal()
 
     async def _refresh_brokers(self) -> tuple[set[int], set[int]]:
@@ -313,10 +340,20 @@ class Controller:
         if problem is not None:  # not written by a broker (they validate): never sent anywhere
             logger.error("ignoring topic %r in ZooKeeper: %s", topic, problem)
             return
-        assignment = await self.zk.get_assignment(topic)
-        if assignment is None:
+        try:
+            got = await self.zk.get_assignment_and_moves(topic)
+        except ValueError as e:  # a malformed znode: the topic is left alone, and no request is full
+            logger.error("ignoring topic %r in ZooKeeper: %s", topic, e)
+            ctx.unreadable.add(topic)
+            ctx.complete = False
             return
+        if got is None:
+            return
+        assignment, moves = got
         ctx.assignments[topic] = assignment
+        for p, (adding, removing) in moves.items():
+            if p in assignment:
+                ctx.moves[TopicPartition(topic, p)] = ReplicaAssignment(tuple(assignment[p]), adding, removing)
         ctx.topic_configs[topic] = await self.zk.get_topic_config(topic)
         for p, state in (await self.zk.get_partition_states(topic)).items():
             if state is not None:
@@ -342,13 +379,15 @@ class Controller:
         await self._elect_offline([tp for tp in affected if ctx.states[tp][0].leader in gone])
         await self._shrink_isr([tp for tp in affected if ctx.states[tp][0].leader not in gone], gone)
         self._send_update_metadata(ctx.all_partitions())
+        await self._advance_moves([tp for tp in affected if tp in ctx.moves])
 
     async def _on_brokers_joined(self, joined: set[int]) -> None:
         ctx = self.ctx
         self._send_update_metadata(ctx.all_partitions())
-        for b in joined:
-            self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)])
+        for b in joined:  # full: a log of a partition no longer assigned to it is deleted
+            self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)], full=True)
         await self._elect_offline([tp for tp, (st, _) in ctx.states.items() if st.leader not in ctx.live])
+        await self._advance_moves(list(ctx.moves))
 
     def _replicas(self, tp: TopicPartition) -> list[int]:
         return self.ctx.assignments.get(tp.topic, {}).get(tp.partition, [])
@@ -451,22 +490,30 @@ class Controller:
     def _partition_state(self, tp: TopicPartition, is_new: bool = False) -> PartitionState:
         st, version = self.ctx.states[tp]
         replicas = self._replicas(tp)
+        move = self.ctx.moves.get(tp)
         return PartitionState(tp.topic, tp.partition, st.controller_epoch, st.leader, st.leader_epoch,
                               list(st.isr), version, list(replicas), is_new,
-                              [r for r in replicas if r not in self.ctx.brokers])
+                              [r for r in replicas if r not in self.ctx.brokers],
+                              list(move.adding) if move else [], list(move.removing) if move else [])
 
     def _live_brokers(self) -> list[LiveBroker]:
         return [LiveBroker(b, i.host, i.port, i.rack, _endpoints(i)) for b, i in sorted(self.ctx.brokers.items())]
 
-    def _send_leader_and_isr(self, broker_id: int, tps: list[TopicPartition]) -> Outgoing | None:
-        tps = [tp for tp in tps if tp in self.ctx.states]
-        if not tps:
+    def _send_leader_and_isr(self, broker_id: int, tps: list[TopicPartition], full: bool = False) -> Outgoing | None:
+        """``full``: ``tps`` holds every partition assigned to the broker (Kafka's FULL type):
+        the broker deletes the logs of any other partition it holds (a replica removed while
+        it was down)."""
+        known = [tp for tp in tps if tp in self.ctx.states]
+        if len(known) < len(tps) or not self.ctx.complete:  # nothing may look stray on a guess
+            full, tps = False, known
+        if not tps and not full:
             return None
         leaders = {self.ctx.states[tp][0].leader for tp in tps}
         req = LeaderAndIsrRequest(self.broker_id, self.ctx.epoch, self.ctx.broker_epochs.get(broker_id, -1),
                                   [self._partition_state(tp) for tp in tps],
                                   [lb for lb in self._live_brokers() if lb.broker_id in leaders],
-                                  topic_configs={t: self.ctx.topic_configs.get(t, {}) for t in {tp.topic for tp in tps}})
+                                  topic_configs={t: self.ctx.topic_configs.get(t, {}) for t in {tp.topic for tp in tps}},
+                                  full=full)
         return self.channels.send(broker_id, ApiKey.LEADER_AND_ISR, req)
 
     def _send_update_metadata(self, tps: list[TopicPartition], deleted: list[str] | None = None,
@@ -579,7 +626,7 @@ class Controller:
         check_replication_factor(t.name, rf, len(live))
         check_fits_zookeeper(t.name, n, rf, live, t.configs, limits)
         racks = {b: self.ctx.brokers[b].rack for b in live if self.ctx.brokers[b].rack}
-        return layout.assign_replicas(live, n, rf, racks=racks if len(racks) == len(live) else None)
+        return placement.assign_replicas(live, n, rf, racks=racks if len(racks) == len(live) else None)
 
     async def create_partitions_all(self, topics, validate_only: bool) -> tuple[list[TopicResult], list]:
         """CreatePartitions, on the controller: results (in request order) and the propagation
@@ -615,6 +662,10 @@ class Controller:
         if count <= len(current):
             raise TidelogError(f"topic {topic!r} has {len(current)} partitions; the new count {count} "
                                "must be larger", error=INVALID_PARTITIONS)
+        moving = sorted(tp.partition for tp in ctx.moves if tp.topic == topic)
+        if moving:  # the new assignment would be written over the moves' replica sets
+            raise TidelogError(f"topic {topic!r} has partitions being reassigned ({moving[:20]}): add partitions "
+                               "once the reassignment is done", error=REASSIGNMENT_IN_PROGRESS)
         check_partition_count(topic, count, limits)
         check_request_total(count - len(current) if request_total is None else request_total, limits)
         rf = len(current[0])
@@ -628,7 +679,7 @@ class Controller:
             live = sorted(ctx.live)
             check_replication_factor(topic, rf, len(live))
             check_fits_zookeeper(topic, count, rf, live, ctx.topic_configs.get(topic, {}), limits)
-            new = layout.assign_replicas(live, count - len(current), rf, start_partition_id=len(current))
+            new = placement.assign_replicas(live, count - len(current), rf, start_partition_id=len(current))
         merged = {**current, **new}
         check_assignment_size(topic, merged, ctx.topic_configs.get(topic, {}), limits)
         if validate_only:
@@ -698,6 +749,7 @@ class Controller:
         ctx.topic_configs.pop(topic, None)
         for tp in tps:
             ctx.states.pop(tp, None)
+            ctx.moves.pop(tp, None)
         self._send_update_metadata([], deleted=[topic])
         logger.info("deleted topic %s", topic)
 
@@ -724,6 +776,42 @@ class Controller:
             await self._shrink_isr([tp for tp in tps if tp in self.ctx.states
                                     and self.ctx.states[tp][0].leader in self.ctx.live
                                     and set(self.ctx.states[tp][0].isr) & dead], dead)
+        await self._advance_moves(sorted(tp for tp in tps if tp in self.ctx.moves))
+
+    async def _on_replica_damage(self, _children) -> None:
+        """Brokers that found replicas damaged on disk: each such replica gives up leadership
+        to a live in-sync replica and leaves the ISR, and its broker is sent the partition's
+        state (changed or not), on which the replica, now a follower outside the ISR, drops
+        its damaged records and fetches them again. A report from an earlier registration of
+        the broker is dropped: a restarted broker finds the damage again when it reads it."""
+        if self.ctx is None:
+            return
+        notes = await self.zk.replica_damage_notifications()
+        if not notes:
+            return
+        ctx = self.ctx
+        changed, told = [], {}
+        for _, (broker, broker_epoch, partitions) in notes:
+            if broker not in ctx.brokers or not await self._is_current_broker_epoch(broker, broker_epoch):
+                logger.info("replica damage report of broker %d (epoch %d) is stale: ignored", broker, broker_epoch)
+                continue
+            for topic, partition in partitions:
+                tp = TopicPartition(topic, partition)
+                if tp not in ctx.states or broker not in self._replicas(tp):
+                    continue
+                if await self._update_state(tp, lambda st, tp=tp, b=broker: _out_of_damaged(
+                        without_damaged_replica(self._replicas(tp), st.leader, st.isr, ctx.live, b))):
+                    changed.append(tp)
+                    logger.warning("%s: the replica on broker %d is damaged: now led by %d, ISR %s", tp, broker,
+                                   ctx.states[tp][0].leader, ctx.states[tp][0].isr)
+                elif ctx.states[tp][0].leader == broker:
+                    logger.error("%s: the replica on broker %d is damaged and no other live replica is in "
+                                 "sync: it stays leader, and cannot serve the damaged records", tp, broker)
+                told.setdefault(broker, []).append(tp)
+        self._propagate(changed)
+        for b, tps in told.items():
+            self._send_leader_and_isr(b, [tp for tp in tps if tp not in changed])
+        await self.zk.delete_isr_change_notifications([path for path, _ in notes])
 
     # -- controlled shutdown -------------------------------------------------------------------
 
@@ -777,6 +865,156 @@ class Controller:
             return False
         return broker_epoch == await self.zk.get_broker_epoch(broker_id)
 
+    # -- reassignment (the rules: broker/controller/reassignment.py) ----------------------------
+
+    async def alter_reassignments(self, requested: list[tuple[TopicPartition, list[int] | None]]):
+        """AlterPartitionReassignments: move each partition to its target replicas (None:
+        cancel its move). Returns {tp: (error code, message)} and the propagation waits. A
+        partition named twice is refused (INVALID_REQUEST), as Kafka does; a target equal to
+        the replicas of a partition that is not moving changes nothing.
+
+        Order of the writes, so that ZooKeeper is consistent after each one (a controller that
+        takes over resumes from there): first the state of each partition that drops replicas
+        at once (a cancel or a replaced move: they leave the ISR, a leader among them hands
+        over), refusing that partition if the state cannot be written; then, per topic, the
+        new replica sets and moves in the topic's znode (checked against the znode size
+        bound; memory follows only once written); then each moving partition's state with a
+        new leader epoch; then LeaderAndIsr to the new RS (added replicas start fetching) and
+        StopReplica with deletion to the dropped replicas."""
+        ctx = self.ctx
+        results: dict[TopicPartition, tuple[int, str | None]] = {}
+        plans: dict[TopicPartition, tuple[ReplicaAssignment, ReplicaAssignment]] = {}
+        twice = _named_twice(tp for tp, _ in requested)
+        for tp, target in requested:
+            if tp in twice:
+                results[tp] = (INVALID_REQUEST.code, f"{tp} appears more than once in the request")
+                continue
+            try:
+                before, after = self._plan_move(tp, target)
+                results[tp] = (NONE.code, None)
+                if after != before:
+                    plans[tp] = (before, after)
+            except TidelogError as e:
+                results[tp] = (e.code, str(e))
+        changed = []
+        for tp, (before, after) in list(plans.items()):
+            if set(before.replicas) - set(after.replicas):
+                if not await self._update_state(
+                        tp, lambda st, b=before, a=after: restate(b, a, st.leader, st.isr, ctx.live)):
+                    del plans[tp]
+                    results[tp] = (ELIGIBLE_LEADERS_NOT_AVAILABLE.code,
+                                   f"{tp}: the state changed to {ctx.states[tp][0]}, from which the replicas it "
+                                   "drops cannot leave the ISR (no other live in-sync replica to lead): retry")
+                    continue
+                changed.append(tp)
+        for topic in sorted({tp.topic for tp in plans}):
+            mine = {tp: after for tp, (_, after) in plans.items() if tp.topic == topic}
+            assignment = {**ctx.assignments[topic], **{tp.partition: list(a.replicas) for tp, a in mine.items()}}
+            moves = {**{tp: m for tp, m in ctx.moves.items() if tp.topic == topic and tp not in mine},
+                     **{tp: a for tp, a in mine.items() if a.is_reassigning}}
+            try:
+                check_assignment_size(topic, assignment, ctx.topic_configs.get(topic, {}), self.config.partition_limits,
+                                      moving=_moving(moves))
+                await self.zk.set_assignment(topic, assignment, moving=_moving(moves))
+            except TidelogError as e:  # the states written above stay valid under the old replicas
+                for tp in mine:
+                    del plans[tp]
+                    results[tp] = (e.code, str(e))
+                continue
+            ctx.assignments[topic] = assignment
+            for tp in mine:
+                ctx.moves.pop(tp, None)
+            ctx.moves.update(moves)
+        for tp, (before, after) in plans.items():
+            if tp not in changed:  # a new leader epoch tells every replica of the new RS
+                await self._update_state(tp, lambda st: (st.leader, list(st.isr)))
+                changed.append(tp)
+            if after.is_reassigning:
+                logger.info("%s: reassigning from %s to %s", tp, list(after.original), list(after.target))
+            else:
+                logger.info("%s: replicas %s (move cancelled)", tp, list(after.replicas))
+        # every state written goes out, also one whose topic znode then failed to be written
+        # (its ISR shrank under the old replicas: the leader must learn it)
+        waits = self._propagate(changed)
+        self._stop_dropped({tp: set(b.replicas) - set(a.replicas) for tp, (b, a) in plans.items()})
+        waits += await self._advance_moves([tp for tp in changed if tp in ctx.moves])
+        return results, waits
+
+    def _plan_move(self, tp: TopicPartition, target: list[int] | None) -> tuple[ReplicaAssignment, ReplicaAssignment]:
+        """(assignment now, assignment after) for moving ``tp`` to ``target`` (None: cancel),
+        or the TidelogError that refuses it."""
+        ctx = self.ctx
+        if tp not in ctx.states or tp.partition not in ctx.assignments.get(tp.topic, {}):
+            raise TidelogError(f"{tp} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
+        before = ctx.moves.get(tp) or ReplicaAssignment.of(self._replicas(tp))
+        if target is None:
+            if not before.is_reassigning:
+                raise TidelogError(f"{tp} is not being reassigned: nothing to cancel",
+                                   error=NO_REASSIGNMENT_IN_PROGRESS)
+            after = before.cancel()
+        else:
+            check_target(target, ctx.brokers)
+            after = before.reassign_to(target)
+        st = ctx.states[tp][0]
+        if restate(before, after, st.leader, st.isr, ctx.live) is None:
+            raise TidelogError(f"{tp}: no replica of {list(after.replicas)} is live and in the ISR {list(st.isr)} "
+                               "to lead it", error=ELIGIBLE_LEADERS_NOT_AVAILABLE)
+        return before, after
+
+    async def _write_assignment(self, topic: str) -> None:
+        ctx = self.ctx
+        await self.zk.set_assignment(topic, ctx.assignments[topic],
+                                     moving=_moving({tp: m for tp, m in ctx.moves.items() if tp.topic == topic}))
+
+    def _stop_dropped(self, dropped: dict[TopicPartition, set[int]]) -> None:
+        """StopReplica with deletion to the live brokers of replicas a partition no longer has
+        (one that is down deletes its copy when it comes back: its LeaderAndIsr is full)."""
+        ctx = self.ctx
+        by_broker: dict[int, list[StopReplicaPartition]] = {}
+        for tp, brokers in dropped.items():
+            epoch = ctx.states[tp][0].leader_epoch if tp in ctx.states else -1
+            for b in sorted(brokers):
+                if b in ctx.brokers:
+                    by_broker.setdefault(b, []).append(StopReplicaPartition(tp.topic, tp.partition, epoch, True))
+        for b, partitions in by_broker.items():
+            self.channels.send(b, ApiKey.STOP_REPLICA, StopReplicaRequest(
+                self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, -1), partitions))
+
+    async def _advance_moves(self, tps: list[TopicPartition]) -> list[Outgoing | None]:
+        """Phase 2 of the moves of ``tps`` whose target replicas are all in the ISR: leadership
+        onto the target if needed, the removed replicas out of the ISR, stopped and deleted,
+        and the target written as the partition's replicas."""
+        ctx = self.ctx
+        done: list[TopicPartition] = []
+        for tp in tps:
+            move = ctx.moves.get(tp)
+            if move is None or tp not in ctx.states:
+                continue
+
+            def decide(st: LeaderAndIsr, move=move) -> tuple[int, list[int]] | None:
+                d = next_step(move, st.leader, st.isr, ctx.live)
+                return None if d.step is Step.CATCH_UP else (d.leader, list(d.isr))
+            if await self._update_state(tp, decide):
+                done.append(tp)
+        if not done:
+            return []
+        removed = {}
+        for tp in done:
+            move = ctx.moves.pop(tp)
+            ctx.assignments[tp.topic][tp.partition] = list(move.target)
+            removed[tp] = set(move.removing)
+            logger.info("%s: reassignment done, replicas %s (removed %s)", tp, list(move.target), list(move.removing))
+        for topic in sorted({tp.topic for tp in done}):
+            await self._write_assignment(topic)
+        waits = self._propagate(done)
+        self._stop_dropped(removed)
+        return waits
+
+    def reassignments(self, tps: list[TopicPartition] | None) -> dict[TopicPartition, ReplicaAssignment]:
+        """ListPartitionReassignments: the moves in progress (of ``tps``; None: all)."""
+        moves = self.ctx.moves
+        return {tp: moves[tp] for tp in sorted(moves if tps is None else (tp for tp in tps if tp in moves))}
+
     # -- preferred leaders ---------------------------------------------------------------------
 
     async def elect_preferred(self, tps: list[TopicPartition] | None):
@@ -817,8 +1055,8 @@ class Controller:
             return
         imbalanced = []
         for broker in self.ctx.live:
-            preferred = [tp for tp in self.ctx.all_partitions()
-                         if self._replicas(tp)[:1] == [broker] and tp in self.ctx.states]
+            preferred = [tp for tp in self.ctx.all_partitions()  # a moving partition's leader moves with it
+                         if self._replicas(tp)[:1] == [broker] and tp in self.ctx.states and tp not in self.ctx.moves]
             elsewhere = [tp for tp in preferred if self.ctx.states[tp][0].leader != broker]
             if preferred and len(elsewhere) * 100 > self.config.leader_imbalance_per_broker_percentage * len(preferred):
                 imbalanced += elsewhere
@@ -832,6 +1070,7 @@ class Controller:
         ControllerEvent.TOPIC_CHANGE: _on_topics,
         ControllerEvent.TOPIC_DELETION: _on_delete_topics,
         ControllerEvent.ISR_CHANGE: _on_isr_change,
+        ControllerEvent.REPLICA_DAMAGE: _on_replica_damage,
     }
 
 
@@ -845,6 +1084,10 @@ def _without(st: LeaderAndIsr, gone: set[int]) -> tuple[int, list[int]] | None:
     return leader, isr or list(st.isr[-1:])
 
 
+def _out_of_damaged(election: Election | None) -> tuple[int, list[int]] | None:
+    return None if election is None else (election.leader, election.isr)
+
+
 def _preferred(replicas: list[int], st: LeaderAndIsr, live: set[int]) -> tuple[int, list[int]] | None:
     """The preferred replica as leader of ``st``, if it is live, in the ISR and not leading."""
     if replicas and st.leader == replicas[0]:
@@ -853,7 +1096,12 @@ def _preferred(replicas: list[int], st: LeaderAndIsr, live: set[int]) -> tuple[i
     return None if election is None else (election.leader, election.isr)
 
 
-def _named_twice(names) -> set[str]:
+def _moving(moves: dict[TopicPartition, ReplicaAssignment]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """A topic's moves as its znode keeps them: partition -> (adding, removing)."""
+    return {tp.partition: (m.adding, m.removing) for tp, m in moves.items()}
+
+
+def _named_twice(names: Iterable[Hashable]) -> set:
     seen, twice = set(), set()
     for n in names:
         (twice if n in seen else seen).add(n)

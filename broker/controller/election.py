@@ -44,6 +44,19 @@ def controlled_shutdown_leader(assignment: list[int], isr: Iterable[int], live: 
     return None
 
 
+def without_damaged_replica(assignment: list[int], leader: int, isr: Iterable[int], live: set[int],
+                            damaged: int) -> Election | None:
+    """Take a replica found damaged on disk out of the ISR, and leadership off it to a live
+    in-sync replica. None when that changes nothing, or when it leads and no other live
+    replica is in sync: it then stays, the only copy of the committed records there is."""
+    isr = list(isr)
+    if leader == damaged:
+        return controlled_shutdown_leader(assignment, isr, live, {damaged})
+    if damaged in isr and len(isr) > 1:
+        return Election(leader, [r for r in isr if r != damaged])
+    return None
+
+
 def preferred_replica_leader(assignment: list[int], isr: Iterable[int], live: set[int]) -> Election | None:
     """The preferred (first assigned) replica, if it is live and in the ISR."""
     isr = list(isr)

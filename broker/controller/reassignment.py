@@ -117,13 +117,32 @@ def next_step(assignment: ReplicaAssignment, leader: int, isr: Sequence[int], li
     current leader and ISR (ZooKeeper's) and the live brokers."""
     live = set(live)
     target = assignment.target
-    missing = tuple(r for r in target if r not in isr)
+    # a replica counts once it is live and in the ISR: a leader may have taken a broker into
+    # its ISR just before the broker died, and a move must not complete onto it
+    missing = tuple(r for r in target if r not in isr or r not in live)
     if missing:
         return Decision(Step.CATCH_UP, waiting_for=missing)
     new_isr = tuple(r for r in isr if r not in assignment.removing)
     if leader not in target or leader not in live:
-        for r in target:
-            if r in live and r in isr:
-                return Decision(Step.ELECT, leader=r, isr=new_isr)
-        return Decision(Step.CATCH_UP, waiting_for=tuple(r for r in target if r not in live))
+        return Decision(Step.ELECT, leader=target[0], isr=new_isr)
     return Decision(Step.COMPLETE, leader=leader, isr=new_isr)
+
+
+def restate(before: ReplicaAssignment, after: ReplicaAssignment, leader: int, isr: Sequence[int],
+            live: Iterable[int]) -> tuple[int, list[int]] | None:
+    """The (leader, ISR) written when a move starts, is replaced or is cancelled (``before`` ->
+    ``after``): the replicas of ``before`` that ``after`` no longer holds leave the ISR at once,
+    and a leader among them hands over to the first live replica of ``after`` in the ISR. None
+    if that leaves no leader or an empty ISR: the change is refused (the partition would go
+    offline). The state is written even when unchanged: the new leader epoch tells every
+    replica of ``after`` (the added ones start fetching)."""
+    live = set(live)
+    dropped = set(before.replicas) - set(after.replicas)
+    new_isr = [r for r in isr if r not in dropped]
+    if not new_isr:
+        return None
+    if leader in dropped:
+        leader = next((r for r in after.replicas if r in live and r in new_isr), -1)
+        if leader == -1:
+            return None
+    return leader, new_isr

@@ -139,10 +139,11 @@ def check_fits_zookeeper(topic: str, count: int, rf: int, broker_ids: Iterable[i
 
 
 def check_assignment_size(topic: str, assignment: Mapping[int, list[int]], configs: Mapping[str, str],
-                          limits: PartitionLimits) -> None:
-    """INVALID_PARTITIONS if the topic's znodes (assignment and config) exceed the bound."""
+                          limits: PartitionLimits, moving: Mapping[int, tuple] | None = None) -> None:
+    """INVALID_PARTITIONS if the topic's znodes (assignment, with the ``moving`` partitions'
+    adding and removing replicas, and config) exceed the bound."""
     room = limits.znode_bytes - len(encode_topic_config(configs))
-    size = len(encode_topic_assignment(assignment))
+    size = len(encode_topic_assignment(assignment, moving))
     if size > room:
         rf = max((len(r) for r in assignment.values()), default=1)
         digits = min((len(str(b)) for r in assignment.values() for b in r if b >= 0), default=1)

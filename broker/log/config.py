@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from tidelog.protocol.errors import INVALID_CONFIG, TidelogError
+from tidelog.protocol.throttles import FOLLOWER_REPLICAS, LEADER_REPLICAS, normalize_throttled_replicas
 
 MAX_LONG = 2**63 - 1
 # A compressed batch may inflate to at most this many times max.message.bytes: a producer's
@@ -122,6 +123,14 @@ TOPIC_CONFIGS: tuple[ConfigDef, ...] = (
     ConfigDef("compression.type", "compression_type", str, "producer", "compression.type",
               "Only 'producer' is supported: batches are stored as the producer compressed them.",
               choices=("producer",)),
+    ConfigDef(LEADER_REPLICAS, "leader_replication_throttled_replicas", str, "", None,
+              "Replicas (partition:broker, comma-separated, or *) whose leader side copies at no more "
+              "than the leader's leader.replication.throttled.rate while they are not in sync.",
+              normalize=normalize_throttled_replicas),
+    ConfigDef(FOLLOWER_REPLICAS, "follower_replication_throttled_replicas", str, "", None,
+              "Replicas (partition:broker, comma-separated, or *) that fetch at no more than their "
+              "broker's follower.replication.throttled.rate while they are not in sync.",
+              normalize=normalize_throttled_replicas),
 )
 
 _BY_NAME = {d.name: d for d in TOPIC_CONFIGS}
@@ -151,6 +160,8 @@ class LogConfig:
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
     compression_type: str = "producer"
+    leader_replication_throttled_replicas: str = ""
+    follower_replication_throttled_replicas: str = ""
 
     @property
     def log_append_time(self) -> bool:

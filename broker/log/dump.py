@@ -105,7 +105,7 @@ class DumpUsageError(Exception):
 # reading
 
 
-class _Window:
+class FileWindow:
     """``read_at`` over a binary file, through one buffered chunk (a short read means EOF)."""
 
     def __init__(self, f: BinaryIO, chunk_bytes: int = READ_CHUNK_BYTES):
@@ -628,7 +628,7 @@ def dump_producer_snapshot(data: bytes) -> Iterator[str]:
 def _dump_log_file(f: BinaryIO, path: str, base_offset: int, verify: bool, print_data: bool,
                    also_named: frozenset[str]) -> Iterator[str]:
     size = os.fstat(f.fileno()).st_size
-    read_at = _Window(f)
+    read_at = FileWindow(f)
     if not verify:
         yield from dump_log(read_at, size, base_offset, print_data=print_data)
         return
@@ -672,7 +672,7 @@ def _scan_log(stack: ExitStack, log_path: str, base_offset: int, *, decode: bool
         return None
     g = stack.enter_context(open(log_path, "rb"))
     size = os.fstat(g.fileno()).st_size
-    layout = LogLayout(base_offset, size, _Window(g), decode=decode)
+    layout = LogLayout(base_offset, size, FileWindow(g), decode=decode)
     for _ in dump_log(layout.read_at, size, base_offset, layout=layout):
         pass  # the log's own problems are its own dump's business
     return layout

@@ -441,6 +441,21 @@ class Log:
         logger.info("%s: truncated to offset %d (log end offset now %d)", self.topic_partition, offset, leo)
         return True
 
+    def truncate_damaged(self, offset: int) -> int:
+        """Drop the batch holding ``offset``, found damaged on disk, and everything after it,
+        to fetch them again; returns the new LEO. When the damage hides where that batch
+        starts (its framing), the whole segment holding it goes."""
+        try:
+            self.truncate_to(offset)
+        except CorruptRecordError:
+            i = max(0, bisect.bisect_right(self._bases, offset) - 1)
+            logger.warning("%s: the segment at %d cannot be walked to offset %d: dropping it whole",
+                           self.topic_partition, self._segments[i].base_offset, offset)
+            self.truncate_to(self._segments[i].base_offset)
+        logger.warning("%s: dropped the damaged records from offset %d on (log end offset now %d)",
+                       self.topic_partition, offset, self.log_end_offset)
+        return self.log_end_offset
+
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and restart the (empty) log at ``offset``."""
         self.cleaner_fence += 1

@@ -191,11 +191,14 @@ class LogManager:
             counts[d] += 1
         return min(self.log_dirs, key=lambda d: counts[d])
 
-    def delete_log(self, tp: TopicPartition) -> bool:
-        """Remove a partition's log: rename its directory away at once, then delete it."""
+    def delete_log(self, tp: TopicPartition, *, remove_files: bool = True, checkpoint: bool = True) -> str | None:
+        """Remove a partition's log: rename its directory away at once, then delete it. Returns
+        the renamed directory (None if there was no log). ``remove_files=False`` leaves its
+        files to the caller (to remove off the event loop); ``checkpoint=False`` leaves the
+        checkpoints to the caller (once for many logs)."""
         log = self._logs.get(tp)
         if log is None:
-            return False
+            return None
         d = self._dir_of[tp]
         check_partition_dir(log.directory, tp)
         check_inside(d, log.directory)
@@ -205,10 +208,12 @@ class LogManager:
         log.close()
         os.replace(log.directory, doomed)
         fsync_dir(d)
-        shutil.rmtree(doomed, ignore_errors=True)
-        self.checkpoint_all()
+        if remove_files:
+            shutil.rmtree(doomed, ignore_errors=True)
+        if checkpoint:
+            self.checkpoint_all()
         self._drop_cleaner_checkpoint(d, tp)  # a topic created again under the name starts dirty
-        return True
+        return doomed
 
     def _drop_cleaner_checkpoint(self, d: str, tp: TopicPartition) -> None:
         offsets = self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT)

@@ -24,6 +24,7 @@ from typing import Callable, Protocol
 import trio
 
 from tidelog.broker.log.log import Log
+from tidelog.broker.replication.throttle import ReplicationQuota
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, OFFSET_OUT_OF_RANGE, TidelogError, for_code
 from tidelog.protocol.messages import (
@@ -37,6 +38,7 @@ from tidelog.protocol.messages import (
     OffsetsForLeaderEpochResponse,
 )
 from tidelog.protocol.records import read_header
+from tidelog.protocol.throttles import is_throttled
 from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.fetcher")
@@ -62,12 +64,17 @@ class RemoteLeaderEndpoint:
         return await self.channel.request(ApiKey.OFFSETS_FOR_LEADER_EPOCH, request, self.timeout_s)
 
 
+# how long a fetcher whose every partition is held by its throttle waits before trying again
+THROTTLE_WAIT_S = 0.1
+
 @dataclass
 class FetchState:
     leader_epoch: int  # the leader epoch this broker follows under
     truncating: bool = True
     retry_at: float = 0.0  # trio time before which the partition is skipped (after an error)
-    lag: int = 0  # records behind: the leader's HW at the last fetch minus our LEO (Kafka's fetcher lag)
+    # records behind: the leader's HW at the last fetch minus our LEO (Kafka's fetcher lag);
+    # -1 before the first answer (not known to be in sync: a throttle applies)
+    lag: int = -1
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,8 @@ class ReplicaFetcher:
     log_of: Callable[[TopicPartition], Log | None]
     config: FetcherConfig
     broker_epoch: Callable[[], int] = lambda: -1  # this broker's, now (it changes on re-registration)
+    # follower.replication.throttled.rate (broker/replication/throttle.py); None: never throttled
+    quota: ReplicationQuota | None = None
     partitions: dict[TopicPartition, FetchState] = field(default_factory=dict)
     _changed: trio.Event = field(default_factory=trio.Event)
 
@@ -178,16 +187,21 @@ class ReplicaFetcher:
         todo = {tp: st for tp, st in self._active().items() if not st.truncating}
         if not todo:
             return
-        response = await self.endpoint.fetch(self._fetch_request(todo))
+        request = self._fetch_request(todo)
+        if not request.topics:  # every partition waits for the throttle's bucket to refill
+            await trio.sleep(THROTTLE_WAIT_S)
+            return
+        response = await self.endpoint.fetch(request)
         for t in response.responses:
             for p in t.partitions:
                 self._apply_fetch(TopicPartition(t.topic, p.partition_index), p, todo)
 
     def _fetch_request(self, todo: dict[TopicPartition, FetchState]) -> FetchRequest:
         by_topic: dict[str, list[FetchPartition]] = {}
+        holding = self.quota is not None and self.quota.exceeded(trio.current_time())
         for tp, st in todo.items():
             log = self.log_of(tp)
-            if log is None:
+            if log is None or (holding and self._throttled(tp, st, log)):
                 continue
             by_topic.setdefault(tp.topic, []).append(FetchPartition(
                 tp.partition, log.log_end_offset, self.config.partition_max_bytes,
@@ -197,6 +211,12 @@ class ReplicaFetcher:
         return FetchRequest([FetchTopic(t, ps) for t, ps in by_topic.items()], replica_id=c.replica_id,
                             max_wait_ms=c.max_wait_ms, min_bytes=c.min_bytes, max_bytes=c.max_bytes,
                             replica_epoch=self.broker_epoch())
+
+    def _throttled(self, tp: TopicPartition, st: FetchState, log: Log) -> bool:
+        """A replica listed in follower.replication.throttled.replicas that is behind (the
+        follower's view of "not in sync": the leader's HW was above its LEO last time)."""
+        return st.lag != 0 and is_throttled(log.config.follower_replication_throttled_replicas, tp.partition,
+                                           self.config.replica_id)
 
     def _apply_fetch(self, tp: TopicPartition, p, sent: dict[TopicPartition, FetchState]) -> None:
         st, log = self.partitions.get(tp), self.log_of(tp)
@@ -211,6 +231,8 @@ class ReplicaFetcher:
             return
         try:
             if p.records:
+                if self.quota is not None and self._throttled(tp, st, log):
+                    self.quota.record(len(p.records), trio.current_time())
                 _maybe_restart_at_first_batch(tp, log, p.records)
                 log.append_as_follower(p.records)
         except TidelogError as e:

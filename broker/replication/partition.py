@@ -23,6 +23,14 @@ The rules (Kafka's, as DESIGN section 6 states them)
   change is *pending*, and the HW is computed over the larger of the two sets, so a pending
   change can never make the HW move past a replica that might stay in the ISR.
 * A follower sets its HW to min(leader HW, own LEO).
+* A replica whose stored batch fails its check on disk (a bit flipped in a closed segment)
+  is *damaged* from that batch on: it never serves the batch, and its broker reports it to
+  the controller, which moves leadership off it and takes it out of the ISR. Only then, a
+  follower outside the ISR, does it drop its log from the damaged batch on and fetch it
+  again from the leader; it rejoins the ISR as any follower that caught up. Until then it
+  keeps what it has: while it is in the ISR, elections and the HW count on it. A damaged
+  leader with no other live replica in sync stays leader; the damaged records cannot be
+  served (an error says so), never silently skipped.
 
 This module decides; it does no I/O beyond the local log and reads no clock: ``now_ms`` is
 passed in. The replica manager owns the awaiting (ZooKeeper writes, purgatory, fetchers).
@@ -120,6 +128,7 @@ class Partition:
         self.zk_version = -1
         self.controller_epoch = -1
         self.remote: dict[int, ReplicaState] = {}
+        self.damaged_from: int | None = None  # an offset of the first batch found damaged on disk
 
     # -- role ----------------------------------------------------------------------------------
 
@@ -149,7 +158,10 @@ class Partition:
         """Adopt the controller's state; returns True when the leader epoch changed."""
         changed = st.leader_epoch != self.leader_epoch
         self.leader_id, self.leader_epoch = st.leader, st.leader_epoch
-        self.replicas, self.isr, self.pending_isr = list(st.replicas), frozenset(st.isr), None
+        # an ISR member that is not a replica (a state written before a reassignment dropped
+        # it) is out of sync here: its fetches no longer count, so it must not hold the HW
+        self.replicas, self.pending_isr = list(st.replicas), None
+        self.isr = frozenset(r for r in st.isr if r in st.replicas)
         self.zk_version, self.controller_epoch = st.zk_version, st.controller_epoch
         return changed
 
@@ -162,8 +174,10 @@ class Partition:
         if epoch_changed or not was_leader:
             self.leader_epoch_start_offset = log.log_end_offset
             log.epoch_cache.assign(self.leader_epoch, log.log_end_offset)
-            self.remote = {r: ReplicaState(last_caught_up_time_ms=now_ms if r in self.isr else 0)
-                           for r in self.replicas if r != self.local_broker_id}
+            self.remote = {}
+        # a reassignment changes the replicas: those kept keep what their fetches told
+        self.remote = {r: self.remote.get(r) or ReplicaState(last_caught_up_time_ms=now_ms if r in self.isr else 0)
+                       for r in self.replicas if r != self.local_broker_id}
         self.maybe_increment_high_watermark()
         return not was_leader or epoch_changed
 
@@ -173,7 +187,17 @@ class Partition:
         changed = self._apply_state(st)
         self.remote = {}
         self.leader_epoch_start_offset = UNKNOWN_OFFSET
+        if self.damaged_from is not None and self.local_broker_id not in self.isr:
+            log.truncate_damaged(self.damaged_from)
+            self.damaged_from = None
         return changed or not was_follower
+
+    def mark_damaged(self, offset: int) -> bool:
+        """The batch holding ``offset`` failed its check on disk; True the first time this
+        replica is found damaged (it is to be reported), False while it already is."""
+        first = self.damaged_from is None
+        self.damaged_from = offset if first else min(offset, self.damaged_from)
+        return first
 
     # -- leader --------------------------------------------------------------------------------
 

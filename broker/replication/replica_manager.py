@@ -15,23 +15,28 @@ Everything here runs on the broker's Trio thread; the logs it calls are synchron
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Container
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Container, Iterator
 
 import trio
 
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.log import Log, checked
 from tidelog.broker.log.manager import LogManager
+from tidelog.broker.log.verifier import ClosedSegment, Pace, first_suspect_offset
 from tidelog.broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
 from tidelog.broker.replication.partition import Partition, check_leader_epoch
+from tidelog.broker.replication.throttle import ReplicationQuota
 from tidelog.protocol.errors import (
     INVALID_REQUIRED_ACKS,
+    KAFKA_STORAGE_ERROR,
     NONE,
     NOT_ENOUGH_REPLICAS_AFTER_APPEND,
     NOT_LEADER_OR_FOLLOWER,
@@ -41,6 +46,7 @@ from tidelog.protocol.errors import (
     STALE_CONTROLLER_EPOCH,
     UNKNOWN_SERVER_ERROR,
     UNKNOWN_TOPIC_OR_PARTITION,
+    CorruptRecordError,
     TidelogError,
     code_of,
     error_body,
@@ -60,6 +66,7 @@ from tidelog.protocol.messages import (
     StopReplicaRequest,
     StopReplicaResponse,
 )
+from tidelog.protocol.throttles import is_throttled
 from tidelog.protocol.topics import TopicPartition
 
 if TYPE_CHECKING:
@@ -69,6 +76,9 @@ logger = logging.getLogger("tidelog.replica_manager")
 
 # (topic partition, new isr, leader epoch, expected zk version) -> new zk version; raises on conflict
 IsrWriter = Callable[[TopicPartition, list[int], int, int, int], Awaitable[int]]
+# partitions whose replica here was found damaged on disk -> reported to the controller
+DamageReporter = Callable[[list[TopicPartition]], Awaitable[None]]
+DAMAGE_REPORT_RETRY_S = 1.0
 
 
 def wall_ms() -> int:
@@ -81,13 +91,16 @@ class ReplicaConfig:
     replica_lag_time_max_ms: int = 30000
     fetcher: FetcherConfig | None = None
     num_replica_fetchers: int = 1  # fetchers (each with its own connection) per source broker
+    verify_interval_ms: int = 0  # closed segments verified in the background (0: never)
+    verify_bytes_per_second: int | None = None
 
     @classmethod
     def from_broker_config(cls, config: BrokerConfig) -> ReplicaConfig:
         return cls(config.broker_id, config.replica_lag_time_max_ms, FetcherConfig(
             config.broker_id, config.replica_fetch_wait_max_ms, config.replica_fetch_min_bytes,
             max(config.replica_fetch_max_bytes * 10, 10 << 20), config.replica_fetch_max_bytes,
-            config.replica_fetch_backoff_ms / 1000), config.num_replica_fetchers)
+            config.replica_fetch_backoff_ms / 1000), config.num_replica_fetchers,
+            config.log_verify_interval_ms, config.log_verify_bytes_per_second or None)
 
 
 FetcherKey = tuple[int, int]  # (source broker id, fetcher id)
@@ -193,13 +206,15 @@ class ReplicaManager:
     def __init__(self, config: ReplicaConfig, log_manager: LogManager,
                  topic_config: Callable[[str], LogConfig],
                  endpoint_for: Callable[[int, int], LeaderEndpoint | None],
-                 isr_writer: IsrWriter | None = None, clock: Callable[[], int] = wall_ms):
+                 isr_writer: IsrWriter | None = None, clock: Callable[[], int] = wall_ms,
+                 damage_reporter: DamageReporter | None = None):
         self.config = config
         self.broker_id = config.broker_id
         self.log_manager = log_manager
         self.topic_config = topic_config
         self.endpoint_for = endpoint_for
         self.isr_writer = isr_writer
+        self.damage_reporter = damage_reporter
         self.clock = clock
         self.partitions: dict[TopicPartition, NotifyingPartition] = {}
         self.controller_epoch = -1
@@ -208,6 +223,11 @@ class ReplicaManager:
         self._nursery: trio.Nursery | None = None
         self.isr_shrinks = 0
         self.isr_expands = 0
+        self.damaged_replicas_found = 0
+        # the replication throttles' rates (broker/replication/throttle.py); the broker points
+        # ``rate_of`` at its dynamic configs
+        self.leader_quota = ReplicationQuota(lambda: None)
+        self.follower_quota = ReplicationQuota(lambda: None)
         # called with (partition, leads it now, leader epoch) after each LeaderAndIsr and
         # StopReplica: the group coordinator loads and unloads __consumer_offsets partitions
         self.leadership_listeners: list[Callable[[TopicPartition, bool, int], None]] = []
@@ -222,6 +242,8 @@ class ReplicaManager:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._isr_maintenance)
+            if self.config.verify_interval_ms > 0:
+                nursery.start_soon(self._verify_segments)
             await nursery.start(self._expire_delayed)
             task_status.started()
             await trio.sleep_forever()
@@ -242,7 +264,29 @@ class ReplicaManager:
                 by_fetcher.setdefault(fetcher_id(tp, self.config.num_replica_fetchers), {})[tp] = epoch
             for fid, part in by_fetcher.items():
                 self._fetcher((leader_id, fid)).add_partitions(part)
+        if req.full:
+            self._delete_strays({TopicPartition(st.topic_name, st.partition_index) for st in req.partition_states
+                                 if self.broker_id in st.replicas})
         return LeaderAndIsrResponse(NONE.code, errors)
+
+    def _delete_strays(self, assigned: set[TopicPartition]) -> None:
+        """After a full LeaderAndIsr: the logs of partitions no longer assigned here (a
+        reassignment removed this replica, or its topic was deleted, while the broker was
+        down) are deleted, as the StopReplica it missed would have. The directories are
+        renamed away here; their files are removed in a worker thread, and the checkpoints
+        written once, so that many strays do not hold the event loop."""
+        strays = sorted(set(self.log_manager.logs) - assigned)
+        doomed = []
+        for tp in strays:
+            logger.warning("%s: not assigned to broker %d any more: deleting its log", tp, self.broker_id)
+            doomed.append(self._stop_replica(tp, delete=True, remove_files=False, checkpoint=False))
+        if strays:
+            self.log_manager.checkpoint_all()
+        for path in filter(None, doomed):
+            if self._nursery is not None:
+                self._nursery.start_soon(functools.partial(trio.to_thread.run_sync, shutil.rmtree, path, True))
+            else:
+                shutil.rmtree(path, ignore_errors=True)
 
     def _apply(self, tp: TopicPartition, st: PartitionState, to_follow: dict) -> int:
         if self.broker_id not in st.replicas:
@@ -281,16 +325,20 @@ class ReplicaManager:
         errors = []
         for sp in req.partitions:
             tp = TopicPartition(sp.topic_name, sp.partition_index)
-            self._stop_fetching(tp)
-            p = self.partitions.pop(tp, None) if sp.delete_partition else self.partitions.get(tp)
-            if p is not None:
-                p.leader_id = -1
-                p.notify()
-                self._leadership_changed(p)
-            if sp.delete_partition:
-                self.log_manager.delete_log(tp)
+            self._stop_replica(tp, sp.delete_partition)
             errors.append(PartitionError(tp.topic, tp.partition, NONE.code))
         return StopReplicaResponse(NONE.code, errors)
+
+    def _stop_replica(self, tp: TopicPartition, delete: bool, **deleting: bool) -> str | None:
+        """Stop following or leading ``tp``; with ``delete``, delete its log (``deleting``:
+        ``LogManager.delete_log``'s options) and return the directory it was renamed to."""
+        self._stop_fetching(tp)
+        p = self.partitions.pop(tp, None) if delete else self.partitions.get(tp)
+        if p is not None:
+            p.leader_id = -1
+            p.notify()
+            self._leadership_changed(p)
+        return self.log_manager.delete_log(tp, **deleting) if delete else None
 
     def _fetcher(self, key: FetcherKey) -> ReplicaFetcher:
         f = self.fetchers.get(key)
@@ -299,7 +347,7 @@ class ReplicaManager:
             endpoint = self.endpoint_for(leader_id, fid)
             f = self.fetchers[key] = ReplicaFetcher(
                 leader_id, endpoint, self._log_of, self.config.fetcher or FetcherConfig(self.broker_id),
-                broker_epoch=lambda: self.broker_epoch)
+                broker_epoch=lambda: self.broker_epoch, quota=self.follower_quota)
             self._nursery.start_soon(f.run)
         return f
 
@@ -573,8 +621,17 @@ class ReplicaManager:
                 raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
             log = p.fetch_log(fp.current_leader_epoch, from_follower, replica_id)
             max_offset = None if from_follower else log.high_watermark
-            records = log.read(fp.fetch_offset, min(fp.partition_max_bytes, budget), max_offset,
-                               min_one_message=first)
+            # Kafka's leader side: this broker's replica is a listed source, the follower lags
+            throttled = from_follower and replica_id not in p.isr and is_throttled(
+                log.config.leader_replication_throttled_replicas, tp.partition, self.broker_id)
+            now_s = trio.current_time() if throttled else 0.0
+            if throttled and self.leader_quota.exceeded(now_s):
+                records = b""  # the follower waits for the bucket to refill (max_wait_ms at most)
+            else:
+                records = log.read(fp.fetch_offset, min(fp.partition_max_bytes, budget), max_offset,
+                                   min_one_message=first)
+                if throttled:
+                    self.leader_quota.record(len(records or b""), now_s)
             # only a fetch the log could serve says where the follower is (as in Kafka): one
             # beyond our LEO holds records we lack, and must not count as caught up
             if from_follower and p.record_follower_fetch(replica_id, fp.fetch_offset, self.clock(),
@@ -582,6 +639,8 @@ class ReplicaManager:
                 p.notify()
             if from_follower:
                 self._maybe_expand_isr(p)
+        except CorruptRecordError as e:  # this replica's own bytes failed their check on disk
+            return self._damaged(p, fp.fetch_offset, e)
         except TidelogError as e:
             return FetchPartitionResponse(tp.partition, e.code, error_message=str(e),
                                           high_watermark=p.log.high_watermark if p and p.log else -1,
@@ -589,6 +648,71 @@ class ReplicaManager:
         return FetchPartitionResponse(tp.partition, NONE.code, log.high_watermark, log.log_start_offset,
                                       records, current_leader_epoch=p.leader_epoch,
                                       high_watermark_held=not from_follower and p.high_watermark_held)
+
+    def _damaged(self, p: NotifyingPartition, offset: int, e: CorruptRecordError) -> FetchPartitionResponse:
+        """A read found this replica's batch at ``offset`` damaged on disk: the fetch gets
+        KAFKA_STORAGE_ERROR (retriable: a client asks for metadata again and goes to the next
+        leader), and the replica is reported (``_note_damage``)."""
+        self._note_damage(p, offset, e)
+        return FetchPartitionResponse(
+            p.tp.partition, KAFKA_STORAGE_ERROR.code,
+            error_message=f"broker {self.broker_id}: the replica of {p.tp} is damaged on disk at offset {offset} "
+                          f"({e}); it is being replaced by a replica in sync",
+            high_watermark=p.log.high_watermark, log_start_offset=p.log.log_start_offset)
+
+    def _note_damage(self, p: NotifyingPartition, offset: int, e: CorruptRecordError) -> None:
+        """The first time a replica is found damaged, it is reported to the controller (see the
+        rules in ``partition``)."""
+        if p.mark_damaged(offset):
+            self.damaged_replicas_found += 1
+            logger.error("%s: this replica is damaged on disk at offset %d (%s): reporting it, to be taken out "
+                         "of the ISR and fetch the damaged records again", p.tp, offset, e)
+            if self.damage_reporter is not None and self._nursery is not None:
+                self._nursery.start_soon(self._report_damage, p)
+
+    def _closed_segments(self) -> Iterator[ClosedSegment]:
+        for tp, p in list(self.partitions.items()):
+            if p.log is not None:
+                for seg in p.log.segments[:-1]:
+                    yield ClosedSegment(tp, seg.log_path, seg.base_offset, seg.size)
+
+    async def _verify_segments(self) -> None:
+        """Every ``log.verify.interval.ms``, every closed segment of every replica here read
+        through in a worker thread (``broker/log/verifier.py``), each suspect offset checked."""
+        pace = Pace(self.config.verify_bytes_per_second)
+        try:
+            while True:
+                await trio.sleep(self.config.verify_interval_ms / 1000)
+                for seg in list(self._closed_segments()):
+                    found = await trio.to_thread.run_sync(first_suspect_offset, seg.path, seg.base_offset, seg.size,
+                                                          pace, abandon_on_cancel=True)
+                    if found is not None:
+                        logger.warning("%s: %s does not verify from offset %d on", seg.tp, seg.path, found)
+                        self._check_suspect(seg.tp, found)
+        finally:
+            pace.stop()
+
+    def _check_suspect(self, tp: TopicPartition, offset: int) -> None:
+        """The background verification suspects ``offset``: an ordinary read of it tells."""
+        p = self.partitions.get(tp)
+        if p is None or p.log is None:
+            return
+        try:
+            p.log.read(offset, 1)
+        except CorruptRecordError as e:
+            self._note_damage(p, offset, e)
+        except TidelogError:  # out of range by now (retention, truncation): nothing to repair
+            pass
+
+    async def _report_damage(self, p: NotifyingPartition) -> None:
+        """Report until ZooKeeper takes it, or the replica no longer needs it."""
+        while p.damaged_from is not None and self.partitions.get(p.tp) is p:
+            try:
+                await self.damage_reporter([p.tp])
+                return
+            except Exception as e:  # ZooKeeper away: the damage stays, try again
+                logger.warning("%s: reporting the damaged replica failed (%s); retrying", p.tp, e)
+                await trio.sleep(DAMAGE_REPORT_RETRY_S)
 
     # -- offsets -------------------------------------------------------------------------------
 

@@ -54,16 +54,20 @@ from tidelog.broker.security.credentials import (
 )
 from tidelog.broker.security.quotas import QUOTA_KEYS, REQUEST_PERCENTAGE, check_quota_value
 from tidelog.broker.zookeeper.layout import (
+    BROKERS,
     DEFAULT_ENTITY,
     USERS,
     ZkError,
+    broker_entity_path,
     config_change_sequence,
     entity_path,
+    parse_broker_entity_path,
     parse_entity_path,
 )
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     DUPLICATE_RESOURCE,
+    INVALID_CONFIG,
     INVALID_REQUEST,
     NONE,
     RESOURCE_NOT_FOUND,
@@ -94,6 +98,7 @@ from tidelog.protocol.messages import (
     DescribeUserScramCredentialsResult,
     ScramCredentialInfo,
 )
+from tidelog.protocol.throttles import DYNAMIC_BROKER_CONFIGS, MAX_RATE, check_rate
 
 logger = logging.getLogger("tidelog.entity_configs")
 
@@ -133,6 +138,19 @@ class EntityConfigStore:
 
     def entity_config(self, user: str | None, client_id: str | None) -> dict[str, str]:
         return self.configs.get(entity_path(user, client_id), {})
+
+    def broker_config(self, broker_id: int) -> dict[str, str]:
+        """A broker's dynamic configs: its own over the cluster-wide default's."""
+        return {**self.configs.get(broker_entity_path(None), {}), **self.configs.get(broker_entity_path(broker_id), {})}
+
+    def broker_int(self, broker_id: int, key: str) -> int | None:
+        """One dynamic broker config as an integer (None when unset or unreadable)."""
+        value = self.broker_config(broker_id).get(key)
+        try:
+            number = None if value is None else int(value)
+        except ValueError:
+            return None
+        return number if number is None or 0 < number <= MAX_RATE else None  # as check_rate allows
 
     # -- keeping current ----------------------------------------------------------------------
 
@@ -188,10 +206,10 @@ class EntityConfigStore:
         valid = []
         for path in entities:
             try:
-                parse_entity_path(path)
+                _ = parse_broker_entity_path(path) if path.startswith(BROKERS + "/") else parse_entity_path(path)
                 valid.append(path)
             except ValueError:
-                pass  # topics or brokers (Kafka's other entity types): not ours
+                pass  # topics (Kafka's other entity type): they come with the controller's requests
         configs = await self.zk.get_entity_configs(valid) if valid else {}
         for path in valid:
             self._apply(path, configs.get(path))
@@ -225,6 +243,8 @@ class EntityConfigStore:
             configs[path] = dict(config)
         else:
             configs.pop(path, None)
+        if path.startswith(BROKERS + "/"):
+            return
         user, client = parse_entity_path(path)
         if user is None or client is not None or user == DEFAULT_ENTITY:
             return
@@ -252,6 +272,35 @@ class EntityConfigAdmin:
 
     def __init__(self, zk: Any):
         self.zk = zk
+
+    async def alter_broker_config(self, resource_name: str, changes: Mapping[str, str | None],
+                                  validate_only: bool = False) -> None:
+        """AlterConfigs of a broker resource: ``resource_name`` is a broker id, or "" for the
+        cluster-wide default. Only the dynamic broker configs (the replication throttle
+        rates) change at runtime; a None value removes one. TidelogError naming the problem."""
+        name = resource_name.strip()
+        if name and not (name.isascii() and name.isdigit() and len(name) <= 10):
+            raise TidelogError(f"broker config resource {resource_name[:100]!r} is not a broker id (or \"\" for "
+                               "the cluster default)", error=INVALID_REQUEST)
+        for key, value in changes.items():
+            if key not in DYNAMIC_BROKER_CONFIGS:
+                raise TidelogError(f"{key[:100]!r} cannot be changed at runtime: the dynamic broker configs are "
+                                   f"{', '.join(DYNAMIC_BROKER_CONFIGS)}", error=INVALID_CONFIG)
+            try:
+                check_rate(key, value)
+            except ValueError as e:
+                raise TidelogError(str(e), error=INVALID_CONFIG) from None
+        if validate_only:
+            return
+
+        def change(config: dict[str, str]) -> dict[str, str]:
+            for key, value in changes.items():
+                if value is None:
+                    config.pop(key, None)
+                else:
+                    config[key] = str(int(str(value).strip()))
+            return config
+        await self.zk.change_entity_config(broker_entity_path(int(name) if name else None), change)
 
     async def call(self, api_key: ApiKey, request: Any) -> Any:
         """The response to one of the four requests (``EntityConfigClient``'s ``call``)."""

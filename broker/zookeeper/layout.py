@@ -18,6 +18,7 @@ section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
     /admin/delete_topics/<topic>
     /admin/reassign_partitions                    {"version":1,"partitions":[{"topic","partition","replicas"}]}
     /isr_change_notification/isr_change_<seq>     {"version":1,"partitions":[{"topic","partition"}]}
+    /replica_damage_notification/replica_damage_<seq>  {"version":1,"broker","broker_epoch","partitions":[{"topic","partition"}]}
     /latest_producer_id_block                     {"version":1,"broker","block_start","block_end"}
     /kafka-acl/<ResourceType>/<name>              {"version":1,"acls":[{"principal","permissionType","operation","host"}]}
     /kafka-acl-extended/prefixed/<ResourceType>/<name>   the same, for PREFIXED patterns
@@ -48,7 +49,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import random
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -63,8 +63,6 @@ from tidelog.protocol.acls import (
     parse_principal,
 )
 from tidelog.protocol.errors import (
-    INVALID_PARTITIONS,
-    INVALID_REPLICATION_FACTOR,
     NOT_CONTROLLER,
     REQUEST_TIMED_OUT,
     TOPIC_ALREADY_EXISTS,
@@ -77,6 +75,7 @@ NO_LEADER = -1          # Kafka's LeaderAndIsr.NoLeader
 INITIAL_CONTROLLER_EPOCH = 0
 INITIAL_LEADER_EPOCH = 0
 USERS, CLIENTS = "users", "clients"  # the entity types of user and client-id configs
+BROKERS = "brokers"  # dynamic broker configs: brokers/<id>, brokers/<default> (the cluster's)
 DEFAULT_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default
 CONFIG_CHANGE_PREFIX = "config_change_"
 
@@ -132,14 +131,6 @@ class TopicExistsError(ZkNodeExistsError):
 
 class BrokerIdInUseError(ZkError):
     """Another live ZooKeeper session holds ``/brokers/ids/<id>``."""
-
-
-class InvalidReplicationFactorError(TidelogError, ValueError):
-    error = INVALID_REPLICATION_FACTOR
-
-
-class InvalidPartitionsError(TidelogError, ValueError):
-    error = INVALID_PARTITIONS
 
 
 # --------------------------------------------------------------------------- paths
@@ -230,7 +221,7 @@ class ZkPaths:
 
     def entity_type(self, entity_type: str) -> str:
         """``/config/users`` or ``/config/clients``: the entities of a type are its children."""
-        if entity_type not in (USERS, CLIENTS):
+        if entity_type not in (USERS, CLIENTS, BROKERS):
             raise ValueError(f"unknown config entity type {entity_type!r}")
         return self._p("config", entity_type)
 
@@ -241,7 +232,10 @@ class ZkPaths:
 
     def entity_config(self, entity_path: str) -> str:
         """The znode of an entity config: ``users/alice`` -> ``/config/users/alice``."""
-        parse_entity_path(entity_path)  # only the four shapes of user and client-id entities
+        if entity_path.startswith(BROKERS + "/"):
+            parse_broker_entity_path(entity_path)
+        else:
+            parse_entity_path(entity_path)  # only the four shapes of user and client-id entities
         return self._p("config", entity_path)
 
     @property
@@ -272,6 +266,16 @@ class ZkPaths:
     def isr_change_prefix(self) -> str:
         """Prefix of the sequential notification znodes (ZooKeeper appends 10 digits)."""
         return self._p("isr_change_notification", "isr_change_")
+
+    @property
+    def replica_damage_notification(self) -> str:
+        """A broker's report of replicas it found damaged on disk (Tidelog's; Kafka's nearest is
+        ``/log_dir_event_notification``, which reports a whole log directory offline)."""
+        return self._p("replica_damage_notification")
+
+    @property
+    def replica_damage_prefix(self) -> str:
+        return self._p("replica_damage_notification", "replica_damage_")
 
     @property
     def latest_producer_id_block(self) -> str:
@@ -311,7 +315,7 @@ class ZkPaths:
         """The container znodes created at client start (Kafka's top-level paths)."""
         return (self.broker_ids, self.topics, self.config_topics, self.entity_type(USERS),
                 self.entity_type(CLIENTS), self.config_changes, self.delete_topics,
-                self.isr_change_notification)
+                self.isr_change_notification, self.replica_damage_notification)
 
     # znode ACLs (zookeeper.set.acl): which znodes are secret, which ones a broker secures
 
@@ -337,7 +341,8 @@ class ZkPaths:
         """Every top-level znode of the cluster (Kafka's ``ZkData.SecureRootPaths``): the
         security migration sets the ACL of these, everything below them, and the chroot."""
         names = ("admin", "brokers", "cluster", "config", "controller", "controller_epoch",
-                 "isr_change_notification", "latest_producer_id_block", "kafka-acl", "kafka-acl-changes",
+                 "isr_change_notification", "replica_damage_notification", "latest_producer_id_block",
+                 "kafka-acl", "kafka-acl-changes",
                  "kafka-acl-extended", "kafka-acl-extended-changes")
         return tuple(self._p(n) for n in names)
 
@@ -634,6 +639,22 @@ def parse_entity_path(path: str) -> tuple[str | None, str | None]:
                      "(users/<user>, clients/<client id> or users/<user>/clients/<client id>)")
 
 
+def broker_entity_path(broker_id: int | None) -> str:
+    """``brokers/<id>``, or ``brokers/<default>`` (the cluster-wide default) for None."""
+    return f"{BROKERS}/{DEFAULT_ENTITY if broker_id is None else int(broker_id)}"
+
+
+def parse_broker_entity_path(path: str) -> int | None:
+    """``broker_entity_path``'s inverse (None for the default); ValueError for anything else."""
+    parts = path.split("/") if isinstance(path, str) else []
+    if len(parts) == 2 and parts[0] == BROKERS:
+        if parts[1] == DEFAULT_ENTITY:
+            return None
+        if parts[1].isascii() and parts[1].isdigit() and len(parts[1]) <= 10:
+            return int(parts[1])
+    raise ValueError(f"{path!r} is not a broker entity path (brokers/<id> or brokers/{DEFAULT_ENTITY})")
+
+
 def encode_config_change(entity_path_: str) -> bytes:
     return _dumps({"version": 2, "entity_path": entity_path_})
 
@@ -757,6 +778,23 @@ def decode_isr_change(data: bytes) -> list[tuple[str, int]]:
     return out
 
 
+def encode_replica_damage(broker_id: int, broker_epoch: int, partitions: Iterable[tuple[str, int]]) -> bytes:
+    return _dumps({"version": 1, "broker": broker_id, "broker_epoch": broker_epoch,
+                   "partitions": [{"topic": t, "partition": p} for t, p in partitions]})
+
+
+def decode_replica_damage(data: bytes) -> tuple[int, int, list[tuple[str, int]]]:
+    """``(broker, broker epoch, [(topic, partition), ...])`` of a replica damage notification."""
+    what = "replica damage notification"
+    body = _loads(data, what)
+    out = []
+    for entry in _field(body, "partitions", list, what):
+        if not isinstance(entry, dict):
+            raise ValueError(f"malformed {what} znode data: {entry!r}")
+        out.append((_field(entry, "topic", str, what), _field(entry, "partition", int, what)))
+    return _field(body, "broker", int, what), _field(body, "broker_epoch", int, what), out
+
+
 @dataclass(frozen=True)
 class ProducerIdBlock:
     """Producer ids ``first..last`` (inclusive) handed to ``broker_id``."""
@@ -858,119 +896,3 @@ def decode_acl_change(data: bytes, pattern_type: ResourcePatternType
     if ptype not in (ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED) or rtype.value < 2:
         raise ValueError(f"malformed {what} znode data {data[:100]!r}")
     return rtype, name, ptype
-
-
-# --------------------------------------------------------------------------- replica placement
-
-def assign_replicas(broker_ids: list[int], num_partitions: int, replication_factor: int, *,
-                    start_index: int | None = None, start_partition_id: int = 0,
-                    racks: Mapping[int, str | None] | None = None,
-                    rng: Any = random) -> dict[int, list[int]]:
-    """Kafka's ``AdminUtils.assignReplicasToBrokers``: partition -> replica list.
-
-    Rack-unaware (the brokers sorted by id):
-
-    1. the first replica of each partition goes round-robin over the brokers, starting at a
-       random index (so that topics do not all start on broker 0);
-    2. the other replicas follow the first at a shift that starts random and increases by
-       one each time the partition id wraps around the broker list, so that the followers
-       of one broker's leaders are spread over all others.
-
-    With ``start_index`` (tests, Kafka's ``fixedStartIndex``) both the start index and the
-    initial shift are fixed to it. ``start_partition_id`` continues an existing topic
-    (CreatePartitions). For 5 brokers, 10 partitions, RF 3, start index 0 (Kafka's scaladoc)::
-
-        broker-0  broker-1  broker-2  broker-3  broker-4
-        p0        p1        p2        p3        p4       (1st replica)
-        p5        p6        p7        p8        p9       (1st replica)
-        p4        p0        p1        p2        p3       (2nd replica)
-        p8        p9        p5        p6        p7       (2nd replica)
-        p3        p4        p0        p1        p2       (3rd replica)
-        p7        p8        p9        p5        p6       (3rd replica)
-
-    Rack-aware (``racks`` maps every broker to a rack): the same walk over the
-    rack-alternated broker list, skipping a broker when its rack already holds a replica
-    while some rack holds none, or when it holds one while some broker holds none. Either
-    every broker has a rack or none has (else ValueError, as Kafka).
-    """
-    brokers = sorted(broker_ids)
-    _check_assignment_args(brokers, num_partitions, replication_factor)
-    rack_of = _racks_or_none(brokers, racks)
-    arranged = brokers if rack_of is None else rack_alternated_broker_list(rack_of)
-    n = len(arranged)
-    first_start = start_index if start_index is not None else rng.randrange(n)
-    shift = start_index if start_index is not None else rng.randrange(n)
-    out: dict[int, list[int]] = {}
-    for partition in range(max(0, start_partition_id), max(0, start_partition_id) + num_partitions):
-        if partition > 0 and partition % n == 0:
-            shift += 1
-        first = (partition + first_start) % n
-        if rack_of is None:
-            out[partition] = [arranged[first]] + [
-                arranged[_replica_index(first, shift, j, n)] for j in range(replication_factor - 1)]
-        else:
-            out[partition] = _rack_aware_replicas(arranged, rack_of, first, shift, replication_factor)
-    return out
-
-
-def _check_assignment_args(brokers: list[int], num_partitions: int, replication_factor: int) -> None:
-    if len(set(brokers)) != len(brokers):
-        raise ValueError(f"duplicate broker ids in {brokers}")
-    if num_partitions <= 0:
-        raise InvalidPartitionsError(f"Number of partitions must be larger than 0, got {num_partitions}.")
-    if replication_factor <= 0:
-        raise InvalidReplicationFactorError(
-            f"Replication factor must be larger than 0, got {replication_factor}.")
-    if replication_factor > len(brokers):
-        raise InvalidReplicationFactorError(
-            f"Replication factor: {replication_factor} larger than available brokers: {len(brokers)}.")
-
-
-def _racks_or_none(brokers: list[int], racks: Mapping[int, str | None] | None) -> dict[int, str] | None:
-    known = {b: racks[b] for b in brokers if racks and racks.get(b)}
-    if not known:
-        return None
-    if len(known) != len(brokers):
-        missing = sorted(set(brokers) - set(known))
-        raise ValueError(f"Not all brokers have rack information (missing for {missing}): "
-                         "give every broker a rack, or none")
-    return known
-
-
-def _replica_index(first_replica_index: int, shift: int, j: int, n: int) -> int:
-    """Index of the (j+2)-th replica: never the first one's, since 1 <= offset <= n-1."""
-    return (first_replica_index + 1 + (shift + j) % (n - 1)) % n
-
-
-def _rack_aware_replicas(arranged: list[int], rack_of: Mapping[int, str], first: int, shift: int,
-                         replication_factor: int) -> list[int]:
-    n, num_racks = len(arranged), len(set(rack_of.values()))
-    leader = arranged[first]
-    replicas, racks_used, brokers_used = [leader], {rack_of[leader]}, {leader}
-    k = 0
-    while len(replicas) < replication_factor:
-        broker = arranged[_replica_index(first, shift * num_racks, k, n)]
-        rack = rack_of[broker]
-        k += 1
-        if rack in racks_used and len(racks_used) < num_racks:
-            continue    # another rack still has no replica
-        if broker in brokers_used and len(brokers_used) < n:
-            continue    # another broker still has no replica
-        replicas.append(broker)
-        racks_used.add(rack)
-        brokers_used.add(broker)
-    return replicas
-
-
-def rack_alternated_broker_list(rack_of: Mapping[int, str]) -> list[int]:
-    """Brokers interleaved by rack: racks in name order, brokers in id order within a rack.
-
-    ``{0: "rack1", 1: "rack3", 2: "rack3", 3: "rack2", 4: "rack2", 5: "rack1"}`` ->
-    ``[0, 3, 1, 5, 4, 2]`` (Kafka's ``getRackAlternatedBrokerList``).
-    """
-    by_rack: dict[str, list[int]] = {}
-    for broker, rack in sorted(rack_of.items()):
-        by_rack.setdefault(rack, []).append(broker)
-    columns = [by_rack[r] for r in sorted(by_rack)]
-    depth = max(len(c) for c in columns)
-    return [c[i] for i in range(depth) for c in columns if i < len(c)]

@@ -62,6 +62,7 @@ from kazoo.retry import KazooRetry
 from kazoo.security import ACL, Id
 
 from tidelog.broker.zookeeper.layout import (
+    BROKERS,
     CLIENTS,
     DEFAULT_CHROOT,
     INITIAL_CONTROLLER_EPOCH,
@@ -94,8 +95,10 @@ from tidelog.broker.zookeeper.layout import (
     decode_isr_change,
     decode_partition_state,
     decode_producer_id_block,
+    decode_replica_damage,
     decode_topic_assignment,
     decode_topic_config,
+    decode_topic_moves,
     encode_acl_change,
     encode_acls,
     encode_broker_info,
@@ -107,6 +110,7 @@ from tidelog.broker.zookeeper.layout import (
     encode_isr_change,
     encode_partition_state,
     encode_producer_id_block,
+    encode_replica_damage,
     encode_topic_assignment,
     encode_topic_config,
     more_open_than,
@@ -637,10 +641,18 @@ class ZkClient:
         got = await self.get_assignment_with_version(topic)
         return None if got is None else got[0]
 
+    async def get_assignment_and_moves(self, topic: str) -> tuple[dict[int, list[int]], dict[int, tuple]] | None:
+        """The topic's replica sets and, for partitions under reassignment, their replicas
+        being (added, removed)."""
+        got = await self._get(self.paths.topic(topic))
+        return None if got is None else (decode_topic_assignment(got[0]), decode_topic_moves(got[0]))
+
     async def set_assignment(self, topic: str, assignment: Mapping[int, Iterable[int]],
-                             version: int | None = None) -> int:
-        """Replace the assignment (CreatePartitions); check-and-set when ``version`` is given."""
-        return await self._set(self.paths.topic(topic), encode_topic_assignment(assignment),
+                             version: int | None = None,
+                             moving: Mapping[int, tuple[Iterable[int], Iterable[int]]] | None = None) -> int:
+        """Replace the assignment (CreatePartitions, reassignments with ``moving``: partition ->
+        replicas being added, being removed); check-and-set when ``version`` is given."""
+        return await self._set(self.paths.topic(topic), encode_topic_assignment(assignment, moving),
                                -1 if version is None else version)
 
     async def get_topic_config(self, topic: str) -> dict[str, str]:
@@ -701,11 +713,13 @@ class ZkClient:
             return config
 
     async def list_entities(self) -> list[str]:
-        """The entity path of every user and client-id config: ``users/U``, ``clients/C`` and
-        ``users/U/clients/C`` (names sanitized, ``<default>`` as it is)."""
+        """The entity path of every user, client-id and broker config: ``users/U``,
+        ``clients/C``, ``users/U/clients/C`` (names sanitized, ``<default>`` as it is) and
+        ``brokers/B``."""
         users = await self._children(self.paths.entity_type(USERS)) or []
         clients = await self._children(self.paths.entity_type(CLIENTS)) or []
-        out = [f"users/{u}" for u in users] + [f"clients/{c}" for c in clients]
+        brokers = await self._children(self.paths.entity_type(BROKERS)) or []
+        out = [f"users/{u}" for u in users] + [f"clients/{c}" for c in clients] + [f"brokers/{b}" for b in brokers]
         for user in users:
             for client in await self._children(self.paths.user_clients(user)) or []:
                 out.append(f"users/{user}/clients/{client}")
@@ -800,6 +814,32 @@ class ZkClient:
         paths = [f"{self.paths.isr_change_notification}/{n}" for n in names]
         got = await self._get_many(paths)
         return [(p, decode_isr_change(g[0])) for p, g in zip(paths, got) if g is not None]
+
+    # ------------------------------------------------------------------ replica damage notifications
+
+    async def notify_replica_damage(self, broker_id: int, broker_epoch: int,
+                                    partitions: list[tuple[str, int]]) -> str:
+        """Tell the controller these replicas on ``broker_id`` hold damaged batches; its path."""
+        return await self._create(self.paths.replica_damage_prefix,
+                                  encode_replica_damage(broker_id, broker_epoch, partitions), sequence=True)
+
+    async def replica_damage_notifications(self) -> list[tuple[str, tuple[int, int, list[tuple[str, int]]]]]:
+        """Pending reports: (path, (broker, broker epoch, [(topic, partition), ...])). One that
+        cannot be decoded is logged, deleted and skipped."""
+        names = sorted(await self._children(self.paths.replica_damage_notification) or [])
+        paths = [f"{self.paths.replica_damage_notification}/{n}" for n in names]
+        out, bad = [], []
+        for path, got in zip(paths, await self._get_many(paths)):
+            if got is None:
+                continue
+            try:
+                out.append((path, decode_replica_damage(got[0])))
+            except ValueError as e:
+                log.error("%s: %s; deleted", path, e)
+                bad.append(path)
+        if bad:
+            await self.delete_isr_change_notifications(bad)
+        return out
 
     async def delete_isr_change_notifications(self, paths: Iterable[str]) -> None:
         def run(paths: list[str]) -> None:

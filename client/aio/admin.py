@@ -63,6 +63,7 @@ from tidelog.protocol.errors import (
     error_for,
 )
 from tidelog.protocol.messages import (
+    BROKER_RESOURCE,
     DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,
     NO_OFFSET,
@@ -71,6 +72,9 @@ from tidelog.protocol.messages import (
     AclFilter,
     AlterConfigsRequest,
     AlterConfigsResource,
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
+    ApiVersionsRequest,
     BrokerMetadata,
     ConfigEntry,
     CreatableTopic,
@@ -91,17 +95,24 @@ from tidelog.protocol.messages import (
     DescribeConfigsRequest,
     DescribeConfigsResource,
     DescribeGroupsRequest,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
     ElectLeadersRequest,
     ElectLeadersResponse,
     FindCoordinatorRequest,
     ListGroupsRequest,
     ListOffsetsRequest,
+    ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
+    ListPartitionReassignmentsTopics,
     MetadataResponse,
     OffsetCommitPartition,
     OffsetCommitRequest,
     OffsetCommitTopic,
     OffsetFetchRequest,
     OffsetFetchTopic,
+    ReassignablePartition,
+    ReassignableTopic,
     TopicPartitionRef,
 )
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
@@ -114,7 +125,7 @@ if TYPE_CHECKING:  # the options' names and types, for IDEs and type checkers
 
 __all__ = ["AsyncAdmin", "NewTopic", "TopicDescription", "PartitionInfo", "ClusterDescription",
            "ConfigEntry", "BrokerMetadata", "ListedGroup", "MemberDescription", "ConsumerGroupDescription",
-           "GroupOffsets", "ClientQuotaAlteration", "ClientQuotaEntity", "ClientQuotaFilter",
+           "GroupOffsets", "ReplicaInfo", "LogDirDescription", "ClientQuotaAlteration", "ClientQuotaEntity", "ClientQuotaFilter",
            "UserScramCredentialDeletion", "UserScramCredentialUpsertion", "UserScramCredentialsDescription"]
 
 
@@ -191,6 +202,47 @@ class GroupOffsets:
     committed: int | None
     log_end_offset: int | None
     lag: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReassignment:
+    """A partition being moved (Kafka's names): its replica set RS while the move runs (the
+    target first, then the replicas leaving), the replicas being added and those being
+    removed. The target is ``replicas`` without ``removing_replicas``."""
+
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        return tuple(r for r in self.replicas if r not in self.removing_replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """One replica as its broker holds it (DescribeLogDirs): size on disk, Kafka's
+    ``offset_lag`` (the HW minus the replica's LEO, never negative), and the replica's log
+    start offset, log end offset and high watermark."""
+
+    partition: TopicPartition
+    size: int
+    offset_lag: int
+    is_future: bool
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirDescription:
+    """One log dir of a broker: its replicas, and its file system's total and usable bytes
+    (-1 when unknown)."""
+
+    path: str
+    replicas: dict[TopicPartition, ReplicaInfo]
+    total_bytes: int = -1
+    usable_bytes: int = -1
 
 
 _COORDINATOR_RETRY = {COORDINATOR_NOT_AVAILABLE.code, NOT_COORDINATOR.code, COORDINATOR_LOAD_IN_PROGRESS.code}
@@ -310,6 +362,41 @@ class AsyncAdmin(RunsInOwnNursery):
         return ClusterDescription(response.cluster_id, response.controller_id,
                                   sorted(response.brokers, key=lambda b: b.node_id))
 
+    async def describe_log_dirs(self, brokers: Iterable[int] | None = None, timeout_ms: int | None = None
+                                ) -> dict[int, dict[str, LogDirDescription]]:
+        """Kafka's ``describeLogDirs``: each broker's log dirs and the replicas in them, asked
+        of each broker (None: every broker of the cluster), all at once. Returns broker ->
+        log dir path -> description, or raises the first broker's failure (for instance
+        CLUSTER_AUTHORIZATION_FAILED without Describe on the cluster, or a broker that cannot
+        be reached) with ``.results`` (broker -> its dirs or the exception) attached."""
+        deadline = self._deadline(timeout_ms)
+        if brokers is None:
+            await self._cluster.refresh(timeout=self._remaining(deadline))
+            brokers = sorted(self._cluster.metadata.brokers)
+        results: dict[int, Any] = {}
+
+        async def ask(node: int) -> None:
+            try:
+                r: DescribeLogDirsResponse = await self._cluster.request(
+                    node, DescribeLogDirsRequest(None), api_key=ApiKey.DESCRIBE_LOG_DIRS,
+                    timeout=self._request_s(deadline))
+            except TidelogError as e:
+                results[node] = e
+                return
+            if r.error_code != NONE.code:
+                results[node] = broker_error(r.error_code, f"cannot describe the log dirs of broker {node}")
+                return
+            results[node] = {d.log_dir: _log_dir_description(d) for d in r.results}
+
+        async with trio.open_nursery() as nursery:
+            for node in dict.fromkeys(brokers):
+                nursery.start_soon(ask, node)
+        failures = [e for e in results.values() if isinstance(e, BaseException)]
+        if failures:
+            failures[0].results = results
+            raise failures[0]
+        return dict(sorted(results.items()))
+
     async def _metadata(self, topics: list[str] | None, timeout_ms: int | None) -> MetadataResponse:
         return await self._cluster.fetch_metadata(topics, timeout=self._timeout_ms(timeout_ms) / 1000,
                                                   allow_auto_topic_creation=False)
@@ -340,15 +427,30 @@ class AsyncAdmin(RunsInOwnNursery):
     async def alter_configs(self, topic: str, configs: dict[str, str | None],
                             validate_only: bool = False, timeout_ms: int | None = None) -> None:
         """Set each key of the topic's configuration; a None value removes the override."""
-        timeout_ms = self._timeout_ms(timeout_ms)
+        outcomes = await self._alter_configs(TOPIC_RESOURCE, topic, configs, validate_only, timeout_ms)
+        _raise_for(outcomes, "alter the configuration of")
+
+    async def alter_broker_configs(self, broker_id: int | None, configs: dict[str, str | None],
+                                   validate_only: bool = False, timeout_ms: int | None = None) -> None:
+        """Set a broker's dynamic configs (None: the cluster-wide default): the replication
+        throttle rates, ``leader.replication.throttled.rate`` and
+        ``follower.replication.throttled.rate`` (bytes/s). A None value removes one."""
+        name = "" if broker_id is None else str(int(broker_id))
+        code, message = (await self._alter_configs(BROKER_RESOURCE, name, configs, validate_only, timeout_ms))[name]
+        if code != NONE.code:
+            raise broker_error(code, f"cannot alter the configs of {f'broker {name}' if name else 'every broker'}",
+                               message)
+
+    async def _alter_configs(self, resource_type: int, name: str, configs: dict[str, str | None],
+                             validate_only: bool, timeout_ms: int | None) -> Outcomes:
+        """AlterConfigs of one resource, on the controller: its (error code, message)."""
         values = {k: None if v is None else str(v) for k, v in configs.items()}
-        outcomes = await self._to_controller(
-            [topic], lambda ns: AlterConfigsRequest([AlterConfigsResource(TOPIC_RESOURCE, topic, values)],
-                                                    validate_only),
+        return await self._to_controller(
+            [name], lambda ns: AlterConfigsRequest([AlterConfigsResource(resource_type, name, values)],
+                                                   validate_only),
             ApiKey.ALTER_CONFIGS,
             lambda r: {res.resource_name: (res.error_code, res.error_message) for res in r.responses},
-            timeout_ms)
-        _raise_for(outcomes, "alter the configuration of")
+            self._timeout_ms(timeout_ms))
 
     async def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
                             timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
@@ -369,6 +471,78 @@ class AsyncAdmin(RunsInOwnNursery):
         _raise_for(outcomes, "elect leaders for")
         return {TopicPartition(x.topic_name, x.partition_index): (x.error_code, x.error_message)
                 for x in answers[-1].results}
+
+    async def broker_versions(self, brokers: Iterable[int] | None = None,
+                              timeout_ms: int | None = None) -> dict[int, str | None]:
+        """Each broker's software version (ApiVersions, asked of each broker; None for one that
+        did not answer or does not say)."""
+        timeout_s = self._timeout_ms(timeout_ms) / 1000
+        nodes = sorted(self._cluster.metadata.brokers) if brokers is None else list(brokers)
+        out: dict[int, str | None] = {}
+
+        async def ask(node: int) -> None:
+            try:
+                r = await self._cluster.request(node, ApiVersionsRequest(), api_key=ApiKey.API_VERSIONS,
+                                                timeout=timeout_s)
+                out[node] = r.software_version
+            except (TidelogError, OSError):
+                out[node] = None
+        async with trio.open_nursery() as nursery:
+            for node in nodes:
+                nursery.start_soon(ask, node)
+        return out
+
+    # -- reassignment ---------------------------------------------------------------------------
+
+    async def alter_partition_reassignments(self, reassignments: dict[TopicPartition, Sequence[int] | None],
+                                            timeout_ms: int | None = None
+                                            ) -> dict[TopicPartition, tuple[int, str | None]]:
+        """Move each partition to its target replicas (the first one becomes the preferred
+        leader), or cancel its move (None), as kafka-reassign-partitions --execute/--cancel.
+        The call returns once the moves have started; ``list_partition_reassignments`` tells
+        when they are done. Returns each partition's (error code, message)."""
+        timeout_ms = self._timeout_ms(timeout_ms)
+        by_topic: dict[str, list[ReassignablePartition]] = {}
+        for tp, replicas in reassignments.items():
+            by_topic.setdefault(tp.topic, []).append(
+                ReassignablePartition(tp.partition, None if replicas is None else [int(r) for r in replicas]))
+        request = AlterPartitionReassignmentsRequest([ReassignableTopic(t, ps) for t, ps in by_topic.items()],
+                                                     timeout_ms=timeout_ms)
+        answers: list[AlterPartitionReassignmentsResponse] = []
+
+        def extract(r: AlterPartitionReassignmentsResponse) -> Outcomes:
+            answers.append(r)
+            return {"partitions": (r.error_code, r.error_message)}
+        outcomes = await self._to_controller(["partitions"], lambda ns: request,
+                                             ApiKey.ALTER_PARTITION_REASSIGNMENTS, extract, timeout_ms)
+        _raise_for(outcomes, "reassign")
+        return {TopicPartition(t.name, p.partition_index): (p.error_code, p.error_message)
+                for t in answers[-1].responses for p in t.partitions}
+
+    async def list_partition_reassignments(self, partitions: Iterable[TopicPartition] | None = None,
+                                           timeout_ms: int | None = None
+                                           ) -> dict[TopicPartition, PartitionReassignment]:
+        """The moves in progress (of ``partitions``; None: all), as kafka-reassign-partitions
+        --verify and kafka-topics --describe see them."""
+        timeout_ms = self._timeout_ms(timeout_ms)
+        topics = None
+        if partitions is not None:
+            by_topic: dict[str, list[int]] = {}
+            for tp in partitions:
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            topics = [ListPartitionReassignmentsTopics(t, ps) for t, ps in by_topic.items()]
+        answers: list[ListPartitionReassignmentsResponse] = []
+
+        def extract(r: ListPartitionReassignmentsResponse) -> Outcomes:
+            answers.append(r)
+            return {"partitions": (r.error_code, r.error_message)}
+        outcomes = await self._to_controller(
+            ["partitions"], lambda ns: ListPartitionReassignmentsRequest(topics, timeout_ms=timeout_ms),
+            ApiKey.LIST_PARTITION_REASSIGNMENTS, extract, timeout_ms)
+        _raise_for(outcomes, "list the reassignments of")
+        return {TopicPartition(t.name, p.partition_index): PartitionReassignment(
+                    tuple(p.replicas), tuple(p.adding_replicas), tuple(p.removing_replicas))
+                for t in answers[-1].topics for p in t.partitions}
 
     # -- ACLs -----------------------------------------------------------------------------------
 
@@ -480,17 +654,25 @@ class AsyncAdmin(RunsInOwnNursery):
         request = ListGroupsRequest(list(states or []))
         found: dict[str, ListedGroup] = {}
 
+        failures: list[TidelogError] = []
+
         async def ask(node: int) -> None:
-            r = await self._retry_coordinator_codes(
-                lambda: self._cluster.request(node, request, api_key=ApiKey.LIST_GROUPS,
-                                              timeout=self._request_s(deadline)),
-                lambda r: r.error_code, deadline, f"ListGroups to broker {node}")
+            try:
+                r = await self._retry_coordinator_codes(
+                    lambda: self._cluster.request(node, request, api_key=ApiKey.LIST_GROUPS,
+                                                  timeout=self._request_s(deadline)),
+                    lambda r: r.error_code, deadline, f"ListGroups to broker {node}")
+            except TidelogError as e:  # raised once every broker answered or failed
+                failures.append(e)
+                return
             for g in r.groups:
                 found[g.group_id] = ListedGroup(g.group_id, g.protocol_type, g.group_state, node)
 
         async with trio.open_nursery() as nursery:
             for node in self._cluster.metadata.brokers:
                 nursery.start_soon(ask, node)
+        if failures:  # the first broker's error, not a group of them (the listing is incomplete)
+            raise failures[0]
         return sorted(found.values(), key=lambda g: g.group_id)
 
     async def describe_groups(self, group_ids: Iterable[str],
@@ -790,6 +972,16 @@ def _raise_first(results: dict) -> dict:
         failures[0].results = results
         raise failures[0]
     return {key: None for key in results}
+
+
+def _log_dir_description(d: Any) -> LogDirDescription:
+    replicas = {}
+    for t in d.topics:
+        for p in t.partitions:
+            tp = TopicPartition(t.name, p.partition_index)
+            replicas[tp] = ReplicaInfo(tp, p.partition_size, p.offset_lag, p.is_future_key, p.log_start_offset,
+                                       p.log_end_offset, p.high_watermark)
+    return LogDirDescription(d.log_dir, replicas, d.total_bytes, d.usable_bytes)
 
 
 def _acl_order(b: AclBinding) -> tuple:

@@ -3,7 +3,8 @@
 * ``topics``: create, list, describe, alter, delete, delete-records, elect-leaders (kafka-topics);
 * ``console``: ``produce`` and ``consume`` (kafka-console-producer and -consumer);
 * ``groups``: list, describe, reset-offsets, delete (kafka-consumer-groups);
-* ``perf``: produce, consume, e2e (the kafka-*-perf-test tools; ``tidelog.perf`` measures).
+* ``perf``: produce, consume, e2e (the kafka-*-perf-test tools; ``tidelog.perf`` measures);
+* ``reassign``: generate, execute, verify, cancel (kafka-reassign-partitions).
 
 Each family module has ``register(subcommands)``, which adds its command(s) to the
 ``tidelog`` parser with their arguments and sets ``run`` (args -> exit status) as the parsed

@@ -193,14 +193,28 @@ async def _describe(args: argparse.Namespace) -> int:
         descriptions = await admin.describe_topics(args.names or None, timeout_ms=args.timeout_ms)
         configs = await _topic_configs(admin, args, [d.name for d in descriptions])
         offsets = await _log_offsets(admin, args, [p for d in descriptions for p in d.partitions])
+        moves, racks = await _moves_and_racks(admin, args)
     for d in descriptions:
         overridden, min_isr = configs.get(d.name, ({}, 1))
-        for line in describe_lines(d, overridden, offsets, min_isr=min_isr,
+        for line in describe_lines(d, overridden, offsets, min_isr=min_isr, moves=moves, racks=racks,
                                    under_replicated=args.under_replicated_partitions,
                                    unavailable=args.unavailable_partitions,
                                    under_min_isr=args.under_min_isr_partitions):
             print(line)
     return EXIT_OK
+
+
+async def _moves_and_racks(admin: Any, args: argparse.Namespace) -> tuple[dict[Any, Any], dict[int, str]]:
+    """The reassignments in progress (none shown when the principal may not list them) and
+    the brokers' racks (none when no broker has one)."""
+    from tidelog.protocol.errors import TidelogError
+
+    try:
+        moves = await admin.list_partition_reassignments(timeout_ms=args.timeout_ms)
+    except TidelogError:
+        moves = {}
+    cluster = await admin.describe_cluster(timeout_ms=args.timeout_ms)
+    return moves, {b.node_id: b.rack for b in cluster.brokers if b.rack}
 
 
 async def _topic_configs(admin: Any, args: argparse.Namespace, names: list[str]
@@ -226,13 +240,16 @@ async def _topic_configs(admin: Any, args: argparse.Namespace, names: list[str]
 def describe_lines(description: Any, configs: dict[str, str],
                    offsets: dict[tuple[str, int], tuple[int | None, int | None]], *, min_isr: int = 1,
                    under_replicated: bool = False, unavailable: bool = False,
-                   under_min_isr: bool = False) -> list[str]:
+                   under_min_isr: bool = False, moves: dict[Any, Any] | None = None,
+                   racks: dict[int, str] | None = None) -> list[str]:
     """kafka-topics --describe's lines for one topic: the header (not when filtering, like
     kafka-topics) and one line per partition with Epoch, LEO and HW ("-" when unknown),
     flagged "(offline)" (no leader), "(under-replicated)" (|ISR| < |replicas|),
     "(under-min-isr)" (|ISR| < ``min_isr``: acks=all produces fail) and, when |ISR| is also
     below the replica count, "(HW held ...)": the high watermark cannot move, so records past
-    it stay invisible to consumers until the ISR grows back (``partition.effective_min_isr``)."""
+    it stay invisible to consumers until the ISR grows back (``partition.effective_min_isr``).
+    A partition being moved (``moves``: TopicPartition -> PartitionReassignment) shows Kafka's
+    "Adding Replicas" and "Removing Replicas"; with ``racks``, each replica's rack follows."""
     from tidelog.protocol.topics import effective_min_isr
 
     filtered = under_replicated or unavailable or under_min_isr
@@ -256,11 +273,21 @@ def describe_lines(description: Any, configs: dict[str, str],
                          "\t(under-min-isr)" if below_min else "",
                          f"\t(HW held: ISR {len(p.isr)} < {need} needed for it to advance)"
                          if len(p.isr) < need and not offline else ""])
+        move = (moves or {}).get(_tp(name, p.partition))
+        moving = (f"\tAdding Replicas: {','.join(map(str, move.adding_replicas))}"
+                  f"\tRemoving Replicas: {','.join(map(str, move.removing_replicas))}") if move else ""
+        placed = f"\tRacks: {','.join((racks or {}).get(r, '-') for r in p.replicas)}" if racks else ""
         lines.append(f"\tTopic: {name}\tPartition: {p.partition}\t"
                      f"Leader: {'none' if offline else p.leader}\t"
-                     f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}\t"
-                     f"Epoch: {p.leader_epoch}\tLEO: {or_dash(leo)}\tHW: {or_dash(hw)}{flags}")
+                     f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}{moving}\t"
+                     f"Epoch: {p.leader_epoch}\tLEO: {or_dash(leo)}\tHW: {or_dash(hw)}{placed}{flags}")
     return lines
+
+
+def _tp(topic: str, partition: int) -> Any:
+    from tidelog import TopicPartition
+
+    return TopicPartition(topic, partition)
 
 
 async def _log_offsets(admin: Any, args: argparse.Namespace, partitions: Sequence[Any]

@@ -66,7 +66,8 @@ class KafkaApi:
 
 
 def _api_versions_response(body: Body, version: int) -> Body:
-    return {**body, "api_keys": api_versions()}
+    kafka = {k: v for k, v in body.items() if k != "software_version"}  # a field of Tidelog's only
+    return {**kafka, "api_keys": api_versions()}
 
 
 def _metadata_request(body: Body, version: int) -> Body:
@@ -263,6 +264,8 @@ _SPREAD: Mapping[int, Callable[[Body, int, str | None], Body]] = MappingProxyTyp
     ApiKey.ALTER_CONFIGS: _per_entry("resources", "resource_name", "responses", "resource_name", "resource_type"),
     ApiKey.DESCRIBE_GROUPS: _per_entry("groups", "group_id", "groups", "group_id"),
     ApiKey.DELETE_GROUPS: _per_entry("groups_names", "group_id", "results", "group_id"),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: _per_partition("topics", "name", "partitions", "partition_index",
+                                                         "responses", "name", "partitions", "partition_index"),
 })
 
 
@@ -309,6 +312,8 @@ KAFKA_APIS: Mapping[int, KafkaApi] = _table(
     KafkaApi(ApiKey.DESCRIBE_CONFIGS, "DescribeConfigs", 0, 4, response=_describe_configs_response),
     KafkaApi(ApiKey.ALTER_CONFIGS, "AlterConfigs", 0, 2, _alter_configs_request),
     KafkaApi(ApiKey.DELETE_RECORDS, "DeleteRecords", 0, 2),
+    KafkaApi(ApiKey.ALTER_PARTITION_REASSIGNMENTS, "AlterPartitionReassignments", 0, 0),
+    KafkaApi(ApiKey.LIST_PARTITION_REASSIGNMENTS, "ListPartitionReassignments", 0, 0),
     KafkaApi(ApiKey.OFFSETS_FOR_LEADER_EPOCH, "OffsetForLeaderEpoch", 0, 4, _consumer_replica),
     KafkaApi(ApiKey.DESCRIBE_CLUSTER, "DescribeCluster", 0, 1, _describe_cluster_request,
              _describe_cluster_response, native=ApiKey.METADATA),

@@ -23,8 +23,8 @@ from tests.support.waiting import wait_until
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.aio import AsyncProducer
 from tidelog.aio.partitioner import default_partition
-from tidelog.broker.zookeeper.layout import assign_replicas
 from tidelog.errors import TidelogError
+from tidelog.protocol.placement import assign_replicas
 
 KEYED = "keyed"
 KEYED_PARTITIONS = 6

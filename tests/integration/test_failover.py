@@ -12,13 +12,11 @@ at that offset when the partitions are read after healing.
 
 from __future__ import annotations
 
-import threading
 import time
 
 from tests.integration.cluster_fixtures import FAST_FAILOVER, fresh_cluster_3  # noqa: F401
 from tests.support.cluster import (
     broker_metadata,
-    consume_range,
     controller_id,
     end_offsets,
     partitions_of,
@@ -26,8 +24,9 @@ from tests.support.cluster import (
     wait_topic_ready,
 )
 from tests.support.disk import log_dirs, replica_high_watermark, replica_records
+from tests.support.producing import SteadyProducer, assert_all_acked_present
 from tests.support.waiting import wait_until
-from tidelog import Admin, NewTopic, Producer, RecordMetadata, TopicPartition
+from tidelog import Admin, NewTopic, Producer, TopicPartition
 
 LAG_MS = int(FAST_FAILOVER["replica.lag.time.max.ms"])
 SESSION_S = int(FAST_FAILOVER["zookeeper.session.timeout.ms"]) / 1000
@@ -38,86 +37,6 @@ def create_topic(cluster, name: str, partitions: int = PARTITIONS, rf: int = 3) 
     with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
         admin.create_topics([NewTopic(name, partitions, rf, config={"min.insync.replicas": "2"})])
     wait_topic_ready(cluster, name, partitions, rf)
-
-
-class SteadyProducer:
-    """An acks=all Producer sending keyed records from a thread (a few thousand a second)
-    until stopped; every record's future is kept."""
-
-    def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 2000):
-        self.topic = topic
-        self.producer = Producer(bootstrap, acks="all", linger_ms=2, request_timeout_ms=15000,
-                                 delivery_timeout_ms=90000, retry_backoff_ms=50, max_block_ms=30000)
-        self.futures: list = []
-        self._pause = 50 / rate_per_s
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="steady-producer", daemon=True)
-
-    def __enter__(self) -> "SteadyProducer":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        self.producer.close(timeout=0 if exc[0] else 60)
-
-    def _run(self) -> None:
-        seq = 0
-        try:
-            while not self._stop.is_set():
-                for _ in range(50):
-                    self.futures.append(self.producer.send(self.topic, b"v-%d" % seq, key=b"k-%d" % (seq % 101)))
-                    seq += 1
-                time.sleep(self._pause)
-        except BaseException as e:  # reported by finish()
-            self._error = e
-
-    def acked(self) -> int:
-        return sum(1 for f in list(self.futures) if f.done() and f.exception(0) is None)
-
-    def acked_in(self, partition: int, since: int = 0) -> int:
-        return sum(1 for f in list(self.futures)[since:]
-                   if f.done() and f.exception(0) is None and f.topic_partition.partition == partition)
-
-    def wait_acked(self, n: int, timeout: float, partition: int | None = None, since: int = 0) -> None:
-        if partition is None:
-            wait_until(lambda: self.acked() >= n, timeout, f"{n} records acknowledged", interval=0.1)
-        else:
-            wait_until(lambda: self.acked_in(partition, since) >= n, timeout,
-                       f"{n} records acknowledged in partition {partition}", interval=0.1)
-
-    def finish(self, timeout: float = 90.0) -> list[tuple[bytes, RecordMetadata]]:
-        """Stop sending, wait for every record's outcome; all must be acknowledged."""
-        self._stop.set()
-        self._thread.join(30)
-        assert self._error is None, f"the producer thread failed: {self._error!r}"
-        self.producer.flush(timeout=timeout)
-        out, failures = [], []
-        for seq, f in enumerate(self.futures):
-            err = f.exception(0)
-            if err is not None:
-                failures.append((seq, err))
-            else:
-                out.append((b"v-%d" % seq, f.result(0)))
-        assert not failures, f"{len(failures)} of {len(self.futures)} records failed, first: {failures[:3]}"
-        return out
-
-
-def assert_all_acked_present(cluster, topic: str, acked: list[tuple[bytes, RecordMetadata]],
-                             partitions: int = PARTITIONS) -> None:
-    """I1: every acknowledged record is at its offset; offsets strictly increase."""
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    ends = end_offsets(cluster.bootstrap, tps)
-    records = consume_range(cluster.bootstrap, ends, timeout=90)
-    by_offset = {tp: {r.offset: r.value for r in rs} for tp, rs in records.items()}
-    for tp, rs in records.items():
-        offsets = [r.offset for r in rs]
-        assert offsets == sorted(set(offsets)), f"{tp}: offsets not strictly increasing"
-    lost = [(m.partition, m.offset, v) for v, m in acked
-            if by_offset[TopicPartition(topic, m.partition)].get(m.offset) != v]
-    assert not lost, f"{len(lost)} of {len(acked)} acknowledged records lost or changed, first: {lost[:5]}"
 
 
 def leader_of(cluster, topic: str, partition: int, via: int) -> int:
@@ -182,7 +101,7 @@ def test_leader_killed_while_producing_loses_no_acknowledged_record(fresh_cluste
         acked = producer.finish()
 
     assert len(acked) > 5000
-    assert_all_acked_present(cluster, topic, acked)
+    assert_all_acked_present(cluster, topic, acked, PARTITIONS)
 
     # on disk, after a clean stop: the recovered replica holds exactly what the others hold
     # below the high watermark (I2), every acknowledged record included. All three were in
@@ -238,7 +157,7 @@ def test_controller_killed_another_takes_over_and_the_broker_rejoins(fresh_clust
     took = wait_rejoined(cluster, old, {"before": PARTITIONS}, timeout=30)
     assert took * 1000 <= LAG_MS, f"broker {old} took {took:.2f} s to rejoin the ISR"
     assert {controller_id(cluster, via=i) for i in cluster.brokers} == {new}
-    assert_all_acked_present(cluster, "before", acked)
+    assert_all_acked_present(cluster, "before", acked, PARTITIONS)
 
 
 def test_every_broker_restarted_keeps_all_data(fresh_cluster_3):
@@ -261,7 +180,7 @@ def test_every_broker_restarted_keeps_all_data(fresh_cluster_3):
     wait_topic_ready(cluster, topic, PARTITIONS, 3)
 
     assert end_offsets(cluster.bootstrap, tps) == before
-    assert_all_acked_present(cluster, topic, acked)
+    assert_all_acked_present(cluster, topic, acked, PARTITIONS)
     with Producer(cluster.bootstrap, acks="all") as producer:
         meta = producer.send(topic, b"after-restart", partition=0).result(timeout=30)
     assert meta.offset == before[tps[0]]
@@ -292,4 +211,4 @@ def test_sigterm_moves_leadership_away_before_the_leader_stops(fresh_cluster_3):
         producer.wait_acked(1000, 30, partition=0, since=stopping_at)
         acked = producer.finish()  # every record acknowledged: no error got past the retries
 
-    assert_all_acked_present(cluster, topic, acked)
+    assert_all_acked_present(cluster, topic, acked, PARTITIONS)

@@ -330,6 +330,22 @@ def _elect_leaders(v: Valid) -> m.Message:
     return m.ElectLeadersRequest(v.rng.choice((None, [m.TopicPartitionRef(v.topic(), v.partition())])), 0, 5000)
 
 
+def _alter_partition_reassignments(v: Valid) -> m.Message:
+    r = v.rng
+    replicas = r.choice((None, r.sample((1, 2, 3), r.randint(1, 3)), [r.choice((1, 2, 3, 7))]))
+    return m.AlterPartitionReassignmentsRequest([m.ReassignableTopic(v.topic(), [
+        m.ReassignablePartition(v.partition(), replicas)])], 5000)
+
+
+def _list_partition_reassignments(v: Valid) -> m.Message:
+    return m.ListPartitionReassignmentsRequest(
+        v.rng.choice((None, [m.ListPartitionReassignmentsTopics(v.topic(), [v.partition()])])), 5000)
+
+
+def _describe_log_dirs(v: Valid) -> m.Message:
+    return m.DescribeLogDirsRequest(v.rng.choice((None, [m.DescribableLogDirTopic(v.topic(), [v.partition()])])))
+
+
 VALID: dict[ApiKey, Callable[[Valid], m.Message]] = {
     ApiKey.PRODUCE: _produce, ApiKey.FETCH: _fetch, ApiKey.LIST_OFFSETS: _list_offsets,
     ApiKey.METADATA: _metadata, ApiKey.LEADER_AND_ISR: _leader_and_isr, ApiKey.STOP_REPLICA: _stop_replica,
@@ -342,7 +358,8 @@ VALID: dict[ApiKey, Callable[[Valid], m.Message]] = {
     ApiKey.INIT_PRODUCER_ID: _init_producer_id, ApiKey.OFFSETS_FOR_LEADER_EPOCH: _offsets_for_leader_epoch,
     ApiKey.DESCRIBE_CONFIGS: _describe_configs, ApiKey.ALTER_CONFIGS: _alter_configs,
     ApiKey.CREATE_PARTITIONS: _create_partitions, ApiKey.DELETE_GROUPS: _delete_groups,
-    ApiKey.ELECT_LEADERS: _elect_leaders,
+    ApiKey.ELECT_LEADERS: _elect_leaders, ApiKey.ALTER_PARTITION_REASSIGNMENTS: _alter_partition_reassignments,
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: _list_partition_reassignments, ApiKey.DESCRIBE_LOG_DIRS: _describe_log_dirs,
 }
 
 

@@ -769,6 +769,11 @@ class Scenario:
         self.note(f"network: cut broker {a} <-> broker {b}")
         self.lab.cut(a, b)
 
+    def slow(self, broker_id: int, rate_kbit: int) -> None:
+        """A slow link into ``broker_id``: a rate limit (``netlab.NetworkLab.slow``)."""
+        self.note(f"network: link into broker {broker_id} limited to {rate_kbit} kbit/s")
+        self.lab.slow(broker_id, rate_kbit)
+
     def isolate(self, broker_id: int) -> None:
         """Cut ``broker_id`` off from ZooKeeper and from every other broker; clients still reach it."""
         self.note(f"network: isolate broker {broker_id} from ZooKeeper and the other brokers")
@@ -783,7 +788,7 @@ class Scenario:
         self.note("healing")
         if self.lab is not None and self.lab.is_cut():
             self.lab.heal()
-            self.note("network: every cut removed")
+            self.note("network: every cut and slow link removed")
         for b in sorted(self.paused):
             self.resume(b)
         for i, b in self.cluster.brokers.items():

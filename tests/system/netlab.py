@@ -134,6 +134,7 @@ class NetworkLab:
         self.hosts = {b: f"{self.prefix}.{10 + b}" for b in broker_ids}
         self.netns = {b: f"tidelog-{pid}-{n}-b{b}" for b in broker_ids}
         self.cuts: dict[int, set[str]] = {b: set() for b in broker_ids}
+        self.slowed: set[int] = set()  # brokers whose inbound link is shaped (``slow``)
         self.created = False
 
     def describe(self) -> str:
@@ -204,11 +205,29 @@ class NetworkLab:
     def isolate_from_zookeeper(self, b: int) -> None:
         self._cut_address(b, self.zookeeper_host)
 
+    def slow(self, b: int, rate_kbit: int) -> None:
+        """A slow link into broker ``b``: at most ``rate_kbit`` kilobits per second of what the
+        other brokers, ZooKeeper and clients send it (a tc token bucket on its veth's bridge
+        side; packets queued for more than a second are dropped). tc's netem, which adds
+        latency, is not in every kernel (not in this sandbox's): the rate limit is what makes
+        a follower fall behind. Replaces an earlier shaping."""
+        veth = f"{self._veth_prefix}{b}"
+        _run("tc", "qdisc", "replace", "dev", veth, "root", "tbf", "rate", f"{rate_kbit}kbit",
+             "burst", "32kbit", "latency", "1s")
+        self.slowed.add(b)
+
+    def unslow(self, b: int) -> None:
+        if b in self.slowed:
+            _run("tc", "qdisc", "del", "dev", f"{self._veth_prefix}{b}", "root", check=False)
+            self.slowed.discard(b)
+
     def heal(self) -> None:
-        """Remove every cut."""
+        """Remove every cut and every slow link."""
         for b, addresses in self.cuts.items():
             for address in sorted(addresses):
                 self._heal_address(b, address)
+        for b in sorted(self.slowed):
+            self.unslow(b)
 
     def is_cut(self) -> bool:
-        return any(self.cuts.values())
+        return any(self.cuts.values()) or bool(self.slowed)

@@ -29,8 +29,13 @@ Covered here:
 F4 and F5, the network partitions, are in ``test_network_faults`` (a network namespace per
 broker, see ``netlab``). F14 (consumer group churn) and F1/F2/F3 against the group coordinator's
 broker (F3: SIGKILL of the broker that is both controller and coordinator), checked by I12
-and I13, are in ``test_group_faults``. Not covered yet: F9, F10, F12,
-F13, F15 and F16 (other suites or later versions).
+and I13, are in ``test_group_faults``. F13 (reassignment onto an added broker, through a
+leader kill and a controller kill) is the last scenario here; F10 (index and checkpoint files
+deleted or garbled on a killed leader) follows F8, F12 (a leader whose clock is minutes ahead
+or behind, through libfaketime) follows F10, and F9 (a bit flipped in a closed segment of
+the leader, found by a read, or of a follower, found by the background verification; the
+damaged replica is re-fetched) follows F12's helpers. F15 is in ``test_network_faults``. Not
+covered yet: F16.
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
 bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
@@ -48,13 +53,18 @@ import pytest
 from tests.support.disk import log_dir
 from tests.system.harness import (
     ELECTION_TIMEOUT_S,
+    HEAL_TIMEOUT_S,
     SESSION_S,
+    SETTLE_TIMEOUT_S,
+    IsrSampler,
     Scenario,
     value_of,
     wait_until,
 )
-from tidelog import Producer
-from tidelog.protocol.errors import NOT_ENOUGH_REPLICAS
+from tidelog import Admin, Consumer, Producer, TopicPartition
+from tidelog.broker.log.verifier import first_suspect_offset
+from tidelog.protocol.errors import KAFKA_STORAGE_ERROR, NOT_ENOUGH_REPLICAS
+from tidelog.protocol.records import CRC_START, iter_headers
 
 BOUNCES = 5
 WARMUP_ACKS = 300      # acknowledged records before the first fault
@@ -197,6 +207,190 @@ def test_f8_power_loss_torn_tail(tmp_path: Path, soak: int, damage: str) -> None
     report.assert_ok()
 
 
+# -- F10: index and checkpoint files lost ---------------------------------------------------------
+
+# several closed segments, each with its indexes (below the 1 MiB clients may ask for by default)
+SMALL_SEGMENTS = {"segment.bytes": "16384"}
+SMALL_SEGMENTS_ALLOWED = {"log.segment.min.bytes": 16384}
+
+
+@pytest.mark.parametrize("damage", ["delete", "garble"])
+def test_f10_index_and_checkpoint_files_lost(tmp_path: Path, soak: int, damage: str) -> None:
+    """The leader of partition 0 is SIGKILLed; every .index and .timeindex of its segments,
+    each partition's leader-epoch-checkpoint and the log dir's checkpoints (recovery point,
+    replication offsets, log start) are deleted or overwritten with random bytes; it restarts,
+    rebuilds what it lost from the segments themselves, catches up and rejoins every ISR."""
+    with Scenario(tmp_path, f"F10 index and checkpoint files ({damage})", topic_config=SMALL_SEGMENTS,
+                  extra_config=SMALL_SEGMENTS_ALLOWED) as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            victim = s.leader_of(0)
+            d = log_dir(s.cluster, victim)
+            wait_until(lambda d=d: len(list(d.glob(f"{s.topic}-0/*.log"))) >= 3, SETTLE_TIMEOUT_S,
+                       f"three segments of partition 0 on broker {victim}")
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+            s.kill(victim)
+            segments = list(d.glob(f"{s.topic}-0/*.log"))
+            files = [*d.glob(f"{s.topic}-*/*.index"), *d.glob(f"{s.topic}-*/*.timeindex"),
+                     *d.glob(f"{s.topic}-*/leader-epoch-checkpoint"), *d.glob("*-checkpoint")]
+            for f in files:
+                if damage == "delete":
+                    f.unlink()
+                else:
+                    f.write_bytes(os.urandom(max(f.stat().st_size, 16)))
+            s.note(f"{damage}d {len(files)} index and checkpoint files on broker {victim} "
+                   f"({len(segments)} segments of partition 0)")
+            s.wait_gone(victim)
+            s.start(victim)
+            s.wait_isr_full()
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+# -- F9: a bit flipped in a closed segment --------------------------------------------------------
+
+# the background verification of closed segments, every 2 s without a rate limit
+VERIFYING = {"log.verify.interval.ms": 2000, "log.verify.bytes.per.second": 0}
+
+
+def flip_a_bit_mid_segment(path: Path) -> tuple[int, int]:
+    """Flip one bit inside the CRC-covered part of the batch in the middle of the segment file
+    ``path``, through the file (the broker's page cache sees it); ``(base offset, position)``."""
+    data = path.read_bytes()
+    batches = list(iter_headers(data))
+    pos, h = batches[len(batches) // 2]
+    at = pos + CRC_START + (h.size - CRC_START) // 2
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x04]))
+    return h.base_offset, at
+
+
+def segments_of(s: Scenario, broker_id: int, partition: int) -> list[Path]:
+    d = log_dir(s.cluster, broker_id) / f"{s.topic}-{partition}"
+    return sorted(d.glob("*.log"), key=lambda p: int(p.stem))
+
+
+def verifies(path: Path) -> bool:
+    size = path.stat().st_size if path.exists() else 0
+    return size > 0 and first_suspect_offset(str(path), int(path.stem), size) is None
+
+
+@pytest.mark.parametrize("replica", ["leader", "follower"])
+def test_f9_a_bit_flipped_in_a_closed_segment(tmp_path: Path, soak: int, replica: str) -> None:
+    """One bit of a closed segment of partition 0 flipped on disk, in the middle of a batch, on
+    its leader or on a follower, while the brokers run. The leader's is found by the next read
+    of it: a consumer fetching straight from that broker gets every record before the damaged
+    batch, then KAFKA_STORAGE_ERROR, never the batch; an SDK consumer reading the partition from
+    its start gets every acknowledged record, as the leadership moves to an in-sync replica. The
+    follower's is found by the background verification of closed segments (every 2 s here). In
+    both cases the damaged replica leaves the ISR, drops its log from the damaged batch on,
+    fetches it again and rejoins; the oracle's I2 and I5 then find every replica's segments
+    identical and verifying."""
+    with Scenario(tmp_path, f"F9 a bit flipped on the {replica}", topic_config=SMALL_SEGMENTS,
+                  extra_config={**SMALL_SEGMENTS_ALLOWED, **(VERIFYING if replica == "follower" else {})}) as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            leader = s.leader_of(0)
+            victim = leader if replica == "leader" else next(r for r in s.replicas_of(0) if r != leader)
+            wait_until(lambda v=victim: len(segments_of(s, v, 0)) >= 3, SETTLE_TIMEOUT_S,
+                       f"three segments of partition 0 on broker {victim}")
+            seg = segments_of(s, victim, 0)[-2]  # the newest closed one
+            damaged, at = flip_a_bit_mid_segment(seg)
+            s.note(f"flipped a bit at position {at} of {seg.name} (batch at offset {damaged}) on broker "
+                   f"{victim}, the {replica} of partition 0")
+            if replica == "leader":
+                error, served = s.read_from(victim, 0)
+                assert error == KAFKA_STORAGE_ERROR.code, f"broker {victim} answered error {error}"
+                acked = {a.offset: a.value for a in s.producer.acks() if a.partition == 0}
+                assert served and served[-1][0] < damaged, f"served up to {served[-1:]}, damaged at {damaged}"
+                assert all(acked.get(o, v) == v for o, v in served), "the damaged leader served a wrong value"
+                s.note(f"broker {victim} served offsets 0-{served[-1][0]}, then KAFKA_STORAGE_ERROR")
+                read_all(s, 0, damaged + 1)
+                s.leader_of(0, not_in=[victim])
+            wait_until(lambda: verifies(seg), HEAL_TIMEOUT_S,
+                       f"{seg.name} on broker {victim} fetched again and verifying")
+            s.note(f"{seg.name} on broker {victim} verifies again")
+            s.wait_isr_full()
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+        report = run_to_report(s)
+    report.assert_ok()
+
+
+def read_all(s: Scenario, partition: int, past: int) -> None:
+    """An SDK consumer reads ``partition`` from its start past offset ``past``: every record it
+    gets is the acknowledged one at its offset (the damaged batch is never delivered)."""
+    tp = TopicPartition(s.topic, partition)
+    acked = {a.offset: a.value for a in s.producer.acks() if a.partition == partition}
+    got: dict[int, bytes | None] = {}
+    with Consumer(s.bootstrap, auto_offset_reset="earliest", default_api_timeout_ms=30000) as c:
+        c.assign([tp])
+        c.seek(tp, 0)
+        deadline = time.monotonic() + HEAL_TIMEOUT_S
+        while (not got or max(got) < past) and time.monotonic() < deadline:
+            for r in c.poll(timeout_ms=500).get(tp, []):
+                got[r.offset] = r.value
+    assert got and max(got) >= past, f"read only up to {max(got, default=None)} of partition {partition}"
+    assert sorted(got) == list(range(max(got) + 1)), "offsets skipped"
+    wrong = [o for o, v in got.items() if o in acked and acked[o] != v]
+    assert not wrong, f"values differ from the acknowledged ones at {wrong[:5]}"
+    s.note(f"an SDK consumer read partition {partition} from 0 to {max(got)}, every record intact")
+
+
+# -- F12: one broker's clock skewed --------------------------------------------------------------
+
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # Debian's faketime (./dev setup)
+
+
+def first_offset_at_or_after(records: list, timestamp: int) -> int | None:
+    return next((r.offset for r in records if r.timestamp >= timestamp), None)
+
+
+@pytest.mark.skipif(not os.path.exists(FAKETIME), reason=f"{FAKETIME} (Debian's faketime) is not installed")
+@pytest.mark.parametrize("skew", ["+4m", "-3m"])
+def test_f12_a_leader_whose_clock_is_minutes_off(tmp_path: Path, soak: int, skew: str) -> None:
+    """The leader of partition 0 restarts with its wall clock minutes ahead or behind (libfaketime;
+    its monotonic clock, which timeouts use, is left alone) and leads again under the load. Its
+    retention (30 minutes, time-based) deletes nothing, its ISR lag decisions keep the followers
+    (the oracle's final ISR), and a timestamp lookup it answers (ListOffsets, the time index)
+    finds the first record at or after the time, as the records' own timestamps say."""
+    with Scenario(tmp_path, f"F12 leader clock {skew}", topic_config={**SMALL_SEGMENTS, "retention.ms": str(30 * 60 * 1000)},
+                  extra_config={**SMALL_SEGMENTS_ALLOWED, "log.retention.check.interval.ms": 1000}) as s:
+        s.wait_acked(WARMUP_ACKS)
+        victim = s.leader_of(0)
+        s.stop(victim)
+        s.cluster.brokers[victim].env = {"LD_PRELOAD": FAKETIME, "FAKETIME": skew,
+                                         "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        s.note(f"broker {victim} restarts with its clock {skew}")
+        s.start(victim)
+        s.wait_isr_full()
+        with s.admin() as a:
+            a.elect_leaders([TopicPartition(s.topic, 0)])
+        wait_until(lambda: s.leader_of(0) == victim, ELECTION_TIMEOUT_S, f"broker {victim} to lead partition 0 again")
+        s.note(f"broker {victim} leads partition 0 with its clock {skew}")
+        for _ in range(soak):
+            s.wait_acked(BETWEEN_ACKS * 3, partition=0)
+        tp = TopicPartition(s.topic, 0)
+        with Consumer(s.bootstrap, auto_offset_reset="earliest", client_id="system-probe") as c:
+            end = c.end_offsets([tp])[tp]
+            c.assign([tp])
+            records = []
+            deadline = time.monotonic() + ELECTION_TIMEOUT_S
+            while len(records) < end and time.monotonic() < deadline:
+                records += c.poll(timeout_ms=500)
+            assert len(records) >= end > 0
+            for probe in (records[len(records) // 3], records[-5]):
+                found = c.offsets_for_times({tp: probe.timestamp})[tp]
+                assert found is not None and found.offset == first_offset_at_or_after(records, probe.timestamp), \
+                    (probe, found)
+            s.note(f"timestamp lookups on the skewed leader agree with the records' timestamps ({end} records)")
+            # retention ran every second on closed segments none of which is 30 minutes old
+            assert c.beginning_offsets([tp])[tp] == 0
+        report = run_to_report(s)
+    report.assert_ok()
+
+
 # -- F11: an ISR of one loses its leader ---------------------------------------------------------
 
 
@@ -296,3 +490,54 @@ def test_f11_isr_of_one_loses_leader_unclean_on(tmp_path: Path) -> None:
     assert not untold, f"consumed records vanished without an OFFSET_OUT_OF_RANGE: {untold[:5]}"
     # never a silent skip; everything else holds (replicas agree after the truncation)
     report.assert_ok(ignore=("lost", "phantom", "not_consumed"))
+
+
+# -- F13: partitions moved onto an added broker, through a leader kill and a controller kill ---------
+
+
+def test_f13_reassignment_onto_an_added_broker_through_failures(tmp_path: Path, soak: int) -> None:
+    """A fourth broker joins and every partition is moved to include it, under the acks=all
+    load. While the moves wait (the new broker is paused: registered, not fetching), the leader
+    of partition 0 is SIGKILLed and then the controller; the new controller resumes the moves
+    from ZooKeeper, and once the new broker resumes they complete. The oracle then also finds
+    every replica of the final assignment, and only those, on disk (I2 over each holder)."""
+    target = {0: [4, 1, 2], 1: [2, 4, 3], 2: [3, 1, 4]}
+    with Scenario(tmp_path, "F13 reassignment under faults") as s:
+        s.wait_acked(WARMUP_ACKS)
+        s.note("adding broker 4")
+        s.cluster.add_broker(timeout=ELECTION_TIMEOUT_S)
+        s.pause(4)
+        # bootstrapped on the running brokers only: a request to the paused one would hang until
+        # its session expired, and a target naming an unregistered broker is refused
+        running = ",".join(f"{b.host}:{b.port}" for i, b in s.cluster.brokers.items() if i != 4)
+        with IsrSampler(s) as sampler:  # I8 throughout the move
+            with Admin(running, default_api_timeout_ms=30000, request_timeout_ms=10000) as a:
+                results = a.alter_partition_reassignments(
+                    {TopicPartition(s.topic, p): r for p, r in target.items()})
+            assert all(code == 0 for code, _ in results.values()), results
+            s.note(f"reassignment started: {target}")
+            leader = s.leader_of(0)
+            s.kill(leader)
+            s.leader_of(0, not_in=[leader])
+            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+            controller = s.controller(not_in=[leader])
+            s.kill(controller)
+            s.controller(not_in=[leader, controller])
+            s.resume(4)
+            s.heal()  # the killed brokers back; every replica in its ISR
+
+            def moved() -> bool:
+                with s.admin() as a:
+                    if a.list_partition_reassignments():
+                        return False
+                return all(s.replicas_of(p) == r for p, r in target.items())
+            wait_until(moved, HEAL_TIMEOUT_S, f"the reassignment to {target} to complete")
+        assert any(4 in isr for _, isr in sampler.isrs), f"I8 never sampled broker 4 in an ISR: {dict(sampler.isrs)}"
+        s.note("reassignment complete")
+        s.wait_isr_full()
+        s.wait_acked(BETWEEN_ACKS * soak)
+        report = run_to_report(s)
+    report.assert_ok()
+    holders = {p: sorted(b for b in s.cluster.brokers if (log_dir(s.cluster, b) / f"{s.topic}-{p}").is_dir())
+               for p in target}
+    assert holders == {p: sorted(r) for p, r in target.items()}, holders

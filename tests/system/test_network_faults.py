@@ -1,4 +1,4 @@
-"""The network-partition faults of the fault matrix (RELIABILITY.md): F4 and F5.
+"""The network faults of the fault matrix (RELIABILITY.md): F4, F5 and F15.
 
 Same cluster, workload and oracle as ``test_fault_matrix`` (3 brokers, a topic of 3
 partitions with replication factor 3 and min.insync.replicas 2, a steady acks=all producer,
@@ -22,6 +22,11 @@ test's clients are never cut off.
       log at the same offset (nothing beyond the committed prefix). After healing, the zombie
       learns its session expired, becomes a follower, truncates what it appended as a zombie
       (the probe's record is in none of its segments) and rejoins the ISR.
+
+* F15 the link into a follower of partition 0 limited far below the topic's intake (a tc token
+      bucket: tc's netem, for latency, is missing from some kernels, this sandbox's among them);
+      the follower leaves the ISR, acks=all goes on, and after healing it catches up and
+      rejoins (I8 sampled throughout).
 
 These need root for the namespaces and ``ip``/``nft``, which ``./dev setup`` installs; they
 are skipped, with the reason, when that is not the case.
@@ -57,6 +62,17 @@ def run_to_report(s: Scenario):
     return s.check()
 
 
+def leader_and_follower(s: Scenario, round_: int) -> tuple[int, int]:
+    """Partition 0's leader and a follower that is not the controller, so that the
+    controller's requests reach both sides (with the controller cut off or slowed, metadata
+    would lag on one side too)."""
+    leader, controller = s.leader_of(0), s.controller()
+    followers = [r for r in s.replicas_of(0) if r != leader]
+    follower = next((f for f in followers if f != controller), followers[0])
+    s.note(f"round {round_ + 1}: partition 0 led by {leader}, follower {follower}, controller {controller}")
+    return leader, follower
+
+
 # -- F4: a follower cut off from its leader ------------------------------------------------------
 
 
@@ -65,12 +81,7 @@ def test_f4_follower_cut_off_from_leader(tmp_path: Path, soak: int) -> None:
                   extra_config={"replica.lag.time.max.ms": F4_LAG_MS}) as s:
         s.wait_acked(WARMUP_ACKS)
         for i in range(soak):
-            leader, controller = s.leader_of(0), s.controller()
-            followers = [r for r in s.replicas_of(0) if r != leader]
-            # a follower that is not the controller, so that the controller's requests reach
-            # both sides (with the controller cut off, metadata would lag on one side too)
-            follower = next((f for f in followers if f != controller), followers[0])
-            s.note(f"round {i + 1}: partition 0 led by {leader}, follower {follower}, controller {controller}")
+            leader, follower = leader_and_follower(s, i)
             with IsrSampler(s) as sampler, s.zookeeper() as zk:
                 s.cut(leader, follower)
                 wait_until(lambda: follower not in zk.partition_state(s.topic, 0).isr, ELECTION_TIMEOUT_S,
@@ -160,4 +171,38 @@ def test_f5_leader_isolated_becomes_zombie(tmp_path: Path, soak: int) -> None:
         for z in set(zombies):
             kept = [o for o, v in replica_records(s.cluster, z, s.topic, 0) if v == value]
             assert not kept, f"broker {z} still holds the zombie write {value!r} at {kept} after rejoining"
+    report.assert_ok()
+
+
+# -- F15: a slow link ------------------------------------------------------------------------------
+
+
+def test_f15_slow_link_into_a_follower(tmp_path: Path, soak: int) -> None:
+    """The link into a follower of partition 0 is limited far below what the topic takes in
+    (a tc token bucket): the follower falls behind and its leader removes it from the ISR in
+    ZooKeeper; acks=all goes on with the other two replicas. Once the link is healed it
+    catches up and rejoins. I8 is sampled throughout."""
+    with Scenario(tmp_path, "F15 slow link", network=True,
+                  extra_config={"replica.lag.time.max.ms": F4_LAG_MS}) as s:
+        s.wait_acked(WARMUP_ACKS)
+        for i in range(soak):
+            leader, follower = leader_and_follower(s, i)
+            with IsrSampler(s) as sampler, s.zookeeper() as zk:
+                s.slow(follower, rate_kbit=8)
+                wait_until(lambda: follower not in zk.partition_state(s.topic, 0).isr, ELECTION_TIMEOUT_S,
+                           f"the leader {leader} to remove the slow follower {follower} from the ISR")
+                s.note(f"ZooKeeper: ISR of partition 0 is {list(zk.partition_state(s.topic, 0).isr)}")
+                since = time.monotonic()
+                s.wait_acked(DURING_ACKS * soak, partition=0, since=since)
+                s.note("acks=all went on with the slow follower out of the ISR")
+                # the sampler's requests to the slowed broker (for the partitions it is still in
+                # sync on) crawl too: let it reach partition 0's shrunk ISR before healing
+                wait_until(lambda: any(p == 0 and follower not in isr for p, isr in list(sampler.isrs)),
+                           ELECTION_TIMEOUT_S, f"an I8 sample of partition 0 without {follower}")
+                s.heal()
+                assert follower in zk.partition_state(s.topic, 0).isr
+            shrunk = [isr for (p, isr), n in sampler.isrs.items() if p == 0 and follower not in isr]
+            assert shrunk, f"I8 was never sampled with {follower} out of the ISR: {dict(sampler.isrs)}"
+            s.wait_acked(AFTER_ACKS * soak, partition=0)
+        report = run_to_report(s)
     report.assert_ok()

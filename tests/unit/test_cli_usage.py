@@ -24,3 +24,17 @@ def test_an_unknown_command_lists_the_commands(capsys):
     assert main(["version"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "invalid choice: 'version'" in err and "'topics'" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["console", "--port", "0"], "--port must be between 1 and 65535"),
+    (["console", "--refresh-ms", "5"], "--refresh-ms must be between 100 and 600000"),
+    (["console", "--certfile", "c.pem"], "--certfile and --keyfile go together"),
+    (["console", "--login-user", "ops"], "needs TLS"),
+    (["console", "--bootstrap", "no-port"], "--bootstrap"),
+    (["console", "--login-user", "ops", "--login-password-file", "/nonexistent/pw", "--certfile", "c",
+      "--keyfile", "k"], "cannot read /nonexistent/pw"),
+])
+def test_the_console_refuses_a_bad_configuration_before_it_starts(capsys, argv, message):
+    assert main(argv) == EXIT_USAGE
+    assert message in capsys.readouterr().err

@@ -23,11 +23,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # folder in the repository -> the name it is installed under (pyproject.toml's package-dir)
 PACKAGES = {"protocol": "tidelog.protocol", "broker": "tidelog.broker", "client": "tidelog",
-            "spark_connector": "tidelog.spark"}
+            "spark_connector": "tidelog.spark", "webconsole": "tidelog.webconsole"}
 OLD_NAMES = set(PACKAGES)  # not installed: an import of one of them works only by accident
 PROTOCOL_THIRD_PARTY = {"msgpack", "crc32c", "lz4", "zstandard", "cramjam"}
 NETWORK_MODULES = {"trio", "kazoo", "socket", "ssl", "asyncio", "selectors"}
-SUBPACKAGES = ("tidelog.protocol", "tidelog.broker", "tidelog.spark")
+SUBPACKAGES = ("tidelog.protocol", "tidelog.broker", "tidelog.spark", "tidelog.webconsole")
 
 
 def _installed_name(path: Path) -> str:
@@ -98,7 +98,8 @@ def test_storage_knows_no_networking(name, path):
     assert not outside, f"{name} imports project code outside tidelog.broker.log and the protocol: {outside}"
 
 
-@pytest.mark.parametrize("name,path", [m for m in MODULES if _sdk(m[0]) or _in(m[0], "tidelog.spark")],
+@pytest.mark.parametrize("name,path", [m for m in MODULES if _sdk(m[0]) or _in(m[0], "tidelog.spark")
+                                       or _in(m[0], "tidelog.webconsole")],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_clients_never_import_the_broker(name, path):
     assert not any(_in(m, "tidelog.broker") for m in _imports(path)), f"{name} imports the broker"
@@ -121,7 +122,8 @@ def test_no_relative_imports():
 
 def test_nothing_imports_the_folder_names():
     """Code, tests, benchmarks and examples import what users import: ``tidelog...``."""
-    files = [p for d in ("client", "broker", "protocol", "spark_connector", "tests", "bench", "deploy", "docs")
+    files = [p for d in ("client", "broker", "protocol", "spark_connector", "webconsole", "tests", "bench", "deploy",
+                         "docs")
              for p in sorted((ROOT / d).rglob("*.py"))]
     users = {str(p.relative_to(ROOT)): _top(_imports(p)) & OLD_NAMES for p in files}
     assert not {k: v for k, v in users.items() if v}

@@ -19,6 +19,7 @@ from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.producer_ids import ProducerIdManager
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.broker.security.authorizer import Authorizer, ZkAclStore
+from tidelog.broker.security.entity_configs import EntityConfigStore
 from tidelog.broker.zookeeper.layout import ZkPaths
 from tidelog.protocol.acls import CLUSTER_NAME, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from tidelog.protocol.codec import ApiKey, RequestHeader
@@ -239,6 +240,7 @@ class BrokerState:
         self.log_defaults = LogConfig()
         self.topic_overrides: dict = {}
         self.auto_created: list[str] = []
+        self.entity_configs = EntityConfigStore(zk=None)  # no dynamic broker configs set
 
     def update_topic_overrides(self, configs):
         self.topic_overrides.update(configs)

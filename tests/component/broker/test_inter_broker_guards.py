@@ -24,6 +24,7 @@ from tidelog.broker.log.manager import LogManager
 from tidelog.broker.metadata_cache import MetadataCache, ZkRegistry
 from tidelog.broker.producer_ids import ProducerIdManager
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
+from tidelog.broker.security.entity_configs import EntityConfigStore
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkConnectionError
 from tidelog.protocol.errors import (
     INVALID_REQUEST,
@@ -92,6 +93,7 @@ class BrokerState:
         self.broker_epoch = MY_EPOCH
         self.log_defaults = LogConfig()
         self.topic_overrides: dict = {}
+        self.entity_configs = EntityConfigStore(zk=None)  # no dynamic broker configs set
 
     def update_topic_overrides(self, configs):
         self.topic_overrides.update(configs)

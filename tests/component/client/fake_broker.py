@@ -52,11 +52,16 @@ from tidelog.protocol.messages import (
     DeleteTopicsResponse,
     DescribeConfigsResponse,
     DescribeConfigsResult,
+    DescribeLogDirsPartition,
+    DescribeLogDirsResponse,
+    DescribeLogDirsResult,
+    DescribeLogDirsTopic,
     FetchPartitionResponse,
     FetchResponse,
     FetchTopicResponse,
     FindCoordinatorResponse,
     InitProducerIdResponse,
+    ListGroupsResponse,
     ListOffsetsPartitionResponse,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
@@ -277,6 +282,9 @@ class FakeCluster:
 
     # -- APIs -----------------------------------------------------------------------------------
 
+    async def _list_groups(self, node: int, request: Any, error: int | None) -> ListGroupsResponse:
+        return ListGroupsResponse(error or NONE.code)  # no groups in the fake cluster
+
     async def _metadata(self, node: int, request: Any, error: int | None) -> MetadataResponse:
         names = list(self.topics) if request.topics is None else request.topics
         topics = []
@@ -460,6 +468,19 @@ class FakeCluster:
                        if r.configuration_keys is None or k in r.configuration_keys]
             out.append(DescribeConfigsResult(0, r.resource_type, r.resource_name, entries))
         return DescribeConfigsResponse(out)
+
+    async def _describe_log_dirs(self, node: int, request: Any, error: int | None) -> DescribeLogDirsResponse:
+        """The partitions this node leads (the fake's only replicas), in one log dir."""
+        if error is not None:
+            return DescribeLogDirsResponse(error)
+        topics = []
+        for name, t in sorted(self.topics.items()):
+            parts = [DescribeLogDirsPartition(p, sum(len(d) for _, d in log.batches), 0, False, log.log_start_offset,
+                                              log.log_end_offset, log.log_end_offset)
+                     for p, log in enumerate(t.partitions) if t.leaders[p] == node]
+            if parts:
+                topics.append(DescribeLogDirsTopic(name, parts))
+        return DescribeLogDirsResponse(0, [DescribeLogDirsResult(0, f"/fake/{node}", topics, 1000, 500)])
 
     async def _alter_configs(self, node: int, request: Any, error: int | None) -> AlterConfigsResponse:
         out = []

@@ -5,16 +5,19 @@ from __future__ import annotations
 import pytest
 import trio
 
+from tests.component.client.fake_broker import Fault
 from tidelog.aio import AsyncAdmin, NewTopic
 from tidelog.errors import RequestTimedOut
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
     INVALID_PARTITIONS,
     NOT_CONTROLLER,
     TOPIC_ALREADY_EXISTS,
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
 )
+from tidelog.protocol.topics import TopicPartition
 
 FAST = dict(retry_backoff_ms=10)
 
@@ -97,3 +100,26 @@ async def test_an_unreachable_cluster_is_a_bounded_error():
                 await admin.create_topics([NewTopic("a")], timeout_ms=300)
             with pytest.raises(TidelogError, match="127.0.0.1:1"):
                 await admin.list_topics(timeout_ms=300)
+
+
+async def test_describe_log_dirs_asks_every_broker_and_keeps_the_others_results_on_a_failure(fake):
+    fake.create_topic("orders", 2)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        await admin.create_topics([NewTopic("x", 1)])
+        dirs = await admin.describe_log_dirs()
+        assert sorted(dirs) == [0, 1]
+        replicas = {tp: (b, r) for b, by_dir in dirs.items() for d in by_dir.values() for tp, r in d.replicas.items()}
+        leader, info = replicas[TopicPartition("orders", 0)]
+        assert leader == fake.topics["orders"].leaders[0] and info.log_end_offset == 0
+        assert dirs[0]["/fake/0"].total_bytes == 1000
+        fake.faults.append(Fault(ApiKey.DESCRIBE_LOG_DIRS, node=1, error_code=CLUSTER_AUTHORIZATION_FAILED.code))
+        with pytest.raises(TidelogError, match="broker 1") as e:
+            await admin.describe_log_dirs([0, 1])
+        assert e.value.code == CLUSTER_AUTHORIZATION_FAILED.code and "/fake/0" in e.value.results[0]
+
+
+async def test_a_broker_failing_list_groups_is_one_clear_error_not_a_group_of_them(fake):
+    fake.inject(ApiKey.LIST_GROUPS, node=1, drop_connection=True, count=1000)
+    async with AsyncAdmin(fake.bootstrap, request_timeout_ms=2000, default_api_timeout_ms=2000, **FAST) as admin:
+        with pytest.raises(TidelogError, match="ListGroups to broker 1|broker 1"):
+            await admin.list_groups()

@@ -381,3 +381,15 @@ def test_spark_profile_runs_the_deploy_spark_example_after_the_brokers(compose):
     checkpoint = spark["spark-example"]["command"][spark["spark-example"]["command"].index("--checkpoint") + 1]
     assert any(checkpoint.startswith(v.target) and v.named for v in volumes_of(spark["spark-example"])), \
         "the job's checkpoint must be on a named volume (the image's work tree is not writable)"
+
+
+def test_the_console_runs_as_admin_after_the_brokers_on_the_hosts_loopback_only(compose):
+    console = compose["services"]["console"]
+    assert console["entrypoint"] == ["tidelog", "console"] and console["build"]["target"] == "broker"
+    assert console["ports"] == ["127.0.0.1:8080:8080"], "without TLS and a login it must not be reachable from elsewhere"
+    assert console["environment"]["TIDELOG_BOOTSTRAP"] == "broker-1:19092,broker-2:19092,broker-3:19092"
+    assert console["environment"]["TIDELOG_COMMAND_CONFIG"].startswith(PKI_IN_CONTAINER + "/")
+    assert any(v.target == PKI_IN_CONTAINER and v.read_only for v in volumes_of(console))
+    assert {n for n, d in console["depends_on"].items() if d["condition"] == "service_healthy"} == \
+        {b.name for b in broker_services(compose)}
+    assert console.get("healthcheck") == {"disable": True}

@@ -203,11 +203,12 @@ def test_controller_gauges(broker):
     states = {TopicPartition("t", 0): (LeaderAndIsr(1, 0, [1], 0), 0),
               TopicPartition("t", 1): (LeaderAndIsr(-1, 0, [2], 0), 0),
               TopicPartition("t", 2): (LeaderAndIsr(3, 0, [3], 0), 0)}
-    ctx = types.SimpleNamespace(live={1, 2}, states=states)
+    ctx = types.SimpleNamespace(live={1, 2}, states=states, moves={TopicPartition("t", 2): None})
     broker.controller = types.SimpleNamespace(is_active=True, ctx=ctx)
     m = samples(build_registry(broker, RequestMetrics(), process=False))
     assert m["tidelog_controller_active"] == 1
     assert m["tidelog_controller_offline_partitions"] == 2  # no leader; leader 3 not live
+    assert m["tidelog_controller_reassigning_partitions"] == 1
     assert offline_partitions(types.SimpleNamespace(ctx=None)) == 0
 
 

@@ -21,7 +21,7 @@ import pytest
 from tests.component.ops.topology import ROOT
 
 FOLDERS = {"client": "tidelog", "broker": "tidelog.broker", "protocol": "tidelog.protocol",
-           "spark_connector": "tidelog.spark"}
+           "spark_connector": "tidelog.spark", "webconsole": "tidelog.webconsole"}
 
 
 def _declared_packages() -> set[str]:
@@ -72,6 +72,13 @@ def test_the_wheel_ships_the_sdks_type_information(installed):
     assert (installed / "tidelog" / "options.py").is_file()
 
 
+def test_the_wheel_ships_the_consoles_page_and_its_chart_library(installed):
+    static = installed / "tidelog" / "webconsole" / "static"
+    for name in ("index.html", "app.js", "app.css", "vendor/uPlot.iife.min.js", "vendor/uPlot.min.css",
+                 "vendor/uPlot-LICENSE"):
+        assert (static / name).is_file(), name
+
+
 def test_an_application_with_its_own_client_and_protocol_modules(installed, tmp_path):
     (tmp_path / "client.py").write_text("MINE = 'client'\n")
     (tmp_path / "protocol").mkdir()
@@ -86,7 +93,7 @@ def test_an_application_with_its_own_client_and_protocol_modules(installed, tmp_
 
 
 def test_the_folder_names_are_not_installed(installed, tmp_path):
-    for name in ("client", "protocol", "broker", "spark_connector"):
+    for name in ("client", "protocol", "broker", "spark_connector", "webconsole"):
         r = _run_from(tmp_path, installed, f"import {name}")
         assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, (name, r.stderr)
 

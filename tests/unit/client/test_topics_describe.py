@@ -48,3 +48,15 @@ def test_the_under_min_isr_filter_keeps_only_those_partitions():
     assert lines_for((1, 2, 3), (1, 2), 2, under_min_isr=True) == []
     (line,) = lines_for((1, 2, 3), (1,), 2, under_min_isr=True)  # no header when filtering
     assert line.startswith("\tTopic: t\tPartition: 0\t")
+
+
+def test_a_moving_partition_shows_kafkas_adding_and_removing_replicas_and_racks():
+    from tidelog import PartitionReassignment, TopicPartition
+
+    moves = {TopicPartition("t", 0): PartitionReassignment((4, 2, 3, 1), (4,), (1,))}
+    d = TopicDescription("t", [PartitionInfo("t", 0, 1, 3, (4, 2, 3, 1), (1, 2, 3))])
+    (_, line) = describe_lines(d, {}, {}, moves=moves, racks={1: "a", 2: "b", 4: "a"})
+    assert "Replicas: 4,2,3,1\tIsr: 1,2,3\tAdding Replicas: 4\tRemoving Replicas: 1\t" in line
+    assert "Racks: a,b,-,a" in line
+    (_, line) = describe_lines(d, {}, {})
+    assert "Adding" not in line and "Racks" not in line

@@ -1,12 +1,13 @@
 """The controller's checks of CreateTopics, CreatePartitions and AlterConfigs (issue 14,
 point 1): every refusal comes before anything is planned or written, with Kafka's error code
-and a message naming the field and the limit. ``FakeZk`` holds topics, assignments, configs
-and partition states in dicts and counts its writes."""
+and a message naming the field and the limit. ``FakeZk`` (tests/support/controller_zk.py)
+holds topics, assignments, configs and partition states in dicts and counts its writes."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.support.controller_zk import FakeZk
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerContext
 from tidelog.broker.controller.validation import (
@@ -16,7 +17,7 @@ from tidelog.broker.controller.validation import (
     max_partitions_in_znode,
     min_assignment_bytes,
 )
-from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, encode_topic_assignment, encode_topic_config
+from tidelog.broker.zookeeper.layout import BrokerInfo, encode_topic_assignment, encode_topic_config
 from tidelog.protocol.errors import (
     INVALID_CONFIG,
     INVALID_PARTITIONS,
@@ -32,54 +33,6 @@ from tidelog.protocol.errors import (
 from tidelog.protocol.messages import CreatableTopic, CreatePartitionsTopic
 from tidelog.protocol.topics import OFFSETS_TOPIC, TopicPartition
 
-
-class FakeZk:
-    """Topics, assignments, configs and partition states; ``writes`` counts every change."""
-
-    def __init__(self):
-        self.assignments: dict[str, dict[int, list[int]]] = {}
-        self.configs: dict[str, dict[str, str]] = {}
-        self.states: dict[tuple[str, int], tuple[LeaderAndIsr, int]] = {}
-        self.writes = 0
-
-    async def get_topics(self):
-        return list(self.assignments)
-
-    async def create_topic(self, name, assignment, config):
-        self.writes += 1
-        self.assignments[name] = {p: list(r) for p, r in assignment.items()}
-        self.configs[name] = dict(config)
-
-    async def get_assignment(self, topic):
-        return self.assignments.get(topic)
-
-    async def set_assignment(self, topic, assignment, version=None):
-        self.writes += 1
-        self.assignments[topic] = dict(assignment)
-
-    async def get_topic_config(self, topic):
-        return dict(self.configs.get(topic, {}))
-
-    async def set_topic_config(self, topic, config):
-        self.writes += 1
-        self.configs[topic] = dict(config)
-
-    async def get_partition_states(self, topic):
-        return {p: st for (t, p), st in self.states.items() if t == topic}
-
-    async def create_partition_state(self, topic, partition, st, expected_version):
-        self.writes += 1
-        self.states[(topic, partition)] = (st, 0)
-        return 0
-
-    async def mark_topic_for_deletion(self, topic):
-        self.writes += 1
-
-    async def delete_topic(self, topic):
-        self.writes += 1
-        self.assignments.pop(topic, None)
-
-
 PLANNED_AT_MOST = 100_000  # partitions these tests' requests may legitimately plan
 
 
@@ -87,15 +40,15 @@ PLANNED_AT_MOST = 100_000  # partitions these tests' requests may legitimately p
 def no_huge_plans(monkeypatch):
     """Refusing "at once" means refusing before planning: the replica placement of millions
     of partitions is what used to stall the controller, so planning more is a failure here."""
-    from tidelog.broker.zookeeper import layout
+    from tidelog.protocol import placement
 
-    plan = layout.assign_replicas
+    plan = placement.assign_replicas
 
     def bounded(brokers, n, *args, **kwargs):
         assert n <= PLANNED_AT_MOST, f"planned {n} partitions before refusing"
         return plan(brokers, n, *args, **kwargs)
 
-    monkeypatch.setattr(layout, "assign_replicas", bounded)
+    monkeypatch.setattr(placement, "assign_replicas", bounded)
 
 
 def controller(brokers=(1, 2, 3), limits: PartitionLimits | None = None, **config) -> tuple[Controller, FakeZk]:

@@ -4,40 +4,17 @@ A leader writes its own ISR shrinks and expansions to the state znode; the contr
 them from a notification it may not have handled yet, so its copy can be stale when it writes.
 The write then hits a version conflict, and the controller must read the state again and decide
 again (as Kafka's controller retries BADVERSION partitions), never write a decision made on the
-stale copy, and never abandon the rest of its work. ``FakeZk`` keeps versioned states only.
+stale copy, and never abandon the rest of its work.
 """
 
 from __future__ import annotations
 
+from tests.support.controller_zk import FakeZk
 from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerContext
-from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr
 from tidelog.protocol.topics import TopicPartition
 
 T = "t"
-
-
-class FakeZk:
-    """Partition state znodes with versions and check-and-set, nothing else."""
-
-    def __init__(self):
-        self.states: dict[tuple[str, int], tuple[LeaderAndIsr, int]] = {}
-        self.writes = 0
-
-    async def get_partition_state(self, topic: str, partition: int):
-        return self.states.get((topic, partition))
-
-    async def update_partition_state(self, topic, partition, st, expected_version, controller_epoch_zk_version=None):
-        _, version = self.states[(topic, partition)]
-        if version != expected_version:
-            raise ZkVersionConflict(f"{topic}-{partition}: version {version}, expected {expected_version}")
-        self.writes += 1
-        self.states[(topic, partition)] = (st, version + 1)
-        return version + 1
-
-    def leader_changes_isr(self, partition: int, isr: list[int]) -> None:
-        """What a leader's ISR write does (same leader epoch), unseen by the controller."""
-        st, version = self.states[(T, partition)]
-        self.states[(T, partition)] = (st.with_isr(isr), version + 1)
 
 
 def controller_with(states: dict[int, LeaderAndIsr], live: list[int]) -> tuple[Controller, FakeZk]:
@@ -56,7 +33,7 @@ def controller_with(states: dict[int, LeaderAndIsr], live: list[int]) -> tuple[C
 async def test_shrink_decides_again_on_the_fresh_state():
     # broker 3 died; meanwhile leader 1 removed 2 from partition 0's ISR (not yet seen)
     c, zk = controller_with({0: LeaderAndIsr(1, 0, (1, 2, 3), 1), 1: LeaderAndIsr(1, 0, (1, 2, 3), 1)}, [1, 2])
-    zk.leader_changes_isr(0, [1, 3])
+    zk.leader_changes_isr(T, 0, [1, 3])
     await c._shrink_isr([TopicPartition(T, 0), TopicPartition(T, 1)], {3})
     # partition 0: 3 removed from the fresh ISR [1, 3]; the stale decision [1, 2] would have
     # put the lagging 2 back in sync
@@ -69,7 +46,7 @@ async def test_shrink_decides_again_on_the_fresh_state():
 
 async def test_shrink_writes_nothing_when_the_leader_already_did_it():
     c, zk = controller_with({0: LeaderAndIsr(1, 0, (1, 2, 3), 1)}, [1, 2])
-    zk.leader_changes_isr(0, [1, 2])
+    zk.leader_changes_isr(T, 0, [1, 2])
     await c._shrink_isr([TopicPartition(T, 0)], {3})
     assert zk.writes == 0
     assert c.ctx.states[TopicPartition(T, 0)] == (LeaderAndIsr(1, 0, (1, 2), 1), 1)
@@ -78,7 +55,7 @@ async def test_shrink_writes_nothing_when_the_leader_already_did_it():
 async def test_offline_election_uses_the_isr_the_dead_leader_wrote_last():
     # leader 3 shrank its ISR to [3, 1] just before it died: 2 must not lead or be in sync
     c, zk = controller_with({0: LeaderAndIsr(3, 4, (3, 2, 1), 1)}, [1, 2])
-    zk.leader_changes_isr(0, [3, 1])
+    zk.leader_changes_isr(T, 0, [3, 1])
     await c._elect_offline([TopicPartition(T, 0)])
     st, _ = zk.states[(T, 0)]
     assert (st.leader, st.leader_epoch, st.isr) == (1, 5, (1,))
@@ -86,7 +63,7 @@ async def test_offline_election_uses_the_isr_the_dead_leader_wrote_last():
 
 async def test_controlled_shutdown_moves_leadership_despite_a_conflict():
     c, zk = controller_with({0: LeaderAndIsr(2, 0, (2, 1, 3), 1)}, [1, 2, 3])
-    zk.leader_changes_isr(0, [2, 1])  # leader 2 dropped 3
+    zk.leader_changes_isr(T, 0, [2, 1])  # leader 2 dropped 3
     remaining, _ = await c.controlled_shutdown(2, broker_epoch=0)
     st, _ = zk.states[(T, 0)]
     assert remaining == [] and (st.leader, st.isr) == (1, (1,))
@@ -106,9 +83,9 @@ async def test_gives_up_after_repeated_conflicts():
 
     async def get_then_change(topic, partition):
         got = await real_get(topic, partition)
-        zk.leader_changes_isr(partition, [1, 2, 3])  # a leader that keeps writing
+        zk.leader_changes_isr(T, partition, [1, 2, 3])  # a leader that keeps writing
         return got
     zk.get_partition_state = get_then_change
-    zk.leader_changes_isr(0, [1, 2, 3])
+    zk.leader_changes_isr(T, 0, [1, 2, 3])
     await c._shrink_isr([TopicPartition(T, 0)], {3})
     assert zk.writes == 0

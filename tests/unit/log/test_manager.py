@@ -336,10 +336,10 @@ def test_delete_log_removes_the_directory(tmp_path):
     fill(m.get_or_create_log(T0), 20)
     fill(m.get_or_create_log(T1), 2)
     assert (tmp_path / T0.dir_name).is_dir()
-    assert m.delete_log(T0) is True
+    assert m.delete_log(T0) is not None
     assert not (tmp_path / T0.dir_name).exists()
     assert not any(n.endswith("-delete") for n in os.listdir(tmp_path))
-    assert m.get_log(T0) is None and m.delete_log(T0) is False
+    assert m.get_log(T0) is None and m.delete_log(T0) is None
     for name in CHECKPOINTS:
         assert set(checkpoint(tmp_path, name)) == {T1}
     m.shutdown()

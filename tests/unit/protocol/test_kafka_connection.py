@@ -40,8 +40,10 @@ def test_api_versions_answers_with_header_v0_and_the_kafka_table():
     conn = KafkaServerConnection()
     body = bytes(codec("ApiVersionsRequest", 3).encode({"client_software_name": "x"}))
     [event] = conn.receive_data(frame(18, 3, 1, body, flexible=True))
-    correlation_id, rest = response_of(conn.send_response(1, ApiVersionsResponse(0, [])))
+    # the broker's software version is Tidelog's own field: a Kafka client gets Kafka's body
+    correlation_id, rest = response_of(conn.send_response(1, ApiVersionsResponse(0, [], software_version="9.9")))
     decoded = codec("ApiVersionsResponse", 3).decode_all(rest)  # no header tags before the body
+    assert "software_version" not in decoded and b"9.9" not in rest
     keys = {k["api_key"]: (k["min_version"], k["max_version"]) for k in decoded["api_keys"]}
     assert keys[18] == (0, 3) and keys[1] == (4, 12) and 4 not in keys  # never LeaderAndIsr
 

@@ -1,0 +1,121 @@
+"""The console's HTTP side in process, over ASGI, with a fake Admin: every bad input is a
+400 naming the problem, a broker's refusal is its own text, an action the ACLs forbid is a
+403 and is not offered, a crash in a handler is a 500 that leaves the server serving, and a
+login guards every path."""
+
+from __future__ import annotations
+
+import base64
+import json
+from urllib.parse import urlsplit
+
+from tests.unit.webconsole.test_watch import FakeAdmin
+from tidelog.errors import TidelogError
+from tidelog.protocol.acls import AclBinding
+from tidelog.protocol.errors import TOPIC_ALREADY_EXISTS
+from tidelog.webconsole.app import Clients, build_app
+from tidelog.webconsole.permissions import OPEN, Permissions
+from tidelog.webconsole.watch import ClusterWatch
+
+
+class Admin(FakeAdmin):
+    async def create_topics(self, topics, timeout_ms=None):
+        raise TidelogError("cannot create topic 'orders': topic 'orders' already exists", error=TOPIC_ALREADY_EXISTS)
+
+    async def describe_configs(self, topic, timeout_ms=None):
+        raise RuntimeError("a bug in a handler")
+
+
+async def call(app, method: str, url: str, body: object = None, headers: dict | None = None) -> tuple[int, dict]:
+    parts = urlsplit(url)
+    raw = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+             "path": parts.path, "raw_path": parts.path.encode(), "query_string": parts.query.encode(),
+             "root_path": "", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 5000),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
+    sent: list[dict] = []
+    delivered = False
+
+    async def receive():
+        nonlocal delivered
+        if delivered:
+            return {"type": "http.disconnect"}
+        delivered = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    payload = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, {"text": payload.decode()}
+
+
+async def app_with(permissions: Permissions, login=None):
+    admin = Admin()
+    watch = ClusterWatch(admin, interval_s=1, window_s=60)
+    await watch.poll_once()
+    return build_app(Clients(admin, None, lambda: None, watch, permissions, 1000, "test", login))
+
+
+async def test_bad_input_is_refused_with_a_message_naming_the_problem():
+    app = await app_with(Permissions(OPEN, "User:ANONYMOUS"))
+    cases = [
+        ("GET", "/api/topics?size=100000", None, "size must be between 1 and 500"),
+        ("GET", "/api/topics?page=x", None, "page must be an integer"),
+        ("GET", "/api/topics/nope/partitions", None, "no topic 'nope'"),
+        ("GET", "/api/topics/orders/records?partition=9", None, "partition must be between 0 and 0"),
+        ("GET", "/api/topics/orders/records?offset=1&timestamp=2", None, "offset or timestamp, not both"),
+        ("POST", "/api/topics", b"{not json", "the body is not JSON"),
+        ("POST", "/api/topics", {"name": "bad name"}, "topic name"),
+        ("POST", "/api/topics", {"name": "ok", "partitions": "many"}, "partitions must be an integer"),
+        ("POST", "/api/topics/orders/configs", {"set": {"Retention": "1"}}, "is not a config name"),
+        ("POST", "/api/topics/orders/records", {"value": "ab", "value_format": "hex", "partition": 3},
+         "partition must be an integer between 0 and 0"),
+        ("POST", "/api/topics/orders/records", {"value": "zz", "value_format": "hex"}, "value is not hexadecimal"),
+        ("POST", "/api/groups/billing/reset", {"to": "yesterday"}, "to must be 'earliest', 'latest' or 'offset'"),
+        ("GET", "/api/groups/nobody", None, "no consumer group 'nobody'"),
+    ]
+    for method, url, body, expected in cases:
+        status, answer = await call(app, method, url, body)
+        assert status == 400 and expected in answer["error"], (url, body, status, answer)
+
+
+async def test_a_brokers_refusal_is_its_own_text_and_a_crash_is_a_500_that_leaves_the_server_up():
+    app = await app_with(Permissions(OPEN, "User:ANONYMOUS"))
+    status, answer = await call(app, "POST", "/api/topics", {"name": "orders", "partitions": 1})
+    assert status == 409 and "already exists" in answer["error"]
+    status, answer = await call(app, "GET", "/api/topics/orders?configs=1")
+    assert status == 500 and "a bug in a handler" in answer["error"]
+    status, answer = await call(app, "GET", "/api/overview")
+    assert status == 200 and [b["id"] for b in answer["brokers"]] == [1, 2]
+
+
+async def test_actions_the_acls_forbid_are_neither_offered_nor_done():
+    alice = "User:alice"
+    read_only = Permissions.from_bindings(alice, [AclBinding("TOPIC", "*", "LITERAL", alice, "*", "READ", "ALLOW")])
+    app = await app_with(read_only)
+    status, topics = await call(app, "GET", "/api/topics")
+    assert status == 200 and topics["can_create"] is False and topics["items"][0]["can_delete"] is False
+    for method, url, body in [("POST", "/api/topics", {"name": "new"}), ("DELETE", "/api/topics/orders", None),
+                              ("POST", "/api/topics/orders/records", {"value": "v"}),
+                              ("POST", "/api/topics/orders/configs", {"set": {"retention.ms": "1"}}),
+                              ("POST", "/api/groups/billing/reset", {"to": "earliest"})]:
+        status, answer = await call(app, method, url, body)
+        assert status == 403 and "may not" in answer["error"], (url, answer)
+
+
+async def test_a_login_guards_every_path():
+    app = await app_with(Permissions(OPEN, "User:ANONYMOUS"), login=("ops", "s3cret-pass"))
+    for path in ("/", "/api/overview", "/static/app.js"):
+        status, _ = await call(app, "GET", path)
+        assert status == 401
+    wrong = base64.b64encode(b"ops:guess").decode()
+    assert (await call(app, "GET", "/api/overview", headers={"Authorization": f"Basic {wrong}"}))[0] == 401
+    right = base64.b64encode(b"ops:s3cret-pass").decode()
+    status, answer = await call(app, "GET", "/api/overview", headers={"Authorization": f"Basic {right}"})
+    assert status == 200 and answer["brokers"]

@@ -1,0 +1,105 @@
+"""An in-memory stand-in for the ZooKeeper calls the controller makes, for its unit tests.
+
+It keeps what the controller reads and writes (topics with their assignments and moves,
+topic configs, partition states with versions and check-and-set) in dicts and counts every
+write; the controller's behaviour on the real ZooKeeper is covered by the integration tests."""
+
+from __future__ import annotations
+
+from tidelog.broker.zookeeper.layout import LeaderAndIsr, ZkVersionConflict
+
+
+class FakeZk:
+    def __init__(self):
+        self.assignments: dict[str, dict[int, list[int]]] = {}
+        self.moves: dict[str, dict[int, tuple]] = {}
+        self.configs: dict[str, dict[str, str]] = {}
+        self.states: dict[tuple[str, int], tuple[LeaderAndIsr, int]] = {}
+        self.damage: dict[str, tuple[int, int, list[tuple[str, int]]]] = {}  # path -> report
+        self.deleted_notifications: list[str] = []
+        self.writes = 0
+
+    # -- topics
+
+    async def get_topics(self):
+        return list(self.assignments)
+
+    async def create_topic(self, name, assignment, config):
+        self.writes += 1
+        self.assignments[name] = {p: list(r) for p, r in assignment.items()}
+        self.configs[name] = dict(config)
+
+    async def get_assignment(self, topic):
+        return self.assignments.get(topic)
+
+    async def get_assignment_and_moves(self, topic):
+        if topic not in self.assignments:
+            return None
+        return dict(self.assignments[topic]), dict(self.moves.get(topic, {}))
+
+    async def set_assignment(self, topic, assignment, version=None, moving=None):
+        self.writes += 1
+        self.assignments[topic] = {p: list(r) for p, r in assignment.items()}
+        self.moves[topic] = {p: (tuple(a), tuple(r)) for p, (a, r) in (moving or {}).items()}
+
+    async def get_topic_config(self, topic):
+        return dict(self.configs.get(topic, {}))
+
+    async def set_topic_config(self, topic, config):
+        self.writes += 1
+        self.configs[topic] = dict(config)
+
+    async def mark_topic_for_deletion(self, topic):
+        self.writes += 1
+
+    async def delete_topic(self, topic):
+        self.writes += 1
+        self.assignments.pop(topic, None)
+        self.moves.pop(topic, None)
+
+    # -- partition states
+
+    async def get_partition_state(self, topic, partition):
+        return self.states.get((topic, partition))
+
+    async def get_partition_states(self, topic):
+        return {p: st for (t, p), st in self.states.items() if t == topic}
+
+    async def create_partition_state(self, topic, partition, st, expected_version):
+        self.writes += 1
+        self.states[(topic, partition)] = (st, 0)
+        return 0
+
+    async def update_partition_state(self, topic, partition, st, expected_version, controller_epoch_zk_version=None):
+        _, version = self.states[(topic, partition)]
+        if version != expected_version:
+            raise ZkVersionConflict(f"{topic}-{partition}: version {version}, expected {expected_version}")
+        self.writes += 1
+        self.states[(topic, partition)] = (st, version + 1)
+        return version + 1
+
+    def leader_changes_isr(self, topic: str, partition: int, isr: list[int]) -> None:
+        """What a leader's ISR write does (same leader epoch), unseen by the controller."""
+        st, version = self.states[(topic, partition)]
+        self.states[(topic, partition)] = (st.with_isr(isr), version + 1)
+
+    # -- notifications
+
+    async def notify_replica_damage(self, broker_id, broker_epoch, partitions):
+        path = f"/replica_damage_notification/replica_damage_{len(self.damage):010d}"
+        self.damage[path] = (broker_id, broker_epoch, list(partitions))
+        return path
+
+    async def replica_damage_notifications(self):
+        return sorted(self.damage.items())
+
+    async def isr_change_notifications(self):
+        return []
+
+    async def delete_isr_change_notifications(self, paths):
+        for p in paths:
+            self.damage.pop(p, None)
+            self.deleted_notifications.append(p)
+
+    async def get_broker_epoch(self, broker_id):
+        return None

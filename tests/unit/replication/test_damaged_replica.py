@@ -1,0 +1,149 @@
+"""A replica whose stored batch fails its check on disk (a bit flipped in a closed segment):
+it never serves the batch (KAFKA_STORAGE_ERROR, so a client goes to another leader), it is
+marked damaged once, keeps its log while it is in the ISR, and once a follower outside the
+ISR drops the damaged records and fetches them again, ending byte-identical to the leader.
+The controller's side is in tests/unit/controller/test_replica_damage.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import pytest
+import trio
+
+from tests.unit.log.helpers import make_batch, open_log, read_records
+from tests.unit.replication.memory_leader import TP, MemoryBroker, assert_same_log
+from tests.unit.replication.test_fetcher import make_cluster, produce
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.verifier import Pace, first_suspect_offset
+from tidelog.protocol.errors import KAFKA_STORAGE_ERROR, NONE, CorruptRecordError
+from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic
+from tidelog.protocol.records import HEADER_SIZE, iter_headers
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c, brokers = make_cluster(str(tmp_path), n=3)
+    yield c
+    for b in brokers:
+        b.close()
+
+
+def flip_a_byte_of_batch(log, segment: int, batch: int, at: int = HEADER_SIZE + 3) -> int:
+    """Flip one byte of the ``batch``-th batch of the ``segment``-th segment (past its header by
+    default, where only the CRC notices); returns that batch's base offset."""
+    seg = log.segments[segment]
+    with open(seg.log_path, "r+b") as f:
+        data = f.read()
+        pos, h = list(iter_headers(data))[batch]
+        f.seek(pos + at)
+        f.write(bytes([data[pos + at] ^ 0x10]))
+    return h.base_offset
+
+
+async def consumer_fetch(broker: MemoryBroker, offset: int):
+    req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, offset, 1 << 20)])],
+                       replica_id=-1, max_wait_ms=0)
+    return (await broker.replica_manager.fetch(req))[TP]
+
+
+async def test_a_damaged_batch_is_never_served_and_the_replica_is_repaired_from_another(cluster, autojump_clock):
+    cluster.elect(1)
+    produce(cluster.leader, 60, records=3)
+    await cluster.sync()
+    old = cluster.leader
+    assert len(old.log().segments) >= 3
+    damaged = flip_a_byte_of_batch(old.log(), 1, 1)
+
+    # a read that starts before it stops short of it; one that reaches it gets a retriable error
+    before = await consumer_fetch(old, old.log().segments[1].base_offset)
+    assert before.error_code == NONE.code and before.records
+    r = await consumer_fetch(old, damaged)
+    assert r.error_code == KAFKA_STORAGE_ERROR.code and not r.records
+    assert f"damaged on disk at offset {damaged}" in r.error_message
+    await consumer_fetch(old, damaged)
+    assert old.partition().damaged_from == damaged and old.replica_manager.damaged_replicas_found == 1
+
+    # the controller moves leadership off it and takes it out of the ISR; it drops the damaged
+    # records and fetches them from the new leader
+    leo = old.log().log_end_offset
+    cluster.elect(2, isr=[2, 3])
+    assert old.log().log_end_offset == damaged and old.partition().damaged_from is None
+    produce(cluster.leader, 5)
+    await cluster.sync()
+    assert_same_log(old.log(), cluster.leader.log())
+    assert old.log().log_end_offset == leo + 5
+    assert (await consumer_fetch(cluster.leader, damaged)).error_code == NONE.code
+
+
+async def test_a_damaged_replica_keeps_its_log_while_in_the_isr(cluster, autojump_clock):
+    cluster.elect(1)
+    produce(cluster.leader, 60, records=3)
+    await cluster.sync()
+    old = cluster.leader
+    damaged = flip_a_byte_of_batch(old.log(), 1, 0)
+    await consumer_fetch(old, damaged)
+    leo = old.log().log_end_offset
+    cluster.elect(2)  # still in the ISR (the controller could not take it out): nothing dropped
+    assert old.log().log_end_offset == leo and old.partition().damaged_from == damaged
+
+
+def test_damaged_framing_drops_the_whole_segment(tmp_path):
+    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
+    for _ in range(60):
+        log.append_as_leader(make_batch(3), 0)
+    second = log.segments[1]
+    # a batch length far beyond the segment: the header walk cannot pass it
+    with open(second.log_path, "r+b") as f:
+        data = f.read()
+        pos, h = list(iter_headers(data))[1]
+        f.seek(pos + 8)
+        f.write(struct.pack(">i", 1 << 30))
+    with pytest.raises(CorruptRecordError):
+        log.truncate_to(h.base_offset + 1)
+    assert log.truncate_damaged(h.base_offset + 1) == second.base_offset
+    assert [r.offset for r in read_records(log)] == list(range(second.base_offset))
+    assert [s.base_offset for s in log.segments] == [0]
+    log.close()
+
+
+
+
+# -- the background verification ------------------------------------------------------------------
+
+
+def test_the_scan_names_the_offset_after_the_last_good_batch(tmp_path):
+    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
+    for _ in range(30):
+        log.append_as_leader(make_batch(3), 0)
+    seg = log.segments[1]
+    assert first_suspect_offset(seg.log_path, seg.base_offset, seg.size) is None
+    damaged = flip_a_byte_of_batch(log, 1, 2)
+    assert first_suspect_offset(seg.log_path, seg.base_offset, seg.size) == damaged
+    stopped = Pace(None)
+    stopped.stop()
+    assert first_suspect_offset(seg.log_path, seg.base_offset, seg.size, stopped) is None
+    assert first_suspect_offset(str(tmp_path / "gone.log"), 0, 100) is None
+    log.close()
+
+
+async def test_a_damaged_follower_is_found_by_the_verification_and_repaired(cluster, autojump_clock):
+    cluster.elect(1)
+    produce(cluster.leader, 60, records=3)
+    await cluster.sync()
+    follower = cluster.brokers[3]
+    rm = follower.replica_manager
+    rm.config = dataclasses.replace(rm.config, verify_interval_ms=1000)
+    damaged = flip_a_byte_of_batch(follower.log(), 2, 1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rm._verify_segments)
+        with trio.fail_after(10**6):  # virtual seconds: the scan's thread takes real ones
+            while follower.partition().damaged_from is None:
+                await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert follower.partition().damaged_from == damaged and rm.damaged_replicas_found == 1
+    cluster.elect(1, isr=[1, 2])  # what the controller does on the report
+    assert follower.log().log_end_offset == damaged
+    await cluster.sync()
+    assert_same_log(follower.log(), cluster.leader.log())

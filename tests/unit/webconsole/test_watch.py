@@ -1,0 +1,115 @@
+"""The console's watch over a fake Admin: rates from successive polls, a broker that stops
+answering keeps its last figures, and no failure of the cluster stops the watch."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidelog.aio.admin import (
+    ClusterDescription,
+    ConsumerGroupDescription,
+    GroupOffsets,
+    ListedGroup,
+    LogDirDescription,
+    ReplicaInfo,
+    TopicDescription,
+)
+from tidelog.aio.cluster import PartitionInfo
+from tidelog.errors import BrokerConnectionError, RequestTimedOut
+from tidelog.protocol.messages import BrokerMetadata
+from tidelog.protocol.topics import TopicPartition
+from tidelog.webconsole.watch import ClusterWatch
+
+pytestmark = pytest.mark.unit
+
+TP = TopicPartition("orders", 0)
+
+
+class FakeAdmin:
+    def __init__(self):
+        self.leo = {1: 0, 2: 0}
+        self.down: set[int] = set()
+        self.committed = 0
+        self.groups_fail = False
+
+    async def describe_cluster(self):
+        return ClusterDescription("c", 1, [BrokerMetadata(1, "h", 1), BrokerMetadata(2, "h", 2)])
+
+    async def describe_topics(self):
+        return [TopicDescription("orders", [PartitionInfo("orders", 0, 1, 0, (1, 2), (1, 2))])]
+
+    async def describe_log_dirs(self, brokers):
+        results = {}
+        for b in brokers:
+            if b in self.down:
+                results[b] = BrokerConnectionError(f"broker {b} is down")
+            else:
+                leo = self.leo[b]
+                results[b] = {"/d": LogDirDescription("/d", {TP: ReplicaInfo(TP, leo * 10, 0, False, 0, leo, leo)})}
+        failures = [r for r in results.values() if isinstance(r, Exception)]
+        if failures:
+            failures[0].results = results
+            raise failures[0]
+        return results
+
+    async def broker_versions(self, brokers):
+        return {b: None if b in self.down else "0.2.0" for b in brokers}
+
+    async def list_groups(self):
+        if self.groups_fail:  # as the SDK's concurrent ListGroups fails: a group of errors
+            raise ExceptionGroup("nursery", [RequestTimedOut("ListGroups to broker 2 did not complete")])
+        return [ListedGroup("billing", "consumer", "Empty", 1)]
+
+    async def describe_groups(self, ids):
+        return [ConsumerGroupDescription("billing", "Empty", "consumer", "", 1, "", 1, ())]
+
+    async def list_group_offsets(self, group_id):
+        return [GroupOffsets(TP, self.committed, self.leo[1], self.leo[1] - self.committed)]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+async def test_rates_lags_and_a_broker_that_stops_answering():
+    admin, clock = FakeAdmin(), Clock()
+    watch = ClusterWatch(admin, interval_s=1, window_s=60, clock=clock)
+    await watch.poll_once()
+    admin.leo = {1: 100, 2: 100}
+    admin.committed = 40
+    clock.t += 2
+    await watch.poll_once()
+    assert watch.topic_in.points("orders")[-1][1] == 50.0  # 100 offsets in 2 s
+    assert watch.topic_out.points("orders")[-1][1] == 20.0  # 40 committed in 2 s
+    assert watch.broker_in.points(1)[-1][1] == 500.0  # 1,000 bytes in 2 s
+    assert watch.group_lag.points("billing")[-1][1] == 60
+    admin.down = {2}
+    admin.leo[1] = 300
+    clock.t += 1
+    await watch.poll_once()
+    s = watch.snapshot
+    assert s.broker_errors == {2: "broker 2 is down"}
+    assert s.replicas[TP][2].log_end_offset == 100 and s.replicas[TP][1].log_end_offset == 300
+    assert watch.broker_in.points(2)[-1][1] is None and s.stale_brokers == {2}
+    assert s.versions == {1: "0.2.0", 2: None}  # each broker's own version; unknown when it is down
+
+
+async def test_no_failure_of_the_cluster_stops_the_watch():
+    admin, clock = FakeAdmin(), Clock()
+    watch = ClusterWatch(admin, interval_s=1, window_s=60, clock=clock)
+    await watch.poll_once()
+    admin.groups_fail = True
+    clock.t += 1
+    await watch.poll_once()
+    assert watch.error is None
+    assert "did not complete" in watch.snapshot.groups["billing"].error
+
+    async def broken():
+        raise ExceptionGroup("nursery", [BrokerConnectionError("no broker")])
+    admin.describe_cluster = broken
+    await watch.poll_once()
+    assert "no broker" in watch.error and watch.snapshot is not None  # the last snapshot stays

@@ -1,0 +1,232 @@
+"""The console's view of the cluster: one task polls it through the SDK's Admin at a set
+interval and keeps the latest snapshot plus a bounded window of rates and lags.
+
+Each poll asks Metadata (brokers, controller, every topic's partitions), DescribeLogDirs of
+every broker (each replica's size, log start offset, LEO and HW) and, for every consumer
+group, its description and committed offsets. A broker that does not answer leaves its
+replicas unknown in that snapshot; a poll that fails altogether keeps the last snapshot and
+says why (``error``). Pages read the snapshot, so a page never waits on the cluster and a
+thousand open pages cost the cluster one poll per interval.
+
+What the rates measure (docs in the README): a broker's *in* is the growth per second of
+the bytes its replicas hold (records produced to the partitions it leads and copied to the
+ones it follows); its *out* is what its followers copied from it (each led partition's
+growth times its other in-sync replicas). Consumer reads are not visible to an admin client;
+the broker's Prometheus metrics have them. A topic's messages in is the growth of its
+partitions' LEOs; its messages out is the growth of the offsets its groups committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from tidelog.errors import TidelogError
+from tidelog.protocol.topics import TopicPartition
+from tidelog.webconsole.model import Window, rate
+
+logger = logging.getLogger(__name__)
+
+GROUP_REQUESTS_AT_ONCE = 8
+
+
+@dataclass
+class GroupState:
+    description: Any = None  # ConsumerGroupDescription
+    offsets: list = field(default_factory=list)  # GroupOffsets
+    error: str | None = None
+
+    @property
+    def lag(self) -> int | None:
+        lags = [o.lag for o in self.offsets if o.lag is not None]
+        return sum(lags) if lags else (0 if self.offsets == [] and self.error is None else None)
+
+
+@dataclass
+class Snapshot:
+    time_ms: int
+    cluster: Any  # ClusterDescription
+    topics: dict[str, Any]  # name -> TopicDescription
+    replicas: dict[TopicPartition, dict[int, Any]]  # -> broker -> ReplicaInfo
+    broker_errors: dict[int, str]
+    groups: dict[str, GroupState]
+    stale_brokers: set[int] = field(default_factory=set)  # their replicas' figures are the last known
+    versions: dict[int, str | None] = field(default_factory=dict)  # broker -> its software version
+
+
+def topics_partitions(topics: dict[str, Any]) -> set[TopicPartition]:
+    return {TopicPartition(p.topic, p.partition) for t in topics.values() for p in t.partitions}
+
+
+class Series:
+    """Windows by name (a broker, a topic, a group), created on first use and forgotten
+    when their subject is gone."""
+
+    def __init__(self, span_ms: int, max_points: int):
+        self.span_ms, self.max_points = span_ms, max_points
+        self.windows: dict[Any, Window] = {}
+
+    def add(self, key: Any, now_ms: int, value: float | None) -> None:
+        w = self.windows.get(key)
+        if w is None:
+            w = self.windows[key] = Window(self.span_ms, self.max_points)
+        w.add(now_ms, value)
+
+    def keep(self, keys: set) -> None:
+        for k in [k for k in self.windows if k not in keys]:
+            del self.windows[k]
+
+    def points(self, key: Any) -> list:
+        w = self.windows.get(key)
+        return w.points() if w is not None else []
+
+
+class ClusterWatch:
+    def __init__(self, admin: Any, *, interval_s: float = 1.0, window_s: float = 300.0,
+                 clock: Callable[[], float] = time.time):
+        self.admin = admin
+        self.interval_s = interval_s
+        self.clock = clock
+        span_ms, points = int(window_s * 1000), max(2, int(window_s / interval_s) + 1)
+        self.snapshot: Snapshot | None = None
+        self.error: str | None = None
+        self.broker_in = Series(span_ms, points)
+        self.broker_out = Series(span_ms, points)
+        self.topic_in = Series(span_ms, points)
+        self.topic_out = Series(span_ms, points)
+        self.group_lag = Series(span_ms, points)
+        self._counters: dict[Any, tuple[int, int]] = {}  # (kind, key) -> (time_ms, counter)
+        self.polled = trio.Event()  # a fresh one per poll
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self.poll_once()
+            await trio.sleep(self.interval_s)
+
+    async def poll_once(self) -> None:
+        try:
+            snapshot = await self._poll()
+        except Exception as e:  # the watch outlives any failure (trio.Cancelled is not an Exception)
+            self.error = f"the cluster did not answer: {_describe(e)}"
+            logger.warning("%s", self.error)
+        else:
+            self.error = None
+            self._record(snapshot)
+            self.snapshot = snapshot
+        self.polled.set()
+        self.polled = trio.Event()
+
+    async def _poll(self) -> Snapshot:
+        cluster = await self.admin.describe_cluster()
+        topics = {t.name: t for t in await self.admin.describe_topics()}
+        brokers = [b.node_id for b in cluster.brokers]
+        replicas: dict[TopicPartition, dict[int, Any]] = {}
+        errors: dict[int, str] = {}
+        try:
+            by_broker = await self.admin.describe_log_dirs(brokers)
+        except TidelogError as e:
+            results = getattr(e, "results", None) or {b: e for b in brokers}
+            by_broker = {b: r for b, r in results.items() if not isinstance(r, BaseException)}
+            errors = {b: str(r) for b, r in results.items() if isinstance(r, BaseException)}
+        for broker, dirs in by_broker.items():
+            for d in dirs.values():
+                for tp, info in d.replicas.items():
+                    replicas.setdefault(tp, {})[broker] = info
+        stale: set[int] = set()
+        if self.snapshot is not None:  # a replica whose broker did not answer (or left) keeps its last figures
+            existing = topics_partitions(topics)
+            for tp, held in self.snapshot.replicas.items():
+                for broker, info in held.items():
+                    if broker not in by_broker and tp in existing:
+                        replicas.setdefault(tp, {})[broker] = info
+                        stale.add(broker)
+        try:
+            groups = await self._groups()
+        except Exception as e:  # keep the last known groups, each saying why it is stale
+            reason = f"the groups could not be listed: {_describe(e)}"
+            old = self.snapshot.groups if self.snapshot is not None else {}
+            groups = {g: GroupState(st.description, st.offsets, reason) for g, st in old.items()}
+        versions = await self.admin.broker_versions(brokers)  # None for a broker that did not answer
+        return Snapshot(int(self.clock() * 1000), cluster, topics, replicas, errors, groups, stale, versions)
+
+    async def _groups(self) -> dict[str, GroupState]:
+        listed = await self.admin.list_groups()
+        out: dict[str, GroupState] = {g.group_id: GroupState() for g in listed}
+        limiter = trio.CapacityLimiter(GROUP_REQUESTS_AT_ONCE)
+
+        async def one(group_id: str) -> None:
+            async with limiter:
+                state = out[group_id]
+                try:
+                    (state.description,) = await self.admin.describe_groups([group_id])
+                    state.offsets = await self.admin.list_group_offsets(group_id)
+                except Exception as e:
+                    state.error = _describe(e)
+
+        async with trio.open_nursery() as nursery:
+            for g in out:
+                nursery.start_soon(one, g)
+        return out
+
+    # -- rates ----------------------------------------------------------------------------------
+
+    def _record(self, s: Snapshot) -> None:
+        now = s.time_ms
+        held: dict[int, int] = {}
+        copied: dict[int, int] = {}  # leader -> bytes times its other in-sync replicas
+        ends: dict[str, int] = {}
+        for topic in s.topics.values():
+            for p in topic.partitions:
+                tp = TopicPartition(p.topic, p.partition)
+                reps = s.replicas.get(tp, {})
+                for broker, info in reps.items():
+                    held[broker] = held.get(broker, 0) + info.size
+                leader = reps.get(p.leader)
+                if leader is not None:
+                    ends[p.topic] = ends.get(p.topic, 0) + leader.log_end_offset
+                    followers = sum(1 for b in p.isr if b != p.leader)
+                    copied[p.leader] = copied.get(p.leader, 0) + leader.size * followers
+        committed: dict[str, int] = {}
+        for g in s.groups.values():
+            for o in g.offsets:
+                if o.committed is not None:
+                    committed[o.partition.topic] = committed.get(o.partition.topic, 0) + o.committed
+        brokers = {b.node_id for b in s.cluster.brokers}
+        for b in brokers:
+            if b in s.broker_errors:
+                self.broker_in.add(b, now, None)
+                self.broker_out.add(b, now, None)
+                continue
+            self.broker_in.add(b, now, self._rate(("held", b), now, held.get(b, 0)))
+            self.broker_out.add(b, now, self._rate(("copied", b), now, copied.get(b, 0)))
+        for t in s.topics:
+            self.topic_in.add(t, now, self._rate(("end", t), now, ends[t]) if t in ends else None)
+            self.topic_out.add(t, now, self._rate(("committed", t), now, committed[t]) if t in committed else None)
+        for g, state in s.groups.items():
+            self.group_lag.add(g, now, state.lag)
+        self.broker_in.keep(brokers)
+        self.broker_out.keep(brokers)
+        self.topic_in.keep(set(s.topics))
+        self.topic_out.keep(set(s.topics))
+        self.group_lag.keep(set(s.groups))
+        alive = {("held", b) for b in brokers} | {("copied", b) for b in brokers} | \
+            {("end", t) for t in s.topics} | {("committed", t) for t in s.topics}
+        self._counters = {k: v for k, v in self._counters.items() if k in alive}
+
+    def _rate(self, key: Any, now_ms: int, counter: int) -> float | None:
+        before = self._counters.get(key)
+        self._counters[key] = (now_ms, counter)
+        return rate(before, (now_ms, counter))
+
+
+def _describe(e: BaseException) -> str:
+    """An error's text; an exception group's first leaf's (concurrent requests fail together)."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return str(e) if isinstance(e, TidelogError) else f"{type(e).__name__}: {e}"
