@@ -20,6 +20,11 @@ section 2: responses come back in request order). This module only moves bytes:
   or any trip through Trio's scheduler; the reader likewise reads with ``os.read`` and waits
   only when nothing is there (each Trio socket call yields once even when it need not wait,
   and those round trips cost more than a small request's own work).
+* One other thread may write: the blocking producer's application thread frames and writes
+  a request itself (``start_request_from_thread``) while the loop thread reads. Framing,
+  the pending FIFO, the outbox and the fast write are under ``thread_lock`` (loop thread
+  included), and a pending entry goes into the FIFO before its frame is written, so the
+  reader always finds the entry of the response it reads.
 * At most ``max_in_flight`` requests await a response (a semaphore); acks=0 produce requests
   (``send_no_response``) expect none and do not count.
 * Security: on a TLS listener the stream is a ``trio.SSLStream`` (the bytes pass through
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -72,7 +78,8 @@ class _Pending:
 
     __slots__ = ("event", "body", "error", "early", "api_key", "response", "early_error", "sent_at")
 
-    def __init__(self, early: Callable[[Any], None] | None = None, api_key: int = -1) -> None:
+    def __init__(self, early: Callable[[Any], None] | None = None, api_key: int = -1,
+                 sent_at: float | None = None) -> None:
         self.event = trio.Event()
         self.body: dict[str, Any] | None = None
         self.error: BaseException | None = None
@@ -80,7 +87,7 @@ class _Pending:
         self.api_key = api_key
         self.response: Any = None
         self.early_error: BaseException | None = None
-        self.sent_at = trio.current_time()
+        self.sent_at = trio.current_time() if sent_at is None else sent_at
 
     def run_early(self) -> None:
         try:
@@ -109,6 +116,10 @@ class BrokerConnection:
         self._proto = ClientConnection(max_frame_bytes, client_id)
         self._slots = trio.Semaphore(max_in_flight)
         self._send_lock = trio.Lock()
+        # taken around framing, the pending FIFO and the fast write, by the loop thread and
+        # by an application thread writing a request itself (start_request_from_thread)
+        self._thread_lock = threading.RLock()  # _fail may run inside it (from _write_now)
+        self._clock: trio.abc.Clock | None = None
         self._outbox: list[bytes] = []
         self._pending: deque[_Pending] = deque()
         self.security = security
@@ -131,11 +142,24 @@ class BrokerConnection:
     def in_flight(self) -> int:
         return len(self._pending)
 
+    @property
+    def thread_lock(self) -> threading.RLock:
+        """Held around framing, the pending FIFO and writes; an application thread holds it
+        from ``idle`` to ``start_request_from_thread`` so that nothing is written between."""
+        return self._thread_lock
+
+    def idle(self, now: float) -> bool:
+        """Open, unthrottled at Trio time ``now``, nothing in flight, queued or being
+        written. Any thread (under ``thread_lock`` for the answer to hold)."""
+        return (self._failure is None and self.throttled_until <= now and not self._pending
+                and not self._outbox and not self._send_lock.locked())
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, report started, then read responses until closed or failed."""
         with trio.CancelScope() as self._scope:
+            self._clock = trio.lowlevel.current_clock()
             self._stream = await self._connect()
             task_status.started()
             try:
@@ -205,25 +229,60 @@ class BrokerConnection:
         self._raise_if_failed()
         if self._send_lock.locked() or self.throttled_until > trio.current_time():
             return None
-        try:
-            self._slots.acquire_nowait()
-        except trio.WouldBlock:
-            return None
-        try:
-            _, frame = self._proto.send_request(api_key, api_version, message, True)
-        except BaseException:
-            self._slots.release()
-            raise
-        pending = _Pending(early, api_key)
-        self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
-        self._outbox.append(frame)
-        self._write_now()  # what the kernel does not take now, finish_request writes
+        with self._thread_lock:
+            try:
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                return None
+            try:
+                _, frame = self._proto.send_request(api_key, api_version, message, True)
+            except BaseException:
+                self._slots.release()
+                raise
+            pending = _Pending(early, api_key)
+            self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
+            self._outbox.append(frame)
+            self._write_now()  # what the kernel does not take now, finish_request writes
         return pending
 
-    async def finish_request(self, pending: _Pending, *, api_key: ApiKey, timeout: float | None = None) -> Any:
+    def start_request_from_thread(self, message: Message, *, api_key: ApiKey, api_version: int = 0,
+                                  early: Callable[[Any], None] | None = None) -> _Pending | None:
+        """``start_request`` from a thread other than the loop's: frame the request and write
+        it now, or, when a write is in progress or queued, queue it behind (the frames keep
+        the order of the calls); what the kernel does not take at once waits in the outbox
+        for ``finish_request``. None, with nothing done, when the connection failed or is
+        throttled. It takes no in-flight slot (a Trio object the loop
+        thread owns): the caller MUST then, on the loop thread, ``await
+        finish_request(pending, ..., take_slot=True)``. The blocking producer's application
+        thread writes its sender's requests this way, sparing the wake-up of the loop thread
+        before the request is on the wire."""
+        if self._tls or self._clock is None:
+            return None
+        with self._thread_lock:
+            if self._failure is not None or self.throttled_until > self._clock.current_time():
+                return None
+            _, frame = self._proto.send_request(api_key, api_version, message, True)
+            pending = _Pending(early, api_key, self._clock.current_time())
+            self._pending.append(pending)  # lockstep with the ClientConnection's FIFO; before
+            if self._outbox or self._send_lock.locked():  # the write: the answer may come at once
+                self._outbox.append(frame)  # behind the frames before it: finish_request writes it
+                return pending
+            try:
+                sent = os.write(self._socket.fileno(), frame)
+            except OSError:  # full (or failed: the loop's write finds out and fails the request)
+                sent = 0
+            if sent < len(frame):
+                self._outbox.append(memoryview(frame)[sent:])  # finish_request writes the rest
+        return pending
+
+    async def finish_request(self, pending: _Pending, *, api_key: ApiKey, timeout: float | None = None,
+                             take_slot: bool = False) -> Any:
         """The second half of a ``start_request``: the typed response, or the errors of
-        ``request``. Releases the slot ``start_request`` took."""
+        ``request``. Releases the slot ``start_request`` took (``take_slot``: takes it
+        first, after a ``start_request_from_thread``)."""
         timeout = self.request_timeout_s if timeout is None else timeout
+        if take_slot:
+            await self._slots.acquire()
         try:
             with trio.move_on_after(timeout) as scope:
                 if self._outbox and self._failure is None:  # the kernel did not take it all
@@ -260,12 +319,14 @@ class BrokerConnection:
     async def _write(self, api_key: int, api_version: int, message: Message,
                      expect_response: bool, early: Callable[[Any], None] | None = None) -> _Pending:
         self._raise_if_failed()
-        _, frame = self._proto.send_request(api_key, api_version, message, expect_response)
-        pending = _Pending(early, api_key)
-        if expect_response:
-            self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
-        self._outbox.append(frame)
-        if not self._write_now():
+        with self._thread_lock:
+            _, frame = self._proto.send_request(api_key, api_version, message, expect_response)
+            pending = _Pending(early, api_key)
+            if expect_response:
+                self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
+            self._outbox.append(frame)
+            written = self._write_now()
+        if not written:
             await self._flush_shielded()
         if not expect_response:
             self._raise_if_failed()
@@ -306,10 +367,11 @@ class BrokerConnection:
         return False
 
     async def _flush_outbox(self) -> None:
-        if not self._outbox or self._failure is not None:
-            return  # an earlier holder of the lock wrote our frame (or the connection failed)
-        data = self._outbox[0] if len(self._outbox) == 1 else b"".join(self._outbox)
-        self._outbox.clear()
+        with self._thread_lock:
+            if not self._outbox or self._failure is not None:
+                return  # an earlier holder of the lock wrote our frame (or the connection failed)
+            data = self._outbox[0] if len(self._outbox) == 1 else b"".join(self._outbox)
+            self._outbox.clear()
         try:
             if self._tls:
                 await self._stream.send_all(data)
@@ -358,10 +420,11 @@ class BrokerConnection:
 
     def _fail(self, error: BrokerConnectionError | AuthenticationFailedError) -> None:
         """Fail the connection for good (idempotent): pending requests get ``error``."""
-        if self._failure is not None:
-            return
-        self._failure = error
-        pending, self._pending = self._pending, deque()
+        with self._thread_lock:
+            if self._failure is not None:
+                return
+            self._failure = error
+            pending, self._pending = self._pending, deque()
         for p in pending:
             p.error = error
             p.event.set()

@@ -23,6 +23,7 @@ from tests.support.waiting import wait_until
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.aio import AsyncProducer
 from tidelog.aio.partitioner import default_partition
+from tidelog.aio.producer import Sender
 from tidelog.errors import TidelogError
 from tidelog.protocol.placement import assign_replicas
 
@@ -227,6 +228,60 @@ def test_long_poll_returns_as_soon_as_a_record_arrives(cluster_3, admin):
     # max_wait_ms (~4.5 s after it was sent)
     assert received - sent_at[0] < 2.5, f"record arrived {received - sent_at[0]:.2f} s after it was sent"
     assert received - started < max_wait_ms / 1000
+
+
+@pytest.mark.parametrize("acks", [1, "all"])
+def test_sends_from_many_threads_keep_each_threads_order(cluster_3, admin, acks, monkeypatch):
+    """With linger_ms 0 a blocking send that finds the leader's connection idle writes the
+    request from the application's thread, else the producer's loop thread writes it; with
+    up to 5 requests in flight and four threads sending to one partition, both writers take
+    turns on one connection. Each thread's records must land in its send order, once each."""
+    topic, tp = f"threads-acks-{acks}", TopicPartition(f"threads-acks-{acks}", 0)
+    create(admin, topic, 1)
+    wait_topic_ready(cluster_3, topic, 1, 3)
+    threads, per_thread = 4, 1500
+    errors: list[BaseException] = []
+    from_callers = []
+    drain = Sender._drain_from_caller
+
+    def counted(self):
+        wrote = drain(self)
+        from_callers.append(wrote)
+        return wrote
+    monkeypatch.setattr(Sender, "_drain_from_caller", counted)
+    # acks=all would turn idempotence on, whose requests only the loop thread writes
+    with Producer(cluster_3.bootstrap, acks=acks, linger_ms=0, max_in_flight_requests_per_connection=5,
+                  enable_idempotence=False) as producer:
+        producer.send(topic, b"warm-up", partition=0).result(timeout=30)
+
+        def run(t: int) -> None:
+            try:
+                futures = []
+                for seq in range(per_thread):
+                    futures.append(producer.send(topic, f"{t}:{seq}".encode(), partition=0))
+                    if seq % 50 == 49:  # let the connection go idle now and then
+                        futures[-1].result(timeout=30)
+                for f in futures:
+                    f.result(timeout=30)
+            except BaseException as e:
+                errors.append(e)
+
+        workers = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+    assert not errors, errors
+    assert any(from_callers) and not all(from_callers), "both writers should have taken turns"
+    total = 1 + threads * per_thread  # with acks=1 the HW follows the acknowledgements
+    wait_until(lambda: end_offsets(cluster_3.bootstrap, [tp])[tp] >= total, 30, f"the HW of {tp} at {total}")
+    ends = end_offsets(cluster_3.bootstrap, [tp])
+    assert ends[tp] == total
+    seen: dict[int, list[int]] = defaultdict(list)
+    for r in consume_range(cluster_3.bootstrap, ends)[tp][1:]:
+        t, seq = r.value.decode().split(":")
+        seen[int(t)].append(int(seq))
+    assert {t: seqs == list(range(per_thread)) for t, seqs in seen.items()} == {t: True for t in range(threads)}
 
 
 # -- administration --------------------------------------------------------------------------------

@@ -138,6 +138,29 @@ def test_many_threads_share_one_producer(threaded_fake):
     assert offsets == list(range(1200))
 
 
+def test_requests_written_from_the_application_threads_lose_and_repeat_nothing(threaded_fake):
+    # acks=1 and linger_ms 0: a send that finds the sender idle writes the request itself
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    futures, lock = {}, threading.Lock()
+    with Producer(threaded_fake.cluster.bootstrap, acks=1, linger_ms=0) as producer:
+        def work(n):
+            for i in range(150):
+                f = producer.send("t", b"%d-%d" % (n, i))
+                with lock:
+                    futures[(n, i)] = f
+                if i % 3 == 0:
+                    f.result(10)  # now and then the sender is idle again when the next comes
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        producer.flush(10)
+    # (not their order: the fake broker appends pipelined requests in the order its tasks run)
+    assert sorted(f.result(0).offset for f in futures.values()) == list(range(450))
+
+
 def test_send_many_round_trip_mixed_with_send_from_threads(threaded_fake):
     threaded_fake.call(threaded_fake.cluster.create_topic, "t", 2)
     results, lock = [], threading.Lock()
