@@ -92,6 +92,19 @@ def leader_and_follower(s: Scenario, round_: int) -> tuple[int, int]:
     return leader, follower
 
 
+def heal_and_see_it_rejoin(s: Scenario, zk, leader: int, follower: int) -> None:
+    """Heal; ``follower`` is back in partition 0's ISR, which ``leader`` still leads."""
+    s.heal()
+    state = zk.partition_state(s.topic, 0)
+    assert follower in state.isr and state.leader == leader, \
+        f"after healing, partition 0 has {state}: expected leader {leader} and {follower} in the ISR"
+
+
+def assert_sampled_out(sampler: IsrSampler, follower: int) -> None:
+    shrunk = [isr for (p, isr), n in sampler.isrs.items() if p == 0 and follower not in isr]
+    assert shrunk, f"I8 was never sampled with {follower} out of the ISR: {dict(sampler.isrs)}"
+
+
 # -- F4: a follower cut off from its leader ------------------------------------------------------
 
 
@@ -115,12 +128,8 @@ def test_f4_follower_cut_off_from_leader(tmp_path: Path, soak: int) -> None:
                 assert leo is not None and hw is not None and leo < hw, \
                     f"the cut-off follower {follower} has LEO {leo}, the leader's HW is {hw}"
                 s.note(f"the cut-off follower {follower} has LEO {leo}, the leader's HW is {hw}")
-                s.heal()
-                state = zk.partition_state(s.topic, 0)
-                assert follower in state.isr and state.leader == leader, \
-                    f"after healing, partition 0 has {state}: expected leader {leader} and {follower} in the ISR"
-            shrunk = [isr for (p, isr), n in sampler.isrs.items() if p == 0 and follower not in isr]
-            assert shrunk, f"I8 was never sampled with {follower} out of the ISR: {dict(sampler.isrs)}"
+                heal_and_see_it_rejoin(s, zk, leader, follower)
+            assert_sampled_out(sampler, follower)
             s.wait_acked(AFTER_ACKS * soak, partition=0)
         report = run_to_report(s)
     report.assert_ok()
@@ -290,12 +299,8 @@ def test_f15_latency_over_the_lag_time(tmp_path: Path, soak: int) -> None:
                            ELECTION_TIMEOUT_S, f"an I8 sample of partition 0 without {follower}")
                 assert s.relayed_bytes(leader, follower) > relayed, \
                     f"nothing went through the relays between {leader} and {follower}"
-                s.heal()
-                state = zk.partition_state(s.topic, 0)
-                assert follower in state.isr and state.leader == leader, \
-                    f"after healing, partition 0 has {state}: expected leader {leader} and {follower} in the ISR"
-            shrunk = [isr for (p, isr), n in sampler.isrs.items() if p == 0 and follower not in isr]
-            assert shrunk, f"I8 was never sampled with {follower} out of the ISR: {dict(sampler.isrs)}"
+                heal_and_see_it_rejoin(s, zk, leader, follower)
+            assert_sampled_out(sampler, follower)
             s.wait_acked(AFTER_ACKS * soak, partition=0)
         report = run_to_report(s)
     report.assert_ok()
