@@ -13,8 +13,9 @@ deleted).
 * move: 3 brokers and a topic with ``--partitions`` partitions, RF 1, on broker 1, filled with
   ``--gib`` GiB of 64 KiB values; then a 4th broker is added. The partitions move to broker 4,
   back to broker 1, to 4 ..., alternately with no throttle and with ``--throttle``: each move
-  copies the whole data to a broker that holds none of it. Reports each move's time and
-  effective rate (the .log bytes of the partitions over the time).
+  copies the whole data to a broker that holds none of it. Reports each move's time, its
+  effective rate (the .log bytes of the partitions over the time) and the cores the source
+  and the destination broker used meanwhile.
 * rebalance: 3 brokers, then a 4th; per run a topic with 12 partitions, RF 3, min ISR 2 on
   brokers 1-3 (topic creation's placement), ``--fill-mib`` MiB of data per partition. Before the
   move: a latency window (acks=all, ``--rate`` records/s of ``--value-size`` bytes, ``--latency-s``
@@ -165,13 +166,16 @@ def run_move(args: argparse.Namespace) -> None:
                     wanted = {(topic, p): [there] for p in range(args.partitions)}
                     if mode == "throttled":
                         set_throttles(admin, wanted, current, args.throttle)
+                    meter = CpuMeter(cluster)
                     seconds = wait_moved(admin, start_moves(admin, wanted))
+                    cores = meter.cores()
                     if mode == "throttled":
                         clear_throttles(admin, [1, 2, 3, 4], topic)
                     rate = nbytes / seconds
                     results[mode].append((seconds, rate))
                     print(f"  {mode:9} {here} -> {there}: {nbytes / MIB:.0f} MiB in {seconds:.1f} s = "
-                          f"{rate / 1e6:.1f} MB/s ({log_bytes(cluster, there, topic) / MIB:.0f} MiB there)",
+                          f"{rate / 1e6:.1f} MB/s ({log_bytes(cluster, there, topic) / MIB:.0f} MiB there); "
+                          f"cores: source {cores[f'b{here}']:.2f}, destination {cores[f'b{there}']:.2f}",
                           flush=True)
                     here, there = there, here
                     time.sleep(2)  # the leaving replica's deletion, before the next move reads the disk
