@@ -1,10 +1,11 @@
 """An acks=all producer that keeps sending from a thread while a test breaks the cluster,
-and the oracle of RELIABILITY.md's I1 over what it had acknowledged."""
+and the oracle of RELIABILITY.md's I1 (and I4) over what it had acknowledged."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 from tests.support.cluster import consume_range, end_offsets
 from tests.support.waiting import wait_until
@@ -13,12 +14,13 @@ from tidelog import Producer, RecordMetadata, TopicPartition
 
 class SteadyProducer:
     """An acks=all Producer sending keyed records from a thread (a few thousand a second)
-    until stopped; every record's future is kept."""
+    until stopped; every record's future is kept. ``options``: more Producer options."""
 
-    def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 2000):
+    def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 2000, **options):
         self.topic = topic
-        self.producer = Producer(bootstrap, acks="all", linger_ms=2, request_timeout_ms=15000,
-                                 delivery_timeout_ms=90000, retry_backoff_ms=50, max_block_ms=30000)
+        self.producer = Producer(bootstrap, **{
+            "acks": "all", "linger_ms": 2, "request_timeout_ms": 15000, "delivery_timeout_ms": 90000,
+            "retry_backoff_ms": 50, "max_block_ms": 30000, **options})
         self.futures: list = []
         self._pause = 50 / rate_per_s
         self._stop = threading.Event()
@@ -77,8 +79,10 @@ class SteadyProducer:
 
 
 def assert_all_acked_present(cluster, topic: str, acked: list[tuple[bytes, RecordMetadata]],
-                             partitions: int) -> None:
-    """I1: every acknowledged record is at its offset; offsets strictly increase."""
+                             partitions: int, *, unique_values: bool = False) -> None:
+    """I1: every acknowledged record is at its offset; offsets strictly increase. With
+    ``unique_values``, I4 too: each acknowledged value is in the topic once (SteadyProducer's
+    values are distinct, so a second copy is a retry written twice)."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     ends = end_offsets(cluster.bootstrap, tps)
     records = consume_range(cluster.bootstrap, ends, timeout=90)
@@ -89,3 +93,7 @@ def assert_all_acked_present(cluster, topic: str, acked: list[tuple[bytes, Recor
     lost = [(m.partition, m.offset, v) for v, m in acked
             if by_offset[TopicPartition(topic, m.partition)].get(m.offset) != v]
     assert not lost, f"{len(lost)} of {len(acked)} acknowledged records lost or changed, first: {lost[:5]}"
+    if unique_values:
+        count = Counter(r.value for rs in records.values() for r in rs)
+        twice = [(v, count[v]) for v, _ in acked if count[v] > 1]
+        assert not twice, f"{len(twice)} acknowledged values written more than once, first (value, times): {twice[:5]}"
