@@ -780,17 +780,18 @@ class Controller:
 
     async def _on_replica_damage(self, _children) -> None:
         """Brokers that found replicas damaged on disk: each such replica gives up leadership
-        to a live in-sync replica and leaves the ISR, and its broker is sent the partition's
-        state (changed or not), on which the replica, now a follower outside the ISR, drops
-        its damaged records and fetches them again. A report from an earlier registration of
-        the broker is dropped: a restarted broker finds the damage again when it reads it."""
+        to a live in-sync replica and leaves the ISR, in a new partition state (with a new
+        leader epoch, even for a follower already out of the ISR: see
+        ``election.without_damaged_replica``), on which the replica, now a follower outside the
+        ISR, drops its damaged records and fetches them again. A report from an earlier
+        registration of the broker is dropped: the broker reports again while the damage lasts."""
         if self.ctx is None:
             return
         notes = await self.zk.replica_damage_notifications()
         if not notes:
             return
         ctx = self.ctx
-        changed, told = [], {}
+        changed = []
         for _, (broker, broker_epoch, partitions) in notes:
             if broker not in ctx.brokers or not await self._is_current_broker_epoch(broker, broker_epoch):
                 logger.info("replica damage report of broker %d (epoch %d) is stale: ignored", broker, broker_epoch)
@@ -807,11 +808,9 @@ class Controller:
                 elif ctx.states[tp][0].leader == broker:
                     logger.error("%s: the replica on broker %d is damaged and no other live replica is in "
                                  "sync: it stays leader, and cannot serve the damaged records", tp, broker)
-                told.setdefault(broker, []).append(tp)
         self._propagate(changed)
-        for b, tps in told.items():
-            self._send_leader_and_isr(b, [tp for tp in tps if tp not in changed])
         await self.zk.delete_isr_change_notifications([path for path, _ in notes])
+        await self._advance_moves(sorted(tp for tp in set(changed) if tp in ctx.moves))
 
     # -- controlled shutdown -------------------------------------------------------------------
 

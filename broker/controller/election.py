@@ -47,14 +47,17 @@ def controlled_shutdown_leader(assignment: list[int], isr: Iterable[int], live: 
 def without_damaged_replica(assignment: list[int], leader: int, isr: Iterable[int], live: set[int],
                             damaged: int) -> Election | None:
     """Take a replica found damaged on disk out of the ISR, and leadership off it to a live
-    in-sync replica. None when that changes nothing, or when it leads and no other live
-    replica is in sync: it then stays, the only copy of the committed records there is."""
+    in-sync replica. For a follower that is a new state even when it is out of the ISR
+    already: written, it moves the leader epoch on, which fences the fetches the replica sent
+    before it drops its damaged records and makes a leader's ISR write based on an older
+    state fail its version check; so the replica never rejoins the ISR on what it held before.
+    None when it leads and no other live replica is in sync (it stays, the only copy of the
+    committed records there is), or when it is the last member of the ISR."""
     isr = list(isr)
     if leader == damaged:
         return controlled_shutdown_leader(assignment, isr, live, {damaged})
-    if damaged in isr and len(isr) > 1:
-        return Election(leader, [r for r in isr if r != damaged])
-    return None
+    rest = [r for r in isr if r != damaged]
+    return Election(leader, rest) if rest else None
 
 
 def preferred_replica_leader(assignment: list[int], isr: Iterable[int], live: set[int]) -> Election | None:

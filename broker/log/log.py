@@ -444,14 +444,18 @@ class Log:
     def truncate_damaged(self, offset: int) -> int:
         """Drop the batch holding ``offset``, found damaged on disk, and everything after it,
         to fetch them again; returns the new LEO. When the damage hides where that batch
-        starts (its framing), the whole segment holding it goes."""
-        try:
-            self.truncate_to(offset)
-        except CorruptRecordError:
-            i = max(0, bisect.bisect_right(self._bases, offset) - 1)
-            logger.warning("%s: the segment at %d cannot be walked to offset %d: dropping it whole",
-                           self.topic_partition, self._segments[i].base_offset, offset)
-            self.truncate_to(self._segments[i].base_offset)
+        starts (its framing), the whole segment holding it goes (and the one before, if its
+        own framing cannot be walked to its end either)."""
+        target = offset
+        while True:
+            try:
+                self.truncate_to(target)
+                break
+            except CorruptRecordError:
+                i = max(0, bisect.bisect_right(self._bases, target - 1) - 1)
+                logger.warning("%s: the segment at %d cannot be walked to offset %d: dropping it whole",
+                               self.topic_partition, self._segments[i].base_offset, target)
+                target = self._segments[i].base_offset
         logger.warning("%s: dropped the damaged records from offset %d on (log end offset now %d)",
                        self.topic_partition, offset, self.log_end_offset)
         return self.log_end_offset

@@ -42,17 +42,18 @@ class Pace:
     """Sleeps the scanning thread so that it reads at most ``bytes_per_s`` (None: no limit);
     ``stop`` ends a scan at its next chunk."""
 
-    def __init__(self, bytes_per_s: int | None):
+    def __init__(self, bytes_per_s: int | None, clock: Callable[[], float] = time.monotonic):
         self.bytes_per_s = bytes_per_s
         self.stopped = threading.Event()
-        self._start = time.monotonic()
+        self._clock = clock
+        self._start = clock()
         self._bytes = 0
 
     def __call__(self, n: int) -> bool:
         """Account ``n`` bytes read; False once the scan should stop."""
         if self.bytes_per_s:
             self._bytes += n
-            ahead = self._bytes / self.bytes_per_s - (time.monotonic() - self._start)
+            ahead = self._bytes / self.bytes_per_s - (self._clock() - self._start)
             if ahead > 0:
                 self.stopped.wait(ahead)
         return not self.stopped.is_set()

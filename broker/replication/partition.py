@@ -30,7 +30,10 @@ The rules (Kafka's, as DESIGN section 6 states them)
   again from the leader; it rejoins the ISR as any follower that caught up. Until then it
   keeps what it has: while it is in the ISR, elections and the HW count on it. A damaged
   leader with no other live replica in sync stays leader; the damaged records cannot be
-  served (an error says so), never silently skipped.
+  served (an error says so), never silently skipped. While the damage lasts it is reported
+  again every ``DAMAGE_REPORT_INTERVAL_MS`` it is met (a report can be dropped, or find no
+  replica in sync to hand over to); a log cut below it by other means (truncation to the
+  leader) no longer holds it, and the mark goes.
 
 This module decides; it does no I/O beyond the local log and reads no clock: ``now_ms`` is
 passed in. The replica manager owns the awaiting (ZooKeeper writes, purgatory, fetchers).
@@ -53,6 +56,7 @@ from tidelog.protocol.messages import PartitionState
 from tidelog.protocol.topics import TopicPartition, effective_min_isr
 
 UNKNOWN_OFFSET = -1
+DAMAGE_REPORT_INTERVAL_MS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,7 @@ class Partition:
         self.controller_epoch = -1
         self.remote: dict[int, ReplicaState] = {}
         self.damaged_from: int | None = None  # an offset of the first batch found damaged on disk
+        self.damage_reported_ms: int | None = None
 
     # -- role ----------------------------------------------------------------------------------
 
@@ -187,17 +192,27 @@ class Partition:
         changed = self._apply_state(st)
         self.remote = {}
         self.leader_epoch_start_offset = UNKNOWN_OFFSET
-        if self.damaged_from is not None and self.local_broker_id not in self.isr:
-            log.truncate_damaged(self.damaged_from)
-            self.damaged_from = None
+        if self.damage is not None and self.local_broker_id not in self.isr:
+            log.truncate_damaged(self.damage)
+            self.damaged_from = self.damage_reported_ms = None
         return changed or not was_follower
 
-    def mark_damaged(self, offset: int) -> bool:
-        """The batch holding ``offset`` failed its check on disk; True the first time this
-        replica is found damaged (it is to be reported), False while it already is."""
-        first = self.damaged_from is None
-        self.damaged_from = offset if first else min(offset, self.damaged_from)
-        return first
+    @property
+    def damage(self) -> int | None:
+        """The offset this replica was found damaged at, while its log still holds it."""
+        if self.damaged_from is not None and (self.log is None or self.log.log_end_offset <= self.damaged_from):
+            self.damaged_from = self.damage_reported_ms = None
+        return self.damaged_from
+
+    def mark_damaged(self, offset: int, now_ms: int) -> bool:
+        """The batch holding ``offset`` failed its check on disk; True when the damage is to
+        be reported: the first time, and again once DAMAGE_REPORT_INTERVAL_MS passed."""
+        known = self.damage
+        self.damaged_from = offset if known is None else min(offset, known)
+        if known is not None and now_ms - self.damage_reported_ms < DAMAGE_REPORT_INTERVAL_MS:
+            return False
+        self.damage_reported_ms = now_ms
+        return True
 
     # -- leader --------------------------------------------------------------------------------
 

@@ -661,10 +661,12 @@ class ReplicaManager:
             high_watermark=p.log.high_watermark, log_start_offset=p.log.log_start_offset)
 
     def _note_damage(self, p: NotifyingPartition, offset: int, e: CorruptRecordError) -> None:
-        """The first time a replica is found damaged, it is reported to the controller (see the
-        rules in ``partition``)."""
-        if p.mark_damaged(offset):
-            self.damaged_replicas_found += 1
+        """A replica found damaged is reported to the controller, again now and then while the
+        damage lasts (see the rules in ``partition``)."""
+        first = p.damage is None
+        if p.mark_damaged(offset, self.clock()):
+            if first:
+                self.damaged_replicas_found += 1
             logger.error("%s: this replica is damaged on disk at offset %d (%s): reporting it, to be taken out "
                          "of the ISR and fetch the damaged records again", p.tp, offset, e)
             if self.damage_reporter is not None and self._nursery is not None:
@@ -679,10 +681,11 @@ class ReplicaManager:
     async def _verify_segments(self) -> None:
         """Every ``log.verify.interval.ms``, every closed segment of every replica here read
         through in a worker thread (``broker/log/verifier.py``), each suspect offset checked."""
-        pace = Pace(self.config.verify_bytes_per_second)
+        pace = None
         try:
             while True:
                 await trio.sleep(self.config.verify_interval_ms / 1000)
+                pace = Pace(self.config.verify_bytes_per_second)  # the rate counts from each pass's start
                 for seg in list(self._closed_segments()):
                     found = await trio.to_thread.run_sync(first_suspect_offset, seg.path, seg.base_offset, seg.size,
                                                           pace, abandon_on_cancel=True)
@@ -690,7 +693,8 @@ class ReplicaManager:
                         logger.warning("%s: %s does not verify from offset %d on", seg.tp, seg.path, found)
                         self._check_suspect(seg.tp, found)
         finally:
-            pace.stop()
+            if pace is not None:
+                pace.stop()  # an abandoned scan's thread ends at its next batch
 
     def _check_suspect(self, tp: TopicPartition, offset: int) -> None:
         """The background verification suspects ``offset``: an ordinary read of it tells."""
@@ -706,7 +710,7 @@ class ReplicaManager:
 
     async def _report_damage(self, p: NotifyingPartition) -> None:
         """Report until ZooKeeper takes it, or the replica no longer needs it."""
-        while p.damaged_from is not None and self.partitions.get(p.tp) is p:
+        while p.damage is not None and self.partitions.get(p.tp) is p:
             try:
                 await self.damage_reporter([p.tp])
                 return

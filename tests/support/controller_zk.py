@@ -17,6 +17,7 @@ class FakeZk:
         self.states: dict[tuple[str, int], tuple[LeaderAndIsr, int]] = {}
         self.damage: dict[str, tuple[int, int, list[tuple[str, int]]]] = {}  # path -> report
         self.deleted_notifications: list[str] = []
+        self.broker_epochs: dict[int, int] = {}
         self.writes = 0
 
     # -- topics
@@ -102,4 +103,4 @@ class FakeZk:
             self.deleted_notifications.append(p)
 
     async def get_broker_epoch(self, broker_id):
-        return None
+        return self.broker_epochs.get(broker_id)

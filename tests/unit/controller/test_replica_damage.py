@@ -23,8 +23,14 @@ def test_the_only_in_sync_copy_stays_even_damaged():
     assert without_damaged_replica([1, 2, 3], leader=1, isr=[1], live={1, 2, 3}, damaged=1) is None
     # nor does a dead in-sync replica take over
     assert without_damaged_replica([1, 2, 3], leader=1, isr=[1, 2], live={1, 3}, damaged=1) is None
-    # a damaged follower already out of the ISR changes nothing
-    assert without_damaged_replica([1, 2, 3], leader=1, isr=[1, 2], live={1, 2, 3}, damaged=3) is None
+
+
+def test_a_damaged_follower_already_out_of_the_isr_still_gets_a_new_state():
+    # written, the state moves the leader epoch on: the follower's fetches from before it
+    # drops its damaged records are fenced
+    e = without_damaged_replica([1, 2, 3], leader=1, isr=[1, 2], live={1, 2, 3}, damaged=3)
+    assert (e.leader, e.isr) == (1, [1, 2])
+    assert without_damaged_replica([1, 2, 3], leader=-1, isr=[3], live={1, 2, 3}, damaged=3) is None
 
 
 async def report(c, zk, broker, epoch=0):
@@ -44,22 +50,26 @@ async def test_a_report_moves_leadership_and_tells_every_replica():
     assert zk.damage == {} and len(zk.deleted_notifications) == 1
 
 
-async def test_a_damaged_replica_already_out_of_the_isr_is_told_its_state_again():
+async def test_a_damaged_follower_out_of_the_isr_in_the_controllers_view_gets_a_new_epoch():
+    # the controller's view may lag: a leader may have just taken it back into the ISR
     c, zk, sent = controller(isr=(1, 2))
     await load(c)
+    zk.leader_changes_isr(T, 0, [1, 2, 3])
     await report(c, zk, 3)
     st, _ = zk.states[(T, 0)]
-    assert (st.leader, st.leader_epoch, st.isr) == (1, 5, (1, 2))  # nothing written
-    assert to(sent, ApiKey.LEADER_AND_ISR) == [3]
-    assert state_sent(sent, 3).isr == [1, 2]
+    assert (st.leader, st.leader_epoch, st.isr) == (1, 6, (1, 2))  # decided again on the fresh state
+    assert to(sent, ApiKey.LEADER_AND_ISR) == [1, 2, 3]
+    assert (state_sent(sent, 3).leader_epoch, state_sent(sent, 3).isr) == (6, [1, 2])
 
 
 async def test_a_report_from_an_earlier_registration_is_dropped():
     c, zk, sent = controller()
     await load(c)
-    await report(c, zk, 1, epoch=-5)
+    zk.broker_epochs[1] = 7  # broker 1 registered again since the report
+    c.ctx.broker_epochs[1] = 7
+    await report(c, zk, 1, epoch=3)
     st, _ = zk.states[(T, 0)]
-    assert st.leader == 1 and to(sent, ApiKey.LEADER_AND_ISR) == []
+    assert (st.leader, st.leader_epoch) == (1, 5) and to(sent, ApiKey.LEADER_AND_ISR) == []
     assert zk.damage == {}
 
 
@@ -68,5 +78,14 @@ async def test_the_only_in_sync_copy_keeps_leading():
     await load(c)
     await report(c, zk, 1)
     st, _ = zk.states[(T, 0)]
-    assert (st.leader, st.isr) == (1, (1,))
-    assert TP in c.ctx.states
+    assert (st.leader, st.leader_epoch, st.isr) == (1, 5, (1,))
+    assert to(sent, ApiKey.LEADER_AND_ISR) == [] and zk.damage == {}
+
+
+async def test_a_moving_partition_goes_on_moving():
+    c, zk, sent = controller()
+    await load(c)
+    await c.alter_reassignments([(TP, [2, 3, 4])])
+    zk.leader_changes_isr(T, 0, [1, 2, 3, 4])
+    await report(c, zk, 1)  # the leader, which the move removes
+    assert zk.assignments[T] == {0: [2, 3, 4]} and not c.reassignments(None)

@@ -17,8 +17,9 @@ from tests.unit.replication.memory_leader import TP, MemoryBroker, assert_same_l
 from tests.unit.replication.test_fetcher import make_cluster, produce
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.verifier import Pace, first_suspect_offset
-from tidelog.protocol.errors import KAFKA_STORAGE_ERROR, NONE, CorruptRecordError
-from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic
+from tidelog.broker.replication.partition import DAMAGE_REPORT_INTERVAL_MS, Partition
+from tidelog.protocol.errors import FENCED_LEADER_EPOCH, KAFKA_STORAGE_ERROR, NONE, CorruptRecordError
+from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic, PartitionState
 from tidelog.protocol.records import HEADER_SIZE, iter_headers
 
 
@@ -147,3 +148,71 @@ async def test_a_damaged_follower_is_found_by_the_verification_and_repaired(clus
     assert follower.log().log_end_offset == damaged
     await cluster.sync()
     assert_same_log(follower.log(), cluster.leader.log())
+
+
+async def test_a_fetch_sent_before_the_replica_dropped_its_records_is_fenced(cluster, autojump_clock):
+    """The controller always writes a new state for a damaged follower (a new leader epoch), so
+    a fetch it sent at its old log end, answered after it truncated, cannot take it back into
+    the ISR."""
+    cluster.elect(1, isr=[1, 2])
+    produce(cluster.leader, 60, records=3)
+    await cluster.sync()
+    follower, leader = cluster.brokers[3], cluster.leader
+    damaged = flip_a_byte_of_batch(follower.log(), 1, 1)
+    follower.replica_manager._check_suspect(TP, damaged)
+    in_flight = follower_fetch_at(follower, cluster.leader_epoch)
+    cluster.elect(1, isr=[1, 2])  # the report's new state: a new epoch
+    assert follower.log().log_end_offset == damaged
+    r = (await leader.replica_manager.fetch(in_flight))[TP]
+    assert r.error_code == FENCED_LEADER_EPOCH.code
+    assert leader.partition().isr_to_expand() is None
+    await cluster.sync()
+    assert leader.partition().isr_to_expand() == frozenset({1, 2, 3})
+    assert_same_log(follower.log(), leader.log())
+
+
+def follower_fetch_at(follower: MemoryBroker, leader_epoch: int) -> FetchRequest:
+    return FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, follower.log().log_end_offset, 1 << 20,
+                                                               current_leader_epoch=leader_epoch)])],
+                        replica_id=follower.broker_id, max_wait_ms=0, replica_epoch=follower.broker_epoch)
+
+
+def test_the_damage_is_reported_again_while_it_lasts_and_forgotten_once_cut(tmp_path):
+    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
+    for _ in range(30):
+        log.append_as_leader(make_batch(3), 0)
+    p = Partition(TP, 1)
+    p.make_leader(PartitionState(TP.topic, TP.partition, 1, 1, 0, [1, 2], 0, [1, 2]), log, 0)
+    assert p.mark_damaged(40, now_ms=1000)
+    assert not p.mark_damaged(30, now_ms=1000 + DAMAGE_REPORT_INTERVAL_MS - 1)
+    assert p.damage == 30
+    assert p.mark_damaged(50, now_ms=1000 + DAMAGE_REPORT_INTERVAL_MS)
+    assert p.damage == 30
+    log.truncate_to(20)  # e.g. to a new leader's log: the damaged records are gone
+    assert p.damage is None
+    assert p.mark_damaged(10, now_ms=1001 + DAMAGE_REPORT_INTERVAL_MS)
+    log.close()
+
+
+def test_the_verification_keeps_its_rate():
+    now, slept = [0.0], []
+    pace = Pace(1000, clock=lambda: now[0])
+    pace.stopped.wait = lambda s: slept.append(s) or now.__setitem__(0, now[0] + s)
+    for _ in range(4):
+        assert pace(500)  # 2,000 bytes at 1,000 bytes/s
+    assert sum(slept) == pytest.approx(2.0)
+    pace.stop()
+    assert not pace(1)
+
+
+def test_damage_in_the_first_segment_restarts_the_log_at_its_base(tmp_path):
+    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
+    for _ in range(30):
+        log.append_as_leader(make_batch(3), 0)
+    first = log.segments[0]
+    with open(first.log_path, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack(">i", 1 << 30))  # the very first batch's length
+    assert log.truncate_damaged(1) == 0
+    assert log.log_end_offset == 0 and log.log_start_offset == 0 and len(log.segments) == 1
+    log.close()
