@@ -32,8 +32,9 @@ broker (F3: SIGKILL of the broker that is both controller and coordinator), chec
 and I13, are in ``test_group_faults``. F13 (reassignment onto an added broker, through a
 leader kill and a controller kill) is the last scenario here; F10 (index and checkpoint files
 deleted or garbled on a killed leader) follows F8, F12 (a leader whose clock is minutes ahead
-or behind, through libfaketime) follows F10. F15 is in ``test_network_faults``. Not covered
-yet: F9 and F16.
+or behind, through libfaketime) follows F10. F15 is in ``test_network_faults``. F16 (the
+Spark driver SIGKILLed mid-batch and restarted from its checkpoint, checked by I14 and the
+sink's at-least-once guarantee) is in ``test_spark_faults``. Not covered yet: F9.
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
 bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
