@@ -40,10 +40,10 @@ def spark_unavailable() -> str | None:
 
 
 def local_session(directory: Path, app_name: str) -> Any:
-    """A ``local[2]`` SparkSession whose files (config, scratch, warehouse) are under
+    """A ``local[2]`` SparkSession whose files (config, scratch, warehouse, temporary) are under
     ``directory``, with the ``tidelog`` format registered. Sets the process's Spark
     environment first: workers run this interpreter (else `python3` from PATH)."""
-    for sub in ("conf", "local", "warehouse"):
+    for sub in ("conf", "local", "warehouse", "tmp"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
     (directory / "conf" / "log4j2.properties").write_text(LOG4J2)
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -68,7 +68,9 @@ def local_session(directory: Path, app_name: str) -> Any:
                .config("spark.sql.streaming.stopTimeout", "10s")
                .config("spark.local.dir", str(directory / "local"))
                .config("spark.sql.warehouse.dir", str(directory / "warehouse"))
-               .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss1m")
+               # the JVM's own temporary files too (a killed driver leaves them behind)
+               .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss1m "
+                       f"-Djava.io.tmpdir={directory / 'tmp'}")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     register(session)
