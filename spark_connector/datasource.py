@@ -47,7 +47,14 @@ from pyspark.sql.types import (
 from tidelog import Record
 from tidelog.spark.cluster import ClusterView
 from tidelog.spark.fetch import HINT, DataLossError, open_consumer, read_range
-from tidelog.spark.options import OptionError, SinkOptions, SourceOptions, parse_sink_options, parse_source_options
+from tidelog.spark.options import (
+    LATEST,
+    OptionError,
+    SinkOptions,
+    SourceOptions,
+    parse_sink_options,
+    parse_source_options,
+)
 from tidelog.spark.planning import (
     OffsetRange,
     Offsets,
@@ -134,6 +141,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: Offsets | None = None  # for reportLatestOffset
         self._commit_warned = False
         self._admitted_at_ms: int | None = None  # minOffsetsPerTrigger / maxTriggerDelay
+        self._initial: dict | None = None  # the query's start, as first answered in this run
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -147,7 +155,15 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._view
 
     def initialOffset(self) -> dict:
-        return offsets_to_json(_resolve_start(self.view, self.opts))
+        """Where the query starts. Spark asks for it to plan batch 0, again to run batch 0,
+        and once more in the next run if the driver died before batch 0 committed (only batch
+        ends are in the checkpoint); every answer must give batch 0 the same ranges (I14). So
+        the first answer is kept for the run, and "latest" is answered as ``LATEST``, which
+        batch 0 turns into the high watermarks it ends at (planning's rules), not as the high
+        watermarks of the moment."""
+        if self._initial is None:
+            self._initial = offsets_to_json(_resolve_start(self.view, self.opts, latest_symbolic=True))
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_offsets_per_trigger
@@ -164,7 +180,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         step = next_end(begin, latest, max_offsets=max_rows, target=self._target)
         if self._target is None and self.opts.min_offsets_per_trigger is not None:
-            available = sum(step.end[tp] - begin.get(tp, 0) for tp in step.end)
+            available = sum(step.end[tp] - step.begin[tp] for tp in step.end)
             now_ms = int(time.time() * 1000)
             if not admit(available, min_offsets=self.opts.min_offsets_per_trigger,
                          max_delay_ms=self.opts.max_trigger_delay_ms, now_ms=now_ms,
@@ -202,7 +218,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if group is None:
             return
         try:
-            self.view.commit(group, offsets_from_json(end))
+            self.view.commit(group, {tp: o for tp, o in offsets_from_json(end).items() if o != LATEST})
         except Exception as e:  # advisory: never fail the query over it
             if not self._commit_warned:
                 self._commit_warned = True
@@ -233,11 +249,16 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest
 
 
-def _resolve_start(view: ClusterView, opts: SourceOptions) -> Offsets:
+def _resolve_start(view: ClusterView, opts: SourceOptions, *, latest_symbolic: bool = False) -> Offsets:
+    """The starting offsets; with ``latest_symbolic`` (streaming) a partition that starts at
+    the latest offsets gets ``LATEST`` instead of its high watermark."""
     tps = sorted(view.partitions())
     spec = opts.starting
     earliest = view.earliest(tps) if spec.kind in ("earliest", "offsets", "timestamps") else {}
-    latest = view.latest(tps) if spec.kind != "earliest" else {}
+    if latest_symbolic:
+        latest = dict.fromkeys(tps, LATEST)
+    else:
+        latest = view.latest(tps) if spec.kind != "earliest" else {}
     by_time = None
     if spec.kind == "timestamp":
         by_time = view.by_time({tp: spec.timestamp for tp in tps})

@@ -34,7 +34,8 @@ Names follow Spark's Kafka source and sink where the meaning is the same::
 Every other option is refused with an error naming it (Spark's Kafka source ignores unknown
 options; a misspelt option silently ignored reads the wrong records). ``REFUSED`` lists the
 Kafka connector's options Tidelog does not implement, each with the reason. The sink also
-takes ``checkpointLocation``, which Spark itself reads from a streaming sink's options.
+takes ``checkpointLocation`` and ``queryName``, which Spark puts among a streaming sink's
+options itself (``writeStream.queryName(name)`` is the option ``queryName``).
 
 Offsets in option JSON are keyed by topic then partition, as Spark's are. A partition that
 a JSON offsets option does not mention starts at earliest (starting) or stops at latest
@@ -90,8 +91,8 @@ _SOURCE_OPTIONS = {
     "kafkaconsumer.polltimeoutms", "fetchoffset.numretries", "fetchoffset.retryintervalms", "groupid",
     "kafka.group.id",
 }
-_SINK_OPTIONS = {"bootstrap.servers", "kafka.bootstrap.servers", "topic",
-                 "checkpointlocation"}  # Spark reads a streaming sink's checkpoint from its options
+# Spark reads a streaming sink's checkpoint from its options, and writes its query name there
+_SINK_OPTIONS = {"bootstrap.servers", "kafka.bootstrap.servers", "topic", "checkpointlocation", "queryname"}
 _STREAMING_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 _BATCH_ONLY = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
 

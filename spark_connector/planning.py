@@ -15,6 +15,14 @@ The rules the driver follows each trigger (``next_end``):
   matching ``subscribePattern``) starts at offset 0, so its whole log is read; if the log no
   longer starts at 0, ``read`` reports the missing offsets as data loss, as Spark's Kafka
   source does for added partitions;
+* a partition at ``LATEST`` (-1: a streaming query that starts at the latest offsets; its
+  initial offset says so instead of naming a high watermark) is positioned by the first batch
+  that sees its high watermark: that batch ends there and reads nothing of the partition
+  (``plan_ranges`` makes its range empty). So the first batch's start follows from its end,
+  which Spark keeps in the offsets log, while the initial offset itself is not kept: Spark
+  asks the source for it again to run the first batch and to replay it after a restart, and
+  every answer must give the same ranges (I14). Without a leader the partition stays at
+  ``LATEST``;
 * a partition that is gone (its topic was deleted) is data loss; with failOnDataLoss=false
   it is dropped from the offsets;
 * a high watermark below the query's position (a new leader whose HW has not caught up, or
@@ -95,8 +103,9 @@ def offsets_from_json(data: Any) -> Offsets:
                 partition = int(p)
             except (TypeError, ValueError):
                 raise InvalidOffsetsError(f"topic {topic!r}: partition {p!r} is not a number") from None
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-                raise InvalidOffsetsError(f"topic {topic!r} partition {p}: offset {offset!r} is not >= 0")
+            if isinstance(offset, bool) or not isinstance(offset, int) or (offset < 0 and offset != LATEST):
+                raise InvalidOffsetsError(f"topic {topic!r} partition {p}: offset {offset!r} is neither >= 0 nor "
+                                          f"{LATEST} (latest, not positioned yet)")
             out[(topic, partition)] = offset
     return out
 
@@ -175,9 +184,11 @@ def resolve_ending(spec: OffsetSpec, partitions: Iterable[TP], latest: Mapping[T
 
 @dataclass(frozen=True)
 class Step:
-    """What ``next_end`` decided: the batch's end, partitions lost (data loss, already
-    dropped from ``end``), and notes worth a warning."""
+    """What ``next_end`` decided: the batch's start with every partition at ``LATEST`` that
+    it positioned (``begin``), its end, partitions lost (data loss, already dropped from
+    both), and notes worth a warning."""
 
+    begin: Offsets
     end: Offsets
     lost: list[str]
     notes: list[str]
@@ -203,6 +214,10 @@ def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: 
                     del begin[tp]  # appeared after the AvailableNow target was taken
                 continue
             hw = min(hw, target[tp])
+        if s == LATEST:
+            if hw < 0:
+                continue  # no high watermark known (no leader): not positioned yet
+            s = begin[tp] = hw
         if hw < s:
             if latest[tp] < s:
                 notes.append(f"topic {tp[0]!r} partition {tp[1]}: high watermark {latest[tp]} is below the "
@@ -212,7 +227,7 @@ def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: 
             avail[tp] = hw - s
     grant = allocate(avail, max_offsets)
     end = {tp: s + grant.get(tp, 0) for tp, s in begin.items()}
-    return Step(end, lost, notes)
+    return Step(begin, end, lost, notes)
 
 
 def admit(available: int, *, min_offsets: int | None, max_delay_ms: int, now_ms: int,
@@ -251,12 +266,13 @@ def allocate(available: Mapping[TP, int], budget: int | None) -> dict[TP, int]:
 def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: int | None = None,
                 max_records: int | None = None) -> list[OffsetRange]:
     """The non-empty ranges ``[start, end)`` of a batch (a partition missing from ``start``
-    starts at 0), each split into pieces of at most ``max_records`` offsets, then split to
-    give at least ``min_partitions`` ranges when there are that many offsets to split."""
+    starts at 0; one at ``LATEST`` is positioned at ``end``: nothing to read), each split into
+    pieces of at most ``max_records`` offsets, then split to give at least ``min_partitions``
+    ranges when there are that many offsets to split."""
     ranges = []
     for tp in sorted(end, key=_key):
         s, e = start.get(tp, 0), end[tp]
-        if e > s:
+        if e > s and s != LATEST:
             ranges.append(OffsetRange(tp[0], tp[1], s, e))
     return split_ranges(cap_ranges(ranges, max_records), min_partitions)
 

@@ -1,44 +1,18 @@
 """Spark fixtures: ONE local SparkSession for the whole test run (a sync session fixture).
 
 A Spark session costs about 1.4 GB and 5 s to start on this 2-core machine, so it is shared,
-and never two at once (FEASIBILITY 3, pitfall 16). Settings are FEASIBILITY's recommended
-ones. The Spark tests are skipped, with the reason shown, only when Java or pyspark is
-missing; the unit tests of this directory need neither.
+and never two at once (FEASIBILITY 3, pitfall 16); ``tests.support.spark`` builds it with
+FEASIBILITY's recommended settings. The Spark tests are skipped, with the reason shown, only
+when Java or pyspark is missing; the unit tests of this directory need neither.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stdout.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-logger.hadoop.name = org.apache.hadoop
-logger.hadoop.level = error
-"""
-
-
-def spark_unavailable() -> str | None:
-    """Why Spark tests cannot run here, or None."""
-    java_home = os.environ.get("JAVA_HOME")
-    if shutil.which("java") is None and not (java_home and os.path.exists(os.path.join(java_home, "bin", "java"))):
-        return "Java is not installed (Spark needs a JRE 17+: apt-get install default-jre-headless)"
-    try:
-        import pyarrow  # noqa: F401
-        import pyspark  # noqa: F401
-    except ImportError as e:
-        return f"pyspark is not installed ({e}): pip install -r requirements-spark-lock.txt"
-    return None
+from tests.support.spark import local_session, spark_unavailable
 
 
 @pytest.fixture(scope="session")
@@ -46,35 +20,8 @@ def spark(tmp_path_factory) -> Iterator[object]:
     reason = spark_unavailable()
     if reason:
         pytest.skip(reason)
-    conf_dir = tmp_path_factory.mktemp("spark-conf")
-    (conf_dir / "log4j2.properties").write_text(LOG4J2)
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # else workers run `python3` from PATH
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["SPARK_CONF_DIR"] = str(conf_dir)
-    from pyspark.sql import SparkSession
-
-    from tidelog.spark import register
-
-    session = (SparkSession.builder.master("local[2]").appName("tidelog-tests")
-               .config("spark.driver.memory", "1g")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.sql.adaptive.enabled", "false")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.python.worker.reuse", "true")
-               .config("spark.sql.streaming.stopTimeout", "10s")
-               .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
-               .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("spark-warehouse")))
-               .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss1m")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session(tmp_path_factory.mktemp("spark"), "tidelog-tests")
     try:
-        register(session)
         yield session
     finally:
         for q in session.streams.active:

@@ -388,7 +388,8 @@ def test_sink_round_trip_with_keys_and_headers(spark, cluster):
 
 
 def test_streaming_sink_and_the_topic_column(spark, cluster, tmp_path):
-    """tidelog -> tidelog: each record is written to the topic its row names."""
+    """tidelog -> tidelog: each record is written to the topic its row names. The query is
+    named (Spark passes the name to the sink as the option queryName)."""
     create_topic(cluster, "fan-in", 2)
     create_topic(cluster, "even", 1)
     create_topic(cluster, "odd", 1)
@@ -398,7 +399,7 @@ def test_streaming_sink_and_the_topic_column(spark, cluster, tmp_path):
     src = reader(spark, cluster.bootstrap, subscribe="fan-in", startingOffsets="earliest")
     out = src.select(F.when(F.col("value").cast("string").cast("int") % 2 == 0, "even").otherwise("odd")
                      .alias("topic"), "key", "value")
-    q = (out.writeStream.format("tidelog").option("bootstrap.servers", cluster.bootstrap)
+    q = (out.writeStream.format("tidelog").queryName("even-odd").option("bootstrap.servers", cluster.bootstrap)
          .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
     assert q.awaitTermination(QUERY_TIMEOUT_S)
     assert high_watermarks(cluster.bootstrap, "even", 1) == {0: 200}

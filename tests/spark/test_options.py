@@ -143,8 +143,11 @@ def test_unknown_options_are_refused_not_ignored(options, role, fragment):
     assert fragment in str(e.value)
 
 
-def test_the_sink_takes_the_checkpoint_location_spark_reads_from_its_options():
-    assert parse_sink_options({**B, "topic": "t", "checkpointLocation": "/tmp/c"}).topic == "t"
+@pytest.mark.parametrize("option,value", [("checkpointLocation", "/tmp/c"), ("queryName", "orders-upper")])
+def test_the_sink_takes_the_options_spark_puts_in_a_streaming_sinks_options(option, value):
+    # writeStream.option("checkpointLocation", ...) and writeStream.queryName(...) both reach
+    # the sink's options; refusing queryName failed every named query at its first batch
+    assert parse_sink_options({**B, "topic": "t", option: value}).topic == "t"
 
 
 def test_bootstrap_servers_by_either_name():

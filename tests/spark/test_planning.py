@@ -117,10 +117,14 @@ def test_offsets_json_is_canonical_and_string_keyed():
     assert json.dumps(same) == json.dumps(a)
 
 
-@pytest.mark.parametrize("bad", [[], {"t": [1]}, {"t": {"x": 1}}, {"t": {"0": -1}}, {"t": {"0": "5"}}])
+@pytest.mark.parametrize("bad", [[], {"t": [1]}, {"t": {"x": 1}}, {"t": {"0": -2}}, {"t": {"0": "5"}}])
 def test_foreign_offsets_are_rejected(bad):
     with pytest.raises(InvalidOffsetsError):
         offsets_from_json(bad)
+
+
+def test_latest_is_an_offset_of_a_streaming_query_not_positioned_yet():
+    assert offsets_from_json({"t": {"0": -1, "1": 4}}) == {("t", 0): LATEST, ("t", 1): 4}
 
 
 # -- starting and ending offsets ------------------------------------------------------------------
@@ -187,6 +191,16 @@ def test_next_end_respects_the_read_limit_and_the_available_now_target():
     assert step.end == {("t", 0): 200}
 
 
+def test_a_partition_at_latest_is_positioned_by_the_first_batch_that_sees_its_high_watermark():
+    step = next_end({("t", 0): LATEST, ("t", 1): 10}, LATE)
+    assert step.begin == {("t", 0): 50, ("t", 1): 10} and step.end == LATE
+    assert plan_ranges({("t", 0): LATEST, ("t", 1): 10}, step.end) == [OffsetRange("t", 1, 10, 30)]
+    assert next_end({("t", 0): LATEST, ("t", 1): 0}, LATE, max_offsets=10).end == {("t", 0): 50, ("t", 1): 10}
+    # without a leader (the reader passes the start as its high watermark): not positioned yet
+    step = next_end({("t", 0): LATEST}, {("t", 0): LATEST})
+    assert step.end == {("t", 0): LATEST} and plan_ranges({("t", 0): LATEST}, step.end) == []
+
+
 def test_next_end_of_nothing_new_is_the_start_itself():
     start = {("t", 0): 50, ("t", 1): 30}
     assert json.dumps(offsets_to_json(next_end(start, LATE).end)) == json.dumps(offsets_to_json(start))
@@ -217,6 +231,63 @@ def test_repeated_triggers_admit_everything_and_bound_every_batch(his, limit):
             break
         batches += 1
     assert start == latest and batches == -(-sum(his) // limit)
+
+
+# -- the stream reader: batch 0 and its replays ---------------------------------------------------
+
+
+class GrowingView:
+    """The reader's ``ClusterView`` over a topic that a producer keeps writing: every look at
+    the high watermarks finds ``step`` more records in each partition."""
+
+    def __init__(self, hw: dict, step: int = 7):
+        self.hw, self.step = dict(hw), step
+
+    def partitions(self, subscription=None):
+        return {tp: 1 for tp in self.hw}
+
+    def earliest(self, tps):
+        return {tp: 0 for tp in tps}
+
+    def latest(self, tps):
+        self.hw = {tp: o + self.step for tp, o in self.hw.items()}
+        return {tp: self.hw[tp] for tp in tps}
+
+    def commit(self, group_id, offsets):
+        self.committed = (group_id, offsets)
+
+
+def stream_reader(view: GrowingView, **options):
+    datasource = pytest.importorskip("tidelog.spark.datasource")  # the Spark classes need pyspark
+    reader = datasource.TidelogStreamReader(parse_source_options({**B, "subscribe": "t", **options}, streaming=True))
+    reader._view = view
+    return reader
+
+
+@pytest.mark.parametrize("starting", ["latest", "earliest", '{"t": {"0": 3, "1": -1}}'])
+def test_batch_0_reads_what_was_planned_however_often_its_start_is_asked(starting):
+    """I14 for the first batch: Spark asks the source for the query's initial offset to plan
+    batch 0, again to run it, and once more in the next run when the driver died before batch
+    0 committed (the initial offset is not in the checkpoint). Records keep arriving in
+    between, and every answer must give batch 0 the same ranges."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    view = GrowingView({("t", 0): 100, ("t", 1): 50})
+    first = stream_reader(view, startingOffsets=starting)
+    start = first.initialOffset()
+    end = first.latestOffset(start, ReadAllAvailable())
+    planned = [p.value for p in first.partitions(start, end)]
+    assert [p.value for p in first.partitions(first.initialOffset(), end)] == planned  # running it
+    restarted = stream_reader(view, startingOffsets=starting)  # a new driver on the checkpoint
+    assert [p.value for p in restarted.partitions(restarted.initialOffset(), end)] == planned
+    if starting == "latest":  # positioned at the high watermarks batch 0 saw: it reads nothing
+        assert planned == [] and offsets_from_json(end) == {("t", 0): 107, ("t", 1): 57}
+
+
+def test_the_group_commit_leaves_out_partitions_not_positioned_yet():
+    view = GrowingView({("t", 0): 0, ("t", 1): 0})
+    stream_reader(view, groupId="g").commit({"t": {"0": -1, "1": 5}})
+    assert view.committed == ("g", {("t", 1): 5})
 
 
 # -- ranges ---------------------------------------------------------------------------------------

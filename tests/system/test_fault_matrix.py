@@ -34,8 +34,9 @@ leader kill and a controller kill) is the last scenario here; F10 (index and che
 deleted or garbled on a killed leader) follows F8, F12 (a leader whose clock is minutes ahead
 or behind, through libfaketime) follows F10, and F9 (a bit flipped in a closed segment of
 the leader, found by a read, or of a follower, found by the background verification; the
-damaged replica is re-fetched) follows F12's helpers. F15 is in ``test_network_faults``. Not
-covered yet: F16.
+damaged replica is re-fetched) follows F12's helpers. F15 is in ``test_network_faults``. F16
+(the Spark driver SIGKILLed mid-batch and restarted from its checkpoint, checked by I14 and
+the sink's at-least-once guarantee) is in ``test_spark_faults``.
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
 bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
