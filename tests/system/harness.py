@@ -1126,7 +1126,51 @@ class ZooKeeperView:
         return PartitionState(st["leader"], st["leader_epoch"], tuple(sorted(st["isr"])), stat.version)
 
 
-class IsrSampler:
+class Sampler:
+    """A thread (a context manager) that samples the cluster every ``interval`` seconds while
+    a fault lasts: ``sample_round`` each time, inside ``session`` (opened once for the whole
+    run), then ``record`` once it has stopped. An error that stopped the thread fails the exit
+    (unless the block itself failed)."""
+
+    what = "sampler"  # in the thread's name and the error
+
+    def __init__(self, scenario: Scenario, interval: float):
+        self.s, self.interval = scenario, interval
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"system-{self.what.replace(' ', '-')}", daemon=True)
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.record()
+        if self.error is not None and exc[0] is None:
+            raise AssertionError(f"the {self.what} failed: {self.error!r}") from self.error
+
+    def session(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def sample_round(self, session: Any) -> None:
+        raise NotImplementedError
+
+    def record(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        try:
+            with self.session() as session:
+                while not self._stop.wait(self.interval):
+                    self.sample_round(session)
+        except BaseException as e:  # noqa: BLE001 -- reported on exit
+            self.error = e
+
+
+class IsrSampler(Sampler):
     """I8 while a fault lasts (a thread; a context manager): the ISR in ZooKeeper only holds
     replicas that have the committed prefix.
 
@@ -1139,38 +1183,26 @@ class IsrSampler:
     later moment. The samples that saw each ISR are counted (``isrs``), so a test can show
     that the shrunk ISR was sampled too."""
 
+    what = "ISR sampler"
+
     def __init__(self, scenario: Scenario, interval: float = 0.2):
-        self.s, self.interval = scenario, interval
-        self.samples = 0
+        super().__init__(scenario, interval)
         self.behind: list[str] = []
         self.isrs: Counter = Counter()   # (partition, isr) -> samples
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="system-isr-sampler", daemon=True)
-        self.error: BaseException | None = None
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
+    def session(self) -> ZooKeeperView:
+        return self.s.zookeeper()
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(30)
+    def sample_round(self, zk: ZooKeeperView) -> None:
+        for p in range(self.s.partitions):
+            with contextlib.suppress(OSError, TidelogError):
+                self._sample(zk, p)
+
+    def record(self) -> None:
         self.s.isr_samples += self.samples
         self.s.isr_behind += self.behind
         self.s.note(f"I8: {self.samples} samples of ZooKeeper's ISR and the replicas' LEOs, "
                     f"{len(self.behind)} violations; ISRs seen {dict(sorted(self.isrs.items()))}")
-        if self.error is not None and exc[0] is None:
-            raise AssertionError(f"the ISR sampler failed: {self.error!r}") from self.error
-
-    def _run(self) -> None:
-        try:
-            with self.s.zookeeper() as zk:
-                while not self._stop.wait(self.interval):
-                    for p in range(self.s.partitions):
-                        with contextlib.suppress(OSError, TidelogError):
-                            self._sample(zk, p)
-        except BaseException as e:  # noqa: BLE001 -- reported on exit
-            self.error = e
 
     def _sample(self, zk: ZooKeeperView, p: int) -> None:
         topic = self.s.topic
@@ -1191,7 +1223,7 @@ class IsrSampler:
                                f"below the HW {hw}; LEOs {leos}")
 
 
-class LogStartSampler:
+class LogStartSampler(Sampler):
     """I11 (b) while a fault lasts (a thread; a context manager): every ``interval`` seconds,
     each running broker's own log start offset of every partition (ListOffsets "earliest" as
     the debugging replica), stamped with the wall clock once the answer arrived. Each value
@@ -1200,40 +1232,26 @@ class LogStartSampler:
     an interval (the oracle's other sightings of log starts come later: consumer resets, the
     final read, the checkpoints once the brokers stopped)."""
 
+    what = "log start sampler"
+
     def __init__(self, scenario: Scenario, interval: float = 0.5):
-        self.s, self.interval = scenario, interval
-        self.samples = 0
+        super().__init__(scenario, interval)
         self.seen: list[LogStart] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="system-log-start-sampler", daemon=True)
-        self.error: BaseException | None = None
+        self._last: dict[tuple[int, int], int] = {}  # (broker, partition) -> the log start it had
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
+    def sample_round(self, _: None) -> None:
+        for b in self.s.running:
+            for p in range(self.s.partitions):
+                with contextlib.suppress(OSError, TidelogError):
+                    offset = self.s.log_start_offset_of(b, p)
+                    self.samples += 1
+                    if offset is not None and self._last.get((b, p)) != offset:
+                        self._last[b, p] = offset
+                        self.seen.append(LogStart(wall_ms(), p, offset, f"broker {b}"))
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(30)
+    def record(self) -> None:
         self.s.log_starts += self.seen
         self.s.note(f"I11: {self.samples} samples of the replicas' log starts, {len(self.seen)} values seen")
-        if self.error is not None and exc[0] is None:
-            raise AssertionError(f"the log start sampler failed: {self.error!r}") from self.error
-
-    def _run(self) -> None:
-        last: dict[tuple[int, int], int] = {}
-        try:
-            while not self._stop.wait(self.interval):
-                for b in self.s.running:
-                    for p in range(self.s.partitions):
-                        with contextlib.suppress(OSError, TidelogError):
-                            offset = self.s.log_start_offset_of(b, p)
-                            self.samples += 1
-                            if offset is not None and last.get((b, p)) != offset:
-                                last[b, p] = offset
-                                self.seen.append(LogStart(wall_ms(), p, offset, f"broker {b}"))
-        except BaseException as e:  # noqa: BLE001 -- reported on exit
-            self.error = e
 
 
 # -- the oracle's checks -------------------------------------------------------------------------
