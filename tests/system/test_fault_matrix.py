@@ -489,34 +489,37 @@ def test_f13_reassignment_onto_an_added_broker_through_failures(tmp_path: Path, 
     target = {0: [4, 1, 2], 1: [2, 4, 3], 2: [3, 1, 4]}
     with Scenario(tmp_path, "F13 reassignment under faults", idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
-        s.note("adding broker 4")
-        s.cluster.add_broker(timeout=ELECTION_TIMEOUT_S)
-        s.pause(4)
-        # bootstrapped on the running brokers only: a request to the paused one would hang until
-        # its session expired, and a target naming an unregistered broker is refused
-        running = ",".join(f"{b.host}:{b.port}" for i, b in s.cluster.brokers.items() if i != 4)
-        with IsrSampler(s) as sampler:  # I8 throughout the move
-            with Admin(running, default_api_timeout_ms=30000, request_timeout_ms=10000) as a:
-                results = a.alter_partition_reassignments(
+        # The admin that starts the moves is opened, and has asked the controller once, before
+        # broker 4 joins, so its metadata names brokers 1-3 only. Opened while broker 4 is
+        # paused, its first refresh could pick the paused broker and hang until that broker's
+        # ZooKeeper session expired; the controller then refuses a target naming an
+        # unregistered broker.
+        with Admin(s.bootstrap, default_api_timeout_ms=30000, request_timeout_ms=10000) as mover:
+            mover.list_partition_reassignments()
+            s.note("adding broker 4")
+            s.cluster.add_broker(timeout=ELECTION_TIMEOUT_S)
+            s.pause(4)
+            with IsrSampler(s) as sampler:  # I8 throughout the move
+                results = mover.alter_partition_reassignments(
                     {TopicPartition(s.topic, p): r for p, r in target.items()})
-            assert all(code == 0 for code, _ in results.values()), results
-            s.note(f"reassignment started: {target}")
-            leader = s.leader_of(0)
-            s.kill(leader)
-            s.leader_of(0, not_in=[leader])
-            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
-            controller = s.controller(not_in=[leader])
-            s.kill(controller)
-            s.controller(not_in=[leader, controller])
-            s.resume(4)
-            s.heal()  # the killed brokers back; every replica in its ISR
+                assert all(code == 0 for code, _ in results.values()), results
+                s.note(f"reassignment started: {target}")
+                leader = s.leader_of(0)
+                s.kill(leader)
+                s.leader_of(0, not_in=[leader])
+                s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+                controller = s.controller(not_in=[leader])
+                s.kill(controller)
+                s.controller(not_in=[leader, controller])
+                s.resume(4)
+                s.heal()  # the killed brokers back; every replica in its ISR
 
-            def moved() -> bool:
-                with s.admin() as a:
-                    if a.list_partition_reassignments():
-                        return False
-                return all(s.replicas_of(p) == r for p, r in target.items())
-            wait_until(moved, HEAL_TIMEOUT_S, f"the reassignment to {target} to complete")
+                def moved() -> bool:
+                    with s.admin() as a:
+                        if a.list_partition_reassignments():
+                            return False
+                    return all(s.replicas_of(p) == r for p, r in target.items())
+                wait_until(moved, HEAL_TIMEOUT_S, f"the reassignment to {target} to complete")
         assert any(4 in isr for _, isr in sampler.isrs), f"I8 never sampled broker 4 in an ISR: {dict(sampler.isrs)}"
         s.note("reassignment complete")
         s.wait_isr_full()
