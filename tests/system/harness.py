@@ -71,9 +71,10 @@ read their segment files:
           a ``LogStartSampler``, a live consumer's reset, the final read, or the replica's
           checkpoint when its broker stopped), every acknowledged record below L has a
           timestamp at least retention.ms older than t;
-      (c) liveness: every segment below the replica's high watermark whose newest record
-          expired more than ``RETENTION_SLACK_MS`` plus log.retention.check.interval.ms
-          before its broker stopped (and after the broker's last start) is gone.
+      (c) liveness: every segment below the replica's high watermark is gone if, when its
+          broker stopped, its newest record had been expired, and the broker had been up
+          since its last start, for more than ``RETENTION_SLACK_MS`` plus
+          log.retention.check.interval.ms.
       With the default retention (7 days) (b) means nothing acknowledged is deleted at all
       and (c) asks nothing; short retention is the I11 scenario of ``test_fault_matrix``.
 
