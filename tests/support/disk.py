@@ -7,11 +7,12 @@ DevCluster's layout: broker ``i`` keeps its logs in ``<cluster dir>/broker-<i>/l
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.broker.devcluster import DevCluster
-from tidelog.broker.log.checkpoint import REPLICATION_CHECKPOINT, OffsetCheckpoint
-from tidelog.protocol.records import iter_all_records
+from tidelog.broker.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, REPLICATION_CHECKPOINT, OffsetCheckpoint
+from tidelog.protocol.records import iter_all_records, iter_headers
 
 
 def log_dir(cluster: DevCluster, broker_id: int) -> Path:
@@ -41,9 +42,37 @@ def replica_records(cluster: DevCluster, broker_id: int, topic: str, partition: 
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    """One segment of a replica as its ``.log`` file holds it: its base offset (the file's
+    name), the offset after its last batch (the base offset when it is empty) and the largest
+    timestamp of its batches (-1 when it is empty), which retention ages it by."""
+
+    base_offset: int
+    next_offset: int
+    max_timestamp: int
+
+
+def replica_segments(cluster: DevCluster, broker_id: int, topic: str, partition: int) -> list[SegmentFile]:
+    """Every segment of one replica in base-offset order, read from the batch headers."""
+    d = log_dir(cluster, broker_id) / f"{topic}-{partition}"
+    out = []
+    for seg in sorted(d.glob("*.log"), key=lambda f: int(f.stem)):
+        headers = [h for _, h in iter_headers(seg.read_bytes())]
+        base = int(seg.stem)
+        out.append(SegmentFile(base, headers[-1].next_offset if headers else base,
+                               max((h.max_timestamp for h in headers), default=-1)))
+    return out
+
+
 def checkpointed_high_watermarks(cluster: DevCluster, broker_id: int) -> dict[tuple[str, int], int]:
     """A broker's replication-offset-checkpoint: (topic, partition) -> high watermark ({} when absent)."""
     return dict(OffsetCheckpoint(str(log_dir(cluster, broker_id) / REPLICATION_CHECKPOINT)).read())
+
+
+def checkpointed_log_starts(cluster: DevCluster, broker_id: int) -> dict[tuple[str, int], int]:
+    """A broker's log-start-offset-checkpoint: (topic, partition) -> log start offset ({} when absent)."""
+    return dict(OffsetCheckpoint(str(log_dir(cluster, broker_id) / LOG_START_OFFSET_CHECKPOINT)).read())
 
 
 def replica_high_watermark(cluster: DevCluster, broker_id: int, topic: str, partition: int) -> int | None:

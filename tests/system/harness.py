@@ -9,11 +9,16 @@ and runs the workload in background threads:
 * one acks=all ``Producer`` (``max_in_flight_requests_per_connection`` 1, so its records keep
   their send order per partition) sends unique, sequence-numbered values
   (``b"<partition>:<seq>"``, round-robin over the partitions) at a bounded rate and records
-  every acknowledged ``(partition, offset, value)`` and every failure with its error;
+  every acknowledged ``(partition, offset, value)`` with the record's timestamp, and every
+  failure with its error. It is idempotent with ``Scenario(..., idempotent=True)`` (the SDK's
+  ``enable_idempotence``; confluent-kafka's ``enable.idempotence``), and not otherwise, so
+  that a retry after a failover may append a value twice;
 * one or two live ``Consumer`` threads are assigned every partition from offset 0 and record
-  every ``(partition, offset, value)`` they receive. As a real application would, they seek
-  back to the beginning on OFFSET_OUT_OF_RANGE (auto_offset_reset "none", so every such reset
-  is seen and recorded) and re-seek a partition after any other error.
+  every ``(partition, offset, value)`` they receive. As a real application would, on
+  OFFSET_OUT_OF_RANGE (auto_offset_reset "none", so every such error is seen and recorded)
+  they go on from the log start they are told (the offsets jumped are recorded: retention
+  deleted them, or an unclean election lost them), and they re-seek a partition after any
+  other error. ``ConsumerWorker.pause`` holds one back, to make it fall behind retention.
 
 Faults are injected with ``stop`` (SIGTERM: controlled shutdown), ``kill`` (SIGKILL),
 ``pause``/``resume`` (SIGSTOP/SIGCONT) and ``start``; each is written to a timeline that is
@@ -26,29 +31,54 @@ removes the cuts. With ``latency=True`` instead, the brokers' connections to eac
 through delaying relays, and ``delay(a, b, ms)`` adds a one-way latency between two brokers.
 ``IsrSampler`` checks I8 while a fault lasts: every replica in the ISR that ZooKeeper holds
 has a log end offset (asked of that replica) at or past the leader's high watermark.
-``produce_to``, ``read_from``, ``high_watermark_of`` and ``log_end_offset_of`` ask one broker
-directly (no metadata, no retries), to see what a zombie leader does. Who leads a partition
-and who is the controller is read from the metadata of every running broker, and only a view
-they all agree on counts (a broker's cache lags the controller by one UpdateMetadata). Every
-wait polls a condition under a deadline.
+``LogStartSampler`` keeps, while a fault lasts, each replica's log start offset with the time
+it was first seen, for I11. ``produce_to``, ``read_from``, ``high_watermark_of``,
+``log_end_offset_of`` and ``log_start_offset_of`` ask one broker directly (no metadata, no
+retries), to see what a zombie leader does. Who leads a partition and who is the controller
+is read from the metadata of every running broker, and only a view they all agree on counts
+(a broker's cache lags the controller by one UpdateMetadata). Every wait polls a condition
+under a deadline.
 
 ``heal`` restarts what was stopped and waits until every replica is back in its ISR;
 ``stop_workload`` stops producing, settles every produce future and lets the consumers catch
 up to the high watermarks; ``check`` is the oracle, which also stops every broker cleanly to
 read their segment files:
 
-* I1  every acknowledged (partition, offset, value) is at that offset when each partition is
-      read by a fresh consumer from its start to its high watermark;
+* I1  every acknowledged (partition, offset, value) at or above the partition's log start is
+      at that offset when each partition is read by a fresh consumer from its log start to
+      its high watermark (the *final log*); an acknowledged record below the log start was
+      deleted by retention, and I11 (b) checks that it had expired (``Report.expired``);
 * I3  offsets strictly increase (and are contiguous); per partition, the producer's values
       appear in send order (re-sent duplicates, possible without idempotence, are counted);
-* I6  every record a live consumer received is in the final log at the same offset with the
-      same value, and no consumer skipped an offset without having been told (an
-      out-of-range error) -- I10's "never a silent skip";
+* I4  (with ``idempotent=True``) no value appears twice in the final log: every duplicate is
+      a violation (``duplicated``), where without idempotence it is only counted;
+* I6  every record a live consumer received at or above the log start is in the final log at
+      the same offset with the same value; no consumer skipped an offset without having been
+      told (an out-of-range error) -- I10's "never a silent skip"; and every live consumer
+      received every acknowledged record but those it jumped when told;
 * I2  after a clean stop of every broker, every replica's segment files, read from disk,
-      agree record by record (with each other and with what the consumer read) up to the
-      smallest high watermark in the replicas' replication-offset-checkpoint files;
+      agree record by record (with each other and with what the consumer read) from the
+      later of the final log's start and the replica's own log start up to the smallest high
+      watermark in the replicas' replication-offset-checkpoint files;
 * I5  ``dump-log --verify`` finds no problem in any segment of any replica;
-* I8  (when an ``IsrSampler`` ran) no sample found an ISR member below the high watermark.
+* I8  (when an ``IsrSampler`` ran) no sample found an ISR member below the high watermark;
+* I11 retention deletes only whole, expired segments, by the topic's retention.ms (its own
+      setting, else the brokers'), on every replica as its broker left it on disk:
+      (a) its log start offset (log-start-offset-checkpoint) lies within its segments and is
+          a segment boundary: the base offset of its first segment (or of a later one while
+          those wholly below it wait for the next retention run), or -- for a follower, which
+          follows its leader's log start, where their segments do not line up -- a boundary
+          of another replica (on disk, or where a broker logged cutting its log);
+      (b) nothing was deleted before it expired: for every log start L seen at a time t (by
+          a ``LogStartSampler``, a live consumer's reset, the final read, or the replica's
+          checkpoint when its broker stopped), every acknowledged record below L has a
+          timestamp at least retention.ms older than t;
+      (c) liveness: every segment below the replica's high watermark is gone if, when its
+          broker stopped, its newest record had been expired, and the broker had been up
+          since its last start, for more than ``RETENTION_SLACK_MS`` plus
+          log.retention.check.interval.ms.
+      With the default retention (7 days) (b) means nothing acknowledged is deleted at all
+      and (c) asks nothing; short retention is the I11 scenario of ``test_fault_matrix``.
 
 The ``Report`` carries the counts (acked, consumed, lost, diverged, ...) and the first few
 examples of each violation; ``Report.assert_ok`` fails with the whole report.
@@ -56,9 +86,11 @@ examples of each violation; ``Report.assert_ok`` fails with the whole report.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import io
+import itertools
 import os
 import re
 import threading
@@ -72,11 +104,19 @@ from typing import Any, Self, TypeVar
 
 from tests.support import waiting
 from tests.support.cluster import dump_logs, dump_zookeeper
-from tests.support.disk import checkpointed_high_watermarks, log_dir, replica_records
+from tests.support.disk import (
+    SegmentFile,
+    checkpointed_high_watermarks,
+    checkpointed_log_starts,
+    log_dir,
+    replica_records,
+    replica_segments,
+)
 from tests.support.waiting import NotYet
 from tests.system.netlab import NetworkLab
 from tidelog import Admin, Consumer, NewTopic, Producer, TidelogError, TopicPartition
 from tidelog.broker import health
+from tidelog.broker.config import SETTINGS as BROKER_SETTINGS
 from tidelog.broker.devcluster import DevCluster, metadata
 from tidelog.broker.log import dump
 from tidelog.broker.security.listeners import parse_endpoints
@@ -85,6 +125,7 @@ from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.messages import (
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
+    EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     FetchPartition,
     FetchPartitionResponse,
@@ -150,6 +191,7 @@ class Ack:
     value: bytes
     seq: int
     at: float  # time.monotonic() when the acknowledgement arrived
+    timestamp: int = -1  # the record's own timestamp (CreateTime, ms), what retention ages it by
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,13 +211,16 @@ def error_name(e: BaseException) -> str:
 
 class ProducerWorker:
     """The steady acks=all producer (a thread): ``rate`` records a second, round-robin over
-    the partitions, every outcome recorded by its future's callback."""
+    the partitions, every outcome recorded by its future's callback. Idempotence is off
+    unless ``enable_idempotence=True`` is passed (the SDK would turn it on by itself with
+    these options): ``idempotent`` says which, for the oracle's I4."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int, **config: Any):
         self.topic, self.partitions, self.rate = topic, partitions, rate
         config = {"acks": "all", "max_in_flight_requests_per_connection": 1, "linger_ms": 5,
                   "request_timeout_ms": 10000, "delivery_timeout_ms": 60000, "retry_backoff_ms": 100,
-                  "max_block_ms": 20000, "client_id": "system-producer", **config}
+                  "max_block_ms": 20000, "client_id": "system-producer", "enable_idempotence": False, **config}
+        self.idempotent = bool(config["enable_idempotence"])
         self.producer = Producer(bootstrap, **config)
         self.acked: list[Ack] = []
         self.failed: list[Failure] = []
@@ -237,7 +282,7 @@ class ProducerWorker:
             return
         md = fut.result(0)
         with self._lock:
-            self.acked.append(Ack(p, md.offset, value, seq, time.monotonic()))
+            self.acked.append(Ack(p, md.offset, value, seq, time.monotonic(), md.timestamp))
 
     def _record_failure(self, p: int, value: bytes, seq: int, e: BaseException) -> None:
         with self._lock:
@@ -269,10 +314,11 @@ class KafkaProducerWorker(ProducerWorker):
         import confluent_kafka
 
         self.topic, self.partitions, self.rate = topic, partitions, rate
-        self.producer = _ConfluentProducer(confluent_kafka.Producer({
-            "bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5,
-            "request.timeout.ms": 10000, "delivery.timeout.ms": 60000, "retry.backoff.ms": 100,
-            "client.id": "system-kafka-producer", **config}))
+        config = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5,
+                  "request.timeout.ms": 10000, "delivery.timeout.ms": 60000, "retry.backoff.ms": 100,
+                  "client.id": "system-kafka-producer", **config}
+        self.idempotent = bool(config["enable.idempotence"])
+        self.producer = _ConfluentProducer(confluent_kafka.Producer(config))
         self.acked, self.failed, self.sent = [], [], 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -291,7 +337,8 @@ class KafkaProducerWorker(ProducerWorker):
                     self.failed.append(Failure(p, value, seq, err.name(), err.str(), time.monotonic()))
             else:
                 with self._lock:
-                    self.acked.append(Ack(p, message.offset(), value, seq, time.monotonic()))
+                    self.acked.append(Ack(p, message.offset(), value, seq, time.monotonic(),
+                                          message.timestamp()[1]))
 
         while True:
             try:
@@ -331,13 +378,31 @@ class ConsumerEvent:
     position: int | None  # the consumer's next offset for the partition when it happened
 
 
+@dataclass(frozen=True, slots=True)
+class LogStart:
+    """A log start offset of the topic's ``partition`` seen at ``at_ms`` (wall clock, taken
+    after the answer arrived): every offset below ``offset`` had been deleted by then."""
+
+    at_ms: float
+    partition: int
+    offset: int
+    source: str  # who saw it: a broker's replica, a consumer's reset, the final read, a checkpoint
+
+
+def wall_ms() -> float:
+    """The wall clock in ms: what record timestamps and the brokers' retention use."""
+    return time.time() * 1000
+
+
 _PARTITION_IN_MESSAGE = re.compile(r"partition (\S+)-(\d+)\b")
 
 
 class ConsumerWorker:
     """A live consumer (a thread) reading every partition from offset 0, recording each
-    (partition, offset, value) and every error; it resets to the beginning on
-    OFFSET_OUT_OF_RANGE and re-seeks a partition at its position after other errors."""
+    (partition, offset, value) and every error; on OFFSET_OUT_OF_RANGE it asks for the log
+    start and goes on from there (the offsets it jumped are recorded in ``told``), and it
+    re-seeks a partition at its position after other errors. ``pause`` holds it back (it
+    stops polling) until ``resume``, to make it fall behind retention."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, name: str):
         self.topic, self.partitions, self.name = topic, partitions, name
@@ -349,9 +414,13 @@ class ConsumerWorker:
         self.received = 0
         self.next_offset: dict[int, int] = {p: 0 for p in range(partitions)}
         self.skips: list[tuple[int, int, int]] = []  # (partition, expected offset, got) without a reset
+        self.told: list[tuple[int, int, int]] = []   # (partition, from, to): jumped after OFFSET_OUT_OF_RANGE
+        self.log_starts: list[LogStart] = []         # the log starts it reset to
         self.events: list[ConsumerEvent] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._resume = threading.Event()
+        self._resume.set()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -361,9 +430,17 @@ class ConsumerWorker:
             self.consumer.seek(tp, 0)
         self._thread.start()
 
+    def pause(self) -> None:
+        self._resume.clear()
+
+    def resume(self) -> None:
+        self._resume.set()
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                if not self._resume.wait(0.2):
+                    continue
                 try:
                     records = self.consumer.poll(timeout_ms=200)
                 except OffsetOutOfRangeError as e:
@@ -396,20 +473,30 @@ class ConsumerWorker:
                                              None if p is None else self.next_offset[p]))
 
     def _reset(self, e: OffsetOutOfRangeError) -> None:
-        """What a consumer with auto.offset.reset=earliest does, made visible."""
+        """What a consumer with auto.offset.reset=earliest does, made visible: it seeks to the
+        log start it was told (one answer for both, so that retention moving the start in
+        between cannot pass for a silent skip); the offsets from its position up to that start
+        were skipped with notice. The partition fetches nothing until that seek, so a failed
+        question is asked again."""
         p = self._partition_of(e)
         self._event(p, e)
-        for tp in self.tps if p is None else [self.tps[p]]:
-            self.consumer.seek_to_beginning(tp)
-            with self._lock:
-                self.next_offset[tp.partition] = self._earliest(tp)
-
-    def _earliest(self, tp: TopicPartition) -> int:
-        # the position the consumer resets to; offsets before it were not skipped silently
-        try:
-            return self.consumer.beginning_offsets([tp], timeout_ms=5000)[tp]
-        except TidelogError:
-            return 0
+        tps = self.tps if p is None else [self.tps[p]]
+        while True:
+            try:
+                starts = self.consumer.beginning_offsets(tps, timeout_ms=5000)
+                break
+            except TidelogError:
+                if self._stop.wait(0.2):
+                    return
+        at = wall_ms()
+        with self._lock:
+            for tp, start in starts.items():
+                if start > self.next_offset[tp.partition]:
+                    self.told.append((tp.partition, self.next_offset[tp.partition], start))
+                self.next_offset[tp.partition] = start
+                self.log_starts.append(LogStart(at, tp.partition, start, f"{self.name}'s reset"))
+        for tp, start in starts.items():
+            self.consumer.seek(tp, start)
 
     def _reseek(self, e: TidelogError) -> None:
         p = self._partition_of(e)
@@ -428,6 +515,7 @@ class ConsumerWorker:
 
     def stop(self) -> None:
         self._stop.set()
+        self._resume.set()
         self._thread.join(30)
         self.consumer.close()
         if self.error is not None:
@@ -452,8 +540,13 @@ class Report:
     consumed_distinct: int = 0   # distinct (partition, offset, value) received
     final_records: int = 0       # records in the final log (sum of the HWs)
     high_watermarks: dict[int, int] = field(default_factory=dict)
+    idempotent: bool = False     # the producer was idempotent: every duplicate is an I4 violation
     duplicates: int = 0          # producer values in the final log more than once (retries)
     out_of_range_resets: int = 0
+    retention_ms: int = -1       # the topic's retention.ms, which I11 holds deletions to
+    log_starts: dict[int, dict[int, int | None]] = field(default_factory=dict)  # partition -> broker -> checkpointed
+    expired: int = 0             # acked records below the final log start: I11 (b), not I1, checks them
+    log_start_samples: int = 0   # log starts seen while the scenario ran (LogStartSampler, consumer resets)
     consumer_errors: dict[str, int] = field(default_factory=dict)
     # violations
     lost: list = field(default_factory=list)          # I1: acked, not at its offset
@@ -464,6 +557,10 @@ class Report:
     diverged: list = field(default_factory=list)      # I2: replicas differ below the HW
     corrupt: list = field(default_factory=list)       # I5: dump-log --verify problems
     isr_behind: list = field(default_factory=list)    # I8: an ISR member in ZooKeeper below the HW
+    duplicated: list = field(default_factory=list)    # I4: a value twice in the log of an idempotent producer
+    cut_inside: list = field(default_factory=list)    # I11 (a): a log start that is no segment boundary
+    deleted_early: list = field(default_factory=list)  # I11 (b): an acked record deleted before it expired
+    kept_expired: list = field(default_factory=list)  # I11 (c): an expired segment retention left in place
     isr_samples: int = 0         # I8 samples of ZooKeeper's ISR and the replicas' LEOs (IsrSampler)
     replicas_compared: int = 0
     segments_verified: int = 0
@@ -472,7 +569,7 @@ class Report:
     timeline: list[str] = field(default_factory=list)
 
     COUNTS = ("lost", "misordered", "phantom", "silent_skips", "not_consumed", "diverged", "corrupt",
-              "isr_behind")
+              "isr_behind", "duplicated", "cut_inside", "deleted_early", "kept_expired")
 
     def count(self, what: str) -> int:
         return len(getattr(self, what))
@@ -484,9 +581,12 @@ class Report:
         lines = [(f"== {self.name}: sent {self.sent}, acked {self.acked}, failed {self.failed} "
                   f"{dict(self.failures_by_error)}, consumed {self.consumed} ({self.consumed_distinct} distinct), "
                   f"final log {self.final_records} records, HWs {self.high_watermarks}, "
-                  f"duplicates {self.duplicates}, out-of-range resets {self.out_of_range_resets}, "
+                  f"duplicates {self.duplicates} ({'idempotent' if self.idempotent else 'not idempotent'}), "
+                  f"out-of-range resets {self.out_of_range_resets}, "
                   f"consumer errors {dict(self.consumer_errors)}, replicas compared {self.replicas_compared}, "
-                  f"segments verified {self.segments_verified}, ISR samples {self.isr_samples}"),
+                  f"segments verified {self.segments_verified}, ISR samples {self.isr_samples}, "
+                  f"retention.ms {self.retention_ms}: log starts {self.log_starts}, {self.expired} acked "
+                  f"records expired, {self.log_start_samples} log starts seen while running"),
                  "   " + ", ".join(f"{k} {self.count(k)}" for k in self.COUNTS)]
         for k in self.COUNTS:
             for example in getattr(self, k)[:self.EXAMPLES]:
@@ -514,14 +614,16 @@ class Scenario:
                  replication_factor: int = 3, topic_config: dict[str, str] | None = None,
                  extra_config: dict[str, object] | None = None, rate: int = 600, consumers: int = 2,
                  network: bool = False, latency: bool = False, producer_config: dict[str, Any] | None = None,
-                 kafka_producer: bool = False):
+                 kafka_producer: bool = False, idempotent: bool = False):
         """``network``: run every broker in its own network namespace (``netlab``), so that
         ``cut`` and ``isolate`` can partition the network. ``latency`` (with ``network``):
         route the brokers' connections to each other through delay relays, so that ``delay``
         can slow them down (``cut`` does not work on relayed traffic). ``producer_config``: options of the
         steady producer that differ from ``ProducerWorker``'s. ``kafka_producer``: the steady
-        producer is confluent-kafka on the brokers' Kafka listeners (``KafkaProducerWorker``)."""
-        self.kafka_producer = kafka_producer
+        producer is confluent-kafka on the brokers' Kafka listeners (``KafkaProducerWorker``).
+        ``idempotent``: the steady producer runs with idempotence enabled, and the oracle holds
+        it to I4 (no value twice in the log); off, a retry may append a value again."""
+        self.kafka_producer, self.idempotent = kafka_producer, idempotent
         self.latency = latency
         self.name = name
         self.topic, self.partitions, self.replication_factor = topic, partitions, replication_factor
@@ -540,6 +642,9 @@ class Scenario:
         self.final_log: dict[int, dict[int, bytes | None]] = {}  # partition -> offset -> value (check)
         self.isr_samples = 0              # I8 samples taken (``IsrSampler``)
         self.isr_behind: list[str] = []   # I8 violations
+        self.log_starts: list[LogStart] = []  # seen while running (LogStartSampler) and by the final read
+        self.started_ms: dict[int, float] = {}  # broker -> wall clock of its last start (I11's liveness)
+        self.stopped_ms: dict[int, float] = {}  # broker -> wall clock once its last clean stop was over
         self.producer: ProducerWorker | None = None
         self.consumers: list[ConsumerWorker] = []
         self.paused: set[int] = set()
@@ -555,6 +660,7 @@ class Scenario:
                 self.lab.create(delayed_port=self._inter_broker_port() if self.latency else None)
                 self.note(f"network lab: {self.lab.describe()}")
             self.note("starting ZooKeeper and 3 brokers")
+            self.started_ms = dict.fromkeys(self.cluster.brokers, wall_ms())
             self.cluster.start(60.0)
             self.create_topic(self.topic, self.partitions, self.replication_factor, self.topic_config)
             self.start_workload()
@@ -607,6 +713,17 @@ class Scenario:
     def admin(self) -> Admin:
         return Admin(self.bootstrap, default_api_timeout_ms=30000, request_timeout_ms=10000)
 
+    def broker_setting(self, name: str) -> Any:
+        """A setting of the brokers: as this scenario configured them, else the default."""
+        if name in self.cluster.extra_config:
+            return self.cluster.extra_config[name]
+        return next(x.default for x in BROKER_SETTINGS if x.name == name)
+
+    @property
+    def retention_ms(self) -> int:
+        """The topic's retention.ms: its own setting, else the brokers' log.retention.ms."""
+        return int(self.topic_config.get("retention.ms", self.broker_setting("log.retention.ms")))
+
     def create_topic(self, name: str, partitions: int, replication_factor: int,
                      config: dict[str, str] | None = None, timeout: float = ELECTION_TIMEOUT_S) -> None:
         with self.admin() as admin:
@@ -617,16 +734,18 @@ class Scenario:
     def start_workload(self) -> None:
         if self.kafka_producer:
             self.producer = KafkaProducerWorker(self.cluster.kafka_bootstrap, self.topic, self.partitions,
-                                                self.rate, **self.producer_config)
+                                                self.rate, **{"enable.idempotence": self.idempotent,
+                                                              **self.producer_config})
         else:
             self.producer = ProducerWorker(self.bootstrap, self.topic, self.partitions, self.rate,
-                                           **self.producer_config)
+                                           **{"enable_idempotence": self.idempotent, **self.producer_config})
         self.consumers = [ConsumerWorker(self.bootstrap, self.topic, self.partitions, f"system-consumer-{i}")
                           for i in range(self.n_consumers)]
         self.producer.start()
         for c in self.consumers:
             c.start()
-        self.note(f"workload started: {self.rate} records/s, {self.n_consumers} consumers")
+        self.note(f"workload started: {self.rate} records/s ({'' if self.producer.idempotent else 'not '}"
+                  f"idempotent), {self.n_consumers} consumers")
 
     # -- the cluster as the brokers see it -----------------------------------------------------
 
@@ -737,16 +856,26 @@ class Scenario:
                    f"the live consumers to reach {ends}")
 
     def end_offsets(self, topic: str | None = None, timeout_ms: int = 30000) -> dict[int, int]:
+        """Every partition's high watermark (as its leader answers a consumer)."""
+        return self._offsets(Consumer.end_offsets, topic, timeout_ms)
+
+    def beginning_offsets(self, topic: str | None = None, timeout_ms: int = 30000) -> dict[int, int]:
+        """Every partition's log start offset (as its leader answers a consumer)."""
+        return self._offsets(Consumer.beginning_offsets, topic, timeout_ms)
+
+    def _offsets(self, ask: Callable[..., dict[TopicPartition, int]], topic: str | None,
+                 timeout_ms: int) -> dict[int, int]:
         topic = topic or self.topic
         with Consumer(self.bootstrap, default_api_timeout_ms=timeout_ms) as c:
-            ends = c.end_offsets([TopicPartition(topic, p) for p in range(self.partitions)], timeout_ms=timeout_ms)
-        return {tp.partition: off for tp, off in ends.items()}
+            found = ask(c, [TopicPartition(topic, p) for p in range(self.partitions)], timeout_ms=timeout_ms)
+        return {tp.partition: off for tp, off in found.items()}
 
     # -- faults --------------------------------------------------------------------------------
 
     def stop(self, broker_id: int) -> None:
         self.note(f"SIGTERM broker {broker_id} (controlled shutdown)")
         status = self.cluster.brokers[broker_id].stop(60.0)
+        self.stopped_ms[broker_id] = wall_ms()
         self.note(f"broker {broker_id} exited with status {status}")
 
     def kill(self, broker_id: int) -> None:
@@ -766,6 +895,7 @@ class Scenario:
 
     def start(self, broker_id: int, wait: bool = True) -> None:
         self.note(f"starting broker {broker_id}")
+        self.started_ms[broker_id] = wall_ms()
         self.cluster.brokers[broker_id].start()
         if wait:
             self.cluster.wait_ready(ELECTION_TIMEOUT_S, brokers=set(self.running))
@@ -873,9 +1003,15 @@ class Scenario:
         """``broker_id``'s high watermark of ``partition`` (ListOffsets "latest" as a consumer)."""
         return self._latest_from(broker_id, partition, CONSUMER_REPLICA_ID, topic)
 
-    def _latest_from(self, broker_id: int, partition: int, replica_id: int, topic: str | None) -> int | None:
+    def log_start_offset_of(self, broker_id: int, partition: int, topic: str | None = None) -> int | None:
+        """``broker_id``'s own log start offset of ``partition`` (ListOffsets "earliest" as the
+        debugging replica, which any replica answers), or None when it has none."""
+        return self._latest_from(broker_id, partition, DEBUGGING_REPLICA_ID, topic, EARLIEST_TIMESTAMP)
+
+    def _latest_from(self, broker_id: int, partition: int, replica_id: int, topic: str | None,
+                     timestamp: int = LATEST_TIMESTAMP) -> int | None:
         req = ListOffsetsRequest([ListOffsetsTopic(topic or self.topic,
-                                                   [ListOffsetsPartition(partition, LATEST_TIMESTAMP)])],
+                                                   [ListOffsetsPartition(partition, timestamp)])],
                                  replica_id=replica_id)
         r = ListOffsetsResponse.from_body(self.ask(broker_id, ApiKey.LIST_OFFSETS, req)).topics[0].partitions[0]
         return r.offset if r.error_code == 0 else None
@@ -905,31 +1041,41 @@ class Scenario:
         report = Report(self.name, timeline=self.timeline)
         report.isr_samples, report.isr_behind = self.isr_samples, list(self.isr_behind)
         prod = self.producer
+        report.idempotent, report.retention_ms = prod.idempotent, self.retention_ms
         report.sent, report.acked, report.failed = prod.sent, len(prod.acked), len(prod.failed)
         report.failures_by_error = dict(Counter(f.error for f in prod.failed))
-        final = self.read_final_log(timeout)
-        report.high_watermarks = {p: len(recs) for p, recs in final.items()}
+        final, starts = self.read_final_log(timeout)
+        report.high_watermarks = {p: starts[p] + len(recs) for p, recs in final.items()}
         report.final_records = sum(len(recs) for recs in final.values())
         by_offset = check_final_log(final, report)
         self.final_log = by_offset
-        check_acked(prod.acked, by_offset, report)
-        check_consumers(self.consumers, by_offset, prod.acked, report)
+        check_acked(prod.acked, by_offset, starts, report)
+        check_consumers(self.consumers, by_offset, starts, prod.acked, report)
         self.note("stopping every broker cleanly to read their segment files")
         for i in self.cluster.brokers:
             self.stop(i)
-        check_replicas(self.cluster, self.topic, self.partitions, by_offset, report)
+        replicas = read_replicas(self.cluster, self.topic, self.partitions, self.started_ms, self.stopped_ms)
+        check_replicas(self.cluster, self.topic, replicas, by_offset, starts, report)
         verify_segments(self.cluster, self.topic, self.partitions, report)
+        seen = [*self.log_starts, *(x for c in self.consumers for x in c.log_starts)]
+        report.log_start_samples = len(seen)
+        slack_ms = int(self.broker_setting("log.retention.check.interval.ms")) + RETENTION_SLACK_MS
+        check_retention(replicas, seen, prod.acked, self.retention_ms, slack_ms,
+                        logged_cut_points(self.cluster, self.topic), report)
         return report
 
-    def read_final_log(self, timeout: float) -> dict[int, list[tuple[int, bytes | None]]]:
-        """Every partition from its log start to its HW, through a fresh consumer."""
+    def read_final_log(self, timeout: float) -> tuple[dict[int, list[tuple[int, bytes | None]]], dict[int, int]]:
+        """Every partition from its log start to its HW, through a fresh consumer: the records
+        and the log starts they begin at (each also kept as a ``LogStart`` seen now). Retention
+        deleting the head of a partition while it is read makes its read start again at the
+        new log start."""
         tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
         out: dict[int, list[tuple[int, bytes | None]]] = {p: [] for p in range(self.partitions)}
         deadline = time.monotonic() + timeout
         with Consumer(self.bootstrap, auto_offset_reset="none", fetch_max_wait_ms=100,
                       default_api_timeout_ms=30000, client_id="system-oracle") as c:
             ends = {tp.partition: off for tp, off in c.end_offsets(tps).items()}
-            starts = {tp.partition: off for tp, off in c.beginning_offsets(tps).items()}
+            starts = self._log_starts_for(c, tps)
             c.assign(tps)
             for tp in tps:
                 c.seek(tp, starts[tp.partition])
@@ -937,12 +1083,26 @@ class Scenario:
             while any(next_offset[p] < ends[p] for p in ends):
                 if time.monotonic() > deadline:
                     raise AssertionError(f"the final log not read within {timeout} s: at {next_offset}, ends {ends}")
-                for r in c.poll(timeout_ms=500):
+                try:
+                    records = c.poll(timeout_ms=500)
+                except OffsetOutOfRangeError:
+                    for tp, start in self._log_starts_for(c, tps).items():
+                        if start > next_offset[tp.partition]:
+                            out[tp.partition], starts[tp.partition], next_offset[tp.partition] = [], start, start
+                            c.seek(tp, start)
+                    continue
+                for r in records:
                     if r.offset < ends[r.partition]:
                         out[r.partition].append((r.offset, r.value))
                         next_offset[r.partition] = r.offset + 1
         self.note(f"final log read: log starts {starts}, HWs {ends}")
-        return out
+        return out, starts
+
+    def _log_starts_for(self, c: Consumer, tps: list[TopicPartition]) -> dict[int, int]:
+        starts = {tp.partition: off for tp, off in c.beginning_offsets(tps).items()}
+        at = wall_ms()
+        self.log_starts += [LogStart(at, p, off, "the final read") for p, off in starts.items()]
+        return starts
 
 
 # -- ZooKeeper's view and I8 ---------------------------------------------------------------------
@@ -992,7 +1152,51 @@ class ZooKeeperView:
         return PartitionState(st["leader"], st["leader_epoch"], tuple(sorted(st["isr"])), stat.version)
 
 
-class IsrSampler:
+class Sampler:
+    """A thread (a context manager) that samples the cluster every ``interval`` seconds while
+    a fault lasts: ``sample_round`` each time, inside ``session`` (opened once for the whole
+    run), then ``record`` once it has stopped. An error that stopped the thread fails the exit
+    (unless the block itself failed)."""
+
+    what = "sampler"  # in the thread's name and the error
+
+    def __init__(self, scenario: Scenario, interval: float):
+        self.s, self.interval = scenario, interval
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"system-{self.what.replace(' ', '-')}", daemon=True)
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.record()
+        if self.error is not None and exc[0] is None:
+            raise AssertionError(f"the {self.what} failed: {self.error!r}") from self.error
+
+    def session(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def sample_round(self, session: Any) -> None:
+        raise NotImplementedError
+
+    def record(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        try:
+            with self.session() as session:
+                while not self._stop.wait(self.interval):
+                    self.sample_round(session)
+        except BaseException as e:  # noqa: BLE001 -- reported on exit
+            self.error = e
+
+
+class IsrSampler(Sampler):
     """I8 while a fault lasts (a thread; a context manager): the ISR in ZooKeeper only holds
     replicas that have the committed prefix.
 
@@ -1005,38 +1209,26 @@ class IsrSampler:
     later moment. The samples that saw each ISR are counted (``isrs``), so a test can show
     that the shrunk ISR was sampled too."""
 
+    what = "ISR sampler"
+
     def __init__(self, scenario: Scenario, interval: float = 0.2):
-        self.s, self.interval = scenario, interval
-        self.samples = 0
+        super().__init__(scenario, interval)
         self.behind: list[str] = []
         self.isrs: Counter = Counter()   # (partition, isr) -> samples
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="system-isr-sampler", daemon=True)
-        self.error: BaseException | None = None
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
+    def session(self) -> ZooKeeperView:
+        return self.s.zookeeper()
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(30)
+    def sample_round(self, zk: ZooKeeperView) -> None:
+        for p in range(self.s.partitions):
+            with contextlib.suppress(OSError, TidelogError):
+                self._sample(zk, p)
+
+    def record(self) -> None:
         self.s.isr_samples += self.samples
         self.s.isr_behind += self.behind
         self.s.note(f"I8: {self.samples} samples of ZooKeeper's ISR and the replicas' LEOs, "
                     f"{len(self.behind)} violations; ISRs seen {dict(sorted(self.isrs.items()))}")
-        if self.error is not None and exc[0] is None:
-            raise AssertionError(f"the ISR sampler failed: {self.error!r}") from self.error
-
-    def _run(self) -> None:
-        try:
-            with self.s.zookeeper() as zk:
-                while not self._stop.wait(self.interval):
-                    for p in range(self.s.partitions):
-                        with contextlib.suppress(OSError, TidelogError):
-                            self._sample(zk, p)
-        except BaseException as e:  # noqa: BLE001 -- reported on exit
-            self.error = e
 
     def _sample(self, zk: ZooKeeperView, p: int) -> None:
         topic = self.s.topic
@@ -1057,16 +1249,48 @@ class IsrSampler:
                                f"below the HW {hw}; LEOs {leos}")
 
 
+class LogStartSampler(Sampler):
+    """I11 (b) while a fault lasts (a thread; a context manager): every ``interval`` seconds,
+    each running broker's own log start offset of every partition (ListOffsets "earliest" as
+    the debugging replica), stamped with the wall clock once the answer arrived. Each value
+    is kept when first seen: the oracle then checks that no acknowledged record below it was
+    younger than retention.ms at that time, which bounds when a deletion happened to within
+    an interval (the oracle's other sightings of log starts come later: consumer resets, the
+    final read, the checkpoints once the brokers stopped)."""
+
+    what = "log start sampler"
+
+    def __init__(self, scenario: Scenario, interval: float = 0.5):
+        super().__init__(scenario, interval)
+        self.seen: list[LogStart] = []
+        self._last: dict[tuple[int, int], int] = {}  # (broker, partition) -> the log start it had
+
+    def sample_round(self, _: None) -> None:
+        for b in self.s.running:
+            for p in range(self.s.partitions):
+                with contextlib.suppress(OSError, TidelogError):
+                    offset = self.s.log_start_offset_of(b, p)
+                    self.samples += 1
+                    if offset is not None and self._last.get((b, p)) != offset:
+                        self._last[b, p] = offset
+                        self.seen.append(LogStart(wall_ms(), p, offset, f"broker {b}"))
+
+    def record(self) -> None:
+        self.s.log_starts += self.seen
+        self.s.note(f"I11: {self.samples} samples of the replicas' log starts, {len(self.seen)} values seen")
+
+
 # -- the oracle's checks -------------------------------------------------------------------------
 
 
 def check_final_log(final: dict[int, list[tuple[int, bytes | None]]], report: Report) -> dict[int, dict[int, bytes | None]]:
     """I3 on the final log: offsets strictly increase without gaps; the producer's values are
-    in their partition and in send order (an earlier value reappearing is a re-sent duplicate)."""
+    in their partition and in send order (an earlier value reappearing is a re-sent duplicate).
+    I4: with an idempotent producer (``report.idempotent``) every duplicate is a violation."""
     by_offset: dict[int, dict[int, bytes | None]] = {}
     for p, records in final.items():
         by_offset[p] = dict(records)
-        prev_offset, max_seq, seen = None, -1, set()
+        prev_offset, max_seq, seen = None, -1, {}
         for offset, value in records:
             if prev_offset is not None and offset != prev_offset + 1:
                 report.misordered.append(f"partition {p}: offset {offset} follows {prev_offset}")
@@ -1078,16 +1302,24 @@ def check_final_log(final: dict[int, list[tuple[int, bytes | None]]], report: Re
             seq = parsed[1]
             if seq in seen:
                 report.duplicates += 1
+                if report.idempotent:
+                    report.duplicated.append(f"partition {p}: {value!r} at offset {offset}, "
+                                             f"first at offset {seen[seq]}")
             elif seq < max_seq:
                 report.misordered.append(f"partition {p} offset {offset}: seq {seq} after seq {max_seq}")
-            seen.add(seq)
+            seen.setdefault(seq, offset)
             max_seq = max(max_seq, seq)
     return by_offset
 
 
-def check_acked(acked: list[Ack], by_offset: dict[int, dict[int, bytes | None]], report: Report) -> None:
-    """I1: every acknowledged record is at its offset."""
+def check_acked(acked: list[Ack], by_offset: dict[int, dict[int, bytes | None]], starts: dict[int, int],
+                report: Report) -> None:
+    """I1: every acknowledged record at or above its partition's final log start is at its
+    offset. One below it was deleted by retention: I11 (b) checks it had expired."""
     for a in acked:
+        if a.offset < starts.get(a.partition, 0):
+            report.expired += 1
+            continue
         found = by_offset.get(a.partition, {}).get(a.offset, b"<missing>")
         if found != a.value:
             report.lost.append(f"partition {a.partition} offset {a.offset}: acked {a.value!r}, found {found!r}")
@@ -1095,9 +1327,10 @@ def check_acked(acked: list[Ack], by_offset: dict[int, dict[int, bytes | None]],
 
 
 def check_consumers(consumers: list[ConsumerWorker], by_offset: dict[int, dict[int, bytes | None]],
-                    acked: list[Ack], report: Report) -> None:
-    """I6 (everything consumed is in the final log), no silent skips, and every acked record
-    was consumed by every live consumer."""
+                    starts: dict[int, int], acked: list[Ack], report: Report) -> None:
+    """I6 (everything consumed at or above the final log start is in the final log; below it
+    retention deleted what was read), no silent skips, and every acked record was consumed by
+    every live consumer, but for those it jumped over when told OFFSET_OUT_OF_RANGE (I10)."""
     errors: Counter = Counter()
     distinct: set = set()
     for c in consumers:
@@ -1107,6 +1340,8 @@ def check_consumers(consumers: list[ConsumerWorker], by_offset: dict[int, dict[i
             errors[ev.error] += 1
         report.out_of_range_resets += sum(1 for ev in c.events if ev.error == "OFFSET_OUT_OF_RANGE")
         for p, offset, value in sorted(c.seen, key=lambda x: (x[0], x[1])):
+            if offset < starts.get(p, 0):
+                continue
             found = by_offset.get(p, {}).get(offset, b"<missing>")
             if found != value:
                 report.phantom.append(f"{c.name}: partition {p} offset {offset}: consumed {value!r}, "
@@ -1118,34 +1353,69 @@ def check_consumers(consumers: list[ConsumerWorker], by_offset: dict[int, dict[i
             else:
                 report.misordered.append(f"{c.name}: partition {p}: expected offset {expected}, got {got} (went back)")
         seen_keys = {(p, o) for p, o, _ in c.seen}
-        missing = [a for a in acked if (a.partition, a.offset) not in seen_keys]
+        missing = [a for a in acked if (a.partition, a.offset) not in seen_keys
+                   and not any(p == a.partition and lo <= a.offset < hi for p, lo, hi in c.told)]
         for a in missing:
             report.not_consumed.append(f"{c.name}: partition {a.partition} offset {a.offset} ({a.value!r})")
     report.consumed_distinct = len(distinct)
     report.consumer_errors = dict(errors)
 
 
-def check_replicas(cluster: DevCluster, topic: str, partitions: int,
-                   by_offset: dict[int, dict[int, bytes | None]], report: Report) -> None:
+@dataclass(frozen=True, slots=True)
+class ReplicaOnDisk:
+    """One replica as its broker left it on disk after a clean stop."""
+
+    broker: int
+    partition: int
+    log_start: int | None        # its log-start-offset-checkpoint (None: not checkpointed)
+    high_watermark: int | None   # its replication-offset-checkpoint
+    segments: list[SegmentFile]
+    started_ms: float            # wall clock: its broker's last start
+    stopped_ms: float            # wall clock: its broker's clean stop was over
+
+    @property
+    def where(self) -> str:
+        return f"partition {self.partition} broker {self.broker}"
+
+
+def read_replicas(cluster: DevCluster, topic: str, partitions: int, started_ms: dict[int, float],
+                  stopped_ms: dict[int, float]) -> list[ReplicaOnDisk]:
+    """Every replica of ``topic`` that a broker's log dir holds, with its checkpoints."""
+    out = []
+    for b in cluster.brokers:
+        starts, hws = checkpointed_log_starts(cluster, b), checkpointed_high_watermarks(cluster, b)
+        stopped = stopped_ms.get(b, wall_ms())
+        for p in range(partitions):
+            if (log_dir(cluster, b) / f"{topic}-{p}").is_dir():
+                out.append(ReplicaOnDisk(b, p, starts.get((topic, p)), hws.get((topic, p)),
+                                         replica_segments(cluster, b, topic, p), started_ms.get(b, stopped), stopped))
+    return out
+
+
+def check_replicas(cluster: DevCluster, topic: str, replicas: list[ReplicaOnDisk],
+                   by_offset: dict[int, dict[int, bytes | None]], starts: dict[int, int], report: Report) -> None:
     """I2: below the smallest checkpointed HW, every replica's segments hold the same records,
-    which are also what the consumer read."""
-    hws = {b: checkpointed_high_watermarks(cluster, b) for b in cluster.brokers}
-    for p in range(partitions):
-        holders = [b for b in cluster.brokers if (log_dir(cluster, b) / f"{topic}-{p}").is_dir()]
-        limits = [hws[b].get((topic, p)) for b in holders]
+    which are also what the consumer read: from the later of the final log's start and the
+    replica's own log start (retention deleted below them; I11 checks that)."""
+    for p in sorted(starts):
+        holders = [r for r in replicas if r.partition == p]
+        limits = [r.high_watermark for r in holders]
         if not holders or None in limits:
-            report.diverged.append(f"partition {p}: replicas on {holders}, checkpointed HWs {limits}")
+            report.diverged.append(f"partition {p}: replicas on {[r.broker for r in holders]}, "
+                                   f"checkpointed HWs {limits}")
             continue
         limit = min(limits)
-        reference = [(o, by_offset[p].get(o, b"<missing>")) for o in range(limit)]
-        for b in holders:
-            records = [(o, v) for o, v in replica_records(cluster, b, topic, p) if o < limit]
+        for r in holders:
+            lo = max(starts[p], r.log_start or 0)
+            reference = [(o, by_offset[p].get(o, b"<missing>")) for o in range(lo, limit)]
+            records = [(o, v) for o, v in replica_records(cluster, r.broker, topic, p) if lo <= o < limit]
+            b = r.broker
             report.replicas_compared += 1
             if records != reference:
                 first = next((i for i, (x, y) in enumerate(zip(records, reference)) if x != y),
                              min(len(records), len(reference)))
                 report.diverged.append(
-                    f"partition {p} broker {b}: below HW {limit} it holds {len(records)} records, the log "
+                    f"partition {p} broker {b}: in [{lo}, HW {limit}) it holds {len(records)} records, the log "
                     f"{len(reference)}; first difference at #{first}: "
                     f"{records[first] if first < len(records) else None} vs "
                     f"{reference[first] if first < len(reference) else None}")
@@ -1166,3 +1436,110 @@ def verify_segments(cluster: DevCluster, topic: str, partitions: int, report: Re
                 problems = [line for line in out.getvalue().splitlines() if "ERROR" in line or "error" in line]
                 report.corrupt.append(f"broker {b} {topic}-{p}: {problems[:5]}")
 
+
+
+# -- I11: retention deletes only whole, expired segments ------------------------------------------
+
+# What I11's liveness (c) allows beyond retention.ms and log.retention.check.interval.ms: a
+# broker's start-up (its retention runs an interval after it is up) and a loaded machine.
+RETENTION_SLACK_MS = 10_000
+
+
+def check_retention(replicas: list[ReplicaOnDisk], seen: list[LogStart], acked: list[Ack], retention_ms: int,
+                    slack_ms: int, logged_cuts: dict[int, set[int]], report: Report) -> None:
+    """I11 over every replica on disk, the log starts seen while the scenario ran and every
+    acknowledged record's timestamp: (a) each log start is a segment boundary, (b) nothing
+    was deleted before it expired, (c) whatever expired was deleted."""
+    report.log_starts = {}
+    for r in replicas:
+        report.log_starts.setdefault(r.partition, {})[r.broker] = r.log_start
+    check_log_starts_at_boundaries(replicas, logged_cuts, report)
+    checkpointed = [LogStart(r.stopped_ms, r.partition, r.log_start, f"broker {r.broker}'s checkpoint")
+                    for r in replicas if r.log_start is not None]
+    check_nothing_deleted_early([*seen, *checkpointed], acked, retention_ms, report)
+    check_expired_segments_deleted(replicas, retention_ms, slack_ms, report)
+
+
+def check_log_starts_at_boundaries(replicas: list[ReplicaOnDisk], logged_cuts: dict[int, set[int]],
+                                   report: Report) -> None:
+    """I11 (a): a replica's checkpointed log start lies within its segments (nothing between
+    it and the first segment's base offset is missing) and is a segment boundary: the base
+    offset of one of its segments (the first, or a later one while those below it wait for
+    the next retention run), or its log end. A follower follows its leader's log start, which
+    may fall inside a segment of its own where their segments do not line up: that is allowed
+    at a boundary of another replica, on disk or where a broker logged cutting its log."""
+    cuts: dict[int, set[int]] = {}
+    for r in replicas:
+        cuts.setdefault(r.partition, set(logged_cuts.get(r.partition, ()))).update(segment_boundaries(r))
+    for r in replicas:
+        if not r.segments or r.log_start is None:
+            report.cut_inside.append(f"{r.where}: {len(r.segments)} segments, log start {r.log_start} checkpointed")
+            continue
+        first, end = r.segments[0].base_offset, r.segments[-1].next_offset
+        if not first <= r.log_start <= end:
+            report.cut_inside.append(f"{r.where}: log start {r.log_start} outside its segments [{first}, {end})")
+        elif r.log_start not in cuts[r.partition]:
+            seg = next(x for x in r.segments if x.base_offset <= r.log_start < x.next_offset)
+            report.cut_inside.append(f"{r.where}: log start {r.log_start} inside its segment [{seg.base_offset}, "
+                                     f"{seg.next_offset}), at no segment boundary of any replica")
+
+
+def segment_boundaries(r: ReplicaOnDisk) -> set[int]:
+    return {s.base_offset for s in r.segments} | {s.next_offset for s in r.segments}
+
+
+def check_nothing_deleted_early(seen: list[LogStart], acked: list[Ack], retention_ms: int, report: Report) -> None:
+    """I11 (b): a log start L seen at time t means every offset below L was deleted by then,
+    so every acknowledged record below L must have been older than retention.ms at t (its
+    timestamp at most t - retention.ms); with retention.ms -1 nothing may be deleted."""
+    ordered: dict[int, list[Ack]] = {}
+    for a in sorted(acked, key=lambda a: (a.partition, a.offset)):
+        ordered.setdefault(a.partition, []).append(a)
+    offsets = {p: [a.offset for a in acks] for p, acks in ordered.items()}
+    newest: dict[int, list[Ack]] = {}  # per partition, the newest ack among the first i + 1
+    for p, acks in ordered.items():
+        newest[p] = list(itertools.accumulate(acks, lambda x, y: y if y.timestamp > x.timestamp else x))
+    reported: set[tuple[int, int]] = set()
+    for ls in sorted(seen, key=lambda x: x.at_ms):
+        i = bisect.bisect_left(offsets.get(ls.partition, []), ls.offset)
+        if i == 0:
+            continue
+        a = newest[ls.partition][i - 1]
+        if (retention_ms >= 0 and a.timestamp <= ls.at_ms - retention_ms) or (a.partition, a.offset) in reported:
+            continue
+        reported.add((a.partition, a.offset))
+        report.deleted_early.append(
+            f"partition {ls.partition}: log start {ls.offset} ({ls.source}) at {ls.at_ms:.0f}: acked offset "
+            f"{a.offset} ({a.value!r}) below it was {ls.at_ms - a.timestamp:.0f} ms old, retention.ms {retention_ms}")
+
+
+def check_expired_segments_deleted(replicas: list[ReplicaOnDisk], retention_ms: int, slack_ms: int,
+                                   report: Report) -> None:
+    """I11 (c), liveness: a segment below the replica's high watermark (retention deletes
+    nothing above it) whose newest record expired (retention.ms) at least ``slack_ms`` before
+    its broker stopped, and after that broker had been up for ``slack_ms``, is gone."""
+    if retention_ms < 0:
+        return
+    for r in replicas:
+        kept = [s for s in r.segments if 0 <= s.max_timestamp and r.high_watermark is not None
+                and s.next_offset <= r.high_watermark
+                and max(s.max_timestamp + retention_ms, r.started_ms) + slack_ms < r.stopped_ms]
+        if kept:
+            s = kept[0]
+            report.kept_expired.append(
+                f"{r.where}: {len(kept)} expired segments kept, the first [{s.base_offset}, {s.next_offset}) with "
+                f"its newest record {r.stopped_ms - s.max_timestamp:.0f} ms old when the broker stopped "
+                f"(retention.ms {retention_ms}, slack {slack_ms} ms, up for {r.stopped_ms - r.started_ms:.0f} ms)")
+
+
+def logged_cut_points(cluster: DevCluster, topic: str) -> dict[int, set[int]]:
+    """Per partition, every offset at which a broker logged cutting the log's head: the
+    offset after a segment it deleted, or the offset a follower restarted its log at."""
+    pattern = re.compile(rf"\b{re.escape(topic)}-(\d+): (?:deleting segment \d+ \(\d+ bytes, offsets below (\d+)\)"
+                         rf"|truncated fully, restarting at offset (\d+))")
+    cuts: dict[int, set[int]] = {}
+    for b in cluster.brokers.values():
+        with contextlib.suppress(FileNotFoundError):
+            for m in pattern.finditer(Path(b.log_path).read_text(errors="replace")):
+                cuts.setdefault(int(m.group(1)), set()).add(int(m.group(2) or m.group(3)))
+    return cuts

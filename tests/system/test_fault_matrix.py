@@ -3,8 +3,15 @@
 Every scenario runs a 3-broker cluster (``harness.SYSTEM_CONFIG``: 6 s ZooKeeper sessions,
 4 s replica lag) with a topic of 3 partitions, replication factor 3, min.insync.replicas 2,
 under a steady acks=all produce load with two live consumers; it injects its fault, heals,
-stops the workload and runs the oracle (``harness.Scenario.check``: I1, I2, I3, I5, I6; see
-the harness's docstring), then asserts on the report, which it prints.
+stops the workload and runs the oracle (``harness.Scenario.check``: I1, I2, I3, I5, I6, I11,
+and I4 where the producer is idempotent; see the harness's docstring), then asserts on the
+report, which it prints. The producer is idempotent (``Scenario(idempotent=True)``) wherever
+leadership moves, since a produce retried after a failover could append its records twice
+(without idempotence, F10, F11, F12 and F13 do show such duplicates): a value twice in the
+log is then an I4 violation. F11 with unclean election is the exception: that election
+loses acknowledged batches, and the producer's sequences with them; there, as in the
+network faults that move no leader (F4, F15), the producer is not idempotent and a
+duplicate is only counted.
 
 Covered here:
 
@@ -32,11 +39,20 @@ broker (F3: SIGKILL of the broker that is both controller and coordinator), chec
 and I13, are in ``test_group_faults``. F13 (reassignment onto an added broker, through a
 leader kill and a controller kill) is the last scenario here; F10 (index and checkpoint files
 deleted or garbled on a killed leader) follows F8, F12 (a leader whose clock is minutes ahead
-or behind, through libfaketime) follows F10, and F9 (a bit flipped in a closed segment of
-the leader, found by a read, or of a follower, found by the background verification; the
-damaged replica is re-fetched) follows F12's helpers. F15 is in ``test_network_faults``. F16
-(the Spark driver SIGKILLed mid-batch and restarted from its checkpoint, checked by I14 and
-the sink's at-least-once guarantee) is in ``test_spark_faults``.
+or behind, through libfaketime; I11 finds that its 30-minute retention deleted nothing)
+follows F10, and F9 (a bit flipped in a closed segment of the leader, found by a read, or of
+a follower, found by the background verification; the damaged replica is re-fetched) follows
+F12's helpers. F15 is in ``test_network_faults``. F16 (the Spark driver SIGKILLed mid-batch
+and restarted from its checkpoint, checked by I14 and the sink's at-least-once guarantee) is
+in ``test_spark_faults``.
+
+I11 (retention deletes only whole, expired segments) is checked by every scenario, but most
+keep the default retention of 7 days, so there it only finds that nothing was deleted. Its
+own scenario follows F12: 16 KiB segments expire 6 s after their newest record and retention
+runs every 0.5 s, so segments roll and are deleted throughout, while the leader of
+partition 0 is SIGKILLed and restarted and one live consumer is held back until retention
+deleted what it had not fetched: it must be told (OFFSET_OUT_OF_RANGE, I10). I1 applies to
+what is above the final log start; what is below it, I11 (b) holds to its timestamp.
 
 ``--soak`` (with ``tests/system`` on the command line; or TIDELOG_SOAK=1) multiplies the
 bounces and the load between faults by ``conftest.SOAK_FACTOR``. Each scenario is bounded: every wait polls a condition
@@ -55,9 +71,11 @@ from tests.support.disk import log_dir
 from tests.system.harness import (
     ELECTION_TIMEOUT_S,
     HEAL_TIMEOUT_S,
+    RETENTION_SLACK_MS,
     SESSION_S,
     SETTLE_TIMEOUT_S,
     IsrSampler,
+    LogStartSampler,
     Scenario,
     value_of,
     wait_until,
@@ -98,7 +116,8 @@ def victim_in(s: Scenario, role: str, not_in: tuple[int, ...] = ()) -> int:
 @pytest.mark.parametrize("role", ["leader", "controller"])
 @pytest.mark.parametrize("fault", ["clean", "hard"])
 def test_f1_f2_f3_bounce(tmp_path: Path, soak: int, fault: str, role: str) -> None:
-    with Scenario(tmp_path, f"{BOUNCE_SCENARIOS[fault, role]} {role} {fault} bounce") as s:
+    # idempotent: a produce retried after a failover must not append its records twice (I4)
+    with Scenario(tmp_path, f"{BOUNCE_SCENARIOS[fault, role]} {role} {fault} bounce", idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
         for i in range(ROUNDS[role] * soak):
             victim = victim_in(s, role)
@@ -125,7 +144,7 @@ def test_f1_f2_f3_bounce(tmp_path: Path, soak: int, fault: str, role: str) -> No
 
 
 def test_f6_paused_leader_becomes_zombie(tmp_path: Path, soak: int) -> None:
-    with Scenario(tmp_path, "F6 zombie leader") as s:
+    with Scenario(tmp_path, "F6 zombie leader", idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
         for i in range(soak):
             zombie = s.leader_of(0)
@@ -149,7 +168,7 @@ def test_f6_paused_leader_becomes_zombie(tmp_path: Path, soak: int) -> None:
 
 
 def test_f7_two_quick_leader_kills(tmp_path: Path, soak: int) -> None:
-    with Scenario(tmp_path, "F7 back-to-back leader kills") as s:
+    with Scenario(tmp_path, "F7 back-to-back leader kills", idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
         for i in range(soak):
             first = s.leader_of(0)
@@ -184,7 +203,7 @@ def active_segment(s: Scenario, broker_id: int, partition: int) -> Path:
 
 @pytest.mark.parametrize("damage", ["truncate", "garble"])
 def test_f8_power_loss_torn_tail(tmp_path: Path, soak: int, damage: str) -> None:
-    with Scenario(tmp_path, f"F8 power loss ({damage})") as s:
+    with Scenario(tmp_path, f"F8 power loss ({damage})", idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
         for i in range(soak):
             victim = s.leader_of(0)
@@ -222,7 +241,7 @@ def test_f10_index_and_checkpoint_files_lost(tmp_path: Path, soak: int, damage: 
     replication offsets, log start) are deleted or overwritten with random bytes; it restarts,
     rebuilds what it lost from the segments themselves, catches up and rejoins every ISR."""
     with Scenario(tmp_path, f"F10 index and checkpoint files ({damage})", topic_config=SMALL_SEGMENTS,
-                  extra_config=SMALL_SEGMENTS_ALLOWED) as s:
+                  extra_config=SMALL_SEGMENTS_ALLOWED, idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
         for i in range(soak):
             victim = s.leader_of(0)
@@ -290,7 +309,8 @@ def test_f9_a_bit_flipped_in_a_closed_segment(tmp_path: Path, soak: int, replica
     fetches it again and rejoins; the oracle's I2 and I5 then find every replica's segments
     identical and verifying."""
     with Scenario(tmp_path, f"F9 a bit flipped on the {replica}", topic_config=SMALL_SEGMENTS,
-                  extra_config={**SMALL_SEGMENTS_ALLOWED, **(VERIFYING if replica == "follower" else {})}) as s:
+                  extra_config={**SMALL_SEGMENTS_ALLOWED, **(VERIFYING if replica == "follower" else {})},
+                  idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
         for i in range(soak):
             leader = s.leader_of(0)
@@ -353,11 +373,14 @@ def first_offset_at_or_after(records: list, timestamp: int) -> int | None:
 def test_f12_a_leader_whose_clock_is_minutes_off(tmp_path: Path, soak: int, skew: str) -> None:
     """The leader of partition 0 restarts with its wall clock minutes ahead or behind (libfaketime;
     its monotonic clock, which timeouts use, is left alone) and leads again under the load. Its
-    retention (30 minutes, time-based) deletes nothing, its ISR lag decisions keep the followers
-    (the oracle's final ISR), and a timestamp lookup it answers (ListOffsets, the time index)
-    finds the first record at or after the time, as the records' own timestamps say."""
+    retention (30 minutes, time-based, checked every second) deletes nothing: the oracle's I11
+    finds every replica's log start at 0 and every acknowledged record above it (4 minutes
+    ahead is still far from 30; a retention that aged records by the wrong clock or unit
+    would show as records deleted early). Its ISR lag decisions keep the followers (the
+    oracle's final ISR), and a timestamp lookup it answers (ListOffsets, the time index) finds
+    the first record at or after the time, as the records' own timestamps say."""
     with Scenario(tmp_path, f"F12 leader clock {skew}", topic_config={**SMALL_SEGMENTS, "retention.ms": str(30 * 60 * 1000)},
-                  extra_config={**SMALL_SEGMENTS_ALLOWED, "log.retention.check.interval.ms": 1000}) as s:
+                  extra_config={**SMALL_SEGMENTS_ALLOWED, "log.retention.check.interval.ms": 1000}, idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
         victim = s.leader_of(0)
         s.stop(victim)
@@ -389,7 +412,64 @@ def test_f12_a_leader_whose_clock_is_minutes_off(tmp_path: Path, soak: int, skew
             # retention ran every second on closed segments none of which is 30 minutes old
             assert c.beginning_offsets([tp])[tp] == 0
         report = run_to_report(s)
+    report.assert_ok()  # I11 (b): nothing below any replica's log start was younger than 30 minutes
+    assert report.expired == 0 and all(start == 0 for starts in report.log_starts.values()
+                                       for start in starts.values()), report.summary()
+
+
+# -- I11: retention under a leader bounce ---------------------------------------------------------
+
+RETENTION_MS = 6000
+# 16 KiB segments hold a few seconds of the load; expired 6 s after their newest record, checked
+# every half second: segments roll and are deleted all through the scenario
+SHORT_RETENTION = {**SMALL_SEGMENTS, "retention.ms": str(RETENTION_MS)}
+RETENTION_CHECK_INTERVAL_MS = 500
+FREQUENT_RETENTION_CHECKS = {**SMALL_SEGMENTS_ALLOWED, "log.retention.check.interval.ms": RETENTION_CHECK_INTERVAL_MS}
+
+
+def test_i11_retention_under_a_leader_bounce(tmp_path: Path, soak: int) -> None:
+    """Retention deletes segments of every partition all along while the leader of partition 0
+    is SIGKILLed and restarted, and one live consumer is held back until retention deleted what
+    it had not fetched. The oracle's I11 checks every replica: its log start is a segment boundary,
+    no acknowledged record below a log start seen (sampled every half second, at a consumer's
+    reset, by the final read, in the checkpoints) was younger than retention.ms, every expired
+    segment is gone; I1 holds for what is above the final log start. The consumer held back is
+    told (OFFSET_OUT_OF_RANGE) on every partition and goes on from the log start, never
+    skipping silently (I10)."""
+    with Scenario(tmp_path, "I11 retention under a leader bounce", topic_config=SHORT_RETENTION,
+                  extra_config=FREQUENT_RETENTION_CHECKS, idempotent=True) as s:
+        with LogStartSampler(s):
+            s.wait_acked(WARMUP_ACKS)
+            wait_until(lambda: min(s.beginning_offsets().values()) > 0, SETTLE_TIMEOUT_S,
+                       "retention to delete a segment of every partition")
+            s.note(f"retention under way: log starts {s.beginning_offsets()}")
+            held = s.consumers[-1]
+            held.pause()
+            s.wait_acked(BETWEEN_ACKS)  # its last fetch (a long poll of at most 200 ms) is back
+            fetched = s.end_offsets()   # it may have fetched (not read) up to these, no further
+            s.note(f"{held.name} held back at {dict(held.next_offset)}, fetched at most to {fetched}")
+            for i in range(soak):
+                victim = s.leader_of(0)
+                s.note(f"bounce {i + 1}: the leader of partition 0 is broker {victim}")
+                s.kill(victim)
+                s.wait_gone(victim)
+                s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+                s.start(victim)
+                s.wait_isr_full()
+            wait_until(lambda: all(start > fetched[p] for p, start in s.beginning_offsets().items()),
+                       SETTLE_TIMEOUT_S, f"retention to delete what {held.name} has not fetched")
+            held.resume()
+            wait_until(lambda: all(held.events_for(p, "OFFSET_OUT_OF_RANGE") for p in range(s.partitions)),
+                       ELECTION_TIMEOUT_S, f"{held.name} to be told OFFSET_OUT_OF_RANGE on every partition")
+            s.note(f"{held.name} was told OFFSET_OUT_OF_RANGE and jumped {held.told}")
+            # long enough after the restart that I11's liveness (c) holds the restarted broker to
+            # retention too: its oldest segments expire and must be gone, slack included
+            s.wait_acked(s.rate * (RETENTION_MS + RETENTION_SLACK_MS + RETENTION_CHECK_INTERVAL_MS) // 1000)
+        report = run_to_report(s)
     report.assert_ok()
+    assert report.expired > 0 and report.log_start_samples > 0, \
+        f"retention deleted no acknowledged record, or no log start was seen while it ran\n{report.summary()}"
+    assert all(start > 0 for starts in report.log_starts.values() for start in starts.values()), report.summary()
 
 
 # -- F11: an ISR of one loses its leader ---------------------------------------------------------
@@ -429,7 +509,7 @@ def assert_nothing_acked_beyond(s: Scenario, partition: int, hw: int, since: flo
 
 
 def test_f11_isr_of_one_loses_leader_unclean_off(tmp_path: Path) -> None:
-    with Scenario(tmp_path, "F11 ISR of one, unclean election off") as s:
+    with Scenario(tmp_path, "F11 ISR of one, unclean election off", idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
         leader, f1, f2, hw = shrink_to_leader_only(s, 0)
         since = time.monotonic()
@@ -456,7 +536,8 @@ def test_f11_isr_of_one_loses_leader_unclean_off(tmp_path: Path) -> None:
 
 def test_f11_isr_of_one_loses_leader_unclean_on(tmp_path: Path) -> None:
     # one partition: unclean election is a topic setting, and with one partition every loss
-    # and every consumer reset belongs to the partition whose leader the test kills
+    # and every consumer reset belongs to the partition whose leader the test kills. Not
+    # idempotent: the unclean election loses acknowledged batches, and their sequences with them
     with Scenario(tmp_path, "F11 ISR of one, unclean election on", partitions=1,
                   topic_config={"unclean.leader.election.enable": "true"}) as s:
         s.wait_acked(WARMUP_ACKS)
@@ -503,36 +584,39 @@ def test_f13_reassignment_onto_an_added_broker_through_failures(tmp_path: Path, 
     from ZooKeeper, and once the new broker resumes they complete. The oracle then also finds
     every replica of the final assignment, and only those, on disk (I2 over each holder)."""
     target = {0: [4, 1, 2], 1: [2, 4, 3], 2: [3, 1, 4]}
-    with Scenario(tmp_path, "F13 reassignment under faults") as s:
+    with Scenario(tmp_path, "F13 reassignment under faults", idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
-        s.note("adding broker 4")
-        s.cluster.add_broker(timeout=ELECTION_TIMEOUT_S)
-        s.pause(4)
-        # bootstrapped on the running brokers only: a request to the paused one would hang until
-        # its session expired, and a target naming an unregistered broker is refused
-        running = ",".join(f"{b.host}:{b.port}" for i, b in s.cluster.brokers.items() if i != 4)
-        with IsrSampler(s) as sampler:  # I8 throughout the move
-            with Admin(running, default_api_timeout_ms=30000, request_timeout_ms=10000) as a:
-                results = a.alter_partition_reassignments(
+        # The admin that starts the moves is opened, and has asked the controller once, before
+        # broker 4 joins, so its metadata names brokers 1-3 only. Opened while broker 4 is
+        # paused, its first refresh could pick the paused broker and hang until that broker's
+        # ZooKeeper session expired; the controller then refuses a target naming an
+        # unregistered broker.
+        with Admin(s.bootstrap, default_api_timeout_ms=30000, request_timeout_ms=10000) as mover:
+            mover.list_partition_reassignments()
+            s.note("adding broker 4")
+            s.cluster.add_broker(timeout=ELECTION_TIMEOUT_S)
+            s.pause(4)
+            with IsrSampler(s) as sampler:  # I8 throughout the move
+                results = mover.alter_partition_reassignments(
                     {TopicPartition(s.topic, p): r for p, r in target.items()})
-            assert all(code == 0 for code, _ in results.values()), results
-            s.note(f"reassignment started: {target}")
-            leader = s.leader_of(0)
-            s.kill(leader)
-            s.leader_of(0, not_in=[leader])
-            s.wait_acked(BETWEEN_ACKS * soak, partition=0)
-            controller = s.controller(not_in=[leader])
-            s.kill(controller)
-            s.controller(not_in=[leader, controller])
-            s.resume(4)
-            s.heal()  # the killed brokers back; every replica in its ISR
+                assert all(code == 0 for code, _ in results.values()), results
+                s.note(f"reassignment started: {target}")
+                leader = s.leader_of(0)
+                s.kill(leader)
+                s.leader_of(0, not_in=[leader])
+                s.wait_acked(BETWEEN_ACKS * soak, partition=0)
+                controller = s.controller(not_in=[leader])
+                s.kill(controller)
+                s.controller(not_in=[leader, controller])
+                s.resume(4)
+                s.heal()  # the killed brokers back; every replica in its ISR
 
-            def moved() -> bool:
-                with s.admin() as a:
-                    if a.list_partition_reassignments():
-                        return False
-                return all(s.replicas_of(p) == r for p, r in target.items())
-            wait_until(moved, HEAL_TIMEOUT_S, f"the reassignment to {target} to complete")
+                def moved() -> bool:
+                    with s.admin() as a:
+                        if a.list_partition_reassignments():
+                            return False
+                    return all(s.replicas_of(p) == r for p, r in target.items())
+                wait_until(moved, HEAL_TIMEOUT_S, f"the reassignment to {target} to complete")
         assert any(4 in isr for _, isr in sampler.isrs), f"I8 never sampled broker 4 in an ISR: {dict(sampler.isrs)}"
         s.note("reassignment complete")
         s.wait_isr_full()

@@ -1,9 +1,9 @@
 """The consumer-group rows of the fault matrix (RELIABILITY.md): F14, and F1/F2/F3 against the
 group coordinator's broker, checked by I12 and I13 (``group_harness``, which explains the
-oracle) on top of the harness's I1, I2, I3, I5 for the topic the group consumes.
+oracle) on top of the harness's I1, I2, I3, I4, I5, I11 for the topic the group consumes.
 
 Every scenario runs the harness's 3-broker cluster with a 6-partition topic (RF 3, min ISR 2)
-fed by its acks=all producer, and a group of three ``group_worker`` processes consuming it
+fed by its acks=all idempotent producer, and a group of three ``group_worker`` processes consuming it
 at-least-once (commit after processing), with 4 s sessions:
 
 * F14 consumer group churn: members SIGKILLed mid-batch (after processing a batch, before
@@ -55,7 +55,8 @@ COORDINATOR_BOUNCES = 3
 
 
 def group_scenario(tmp_path: Path, name: str) -> Scenario:
-    return Scenario(tmp_path, name, partitions=PARTITIONS, rate=RATE, consumers=0, extra_config=GROUP_BROKER_CONFIG)
+    return Scenario(tmp_path, name, partitions=PARTITIONS, rate=RATE, consumers=0, extra_config=GROUP_BROKER_CONFIG,
+                    idempotent=True)
 
 
 def settle_and_check(s: Scenario, g: GroupWorkload):

@@ -2,7 +2,8 @@
 
 Same cluster, workload and oracle as ``test_fault_matrix`` (3 brokers, a topic of 3
 partitions with replication factor 3 and min.insync.replicas 2, a steady acks=all producer,
-two live consumers; I1, I2, I3, I5, I6 checked at the end), but every broker runs in its own
+two live consumers; I1, I2, I3, I5, I6, I11 checked at the end, and I4 in F5, where the
+leadership moves and the producer is idempotent), but every broker runs in its own
 network namespace with its own address, and faults drop packets between chosen brokers and
 between a broker and ZooKeeper (``netlab``: nftables rules in the brokers' namespaces). The
 test's clients are never cut off.
@@ -146,7 +147,7 @@ def test_f5_leader_isolated_becomes_zombie(tmp_path: Path, soak: int) -> None:
     # (as in Kafka) does not invalidate the producer's metadata: it learns of the new leader
     # from its periodic refresh, every metadata_max_age_ms (Kafka's default is 5 minutes).
     with Scenario(tmp_path, "F5 leader isolated from ZooKeeper and its followers", network=True,
-                  producer_config={"metadata_max_age_ms": 3000}) as s:
+                  producer_config={"metadata_max_age_ms": 3000}, idempotent=True) as s:
         s.wait_acked(WARMUP_ACKS)
         zombies = []
         for i in range(soak):
