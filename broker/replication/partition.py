@@ -30,7 +30,8 @@ The rules (Kafka's, as DESIGN section 6 states them)
   again from the leader; it rejoins the ISR as any follower that caught up. Until then it
   keeps what it has: while it is in the ISR, elections and the HW count on it. A damaged
   leader with no other live replica in sync stays leader; the damaged records cannot be
-  served (an error says so), never silently skipped. While the damage lasts it is reported
+  served (CORRUPT_MESSAGE when no other replica is in sync: a consumer may seek past them),
+  never silently skipped. While the damage lasts it is reported
   again every ``DAMAGE_REPORT_INTERVAL_MS`` it is met (a report can be dropped, or find no
   replica in sync to hand over to); a log cut below it by other means (truncation to the
   leader) no longer holds it, and the mark goes.

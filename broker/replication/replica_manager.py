@@ -650,10 +650,15 @@ class ReplicaManager:
                                       high_watermark_held=not from_follower and p.high_watermark_held)
 
     def _damaged(self, p: NotifyingPartition, offset: int, e: CorruptRecordError) -> FetchPartitionResponse:
-        """A read found this replica's batch at ``offset`` damaged on disk: the fetch gets
-        KAFKA_STORAGE_ERROR (retriable: a client asks for metadata again and goes to the next
-        leader), and the replica is reported (``_note_damage``)."""
+        """A read found this replica's batch at ``offset`` damaged on disk: the replica is
+        reported (``_note_damage``), and the fetch gets KAFKA_STORAGE_ERROR (retriable: a client
+        asks for metadata again and goes to the next leader) while another replica is in sync.
+        Without one the damage is final here: CORRUPT_MESSAGE names it, and a consumer can
+        decide to seek past it (an error it would retry for ever would hide the loss)."""
         self._note_damage(p, offset, e)
+        if not p.isr - {self.broker_id}:
+            return FetchPartitionResponse(p.tp.partition, e.code, error_message=str(e),
+                                          high_watermark=p.log.high_watermark, log_start_offset=p.log.log_start_offset)
         return FetchPartitionResponse(
             p.tp.partition, KAFKA_STORAGE_ERROR.code,
             error_message=f"broker {self.broker_id}: the replica of {p.tp} is damaged on disk at offset {offset} "

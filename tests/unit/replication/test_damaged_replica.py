@@ -18,7 +18,13 @@ from tests.unit.replication.test_fetcher import make_cluster, produce
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.verifier import Pace, first_suspect_offset
 from tidelog.broker.replication.partition import DAMAGE_REPORT_INTERVAL_MS, Partition
-from tidelog.protocol.errors import FENCED_LEADER_EPOCH, KAFKA_STORAGE_ERROR, NONE, CorruptRecordError
+from tidelog.protocol.errors import (
+    CORRUPT_MESSAGE,
+    FENCED_LEADER_EPOCH,
+    KAFKA_STORAGE_ERROR,
+    NONE,
+    CorruptRecordError,
+)
 from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic, PartitionState
 from tidelog.protocol.records import HEADER_SIZE, iter_headers
 
@@ -216,3 +222,14 @@ def test_damage_in_the_first_segment_restarts_the_log_at_its_base(tmp_path):
     assert log.truncate_damaged(1) == 0
     assert log.log_end_offset == 0 and log.log_start_offset == 0 and len(log.segments) == 1
     log.close()
+
+
+async def test_the_only_in_sync_copy_names_the_damage_for_good(cluster, autojump_clock):
+    """Nobody to hand over to: CORRUPT_MESSAGE, not a retriable error a consumer would retry
+    for ever (the SDK consumer turns it into an error naming the seek past the batch)."""
+    cluster.elect(1, isr=[1])
+    produce(cluster.leader, 60, records=3)
+    damaged = flip_a_byte_of_batch(cluster.leader.log(), 1, 1)
+    r = await consumer_fetch(cluster.leader, damaged)
+    assert r.error_code == CORRUPT_MESSAGE.code and "fails its CRC check" in r.error_message
+    assert cluster.leader.partition().damage == damaged
