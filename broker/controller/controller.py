@@ -800,7 +800,7 @@ class Controller:
                 tp = TopicPartition(topic, partition)
                 if tp not in ctx.states or broker not in self._replicas(tp):
                     continue
-                if await self._update_state(tp, lambda st, tp=tp, b=broker: _out_of_damaged(
+                if await self._update_state(tp, lambda st, tp=tp, b=broker: _decision(
                         without_damaged_replica(self._replicas(tp), st.leader, st.isr, ctx.live, b))):
                     changed.append(tp)
                     logger.warning("%s: the replica on broker %d is damaged: now led by %d, ISR %s", tp, broker,
@@ -833,9 +833,8 @@ class Controller:
 
         def decide(tp: TopicPartition, st: LeaderAndIsr) -> tuple[int, list[int]] | None:
             if st.leader == broker_id:
-                election = controlled_shutdown_leader(self._replicas(tp), st.isr, set(ctx.brokers),
-                                                      ctx.shutting_down)
-                return None if election is None else (election.leader, election.isr)
+                return _decision(controlled_shutdown_leader(self._replicas(tp), st.isr, set(ctx.brokers),
+                                                            ctx.shutting_down))
             if broker_id in st.isr and len(st.isr) > 1:
                 return st.leader, [r for r in st.isr if r != broker_id]
             return None
@@ -1083,7 +1082,8 @@ def _without(st: LeaderAndIsr, gone: set[int]) -> tuple[int, list[int]] | None:
     return leader, isr or list(st.isr[-1:])
 
 
-def _out_of_damaged(election: Election | None) -> tuple[int, list[int]] | None:
+def _decision(election: Election | None) -> tuple[int, list[int]] | None:
+    """An election as ``_update_state``'s decision: the new (leader, ISR), or None."""
     return None if election is None else (election.leader, election.isr)
 
 
@@ -1091,8 +1091,7 @@ def _preferred(replicas: list[int], st: LeaderAndIsr, live: set[int]) -> tuple[i
     """The preferred replica as leader of ``st``, if it is live, in the ISR and not leading."""
     if replicas and st.leader == replicas[0]:
         return None
-    election = preferred_replica_leader(replicas, st.isr, live)
-    return None if election is None else (election.leader, election.isr)
+    return _decision(preferred_replica_leader(replicas, st.isr, live))
 
 
 def _moving(moves: dict[TopicPartition, ReplicaAssignment]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -49,6 +49,14 @@ def flip_a_byte_of_batch(log, segment: int, batch: int, at: int = HEADER_SIZE + 
     return h.base_offset
 
 
+def small_log(tmp_path, batches: int):
+    """A log of ``batches`` 3-record batches in 1,000-byte segments (about 8 batches each)."""
+    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
+    for _ in range(batches):
+        log.append_as_leader(make_batch(3), 0)
+    return log
+
+
 async def consumer_fetch(broker: MemoryBroker, offset: int):
     req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, offset, 1 << 20)])],
                        replica_id=-1, max_wait_ms=0)
@@ -97,9 +105,7 @@ async def test_a_damaged_replica_keeps_its_log_while_in_the_isr(cluster, autojum
 
 
 def test_damaged_framing_drops_the_whole_segment(tmp_path):
-    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
-    for _ in range(60):
-        log.append_as_leader(make_batch(3), 0)
+    log = small_log(tmp_path, 60)
     second = log.segments[1]
     # a batch length far beyond the segment: the header walk cannot pass it
     with open(second.log_path, "r+b") as f:
@@ -121,9 +127,7 @@ def test_damaged_framing_drops_the_whole_segment(tmp_path):
 
 
 def test_the_scan_names_the_offset_after_the_last_good_batch(tmp_path):
-    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
-    for _ in range(30):
-        log.append_as_leader(make_batch(3), 0)
+    log = small_log(tmp_path, 30)
     seg = log.segments[1]
     assert first_suspect_offset(seg.log_path, seg.base_offset, seg.size) is None
     damaged = flip_a_byte_of_batch(log, 1, 2)
@@ -184,9 +188,7 @@ def follower_fetch_at(follower: MemoryBroker, leader_epoch: int) -> FetchRequest
 
 
 def test_the_damage_is_reported_again_while_it_lasts_and_forgotten_once_cut(tmp_path):
-    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
-    for _ in range(30):
-        log.append_as_leader(make_batch(3), 0)
+    log = small_log(tmp_path, 30)
     p = Partition(TP, 1)
     p.make_leader(PartitionState(TP.topic, TP.partition, 1, 1, 0, [1, 2], 0, [1, 2]), log, 0)
     assert p.mark_damaged(40, now_ms=1000)
@@ -212,9 +214,7 @@ def test_the_verification_keeps_its_rate():
 
 
 def test_damage_in_the_first_segment_restarts_the_log_at_its_base(tmp_path):
-    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1))
-    for _ in range(30):
-        log.append_as_leader(make_batch(3), 0)
+    log = small_log(tmp_path, 30)
     first = log.segments[0]
     with open(first.log_path, "r+b") as f:
         f.seek(8)
