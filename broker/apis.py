@@ -11,11 +11,14 @@ kind          what the handler is and returns
 ============  ===========================================================================
 ORDERED       a plain function called by the connection's reader in request order; it does
               its order-sensitive work (the produce append) before it returns, and returns
-              the response, None (acks=0) or an awaitable of the response (the acks=all wait)
+              the response, None (acks=0), a deferred response (``broker.deferred``: the
+              acks=all wait, a DelayedProduce) or an awaitable of the response (a produce
+              validated in a worker thread)
 ASYNC         a coroutine function: the network layer awaits it in the request's own task
-DEFERRED      a plain function returning a deferred response (``broker.deferred``: a
-              consumer's long-poll fetch, answered by the append that satisfies it or at
-              ``max_wait_ms``) or, for a follower's fetch, the coroutine that serves it
+DEFERRED      a plain function returning the response or a deferred response (a long-poll
+              fetch, answered by the change that satisfies it or at ``max_wait_ms``) or,
+              for a follower's fetch whose broker epoch must be read again, the coroutine
+              that serves it
 ============  ===========================================================================
 
 Errors: a handler raises a ``TidelogError`` (or records a per-partition error in its
@@ -380,7 +383,7 @@ class Apis:
     @handles(ApiKey.PRODUCE, Kind.ORDERED)
     def produce(self, req: ProduceRequest, ctx: RequestContext | None = None):
         """Append now (so pipelined produces of a connection append in the order sent); for
-        acks=all return the coroutine that waits for replication."""
+        acks=all return the wait for replication (a DelayedProduce, or a coroutine)."""
         entries = {TopicPartition(t.name, p.index): p.records for t in req.topic_data for p in t.partition_data}
         if self.authorizer is not None and ctx is not None:  # Write on each topic (and on the transactional id)
             refused = self._produce_refused(ctx, req, entries)
@@ -397,7 +400,8 @@ class Apis:
             # connection and of these partitions wait for this one (broker.produce_order)
             done = self.produce_order.enter(keys)
             return self._produce_in_order(req, entries, refused, keys, before, done)
-        return self._produce_appended(req, refused, *self.replica_manager.append_now(req.acks, entries))
+        return self._produce_appended(req, refused, *self.replica_manager.append_now(req.acks, entries),
+                                      deferrable=True)
 
     def _produce_refused(self, ctx: RequestContext, req: ProduceRequest, entries: dict) -> dict:
         """The hot path: one remembered decision (a dict lookup) per topic of the request."""
@@ -414,13 +418,19 @@ class Apis:
                      "error_message": _denied(ctx, "Write", "topic", tp.topic)}
                 for tp in entries if tp.topic in denied}
 
-    def _produce_appended(self, req: ProduceRequest, refused: dict, results: dict, waiting: dict):
+    def _produce_appended(self, req: ProduceRequest, refused: dict, results: dict, waiting: dict, *,
+                          deferrable: bool = False):
+        """The response to an appended produce: None for acks=0; for acks=all with batches
+        to replicate, a DelayedProduce (``deferrable``: the handler's own result) or the
+        coroutine waiting for them (inside a coroutine already)."""
         for tp, r in results.items():
             r["error_code"] = self._absent_as_unknown(tp, r["error_code"])
         results.update(refused)
         if req.acks == 0:
             return None
         if waiting:
+            if deferrable:
+                return self.replica_manager.replication_wait(waiting, req.timeout_ms, results, _produce_response)
             return self._produce_after_replication(req, results, waiting)
         return _produce_response(results)
 
@@ -444,14 +454,18 @@ class Apis:
 
     @handles(ApiKey.FETCH, Kind.DEFERRED)
     def fetch(self, req: FetchRequest, ctx: RequestContext | None = None):
-        """A fetch from the network: a consumer's is answered now or deferred (a DelayedFetch,
-        answered by the append that satisfies it or at max_wait_ms, see ReplicaManager.
-        consumer_fetch); a follower's runs as ``fetch`` in a task of its own."""
+        """A fetch from the network, a consumer's or a follower's: answered now or deferred (a
+        DelayedFetch, answered by the change that satisfies it or at max_wait_ms, see
+        ReplicaManager.deferred_fetch). A follower's whose broker epoch the registry does not
+        know as current runs as ``replica_fetch``, in a task of its own (it may ask ZooKeeper)."""
         if req.replica_id >= 0:
             problem = self._cluster_action_problem(ctx, f"Fetch as replica {req.replica_id}")
             if problem is not None:
                 return self._fetch_refused(req, CLUSTER_AUTHORIZATION_FAILED, problem)
-            return self.replica_fetch(req)
+            if (self.metadata.registry.broker_epochs.get(req.replica_id) != req.replica_epoch
+                    and self._names_a_follower(req)):
+                return self.replica_fetch(req)
+            return self.replica_manager.deferred_fetch(req, self._fetch_response)
         denied = self._denied_topics(ctx, AclOperation.READ, {t.topic for t in req.topics})
         if denied:  # Read on each topic: the others are read, these answered TOPIC_AUTHORIZATION_FAILED
             refused = {TopicPartition(t.topic, p.partition): FetchPartitionResponse(
@@ -460,9 +474,9 @@ class Apis:
             allowed = [t for t in req.topics if t.topic not in denied]
             if not allowed:
                 return self._fetch_response(refused)
-            return self.replica_manager.consumer_fetch(dataclasses.replace(req, topics=allowed),
+            return self.replica_manager.deferred_fetch(dataclasses.replace(req, topics=allowed),
                                                        lambda results: self._fetch_response({**results, **refused}))
-        return self.replica_manager.consumer_fetch(req, self._fetch_response)
+        return self.replica_manager.deferred_fetch(req, self._fetch_response)
 
     def _fetch_refused(self, req: FetchRequest, error: ErrorCode, message: str) -> FetchResponse:
         return FetchResponse([FetchTopicResponse(t.topic, [FetchPartitionResponse(p.partition, error.code,
@@ -479,7 +493,7 @@ class Apis:
         read, no follower state, HW or ISR touched."""
         rm = self.replica_manager
         tps = [TopicPartition(t.topic, p.partition) for t in req.topics for p in t.partitions]
-        if any(rm.is_follower(tp, req.replica_id) for tp in tps):
+        if self._names_a_follower(req):
             problem = await self.metadata.registry.broker_epoch_problem(req.replica_id, req.replica_epoch)
             if problem is not None:
                 logger.info("follower fetch from broker %d refused: %s", req.replica_id, problem)
@@ -487,6 +501,13 @@ class Apis:
                     tp.partition, NOT_LEADER_OR_FOLLOWER.code,
                     error_message=f"{tp}: a fetch as replica {req.replica_id} refused: {problem}") for tp in tps})
         return self._fetch_response(await rm.fetch(req))
+
+    def _names_a_follower(self, req: FetchRequest) -> bool:
+        """The fetch names a partition of which its replica id is a follower here: its broker
+        epoch must be checked (``replica_fetch``)."""
+        is_follower = self.replica_manager.is_follower
+        return any(is_follower(TopicPartition(t.topic, p.partition), req.replica_id)
+                   for t in req.topics for p in t.partitions)
 
     def _fetch_response(self, results) -> FetchResponse:
         by_topic: dict[str, list] = {}

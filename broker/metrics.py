@@ -207,7 +207,7 @@ class RequestMetrics:
         self.messages_out: Counter[str] = Counter()
         self.replication_bytes_out = 0
         self.produce_purgatory_size = 0
-        self.fetch_purgatory_size = 0  # consumers' long polls waiting (DelayedFetch)
+        self.fetch_purgatory_size = 0  # long polls waiting (DelayedFetch), consumers and followers
 
     def instrument(self, handler: Handler) -> Handler:
         """``handler`` (the socket server's: context, body -> response or awaitable) with one
@@ -225,7 +225,7 @@ class RequestMetrics:
                 raise
             if inspect.isawaitable(result):
                 return self._complete_later(api_key, body, start, result)
-            if is_deferred(result):  # a consumer's long poll: when answered
+            if is_deferred(result):  # a long poll or an acks=all wait: when answered
                 return _ObservedDeferred(self, api_key, body, start, result)
             self._observe(api_key, body, start)
             self._account(api_key, body, result)
@@ -494,7 +494,7 @@ class BrokerCollector:
         purgatory.add_metric([], float(self.requests.produce_purgatory_size))
         yield purgatory
         fetches = GaugeMetricFamily("tidelog_fetch_purgatory_size",
-                                    "consumers' fetches waiting for records (long polls)")
+                                    "fetches waiting for records (long polls of consumers and followers)")
         fetches.add_metric([], float(self.requests.fetch_purgatory_size))
         yield fetches
 
@@ -772,7 +772,8 @@ def _http(status: int, body: bytes, content_type: str = "text/plain; charset=utf
 
 class _ObservedDeferred(DeferredResponse):
     """A deferred response observed when it is answered (its latency includes the long
-    poll, and the bytes it carries out are counted), or when it is cancelled."""
+    poll or the wait for replication, and the bytes it carries out are counted), or when it
+    is cancelled."""
 
     __slots__ = ("metrics", "api_key", "body", "start", "inner")
 
@@ -782,14 +783,21 @@ class _ObservedDeferred(DeferredResponse):
 
     def attach(self, complete: Callable[[Any], None]) -> None:
         def completed(response: Any) -> None:
-            self.metrics.fetch_purgatory_size -= 1
+            self._count(-1)
             self.metrics._completed(self.api_key, self.body, self.start, response)
             complete(response)
 
-        self.metrics.fetch_purgatory_size += 1
+        self._count(1)
         self.inner.attach(completed)
 
     def cancel(self) -> None:
-        self.metrics.fetch_purgatory_size -= 1
+        self._count(-1)
         self.inner.cancel()
         self.metrics._observe(self.api_key, self.body, self.start)
+
+    def _count(self, n: int) -> None:
+        """In the produce purgatory (an acks=all wait) or the fetch purgatory (a long poll)."""
+        if self.api_key == _PRODUCE:
+            self.metrics.produce_purgatory_size += n
+        else:
+            self.metrics.fetch_purgatory_size += n

@@ -13,9 +13,10 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
   response or an awaitable of it. An awaitable is awaited in the request's own task in the
   connection's nursery, so requests are handled concurrently; a response returned at once
   (a produce with acks 0 or 1) is answered by the reader itself, with no handler task, and
-  written at once, or, when the request woke tasks (a follower's long poll), on the next
-  scheduler pass, after them. A handler may
-  also return a ``broker.deferred.DeferredResponse`` (a consumer's long-poll fetch): it gets
+  written at once, or, when the request woke tasks (a produce waiting with acks=all), on the
+  next scheduler pass, after them. A handler may
+  also return a ``broker.deferred.DeferredResponse`` (a long-poll fetch, a consumer's or a
+  follower's): it gets
   no task; the connection attaches a completion callback, and whoever satisfies the
   operation (the append that gives a waiting fetch its bytes, or the expiry timer) answers
   it synchronously, in that scheduler pass. When the connection closes first, the deferred
@@ -620,9 +621,10 @@ class _Connection:
                 started.attach(functools.partial(self._complete_deferred, started, _correlation_id(event)))
             else:
                 # answered already (a produce, say): respond from the reader, no handler
-                # task. The consumers' long polls this append satisfied (DelayedFetch)
-                # were answered and written in the append itself. If it woke tasks (a
-                # follower's fetch, say), the write waits until they have run: they run
+                # task. The long polls this append satisfied (DelayedFetch: consumers' and
+                # followers') were answered and written in the append itself. If it woke
+                # tasks (a produce waiting with acks=all, say), the write waits until they
+                # have run: they run
                 # in the next scheduler pass, and the write in the pass after it (a task
                 # started now would run in the same pass as they do, first half of the
                 # time: Trio reverses the order of half its batches), so the woken

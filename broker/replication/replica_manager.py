@@ -124,14 +124,14 @@ PURGE_DELAYED_AT = 1000  # answered delayed fetches tolerated in the deadline he
 
 
 class NotifyingPartition(Partition):
-    """A partition with a "changed" event for waiters (follower long polls and acks=all),
-    and the consumers' delayed fetches watching it (tried again, synchronously, on every
-    change)."""
+    """A partition with a "changed" event for the tasks waiting for it, and the delayed
+    operations watching it (fetches and acks=all produces, tried again, synchronously, on
+    every change)."""
 
     def __init__(self, tp: TopicPartition, local_broker_id: int):
         super().__init__(tp, local_broker_id)
         self.changed = trio.Event()
-        self.watchers: dict[DelayedFetch, None] = {}  # insertion-ordered set
+        self.watchers: dict[DelayedOperation, None] = {}  # insertion-ordered set
 
     def notify(self) -> None:
         self.changed.set()
@@ -141,28 +141,34 @@ class NotifyingPartition(Partition):
                 d.try_complete()
 
 
-class DelayedFetch:
-    """A consumer's long poll waiting for records: Kafka's DelayedFetch in its purgatory.
-    It is a deferred response (``attach`` / ``cancel``, see broker/deferred.py): the network
-    layer attaches the function that answers the request.
+class DelayedOperation:
+    """A request answered later, by the change that completes it: Kafka's DelayedOperation
+    in its purgatory. It is a deferred response (``attach`` / ``cancel``, see
+    broker/deferred.py): the network layer attaches the function that answers the request.
 
     It watches its partitions: every change of one (an append, a high watermark move, a
-    leadership change) tries it again, and the change that satisfies it (``min_bytes``
-    available, or an error) answers it right there, synchronously, without a task of its
-    own; at ``max_wait_ms`` the replica manager's timer answers it with what there is."""
+    leadership change) tries it again (``NotifyingPartition.notify``), and the change that
+    completes it answers it right there, synchronously, without a task of its own; at its
+    deadline the replica manager's timer answers it with what there is (``force``).
 
-    __slots__ = ("manager", "request", "deadline", "partitions", "respond", "complete", "done", "queued")
+    A try may itself notify a partition it watches (a follower's fetch records where the
+    follower is, which may move the high watermark): that nested try of the same operation
+    is skipped (``trying``), the outer one decides."""
 
-    def __init__(self, manager: "ReplicaManager", request: FetchRequest, deadline: float,
-                 partitions: list[NotifyingPartition], respond: Callable[[dict], Any]):
+    __slots__ = ("manager", "deadline", "partitions", "complete", "done", "queued", "trying")
+
+    def __init__(self, manager: "ReplicaManager", deadline: float, partitions: list[NotifyingPartition]):
         self.manager = manager
-        self.request = request
         self.deadline = deadline
         self.partitions = partitions
-        self.respond = respond  # results -> the response body
         self.complete: Callable[[Any], None] | None = None
         self.done = False
         self.queued = False  # in the manager's deadline heap
+        self.trying = False
+
+    def outcome(self, force: bool) -> Any:
+        """The response body if the operation is complete (always with ``force``), else None."""
+        raise NotImplementedError
 
     def attach(self, complete: Callable[[Any], None]) -> None:
         self.complete = complete
@@ -171,22 +177,24 @@ class DelayedFetch:
         self.manager._add_delayed(self)
 
     def try_complete(self, force: bool = False) -> bool:
-        """Answer if satisfied (or ``force``: the deadline passed); True once answered."""
-        if self.done:
-            return True
+        """Answer if complete (or ``force``: the deadline passed); True once answered."""
+        if self.done or self.trying:
+            return self.done
+        self.trying = True
         try:
-            results, size = self.manager._read_all(self.request, False)
-            if not force and size < self.request.min_bytes and not _has_errors(results):
+            body = self.outcome(force)
+            if body is None:
                 return False
-            body = self.respond(results)
-        except Exception:  # a bug must not fail the append that woke us, nor leave it waiting
-            logger.exception("a delayed fetch failed; answering it with an error")
+        except Exception:  # a bug must not fail the change that woke us, nor leave it waiting
+            logger.exception("%s failed; answering it with an error", type(self).__name__)
             body = error_body(UNKNOWN_SERVER_ERROR)
+        finally:
+            self.trying = False
         self._finish()
         try:
             self.complete(body)
         except Exception:  # the connection's problem: not the append's, nor the timer's
-            logger.exception("answering a delayed fetch failed")
+            logger.exception("answering a %s failed", type(self).__name__)
         return True
 
     def cancel(self) -> None:
@@ -200,6 +208,59 @@ class DelayedFetch:
             p.watchers.pop(self, None)
         if self.queued:
             self.manager._delayed_finished()
+
+
+class DelayedFetch(DelayedOperation):
+    """A long poll waiting for records, a consumer's or a follower's (Kafka's DelayedFetch):
+    complete once ``min_bytes`` are there, or a partition has an error. So the leader's
+    append answers the followers' waiting fetches before its own produce response is
+    written, and a follower's next fetch that moves the high watermark answers the consumers
+    waiting for it, in the same scheduler pass. A follower's try reads as the follower: it
+    records the fetch again, as a task waiting for the partition would on waking."""
+
+    __slots__ = ("request", "respond", "from_follower")
+
+    def __init__(self, manager: "ReplicaManager", request: FetchRequest, deadline: float,
+                 partitions: list[NotifyingPartition], respond: Callable[[dict], Any]):
+        super().__init__(manager, deadline, partitions)
+        self.request = request
+        self.respond = respond  # results -> the response body
+        self.from_follower = request.replica_id >= 0
+
+    def outcome(self, force: bool) -> Any:
+        results, size = self.manager._read_all(self.request, self.from_follower)
+        if not force and size < self.request.min_bytes and not _has_errors(results):
+            return None
+        return self.respond(results)
+
+
+class DelayedProduce(DelayedOperation):
+    """An acks=all produce waiting for its batches to be committed (Kafka's DelayedProduce):
+    complete once the high watermark passes each partition's last appended offset or the
+    partition's wait ended otherwise (the ISR fell below ``min.insync.replicas``, leadership
+    lost: ``ReplicaManager.settle_replication``). At ``timeout_ms`` the partitions still
+    waiting get REQUEST_TIMED_OUT. The follower's fetch that moves the high watermark
+    answers it, in that scheduler pass."""
+
+    __slots__ = ("waiting", "results", "timeout_ms", "respond")
+
+    def __init__(self, manager: "ReplicaManager", waiting: dict[TopicPartition, int], results: dict,
+                 timeout_ms: int, deadline: float, partitions: list[NotifyingPartition],
+                 respond: Callable[[dict], Any]):
+        super().__init__(manager, deadline, partitions)
+        self.waiting = waiting  # partition -> the last offset the HW must pass
+        self.results = results
+        self.timeout_ms = timeout_ms
+        self.respond = respond  # results -> the response body
+
+    def outcome(self, force: bool) -> Any:
+        manager, waiting = self.manager, self.waiting
+        for tp in [tp for tp, last in waiting.items() if manager.settle_replication(tp, last, self.results)]:
+            del waiting[tp]
+        if waiting and not force:
+            return None
+        manager.time_out_replication(waiting, self.timeout_ms, self.results)
+        return self.respond(self.results)
 
 
 class ReplicaManager:
@@ -431,15 +492,36 @@ class ReplicaManager:
                 "log_append_time_ms": info.log_append_time, "log_start_offset": info.log_start_offset,
                 "error_message": None, "_last_offset": info.last_offset}
 
-    async def await_replication(self, waiting: dict[TopicPartition, int], timeout_ms: int, results) -> None:
-        def settle(tp: TopicPartition, last_offset: int) -> bool:
-            done, code = self._replication_done(tp, last_offset)
-            if done and code != NONE.code:
-                results[tp].update(_error(code, f"{tp}: the in-sync replicas shrank below "
-                                                "min.insync.replicas before the batch was committed"))
-            return done
+    def replication_wait(self, waiting: dict[TopicPartition, int], timeout_ms: int, results: dict,
+                         respond: Callable[[dict], Any]) -> Any:
+        """acks=all after ``append_now``: ``respond(results)`` now when every batch is settled,
+        else a DelayedProduce that answers when they are or at ``timeout_ms``. Without the
+        timer running (``run``), the coroutine of ``await_replication`` instead."""
+        partitions = [self.partitions[tp] for tp in waiting if tp in self.partitions]
+        delayed = DelayedProduce(self, waiting, results, timeout_ms, trio.current_time() + max(0, timeout_ms) / 1000,
+                                 partitions, respond)
+        body = delayed.outcome(force=timeout_ms <= 0)
+        if body is not None:
+            return body
+        if self._timer is None:
+            return self._respond_after(self.await_replication(waiting, timeout_ms, results), lambda _: respond(results))
+        return delayed
 
-        await self._await_partitions(waiting, timeout_ms, settle)
+    async def await_replication(self, waiting: dict[TopicPartition, int], timeout_ms: int, results) -> None:
+        await self._await_partitions(waiting, timeout_ms, functools.partial(self.settle_replication, results=results))
+        self.time_out_replication(waiting, timeout_ms, results)
+
+    def settle_replication(self, tp: TopicPartition, last_offset: int, results: dict) -> bool:
+        """True once ``tp``'s wait for its batch ending at ``last_offset`` is over: committed,
+        or failed (its error recorded in ``results``)."""
+        done, code = self._replication_done(tp, last_offset)
+        if done and code != NONE.code:
+            results[tp].update(_error(code, f"{tp}: the in-sync replicas shrank below "
+                                            "min.insync.replicas before the batch was committed"))
+        return done
+
+    @staticmethod
+    def time_out_replication(waiting: dict[TopicPartition, int], timeout_ms: int, results: dict) -> None:
         for tp in waiting:
             results[tp].update(_error(REQUEST_TIMED_OUT.code,
                                       f"{tp}: the batch was not replicated to the in-sync replicas within {timeout_ms} ms"))
@@ -545,13 +627,13 @@ class ReplicaManager:
             with trio.move_on_at(deadline):
                 await _wait_any(events)
 
-    def consumer_fetch(self, req: FetchRequest, respond: Callable[[dict], Any]) -> Any:
-        """A consumer's fetch: ``respond(results)`` now when it can be answered now, else a
-        DelayedFetch that answers when satisfied or at ``max_wait_ms`` (the same outcome as
-        ``fetch``, without a task waiting). Without the timer running (``run``), the
-        coroutine of ``fetch`` instead."""
+    def deferred_fetch(self, req: FetchRequest, respond: Callable[[dict], Any]) -> Any:
+        """A consumer's or a follower's fetch: ``respond(results)`` now when it can be
+        answered now, else a DelayedFetch that answers when satisfied or at ``max_wait_ms``
+        (the same outcome as ``fetch``, without a task waiting). Without the timer running
+        (``run``), the coroutine of ``fetch`` instead."""
         deadline = trio.current_time() + req.max_wait_ms / 1000
-        results, size = self._read_all(req, False)
+        results, size = self._read_all(req, req.replica_id >= 0)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or _has_errors(results):
             return respond(results)
         watched = [self.partitions[tp] for tp in results if tp in self.partitions]

@@ -438,8 +438,9 @@ async def _wrap(awaitable: Any) -> Any:
 
 
 class _ThrottledDeferred:
-    """A consumer's deferred fetch whose answer is measured against the quotas when it comes,
-    and delayed by its throttle time (by a task of the enforcer's nursery)."""
+    """A deferred answer (a consumer's long poll, an acks=all produce) measured against the
+    quotas when it comes, and delayed by its throttle time (by a task of the enforcer's
+    nursery)."""
 
     __slots__ = ("enforcer", "api_key", "body", "quotas", "busy_s", "inner", "_scope")
 

@@ -390,6 +390,30 @@ def test_a_deferred_consumer_fetch_is_observed_and_counted_when_answered():
     assert cancelled.cancelled and rm.latency["FetchConsumer"].count == 2 and rm.messages_out == {"t": 3}
 
 
+def test_a_deferred_acks_all_produce_is_in_the_produce_purgatory_until_answered():
+    """An acks=all produce answered later (a DelayedProduce): counted in the produce
+    purgatory, not the fetch one, its latency including the wait for replication."""
+    clock = Clock()
+    rm = RequestMetrics(clock)
+    batch = build_batch([b"a"] * 2)
+    inner = _Deferred()
+    result = rm.instrument(lambda h, b: inner)(header(ApiKey.PRODUCE), produce_body("t", {0: batch}))
+    answered = []
+    result.attach(answered.append)
+    assert (rm.produce_purgatory_size, rm.fetch_purgatory_size) == (1, 0)
+    clock.now += 0.2
+    response = ProduceResponse([TopicProduceResponse("t", [PartitionProduceResponse(0, 0, 0)])])
+    inner.complete(response)
+    assert answered == [response] and rm.produce_purgatory_size == 0
+    assert rm.latency["Produce"].sum == pytest.approx(0.2) and rm.messages_in == {"t": 2}
+    cancelled = _Deferred()
+    result = rm.instrument(lambda h, b: cancelled)(header(ApiKey.PRODUCE), produce_body("t", {0: batch}))
+    result.attach(answered.append)
+    assert rm.produce_purgatory_size == 1
+    result.cancel()  # its connection closed
+    assert cancelled.cancelled and rm.produce_purgatory_size == 0
+
+
 def test_a_malformed_body_never_fails_the_request():
     rm = RequestMetrics(Clock())
     assert rm.instrument(lambda h, b: None)(header(ApiKey.PRODUCE), {"topic_data": [{"name": "t"}]}) is None

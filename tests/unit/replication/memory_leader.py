@@ -2,7 +2,8 @@
 
 ``MemoryBroker`` is one broker's replica side with nothing mocked but the network and
 ZooKeeper: a real ``LogManager`` (logs in a temp dir), a real ``ReplicaManager`` and the
-broker's real Fetch and OffsetsForLeaderEpoch handlers (``Apis``). It *is* a
+broker's real Fetch and OffsetsForLeaderEpoch handlers (``Apis``), run as the network layer
+runs them. It *is* a
 ``LeaderEndpoint``: another broker's ``ReplicaFetcher`` calls it directly, so a leader serves
 a follower exactly as it would over a socket (epoch fencing, follower state and HW updates,
 reads up to the LEO, OFFSET_OUT_OF_RANGE with the log start offset).
@@ -19,6 +20,7 @@ every broker's epoch (``broker_epoch``), which their fetchers send, as in produc
 
 from __future__ import annotations
 
+import inspect
 import os
 import tempfile
 from typing import Callable
@@ -26,6 +28,7 @@ from typing import Callable
 import trio
 
 from tidelog.broker.apis import Apis
+from tidelog.broker.deferred import is_deferred
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.log import Log
 from tidelog.broker.log.manager import LogManager
@@ -77,8 +80,20 @@ class MemoryBroker:
     # -- LeaderEndpoint ------------------------------------------------------------------------
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
+        """Through the broker's Fetch handler, as the network layer runs it: a response now,
+        a DelayedFetch answered by whatever satisfies it, or a coroutine."""
         self.fetch_requests += 1
-        return await self.apis.replica_fetch(request)
+        started = self.apis.fetch(request)
+        if is_deferred(started):
+            answered: list[FetchResponse] = []
+            done = trio.Event()
+            started.attach(lambda body: (answered.append(body), done.set()))
+            try:
+                await done.wait()
+            finally:
+                started.cancel()
+            return answered[0]
+        return await started if inspect.isawaitable(started) else started
 
     async def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> OffsetsForLeaderEpochResponse:
         self.epoch_requests += 1

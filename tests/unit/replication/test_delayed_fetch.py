@@ -1,5 +1,6 @@
-"""Consumers' delayed fetches (Kafka's DelayedFetch): answered synchronously by the change
-that satisfies them, or by the replica manager's timer at max_wait_ms; never by a task."""
+"""Delayed operations (Kafka's purgatory): consumers' and followers' long-poll fetches
+(DelayedFetch) and acks=all produces (DelayedProduce), answered synchronously by the change
+that completes them, or by the replica manager's timer at their deadline; never by a task."""
 
 from __future__ import annotations
 
@@ -10,15 +11,25 @@ from tests.unit.log.helpers import make_batch
 from tests.unit.replication.memory_leader import TP, MemoryBroker
 from tests.unit.replication.test_fetcher import make_cluster
 from tidelog.broker.deferred import DeferredResponse
-from tidelog.broker.replication.replica_manager import DelayedFetch
-from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION
+from tidelog.broker.log.config import LogConfig
+from tidelog.broker.replication.replica_manager import DelayedFetch, DelayedProduce
+from tidelog.protocol.errors import (
+    NONE,
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    REQUEST_TIMED_OUT,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
 from tidelog.protocol.messages import (
     FetchPartition,
     FetchRequest,
     FetchResponse,
     FetchTopic,
+    PartitionProduceData,
+    ProduceRequest,
+    ProduceResponse,
     StopReplicaPartition,
     StopReplicaRequest,
+    TopicProduceData,
 )
 
 
@@ -145,3 +156,116 @@ async def test_answered_fetches_with_long_deadlines_are_purged_from_the_timer_he
     assert len(waiting) == 1
     await trio.sleep(3600)
     assert rm._delayed == [] and rm._delayed_done == 0
+
+
+# -- followers' fetches ----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def three(tmp_path, nursery):
+    """Broker 1 leading, 2 and 3 following, the leader's purgatory timer running;
+    min.insync.replicas 2."""
+    config = LogConfig(segment_bytes=1000, index_interval_bytes=100, retention_ms=-1, min_insync_replicas=2)
+    cluster, brokers = make_cluster(str(tmp_path), n=3, config=config)
+    cluster.elect(1, [1, 2, 3])
+    await nursery.start(brokers[0].replica_manager.run)
+    yield cluster
+    brokers[0].replica_manager._nursery.cancel_scope.cancel()
+    for b in brokers:
+        b.close()
+
+
+def follower_fetch(cluster, follower_id: int, offset: int, max_wait_ms: int = 500, min_bytes: int = 1):
+    req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, offset, 1 << 20, -1)])],
+                       replica_id=follower_id, replica_epoch=cluster.brokers[follower_id].broker_epoch,
+                       max_wait_ms=max_wait_ms, min_bytes=min_bytes)
+    return cluster.leader.apis.fetch(req)
+
+
+async def test_a_followers_waiting_fetch_is_answered_by_the_leaders_append(three):
+    deferred = follower_fetch(three, 2, 0)
+    assert isinstance(deferred, DelayedFetch)  # no task of its own
+    answers = attach(deferred)
+    three.leader.produce(make_batch(2))  # the append answers it, before the produce returns
+    [response] = answers
+    p = partition_result(response)
+    assert p.error_code == NONE.code and p.records and p.high_watermark == 0  # 3 has not fetched yet
+    assert not three.leader.partition().watchers
+
+
+async def test_a_followers_fetch_that_moves_the_high_watermark_answers_the_consumers_waiting(three):
+    three.leader.produce(make_batch(1))
+    waiting_consumer = attach(consumer_fetch(three.leader, 0))  # nothing under the HW yet
+    assert isinstance(follower_fetch(three, 2, 1), DelayedFetch)  # 2 holds the batch; 3 does not
+    assert waiting_consumer == []
+    follower_fetch(three, 3, 1)  # now every replica in the ISR holds it: the HW moves
+    [response] = waiting_consumer
+    assert partition_result(response).records and three.leader.log().high_watermark == 1
+
+
+async def test_a_follower_fetch_whose_own_read_moves_the_high_watermark_is_answered_once(three):
+    """A follower's try records its fetch, which may move the HW and notify the partition
+    again from inside that try: the nested try of the same fetch is skipped, the consumers
+    waiting are answered, and the follower's fetch once, by the next append."""
+    leader = three.leader
+    leader.produce(make_batch(1))
+    follower = attach(follower_fetch(three, 2, 1))  # recorded at 1; 3 holds the HW at 0
+    consumer = attach(consumer_fetch(leader, 0))
+    # the controller takes 3 out of the ISR in a new epoch: the leader forgets what its
+    # followers told it, so the HW stays at 0 until 2's waiting fetch is tried again
+    three.elect(1, [1, 2])
+    assert consumer and partition_result(consumer[0]).records  # 2's retried read moved the HW
+    assert leader.log().high_watermark == 1 and follower == []
+    leader.produce(make_batch(1))
+    assert len(follower) == 1 and partition_result(follower[0]).records
+    assert len(consumer) == 1
+
+
+# -- acks=all produces -----------------------------------------------------------------------
+
+
+def produce_all(cluster_or_broker, timeout_ms: int = 1000):
+    request = ProduceRequest(-1, timeout_ms, [TopicProduceData(TP.topic, [PartitionProduceData(TP.partition,
+                                                                                               make_batch(1))])])
+    broker = getattr(cluster_or_broker, "leader", cluster_or_broker)
+    return broker.apis.produce(request)
+
+
+def produce_result(response: ProduceResponse):
+    [topic] = response.responses
+    [p] = topic.partition_responses
+    return p
+
+
+async def test_the_follower_fetch_that_commits_an_acks_all_batch_answers_it_synchronously(three):
+    deferred = produce_all(three)
+    assert isinstance(deferred, DelayedProduce)  # no task of its own
+    answers = attach(deferred)
+    follower_fetch(three, 2, 1)
+    assert answers == []  # 3, in the ISR, does not hold it yet
+    follower_fetch(three, 3, 1)  # the HW moves past the batch: answered inside this fetch
+    [response] = answers
+    assert produce_result(response).error_code == NONE.code and produce_result(response).base_offset == 0
+    assert not three.leader.partition().watchers
+
+
+async def test_an_acks_all_batch_committed_by_its_append_is_answered_at_once(leader):
+    response = produce_all(leader)  # the leader alone in the ISR, min.insync.replicas 1
+    assert isinstance(response, ProduceResponse) and produce_result(response).error_code == NONE.code
+
+
+async def test_an_isr_shrinking_below_min_insync_answers_the_wait_with_an_error(three):
+    answers = attach(produce_all(three))
+    three.elect(1, [1])  # the controller shrinks the ISR below min.insync.replicas
+    [response] = answers
+    assert produce_result(response).error_code == NOT_ENOUGH_REPLICAS_AFTER_APPEND.code
+
+
+async def test_the_timer_answers_an_acks_all_wait_at_its_timeout(three, autojump_clock):
+    answers = attach(produce_all(three, timeout_ms=300))
+    start = trio.current_time()
+    while not answers:
+        await trio.sleep(0.01)
+    assert trio.current_time() - start == pytest.approx(0.3, abs=0.02)
+    assert produce_result(answers[0]).error_code == REQUEST_TIMED_OUT.code
+    assert not three.leader.partition().watchers
