@@ -56,6 +56,9 @@ def _enter_netns(name: str) -> None:
         os.close(fd)
 
 
+# what a local cluster changes from the brokers' defaults (its own extra_config wins)
+DEV_DEFAULTS: dict[str, object] = {"controlled.shutdown.retry.backoff.ms": 500}
+
 class BrokerProcess:
     def __init__(self, broker_id: int, config_path: Path, log_path: Path, port: int,
                  host: str = "127.0.0.1", netns: str | None = None):
@@ -143,7 +146,9 @@ class DevCluster:
         # Kafka's habit for a small cluster: __consumer_offsets is never created with fewer
         # replicas than offsets.topic.replication.factor (3), so fewer brokers set it to their count
         small = {"offsets.topic.replication.factor": brokers} if 0 < brokers < 3 else {}
-        self.extra_config = {**small, **(extra_config or {})}
+        # stopped a broker at a time, the last replica of a partition has nobody to hand its
+        # leadership to: Kafka's 3 retries 5 s apart would hold each such stop 15 s
+        self.extra_config = {**DEV_DEFAULTS, **small, **(extra_config or {})}
         self.hosts = dict(hosts or {})
         self.netns = dict(netns or {})
         if self.security or self.inter_broker_security:
