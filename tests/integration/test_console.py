@@ -20,7 +20,7 @@ import pytest
 
 from tests.integration.cluster_fixtures import cluster_3
 from tests.support.console import Browser, ConsoleProcess, artifacts_dir, browser_problem, poll
-from tests.support.waiting import wait_until
+from tests.support.waiting import NotYet, wait_until
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.broker.cli import installed_version
 
@@ -132,6 +132,13 @@ def test_a_record_produced_from_the_page_shows_in_the_message_browser(console, b
     assert later["records"] == [] and later["from_offset"] == later["high_watermark"] == 1
 
 
+def total_lag_is(page, want: str) -> bool | NotYet:
+    """The group page shows ``want`` as its total lag; if not, what it shows, and the page's
+    status line (the time of its last refresh, or the error that stopped it)."""
+    shown = page.inner_text("[data-role=total-lag]")
+    return shown == want or NotYet(f"total lag {shown!r}, status {page.inner_text('#status')!r}")
+
+
 def test_a_groups_lag_rises_while_producing_and_falls_to_zero_after_consuming(console, browser, admin, cluster_3,
                                                                              artifacts):
     admin.create_topics([NewTopic("lagging", num_partitions=3, replication_factor=3)])
@@ -154,13 +161,13 @@ def test_a_groups_lag_rises_while_producing_and_falls_to_zero_after_consuming(co
         producer.send_many("lagging", [b"first"] * 30).result(timeout=30)
     consume_all(30)
     page = open_page(browser, console, f"/group/{group}")
-    poll(lambda: page.inner_text("[data-role=total-lag]") == "0", 30, "lag 0 after the first records")
+    poll(lambda: total_lag_is(page, "0"), 30, "lag 0 after the first records")
     with Producer(cluster_3.bootstrap, acks="all") as producer:
         producer.send_many("lagging", [b"more"] * 500).result(timeout=30)
-    poll(lambda: page.inner_text("[data-role=total-lag]") == "500", 30, "lag 500 after producing")
+    poll(lambda: total_lag_is(page, "500"), 30, "lag 500 after producing")
     page.screenshot(path=str(artifacts / "group-lagging.png"), full_page=True)
     consume_all(500)
-    poll(lambda: page.inner_text("[data-role=total-lag]") == "0", 30, "lag back to 0 after consuming")
+    poll(lambda: total_lag_is(page, "0"), 30, "lag back to 0 after consuming")
     page.wait_for_timeout(1000)
     page.screenshot(path=str(artifacts / "group.png"), full_page=True)
     groups = open_page(browser, console, "/groups")
@@ -174,7 +181,7 @@ def test_a_groups_lag_rises_while_producing_and_falls_to_zero_after_consuming(co
     page.click("#reset button")
     confirm(page)
     page.wait_for_selector("#reset-out .ok")
-    poll(lambda: page.inner_text("[data-role=total-lag]") == "530", 30, "lag 530 after the reset to earliest")
+    poll(lambda: total_lag_is(page, "530"), 30, "lag 530 after the reset to earliest")
 
 
 def test_a_config_edit_and_a_topic_deletion_ask_first_and_cancel_does_nothing(console, browser, admin, artifacts):
