@@ -1101,7 +1101,15 @@ class Apis:
         registry = self.metadata.registry
         error, problem = STALE_CONTROLLER_EPOCH, await registry.controller_problem(req.controller_id,
                                                                                   req.controller_epoch)
-        if problem is None and req.broker_epoch != self.broker.broker_epoch:
+        own = self.broker.broker_epoch
+        if problem is None and 0 <= req.broker_epoch < own:
+            # meant for an earlier registration of ours (as Kafka's isBrokerEpochStale): refused
+            # whatever the registry holds, which may not have seen our new registration yet; a
+            # request the controller sent before our session expired can arrive late, on a
+            # connection it had given up, and must not roll our metadata back
+            error, problem = STALE_BROKER_EPOCH, (f"broker epoch {req.broker_epoch} is of an earlier registration "
+                                                  f"of broker {self.config.broker_id}")
+        elif problem is None and req.broker_epoch != own:
             # not ours as we know it: our register call may not have returned yet
             error, problem = STALE_BROKER_EPOCH, await registry.broker_epoch_problem(
                 self.config.broker_id, req.broker_epoch)

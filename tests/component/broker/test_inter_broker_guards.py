@@ -198,6 +198,28 @@ async def test_a_request_for_a_registration_whose_register_call_has_not_returned
     assert r.error_code == NONE.code and broker.zk.reads["brokers"] == 1
 
 
+async def test_a_late_request_for_an_earlier_registration_is_refused_though_the_registry_lags(broker):
+    """Kafka's rule: a request carrying an older broker epoch than ours is stale, whatever the
+    registry says. A controller's UpdateMetadata sent before our session expired can arrive
+    late on the connection it gave up, after our new registration's metadata: it must not
+    roll the metadata back (while the registry, whose watch may have missed our new
+    registration, still holds the old epoch)."""
+    old, new = MY_EPOCH, MY_EPOCH + 50
+
+    def update(broker_epoch: int, isr: list[int], version: int) -> UpdateMetadataRequest:
+        return UpdateMetadataRequest(CONTROLLER, CONTROLLER_EPOCH, broker_epoch,
+                                     [PartitionState(TP.topic, TP.partition, CONTROLLER_EPOCH, 2, 0, isr, version,
+                                                     [1, 2, 3])],
+                                     [LiveBroker(b, "h", 9000 + b) for b in (1, 2, 3)])
+
+    broker.zk.epochs[ME] = broker.state.broker_epoch = new  # registered again; the registry holds `old`
+    assert (await broker.apis.update_metadata(update(new, [1, 2, 3], 2))).error_code == NONE.code
+    late = await broker.apis.update_metadata(update(old, [2, 3], 1))
+    assert late.error_code == STALE_BROKER_EPOCH.code
+    assert broker.metadata.partition_state(TP).isr == [1, 2, 3]
+    assert broker.zk.reads["brokers"] == 0  # refused without asking ZooKeeper
+
+
 async def test_a_controller_resigned_in_zookeeper_is_refused(broker):
     broker.zk.controller = (None, CONTROLLER_EPOCH)  # its session expired: /controller is gone
     await broker.registry.refresh_controller()
