@@ -190,9 +190,10 @@ class DelayedOperation:
             body = error_body(UNKNOWN_SERVER_ERROR)
         finally:
             self.trying = False
+        complete = self.complete
         self._finish()
         try:
-            self.complete(body)
+            complete(body)
         except Exception:  # the connection's problem: not the append's, nor the timer's
             logger.exception("answering a %s failed", type(self).__name__)
         return True
@@ -201,13 +202,21 @@ class DelayedOperation:
         self._finish()
 
     def _finish(self) -> None:
+        """Done: out of the watchers, and holding nothing of the request any more (its entry
+        stays in the deadline heap until popped or purged, and the completion callback can
+        hold the whole request, a produce's records included)."""
         if self.done:
             return
         self.done = True
         for p in self.partitions:
             p.watchers.pop(self, None)
+        self.complete, self.partitions = None, []
+        self.release()
         if self.queued:
             self.manager._delayed_finished()
+
+    def release(self) -> None:
+        """Drop what the operation needed to answer (called once it is done)."""
 
 
 class DelayedFetch(DelayedOperation):
@@ -232,6 +241,9 @@ class DelayedFetch(DelayedOperation):
         if not force and size < self.request.min_bytes and not _has_errors(results):
             return None
         return self.respond(results)
+
+    def release(self) -> None:
+        self.request = self.respond = None
 
 
 class DelayedProduce(DelayedOperation):
@@ -261,6 +273,9 @@ class DelayedProduce(DelayedOperation):
             return None
         manager.time_out_replication(waiting, self.timeout_ms, self.results)
         return self.respond(self.results)
+
+    def release(self) -> None:
+        self.waiting = self.results = self.respond = None
 
 
 class ReplicaManager:
@@ -450,12 +465,18 @@ class ReplicaManager:
         """
         if acks not in (-1, 0, 1):
             return {tp: _error(INVALID_REQUIRED_ACKS.code, f"acks={acks} is not -1, 0 or 1") for tp in entries}, {}
-        results, waiting = {}, {}
+        results, waiting, appended = {}, {}, []
         for tp, records in entries.items():
             results[tp] = self._append_one(tp, records, acks)
-            if acks == -1 and results[tp]["error_code"] == NONE.code:
-                waiting[tp] = results[tp].pop("_last_offset")
+            if results[tp]["error_code"] == NONE.code:
+                appended.append(self.partitions[tp])
+                if acks == -1:
+                    waiting[tp] = results[tp]["_last_offset"]
             results[tp].pop("_last_offset", None)
+        # after every append (Kafka's action queue): a follower's fetch waiting on several of
+        # these partitions gets all their batches in one response, not the first one's alone
+        for p in appended:
+            p.notify()
         return results, waiting
 
     async def check_in_worker(self, entries: dict[TopicPartition, bytes]) -> tuple[dict, dict]:
@@ -487,7 +508,6 @@ class ReplicaManager:
             info = p.append_as_leader(records, acks)
         except TidelogError as e:
             return _error(e.code, str(e))
-        p.notify()
         return {"error_code": NONE.code, "base_offset": info.first_offset,
                 "log_append_time_ms": info.log_append_time, "log_start_offset": info.log_start_offset,
                 "error_message": None, "_last_offset": info.last_offset}
@@ -660,6 +680,9 @@ class ReplicaManager:
         asking for a long ``max_wait_ms`` must not grow the heap until its deadlines pass."""
         self._delayed_done += 1
         heap = self._delayed
+        while heap and heap[0][2].done:  # operations of one kind mostly finish in deadline order
+            heapq.heappop(heap)
+            self._delayed_done -= 1
         if self._delayed_done > PURGE_DELAYED_AT and self._delayed_done * 2 > len(heap):
             heap[:] = [entry for entry in heap if not entry[2].done]  # in place: the timer holds it
             heapq.heapify(heap)

@@ -31,6 +31,7 @@ from tidelog.protocol.messages import (
     StopReplicaRequest,
     TopicProduceData,
 )
+from tidelog.protocol.topics import TopicPartition
 
 
 @pytest.fixture
@@ -219,6 +220,23 @@ async def test_a_follower_fetch_whose_own_read_moves_the_high_watermark_is_answe
     leader.produce(make_batch(1))
     assert len(follower) == 1 and partition_result(follower[0]).records
     assert len(consumer) == 1
+
+
+async def test_a_produce_to_several_partitions_answers_a_waiting_follower_with_all_of_them(three):
+    """The partitions are notified after every append of the request (Kafka's action queue):
+    a follower's fetch on two of them is answered once, with both batches."""
+    from tests.unit.replication.memory_leader import MemoryCluster
+    other = TopicPartition(TP.topic, 1)
+    second = MemoryCluster(list(three.brokers.values()), tp=other)
+    second.elect(1, [1, 2, 3])
+    req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(tp.partition, 0, 1 << 20, -1) for tp in (TP, other)])],
+                       replica_id=2, replica_epoch=three.brokers[2].broker_epoch, max_wait_ms=500)
+    answers = attach(three.leader.apis.fetch(req))
+    produced = ProduceRequest(1, 1000, [TopicProduceData(TP.topic, [PartitionProduceData(tp.partition, make_batch(1))
+                                                                      for tp in (TP, other)])])
+    three.leader.apis.produce(produced)
+    [response] = answers
+    assert [bool(p.records) for p in response.responses[0].partitions] == [True, True]
 
 
 # -- acks=all produces -----------------------------------------------------------------------
