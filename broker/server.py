@@ -216,9 +216,19 @@ class BrokerServer:
                 lost = False
                 await self._register()
                 logger.info("broker %d registered again (broker epoch %d)", self.broker_id, self.broker_epoch)
+                await self._refresh_registry()
                 self.entity_configs.request_reload()  # notifications may have expired meanwhile
                 if self.acl_store is not None:
                     await self._reload_acls()
+
+    async def _refresh_registry(self) -> None:
+        """Read the controller and the broker epochs again after a new session: the watches
+        re-read ``/brokers/ids`` then, but kazoo reports no change when the children keep
+        their names, as when our own znode was recreated before that read."""
+        registry = self.metadata.registry
+        for refresh in (registry.refresh_controller, registry.refresh_broker_epochs):
+            while not await refresh():
+                await trio.sleep(1.0)
 
     async def _reload_acls(self) -> None:
         """Every ACL again after a new session (the notifications missed may have expired)."""

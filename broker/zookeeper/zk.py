@@ -24,7 +24,10 @@ Sessions: ``session_events`` carries ("CONNECTED" | "SUSPENDED" | "LOST", monoto
 SUSPENDED means the connection dropped and the session may still be alive (ephemerals kept);
 LOST means ZooKeeper expired it, and the CONNECTED that follows is a *new* session: the owner
 re-registers its ephemerals (broker registration, controller candidacy). Watches made with
-``watch_children`` / ``watch_data`` survive both, as kazoo's recipes re-arm themselves. A
+``watch_children`` / ``watch_data`` survive both, as kazoo's recipes re-arm themselves, but a
+children watch reports nothing when the children read on the new session have the same
+names as before (a znode deleted and created again meanwhile, the owner's own registration
+among them): an owner that needs what they hold reads it again after a new session. A
 deliberate ``close()`` ends the channel without a LOST.
 
 Fencing: every write derived from a read carries the znode version it read (check-and-set,
