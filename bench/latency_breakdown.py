@@ -14,7 +14,9 @@ One broker (DevCluster), this process as the client. Each step adds one layer:
   and in the fetch response the broker wrote. Per record: send -> produce request on the
   wire (the producing client), -> fetch response on the wire (the broker: read, append,
   the consumer's long poll woken, response written), -> poll returns (the consuming client:
-  wake-up, read, decode, hand-off to the polling thread). Needs tcpdump and root.
+  wake-up, read, decode, hand-off to the polling thread). The broker's part includes the
+  wait for the consumer's next fetch request when the record arrived before it ("fetch not
+  there"). Needs tcpdump and root.
 
     .venv/bin/python bench/latency_breakdown.py [--n 2000]
     .venv/bin/python bench/latency_breakdown.py --steps e2e-wire [--rate 1000] [--seconds 5] [--profile DIR]
@@ -26,6 +28,7 @@ the consumer's while the records flow (which slows them: time the path without i
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import statistics
 import struct
@@ -120,9 +123,12 @@ def _wire_consumer(bootstrap: str, topic: str, conn) -> None:
     conn.send(out)
 
 
-def read_pcap(path: str, broker_port: int, wall_minus_mono: int) -> tuple[dict[int, int], dict[int, int]]:
+def read_pcap(path: str, broker_port: int, wall_minus_mono: int
+              ) -> tuple[dict[int, int], dict[int, int], list[int]]:
     """{stamp: monotonic ns of the first packet to the broker carrying it},
-    {stamp: ... from the broker}: the records' values found by their padding."""
+    {stamp: ... from the broker}: the records' values found by their padding; and the times
+    of the requests (packets with a payload) on the connection the records came back on:
+    the consumer's fetches."""
     with open(path, "rb") as f:
         data = f.read()
     magic = struct.unpack_from("<I", data)[0]
@@ -132,6 +138,8 @@ def read_pcap(path: str, broker_port: int, wall_minus_mono: int) -> tuple[dict[i
     l2 = {1: 14, 113: 16, 276: 20}.get(link, 14)  # Ethernet (lo), Linux cooked v1, v2
     to_broker: dict[int, int] = {}
     from_broker: dict[int, int] = {}
+    requests: dict[int, list[int]] = {}  # client port -> times of its requests
+    fetch_port = None
     pos = 24
     probe = PAD[:16]
     while pos + 16 <= len(data):
@@ -148,11 +156,15 @@ def read_pcap(path: str, broker_port: int, wall_minus_mono: int) -> tuple[dict[i
         into = to_broker if dport == broker_port else from_broker if sport == broker_port else None
         if into is None:
             continue
+        if dport == broker_port and payload:
+            requests.setdefault(sport, []).append(t)
         i = payload.find(probe, 8)
         while i >= 0:
             into.setdefault(STAMP.unpack_from(payload, i - 8)[0], t)
+            if into is from_broker:
+                fetch_port = dport
             i = payload.find(probe, i + len(PAD))
-    return to_broker, from_broker
+    return to_broker, from_broker, requests.get(fetch_port, [])
 
 
 def start_profiles(directory: str, pids: dict[str, int], seconds: float) -> list[subprocess.Popen]:
@@ -212,13 +224,20 @@ def wire_step(bootstrap: str, rate: float, seconds: float, broker_pid: int, prof
         proc.join(10)
         if proc.is_alive():
             proc.kill()
-    to_broker, from_broker = read_pcap(pcap, port, wall_minus_mono)
+    to_broker, from_broker, fetches = read_pcap(pcap, port, wall_minus_mono)
     os.unlink(pcap)
     rows = [(s, to_broker[s], from_broker[s], p) for s, p in polled[len(polled) // 20:]
             if s in to_broker and s in from_broker]
     print(f"e2e-wire at {rate:,.0f}/s: {len(rows)} of {len(polled)} records seen on the wire both ways")
+    # the broker's segment includes waiting for the consumer's next fetch when the record
+    # arrived first: the fetch request before the response that carried it came later
+    waits = [max(0, fetches[bisect.bisect_left(fetches, f) - 1] - b) if fetches else 0 for _, b, f, _ in rows]
+    late = sum(w > 0 for w in waits)
+    print(f"records that reached the broker before the consumer's next fetch: {late} "
+          f"({late / max(1, len(rows)):.0%})")
     report("send->produce", [b - s for s, b, _, _ in rows])
     report("produce->fetch", [f - b for _, b, f, _ in rows])
+    report(" fetch not there", waits)
     report("fetch->poll", [p - f for _, _, f, p in rows])
     report("e2e", [p - s for s, _, _, p in rows])
 

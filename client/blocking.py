@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from tidelog._caller_fetch import CallerFetch, caller_can_fetch
 from tidelog._portal import GRACE_S, Portal
 from tidelog.aio.accumulator import RecordFuture, RecordFutures
 from tidelog.aio.admin import (
@@ -260,6 +261,11 @@ class Consumer(_Blocking):
         self.consumer_timeout_ms = consumer_timeout_ms
         self._inboxes: list[queue.SimpleQueue] = []  # the serving calls' inboxes, innermost last
         self._start("tidelog-consumer")
+        # without a group, on PLAINTEXT, poll fetches on the caller's thread (see the module)
+        self._caller: CallerFetch | None = None
+        if caller_can_fetch(self._aio):
+            self._caller = CallerFetch(self._aio, self._portal)
+            self._portal.run_sync(self._caller.attach)
         if names:
             try:
                 if self._aio.config.group_id is not None:
@@ -440,7 +446,11 @@ class Consumer(_Blocking):
         thread, and their time is not counted. The wait for the client's event loop is
         bounded by ``timeout_ms + request_timeout_ms`` plus a grace period: a margin over the
         poll's own bound, reached only when the loop is stuck."""
-        if self._aio.polls_without_task:
+        if self._caller is not None:
+            if self._closed:
+                raise ClientClosedError("the consumer is closed")
+            records = self._caller.poll(timeout_ms / 1000, max_records or self._aio.config.max_poll_records)
+        elif self._aio.polls_without_task:
             records = self._poll_waiting(timeout_ms, max_records)
         else:
             records = self._serve(self._aio.poll, timeout_ms, max_records,
@@ -523,6 +533,8 @@ class Consumer(_Blocking):
         finally:
             self._closed = True
             self._portal.stop()
+            if self._caller is not None:
+                self._caller.close()
 
 
 class Admin(_Blocking):

@@ -540,8 +540,8 @@ class AsyncConsumer(RunsInOwnNursery):
         self._poll_waiter = None
         deliver(outcome)
 
-    def _drain(self, limit: int) -> ConsumerRecords:
-        records = ConsumerRecords(self._fetcher.drain(limit))
+    def _drain(self, limit: int, wake: bool = True) -> ConsumerRecords:
+        records = ConsumerRecords(self._fetcher.drain(limit, wake))
         if not records:
             return records
         if self._deserializing:
@@ -565,7 +565,7 @@ class AsyncConsumer(RunsInOwnNursery):
             except Exception as e:
                 for tp, offset in rewind_offsets(records[i:]).items():
                     self._subscriptions.state(tp).seek(offset)
-                self._fetcher.wake()
+                self._fetcher.replan()
                 if i:
                     return records[:i]
                 raise RecordDeserializationError(
@@ -582,6 +582,7 @@ class AsyncConsumer(RunsInOwnNursery):
         if self._coordinator is not None:
             self._coordinator.interrupt_poll()  # a wait for the group's work ends too
         self._signal_data()
+        self._fetcher.wake()  # a poll fetching on an application's thread (client._caller_fetch)
 
     def _raise_pending(self) -> None:
         if self._wakeup_pending:

@@ -32,12 +32,18 @@ Theory of operation.
 
 Errors for ``poll`` to raise collect in ``Fetcher.errors``; ``on_data`` (given to the
 constructor) is called whenever records or errors arrive.
+
+The blocking consumer may fetch on its application's thread instead (``client._caller_fetch``):
+it sets ``fetch_in_loop`` False, so the loop only resets positions, and ``thread_waker``,
+called whenever the loop changed what can be fetched. Both threads then touch partition
+states only under ``state_lock``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -305,10 +311,21 @@ class Fetcher:
         self._nursery: trio.Nursery | None = None
         self.errors: deque[TidelogError] = deque()  # for poll to raise, oldest first
         self.stats = ConsumerStats()  # fetch latency and bytes, for the consumer's metrics()
+        self.fetch_in_loop = True  # False: an application thread fetches (see the module doc)
+        self.thread_waker: Callable[[], None] | None = None
+        self.state_lock = threading.RLock()
 
     def wake(self) -> None:
         """Something changed (assignment, position, metadata, a drained buffer): plan again."""
         self._wake.set()
+        if self.thread_waker is not None:
+            self.thread_waker()
+
+    def replan(self) -> None:
+        """From the thread that fetches, which moved positions: plan again. An application
+        thread that fetches plans at every pass of its own, so only the loop is woken."""
+        if self.fetch_in_loop:
+            self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -321,8 +338,13 @@ class Fetcher:
         while True:
             self._wake = trio.Event()
             now = time.monotonic()
-            self._start_resets(now)
-            plans, unknown = plan_fetches(subs, self._cluster.metadata, self._fetching_nodes, now, self._config)
+            with self.state_lock:
+                self._start_resets(now)
+                if not self.fetch_in_loop:
+                    plans, unknown = {}, False
+                else:
+                    plans, unknown = plan_fetches(subs, self._cluster.metadata, self._fetching_nodes, now,
+                                                  self._config)
             if unknown:
                 self._cluster.request_update()
             for node, plan in plans.items():
@@ -351,8 +373,9 @@ class Fetcher:
         try:
             deadline = time.monotonic() + self._config.request_timeout_ms / 1000
             found = await self._list_offsets({tp: strategy}, deadline)
-            if state.generation == generation and state.reset == strategy:
-                state.seek(found[tp][0])
+            with self.state_lock:
+                if state.generation == generation and state.reset == strategy:
+                    state.seek(found[tp][0])
         except (RequestTimedOut, BrokerConnectionError) as e:
             log.debug("offset reset for %s failed: %s", tp, e)
             state.retry_at = time.monotonic() + self._backoff_s
@@ -362,7 +385,7 @@ class Fetcher:
             self._on_data()
         finally:
             state.resetting = False
-            self._wake.set()
+            self.wake()
 
     async def _fetch(self, node: int, plan: FetchPlan) -> None:
         subs = self._subscriptions
@@ -400,7 +423,17 @@ class Fetcher:
             self._absorb(response, plan, sent)
 
     def _absorb(self, response: FetchResponse, plan: FetchPlan, sent: float) -> None:
-        subs, now = self._subscriptions, time.monotonic()
+        got_data, refresh = self.absorb(response, plan, sent, time.monotonic())
+        if refresh:
+            self._cluster.request_update()
+        if got_data:
+            self._on_data()
+
+    def absorb(self, response: FetchResponse, plan: FetchPlan, sent: float, now: float) -> tuple[bool, bool]:
+        """Apply a fetch response to the partitions' states: ``(poll has something new, the
+        metadata needs a refresh)``. Touches no Trio object: the thread that fetches calls it
+        (under ``state_lock`` when that is an application thread)."""
+        subs = self._subscriptions
         got_data = refresh = False
         first = _first_partition(plan.request)
         size = 0
@@ -420,10 +453,7 @@ class Fetcher:
                 got_data |= self._apply(outcome, state)
                 refresh |= outcome.action == "refresh"
         self.stats.on_fetch(now, now - sent, size)
-        if refresh:
-            self._cluster.request_update()
-        if got_data:
-            self._on_data()
+        return got_data, refresh
 
     def _apply(self, outcome: PartitionOutcome, state: PartitionState | None) -> bool:
         """Carry out what one partition's outcome asks; True when poll has something new."""
@@ -444,9 +474,10 @@ class Fetcher:
 
     # -- handing out records --------------------------------------------------------------------
 
-    def drain(self, limit: int) -> list[Record]:
+    def drain(self, limit: int, wake: bool = True) -> list[Record]:
         """Up to ``limit`` buffered records, the partitions taken in rotation. A batch that fails
-        its CRC stops its partition and is reported through ``errors``."""
+        its CRC stops its partition and is reported through ``errors``. ``wake``: a partition
+        drained empty wakes the fetch loop (False on an application thread that fetches)."""
         out: list[Record] = []
         check = self._config.check_crcs
         drained_one = False
@@ -466,7 +497,7 @@ class Fetcher:
                     drained_one |= not state.buffered
             if len(out) >= limit:
                 break
-        if drained_one:
+        if drained_one and wake:
             self._wake.set()  # pipelining: fetch again while the application works
         return out
 

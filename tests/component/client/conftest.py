@@ -53,3 +53,11 @@ def threaded_fake():
     fake = ThreadedFake(FakeCluster(1)).start()
     yield fake
     fake.stop()
+
+
+@pytest.fixture
+def threaded_fake_two():
+    """Two fake brokers on a background thread (node 0 is the controller)."""
+    fake = ThreadedFake(FakeCluster(2)).start()
+    yield fake
+    fake.stop()

@@ -1,0 +1,121 @@
+"""The blocking consumer fetching on its caller's thread (client._caller_fetch): the next fetch
+goes out before poll returns, and every fault the loop's fetcher survives (a dropped
+connection, a stalled response, a moved leader, an offset out of range, a seek while a fetch
+is in flight) it survives too."""
+
+from __future__ import annotations
+
+import time
+
+from tidelog import Consumer, Producer, TopicPartition
+from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE
+
+TP = TopicPartition("t", 0)
+
+
+def produce(bootstrap: str, values: list[bytes], partition: int = 0) -> None:
+    with Producer(bootstrap) as producer:
+        for v in values:
+            producer.send("t", v, partition=partition)
+
+
+def poll_values(consumer: Consumer, n: int, timeout_s: float = 15) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got += [r.value for r in consumer.poll(timeout_ms=200)]
+    return got
+
+
+def in_flight(consumer: Consumer) -> int:
+    return sum(link.plan is not None for link in consumer._caller._links.values())
+
+
+def test_poll_fetches_on_its_thread_and_sends_the_next_fetch_before_returning(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, [b"a", b"b", b"c"])
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        assert consumer._caller is not None and not consumer._aio._fetcher.fetch_in_loop
+        consumer.assign([TP])
+        assert poll_values(consumer, 3) == [b"a", b"b", b"c"]
+        assert in_flight(consumer) == 1  # pipelined: the next fetch waits at the broker already
+        produce(bootstrap, [b"d"])
+        assert poll_values(consumer, 1) == [b"d"]
+        assert consumer.position(TP) == 4
+
+
+def test_a_group_member_fetches_on_the_loop(threaded_fake):
+    with Consumer(threaded_fake.cluster.bootstrap, group_id="g") as consumer:
+        assert consumer._caller is None and consumer._aio._fetcher.fetch_in_loop
+
+
+def test_a_dropped_fetch_connection_is_opened_again(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, [b"a", b"b"])
+    threaded_fake.cluster.inject(ApiKey.FETCH, drop_connection=True, count=2)
+    with Consumer(bootstrap, auto_offset_reset="earliest", retry_backoff_ms=50) as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 2) == [b"a", b"b"]
+
+
+def test_a_stalled_fetch_response_times_out_and_is_fetched_again(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, [b"a"])
+    threaded_fake.cluster.inject(ApiKey.FETCH, delay_s=60, count=1)
+    with Consumer(bootstrap, auto_offset_reset="earliest", request_timeout_ms=1000, fetch_max_wait_ms=100,
+                  retry_backoff_ms=50) as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 1) == [b"a"]
+        assert len(threaded_fake.cluster.sent(ApiKey.FETCH)) >= 2
+
+
+def test_a_moved_leader_is_found_through_the_loops_metadata(threaded_fake_two):
+    cluster = threaded_fake_two.cluster
+    threaded_fake_two.call(cluster.create_topic, "t", 1, [0])
+    bootstrap = cluster.bootstrap
+    produce(bootstrap, [b"a"])
+    with Consumer(bootstrap, auto_offset_reset="earliest", retry_backoff_ms=50) as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 1) == [b"a"]
+        threaded_fake_two.call(cluster.move_leader, "t", 0, 1)
+        cluster.inject(ApiKey.FETCH, node=0, error_code=NOT_LEADER_OR_FOLLOWER.code, count=1_000_000)
+        produce(bootstrap, [b"b"])  # may answer the fetch waiting at node 0 still
+        produce(bootstrap, [b"c"])
+        assert poll_values(consumer, 2) == [b"b", b"c"]
+        assert 1 in consumer._caller._links  # the partition is fetched from its new leader
+
+
+def test_an_offset_out_of_range_is_reset_by_the_loop(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, [b"a", b"b"])
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TP])
+        consumer.seek(TP, 50)  # beyond the end: the broker answers OFFSET_OUT_OF_RANGE
+        assert poll_values(consumer, 2) == [b"a", b"b"]  # reset to the earliest, fetched again
+        # the next fetch is refused (the one in flight, or the one after it if the broker
+        # had it already: that one gets "c"), and the loop resets the position to the earliest
+        threaded_fake.cluster.inject(ApiKey.FETCH, error_code=OFFSET_OUT_OF_RANGE.code, count=1)
+        produce(bootstrap, [b"c"])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 15
+        while got[-3:] != [b"a", b"b", b"c"] and time.monotonic() < deadline:
+            got += [r.value for r in consumer.poll(timeout_ms=200)]
+        assert got in ([b"a", b"b", b"c"], [b"c", b"a", b"b", b"c"])
+
+
+def test_a_seek_while_a_fetch_is_in_flight_discards_its_answer(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, [b"a", b"b", b"c"])
+    with Consumer(bootstrap, auto_offset_reset="earliest", max_poll_records=1, fetch_max_wait_ms=100) as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 1) == [b"a"]
+        consumer.seek(TP, 0)
+        assert poll_values(consumer, 3) == [b"a", b"b", b"c"]
+        produce(bootstrap, [b"d"])  # answered to the fetch sent before returning "c"
+        assert poll_values(consumer, 1) == [b"d"]
