@@ -68,13 +68,21 @@ def record_size(key: bytes | None, value: bytes | None,
     return size
 
 
+_WAITERS_LOCK = threading.Lock()  # the first waiters of a batch make one event between them
+
+
 class ProduceResult:
     """The outcome of one batch (Kafka's ProduceRequestResult), shared by its records' futures.
 
     Completed once, on the Trio thread; waitable from any thread (``wait``) and from Trio
-    (``wait_async``). Callbacks run on the Trio thread when the batch completes."""
+    (``wait_async``). Callbacks run on the Trio thread when the batch completes.
 
-    __slots__ = ("tp", "base_offset", "log_append_time", "error", "_event", "_trio_event",
+    The thread-side event is made by the first waiter only: most batches are never waited
+    on one by one, and a ``threading.Event`` (a lock and a condition) per batch is a cost on
+    every send that opens one. ``complete`` sets ``_done`` and then looks for the event; a
+    waiter publishes the event and then looks at ``_done``: one of them sees the other."""
+
+    __slots__ = ("tp", "base_offset", "log_append_time", "error", "_done", "_event", "_trio_event",
                  "_callbacks")
 
     def __init__(self, tp: TopicPartition):
@@ -82,21 +90,25 @@ class ProduceResult:
         self.base_offset = -1
         self.log_append_time = -1
         self.error: BaseException | None = None
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None
         self._trio_event: trio.Event | None = None
         self._callbacks: list[Callable[[], None]] | None = None
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def complete(self, base_offset: int = -1, log_append_time: int = -1,
                  error: BaseException | None = None) -> None:
-        if self._event.is_set():
+        if self._done:
             return
         self.base_offset = base_offset
         self.log_append_time = log_append_time
         self.error = error
-        self._event.set()
+        self._done = True
+        event = self._event
+        if event is not None:
+            event.set()
         if self._trio_event is not None:
             self._trio_event.set()
         callbacks, self._callbacks = self._callbacks, None
@@ -104,10 +116,18 @@ class ProduceResult:
             cb()
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        if self._done:
+            return True
+        with _WAITERS_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if self._done:  # completed before the event was published: it may not be set
+            return True
+        return event.wait(timeout)
 
     async def wait_async(self) -> None:
-        if self._event.is_set():
+        if self._done:
             await trio.lowlevel.checkpoint()
             return
         if self._trio_event is None:
@@ -118,7 +138,7 @@ class ProduceResult:
         """Run ``cb()`` when done (now, if already done), on the client's Trio thread: keep
         it short, it delays the sender. The public per-batch completion hook (see
         ``RecordFuture.batch``)."""
-        if self._event.is_set():
+        if self._done:
             cb()
         elif self._callbacks is None:
             self._callbacks = [cb]

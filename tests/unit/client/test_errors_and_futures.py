@@ -69,6 +69,30 @@ def test_future_result_from_another_thread():
     assert got == [RecordMetadata("t", 2, 103, 1234)]
 
 
+def test_many_waiting_threads_and_a_completion_racing_them_all_see_it():
+    # the waiters' event is made by the first of them: each round starts the waiters and the
+    # completion together, so some wait before the event exists, some after, some after done
+    for _ in range(200):
+        result = ProduceResult(TP)
+        futures = [RecordFuture(result, i, 0) for i in range(4)]
+        got: list = []
+        start = threading.Barrier(5)
+
+        def wait(f: RecordFuture) -> None:
+            start.wait()
+            got.append(f.result(5).offset)
+
+        threads = [threading.Thread(target=wait, args=(f,)) for f in futures]
+        for t in threads:
+            t.start()
+        start.wait()
+        result.complete(base_offset=10)
+        for t in threads:
+            t.join(10)
+        assert sorted(got) == [10, 11, 12, 13]
+    assert result.wait(0) and result.done()  # done: no event needed
+
+
 def test_future_result_times_out():
     future = RecordFuture(ProduceResult(TP), 0, 0)
     with pytest.raises(RequestTimedOut):
