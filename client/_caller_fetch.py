@@ -117,18 +117,20 @@ class CallerFetch:
         consumer's ``poll`` raises."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         aio, lock = self._aio, self._fetcher.state_lock
+        last = False
         while True:
             with lock:
                 aio._raise_pending()
                 records = aio._drain(limit, wake=False)
                 plans = self._plan()
             self._send(plans)
-            if records or aio.closed:
+            if records or aio.closed or last:
                 return records
             now = time.monotonic()
-            if now >= deadline:
-                return records
-            self._wait(min(deadline, self._next_event(now)) - now)
+            # at the deadline (or with timeout 0) still read what has arrived, once: a loop of
+            # poll(0) gets its records
+            last = now >= deadline
+            self._wait(0.0 if last else min(deadline, self._next_event(now)) - now)
 
     def _next_event(self, now: float) -> float:
         """When the wait must end even if nothing arrives: an expiring fetch, the end of a
@@ -204,6 +206,9 @@ class CallerFetch:
             data = link.sock.recv(READ_SIZE)
             if not data:
                 raise BrokerConnectionError("the broker closed the connection")
+            # a response arriving is not a stalled one, however long the application took
+            # to come back and read it
+            link.expires = time.monotonic() + self._timeout_s
             frames = link.proto.receive_data(data)
         except (OSError, BrokerConnectionError) as e:
             self._drop(link, str(e) or type(e).__name__)

@@ -46,6 +46,33 @@ def test_poll_fetches_on_its_thread_and_sends_the_next_fetch_before_returning(th
         assert consumer.position(TP) == 4
 
 
+def test_a_loop_of_zero_timeout_polls_gets_the_records(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, [b"a", b"b"])
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TP])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 15
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += [r.value for r in consumer.poll(timeout_ms=0)]
+            time.sleep(0.001)
+        assert got == [b"a", b"b"]
+
+
+def test_a_response_left_unread_while_the_application_works_is_not_timed_out(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, [b"a"])
+    with Consumer(bootstrap, auto_offset_reset="earliest", request_timeout_ms=1000,
+                  fetch_max_wait_ms=100) as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 1) == [b"a"]
+        produce(bootstrap, [b"b"])  # answers the fetch sent before "a" was returned
+        time.sleep(1.5)  # longer than that fetch's timeout: its answer waits in the socket
+        assert [r.value for r in consumer.poll(timeout_ms=0)] == [b"b"]  # not dropped and fetched again
+
+
 def test_a_group_member_fetches_on_the_loop(threaded_fake):
     with Consumer(threaded_fake.cluster.bootstrap, group_id="g") as consumer:
         assert consumer._caller is None and consumer._aio._fetcher.fetch_in_loop
