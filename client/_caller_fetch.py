@@ -2,7 +2,7 @@
 
 A blocking ``Consumer`` without a group, on a PLAINTEXT listener, fetches from the thread
 that calls ``poll``: over sockets of its own (one per leader), it writes each fetch request,
-waits for the response in ``select``, reads and decodes it, and hands the records out, all
+waits for the response in ``poll(2)``, reads and decodes it, and hands the records out, all
 in that thread. The other path (the client's event loop fetching, and handing the records
 over to the polling thread) costs two wake-ups of idle threads per response where this one
 has one, and the loop's next fetch request waits for both: at a low rate, a record written
@@ -12,22 +12,28 @@ records are returned (Kafka's pipelining, as its ``poll`` does).
 Rules.
 
 * The event loop still owns everything else: metadata (a stale leader asks it for a refresh),
-  position resets (ListOffsets), ``seek``, ``assign``, ``position``. Its fetcher does not
+  position resets (ListOffsets), ``seek``, ``assign``, ``position``, and opening the sockets
+  (``_open``: name lookup and connect never block ``poll``; a node that failed is tried again
+  after the reconnect backoff, and a failure asks for new metadata). Its fetcher does not
   fetch (``Fetcher.fetch_in_loop`` is False); it calls ``notify`` whenever it changed what
-  can be fetched (a reset done, new metadata, an assignment), which ends the ``select``.
-* Both threads touch the partitions' states only under ``Fetcher.state_lock``. The plan of
-  fetches, the absorption of a response and the hand-out of records are the loop's own pure
-  functions (``plan_fetches``, ``Fetcher.absorb``, ``Fetcher.drain``): the same rules, only
-  another thread.
-* One fetch in flight per node, bounded by ``request_timeout_ms + fetch_max_wait_ms``; a
-  response that does not come by then, a connection that fails or a frame that does not
-  decode closes that node's socket, backs its partitions off ``retry_backoff_ms`` and asks
-  for new metadata, as the loop's fetcher does. A response whose partitions were sought
-  meanwhile is discarded by its generation (``handle_partition_response``). A throttled
-  response (KIP-219) holds the node's next fetch until the throttle ends.
+  can be fetched (a reset done, new metadata, an assignment, a socket opened), which ends the
+  wait.
+* What the loop does on its own while a poll runs (a reset's outcome) and what the poll does
+  to the partitions' states (plan, absorb, drain) happen under ``Fetcher.state_lock``; the
+  calls the application makes between polls (seek, assign, pause) never overlap a poll, as
+  the consumer is used from one thread. The plan, the absorption of a response and the
+  hand-out of records are the loop's own pure functions (``plan_fetches``,
+  ``Fetcher.absorb``, ``Fetcher.drain``); deserializers run outside the lock.
+* One fetch in flight per node, bounded by ``request_timeout_ms + fetch_max_wait_ms`` without
+  a byte of its response; a response that does not come by then, a connection that fails or
+  a frame that does not decode closes that node's socket, backs its partitions off
+  ``retry_backoff_ms`` and asks for new metadata, as the loop's fetcher does. A response
+  whose partitions were sought meanwhile is discarded by its generation
+  (``handle_partition_response``). A throttled response (KIP-219) holds the node's next
+  fetch until the throttle ends. A whole-request refusal that is not retriable is raised by
+  ``poll``. Whatever interrupts ``poll`` (Ctrl-C), the partitions it planned are released.
+* ``poll`` reads what has arrived at least once, even with ``timeout_ms`` 0.
 * ``wakeup`` (any thread) ends the wait: the loop sets the consumer's flag and notifies.
-* Nothing here is shared with another thread but the states under the lock and the wake-up
-  socket pair, so ``poll`` must not be called from two threads at once (as Kafka's).
 """
 
 from __future__ import annotations
@@ -36,13 +42,18 @@ import logging
 import select
 import socket
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import trio
+
+from tidelog.aio.cluster import Backoff
 from tidelog.aio.fetcher import FetchPlan, plan_fetches
-from tidelog.errors import BrokerConnectionError, decode_response
+from tidelog.errors import BrokerConnectionError, ClientClosedError, TidelogError, decode_response
 from tidelog.protocol.apis import response_type
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import ClientConnection
+from tidelog.protocol.errors import InvalidRequestError
 from tidelog.records import Record
 
 if TYPE_CHECKING:
@@ -54,6 +65,7 @@ __all__ = ["CallerFetch", "caller_can_fetch"]
 log = logging.getLogger(__name__)
 
 READ_SIZE = 256 * 1024
+CONNECT_TIMEOUT_S = 10.0
 
 
 def caller_can_fetch(consumer: AsyncConsumer) -> bool:
@@ -85,12 +97,17 @@ class CallerFetch:
         self._cluster = consumer._cluster
         self._config = consumer.config
         self._links: dict[int, _Link] = {}
+        self._opening: set[int] = set()  # nodes the loop is connecting to
+        self._opened: deque[tuple[int, socket.socket | BaseException]] = deque()  # from the loop
+        self._backoffs: dict[int, Backoff] = {}
+        self._not_before: dict[int, float] = {}  # node -> no connect before (monotonic)
         self._backoff_s = self._config.retry_backoff_ms / 1000
         self._timeout_s = (self._config.request_timeout_ms + self._config.fetch_max_wait_ms) / 1000
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._rtype = response_type(ApiKey.FETCH)
+        self._closed = False
 
     def attach(self) -> None:
         """On the loop's thread: the loop stops fetching and notifies this thread instead."""
@@ -105,8 +122,15 @@ class CallerFetch:
             pass
 
     def close(self) -> None:
+        """After the loop stopped (nothing opens sockets any more): close every socket."""
+        self._closed = True
+        self.notify()
         for link in list(self._links.values()):
             self._drop(link, None)
+        while self._opened:
+            _, sock = self._opened.popleft()
+            if isinstance(sock, socket.socket):
+                sock.close()
         self._wake_r.close()
         self._wake_w.close()
 
@@ -119,12 +143,16 @@ class CallerFetch:
         aio, lock = self._aio, self._fetcher.state_lock
         last = False
         while True:
+            if self._closed or aio.closed:
+                raise ClientClosedError(f"the consumer is closed{self._portal._crash_note()}")
+            self._take_opened()
             with lock:
                 aio._raise_pending()
-                records = aio._drain(limit, wake=False)
+                taken = self._fetcher.drain(limit, wake=False)
                 plans = self._plan()
             self._send(plans)
-            if records or aio.closed or last:
+            records = aio._deserialized(taken)  # outside the lock: user code
+            if records or last:
                 return records
             now = time.monotonic()
             # at the deadline (or with timeout 0) still read what has arrived, once: a loop of
@@ -135,23 +163,29 @@ class CallerFetch:
     def _next_event(self, now: float) -> float:
         """When the wait must end even if nothing arrives: an expiring fetch, the end of a
         backoff or a throttle (the other changes notify)."""
-        times = [link.expires for link in self._links.values() if link.plan is not None]
-        times += [link.throttled_until for link in self._links.values() if link.throttled_until > now]
+        links = self._links.values()
+        times = [link.expires for link in links if link.plan is not None]
+        times += [link.throttled_until for link in links if link.throttled_until > now]
+        times += [t for t in self._not_before.values() if t > now]
         times += [s.retry_at for s in self._aio._subscriptions.partitions.values() if s.retry_at > now]
         return min(times, default=float("inf"))
 
     def _wait(self, timeout: float) -> None:
-        waiting = {link.sock: link for link in self._links.values() if link.plan is not None}
-        readable, _, _ = select.select([self._wake_r, *waiting], [], [], max(0.0, timeout))
-        for sock in readable:
-            if sock is self._wake_r:
+        waiting = {link.sock.fileno(): link for link in self._links.values() if link.plan is not None}
+        poller = select.poll()  # not select(): descriptors above 1023 are common in servers
+        poller.register(self._wake_r, select.POLLIN)
+        for fd in waiting:
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(max(0.0, timeout) * 1000):
+            link = waiting.get(fd)
+            if link is None:
                 try:
                     while self._wake_r.recv(512):
                         pass
-                except OSError:
+                except OSError:  # drained (or closed by close())
                     pass
-            else:
-                self._read(waiting[sock])
+            elif link.plan is not None and self._links.get(link.node) is link:
+                self._read(link)
         now = time.monotonic()
         for link in list(self._links.values()):
             if link.plan is not None and now >= link.expires:
@@ -160,44 +194,87 @@ class CallerFetch:
     # -- fetch requests -------------------------------------------------------------------------
 
     def _plan(self) -> dict[int, FetchPlan]:
-        """Under the state lock: a fetch to every leader with nothing in flight, for its
-        fetchable partitions (the loop's own plan), which are marked as fetching."""
+        """Under the state lock: a fetch to every leader with a socket and nothing in flight,
+        for its fetchable partitions (the loop's own plan), which are marked as fetching.
+        Leaders without a socket are asked of the loop."""
         now = time.monotonic()
         busy = [n for n, link in self._links.items() if link.plan is not None or link.throttled_until > now]
         subs = self._aio._subscriptions
         plans, unknown = plan_fetches(subs, self._cluster.metadata, busy, now, self._config)
         if unknown:
             self._portal.run_soon(self._cluster.request_update)
+        for node in [n for n in plans if n not in self._links]:
+            del plans[node]  # not marked: fetchable again once the socket is open
+            if node not in self._opening and self._not_before.get(node, 0.0) <= now and not self._closed:
+                self._opening.add(node)
+                self._portal.run_soon(self._start_open, node)
         for plan in plans.values():
             for tp in plan.sent:
                 subs.partitions[tp].fetching = True
         return plans
 
     def _send(self, plans: dict[int, FetchPlan]) -> None:
-        """Write the planned fetches (connecting first where needed: outside the lock)."""
-        for node, plan in plans.items():
-            link = self._links.get(node) or self._connect(node, plan)
-            if link is None:
-                continue
-            _, frame = link.proto.send_request(ApiKey.FETCH, 0, plan.request, True)
-            link.plan, link.sent = plan, time.monotonic()
-            link.expires = link.sent + self._timeout_s
-            try:
-                link.sock.sendall(frame)
-            except OSError as e:
-                self._drop(link, f"write failed: {e}")
+        """Write the planned fetches; whatever interrupts this releases the plans not sent."""
+        pending = list(plans.items())
+        try:
+            while pending:
+                node, plan = pending[0]
+                link = self._links[node]
+                _, frame = link.proto.send_request(ApiKey.FETCH, 0, plan.request, True)
+                link.plan, link.sent = plan, time.monotonic()
+                link.expires = link.sent + self._timeout_s
+                pending.pop(0)
+                try:
+                    link.sock.sendall(frame)
+                except OSError as e:
+                    self._drop(link, f"write failed: {e}")
+        finally:
+            for _, plan in pending:
+                self._unplan(plan, backoff=False)
 
-    def _connect(self, node: int, plan: FetchPlan) -> _Link | None:
+    # -- sockets, opened by the loop ------------------------------------------------------------
+
+    def _start_open(self, node: int) -> None:
+        """On the loop's thread."""
+        nursery = self._aio._nursery
+        if nursery is None:
+            self._opening.discard(node)
+            return
+        nursery.start_soon(self._open, node)
+
+    async def _open(self, node: int) -> None:
+        """On the loop: connect to ``node`` (name lookup in a worker thread, bounded) and hand
+        the socket to the polling thread."""
+        outcome: socket.socket | BaseException
         try:
             host, port = self._cluster.address_of(node)
-            sock = socket.create_connection((host, port), timeout=self._config.request_timeout_ms / 1000)
-        except (OSError, BrokerConnectionError) as e:
-            log.debug("fetch connection to node %s failed: %s", node, e)
-            self._unplan(plan)
-            return None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        link = self._links[node] = _Link(node, sock, ClientConnection(client_id=self._config.client_id))
-        return link
+            with trio.fail_after(CONNECT_TIMEOUT_S):
+                stream = await trio.open_tcp_stream(host, port)  # TCP_NODELAY set
+            outcome = socket.socket(fileno=stream.socket.detach())
+        except (OSError, trio.TooSlowError, BrokerConnectionError) as e:
+            outcome = e
+            self._cluster.request_update()
+        self._opened.append((node, outcome))
+        self.notify()
+
+    def _take_opened(self) -> None:
+        now = time.monotonic()
+        while self._opened:
+            node, outcome = self._opened.popleft()
+            self._opening.discard(node)
+            if isinstance(outcome, BaseException):
+                backoff = self._backoffs.setdefault(
+                    node, Backoff(self._cluster.reconnect_backoff_s, self._cluster.reconnect_backoff_max_s))
+                self._not_before[node] = now + backoff.next_delay()
+                log.debug("fetch connection to node %s failed: %s", node, outcome)
+                continue
+            if node in self._links or self._closed:
+                outcome.close()
+                continue
+            outcome.settimeout(self._config.request_timeout_ms / 1000)  # bounds sendall
+            self._links[node] = _Link(node, outcome, ClientConnection(client_id=self._config.client_id))
+            self._backoffs.pop(node, None)
+            self._not_before.pop(node, None)
 
     # -- fetch responses ------------------------------------------------------------------------
 
@@ -221,9 +298,19 @@ class CallerFetch:
             link.plan = None
             try:
                 response = decode_response(self._rtype, body)
-            except Exception as e:
+            except InvalidRequestError as e:
                 self._drop(link, f"a fetch response did not decode: {e}", plan)
                 return
+            except TidelogError as e:  # the broker refused the whole request
+                self._unplan(plan)
+                if e.retriable:
+                    self._portal.run_soon(self._cluster.request_update)
+                else:
+                    self._fetcher.errors.append(e)  # raised by this poll
+                continue
+            except BaseException:
+                self._unplan(plan, backoff=False)
+                raise
             throttle = body.get("throttle_time_ms")
             if type(throttle) is int and throttle > 0:
                 link.throttled_until = sent + throttle / 1000
@@ -255,12 +342,14 @@ class CallerFetch:
         if plan is not None:
             self._unplan(plan)
 
-    def _unplan(self, plan: FetchPlan) -> None:
-        """A fetch that failed: its partitions may be fetched again after the backoff."""
+    def _unplan(self, plan: FetchPlan, backoff: bool = True) -> None:
+        """A fetch that failed or was never sent: its partitions may be fetched again (after
+        the backoff)."""
         retry_at = time.monotonic() + self._backoff_s
         with self._fetcher.state_lock:
             for tp in plan.sent:
                 state = self._aio._subscriptions.partitions.get(tp)
                 if state is not None:
                     state.fetching = False
-                    state.retry_at = retry_at
+                    if backoff:
+                        state.retry_at = retry_at

@@ -541,7 +541,11 @@ class AsyncConsumer(RunsInOwnNursery):
         deliver(outcome)
 
     def _drain(self, limit: int, wake: bool = True) -> ConsumerRecords:
-        records = ConsumerRecords(self._fetcher.drain(limit, wake))
+        return self._deserialized(self._fetcher.drain(limit, wake))
+
+    def _deserialized(self, drained: list[Record]) -> ConsumerRecords:
+        """Drained records as poll returns them: deserialized, counted."""
+        records = ConsumerRecords(drained)
         if not records:
             return records
         if self._deserializing:
@@ -563,8 +567,9 @@ class AsyncConsumer(RunsInOwnNursery):
                 if vd is not None:
                     r.value = vd(r.value)
             except Exception as e:
-                for tp, offset in rewind_offsets(records[i:]).items():
-                    self._subscriptions.state(tp).seek(offset)
+                with self._fetcher.state_lock:  # the poll may run on an application's thread
+                    for tp, offset in rewind_offsets(records[i:]).items():
+                        self._subscriptions.state(tp).seek(offset)
                 self._fetcher.replan()
                 if i:
                     return records[:i]

@@ -35,8 +35,9 @@ constructor) is called whenever records or errors arrive.
 
 The blocking consumer may fetch on its application's thread instead (``client._caller_fetch``):
 it sets ``fetch_in_loop`` False, so the loop only resets positions, and ``thread_waker``,
-called whenever the loop changed what can be fetched. Both threads then touch partition
-states only under ``state_lock``.
+called whenever the loop changed what can be fetched. What the loop then does to partition
+states on its own (a reset's outcome) is done under ``state_lock``, as is the other thread's
+poll.
 """
 
 from __future__ import annotations
@@ -378,13 +379,16 @@ class Fetcher:
                     state.seek(found[tp][0])
         except (RequestTimedOut, BrokerConnectionError) as e:
             log.debug("offset reset for %s failed: %s", tp, e)
-            state.retry_at = time.monotonic() + self._backoff_s
+            with self.state_lock:
+                state.retry_at = time.monotonic() + self._backoff_s
         except TidelogError as e:
-            state.stopped = True
+            with self.state_lock:
+                state.stopped = True
             self.errors.append(e)
             self._on_data()
         finally:
-            state.resetting = False
+            with self.state_lock:
+                state.resetting = False
             self.wake()
 
     async def _fetch(self, node: int, plan: FetchPlan) -> None:

@@ -5,9 +5,13 @@ is in flight) it survives too."""
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 
-from tidelog import Consumer, Producer, TopicPartition
+import pytest
+
+from tidelog import ClientClosedError, Consumer, Producer, TopicPartition
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE
 
@@ -146,3 +150,37 @@ def test_a_seek_while_a_fetch_is_in_flight_discards_its_answer(threaded_fake):
         assert poll_values(consumer, 3) == [b"a", b"b", b"c"]
         produce(bootstrap, [b"d"])  # answered to the fetch sent before returning "c"
         assert poll_values(consumer, 1) == [b"d"]
+
+
+def test_sockets_above_descriptor_1023_are_waited_on(threaded_fake):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit ({hard}) is too low to open sockets above 1023")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(max(0, 1030 - len(os.listdir("/proc/self/fd"))))]
+    try:
+        threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+        bootstrap = threaded_fake.cluster.bootstrap
+        produce(bootstrap, [b"a"])
+        with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TP])
+            assert poll_values(consumer, 1) == [b"a"]
+            assert max(link.sock.fileno() for link in consumer._caller._links.values()) > 1023
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_stopped_event_loop_is_reported_not_hidden(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    consumer = Consumer(threaded_fake.cluster.bootstrap, auto_offset_reset="earliest")
+    try:
+        consumer.assign([TP])
+        consumer._portal.stop()  # as if the loop had crashed
+        with pytest.raises(ClientClosedError):
+            consumer.poll(timeout_ms=100)
+    finally:
+        with pytest.raises(ClientClosedError):  # close says so too, and still lets go
+            consumer.close(1)
+    assert consumer.closed and consumer._caller._wake_r.fileno() == -1
