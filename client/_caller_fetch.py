@@ -65,7 +65,7 @@ __all__ = ["CallerFetch", "caller_can_fetch"]
 log = logging.getLogger(__name__)
 
 READ_SIZE = 256 * 1024
-CONNECT_TIMEOUT_S = 10.0
+MAX_WAIT_MS = 2**31 - 1  # poll(2)'s bound; a longer wait is several
 
 
 def caller_can_fetch(consumer: AsyncConsumer) -> bool:
@@ -150,7 +150,11 @@ class CallerFetch:
                 aio._raise_pending()
                 taken = self._fetcher.drain(limit, wake=False)
                 plans = self._plan()
-            self._send(plans)
+            try:
+                self._send(plans)
+            except BaseException:  # interrupted: the records taken are fetched again
+                aio._rewind(taken)
+                raise
             records = aio._deserialized(taken)  # outside the lock: user code
             if records or last:
                 return records
@@ -176,7 +180,7 @@ class CallerFetch:
         poller.register(self._wake_r, select.POLLIN)
         for fd in waiting:
             poller.register(fd, select.POLLIN)
-        for fd, _ in poller.poll(max(0.0, timeout) * 1000):
+        for fd, _ in poller.poll(min(max(0.0, timeout) * 1000, MAX_WAIT_MS)):
             link = waiting.get(fd)
             if link is None:
                 try:
@@ -214,33 +218,35 @@ class CallerFetch:
         return plans
 
     def _send(self, plans: dict[int, FetchPlan]) -> None:
-        """Write the planned fetches; whatever interrupts this releases the plans not sent."""
-        pending = list(plans.items())
-        try:
-            while pending:
-                node, plan = pending[0]
-                link = self._links[node]
+        """Write the planned fetches. Whatever interrupts this (Ctrl-C) drops the socket it
+        was writing (the stream's state is unknown) and releases every plan not sent."""
+        items = list(plans.items())
+        for i, (node, plan) in enumerate(items):
+            link = self._links[node]
+            try:
                 _, frame = link.proto.send_request(ApiKey.FETCH, 0, plan.request, True)
                 link.plan, link.sent = plan, time.monotonic()
                 link.expires = link.sent + self._timeout_s
-                pending.pop(0)
-                try:
-                    link.sock.sendall(frame)
-                except OSError as e:
-                    self._drop(link, f"write failed: {e}")
-        finally:
-            for _, plan in pending:
-                self._unplan(plan, backoff=False)
+                link.sock.sendall(frame)
+            except OSError as e:
+                self._drop(link, f"write failed: {e}", plan)
+            except BaseException:
+                self._drop(link, None, plan)
+                for _, rest in items[i + 1:]:
+                    self._unplan(rest, backoff=False)
+                raise
 
     # -- sockets, opened by the loop ------------------------------------------------------------
 
     def _start_open(self, node: int) -> None:
         """On the loop's thread."""
         nursery = self._aio._nursery
-        if nursery is None:
+        try:
+            if nursery is None:
+                raise RuntimeError("the consumer is not running")
+            nursery.start_soon(self._open, node)
+        except RuntimeError:  # closing: poll raises ClientClosedError
             self._opening.discard(node)
-            return
-        nursery.start_soon(self._open, node)
 
     async def _open(self, node: int) -> None:
         """On the loop: connect to ``node`` (name lookup in a worker thread, bounded) and hand
@@ -248,7 +254,7 @@ class CallerFetch:
         outcome: socket.socket | BaseException
         try:
             host, port = self._cluster.address_of(node)
-            with trio.fail_after(CONNECT_TIMEOUT_S):
+            with trio.fail_after(self._cluster.connect_timeout_s):
                 stream = await trio.open_tcp_stream(host, port)  # TCP_NODELAY set
             outcome = socket.socket(fileno=stream.socket.detach())
         except (OSError, trio.TooSlowError, BrokerConnectionError) as e:
@@ -263,9 +269,7 @@ class CallerFetch:
             node, outcome = self._opened.popleft()
             self._opening.discard(node)
             if isinstance(outcome, BaseException):
-                backoff = self._backoffs.setdefault(
-                    node, Backoff(self._cluster.reconnect_backoff_s, self._cluster.reconnect_backoff_max_s))
-                self._not_before[node] = now + backoff.next_delay()
+                self._back_off_node(node, now)
                 log.debug("fetch connection to node %s failed: %s", node, outcome)
                 continue
             if node in self._links or self._closed:
@@ -273,12 +277,29 @@ class CallerFetch:
                 continue
             outcome.settimeout(self._config.request_timeout_ms / 1000)  # bounds sendall
             self._links[node] = _Link(node, outcome, ClientConnection(client_id=self._config.client_id))
-            self._backoffs.pop(node, None)
-            self._not_before.pop(node, None)
+            self._not_before.pop(node, None)  # the backoff grows until a response comes
+
+    def _back_off_node(self, node: int, now: float) -> None:
+        """No new socket to ``node`` before its reconnect backoff (exponential, reset by a
+        response): a broker that refuses, or accepts and closes, is not hammered."""
+        backoff = self._backoffs.setdefault(
+            node, Backoff(self._cluster.reconnect_backoff_s, self._cluster.reconnect_backoff_max_s))
+        self._not_before[node] = now + backoff.next_delay()
 
     # -- fetch responses ------------------------------------------------------------------------
 
     def _read(self, link: _Link) -> None:
+        plan = link.plan
+        try:
+            self._read_frames(link)
+        except BaseException:  # interrupted (Ctrl-C): the stream's state is unknown
+            if self._links.get(link.node) is link:
+                self._drop(link, None, plan)
+            elif plan is not None:
+                self._unplan(plan, backoff=False)
+            raise
+
+    def _read_frames(self, link: _Link) -> None:
         try:
             data = link.sock.recv(READ_SIZE)
             if not data:
@@ -308,9 +329,7 @@ class CallerFetch:
                 else:
                     self._fetcher.errors.append(e)  # raised by this poll
                 continue
-            except BaseException:
-                self._unplan(plan, backoff=False)
-                raise
+            self._backoffs.pop(link.node, None)  # the broker answers: reconnect quickly next time
             throttle = body.get("throttle_time_ms")
             if type(throttle) is int and throttle > 0:
                 link.throttled_until = sent + throttle / 1000
@@ -338,6 +357,7 @@ class CallerFetch:
         link.plan = None
         if why is not None:
             log.debug("fetch connection to node %s closed: %s", link.node, why)
+            self._back_off_node(link.node, time.monotonic())
             self._portal.run_soon(self._cluster.request_update)
         if plan is not None:
             self._unplan(plan)

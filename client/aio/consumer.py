@@ -566,11 +566,11 @@ class AsyncConsumer(RunsInOwnNursery):
                     r.key = kd(r.key)
                 if vd is not None:
                     r.value = vd(r.value)
-            except Exception as e:
-                with self._fetcher.state_lock:  # the poll may run on an application's thread
-                    for tp, offset in rewind_offsets(records[i:]).items():
-                        self._subscriptions.state(tp).seek(offset)
-                self._fetcher.replan()
+            except BaseException as e:
+                if not isinstance(e, Exception):  # Ctrl-C: none is returned, all come again
+                    self._rewind(records)
+                    raise
+                self._rewind(records[i:])
                 if i:
                     return records[:i]
                 raise RecordDeserializationError(
@@ -578,6 +578,16 @@ class AsyncConsumer(RunsInOwnNursery):
                     f"{type(e).__name__}: {e}; seek past it to skip it", TopicPartition(r.topic, r.partition),
                     r.offset) from e
         return records
+
+    def _rewind(self, records: list[Record]) -> None:
+        """Positions back to the first of ``records`` in each of their partitions (they are
+        fetched again): records drained but not returned."""
+        if not records:
+            return
+        with self._fetcher.state_lock:  # the poll may run on an application's thread
+            for tp, offset in rewind_offsets(records).items():
+                self._subscriptions.state(tp).seek(offset)
+        self._fetcher.replan()
 
     def wakeup(self) -> None:
         """Make the poll that is waiting, or else the next one, raise WakeupError (Kafka's

@@ -184,3 +184,35 @@ def test_a_stopped_event_loop_is_reported_not_hidden(threaded_fake):
         with pytest.raises(ClientClosedError):  # close says so too, and still lets go
             consumer.close(1)
     assert consumer.closed and consumer._caller._wake_r.fileno() == -1
+
+
+def test_an_interrupted_poll_loses_no_record_and_no_partition(threaded_fake):
+    # Ctrl-C inside a deserializer: the records drained for that poll come again, and the
+    # partition is still fetched afterwards
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, [b"a", b"b", b"c"])
+    interrupt = [True]
+
+    def value(v: bytes) -> bytes:
+        if v == b"b" and interrupt[0]:
+            interrupt[0] = False
+            raise KeyboardInterrupt
+        return v
+
+    with Consumer(bootstrap, auto_offset_reset="earliest", value_deserializer=value) as consumer:
+        consumer.assign([TP])
+        with pytest.raises(KeyboardInterrupt):
+            poll_values(consumer, 3)
+        assert poll_values(consumer, 3) == [b"a", b"b", b"c"]
+        produce(bootstrap, [b"d"])
+        assert poll_values(consumer, 1) == [b"d"]
+
+
+def test_a_wait_longer_than_poll2_takes_is_split(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, [b"a"])
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TP])
+        assert [r.value for r in consumer.poll(timeout_ms=2**40)] == [b"a"]
