@@ -24,6 +24,14 @@ def produce(bootstrap: str, values: list[bytes], partition: int = 0) -> None:
             producer.send("t", v, partition=partition)
 
 
+def topic_with(threaded_fake, values: list[bytes]) -> str:
+    """Topic "t" (one partition) holding ``values``; returns the bootstrap servers."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    produce(bootstrap, values)
+    return bootstrap
+
+
 def poll_values(consumer: Consumer, n: int, timeout_s: float = 15) -> list[bytes]:
     got: list[bytes] = []
     deadline = time.monotonic() + timeout_s
@@ -37,9 +45,7 @@ def in_flight(consumer: Consumer) -> int:
 
 
 def test_poll_fetches_on_its_thread_and_sends_the_next_fetch_before_returning(threaded_fake):
-    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    bootstrap = threaded_fake.cluster.bootstrap
-    produce(bootstrap, [b"a", b"b", b"c"])
+    bootstrap = topic_with(threaded_fake, [b"a", b"b", b"c"])
     with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
         assert consumer._caller is not None and not consumer._aio._fetcher.fetch_in_loop
         consumer.assign([TP])
@@ -51,9 +57,7 @@ def test_poll_fetches_on_its_thread_and_sends_the_next_fetch_before_returning(th
 
 
 def test_a_loop_of_zero_timeout_polls_gets_the_records(threaded_fake):
-    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    bootstrap = threaded_fake.cluster.bootstrap
-    produce(bootstrap, [b"a", b"b"])
+    bootstrap = topic_with(threaded_fake, [b"a", b"b"])
     with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
         consumer.assign([TP])
         got: list[bytes] = []
@@ -65,9 +69,7 @@ def test_a_loop_of_zero_timeout_polls_gets_the_records(threaded_fake):
 
 
 def test_a_response_left_unread_while_the_application_works_is_not_timed_out(threaded_fake):
-    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    bootstrap = threaded_fake.cluster.bootstrap
-    produce(bootstrap, [b"a"])
+    bootstrap = topic_with(threaded_fake, [b"a"])
     with Consumer(bootstrap, auto_offset_reset="earliest", request_timeout_ms=1000,
                   fetch_max_wait_ms=100) as consumer:
         consumer.assign([TP])
@@ -83,9 +85,7 @@ def test_a_group_member_fetches_on_the_loop(threaded_fake):
 
 
 def test_a_dropped_fetch_connection_is_opened_again(threaded_fake):
-    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    bootstrap = threaded_fake.cluster.bootstrap
-    produce(bootstrap, [b"a", b"b"])
+    bootstrap = topic_with(threaded_fake, [b"a", b"b"])
     threaded_fake.cluster.inject(ApiKey.FETCH, drop_connection=True, count=2)
     with Consumer(bootstrap, auto_offset_reset="earliest", retry_backoff_ms=50) as consumer:
         consumer.assign([TP])
@@ -93,9 +93,7 @@ def test_a_dropped_fetch_connection_is_opened_again(threaded_fake):
 
 
 def test_a_stalled_fetch_response_times_out_and_is_fetched_again(threaded_fake):
-    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    bootstrap = threaded_fake.cluster.bootstrap
-    produce(bootstrap, [b"a"])
+    bootstrap = topic_with(threaded_fake, [b"a"])
     threaded_fake.cluster.inject(ApiKey.FETCH, delay_s=60, count=1)
     with Consumer(bootstrap, auto_offset_reset="earliest", request_timeout_ms=1000, fetch_max_wait_ms=100,
                   retry_backoff_ms=50) as consumer:
@@ -121,9 +119,7 @@ def test_a_moved_leader_is_found_through_the_loops_metadata(threaded_fake_two):
 
 
 def test_an_offset_out_of_range_is_reset_by_the_loop(threaded_fake):
-    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    bootstrap = threaded_fake.cluster.bootstrap
-    produce(bootstrap, [b"a", b"b"])
+    bootstrap = topic_with(threaded_fake, [b"a", b"b"])
     with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
         consumer.assign([TP])
         consumer.seek(TP, 50)  # beyond the end: the broker answers OFFSET_OUT_OF_RANGE
@@ -140,9 +136,7 @@ def test_an_offset_out_of_range_is_reset_by_the_loop(threaded_fake):
 
 
 def test_a_seek_while_a_fetch_is_in_flight_discards_its_answer(threaded_fake):
-    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    bootstrap = threaded_fake.cluster.bootstrap
-    produce(bootstrap, [b"a", b"b", b"c"])
+    bootstrap = topic_with(threaded_fake, [b"a", b"b", b"c"])
     with Consumer(bootstrap, auto_offset_reset="earliest", max_poll_records=1, fetch_max_wait_ms=100) as consumer:
         consumer.assign([TP])
         assert poll_values(consumer, 1) == [b"a"]
@@ -189,9 +183,7 @@ def test_a_stopped_event_loop_is_reported_not_hidden(threaded_fake):
 def test_an_interrupted_poll_loses_no_record_and_no_partition(threaded_fake):
     # Ctrl-C inside a deserializer: the records drained for that poll come again, and the
     # partition is still fetched afterwards
-    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    bootstrap = threaded_fake.cluster.bootstrap
-    produce(bootstrap, [b"a", b"b", b"c"])
+    bootstrap = topic_with(threaded_fake, [b"a", b"b", b"c"])
     interrupt = [True]
 
     def value(v: bytes) -> bytes:
@@ -210,9 +202,7 @@ def test_an_interrupted_poll_loses_no_record_and_no_partition(threaded_fake):
 
 
 def test_a_wait_longer_than_poll2_takes_is_split(threaded_fake):
-    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    bootstrap = threaded_fake.cluster.bootstrap
-    produce(bootstrap, [b"a"])
+    bootstrap = topic_with(threaded_fake, [b"a"])
     with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
         consumer.assign([TP])
         assert [r.value for r in consumer.poll(timeout_ms=2**40)] == [b"a"]
