@@ -338,10 +338,7 @@ class CallerFetch:
     def _absorb(self, response: Any, plan: FetchPlan, sent: float) -> None:
         subs = self._aio._subscriptions
         with self._fetcher.state_lock:
-            for tp in plan.sent:
-                state = subs.partitions.get(tp)
-                if state is not None:
-                    state.fetching = False
+            self._fetcher.release(plan)
             _, refresh = self._fetcher.absorb(response, plan, sent, time.monotonic())
             reset = bool(subs.needing_reset())
         if refresh:
@@ -365,11 +362,5 @@ class CallerFetch:
     def _unplan(self, plan: FetchPlan, backoff: bool = True) -> None:
         """A fetch that failed or was never sent: its partitions may be fetched again (after
         the backoff)."""
-        retry_at = time.monotonic() + self._backoff_s
         with self._fetcher.state_lock:
-            for tp in plan.sent:
-                state = self._aio._subscriptions.partitions.get(tp)
-                if state is not None:
-                    state.fetching = False
-                    if backoff:
-                        state.retry_at = retry_at
+            self._fetcher.release(plan, time.monotonic() + self._backoff_s if backoff else None)

@@ -392,7 +392,6 @@ class Fetcher:
             self.wake()
 
     async def _fetch(self, node: int, plan: FetchPlan) -> None:
-        subs = self._subscriptions
         absorbed = False
         sent = time.monotonic()
 
@@ -403,6 +402,7 @@ class Fetcher:
             absorbed = True
             self._absorb(response, plan, sent)
 
+        retry_at = None
         try:
             timeout = (self._config.request_timeout_ms + self._config.fetch_max_wait_ms) / 1000
             response: FetchResponse = await self._cluster.request(node, plan.request, api_key=ApiKey.FETCH,
@@ -411,20 +411,23 @@ class Fetcher:
             log.debug("fetch from node %s failed: %s", node, e)
             self._cluster.request_update()
             retry_at = time.monotonic() + self._backoff_s
-            for tp in plan.sent:
-                state = subs.partitions.get(tp)
-                if state is not None:
-                    state.retry_at = retry_at
             return
         finally:
             self._fetching_nodes.discard(node)
-            for tp in plan.sent:
-                state = subs.partitions.get(tp)
-                if state is not None:
-                    state.fetching = False
+            self.release(plan, retry_at)
             self._wake.set()
         if not absorbed:
             self._absorb(response, plan, sent)
+
+    def release(self, plan: FetchPlan, retry_at: float | None = None) -> None:
+        """The fetch ``plan`` was answered, failed or never sent: its partitions may be
+        fetched again (not before ``retry_at``, if given)."""
+        for tp in plan.sent:
+            state = self._subscriptions.partitions.get(tp)
+            if state is not None:
+                state.fetching = False
+                if retry_at is not None:
+                    state.retry_at = retry_at
 
     def _absorb(self, response: FetchResponse, plan: FetchPlan, sent: float) -> None:
         got_data, refresh = self.absorb(response, plan, sent, time.monotonic())
