@@ -171,8 +171,8 @@ class CallerFetch:
         times = [link.expires for link in links if link.plan is not None]
         times += [link.throttled_until for link in links if link.throttled_until > now]
         times += [t for t in self._not_before.values() if t > now]
-        times += [s.retry_at for s in self._aio._subscriptions.partitions.values() if s.retry_at > now]
-        return min(times, default=float("inf"))
+        times.append(now + self._fetcher._next_retry(now))  # the partitions' backoffs, as the loop waits
+        return min(times)
 
     def _wait(self, timeout: float) -> None:
         waiting = {link.sock.fileno(): link for link in self._links.values() if link.plan is not None}
@@ -336,11 +336,9 @@ class CallerFetch:
             self._absorb(response, plan, sent)
 
     def _absorb(self, response: Any, plan: FetchPlan, sent: float) -> None:
-        subs = self._aio._subscriptions
         with self._fetcher.state_lock:
             self._fetcher.release(plan)
-            _, refresh = self._fetcher.absorb(response, plan, sent, time.monotonic())
-            reset = bool(subs.needing_reset())
+            _, refresh, reset = self._fetcher.absorb(response, plan, sent, time.monotonic())
         if refresh:
             self._portal.run_soon(self._cluster.request_update)
         if reset:

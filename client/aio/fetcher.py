@@ -430,18 +430,20 @@ class Fetcher:
                     state.retry_at = retry_at
 
     def _absorb(self, response: FetchResponse, plan: FetchPlan, sent: float) -> None:
-        got_data, refresh = self.absorb(response, plan, sent, time.monotonic())
+        got_data, refresh, _ = self.absorb(response, plan, sent, time.monotonic())  # resets: _fetch wakes
         if refresh:
             self._cluster.request_update()
         if got_data:
             self._on_data()
 
-    def absorb(self, response: FetchResponse, plan: FetchPlan, sent: float, now: float) -> tuple[bool, bool]:
+    def absorb(self, response: FetchResponse, plan: FetchPlan, sent: float, now: float
+               ) -> tuple[bool, bool, bool]:
         """Apply a fetch response to the partitions' states: ``(poll has something new, the
-        metadata needs a refresh)``. Touches no Trio object: the thread that fetches calls it
-        (under ``state_lock`` when that is an application thread)."""
+        metadata needs a refresh, a position reset was asked for)``. Touches no Trio object:
+        the thread that fetches calls it (under ``state_lock`` when that is an application
+        thread)."""
         subs = self._subscriptions
-        got_data = refresh = False
+        got_data = refresh = reset = False
         first = _first_partition(plan.request)
         size = 0
         for t in response.responses:
@@ -459,8 +461,9 @@ class Fetcher:
                                                     backoff_s=self._backoff_s, first=tp == first)
                 got_data |= self._apply(outcome, state)
                 refresh |= outcome.action == "refresh"
+                reset |= outcome.action == "reset"
         self.stats.on_fetch(now, now - sent, size)
-        return got_data, refresh
+        return got_data, refresh, reset
 
     def _apply(self, outcome: PartitionOutcome, state: PartitionState | None) -> bool:
         """Carry out what one partition's outcome asks; True when poll has something new."""
