@@ -31,6 +31,7 @@ notifications followed) before any listener opens (broker/security/authorizer.py
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 
@@ -204,7 +205,10 @@ class BrokerServer:
             endpoints.append(f"{listener.name}://{_host_text(published.host or host)}:"
                              f"{published.port or self.ports[listener.name]}")
         info = BrokerInfo(self.broker_id, host, port or self.port, self.config.broker_rack, endpoints)
-        self.broker_epoch = self.replica_manager.broker_epoch = await self.zk.register_broker(info)
+        # Waits out a slow or lost ZooKeeper: at start the listeners are up, after a lost
+        # session the broker is serving; neither ends over a timeout.
+        self.broker_epoch = self.replica_manager.broker_epoch = await self.zk.until_answered(
+            functools.partial(self.zk.register_broker, info))
 
     async def _watch_session(self) -> None:
         lost = False

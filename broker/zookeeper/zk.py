@@ -42,7 +42,7 @@ import functools
 import logging
 import math
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
 import trio
 from kazoo.client import KazooClient
@@ -130,6 +130,9 @@ __all__ = ["ZkClient", "ZkError", "ZkTimeoutError", "ZkConnectionError", "ZkNoNo
 CONNECTED, SUSPENDED, LOST = "CONNECTED", "SUSPENDED", "LOST"
 logging.getLogger("kazoo").setLevel(logging.ERROR)  # else every failed reconnect is a WARNING
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRY_S = 1.0  # between the attempts of until_answered
 
 
 def _retry() -> KazooRetry:
@@ -433,26 +436,52 @@ class ZkClient:
         """Sorted children of ``path`` now and after each change (creating ``path`` if missing).
 
         Deletion of ``path`` itself ends the watch silently (kazoo's ChildrenWatch): watch
-        container znodes only. Close the returned channel to stop watching.
+        container znodes only. Close the returned channel to stop watching. The first read is
+        tried again until ZooKeeper answers (``until_answered``).
         """
-        await self._ensure_path(path)
-        feed = self._new_feed()
+        async def once() -> trio.MemoryReceiveChannel:
+            await self._ensure_path(path)
+            feed = self._new_feed()
 
-        def on_children(children: list[str]) -> bool | None:   # kazoo thread: enqueue only
-            return None if feed.post(sorted(children)) else False
-        await self._start_watch(feed, f"watch children of {path}", ChildrenWatch, self._kz, path, on_children)
-        return feed.receive
+            def on_children(children: list[str]) -> bool | None:   # kazoo thread: enqueue only
+                return None if feed.post(sorted(children)) else False
+            await self._start_watch(feed, f"watch children of {path}", ChildrenWatch, self._kz, path,
+                                    on_children)
+            return feed.receive
+        return await self.until_answered(once)
 
     async def watch_data(self, path: str) -> trio.MemoryReceiveChannel:
         """(data, version) of ``path`` now and after each change; (None, None) while it does not
-        exist (an exists watch then waits for its creation). Close the channel to stop."""
-        feed = self._new_feed()
+        exist (an exists watch then waits for its creation). Close the channel to stop. The
+        first read is tried again until ZooKeeper answers (``until_answered``)."""
+        async def once() -> trio.MemoryReceiveChannel:
+            feed = self._new_feed()
 
-        def on_data(data: bytes | None, stat: Any, event: Any = None) -> bool | None:   # kazoo thread
-            item = (None, None) if stat is None else (data, stat.version)
-            return None if feed.post(item) else False
-        await self._start_watch(feed, f"watch data of {path}", DataWatch, self._kz, path, on_data)
-        return feed.receive
+            def on_data(data: bytes | None, stat: Any, event: Any = None) -> bool | None:   # kazoo thread
+                item = (None, None) if stat is None else (data, stat.version)
+                return None if feed.post(item) else False
+            await self._start_watch(feed, f"watch data of {path}", DataWatch, self._kz, path, on_data)
+            return feed.receive
+        return await self.until_answered(once)
+
+    async def until_answered(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``, again every ``RETRY_S`` after a ZkTimeoutError or ZkConnectionError,
+        until it returns, raises anything else, or this client is closed.
+
+        For what a broker that has joined must not give up on (its watches, its registration):
+        a slow ZooKeeper, a dropped connection, an expired session or this process stopped for
+        longer than the op timeout (the deadline passes while nothing runs) are waited out, as
+        Kafka's ZooKeeper client waits for a connection, instead of ending the broker. Each
+        attempt must be safe to repeat: reads, and writes that re-read first.
+        """
+        while True:
+            try:
+                return await attempt()
+            except (ZkTimeoutError, ZkConnectionError) as e:
+                if self._closed:
+                    raise
+                log.warning("%s; trying again in %.0f s", e, RETRY_S)
+            await trio.sleep(RETRY_S)
 
     def _new_feed(self) -> _Feed:
         feed = _Feed()

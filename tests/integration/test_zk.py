@@ -8,6 +8,7 @@ cut for longer than the session timeout while the server keeps running, then res
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -22,6 +23,7 @@ from tidelog.broker.zookeeper.zk import (
     TopicExistsError,
     ZkClient,
     ZkConnectionError,
+    ZkError,
     ZkNodeExistsError,
     ZkTimeoutError,
     ZkVersionConflict,
@@ -308,6 +310,45 @@ async def test_session_loss_then_new_session(zookeeper, chroot):
             assert decode_controller(data) == 9
         with pytest.raises(trio.EndOfChannel):                    # close ends the channel, no LOST
             await next_item(zk.session_events)
+        nursery.cancel_scope.cancel()
+
+
+async def test_watches_and_registration_wait_out_an_unreachable_zookeeper(zookeeper, chroot):
+    """What a joined broker must hold (its registration, its watches) is tried again until
+    ZooKeeper answers, however many op timeouts pass meanwhile; a close ends the wait."""
+    proxy = TcpProxy(zookeeper.port)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        zk = ZkClient(f"127.0.0.1:{proxy.port}", chroot=chroot, session_timeout_ms=2000, op_timeout_s=0.5)
+        async with client(zookeeper, chroot) as observer, zk:
+            proxy.cut()
+            with pytest.raises((ZkConnectionError, ZkTimeoutError)):   # a plain call still fails
+                await zk.get_broker(1)
+            got: dict[str, object] = {}
+
+            async def start() -> None:
+                got["members"] = await zk.watch_children(zk.paths.broker_ids)
+                got["controller"] = await zk.watch_data(zk.paths.controller)
+                got["epoch"] = await zk.until_answered(functools.partial(zk.register_broker, B1))
+            async with trio.open_nursery() as waiting:
+                waiting.start_soon(start)
+                await trio.sleep(3 * zk.op_timeout_s + 1)           # several timeouts, still waiting
+                assert got == {}
+                proxy.restore()
+            assert await observer.get_broker(1) == B1
+            assert await next_item(got["members"], timeout=15) in ([], ["1"])
+            assert await next_item(got["controller"]) == (None, None)
+
+            proxy.cut()                                              # a close ends a wait
+            with trio.fail_after(15):
+                async with trio.open_nursery() as waiting:
+                    async def watch_then_fail() -> None:
+                        with pytest.raises(ZkError):
+                            await zk.watch_data("/elsewhere")
+                    waiting.start_soon(watch_then_fail)
+                    await trio.sleep(2 * zk.op_timeout_s)
+                    await zk.close()
+            proxy.restore()
         nursery.cancel_scope.cancel()
 
 
