@@ -149,7 +149,8 @@ class BrokerServer:
             logger.info("broker %d stopped", self.broker_id)
 
     async def _join_cluster(self) -> None:
-        cluster_id = await self.zk.get_or_create_cluster_id(uuid.uuid4().hex[:22])
+        cluster_id = await self.zk.until_answered(
+            functools.partial(self.zk.get_or_create_cluster_id, uuid.uuid4().hex[:22]))
         self.controller.cluster_id = cluster_id
         self.metadata.cluster_id = cluster_id
         self.log_manager.join_cluster(cluster_id)
@@ -415,9 +416,7 @@ class BrokerServer:
     async def _write_isr(self, tp: TopicPartition, isr: list[int], leader_epoch: int,
                          controller_epoch: int, zk_version: int) -> int:
         state = LeaderAndIsr(self.broker_id, leader_epoch, isr, controller_epoch)
-        version = await self.zk.update_partition_state(tp.topic, tp.partition, state, zk_version)
-        await self.zk.notify_isr_change([(tp.topic, tp.partition)])
-        return version
+        return await self.zk.write_leader_isr(tp.topic, tp.partition, state, zk_version)
 
     async def _report_damage(self, tps: list[TopicPartition]) -> None:
         await self.zk.notify_replica_damage(self.broker_id, self.replica_manager.broker_epoch,

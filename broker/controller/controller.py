@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -74,7 +75,13 @@ from tidelog.broker.controller.validation import (
 from tidelog.broker.log.config import REQUEST_MINIMUMS, InvalidConfigError, LogConfig, check_requested
 from tidelog.broker.security.inter_broker import inter_broker_security
 from tidelog.broker.security.listeners import parse_endpoints
-from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.broker.zookeeper.layout import (
+    BrokerInfo,
+    LeaderAndIsr,
+    ZkConnectionError,
+    ZkTimeoutError,
+    ZkVersionConflict,
+)
 from tidelog.protocol import placement
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
@@ -258,6 +265,17 @@ class Controller:
             return
         try:
             await self._handlers[kind](self, payload)
+        except (ZkTimeoutError, ZkConnectionError) as e:
+            # The event's work may be half done in the context (a dead broker already dropped,
+            # a topic's assignment without its states): read everything again, as a new
+            # controller does, rather than act on it.
+            logger.warning("controller event %s failed: %s; reading the cluster's state again", kind.value, e)
+            if self.ctx is not None:
+                self._resign()
+                try:
+                    await self._on_controller_change()
+                except Exception:
+                    logger.exception("broker %d: running for controller again failed", self.broker_id)
         except TidelogError as e:
             logger.warning("controller event %s failed: %s", kind.value, e)
         except Exception:
@@ -265,14 +283,18 @@ class Controller:
 
     # -- election ------------------------------------------------------------------------------
 
-    async def _on_controller_change(self, payload) -> None:
-        data, _version = payload
-        current = await self.zk.get_controller_id()
+    async def _on_controller_change(self, _payload=None) -> None:
+        """Resign if another broker holds ``/controller``; run for it while none does, or
+        while this session holds it but this controller is idle (an election ZooKeeper applied
+        whose answer was lost to a timeout). The reads and the election are tried until
+        ZooKeeper answers: a controller must not stay elected and idle."""
+        until = self.zk.until_answered
+        current = await until(self.zk.get_controller_id)
         if self.ctx is not None and current != self.broker_id:
             logger.warning("broker %d is no longer the controller (now %s)", self.broker_id, current)
             self._resign()
-        if current is None and data is None:
-            epoch = await self.zk.try_elect_controller(self.broker_id)
+        if self.ctx is None and current in (None, self.broker_id):
+            epoch = await until(functools.partial(self.zk.try_elect_controller, self.broker_id))
             if epoch is not None:
                 try:
                     await self._failover(epoch)
@@ -280,7 +302,7 @@ class Controller:
                     logger.exception("broker %d: controller failover failed; resigning", self.broker_id)
                     self._resign()
                     with contextlib.suppress(Exception):
-                        await self.zk.resign_controller(self.broker_id)
+                        await until(functools.partial(self.zk.resign_controller, self.broker_id))
 
     def _resign(self) -> None:
         self.ctx = None

@@ -312,19 +312,31 @@ class ZkAclStore:
         self._created: dict[ResourcePatternType, dict[str, int]] = {LITERAL: {}, PREFIXED: {}}  # seen: ctime
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Watch, load everything, then report started and follow the changes."""
-        await self.zk.ensure_acl_paths()
-        watches = {t: await self.zk.watch_children(self.zk.paths.acl_changes(t)) for t in (LITERAL, PREFIXED)}
-        for t, changes in watches.items():
-            current = await changes.receive()
-            for name, _, ctime in await self.zk.acl_change_notifications(t, current):
-                self._created[t][name] = ctime
-        await self.load_all()
+        """Watch, load everything, then report started and follow the changes. The start is
+        tried again until ZooKeeper answers (no listener opens before the ACLs are loaded)."""
+        watches = await self.zk.until_answered(self._watch_and_load)
         logger.info("ACL authorizer loaded %d ACLs", len(self.authorizer.acls))
         async with trio.open_nursery() as nursery:
             for t, changes in watches.items():
                 nursery.start_soon(self._follow, t, changes)
             task_status.started()
+
+    async def _watch_and_load(self) -> dict[ResourcePatternType, Any]:
+        await self.zk.ensure_acl_paths()
+        watches: dict[ResourcePatternType, Any] = {}
+        try:
+            for t in (LITERAL, PREFIXED):
+                watches[t] = await self.zk.watch_children(self.zk.paths.acl_changes(t))
+            for t, changes in watches.items():
+                current = await changes.receive()
+                for name, _, ctime in await self.zk.acl_change_notifications(t, current):
+                    self._created[t][name] = ctime
+            await self.load_all()
+        except BaseException:
+            for changes in watches.values():
+                changes.close()
+            raise
+        return watches
 
     async def load_all(self) -> None:
         """Every pattern as ZooKeeper holds it now, and no pattern it no longer holds: at start,

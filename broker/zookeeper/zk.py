@@ -535,7 +535,10 @@ class ZkClient:
             if not self._owns(got[1]):
                 raise BrokerIdInUseError(f"broker.id {info.broker_id} is already registered "
                                          f"(by ZooKeeper session 0x{owner:x})")
-            await self._set(path, data, got[1].version)
+            try:
+                await self._set(path, data, got[1].version)
+            except ZkVersionConflict:  # an earlier, abandoned try's write landed: read again
+                continue
             return got[1].czxid
         raise ZkError(f"could not register broker {info.broker_id}: {path} keeps changing")
 
@@ -822,6 +825,23 @@ class ZkClient:
         results = await self._fenced(f"update {path}", controller_epoch_zk_version,
                                      ("set_data", path, data, expected_version))
         return results[1].version
+
+    async def write_leader_isr(self, topic: str, partition: int, state: LeaderAndIsr, expected_version: int) -> int:
+        """A leader's ISR change: check-and-set the state, then notify the controller; the new
+        znode version. A write ZooKeeper applied but whose answer was lost (a timeout, a dropped
+        connection; a retry then conflicts with it) counts as written when the state read back
+        is ``state`` (Kafka's checkLeaderAndIsrZkData): else the leader would keep the old
+        version, conflict with every later write, and wait for a LeaderAndIsr from a controller
+        that was never notified. ZkVersionConflict when someone else wrote."""
+        try:
+            version = await self.update_partition_state(topic, partition, state, expected_version)
+        except (ZkTimeoutError, ZkConnectionError, ZkVersionConflict):
+            got = await self.until_answered(functools.partial(self.get_partition_state, topic, partition))
+            if got is None or got[0] != state:
+                raise
+            version = got[1]
+        await self.until_answered(functools.partial(self.notify_isr_change, [(topic, partition)]))
+        return version
 
     async def _fenced(self, what: str, controller_epoch_zk_version: int, op: tuple) -> list:
         """``op`` in one transaction with a check of ``/controller_epoch``'s version."""

@@ -138,3 +138,33 @@ async def test_old_change_notifications_are_purged(zookeeper, chroot):
         await wait_until_async(lambda: not store._created[LIT], 10, "the old notifications were purged")
         assert await notifications() == []
         nursery.cancel_scope.cancel()
+
+
+async def test_the_start_waits_out_an_unreachable_zookeeper(zookeeper, chroot):
+    """The ACLs are loaded before any listener opens, and a ZooKeeper that does not answer
+    for several op timeouts delays that start instead of ending the broker."""
+    from tests.integration.test_zk import TcpProxy
+
+    proxy = TcpProxy(zookeeper.port)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        async with ZkClient(f"127.0.0.1:{proxy.port}", chroot=chroot, session_timeout_ms=2000,
+                            op_timeout_s=0.5) as zk, ZkClient(zookeeper.connect_string, chroot=chroot) as writer:
+            await ZkAclStore(writer, Authorizer()).create(
+                [AclBinding(TOPIC, "orders", LIT, "User:alice", "*", READ, ALLOW)])
+            authorizer = Authorizer()
+            store = ZkAclStore(zk, authorizer)
+            proxy.cut()
+            started = trio.Event()
+
+            async def start() -> None:
+                await nursery.start(store.run)
+                started.set()
+            nursery.start_soon(start)
+            await trio.sleep(3 * zk.op_timeout_s + 1)
+            assert not started.is_set()
+            proxy.restore()
+            with trio.fail_after(20):
+                await started.wait()
+            assert len(authorizer.acls) == 1
+            nursery.cancel_scope.cancel()

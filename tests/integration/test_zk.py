@@ -242,6 +242,26 @@ async def test_partition_state_check_and_set_and_controller_fencing(zookeeper, c
         assert states == {0: (moved, 2), 1: (state.new_leader_and_isr(2, [2, 1]), 0)}
 
 
+async def test_a_leaders_isr_write_applied_but_unanswered_counts_as_written(zookeeper, chroot):
+    """The leader's retry of an ISR write ZooKeeper applied (the answer lost to a timeout)
+    conflicts with it: the state read back is the one written, so the leader takes its
+    version, and the controller is notified. A state someone else wrote is still a conflict."""
+    async with client(zookeeper, chroot) as zk:
+        assert await zk.try_elect_controller(1) == 1
+        epoch, epoch_version = await zk.controller_epoch()
+        await zk.create_topic("t", {0: [1, 2, 3]}, {})
+        state = LeaderAndIsr.initial(1, [1, 2, 3], epoch)
+        await zk.create_partition_state("t", 0, state, epoch_version)
+        shrunk = state.with_isr([1, 2])
+        assert await zk.update_partition_state("t", 0, shrunk, 0) == 1    # applied, answer lost
+        assert await zk.write_leader_isr("t", 0, shrunk, 0) == 1          # the retry
+        notified = await zk.isr_change_notifications()
+        assert [changed for _, changed in notified] == [[("t", 0)]]
+        with pytest.raises(ZkVersionConflict):                             # not ours: a conflict
+            await zk.write_leader_isr("t", 0, shrunk.with_isr([1]), 0)
+        assert await zk.write_leader_isr("t", 0, shrunk.with_isr([1]), 1) == 2
+
+
 # ----------------------------------------------------------------------------- small things
 
 async def test_cluster_id_isr_notifications_and_producer_id_blocks(zookeeper, chroot):

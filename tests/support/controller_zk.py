@@ -6,7 +6,8 @@ write; the controller's behaviour on the real ZooKeeper is covered by the integr
 
 from __future__ import annotations
 
-from tidelog.broker.zookeeper.layout import LeaderAndIsr, ZkVersionConflict
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.broker.zookeeper.zk import ZkClient
 
 
 class FakeZk:
@@ -19,6 +20,40 @@ class FakeZk:
         self.deleted_notifications: list[str] = []
         self.broker_epochs: dict[int, int] = {}
         self.writes = 0
+        self.controller: int | None = None  # /controller
+        self.epoch = 0  # /controller_epoch (also its znode version here)
+        self.live: dict[int, int] = {}  # registered broker -> broker epoch
+        self.failures: dict[str, list[Exception]] = {}  # method -> what its next calls raise
+        self._closed = False
+
+    until_answered = ZkClient.until_answered  # the real retry rule, over this stand-in
+
+    def _maybe_fail(self, method: str) -> None:
+        if self.failures.get(method):
+            raise self.failures[method].pop(0)
+
+    # -- the controller and the brokers
+
+    async def controller_epoch(self):
+        return self.epoch, self.epoch
+
+    async def get_controller_id(self):
+        return self.controller
+
+    async def try_elect_controller(self, broker_id):
+        if self.controller is None:
+            self.controller, self.epoch = broker_id, self.epoch + 1
+        return self.epoch if self.controller == broker_id else None
+
+    async def resign_controller(self, broker_id):
+        if self.controller == broker_id:
+            self.controller = None
+
+    async def live_brokers_and_epochs(self):
+        return {b: (BrokerInfo(b, "127.0.0.1", 9000 + b), e) for b, e in self.live.items()}
+
+    async def topics_marked_for_deletion(self):
+        return []
 
     # -- topics
 
@@ -72,6 +107,7 @@ class FakeZk:
         return 0
 
     async def update_partition_state(self, topic, partition, st, expected_version, controller_epoch_zk_version=None):
+        self._maybe_fail("update_partition_state")
         _, version = self.states[(topic, partition)]
         if version != expected_version:
             raise ZkVersionConflict(f"{topic}-{partition}: version {version}, expected {expected_version}")

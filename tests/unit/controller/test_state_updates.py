@@ -9,9 +9,11 @@ stale copy, and never abandon the rest of its work.
 
 from __future__ import annotations
 
+import trio
+
 from tests.support.controller_zk import FakeZk
-from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerContext
-from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr
+from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerContext, ControllerEvent
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkTimeoutError
 from tidelog.protocol.topics import TopicPartition
 
 T = "t"
@@ -89,3 +91,41 @@ async def test_gives_up_after_repeated_conflicts():
     zk.leader_changes_isr(T, 0, [1, 2, 3])
     await c._shrink_isr([TopicPartition(T, 0)], {3})
     assert zk.writes == 0
+
+
+async def test_a_zookeeper_timeout_mid_event_reads_the_cluster_again(nursery):
+    """Broker 3, the leader, dies and the offline election's write times out after the event
+    dropped 3 from the controller's view: repeating the event would find no broker gone. The
+    controller reads everything again, as a new controller does, and elects the leader."""
+    zk = FakeZk()
+    zk.live = {1: 10, 2: 11, 3: 12}
+    zk.assignments[T] = {0: [3, 1, 2]}
+    zk.states[(T, 0)] = (LeaderAndIsr(3, 0, (3, 1, 2), 0), 0)
+    c = Controller(ControllerConfig(broker_id=1), zk)
+    await nursery.start(c.channels.run)
+    await c._on_controller_change()
+    assert c.is_active and zk.controller == 1
+
+    del zk.live[3]
+    zk.failures["update_partition_state"] = [ZkTimeoutError("ZooKeeper update: no answer within 10.0 s")]
+    await c._handle((ControllerEvent.BROKER_CHANGE, ["1", "2"]))
+    st, _ = zk.states[(T, 0)]
+    assert (st.leader, st.leader_epoch, st.isr) == (1, 1, (1, 2))
+    assert c.is_active and c.ctx.states[TopicPartition(T, 0)][0] == st
+    c.channels.close_all()
+
+
+async def test_an_election_whose_answer_was_lost_is_taken_up():
+    """ZooKeeper applied the election but the answer timed out: /controller is this
+    session's, the controller idle. The next look takes the role up instead of leaving the
+    cluster with an elected controller that never acts."""
+    zk = FakeZk()
+    zk.live = {1: 10}
+    c = Controller(ControllerConfig(broker_id=1), zk)
+    zk.controller, zk.epoch = 1, 4
+    async with trio.open_nursery() as nursery:
+        await nursery.start(c.channels.run)
+        await c._on_controller_change()
+        assert c.is_active and c.ctx.epoch == 4
+        c.channels.close_all()
+        nursery.cancel_scope.cancel()
