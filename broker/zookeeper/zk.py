@@ -133,6 +133,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 RETRY_S = 1.0  # between the attempts of until_answered
+RETRY_LOG_EVERY = 60  # of its failures, one in this many is logged as a warning
 
 
 def _retry() -> KazooRetry:
@@ -474,13 +475,21 @@ class ZkClient:
         Kafka's ZooKeeper client waits for a connection, instead of ending the broker. Each
         attempt must be safe to repeat: reads, and writes that re-read first.
         """
+        failures = 0
         while True:
             try:
-                return await attempt()
+                result = await attempt()
             except (ZkTimeoutError, ZkConnectionError) as e:
                 if self._closed:
                     raise
-                log.warning("%s; trying again in %.0f s", e, RETRY_S)
+                failures += 1
+                # the first failure and then one a minute: an outage is not a log flood
+                level = logging.WARNING if failures % RETRY_LOG_EVERY == 1 else logging.DEBUG
+                log.log(level, "%s; trying again every %.0f s (failure %d)", e, RETRY_S, failures)
+            else:
+                if failures:
+                    log.info("ZooKeeper answered after %d failed tries", failures)
+                return result
             await trio.sleep(RETRY_S)
 
     def _new_feed(self) -> _Feed:
