@@ -126,6 +126,7 @@ class BrokerServer:
         self._leader_channels: dict[tuple[int, int], BrokerChannel] = {}  # by (leader id, fetcher id)
         self._socket_servers: list[SocketServer] = []
         self._cancel: trio.CancelScope | None = None
+        self._services: trio.Nursery | None = None  # the nursery of the broker's tasks
 
     # -- run -----------------------------------------------------------------------------------
 
@@ -136,7 +137,7 @@ class BrokerServer:
             async with self.zk:
                 await self._join_cluster()
                 async with trio.open_nursery() as nursery:
-                    self._cancel = nursery.cancel_scope
+                    self._cancel, self._services = nursery.cancel_scope, nursery
                     await self._start_services(nursery)
                     task_status.started(self.port)
                     await trio.sleep_forever()
@@ -416,7 +417,17 @@ class BrokerServer:
     async def _write_isr(self, tp: TopicPartition, isr: list[int], leader_epoch: int,
                          controller_epoch: int, zk_version: int) -> int:
         state = LeaderAndIsr(self.broker_id, leader_epoch, isr, controller_epoch)
-        return await self.zk.write_leader_isr(tp.topic, tp.partition, state, zk_version)
+        version = await self.zk.write_leader_isr(tp.topic, tp.partition, state, zk_version)
+        # written: the new ISR takes effect now; the controller is told aside, so a ZooKeeper
+        # that stops answering here holds neither this partition nor the next ones' changes
+        self._services.start_soon(self._notify_isr_change, tp)
+        return version
+
+    async def _notify_isr_change(self, tp: TopicPartition) -> None:
+        try:
+            await self.zk.until_answered(functools.partial(self.zk.notify_isr_change, [(tp.topic, tp.partition)]))
+        except ZkError as e:
+            logger.warning("%s: the controller was not told of its ISR change: %s", tp, e)
 
     async def _report_damage(self, tps: list[TopicPartition]) -> None:
         await self.zk.notify_replica_damage(self.broker_id, self.replica_manager.broker_epoch,

@@ -77,6 +77,7 @@ from tidelog.broker.security.inter_broker import inter_broker_security
 from tidelog.broker.security.listeners import parse_endpoints
 from tidelog.broker.zookeeper.layout import (
     BrokerInfo,
+    ControllerMovedError,
     LeaderAndIsr,
     ZkConnectionError,
     ZkTimeoutError,
@@ -255,54 +256,68 @@ class Controller:
 
     async def _handle(self, event: tuple) -> None:
         kind, payload = event
+        unanswered = self.zk.unanswered
         if kind is ControllerEvent.CALL:
             fn, box, done = payload
             try:
+                if self.ctx is None:  # resigned while the call was queued
+                    raise ControllerMovedError(f"broker {self.broker_id} is no longer the controller")
                 box["result"] = await fn()
             except Exception as e:  # handed back to the caller
                 box["error"] = e
             done.set()
-            return
-        try:
-            await self._handlers[kind](self, payload)
-        except (ZkTimeoutError, ZkConnectionError) as e:
-            # The event's work may be half done in the context (a dead broker already dropped,
-            # a topic's assignment without its states): read everything again, as a new
-            # controller does, rather than act on it.
-            logger.warning("controller event %s failed: %s; reading the cluster's state again", kind.value, e)
-            if self.ctx is not None:
-                self._resign()
-                try:
-                    await self._on_controller_change()
-                except Exception:
-                    logger.exception("broker %d: running for controller again failed", self.broker_id)
-        except TidelogError as e:
-            logger.warning("controller event %s failed: %s", kind.value, e)
-        except Exception:
-            logger.exception("controller event %s failed", kind.value)
+        else:
+            try:
+                await self._handlers[kind](self, payload)
+            except TidelogError as e:
+                logger.warning("controller event %s failed: %s", kind.value, e)
+            except Exception:
+                logger.exception("controller event %s failed", kind.value)
+        if (self.ctx is not None and self.zk.unanswered != unanswered
+                and kind is not ControllerEvent.CONTROLLER_CHANGE):  # that one retries its own calls
+            # ZooKeeper did not answer some call of this event's: its work may be half done in
+            # the context (a dead broker dropped before its partitions were elected, a topic's
+            # assignment without its states, leaders moved but not told). Read everything
+            # again, as a new controller does, rather than act on it.
+            logger.warning("controller event %s met an unanswered ZooKeeper call; reading the cluster's "
+                           "state again", kind.value)
+            self._resign()
+            await self._on_controller_change()
 
     # -- election ------------------------------------------------------------------------------
 
     async def _on_controller_change(self, _payload=None) -> None:
         """Resign if another broker holds ``/controller``; run for it while none does, or
         while this session holds it but this controller is idle (an election ZooKeeper applied
-        whose answer was lost to a timeout). The reads and the election are tried until
-        ZooKeeper answers: a controller must not stay elected and idle."""
-        until = self.zk.until_answered
-        current = await until(self.zk.get_controller_id)
-        if self.ctx is not None and current != self.broker_id:
-            logger.warning("broker %d is no longer the controller (now %s)", self.broker_id, current)
-            self._resign()
-        if self.ctx is None and current in (None, self.broker_id):
-            epoch = await until(functools.partial(self.zk.try_elect_controller, self.broker_id))
-            if epoch is not None:
-                try:
-                    await self._failover(epoch)
-                except Exception:  # a partial view must not act: let the election run again
-                    logger.exception("broker %d: controller failover failed; resigning", self.broker_id)
-                    self._resign()
-                    with contextlib.suppress(Exception):
-                        await until(functools.partial(self.zk.resign_controller, self.broker_id))
+        whose answer was lost to a timeout). Tried until ZooKeeper answers: a controller must
+        neither stay elected and idle nor give the role away because ZooKeeper was slow."""
+        try:
+            current = await self.zk.until_answered(self.zk.get_controller_id)
+            if self.ctx is not None and current != self.broker_id:
+                logger.warning("broker %d is no longer the controller (now %s)", self.broker_id, current)
+                self._resign()
+            if self.ctx is None and current in (None, self.broker_id):
+                await self.zk.until_answered(self._run_for_controller)
+        except Exception:  # a partial view must not act: let the election run again
+            logger.exception("broker %d: controller failover failed; resigning", self.broker_id)
+            if self.ctx is not None:
+                self._resign()
+            with contextlib.suppress(Exception):
+                await self.zk.until_answered(functools.partial(self.zk.resign_controller, self.broker_id))
+
+    async def _run_for_controller(self) -> None:
+        """One try: elect this broker (or find this session elected already), then read the
+        cluster. A try ZooKeeper did not answer leaves no context behind, so that the next
+        one starts over; the role is kept meanwhile."""
+        epoch = await self.zk.try_elect_controller(self.broker_id)
+        if epoch is None:
+            return
+        try:
+            await self._failover(epoch)
+        except (ZkTimeoutError, ZkConnectionError):
+            self.ctx = None
+            self.channels.close_all()
+            raise
 
     def _resign(self) -> None:
         self.ctx = None
@@ -314,7 +329,9 @@ class Controller:
         self.active_changed = trio.Event()
 
     async def _failover(self, epoch: int) -> None:
-        _, version = await self.zk.controller_epoch()
+        current, version = await self.zk.controller_epoch()
+        if current != epoch:  # elected again since: its version must not fence our writes
+            raise ControllerMovedError(f"controller epoch {current} is not ours ({epoch})")
         self.ctx = ctx = ControllerContext(epoch, version)
         logger.info("broker %d is the controller (epoch %d)", self.broker_id, epoch)
         await self._refresh_brokers()

@@ -133,7 +133,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 RETRY_S = 1.0  # between the attempts of until_answered
-RETRY_LOG_EVERY = 60  # of its failures, one in this many is logged as a warning
+RETRY_WARN_S = 60.0  # its failures are logged as a warning at most this often
 
 
 def _retry() -> KazooRetry:
@@ -223,6 +223,9 @@ class ZkClient:
         self.create_paths = create_paths
         self.session_timeout_ms = session_timeout_ms
         self.op_timeout_s = op_timeout_s
+        # calls that ended in ZkTimeoutError or ZkConnectionError (which may have been applied
+        # anyway): the controller reads everything again after an event that met one
+        self.unanswered = 0
         # zookeeper.connection.timeout.ms: how long start() waits for the first connection
         self.connect_timeout_s = op_timeout_s if connection_timeout_ms is None else connection_timeout_ms / 1000
         self._limiter = trio.CapacityLimiter(max_threads)
@@ -320,12 +323,17 @@ class ZkClient:
                 return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
                                                      limiter=self._limiter, abandon_on_cancel=True)
         except trio.TooSlowError:
+            self.unanswered += 1
             raise ZkTimeoutError(f"ZooKeeper {what}: no answer within {limit} s "
                                  f"(is ZooKeeper at {self.hosts} reachable?)") from None
         except KazooTimeoutError:
+            self.unanswered += 1
             raise ZkTimeoutError(f"ZooKeeper {what}: no connection within {self.connect_timeout_s} s") from None
         except KazooException as exc:
-            raise _translate(exc, what) from exc
+            error = _translate(exc, what)
+            if isinstance(error, ZkConnectionError):
+                self.unanswered += 1
+            raise error from exc
 
     async def _get(self, path: str) -> tuple[bytes, Any] | None:
         """(data, stat), or None if the znode does not exist."""
@@ -475,7 +483,7 @@ class ZkClient:
         Kafka's ZooKeeper client waits for a connection, instead of ending the broker. Each
         attempt must be safe to repeat: reads, and writes that re-read first.
         """
-        failures = 0
+        failures, warned = 0, -math.inf
         while True:
             try:
                 result = await attempt()
@@ -483,8 +491,9 @@ class ZkClient:
                 if self._closed:
                     raise
                 failures += 1
-                # the first failure and then one a minute: an outage is not a log flood
-                level = logging.WARNING if failures % RETRY_LOG_EVERY == 1 else logging.DEBUG
+                now = time.monotonic()  # a warning a minute at most: an outage is no log flood
+                level = logging.WARNING if now - warned >= RETRY_WARN_S else logging.DEBUG
+                warned = now if level == logging.WARNING else warned
                 log.log(level, "%s; trying again every %.0f s (failure %d)", e, RETRY_S, failures)
             else:
                 if failures:
@@ -836,21 +845,20 @@ class ZkClient:
         return results[1].version
 
     async def write_leader_isr(self, topic: str, partition: int, state: LeaderAndIsr, expected_version: int) -> int:
-        """A leader's ISR change: check-and-set the state, then notify the controller; the new
-        znode version. A write ZooKeeper applied but whose answer was lost (a timeout, a dropped
-        connection; a retry then conflicts with it) counts as written when the state read back
-        is ``state`` (Kafka's checkLeaderAndIsrZkData): else the leader would keep the old
-        version, conflict with every later write, and wait for a LeaderAndIsr from a controller
-        that was never notified. ZkVersionConflict when someone else wrote."""
+        """A leader's ISR change: check-and-set the state; the new znode version (the caller
+        then notifies the controller, ``notify_isr_change``). A write ZooKeeper applied but
+        whose answer was lost (a timeout, a dropped connection; a retry then conflicts with
+        it) counts as written when the state read back is ``state`` (Kafka's
+        checkLeaderAndIsrZkData): else the leader would keep the old version, conflict with
+        every later write, and wait for a LeaderAndIsr from a controller that was never
+        notified. ZkVersionConflict when someone else wrote."""
         try:
-            version = await self.update_partition_state(topic, partition, state, expected_version)
+            return await self.update_partition_state(topic, partition, state, expected_version)
         except (ZkTimeoutError, ZkConnectionError, ZkVersionConflict):
             got = await self.until_answered(functools.partial(self.get_partition_state, topic, partition))
             if got is None or got[0] != state:
                 raise
-            version = got[1]
-        await self.until_answered(functools.partial(self.notify_isr_change, [(topic, partition)]))
-        return version
+            return got[1]
 
     async def _fenced(self, what: str, controller_epoch_zk_version: int, op: tuple) -> list:
         """``op`` in one transaction with a check of ``/controller_epoch``'s version."""

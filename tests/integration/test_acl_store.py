@@ -10,6 +10,7 @@ import json
 import trio
 from kazoo.client import KazooClient
 
+from tests.support.zk_proxy import TcpProxy
 from tidelog.broker.security.authorizer import Authorizer, ZkAclStore
 from tidelog.broker.zookeeper.zk import ZkClient
 from tidelog.protocol.acls import (
@@ -143,8 +144,6 @@ async def test_old_change_notifications_are_purged(zookeeper, chroot):
 async def test_the_start_waits_out_an_unreachable_zookeeper(zookeeper, chroot):
     """The ACLs are loaded before any listener opens, and a ZooKeeper that does not answer
     for several op timeouts delays that start instead of ending the broker."""
-    from tests.integration.test_zk import TcpProxy
-
     proxy = TcpProxy(zookeeper.port)
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run)

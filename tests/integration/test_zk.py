@@ -14,6 +14,7 @@ import threading
 import pytest
 import trio
 
+from tests.support.zk_proxy import TcpProxy
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, decode_controller
 from tidelog.broker.zookeeper.zk import (
     LOST,
@@ -47,55 +48,6 @@ async def next_item(channel, timeout: float = 5.0):
 
 def client(zookeeper, chroot, **kwargs) -> ZkClient:
     return ZkClient(zookeeper.connect_string, chroot=chroot, **kwargs)
-
-
-class TcpProxy:
-    """A loopback TCP proxy to ZooKeeper that can be cut (connections dropped, new ones
-    refused) and restored."""
-
-    def __init__(self, target_port: int):
-        self.target_port = target_port
-        self.port: int | None = None
-        self._cut = False
-        self._scopes: set[trio.CancelScope] = set()
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
-        task_status.started()
-        await trio.serve_listeners(self._handle, listeners)
-
-    def cut(self) -> None:
-        self._cut = True
-        for scope in list(self._scopes):
-            scope.cancel()
-
-    def restore(self) -> None:
-        self._cut = False
-
-    async def _handle(self, downstream):
-        async with downstream:
-            if self._cut:
-                return
-            try:
-                upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
-            except OSError:
-                return
-            async with upstream, trio.open_nursery() as nursery:
-                self._scopes.add(nursery.cancel_scope)
-                nursery.start_soon(self._pump, downstream, upstream, nursery.cancel_scope)
-                nursery.start_soon(self._pump, upstream, downstream, nursery.cancel_scope)
-            self._scopes.discard(nursery.cancel_scope)
-
-    @staticmethod
-    async def _pump(source, sink, scope):
-        try:
-            async for chunk in source:
-                await sink.send_all(chunk)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            scope.cancel()
 
 
 # ----------------------------------------------------------------------------- brokers
@@ -245,7 +197,7 @@ async def test_partition_state_check_and_set_and_controller_fencing(zookeeper, c
 async def test_a_leaders_isr_write_applied_but_unanswered_counts_as_written(zookeeper, chroot):
     """The leader's retry of an ISR write ZooKeeper applied (the answer lost to a timeout)
     conflicts with it: the state read back is the one written, so the leader takes its
-    version, and the controller is notified. A state someone else wrote is still a conflict."""
+    version. A state someone else wrote is still a conflict."""
     async with client(zookeeper, chroot) as zk:
         assert await zk.try_elect_controller(1) == 1
         epoch, epoch_version = await zk.controller_epoch()
@@ -255,8 +207,6 @@ async def test_a_leaders_isr_write_applied_but_unanswered_counts_as_written(zook
         shrunk = state.with_isr([1, 2])
         assert await zk.update_partition_state("t", 0, shrunk, 0) == 1    # applied, answer lost
         assert await zk.write_leader_isr("t", 0, shrunk, 0) == 1          # the retry
-        notified = await zk.isr_change_notifications()
-        assert [changed for _, changed in notified] == [[("t", 0)]]
         with pytest.raises(ZkVersionConflict):                             # not ours: a conflict
             await zk.write_leader_isr("t", 0, shrunk.with_isr([1]), 0)
         assert await zk.write_leader_isr("t", 0, shrunk.with_isr([1]), 1) == 2
@@ -350,11 +300,12 @@ async def test_watches_and_registration_wait_out_an_unreachable_zookeeper(zookee
                 got["members"] = await zk.watch_children(zk.paths.broker_ids)
                 got["controller"] = await zk.watch_data(zk.paths.controller)
                 got["epoch"] = await zk.until_answered(functools.partial(zk.register_broker, B1))
-            async with trio.open_nursery() as waiting:
-                waiting.start_soon(start)
-                await trio.sleep(3 * zk.op_timeout_s + 1)           # several timeouts, still waiting
-                assert got == {}
-                proxy.restore()
+            with trio.fail_after(30):
+                async with trio.open_nursery() as waiting:
+                    waiting.start_soon(start)
+                    await trio.sleep(3 * zk.op_timeout_s + 1)       # several timeouts, still waiting
+                    assert got == {}
+                    proxy.restore()
             assert await observer.get_broker(1) == B1
             assert await next_item(got["members"], timeout=15) in ([], ["1"])
             assert await next_item(got["controller"]) == (None, None)

@@ -21,7 +21,7 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, Id
 
 from tests.integration.cluster_fixtures import FAST_FAILOVER
-from tests.integration.test_zk import TcpProxy, next_item
+from tests.integration.test_zk import next_item
 from tests.support.cluster import (
     broker_metadata,
     consume_range,
@@ -33,6 +33,7 @@ from tests.support.cluster import (
     wait_topic_ready,
 )
 from tests.support.waiting import wait_until
+from tests.support.zk_proxy import TcpProxy
 from tidelog import Admin, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.broker.cli import main
 from tidelog.broker.zookeeper.layout import (

@@ -6,7 +6,13 @@ write; the controller's behaviour on the real ZooKeeper is covered by the integr
 
 from __future__ import annotations
 
-from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.broker.zookeeper.layout import (
+    BrokerInfo,
+    LeaderAndIsr,
+    ZkConnectionError,
+    ZkTimeoutError,
+    ZkVersionConflict,
+)
 from tidelog.broker.zookeeper.zk import ZkClient
 
 
@@ -21,16 +27,21 @@ class FakeZk:
         self.broker_epochs: dict[int, int] = {}
         self.writes = 0
         self.controller: int | None = None  # /controller
+        self.controller_ours = True  # /controller, when it names this broker, is this session's
         self.epoch = 0  # /controller_epoch (also its znode version here)
         self.live: dict[int, int] = {}  # registered broker -> broker epoch
         self.failures: dict[str, list[Exception]] = {}  # method -> what its next calls raise
+        self.unanswered = 0  # as ZkClient's: calls that timed out or lost the connection
         self._closed = False
 
     until_answered = ZkClient.until_answered  # the real retry rule, over this stand-in
 
     def _maybe_fail(self, method: str) -> None:
         if self.failures.get(method):
-            raise self.failures[method].pop(0)
+            error = self.failures[method].pop(0)
+            if isinstance(error, (ZkTimeoutError, ZkConnectionError)):
+                self.unanswered += 1
+            raise error
 
     # -- the controller and the brokers
 
@@ -42,11 +53,12 @@ class FakeZk:
 
     async def try_elect_controller(self, broker_id):
         if self.controller is None:
-            self.controller, self.epoch = broker_id, self.epoch + 1
-        return self.epoch if self.controller == broker_id else None
+            self.controller, self.controller_ours, self.epoch = broker_id, True, self.epoch + 1
+            return self.epoch
+        return self.epoch if self.controller == broker_id and self.controller_ours else None
 
     async def resign_controller(self, broker_id):
-        if self.controller == broker_id:
+        if self.controller == broker_id and self.controller_ours:
             self.controller = None
 
     async def live_brokers_and_epochs(self):

@@ -129,3 +129,50 @@ async def test_an_election_whose_answer_was_lost_is_taken_up():
         assert c.is_active and c.ctx.epoch == 4
         c.channels.close_all()
         nursery.cancel_scope.cancel()
+
+
+async def test_controller_znode_of_an_earlier_session_is_not_taken_up(nursery):
+    """/controller names this broker but was made by its previous, not yet expired session:
+    no failover until it expires (its deletion is a controller change of its own)."""
+    zk = FakeZk()
+    zk.live = {1: 10}
+    zk.controller, zk.controller_ours, zk.epoch = 1, False, 4
+    c = Controller(ControllerConfig(broker_id=1), zk)
+    await nursery.start(c.channels.run)
+    await c._on_controller_change()
+    assert not c.is_active and zk.controller == 1
+    zk.controller = None                                  # the old session expired
+    await c._on_controller_change()
+    assert c.is_active and c.ctx.epoch == 5
+    c.channels.close_all()
+
+
+async def test_an_admin_call_cut_short_by_zookeeper_makes_the_controller_read_again(nursery):
+    """A controlled shutdown moves partition 0's leadership, then the write for partition 1
+    times out: partition 0's new leader was written but never propagated. The controller
+    reads everything again and tells every broker, rather than leave it half done."""
+    zk = FakeZk()
+    zk.live = {1: 10, 2: 11, 3: 12}
+    zk.assignments[T] = {0: [2, 1, 3], 1: [2, 3, 1]}
+    for p in (0, 1):
+        zk.states[(T, p)] = (LeaderAndIsr(2, 0, tuple(zk.assignments[T][p]), 0), 0)
+    c = Controller(ControllerConfig(broker_id=1), zk)
+    await nursery.start(c.channels.run)
+    await c._on_controller_change()
+    before = c.ctx
+    original, writes = zk.update_partition_state, []
+
+    async def first_then_timeout(*args, **kwargs):
+        writes.append(args[:2])
+        if len(writes) == 2:
+            zk.unanswered += 1
+            raise ZkTimeoutError("ZooKeeper update: no answer")
+        return await original(*args, **kwargs)
+    zk.update_partition_state = first_then_timeout
+    done, box = trio.Event(), {}
+    await c._handle((ControllerEvent.CALL, (lambda: c.controlled_shutdown(2, broker_epoch=11), box, done)))
+    assert isinstance(box.get("error"), ZkTimeoutError) and done.is_set()
+    assert c.is_active and c.ctx is not before            # read again, still the controller
+    assert {tp.partition: st for tp, (st, _) in c.ctx.states.items()} == \
+        {p: st for (t, p), (st, _) in zk.states.items()}
+    c.channels.close_all()
