@@ -426,7 +426,7 @@ class BrokerServer:
     async def _notify_isr_change(self, tp: TopicPartition) -> None:
         try:
             await self.zk.until_answered(functools.partial(self.zk.notify_isr_change, [(tp.topic, tp.partition)]))
-        except ZkError as e:
+        except Exception as e:  # never out of the broker's nursery
             logger.warning("%s: the controller was not told of its ISR change: %s", tp, e)
 
     async def _report_damage(self, tps: list[TopicPartition]) -> None:

@@ -81,11 +81,21 @@ class ChannelManager:
             self.remove_broker(broker_id)
 
     async def _sender(self, broker_id: int, q: _BrokerQueue) -> None:
+        out: Outgoing | None = None
         with q.cancel_scope:
             try:
                 async for out in q.receive:
                     await self._deliver(broker_id, q.channel, out)
             finally:
+                # the queue was dropped (the broker left, or the controller resigned): whoever
+                # waits for a request not delivered stops waiting (its ``response`` stays None)
+                if out is not None:
+                    out.done.set()
+                while True:
+                    try:
+                        q.receive.receive_nowait().done.set()
+                    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                        break
                 await q.channel.aclose()
 
     async def _deliver(self, broker_id: int, channel: BrokerChannel, out: Outgoing) -> None:
@@ -100,10 +110,11 @@ class ChannelManager:
 
 
 async def wait_all(outgoing: list[Outgoing | None], timeout_s: float) -> bool:
-    """Wait until every request was delivered, up to ``timeout_s``; True if all were."""
+    """Wait until every request was delivered or dropped, up to ``timeout_s``; True if all
+    were delivered."""
     with trio.move_on_after(timeout_s):
         for out in outgoing:
             if out is not None:
                 await out.done.wait()
-        return True
+        return all(out.response is not None for out in outgoing if out is not None)
     return False

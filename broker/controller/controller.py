@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import inspect
 import logging
 import math
 from dataclasses import dataclass, field
@@ -196,11 +197,42 @@ class ControllerEvent(enum.Enum):
     CALL = "call"  # an admin request's work, run in the loop (Controller.call)
 
 
+class _CountingZk:
+    """The controller's view of its ZkClient: the calls made through it that raised
+    ZkTimeoutError or ZkConnectionError (ZooKeeper may have applied them anyway) are counted
+    in ``unanswered``. The controller's calls alone, not those of the other tasks sharing the
+    client, tell it that an event's work may be half done."""
+
+    def __init__(self, zk: Any):
+        self._zk = zk
+        self.unanswered = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._zk, name)
+        if name == "until_answered":  # waited out: what failed on the way was done again
+            async def waited(attempt: Callable[[], Awaitable[Any]]) -> Any:
+                before = self.unanswered
+                result = await attr(attempt)
+                self.unanswered = before
+                return result
+            return waited
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await attr(*args, **kwargs)
+            except (ZkTimeoutError, ZkConnectionError):
+                self.unanswered += 1
+                raise
+        return counted
+
+
 class Controller:
     def __init__(self, config: ControllerConfig, zk, cluster_id: str | None = None):
         self.config = config
         self.broker_id = config.broker_id
-        self.zk = zk
+        self.zk = _CountingZk(zk)
         self.cluster_id = cluster_id
         self.ctx: ControllerContext | None = None
         self.channels = ChannelManager(config.broker_id, config.request_timeout_s,
@@ -281,8 +313,12 @@ class Controller:
             # again, as a new controller does, rather than act on it.
             logger.warning("controller event %s met an unanswered ZooKeeper call; reading the cluster's "
                            "state again", kind.value)
+            old = self.ctx
             self._resign()
             await self._on_controller_change()
+            if self.ctx is not None:  # a broker shutting down still is (the same registration)
+                self.ctx.shutting_down |= {b for b in old.shutting_down
+                                           if self.ctx.broker_epochs.get(b) == old.broker_epochs.get(b)}
 
     # -- election ------------------------------------------------------------------------------
 
@@ -298,10 +334,16 @@ class Controller:
                 self._resign()
             if self.ctx is None and current in (None, self.broker_id):
                 await self.zk.until_answered(self._run_for_controller)
-        except Exception:  # a partial view must not act: let the election run again
-            logger.exception("broker %d: controller failover failed; resigning", self.broker_id)
+        except ControllerMovedError as e:  # another broker was elected meanwhile
+            logger.warning("broker %d is not the controller: %s", self.broker_id, e)
             if self.ctx is not None:
                 self._resign()
+        except Exception:  # a partial view must not act: let the election run again
+            if self.ctx is not None:
+                self._resign()
+            if self.zk.closed:  # shutting down
+                return
+            logger.exception("broker %d: controller failover failed; resigning", self.broker_id)
             with contextlib.suppress(Exception):
                 await self.zk.until_answered(functools.partial(self.zk.resign_controller, self.broker_id))
 
@@ -329,13 +371,15 @@ class Controller:
         self.active_changed = trio.Event()
 
     async def _failover(self, epoch: int) -> None:
-        current, version = await self.zk.controller_epoch()
+        # reads are waited out, so that only a write ZooKeeper did not answer starts it over
+        until = self.zk.until_answered
+        current, version = await until(self.zk.controller_epoch)
         if current != epoch:  # elected again since: its version must not fence our writes
             raise ControllerMovedError(f"controller epoch {current} is not ours ({epoch})")
         self.ctx = ctx = ControllerContext(epoch, version)
         logger.info("broker %d is the controller (epoch %d)", self.broker_id, epoch)
         await self._refresh_brokers()
-        for topic in await self.zk.get_topics():
+        for topic in await until(self.zk.get_topics):
             await self._load_topic(topic)
         ctx.complete = not ctx.unreadable
         await self._init_new_partitions(ctx.all_partitions())
@@ -357,7 +401,7 @@ class Controller:
     async def _refresh_brokers(self) -> tuple[set[int], set[int]]:
         """Re-read the live brokers; returns (joined or restarted, gone)."""
         ctx = self.ctx
-        with_epochs = await self.zk.live_brokers_and_epochs()
+        with_epochs = await self.zk.until_answered(self.zk.live_brokers_and_epochs)
         live = {b: info for b, (info, _) in with_epochs.items()}
         epochs = {b: epoch for b, (_, epoch) in with_epochs.items()}
         gone = {b for b in ctx.brokers if b not in live or epochs[b] != ctx.broker_epochs.get(b)}
@@ -379,8 +423,9 @@ class Controller:
         if problem is not None:  # not written by a broker (they validate): never sent anywhere
             logger.error("ignoring topic %r in ZooKeeper: %s", topic, problem)
             return
+        until = self.zk.until_answered
         try:
-            got = await self.zk.get_assignment_and_moves(topic)
+            got = await until(functools.partial(self.zk.get_assignment_and_moves, topic))
         except ValueError as e:  # a malformed znode: the topic is left alone, and no request is full
             logger.error("ignoring topic %r in ZooKeeper: %s", topic, e)
             ctx.unreadable.add(topic)
@@ -393,8 +438,8 @@ class Controller:
         for p, (adding, removing) in moves.items():
             if p in assignment:
                 ctx.moves[TopicPartition(topic, p)] = ReplicaAssignment(tuple(assignment[p]), adding, removing)
-        ctx.topic_configs[topic] = await self.zk.get_topic_config(topic)
-        for p, state in (await self.zk.get_partition_states(topic)).items():
+        ctx.topic_configs[topic] = await until(functools.partial(self.zk.get_topic_config, topic))
+        for p, state in (await until(functools.partial(self.zk.get_partition_states, topic))).items():
             if state is not None:
                 ctx.states[TopicPartition(topic, p)] = state
 

@@ -223,9 +223,6 @@ class ZkClient:
         self.create_paths = create_paths
         self.session_timeout_ms = session_timeout_ms
         self.op_timeout_s = op_timeout_s
-        # calls that ended in ZkTimeoutError or ZkConnectionError (which may have been applied
-        # anyway): the controller reads everything again after an event that met one
-        self.unanswered = 0
         # zookeeper.connection.timeout.ms: how long start() waits for the first connection
         self.connect_timeout_s = op_timeout_s if connection_timeout_ms is None else connection_timeout_ms / 1000
         self._limiter = trio.CapacityLimiter(max_threads)
@@ -293,6 +290,11 @@ class ZkClient:
         return client_id[0] if client_id else None
 
     @property
+    def closed(self) -> bool:
+        """``close()`` was called: nothing is tried again any more."""
+        return self._closed
+
+    @property
     def connected(self) -> bool:
         return self._zk is not None and self._zk.connected
 
@@ -323,17 +325,12 @@ class ZkClient:
                 return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
                                                      limiter=self._limiter, abandon_on_cancel=True)
         except trio.TooSlowError:
-            self.unanswered += 1
             raise ZkTimeoutError(f"ZooKeeper {what}: no answer within {limit} s "
                                  f"(is ZooKeeper at {self.hosts} reachable?)") from None
         except KazooTimeoutError:
-            self.unanswered += 1
             raise ZkTimeoutError(f"ZooKeeper {what}: no connection within {self.connect_timeout_s} s") from None
         except KazooException as exc:
-            error = _translate(exc, what)
-            if isinstance(error, ZkConnectionError):
-                self.unanswered += 1
-            raise error from exc
+            raise _translate(exc, what) from exc
 
     async def _get(self, path: str) -> tuple[bytes, Any] | None:
         """(data, stat), or None if the znode does not exist."""

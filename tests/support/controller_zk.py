@@ -6,13 +6,7 @@ write; the controller's behaviour on the real ZooKeeper is covered by the integr
 
 from __future__ import annotations
 
-from tidelog.broker.zookeeper.layout import (
-    BrokerInfo,
-    LeaderAndIsr,
-    ZkConnectionError,
-    ZkTimeoutError,
-    ZkVersionConflict,
-)
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
 from tidelog.broker.zookeeper.zk import ZkClient
 
 
@@ -31,17 +25,14 @@ class FakeZk:
         self.epoch = 0  # /controller_epoch (also its znode version here)
         self.live: dict[int, int] = {}  # registered broker -> broker epoch
         self.failures: dict[str, list[Exception]] = {}  # method -> what its next calls raise
-        self.unanswered = 0  # as ZkClient's: calls that timed out or lost the connection
         self._closed = False
 
     until_answered = ZkClient.until_answered  # the real retry rule, over this stand-in
+    closed = ZkClient.closed
 
     def _maybe_fail(self, method: str) -> None:
         if self.failures.get(method):
-            error = self.failures[method].pop(0)
-            if isinstance(error, (ZkTimeoutError, ZkConnectionError)):
-                self.unanswered += 1
-            raise error
+            raise self.failures[method].pop(0)
 
     # -- the controller and the brokers
 
@@ -70,6 +61,7 @@ class FakeZk:
     # -- topics
 
     async def get_topics(self):
+        self._maybe_fail("get_topics")
         return list(self.assignments)
 
     async def create_topic(self, name, assignment, config):

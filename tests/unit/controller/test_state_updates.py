@@ -9,11 +9,13 @@ stale copy, and never abandon the rest of its work.
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from tests.support.controller_zk import FakeZk
 from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerContext, ControllerEvent
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkTimeoutError
+from tidelog.protocol.errors import NOT_CONTROLLER
 from tidelog.protocol.topics import TopicPartition
 
 T = "t"
@@ -150,7 +152,8 @@ async def test_controller_znode_of_an_earlier_session_is_not_taken_up(nursery):
 async def test_an_admin_call_cut_short_by_zookeeper_makes_the_controller_read_again(nursery):
     """A controlled shutdown moves partition 0's leadership, then the write for partition 1
     times out: partition 0's new leader was written but never propagated. The controller
-    reads everything again and tells every broker, rather than leave it half done."""
+    reads everything again rather than leave it half done, and the broker stays shutting
+    down (so it is chosen as no leader)."""
     zk = FakeZk()
     zk.live = {1: 10, 2: 11, 3: 12}
     zk.assignments[T] = {0: [2, 1, 3], 1: [2, 3, 1]}
@@ -165,7 +168,6 @@ async def test_an_admin_call_cut_short_by_zookeeper_makes_the_controller_read_ag
     async def first_then_timeout(*args, **kwargs):
         writes.append(args[:2])
         if len(writes) == 2:
-            zk.unanswered += 1
             raise ZkTimeoutError("ZooKeeper update: no answer")
         return await original(*args, **kwargs)
     zk.update_partition_state = first_then_timeout
@@ -175,4 +177,72 @@ async def test_an_admin_call_cut_short_by_zookeeper_makes_the_controller_read_ag
     assert c.is_active and c.ctx is not before            # read again, still the controller
     assert {tp.partition: st for tp, (st, _) in c.ctx.states.items()} == \
         {p: st for (t, p), (st, _) in zk.states.items()}
+    assert c.ctx.shutting_down == {2}
+    c.channels.close_all()
+
+
+def elected_controller(zk: FakeZk) -> Controller:
+    zk.live = {1: 10, 2: 11, 3: 12}
+    zk.assignments[T] = {0: [3, 1, 2]}
+    zk.states[(T, 0)] = (LeaderAndIsr(3, 0, (3, 1, 2), 0), 0)
+    return Controller(ControllerConfig(broker_id=1), zk)
+
+
+async def test_a_failover_waits_out_a_slow_read_and_keeps_the_role(nursery):
+    zk = FakeZk()
+    c = elected_controller(zk)
+    await nursery.start(c.channels.run)
+    zk.failures["get_topics"] = [ZkTimeoutError("ZooKeeper get children: no answer")] * 2
+    await c._on_controller_change()
+    assert c.is_active and (zk.controller, zk.epoch) == (1, 1)   # elected once, role kept
+    assert TopicPartition(T, 0) in c.ctx.states
+    c.channels.close_all()
+
+
+async def test_a_failover_whose_write_goes_unanswered_starts_over_keeping_the_role(nursery):
+    """Broker 3, partition 0's leader, is gone: the failover elects a new leader, and that
+    write times out. The try starts over (the role kept, not handed to the next broker) and
+    elects it."""
+    zk = FakeZk()
+    c = elected_controller(zk)
+    del zk.live[3]
+    await nursery.start(c.channels.run)
+    zk.failures["update_partition_state"] = [ZkTimeoutError("ZooKeeper update: no answer")]
+    await c._on_controller_change()
+    assert c.is_active and (zk.controller, zk.epoch) == (1, 1)
+    assert zk.states[(T, 0)][0].leader == 1
+    c.channels.close_all()
+
+
+async def test_an_epoch_moved_under_the_failover_is_not_acted_on(nursery):
+    zk = FakeZk()
+    c = elected_controller(zk)
+    await nursery.start(c.channels.run)
+
+    async def moved_on():
+        return zk.epoch + 1, zk.epoch + 1                    # another broker elected since
+    zk.controller_epoch = moved_on
+    await c._on_controller_change()
+    assert not c.is_active and zk.writes == 0
+
+
+async def test_a_call_queued_before_a_resignation_is_refused():
+    zk = FakeZk()
+    c = elected_controller(zk)
+    done, box = trio.Event(), {}
+    await c._handle((ControllerEvent.CALL, (lambda: c.controlled_shutdown(2, broker_epoch=11), box, done)))
+    assert done.is_set() and box["error"].error is NOT_CONTROLLER
+
+
+async def test_other_tasks_unanswered_calls_do_not_reload_the_controller(nursery):
+    zk = FakeZk()
+    c = elected_controller(zk)
+    await nursery.start(c.channels.run)
+    await c._on_controller_change()
+    before = c.ctx
+    zk.failures["update_partition_state"] = [ZkTimeoutError("ZooKeeper update: no answer")]
+    with pytest.raises(ZkTimeoutError):                      # a leader's ISR write, say
+        await zk.update_partition_state(T, 0, zk.states[(T, 0)][0], 0)
+    await c._handle((ControllerEvent.ISR_CHANGE, None))
+    assert c.ctx is before
     c.channels.close_all()
