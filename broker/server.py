@@ -427,7 +427,8 @@ class BrokerServer:
         try:
             await self.zk.until_answered(functools.partial(self.zk.notify_isr_change, [(tp.topic, tp.partition)]))
         except Exception as e:  # never out of the broker's nursery
-            logger.warning("%s: the controller was not told of its ISR change: %s", tp, e)
+            logger.warning("%s: the controller was not told of its ISR change: %s", tp, e,
+                           exc_info=not isinstance(e, ZkError))
 
     async def _report_damage(self, tps: list[TopicPartition]) -> None:
         await self.zk.notify_replica_damage(self.broker_id, self.replica_manager.broker_epoch,

@@ -240,6 +240,7 @@ class Controller:
         self._events_send, self._events = trio.open_memory_channel[tuple[ControllerEvent, Any]](math.inf)
         self._nursery: trio.Nursery | None = None
         self.active_changed = trio.Event()
+        self._shutting_down: dict[int, int | None] = {}  # carried into a reload's failover
 
     @property
     def is_active(self) -> bool:
@@ -314,11 +315,14 @@ class Controller:
             logger.warning("controller event %s met an unanswered ZooKeeper call; reading the cluster's "
                            "state again", kind.value)
             old = self.ctx
+            # a broker shutting down still is (if it keeps its registration): known to the
+            # failover before it elects anyone or sends anything
+            self._shutting_down = {b: old.broker_epochs.get(b) for b in old.shutting_down}
             self._resign()
-            await self._on_controller_change()
-            if self.ctx is not None:  # a broker shutting down still is (the same registration)
-                self.ctx.shutting_down |= {b for b in old.shutting_down
-                                           if self.ctx.broker_epochs.get(b) == old.broker_epochs.get(b)}
+            try:
+                await self._on_controller_change()
+            finally:
+                self._shutting_down = {}
 
     # -- election ------------------------------------------------------------------------------
 
@@ -338,6 +342,8 @@ class Controller:
             logger.warning("broker %d is not the controller: %s", self.broker_id, e)
             if self.ctx is not None:
                 self._resign()
+            with contextlib.suppress(Exception):  # only if /controller is this session's
+                await self.zk.until_answered(functools.partial(self.zk.resign_controller, self.broker_id))
         except Exception:  # a partial view must not act: let the election run again
             if self.ctx is not None:
                 self._resign()
@@ -379,6 +385,7 @@ class Controller:
         self.ctx = ctx = ControllerContext(epoch, version)
         logger.info("broker %d is the controller (epoch %d)", self.broker_id, epoch)
         await self._refresh_brokers()
+        ctx.shutting_down = {b for b, e in self._shutting_down.items() if ctx.broker_epochs.get(b) == e}
         for topic in await until(self.zk.get_topics):
             await self._load_topic(topic)
         ctx.complete = not ctx.unreadable
@@ -389,8 +396,9 @@ class Controller:
         dead = {r for st, _ in ctx.states.values() for r in st.isr} - set(ctx.brokers)
         await self._shrink_isr([tp for tp, (st, _) in ctx.states.items()
                                 if st.leader in ctx.live and set(st.isr) & dead], dead)
-        for b in ctx.brokers:
-            self._send_leader_and_isr(b, ctx.all_partitions(), full=True)
+        for b in ctx.brokers:  # not to a broker shutting down: it would fetch again (_propagate)
+            if b not in ctx.shutting_down:
+                self._send_leader_and_isr(b, ctx.all_partitions(), full=True)
         self._send_update_metadata(ctx.all_partitions())
         await self._on_delete_topics(await self.zk.topics_marked_for_deletion())
         await self._on_isr_change(None)
