@@ -29,7 +29,6 @@ replica.lag.time.max.ms. The waits below allow for it.
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import subprocess
 import sys
@@ -57,6 +56,7 @@ from tests.component.ops.topology import (
 )
 from tests.support.cluster import consume_range, end_offsets
 from tests.support.waiting import wait_until
+from tests.system.group_worker import die_with_parent
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.devcluster import secure_metadata
@@ -65,16 +65,11 @@ from tidelog.broker.security.listeners import kafka_name
 from tidelog.broker.zookeeper.zkserver import ZooKeeperEnsemble, find_free_ports
 from tidelog.security import SecurityConfig, read_properties
 
-PR_SET_PDEATHSIG = 1
 TOPIC = "ops-orders"
 PARTITIONS = 6
 # replica.lag.time.max.ms of the compose brokers (deploy/config/cluster-node-*.toml), in seconds
 _BROKER_1 = broker_services(load_compose())[0]
 LAG_S = BrokerConfig.load(_BROKER_1.config_file, env=_BROKER_1.environment).replica_lag_time_max_ms / 1000
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _tidelog(argv: list[str]) -> list[str]:
@@ -106,7 +101,7 @@ class LocalBroker:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=die_with_parent)
 
     def healthy(self) -> bool:
         """The compose healthcheck, as Docker would run it in the container."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.waiting import NotYet, wait_until
+from tests.system.group_worker import die_with_parent
 from tidelog.broker.zookeeper.zkserver import find_free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -64,7 +65,7 @@ class ConsoleProcess:
     def start(self, timeout: float = 60.0) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, start_new_session=True)
+                                         env=self.env, start_new_session=True, preexec_fn=die_with_parent)
         wait_until(self._serving, timeout, f"the console on {self.url} (log {self.log_path})", interval=0.2)
 
     def _serving(self) -> bool:
