@@ -213,8 +213,7 @@ class CallerFetch:
                 self._opening.add(node)
                 self._portal.run_soon(self._start_open, node)
         for plan in plans.values():
-            for tp in plan.sent:
-                subs.partitions[tp].fetching = True
+            self._fetcher.hold(plan)
         return plans
 
     def _send(self, plans: dict[int, FetchPlan]) -> None:

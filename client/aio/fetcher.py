@@ -350,8 +350,7 @@ class Fetcher:
                 self._cluster.request_update()
             for node, plan in plans.items():
                 self._fetching_nodes.add(node)
-                for tp in plan.sent:
-                    subs.partitions[tp].fetching = True
+                self.hold(plan)
                 self._nursery.start_soon(self._fetch, node, plan)
             delay = self._next_retry(now) if not unknown else self._backoff_s
             with trio.move_on_after(delay):
@@ -418,6 +417,12 @@ class Fetcher:
             self._wake.set()
         if not absorbed:
             self._absorb(response, plan, sent)
+
+    def hold(self, plan: FetchPlan) -> None:
+        """The fetch ``plan`` is being sent: its partitions are in flight until ``release``."""
+        partitions = self._subscriptions.partitions
+        for tp in plan.sent:
+            partitions[tp].fetching = True
 
     def release(self, plan: FetchPlan, retry_at: float | None = None) -> None:
         """The fetch ``plan`` was answered, failed or never sent: its partitions may be
