@@ -338,19 +338,16 @@ class Controller:
                 self._resign()
             if self.ctx is None and current in (None, self.broker_id):
                 await self.zk.until_answered(self._run_for_controller)
-        except ControllerMovedError as e:  # another broker was elected meanwhile
-            logger.warning("broker %d is not the controller: %s", self.broker_id, e)
-            if self.ctx is not None:
-                self._resign()
-            with contextlib.suppress(Exception):  # only if /controller is this session's
-                await self.zk.until_answered(functools.partial(self.zk.resign_controller, self.broker_id))
-        except Exception:  # a partial view must not act: let the election run again
+        except Exception as e:  # a partial view must not act: let the election run again
             if self.ctx is not None:
                 self._resign()
             if self.zk.closed:  # shutting down
                 return
-            logger.exception("broker %d: controller failover failed; resigning", self.broker_id)
-            with contextlib.suppress(Exception):
+            if isinstance(e, ControllerMovedError):  # another broker was elected meanwhile
+                logger.warning("broker %d is not the controller: %s", self.broker_id, e)
+            else:
+                logger.exception("broker %d: controller failover failed; resigning", self.broker_id)
+            with contextlib.suppress(Exception):  # only if /controller is this session's
                 await self.zk.until_answered(functools.partial(self.zk.resign_controller, self.broker_id))
 
     async def _run_for_controller(self) -> None:
