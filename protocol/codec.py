@@ -39,6 +39,7 @@ an error.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -132,15 +133,19 @@ class RequestHeader:
 def encode_request(header: RequestHeader, body: dict[str, Any] | Message) -> bytes:
     """The frame body of a request (without the length prefix). Raises ValueError/TypeError
     for a header out of range or a body that is not a map with str keys."""
-    for name, value, bounds in (("api_key", header.api_key, INT16),
-                                ("api_version", header.api_version, INT16),
-                                ("correlation_id", header.correlation_id, INT32)):
-        if (problem := _int_problem(value, bounds)) is not None:
-            raise ValueError(f"request {name}: {problem}")
-    if header.client_id is not None and type(header.client_id) is not str:
-        raise TypeError(f"request client_id: expected str or None, got {_type_name(header.client_id)}")
-    return _pack([int(header.api_key), int(header.api_version), int(header.correlation_id),
-                  header.client_id, _body_map(body)])
+    api_key, api_version, correlation_id, client_id = (header.api_key, header.api_version,
+                                                       header.correlation_id, header.client_id)
+    if not (type(api_key) is int and -0x8000 <= api_key <= 0x7FFF and type(api_version) is int
+            and -0x8000 <= api_version <= 0x7FFF and type(correlation_id) is int
+            and -0x80000000 <= correlation_id <= 0x7FFFFFFF):  # an IntEnum, or an error to word
+        for name, value, bounds in (("api_key", api_key, INT16), ("api_version", api_version, INT16),
+                                    ("correlation_id", correlation_id, INT32)):
+            if (problem := _int_problem(value, bounds)) is not None:
+                raise ValueError(f"request {name}: {problem}")
+        api_key, api_version, correlation_id = int(api_key), int(api_version), int(correlation_id)
+    if client_id is not None and type(client_id) is not str:
+        raise TypeError(f"request client_id: expected str or None, got {_type_name(client_id)}")
+    return _pack([api_key, api_version, correlation_id, client_id, _body_map(body)])
 
 
 def decode_request(frame: bytes | bytearray | memoryview) -> tuple[RequestHeader, dict[str, Any]]:
@@ -155,9 +160,11 @@ def decode_request(frame: bytes | bytearray | memoryview) -> tuple[RequestHeader
 
 def encode_response(correlation_id: int, body: dict[str, Any] | Message) -> bytes:
     """The frame body of a response (without the length prefix)."""
-    if (problem := _int_problem(correlation_id, INT32)) is not None:
-        raise ValueError(f"response correlation_id: {problem}")
-    return _pack([int(correlation_id), _body_map(body)])
+    if type(correlation_id) is not int or not -0x80000000 <= correlation_id <= 0x7FFFFFFF:
+        if (problem := _int_problem(correlation_id, INT32)) is not None:
+            raise ValueError(f"response correlation_id: {problem}")
+        correlation_id = int(correlation_id)
+    return _pack([correlation_id, _body_map(body)])
 
 
 def decode_response(frame: bytes | bytearray | memoryview) -> tuple[int, dict[str, Any]]:
@@ -172,6 +179,23 @@ def decode_response(frame: bytes | bytearray | memoryview) -> tuple[int, dict[st
 
 
 def _parse_request(items: Any) -> tuple[RequestHeader, dict[str, Any]]:
+    # the usual request, checked in one expression; anything else takes the checks that word
+    # the error
+    if type(items) is list and len(items) == 5:
+        api_key, api_version, correlation_id, client_id, body = items
+        if (type(api_key) is int and -0x8000 <= api_key <= 0x7FFF and type(api_version) is int
+                and -0x8000 <= api_version <= 0x7FFF and type(correlation_id) is int
+                and -0x80000000 <= correlation_id <= 0x7FFFFFFF
+                and (client_id is None or type(client_id) is str) and type(body) is dict):
+            for key in body:
+                if type(key) is not str:
+                    break
+            else:
+                return RequestHeader(_API_KEYS.get(api_key, api_key), api_version, correlation_id, client_id), body
+    return _parse_request_checked(items)
+
+
+def _parse_request_checked(items: Any) -> tuple[RequestHeader, dict[str, Any]]:
     if type(items) is not list or len(items) != 5:
         raise InvalidRequestError(
             "a request must be an array [api_key, api_version, correlation_id, client_id, body], "
@@ -187,6 +211,18 @@ def _parse_request(items: Any) -> tuple[RequestHeader, dict[str, Any]]:
 
 
 def _parse_response(items: Any) -> tuple[int, dict[str, Any]]:
+    if type(items) is list and len(items) == 2:  # the usual response (see _parse_request)
+        correlation_id, body = items
+        if type(correlation_id) is int and -0x80000000 <= correlation_id <= 0x7FFFFFFF and type(body) is dict:
+            for key in body:
+                if type(key) is not str:
+                    break
+            else:
+                return correlation_id, body
+    return _parse_response_checked(items)
+
+
+def _parse_response_checked(items: Any) -> tuple[int, dict[str, Any]]:
     if type(items) is not list or len(items) != 2:
         raise InvalidRequestError(f"a response must be an array [correlation_id, body], got {_shape(items)}")
     correlation_id, body = items
@@ -220,7 +256,8 @@ def _int_problem(value: Any, bounds: Mapping[str, int]) -> str | None:
 
 def _body_map(body: dict[str, Any] | Message) -> dict[str, Any]:
     if isinstance(body, Message):
-        return body.to_body()
+        cls = type(body)
+        return (_FAST_DUMPS.get(cls) or _fast_dumper(cls))(body)
     if not isinstance(body, dict) or not all(type(k) is str for k in body):
         raise TypeError(f"a message body must be a dict with str keys or a Message, got {_shape(body)}")
     return body
@@ -279,12 +316,15 @@ def _counting_hooks(budget: int) -> dict[str, Callable[[Any], Any]]:
 
 def _unpack(frame: bytes | bytearray | memoryview, what: str) -> Any:
     size = len(frame)
-    options = _unpack_options(size)
     budget = max_objects(size)
-    if size > budget:  # else it cannot hold more objects than it has bytes: nothing to count
-        options.update(_counting_hooks(budget))
     try:
-        return msgpack.unpackb(frame, **options)
+        if size <= budget:  # it cannot hold more objects than it has bytes: nothing to count
+            # _unpack_options spelled out: building its dict costs more than a small frame
+            containers = min(size, MAX_CONTAINER_LEN)
+            return msgpack.unpackb(frame, raw=False, use_list=True, strict_map_key=True, ext_hook=_reject_ext,
+                                   max_ext_len=0, max_str_len=size, max_bin_len=size,
+                                   max_array_len=containers, max_map_len=containers)
+        return msgpack.unpackb(frame, **_unpack_options(size), **_counting_hooks(budget))
     except _TooManyObjects:
         raise InvalidRequestError(
             f"{what} frame of {size} bytes decodes into more than {budget} objects (the bound: one per "
@@ -349,11 +389,16 @@ class Message:
 
     def to_body(self) -> dict[str, Any]:
         """A plain dict of msgpack-able values (nested messages become dicts)."""
-        return _plan_of(type(self)).dump(self)
+        cls = type(self)
+        return (_FAST_DUMPS.get(cls) or _fast_dumper(cls))(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
         """The message for a decoded body map, or InvalidRequestError naming the field path."""
+        try:
+            return (_FAST_LOADS.get(cls) or _fast_loader(cls))(body)
+        except (_Slow, ValueError):  # the interpreted plan decides, and words the error
+            pass
         try:
             return _plan_of(cls).load(body)
         except _FieldError as e:
@@ -572,3 +617,197 @@ def _message_loader(cls: type[Message]) -> Load:
 
 def _dump_message(message: Message) -> dict[str, Any]:
     return _plan_of(type(message)).dump(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# generated loaders and dumpers
+#
+# The plans above interpret a class's fields through a closure per field; they are the
+# reference, and the only place an error is worded. For speed (every request and response
+# passes through them: bench/RESULTS.md, "Typed bodies, generated"), each class also gets a
+# loader and a dumper generated as Python source from the same annotations: straight-line
+# checks and one constructor call. The generated loader accepts exactly what the plan
+# accepts and builds the same message; anything it does not accept (a missing or mistyped
+# field, an int out of range, a ``__post_init__`` rule) raises ``_Slow`` (or the rule's
+# ValueError), and ``from_body`` runs the plan, which raises the error naming the field path
+# (or, if the two ever disagreed, returns the plan's message).
+
+
+class _Slow(Exception):
+    """Internal: the generated loader does not accept the body; the plan decides."""
+
+
+_MISSING = object()  # a field absent from the body
+_FAST_LOADS: dict[type, Callable[[Any], Any]] = {}
+_FAST_DUMPS: dict[type, Callable[[Any], dict[str, Any]]] = {}
+_LOADS_GENERATING: set[type] = set()  # under _GENERATE_LOCK
+_DUMPS_GENERATING: set[type] = set()
+_GENERATE_LOCK = threading.RLock()
+
+
+class _Source:
+    """The lines and namespace of one generated function."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.ns: dict[str, Any] = {"_Slow": _Slow, "_MISSING": _MISSING}
+        self._names = 0
+
+    def name(self, prefix: str, value: Any = _MISSING) -> str:
+        self._names += 1
+        name = f"{prefix}{self._names}"
+        if value is not _MISSING:
+            self.ns[name] = value
+        return name
+
+    def build(self, fn: str, what: str) -> Callable[..., Any]:
+        code = compile("\n".join(self.lines), f"<{fn} of {what}>", "exec")
+        exec(code, self.ns)
+        return self.ns[fn]
+
+
+def _fast_loader(cls: type) -> Callable[[Any], Any]:
+    """The generated loader of ``cls`` (built on first use, then cached)."""
+    with _GENERATE_LOCK:  # once per class, also when two threads meet it first together
+        if (load := _FAST_LOADS.get(cls)) is not None:
+            return load
+        plan = _plan_of(cls)  # the reference: raises TypeError for an unsupported class
+        if cls in _LOADS_GENERATING:  # a class that contains itself: looked up when called
+            return lambda body: _FAST_LOADS[cls](body)
+        _LOADS_GENERATING.add(cls)
+        try:
+            load = _generate_loader(cls, plan)
+        finally:
+            _LOADS_GENERATING.discard(cls)
+        _FAST_LOADS[cls] = load
+        return load
+
+
+def _generate_loader(cls: type, plan: _Plan) -> Callable[[Any], Any]:
+    src = _Source()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    src.ns["_cls"] = cls
+    src.lines += ["def load(body):", "    if type(body) is not dict:", "        raise _Slow",
+                  "    get = body.get"]
+    values = []  # (field name, the variable holding its value)
+    for row in plan.fields:
+        f, var = fields[row.name], src.name("v")
+        src.lines.append(f"    {var} = get({row.name!r}, _MISSING)")
+        if row.required:  # _MISSING fails every check
+            _emit_load(src, hints[row.name], f.metadata, var, "    ")
+        else:
+            default = (src.name("factory", f.default_factory) + "()"
+                       if f.default is dataclasses.MISSING else src.name("default", f.default))
+            src.lines += [f"    if {var} is _MISSING:", f"        {var} = {default}", "    else:"]
+            _emit_load(src, hints[row.name], f.metadata, var, "        ")
+        values.append((row.name, var))
+    if _plain_init(cls):  # set the slots without the frozen __init__'s setattr calls
+        src.ns["_new"] = object.__new__
+        src.lines.append("    m = _new(_cls)")
+        for name, var in values:
+            src.lines.append(f"    {src.name('set', cls.__dict__[name].__set__)}(m, {var})")
+        src.lines.append("    return m")
+    else:
+        src.lines.append(f"    return _cls({', '.join(f'{name}={var}' for name, var in values)})")
+    return src.build("load", cls.__name__)
+
+
+def _plain_init(cls: type) -> bool:
+    """Whether ``cls.__init__`` does nothing but set each field's slot: a slotted dataclass
+    whose fields are all in ``__init__``, with no ``__post_init__``."""
+    return (not hasattr(cls, "__post_init__") and "__slots__" in cls.__dict__
+            and all(f.init and isinstance(cls.__dict__.get(f.name), types.MemberDescriptorType)
+                    for f in dataclasses.fields(cls)))
+
+
+def _emit_load(src: _Source, tp: Any, meta: Mapping[str, Any], var: str, ind: str) -> None:
+    """Lines that check the decoded value in ``var`` against ``tp`` (raising ``_Slow`` where
+    the plan would raise) and rebind ``var`` to the loaded value, as ``_compile``'s loader."""
+    origin = typing.get_origin(tp)
+    if tp is int:
+        cond = f"type({var}) is not int"
+        if "min" in meta:
+            cond += f" or {var} < {int(meta['min'])}"
+        if "max" in meta:
+            cond += f" or {var} > {int(meta['max'])}"
+        src.lines.append(f"{ind}if {cond}: raise _Slow")
+    elif tp in (str, bytes, bool):
+        src.lines.append(f"{ind}if type({var}) is not {tp.__name__}: raise _Slow")
+    elif tp is float:
+        src.lines += [f"{ind}if type({var}) is not float:",
+                      f"{ind}    if type({var}) is not int: raise _Slow",
+                      f"{ind}    {var} = float({var})"]
+    elif origin is typing.Union or origin is types.UnionType:
+        [inner] = [a for a in typing.get_args(tp) if a is not type(None)]
+        src.lines.append(f"{ind}if {var} is not None:")
+        _emit_load(src, inner, meta, var, ind + "    ")
+    elif origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(item, type) and issubclass(item, Message):
+            load = src.name("load", _fast_loader(item))
+            src.lines += [f"{ind}if type({var}) is not list: raise _Slow",
+                          f"{ind}{var} = [{load}(x) for x in {var}]"]
+            return
+        out, x = src.name("out"), src.name("x")
+        src.lines += [f"{ind}if type({var}) is not list: raise _Slow", f"{ind}{out} = []",
+                      f"{ind}for {x} in {var}:"]
+        _emit_load(src, item, meta, x, ind + "    ")
+        src.lines += [f"{ind}    {out}.append({x})", f"{ind}{var} = {out}"]
+    elif origin is dict:
+        _, item = typing.get_args(tp)
+        out, k, x = src.name("out"), src.name("k"), src.name("x")
+        src.lines += [f"{ind}if type({var}) is not dict: raise _Slow", f"{ind}{out} = {{}}",
+                      f"{ind}for {k}, {x} in {var}.items():", f"{ind}    if type({k}) is not str: raise _Slow"]
+        _emit_load(src, item, meta, x, ind + "    ")
+        src.lines += [f"{ind}    {out}[{k}] = {x}", f"{ind}{var} = {out}"]
+    elif isinstance(tp, type) and issubclass(tp, Message):
+        src.lines.append(f"{ind}{var} = {src.name('load', _fast_loader(tp))}({var})")
+    else:  # _plan_of accepted the class, so this cannot happen
+        raise TypeError(f"unsupported field type {tp!r}")
+
+
+def _fast_dumper(cls: type) -> Callable[[Any], dict[str, Any]]:
+    """The generated dumper of ``cls``: the plan's ``dump`` as one dict display."""
+    with _GENERATE_LOCK:
+        if (dump := _FAST_DUMPS.get(cls)) is not None:
+            return dump
+        plan = _plan_of(cls)
+        if cls in _DUMPS_GENERATING:
+            return lambda message: _FAST_DUMPS[cls](message)
+        _DUMPS_GENERATING.add(cls)
+        try:
+            src = _Source()
+            hints = typing.get_type_hints(cls)
+            items = [f"{row.name!r}: {_dump_expr(src, hints[row.name], f'm.{row.name}')}" for row in plan.fields]
+            src.lines += ["def dump(m):", f"    return {{{', '.join(items)}}}"]
+            dump = src.build("dump", cls.__name__)
+        finally:
+            _DUMPS_GENERATING.discard(cls)
+        _FAST_DUMPS[cls] = dump
+        return dump
+
+
+def _dump_expr(src: _Source, tp: Any, expr: str) -> str:
+    """An expression for the msgpack-able form of ``expr`` (of type ``tp``), as ``_compile``'s
+    dumper: values that need no dumping are used as they are."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        [inner] = [a for a in typing.get_args(tp) if a is not type(None)]
+        t = src.name("t")
+        inner_expr = _dump_expr(src, inner, t)
+        return expr if inner_expr == t else f"(None if ({t} := {expr}) is None else {inner_expr})"
+    if origin is list:
+        x = src.name("x")
+        item = _dump_expr(src, typing.get_args(tp)[0], x)
+        return expr if item == x else f"[{item} for {x} in {expr}]"
+    if origin is dict:
+        k, x = src.name("k"), src.name("x")
+        item = _dump_expr(src, typing.get_args(tp)[1], x)
+        return expr if item == x else f"{{{k}: {item} for {k}, {x} in {expr}.items()}}"
+    if isinstance(tp, type) and issubclass(tp, Message):
+        # a subclass instance dumps by its own class, as the plan's dumper does
+        cls, dump = src.name("cls", tp), src.name("dump", _fast_dumper(tp))
+        t = src.name("t")
+        return f"({dump}({t}) if type({t} := {expr}) is {cls} else {t}.to_body())"
+    return expr
