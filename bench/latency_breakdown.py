@@ -105,11 +105,18 @@ async def aio_steps(host: str, port: int, bootstrap: str, n: int, steps: set[str
 
 # -- e2e-wire: the path split by the packets on the loopback ---------------------------------------
 
+# e2e-wire's processes stamp with the packets' clock, CLOCK_REALTIME: on this VM the wall clock
+# is stepped against the monotonic one by up to ~0.3 ms within a second, so mapping the packets'
+# time stamps onto the monotonic clock misplaced them by as much; a step inside one record's
+# interval is rare
+WIRE_CLOCK = time.time_ns
+
+
 def _wire_consumer(bootstrap: str, topic: str, conn) -> None:
     """The consuming process: (stamp, time poll returned) for every record."""
     tp = TopicPartition(topic, 0)
     out: list[tuple[int, int]] = []
-    clock = time.perf_counter_ns
+    clock = WIRE_CLOCK
     with Consumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500) as consumer:
         consumer.assign([tp])
         consumer.position(tp)
@@ -123,9 +130,8 @@ def _wire_consumer(bootstrap: str, topic: str, conn) -> None:
     conn.send(out)
 
 
-def read_pcap(path: str, broker_port: int, wall_minus_mono: int
-              ) -> tuple[dict[int, int], dict[int, int], list[int]]:
-    """{stamp: monotonic ns of the first packet to the broker carrying it},
+def read_pcap(path: str, broker_port: int) -> tuple[dict[int, int], dict[int, int], list[int]]:
+    """{stamp: wall-clock ns of the first packet to the broker carrying it},
     {stamp: ... from the broker}: the records' values found by their padding; and the times
     of the requests (packets with a payload) on the connection the records came back on:
     the consumer's fetches."""
@@ -152,7 +158,7 @@ def read_pcap(path: str, broker_port: int, wall_minus_mono: int
         tcp = ip[(ip[0] & 15) * 4:]
         sport, dport = struct.unpack_from(">HH", tcp)
         payload = tcp[(tcp[12] >> 4) * 4:]
-        t = sec * 1_000_000_000 + nsec - wall_minus_mono
+        t = sec * 1_000_000_000 + nsec
         into = to_broker if dport == broker_port else from_broker if sport == broker_port else None
         if into is None:
             continue
@@ -198,8 +204,7 @@ def wire_step(bootstrap: str, rate: float, seconds: float, broker_pid: int, prof
         spies = start_profiles(profile, {"broker": broker_pid, "producer": os.getpid(), "consumer": proc.pid},
                                seconds) if profile else []
         time.sleep(1.0)  # tcpdump (and py-spy) attached
-        wall_minus_mono = time.time_ns() - time.perf_counter_ns()
-        clock = time.perf_counter_ns
+        clock = WIRE_CLOCK
         with Producer(bootstrap, acks=1, linger_ms=0) as producer:
             producer.send(topic, b"warm").result(30)
             interval = 1e9 / rate
@@ -224,7 +229,7 @@ def wire_step(bootstrap: str, rate: float, seconds: float, broker_pid: int, prof
         proc.join(10)
         if proc.is_alive():
             proc.kill()
-    to_broker, from_broker, fetches = read_pcap(pcap, port, wall_minus_mono)
+    to_broker, from_broker, fetches = read_pcap(pcap, port)
     os.unlink(pcap)
     rows = [(s, to_broker[s], from_broker[s], p) for s, p in polled[len(polled) // 20:]
             if s in to_broker and s in from_broker]
