@@ -256,8 +256,7 @@ def _int_problem(value: Any, bounds: Mapping[str, int]) -> str | None:
 
 def _body_map(body: dict[str, Any] | Message) -> dict[str, Any]:
     if isinstance(body, Message):
-        cls = type(body)
-        return (_FAST_DUMPS.get(cls) or _fast_dumper(cls))(body)
+        return body.to_body()
     if not isinstance(body, dict) or not all(type(k) is str for k in body):
         raise TypeError(f"a message body must be a dict with str keys or a Message, got {_shape(body)}")
     return body
@@ -673,7 +672,8 @@ def _fast_loader(cls: type) -> Callable[[Any], Any]:
             return load
         plan = _plan_of(cls)  # the reference: raises TypeError for an unsupported class
         if cls in _LOADS_GENERATING:  # a class that contains itself: looked up when called
-            return lambda body: _FAST_LOADS[cls](body)
+            # (another thread calling it meanwhile waits for the lock, not for a KeyError)
+            return lambda body: (_FAST_LOADS.get(cls) or _fast_loader(cls))(body)
         _LOADS_GENERATING.add(cls)
         try:
             load = _generate_loader(cls, plan)
@@ -714,9 +714,13 @@ def _generate_loader(cls: type, plan: _Plan) -> Callable[[Any], Any]:
 
 
 def _plain_init(cls: type) -> bool:
-    """Whether ``cls.__init__`` does nothing but set each field's slot: a slotted dataclass
-    whose fields are all in ``__init__``, with no ``__post_init__``."""
-    return (not hasattr(cls, "__post_init__") and "__slots__" in cls.__dict__
+    """Whether making ``cls`` does nothing but set each field's slot: a slotted dataclass
+    whose ``__init__`` is the one the dataclass decorator wrote (its source is a string:
+    CPython 3.11 compiles it from one), with every field in it, no ``__post_init__`` and no
+    ``__new__`` of its own."""
+    init = cls.__dict__.get("__init__")
+    return (cls.__dataclass_params__.init and getattr(getattr(init, "__code__", None), "co_filename", "") == "<string>"
+            and cls.__new__ is object.__new__ and not hasattr(cls, "__post_init__") and "__slots__" in cls.__dict__
             and all(f.init and isinstance(cls.__dict__.get(f.name), types.MemberDescriptorType)
                     for f in dataclasses.fields(cls)))
 
@@ -727,10 +731,10 @@ def _emit_load(src: _Source, tp: Any, meta: Mapping[str, Any], var: str, ind: st
     origin = typing.get_origin(tp)
     if tp is int:
         cond = f"type({var}) is not int"
-        if "min" in meta:
-            cond += f" or {var} < {int(meta['min'])}"
-        if "max" in meta:
-            cond += f" or {var} > {int(meta['max'])}"
+        if meta.get("min") is not None:  # the bounds as _int_problem compares them
+            cond += f" or {var} < {src.name('low', meta['min'])}"
+        if meta.get("max") is not None:
+            cond += f" or {var} > {src.name('high', meta['max'])}"
         src.lines.append(f"{ind}if {cond}: raise _Slow")
     elif tp in (str, bytes, bool):
         src.lines.append(f"{ind}if type({var}) is not {tp.__name__}: raise _Slow")
@@ -774,7 +778,7 @@ def _fast_dumper(cls: type) -> Callable[[Any], dict[str, Any]]:
             return dump
         plan = _plan_of(cls)
         if cls in _DUMPS_GENERATING:
-            return lambda message: _FAST_DUMPS[cls](message)
+            return _dump_any
         _DUMPS_GENERATING.add(cls)
         try:
             src = _Source()
@@ -806,8 +810,15 @@ def _dump_expr(src: _Source, tp: Any, expr: str) -> str:
         item = _dump_expr(src, typing.get_args(tp)[1], x)
         return expr if item == x else f"{{{k}: {item} for {k}, {x} in {expr}.items()}}"
     if isinstance(tp, type) and issubclass(tp, Message):
-        # a subclass instance dumps by its own class, as the plan's dumper does
-        cls, dump = src.name("cls", tp), src.name("dump", _fast_dumper(tp))
-        t = src.name("t")
-        return f"({dump}({t}) if type({t} := {expr}) is {cls} else {t}.to_body())"
+        # an instance of another class (a subclass) dumps by its own class, as the plan's
+        # dumper does
+        cls, dump, t = src.name("cls", tp), src.name("dump", _fast_dumper(tp)), src.name("t")
+        src.ns["_dump_any"] = _dump_any
+        return f"({dump}({t}) if type({t} := {expr}) is {cls} else _dump_any({t}))"
     return expr
+
+
+def _dump_any(message: Any) -> dict[str, Any]:
+    """The generated dumper of ``message``'s own class (``_dump_message``'s counterpart)."""
+    cls = type(message)
+    return (_FAST_DUMPS.get(cls) or _fast_dumper(cls))(message)
