@@ -186,12 +186,8 @@ def _parse_request(items: Any) -> tuple[RequestHeader, dict[str, Any]]:
         if (type(api_key) is int and -0x8000 <= api_key <= 0x7FFF and type(api_version) is int
                 and -0x8000 <= api_version <= 0x7FFF and type(correlation_id) is int
                 and -0x80000000 <= correlation_id <= 0x7FFFFFFF
-                and (client_id is None or type(client_id) is str) and type(body) is dict):
-            for key in body:
-                if type(key) is not str:
-                    break
-            else:
-                return RequestHeader(_API_KEYS.get(api_key, api_key), api_version, correlation_id, client_id), body
+                and (client_id is None or type(client_id) is str) and type(body) is dict and _str_keys(body)):
+            return RequestHeader(_API_KEYS.get(api_key, api_key), api_version, correlation_id, client_id), body
     return _parse_request_checked(items)
 
 
@@ -213,13 +209,17 @@ def _parse_request_checked(items: Any) -> tuple[RequestHeader, dict[str, Any]]:
 def _parse_response(items: Any) -> tuple[int, dict[str, Any]]:
     if type(items) is list and len(items) == 2:  # the usual response (see _parse_request)
         correlation_id, body = items
-        if type(correlation_id) is int and -0x80000000 <= correlation_id <= 0x7FFFFFFF and type(body) is dict:
-            for key in body:
-                if type(key) is not str:
-                    break
-            else:
-                return correlation_id, body
+        if (type(correlation_id) is int and -0x80000000 <= correlation_id <= 0x7FFFFFFF and type(body) is dict
+                and _str_keys(body)):
+            return correlation_id, body
     return _parse_response_checked(items)
+
+
+def _str_keys(body: dict) -> bool:
+    for key in body:
+        if type(key) is not str:
+            return False
+    return True
 
 
 def _parse_response_checked(items: Any) -> tuple[int, dict[str, Any]]:
@@ -388,8 +388,7 @@ class Message:
 
     def to_body(self) -> dict[str, Any]:
         """A plain dict of msgpack-able values (nested messages become dicts)."""
-        cls = type(self)
-        return (_FAST_DUMPS.get(cls) or _fast_dumper(cls))(self)
+        return _dump_any(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
