@@ -617,6 +617,11 @@ def test_f13_reassignment_onto_an_added_broker_through_failures(tmp_path: Path, 
                             return False
                     return all(s.replicas_of(p) == r for p, r in target.items())
                 wait_until(moved, HEAL_TIMEOUT_S, f"the reassignment to {target} to complete")
+                # the moves can complete between two of the sampler's rounds (a round asks every
+                # ISR member, and waits on the brokers just restarted): I8 is checked with broker
+                # 4 in an ISR once at least, so sampling goes on until a round has seen it there
+                wait_until(lambda: any(4 in isr for _, isr in list(sampler.isrs)), HEAL_TIMEOUT_S,
+                           "the ISR sampler to sample an ISR holding broker 4")
         assert any(4 in isr for _, isr in sampler.isrs), f"I8 never sampled broker 4 in an ISR: {dict(sampler.isrs)}"
         s.note("reassignment complete")
         s.wait_isr_full()
