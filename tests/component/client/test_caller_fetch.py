@@ -1,17 +1,18 @@
 """The blocking consumer fetching on its caller's thread (client._caller_fetch): the next fetch
-goes out before poll returns, and every fault the loop's fetcher survives (a dropped
-connection, a stalled response, a moved leader, an offset out of range, a seek while a fetch
-is in flight) it survives too."""
+goes out before poll returns (unless the consumer is caught up and polled again at once), and
+every fault the loop's fetcher survives (a dropped connection, a stalled response, a moved
+leader, an offset out of range, a seek while a fetch is in flight) it survives too."""
 
 from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
 
 import pytest
 
-from tidelog import ClientClosedError, Consumer, Producer, TopicPartition
+from tidelog import ClientClosedError, Consumer, Producer, TopicPartition, _caller_fetch
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE
 
@@ -54,6 +55,41 @@ def test_poll_fetches_on_its_thread_and_sends_the_next_fetch_before_returning(th
         produce(bootstrap, [b"d"])
         assert poll_values(consumer, 1) == [b"d"]
         assert consumer.position(TP) == 4
+
+
+def test_a_caught_up_consumer_polled_again_at_once_fetches_in_the_next_poll(threaded_fake, monkeypatch):
+    monkeypatch.setattr(_caller_fetch, "DEFER_WITHIN_S", 3600.0)  # "at once", whatever the load
+    bootstrap = topic_with(threaded_fake, [b"a"])
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 1) == [b"a"]
+        assert in_flight(consumer) == 1  # the first poll: nothing known of the application yet
+        later = threading.Timer(0.3, produce, (bootstrap, [b"b"]))
+        later.start()
+        try:
+            assert poll_values(consumer, 1) == [b"b"]  # polled again at once, and caught up
+        finally:
+            later.join()
+        assert in_flight(consumer) == 0  # so the records were not held for the next fetch
+        monkeypatch.setattr(_caller_fetch, "DEFER_WITHIN_S", 0.0)  # the application away longer
+        produce(bootstrap, [b"c"])
+        assert poll_values(consumer, 1) == [b"c"]  # the next poll sent the fetch
+        assert in_flight(consumer) == 1  # and, polled late, it fetches ahead again
+        assert consumer.position(TP) == 3
+
+
+def test_a_consumer_behind_fetches_ahead_even_when_polled_again_at_once(threaded_fake, monkeypatch):
+    monkeypatch.setattr(_caller_fetch, "DEFER_WITHIN_S", 3600.0)
+    bootstrap = topic_with(threaded_fake, [b"a"])
+    for value in (b"b", b"c"):
+        produce(bootstrap, [value])  # a batch of its own: one batch a response
+    with Consumer(bootstrap, auto_offset_reset="earliest", max_partition_fetch_bytes=1) as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 1) == [b"a"]
+        assert poll_values(consumer, 1) == [b"b"]  # polled again at once
+        assert in_flight(consumer) == 1  # "c" lies below the high watermark: fetched ahead
+        assert poll_values(consumer, 1) == [b"c"]
+        assert in_flight(consumer) == 0  # caught up now
 
 
 def test_a_loop_of_zero_timeout_polls_gets_the_records(threaded_fake):
