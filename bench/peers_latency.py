@@ -24,7 +24,11 @@ apt-get when it is missing. Rounds are interleaved (every system at every rate, 
 next round) and the table gives the median of the runs' p50 and p99.
 
     .venv/bin/python bench/peers_latency.py [--rates 1000,10000] [--seconds 5] [--runs 3]
-        [--systems tidelog,nats,redis]
+        [--systems tidelog,nats,redis] [--wire]
+
+``--wire`` also captures each run's loopback traffic to the server (tcpdump, as root) and
+splits out the server's own part: from a record's packet into the server to its packet out
+to the consumer, found by the value's stamp (``server_part``).
 """
 
 from __future__ import annotations
@@ -361,6 +365,40 @@ def run_child(python: str, system: str, addr: str, name: str, rate: float, secon
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def server_part(pcap: str, port: int) -> dict:
+    """From a loopback capture of a run: each record's time from its first packet into the
+    server (a produce, a PUB, an XADD) to its first packet out of it (a fetch response, a MSG,
+    an XREAD answer), by the value's stamp: the server's own part of the end-to-end latency,
+    the wake-ups of both of its sockets included (and, for Tidelog at 10,000/s, any wait for
+    the consumer's next fetch)."""
+    from latency_breakdown import read_pcap  # the same stamp and padding
+    into, out, _ = read_pcap(pcap, port)
+    parts = sorted(out[s] - t for s, t in into.items() if s in out)
+    parts = parts[len(parts) // WARMUP_SHARE:]
+    if not parts:
+        return {"server_p50": float("nan"), "server_p90": float("nan")}
+    q = lambda f: parts[min(len(parts) - 1, int(f * len(parts)))] / 1e6  # noqa: E731
+    return {"server_p50": q(0.5), "server_p90": q(0.9)}
+
+
+def captured(python: str, system: str, addr: str, name: str, rate: float, seconds: float) -> dict:
+    """``run_child`` under tcpdump on the loopback (root), with the server's part added."""
+    port = int(addr.rsplit(":", 1)[1])
+    with tempfile.TemporaryDirectory(prefix="tidelog-peers-pcap-") as d:
+        pcap = os.path.join(d, "run.pcap")
+        dump = subprocess.Popen(["tcpdump", "-i", "lo", "-s", "0", "-B", "16384", "-U", "-w", pcap,
+                                 "--time-stamp-precision=nano", f"tcp port {port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(1.0)  # attached
+            r = run_child(python, system, addr, name, rate, seconds)
+        finally:
+            dump.terminate()
+            dump.wait(10)
+        r.update(server_part(pcap, port))
+    return r
+
+
 def orchestrate(args) -> None:
     systems = args.systems.split(",")
     rates = [float(r) for r in args.rates.split(",")]
@@ -375,10 +413,13 @@ def orchestrate(args) -> None:
                 for rate in rates:
                     for system in systems:
                         name = f"lat{run}r{int(rate)}{system}"
-                        r = run_child(python[system], system, servers.addr[system], name, rate, args.seconds)
+                        one = captured if args.wire else run_child
+                        r = one(python[system], system, servers.addr[system], name, rate, args.seconds)
                         results.setdefault((system, rate), []).append(r)
+                        server = (f", the server's part p50 {r['server_p50']:.3f} ms p90 {r['server_p90']:.3f} ms"
+                                  if args.wire else "")
                         print(f"run {run + 1} {system:8s} {rate:>7,.0f}/s: p50 {r['p50']:.3f} ms, "
-                              f"p99 {r['p99']:.3f} ms (achieved {r['achieved']:,.0f}/s, "
+                              f"p99 {r['p99']:.3f} ms{server} (achieved {r['achieved']:,.0f}/s, "
                               f"{r['received']}/{r['sent']} received; load {loadavg()})", flush=True)
         finally:
             servers.stop()
@@ -393,6 +434,16 @@ def orchestrate(args) -> None:
             print(f"| {system} | {rate:,.0f} | **{statistics.median(p50s):.3f}** "
                   f"({', '.join(f'{x:.3f}' for x in p50s)}) | **{statistics.median(p99s):.3f}** "
                   f"({', '.join(f'{x:.3f}' for x in p99s)}) |")
+    if args.wire:
+        print("\n| system | rate (records/s) | the server's part p50 ms (median; runs) | p90 ms (median) |")
+        print("|---|---|---|---|")
+        for rate in rates:
+            for system in systems:
+                rs = results[(system, rate)]
+                p50s = [r["server_p50"] for r in rs]
+                print(f"| {system} | {rate:,.0f} | **{statistics.median(p50s):.3f}** "
+                      f"({', '.join(f'{x:.3f}' for x in p50s)}) | "
+                      f"{statistics.median(r['server_p90'] for r in rs):.3f} |")
 
 
 def main() -> None:
@@ -409,6 +460,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--systems", default="tidelog,nats,redis")
     ap.add_argument("--peers-venv", default="/tmp/tidelog-bench-peers")
+    ap.add_argument("--wire", action="store_true",
+                    help="capture the loopback (tcpdump, root) and report each server's own part")
     args = ap.parse_args()
     if args.command == "one":
         print(json.dumps(run_one(args.system, args.addr, args.name, args.rate, args.seconds)), flush=True)
