@@ -2,7 +2,7 @@
 after a sleep. No cluster, no network: the CPU of the work itself.
 
     .venv/bin/python bench/path_bench.py broker [--records 20000] [--sleep-ms 0]
-    .venv/bin/python bench/path_bench.py wake [--records 3000] [--rate 1000]
+    .venv/bin/python bench/path_bench.py wake [--records 3000] [--rate 1000] [--pin]
 
 ``broker``: the broker's side of one record at a low rate, on the test suite's in-process
 broker (tests/component/broker/test_group_coordinator.py: the real Apis, ReplicaManager and
@@ -14,10 +14,13 @@ encoded), then the produce response is encoded. Reports wall time and CPU time
 ``--sleep-ms`` the loop sleeps that long before each record, as a broker at 1,000 records/s
 is idle between them.
 
-``wake``: what an event loop's wake-up costs. A child process answers one-byte pings on a
-socket pair, ``--rate`` pings a second (0: back to back), four ways: a blocking
-``recv``/``send`` loop, Trio's ``wait_readable`` with ``os.read``, a Trio socket's ``recv``,
-and asyncio's ``sock_recv``; reports the child's CPU per ping.
+``wake``: what an event loop's wake-up costs. A child process answers pings on a socket
+pair, ``--rate`` pings a second (0: back to back), four ways: a blocking ``recv``/``send``
+loop, Trio's ``wait_readable`` with ``os.read``, a Trio socket's ``recv``, and asyncio's
+``sock_recv``; reports the child's CPU per ping and its wake-up latency (from the pinger's
+time stamp, taken just before it sends, to the child's wait returning). ``--pin`` puts the
+pinger on CPU 0 and the child on CPU 1, so that every ping wakes the other CPU (unpinned,
+the scheduler often runs the child on the pinger's CPU once the pinger waits).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import asyncio
 import os
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -34,6 +38,7 @@ from pathlib import Path
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
+STAMP = struct.Struct("=q")  # the pinger's perf_counter_ns (CLOCK_MONOTONIC: one clock for both)
 
 
 def cpu_seconds() -> float:
@@ -117,10 +122,15 @@ async def broker_path(records: int, sleep_s: float) -> None:
 
 # -- wake --------------------------------------------------------------------------------------
 
-def _serve(sock: socket.socket, mode: str, n: int) -> float:
-    """Answer ``n`` pings on ``sock``; the CPU it took per ping (microseconds)."""
+def _serve(sock: socket.socket, mode: str, n: int) -> tuple[float, list[int]]:
+    """Answer ``n`` pings on ``sock``: the CPU it took per ping (microseconds), and each
+    ping's wake-up latency (ns: from the stamp the sender wrote just before sending to the
+    return of the wait here)."""
     sock.setblocking(mode == "blocking")
     fd = sock.fileno()
+    clock = time.perf_counter_ns
+    latencies: list[int] = []
+    woke = lambda data: latencies.append(clock() - STAMP.unpack(data)[0])  # noqa: E731
 
     async def trio_lowlevel() -> None:
         for _ in range(n):
@@ -130,32 +140,39 @@ def _serve(sock: socket.socket, mode: str, n: int) -> float:
                     break
                 except BlockingIOError:
                     await trio.lowlevel.wait_readable(sock)
+            woke(data)
             os.write(fd, data)
 
     async def trio_socket() -> None:
         s = trio.socket.from_stdlib_socket(sock)
         for _ in range(n):
-            await s.send(await s.recv(16))
+            data = await s.recv(16)
+            woke(data)
+            await s.send(data)
 
     async def asyncio_socket() -> None:
         loop = asyncio.get_running_loop()
         for _ in range(n):
-            sock.send(await loop.sock_recv(sock, 16))
+            data = await loop.sock_recv(sock, 16)
+            woke(data)
+            sock.send(data)
 
     started = cpu_seconds()
     if mode == "blocking":
         for _ in range(n):
-            sock.send(sock.recv(16))
+            data = sock.recv(16)
+            woke(data)
+            sock.send(data)
     elif mode == "trio-lowlevel":
         trio.run(trio_lowlevel)
     elif mode == "trio-socket":
         trio.run(trio_socket)
     else:
         asyncio.run(asyncio_socket())
-    return (cpu_seconds() - started) / n * 1e6
+    return (cpu_seconds() - started) / n * 1e6, latencies
 
 
-def wake(records: int, rate: float) -> None:
+def wake(records: int, rate: float, pin: bool) -> None:
     interval = 1 / rate if rate else 0.0
     for mode in ("blocking", "trio-lowlevel", "trio-socket", "asyncio"):
         ours, theirs = socket.socketpair()
@@ -163,20 +180,27 @@ def wake(records: int, rate: float) -> None:
         pid = os.fork()
         if pid == 0:  # the echoing child
             ours.close()
-            os.write(w, f"{_serve(theirs, mode, records):.1f}".encode())
+            if pin:
+                os.sched_setaffinity(0, {1})
+            cpu, latencies = _serve(theirs, mode, records)
+            steady = sorted(latencies[len(latencies) // 10:])
+            q = lambda f: steady[int(f * (len(steady) - 1))] / 1000  # noqa: E731
+            os.write(w, f"{cpu:.1f} us of CPU a wake-up, latency p50 {q(0.5):.1f} us p90 {q(0.9):.1f} us".encode())
             os._exit(0)
         theirs.close()
+        if pin:
+            os.sched_setaffinity(0, {0})
         started = time.perf_counter()
         for i in range(records):
             if interval:
                 ahead = started + i * interval - time.perf_counter()
                 if ahead > 0:
                     time.sleep(ahead)
-            ours.send(b"x")
+            ours.send(STAMP.pack(time.perf_counter_ns()))
             ours.recv(16)
         os.waitpid(pid, 0)
-        print(f"{mode}: {os.read(r, 64).decode()} us of CPU a wake-up ({records} at "
-              f"{f'{rate:,.0f}/s' if rate else 'full speed'})")
+        print(f"{mode}: {os.read(r, 200).decode()} ({records} at "
+              f"{f'{rate:,.0f}/s' if rate else 'full speed'}{', on the other CPU' if pin else ''})")
         os.close(r)
         os.close(w)
         ours.close()
@@ -191,11 +215,12 @@ def main(argv: list[str]) -> int:
     w = sub.add_parser("wake")
     w.add_argument("--records", type=int, default=3000)
     w.add_argument("--rate", type=float, default=1000.0)
+    w.add_argument("--pin", action="store_true", help="the two processes on CPUs 0 and 1")
     args = p.parse_args(argv)
     if args.what == "broker":
         trio.run(broker_path, args.records, args.sleep_ms / 1000)
     else:
-        wake(args.records, args.rate)
+        wake(args.records, args.rate, args.pin)
     return 0
 
 
