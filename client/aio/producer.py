@@ -82,6 +82,11 @@ Partitioner = Callable[[bytes | None, list[int], list[int]], int]
 
 KEY_HASH_CACHE = 1 << 16  # distinct keys whose partition hash is remembered
 MAX_IDEMPOTENT_IN_FLIGHT = 5  # the broker remembers each producer's last 5 batches
+# An application thread writes its batch itself only while at most this share of the recent
+# records were sent with another one waiting (Sender._send_from_caller): records that come in
+# bursts go to the loop thread, whose wake-up gathers a burst into few requests
+BURST_SHARE = 0.25
+FOUND_BUSY_WEIGHT = 1 / 8  # of the latest record in that share (an exponential average)
 
 _ACKS = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}
 
@@ -310,6 +315,7 @@ class Sender:
         self._stopping = False
         # held by the loop thread's step and by an application thread sending (_send_from_caller)
         self._caller_lock = threading.Lock()
+        self._found_busy = 0.0  # the recent share of sends that found a request in flight
         self._clock: trio.abc.Clock | None = None
         cluster.add_listener(lambda _metadata: self.wakeup())
 
@@ -331,16 +337,28 @@ class Sender:
         wake-up of an idle thread (~70 us in this VM) before the request is on the wire.
         False: nothing was sent, the loop thread must look. Only for linger_ms 0 (a producer
         that lingers trades latency for batching: its requests are written by the loop
-        thread, in parallel with the application); not with idempotence (sequence numbers
-        are the loop's), acks=0, nor at most one request in flight (until the loop counts
-        this one, it could start another)."""
-        config = self.config
-        if (config.linger_ms or self.idempotence is not None or config.acks == 0
+        thread, in parallel with the application); not with acks=0, nor at most one request
+        in flight (until the loop counts this one, it could start another).
+
+        Nor for records that come in bursts (more than ``BURST_SHARE`` of the recent ones
+        found a request in flight or joined another in its batch): the first of a burst,
+        written at once, would leave the rest for a second request, and the consumer, busy
+        with the first, would take them a whole fetch later; the loop thread's wake-up
+        gathers them instead (at 10,000 records/s in bursts, end-to-end p50 0.8 -> 0.5 ms).
+
+        An idempotent producer's batch gets its sequence in the drain, as on the loop thread:
+        everything that changes the sequences (the drain, an epoch bump or a new id, a
+        response's verdict) happens under this lock, and only while the producer has an id
+        and no bump pending does this thread drain at all."""
+        config, seqs = self.config, self.idempotence
+        if (config.linger_ms or config.acks == 0
                 or config.max_in_flight_requests_per_connection < 2
                 or self._stopping or self._nursery is None or self.accumulator.closed
                 or not self._caller_lock.acquire(blocking=False)):
             return False
         try:
+            if seqs is not None and not seqs.ready:
+                return False  # the loop thread asks for an id or bumps the epoch first
             return self._drain_from_caller()
         except Exception:  # the loop thread's step tries again and reports it
             log.debug("sending from the caller's thread failed; the loop thread sends", exc_info=True)
@@ -357,14 +375,20 @@ class Sender:
             return False
         node = next(iter(check.nodes))
         conn = cluster.open_connection(node)
-        if conn is None or self._in_flight.get(node, 0):  # the loop's requests go first
+        if conn is None:
             return False
         with conn.thread_lock:  # the connection stays idle until this request is written
-            if not conn.idle(self._clock.current_time()):
+            # the loop's requests go first
+            busy = bool(self._in_flight.get(node, 0)) or not conn.idle(self._clock.current_time())
+            self._found_busy += ((1.0 if busy else 0.0) - self._found_busy) * FOUND_BUSY_WEIGHT
+            if busy or self._found_busy > BURST_SHARE:
                 return False
             drained = acc.drain(metadata, check.nodes, config.max_request_size, now).get(node)
             if not drained:
                 return False
+            self._count_followers(drained)
+            if self.idempotence is not None:
+                self.idempotence.mark_sent(drained)
             try:
                 request = build_produce_request(drained, acks=config.acks, timeout_ms=config.request_timeout_ms)
             except Exception:  # e.g. a codec library missing: _dispatch fails these records
@@ -375,6 +399,14 @@ class Sender:
         self._token.run_sync_soon(self._track, node, drained, request if pending else None,
                                   (conn, pending, applied) if pending else None, now)
         return True
+
+    def _count_followers(self, batches: list[ProducerBatch]) -> None:
+        """Under ``_caller_lock``, for a request of ``batches`` about to be written: every
+        record after its first was sent while another waited, as busy as a send that finds a
+        request in flight (see ``BURST_SHARE``)."""
+        followers = min(sum(len(b) for b in batches) - 1, 16)
+        if followers > 0:
+            self._found_busy = 1.0 - (1.0 - self._found_busy) * (1.0 - FOUND_BUSY_WEIGHT) ** followers
 
     def _response_applier(self, batches: list[ProducerBatch], sent: float
                           ) -> tuple[Callable[[ProduceResponse], None], list[bool]]:
@@ -401,7 +433,8 @@ class Sender:
                     f"the producer closed before {batch.tp} was acknowledged"))
             return
         if request is None:
-            self._dispatch(node, batches)
+            with self._caller_lock:  # as _step's: the sequences change under it
+                self._dispatch(node, batches)
             return
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
         for batch in batches:
@@ -480,6 +513,8 @@ class Sender:
         request could not be written here, connects and sends it first)."""
         config = self.config
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
+        if not config.linger_ms:
+            self._count_followers(batches)
         for batch in batches:
             batch.attempts += 1
         if self.idempotence is not None:
@@ -527,7 +562,8 @@ class Sender:
                     response = await self.cluster.request_any(request, api_key=ApiKey.INIT_PRODUCER_ID)
                     if response.error_code == NONE.code:
                         log.info("producer id %d epoch %d", response.producer_id, response.producer_epoch)
-                        seqs.set_producer(response.producer_id, response.producer_epoch)
+                        with self._caller_lock:  # an application thread drains under it
+                            seqs.set_producer(response.producer_id, response.producer_epoch)
                         return
                     error: BaseException = broker_error(response.error_code, "InitProducerId",
                                                         response.error_message)
@@ -593,6 +629,15 @@ class Sender:
         self._apply(decisions)
 
     def _apply(self, decisions: list[tuple[ProducerBatch, Decision]]) -> None:
+        if self.idempotence is None:
+            self._apply_decisions(decisions)
+            return
+        # an application thread drains (and so assigns sequences) under this lock: a batch
+        # given back its sequence must be queued again before any drain can look
+        with self._caller_lock:
+            self._apply_decisions(decisions)
+
+    def _apply_decisions(self, decisions: list[tuple[ProducerBatch, Decision]]) -> None:
         acc = self.accumulator
         refresh = False
         seqs = self.idempotence

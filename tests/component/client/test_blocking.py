@@ -3,6 +3,7 @@ its own thread, bounded errors when nothing listens, Ctrl-C, and thread lifecycl
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -23,6 +24,7 @@ from tidelog import (
 )
 from tidelog.aio.partitioner import default_partition
 from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.records import iter_headers
 
 NOWHERE = "127.0.0.1:1"
 
@@ -159,6 +161,115 @@ def test_requests_written_from_the_application_threads_lose_and_repeat_nothing(t
         producer.flush(10)
     # (not their order: the fake broker appends pipelined requests in the order its tasks run)
     assert sorted(f.result(0).offset for f in futures.values()) == list(range(450))
+
+
+def wait_until_accounted(sender) -> None:
+    """Until the loop thread has counted every answered request out of flight."""
+    deadline = time.monotonic() + 10
+    while any(sender._in_flight.values()) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def caller_drains(sender, monkeypatch) -> list[bool]:
+    """Each time an application thread tries to write (True: it wrote the request)."""
+    outcomes: list[bool] = []
+    drain = sender._drain_from_caller
+    monkeypatch.setattr(sender, "_drain_from_caller", lambda: outcomes.append(drain()) or outcomes[-1])
+    return outcomes
+
+
+def test_a_producer_sending_in_bursts_leaves_the_writes_to_its_loop_thread(threaded_fake, monkeypatch):
+    fake = threaded_fake.cluster
+    threaded_fake.call(fake.create_topic, "t", 1)
+    with Producer(fake.bootstrap, acks=1, linger_ms=0) as producer:
+        sender = producer._aio._sender
+        producer.send("t", b"warm").result(10)
+        wait_until_accounted(sender)
+        written = caller_drains(sender, monkeypatch)
+        producer.send("t", b"one").result(10)
+        assert written == [True]  # one at a time: the application thread writes it
+        wait_until_accounted(sender)
+        # the first request of the burst is held (the fake then appends it after the others)
+        threaded_fake.call(functools.partial(fake.inject, ApiKey.PRODUCE, delay_s=1.0))
+        burst = [producer.send("t", b"b%02d" % i) for i in range(50)]
+        assert sorted(f.result(10).offset for f in burst) == list(range(2, 52))
+        # the first of the burst was written at once; the others found it in flight, and the
+        # loop thread's wake-up gathered them into a few requests
+        assert written.count(True) == 2
+        assert len(threaded_fake.call(fake.sent, ApiKey.PRODUCE)) < 2 + 25
+        wait_until_accounted(sender)
+        wrote = []
+        for i in range(40):  # one at a time again: after a while the application thread writes
+            before = len(written)
+            producer.send("t", b"s%02d" % i).result(10)
+            wait_until_accounted(sender)
+            wrote.append(True in written[before:])
+        assert not wrote[0] and wrote[-1] and sum(wrote) >= 20
+    assert sorted(threaded_fake.call(fake.values, "t")[2:52]) == [b"b%02d" % i for i in range(50)]
+
+
+def test_an_idempotent_producer_writes_from_the_application_threads_in_sequence(threaded_fake, monkeypatch):
+    # acks=all (idempotent by default) and linger_ms 0: the application threads drain and
+    # write too, giving batches their sequences; lost responses make the loop thread resend
+    # some meanwhile, and the broker deduplicates them by those sequences
+    fake = threaded_fake.cluster
+    threaded_fake.call(fake.create_topic, "t", 1)
+    futures, lock = {}, threading.Lock()
+    with Producer(fake.bootstrap, linger_ms=0, retry_backoff_ms=10, request_timeout_ms=2000) as producer:
+        sender = producer._aio._sender
+        assert sender.idempotence is not None
+        producer.send("t", b"warm").result(10)
+        wait_until_accounted(sender)
+        written = caller_drains(sender, monkeypatch)
+        producer.send("t", b"one").result(10)
+        assert written == [True]
+        threaded_fake.call(functools.partial(fake.inject, ApiKey.PRODUCE, drop_after_append=True, count=4))
+
+        def work(n):
+            for i in range(100):
+                f = producer.send("t", b"%d-%03d" % (n, i), partition=0)
+                with lock:
+                    futures[(n, i)] = f
+                if i % 4 == 0:
+                    f.result(20)  # now and then the sender is idle again when the next comes
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        producer.flush(20)
+    offsets = {key: f.result(0).offset for key, f in futures.items()}
+    values = threaded_fake.call(fake.values, "t")[2:]
+    assert sorted(values) == sorted(b"%d-%03d" % key for key in futures)  # each once
+    assert all(values[offset - 2] == b"%d-%03d" % key for key, offset in offsets.items())
+    for n in range(3):  # each thread's records in the order it sent them
+        mine = [offsets[(n, i)] for i in range(100)]
+        assert mine == sorted(mine)
+    batches = [h for _, data in threaded_fake.call(fake.log, "t").batches for _, h in iter_headers(data)]
+    assert {(h.producer_id, h.producer_epoch) for h in batches} == {(batches[0].producer_id, 0)}
+    expected = 0
+    for h in batches:  # the sequences run on without a gap or a repeat
+        assert h.base_sequence == expected
+        expected += h.record_count
+
+
+def test_an_idempotent_producer_whose_state_the_broker_lost_resends_under_a_new_epoch(threaded_fake):
+    # the refused batch bumps the epoch: no application thread drains until it is bumped
+    fake = threaded_fake.cluster
+    threaded_fake.call(fake.create_topic, "t", 1)
+    with Producer(fake.bootstrap, linger_ms=0, retry_backoff_ms=10) as producer:
+        assert producer.send("t", b"a").result(10).offset == 0
+        wait_until_accounted(producer._aio._sender)
+        threaded_fake.call(threaded_fake.call(fake.log, "t").producer_state.clear)
+        assert producer.send("t", b"b").result(10).offset == 1
+        assert producer.send("t", b"c").result(10).offset == 2
+    assert threaded_fake.call(fake.values, "t") == [b"a", b"b", b"c"]
+    batches = [h for _, data in threaded_fake.call(fake.log, "t").batches for _, h in iter_headers(data)]
+    assert [(h.producer_epoch, h.base_sequence) for h in batches] == [(0, 0), (1, 0), (1, 1)]
+    # "b", written by the application thread as the first of its partition's unacknowledged
+    # batches, was refused once and resent at once under the new epoch
+    assert len(threaded_fake.call(fake.sent, ApiKey.PRODUCE)) == 4
 
 
 def test_send_many_round_trip_mixed_with_send_from_threads(threaded_fake):
