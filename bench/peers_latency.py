@@ -429,21 +429,21 @@ def orchestrate(args) -> None:
     for rate in rates:
         for system in systems:
             rs = results[(system, rate)]
-            p50s = [r["p50"] for r in rs]
-            p99s = [r["p99"] for r in rs]
-            print(f"| {system} | {rate:,.0f} | **{statistics.median(p50s):.3f}** "
-                  f"({', '.join(f'{x:.3f}' for x in p50s)}) | **{statistics.median(p99s):.3f}** "
-                  f"({', '.join(f'{x:.3f}' for x in p99s)}) |")
+            print(f"| {system} | {rate:,.0f} | {median_cell(rs, 'p50')} | {median_cell(rs, 'p99')} |")
     if args.wire:
         print("\n| system | rate (records/s) | the server's part p50 ms (median; runs) | p90 ms (median) |")
         print("|---|---|---|---|")
         for rate in rates:
             for system in systems:
                 rs = results[(system, rate)]
-                p50s = [r["server_p50"] for r in rs]
-                print(f"| {system} | {rate:,.0f} | **{statistics.median(p50s):.3f}** "
-                      f"({', '.join(f'{x:.3f}' for x in p50s)}) | "
+                print(f"| {system} | {rate:,.0f} | {median_cell(rs, 'server_p50')} | "
                       f"{statistics.median(r['server_p90'] for r in rs):.3f} |")
+
+
+def median_cell(runs: list[dict], key: str) -> str:
+    """A table cell: the median of the runs' ``key`` in bold, then each run's."""
+    xs = [r[key] for r in runs]
+    return f"**{statistics.median(xs):.3f}** ({', '.join(f'{x:.3f}' for x in xs)})"
 
 
 def main() -> None:

@@ -140,24 +140,33 @@ def test_many_threads_share_one_producer(threaded_fake):
     assert offsets == list(range(1200))
 
 
+def send_from_threads(producer: Producer, per_thread: int, wait_every: int, threads: int = 3) -> dict:
+    """Each of ``threads`` threads sends ``per_thread`` records ``b"n-i"`` to partition 0 of
+    "t", waiting for every ``wait_every``-th to be acknowledged (so that now and then the
+    sender is idle again when the next comes); the futures by ``(n, i)``."""
+    futures, lock = {}, threading.Lock()
+
+    def work(n):
+        for i in range(per_thread):
+            f = producer.send("t", b"%d-%d" % (n, i), partition=0)
+            with lock:
+                futures[(n, i)] = f
+            if i % wait_every == 0:
+                f.result(20)
+
+    running = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+    for t in running:
+        t.start()
+    for t in running:
+        t.join()
+    return futures
+
+
 def test_requests_written_from_the_application_threads_lose_and_repeat_nothing(threaded_fake):
     # acks=1 and linger_ms 0: a send that finds the sender idle writes the request itself
     threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
-    futures, lock = {}, threading.Lock()
     with Producer(threaded_fake.cluster.bootstrap, acks=1, linger_ms=0) as producer:
-        def work(n):
-            for i in range(150):
-                f = producer.send("t", b"%d-%d" % (n, i))
-                with lock:
-                    futures[(n, i)] = f
-                if i % 3 == 0:
-                    f.result(10)  # now and then the sender is idle again when the next comes
-
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        futures = send_from_threads(producer, 150, wait_every=3)
         producer.flush(10)
     # (not their order: the fake broker appends pipelined requests in the order its tasks run)
     assert sorted(f.result(0).offset for f in futures.values()) == list(range(450))
@@ -214,7 +223,6 @@ def test_an_idempotent_producer_writes_from_the_application_threads_in_sequence(
     # some meanwhile, and the broker deduplicates them by those sequences
     fake = threaded_fake.cluster
     threaded_fake.call(fake.create_topic, "t", 1)
-    futures, lock = {}, threading.Lock()
     with Producer(fake.bootstrap, linger_ms=0, retry_backoff_ms=10, request_timeout_ms=2000) as producer:
         sender = producer._aio._sender
         assert sender.idempotence is not None
@@ -224,25 +232,12 @@ def test_an_idempotent_producer_writes_from_the_application_threads_in_sequence(
         producer.send("t", b"one").result(10)
         assert written == [True]
         threaded_fake.call(functools.partial(fake.inject, ApiKey.PRODUCE, drop_after_append=True, count=4))
-
-        def work(n):
-            for i in range(100):
-                f = producer.send("t", b"%d-%03d" % (n, i), partition=0)
-                with lock:
-                    futures[(n, i)] = f
-                if i % 4 == 0:
-                    f.result(20)  # now and then the sender is idle again when the next comes
-
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        futures = send_from_threads(producer, 100, wait_every=4)
         producer.flush(20)
     offsets = {key: f.result(0).offset for key, f in futures.items()}
     values = threaded_fake.call(fake.values, "t")[2:]
-    assert sorted(values) == sorted(b"%d-%03d" % key for key in futures)  # each once
-    assert all(values[offset - 2] == b"%d-%03d" % key for key, offset in offsets.items())
+    assert sorted(values) == sorted(b"%d-%d" % key for key in futures)  # each once
+    assert all(values[offset - 2] == b"%d-%d" % key for key, offset in offsets.items())
     for n in range(3):  # each thread's records in the order it sent them
         mine = [offsets[(n, i)] for i in range(100)]
         assert mine == sorted(mine)
