@@ -36,7 +36,7 @@ Rules.
 * ``poll`` reads what has arrived at least once, even with ``timeout_ms`` 0.
 * A caught-up consumer (every partition to fetch was fetched up to its high watermark and
   holds nothing buffered) whose application called ``poll`` again within
-  ``DEFER_WITHIN_S`` of its last return does not write the next fetch before returning
+  ``DEFER_WITHIN_S`` of the last return of records does not write the next fetch before returning
   records: the next ``poll`` writes it first thing. Writing it costs tens of microseconds
   (plan, encode, ``send``) that a record waiting at a low rate would otherwise spend before
   ``poll`` returns it; what an application that comes straight back gives up is small (a
@@ -120,7 +120,7 @@ class CallerFetch:
         self._wake_w.setblocking(False)
         self._rtype = response_type(ApiKey.FETCH)
         self._closed = False
-        self._returned = -math.inf  # when poll last returned (monotonic)
+        self._returned = -math.inf  # when poll last returned records (monotonic)
 
     def attach(self) -> None:
         """On the loop's thread: the loop stops fetching and notifies this thread instead."""
@@ -154,7 +154,8 @@ class CallerFetch:
         consumer's ``poll`` raises."""
         start = time.monotonic()
         deadline = start + max(0.0, timeout_s)
-        # an application that came back at once is likely to again: a caught-up fetch can wait
+        # an application that came back at once from its records is likely to again: a
+        # caught-up fetch can wait
         quick = start - self._returned < DEFER_WITHIN_S
         aio, lock = self._aio, self._fetcher.state_lock
         last = False
@@ -172,8 +173,9 @@ class CallerFetch:
                 aio._rewind(taken)
                 raise
             records = aio._deserialized(taken)  # outside the lock: user code
-            if records or last:
+            if records:
                 self._returned = time.monotonic()
+            if records or last:
                 return records
             now = time.monotonic()
             # at the deadline (or with timeout 0) still read what has arrived, once: a loop of

@@ -29,7 +29,9 @@ Theory of operation (Kafka's RecordAccumulator, adapted to one lock and two kind
   ``abort`` fails everything still queued (close without a flush).
 
 All methods but ``append``/``append_keyless``/``wait_for_memory`` are called from the Trio
-thread. Time is passed in (``now``, monotonic seconds), so readiness is unit tested with a
+thread, except ``ready`` and ``drain``, which an application thread of the blocking producer
+also calls, under the sender's lock that the Trio thread's rounds take too
+(``Sender._send_from_caller``). Time is passed in (``now``, monotonic seconds), so readiness is unit tested with a
 fake clock.
 """
 

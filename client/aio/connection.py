@@ -148,6 +148,12 @@ class BrokerConnection:
         from ``idle`` to ``start_request_from_thread`` so that nothing is written between."""
         return self._thread_lock
 
+    @property
+    def writes_from_thread(self) -> bool:
+        """Whether ``start_request_from_thread`` can write here (not through a TLS layer,
+        running)."""
+        return not self._tls and self._clock is not None
+
     def idle(self, now: float) -> bool:
         """Open, unthrottled at Trio time ``now``, nothing in flight, queued or being
         written. Any thread (under ``thread_lock`` for the answer to hold)."""

@@ -39,8 +39,10 @@ a retry whose first attempt may have been appended is still deduplicated under i
 epoch; an unresolved batch the broker refuses for its sequence after the bump is known not
 to be in the log and is given a sequence of the new epoch (``clear_sequence``).
 
-Pure and single-threaded: the sender (Trio thread) calls it, the accumulator's ``drain``
-under its lock on the same thread. No I/O, no clock.
+Pure, and used by one thread at a time: every change is made under the sender's lock
+(``Sender._caller_lock``: its rounds and response handling on the Trio thread, the drain
+of an application thread that writes its own request) or under the accumulator's lock
+(``on_complete``). No I/O, no clock.
 """
 
 from __future__ import annotations

@@ -375,14 +375,14 @@ class Sender:
             return False
         node = next(iter(check.nodes))
         conn = cluster.open_connection(node)
-        if conn is None:
+        if conn is None or not conn.writes_from_thread:
             return False
         with conn.thread_lock:  # the connection stays idle until this request is written
-            # the loop's requests go first
-            busy = bool(self._in_flight.get(node, 0)) or not conn.idle(self._clock.current_time())
-            self._found_busy += ((1.0 if busy else 0.0) - self._found_busy) * FOUND_BUSY_WEIGHT
-            if busy or self._found_busy > BURST_SHARE:
-                return False
+            idle = conn.idle(self._clock.current_time())
+            # a request answered but not yet counted out by the loop thread is not a burst
+            self._found_busy += ((0.0 if idle else 1.0) - self._found_busy) * FOUND_BUSY_WEIGHT
+            if not idle or self._in_flight.get(node, 0) or self._found_busy > BURST_SHARE:
+                return False  # the loop's requests go first; bursts are the loop's to gather
             drained = acc.drain(metadata, check.nodes, config.max_request_size, now).get(node)
             if not drained:
                 return False
@@ -391,14 +391,32 @@ class Sender:
                 self.idempotence.mark_sent(drained)
             try:
                 request = build_produce_request(drained, acks=config.acks, timeout_ms=config.request_timeout_ms)
-            except Exception:  # e.g. a codec library missing: _dispatch fails these records
-                self._token.run_sync_soon(self._track, node, drained, None, None, now)
+                on_response, applied = self._response_applier(node, drained, now)
+                pending = conn.start_request_from_thread(request, api_key=ApiKey.PRODUCE, early=on_response)
+            except BaseException as e:
+                # drained (and given sequences): never dropped, the loop thread sends them
+                # (or fails them: a codec library missing, say)
+                self._hand_to_loop(node, drained, now)
+                if isinstance(e, Exception):
+                    return True
+                raise
+            if pending is None:  # failed or throttled since idle() said otherwise
+                self._hand_to_loop(node, drained, now)
                 return True
-            on_response, applied = self._response_applier(drained, now)
-            pending = conn.start_request_from_thread(request, api_key=ApiKey.PRODUCE, early=on_response)
-        self._token.run_sync_soon(self._track, node, drained, request if pending else None,
-                                  (conn, pending, applied) if pending else None, now)
+            # counted now, under this lock, so the loop thread's next round sees it
+            self._in_flight[node] = self._in_flight.get(node, 0) + 1
+            for batch in drained:
+                batch.attempts += 1
+        self._token.run_sync_soon(self._track, node, drained, request, (conn, pending, applied), now)
         return True
+
+    def _hand_to_loop(self, node: int, batches: list[ProducerBatch], now: float) -> None:
+        """Batches an application thread drained but did not write: the loop thread dispatches
+        them (``_track``). Once the producer's run has ended, its end failed them already."""
+        try:
+            self._token.run_sync_soon(self._track, node, batches, None, None, now)
+        except trio.RunFinishedError:
+            pass
 
     def _count_followers(self, batches: list[ProducerBatch]) -> None:
         """Under ``_caller_lock``, for a request of ``batches`` about to be written: every
@@ -408,14 +426,17 @@ class Sender:
         if followers > 0:
             self._found_busy = 1.0 - (1.0 - self._found_busy) * (1.0 - FOUND_BUSY_WEIGHT) ** followers
 
-    def _response_applier(self, batches: list[ProducerBatch], sent: float
+    def _response_applier(self, node: int, batches: list[ProducerBatch], sent: float
                           ) -> tuple[Callable[[ProduceResponse], None], list[bool]]:
         """The connection reader's callback for a produce response (in response order, the
-        pass it arrived in), and the list it marks once it applied it."""
+        pass it arrived in), and the list it marks once it applied it. The request is counted
+        out of flight before its futures complete: an application thread woken by one and
+        sending again finds the sender idle."""
         applied: list[bool] = []
 
         def on_response(response: ProduceResponse) -> None:
             applied.append(True)
+            self._count_out(node)
             now = self.accumulator.clock()
             self.stats.on_response(now, now - sent)
             self._apply(decide_response(response, batches, now=now, retries=self.config.retries))
@@ -424,9 +445,9 @@ class Sender:
 
     def _track(self, node: int, batches: list[ProducerBatch], request: ProduceRequest | None,
                written: tuple[Any, Any, list[bool]] | None, sent: float) -> None:
-        """On the loop thread: account for a request an application thread wrote
-        (``_send_from_caller``) and await its response in a task; with no ``request``, send
-        the batches that thread drained but could not write."""
+        """On the loop thread: await the response of a request an application thread wrote
+        and counted in flight (``_send_from_caller``) in a task; with no ``request``, send the
+        batches that thread drained but did not write."""
         if self._nursery is None:  # the sender stopped: nothing else would complete them
             for batch in batches:
                 self.accumulator.complete(batch, error=ClientClosedError(
@@ -434,11 +455,8 @@ class Sender:
             return
         if request is None:
             with self._caller_lock:  # as _step's: the sequences change under it
-                self._dispatch(node, batches)
+                self._dispatch(node, batches, counted=True)
             return
-        self._in_flight[node] = self._in_flight.get(node, 0) + 1
-        for batch in batches:
-            batch.attempts += 1
         self.stats.on_request(sent, batches)
         self._nursery.start_soon(self._send, node, batches, request, written, sent, True)
 
@@ -507,13 +525,14 @@ class Sender:
                 self._dispatch(node, batches)
         return delay
 
-    def _dispatch(self, node: int, batches: list[ProducerBatch]) -> None:
-        """Send ``batches`` to ``node``. The request is built and, when the connection is
-        open with a free slot, written right now; a task awaits the response (or, when the
-        request could not be written here, connects and sends it first)."""
+    def _dispatch(self, node: int, batches: list[ProducerBatch], counted: bool = False) -> None:
+        """Under ``_caller_lock``: send ``batches`` to ``node``. The request is built and, when
+        the connection is open with a free slot, written right now; a task awaits the response
+        (or, when the request could not be written here, connects and sends it first).
+        ``counted``: an application thread drained them and counted them in ``_found_busy``."""
         config = self.config
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
-        if not config.linger_ms:
+        if not config.linger_ms and not counted:
             self._count_followers(batches)
         for batch in batches:
             batch.attempts += 1
@@ -530,7 +549,7 @@ class Sender:
             self.stats.on_request(sent, batches)
             conn = self.cluster.open_connection(node) if config.acks != 0 else None
             if conn is not None:
-                on_response, applied = self._response_applier(batches, sent)
+                on_response, applied = self._response_applier(node, batches, sent)
                 try:
                     pending = conn.start_request(request, api_key=ApiKey.PRODUCE, early=on_response)
                 except BrokerConnectionError:
@@ -616,17 +635,25 @@ class Sender:
             log.exception("cannot send %d batch(es) to node %s", len(batches), node)
             decisions = [(b, Decision("fail", error=e)) for b in batches]
         finally:
-            was_busy = self._in_flight[node] >= config.max_in_flight_requests_per_connection
-            self._in_flight[node] -= 1
             if written is not None and written[2]:
-                decisions = []  # the connection's reader applied the response already
+                decisions = []  # the connection's reader applied the response (and counted it out)
+            else:
+                self._count_out(node)
             if decisions is None:  # cancelled (close) or a bug: never drop records silently
                 for batch in batches:
                     acc.complete(batch, error=ClientClosedError(
                         f"the producer closed before {batch.tp} was acknowledged"))
-            if was_busy or acc.has_queued():  # else nothing waits for this request to end
-                self._event.set()
         self._apply(decisions)
+
+    def _count_out(self, node: int) -> None:
+        """A request to ``node`` ended: out of flight (under the lock an application thread
+        counts its requests in under); the loop looks again if it was at the limit or batches
+        wait."""
+        with self._caller_lock:
+            was_busy = self._in_flight[node] >= self.config.max_in_flight_requests_per_connection
+            self._in_flight[node] -= 1
+        if was_busy or self.accumulator.has_queued():  # else nothing waits for this request to end
+            self._event.set()
 
     def _apply(self, decisions: list[tuple[ProducerBatch, Decision]]) -> None:
         if self.idempotence is None:

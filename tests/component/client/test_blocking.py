@@ -22,6 +22,8 @@ from tidelog import (
     TopicPartition,
     WakeupError,
 )
+from tidelog.aio import producer as producer_module
+from tidelog.aio.connection import BrokerConnection
 from tidelog.aio.partitioner import default_partition
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.records import iter_headers
@@ -217,6 +219,49 @@ def test_a_producer_sending_in_bursts_leaves_the_writes_to_its_loop_thread(threa
     assert sorted(threaded_fake.call(fake.values, "t")[2:52]) == [b"b%02d" % i for i in range(50)]
 
 
+def test_sends_that_each_wait_for_the_last_are_written_by_the_application_thread(threaded_fake, monkeypatch):
+    # the answered request is counted out of flight before its future completes: the next
+    # send finds the sender idle, and sends made one at a time are no burst
+    fake = threaded_fake.cluster
+    threaded_fake.call(fake.create_topic, "t", 1)
+    with Producer(fake.bootstrap, acks=1, linger_ms=0) as producer:
+        sender = producer._aio._sender
+        producer.send("t", b"warm").result(10)
+        wait_until_accounted(sender)
+        written = caller_drains(sender, monkeypatch)
+        for i in range(40):
+            producer.send("t", b"%d" % i).result(10)
+        assert sender._found_busy <= producer_module.BURST_SHARE
+        assert written.count(True) >= 36  # all but a chance meeting with the loop thread's round
+
+
+def test_batches_drained_by_an_application_thread_that_fails_to_write_are_sent_by_the_loop(
+        threaded_fake, monkeypatch):
+    # the batch has its sequence already (idempotent, acks=all): dropped, it would be lost,
+    # and every later batch of the partition refused as out of order
+    fake = threaded_fake.cluster
+    threaded_fake.call(fake.create_topic, "t", 1)
+    with Producer(fake.bootstrap, linger_ms=0) as producer:
+        sender = producer._aio._sender
+        producer.send("t", b"warm").result(10)
+        wait_until_accounted(sender)
+        written = caller_drains(sender, monkeypatch)
+        failures = []
+        write = BrokerConnection.start_request_from_thread
+
+        def fail_once(self, *args, **kwargs):
+            if not failures:
+                failures.append(True)
+                raise RuntimeError("the write failed")
+            return write(self, *args, **kwargs)
+
+        monkeypatch.setattr(BrokerConnection, "start_request_from_thread", fail_once)
+        assert producer.send("t", b"a").result(10).offset == 1
+        assert failures and written[0] is True  # drained on the application thread
+        assert producer.send("t", b"b").result(10).offset == 2
+    assert threaded_fake.call(fake.values, "t") == [b"warm", b"a", b"b"]
+
+
 def test_an_idempotent_producer_writes_from_the_application_threads_in_sequence(threaded_fake, monkeypatch):
     # acks=all (idempotent by default) and linger_ms 0: the application threads drain and
     # write too, giving batches their sequences; lost responses make the loop thread resend
@@ -231,11 +276,19 @@ def test_an_idempotent_producer_writes_from_the_application_threads_in_sequence(
         written = caller_drains(sender, monkeypatch)
         producer.send("t", b"one").result(10)
         assert written == [True]
+        # every idle moment written from a thread, bursts or not: the most drains on the
+        # application threads beside the loop thread's resends
+        monkeypatch.setattr(producer_module, "BURST_SHARE", 1.0)
         threaded_fake.call(functools.partial(fake.inject, ApiKey.PRODUCE, drop_after_append=True, count=4))
         futures = send_from_threads(producer, 100, wait_every=4)
         producer.flush(20)
+        wait_until_accounted(sender)
+        before = len(written)
+        producer.send("t", b"last").result(10)
+        assert written[before:] == [True]  # after the faults, the application thread writes again
     offsets = {key: f.result(0).offset for key, f in futures.items()}
-    values = threaded_fake.call(fake.values, "t")[2:]
+    *values, last = threaded_fake.call(fake.values, "t")[2:]
+    assert last == b"last"
     assert sorted(values) == sorted(b"%d-%d" % key for key in futures)  # each once
     assert all(values[offset - 2] == b"%d-%d" % key for key, offset in offsets.items())
     for n in range(3):  # each thread's records in the order it sent them
@@ -249,15 +302,17 @@ def test_an_idempotent_producer_writes_from_the_application_threads_in_sequence(
         expected += h.record_count
 
 
-def test_an_idempotent_producer_whose_state_the_broker_lost_resends_under_a_new_epoch(threaded_fake):
+def test_an_idempotent_producer_whose_state_the_broker_lost_resends_under_a_new_epoch(threaded_fake, monkeypatch):
     # the refused batch bumps the epoch: no application thread drains until it is bumped
     fake = threaded_fake.cluster
     threaded_fake.call(fake.create_topic, "t", 1)
     with Producer(fake.bootstrap, linger_ms=0, retry_backoff_ms=10) as producer:
         assert producer.send("t", b"a").result(10).offset == 0
         wait_until_accounted(producer._aio._sender)
+        written = caller_drains(producer._aio._sender, monkeypatch)
         threaded_fake.call(threaded_fake.call(fake.log, "t").producer_state.clear)
         assert producer.send("t", b"b").result(10).offset == 1
+        assert written[0] is True
         assert producer.send("t", b"c").result(10).offset == 2
     assert threaded_fake.call(fake.values, "t") == [b"a", b"b", b"c"]
     batches = [h for _, data in threaded_fake.call(fake.log, "t").batches for _, h in iter_headers(data)]
