@@ -3,6 +3,7 @@ its own thread, bounded errors when nothing listens, Ctrl-C, and thread lifecycl
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -189,14 +190,21 @@ def caller_drains(sender, monkeypatch) -> list[bool]:
     return outcomes
 
 
-def test_a_producer_sending_in_bursts_leaves_the_writes_to_its_loop_thread(threaded_fake, monkeypatch):
-    fake = threaded_fake.cluster
-    threaded_fake.call(fake.create_topic, "t", 1)
-    with Producer(fake.bootstrap, acks=1, linger_ms=0) as producer:
+@contextlib.contextmanager
+def warm_producer(threaded_fake, monkeypatch, **options):
+    """A Producer on topic "t" (one partition) that has sent one record and counted its
+    request out; yields it, its sender and ``caller_drains`` from then on."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    with Producer(threaded_fake.cluster.bootstrap, linger_ms=0, **options) as producer:
         sender = producer._aio._sender
         producer.send("t", b"warm").result(10)
         wait_until_accounted(sender)
-        written = caller_drains(sender, monkeypatch)
+        yield producer, sender, caller_drains(sender, monkeypatch)
+
+
+def test_a_producer_sending_in_bursts_leaves_the_writes_to_its_loop_thread(threaded_fake, monkeypatch):
+    fake = threaded_fake.cluster
+    with warm_producer(threaded_fake, monkeypatch, acks=1) as (producer, sender, written):
         producer.send("t", b"one").result(10)
         assert written == [True]  # one at a time: the application thread writes it
         wait_until_accounted(sender)
@@ -222,13 +230,7 @@ def test_a_producer_sending_in_bursts_leaves_the_writes_to_its_loop_thread(threa
 def test_sends_that_each_wait_for_the_last_are_written_by_the_application_thread(threaded_fake, monkeypatch):
     # the answered request is counted out of flight before its future completes: the next
     # send finds the sender idle, and sends made one at a time are no burst
-    fake = threaded_fake.cluster
-    threaded_fake.call(fake.create_topic, "t", 1)
-    with Producer(fake.bootstrap, acks=1, linger_ms=0) as producer:
-        sender = producer._aio._sender
-        producer.send("t", b"warm").result(10)
-        wait_until_accounted(sender)
-        written = caller_drains(sender, monkeypatch)
+    with warm_producer(threaded_fake, monkeypatch, acks=1) as (producer, sender, written):
         for i in range(40):
             producer.send("t", b"%d" % i).result(10)
         assert sender._found_busy <= producer_module.BURST_SHARE
@@ -240,12 +242,7 @@ def test_batches_drained_by_an_application_thread_that_fails_to_write_are_sent_b
     # the batch has its sequence already (idempotent, acks=all): dropped, it would be lost,
     # and every later batch of the partition refused as out of order
     fake = threaded_fake.cluster
-    threaded_fake.call(fake.create_topic, "t", 1)
-    with Producer(fake.bootstrap, linger_ms=0) as producer:
-        sender = producer._aio._sender
-        producer.send("t", b"warm").result(10)
-        wait_until_accounted(sender)
-        written = caller_drains(sender, monkeypatch)
+    with warm_producer(threaded_fake, monkeypatch) as (producer, _, written):
         failures = []
         write = BrokerConnection.start_request_from_thread
 
@@ -267,13 +264,9 @@ def test_an_idempotent_producer_writes_from_the_application_threads_in_sequence(
     # write too, giving batches their sequences; lost responses make the loop thread resend
     # some meanwhile, and the broker deduplicates them by those sequences
     fake = threaded_fake.cluster
-    threaded_fake.call(fake.create_topic, "t", 1)
-    with Producer(fake.bootstrap, linger_ms=0, retry_backoff_ms=10, request_timeout_ms=2000) as producer:
-        sender = producer._aio._sender
+    with warm_producer(threaded_fake, monkeypatch, retry_backoff_ms=10, request_timeout_ms=2000) as (
+            producer, sender, written):
         assert sender.idempotence is not None
-        producer.send("t", b"warm").result(10)
-        wait_until_accounted(sender)
-        written = caller_drains(sender, monkeypatch)
         producer.send("t", b"one").result(10)
         assert written == [True]
         # every idle moment written from a thread, bursts or not: the most drains on the
