@@ -25,7 +25,7 @@ from tests.support.cluster import (
 )
 from tests.support.disk import log_dirs, replica_high_watermark, replica_records
 from tests.support.producing import SteadyProducer, assert_all_acked_present
-from tests.support.waiting import wait_until
+from tests.support.waiting import NotYet, wait_until
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 
 LAG_MS = int(FAST_FAILOVER["replica.lag.time.max.ms"])
@@ -202,12 +202,20 @@ def test_sigterm_moves_leadership_away_before_the_leader_stops(fresh_cluster_3):
         assert f"controlled shutdown of broker {victim} succeeded" in log
         assert log.index("controlled shutdown of broker") < log.rindex(f"broker {victim} stopped")
 
+        # the succeeded shutdown moved every leadership before the broker stopped; the other
+        # brokers' metadata learns it from the controller's UpdateMetadata, or, when the
+        # broker stopped was the controller and had not sent it yet, from the next one's
         others = [i for i in cluster.brokers if i != victim]
-        for i in others:
-            parts = partitions_of(broker_metadata(cluster, i), topic)
-            for p in led:
-                assert parts[p].leader_id in others, f"{topic}-{p} still led by {parts[p].leader_id}"
-                assert parts[p].leader_epoch > epochs[p]
+
+        def moved() -> bool | NotYet:
+            stale = []
+            for i in others:
+                parts = partitions_of(broker_metadata(cluster, i), topic)
+                stale += [f"broker {i}: {topic}-{p} led by {parts[p].leader_id} at epoch {parts[p].leader_epoch}"
+                          for p in led if parts[p].leader_id not in others or parts[p].leader_epoch <= epochs[p]]
+            return NotYet("; ".join(stale)) if stale else True
+
+        wait_until(moved, 15, "the other brokers' metadata to show the moved leaders")
         producer.wait_acked(1000, 30, partition=0, since=stopping_at)
         acked = producer.finish()  # every record acknowledged: no error got past the retries
 
