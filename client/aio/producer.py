@@ -391,7 +391,8 @@ class Sender:
                 self.idempotence.mark_sent(drained)
             try:
                 request = build_produce_request(drained, acks=config.acks, timeout_ms=config.request_timeout_ms)
-                on_response, applied = self._response_applier(node, drained, now)
+                counted: list[bool] = []
+                on_response, applied = self._response_applier(node, drained, now, counted)
                 pending = conn.start_request_from_thread(request, api_key=ApiKey.PRODUCE, early=on_response)
             except BaseException as e:
                 # drained (and given sequences): never dropped, the loop thread sends them
@@ -405,6 +406,7 @@ class Sender:
                 return True
             # counted now, under this lock, so the loop thread's next round sees it
             self._in_flight[node] = self._in_flight.get(node, 0) + 1
+            counted.append(True)
             for batch in drained:
                 batch.attempts += 1
         self._token.run_sync_soon(self._track, node, drained, request, (conn, pending, applied), now)
@@ -426,17 +428,18 @@ class Sender:
         if followers > 0:
             self._found_busy = 1.0 - (1.0 - self._found_busy) * (1.0 - FOUND_BUSY_WEIGHT) ** followers
 
-    def _response_applier(self, node: int, batches: list[ProducerBatch], sent: float
+    def _response_applier(self, node: int, batches: list[ProducerBatch], sent: float, counted: list[bool]
                           ) -> tuple[Callable[[ProduceResponse], None], list[bool]]:
         """The connection reader's callback for a produce response (in response order, the
         pass it arrived in), and the list it marks once it applied it. The request is counted
-        out of flight before its futures complete: an application thread woken by one and
-        sending again finds the sender idle."""
+        out of flight before its futures complete (an application thread woken by one and
+        sending again finds the sender idle), if ``counted`` says it was counted in: an
+        application thread interrupted in its write hands the batches to the loop uncounted."""
         applied: list[bool] = []
 
         def on_response(response: ProduceResponse) -> None:
             applied.append(True)
-            self._count_out(node)
+            self._count_out(node, counted)
             now = self.accumulator.clock()
             self.stats.on_response(now, now - sent)
             self._apply(decide_response(response, batches, now=now, retries=self.config.retries))
@@ -549,7 +552,7 @@ class Sender:
             self.stats.on_request(sent, batches)
             conn = self.cluster.open_connection(node) if config.acks != 0 else None
             if conn is not None:
-                on_response, applied = self._response_applier(node, batches, sent)
+                on_response, applied = self._response_applier(node, batches, sent, [True])
                 try:
                     pending = conn.start_request(request, api_key=ApiKey.PRODUCE, early=on_response)
                 except BrokerConnectionError:
@@ -645,11 +648,13 @@ class Sender:
                         f"the producer closed before {batch.tp} was acknowledged"))
         self._apply(decisions)
 
-    def _count_out(self, node: int) -> None:
+    def _count_out(self, node: int, counted: list[bool] | None = None) -> None:
         """A request to ``node`` ended: out of flight (under the lock an application thread
-        counts its requests in under); the loop looks again if it was at the limit or batches
-        wait."""
+        counts its requests in under, and checked under it: ``counted`` empty, it never was);
+        the loop looks again if it was at the limit or batches wait."""
         with self._caller_lock:
+            if counted is not None and not counted:
+                return
             was_busy = self._in_flight[node] >= self.config.max_in_flight_requests_per_connection
             self._in_flight[node] -= 1
         if was_busy or self.accumulator.has_queued():  # else nothing waits for this request to end

@@ -259,6 +259,30 @@ def test_batches_drained_by_an_application_thread_that_fails_to_write_are_sent_b
     assert threaded_fake.call(fake.values, "t") == [b"warm", b"a", b"b"]
 
 
+def test_an_application_thread_interrupted_after_its_write_leaves_nothing_counted(threaded_fake, monkeypatch):
+    # Ctrl-C right after the frame went out: the loop thread sends the batches again (the
+    # broker deduplicates them by sequence), and neither request is left counted in flight
+    fake = threaded_fake.cluster
+    with warm_producer(threaded_fake, monkeypatch) as (producer, sender, written):
+        write = BrokerConnection.start_request_from_thread
+
+        def write_then_interrupt(self, *args, **kwargs):
+            monkeypatch.setattr(BrokerConnection, "start_request_from_thread", write)
+            write(self, *args, **kwargs)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(BrokerConnection, "start_request_from_thread", write_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            producer.send("t", b"a")
+        producer.flush(10)
+        wait_until_accounted(sender)
+        assert sender._in_flight == {next(iter(sender._in_flight)): 0}
+        before = len(written)
+        assert producer.send("t", b"b").result(10).offset == 2
+        assert written[before:] == [True]  # the sender is idle again: the thread writes
+    assert threaded_fake.call(fake.values, "t") == [b"warm", b"a", b"b"]
+
+
 def test_an_idempotent_producer_writes_from_the_application_threads_in_sequence(threaded_fake, monkeypatch):
     # acks=all (idempotent by default) and linger_ms 0: the application threads drain and
     # write too, giving batches their sequences; lost responses make the loop thread resend
