@@ -404,11 +404,8 @@ class Sender:
             if pending is None:  # failed or throttled since idle() said otherwise
                 self._hand_to_loop(node, drained, now)
                 return True
-            # counted now, under this lock, so the loop thread's next round sees it
-            self._in_flight[node] = self._in_flight.get(node, 0) + 1
+            self._count_in(node, drained)  # now, under this lock: the loop's next round sees it
             counted.append(True)
-            for batch in drained:
-                batch.attempts += 1
         self._token.run_sync_soon(self._track, node, drained, request, (conn, pending, applied), now)
         return True
 
@@ -534,11 +531,9 @@ class Sender:
         (or, when the request could not be written here, connects and sends it first).
         ``counted``: an application thread drained them and counted them in ``_found_busy``."""
         config = self.config
-        self._in_flight[node] = self._in_flight.get(node, 0) + 1
+        self._count_in(node, batches)
         if not config.linger_ms and not counted:
             self._count_followers(batches)
-        for batch in batches:
-            batch.attempts += 1
         if self.idempotence is not None:
             self.idempotence.mark_sent(batches)
         written = None
@@ -647,6 +642,13 @@ class Sender:
                     acc.complete(batch, error=ClientClosedError(
                         f"the producer closed before {batch.tp} was acknowledged"))
         self._apply(decisions)
+
+    def _count_in(self, node: int, batches: list[ProducerBatch]) -> None:
+        """Under ``_caller_lock``: a request of ``batches`` to ``node`` goes out (``_count_out``
+        when it ends), and each batch has one attempt more."""
+        self._in_flight[node] = self._in_flight.get(node, 0) + 1
+        for batch in batches:
+            batch.attempts += 1
 
     def _count_out(self, node: int, counted: list[bool] | None = None) -> None:
         """A request to ``node`` ended: out of flight (under the lock an application thread
