@@ -130,6 +130,14 @@ def _wire_consumer(bootstrap: str, topic: str, conn) -> None:
     conn.send(out)
 
 
+def start_capture(pcap: str, port: int) -> subprocess.Popen:
+    """tcpdump writing the loopback's packets to or from ``port`` into ``pcap``, nanosecond
+    time stamps (for ``read_pcap``); give it a second to attach, ``terminate`` it after."""
+    return subprocess.Popen(["tcpdump", "-i", "lo", "-s", "0", "-B", "16384", "-U", "-w", pcap,
+                             "--time-stamp-precision=nano", f"tcp port {port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def read_pcap(path: str, broker_port: int) -> tuple[dict[int, int], dict[int, int], list[int]]:
     """{stamp: wall-clock ns of the first packet to the broker carrying it},
     {stamp: ... from the broker}: the records' values found by their padding; and the times
@@ -198,9 +206,7 @@ def wire_step(bootstrap: str, rate: float, seconds: float, broker_pid: int, prof
     try:
         if not parent.poll(60) or parent.recv() != "ready":
             raise RuntimeError("the consumer process did not start")
-        dump = subprocess.Popen(["tcpdump", "-i", "lo", "-s", "0", "-B", "16384", "-U", "-w", pcap,
-                                 "--time-stamp-precision=nano", f"tcp port {port}"],
-                                stderr=subprocess.DEVNULL)
+        dump = start_capture(pcap, port)
         spies = start_profiles(profile, {"broker": broker_pid, "producer": os.getpid(), "consumer": proc.pid},
                                seconds) if profile else []
         time.sleep(1.0)  # tcpdump (and py-spy) attached

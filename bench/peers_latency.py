@@ -263,9 +263,14 @@ def run_one(system: str, addr: str, name: str, rate: float, seconds: float) -> d
             if proc.is_alive():
                 proc.kill()
     steady = sorted(latencies[len(latencies) // WARMUP_SHARE:])
-    q = lambda f: steady[min(len(steady) - 1, int(f * len(steady)))] / 1e6  # noqa: E731
     return {"system": system, "rate": rate, "achieved": achieved, "received": len(latencies),
-            "sent": total, "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
+            "sent": total, "p50": quantile_ms(steady, 0.5), "p90": quantile_ms(steady, 0.9),
+            "p99": quantile_ms(steady, 0.99)}
+
+
+def quantile_ms(ordered_ns: list[int], f: float) -> float:
+    """The ``f`` quantile of sorted nanoseconds, in milliseconds."""
+    return ordered_ns[min(len(ordered_ns) - 1, int(f * len(ordered_ns)))] / 1e6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,18 +382,16 @@ def server_part(pcap: str, port: int) -> dict:
     parts = parts[len(parts) // WARMUP_SHARE:]
     if not parts:
         return {"server_p50": float("nan"), "server_p90": float("nan")}
-    q = lambda f: parts[min(len(parts) - 1, int(f * len(parts)))] / 1e6  # noqa: E731
-    return {"server_p50": q(0.5), "server_p90": q(0.9)}
+    return {"server_p50": quantile_ms(parts, 0.5), "server_p90": quantile_ms(parts, 0.9)}
 
 
 def captured(python: str, system: str, addr: str, name: str, rate: float, seconds: float) -> dict:
     """``run_child`` under tcpdump on the loopback (root), with the server's part added."""
+    from latency_breakdown import start_capture
     port = int(addr.rsplit(":", 1)[1])
     with tempfile.TemporaryDirectory(prefix="tidelog-peers-pcap-") as d:
         pcap = os.path.join(d, "run.pcap")
-        dump = subprocess.Popen(["tcpdump", "-i", "lo", "-s", "0", "-B", "16384", "-U", "-w", pcap,
-                                 "--time-stamp-precision=nano", f"tcp port {port}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        dump = start_capture(pcap, port)
         try:
             time.sleep(1.0)  # attached
             r = run_child(python, system, addr, name, rate, seconds)
