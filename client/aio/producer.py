@@ -386,7 +386,6 @@ class Sender:
             drained = acc.drain(metadata, check.nodes, config.max_request_size, now).get(node)
             if not drained:
                 return False
-            self._count_followers(drained)
             if self.idempotence is not None:
                 self.idempotence.mark_sent(drained)
             try:
@@ -401,6 +400,8 @@ class Sender:
                 if isinstance(e, Exception):
                     return True
                 raise
+            finally:
+                self._count_followers(drained)  # after the write: the request is on the wire sooner
             if pending is None:  # failed or throttled since idle() said otherwise
                 self._hand_to_loop(node, drained, now)
                 return True
@@ -532,8 +533,6 @@ class Sender:
         ``counted``: an application thread drained them and counted them in ``_found_busy``."""
         config = self.config
         self._count_in(node, batches)
-        if not config.linger_ms and not counted:
-            self._count_followers(batches)
         if self.idempotence is not None:
             self.idempotence.mark_sent(batches)
         written = None
@@ -544,7 +543,6 @@ class Sender:
         except Exception as e:  # e.g. a codec library missing: _send fails these records
             request = e
         else:
-            self.stats.on_request(sent, batches)
             conn = self.cluster.open_connection(node) if config.acks != 0 else None
             if conn is not None:
                 on_response, applied = self._response_applier(node, batches, sent, [True])
@@ -554,6 +552,10 @@ class Sender:
                     pending = None  # the connection failed: _send reconnects or reports it
                 if pending is not None:
                     written = (conn, pending, applied)
+            # the bookkeeping after the write: the request is on the wire sooner
+            self.stats.on_request(sent, batches)
+        if not config.linger_ms and not counted:
+            self._count_followers(batches)
         self._nursery.start_soon(self._send, node, batches, request, written, sent)
 
     def _bump_or_init_producer_id(self) -> None:
