@@ -237,9 +237,10 @@ class DelayedFetch(DelayedOperation):
         self.from_follower = request.replica_id >= 0
 
     def outcome(self, force: bool) -> Any:
-        results, size = self.manager._read_all(self.request, self.from_follower)
+        results, size, throttled = self.manager._read_all(self.request, self.from_follower)
         if not force and size < self.request.min_bytes and not _has_errors(results):
             return None
+        self.manager._charge_throttled(throttled)
         return self.respond(results)
 
     def release(self) -> None:
@@ -638,8 +639,9 @@ class ReplicaManager:
         from_follower = req.replica_id >= 0
         deadline = trio.current_time() + req.max_wait_ms / 1000
         while True:
-            results, size = self._read_all(req, from_follower)
+            results, size, throttled = self._read_all(req, from_follower)
             if size >= req.min_bytes or trio.current_time() >= deadline or _has_errors(results):
+                self._charge_throttled(throttled)
                 return results
             events = [self.partitions[tp].changed for tp in results if tp in self.partitions]
             if not events:
@@ -653,11 +655,13 @@ class ReplicaManager:
         (the same outcome as ``fetch``, without a task waiting). Without the timer running
         (``run``), the coroutine of ``fetch`` instead."""
         deadline = trio.current_time() + req.max_wait_ms / 1000
-        results, size = self._read_all(req, req.replica_id >= 0)
+        results, size, throttled = self._read_all(req, req.replica_id >= 0)
         if size >= req.min_bytes or req.max_wait_ms <= 0 or _has_errors(results):
+            self._charge_throttled(throttled)
             return respond(results)
         watched = [self.partitions[tp] for tp in results if tp in self.partitions]
         if not watched:
+            self._charge_throttled(throttled)
             return respond(results)
         if self._timer is None:
             return self._respond_after(self.fetch(req), respond)
@@ -708,18 +712,31 @@ class ReplicaManager:
                     d.try_complete(force=True)
 
     def _read_all(self, req: FetchRequest, from_follower: bool):
-        results, size, budget = {}, 0, req.max_bytes
+        """One try at a fetch: ``(results, bytes read, bytes read for throttled replicas)``.
+        The throttled bytes are charged to the leader's throttle only by the try that answers
+        (``_charge_throttled``): a waiting fetch is read again at every append until
+        ``min_bytes`` are there, and the tries before sent nothing."""
+        results, size, budget, throttled = {}, 0, req.max_bytes, 0
         for t in req.topics:
             for fp in t.partitions:
                 tp = TopicPartition(t.topic, fp.partition)
-                r = self._read_one(tp, fp, from_follower, req.replica_id, budget, size == 0)
+                r, charged = self._read_one(tp, fp, from_follower, req.replica_id, budget, size == 0, throttled)
                 results[tp] = r
                 n = len(r.records or b"")
                 size += n
+                throttled += charged
                 budget = max(0, budget - n)
-        return results, size
+        return results, size, throttled
 
-    def _read_one(self, tp, fp, from_follower: bool, replica_id: int, budget: int, first: bool):
+    def _charge_throttled(self, nbytes: int) -> None:
+        """The bytes an answered fetch sends to throttled replicas, against the leader's throttle."""
+        if nbytes:
+            self.leader_quota.record(nbytes, trio.current_time())
+
+    def _read_one(self, tp, fp, from_follower: bool, replica_id: int, budget: int, first: bool,
+                  pending: int) -> tuple[FetchPartitionResponse, int]:
+        """One partition's part of a try, and the bytes it read for a throttled replica (the
+        bucket is checked net of ``pending``, those the try read already for others)."""
         p = self.partitions.get(tp)
         try:
             if p is None:
@@ -729,14 +746,11 @@ class ReplicaManager:
             # Kafka's leader side: this broker's replica is a listed source, the follower lags
             throttled = from_follower and replica_id not in p.isr and is_throttled(
                 log.config.leader_replication_throttled_replicas, tp.partition, self.broker_id)
-            now_s = trio.current_time() if throttled else 0.0
-            if throttled and self.leader_quota.exceeded(now_s):
+            if throttled and self.leader_quota.exceeded(trio.current_time(), pending):
                 records = b""  # the follower waits for the bucket to refill (max_wait_ms at most)
             else:
                 records = log.read(fp.fetch_offset, min(fp.partition_max_bytes, budget), max_offset,
                                    min_one_message=first)
-                if throttled:
-                    self.leader_quota.record(len(records or b""), now_s)
             # only a fetch the log could serve says where the follower is (as in Kafka): one
             # beyond our LEO holds records we lack, and must not count as caught up
             if from_follower and p.record_follower_fetch(replica_id, fp.fetch_offset, self.clock(),
@@ -745,14 +759,15 @@ class ReplicaManager:
             if from_follower:
                 self._maybe_expand_isr(p)
         except CorruptRecordError as e:  # this replica's own bytes failed their check on disk
-            return self._damaged(p, fp.fetch_offset, e)
+            return self._damaged(p, fp.fetch_offset, e), 0
         except TidelogError as e:
             return FetchPartitionResponse(tp.partition, e.code, error_message=str(e),
                                           high_watermark=p.log.high_watermark if p and p.log else -1,
-                                          log_start_offset=p.log.log_start_offset if p and p.log else -1)
+                                          log_start_offset=p.log.log_start_offset if p and p.log else -1), 0
         return FetchPartitionResponse(tp.partition, NONE.code, log.high_watermark, log.log_start_offset,
                                       records, current_leader_epoch=p.leader_epoch,
-                                      high_watermark_held=not from_follower and p.high_watermark_held)
+                                      high_watermark_held=not from_follower and p.high_watermark_held
+                                      ), len(records or b"") if throttled else 0
 
     def _damaged(self, p: NotifyingPartition, offset: int, e: CorruptRecordError) -> FetchPartitionResponse:
         """A read found this replica's batch at ``offset`` damaged on disk: the replica is

@@ -56,9 +56,10 @@ class ReplicationQuota:
         self.last_s = now_s
         return rate
 
-    def exceeded(self, now_s: float) -> bool:
-        """Whether throttled replicas must wait now."""
-        return self._refill(now_s) is not None and self.tokens <= 0
+    def exceeded(self, now_s: float, pending: int = 0) -> bool:
+        """Whether throttled replicas must wait now, ``pending`` bytes read for them but not
+        yet ``record``-ed (the earlier partitions of an answer being built) counted as spent."""
+        return self._refill(now_s) is not None and self.tokens - pending <= 0
 
     def record(self, nbytes: int, now_s: float) -> None:
         """Bytes copied for throttled replicas."""

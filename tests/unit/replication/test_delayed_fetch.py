@@ -287,3 +287,44 @@ async def test_the_timer_answers_an_acks_all_wait_at_its_timeout(three, autojump
     assert trio.current_time() - start == pytest.approx(0.3, abs=0.02)
     assert produce_result(answers[0]).error_code == REQUEST_TIMED_OUT.code
     assert not three.leader.partition().watchers
+
+
+@pytest.fixture
+async def throttled_source(tmp_path, nursery):
+    """Broker 1 leading with 3 out of the ISR and every replica a throttled source (a move's
+    catching-up replica, KIP-73), the leader's throttle at 1 MB/s."""
+    config = LogConfig(segment_bytes=100_000, retention_ms=-1, leader_replication_throttled_replicas="*")
+    cluster, brokers = make_cluster(str(tmp_path), n=3, config=config)
+    cluster.elect(1, [1, 2])
+    brokers[0].replica_manager.leader_quota.rate_of = lambda: 1_000_000
+    await nursery.start(brokers[0].replica_manager.run)
+    yield cluster
+    brokers[0].replica_manager._nursery.cancel_scope.cancel()
+    for b in brokers:
+        b.close()
+
+
+async def test_a_throttled_followers_waiting_fetch_is_charged_once_for_what_it_is_sent(throttled_source):
+    """A waiting fetch is read again at every append until min_bytes are there; only the read
+    that answers it is sent, and only its bytes drain the leader's throttle."""
+    leader = throttled_source.leader
+    quota = leader.replica_manager.leader_quota
+    leader.produce(make_batch(1, size=100))
+    answers = attach(follower_fetch(throttled_source, 3, 0, max_wait_ms=30_000, min_bytes=1000))
+    for _ in range(4):  # each append tries it again: below min_bytes, nothing is sent
+        leader.produce(make_batch(1, size=100))
+    assert answers == [] and quota.throttled_bytes == 0
+    while not answers:
+        leader.produce(make_batch(1, size=100))
+    [response] = answers
+    sent = len(partition_result(response).records)
+    assert sent >= 1000 and quota.throttled_bytes == sent
+
+
+async def test_a_throttled_followers_fetch_answered_at_once_is_charged_for_its_bytes(throttled_source):
+    leader = throttled_source.leader
+    for _ in range(3):
+        leader.produce(make_batch(1, size=100))
+    response = follower_fetch(throttled_source, 3, 0)
+    assert isinstance(response, FetchResponse)
+    assert leader.replica_manager.leader_quota.throttled_bytes == len(partition_result(response).records) > 0

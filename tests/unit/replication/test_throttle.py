@@ -47,3 +47,10 @@ def test_an_unset_rate_never_holds_anything():
     q = ReplicationQuota(lambda: None)
     q.record(10**9, 0.0)
     assert not q.exceeded(0.0) and q.throttled_bytes == 10**9
+
+
+def test_bytes_read_for_an_answer_not_yet_charged_count_as_spent():
+    q = ReplicationQuota(lambda: 1000)
+    assert not q.exceeded(0.0, pending=999)  # one byte of the second's worth is left
+    assert q.exceeded(0.0, pending=1000)  # a later partition of the same answer waits
+    assert q.throttled_bytes == 0  # nothing charged until the answer is
