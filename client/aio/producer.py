@@ -548,8 +548,10 @@ class Sender:
                 on_response, applied = self._response_applier(node, batches, sent, [True])
                 try:
                     pending = conn.start_request(request, api_key=ApiKey.PRODUCE, early=on_response)
-                except BrokerConnectionError:
+                except (BrokerConnectionError, InvalidRequestError):
                     pending = None  # the connection failed: _send reconnects or reports it
+                except Exception as e:  # the request does not frame: _send fails these records
+                    request, pending = e, None
                 if pending is not None:
                     written = (conn, pending, applied)
             # the bookkeeping after the write: the request is on the wire sooner

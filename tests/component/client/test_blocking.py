@@ -259,6 +259,26 @@ def test_batches_drained_by_an_application_thread_that_fails_to_write_are_sent_b
     assert threaded_fake.call(fake.values, "t") == [b"warm", b"a", b"b"]
 
 
+def test_a_request_the_loop_thread_cannot_frame_fails_its_records_instead_of_losing_them(
+        threaded_fake, monkeypatch):
+    fake = threaded_fake.cluster
+    with warm_producer(threaded_fake, monkeypatch, acks=1) as (producer, _, written):
+        monkeypatch.setattr(producer_module, "BURST_SHARE", -1.0)  # every write the loop thread's
+        start = BrokerConnection.start_request
+
+        def fail_once(self, *args, **kwargs):
+            monkeypatch.setattr(BrokerConnection, "start_request", start)
+            raise RuntimeError("the frame cannot be encoded")
+
+        monkeypatch.setattr(BrokerConnection, "start_request", fail_once)
+        with pytest.raises(RuntimeError, match="cannot be encoded"):
+            producer.send("t", b"a").result(10)  # drained by the loop thread: failed, not lost
+        assert producer.send("t", b"b").result(10).offset == 1
+        producer.flush(10)
+        assert written and not any(written)
+    assert threaded_fake.call(fake.values, "t") == [b"warm", b"b"]
+
+
 def test_an_application_thread_interrupted_after_its_write_leaves_nothing_counted(threaded_fake, monkeypatch):
     # Ctrl-C right after the frame went out: the loop thread sends the batches again (the
     # broker deduplicates them by sequence), and neither request is left counted in flight
