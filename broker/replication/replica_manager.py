@@ -640,11 +640,10 @@ class ReplicaManager:
         deadline = trio.current_time() + req.max_wait_ms / 1000
         while True:
             results, size, throttled = self._read_all(req, from_follower)
-            if size >= req.min_bytes or trio.current_time() >= deadline or _has_errors(results):
-                self._charge_throttled(throttled)
-                return results
             events = [self.partitions[tp].changed for tp in results if tp in self.partitions]
-            if not events:
+            if (size >= req.min_bytes or trio.current_time() >= deadline or _has_errors(results)
+                    or not events):
+                self._charge_throttled(throttled)
                 return results
             with trio.move_on_at(deadline):
                 await _wait_any(events)
