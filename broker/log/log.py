@@ -166,6 +166,7 @@ class Log:
         self.last_flush_ms = clock()
         self.recovery_report: list[str] = []
         self.cleaner_fence = 0  # moved by truncation, close and delete (see the module docstring)
+        self._appended: tuple[int, int, bytearray, int] | None = None  # see ``append_as_leader``
         self.truncated_to: int | None = None  # lowest log end left by a truncation, for the cleaner
         if producer_state is None:
             producer_state = ProducerStateManager(directory)
@@ -209,7 +210,9 @@ class Log:
     # -- appends -------------------------------------------------------------------------------
 
     def append_as_leader(self, records: bytes, leader_epoch: int) -> LogAppendInfo:
-        """Validate, assign offsets and the leader epoch, append. Nothing is written on error."""
+        """Validate, assign offsets and the leader epoch, append. Nothing is written on error.
+        The appended batches stay readable from memory (``read`` at their first offset: the
+        fetches waiting at the log end that this append answers) until ``release_appended``."""
         batches = self._validate(records)
         if not (isinstance(records, CheckedRecords) and records.config is self.config):
             check_produced_records(records, batches, self.config, self._clock(), self.topic_partition)
@@ -235,7 +238,15 @@ class Log:
                 h = h._replace(max_timestamp=now)
             stamped.append((pos, h._replace(base_offset=offset, leader_epoch=leader_epoch)))
             offset += h.record_count
-        return self._append(buf, stamped, first, offset - 1, now)
+        info = self._append(buf, stamped, first, offset - 1, now)
+        if len(buf) <= self.config.segment_bytes:  # in one segment, as a read of it would be
+            self._appended = (first, offset, buf, self.cleaner_fence)
+        return info
+
+    def release_appended(self) -> None:
+        """Forget the batches of the last leader append: once the waiting fetches it completes
+        are answered, later reads go to the segment (no append is held in memory longer)."""
+        self._appended = None
 
     def _duplicate_info(self, d) -> LogAppendInfo:
         """A retried batch already in the log: its original offsets, nothing appended."""
@@ -391,6 +402,12 @@ class Log:
                 f"log start offset {self.log_start_offset}, log end offset {leo}")
         if offset == leo or (max_offset is not None and offset >= max_offset):
             return b""
+        a = self._appended
+        if (a is not None and offset == a[0] and a[1] == leo and a[3] == self.cleaner_fence
+                and (max_offset is None or leo <= max_offset) and len(a[2]) <= max_bytes):
+            # the append that answers a waiting fetch: its bytes, still in memory, are the
+            # segment's (no truncation since, nothing after them), read without a syscall
+            return bytes(a[2])
         i = max(0, bisect.bisect_right(self._bases, offset) - 1)
         for seg in self._segments[i:]:
             if seg.next_offset <= offset:
@@ -570,6 +587,7 @@ class Log:
             seg.set_file_suffix("")
         self._segments[i:i + len(old)] = new
         self._bases = [s.base_offset for s in self._segments]
+        self._appended = None  # its batches may have been cleaned away
         logger.info("%s: swapped in cleaned segment(s) %s for segment(s) %s", self.topic_partition,
                     [s.base_offset for s in new], [s.base_offset for s in old])
 

@@ -475,9 +475,14 @@ class ReplicaManager:
                     waiting[tp] = results[tp]["_last_offset"]
             results[tp].pop("_last_offset", None)
         # after every append (Kafka's action queue): a follower's fetch waiting on several of
-        # these partitions gets all their batches in one response, not the first one's alone
-        for p in appended:
-            p.notify()
+        # these partitions gets all their batches in one response, not the first one's alone.
+        # The fetches answered here read the appended batches from memory (``Log.read``).
+        try:
+            for p in appended:
+                p.notify()
+        finally:
+            for p in appended:
+                p.log.release_appended()
         return results, waiting
 
     async def check_in_worker(self, entries: dict[TopicPartition, bytes]) -> tuple[dict, dict]:

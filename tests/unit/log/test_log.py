@@ -21,7 +21,7 @@ from tests.unit.log.helpers import (
     segment_file_sizes,
 )
 from tidelog.broker.log.config import LogConfig
-from tidelog.broker.log.segment import LOG_SUFFIX
+from tidelog.broker.log.segment import LOG_SUFFIX, LogSegment
 from tidelog.protocol.errors import (
     FENCED_LEADER_EPOCH,
     RECORD_LIST_TOO_LARGE,
@@ -891,6 +891,39 @@ def test_a_read_inside_a_gap_returns_the_next_batch_below_max_offset_or_nothing(
     assert read_header(log.read(5, 100, max_offset=8)).base_offset == 7
     assert log.read(5, 100, max_offset=7) == b""  # the next batch is not below the HW yet
     assert log.read(8, 100, max_offset=8) == b""
+
+
+def test_the_last_leader_append_is_read_from_memory_as_the_segment_holds_it(tmp_path, monkeypatch):
+    """A read at the first offset of the last leader append (the fetches waiting at the log
+    end that its notify answers) gets its batches from memory: the bytes the segment holds,
+    while nothing changed the log since, and only until ``release_appended``."""
+    log = open_log(tmp_path, small_config(segment_bytes=1_000_000))
+    log.append_as_leader(make_batch(2, 20), 0)
+    log.append_as_leader(make_batch(1, 20) + make_batch(2, 20), 0)  # [2] [3-4]
+    segment_read = LogSegment.read
+
+    def no_segment_reads(*args, **kwargs):
+        raise AssertionError("read from the segment")
+
+    monkeypatch.setattr(LogSegment, "read", no_segment_reads)
+    served = log.read(2, 1 << 20, max_offset=5)
+    monkeypatch.setattr(LogSegment, "read", segment_read)
+    assert served == log.active_segment.read(2, 1 << 20) and len(headers_of(served)) == 2
+    # not all of it below max_offset, or more than max_bytes: the segment answers, as always
+    assert [h.base_offset for h in headers_of(log.read(2, 1 << 20, max_offset=4))] == [2]
+    assert [h.base_offset for h in headers_of(log.read(2, 1))] == [2]
+    assert log.read(3, 1 << 20) == log.active_segment.read(3, 1 << 20)  # not its first offset
+    # truncated and appended again to the same offsets, by a follower: the new bytes
+    log.truncate_to(2)
+    other = bytearray(make_batch(3, 30))
+    patch_batch(other, 0, 2, 0)
+    log.append_as_follower(bytes(other))
+    assert log.log_end_offset == 5 and log.read(2, 1 << 20) == bytes(other)
+    log.append_as_leader(make_batch(1, 20), 0)  # [5]
+    log.release_appended()
+    monkeypatch.setattr(LogSegment, "read", no_segment_reads)
+    with pytest.raises(AssertionError, match="from the segment"):
+        log.read(5, 1 << 20)
 
 
 def test_reads_at_recently_appended_offsets_follow_truncation_and_new_appends(tmp_path):

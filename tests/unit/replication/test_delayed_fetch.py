@@ -12,6 +12,7 @@ from tests.unit.replication.memory_leader import TP, MemoryBroker
 from tests.unit.replication.test_fetcher import make_cluster
 from tidelog.broker.deferred import DeferredResponse
 from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.segment import LogSegment
 from tidelog.broker.replication.replica_manager import DelayedFetch, DelayedProduce
 from tidelog.protocol.errors import (
     NONE,
@@ -81,6 +82,24 @@ async def test_the_append_that_satisfies_a_waiting_fetch_answers_it_synchronousl
     p = partition_result(response)
     assert p.error_code == NONE.code and p.records and p.high_watermark == 1
     assert not leader.partition().watchers
+
+
+async def test_the_fetch_an_append_answers_reads_it_from_memory_and_later_reads_the_segment(
+        leader, monkeypatch):
+    answers = attach(consumer_fetch(leader, 0))
+    segment_reads = []
+    read = LogSegment.read
+
+    def counted(self, *args, **kwargs):
+        segment_reads.append(args[0])
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(LogSegment, "read", counted)
+    leader.produce(make_batch(2))
+    [response] = answers
+    assert segment_reads == []  # the appended batch, from memory
+    assert partition_result(response).records == leader.log().read(0, 1 << 20)
+    assert segment_reads == [0]  # the append's notify over, nothing of it is held
 
 
 async def test_an_append_below_min_bytes_leaves_it_waiting_until_max_wait(leader, autojump_clock):
