@@ -160,6 +160,12 @@ class BrokerConnection:
         return (self._failure is None and self.throttled_until <= now and not self._pending
                 and not self._outbox and not self._send_lock.locked())
 
+    @property
+    def unwritten(self) -> bool:
+        """Bytes wait in the outbox for a ``finish_request`` (or the writer at work) to write
+        them: the kernel did not take a thread's whole request. Under ``thread_lock``."""
+        return bool(self._outbox)
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

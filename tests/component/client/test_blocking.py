@@ -237,6 +237,62 @@ def test_sends_that_each_wait_for_the_last_are_written_by_the_application_thread
         assert written.count(True) >= 36  # all but a chance meeting with the loop thread's round
 
 
+def test_requests_written_by_the_application_thread_wake_the_loop_thread_once(threaded_fake, monkeypatch):
+    # the loop thread takes each request's task over at the response, or at a round it is
+    # due for anyway: it is woken by the first write only, not after every one
+    monkeypatch.setattr(producer_module, "TRACK_WITHIN_S", 30.0)
+    with warm_producer(threaded_fake, monkeypatch, acks=1) as (producer, sender, written):
+        wakes = []  # what the application threads ask of the loop thread
+
+        class CountingToken:
+            def __init__(self, token):
+                self.token = token
+
+            def run_sync_soon(self, fn, *args):
+                if threading.get_ident() != sender._thread:
+                    wakes.append(fn)
+                return self.token.run_sync_soon(fn, *args)
+
+        monkeypatch.setattr(sender, "_token", CountingToken(sender._token))
+        for i in range(40):
+            producer.send("t", b"%d" % i).result(10)
+        assert written.count(True) >= 36 and len(wakes) <= 2
+        wait_until_accounted(sender)
+        deadline = time.monotonic() + 10
+        while sender._written and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert not sender._written  # every response's task taken over
+
+
+def test_a_request_written_by_the_application_thread_that_gets_no_answer_times_out_and_is_retried(
+        threaded_fake, monkeypatch):
+    fake = threaded_fake.cluster
+    with warm_producer(threaded_fake, monkeypatch, acks=1, request_timeout_ms=300) as (producer, _, written):
+        threaded_fake.call(functools.partial(fake.inject, ApiKey.PRODUCE, delay_s=5.0))
+        assert producer.send("t", b"a").result(10).offset >= 1  # its timeout, then the retry's answer
+        assert written[0] is True
+    assert b"a" in threaded_fake.call(fake.values, "t")
+
+
+def test_the_rest_of_a_request_the_kernel_did_not_take_from_the_application_thread_is_written_at_once(
+        threaded_fake, monkeypatch):
+    import tidelog.aio.connection as connection_module
+    monkeypatch.setattr(producer_module, "TRACK_WITHIN_S", 30.0)  # no round comes in time
+    with warm_producer(threaded_fake, monkeypatch, acks=1) as (producer, sender, written):
+        fds = {conn._socket.fileno() for conn in sender.cluster._conns.values() if conn._socket is not None}
+        loop_thread, real_write, halved = sender._thread, os.write, []
+
+        def half_from_threads(f, data):  # the kernel takes half of what a thread writes
+            if f in fds and threading.get_ident() != loop_thread and len(data) > 1:
+                halved.append(len(data))
+                return real_write(f, memoryview(data)[:len(data) // 2])
+            return real_write(f, data)
+
+        monkeypatch.setattr(connection_module.os, "write", half_from_threads)
+        assert producer.send("t", b"a" * 1000).result(10).offset == 1
+        assert written == [True] and halved
+
+
 def test_batches_drained_by_an_application_thread_that_fails_to_write_are_sent_by_the_loop(
         threaded_fake, monkeypatch):
     # the batch has its sequence already (idempotent, acks=all): dropped, it would be lost,
