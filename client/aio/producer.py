@@ -371,6 +371,8 @@ class Sender:
                 or not self._caller_lock.acquire(blocking=False)):
             return False
         try:
+            if self._nursery is None:  # the sender ended while this thread took the lock
+                return False
             if seqs is not None and not seqs.ready:
                 return False  # the loop thread asks for an id or bumps the epoch first
             return self._drain_from_caller()
@@ -422,6 +424,7 @@ class Sender:
             self._count_in(node, drained)  # now, under this lock: the loop's next round sees it
             counted.append(True)
             unwritten = conn.unwritten
+            self.stats.on_request(now, drained)  # as sent (the loop thread may resequence them)
         self._written.append((node, drained, request, (conn, pending, applied), now))
         self._writes_since_round += 1
         if unwritten:  # the kernel did not take it all: the response's task writes the rest, now
@@ -469,7 +472,8 @@ class Sender:
     def _track_written(self) -> None:
         """On the loop thread: ``_track`` the requests application threads wrote since the
         last look (at the loop's next round, or at a produce response, whichever comes
-        first)."""
+        first). Each has its request: ``_track`` takes no lock for those (a round calls this
+        under ``_caller_lock``)."""
         written = self._written
         while written:
             self._track(*written.popleft())
@@ -480,18 +484,23 @@ class Sender:
         and counted in flight (``_send_from_caller``) in a task; with no ``request``, send the
         batches that thread drained but did not write."""
         if self._nursery is None:  # the sender stopped: nothing else would complete them
-            if written is not None and written[2]:
-                return  # answered already
-            for batch in batches:
-                self.accumulator.complete(batch, error=ClientClosedError(
-                    f"the producer closed before {batch.tp} was acknowledged"))
+            self._fail_unanswered(batches, written)
             return
         if request is None:
             with self._caller_lock:  # as _step's: the sequences change under it
                 self._dispatch(node, batches, counted=True)
             return
-        self.stats.on_request(sent, batches)
-        self._nursery.start_soon(self._send, node, batches, request, written, sent, True)
+        try:
+            self._nursery.start_soon(self._send, node, batches, request, written, sent, True)
+        except RuntimeError:  # the nursery is closing (the sender's end has not run yet)
+            self._fail_unanswered(batches, written)
+
+    def _fail_unanswered(self, batches: list[ProducerBatch], written: tuple[Any, Any, list[bool]] | None) -> None:
+        if written is not None and written[2]:
+            return  # answered already
+        for batch in batches:
+            self.accumulator.complete(batch, error=ClientClosedError(
+                f"the producer closed before {batch.tp} was acknowledged"))
 
     def _kick(self) -> None:
         """A wake-up from another thread (a blocking ``send``), on the Trio thread: send what

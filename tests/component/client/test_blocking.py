@@ -14,6 +14,7 @@ import pytest
 
 from tidelog import (
     Admin,
+    ClientClosedError,
     Consumer,
     NewTopic,
     Producer,
@@ -291,6 +292,28 @@ def test_the_rest_of_a_request_the_kernel_did_not_take_from_the_application_thre
         monkeypatch.setattr(connection_module.os, "write", half_from_threads)
         assert producer.send("t", b"a" * 1000).result(10).offset == 1
         assert written == [True] and halved
+
+
+def test_a_written_request_the_closing_sender_cannot_take_over_fails_its_records(threaded_fake, monkeypatch):
+    # between its nursery closing and its end, the sender can start no task for a request a
+    # thread wrote: its records fail, rather than wait for ever
+    fake = threaded_fake.cluster
+    monkeypatch.setattr(producer_module, "TRACK_WITHIN_S", 30.0)
+    with warm_producer(threaded_fake, monkeypatch, acks=1) as (producer, sender, written):
+        threaded_fake.call(functools.partial(fake.inject, ApiKey.PRODUCE, delay_s=5.0))
+        future = producer.send("t", b"a")
+        assert written == [True] and len(sender._written) == 1
+
+        class ClosedNursery:
+            def start_soon(self, *args):
+                raise RuntimeError("Nursery is closed to new arrivals")
+
+        nursery = sender._nursery
+        monkeypatch.setattr(sender, "_nursery", ClosedNursery())
+        producer._portal.run_sync(sender._track_written)
+        monkeypatch.setattr(sender, "_nursery", nursery)
+        with pytest.raises(ClientClosedError):
+            future.result(10)
 
 
 def test_batches_drained_by_an_application_thread_that_fails_to_write_are_sent_by_the_loop(
