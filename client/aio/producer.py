@@ -481,10 +481,13 @@ class Sender:
     def _track(self, node: int, batches: list[ProducerBatch], request: ProduceRequest | None,
                written: tuple[Any, Any, list[bool]] | None, sent: float) -> None:
         """On the loop thread: await the response of a request an application thread wrote
-        and counted in flight (``_send_from_caller``) in a task; with no ``request``, send the
-        batches that thread drained but did not write."""
+        and counted in flight (``_send_from_caller``) in a task, unless the connection's
+        reader applied it already (the usual case at a response); with no ``request``, send
+        the batches that thread drained but did not write."""
+        if written is not None and written[2]:
+            return  # the connection's reader applied the response: no task need wait for it
         if self._nursery is None:  # the sender stopped: nothing else would complete them
-            self._fail_unanswered(batches, written)
+            self._fail_unanswered(batches)
             return
         if request is None:
             with self._caller_lock:  # as _step's: the sequences change under it
@@ -493,11 +496,9 @@ class Sender:
         try:
             self._nursery.start_soon(self._send, node, batches, request, written, sent, True)
         except RuntimeError:  # the nursery is closing (the sender's end has not run yet)
-            self._fail_unanswered(batches, written)
+            self._fail_unanswered(batches)
 
-    def _fail_unanswered(self, batches: list[ProducerBatch], written: tuple[Any, Any, list[bool]] | None) -> None:
-        if written is not None and written[2]:
-            return  # answered already
+    def _fail_unanswered(self, batches: list[ProducerBatch]) -> None:
         for batch in batches:
             self.accumulator.complete(batch, error=ClientClosedError(
                 f"the producer closed before {batch.tp} was acknowledged"))

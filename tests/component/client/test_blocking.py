@@ -238,7 +238,7 @@ def test_sends_that_each_wait_for_the_last_are_written_by_the_application_thread
         assert written.count(True) >= 36  # all but a chance meeting with the loop thread's round
 
 
-def test_requests_written_by_the_application_thread_wake_the_loop_thread_once(threaded_fake, monkeypatch):
+def test_requests_written_by_the_application_thread_wake_the_loop_thread_once_and_start_no_task(threaded_fake, monkeypatch):
     # the loop thread takes each request's task over at the response, or at a round it is
     # due for anyway: it is woken by the first write only, not after every one
     monkeypatch.setattr(producer_module, "TRACK_WITHIN_S", 30.0)
@@ -255,9 +255,18 @@ def test_requests_written_by_the_application_thread_wake_the_loop_thread_once(th
                 return self.token.run_sync_soon(fn, *args)
 
         monkeypatch.setattr(sender, "_token", CountingToken(sender._token))
+        tasks = []  # a task awaits a response only if the reader did not apply it first
+        send = sender._send
+
+        async def counted_send(*args):
+            tasks.append(True)
+            await send(*args)
+
+        monkeypatch.setattr(sender, "_send", counted_send)
         for i in range(40):
             producer.send("t", b"%d" % i).result(10)
         assert written.count(True) >= 36 and len(wakes) <= 2
+        assert len(tasks) <= 40 - written.count(True) + 2
         wait_until_accounted(sender)
         deadline = time.monotonic() + 10
         while sender._written and time.monotonic() < deadline:
