@@ -894,7 +894,7 @@ class ReplicaManager:
     def _maybe_expand_isr(self, p: NotifyingPartition) -> None:
         new_isr = p.isr_to_expand()
         if new_isr is not None and self._nursery is not None:
-            self._nursery.start_soon(self._write_isr, p, new_isr, "expand")
+            self._nursery.start_soon(self._write_isr, p, new_isr, "expand", p.leader_epoch, p.zk_version)
 
     async def _isr_maintenance(self) -> None:
         period = max(0.05, self.config.replica_lag_time_max_ms / 2000)
@@ -904,13 +904,19 @@ class ReplicaManager:
             for p in self.leading():
                 new_isr = p.isr_to_shrink(now, self.config.replica_lag_time_max_ms)
                 if new_isr is not None:
-                    await self._write_isr(p, new_isr, "shrink")
+                    await self._write_isr(p, new_isr, "shrink", p.leader_epoch, p.zk_version)
 
-    async def _write_isr(self, p: NotifyingPartition, new_isr: frozenset[int], why: str) -> None:
-        if self.isr_writer is None or p.pending_isr is not None or not p.is_leader:
+    async def _write_isr(self, p: NotifyingPartition, new_isr: frozenset[int], why: str, epoch: int,
+                         version: int) -> None:
+        """Write ``new_isr``, decided on the partition's state at leader ``epoch`` and ZooKeeper
+        ``version``, conditional on that version (Kafka's AlterPartition carries the epochs it
+        was decided on). A state that changed before this task ran (a LeaderAndIsr, another
+        ISR write) voids the decision: an expansion decided before a reassignment removed the
+        follower must not add it back; the next fetch decides again."""
+        if (self.isr_writer is None or p.pending_isr is not None or not p.is_leader
+                or (p.leader_epoch, p.zk_version) != (epoch, version)):
             return
         p.pending_isr = new_isr
-        epoch, version = p.leader_epoch, p.zk_version
         try:
             new_version = await self.isr_writer(p.tp, sorted(new_isr), epoch, p.controller_epoch, version)
         except Exception as e:  # a conflict means the controller changed the state: wait for it

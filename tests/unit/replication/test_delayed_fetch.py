@@ -241,6 +241,33 @@ async def test_a_follower_fetch_whose_own_read_moves_the_high_watermark_is_answe
     assert len(consumer) == 1
 
 
+async def test_an_expansion_decided_before_a_reassignment_removed_the_follower_is_not_written(three):
+    """A caught-up follower's fetch decides to add it to the ISR; the write runs in a task of
+    its own. If a LeaderAndIsr that removes the follower from the replicas (a reassignment's
+    end) arrives first, the decision is void: writing it would put a non-replica in the ISR,
+    and the reassignment would never see its ISR settle."""
+    from tests.unit.replication.memory_leader import CONTROLLER_EPOCH
+    from tidelog.protocol.messages import PartitionState
+    leader = three.leader
+    writes = []
+
+    async def isr_writer(tp, isr, leader_epoch, controller_epoch, version):
+        writes.append(isr)
+        return version + 1
+
+    leader.replica_manager.isr_writer = isr_writer
+    three.elect(1, [1, 2])
+    leader.produce(make_batch(1))
+    follower_fetch(three, 2, 1)
+    follower_fetch(three, 3, 1)  # caught up: the expansion to [1, 2, 3] is decided, not yet written
+    st = PartitionState(TP.topic, TP.partition, CONTROLLER_EPOCH, 1, three.leader_epoch + 1, [1, 2],
+                        three.zk_version + 1, [1, 2])
+    three.send(leader, st)  # the reassignment's end: 3 is no longer a replica
+    for _ in range(5):
+        await trio.lowlevel.checkpoint()
+    assert writes == [] and leader.partition().isr == {1, 2}
+
+
 async def test_a_produce_to_several_partitions_answers_a_waiting_follower_with_all_of_them(three):
     """The partitions are notified after every append of the request (Kafka's action queue):
     a follower's fetch on two of them is answered once, with both batches."""
