@@ -166,7 +166,9 @@ class Log:
         self.last_flush_ms = clock()
         self.recovery_report: list[str] = []
         self.cleaner_fence = 0  # moved by truncation, close and delete (see the module docstring)
-        self._appended: tuple[int, int, bytearray, int] | None = None  # see ``append_as_leader``
+        # the last leader append, readable from memory: (first offset, end offset, its bytes,
+        # the cleaner fence then); see ``append_as_leader`` and ``read``
+        self._appended: tuple[int, int, bytearray, int] | None = None
         self.truncated_to: int | None = None  # lowest log end left by a truncation, for the cleaner
         if producer_state is None:
             producer_state = ProducerStateManager(directory)
