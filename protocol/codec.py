@@ -135,9 +135,10 @@ def encode_request(header: RequestHeader, body: dict[str, Any] | Message) -> byt
     for a header out of range or a body that is not a map with str keys."""
     api_key, api_version, correlation_id, client_id = (header.api_key, header.api_version,
                                                        header.correlation_id, header.client_id)
-    if not (type(api_key) is int and -0x8000 <= api_key <= 0x7FFF and type(api_version) is int
-            and -0x8000 <= api_version <= 0x7FFF and type(correlation_id) is int
-            and -0x80000000 <= correlation_id <= 0x7FFFFFFF):  # an IntEnum, or an error to word
+    # an ApiKey packs as its number; another IntEnum is converted, anything else worded
+    if not ((type(api_key) is int or type(api_key) is ApiKey) and -0x8000 <= api_key <= 0x7FFF
+            and type(api_version) is int and -0x8000 <= api_version <= 0x7FFF
+            and type(correlation_id) is int and -0x80000000 <= correlation_id <= 0x7FFFFFFF):
         for name, value, bounds in (("api_key", api_key, INT16), ("api_version", api_version, INT16),
                                     ("correlation_id", correlation_id, INT32)):
             if (problem := _int_problem(value, bounds)) is not None:
@@ -145,7 +146,7 @@ def encode_request(header: RequestHeader, body: dict[str, Any] | Message) -> byt
         api_key, api_version, correlation_id = int(api_key), int(api_version), int(correlation_id)
     if client_id is not None and type(client_id) is not str:
         raise TypeError(f"request client_id: expected str or None, got {_type_name(client_id)}")
-    return _pack([api_key, api_version, correlation_id, client_id, _body_map(body)])
+    return pack([api_key, api_version, correlation_id, client_id, _body_map(body)])
 
 
 def decode_request(frame: bytes | bytearray | memoryview) -> tuple[RequestHeader, dict[str, Any]]:
@@ -164,7 +165,7 @@ def encode_response(correlation_id: int, body: dict[str, Any] | Message) -> byte
         if (problem := _int_problem(correlation_id, INT32)) is not None:
             raise ValueError(f"response correlation_id: {problem}")
         correlation_id = int(correlation_id)
-    return _pack([correlation_id, _body_map(body)])
+    return pack([correlation_id, _body_map(body)])
 
 
 def decode_response(frame: bytes | bytearray | memoryview) -> tuple[int, dict[str, Any]]:
@@ -266,8 +267,26 @@ def _body_map(body: dict[str, Any] | Message) -> dict[str, Any]:
 # bounded msgpack
 
 
-def _pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+# A packer per thread, reused: ``msgpack.packb`` builds a Packer (its buffer allocated) and
+# frees it on every call, which costs ~3 us more than a reused Packer's ``pack`` on a request's
+# path at a low rate, when the caches are cold (bench/RESULTS.md). Never shared between
+# threads: a garbage collection inside ``pack`` may switch threads. A packer that packed
+# REUSE_PACKER_BELOW bytes or more is dropped: no thread keeps a large response's buffer.
+REUSE_PACKER_BELOW = 256 << 10
+_packers = threading.local()
+
+
+def pack(value: Any) -> bytes:
+    """``msgpack.packb(value, use_bin_type=True)``, with this thread's reused packer."""
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    out = packer.pack(value)  # resets the packer, also when it raises
+    if len(out) >= REUSE_PACKER_BELOW:
+        del _packers.packer
+    return out
+
 
 
 def _reject_ext(code: int, data: bytes) -> Any:

@@ -41,6 +41,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 import msgpack
 from crc32c import crc32c
 
+from tidelog.protocol.codec import pack
 from tidelog.protocol.errors import (
     INVALID_RECORD,
     INVALID_TIMESTAMP,
@@ -460,7 +461,7 @@ class BatchBuilder:
     def __init__(self, codec: int = Codec.NONE, *, producer_id: int = NO_PRODUCER_ID,
                  producer_epoch: int = NO_PRODUCER_EPOCH, base_sequence: int = NO_SEQUENCE,
                  is_transactional: bool = False):
-        self.codec = Codec(codec)
+        self.codec = codec if type(codec) is Codec else Codec(codec)
         self.producer_id = producer_id
         self.producer_epoch = producer_epoch
         self.base_sequence = base_sequence
@@ -541,7 +542,7 @@ class BatchBuilder:
         records = list(zip(map(sub, timestamps, repeat(first_ts, n)), range(n),
                            repeat(None, n) if self._keys is None else self._keys, self._values,
                            repeat(None, n) if self._headers is None else self._headers))
-        body = compress(self.codec, msgpack.packb(records, use_bin_type=True))
+        body = compress(self.codec, pack(records))
         attributes = int(self.codec) | (TRANSACTIONAL_BIT if self.is_transactional else 0)
         tail = struct.pack(">hiqqqhii", attributes, n - 1, first_ts, max(max_ts, NO_TIMESTAMP),
                            self.producer_id, self.producer_epoch, self.base_sequence, n)
@@ -717,7 +718,7 @@ def encode_items(magic: int, items) -> bytes:
     """Record tuples in the encoding ``magic`` names (uncompressed)."""
     if magic == KAFKA_MAGIC:
         return encode_records(items)
-    return msgpack.packb(items, use_bin_type=True)
+    return pack(items)
 
 
 def kafka_batch(buf, pos: int = 0) -> bytes:

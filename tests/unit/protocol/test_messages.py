@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import msgpack
@@ -13,6 +14,7 @@ from tidelog.protocol.apis import APIS, api_for, api_versions
 from tidelog.protocol.codec import (
     INT16,
     INT32,
+    REUSE_PACKER_BELOW,
     ApiKey,
     Message,
     RequestHeader,
@@ -20,6 +22,7 @@ from tidelog.protocol.codec import (
     decode_response,
     encode_request,
     encode_response,
+    pack,
 )
 from tidelog.protocol.errors import InvalidRequestError, TidelogError, UnsupportedVersionError
 from tidelog.protocol.messages import ApiVersion, ApiVersionsRequest, ApiVersionsResponse
@@ -415,3 +418,43 @@ def test_api_version_fields_are_int16():
     assert from_body_error(ApiVersionsResponse, body).startswith("api_keys[0].max_version: 32768 is out of range")
     assert ApiVersion(18, 0, 3).to_body() == {"api_key": 18, "min_version": 0, "max_version": 3}
     assert INT16["max"] == (1 << 15) - 1
+
+
+# -- the reused packer -----------------------------------------------------------------------------
+
+
+def test_pack_matches_packb_after_a_failure_and_after_a_large_value():
+    value = {"a": [1, None, b"\x00" * 10, "x"], "b": {"c": True}}
+    assert pack(value) == msgpack.packb(value, use_bin_type=True)
+    with pytest.raises(TypeError):
+        pack([1, object()])  # the half-packed value is not left in the packer
+    assert pack(value) == msgpack.packb(value, use_bin_type=True)
+    large = b"\x01" * REUSE_PACKER_BELOW
+    assert pack(large) == msgpack.packb(large, use_bin_type=True)  # and its packer is dropped
+    assert pack(value) == msgpack.packb(value, use_bin_type=True)
+
+
+def test_threads_pack_with_packers_of_their_own():
+    barrier = threading.Barrier(4)
+    failures: list[object] = []
+
+    def work(n: int) -> None:
+        barrier.wait()
+        for i in range(2000):
+            value = [n, i, b"%d" % (n * i)]
+            if pack(value) != msgpack.packb(value, use_bin_type=True):
+                failures.append(value)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_an_api_key_member_encodes_as_its_number():
+    by_member = encode_request(RequestHeader(ApiKey.PRODUCE, 3, 7, "c"), {})
+    by_number = encode_request(RequestHeader(0, 3, 7, "c"), {})
+    assert by_member == by_number
+    assert msgpack.unpackb(by_member)[:4] == [0, 3, 7, "c"]
