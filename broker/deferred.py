@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["DeferredResponse", "is_deferred"]
+__all__ = ["DeferredResponse", "is_awaitable", "is_deferred"]
 
 
 class DeferredResponse(Protocol):
@@ -34,3 +34,9 @@ def is_deferred(result: Any) -> bool:
     """True for a handler result that is a deferred response (it has ``attach``). Cheaper than
     an isinstance check against the protocol, on the path of every response."""
     return getattr(type(result), "attach", None) is not None
+
+
+def is_awaitable(result: Any) -> bool:
+    """``inspect.isawaitable`` for a handler's result (a coroutine, or an object with
+    ``__await__``) without the abstract base class's check, on the path of every response."""
+    return getattr(type(result), "__await__", None) is not None

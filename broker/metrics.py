@@ -53,7 +53,6 @@ wake-ups a second; nothing on the request path.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import os
 import struct
@@ -75,7 +74,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from tidelog.broker.deferred import DeferredResponse, is_deferred
+from tidelog.broker.deferred import DeferredResponse, is_awaitable, is_deferred
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR, for_code
 from tidelog.protocol.messages import FetchResponse, ProduceResponse
@@ -223,7 +222,7 @@ class RequestMetrics:
                 self._observe(api_key, body, start)
                 self.errors[request_name(api_key, body), UNKNOWN_SERVER_ERROR.code] += 1
                 raise
-            if inspect.isawaitable(result):
+            if is_awaitable(result):
                 return self._complete_later(api_key, body, start, result)
             if is_deferred(result):  # a long poll or an acks=all wait: when answered
                 return _ObservedDeferred(self, api_key, body, start, result)

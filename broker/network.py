@@ -107,7 +107,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import inspect
 import logging
 import math
 import os
@@ -123,7 +122,7 @@ import trio
 
 from tidelog.broker.config import parse_ip_overrides
 from tidelog.broker.context import ANONYMOUS, RequestContext, host_of
-from tidelog.broker.deferred import DeferredResponse, is_deferred
+from tidelog.broker.deferred import DeferredResponse, is_awaitable, is_deferred
 from tidelog.broker.security.listeners import ListenerSecurity
 from tidelog.broker.security.sasl import SaslState, ServerAuthenticator, Step
 from tidelog.broker.security.tls import HANDSHAKE_TIMEOUT_S, peer_principal
@@ -484,6 +483,7 @@ class _Connection:
         self._requests: trio.Nursery | None = None  # the request tasks' nursery, while open
         self._deferred: set[DeferredResponse] = set()  # requests answered by a callback later
         self._deferred_done = trio.Event()  # set when the last of them was answered
+        self._clock = trio.lowlevel.current_clock()  # the run's: one call, not trio.current_time's three
         self._touch()
 
     def stop_reading(self) -> None:
@@ -610,7 +610,7 @@ class _Connection:
             self._pending += 1
             self._running += 1
             started = self._begin(event)
-            if inspect.isawaitable(started):
+            if is_awaitable(started):
                 self._scope.deadline = math.inf  # not idle while a handler works (a long poll)
                 requests.start_soon(self._finish, event, started)
             elif is_deferred(started):
@@ -815,7 +815,7 @@ class _Connection:
         self._notify()
 
     async def _settle(self, event: Request | BadRequest, started: Result) -> Body | Message | None:
-        if not inspect.isawaitable(started):
+        if not is_awaitable(started):
             return started
         try:
             return await started
@@ -939,7 +939,7 @@ class _Connection:
         activity."""
         if self._running == 0:
             idle = self._server.idle_timeout_s
-            now = trio.current_time()
+            now = self._clock.current_time()
             if not now + idle <= self._scope.deadline <= now + idle * 1.125:  # too soon, or inf
                 self._scope.deadline = now + idle * 1.125
 

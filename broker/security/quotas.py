@@ -54,7 +54,7 @@ from typing import Any
 
 import trio
 
-from tidelog.broker.deferred import is_deferred
+from tidelog.broker.deferred import is_awaitable, is_deferred
 from tidelog.broker.zookeeper.layout import DEFAULT_ENTITY, entity_path
 from tidelog.protocol.codec import ApiKey, Message
 
@@ -360,7 +360,7 @@ class QuotaEnforcer:
             start = time.perf_counter()
             result = handler(context, body)
             busy = time.perf_counter() - start
-            if inspect.isawaitable(result):
+            if is_awaitable(result):
                 return self._settle_later(api_key, body, quotas, busy, result)
             if is_deferred(result):
                 return _ThrottledDeferred(self, api_key, body, quotas, busy, result)

@@ -271,10 +271,11 @@ class BrokerConnection:
         if self._tls or self._clock is None:
             return None
         with self._thread_lock:
-            if self._failure is not None or self.throttled_until > self._clock.current_time():
+            now = self._clock.current_time()
+            if self._failure is not None or self.throttled_until > now:
                 return None
             _, frame = self._proto.send_request(api_key, api_version, message, True)
-            pending = _Pending(early, api_key, self._clock.current_time())
+            pending = _Pending(early, api_key, now)
             self._pending.append(pending)  # lockstep with the ClientConnection's FIFO; before
             if self._outbox or self._send_lock.locked():  # the write: the answer may come at once
                 self._outbox.append(frame)  # behind the frames before it: finish_request writes it
