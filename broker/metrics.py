@@ -772,7 +772,9 @@ def _http(status: int, body: bytes, content_type: str = "text/plain; charset=utf
 class _ObservedDeferred(DeferredResponse):
     """A deferred response observed when it is answered (its latency includes the long
     poll or the wait for replication, and the bytes it carries out are counted), or when it
-    is cancelled."""
+    is cancelled. Observed after the answer is handed to the connection: a consumer's long
+    poll is answered by the append that satisfies it, and its response waits for nothing
+    that only counts it (its latency then includes the response's encoding)."""
 
     __slots__ = ("metrics", "api_key", "body", "start", "inner")
 
@@ -783,8 +785,10 @@ class _ObservedDeferred(DeferredResponse):
     def attach(self, complete: Callable[[Any], None]) -> None:
         def completed(response: Any) -> None:
             self._count(-1)
-            self.metrics._completed(self.api_key, self.body, self.start, response)
-            complete(response)
+            try:
+                complete(response)
+            finally:
+                self.metrics._completed(self.api_key, self.body, self.start, response)
 
         self._count(1)
         self.inner.attach(completed)
