@@ -56,13 +56,7 @@ from tidelog.protocol.errors import (
     RecordTooLargeError,
     for_code,
 )
-from tidelog.protocol.messages import (
-    InitProducerIdRequest,
-    PartitionProduceData,
-    ProduceRequest,
-    ProduceResponse,
-    TopicProduceData,
-)
+from tidelog.protocol.messages import InitProducerIdRequest, ProduceResponse
 from tidelog.protocol.records import Codec
 from tidelog.protocol.topics import TopicPartition, validate_topic_name
 from tidelog.records import RecordMetadata
@@ -243,19 +237,26 @@ def decide_sequenced(batch: ProducerBatch, d: Decision, verdict: SequenceVerdict
     return _retry_or_give_up(batch, d.error_code, now=now, retries=retries, message=message)
 
 
-def build_produce_request(batches: Sequence[ProducerBatch], *, acks: int, timeout_ms: int) -> ProduceRequest:
-    """One ProduceRequest for batches bound for one node. Several batches of one partition
-    (in their order) become one run of back-to-back batches, which the broker appends
-    together or not at all."""
+# A produce request's body as it goes on the wire (``ProduceRequest.to_body()``'s map).
+ProduceBody = dict[str, Any]
+
+
+def build_produce_request(batches: Sequence[ProducerBatch], *, acks: int, timeout_ms: int) -> ProduceBody:
+    """One ProduceRequest for batches bound for one node, as its wire map: built directly,
+    since the typed message and its encoding cost ~10 us a request on the path of a record at
+    a low rate, when the caches are cold (bench/RESULTS.md); the unit tests hold it equal to
+    the typed message's ``to_body()``. Several batches of one partition (in their order)
+    become one run of back-to-back batches, which the broker appends together or not at all."""
     by_tp: dict[TopicPartition, list[bytes]] = {}
     for batch in batches:
         by_tp.setdefault(batch.tp, []).append(batch.encode())
-    by_topic: dict[str, list[PartitionProduceData]] = {}
+    by_topic: dict[str, list[dict[str, Any]]] = {}
     for tp, payloads in by_tp.items():
         by_topic.setdefault(tp.topic, []).append(
-            PartitionProduceData(tp.partition, payloads[0] if len(payloads) == 1 else b"".join(payloads)))
-    return ProduceRequest(acks=acks, timeout_ms=timeout_ms,
-                          topic_data=[TopicProduceData(t, parts) for t, parts in by_topic.items()])
+            {"index": tp.partition, "records": payloads[0] if len(payloads) == 1 else b"".join(payloads)})
+    return {"acks": acks, "timeout_ms": timeout_ms,
+            "topic_data": [{"name": t, "partition_data": parts} for t, parts in by_topic.items()],
+            "transactional_id": None}
 
 
 def partition_results(response: ProduceResponse) -> dict[TopicPartition, tuple[int, int, int, str | None]]:
@@ -478,7 +479,7 @@ class Sender:
         while written:
             self._track(*written.popleft())
 
-    def _track(self, node: int, batches: list[ProducerBatch], request: ProduceRequest | None,
+    def _track(self, node: int, batches: list[ProducerBatch], request: ProduceBody | None,
                written: tuple[Any, Any, list[bool]] | None, sent: float) -> None:
         """On the loop thread: await the response of a request an application thread wrote
         and counted in flight (``_send_from_caller``) in a task, unless the connection's
@@ -586,7 +587,7 @@ class Sender:
         written = None
         sent = self.accumulator.clock()
         try:
-            request: ProduceRequest | Exception = build_produce_request(
+            request: ProduceBody | Exception = build_produce_request(
                 batches, acks=config.acks, timeout_ms=config.request_timeout_ms)
         except Exception as e:  # e.g. a codec library missing: _send fails these records
             request = e
@@ -651,7 +652,7 @@ class Sender:
             f"{(now - batch.created) * 1000:.0f} ms have passed since the batch was created "
             f"(delivery_timeout_ms {self.config.delivery_timeout_ms}){last}")
 
-    async def _send(self, node: int, batches: list[ProducerBatch], request: ProduceRequest | Exception,
+    async def _send(self, node: int, batches: list[ProducerBatch], request: ProduceBody | Exception,
                     written: tuple[Any, Any, list[bool]] | None, sent: float = 0.0,
                     from_thread: bool = False) -> None:
         decisions: list[tuple[ProducerBatch, Decision]] | None = None

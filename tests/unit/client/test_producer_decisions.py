@@ -3,6 +3,7 @@ how requests are built, and how options are parsed."""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from tidelog.aio.accumulator import ProducerBatch
@@ -105,7 +106,7 @@ def test_decide_response_matches_partitions_and_fails_missing_ones():
 
 def test_batches_of_one_partition_travel_as_one_run_and_get_consecutive_offsets():
     first, second, other = batch(n=2), batch(n=3), batch(tp=TopicPartition("orders", 4))
-    request = build_produce_request([first, second, other], acks=1, timeout_ms=30000)
+    request = ProduceRequest.from_body(build_produce_request([first, second, other], acks=1, timeout_ms=30000))
     [topic] = request.topic_data
     assert [p.index for p in topic.partition_data] == [3, 4]
     assert [r.value for r in iter_all_records(topic.partition_data[0].records)] == [b"v0", b"v1", b"v0", b"v1", b"v2"]
@@ -121,8 +122,11 @@ def test_batches_of_one_partition_travel_as_one_run_and_get_consecutive_offsets(
 
 def test_build_produce_request_groups_by_topic_with_the_encoded_batches():
     a, b, c = batch(), batch(tp=TopicPartition("orders", 4)), batch(tp=TopicPartition("audit", 0))
-    request = build_produce_request([a, b, c], acks=-1, timeout_ms=30000)
-    assert isinstance(request, ProduceRequest) and request.acks == -1 and request.timeout_ms == 30000
+    body = build_produce_request([a, b, c], acks=-1, timeout_ms=30000)
+    request = ProduceRequest.from_body(body)
+    assert request.acks == -1 and request.timeout_ms == 30000 and request.transactional_id is None
+    # the map built directly is the typed message's own, byte for byte on the wire
+    assert msgpack.packb(body) == msgpack.packb(request.to_body())
     assert {t.name: [p.index for p in t.partition_data] for t in request.topic_data} == \
         {"orders": [3, 4], "audit": [0]}
     records = list(iter_all_records(request.topic_data[0].partition_data[0].records))
