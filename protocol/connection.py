@@ -210,8 +210,10 @@ class ServerConnection:
         """Every request completed by ``data``, in order, up to and including the first
         ``LargeFrame`` (the frames after it wait for the next call). Never raises for bad
         input: an oversize frame ends the list with a fatal BadRequest (and every later call)."""
-        events: list[Request | BadRequest | LargeFrame] = []
         inline_max = self.decode_inline_max_bytes
+        if (frame := self._decoder.whole_frame(data)) is not None:
+            return [LargeFrame(frame) if inline_max is not None and len(frame) > inline_max else self._parse(frame)]
+        events: list[Request | BadRequest | LargeFrame] = []
         try:
             self._decoder.receive_data(data)
             while (frame := self._decoder.next_frame()) is not None:

@@ -96,11 +96,27 @@ class FrameDecoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add ``data`` and return the bodies of every frame now complete, in order."""
+        if (body := self.whole_frame(data)) is not None:
+            return [body]
         self.receive_data(data)
         frames = []
         while (frame := self.next_frame()) is not None:
             frames.append(frame)
         return frames
+
+    def whole_frame(self, data: bytes | bytearray | memoryview) -> bytes | None:
+        """The usual read, one whole frame and nothing before it: when nothing is buffered and
+        ``data`` is exactly one frame within the bound, its body, copied out of ``data`` once
+        (not through the buffer). Else None, and nothing changed: ``receive_data`` it."""
+        if self._pos != len(self._buf) or self._failure is not None or len(data) < PREFIX_SIZE:
+            return None
+        (size,) = _LENGTH.unpack_from(data)
+        if size != len(data) - PREFIX_SIZE or size > self.max_frame_bytes:
+            return None
+        if self._pos:  # only consumed bytes were left
+            self._buf.clear()
+            self._pos = 0
+        return bytes(data[PREFIX_SIZE:])
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add ``data`` to the buffer (dropping the already consumed prefix first)."""

@@ -188,3 +188,37 @@ def test_one_large_frame_in_many_small_chunks():
             assert decoder.buffered_bytes == i + step
     assert out == [body]
     assert decoder.buffered_bytes == 0
+
+
+# -- one whole frame per read ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_a_read_of_exactly_one_frame_is_taken_whole(kind):
+    d = FrameDecoder()
+    assert d.whole_frame(kind(encode_frame(b"abc"))) == b"abc"
+    assert d.buffered_bytes == 0
+    assert d.feed(kind(encode_frame(b"xyz"))) == [b"xyz"]
+
+
+def test_whole_frame_declines_anything_but_one_frame_and_changes_nothing():
+    d = FrameDecoder(max_frame_bytes=8)
+    one = encode_frame(b"abc")
+    for data in (one + one, one[:-1], one[:2], encode_frame(b"123456789")):
+        assert d.whole_frame(data) is None
+        assert d.buffered_bytes == 0 and not d.failed
+    d.receive_data(one[:2])  # something buffered: the next read continues it
+    assert d.whole_frame(one) is None
+    d.receive_data(one[2:])
+    assert d.next_frame() == b"abc"
+    assert d.whole_frame(one) == b"abc"  # only consumed bytes left: whole again
+    assert d.buffered_bytes == 0
+
+
+def test_an_oversize_lone_frame_still_fails_the_decoder():
+    d = FrameDecoder(max_frame_bytes=4)
+    with pytest.raises(FrameTooLargeError):
+        d.feed(encode_frame(b"12345"))
+    assert d.failed and d.whole_frame(encode_frame(b"1")) is None
+    with pytest.raises(FrameTooLargeError):
+        d.feed(encode_frame(b"1"))
