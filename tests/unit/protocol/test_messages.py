@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import msgpack
@@ -436,21 +437,14 @@ def test_pack_matches_packb_after_a_failure_and_after_a_large_value():
 
 def test_threads_pack_with_packers_of_their_own():
     barrier = threading.Barrier(4)
-    failures: list[object] = []
 
-    def work(n: int) -> None:
-        barrier.wait()
-        for i in range(2000):
-            value = [n, i, b"%d" % (n * i)]
-            if pack(value) != msgpack.packb(value, use_bin_type=True):
-                failures.append(value)
+    def mismatches(n: int) -> list[list]:
+        barrier.wait()  # all four pack at once
+        values = ([n, i, b"%d" % (n * i)] for i in range(2000))
+        return [v for v in values if pack(v) != msgpack.packb(v, use_bin_type=True)]
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
+    with ThreadPoolExecutor(4) as pool:
+        assert [bad for found in pool.map(mismatches, range(4)) for bad in found] == []
 
 
 def test_an_api_key_member_encodes_as_its_number():
