@@ -38,5 +38,6 @@ def is_deferred(result: Any) -> bool:
 
 def is_awaitable(result: Any) -> bool:
     """``inspect.isawaitable`` for a handler's result (a coroutine, or an object with
-    ``__await__``) without the abstract base class's check, on the path of every response."""
+    ``__await__``) without the abstract base class's check, on the path of every response.
+    A generator-based coroutine (``types.coroutine``) is not one: no handler returns one."""
     return getattr(type(result), "__await__", None) is not None

@@ -243,16 +243,16 @@ class RequestMetrics:
         self._account(api_key, body, response)
         return response
 
-    def _completed(self, api_key: int, body: dict, start: float, response: Any) -> None:
-        self._observe(api_key, body, start)
+    def _completed(self, api_key: int, body: dict, start: float, response: Any, end: float) -> None:
+        self._observe(api_key, body, start, end)
         self._account(api_key, body, response)
 
-    def _observe(self, api_key: int, body: Any, start: float) -> None:
+    def _observe(self, api_key: int, body: Any, start: float, end: float | None = None) -> None:
         name = request_name(api_key, body)
         hist = self.latency.get(name)
         if hist is None:
             hist = self.latency[name] = _Histogram()
-        hist.observe(self.clock() - start)
+        hist.observe((self.clock() if end is None else end) - start)
 
     def _account(self, api_key: int, body: dict, response: Any) -> None:
         try:
@@ -772,9 +772,10 @@ def _http(status: int, body: bytes, content_type: str = "text/plain; charset=utf
 class _ObservedDeferred(DeferredResponse):
     """A deferred response observed when it is answered (its latency includes the long
     poll or the wait for replication, and the bytes it carries out are counted), or when it
-    is cancelled. Observed after the answer is handed to the connection: a consumer's long
+    is cancelled. Counted after the answer is handed to the connection: a consumer's long
     poll is answered by the append that satisfies it, and its response waits for nothing
-    that only counts it (its latency then includes the response's encoding)."""
+    that only counts it. Its latency still ends when the answer was ready, as every other
+    request's does."""
 
     __slots__ = ("metrics", "api_key", "body", "start", "inner")
 
@@ -785,10 +786,11 @@ class _ObservedDeferred(DeferredResponse):
     def attach(self, complete: Callable[[Any], None]) -> None:
         def completed(response: Any) -> None:
             self._count(-1)
+            end = self.metrics.clock()
             try:
                 complete(response)
             finally:
-                self.metrics._completed(self.api_key, self.body, self.start, response)
+                self.metrics._completed(self.api_key, self.body, self.start, response, end)
 
         self._count(1)
         self.inner.attach(completed)

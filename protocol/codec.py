@@ -270,23 +270,26 @@ def _body_map(body: dict[str, Any] | Message) -> dict[str, Any]:
 # A packer per thread, reused: ``msgpack.packb`` builds a Packer (its buffer allocated) and
 # frees it on every call, which costs ~3 us more than a reused Packer's ``pack`` on a request's
 # path at a low rate, when the caches are cold (bench/RESULTS.md). Never shared between
-# threads: a garbage collection inside ``pack`` may switch threads. A packer that packed
-# REUSE_PACKER_BELOW bytes or more is dropped: no thread keeps a large response's buffer.
+# threads, and taken out of the thread's slot while it packs: a ``pack`` reached again on the
+# same thread meanwhile (a finalizer run by a collection inside it) gets a fresh one. A packer
+# whose ``pack`` raised, or that packed REUSE_PACKER_BELOW bytes or more, is not put back: no
+# thread keeps a large buffer.
 REUSE_PACKER_BELOW = 256 << 10
+_PACKER_BUFFER = 16 << 10  # the buffer a packer starts with (msgpack's default: 256 KiB)
 _packers = threading.local()
 
 
 def pack(value: Any) -> bytes:
     """``msgpack.packb(value, use_bin_type=True)``, with this thread's reused packer."""
-    try:
-        packer = _packers.packer
-    except AttributeError:
-        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
-    out = packer.pack(value)  # resets the packer, also when it raises
-    if len(out) >= REUSE_PACKER_BELOW:
-        del _packers.packer
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = msgpack.Packer(use_bin_type=True, buf_size=_PACKER_BUFFER)
+    else:
+        _packers.packer = None
+    out = packer.pack(value)
+    if len(out) < REUSE_PACKER_BELOW:
+        _packers.packer = packer
     return out
-
 
 
 def _reject_ext(code: int, data: bytes) -> Any:

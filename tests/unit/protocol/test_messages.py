@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tidelog.protocol import codec
 from tidelog.protocol.apis import APIS, api_for, api_versions
 from tidelog.protocol.codec import (
     INT16,
@@ -433,6 +434,30 @@ def test_pack_matches_packb_after_a_failure_and_after_a_large_value():
     large = b"\x01" * REUSE_PACKER_BELOW
     assert pack(large) == msgpack.packb(large, use_bin_type=True)  # and its packer is dropped
     assert pack(value) == msgpack.packb(value, use_bin_type=True)
+
+
+def test_a_pack_reached_during_a_pack_gets_a_packer_of_its_own():
+    inner: list[bytes] = []
+
+    class Items(dict):  # Python code run in the middle of a pack (as a finalizer could be)
+        def items(self):
+            inner.append(pack({"inner": 1}))
+            return super().items()
+
+    outer = pack(["first", Items(k="v"), "last"])
+    assert inner == [msgpack.packb({"inner": 1})]
+    assert msgpack.unpackb(outer) == ["first", {"k": "v"}, "last"]
+
+
+def test_a_packer_that_failed_or_grew_large_is_not_kept():
+    codec._packers.packer = None
+    with pytest.raises(TypeError):
+        pack([b"x" * (1 << 20), object()])
+    assert codec._packers.packer is None
+    pack(b"x" * REUSE_PACKER_BELOW)
+    assert codec._packers.packer is None
+    pack(b"small")
+    assert codec._packers.packer is not None
 
 
 def test_threads_pack_with_packers_of_their_own():
