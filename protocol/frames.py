@@ -17,6 +17,11 @@ That keeps both worst cases linear:
 * one large frame in many chunks: each chunk is appended (amortised O(chunk)); nothing is
   re-copied until the frame is complete, and then its body is copied out once.
 
+A read that is exactly one whole frame while nothing is buffered (nearly every read at a low
+rate: one request, one response) skips the buffer: ``whole_frame`` copies its body out of the
+read once, and the size bound applies as on the buffered path (an oversize frame goes there,
+and fails the decoder).
+
 Invariants:
 
 * The size bound is checked as soon as the 4-byte prefix is complete, before any of the body
