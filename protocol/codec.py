@@ -267,28 +267,28 @@ def _body_map(body: dict[str, Any] | Message) -> dict[str, Any]:
 # bounded msgpack
 
 
-# A packer per thread, reused: ``msgpack.packb`` builds a Packer (its buffer allocated) and
-# frees it on every call, which costs ~3 us more than a reused Packer's ``pack`` on a request's
-# path at a low rate, when the caches are cold (bench/RESULTS.md). Never shared between
-# threads, and taken out of the thread's slot while it packs: a ``pack`` reached again on the
-# same thread meanwhile (a finalizer run by a collection inside it) gets a fresh one. A packer
-# whose ``pack`` raised, or that packed REUSE_PACKER_BELOW bytes or more, is not put back: no
-# thread keeps a large buffer.
+# Packers reused, from a small pool: ``msgpack.packb`` builds a Packer (its buffer allocated)
+# and frees it on every call, ~2 us more than a reused one's ``pack`` when the caches are cold,
+# as on a request's path at a low rate (``bench/path_bench.py cold``). A packer leaves the pool
+# while it packs (``list.pop`` and ``append`` are atomic), so two threads, or a ``pack`` reached
+# again during one (a finalizer run inside it), never share one. A packer whose ``pack`` raised,
+# or that packed REUSE_PACKER_BELOW bytes or more, is not put back, and the pool keeps about
+# PACKER_POOL: no large buffer is kept.
 REUSE_PACKER_BELOW = 256 << 10
+PACKER_POOL = 4
 _PACKER_BUFFER = 16 << 10  # the buffer a packer starts with (msgpack's default: 256 KiB)
-_packers = threading.local()
+_packers: list[msgpack.Packer] = []
 
 
 def pack(value: Any) -> bytes:
-    """``msgpack.packb(value, use_bin_type=True)``, with this thread's reused packer."""
-    packer = getattr(_packers, "packer", None)
-    if packer is None:
+    """``msgpack.packb(value, use_bin_type=True)``, with a reused packer."""
+    try:
+        packer = _packers.pop()
+    except IndexError:
         packer = msgpack.Packer(use_bin_type=True, buf_size=_PACKER_BUFFER)
-    else:
-        _packers.packer = None
     out = packer.pack(value)
-    if len(out) < REUSE_PACKER_BELOW:
-        _packers.packer = packer
+    if len(out) < REUSE_PACKER_BELOW and len(_packers) < PACKER_POOL:
+        _packers.append(packer)
     return out
 
 
