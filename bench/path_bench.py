@@ -3,6 +3,7 @@ after a sleep. No cluster, no network: the CPU of the work itself.
 
     .venv/bin/python bench/path_bench.py broker [--records 20000] [--sleep-ms 0]
     .venv/bin/python bench/path_bench.py wake [--records 3000] [--rate 1000] [--pin]
+    .venv/bin/python bench/path_bench.py cold [--calls 400]
 
 ``broker``: the broker's side of one record at a low rate, on the test suite's in-process
 broker (tests/component/broker/test_group_coordinator.py: the real Apis, ReplicaManager and
@@ -21,6 +22,11 @@ loop, Trio's ``wait_readable`` with ``os.read``, a Trio socket's ``recv``, and a
 time stamp, taken just before it sends, to the child's wait returning). ``--pin`` puts the
 pinger on CPU 0 and the child on CPU 1, so that every ping wakes the other CPU (unpinned,
 the scheduler often runs the child on the pinger's CPU once the pinger waits).
+
+``cold``: what single steps of a record's path cost hot (in a loop) and cold: each call
+after 8 MiB touched and some unrelated Python run, then a 1 ms sleep, as a process at a low
+rate finds its caches after the other processes used the CPU. The median of ``--calls``
+calls each; the steps are the ones the cold figures of bench/RESULTS.md name.
 """
 
 from __future__ import annotations
@@ -206,6 +212,88 @@ def wake(records: int, rate: float, pin: bool) -> None:
         ours.close()
 
 
+_JUNK = bytearray(8 << 20)
+
+
+def _evict() -> None:
+    """What another process does to the caches meanwhile: touch 8 MiB, run some Python."""
+    _JUNK[::64] = bytes(len(_JUNK) // 64)
+    sorted(str(i) for i in range(3000))
+
+
+def _cold_us(step, calls: int) -> float:
+    out = []
+    for _ in range(calls):
+        _evict()
+        time.sleep(0.001)
+        t = time.perf_counter_ns()
+        step()
+        out.append(time.perf_counter_ns() - t)
+    out.sort()
+    return out[len(out) // 2] / 1e3
+
+
+def _hot_us(step, calls: int = 5000) -> float:
+    for _ in range(100):
+        step()
+    t = time.perf_counter_ns()
+    for _ in range(calls):
+        step()
+    return (time.perf_counter_ns() - t) / calls / 1e3
+
+
+def cold(calls: int) -> None:
+    import msgpack
+
+    from tidelog.aio.accumulator import ProducerBatch
+    from tidelog.aio.producer import build_produce_request
+    from tidelog.protocol.codec import ApiKey, RequestHeader, encode_request, encode_response, pack
+    from tidelog.protocol.connection import ClientConnection
+    from tidelog.protocol.frames import encode_frame
+    from tidelog.protocol.messages import (
+        FetchPartitionResponse,
+        FetchResponse,
+        FetchTopicResponse,
+        PartitionProduceData,
+        ProduceRequest,
+        TopicProduceData,
+    )
+    from tidelog.protocol.records import Codec, record_columns
+    from tidelog.protocol.topics import TopicPartition
+
+    batch = ProducerBatch(TopicPartition("t", 0), Codec.NONE, 0.0, 1e9)
+    for _ in range(22):  # a burst at 10,000 records/s
+        batch.append(1_700_000_000_000, None, b"x" * 100, None, 132)
+    records = batch.builder.build(base_offset=100)
+    body = build_produce_request([batch], acks=1, timeout_ms=30000)
+    envelope = [ApiKey.PRODUCE, 0, 7, "c", body]
+    header = RequestHeader(ApiKey.PRODUCE, 0, 7, "c")
+    fetched = encode_frame(encode_response(7, FetchResponse([FetchTopicResponse("t", [
+        FetchPartitionResponse(0, 0, 122, 0, records)])])))
+
+    def receive() -> None:
+        conn = ClientConnection()
+        conn._awaiting.append(7)  # the fetch it answers
+        conn.receive_data(fetched)
+
+    steps = [
+        ("msgpack.packb of a produce request", lambda: msgpack.packb(envelope, use_bin_type=True)),
+        ("codec.pack (a pooled packer) of the same", lambda: pack(envelope)),
+        ("encode_request of it", lambda: encode_request(header, body)),
+        ("a typed ProduceRequest built and its to_body", lambda: ProduceRequest(
+            1, 30000, [TopicProduceData("t", [PartitionProduceData(0, batch.encode())])]).to_body()),
+        ("build_produce_request's map (the same request)", lambda: build_produce_request([batch], acks=1,
+                                                                                         timeout_ms=30000)),
+        ("BatchBuilder.build of 22 records", lambda: batch.builder.build()),
+        ("a 22-record fetch response read (frame, envelope)", receive),
+        ("record_columns of the 22 records", lambda: record_columns(records)),
+    ]
+    print(f"| step | hot us | cold us (median of {calls}) |")
+    print("|---|---|---|")
+    for name, step in steps:
+        print(f"| {name} | {_hot_us(step):.2f} | {_cold_us(step, calls):.1f} |")
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
@@ -216,9 +304,13 @@ def main(argv: list[str]) -> int:
     w.add_argument("--records", type=int, default=3000)
     w.add_argument("--rate", type=float, default=1000.0)
     w.add_argument("--pin", action="store_true", help="the two processes on CPUs 0 and 1")
+    c = sub.add_parser("cold")
+    c.add_argument("--calls", type=int, default=400)
     args = p.parse_args(argv)
     if args.what == "broker":
         trio.run(broker_path, args.records, args.sleep_ms / 1000)
+    elif args.what == "cold":
+        cold(args.calls)
     else:
         wake(args.records, args.rate, args.pin)
     return 0
