@@ -210,17 +210,19 @@ class ServerConnection:
         """Every request completed by ``data``, in order, up to and including the first
         ``LargeFrame`` (the frames after it wait for the next call). Never raises for bad
         input: an oversize frame ends the list with a fatal BadRequest (and every later call)."""
-        inline_max = self.decode_inline_max_bytes
-        if (frame := self._decoder.whole_frame(data)) is not None:
-            return [LargeFrame(frame) if inline_max is not None and len(frame) > inline_max else self._parse(frame)]
         events: list[Request | BadRequest | LargeFrame] = []
+        inline_max = self.decode_inline_max_bytes
+        decoder = self._decoder
         try:
-            self._decoder.receive_data(data)
-            while (frame := self._decoder.next_frame()) is not None:
+            if (frame := decoder.whole_frame(data)) is None:  # not the usual read: buffer it
+                decoder.receive_data(data)
+                frame = decoder.next_frame()
+            while frame is not None:
                 if inline_max is not None and len(frame) > inline_max:
                     events.append(LargeFrame(frame))
                     break
                 events.append(self._parse(frame))
+                frame = decoder.next_frame()
         except FrameTooLargeError as e:
             events.append(BadRequest(None, e))
         return events
