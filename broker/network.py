@@ -24,6 +24,11 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
   reads with ``os.read`` and waits for the socket only when nothing is there (a Trio
   ``receive_some`` yields to the scheduler even when data is waiting; for small requests
   those round trips cost more than the request), yielding every ``YIELD_EVERY`` reads.
+  The whole read loop runs in one cancel scope, which ``stop_reading`` cancels only while
+  the reader waits to read (for bytes, for room or for the memory budget), and the reader
+  reads nothing after a wait once ``stop_reading`` was called (the wait may have ended
+  before the cancellation came): so a request read is always started and answered, never
+  cancelled half-way, and a wait costs no cancel scope of its own.
 * **Responses in request order.** A handler's result goes to ``ServerConnection``, which parks
   a response until every older one is ready and hands out the bytes that may be written now
   (``send_response``; ``skip_response`` when the handler returns None, as for acks=0). Those
@@ -97,7 +102,11 @@ Closing rules:
   UNKNOWN_SERVER_ERROR and a logged traceback for unexpected exceptions); the connection and
   the server carry on. ``trio.Cancelled`` is never caught.
 * No bytes moved in either direction and no handler running for ``idle_timeout_ms``: close
-  at once. This also ends a client that stopped reading and left our writer blocked.
+  at once. This also ends a client that stopped reading and left our writer blocked. One
+  task per server checks every connection each ``IDLE_TICKS``-th of the timeout (as Kafka's
+  selector does in its poll), against a count of the connection's activity: a connection
+  closes 1 to 1.125 idle timeouts after its last activity, and a request costs a counter's
+  increment instead of a clock read and a Trio deadline moved.
 * Socket errors are logged at debug level and close only their connection.
 * ``aclose(deadline_s)``: stop accepting, stop reading everywhere, let in-flight requests
   finish and be written until the deadline, then cancel whatever is left and close.
@@ -160,6 +169,7 @@ READ_BYTES = 64 * 1024
 YIELD_EVERY = 16  # reads in a row without waiting before the reader yields anyway
 MAX_IN_FLIGHT_DEFAULT = 100
 IDLE_TIMEOUT_MS_DEFAULT = 600_000
+IDLE_TICKS = 8  # the idle check runs every idle timeout / IDLE_TICKS
 QUEUED_MAX_REQUEST_BYTES_DEFAULT = 200 * 1024 * 1024
 RESERVE_ABOVE_BYTES = READ_BYTES  # frames up to this size reserve nothing from the budget
 DECODE_INLINE_MAX_BYTES = 256 * 1024  # larger frames are decoded in a worker thread
@@ -357,8 +367,16 @@ class SocketServer:
             async with trio.open_nursery() as accepting:
                 for listener in listeners:
                     accepting.start_soon(self._accept_from, listener, nursery)
+                accepting.start_soon(self._close_idle)
         if self._closing and not self._connections:
             self._scope.cancel()
+
+    async def _close_idle(self) -> None:
+        """Until the server closes, close the connections idle for the idle timeout."""
+        while self.idle_timeout_s < math.inf:
+            await trio.sleep(self.idle_timeout_s / IDLE_TICKS)
+            for connection in list(self._connections):
+                connection.idle_tick()
 
     async def _accept_from(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         """Accept until cancelled (closing the listener); never fails on a full process."""
@@ -448,6 +466,7 @@ class _Connection:
         self._stream = stream
         self._tls = isinstance(stream, trio.SSLStream)
         self._socket = stream.transport_stream.socket if self._tls else stream.socket
+        self._fd = self._socket.fileno()  # -1 once the connection closes, as the socket's own
         self._peer = _peer_name(self._socket)
         wire, inline_max = _WIRES[server.wire]
         self._conn = wire(server.max_frame_bytes, server.max_in_flight_per_connection, inline_max)
@@ -469,26 +488,43 @@ class _Connection:
         # one request at a time until authenticated (Kafka mutes the channel): SASL rounds are
         # a sequence, and pipelined guesses must not all run before the first one fails
         self._max_pending = 1 if self._auth is not None else server.max_in_flight_per_connection
-        self._scope = trio.CancelScope()  # the whole connection; its deadline is the idle timeout
-        self._read_scope = trio.CancelScope()  # the current read (graceful shutdown cancels it)
+        self._scope = trio.CancelScope()  # the whole connection (closed when idle, or shed)
+        self._read_scope = trio.CancelScope()  # the read loop (cancelled by stop_reading)
         self._reading = True
+        self._read_waiting = False  # in a wait that stop_reading may cancel
+        self._activity = 0  # bytes moved or handlers finished (see the idle check)
+        self._activity_seen = -1  # the count at the last idle check
+        self._idle_ticks = 0  # idle checks in a row that found no activity and no handler
         self._write_lock = trio.Lock()
         self._outbox = bytearray()
         self._outbox_count = 0  # requests completed by the bytes in the outbox
         self._pending = 0  # requests started and not yet written (see the module docstring)
         self._running = 0  # handlers in progress
+        self._idled = False  # closed by the idle check
         self._changed = trio.Event()  # set (and replaced) when pending drops and someone waits
         self._room_wanted = False  # the reader waits on _changed for pending to drop
         self._unyielding = 0  # reads in a row that found data without waiting
         self._requests: trio.Nursery | None = None  # the request tasks' nursery, while open
         self._deferred: set[DeferredResponse] = set()  # requests answered by a callback later
         self._deferred_done = trio.Event()  # set when the last of them was answered
-        self._clock = trio.lowlevel.current_clock()  # the run's: one call, not trio.current_time's three
-        self._touch()
 
     def stop_reading(self) -> None:
+        """Read nothing more: a wait to read ends now; requests already read are answered."""
         self._reading = False
-        self._read_scope.cancel()
+        if self._read_waiting:
+            self._read_scope.cancel()
+
+    def idle_tick(self) -> None:
+        """The server's idle check: close the connection when ``IDLE_TICKS`` checks in a row
+        found no activity and no handler running."""
+        if self._running or self._activity != self._activity_seen:
+            self._activity_seen = self._activity
+            self._idle_ticks = 0
+            return
+        self._idle_ticks += 1
+        if self._idle_ticks >= IDLE_TICKS:
+            self._idled = True
+            self._scope.cancel()
 
     def abort(self) -> None:
         """Close now, dropping whatever is in flight (shed at EMFILE)."""
@@ -503,15 +539,17 @@ class _Connection:
                         try:
                             if self._tls and not await self._handshake():
                                 return
-                            await self._read_loop(requests)
+                            with self._read_scope:
+                                await self._read_loop(requests)
                             while self._deferred:  # answer what was read (a graceful shutdown)
                                 self._deferred_done = trio.Event()
                                 await self._deferred_done.wait()
                         finally:
                             self._cancel_deferred()
+                    self._fd = -1  # the socket closes below; its number may be reused after
                     if self._linger:
                         await _drain(self._stream)
-            if self._scope.cancelled_caught:
+            if self._idled:
                 log.debug("closed the connection from %s: idle for %.1f s", self._peer,
                           self._server.idle_timeout_s)
         except* _CONNECTION_ERRORS as group:
@@ -577,7 +615,7 @@ class _Connection:
         Only the waiting and the read itself can be cancelled by ``stop_reading``, never
         the starting of requests already read: each of them must be answered."""
         while data := await self._receive():
-            self._touch()
+            self._activity += 1
             events = self._conn.receive_data(data)
             while events:
                 if await self._start_requests(requests, events):
@@ -611,12 +649,10 @@ class _Connection:
             self._running += 1
             started = self._begin(event)
             if is_awaitable(started):
-                self._scope.deadline = math.inf  # not idle while a handler works (a long poll)
                 requests.start_soon(self._finish, event, started)
             elif is_deferred(started):
                 # answered by whoever completes it (a consumer's long poll: the append
                 # that satisfies it), in that scheduler pass, without a task of its own
-                self._scope.deadline = math.inf
                 self._deferred.add(started)
                 started.attach(functools.partial(self._complete_deferred, started, _correlation_id(event)))
             else:
@@ -648,31 +684,40 @@ class _Connection:
         if not self._reading or self._server.closing:
             return b""
         if self._tls:
-            with trio.CancelScope() as self._read_scope:
-                await self._wait_for_room()
-                return await self._stream.receive_some(READ_BYTES)
-            return b""
-        fd = self._socket.fileno()
+            self._read_waiting = True
+            await self._wait_for_room()
+            data = await self._stream.receive_some(READ_BYTES)
+            self._read_waiting = False
+            return data if self._reading else b""
+        fd = self._fd
+        empty = False  # a read just found nothing: wait before reading again
         if self._pending < self._max_pending and self._unyielding < YIELD_EVERY:
             try:
                 data = os.read(fd, READ_BYTES)
             except BlockingIOError:
-                pass
+                empty = True
             else:
                 self._unyielding += 1
                 return data
         yield_now = self._unyielding >= YIELD_EVERY
         self._unyielding = 0
-        with trio.CancelScope() as self._read_scope:
+        self._read_waiting = True
+        if self._pending >= self._max_pending:
             await self._wait_for_room()
-            if yield_now:
-                await trio.lowlevel.checkpoint()
-            while True:
-                try:
-                    return os.read(fd, READ_BYTES)
-                except BlockingIOError:
-                    await trio.lowlevel.wait_readable(self._socket)
-        return b""
+        if yield_now:
+            await trio.lowlevel.checkpoint()
+        while True:
+            if empty:
+                await trio.lowlevel.wait_readable(self._socket)
+            if not self._reading:  # stopped while this wait's wake-up was on its way
+                return b""
+            try:
+                data = os.read(fd, READ_BYTES)
+            except BlockingIOError:
+                empty = True
+            else:
+                self._read_waiting = False
+                return data
 
     async def _reserve(self, size: int) -> None:
         """Reserve the frame still arriving from the memory budget before reading on; wait
@@ -682,10 +727,11 @@ class _Connection:
             return
         log.debug("the connection from %s waits for %d bytes of the request memory budget (%d of %d held)",
                   self._peer, size, self._pool.reserved, self._pool.capacity)
-        with trio.CancelScope() as self._read_scope:
-            if self._reading and not self._server.closing:
-                await self._pool.reserve(size)
-                self._reservation = size
+        if self._reading and not self._server.closing:
+            self._read_waiting = True
+            await self._pool.reserve(size)
+            self._read_waiting = False
+            self._reservation = size
 
     def _release_written(self) -> None:
         """Give back the reservations of requests whose responses are written."""
@@ -811,7 +857,7 @@ class _Connection:
 
     def _handler_done(self) -> None:
         self._running -= 1
-        self._touch()
+        self._activity += 1
         self._notify()
 
     async def _settle(self, event: Request | BadRequest, started: Result) -> Body | Message | None:
@@ -890,7 +936,7 @@ class _Connection:
             if self._tls:
                 return False  # through the TLS layer: _flush's send_all
             try:
-                sent = os.write(self._socket.fileno(), data)
+                sent = os.write(self._fd, data)
             except BlockingIOError:
                 sent = 0
             except OSError:
@@ -899,7 +945,7 @@ class _Connection:
                 del data[:sent]
                 return False
             self._outbox = bytearray()
-            self._touch()
+            self._activity += 1
         self._outbox_count = 0
         self._pending -= count
         self._written += count
@@ -924,24 +970,12 @@ class _Connection:
                 self._outbox, self._outbox_count = bytearray(), 0
                 if data:
                     await self._stream.send_all(data)
-                    self._touch()
+                    self._activity += 1
                 self._pending -= count
                 self._written += count
                 if self._held:
                     self._release_written()
                 self._notify()
-
-    def _touch(self) -> None:
-        """Bytes moved or a handler finished: restart the idle clock unless a handler runs.
-        The deadline moves only once it is less than the idle timeout away, and then an
-        eighth of it further (moving a Trio deadline on every request costs more than a
-        small request): an idle connection closes 1 to 1.125 idle timeouts after its last
-        activity."""
-        if self._running == 0:
-            idle = self._server.idle_timeout_s
-            now = self._clock.current_time()
-            if not now + idle <= self._scope.deadline <= now + idle * 1.125:  # too soon, or inf
-                self._scope.deadline = now + idle * 1.125
 
     def _notify(self) -> None:
         if self._room_wanted:

@@ -130,12 +130,21 @@ class NotifyingPartition(Partition):
 
     def __init__(self, tp: TopicPartition, local_broker_id: int):
         super().__init__(tp, local_broker_id)
-        self.changed = trio.Event()
+        self._changed: trio.Event | None = None
         self.watchers: dict[DelayedOperation, None] = {}  # insertion-ordered set
 
+    @property
+    def changed(self) -> trio.Event:
+        """Set at the next change. Made when a task first asks for it: most changes (an
+        append with only delayed operations watching) have no task waiting."""
+        if self._changed is None:
+            self._changed = trio.Event()
+        return self._changed
+
     def notify(self) -> None:
-        self.changed.set()
-        self.changed = trio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
         if self.watchers:
             for d in list(self.watchers):
                 d.try_complete()

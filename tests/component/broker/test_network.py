@@ -382,6 +382,32 @@ async def test_idle_connections_are_closed_but_busy_ones_are_not(net):
     await assert_serves(bystander)
 
 
+async def test_an_idle_connection_closes_one_to_one_and_an_eighth_timeouts_after_its_activity(
+        net, autojump_clock):
+    server, _, _ = await net.start(idle_timeout_ms=800)
+    client = await net.connect(server.port)
+    await trio.sleep(0.35)
+    assert (await client.call({"n": 1}))["n"] == 1
+    last_activity = trio.current_time()
+    assert await client.closed_by_server()
+    assert 0.8 <= trio.current_time() - last_activity <= 0.9
+
+
+async def test_requests_read_are_answered_when_shutdown_comes_while_they_wait_for_room(net):
+    """``stop_reading`` ends a wait to read, never the start of requests already read."""
+    server, handler, _ = await net.start(max_in_flight_per_connection=2)
+    client = await net.connect(server.port)
+    await client.stream.send_all(b"".join(client.frame({"n": i, "wait": True}) for i in range(5)))
+    await until(lambda: len(handler.called) == 2)
+    async with trio.open_nursery() as inner:
+        inner.start_soon(server.aclose, 10)
+        await trio.sleep(0.05)
+        handler.gate.set()
+        responses = await client.receive(5)
+    assert [body["n"] for _, body in responses] == list(range(5))
+    assert await client.closed_by_server()
+
+
 async def test_a_client_that_stops_sending_still_gets_its_responses(net):
     server, handler, bystander = await net.start()
     client = await net.connect(server.port)
@@ -519,6 +545,26 @@ async def one_deferred_request(net, n: int):
     await client.send({"n": n, "deferred": True})
     await until(lambda: handler.waiting and handler.waiting[0].complete)
     return server, handler.waiting[0], client, bystander
+
+
+async def test_a_stop_that_comes_while_the_readers_wake_up_is_on_its_way_starts_nothing_more(net):
+    """The reader waits for room (one request in flight) with two more requests unread; the
+    deferred answer wakes it, and shutdown comes before it runs: it reads nothing more, so
+    no request is started that the closing connection would leave unanswered."""
+    handler = DeferringHandler()
+    server, _, _ = await net.start(handler, max_in_flight_per_connection=1)
+    client = await net.connect(server.port)
+    await client.send({"n": 0, "deferred": True})
+    await until(lambda: handler.waiting and handler.waiting[0].complete)
+    await client.stream.send_all(client.frame({"n": 1, "deferred": True}) + client.frame({"n": 2, "deferred": True}))
+    await trio.sleep(0.05)  # the reader waits for room, 1 and 2 unread
+    [connection] = [c for c in server._connections if c._pending]
+    handler.waiting[0].complete({"n": 0})  # wakes the reader...
+    connection.stop_reading()  # ...and the stop comes before it runs
+    [(_, body)] = await client.receive(1)
+    assert body == {"n": 0}
+    assert await client.closed_by_server()
+    assert [d.n for d in handler.waiting] == [0]
 
 
 async def test_graceful_shutdown_waits_for_deferred_responses(net):
