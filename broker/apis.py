@@ -391,7 +391,8 @@ class Apis:
                             if is_internal_topic(tp.topic) and tp not in refused})
         else:
             refused = {tp: _internal_topic_refused(tp) for tp in entries if is_internal_topic(tp.topic)}
-        entries = {tp: records for tp, records in entries.items() if tp not in refused}
+        if refused:
+            entries = {tp: records for tp, records in entries.items() if tp not in refused}
         keys = [("connection", ctx.listener, ctx.peer)] if ctx is not None and ctx.peer != "?" else []
         keys += entries
         before = self.produce_order.predecessors(keys)

@@ -61,6 +61,8 @@ class ProduceOrder:
     def predecessors(self, keys: Iterable[Hashable]) -> list[trio.Event]:
         """The events of the waiting produces that one with these keys must follow."""
         tails = self._tails
+        if not tails:  # nothing waits (the usual case)
+            return []
         return list({id(e): e for k in keys if (e := tails.get(k)) is not None}.values())
 
     def enter(self, keys: Iterable[Hashable]) -> trio.Event:
