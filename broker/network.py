@@ -26,9 +26,10 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
   those round trips cost more than the request), yielding every ``YIELD_EVERY`` reads.
   The whole read loop runs in one cancel scope, which ``stop_reading`` cancels only while
   the reader waits to read (for bytes, for room or for the memory budget), and the reader
-  reads nothing after a wait once ``stop_reading`` was called (the wait may have ended
-  before the cancellation came): so a request read is always started and answered, never
-  cancelled half-way, and a wait costs no cancel scope of its own.
+  starts nothing read after a wait once ``stop_reading`` was called (the wait may have ended
+  before the cancellation came; on TLS the bytes are decrypted and dropped): so a request
+  read is always started and answered, never cancelled half-way, and a wait costs no cancel
+  scope of its own.
 * **Responses in request order.** A handler's result goes to ``ServerConnection``, which parks
   a response until every older one is ready and hands out the bytes that may be written now
   (``send_response``; ``skip_response`` when the handler returns None, as for acks=0). Those
@@ -101,12 +102,13 @@ Closing rules:
 * A handler that raises gets an error body (``error_code`` from ``protocol.errors.code_of``,
   UNKNOWN_SERVER_ERROR and a logged traceback for unexpected exceptions); the connection and
   the server carry on. ``trio.Cancelled`` is never caught.
-* No bytes moved in either direction and no handler running for ``idle_timeout_ms``: close
-  at once. This also ends a client that stopped reading and left our writer blocked. One
-  task per server checks every connection each ``IDLE_TICKS``-th of the timeout (as Kafka's
-  selector does in its poll), against a count of the connection's activity: a connection
-  closes 1 to 1.125 idle timeouts after its last activity, and a request costs a counter's
-  increment instead of a clock read and a Trio deadline moved.
+* No bytes moved in either direction and no handler running for ``idle_timeout_ms``: close.
+  This also ends a client that stopped reading and left our writer blocked, during a
+  graceful shutdown too. One task per server checks every connection each ``IDLE_TICKS``-th
+  of the timeout (at most every ``IDLE_TICK_MIN_S``; as Kafka's selector does in its poll),
+  against a count of the connection's activity: a connection closes 1 to 1.125 idle
+  timeouts after its last activity, and a request costs a counter's increment instead of a
+  clock read and a Trio deadline moved.
 * Socket errors are logged at debug level and close only their connection.
 * ``aclose(deadline_s)``: stop accepting, stop reading everywhere, let in-flight requests
   finish and be written until the deadline, then cancel whatever is left and close.
@@ -169,7 +171,8 @@ READ_BYTES = 64 * 1024
 YIELD_EVERY = 16  # reads in a row without waiting before the reader yields anyway
 MAX_IN_FLIGHT_DEFAULT = 100
 IDLE_TIMEOUT_MS_DEFAULT = 600_000
-IDLE_TICKS = 8  # the idle check runs every idle timeout / IDLE_TICKS
+IDLE_TICKS = 8  # the idle check runs every idle timeout / IDLE_TICKS...
+IDLE_TICK_MIN_S = 0.01  # ...but at most a hundred times a second
 QUEUED_MAX_REQUEST_BYTES_DEFAULT = 200 * 1024 * 1024
 RESERVE_ABOVE_BYTES = READ_BYTES  # frames up to this size reserve nothing from the budget
 DECODE_INLINE_MAX_BYTES = 256 * 1024  # larger frames are decoded in a worker thread
@@ -332,6 +335,7 @@ class SocketServer:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._accept, listeners, nursery)
+                    nursery.start_soon(self._close_idle)  # until the last connection is gone
                     task_status.started(self.port)
         finally:
             for fd in self._reserve:
@@ -367,14 +371,14 @@ class SocketServer:
             async with trio.open_nursery() as accepting:
                 for listener in listeners:
                     accepting.start_soon(self._accept_from, listener, nursery)
-                accepting.start_soon(self._close_idle)
         if self._closing and not self._connections:
             self._scope.cancel()
 
     async def _close_idle(self) -> None:
-        """Until the server closes, close the connections idle for the idle timeout."""
+        """Close the connections idle for the idle timeout, until the server stops (a
+        graceful shutdown included: a client that stopped reading holds no writer for long)."""
         while self.idle_timeout_s < math.inf:
-            await trio.sleep(self.idle_timeout_s / IDLE_TICKS)
+            await trio.sleep(max(self.idle_timeout_s / IDLE_TICKS, IDLE_TICK_MIN_S))
             for connection in list(self._connections):
                 connection.idle_tick()
 
@@ -466,7 +470,7 @@ class _Connection:
         self._stream = stream
         self._tls = isinstance(stream, trio.SSLStream)
         self._socket = stream.transport_stream.socket if self._tls else stream.socket
-        self._fd = self._socket.fileno()  # -1 once the connection closes, as the socket's own
+        self._fd = self._socket.fileno()  # -1 before the socket closes (its number is reused)
         self._peer = _peer_name(self._socket)
         wire, inline_max = _WIRES[server.wire]
         self._conn = wire(server.max_frame_bytes, server.max_in_flight_per_connection, inline_max)
@@ -534,19 +538,21 @@ class _Connection:
         try:
             with self._scope:
                 async with self._stream:
-                    async with trio.open_nursery() as requests:
-                        self._requests = requests
-                        try:
-                            if self._tls and not await self._handshake():
-                                return
-                            with self._read_scope:
-                                await self._read_loop(requests)
-                            while self._deferred:  # answer what was read (a graceful shutdown)
-                                self._deferred_done = trio.Event()
-                                await self._deferred_done.wait()
-                        finally:
-                            self._cancel_deferred()
-                    self._fd = -1  # the socket closes below; its number may be reused after
+                    try:
+                        async with trio.open_nursery() as requests:
+                            self._requests = requests
+                            try:
+                                if self._tls and not await self._handshake():
+                                    return
+                                with self._read_scope:
+                                    await self._read_loop(requests)
+                                while self._deferred:  # answer what was read (a graceful shutdown)
+                                    self._deferred_done = trio.Event()
+                                    await self._deferred_done.wait()
+                            finally:
+                                self._cancel_deferred()
+                    finally:
+                        self._fd = -1  # the socket closes below; its number may be reused after
                     if self._linger:
                         await _drain(self._stream)
             if self._idled:
@@ -612,8 +618,8 @@ class _Connection:
 
     async def _read_loop(self, requests: trio.Nursery) -> None:
         """Read and start requests until end of stream, a fatal frame or ``stop_reading``.
-        Only the waiting and the read itself can be cancelled by ``stop_reading``, never
-        the starting of requests already read: each of them must be answered."""
+        Only a wait to read (and a TLS read) can be cancelled by ``stop_reading``, never the
+        starting of requests already read: each of them must be answered."""
         while data := await self._receive():
             self._activity += 1
             events = self._conn.receive_data(data)
@@ -905,6 +911,7 @@ class _Connection:
             self._to_outbox(functools.partial(self._unencodable, correlation_id))  # logs what was caught
         finally:
             self._running -= 1
+            self._activity += 1
         if frame is not None:
             self._to_outbox(functools.partial(self._conn.send_frame, correlation_id, frame))
         if not self._write_now():

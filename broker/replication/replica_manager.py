@@ -6,9 +6,10 @@ leaders, serves fetches (consumers below the HW, followers up to the LEO, long-p
 keeps the ISR: followers that fall behind are removed, caught-up ones added, each change
 written to ZooKeeper (check-and-set on the partition state's version) before it takes effect.
 
-Waiting is done with one "something changed" event per partition, replaced on every change
-(a fresh ``trio.Event`` per generation): a long-polling fetch or an acks=all produce waits on
-the events of its partitions with its own deadline, then re-checks.
+Waiting is done with one "something changed" event per partition, set and dropped at every
+change and made again when a task next asks for it (a fresh ``trio.Event`` per generation
+that has a waiter): a long-polling fetch or an acks=all produce waits on the events of its
+partitions with its own deadline, then re-checks.
 
 Everything here runs on the broker's Trio thread; the logs it calls are synchronous.
 """
@@ -654,13 +655,13 @@ class ReplicaManager:
         deadline = trio.current_time() + req.max_wait_ms / 1000
         while True:
             results, size, throttled = self._read_all(req, from_follower)
-            events = [self.partitions[tp].changed for tp in results if tp in self.partitions]
+            waiting = [self.partitions[tp] for tp in results if tp in self.partitions]
             if (size >= req.min_bytes or trio.current_time() >= deadline or _has_errors(results)
-                    or not events):
+                    or not waiting):
                 self._charge_throttled(throttled)
                 return results
             with trio.move_on_at(deadline):
-                await _wait_any(events)
+                await _wait_any([p.changed for p in waiting])
 
     def deferred_fetch(self, req: FetchRequest, respond: Callable[[dict], Any]) -> Any:
         """A consumer's or a follower's fetch: ``respond(results)`` now when it can be

@@ -393,6 +393,16 @@ async def test_an_idle_connection_closes_one_to_one_and_an_eighth_timeouts_after
     assert 0.8 <= trio.current_time() - last_activity <= 0.9
 
 
+async def test_a_client_that_stopped_reading_is_closed_as_idle_during_a_graceful_shutdown(net):
+    server, _, _ = await net.start(idle_timeout_ms=400, max_in_flight_per_connection=4)
+    slow = await net.connect(server.port)
+    await slow.stream.send_all(b"".join(slow.frame({"n": i, "blob": 256 * 1024}) for i in range(200)))
+    await trio.sleep(0.3)  # the writer blocks: the client reads nothing
+    with trio.fail_after(TIMEOUT_S):  # not the shutdown deadline's 60 s
+        await server.aclose(60)
+    assert server.stats().connections_open == 0
+
+
 async def test_requests_read_are_answered_when_shutdown_comes_while_they_wait_for_room(net):
     """``stop_reading`` ends a wait to read, never the start of requests already read."""
     server, handler, _ = await net.start(max_in_flight_per_connection=2)
