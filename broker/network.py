@@ -646,9 +646,10 @@ class _Connection:
                 self._server.counters.invalid += 1
                 log.debug("closing the connection from %s: %s", self._peer, event.error)
                 return True
-            if queued_at is None and self._pending >= self._max_pending:
-                queued_at = trio.current_time()
-            await self._wait_for_room()
+            if self._pending >= self._max_pending:
+                if queued_at is None:
+                    queued_at = trio.current_time()
+                await self._wait_for_room()
             if queued_at is not None:
                 self._server.counters.queue_time_s += trio.current_time() - queued_at
             self._pending += 1
@@ -864,7 +865,8 @@ class _Connection:
     def _handler_done(self) -> None:
         self._running -= 1
         self._activity += 1
-        self._notify()
+        if self._room_wanted:
+            self._notify()
 
     async def _settle(self, event: Request | BadRequest, started: Result) -> Body | Message | None:
         if not is_awaitable(started):
@@ -958,7 +960,8 @@ class _Connection:
         self._written += count
         if self._held:
             self._release_written()
-        self._notify()
+        if self._room_wanted:
+            self._notify()
         return True
 
     async def _flush_after_woken(self) -> None:
@@ -985,6 +988,7 @@ class _Connection:
                 self._notify()
 
     def _notify(self) -> None:
+        """Wake the reader if it waits for room (callers on the hot path check first)."""
         if self._room_wanted:
             self._room_wanted = False
             self._changed.set()

@@ -27,7 +27,7 @@ from collections.abc import Hashable, Iterable, Mapping
 
 import trio
 
-from tidelog.protocol.records import CODEC_MASK, iter_headers
+from tidelog.protocol.records import any_compressed
 
 # A produce carrying at least this many bytes is validated in a worker thread
 WORKER_THRESHOLD_BYTES = 256 * 1024
@@ -44,9 +44,10 @@ def needs_worker(entries: Mapping[object, bytes], threshold_bytes: int = WORKER_
     it inflates to)."""
     if sum(map(len, entries.values())) >= threshold_bytes:
         return True
-    return any(len(records) >= compressed_bytes
-               and any(h.attributes & CODEC_MASK for _, h in iter_headers(records))
-               for records in entries.values())
+    for records in entries.values():
+        if len(records) >= compressed_bytes and any_compressed(records):
+            return True
+    return False
 
 
 class ProduceOrder:

@@ -320,6 +320,21 @@ def iter_headers(buf, start: int = 0) -> Iterator[tuple[int, BatchHeader]]:
         pos += size
 
 
+def any_compressed(buf) -> bool:
+    """Whether any of the trusted, back-to-back batches in ``buf`` is compressed (framing
+    only, as ``iter_headers``, without building the headers: a produce asks this per
+    request)."""
+    pos, end = 0, len(buf)
+    while end - pos >= HEADER_SIZE:
+        length = _I32.unpack_from(buf, pos + BATCH_LENGTH_AT)[0]
+        if length < MIN_BATCH_LENGTH or pos + length + LOG_OVERHEAD > end:
+            return False
+        if _I16.unpack_from(buf, pos + ATTRIBUTES_AT)[0] & CODEC_MASK:
+            return True
+        pos += length + LOG_OVERHEAD
+    return False
+
+
 def patch_batch(buf: bytearray, pos: int, base_offset: int, leader_epoch: int) -> None:
     """Stamp base offset and leader epoch into the batch at ``pos`` (outside the CRC)."""
     _I64.pack_into(buf, pos + BASE_OFFSET_AT, base_offset)

@@ -24,6 +24,7 @@ from tidelog.protocol.errors import CorruptRecordError, RecordTooLargeError, Uns
 from tidelog.protocol.records import (
     ATTRIBUTES_AT,
     BATCH_LENGTH_AT,
+    CODEC_MASK,
     CRC_AT,
     CRC_START,
     HEADER,
@@ -38,6 +39,7 @@ from tidelog.protocol.records import (
     BatchRecord,
     Codec,
     TimestampType,
+    any_compressed,
     build_batch,
     compress,
     compute_crc,
@@ -666,6 +668,15 @@ def test_iter_headers_stops_at_a_partial_batch():
         got = list(iter_headers(buf[:cut]))
         expected = [0] if len(a) <= cut < len(buf) else ([0, len(a)] if cut == len(buf) else [])
         assert [p for p, _ in got] == expected
+
+
+def test_any_compressed_reads_each_whole_batch_as_its_header_says():
+    plain = build_batch([b"v"], timestamp_ms=0)
+    packed = build_batch([b"v" * 100], codec=Codec.GZIP, timestamp_ms=0)
+    for buf in (b"", plain, packed, plain + packed, packed + plain, plain + plain):
+        for cut in range(len(buf) + 1):  # a partial batch counts for nothing, as in iter_headers
+            expected = any(h.attributes & CODEC_MASK for _, h in iter_headers(buf[:cut]))
+            assert any_compressed(buf[:cut]) is expected
 
 
 def test_header_layout_is_61_bytes_big_endian():
