@@ -119,10 +119,15 @@ def test_encode_refuses_a_header_out_of_range(header):
 
 
 def test_encode_refuses_a_body_without_str_keys():
-    with pytest.raises(TypeError):
-        encode_request(RequestHeader(0, 0, 1), {1: "x"})
+    class Name(str):
+        pass
+
+    for body in ({1: "x"}, {"a": 1, b"b": 2}, {Name("a"): 1}):  # str exactly, as msgpack maps it
+        with pytest.raises(TypeError, match="str keys"):
+            encode_request(RequestHeader(0, 0, 1), body)
     with pytest.raises(TypeError):
         encode_response(1, [1, 2])
+    assert encode_request(RequestHeader(0, 0, 1), {}) and encode_response(1, {"a": 1})
 
 
 # --- malformed requests: InvalidRequestError naming the problem, with the correlation id ------
