@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from tidelog.protocol.errors import INVALID_CONFIG, TidelogError
+from tidelog.protocol.records import RecordRules
 from tidelog.protocol.throttles import FOLLOWER_REPLICAS, LEADER_REPLICAS, normalize_throttled_replicas
 
 MAX_LONG = 2**63 - 1
@@ -162,6 +163,13 @@ class LogConfig:
     compression_type: str = "producer"
     leader_replication_throttled_replicas: str = ""
     follower_replication_throttled_replicas: str = ""
+    # derived once (every leader append checks its records against them), not a setting
+    record_rules: RecordRules = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "record_rules", RecordRules(
+            self.timestamp_before_max_ms, self.timestamp_after_max_ms, not self.log_append_time,
+            self.compacts, self.max_uncompressed_bytes))
 
     @property
     def log_append_time(self) -> bool:

@@ -77,8 +77,8 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.records import (
     BatchHeader,
-    RecordRules,
     patch_batch,
+    restamped,
     set_log_append_time,
     validate_batches,
     validate_records,
@@ -109,12 +109,11 @@ def check_produced_records(records, batches: list[tuple[int, BatchHeader]], conf
     topic's rules (``protocol.records.validate_records``), else the error names batch and record."""
     if not RECORD_VALIDATION:
         return
-    rules = RecordRules(now_ms, config.timestamp_before_max_ms, config.timestamp_after_max_ms,
-                        not config.log_append_time, config.compacts, config.max_uncompressed_bytes)
+    rules = config.record_rules
     for i, (pos, h) in enumerate(batches):
         chunk = VALIDATION_CHUNK_RECORDS if h.record_count > VALIDATION_CHUNK_RECORDS else None
         try:
-            validate_records(records, pos, h, rules, chunk=chunk)
+            validate_records(records, pos, h, rules, now_ms, chunk=chunk)
         except TidelogError as e:
             raise type(e)(f"{tp}: batch {i} (position {pos}) of the produce: {e}", error=e.error) from None
 
@@ -238,7 +237,7 @@ class Log:
             if now >= 0:
                 set_log_append_time(buf, pos, h.batch_length + 12, now)
                 h = h._replace(max_timestamp=now)
-            stamped.append((pos, h._replace(base_offset=offset, leader_epoch=leader_epoch)))
+            stamped.append((pos, restamped(h, offset, leader_epoch)))
             offset += h.record_count
         info = self._append(buf, stamped, first, offset - 1, now)
         if len(buf) <= self.config.segment_bytes:  # in one segment, as a read of it would be
@@ -292,8 +291,11 @@ class Log:
 
     def _append(self, buf, batches: list[tuple[int, BatchHeader]], first: int, last: int,
                 log_append_time: int) -> LogAppendInfo:
-        for group in self._segment_sized_groups(buf, batches):
-            self._append_group(*group)
+        if len(buf) <= self.config.segment_bytes:  # the usual append: one segment's worth
+            self._append_group(buf, batches)
+        else:
+            for group in self._segment_sized_groups(buf, batches):
+                self._append_group(*group)
         max_ts = -1
         for _, h in batches:
             if h.leader_epoch > self.epoch_cache.latest_epoch:
@@ -306,11 +308,8 @@ class Log:
         return LogAppendInfo(first, last, max_ts, log_append_time, count, len(buf), self.log_start_offset)
 
     def _segment_sized_groups(self, buf, batches: list[tuple[int, BatchHeader]]):
-        """Split back-to-back batches into runs that each fit in one segment (usually one run)."""
+        """Split back-to-back batches larger than a segment into runs that each fit in one."""
         limit = self.config.segment_bytes
-        if len(buf) <= limit:
-            yield buf, batches
-            return
         view = memoryview(buf)
         start, run = 0, []
         for pos, h in batches:
@@ -334,18 +333,17 @@ class Log:
             if seg.base_offset != first:  # an empty active segment can simply move
                 self._replace_empty_active(first)
             return self._segments[-1]
-        max_ts = max(h.max_timestamp for _, h in batches)
-        if (seg.size + size > self.config.segment_bytes
-                or self._segment_age(seg, max_ts) > self.config.segment_ms
-                or seg.index.is_full or seg.time_index.is_full
-                or not seg.can_hold(first, last)):
+        # the segment's age: by the timestamps of its first batch and of this append, else
+        # (none of them has one) by the clock since the segment was created
+        max_ts = max([h.max_timestamp for _, h in batches])
+        if seg.first_batch_timestamp is not None and seg.first_batch_timestamp >= 0 and max_ts >= 0:
+            age = max_ts - seg.first_batch_timestamp
+        else:
+            age = self._clock() - seg.created_ms
+        if (seg.size + size > self.config.segment_bytes or age > self.config.segment_ms
+                or seg.index.is_full or seg.time_index.is_full or not seg.can_hold(first, last)):
             return self.roll(first)
         return seg
-
-    def _segment_age(self, seg: LogSegment, max_ts: int) -> int:
-        if seg.first_batch_timestamp is not None and seg.first_batch_timestamp >= 0 and max_ts >= 0:
-            return max_ts - seg.first_batch_timestamp
-        return self._clock() - seg.created_ms
 
     def _replace_empty_active(self, base_offset: int) -> None:
         self._segments.pop().delete()

@@ -139,8 +139,11 @@ class CompletedFetch:
         consumer, written for speed: C-level iterators feed the Record constructor."""
         topic, partition = self.tp
         n = end - start
-        headers = c.headers[start:end] if c.headers is not None else repeat(None, n)  # lazily []
         ts_type = 1 if self.header.attributes & 0x08 else 0
+        if n == 1:  # a low rate's batch: one constructor call costs less than the iterators
+            return [Record(topic, partition, c.base_offset + start, c.timestamps[start], c.keys[start],
+                           c.values[start], c.headers[start] if c.headers is not None else None, ts_type)]
+        headers = c.headers[start:end] if c.headers is not None else repeat(None, n)  # lazily []
         return list(map(Record, repeat(topic, n), repeat(partition, n),
                         range(c.base_offset + start, c.base_offset + end), c.timestamps[start:end],
                         c.keys[start:end], c.values[start:end], headers, repeat(ts_type, n)))

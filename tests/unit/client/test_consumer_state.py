@@ -28,7 +28,7 @@ from tidelog.protocol.messages import (
     PartitionMetadata,
     TopicMetadata,
 )
-from tidelog.protocol.records import build_batch, iter_headers, patch_batch
+from tidelog.protocol.records import build_batch, iter_headers, patch_batch, set_log_append_time
 from tidelog.protocol.topics import TopicPartition
 from tidelog.records import Record
 
@@ -316,6 +316,19 @@ def test_take_builds_records_with_their_own_headers_and_timestamp_type():
     assert records[3].headers == [] and records[2].headers == [("added", None)]
     assert dataclasses.asdict(records[3])["headers"] == []
     assert records[3] == Record("a", 0, 3, 9, None, b"y")
+
+
+def test_take_builds_a_batch_of_one_record_as_any_other():
+    # one record is built by one constructor call (a low rate's batches): the same records
+    one = bytearray(build_batch([(b"k", b"v", [("h", b"1")], 7)], base_offset=0))
+    two = bytearray(build_batch([b"x"], base_offset=1, timestamp_ms=9))
+    set_log_append_time(two, 0, len(two), 11)
+    records = completed(A0, bytes(one + two)).take(state_at(0), 10, check_crcs=True)
+    assert [(r.offset, r.key, r.value, r.headers, r.timestamp, r.timestamp_type) for r in records] == [
+        (0, b"k", b"v", [("h", b"1")], 7, 0), (1, None, b"x", [], 11, 1)]
+    state = state_at(1)  # below the position: skipped
+    assert [r.offset for r in completed(A0, bytes(one + two)).take(state, 10, True)] == [1]
+    assert state.position == 2
 
 
 def test_consumer_config_validates():

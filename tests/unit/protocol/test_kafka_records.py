@@ -49,7 +49,7 @@ def test_a_kafka_clients_batch_is_stored_as_sent_and_read_by_the_sdk(codec):
     stored = to_stored(wire)
     assert stored[16] == KAFKA_MAGIC and stored[:16] == wire[:16] and stored[17:] == wire[17:]
     h = validate_batch(stored)
-    validate_records(stored, 0, h, RecordRules(now_ms=1_700_000_000_000))
+    validate_records(stored, 0, h, RecordRules(), 1_700_000_000_000)
     got = [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in iter_all_records(stored)]
     assert got == [(0, 1_700_000_000_000, b"k0", b"v0", [("h", b"1")]), (1, 1_700_000_000_001, None, b"v1", []),
                    (2, 1_700_000_000_002, b"k2", None, [])]
@@ -139,7 +139,7 @@ def test_a_produced_bomb_of_tiny_records_is_refused_holding_one_part_at_a_time()
     tracemalloc.start()
     try:
         with pytest.raises(CorruptRecordError, match="record 1 .*offset_delta 0, expected 1"):
-            validate_records(batch, 0, h, RecordRules(now_ms=1, max_uncompressed_bytes=16 << 20), chunk=8192)
+            validate_records(batch, 0, h, RecordRules(max_uncompressed_bytes=16 << 20), 1, chunk=8192)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
