@@ -649,7 +649,8 @@ def _dump_message(message: Message) -> dict[str, Any]:
 # reference, and the only place an error is worded. For speed (every request and response
 # passes through them: bench/RESULTS.md, "Typed bodies, generated"), each class also gets a
 # loader and a dumper generated as Python source from the same annotations: straight-line
-# checks and one constructor call. The generated loader accepts exactly what the plan
+# checks and one constructor call per message, nested messages written in (up to
+# ``MAX_INLINE_DEPTH``) rather than called. The generated loader accepts exactly what the plan
 # accepts and builds the same message; anything it does not accept (a missing or mistyped
 # field, an int out of range, a ``__post_init__`` rule) raises ``_Slow`` (or the rule's
 # ValueError), and ``from_body`` runs the plan, which raises the error naming the field path
@@ -709,32 +710,54 @@ def _fast_loader(cls: type) -> Callable[[Any], Any]:
 
 def _generate_loader(cls: type, plan: _Plan) -> Callable[[Any], Any]:
     src = _Source()
+    src.lines.append("def load(body):")
+    _emit_message_load(src, cls, plan, "body", "    ", (cls,))
+    src.lines.append("    return body")
+    return src.build("load", cls.__name__)
+
+
+# Messages nested this deep (the loaded class counts) have their loading and dumping written
+# into their container's function: a ProduceRequest is loaded, and a FetchResponse dumped,
+# by one call rather than one per nested message and list (they run for every produce and
+# fetch). A class that contains itself is called, never written in.
+MAX_INLINE_DEPTH = 4
+
+
+def _inlinable(cls: type, inlined: tuple[type, ...]) -> bool:
+    return cls not in inlined and len(inlined) < MAX_INLINE_DEPTH
+
+
+def _emit_message_load(src: _Source, cls: type, plan: _Plan, var: str, ind: str,
+                       inlined: tuple[type, ...]) -> None:
+    """Lines that check the body map in ``var`` field by field (raising ``_Slow`` where the
+    plan would raise) and rebind ``var`` to the ``cls`` message, as ``plan.load``;
+    ``inlined``: the classes being written in, ``cls`` last."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    src.ns["_cls"] = cls
-    src.lines += ["def load(body):", "    if type(body) is not dict:", "        raise _Slow",
-                  "    get = body.get"]
+    get = src.name("get")
+    src.lines += [f"{ind}if type({var}) is not dict: raise _Slow", f"{ind}{get} = {var}.get"]
     values = []  # (field name, the variable holding its value)
     for row in plan.fields:
-        f, var = fields[row.name], src.name("v")
-        src.lines.append(f"    {var} = get({row.name!r}, _MISSING)")
+        f, v = fields[row.name], src.name("v")
+        src.lines.append(f"{ind}{v} = {get}({row.name!r}, _MISSING)")
         if row.required:  # _MISSING fails every check
-            _emit_load(src, hints[row.name], f.metadata, var, "    ")
+            _emit_load(src, hints[row.name], f.metadata, v, ind, inlined)
         else:
             default = (src.name("factory", f.default_factory) + "()"
                        if f.default is dataclasses.MISSING else src.name("default", f.default))
-            src.lines += [f"    if {var} is _MISSING:", f"        {var} = {default}", "    else:"]
-            _emit_load(src, hints[row.name], f.metadata, var, "        ")
-        values.append((row.name, var))
+            src.lines += [f"{ind}if {v} is _MISSING:", f"{ind}    {v} = {default}", f"{ind}else:"]
+            _emit_load(src, hints[row.name], f.metadata, v, ind + "    ", inlined)
+        values.append((row.name, v))
+    c = src.name("cls", cls)
     if _plain_init(cls):  # set the slots without the frozen __init__'s setattr calls
         src.ns["_new"] = object.__new__
-        src.lines.append("    m = _new(_cls)")
-        for name, var in values:
-            src.lines.append(f"    {src.name('set', cls.__dict__[name].__set__)}(m, {var})")
-        src.lines.append("    return m")
+        m = src.name("m")
+        src.lines.append(f"{ind}{m} = _new({c})")
+        for name, v in values:
+            src.lines.append(f"{ind}{src.name('set', cls.__dict__[name].__set__)}({m}, {v})")
+        src.lines.append(f"{ind}{var} = {m}")
     else:
-        src.lines.append(f"    return _cls({', '.join(f'{name}={var}' for name, var in values)})")
-    return src.build("load", cls.__name__)
+        src.lines.append(f"{ind}{var} = {c}({', '.join(f'{name}={v}' for name, v in values)})")
 
 
 def _plain_init(cls: type) -> bool:
@@ -749,7 +772,8 @@ def _plain_init(cls: type) -> bool:
                     for f in dataclasses.fields(cls)))
 
 
-def _emit_load(src: _Source, tp: Any, meta: Mapping[str, Any], var: str, ind: str) -> None:
+def _emit_load(src: _Source, tp: Any, meta: Mapping[str, Any], var: str, ind: str,
+               inlined: tuple[type, ...]) -> None:
     """Lines that check the decoded value in ``var`` against ``tp`` (raising ``_Slow`` where
     the plan would raise) and rebind ``var`` to the loaded value, as ``_compile``'s loader."""
     origin = typing.get_origin(tp)
@@ -769,10 +793,10 @@ def _emit_load(src: _Source, tp: Any, meta: Mapping[str, Any], var: str, ind: st
     elif origin is typing.Union or origin is types.UnionType:
         [inner] = [a for a in typing.get_args(tp) if a is not type(None)]
         src.lines.append(f"{ind}if {var} is not None:")
-        _emit_load(src, inner, meta, var, ind + "    ")
+        _emit_load(src, inner, meta, var, ind + "    ", inlined)
     elif origin is list:
         (item,) = typing.get_args(tp)
-        if isinstance(item, type) and issubclass(item, Message):
+        if isinstance(item, type) and issubclass(item, Message) and not _inlinable(item, inlined):
             load = src.name("load", _fast_loader(item))
             src.lines += [f"{ind}if type({var}) is not list: raise _Slow",
                           f"{ind}{var} = [{load}(x) for x in {var}]"]
@@ -780,17 +804,20 @@ def _emit_load(src: _Source, tp: Any, meta: Mapping[str, Any], var: str, ind: st
         out, x = src.name("out"), src.name("x")
         src.lines += [f"{ind}if type({var}) is not list: raise _Slow", f"{ind}{out} = []",
                       f"{ind}for {x} in {var}:"]
-        _emit_load(src, item, meta, x, ind + "    ")
+        _emit_load(src, item, meta, x, ind + "    ", inlined)
         src.lines += [f"{ind}    {out}.append({x})", f"{ind}{var} = {out}"]
     elif origin is dict:
         _, item = typing.get_args(tp)
         out, k, x = src.name("out"), src.name("k"), src.name("x")
         src.lines += [f"{ind}if type({var}) is not dict: raise _Slow", f"{ind}{out} = {{}}",
                       f"{ind}for {k}, {x} in {var}.items():", f"{ind}    if type({k}) is not str: raise _Slow"]
-        _emit_load(src, item, meta, x, ind + "    ")
+        _emit_load(src, item, meta, x, ind + "    ", inlined)
         src.lines += [f"{ind}    {out}[{k}] = {x}", f"{ind}{var} = {out}"]
     elif isinstance(tp, type) and issubclass(tp, Message):
-        src.lines.append(f"{ind}{var} = {src.name('load', _fast_loader(tp))}({var})")
+        if _inlinable(tp, inlined):
+            _emit_message_load(src, tp, _plan_of(tp), var, ind, (*inlined, tp))
+        else:
+            src.lines.append(f"{ind}{var} = {src.name('load', _fast_loader(tp))}({var})")
     else:  # _plan_of accepted the class, so this cannot happen
         raise TypeError(f"unsupported field type {tp!r}")
 
@@ -806,9 +833,7 @@ def _fast_dumper(cls: type) -> Callable[[Any], dict[str, Any]]:
         _DUMPS_GENERATING.add(cls)
         try:
             src = _Source()
-            hints = typing.get_type_hints(cls)
-            items = [f"{row.name!r}: {_dump_expr(src, hints[row.name], f'm.{row.name}')}" for row in plan.fields]
-            src.lines += ["def dump(m):", f"    return {{{', '.join(items)}}}"]
+            src.lines += ["def dump(m):", f"    return {_dump_display(src, cls, plan, 'm', (cls,))}"]
             dump = src.build("dump", cls.__name__)
         finally:
             _DUMPS_GENERATING.discard(cls)
@@ -816,29 +841,41 @@ def _fast_dumper(cls: type) -> Callable[[Any], dict[str, Any]]:
         return dump
 
 
-def _dump_expr(src: _Source, tp: Any, expr: str) -> str:
+def _dump_display(src: _Source, cls: type, plan: _Plan, m: str, inlined: tuple[type, ...]) -> str:
+    """A dict display of the ``cls`` message ``m``'s fields, as ``plan.dump`` gives them."""
+    hints = typing.get_type_hints(cls)
+    items = [f"{row.name!r}: {_dump_expr(src, hints[row.name], f'{m}.{row.name}', inlined)}"
+             for row in plan.fields]
+    return f"{{{', '.join(items)}}}"
+
+
+def _dump_expr(src: _Source, tp: Any, expr: str, inlined: tuple[type, ...]) -> str:
     """An expression for the msgpack-able form of ``expr`` (of type ``tp``), as ``_compile``'s
     dumper: values that need no dumping are used as they are."""
     origin = typing.get_origin(tp)
     if origin is typing.Union or origin is types.UnionType:
         [inner] = [a for a in typing.get_args(tp) if a is not type(None)]
         t = src.name("t")
-        inner_expr = _dump_expr(src, inner, t)
+        inner_expr = _dump_expr(src, inner, t, inlined)
         return expr if inner_expr == t else f"(None if ({t} := {expr}) is None else {inner_expr})"
     if origin is list:
         x = src.name("x")
-        item = _dump_expr(src, typing.get_args(tp)[0], x)
+        item = _dump_expr(src, typing.get_args(tp)[0], x, inlined)
         return expr if item == x else f"[{item} for {x} in {expr}]"
     if origin is dict:
         k, x = src.name("k"), src.name("x")
-        item = _dump_expr(src, typing.get_args(tp)[1], x)
+        item = _dump_expr(src, typing.get_args(tp)[1], x, inlined)
         return expr if item == x else f"{{{k}: {item} for {k}, {x} in {expr}.items()}}"
     if isinstance(tp, type) and issubclass(tp, Message):
         # an instance of another class (a subclass) dumps by its own class, as the plan's
         # dumper does
-        cls, dump, t = src.name("cls", tp), src.name("dump", _fast_dumper(tp)), src.name("t")
+        cls, t = src.name("cls", tp), src.name("t")
         src.ns["_dump_any"] = _dump_any
-        return f"({dump}({t}) if type({t} := {expr}) is {cls} else _dump_any({t}))"
+        if _inlinable(tp, inlined):
+            own = _dump_display(src, tp, _plan_of(tp), t, (*inlined, tp))
+        else:
+            own = f"{src.name('dump', _fast_dumper(tp))}({t})"
+        return f"({own} if type({t} := {expr}) is {cls} else _dump_any({t}))"
     return expr
 
 

@@ -85,9 +85,42 @@ class Holder(Message):
     items: list[Item] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class Level5(Message):
+    v: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Level4(Message):
+    down: Level5
+    more: list[Level5] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Level3(Message):
+    down: Level4 | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Level2(Message):
+    downs: list[Level3]
+
+
+@dataclass(frozen=True, slots=True)
+class Level1(Message):
+    down: Level2 | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Level0(Message):
+    """Nested deeper than the generated functions write messages in (``MAX_INLINE_DEPTH``)."""
+
+    down: Level1
+
+
 CLASSES = sorted((c for _, c in inspect.getmembers(messages, inspect.isclass)
                   if issubclass(c, Message) and c is not Message and dataclasses.is_dataclass(c)),
-                 key=lambda c: c.__name__) + [Cluster, Node, Span, OddBounds, OwnInit, Shapes, Holder]
+                 key=lambda c: c.__name__) + [Cluster, Node, Span, OddBounds, OwnInit, Shapes, Holder, Level0]
 MAX_DEPTH = 3
 
 noise_st = (st.none() | st.booleans() | st.integers(-(1 << 64), 1 << 64) | st.floats()
@@ -265,6 +298,19 @@ def test_the_odd_shapes_load_and_dump_as_the_plan_does():
     assert codec.decode_response(codec.encode_response(1, Versioned(5)))[1] == {"v": 5, "schema": 2}
     with pytest.raises(TypeError, match="is not a Message dataclass"):
         Holder(None).to_body()
+
+
+def test_messages_nested_deeper_than_written_in_load_and_dump_as_the_plan_does():
+    assert codec.MAX_INLINE_DEPTH < 6
+    body = {"down": {"down": {"downs": [{"down": {"down": {"v": 1}, "more": [{"v": 2}, {}]}}, {}]}}}
+    got, expected = codec._fast_loader(Level0)(body), codec._plan_of(Level0).load(body)
+    assert_same(got, expected)
+    assert got.down.down.downs[0].down.more[1] == Level5(0) and got.down.down.downs[1] == Level3()
+    assert_same(codec._fast_dumper(Level0)(got), codec._plan_of(Level0).dump(got))
+    assert Level0.from_body(got.to_body()) == got
+    bad = {"down": {"down": {"downs": [{"down": {"down": {"v": "1"}}}]}}}
+    with pytest.raises(InvalidRequestError, match=r"down\.down\.downs\[0\]\.down\.down\.v: expected int"):
+        Level0.from_body(bad)
 
 
 def test_two_threads_meeting_mutually_recursive_classes_first_get_their_messages(monkeypatch):
