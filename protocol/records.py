@@ -565,11 +565,16 @@ class BatchBuilder:
         n = len(timestamps)
         if not n:
             raise ValueError("cannot build an empty record batch")
-        first_ts, max_ts = timestamps[0], max(timestamps)
-        records = list(zip(map(sub, timestamps, repeat(first_ts, n)), range(n),
-                           repeat(None, n) if self._keys is None else self._keys, self._values,
-                           repeat(None, n) if self._headers is None else self._headers))
-        body = compress(self.codec, pack(records))
+        if n == 1:  # a low rate's batch: its one record costs less than the iterators
+            first_ts = max_ts = timestamps[0]
+            records = [(0, 0, None if self._keys is None else self._keys[0], self._values[0],
+                        None if self._headers is None else self._headers[0])]
+        else:
+            first_ts, max_ts = timestamps[0], max(timestamps)
+            records = list(zip(map(sub, timestamps, repeat(first_ts, n)), range(n),
+                               repeat(None, n) if self._keys is None else self._keys, self._values,
+                               repeat(None, n) if self._headers is None else self._headers))
+        body = compress(self.codec, pack(records)) if self.codec else pack(records)
         attributes = int(self.codec) | (TRANSACTIONAL_BIT if self.is_transactional else 0)
         tail = struct.pack(">hiqqqhii", attributes, n - 1, first_ts, max(max_ts, NO_TIMESTAMP),
                            self.producer_id, self.producer_epoch, self.base_sequence, n)
