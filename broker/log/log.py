@@ -59,8 +59,7 @@ import bisect
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.epoch import LeaderEpochCache
@@ -134,8 +133,7 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass(frozen=True, slots=True)
-class LogAppendInfo:
+class LogAppendInfo(NamedTuple):  # one per append: a tuple is made in one call
     first_offset: int
     last_offset: int
     max_timestamp: int
@@ -296,15 +294,15 @@ class Log:
         else:
             for group in self._segment_sized_groups(buf, batches):
                 self._append_group(*group)
-        max_ts = -1
+        max_ts, count = -1, 0
         for _, h in batches:
             if h.leader_epoch > self.epoch_cache.latest_epoch:
                 self.epoch_cache.assign(h.leader_epoch, h.base_offset)
             if h.max_timestamp > max_ts:
                 max_ts = h.max_timestamp
+            count += h.record_count
         if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
             self.flush()
-        count = sum(h.record_count for _, h in batches)
         return LogAppendInfo(first, last, max_ts, log_append_time, count, len(buf), self.log_start_offset)
 
     def _segment_sized_groups(self, buf, batches: list[tuple[int, BatchHeader]]):
