@@ -640,7 +640,7 @@ def record_columns(buf, pos: int = 0, header: BatchHeader | None = None, *,
     """
     h = header or read_header(buf, pos)
     block = memoryview(buf)[pos + HEADER_SIZE:pos + h.batch_length + LOG_OVERHEAD]
-    raw = decompress(h.codec, block, max_uncompressed_bytes)
+    raw = decompress(h.codec, block, max_uncompressed_bytes) if h.attributes & CODEC_MASK else block
     items = decode_items(h, raw)
     n = h.record_count
     if type(items) is not tuple or len(items) != n:
@@ -825,7 +825,7 @@ def validate_records(buf, pos: int, h: BatchHeader, rules: RecordRules, now_ms: 
     """
     n = h.record_count
     block = memoryview(buf)[pos + HEADER_SIZE:pos + h.batch_length + LOG_OVERHEAD]
-    raw = decompress(h.codec, block, rules.max_uncompressed_bytes)
+    raw = decompress(h.codec, block, rules.max_uncompressed_bytes) if h.attributes & CODEC_MASK else block
     if n > len(raw) // MIN_RECORD_BYTES:
         raise CorruptRecordError(
             f"batch at offset {h.base_offset} declares {n} records, but its {len(raw)}-byte "
