@@ -332,7 +332,7 @@ class Log:
                 self._replace_empty_active(first)
             return self._segments[-1]
         # the segment's age: by the timestamps of its first batch and of this append, else
-        # (none of them has one) by the clock since the segment was created
+        # (either has none) by the clock since the segment was created
         max_ts = max([h.max_timestamp for _, h in batches])
         if seg.first_batch_timestamp is not None and seg.first_batch_timestamp >= 0 and max_ts >= 0:
             age = max_ts - seg.first_batch_timestamp
