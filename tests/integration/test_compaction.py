@@ -125,11 +125,15 @@ def offsets_cluster(request, tmp_path_factory):
 
 
 def offsets_partition_bytes(cluster):
+    """The partition's segment bytes; None if the cleaner kept swapping segments between a
+    listing and its sizes (each try lists again)."""
     d = log_dirs(cluster)[1] / "__consumer_offsets-0"
-    try:
-        return sum(p.stat().st_size for p in d.glob("*.log"))
-    except FileNotFoundError:  # a swap renamed a segment under us
-        return None
+    for _ in range(100):
+        try:
+            return sum(p.stat().st_size for p in d.glob("*.log"))
+        except FileNotFoundError:  # a swap renamed a segment under us
+            continue
+    return None
 
 
 def test_consumer_offsets_stay_bounded_under_a_commit_load(offsets_cluster):
