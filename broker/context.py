@@ -11,7 +11,7 @@ certificates).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tidelog.protocol.codec import RequestHeader
 
@@ -25,8 +25,7 @@ ANONYMOUS = "User:ANONYMOUS"  # Kafka's principal for unauthenticated connection
 DEFAULT_LISTENER = "PLAINTEXT"
 
 
-@dataclass(frozen=True, slots=True)
-class RequestContext:
+class RequestContext(NamedTuple):  # one per request: a tuple is made in one call
     header: RequestHeader
     peer: str = "?"  # "host:port" of the client, "?" when the socket could not tell
     listener: str = DEFAULT_LISTENER

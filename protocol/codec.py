@@ -120,9 +120,9 @@ _API_KEYS: dict[int, ApiKey] = {int(k): k for k in ApiKey}
 # envelope
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
-    """The envelope fields of a request. ``api_key`` is an ApiKey when known, else the raw int."""
+class RequestHeader(NamedTuple):
+    """The envelope fields of a request. ``api_key`` is an ApiKey when known, else the raw int.
+    (A tuple: one is made per request, in one call.)"""
 
     api_key: int
     api_version: int
