@@ -162,16 +162,18 @@ class CallerFetch:
         while True:
             if self._closed or aio.closed:
                 raise ClientClosedError(f"the consumer is closed{self._portal._crash_note()}")
-            self._take_opened()
+            if self._opened:
+                self._take_opened()
             with lock:
                 aio._raise_pending()
                 taken = self._fetcher.drain(limit, wake=False)
                 plans = {} if taken and quick and self._caught_up() else self._plan()
-            try:
-                self._send(plans)
-            except BaseException:  # interrupted: the records taken are fetched again
-                aio._rewind(taken)
-                raise
+            if plans:
+                try:
+                    self._send(plans)
+                except BaseException:  # interrupted: the records taken are fetched again
+                    aio._rewind(taken)
+                    raise
             records = aio._deserialized(taken)  # outside the lock: user code
             if records:
                 self._returned = time.monotonic()
