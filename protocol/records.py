@@ -671,7 +671,9 @@ def _columns(items: tuple, n: int, start: int = 0) -> list[tuple] | None:
     headers)``, else None. Checked a column at a time. Every record a tuple of exactly five
     fields, ``zip(*items)`` transposes them in one C call: an iterator per record, and still
     twice as fast as five ``itemgetter`` passes (2.4 -> 1.0 us for 22 records)."""
-    if n == 1:  # a low rate's batch: its fields checked in place cost less than the passes
+    # a low rate's batch, one record: its fields checked in place cost less than the passes
+    # (the length too: not every caller compared it with the header's count first)
+    if n == 1 and type(items) is tuple and len(items) == 1:
         r = items[0]
         if (type(r) is tuple and len(r) == 5 and type(r[0]) is int and r[1] == start
                 and (r[2] is None or type(r[2]) is bytes) and (r[3] is None or type(r[3]) is bytes)):

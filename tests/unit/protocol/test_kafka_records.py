@@ -11,6 +11,7 @@ with warnings.catch_warnings():  # kafka-python reads its own package data with 
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
+from tests.unit.protocol.test_record_validation import forge, rec
 from tidelog.protocol.errors import CorruptRecordError
 from tidelog.protocol.kafka.records import KAFKA_MAGIC, WIRE_MAGIC, decode_records, encode_records, to_kafka, to_stored
 from tidelog.protocol.records import (
@@ -144,6 +145,14 @@ def test_a_produced_bomb_of_tiny_records_is_refused_holding_one_part_at_a_time()
     finally:
         tracemalloc.stop()
     assert peak < 30 * 1024 * 1024  # the inflated block (8.4 MB) and one part, not 1.2 million tuples
+
+
+@pytest.mark.parametrize("records", [[rec(0), rec(1)], []])
+def test_a_batch_of_one_whose_block_holds_another_count_is_refused_not_translated(records):
+    # stored unchecked (a follower's copy of a leader that skipped its checks, say): the header
+    # declares one record
+    with pytest.raises(CorruptRecordError):
+        kafka_batch(forge(records, n=1))
 
 
 def test_bytes_that_are_not_a_batch_end_what_a_fetch_passes_on():
