@@ -31,6 +31,7 @@ import collections
 import itertools
 import logging
 import math
+import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -239,6 +240,17 @@ def decide_sequenced(batch: ProducerBatch, d: Decision, verdict: SequenceVerdict
 
 # A produce request's body as it goes on the wire (``ProduceRequest.to_body()``'s map).
 ProduceBody = dict[str, Any]
+
+
+def record_timestamp(timestamp_ms: Any) -> int:
+    """A record's own ``timestamp_ms`` as an int: any integer type (numpy's too), else a
+    TypeError naming it. The batch encoding takes only ints, and whether a send fails must
+    not depend on how many records its batch gathered."""
+    try:
+        return operator.index(timestamp_ms)
+    except TypeError:
+        raise TypeError(f"timestamp_ms must be an integer (milliseconds since the epoch), "
+                        f"got {type(timestamp_ms).__name__} {timestamp_ms!r:.40}") from None
 
 
 def build_produce_request(batches: Sequence[ProducerBatch], *, acks: int, timeout_ms: int) -> ProduceBody:
@@ -935,6 +947,8 @@ class AsyncProducer(RunsInOwnNursery):
                 f"({self.config.max_request_size}) or buffer_memory ({self.config.buffer_memory})")
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
+        elif type(timestamp_ms) is not int:
+            timestamp_ms = record_timestamp(timestamp_ms)
         info = self._cluster.metadata.topics.get(topic)
         if info is None:
             return NEED_METADATA
@@ -1013,7 +1027,7 @@ class AsyncProducer(RunsInOwnNursery):
                 f"({self.config.max_request_size}) or buffer_memory ({self.config.buffer_memory}); "
                 "nothing was queued")
         ends = list(itertools.accumulate(sizes, initial=0))
-        timestamp = int(_time() * 1000) if timestamp_ms is None else timestamp_ms
+        timestamp = int(_time() * 1000) if timestamp_ms is None else record_timestamp(timestamp_ms)
         return BulkRecords(topic, values, keys, ends, timestamp)
 
     def try_append_many(self, bulk: BulkRecords, partition: int | None) -> Any:

@@ -371,6 +371,27 @@ async def test_send_many_refuses_bad_arguments_before_queueing_anything(fake):
     assert fake.values("t") == []
 
 
+class Millis:
+    """An integer type of another library (numpy's int64, say)."""
+
+    def __index__(self) -> int:
+        return 42
+
+
+async def test_a_timestamp_of_any_integer_type_is_taken_and_anything_else_refused(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        one = await producer.send("t", b"a", timestamp_ms=Millis())  # a batch of one record
+        many = await producer.send_many("t", [b"b", b"c"], timestamp_ms=Millis())
+        assert (await one).timestamp == 42 and [md.timestamp for md in await many] == [42, 42]
+        with pytest.raises(TypeError, match="timestamp_ms must be an integer .* got float 1.5"):
+            await producer.send("t", b"x", timestamp_ms=1.5)
+        with pytest.raises(TypeError, match="timestamp_ms must be an integer .* got str '7'"):
+            await producer.send_many("t", [b"x"], timestamp_ms="7")
+        await producer.flush()
+    assert [(r.value, r.timestamp) for r in fake.log("t").records()] == [(b"a", 42), (b"b", 42), (b"c", 42)]
+
+
 async def test_send_many_waits_for_buffer_memory_part_way_and_keeps_order(fake):
     fake.create_topic("t", 1)
     fake.inject(ApiKey.PRODUCE, delay_s=0.1)
