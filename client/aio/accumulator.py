@@ -742,6 +742,21 @@ class RecordAccumulator:
                     next_delay = min(next_delay, wait)
         return ReadyCheck(nodes, max(0.0, next_delay), unknown)
 
+    def sole_ready(self, metadata: LeaderView, now: float) -> int | None:
+        """``ready`` for a producer that sends as it goes (linger_ms 0, from the caller's
+        thread): when one partition alone holds queued batches and its head may be sent now,
+        its leader. None when ``ready`` must decide (several partitions, nothing sendable, no
+        leader known). Clears the pending wake-up, as ``ready`` does."""
+        with self.lock:
+            self._wake_pending = False
+            if len(self._batches) != 1:
+                return None
+            for tp, dq in self._batches.items():
+                urgent = self._memory_waiters > 0 or self._flushing > 0 or self._closed
+                if dq and self._wait_before_send(tp, dq, dq[0], now, urgent) <= 0:
+                    return metadata.leader_for(tp)
+            return None
+
     def _wait_before_send(self, tp: TopicPartition, dq: deque[ProducerBatch], batch: ProducerBatch,
                           now: float, urgent: bool) -> float:
         """Seconds until the head batch may be sent (<= 0: now; inf: when something else

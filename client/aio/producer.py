@@ -259,6 +259,12 @@ def build_produce_request(batches: Sequence[ProducerBatch], *, acks: int, timeou
     a low rate, when the caches are cold (bench/RESULTS.md); the unit tests hold it equal to
     the typed message's ``to_body()``. Several batches of one partition (in their order)
     become one run of back-to-back batches, which the broker appends together or not at all."""
+    if len(batches) == 1:  # the usual request at a low rate
+        tp = batches[0].tp
+        return {"acks": acks, "timeout_ms": timeout_ms,
+                "topic_data": [{"name": tp.topic, "partition_data": [{"index": tp.partition,
+                                                                      "records": batches[0].encode()}]}],
+                "transactional_id": None}
     by_tp: dict[TopicPartition, list[bytes]] = {}
     for batch in batches:
         by_tp.setdefault(batch.tp, []).append(batch.encode())
@@ -399,10 +405,12 @@ class Sender:
         acc, config, cluster = self.accumulator, self.config, self.cluster
         now = acc.clock()
         metadata = cluster.metadata
-        check = acc.ready(metadata, now)
-        if check.unknown_leaders or len(check.nodes) != 1:
-            return False
-        node = next(iter(check.nodes))
+        node = acc.sole_ready(metadata, now)
+        if node is None:
+            check = acc.ready(metadata, now)
+            if check.unknown_leaders or len(check.nodes) != 1:
+                return False
+            node = next(iter(check.nodes))
         conn = cluster.open_connection(node)
         if conn is None or not conn.writes_from_thread:
             return False
@@ -412,7 +420,7 @@ class Sender:
             self._found_busy += ((0.0 if idle else 1.0) - self._found_busy) * FOUND_BUSY_WEIGHT
             if not idle or self._in_flight.get(node, 0) or self._found_busy > BURST_SHARE:
                 return False  # the loop's requests go first; bursts are the loop's to gather
-            drained = acc.drain(metadata, check.nodes, config.max_request_size, now).get(node)
+            drained = acc.drain(metadata, (node,), config.max_request_size, now).get(node)
             if not drained:
                 return False
             if self.idempotence is not None:
@@ -437,7 +445,8 @@ class Sender:
             self._count_in(node, drained)  # now, under this lock: the loop's next round sees it
             counted.append(True)
             unwritten = conn.unwritten
-            self.stats.on_request(now, drained)  # as sent (the loop thread may resequence them)
+        # its statistics are the loop thread's (_track): on a CPU this thread shares with the
+        # broker it just woke, the broker runs only once this thread sleeps
         self._written.append((node, drained, request, (conn, pending, applied), now))
         self._writes_since_round += 1
         if unwritten:  # the kernel did not take it all: the response's task writes the rest, now
@@ -477,8 +486,8 @@ class Sender:
             self._count_out(node, counted)
             now = self.accumulator.clock()
             self.stats.on_response(now, now - sent)
+            self._track_written()  # first: its statistics are of the batches as sent
             self._apply(decide_response(response, batches, now=now, retries=self.config.retries))
-            self._track_written()  # after the futures: their threads go on meanwhile
 
         return on_response, applied
 
@@ -495,8 +504,10 @@ class Sender:
                written: tuple[Any, Any, list[bool]] | None, sent: float) -> None:
         """On the loop thread: await the response of a request an application thread wrote
         and counted in flight (``_send_from_caller``) in a task, unless the connection's
-        reader applied it already (the usual case at a response); with no ``request``, send
-        the batches that thread drained but did not write."""
+        reader applied it already (the usual case at a response), and record its statistics;
+        with no ``request``, send the batches that thread drained but did not write."""
+        if request is not None:
+            self.stats.on_request(sent, batches)
         if written is not None and written[2]:
             return  # the connection's reader applied the response: no task need wait for it
         if self._nursery is None:  # the sender stopped: nothing else would complete them

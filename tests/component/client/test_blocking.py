@@ -272,6 +272,19 @@ def test_requests_written_by_the_application_thread_wake_the_loop_thread_once_an
         assert not sender._written  # every written request taken over
 
 
+def test_requests_written_by_the_application_thread_count_in_the_metrics_as_sent(threaded_fake, monkeypatch):
+    # the loop thread records them (the application thread's send ends sooner)
+    with warm_producer(threaded_fake, monkeypatch, acks=1) as (producer, sender, written):
+        records, batches = sender.stats.records.cumulative, sender.stats.batch_bytes.cumulative
+        for i in range(5):
+            producer.send("t", b"x" * 50).result(10)
+        wait_until_accounted(sender)
+        assert written == [True] * 5
+        assert sender.stats.records.cumulative - records == 5
+        assert sender.stats.batch_bytes.cumulative - batches > 5 * 50
+        assert producer.metrics()["producer-metrics"]["batch-size-avg"] > 50
+
+
 def test_a_request_written_by_the_application_thread_that_gets_no_answer_times_out_and_is_retried(
         threaded_fake, monkeypatch):
     fake = threaded_fake.cluster

@@ -71,6 +71,61 @@ def test_a_batch_is_not_ready_before_linger_then_ready_after():
     assert acc.ready(LEADERS, clock.now).nodes == {1}
 
 
+def _agrees_with_ready(acc, clock, leaders=LEADERS):
+    """``sole_ready`` names the one node ``ready`` finds, or leaves it to ``ready``."""
+    sole = acc.sole_ready(leaders, clock.now)
+    check = acc.ready(leaders, clock.now)
+    assert sole is None or (check.nodes == {sole} and not check.unknown_leaders)
+    return sole
+
+
+def test_sole_ready_is_readys_answer_when_one_partition_holds_batches():
+    clock = Clock()
+    acc = make(clock, linger_s=0.0)
+    assert _agrees_with_ready(acc, clock) is None  # nothing queued
+    add(acc)
+    assert _agrees_with_ready(acc, clock) == 1
+    add(acc, T1)  # a second partition: ready's walk decides
+    assert _agrees_with_ready(acc, clock) is None
+    acc.drain(LEADERS, {1, 2}, 1 << 20, clock.now)
+    add(acc, U0)
+    assert _agrees_with_ready(acc, clock, Leaders({})) is None  # no leader known
+    assert _agrees_with_ready(acc, clock) == 1
+
+
+def test_sole_ready_waits_for_linger_retries_and_the_partition_in_flight():
+    clock = Clock()
+    acc = make(clock)
+    add(acc)
+    assert _agrees_with_ready(acc, clock) is None  # lingering
+    clock.now += 0.005
+    assert _agrees_with_ready(acc, clock) == 1
+    [b] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    b.attempts = 1
+    acc.reenqueue(b, clock.now)
+    assert _agrees_with_ready(acc, clock) is None  # its backoff first
+    clock.now += 0.1
+    assert _agrees_with_ready(acc, clock) == 1
+    acc.guarantee_order = True
+    acc.drain(LEADERS, {1}, 1 << 20, clock.now)
+    add(acc)
+    clock.now += 0.005
+    assert _agrees_with_ready(acc, clock) is None  # one batch of the partition in flight
+
+
+def test_sole_ready_clears_the_pending_wake_up():
+    woken = []
+    acc = make(linger_s=0.0, wakeup=lambda: woken.append(1))
+    add(acc)
+    assert woken == [1]
+    add(acc, T1)  # a wake-up is pending: no second one
+    assert woken == [1]
+    acc.sole_ready(LEADERS, 200.0)
+    acc.drain(LEADERS, {1, 2}, 1 << 20, 200.0)
+    add(acc)
+    assert woken == [1, 1]
+
+
 def test_a_full_batch_is_ready_at_once_and_a_new_one_opens():
     clock = Clock()
     acc = make(clock)

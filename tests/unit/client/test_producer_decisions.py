@@ -134,6 +134,16 @@ def test_build_produce_request_groups_by_topic_with_the_encoded_batches():
     assert a.encode() is a.encode()  # built once, reused by retries
 
 
+def test_a_request_of_one_batch_is_the_typed_messages_map():
+    one = batch(tp=TopicPartition("orders", 4), n=1)
+    body = build_produce_request([one], acks=1, timeout_ms=5000)
+    request = ProduceRequest.from_body(body)
+    assert msgpack.packb(body) == msgpack.packb(request.to_body())
+    [topic] = request.topic_data
+    assert topic.name == "orders" and [p.index for p in topic.partition_data] == [4]
+    assert topic.partition_data[0].records is one.encode()
+
+
 @pytest.mark.parametrize("given,acks", [("all", -1), (-1, -1), ("-1", -1), (1, 1), ("1", 1), (0, 0), ("0", 0)])
 def test_parse_acks(given, acks):
     assert parse_acks(given) == acks
