@@ -469,6 +469,7 @@ class AsyncConsumer(RunsInOwnNursery):
         from FindCoordinator) is raised by every poll until it is resolved."""
         self._require_running()
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._fetcher.stats.settle()  # the last poll's, off the path of its records
         limit = max_records or self.config.max_poll_records
         deadline = trio.current_time() + max(0, timeout_ms) / 1000
         if self._wakeup_pending:

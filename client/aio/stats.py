@@ -14,11 +14,16 @@ sampled windows as Kafka's client metrics are; time is passed in (monotonic seco
   kafka-python's ``KafkaProducer.metrics()`` does, under ``producer-metrics``.
 * ``ConsumerStats`` holds the consumer's: ``on_fetch`` per fetch response (its latency and
   record bytes), ``on_consumed`` per poll that returned records; ``consumer_metrics`` names
-  them as kafka-python's ``consumer-fetch-manager-metrics``.
+  them as kafka-python's ``consumer-fetch-manager-metrics``. Both are on the path of every
+  record to the application, so they only queue the values; ``settle`` records them (the
+  next poll calls it first thing, ``consumer_metrics`` before it reads, and a queue of
+  ``SETTLE_AT`` values does). A value keeps the time it was measured at.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +32,7 @@ __all__ = ["Sampled", "ProducerStats", "ConsumerStats", "WINDOW_S", "SAMPLES"]
 
 WINDOW_S = 30.0  # Kafka's metrics.sample.window.ms
 SAMPLES = 2  # Kafka's metrics.num.samples
+SETTLE_AT = 1024  # queued consumer values that are recorded at once, whoever reads them
 
 
 @dataclass(slots=True)
@@ -156,16 +162,38 @@ class ConsumerStats:
         self.fetch_bytes = Sampled(window_s, samples)  # record bytes per fetch response
         self.fetch_latency_ms = Sampled(window_s, samples)
         self.records = Sampled(window_s, samples)  # records per poll that returned some
+        # (time, fetch latency in seconds or None for a poll, bytes or records) not recorded
+        # yet; any thread appends, ``settle`` takes them under the lock
+        self._queued: deque[tuple[float, float | None, int]] = deque()
+        self._settling = threading.Lock()
 
     def on_fetch(self, now: float, latency_s: float, size: int) -> None:
-        self.fetch_latency_ms.record(latency_s * 1000, now)
-        self.fetch_bytes.record(size, now)
+        self._queued.append((now, latency_s, size))
+        if len(self._queued) >= SETTLE_AT:
+            self.settle()
 
     def on_consumed(self, now: float, records: int) -> None:
-        self.records.record(records, now)
+        self._queued.append((now, None, records))
+        if len(self._queued) >= SETTLE_AT:
+            self.settle()
+
+    def settle(self) -> None:
+        """Record the queued values in their windows."""
+        queued = self._queued
+        if not queued:
+            return
+        with self._settling:
+            while queued:
+                now, latency_s, n = queued.popleft()
+                if latency_s is None:
+                    self.records.record(n, now)
+                else:
+                    self.fetch_latency_ms.record(latency_s * 1000, now)
+                    self.fetch_bytes.record(n, now)
 
     def consumer_metrics(self, now: float) -> dict[str, float]:
         """kafka-python's ``consumer-fetch-manager-metrics`` names and meanings."""
+        self.settle()
         return {
             "fetch-rate": self.fetch_latency_ms.count_rate(now),
             "fetch-latency-avg": self.fetch_latency_ms.avg(now),

@@ -115,6 +115,45 @@ def test_a_response_left_unread_while_the_application_works_is_not_timed_out(thr
         assert [r.value for r in consumer.poll(timeout_ms=0)] == [b"b"]  # not dropped and fetched again
 
 
+class OsOf(dict):
+    """The ``os`` the caller fetch's module sees: these functions in place of os's."""
+
+    def __getattr__(self, name):
+        return self[name] if name in self else getattr(os, name)
+
+
+def test_a_fetch_the_kernel_takes_in_part_is_finished_and_answered(threaded_fake, monkeypatch):
+    bootstrap = topic_with(threaded_fake, [b"a", b"b"])
+    halved = []
+
+    def half(fd, data):  # the kernel takes half of each fetch, the rest goes through sendall
+        halved.append(len(data))
+        return os.write(fd, memoryview(data)[:len(data) // 2])
+
+    monkeypatch.setattr(_caller_fetch, "os", OsOf(write=half))
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 2) == [b"a", b"b"]
+        assert halved
+
+
+def test_a_socket_found_readable_with_nothing_to_read_is_waited_on_again(threaded_fake, monkeypatch):
+    bootstrap = topic_with(threaded_fake, [b"a"])
+    spurious = []
+
+    def once_empty(fd, n):
+        if not spurious:
+            spurious.append(fd)
+            raise BlockingIOError
+        return os.read(fd, n)
+
+    monkeypatch.setattr(_caller_fetch, "os", OsOf(read=once_empty))
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 1) == [b"a"]
+        assert spurious and len(consumer._caller._links) == 1  # nothing dropped
+
+
 def test_a_group_member_fetches_on_the_loop(threaded_fake):
     with Consumer(threaded_fake.cluster.bootstrap, group_id="g") as consumer:
         assert consumer._caller is None and consumer._aio._fetcher.fetch_in_loop

@@ -1,9 +1,12 @@
-"""The producer's client metrics (tidelog.aio.stats), with time passed in: sampled windows
+"""The clients' metrics (tidelog.aio.stats), with time passed in: sampled windows
 as Kafka's (a new window each ``window_s``, the oldest dropped), rates over the time the
 windows cover but at least ``(samples - 1) * window_s``, and kafka-python's names."""
 
 from __future__ import annotations
 
+import threading
+
+import tidelog.aio.stats as stats_module
 from tidelog.aio.stats import ConsumerStats, ProducerStats, Sampled
 
 
@@ -67,3 +70,39 @@ def test_consumer_metrics_have_kafka_pythons_fetch_manager_names():
     assert (m["fetch-size-avg"], m["fetch-size-max"], m["bytes-consumed-total"]) == (1500, 3000, 3000)
     assert m["bytes-consumed-rate"] == 100 and m["records-consumed-rate"] == 40 / 30
     assert m["records-consumed-total"] == 40
+
+
+def test_consumer_values_are_queued_and_recorded_at_the_time_they_were_measured():
+    stats = ConsumerStats(window_s=30, samples=2)
+    stats.on_fetch(10.0, 0.05, 3000)
+    stats.on_consumed(10.0, 40)
+    assert stats.records.cumulative == 0  # queued, off the path of the records
+    stats.settle()
+    assert (stats.records.cumulative, stats.fetch_bytes.cumulative) == (40, 3000)
+    stats.on_consumed(100.0, 2)  # in a later window: the older ones are out of it
+    assert stats.consumer_metrics(100.0)["records-consumed-rate"] == 2 / 30
+
+
+def test_queued_consumer_values_are_bounded_without_a_reader():
+    stats = ConsumerStats()
+    for i in range(5000):
+        stats.on_consumed(float(i), 1)
+    assert len(stats._queued) < stats_module.SETTLE_AT
+    assert stats.records.cumulative + len(stats._queued) == 5000
+
+
+def test_settling_from_two_threads_records_every_value_once():
+    stats = ConsumerStats()
+    for i in range(2000):
+        stats.on_fetch(1.0, 0.001, 1)
+
+    def settle():
+        for _ in range(50):
+            stats.settle()
+
+    threads = [threading.Thread(target=settle) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert stats.fetch_bytes.cumulative == 2000
