@@ -636,7 +636,8 @@ class RecordAccumulator:
         else:
             current.mark_full()
             p = self.partitioner.on_new_batch(topic, num_partitions, available, current.tp.partition)
-        batch, opened = self._batch_with_room(TopicPartition(topic, p), size)
+        tp = current.tp if current is not None and current.tp.partition == p else TopicPartition(topic, p)
+        batch, opened = self._batch_with_room(tp, size)
         self._sticky[topic] = batch
         return batch, opened
 

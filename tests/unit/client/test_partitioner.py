@@ -96,6 +96,17 @@ def test_sticky_partitioner_sticks_until_told_of_a_new_batch():
     assert p.on_new_batch("t", 4, [], previous=2) == 0  # someone else already moved on
 
 
+@pytest.mark.parametrize("available", [[], [0]])
+def test_a_topic_of_one_partition_stays_on_it_without_a_draw(available):
+    def no_draw(n):
+        raise AssertionError("nothing to choose from")
+
+    p = StickyPartitioner(rng=no_draw)
+    assert p.partition("t", 1, available) == 0
+    assert p.on_new_batch("t", 1, available, previous=0) == 0
+    assert p.partition("t", 1, available) == 0
+
+
 def test_sticky_partitioner_prefers_available_partitions():
     p = StickyPartitioner(rng=lambda n: 0)
     assert p.partition("t", 4, available=[3]) == 3
