@@ -91,12 +91,14 @@ def caller_can_fetch(consumer: AsyncConsumer) -> bool:
 class _Link:
     """The socket to one node and its fetch in flight. Its descriptor is read and written
     directly: the socket's timeout (which bounds ``sendall``) makes each of its own ``recv``
-    and ``send`` call poll(2) first, a system call more on the path of every response."""
+    and ``send`` call poll(2) first, a system call more on the path of every response. The
+    descriptor is asked of the socket each time (-1 once closed), never kept: a number
+    kept could name another file by then."""
 
-    __slots__ = ("node", "sock", "fd", "proto", "plan", "sent", "expires", "throttled_until")
+    __slots__ = ("node", "sock", "proto", "plan", "sent", "expires", "throttled_until")
 
     def __init__(self, node: int, sock: socket.socket, proto: ClientConnection):
-        self.node, self.sock, self.fd, self.proto = node, sock, sock.fileno(), proto
+        self.node, self.sock, self.proto = node, sock, proto
         self.plan: FetchPlan | None = None
         self.sent = self.expires = self.throttled_until = 0.0
 
@@ -262,7 +264,7 @@ class CallerFetch:
                 link.plan, link.sent = plan, time.monotonic()
                 link.expires = link.sent + self._timeout_s
                 try:
-                    written = os.write(link.fd, frame)
+                    written = os.write(link.sock.fileno(), frame)
                 except BlockingIOError:
                     written = 0
                 if written < len(frame):  # the rest when the kernel takes it, within the timeout
@@ -341,7 +343,7 @@ class CallerFetch:
     def _read_frames(self, link: _Link) -> None:
         try:
             try:
-                data = os.read(link.fd, READ_SIZE)
+                data = os.read(link.sock.fileno(), READ_SIZE)
             except BlockingIOError:  # ready, then not (nothing is lost): wait again
                 return
             if not data:

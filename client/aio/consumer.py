@@ -511,6 +511,7 @@ class AsyncConsumer(RunsInOwnNursery):
         """On the Trio thread: ``deliver`` gets poll's outcome once there is one: a
         non-empty list of at most ``limit`` records, an exception poll would raise, or []
         when the consumer closes. Replaces any earlier waiter (which gets [])."""
+        self._fetcher.stats.settle()  # the last poll's, off the path of its records
         previous, self._poll_waiter = self._poll_waiter, (limit, deliver)
         if previous is not None:
             previous[1]([])

@@ -89,8 +89,8 @@ class StickyPartitioner:
         """Switch ``topic`` away from ``previous`` (unless another record already did)."""
         p = self._sticky.get(topic)
         if p is None or p == previous:
-            # a topic of one partition stays on it (the usual low-rate producer: every record
-            # closes its batch)
+            # a topic of one partition stays on it without the candidates being listed (the
+            # usual low-rate producer: every record closes its batch)
             p = 0 if num_partitions == 1 else self._choose(num_partitions, available, previous)
             self._sticky[topic] = p
         return p

@@ -486,8 +486,10 @@ class Sender:
             self._count_out(node, counted)
             now = self.accumulator.clock()
             self.stats.on_response(now, now - sent)
-            self._track_written()  # first: its statistics are of the batches as sent
-            self._apply(decide_response(response, batches, now=now, retries=self.config.retries))
+            try:
+                self._track_written()  # first: its statistics are of the batches as sent
+            finally:
+                self._apply(decide_response(response, batches, now=now, retries=self.config.retries))
 
         return on_response, applied
 

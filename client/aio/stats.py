@@ -1,5 +1,5 @@
-"""The producer's client metrics, pure: what the sender saw, per request and per batch, kept in
-sampled windows as Kafka's client metrics are; time is passed in (monotonic seconds).
+"""The clients' metrics: what the sender and the fetcher saw, kept in sampled windows as Kafka's
+client metrics are; time is passed in (monotonic seconds), no clock is read here.
 
 * ``Sampled`` is Kafka's SampledStat with ``samples`` windows of ``window_s`` seconds: a value
   goes into the current window (a new one opens when it is ``window_s`` old, the oldest is
@@ -7,16 +7,18 @@ sampled windows as Kafka's client metrics are; time is passed in (monotonic seco
   ``rate`` divides the windows' total by the time they cover, and at least by
   ``(samples - 1) * window_s`` (Kafka's Rate: a young client does not report a burst as a
   steady rate). ``avg`` and ``max`` are 0.0 with nothing recorded.
-* ``ProducerStats`` holds the sender's: ``on_request`` when a produce request is built
-  (records, batch sizes, queue time: once per request, a loop over its batches),
+* ``ProducerStats`` holds the sender's: ``on_request`` for a produce request sent, with
+  the time it was sent (records, batch sizes, queue time: once per request, a loop over
+  its batches; for a request an application thread wrote, the loop thread calls it when it
+  takes the request over),
   ``on_response`` with the request's latency, ``on_retry`` and ``on_error`` with the
   record counts of retried and failed batches. ``producer_metrics`` names them as
   kafka-python's ``KafkaProducer.metrics()`` does, under ``producer-metrics``.
 * ``ConsumerStats`` holds the consumer's: ``on_fetch`` per fetch response (its latency and
   record bytes), ``on_consumed`` per poll that returned records; ``consumer_metrics`` names
   them as kafka-python's ``consumer-fetch-manager-metrics``. Both are on the path of every
-  record to the application, so they only queue the values; ``settle`` records them (the
-  next poll calls it first thing, ``consumer_metrics`` before it reads, and a queue of
+  record to the application, so they only queue the values; ``settle`` records them (every
+  poll calls it before it waits, ``consumer_metrics`` before it reads, and a queue of
   ``SETTLE_AT`` values does). A value keeps the time it was measured at.
 """
 

@@ -50,6 +50,7 @@ def test_round_trip(threaded_fake):
                     break
             expected = [b"v%d" % i for i in range(200)] + [b"m%d" % i for i in range(50)] + [b"last"]
             assert sorted(got) == sorted(expected)
+            assert consumer.metrics()["consumer-fetch-manager-metrics"]["records-consumed-total"] == 251
             consumer.seek(TopicPartition("t", 1), 0)
             assert await consumer.position(TopicPartition("t", 1)) == 0
             by_partition = await consumer.getmany(timeout_ms=5000)
@@ -60,6 +61,10 @@ def test_round_trip(threaded_fake):
             consumer.seek(TopicPartition("t", 2), 0)
             polled = await consumer.poll(timeout_ms=5000)
             assert dict(polled.items()) == {TopicPartition("t", 2): list(polled)}  # kafka-python's shape
+            consumer.seek(TopicPartition("t", 1), 0)
+            for _ in range(20):
+                assert len(await consumer.poll(timeout_ms=5000, max_records=1)) == 1
+            assert len(consumer._aio._fetcher.stats._queued) <= 3  # each poll records the last one's
             ends = await consumer.end_offsets([TopicPartition("t", 1)])
             assert ends[TopicPartition("t", 1)] == sum(1 for r in results if r.partition == 1) + 50
         assert not consumer._portal.running

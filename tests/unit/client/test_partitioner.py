@@ -97,7 +97,7 @@ def test_sticky_partitioner_sticks_until_told_of_a_new_batch():
 
 
 @pytest.mark.parametrize("available", [[], [0]])
-def test_a_topic_of_one_partition_stays_on_it_without_a_draw(available):
+def test_a_topic_of_one_partition_stays_on_it(available):
     def no_draw(n):
         raise AssertionError("nothing to choose from")
 
