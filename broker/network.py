@@ -845,10 +845,10 @@ class _Connection:
         if deferred not in self._deferred:
             return  # the connection closed (cancelled) or answered already
         self._deferred.discard(deferred)
-        self._handler_done()
         self._respond(correlation_id, body)
         if not self._write_now() and self._requests is not None:
             self._requests.start_soon(self._flush)
+        self._handler_done()  # after the write: a consumer's answer waits for nothing else
         if not self._deferred:
             self._deferred_done.set()
 

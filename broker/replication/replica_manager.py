@@ -201,23 +201,24 @@ class DelayedOperation:
         finally:
             self.trying = False
         complete = self.complete
-        self._finish()
+        self.done = True  # no other try answers it, one nested in the answer included
         try:
-            complete(body)
+            complete(body)  # first: the answer is written, the bookkeeping can wait for it
         except Exception:  # the connection's problem: not the append's, nor the timer's
             logger.exception("answering a %s failed", type(self).__name__)
+        finally:
+            self._forget()
         return True
 
     def cancel(self) -> None:
-        self._finish()
+        if not self.done:
+            self.done = True
+            self._forget()
 
-    def _finish(self) -> None:
-        """Done: out of the watchers, and holding nothing of the request any more (its entry
-        stays in the deadline heap until popped or purged, and the completion callback can
-        hold the whole request, a produce's records included)."""
-        if self.done:
-            return
-        self.done = True
+    def _forget(self) -> None:
+        """Once done: out of the watchers, and holding nothing of the request any more (its
+        entry stays in the deadline heap until popped or purged, and the completion callback
+        can hold the whole request, a produce's records included)."""
         for p in self.partitions:
             p.watchers.pop(self, None)
         self.complete, self.partitions = None, []

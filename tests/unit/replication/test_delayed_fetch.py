@@ -84,6 +84,35 @@ async def test_the_append_that_satisfies_a_waiting_fetch_answers_it_synchronousl
     assert not leader.partition().watchers
 
 
+async def test_an_answer_is_written_before_the_bookkeeping_and_given_once(leader):
+    # the answer goes out first (a waiting consumer's response is on a record's path); a
+    # change of the partition during the answer does not answer it again, and once answered
+    # the operation watches nothing, answering raising or not
+    deferred = consumer_fetch(leader, 0)
+    seen, answers = [], []
+
+    def answer(body):
+        seen.append(bool(leader.partition().watchers))  # still watching: forgotten after
+        answers.append(body)
+        leader.partition().notify()  # a nested try
+
+    deferred.attach(answer)
+    leader.produce(make_batch(1))
+    assert len(answers) == 1 and seen == [True]
+    assert not leader.partition().watchers and deferred.done
+
+    failing = consumer_fetch(leader, 1)
+
+    def broken(body):
+        raise OSError("the connection went away")
+
+    failing.attach(broken)
+    leader.produce(make_batch(1))  # logged, not raised into the append
+    assert not leader.partition().watchers and failing.done
+    failing.cancel()  # a cancel after the answer changes nothing
+    assert failing.done
+
+
 async def test_the_fetch_an_append_answers_reads_it_from_memory_and_later_reads_the_segment(
         leader, monkeypatch):
     answers = attach(consumer_fetch(leader, 0))
