@@ -574,7 +574,7 @@ class BatchBuilder:
             records = list(zip(map(sub, timestamps, repeat(first_ts, n)), range(n),
                                repeat(None, n) if self._keys is None else self._keys, self._values,
                                repeat(None, n) if self._headers is None else self._headers))
-        body = compress(self.codec, pack(records)) if self.codec else pack(records)
+        body = compress(self.codec, pack(records))
         attributes = int(self.codec) | (TRANSACTIONAL_BIT if self.is_transactional else 0)
         tail = struct.pack(">hiqqqhii", attributes, n - 1, first_ts, max(max_ts, NO_TIMESTAMP),
                            self.producer_id, self.producer_epoch, self.base_sequence, n)
@@ -640,7 +640,7 @@ def record_columns(buf, pos: int = 0, header: BatchHeader | None = None, *,
     """
     h = header or read_header(buf, pos)
     block = memoryview(buf)[pos + HEADER_SIZE:pos + h.batch_length + LOG_OVERHEAD]
-    raw = decompress(h.codec, block, max_uncompressed_bytes) if h.attributes & CODEC_MASK else block
+    raw = decompress(h.codec, block, max_uncompressed_bytes)
     items = decode_items(h, raw)
     n = h.record_count
     if type(items) is not tuple or len(items) != n:
@@ -827,7 +827,7 @@ def validate_records(buf, pos: int, h: BatchHeader, rules: RecordRules, now_ms: 
     """
     n = h.record_count
     block = memoryview(buf)[pos + HEADER_SIZE:pos + h.batch_length + LOG_OVERHEAD]
-    raw = decompress(h.codec, block, rules.max_uncompressed_bytes) if h.attributes & CODEC_MASK else block
+    raw = decompress(h.codec, block, rules.max_uncompressed_bytes)
     if n > len(raw) // MIN_RECORD_BYTES:
         raise CorruptRecordError(
             f"batch at offset {h.base_offset} declares {n} records, but its {len(raw)}-byte "

@@ -724,7 +724,7 @@ class RecordAccumulator:
         unknown = False
         with self.lock:
             self._wake_pending = False
-            urgent = self._memory_waiters > 0 or self._flushing > 0 or self._closed
+            urgent = self._urgent()
             for tp, dq in self._batches.items():
                 if not dq:
                     continue
@@ -752,11 +752,15 @@ class RecordAccumulator:
             self._wake_pending = False
             if len(self._batches) != 1:
                 return None
-            for tp, dq in self._batches.items():
-                urgent = self._memory_waiters > 0 or self._flushing > 0 or self._closed
-                if dq and self._wait_before_send(tp, dq, dq[0], now, urgent) <= 0:
-                    return metadata.leader_for(tp)
+            [(tp, dq)] = self._batches.items()
+            if dq and self._wait_before_send(tp, dq, dq[0], now, self._urgent()) <= 0:
+                return metadata.leader_for(tp)
             return None
+
+    def _urgent(self) -> bool:
+        """Under the lock: every head batch goes now, lingering or not (a thread waits for
+        buffer memory, a flush, the close)."""
+        return self._memory_waiters > 0 or self._flushing > 0 or self._closed
 
     def _wait_before_send(self, tp: TopicPartition, dq: deque[ProducerBatch], batch: ProducerBatch,
                           now: float, urgent: bool) -> float:
@@ -787,7 +791,7 @@ class RecordAccumulator:
         out: dict[int, list[ProducerBatch]] = {}
         sizes: dict[int, int] = {}
         with self.lock:
-            urgent = self._memory_waiters > 0 or self._flushing > 0 or self._closed
+            urgent = self._urgent()
             for tp in list(self._batches):
                 dq = self._batches[tp]
                 leader = metadata.leader_for(tp)

@@ -259,12 +259,6 @@ def build_produce_request(batches: Sequence[ProducerBatch], *, acks: int, timeou
     a low rate, when the caches are cold (bench/RESULTS.md); the unit tests hold it equal to
     the typed message's ``to_body()``. Several batches of one partition (in their order)
     become one run of back-to-back batches, which the broker appends together or not at all."""
-    if len(batches) == 1:  # the usual request at a low rate
-        tp = batches[0].tp
-        return {"acks": acks, "timeout_ms": timeout_ms,
-                "topic_data": [{"name": tp.topic, "partition_data": [{"index": tp.partition,
-                                                                      "records": batches[0].encode()}]}],
-                "transactional_id": None}
     by_tp: dict[TopicPartition, list[bytes]] = {}
     for batch in batches:
         by_tp.setdefault(batch.tp, []).append(batch.encode())
