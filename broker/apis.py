@@ -57,7 +57,7 @@ from tidelog.broker.controller.channels import wait_all
 from tidelog.broker.log_dirs import LocalReplica, describe_log_dirs, log_dir_of, wanted_partitions
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
-from tidelog.broker.replication.replica_manager import ReplicaManager
+from tidelog.broker.replication.replica_manager import PartitionAnswer, ReplicaManager
 from tidelog.broker.security.authorizer import Authorizer, ZkAclStore, cluster_action_problem
 from tidelog.broker.security.entity_configs import EntityConfigAdmin
 from tidelog.protocol.acls import (
@@ -458,7 +458,9 @@ class Apis:
         """A fetch from the network, a consumer's or a follower's: answered now or deferred (a
         DelayedFetch, answered by the change that satisfies it or at max_wait_ms, see
         ReplicaManager.deferred_fetch). A follower's whose broker epoch the registry does not
-        know as current runs as ``replica_fetch``, in a task of its own (it may ask ZooKeeper)."""
+        know as current runs as ``replica_fetch``, in a task of its own (it may ask ZooKeeper).
+        The answer is the FetchResponse's body (``_fetch_response``), or the typed message
+        when the whole request is refused."""
         if req.replica_id >= 0:
             problem = self._cluster_action_problem(ctx, f"Fetch as replica {req.replica_id}")
             if problem is not None:
@@ -470,8 +472,8 @@ class Apis:
         denied = self._denied_topics(ctx, AclOperation.READ, {t.topic for t in req.topics})
         if denied:  # Read on each topic: the others are read, these answered TOPIC_AUTHORIZATION_FAILED
             refused = {TopicPartition(t.topic, p.partition): FetchPartitionResponse(
-                p.partition, TOPIC_AUTHORIZATION_FAILED.code, error_message=_denied(ctx, "Read", "topic", t.topic))
-                for t in req.topics if t.topic in denied for p in t.partitions}
+                p.partition, TOPIC_AUTHORIZATION_FAILED.code, error_message=_denied(ctx, "Read", "topic", t.topic)
+                ).to_body() for t in req.topics if t.topic in denied for p in t.partitions}
             allowed = [t for t in req.topics if t.topic not in denied]
             if not allowed:
                 return self._fetch_response(refused)
@@ -485,7 +487,7 @@ class Apis:
                                                            for p in t.partitions]) for t in req.topics],
                              error_code=error.code)
 
-    async def replica_fetch(self, req: FetchRequest) -> FetchResponse:
+    async def replica_fetch(self, req: FetchRequest) -> dict[str, Any]:
         """A follower's fetch. Until brokers authenticate, what can be checked is: the replica
         id names a replica of each partition (the replica manager refuses the others) and
         the request carries that broker's current broker epoch, which ZooKeeper knows and a
@@ -500,7 +502,8 @@ class Apis:
                 logger.info("follower fetch from broker %d refused: %s", req.replica_id, problem)
                 return self._fetch_response({tp: FetchPartitionResponse(
                     tp.partition, NOT_LEADER_OR_FOLLOWER.code,
-                    error_message=f"{tp}: a fetch as replica {req.replica_id} refused: {problem}") for tp in tps})
+                    error_message=f"{tp}: a fetch as replica {req.replica_id} refused: {problem}").to_body()
+                    for tp in tps})
         return self._fetch_response(await rm.fetch(req))
 
     def _names_a_follower(self, req: FetchRequest) -> bool:
@@ -510,14 +513,17 @@ class Apis:
         return any(is_follower(TopicPartition(t.topic, p.partition), req.replica_id)
                    for t in req.topics for p in t.partitions)
 
-    def _fetch_response(self, results) -> FetchResponse:
+    def _fetch_response(self, results: dict[TopicPartition, PartitionAnswer]) -> dict[str, Any]:
+        """The FetchResponse body of the replica manager's answers (FetchPartitionResponse
+        bodies, see ``ReplicaManager._read_one``), as the typed message's ``to_body()``."""
         by_topic: dict[str, list] = {}
         for tp, r in results.items():
-            code = self._absent_as_unknown(tp, r.error_code)
-            if code != r.error_code:
-                r = dataclasses.replace(r, error_code=code)
+            code = self._absent_as_unknown(tp, r["error_code"])
+            if code != r["error_code"]:
+                r = {**r, "error_code": code}
             by_topic.setdefault(tp.topic, []).append(r)
-        return FetchResponse([FetchTopicResponse(t, ps) for t, ps in by_topic.items()])
+        return {"responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+                "error_code": NONE.code, "throttle_time_ms": 0}
 
     @handles(ApiKey.LIST_OFFSETS, Kind.ASYNC)
     async def list_offsets(self, req: ListOffsetsRequest, ctx: RequestContext | None = None) -> ListOffsetsResponse:

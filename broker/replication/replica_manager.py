@@ -75,6 +75,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("tidelog.replica_manager")
 
+# One partition's answer to a fetch: a FetchPartitionResponse's body (``_read_one``).
+PartitionAnswer = dict[str, Any]
+
 # (topic partition, new isr, leader epoch, expected zk version) -> new zk version; raises on conflict
 IsrWriter = Callable[[TopicPartition, list[int], int, int, int], Awaitable[int]]
 # partitions whose replica here was found damaged on disk -> reported to the controller
@@ -650,8 +653,9 @@ class ReplicaManager:
 
     # -- fetch ---------------------------------------------------------------------------------
 
-    async def fetch(self, req: FetchRequest) -> dict[TopicPartition, FetchPartitionResponse]:
-        """Serve a fetch; long-poll until min_bytes are available or max_wait_ms passed."""
+    async def fetch(self, req: FetchRequest) -> dict[TopicPartition, PartitionAnswer]:
+        """Serve a fetch; long-poll until min_bytes are available or max_wait_ms passed. The
+        answers are FetchPartitionResponse bodies (``_read_one``)."""
         from_follower = req.replica_id >= 0
         deadline = trio.current_time() + req.max_wait_ms / 1000
         while True:
@@ -737,7 +741,7 @@ class ReplicaManager:
                 tp = TopicPartition(t.topic, fp.partition)
                 r, charged = self._read_one(tp, fp, from_follower, req.replica_id, budget, size == 0, throttled)
                 results[tp] = r
-                n = len(r.records or b"")
+                n = len(r["records"] or b"")
                 size += n
                 throttled += charged
                 budget = max(0, budget - n)
@@ -749,9 +753,14 @@ class ReplicaManager:
             self.leader_quota.record(nbytes, trio.current_time())
 
     def _read_one(self, tp, fp, from_follower: bool, replica_id: int, budget: int, first: bool,
-                  pending: int) -> tuple[FetchPartitionResponse, int]:
+                  pending: int) -> tuple[PartitionAnswer, int]:
         """One partition's part of a try, and the bytes it read for a throttled replica (the
-        bucket is checked net of ``pending``, those the try read already for others)."""
+        bucket is checked net of ``pending``, those the try read already for others).
+
+        The part is a FetchPartitionResponse's body, the map its ``to_body()`` gives: a read is
+        answered as it goes on the wire, without the typed message and its dump (at a low
+        rate a waiting fetch's answer is on each record's path; unit tests hold the map to
+        the message's)."""
         p = self.partitions.get(tp)
         try:
             if p is None:
@@ -774,15 +783,17 @@ class ReplicaManager:
             if from_follower:
                 self._maybe_expand_isr(p)
         except CorruptRecordError as e:  # this replica's own bytes failed their check on disk
-            return self._damaged(p, fp.fetch_offset, e), 0
+            return self._damaged(p, fp.fetch_offset, e).to_body(), 0
         except TidelogError as e:
             return FetchPartitionResponse(tp.partition, e.code, error_message=str(e),
                                           high_watermark=p.log.high_watermark if p and p.log else -1,
-                                          log_start_offset=p.log.log_start_offset if p and p.log else -1), 0
-        return FetchPartitionResponse(tp.partition, NONE.code, log.high_watermark, log.log_start_offset,
-                                      records, current_leader_epoch=p.leader_epoch,
-                                      high_watermark_held=not from_follower and p.high_watermark_held
-                                      ), len(records or b"") if throttled else 0
+                                          log_start_offset=p.log.log_start_offset if p and p.log else -1
+                                          ).to_body(), 0
+        return {"partition_index": tp.partition, "error_code": NONE.code, "high_watermark": log.high_watermark,
+                "log_start_offset": log.log_start_offset, "records": records, "diverging_epoch": None,
+                "current_leader_epoch": p.leader_epoch, "error_message": None,
+                "high_watermark_held": not from_follower and p.high_watermark_held
+                }, len(records or b"") if throttled else 0
 
     def _damaged(self, p: NotifyingPartition, offset: int, e: CorruptRecordError) -> FetchPartitionResponse:
         """A read found this replica's batch at ``offset`` damaged on disk: the replica is
@@ -964,8 +975,8 @@ def _delete_error(code: int, message: str, low_watermark: int = -1) -> dict:
     return {"error_code": code, "low_watermark": low_watermark, "error_message": message}
 
 
-def _has_errors(results) -> bool:
-    return any(r.error_code != NONE.code for r in results.values())
+def _has_errors(results: dict[TopicPartition, PartitionAnswer]) -> bool:
+    return any(r["error_code"] != NONE.code for r in results.values())
 
 
 async def _wait_any(events: list[trio.Event]) -> None:

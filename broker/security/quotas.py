@@ -314,7 +314,11 @@ def produce_bytes(body: Mapping[str, Any]) -> int:
 
 
 def fetch_bytes(response: Any) -> int:
-    """The record bytes of a Fetch response (what ``consumer_byte_rate`` counts)."""
+    """The record bytes of a Fetch response, its body or the typed message (what
+    ``consumer_byte_rate`` counts)."""
+    if isinstance(response, dict):
+        return sum(len(p.get("records") or b"") for t in response.get("responses") or ()
+                   for p in t.get("partitions") or ())
     return sum(len(p.records) for t in getattr(response, "responses", ()) for p in t.partitions if p.records)
 
 

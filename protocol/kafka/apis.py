@@ -119,14 +119,13 @@ def _fetch_response(body: Body, version: int) -> Body:
 
 
 def records_to_translate(body: Any) -> int:
-    """How many records of Tidelog-encoded batches a (native) fetch answer holds: what a Kafka
-    fetch answer would translate (headers only: per batch)."""
-    total = 0
-    for topic in getattr(body, "responses", None) or ():
-        for p in topic.partitions:
-            if p.records:
-                total += sum(h.record_count for _, h in iter_headers(p.records) if h.magic == MAGIC)
-    return total
+    """How many records of Tidelog-encoded batches a (native) fetch answer holds, its body or
+    the typed message: what a Kafka fetch answer would translate (headers only: per batch)."""
+    if isinstance(body, dict):
+        parts = [p.get("records") for t in body.get("responses") or () for p in t.get("partitions") or ()]
+    else:
+        parts = [p.records for t in getattr(body, "responses", None) or () for p in t.partitions]
+    return sum(h.record_count for records in parts if records for _, h in iter_headers(records) if h.magic == MAGIC)
 
 
 def _list_offsets_response(body: Body, version: int) -> Body:

@@ -72,6 +72,7 @@ from tidelog.protocol.messages import (
     ElectLeadersRequest,
     FetchPartition,
     FetchRequest,
+    FetchResponse,
     FetchTopic,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
@@ -339,8 +340,13 @@ def fetch(*topics: str, replica_id: int = -1) -> FetchRequest:
     return FetchRequest([FetchTopic(t, [FetchPartition(0, 0)]) for t in topics], replica_id=replica_id, max_wait_ms=0)
 
 
+def fetched(r) -> FetchResponse:
+    """A fetch's answer as the typed message (the handler answers with its body)."""
+    return FetchResponse.from_body(r) if isinstance(r, dict) else r
+
+
 def fetch_codes(r) -> dict[str, int]:
-    return {t.topic: p.error_code for t in r.responses for p in t.partitions}
+    return {t.topic: p.error_code for t in fetched(r).responses for p in t.partitions}
 
 
 async def test_fetch_needs_read(broker):
@@ -350,7 +356,7 @@ async def test_fetch_needs_read(broker):
     broker.allow(TOPIC, "orders", OPS.READ)
     r = broker.apis.fetch(fetch("orders", "secret"), ctx())
     assert fetch_codes(r) == {"orders": NONE.code, "secret": TOPIC_AUTHORIZATION_FAILED.code}
-    assert r.responses[0].partitions[0].records
+    assert fetched(r).responses[0].partitions[0].records
 
 
 async def test_a_replica_fetch_is_a_cluster_action(broker):
@@ -364,7 +370,7 @@ async def test_a_replica_fetch_is_a_cluster_action(broker):
     r = broker.apis.fetch(fetch("orders", replica_id=2), ctx(inter_broker=True, listener="BROKER"))
     assert r.error_code == CLUSTER_AUTHORIZATION_FAILED.code and ALICE in r.responses[0].partitions[0].error_message
     broker.allow(CLUSTER, CLUSTER_NAME, OPS.CLUSTER_ACTION)
-    served = broker.apis.fetch(fetch("orders", replica_id=2), ctx(inter_broker=True, listener="BROKER"))
+    served = fetched(broker.apis.fetch(fetch("orders", replica_id=2), ctx(inter_broker=True, listener="BROKER")))
     # served: the replica manager answers (broker 2 is no replica of the partition here)
     assert served.error_code == NONE.code
     assert "not one of the followers" in served.responses[0].partitions[0].error_message

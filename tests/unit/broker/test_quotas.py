@@ -14,6 +14,7 @@ from tidelog.broker.security.quotas import (
     QuotaSensors,
     QuotaType,
     Rate,
+    fetch_bytes,
     quota_entities,
     resolve,
     throttle_time_ms,
@@ -35,6 +36,9 @@ from tidelog.protocol.messages import (
     AlterClientQuotasEntry,
     ClientQuotaEntityData,
     ClientQuotaOp,
+    FetchPartitionResponse,
+    FetchResponse,
+    FetchTopicResponse,
     ProduceResponse,
     ScramCredentialDeletion,
 )
@@ -130,6 +134,15 @@ def test_change_notifications():
     assert decode_config_change(encode_config_change("users/alice")) == "users/alice"
     assert config_change_sequence("config_change_0000000012") == 12
     assert config_change_sequence("isr_change_0000000012") is None
+
+
+def test_a_fetch_answer_counts_its_record_bytes_as_body_or_typed():
+    # the fetch handler answers with the response's body; a refusal is the typed message
+    typed = FetchResponse([FetchTopicResponse("a", [FetchPartitionResponse(0, 0, records=b"x" * 10),
+                                                    FetchPartitionResponse(1, 0, records=None)]),
+                           FetchTopicResponse("b", [FetchPartitionResponse(0, 0, records=b"y" * 5)])])
+    assert fetch_bytes(typed) == fetch_bytes(typed.to_body()) == 15
+    assert fetch_bytes({"error_code": 29}) == fetch_bytes(FetchResponse([], 29)) == 0
 
 
 def test_a_response_reports_its_throttle_time():

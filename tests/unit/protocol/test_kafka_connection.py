@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import BadRequest
 from tidelog.protocol.kafka.connection import KafkaRequest, KafkaServerConnection
@@ -87,14 +89,17 @@ def test_large_frames_decode_off_the_connection_like_native_ones():
     assert response_of(conn.send_response(9, MetadataResponse([], None, -1, [])))[0] == 9
 
 
-def test_a_fetch_answer_with_many_records_to_translate_is_encoded_aside():
+@pytest.mark.parametrize("as_body", [False, True], ids=["typed", "body"])
+def test_a_fetch_answer_with_many_records_to_translate_is_encoded_aside(as_body):
+    # the broker's fetch handler answers with the response's body (Apis._fetch_response)
     from tidelog.protocol.kafka.records import to_stored
     from tidelog.protocol.messages import FetchPartitionResponse, FetchResponse, FetchTopicResponse
     from tidelog.protocol.records import build_batch, iter_all_records
 
-    def fetch_answer(n: int) -> FetchResponse:
+    def fetch_answer(n: int):
         batch = build_batch([b"v%d" % i for i in range(n)], timestamp_ms=1)
-        return FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, n, 0, batch)])])
+        typed = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, n, 0, batch)])])
+        return typed.to_body() if as_body else typed
 
     body = bytes(codec("FetchRequest", 12).encode({"topics": [{"topic": "t", "partitions": [{"partition": 0}]}]}))
     conn = KafkaServerConnection()

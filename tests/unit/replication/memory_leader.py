@@ -92,8 +92,8 @@ class MemoryBroker:
                 await done.wait()
             finally:
                 started.cancel()
-            return answered[0]
-        return await started if inspect.isawaitable(started) else started
+            return _typed(answered[0])
+        return _typed(await started if inspect.isawaitable(started) else started)
 
     async def offsets_for_leader_epoch(self, request: OffsetsForLeaderEpochRequest) -> OffsetsForLeaderEpochResponse:
         self.epoch_requests += 1
@@ -217,6 +217,12 @@ class MemoryCluster:
         raise AssertionError(f"followers did not converge in {max_rounds} rounds: " + "; ".join(
             f"broker {f.broker_id}: {f.log(self.tp)!r} {self.fetcher(f).partitions.get(self.tp)}"
             for f in self.followers) + f"; leader {self.leader.log(self.tp)!r}")
+
+
+def _typed(answer) -> FetchResponse:
+    """The handler's answer as a follower reads it off the wire: the typed response (the
+    handler answers with the body, see ``Apis._fetch_response``)."""
+    return FetchResponse.from_body(answer) if isinstance(answer, dict) else answer
 
 
 def log_bytes(log: Log, start: int | None = None) -> bytes:

@@ -25,7 +25,7 @@ from tidelog.protocol.errors import (
     NONE,
     CorruptRecordError,
 )
-from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic, PartitionState
+from tidelog.protocol.messages import FetchPartition, FetchPartitionResponse, FetchRequest, FetchTopic, PartitionState
 from tidelog.protocol.records import HEADER_SIZE, iter_headers
 
 
@@ -60,7 +60,7 @@ def small_log(tmp_path, batches: int):
 async def consumer_fetch(broker: MemoryBroker, offset: int):
     req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, offset, 1 << 20)])],
                        replica_id=-1, max_wait_ms=0)
-    return (await broker.replica_manager.fetch(req))[TP]
+    return FetchPartitionResponse.from_body((await broker.replica_manager.fetch(req))[TP])
 
 
 async def test_a_damaged_batch_is_never_served_and_the_replica_is_repaired_from_another(cluster, autojump_clock):
@@ -173,7 +173,7 @@ async def test_a_fetch_sent_before_the_replica_dropped_its_records_is_fenced(clu
     in_flight = follower_fetch_at(follower, cluster.leader_epoch)
     cluster.elect(1, isr=[1, 2])  # the report's new state: a new epoch
     assert follower.log().log_end_offset == damaged
-    r = (await leader.replica_manager.fetch(in_flight))[TP]
+    r = FetchPartitionResponse.from_body((await leader.replica_manager.fetch(in_flight))[TP])
     assert r.error_code == FENCED_LEADER_EPOCH.code
     assert leader.partition().isr_to_expand() is None
     await cluster.sync()

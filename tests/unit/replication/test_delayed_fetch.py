@@ -14,6 +14,7 @@ from tidelog.broker.deferred import DeferredResponse
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.segment import LogSegment
 from tidelog.broker.replication.replica_manager import DelayedFetch, DelayedProduce
+from tidelog.protocol.codec import pack
 from tidelog.protocol.errors import (
     NONE,
     NOT_ENOUGH_REPLICAS_AFTER_APPEND,
@@ -59,8 +60,15 @@ def attach(deferred: DeferredResponse) -> list:
     return answers
 
 
-def partition_result(response: FetchResponse):
-    [topic] = response.responses
+def typed(answer: dict) -> FetchResponse:
+    """A fetch's answer (the FetchResponse's body, as the network writes it), read back as the
+    typed message: the body must load as one."""
+    assert isinstance(answer, dict), answer
+    return FetchResponse.from_body(answer)
+
+
+def partition_result(answer: dict):
+    [topic] = typed(answer).responses
     [p] = topic.partitions
     return p
 
@@ -68,7 +76,7 @@ def partition_result(response: FetchResponse):
 async def test_a_fetch_with_records_there_is_answered_at_once(leader):
     leader.produce(make_batch(2))
     response = consumer_fetch(leader, 0)
-    assert isinstance(response, FetchResponse)
+    assert isinstance(response, dict)  # answered now
     assert partition_result(response).records
 
 
@@ -163,6 +171,22 @@ async def test_losing_the_partition_answers_with_an_error(leader):
     assert "not the leader" in partition_result(response).error_message
 
 
+async def test_an_answer_is_the_typed_responses_body_field_for_field_in_its_order(leader):
+    # the replica manager builds the answer's maps itself (no typed message on a record's
+    # path): they must be what the typed FetchResponse dumps, so the wire is the same
+    waiting = attach(consumer_fetch(leader, 0))
+    leader.produce(make_batch(3))
+    at_once = consumer_fetch(leader, 1)
+    lost = attach(consumer_fetch(leader, 3))
+    leader.replica_manager.stop_replicas(StopReplicaRequest(
+        0, 99, 0, [StopReplicaPartition(TP.topic, TP.partition)]))
+    for answer in (waiting[0], at_once, lost[0]):
+        dumped = typed(answer).to_body()
+        assert dumped == answer
+        assert pack(dumped) == pack(answer)  # the keys in the same order too
+    assert partition_result(at_once).records and partition_result(lost[0]).error_code != NONE.code
+
+
 async def test_a_cancelled_fetch_is_never_answered_and_stops_watching(leader, autojump_clock):
     deferred = consumer_fetch(leader, 0, max_wait_ms=100)
     answers = attach(deferred)
@@ -180,7 +204,7 @@ async def test_without_the_timer_running_a_fetch_waits_in_a_coroutine(tmp_path):
         waiting = consumer_fetch(brokers[0], 0, max_wait_ms=50)
         assert not isinstance(waiting, DelayedFetch)
         response = await waiting
-        assert isinstance(response, FetchResponse)
+        assert isinstance(response, dict)  # answered now
     finally:
         for b in brokers:
             b.close()
@@ -311,7 +335,7 @@ async def test_a_produce_to_several_partitions_answers_a_waiting_follower_with_a
                                                                       for tp in (TP, other)])])
     three.leader.apis.produce(produced)
     [response] = answers
-    assert [bool(p.records) for p in response.responses[0].partitions] == [True, True]
+    assert [bool(p.records) for p in typed(response).responses[0].partitions] == [True, True]
 
 
 # -- acks=all produces -----------------------------------------------------------------------
@@ -401,5 +425,5 @@ async def test_a_throttled_followers_fetch_answered_at_once_is_charged_for_its_b
     for _ in range(3):
         leader.produce(make_batch(1, size=100))
     response = follower_fetch(throttled_source, 3, 0)
-    assert isinstance(response, FetchResponse)
+    assert isinstance(response, dict)  # answered now
     assert leader.replica_manager.leader_quota.throttled_bytes == len(partition_result(response).records) > 0
