@@ -74,13 +74,16 @@ READ_SIZE = 256 * 1024
 class _Pending:
     """A request awaiting its response: completed by the reader (body) or by a failure.
     With ``early`` (see ``BrokerConnection.request``), the reader also decodes the body
-    and calls ``early(response)`` before waking the waiting task."""
+    and calls ``early(response)`` before waking the waiting task. Its Trio event is made by
+    the first ``wait`` (on the loop thread, as is ``settle``): a request an application
+    thread wrote may be answered before any task waits for it, and then none does."""
 
-    __slots__ = ("event", "body", "error", "early", "api_key", "response", "early_error", "sent_at")
+    __slots__ = ("done", "event", "body", "error", "early", "api_key", "response", "early_error", "sent_at")
 
     def __init__(self, early: Callable[[Any], None] | None = None, api_key: int = -1,
                  sent_at: float | None = None) -> None:
-        self.event = trio.Event()
+        self.done = False
+        self.event: trio.Event | None = None
         self.body: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.early = early
@@ -88,6 +91,18 @@ class _Pending:
         self.response: Any = None
         self.early_error: BaseException | None = None
         self.sent_at = trio.current_time() if sent_at is None else sent_at
+
+    async def wait(self) -> None:
+        if not self.done:
+            if self.event is None:
+                self.event = trio.Event()
+            await self.event.wait()
+
+    def settle(self) -> None:
+        """Answered or failed: wake the task waiting, if any."""
+        self.done = True
+        if self.event is not None:
+            self.event.set()
 
     def run_early(self) -> None:
         try:
@@ -222,7 +237,7 @@ class BrokerConnection:
             try:
                 pending = await self._write(api_key, api_version, message, expect_response=True,
                                             early=early)
-                await pending.event.wait()
+                await pending.wait()
             finally:
                 self._slots.release()
         return self._outcome(pending, scope, api_key, timeout)
@@ -258,7 +273,8 @@ class BrokerConnection:
         return pending
 
     def start_request_from_thread(self, message: Message, *, api_key: ApiKey, api_version: int = 0,
-                                  early: Callable[[Any], None] | None = None) -> _Pending | None:
+                                  early: Callable[[Any], None] | None = None,
+                                  now: float | None = None) -> _Pending | None:
         """``start_request`` from a thread other than the loop's: frame the request and write
         it now, or, when a write is in progress or queued, queue it behind (the frames keep
         the order of the calls); what the kernel does not take at once waits in the outbox
@@ -267,11 +283,13 @@ class BrokerConnection:
         thread owns): the caller MUST then, on the loop thread, ``await
         finish_request(pending, ..., take_slot=True)``. The blocking producer's application
         thread writes its sender's requests this way, sparing the wake-up of the loop thread
-        before the request is on the wire."""
+        before the request is on the wire. ``now``: the loop's clock, read by a caller that
+        holds ``thread_lock`` already (as for its ``idle``)."""
         if self._tls or self._clock is None:
             return None
         with self._thread_lock:
-            now = self._clock.current_time()
+            if now is None:
+                now = self._clock.current_time()
             if self._failure is not None or self.throttled_until > now:
                 return None
             _, frame = self._proto.send_request(api_key, api_version, message, True)
@@ -300,7 +318,7 @@ class BrokerConnection:
             with trio.move_on_after(timeout) as scope:
                 if self._outbox and self._failure is None:  # the kernel did not take it all
                     await self._flush_shielded()
-                await pending.event.wait()
+                await pending.wait()
         finally:
             self._slots.release()
         return self._outcome(pending, scope, api_key, timeout)
@@ -416,7 +434,7 @@ class BrokerConnection:
                         self.throttled_until = max(self.throttled_until, pending.sent_at + throttle / 1000)
                     if pending.early is not None:
                         pending.run_early()
-                    pending.event.set()
+                    pending.settle()
         except BrokerConnectionError as e:
             self._fail(e)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
@@ -440,7 +458,7 @@ class BrokerConnection:
             pending, self._pending = self._pending, deque()
         for p in pending:
             p.error = error
-            p.event.set()
+            p.settle()
         self._outbox.clear()
         if self._socket is not None:
             self._socket.close()  # trio notifies any task blocked on the socket

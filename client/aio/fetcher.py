@@ -190,7 +190,9 @@ def corrupt_batch_error(tp: TopicPartition, position: int, h: BatchHeader | None
 
 class FetchPlan(NamedTuple):
     request: FetchRequest
-    sent: dict[TopicPartition, tuple[int, int]]  # tp -> (generation, fetch offset)
+    # tp -> (generation, fetch offset), in the request's order: the first key is the partition
+    # that came first in it (see ``handle_partition_response``)
+    sent: dict[TopicPartition, tuple[int, int]]
 
 
 def plan_fetches(subscriptions: SubscriptionState, metadata: ClusterMetadata, busy_nodes: Iterable[int],
@@ -452,7 +454,7 @@ class Fetcher:
         thread)."""
         subs = self._subscriptions
         got_data = refresh = reset = False
-        first = _first_partition(plan.request)
+        first = next(iter(plan.sent), None)
         size = 0
         for t in response.responses:
             for p in t.partitions:
@@ -518,11 +520,3 @@ class Fetcher:
         if drained_one and wake:
             self._wake.set()  # pipelining: fetch again while the application works
         return out
-
-
-def _first_partition(request: FetchRequest) -> TopicPartition | None:
-    """The partition that came first in a fetch request (see ``handle_partition_response``)."""
-    if not request.topics or not request.topics[0].partitions:
-        return None
-    topic = request.topics[0]
-    return TopicPartition(topic.topic, topic.partitions[0].partition)

@@ -409,7 +409,8 @@ class Sender:
         if conn is None or not conn.writes_from_thread:
             return False
         with conn.thread_lock:  # the connection stays idle until this request is written
-            idle = conn.idle(self._clock.current_time())
+            clock_now = self._clock.current_time()
+            idle = conn.idle(clock_now)
             # a request answered but not yet counted out by the loop thread is not a burst
             self._found_busy += ((0.0 if idle else 1.0) - self._found_busy) * FOUND_BUSY_WEIGHT
             if not idle or self._in_flight.get(node, 0) or self._found_busy > BURST_SHARE:
@@ -423,7 +424,8 @@ class Sender:
                 request = build_produce_request(drained, acks=config.acks, timeout_ms=config.request_timeout_ms)
                 counted: list[bool] = []
                 on_response, applied = self._response_applier(node, drained, now, counted)
-                pending = conn.start_request_from_thread(request, api_key=ApiKey.PRODUCE, early=on_response)
+                pending = conn.start_request_from_thread(request, api_key=ApiKey.PRODUCE, early=on_response,
+                                                         now=clock_now)
             except BaseException as e:
                 # drained (and given sequences): never dropped, the loop thread sends them
                 # (or fails them: a codec library missing, say)
@@ -462,7 +464,7 @@ class Sender:
         """Under ``_caller_lock``, for a request of ``batches`` about to be written: every
         record after its first was sent while another waited, as busy as a send that finds a
         request in flight (see ``BURST_SHARE``)."""
-        followers = min(sum(len(b) for b in batches) - 1, 16)
+        followers = min(sum(map(len, batches)) - 1, 16)
         if followers > 0:
             self._found_busy = 1.0 - (1.0 - self._found_busy) * (1.0 - FOUND_BUSY_WEIGHT) ** followers
 

@@ -114,6 +114,15 @@ def test_plan_fetches_skips_busy_nodes_buffered_backing_off_and_leaderless_parti
     assert unknown
 
 
+def first_in(plan) -> TopicPartition:
+    """The partition that came first in the plan's request; its ``sent`` must begin with it
+    (``Fetcher.absorb`` takes it from there)."""
+    t = plan.request.topics[0]
+    first = TopicPartition(t.topic, t.partitions[0].partition)
+    assert next(iter(plan.sent)) == first
+    return first
+
+
 def test_plan_fetches_puts_a_partition_marked_fetch_first_first_in_its_request():
     subs = SubscriptionState(None)
     subs.assign([A0, A1, B0])
@@ -121,17 +130,20 @@ def test_plan_fetches_puts_a_partition_marked_fetch_first_first_in_its_request()
         subs.state(tp).seek(5)
     leaders = metadata({A0: 1, A1: 1, B0: 1})
     plans, _ = plan_fetches(subs, leaders, busy_nodes=(), now=0, config=CONFIG)
+    first_in(plans[1])
     assert [(t.topic, [p.partition for p in t.partitions]) for t in plans[1].request.topics] == \
         [("a", [0, 1]), ("b", [0])]
     # b-0 got nothing below its high watermark while a-0 came first: b-0 goes first next time
     handle_partition_response(B0, subs.state(B0), subs.state(B0).generation, 5,
                               FetchPartitionResponse(0, 0, 9, 0), now=0, backoff_s=0, first=False)
     plans, _ = plan_fetches(subs, leaders, busy_nodes=(), now=0, config=CONFIG)
+    first_in(plans[1])
     assert [(t.topic, [p.partition for p in t.partitions]) for t in plans[1].request.topics] == \
         [("b", [0]), ("a", [0, 1])]
     subs.state(B0).fetch_first = False
     subs.state(A1).fetch_first = True
     plans, _ = plan_fetches(subs, leaders, busy_nodes=(), now=0, config=CONFIG)
+    first_in(plans[1])
     assert [(t.topic, [p.partition for p in t.partitions]) for t in plans[1].request.topics] == \
         [("a", [1, 0]), ("b", [0])]
 
