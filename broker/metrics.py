@@ -256,14 +256,15 @@ class RequestMetrics:
 
     def _account(self, api_key: int, body: dict, response: Any) -> None:
         try:
-            codes = count_errors(response)
+            fetch_body = api_key == _FETCH and type(response) is dict and "responses" in response
+            codes = _fetch_body_errors(response) if fetch_body else count_errors(response)
             if codes:
                 name = request_name(api_key, body)
                 for code, n in codes.items():
                     self.errors[name, code] += n
             if api_key == _PRODUCE:
                 self._account_produce(body, response)
-            elif api_key == _FETCH and isinstance(response, FetchResponse):
+            elif fetch_body or (api_key == _FETCH and isinstance(response, FetchResponse)):
                 self._account_fetch(body, response)
         except (KeyError, TypeError, IndexError, struct.error) as e:  # never fail a request over metrics
             logger.debug("request not accounted: %r", e)
@@ -283,18 +284,42 @@ class RequestMetrics:
                     self.bytes_in[topic] += size
                     self.messages_in[topic] += count
 
-    def _account_fetch(self, body: dict, response: FetchResponse) -> None:
+    def _account_fetch(self, body: dict, response: Any) -> None:
+        """Bytes and records sent, per topic, of a fetch answer: its body (what the fetch
+        handler answers, see ``Apis._fetch_response``) or the typed message."""
         follower = request_name(_FETCH, body) == "FetchFollower"
+        for topic, _, records in _fetch_parts(response):
+            if not records:
+                continue
+            size, count = batch_stats(records)
+            if follower:
+                self.replication_bytes_out += size
+            else:
+                self.bytes_out[topic] += size
+                self.messages_out[topic] += count
+
+
+def _fetch_parts(response: Any) -> Iterator[tuple[str, int, Any]]:
+    """``(topic, error code, records)`` of each partition of a fetch answer, its body or the
+    typed message."""
+    if type(response) is dict:
+        for t in response.get("responses") or ():
+            for p in t.get("partitions") or ():
+                yield t["topic"], p.get("error_code", 0), p.get("records")
+    else:
         for t in response.responses:
             for p in t.partitions:
-                if not p.records:
-                    continue
-                size, count = batch_stats(p.records)
-                if follower:
-                    self.replication_bytes_out += size
-                else:
-                    self.bytes_out[t.topic] += size
-                    self.messages_out[t.topic] += count
+                yield t.topic, p.error_code, p.records
+
+
+def _fetch_body_errors(response: dict) -> dict[int, int] | None:
+    """``count_errors`` of a fetch answer's body: its own code and its partitions'."""
+    into = None
+    for code in (response.get("error_code", 0), *(code for _, code, _ in _fetch_parts(response))):
+        if code:
+            into = {} if into is None else into
+            into[code] = into.get(code, 0) + 1
+    return into
 
 
 class LoopLagProbe:

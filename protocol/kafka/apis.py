@@ -106,14 +106,22 @@ TRANSLATE_RECORDS_PER_FETCH = 20_000
 
 
 def _fetch_response(body: Body, version: int) -> Body:
+    """The native answer in Kafka's terms. Its topics and partitions are copied, not changed:
+    the broker's fetch handler answers with the body itself (``Apis._fetch_response``),
+    which the request's metrics read after the write, and this may run in a worker thread."""
     budget = TranslationBudget(TRANSLATE_RECORDS_PER_FETCH)
+    topics = []
     for topic in body.get("responses") or ():
+        parts = []
         for p in topic.get("partitions") or ():
-            p["last_stable_offset"] = p.get("high_watermark", -1)
+            p = dict(p, last_stable_offset=p.get("high_watermark", -1))
             if p.get("records"):
                 p["records"] = to_kafka(p["records"], kafka_batch, budget)
-            diverging = p.get("diverging_epoch")
-            p["diverging_epoch"] = diverging if diverging is not None else {"epoch": -1, "end_offset": -1}
+            if p.get("diverging_epoch") is None:
+                p["diverging_epoch"] = {"epoch": -1, "end_offset": -1}
+            parts.append(p)
+        topics.append(dict(topic, partitions=parts))
+    body["responses"] = topics
     body["session_id"] = 0
     return body
 

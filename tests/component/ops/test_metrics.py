@@ -334,11 +334,15 @@ async def test_a_cancelled_produce_leaves_the_purgatory():
     assert rm.produce_purgatory_size == 0
 
 
-async def test_fetches_count_bytes_out_for_consumers_and_replication_for_followers():
+@pytest.mark.parametrize("as_body", [False, True], ids=["typed", "body"])
+async def test_fetches_count_bytes_out_for_consumers_and_replication_for_followers(as_body):
+    # the fetch handler answers with the response's body (Apis._fetch_response)
     rm = RequestMetrics(Clock())
     b1, b2 = build_batch([b"a"] * 3), build_batch([b"b"] * 2, base_offset=3)
     response = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, 5, 0, b1 + b2),
-                                                       FetchPartitionResponse(1, 0, 0, 0, None)])])
+                                                       FetchPartitionResponse(1, 0, 0, 0, None),
+                                                       FetchPartitionResponse(2, 6)])])
+    response = response.to_body() if as_body else response
 
     async def fetch():
         return response
@@ -349,6 +353,7 @@ async def test_fetches_count_bytes_out_for_consumers_and_replication_for_followe
     assert rm.bytes_out == {"t": len(b1) + len(b2)} and rm.messages_out == {"t": 5}
     assert rm.replication_bytes_out == len(b1) + len(b2)
     assert rm.latency["FetchConsumer"].count == rm.latency["FetchFollower"].count == 1
+    assert rm.errors == {("FetchConsumer", 6): 1, ("FetchFollower", 6): 1}
 
 
 class _Deferred(DeferredResponse):
@@ -363,13 +368,15 @@ class _Deferred(DeferredResponse):
         self.cancelled = True
 
 
-def test_a_deferred_consumer_fetch_is_observed_and_counted_when_answered():
+@pytest.mark.parametrize("as_body", [False, True], ids=["typed", "body"])
+def test_a_deferred_consumer_fetch_is_observed_and_counted_when_answered(as_body):
     """A consumer's long poll answered later (a DelayedFetch): its latency includes the wait
     and the bytes it carries out are counted, when it is answered, not when it was read."""
     clock = Clock()
     rm = RequestMetrics(clock)
     batch = build_batch([b"a"] * 3)
     response = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, 3, 0, batch)])])
+    response = response.to_body() if as_body else response
     inner = _Deferred()
     result = rm.instrument(lambda h, b: inner)(header(ApiKey.FETCH), {"replica_id": -1})
     assert is_deferred(result) and "FetchConsumer" not in rm.latency
