@@ -337,7 +337,7 @@ def _counting_hooks(budget: int) -> dict[str, Callable[[Any], Any]]:
 
 def _unpack(frame: bytes | bytearray | memoryview, what: str) -> Any:
     size = len(frame)
-    budget = max_objects(size)
+    budget = MAX_OBJECTS_FLOOR  # max_objects(size) for any frame at or below the floor
     try:
         if size <= budget:  # it cannot hold more objects than it has bytes: nothing to count
             # _unpack_options spelled out: building its dict costs more than a small frame
@@ -345,6 +345,7 @@ def _unpack(frame: bytes | bytearray | memoryview, what: str) -> Any:
             return msgpack.unpackb(frame, raw=False, use_list=True, strict_map_key=True, ext_hook=_reject_ext,
                                    max_ext_len=0, max_str_len=size, max_bin_len=size,
                                    max_array_len=containers, max_map_len=containers)
+        budget = max_objects(size)
         return msgpack.unpackb(frame, **_unpack_options(size), **_counting_hooks(budget))
     except _TooManyObjects:
         raise InvalidRequestError(

@@ -106,6 +106,8 @@ class ClientConnection:
         """
         self._raise_if_failed()
         try:
+            if (frame := self._decoder.whole_frame(data)) is not None:  # the usual read
+                return [self._accept(frame)]
             return [self._accept(frame) for frame in self._decoder.feed(data)]
         except InvalidRequestError as e:
             self._failure = e
@@ -213,8 +215,10 @@ class ServerConnection:
         events: list[Request | BadRequest | LargeFrame] = []
         inline_max = self.decode_inline_max_bytes
         decoder = self._decoder
+        if (frame := decoder.whole_frame(data)) is not None and (inline_max is None or len(frame) <= inline_max):
+            return [self._parse(frame)]  # the usual read: one whole frame, nothing buffered
         try:
-            if (frame := decoder.whole_frame(data)) is None:  # not the usual read: buffer it
+            if frame is None:  # not the usual read: buffer it
                 decoder.receive_data(data)
                 frame = decoder.next_frame()
             while frame is not None:
