@@ -106,8 +106,6 @@ class ClientConnection:
         """
         self._raise_if_failed()
         try:
-            if (frame := self._decoder.whole_frame(data)) is not None:  # the usual read
-                return [self._accept(frame)]
             return [self._accept(frame) for frame in self._decoder.feed(data)]
         except InvalidRequestError as e:
             self._failure = e
