@@ -40,9 +40,11 @@ path that waits (``NetworkStats.request_queue_time_s``) and exported as a summar
 
 Failed requests: the wrapper walks each response's ``error_code`` fields (the top level and
 two levels of lists: topics, then partitions), so every error code a response carries is
-counted per request type and error name (Kafka's ErrorsPerSec); a handler that raised counts
-as UNKNOWN_SERVER_ERROR. The walk reads the message objects the handler built anyway, one
-attribute per item, with each class's plan cached.
+counted per request type and error name (Kafka's ErrorsPerSec); so is the code of a whole
+request refused (its error body), and a handler that raised counts as the code it is answered
+with (its TidelogError's, else UNKNOWN_SERVER_ERROR). The walk reads the message objects the
+handler built anyway, one attribute per item, with each class's plan cached; a fetch is
+answered with its body, whose partitions are read as maps.
 
 Event-loop lag (``LoopLagProbe``): a task that sleeps ``LOOP_LAG_INTERVAL_S`` at a time and
 records how late it woke past its deadline: how long a task that became ready waited for the
@@ -76,7 +78,7 @@ from prometheus_client.exposition import choose_encoder
 
 from tidelog.broker.deferred import DeferredResponse, is_awaitable, is_deferred
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR, for_code
+from tidelog.protocol.errors import code_of, for_code
 from tidelog.protocol.messages import FetchResponse, ProduceResponse
 from tidelog.protocol.records import BATCH_LENGTH_AT, HEADER_SIZE, LOG_OVERHEAD
 
@@ -218,9 +220,9 @@ class RequestMetrics:
             api_key = context.header.api_key
             try:
                 result = handler(context, body)
-            except BaseException:
+            except BaseException as e:
                 self._observe(api_key, body, start)
-                self.errors[request_name(api_key, body), UNKNOWN_SERVER_ERROR.code] += 1
+                self.errors[request_name(api_key, body), code_of(e).code] += 1  # what is answered
                 raise
             if is_awaitable(result):
                 return self._complete_later(api_key, body, start, result)
@@ -237,6 +239,9 @@ class RequestMetrics:
         self.produce_purgatory_size += waiting
         try:
             response = await result
+        except Exception as e:  # answered with its code (not a cancellation: nothing is answered)
+            self.errors[request_name(api_key, body), code_of(e).code] += 1
+            raise
         finally:
             self.produce_purgatory_size -= waiting
             self._observe(api_key, body, start)
@@ -257,7 +262,12 @@ class RequestMetrics:
     def _account(self, api_key: int, body: dict, response: Any) -> None:
         try:
             fetch_body = api_key == _FETCH and type(response) is dict and "responses" in response
-            codes = _fetch_body_errors(response) if fetch_body else count_errors(response)
+            if fetch_body:
+                codes = _fetch_body_errors(response)
+            elif type(response) is dict:  # a whole request refused: its error body
+                codes = {code: 1} if type(code := response.get("error_code")) is int and code else None
+            else:
+                codes = count_errors(response)
             if codes:
                 name = request_name(api_key, body)
                 for code, n in codes.items():
@@ -547,7 +557,7 @@ class BrokerCollector:
         yield latency
         errors = CounterMetricFamily("tidelog_request_errors",
                                      "Error codes in responses, per request type and error (a handler that "
-                                     "raised counts as UNKNOWN_SERVER_ERROR)", labels=["request", "error"])
+                                     "raised counts as the code it is answered with)", labels=["request", "error"])
         for (name, code), n in sorted(self.requests.errors.items()):
             errors.add_metric([name, for_code(code).name], float(n))
         yield errors

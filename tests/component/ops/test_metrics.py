@@ -34,6 +34,13 @@ from tidelog.broker.replication.fetcher import FetchState
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.broker.zookeeper.layout import LeaderAndIsr
 from tidelog.protocol.codec import ApiKey, RequestHeader
+from tidelog.protocol.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    GROUP_ID_NOT_FOUND,
+    NOT_COORDINATOR,
+    TidelogError,
+    error_body,
+)
 from tidelog.protocol.messages import (
     FetchPartitionResponse,
     FetchResponse,
@@ -440,7 +447,7 @@ def test_request_families_render(broker):
 # -- failed requests, queue time, follower lag, event-loop lag ---------------------------------------
 
 
-def test_error_codes_in_responses_are_counted_per_request_and_error(broker):
+async def test_error_codes_in_responses_are_counted_per_request_and_error(broker):
     rm = RequestMetrics(Clock())
     response = ProduceResponse([TopicProduceResponse("t", [PartitionProduceResponse(0, 0, 10),
                                                            PartitionProduceResponse(1, 6, -1),
@@ -454,7 +461,22 @@ def test_error_codes_in_responses_are_counted_per_request_and_error(broker):
 
     with pytest.raises(ValueError):
         rm.instrument(broken)(header(ApiKey.METADATA), {})
+
+    def refused(h, b):
+        raise TidelogError("no such group", error=GROUP_ID_NOT_FOUND)
+
+    async def refused_later():
+        raise TidelogError("not the coordinator", error=NOT_COORDINATOR)
+
+    with pytest.raises(TidelogError):
+        rm.instrument(refused)(header(ApiKey.DESCRIBE_GROUPS), {})
+    with pytest.raises(TidelogError):
+        await rm.instrument(lambda h, b: refused_later())(header(ApiKey.DESCRIBE_GROUPS), {})
+    rm.instrument(lambda h, b: error_body(CLUSTER_AUTHORIZATION_FAILED))(header(ApiKey.LEADER_AND_ISR), {})
     m = samples(build_registry(broker, rm, process=False))
+    assert m["tidelog_request_errors_total{error=GROUP_ID_NOT_FOUND,request=DescribeGroups}"] == 1
+    assert m["tidelog_request_errors_total{error=NOT_COORDINATOR,request=DescribeGroups}"] == 1
+    assert m["tidelog_request_errors_total{error=CLUSTER_AUTHORIZATION_FAILED,request=LeaderAndIsr}"] == 1
     assert m["tidelog_request_errors_total{error=NOT_LEADER_OR_FOLLOWER,request=Produce}"] == 2
     assert m["tidelog_request_errors_total{error=OFFSET_OUT_OF_RANGE,request=FetchConsumer}"] == 1
     assert m["tidelog_request_errors_total{error=UNKNOWN_SERVER_ERROR,request=Metadata}"] == 1
