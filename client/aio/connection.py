@@ -93,10 +93,12 @@ class _Pending:
         self.sent_at = trio.current_time() if sent_at is None else sent_at
 
     async def wait(self) -> None:
-        if not self.done:
-            if self.event is None:
-                self.event = trio.Event()
-            await self.event.wait()
+        if self.done:
+            await trio.lowlevel.checkpoint()  # as a set event's wait: a checkpoint all the same
+            return
+        if self.event is None:
+            self.event = trio.Event()
+        await self.event.wait()
 
     def settle(self) -> None:
         """Answered or failed: wake the task waiting, if any."""
