@@ -79,7 +79,7 @@ from prometheus_client.exposition import choose_encoder
 from tidelog.broker.deferred import DeferredResponse, is_awaitable, is_deferred
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import code_of, for_code
-from tidelog.protocol.messages import FetchResponse, ProduceResponse
+from tidelog.protocol.messages import FetchResponse, ProduceResponse, fetch_answer_parts
 from tidelog.protocol.records import BATCH_LENGTH_AT, HEADER_SIZE, LOG_OVERHEAD
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ class RequestMetrics:
         """Bytes and records sent, per topic, of a fetch answer: its body (what the fetch
         handler answers, see ``Apis._fetch_response``) or the typed message."""
         follower = request_name(_FETCH, body) == "FetchFollower"
-        for topic, _, records in _fetch_parts(response):
+        for topic, _, records in fetch_answer_parts(response):
             if not records:
                 continue
             size, count = batch_stats(records)
@@ -309,23 +309,10 @@ class RequestMetrics:
                 self.messages_out[topic] += count
 
 
-def _fetch_parts(response: Any) -> Iterator[tuple[str, int, Any]]:
-    """``(topic, error code, records)`` of each partition of a fetch answer, its body or the
-    typed message."""
-    if type(response) is dict:
-        for t in response.get("responses") or ():
-            for p in t.get("partitions") or ():
-                yield t["topic"], p.get("error_code", 0), p.get("records")
-    else:
-        for t in response.responses:
-            for p in t.partitions:
-                yield t.topic, p.error_code, p.records
-
-
 def _fetch_body_errors(response: dict) -> dict[int, int] | None:
     """``count_errors`` of a fetch answer's body: its own code and its partitions'."""
     into = None
-    for code in (response.get("error_code", 0), *(code for _, code, _ in _fetch_parts(response))):
+    for code in (response.get("error_code", 0), *(code for _, code, _ in fetch_answer_parts(response))):
         if code:
             into = {} if into is None else into
             into[code] = into.get(code, 0) + 1

@@ -23,8 +23,10 @@ store, topic config minimums) are the broker's (``broker/controller/validation.p
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from tidelog.protocol.codec import INT8, INT16, INT32, INT64, Message
 from tidelog.protocol.topics import MAX_PARTITION, topic_name_problem
@@ -598,6 +600,20 @@ class FetchResponse(Message):
     responses: list[FetchTopicResponse]
     error_code: int = 0
     throttle_time_ms: int = 0
+
+
+def fetch_answer_parts(answer: Any) -> Iterator[tuple[str, int, bytes | None]]:
+    """``(topic, error code, records)`` of each partition of a fetch answer: the FetchResponse
+    or its body (the broker's fetch handler answers with the body). Anything else (a whole
+    request's error body, None) has none."""
+    if isinstance(answer, dict):
+        for t in answer.get("responses") or ():
+            for p in t.get("partitions") or ():
+                yield t["topic"], p.get("error_code", 0), p.get("records")
+    else:
+        for t in getattr(answer, "responses", None) or ():
+            for p in t.partitions:
+                yield t.topic, p.error_code, p.records
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ import trio
 from tidelog.broker.deferred import is_awaitable, is_deferred
 from tidelog.broker.zookeeper.layout import DEFAULT_ENTITY, entity_path
 from tidelog.protocol.codec import ApiKey, Message
+from tidelog.protocol.messages import fetch_answer_parts
 
 PRODUCER_BYTE_RATE = "producer_byte_rate"
 CONSUMER_BYTE_RATE = "consumer_byte_rate"
@@ -316,10 +317,7 @@ def produce_bytes(body: Mapping[str, Any]) -> int:
 def fetch_bytes(response: Any) -> int:
     """The record bytes of a Fetch response, its body or the typed message (what
     ``consumer_byte_rate`` counts)."""
-    if isinstance(response, dict):
-        return sum(len(p.get("records") or b"") for t in response.get("responses") or ()
-                   for p in t.get("partitions") or ())
-    return sum(len(p.records) for t in getattr(response, "responses", ()) for p in t.partitions if p.records)
+    return sum(len(records) for _, _, records in fetch_answer_parts(response) if records)
 
 
 def with_throttle(response: Any, throttle_ms: int) -> Any:

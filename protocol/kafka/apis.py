@@ -27,6 +27,7 @@ from typing import Any
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import CorruptRecordError
 from tidelog.protocol.kafka.records import TranslationBudget, to_kafka, to_stored
+from tidelog.protocol.messages import fetch_answer_parts
 from tidelog.protocol.records import MAGIC, iter_headers, kafka_batch
 
 Body = dict[str, Any]
@@ -129,11 +130,8 @@ def _fetch_response(body: Body, version: int) -> Body:
 def records_to_translate(body: Any) -> int:
     """How many records of Tidelog-encoded batches a (native) fetch answer holds, its body or
     the typed message: what a Kafka fetch answer would translate (headers only: per batch)."""
-    if isinstance(body, dict):
-        parts = [p.get("records") for t in body.get("responses") or () for p in t.get("partitions") or ()]
-    else:
-        parts = [p.records for t in getattr(body, "responses", None) or () for p in t.partitions]
-    return sum(h.record_count for records in parts if records for _, h in iter_headers(records) if h.magic == MAGIC)
+    return sum(h.record_count for _, _, records in fetch_answer_parts(body) if records
+               for _, h in iter_headers(records) if h.magic == MAGIC)
 
 
 def _list_offsets_response(body: Body, version: int) -> Body:
