@@ -281,7 +281,10 @@ class RequestMetrics:
 
     def _account_produce(self, body: dict, response: Any) -> None:
         """Bytes and records appended, per topic: every partition whose append got an offset
-        (acks=0 has no response: everything the request carried is counted)."""
+        (acks=0 has no response: everything the request carried is counted; a whole request
+        refused, an error body, appended nothing its answer tells of)."""
+        if type(response) is dict:
+            return
         appended = None
         if isinstance(response, ProduceResponse):
             appended = {(t.name, p.index) for t in response.responses for p in t.partition_responses

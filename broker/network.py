@@ -845,12 +845,14 @@ class _Connection:
         if deferred not in self._deferred:
             return  # the connection closed (cancelled) or answered already
         self._deferred.discard(deferred)
-        self._respond(correlation_id, body)
-        if not self._write_now() and self._requests is not None:
-            self._requests.start_soon(self._flush)
-        self._handler_done()  # after the write: a consumer's answer waits for nothing else
-        if not self._deferred:
-            self._deferred_done.set()
+        try:
+            self._respond(correlation_id, body)
+            if not self._write_now() and self._requests is not None:
+                self._requests.start_soon(self._flush)
+        finally:  # after the write (a consumer's answer waits for nothing else), and always
+            self._handler_done()
+            if not self._deferred:
+                self._deferred_done.set()
 
     def _cancel_deferred(self) -> None:
         self._requests = None

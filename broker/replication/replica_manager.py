@@ -204,7 +204,7 @@ class DelayedOperation:
         finally:
             self.trying = False
         complete = self.complete
-        self.done = True  # no other try answers it, one nested in the answer included
+        self._mark_done()  # no other try answers it, one nested in the answer included
         try:
             complete(body)  # first: the answer is written, the bookkeeping can wait for it
         except Exception:  # the connection's problem: not the append's, nor the timer's
@@ -215,8 +215,16 @@ class DelayedOperation:
 
     def cancel(self) -> None:
         if not self.done:
-            self.done = True
+            self._mark_done()
             self._forget()
+
+    def _mark_done(self) -> None:
+        """Done from now on, and counted at once among the deadline heap's finished entries:
+        an answer can complete other operations, whose tidying may pop or purge this one's
+        entry before ``_forget`` runs."""
+        self.done = True
+        if self.queued:
+            self.manager._delayed_done += 1
 
     def _forget(self) -> None:
         """Once done: out of the watchers, and holding nothing of the request any more (its
@@ -227,7 +235,7 @@ class DelayedOperation:
         self.complete, self.partitions = None, []
         self.release()
         if self.queued:
-            self.manager._delayed_finished()
+            self.manager._tidy_delayed()
 
     def release(self) -> None:
         """Drop what the operation needed to answer (called once it is done)."""
@@ -323,7 +331,7 @@ class ReplicaManager:
         # StopReplica: the group coordinator loads and unloads __consumer_offsets partitions
         self.leadership_listeners: list[Callable[[TopicPartition, bool, int], None]] = []
         # deadline heap of the delayed fetches (see _expire_delayed); answered ones stay in it
-        # until they reach the top or are purged (_delayed_finished)
+        # until they reach the top or are purged (_tidy_delayed)
         self._delayed: list[tuple[float, int, DelayedFetch]] = []
         self._delayed_done = 0  # answered or cancelled fetches still in the heap
         self._delayed_seq = itertools.count()
@@ -696,12 +704,12 @@ class ReplicaManager:
         if self._timer is not None and d.deadline < self._timer.deadline:
             self._timer.deadline = d.deadline
 
-    def _delayed_finished(self) -> None:
-        """A delayed fetch was answered or cancelled. Once most of the heap is such entries
-        (and there are more than PURGE_DELAYED_AT), rebuild it without them, as Kafka's
-        purgatory purges completed operations: a consumer answered at once every time but
-        asking for a long ``max_wait_ms`` must not grow the heap until its deadlines pass."""
-        self._delayed_done += 1
+    def _tidy_delayed(self) -> None:
+        """A delayed fetch was answered or cancelled (and counted in ``_delayed_done``). Once
+        most of the heap is such entries (and there are more than PURGE_DELAYED_AT), rebuild
+        it without them, as Kafka's purgatory purges completed operations: a consumer answered
+        at once every time but asking for a long ``max_wait_ms`` must not grow the heap until
+        its deadlines pass."""
         heap = self._delayed
         while heap and heap[0][2].done:  # operations of one kind mostly finish in deadline order
             heapq.heappop(heap)

@@ -607,6 +607,23 @@ async def test_the_shutdown_deadline_cancels_deferred_requests_and_late_answers_
     assert await client.closed_by_server()
 
 
+async def test_a_deferred_answer_that_fails_to_write_still_ends_its_request(net):
+    """Whatever raises while a deferred answer is queued and written (the completer logs it),
+    the request no longer counts as running: the connection can go idle and close."""
+    server, waiting, client, bystander = await one_deferred_request(net, 3)
+    [connection] = [c for c in server._connections if c._deferred]
+
+    def broken() -> bool:
+        raise RuntimeError("the write broke")
+
+    connection._write_now = broken
+    with pytest.raises(RuntimeError, match="the write broke"):
+        waiting.complete({"n": 3})
+    assert connection._running == 0 and not connection._deferred
+    assert connection._deferred_done.is_set()
+    await assert_serves(bystander)
+
+
 async def test_a_direct_response_that_woke_a_task_is_written_after_that_tasks_response(net, monkeypatch):
     """A produce acknowledgement waits for the long polls its append woke (their responses are
     written first); one that woke nothing is written by the reader itself."""

@@ -37,6 +37,7 @@ from tidelog.protocol.codec import ApiKey, RequestHeader
 from tidelog.protocol.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     GROUP_ID_NOT_FOUND,
+    INVALID_REQUEST,
     NOT_COORDINATOR,
     TidelogError,
     error_body,
@@ -292,6 +293,16 @@ def test_acks_1_produce_counts_appended_partitions_only():
     rm.instrument(lambda h, b: response)(header(ApiKey.PRODUCE), produce_body("t", {0: ok, 1: rejected}, acks=1))
     assert rm.bytes_in == {"t": len(ok)} and rm.messages_in == {"t": 2}
     assert rm.produce_purgatory_size == 0
+
+
+def test_a_produce_refused_whole_counts_no_bytes_in():
+    # a request refused before its append (a malformed field, say) is answered with an error
+    # body: its records were not appended, so they are not counted as taken in
+    rm = RequestMetrics(Clock())
+    refused = {"error_code": INVALID_REQUEST.code, "error_message": "ProduceRequest.acks: not an int"}
+    rm.instrument(lambda h, b: refused)(header(ApiKey.PRODUCE), produce_body("t", {0: build_batch([b"a"])}))
+    assert rm.bytes_in == {} and rm.messages_in == {}
+    assert rm.errors == {("Produce", INVALID_REQUEST.code): 1}
 
 
 def test_acks_0_produce_counts_everything_sent():

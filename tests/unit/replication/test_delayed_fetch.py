@@ -231,6 +231,29 @@ async def test_answered_fetches_with_long_deadlines_are_purged_from_the_timer_he
     assert rm._delayed == [] and rm._delayed_done == 0
 
 
+async def test_the_heap_count_holds_when_an_answer_purges_its_own_entry(leader):
+    """An answer that ends other waiting fetches (here: cancels them) can purge the heap
+    before its own bookkeeping runs; the count of finished entries still matches the heap."""
+    from tidelog.broker.replication.replica_manager import PURGE_DELAYED_AT
+    rm = leader.replica_manager
+    others: list = []
+
+    def answer(body):
+        # latest deadline first: none is at the top of the heap, so the finished entries pile
+        # up until one cancel's tidying purges them, ``first``'s among them
+        for d in reversed(others):
+            d.cancel()
+
+    first = consumer_fetch(leader, 0, max_wait_ms=7_200_000)  # the latest deadline
+    first.attach(answer)  # watching first: the append tries it first
+    others += [consumer_fetch(leader, 0, max_wait_ms=3_600_000) for _ in range(PURGE_DELAYED_AT + 2)]
+    for d in others:
+        attach(d)
+    leader.produce(make_batch(1))
+    assert first.done and all(d.done for d in others)
+    assert rm._delayed_done == sum(1 for _, _, d in rm._delayed if d.done)
+
+
 # -- followers' fetches ----------------------------------------------------------------------
 
 
