@@ -167,6 +167,8 @@ class Log:
         # the cleaner fence then); see ``append_as_leader`` and ``read``
         self._appended: tuple[int, int, bytearray, int] | None = None
         self.truncated_to: int | None = None  # lowest log end left by a truncation, for the cleaner
+        # called after a truncation lowered the recovery point (the log manager writes it down)
+        self.on_truncation: Callable[[Log], None] | None = None
         if producer_state is None:
             producer_state = ProducerStateManager(directory)
             producer_state.map_end_offset = self.log_end_offset
@@ -493,8 +495,14 @@ class Log:
 
     def _note_truncation(self, offset: int) -> None:
         """The cleaner's checkpoint must not stay above ``offset``: what is appended there
-        next was never cleaned (``LogCleaner`` takes this, as Kafka's truncateTo moves it)."""
+        next was never cleaned (``LogCleaner`` takes this, as Kafka's truncateTo moves it).
+        And the recovery point, lowered, is written down before anything is appended again
+        (``on_truncation``): a checkpoint left above it would have a crash's recovery trust
+        the records appended since, never flushed, as flushed, and keep a segment cut short
+        by the crash as if whole, with a hole after it."""
         self.truncated_to = offset if self.truncated_to is None else min(self.truncated_to, offset)
+        if self.on_truncation is not None:
+            self.on_truncation(self)
 
     # -- retention -----------------------------------------------------------------------------
 

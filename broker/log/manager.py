@@ -116,8 +116,7 @@ class LogManager:
                        log_start_offset=starts.get(tp, 0), high_watermark=hws.get(tp, 0),
                        had_clean_shutdown=clean and tp in recovery, clock=self._clock,
                        cleaned_offset=self._cleaned.get(tp, 0))
-        self._logs[tp] = log
-        self._dir_of[tp] = d
+        self._register(tp, log, d)
 
     def _read_checkpoint(self, d: str, name: str) -> dict[TopicPartition, int]:
         try:
@@ -181,9 +180,20 @@ class LogManager:
             return log
         d = self._next_log_dir()
         log = load_log(partition_dir(d, tp), tp, config or self.default_config, clock=self._clock)
+        self._register(tp, log, d)
+        return log
+
+    def _register(self, tp: TopicPartition, log: Log, d: str) -> None:
         self._logs[tp] = log
         self._dir_of[tp] = d
-        return log
+        log.on_truncation = self._truncated
+
+    def _truncated(self, log: Log) -> None:
+        """A truncation lowered ``log``'s recovery point: the directory's checkpoint of them is
+        written at once, as Kafka's truncateTo does (see ``Log._note_truncation``)."""
+        d = self._dir_of.get(log.topic_partition)
+        if d is not None and self._logs.get(log.topic_partition) is log:
+            self._checkpoint_dir(d, RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point)
 
     def _next_log_dir(self) -> str:
         counts = {d: 0 for d in self.log_dirs}
@@ -298,8 +308,11 @@ class LogManager:
 
     def _checkpoint(self, name: str, offset_of) -> None:
         for d in self.log_dirs:
-            offsets = {tp: offset_of(log) for tp, log in self._logs.items() if self._dir_of[tp] == d}
-            OffsetCheckpoint(os.path.join(d, name)).write(offsets)
+            self._checkpoint_dir(d, name, offset_of)
+
+    def _checkpoint_dir(self, d: str, name: str, offset_of) -> None:
+        offsets = {tp: offset_of(log) for tp, log in self._logs.items() if self._dir_of[tp] == d}
+        OffsetCheckpoint(os.path.join(d, name)).write(offsets)
 
 
 def _read_properties(path: str) -> dict[str, str] | None:

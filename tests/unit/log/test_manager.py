@@ -152,6 +152,33 @@ def test_after_a_crash_everything_above_the_recovery_point_is_recovered(tmp_path
     m2.shutdown()
 
 
+def test_a_truncation_writes_down_the_lowered_recovery_point_at_once(tmp_path):
+    """A follower truncates into a flushed segment and fetches again; a power loss then takes
+    the unflushed appends to that segment while a later segment survives. Recovery must not
+    trust the old, higher recovery point: it cuts at the hole instead of keeping it."""
+    m = manager([tmp_path])
+    log = m.get_or_create_log(T0)
+    fill(log, 30)
+    log.flush()
+    m.checkpoint_recovery_points()
+    assert checkpoint(tmp_path, RECOVERY_POINT_CHECKPOINT)[T0] == log.log_end_offset
+    first = log.segments[0]
+    cut = first.base_offset + 3
+    log.truncate_to(cut)
+    assert checkpoint(tmp_path, RECOVERY_POINT_CHECKPOINT)[T0] == cut  # before any append
+    size_at_cut = first.size
+    fill(log, 30, epoch=1)  # fetched again, rolled, never flushed
+    assert len(log.segments) > 1
+    expected = [r for r in contents(log) if r[0] < cut]
+    crash(m)
+    os.truncate(first.log_path, size_at_cut)  # the power loss: the appends after the cut are gone
+    m2 = manager([tmp_path])
+    log2 = m2.get_log(T0)
+    assert contents(log2) == expected  # a prefix, no hole
+    assert log2.log_end_offset == cut and log2.recovery_report
+    m2.shutdown()
+
+
 def test_a_crash_before_any_checkpoint_recovers_everything(tmp_path):
     m = manager([tmp_path])
     fill(m.get_or_create_log(T0), 40)
