@@ -69,12 +69,16 @@ from tidelog.broker.log.segment import DELETED_SUFFIX, LogSegment
 from tidelog.broker.log.swap import apply_ops, plan_swap
 from tidelog.protocol.errors import (
     FENCED_LEADER_EPOCH,
+    INVALID_RECORD,
     RECORD_LIST_TOO_LARGE,
     CorruptRecordError,
     OffsetOutOfRangeError,
     TidelogError,
 )
 from tidelog.protocol.records import (
+    CONTROL_BIT,
+    DELETE_HORIZON_BIT,
+    TRANSACTIONAL_BIT,
     BatchHeader,
     patch_batch,
     restamped,
@@ -104,17 +108,35 @@ class CheckedRecords(bytes):
 
 def check_produced_records(records, batches: list[tuple[int, BatchHeader]], config: LogConfig,
                            now_ms: int, tp: TopicPartition | str = "the partition") -> None:
-    """Kafka's LogValidator for a leader's append: every batch's records decode and follow the
-    topic's rules (``protocol.records.validate_records``), else the error names batch and record."""
-    if not RECORD_VALIDATION:
-        return
+    """Kafka's LogValidator for a leader's append: no batch carries a flag only the broker
+    sets (``_NOT_FROM_CLIENTS``), and every batch's records decode and follow the topic's rules
+    (``protocol.records.validate_records``), else the error names batch and record."""
     rules = config.record_rules
     for i, (pos, h) in enumerate(batches):
+        if h.attributes & _NOT_FROM_CLIENTS:
+            raise TidelogError(f"{tp}: batch {i} (position {pos}) of the produce: {_flags_refused(h)}",
+                               error=INVALID_RECORD)
+        if not RECORD_VALIDATION:
+            continue
         chunk = VALIDATION_CHUNK_RECORDS if h.record_count > VALIDATION_CHUNK_RECORDS else None
         try:
             validate_records(records, pos, h, rules, now_ms, chunk=chunk)
         except TidelogError as e:
             raise type(e)(f"{tp}: batch {i} (position {pos}) of the produce: {e}", error=e.error) from None
+
+
+# Batch attributes a client may not set: control batches are the broker's (transaction
+# markers), transactions are not served, and the delete horizon is the log cleaner's
+# (a client's would have its tombstones dropped at their first cleaning).
+_CLIENT_REFUSED = ((CONTROL_BIT, "a control batch: control records are written by the broker only"),
+                   (TRANSACTIONAL_BIT, "a transactional batch: this broker does not support transactions"),
+                   (DELETE_HORIZON_BIT, "the delete-horizon flag: it is set by the log cleaner only"))
+_NOT_FROM_CLIENTS = CONTROL_BIT | TRANSACTIONAL_BIT | DELETE_HORIZON_BIT
+
+
+def _flags_refused(h: BatchHeader) -> str:
+    return "; ".join(why for bit, why in _CLIENT_REFUSED if h.attributes & bit) + \
+        f" (attributes 0x{h.attributes:04x})"
 
 
 def checked(records: bytes, config: LogConfig, now_ms: int, tp: TopicPartition) -> CheckedRecords:

@@ -51,6 +51,22 @@ def test_each_poison_pill_is_refused_and_nothing_is_stored(tmp_path, clock, name
     assert [r.offset for r in read_records(log)] == [0, 1, 2]
 
 
+@pytest.mark.parametrize("bit, named", [(0x20, "control batch"), (0x10, "transactional batch"),
+                                        (0x40, "delete-horizon flag")])
+def test_flags_only_the_broker_sets_are_refused_from_clients(tmp_path, clock, monkeypatch, bit, named):
+    # Kafka's LogValidator: control records are the broker's own; transactions are not
+    # served here; the delete horizon is the cleaner's (a client's would drop its tombstones
+    # early). Refused even with the per-record checks switched off.
+    log = open_log(tmp_path / "p", clock=clock)
+    e = refused(log, forge([rec(0)], first=NOW, attributes=bit))
+    assert e.error is INVALID_RECORD and named in str(e) and "batch 0" in str(e)
+    with pytest.raises(TidelogError, match=named):
+        checked(forge([rec(0)], first=NOW, attributes=bit), log.config, NOW, TP)
+    monkeypatch.setattr("tidelog.broker.log.log.RECORD_VALIDATION", False)
+    assert refused(log, forge([rec(0)], first=NOW, attributes=bit)).error is INVALID_RECORD
+    log.append_as_leader(make_batch(1, ts=NOW), 0)  # the partition keeps working
+
+
 def test_one_bad_batch_refuses_the_whole_produce(tmp_path, clock):
     log = open_log(tmp_path / "p", clock=clock)
     e = refused(log, make_batch(3, ts=NOW) + forge([rec(0)], raw=b"\xc1"))
