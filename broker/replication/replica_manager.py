@@ -902,8 +902,9 @@ class ReplicaManager:
         if timestamp == MAX_TIMESTAMP:
             seg = max(log.segments, key=lambda s: s.max_timestamp)
             found = seg.find_offset_by_timestamp(seg.max_timestamp) if seg.max_timestamp >= 0 else None
-            return found if found else (-1, -1)
-        found = log.offset_for_timestamp(timestamp)
+        else:
+            found = log.offset_for_timestamp(timestamp)
+        # a consumer is told of no offset it could not fetch yet (Kafka's last fetchable offset)
         if found is None or (from_consumer and found[0] >= log.high_watermark):
             return -1, -1
         return found

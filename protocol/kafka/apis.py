@@ -286,6 +286,14 @@ def is_error_body(body: Body) -> bool:
     return "error_code" in body and set(body) <= {"error_code", "error_message"}
 
 
+def answers_as_error(key: int, version: int, body: Body) -> bool:
+    """Whether Tidelog's answer ``body`` goes to the Kafka client as a whole-request error
+    (``error_response``): an error body, or an OffsetFetch refused whole (NOT_COORDINATOR,
+    GROUP_AUTHORIZATION_FAILED, ...) at v0 or v1, whose answer has no top-level error: sent
+    as it is, with no partitions, it would read as a group without committed offsets."""
+    return is_error_body(body) or (key == ApiKey.OFFSET_FETCH and version < 2 and bool(body.get("error_code")))
+
+
 # -- the table ----------------------------------------------------------------------------------
 
 

@@ -37,9 +37,9 @@ from tidelog.protocol.frames import PREFIX_SIZE
 from tidelog.protocol.kafka.apis import (
     KAFKA_APIS,
     KafkaApi,
+    answers_as_error,
     api_versions,
     error_response,
-    is_error_body,
     records_to_translate,
 )
 from tidelog.protocol.kafka.schema import Reader, codec, flexible_versions
@@ -114,7 +114,7 @@ class KafkaServerConnection(ServerConnection):
             kafka_body: Body = {"error_code": UNSUPPORTED_VERSION.code, "api_keys": api_versions()}
         else:
             native = body.to_body() if isinstance(body, Message) else dict(body)
-            kafka_body = (error_response(key, request, native) if is_error_body(native)
+            kafka_body = (error_response(key, request, native) if answers_as_error(key, version, native)
                           else api.response(native, version))
         out = bytearray(_RESPONSE_HEAD.size)
         if key != ApiKey.API_VERSIONS and _flexible(api.response_spec, version):

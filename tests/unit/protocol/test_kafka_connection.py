@@ -9,9 +9,10 @@ import pytest
 
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import BadRequest
+from tidelog.protocol.errors import NOT_COORDINATOR
 from tidelog.protocol.kafka.connection import KafkaRequest, KafkaServerConnection
 from tidelog.protocol.kafka.schema import codec
-from tidelog.protocol.messages import ApiVersionsResponse, MetadataResponse
+from tidelog.protocol.messages import ApiVersionsResponse, MetadataResponse, OffsetFetchResponse
 
 
 def frame(key: int, version: int, correlation_id: int, body: bytes, flexible: bool) -> bytes:
@@ -78,6 +79,25 @@ def test_a_whole_request_error_is_spread_over_what_the_request_named():
     [topic] = decoded["responses"]
     assert [(p["index"], p["error_code"], p["error_message"]) for p in topic["partition_responses"]] == [
         (0, 58, "who are you"), (1, 58, "who are you")]
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_an_offset_fetch_refused_whole_reaches_an_old_client_on_every_partition(version):
+    # v0 and v1 have no top-level error: an answer with no partitions would read as a group
+    # without committed offsets (the consumer would reset its positions); from v2 the error
+    # is the top-level one
+    conn = KafkaServerConnection()
+    body = bytes(codec("OffsetFetchRequest", version).encode(
+        {"group_id": "g", "topics": [{"name": "t", "partition_indexes": [0, 1]}]}))
+    conn.receive_data(frame(9, version, 4, body, flexible=False))
+    _, rest = response_of(conn.send_response(4, OffsetFetchResponse(NOT_COORDINATOR.code)))
+    decoded = codec("OffsetFetchResponse", version).decode_all(rest)
+    if version >= 2:  # as Kafka answers: the top-level error, no partitions
+        assert decoded["error_code"] == NOT_COORDINATOR.code and decoded["topics"] == []
+        return
+    [topic] = decoded["topics"]
+    assert [(p["partition_index"], p["error_code"], p["committed_offset"]) for p in topic["partitions"]] == [
+        (0, NOT_COORDINATOR.code, -1), (1, NOT_COORDINATOR.code, -1)]
 
 
 def test_large_frames_decode_off_the_connection_like_native_ones():

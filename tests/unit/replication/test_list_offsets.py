@@ -4,6 +4,7 @@ asks, leader or follower (the fault matrix samples every ISR member's LEO this w
 
 from __future__ import annotations
 
+from tests.unit.log.helpers import make_batch
 from tests.unit.replication.memory_leader import TP
 from tests.unit.replication.test_fetcher import make_cluster, produce
 from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
@@ -11,6 +12,7 @@ from tidelog.protocol.messages import (
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsTopic,
@@ -44,6 +46,30 @@ async def test_debugging_replica_id_reads_any_replica(tmp_path, autojump_clock):
         # a stale view of the epoch is fenced on a follower too
         cluster.elect(1)
         assert (await latest(follower, DEBUGGING_REPLICA_ID, 0)).error_code == FENCED_LEADER_EPOCH.code
+    finally:
+        for b in brokers:
+            b.close()
+
+
+async def test_the_latest_timestamp_above_the_high_watermark_is_no_consumers_answer(tmp_path, autojump_clock):
+    # MAX_TIMESTAMP (ListOffsets v7): a consumer is told only of offsets it can fetch
+    cluster, brokers = make_cluster(str(tmp_path))
+    try:
+        leader, _ = brokers
+        cluster.elect(1)
+        leader.produce(make_batch(1, ts=1_000))
+        await cluster.sync()  # the HW is 1
+        leader.produce(make_batch(1, ts=5_000))  # the latest timestamp, at offset 1: not committed
+        async def latest_timestamp(replica_id: int):
+            req = ListOffsetsRequest([ListOffsetsTopic(TP.topic, [ListOffsetsPartition(
+                TP.partition, MAX_TIMESTAMP)])], replica_id=replica_id)
+            r = (await leader.apis.list_offsets(req)).topics[0].partitions[0]
+            return r.error_code, r.offset, r.timestamp
+
+        assert await latest_timestamp(CONSUMER_REPLICA_ID) == (NONE.code, -1, -1)
+        assert await latest_timestamp(DEBUGGING_REPLICA_ID) == (NONE.code, 1, 5_000)
+        await cluster.sync()  # committed now
+        assert await latest_timestamp(CONSUMER_REPLICA_ID) == (NONE.code, 1, 5_000)
     finally:
         for b in brokers:
             b.close()
