@@ -343,6 +343,12 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
        "A follower not caught up for this long leaves the ISR (ms).", minimum=1),
     _S("replica.fetch.max.bytes", int, MIB, "Bytes a follower asks for per partition per fetch.",
        minimum=1),
+    _S("replica.fetch.response.max.bytes", int, 10 * MIB,
+       "Largest answer to a follower's fetch: its bytes of records, whatever the fetch asks "
+       "(at least one batch is always sent) (bytes).", minimum=0),
+    _S("fetch.max.bytes", int, 55 * MIB,
+       "Largest answer to a consumer's fetch: its bytes of records, whatever the fetch asks "
+       "(at least one batch is always sent) (bytes).", minimum=0),
     _S("replica.fetch.wait.max.ms", int, 500,
        "Longest a follower's fetch waits at the leader for data (ms).", minimum=0),
     _S("replica.fetch.min.bytes", int, 1, "Bytes a follower's fetch waits for at the leader.", minimum=0),

@@ -97,14 +97,19 @@ class ReplicaConfig:
     num_replica_fetchers: int = 1  # fetchers (each with its own connection) per source broker
     verify_interval_ms: int = 0  # closed segments verified in the background (0: never)
     verify_bytes_per_second: int | None = None
+    # the most a fetch's answer reads, whatever it asks (Kafka's fetch.max.bytes and
+    # replica.fetch.response.max.bytes): what one request can make the broker hold
+    fetch_max_bytes: int = 55 << 20
+    replica_fetch_response_max_bytes: int = 10 << 20
 
     @classmethod
     def from_broker_config(cls, config: BrokerConfig) -> ReplicaConfig:
         return cls(config.broker_id, config.replica_lag_time_max_ms, FetcherConfig(
             config.broker_id, config.replica_fetch_wait_max_ms, config.replica_fetch_min_bytes,
-            max(config.replica_fetch_max_bytes * 10, 10 << 20), config.replica_fetch_max_bytes,
+            config.replica_fetch_response_max_bytes, config.replica_fetch_max_bytes,
             config.replica_fetch_backoff_ms / 1000), config.num_replica_fetchers,
-            config.log_verify_interval_ms, config.log_verify_bytes_per_second or None)
+            config.log_verify_interval_ms, config.log_verify_bytes_per_second or None,
+            config.fetch_max_bytes, config.replica_fetch_response_max_bytes)
 
 
 FetcherKey = tuple[int, int]  # (source broker id, fetcher id)
@@ -743,7 +748,8 @@ class ReplicaManager:
         The throttled bytes are charged to the leader's throttle only by the try that answers
         (``_charge_throttled``): a waiting fetch is read again at every append until
         ``min_bytes`` are there, and the tries before sent nothing."""
-        results, size, budget, throttled = {}, 0, req.max_bytes, 0
+        cap = self.config.replica_fetch_response_max_bytes if from_follower else self.config.fetch_max_bytes
+        results, size, budget, throttled = {}, 0, min(req.max_bytes, cap), 0
         for t in req.topics:
             for fp in t.partitions:
                 tp = TopicPartition(t.topic, fp.partition)

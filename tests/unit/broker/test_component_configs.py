@@ -33,6 +33,8 @@ def test_the_replica_config_comes_from_the_broker_config():
     c = ReplicaConfig.from_broker_config(config)
     assert (c.broker_id, c.replica_lag_time_max_ms, c.num_replica_fetchers) == (3, 5000, 3)
     assert c.fetcher.partition_max_bytes == 2 << 20
+    assert c.fetcher.max_bytes == c.replica_fetch_response_max_bytes == 10 << 20  # Kafka's defaults
+    assert c.fetch_max_bytes == 55 << 20
 
 
 def test_partitions_spread_over_the_fetchers_as_in_kafka():

@@ -73,6 +73,22 @@ def partition_result(answer: dict):
     return p
 
 
+async def test_a_fetch_reads_no_more_than_the_brokers_bound_whatever_it_asks(leader):
+    # Kafka's fetch.max.bytes: what one request can make the broker read and hold is the
+    # broker's to bound; at least one batch still goes, as below any bound
+    import dataclasses
+    rm = leader.replica_manager
+    for _ in range(20):
+        leader.produce(make_batch(10, size=100))
+    one_batch = len(partition_result(consumer_fetch(leader, 0, max_wait_ms=0)).records) // 20
+    rm.config = dataclasses.replace(rm.config, fetch_max_bytes=3 * one_batch)
+    req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, 0, 2**31 - 1, -1)])],
+                       max_wait_ms=0, max_bytes=2**31 - 1)
+    assert len(partition_result(leader.apis.fetch(req)).records) == 3 * one_batch
+    rm.config = dataclasses.replace(rm.config, fetch_max_bytes=1)
+    assert len(partition_result(leader.apis.fetch(req)).records) == one_batch
+
+
 async def test_a_fetch_with_records_there_is_answered_at_once(leader):
     leader.produce(make_batch(2))
     response = consumer_fetch(leader, 0)
