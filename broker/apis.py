@@ -725,15 +725,21 @@ class Apis:
                     raise TidelogError(f"resource {r.resource_name[:250]!r} (type {r.resource_type}) appears more "
                                        "than once in the request", error=INVALID_REQUEST)
                 self._check_config_access(ctx, AclOperation.ALTER_CONFIGS, r.resource_type, r.resource_name)
+                if r.replace and (nulls := sorted(k for k, v in r.configs.items() if v is None)):
+                    raise TidelogError(f"null values are not supported when the whole set of configs is replaced: "
+                                       f"{', '.join(k[:100] for k in nulls[:10])} (leave a key out to remove it)",
+                                       error=INVALID_REQUEST)
                 if r.resource_type == BROKER_RESOURCE:  # any broker writes it; each follows the notification
-                    await self._entity_configs.alter_broker_config(r.resource_name, r.configs, req.validate_only)
+                    await self._entity_configs.alter_broker_config(r.resource_name, r.configs, req.validate_only,
+                                                                   replace=r.replace)
                     out.append(AlterConfigsResult(NONE.code, r.resource_type, r.resource_name))
                     continue
                 if r.resource_type != TOPIC_RESOURCE:
                     raise TidelogError("only topic and broker configs can be altered at runtime",
                                        error=INVALID_REQUEST)
                 c = self._controller()
-                waits = await c.call(lambda r=r: c.alter_topic_config(r.resource_name, r.configs, req.validate_only))
+                waits = await c.call(lambda r=r: c.alter_topic_config(r.resource_name, r.configs, req.validate_only,
+                                                                      replace=r.replace))
                 await wait_all(waits, 10)
                 out.append(AlterConfigsResult(NONE.code, r.resource_type, r.resource_name))
             except TidelogError as e:

@@ -263,10 +263,13 @@ class DescribeConfigsResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class AlterConfigsResource(Message):
-    """Incremental: each key is set to its value; a None value removes the override."""
+    """Incremental: each key is set to its value; a None value removes the override. With
+    ``replace`` (Kafka's legacy AlterConfigs, as its listener asks) the resource's overrides
+    become exactly ``configs``: a key left out is removed, and a None value is refused."""
     resource_type: int = field(metadata=INT8)
     resource_name: str
     configs: dict[str, str | None]
+    replace: bool = False
 
 
 @dataclass(frozen=True, slots=True)

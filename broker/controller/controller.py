@@ -778,12 +778,15 @@ class Controller:
         created = await self._init_new_partitions([TopicPartition(topic, p) for p in sorted(new)])
         return self._propagate(created)
 
-    async def alter_topic_config(self, topic: str, changes: dict[str, str | None], validate_only: bool):
+    async def alter_topic_config(self, topic: str, changes: dict[str, str | None], validate_only: bool,
+                                 replace: bool = False):
+        """Set (None: remove) each override in ``changes``; with ``replace`` the overrides become
+        exactly ``changes`` (Kafka's legacy AlterConfigs)."""
         ctx = self.ctx
         validate_topic_name(topic)
         if topic not in ctx.assignments:
             raise TidelogError(f"topic {topic!r} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
-        merged = dict(ctx.topic_configs.get(topic, {}))
+        merged = {} if replace else dict(ctx.topic_configs.get(topic, {}))
         for k, v in changes.items():
             if v is None:
                 merged.pop(k, None)

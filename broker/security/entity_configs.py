@@ -274,10 +274,11 @@ class EntityConfigAdmin:
         self.zk = zk
 
     async def alter_broker_config(self, resource_name: str, changes: Mapping[str, str | None],
-                                  validate_only: bool = False) -> None:
+                                  validate_only: bool = False, *, replace: bool = False) -> None:
         """AlterConfigs of a broker resource: ``resource_name`` is a broker id, or "" for the
         cluster-wide default. Only the dynamic broker configs (the replication throttle
-        rates) change at runtime; a None value removes one. TidelogError naming the problem."""
+        rates) change at runtime; a None value removes one, and with ``replace`` so does every
+        key left out (Kafka's legacy AlterConfigs). TidelogError naming the problem."""
         name = resource_name.strip()
         if name and not (name.isascii() and name.isdigit() and len(name) <= 10):
             raise TidelogError(f"broker config resource {resource_name[:100]!r} is not a broker id (or \"\" for "
@@ -294,6 +295,8 @@ class EntityConfigAdmin:
             return
 
         def change(config: dict[str, str]) -> dict[str, str]:
+            if replace:
+                config = {}
             for key, value in changes.items():
                 if value is None:
                     config.pop(key, None)

@@ -172,8 +172,10 @@ def _create_partitions_request(body: Body, version: int) -> Body:
 
 
 def _alter_configs_request(body: Body, version: int) -> Body:
+    # Kafka's AlterConfigs (not the incremental one) replaces a resource's whole override set
     for resource in body.get("resources") or ():
         resource["configs"] = {c["name"]: c["value"] for c in resource.get("configs") or ()}
+        resource["replace"] = True
     return body
 
 

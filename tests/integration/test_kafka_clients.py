@@ -189,6 +189,12 @@ def test_admin_clients_create_describe_and_delete_topics(cluster):
     resource = ConfigResource(ConfigResource.Type.TOPIC, name)
     configs = admin.describe_configs([resource])[resource].result(TIMEOUT_S)
     assert configs["retention.ms"].value == "3600000" and not configs["retention.ms"].is_default
+    # AlterConfigs (not the incremental one) replaces the topic's whole set of overrides
+    admin.alter_configs([ConfigResource(ConfigResource.Type.TOPIC, name, set_config={"segment.ms": "90000"})]
+                        )[resource].result(TIMEOUT_S)
+    configs = admin.describe_configs([resource])[resource].result(TIMEOUT_S)
+    assert configs["segment.ms"].value == "90000" and not configs["segment.ms"].is_default
+    assert configs["retention.ms"].is_default
     admin.delete_topics([name], operation_timeout=30)[name].result(TIMEOUT_S)
     wait_until(lambda: name not in admin.list_topics(timeout=10).topics, TIMEOUT_S, "the topic is gone")
     # kafka-python's admin client too

@@ -332,6 +332,19 @@ async def test_internal_topics_cannot_be_deleted(broker):
     assert r.responses[0].error_code == INVALID_TOPIC_EXCEPTION.code and controller.deleted == ["a", "b"]
 
 
+async def test_a_replacing_alter_configs_with_a_null_value_is_refused_without_the_controller(broker):
+    # Kafka's legacy AlterConfigs replaces the whole set: a key is removed by leaving it out,
+    # and a null value is refused (INVALID_REQUEST), as Kafka does
+    controller = broker.apis.controller = SerialController(active_controller(broker.zk))
+    calls = []
+    controller.call = lambda fn: calls.append(fn)
+    resource = AlterConfigsResource(TOPIC_RESOURCE, TP.topic, {"retention.ms": None, "segment.ms": "90000"},
+                                    replace=True)
+    [r] = (await broker.apis.alter_configs(AlterConfigsRequest([resource]))).responses
+    assert r.error_code == INVALID_REQUEST.code and "retention.ms" in r.error_message and "leave a key out" in r.error_message
+    assert calls == []
+
+
 async def test_a_resource_named_twice_in_alter_configs_is_refused_without_the_controller(broker):
     """Found by the fuzzer's kind of input: AlterConfigs naming one topic thousands of times
     was a ZooKeeper write and an UpdateMetadata round each, every other controller event

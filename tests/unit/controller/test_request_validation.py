@@ -268,6 +268,19 @@ async def test_an_old_small_value_does_not_block_other_changes():
     assert zk.configs["t"] == {"segment.bytes": "4096", "retention.ms": "1000"}
 
 
+async def test_a_replacing_alter_leaves_exactly_the_configs_given():
+    # Kafka's legacy AlterConfigs: the overrides become exactly the request's; an incremental
+    # alter (the native default) keeps the others
+    c, zk = controller()
+    await create(c, CreatableTopic("t", 1, 1, configs={"retention.ms": "1000", "cleanup.policy": "compact"}))
+    await c.alter_topic_config("t", {"segment.ms": "90000"}, validate_only=False)
+    assert zk.configs["t"] == {"retention.ms": "1000", "cleanup.policy": "compact", "segment.ms": "90000"}
+    await c.alter_topic_config("t", {"retention.ms": "2000"}, validate_only=True, replace=True)
+    assert zk.configs["t"]["cleanup.policy"] == "compact"  # validate only: nothing written
+    await c.alter_topic_config("t", {"retention.ms": "2000"}, validate_only=False, replace=True)
+    assert zk.configs["t"] == c.ctx.topic_configs["t"] == {"retention.ms": "2000"}
+
+
 async def test_altering_a_topic_that_does_not_exist_or_has_an_invalid_name():
     c, _ = controller()
     with pytest.raises(TidelogError) as refused:
