@@ -55,6 +55,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import trio
 
@@ -225,6 +226,16 @@ class CoordinatorConfig:
                    c.offset_metadata_max_bytes,
                    GroupConfig(c.group_initial_rebalance_delay_ms, c.group_min_session_timeout_ms,
                                c.group_max_session_timeout_ms, c.group_max_size))
+
+
+class _Appended(NamedTuple):
+    """Records appended to an offsets partition (``GroupCoordinator._append_now``), their
+    replication still to wait for: the leader epoch then (None: not the coordinator) and the
+    replica manager's results and waits."""
+    tp: TopicPartition
+    epoch: int | None
+    results: dict
+    waiting: dict
 
 
 class _Waiter:
@@ -637,20 +648,30 @@ class GroupCoordinator:
     async def _append(self, partition: int, records: list[tuple[bytes, bytes | None]]) -> tuple[ErrorCode, int]:
         """Append keyed records to our partition with acks=all and wait until committed:
         (error, base offset)."""
+        return await self._committed(self._append_now(partition, records), len(records))
+
+    def _append_now(self, partition: int, records: list[tuple[bytes, bytes | None]]) -> _Appended:
+        """The synchronous half of ``_append``: the records are in the log when it returns,
+        in the order of the calls (``_committed`` waits for them)."""
         tp = TopicPartition(OFFSETS_TOPIC, partition)
         epoch = self.epochs.get(partition)
         if epoch is None:
+            return _Appended(tp, None, {}, {})
+        results, waiting = self.replica_manager.append_now(-1, {tp: build_batch(records, timestamp_ms=self.clock())})
+        return _Appended(tp, epoch, results, waiting)
+
+    async def _committed(self, appended: _Appended, n: int) -> tuple[ErrorCode, int]:
+        tp, epoch, results, waiting = appended
+        if epoch is None:
             return NOT_COORDINATOR, -1
-        rm = self.replica_manager
-        results, waiting = rm.append_now(-1, {tp: build_batch(records, timestamp_ms=self.clock())})
         if waiting:
-            await rm.await_replication(waiting, self.config.offsets_commit_timeout_ms, results)
+            await self.replica_manager.await_replication(waiting, self.config.offsets_commit_timeout_ms, results)
         r = results[tp]
         error = append_error(r["error_code"])
-        if error is NONE and self.epochs.get(partition) != epoch:
+        if error is NONE and self.epochs.get(tp.partition) != epoch:
             error = NOT_COORDINATOR
         if error is not NONE:
-            logger.info("%s: append of %d records failed: %s (%s)", tp, len(records), for_code(r["error_code"]),
+            logger.info("%s: append of %d records failed: %s (%s)", tp, n, for_code(r["error_code"]),
                         r.get("error_message"))
         return error, r["base_offset"]
 
@@ -718,7 +739,10 @@ class GroupCoordinator:
             await self.expire_offsets()
 
     async def expire_offsets(self) -> int:
-        """Drop expired offsets (and groups left Empty without offsets), writing tombstones."""
+        """Drop expired offsets (and groups left Empty without offsets), writing tombstones.
+        Every partition's tombstones are appended in the step that decided them: a commit
+        that comes while one partition's wait for replication goes on (re-creating a group
+        just dropped, say) is appended after them, not overwritten by them."""
         now = self.clock()
         tombstones: dict[int, list[tuple[bytes, None]]] = {}
         for group_id, group in list(self.groups.items()):
@@ -731,10 +755,12 @@ class GroupCoordinator:
                 group.transition_to(GroupState.DEAD, now)
                 del self.groups[group_id]
                 out.append((group_key(group_id), None))
+        appended = [(self._append_now(partition, records), len(records))
+                    for partition, records in tombstones.items() if records]
         written = 0
-        for partition, records in tombstones.items():
-            if records and (await self._append(partition, records))[0] is NONE:
-                written += len(records)
+        for started, n in appended:
+            if (await self._committed(started, n))[0] is NONE:
+                written += n
         if written:
             logger.info("expired offsets and groups: %d tombstones written", written)
         return written

@@ -72,16 +72,17 @@ def state(tp: TopicPartition, epoch: int = 1, leader: int = 1) -> PartitionState
 class Broker:
     """One broker's replica manager, metadata and coordinator, behind the real Apis."""
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, offsets_partitions: int = 1):
+        self.offsets_tps = [TopicPartition(OFFSETS_TOPIC, p) for p in range(offsets_partitions)]
         self.clock = Clock()
         self.log_manager = LogManager([log_dir], LogConfig(), broker_id=1)
         self.log_manager.startup()
         self.replica_manager = ReplicaManager(ReplicaConfig(1), self.log_manager, lambda t: LogConfig(),
                                               lambda leader, fetcher=0: None, clock=self.clock)
         self.metadata = MetadataCache(1)
-        self.metadata.update(UpdateMetadataRequest(1, 1, 0, [state(OFFSETS_TP), state(DATA_TP)],
+        self.metadata.update(UpdateMetadataRequest(1, 1, 0, [*map(state, self.offsets_tps), state(DATA_TP)],
                                                    [LiveBroker(1, "127.0.0.1", 9092)]))
-        self.config = CoordinatorConfig(1, offsets_topic_num_partitions=1, group=GroupConfig(
+        self.config = CoordinatorConfig(1, offsets_topic_num_partitions=offsets_partitions, group=GroupConfig(
             initial_rebalance_delay_ms=100, min_session_timeout_ms=10))
         self.coordinator = self.new_coordinator()
         self.apis = Apis(None, self.replica_manager, self.metadata, group_coordinator=self.coordinator)
@@ -93,7 +94,7 @@ class Broker:
 
     def lead(self, epoch: int = 1) -> None:
         self.replica_manager.become_leader_or_follower(
-            LeaderAndIsrRequest(1, 1, 0, [state(OFFSETS_TP, epoch), state(DATA_TP, epoch)]))
+            LeaderAndIsrRequest(1, 1, 0, [*(state(tp, epoch) for tp in self.offsets_tps), state(DATA_TP, epoch)]))
 
     async def call(self, api_key: ApiKey, request, client_id: str = "client"):
         result = self.apis.handle(RequestContext(RequestHeader(api_key, 0, 1, client_id), "127.0.0.1:5000"),
@@ -311,6 +312,58 @@ async def test_offsets_of_an_empty_group_expire_with_tombstones(broker, nursery)
     await nursery.start(new.run)
     await wait_loaded(new)
     assert (await fetched(broker, "idle"))[DATA_TP] == -1
+
+
+async def test_a_commit_during_the_expiry_is_not_undone_by_its_tombstones(tmp_path, nursery):
+    """Expiry decides the tombstones of every offsets partition at once; they are appended in
+    that same step, so a commit that comes while one partition's tombstones wait for
+    replication (re-creating a group just dropped) lands after its own group's tombstones,
+    and a reload from the log finds it."""
+    b = Broker(str(tmp_path), offsets_partitions=2)
+    b.lead()
+    await nursery.start(b.coordinator.run)
+    await wait_loaded(b.coordinator)
+    groups = {}
+    for name in (f"group-{i}" for i in range(20)):
+        groups.setdefault(b.coordinator.partition_of(name), name)
+    first, second = groups[0], groups[1]  # one group in each offsets partition
+    await b.call(ApiKey.OFFSET_COMMIT, commit(3, group=first))
+    await b.call(ApiKey.OFFSET_COMMIT, commit(4, group=second))
+    b.clock.now += b.config.offsets_retention_ms
+    release, calls = trio.Event(), []
+    replicate = b.replica_manager.await_replication
+
+    async def held(*args):
+        calls.append(args)
+        if len(calls) == 1:  # the first partition's tombstones wait
+            await release.wait()
+        await replicate(*args)
+
+    b.replica_manager.await_replication = held
+    expired = []
+
+    async def expire():
+        expired.append(await b.coordinator.expire_offsets())
+
+    nursery.start_soon(expire)
+    with trio.fail_after(5):
+        while not calls:
+            await trio.sleep(0.01)
+    # meanwhile the dropped group of the other partition commits again
+    assert committed_code(await b.call(ApiKey.OFFSET_COMMIT, commit(500, group=second))) == NONE.code
+    release.set()
+    with trio.fail_after(5):
+        while not expired:
+            await trio.sleep(0.01)
+    assert expired == [4]  # both groups' offset and group tombstones
+    assert (await fetched(b, second))[DATA_TP] == 500
+    new = b.new_coordinator()  # what the log says
+    b.apis.coordinator = new
+    b.lead(epoch=2)
+    await nursery.start(new.run)
+    await wait_loaded(new)
+    assert (await fetched(b, second))[DATA_TP] == 500 and (await fetched(b, first))[DATA_TP] == -1
+    b.log_manager.shutdown()
 
 
 async def test_a_commit_waiting_for_replication_keeps_its_group_and_partition_from_cleanup(broker, nursery):
