@@ -228,6 +228,10 @@ class CoordinatorConfig:
                                c.group_max_session_timeout_ms, c.group_max_size))
 
 
+# a failed load of an offsets partition is tried again after this long, doubling up to the max
+LOAD_RETRY_S, LOAD_RETRY_MAX_S = 0.5, 30.0
+
+
 class _Appended(NamedTuple):
     """Records appended to an offsets partition (``GroupCoordinator._append_now``), their
     replication still to wait for: the leader epoch then (None: not the coordinator) and the
@@ -321,16 +325,24 @@ class GroupCoordinator:
             self._nursery.start_soon(self._load, tp.partition, leader_epoch)
 
     async def _load(self, partition: int, epoch: int) -> None:
+        """Read the partition's groups and offsets back, then serve them. A read that fails
+        (the log changing under it, a disk error) is tried again, backing off, for as long as
+        this leadership lasts: its groups answer COORDINATOR_LOAD_IN_PROGRESS meanwhile,
+        which clients retry; serving them half loaded would hand out no committed offsets."""
         tp = TopicPartition(OFFSETS_TOPIC, partition)
-        p = self.replica_manager.partitions.get(tp)
-        if p is None or p.log is None:
-            return
-        started = time.monotonic()
-        try:
-            loaded = await self._read_partition(p.log)
-        except Exception:
-            logger.exception("loading %s failed; its groups stay unavailable until leadership changes", tp)
-            return
+        started, delay = time.monotonic(), LOAD_RETRY_S
+        while True:
+            p = self.replica_manager.partitions.get(tp)
+            if p is not None and p.log is not None:
+                try:
+                    loaded = await self._read_partition(p.log)
+                    break
+                except Exception:
+                    logger.exception("loading %s failed; trying again in %.1f s", tp, delay)
+            await trio.sleep(delay)
+            delay = min(2 * delay, LOAD_RETRY_MAX_S)
+            if self.epochs.get(partition) != epoch:
+                return
         if self.epochs.get(partition) != epoch:
             logger.info("%s: load for leader epoch %d discarded (leadership moved)", tp, epoch)
             return

@@ -314,6 +314,32 @@ async def test_offsets_of_an_empty_group_expire_with_tombstones(broker, nursery)
     assert (await fetched(broker, "idle"))[DATA_TP] == -1
 
 
+async def test_a_load_that_fails_is_tried_again_until_it_loads(broker, nursery, monkeypatch):
+    """A failed read of the offsets partition (the log changing under it, a disk error) leaves
+    its groups loading, answered COORDINATOR_LOAD_IN_PROGRESS, and is tried again: once it
+    reads, the offsets are served. Never served half loaded."""
+    import tidelog.broker.groups.group_coordinator as gc
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(7, group="kept"))
+    monkeypatch.setattr(gc, "LOAD_RETRY_S", 0.01)
+    new = broker.new_coordinator()
+    read, failures = new._read_partition, []
+
+    async def flaky(log):
+        if len(failures) < 2:
+            failures.append(1)
+            raise FileNotFoundError("the segment was swapped out under the read")
+        return await read(log)
+
+    new._read_partition = flaky
+    broker.apis.coordinator = new
+    broker.lead(epoch=2)
+    await nursery.start(new.run)
+    r = await broker.call(ApiKey.OFFSET_FETCH, OffsetFetchRequest("kept", [OffsetFetchTopic(DATA_TP.topic, [0])]))
+    assert r.error_code in (COORDINATOR_LOAD_IN_PROGRESS.code, NONE.code)
+    await wait_loaded(new)
+    assert len(failures) == 2 and (await fetched(broker, "kept"))[DATA_TP] == 7
+
+
 async def test_a_commit_during_the_expiry_is_not_undone_by_its_tombstones(tmp_path, nursery):
     """Expiry decides the tombstones of every offsets partition at once; they are appended in
     that same step, so a commit that comes while one partition's tombstones wait for
