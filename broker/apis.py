@@ -54,6 +54,7 @@ import trio
 from tidelog.broker.config import SENSITIVE
 from tidelog.broker.context import RequestContext
 from tidelog.broker.controller.channels import wait_all
+from tidelog.broker.deferred import CLOSE_CONNECTION
 from tidelog.broker.log_dirs import LocalReplica, describe_log_dirs, log_dir_of, wanted_partitions
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
@@ -427,8 +428,8 @@ class Apis:
         for tp, r in results.items():
             r["error_code"] = self._absent_as_unknown(tp, r["error_code"])
         results.update(refused)
-        if req.acks == 0:
-            return None
+        if req.acks == 0:  # no response; a failure ends the connection (``CLOSE_CONNECTION``)
+            return CLOSE_CONNECTION if any(r["error_code"] for r in results.values()) else None
         if waiting:
             if deferrable:
                 return self.replica_manager.replication_wait(waiting, req.timeout_ms, results, _produce_response)

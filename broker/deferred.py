@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["DeferredResponse", "is_awaitable", "is_deferred"]
+__all__ = ["CLOSE_CONNECTION", "DeferredResponse", "is_awaitable", "is_deferred"]
 
 
 class DeferredResponse(Protocol):
@@ -41,3 +41,17 @@ def is_awaitable(result: Any) -> bool:
     ``__await__``) without the abstract base class's check, on the path of every response.
     A generator-based coroutine (``types.coroutine``) is not one: no handler returns one."""
     return getattr(type(result), "__await__", None) is not None
+
+
+class _CloseConnection:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CLOSE_CONNECTION"
+
+
+# A handler's answer that is no response but the end of its connection, once the responses
+# before it are written: a produce with acks=0 that failed (Kafka's rule: the client, which
+# reads no response, learns of the error by the connection's end and refreshes its metadata,
+# instead of sending to a former leader until its metadata ages out)
+CLOSE_CONNECTION = _CloseConnection()

@@ -133,7 +133,7 @@ import trio
 
 from tidelog.broker.config import parse_ip_overrides
 from tidelog.broker.context import ANONYMOUS, RequestContext, host_of
-from tidelog.broker.deferred import DeferredResponse, is_awaitable, is_deferred
+from tidelog.broker.deferred import CLOSE_CONNECTION, DeferredResponse, is_awaitable, is_deferred
 from tidelog.broker.security.listeners import ListenerSecurity
 from tidelog.broker.security.sasl import SaslState, ServerAuthenticator, Step
 from tidelog.broker.security.tls import HANDSHAKE_TIMEOUT_S, peer_principal
@@ -888,6 +888,12 @@ class _Connection:
         return error_body(code_of(exc))
 
     def _respond(self, correlation_id: int, body: Body | Message | None) -> None:
+        if body is CLOSE_CONNECTION:  # no response; the requests read already are answered
+            log.debug("closing the connection from %s: request %d failed with no response to tell it",
+                      self._peer, correlation_id)
+            self._to_outbox(functools.partial(self._conn.skip_response, correlation_id))
+            self.stop_reading()
+            return
         if body is not None and self._requests is not None and (
                 encode := self._conn.slow_encoder(correlation_id, body)) is not None:
             self._requests.start_soon(self._respond_encoded_aside, correlation_id, encode)

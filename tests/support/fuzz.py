@@ -29,7 +29,8 @@ driver reports, whatever the timing of the run was.
 The oracle (``Driver``): every response frame decodes (``decode_response``); on the
 connections with valid envelopes, responses carry the correlation ids sent, in order (an
 acks=0 produce may have none), no response says UNKNOWN_SERVER_ERROR, the inter-broker APIs
-are refused, and nothing closes such a connection; on the other connections, the broker
+are refused, and nothing closes such a connection but an acks=0 produce that failed (Kafka's
+rule: no response to tell it); on the other connections, the broker
 answers a probe behind the inputs or closes the connection; nothing waits longer than
 ``hang_s`` without an answer. ``check`` (the test's well-behaved client) is called every
 ``check_every_s`` while the lanes' requests are in flight.
@@ -712,7 +713,8 @@ class Input:
     mutation: str
     data: bytes
     correlation_id: int | None = None  # known when the envelope is valid
-    may_skip: bool = False  # an acks=0 produce: answered only if refused as a whole
+    may_skip: bool = False  # an acks=0 produce: answered only if refused as a whole, its connection
+    # closed if refused otherwise
     tags: tuple[str, ...] = ()  # the mutation kinds, for the statistics
 
     def describe(self) -> str:
@@ -892,6 +894,7 @@ class Lane(fuzz_lanes.Lane):
     def __init__(self, index: int, kind: str, port: int, generator: Generator):
         super().__init__(index, kind, port, generator)
         self.next_correlation_id = 0
+        self.acks_zero: list[int] = []  # the numbers of the acks=0 produces sent on this connection
 
     def overdue(self) -> bool:
         return bool(self.pending) and self.kind != "stream"
@@ -927,6 +930,8 @@ class Driver(LaneDriver):
                 self._count(inp)
                 lane.out += inp.data
                 lane.pending.append(_Pending(cid, inp))
+                if inp.may_skip:
+                    lane.acks_zero.append(inp.number)
             self._add_probe(lane, lane.next_correlation_id)
             lane.next_correlation_id += 1
         elif lane.kind == "frames":
@@ -1005,9 +1010,21 @@ class Driver(LaneDriver):
 
     def _closed_by_broker(self, lane: Lane) -> None:
         self.stats.closed[lane.kind] += 1
-        if lane.kind == "structured" and lane.pending:
+        # an acks=0 produce that failed ends its connection (Kafka's rule), once the requests
+        # read with it are answered: one must come before the first request left unanswered
+        unanswered = next((p.input.number for p in lane.pending if p.input is not None and not p.input.may_skip),
+                          None)
+        after_acks_zero = unanswered is None or any(n < unanswered for n in lane.acks_zero)
+        if lane.kind == "structured" and lane.pending and not after_acks_zero:
             self._finding(lane, f"the broker closed a connection of valid envelopes awaiting {self._recent(lane)}")
+        elif lane.kind == "structured" and lane.pending:
+            self.stats.closed["structured, after an acks=0 produce"] += 1
         self._close(lane)
+
+    def _close(self, lane: Lane) -> None:
+        super()._close(lane)
+        if isinstance(lane, Lane):
+            lane.acks_zero.clear()
 
 
 _CODE_NAMES = {e.code: e.name for e in all_codes()}

@@ -30,7 +30,8 @@ number), so ``replay(seed, lane, number, lane_kind)`` rebuilds an input a findin
 
 The oracle (``Driver``). What the broker should do with each frame is predicted by the
 listener's own sans-IO decoder (``KafkaServerConnection.decode``, pure and thread-safe):
-a frame it decodes gets one response (an acks=0 Produce may get none), a frame it refuses
+a frame it decodes gets one response (an acks=0 Produce may get none, and end its connection
+if it failed, as Kafka's does), a frame it refuses
 closes the connection, after the answers to the frames before it. So: every response is a
 well-formed Kafka response (the response header, then a body that decodes exactly with
 the response codec of the version asked, or KIP-511's v0 ApiVersions answer), with the
@@ -1125,6 +1126,7 @@ class Lane(fuzz_lanes.Lane):
         self.sent: deque[Input] = deque(maxlen=64)
         self.local_port = 0
         self.answered_at = 0.0  # when its last response arrived
+        self.acks_zero: list[int] = []  # the numbers of the acks=0 Produces sent on this connection
 
     def busy(self) -> bool:
         return bool(self.pending or self.out or self.closing)
@@ -1182,6 +1184,8 @@ class Driver(LaneDriver):
                     self.stats.refusals[e.why.split(":")[0][:60]] += 1
                 else:
                     lane.pending.append(_Pending(e, inp, time.monotonic()))
+                    if e.optional:
+                        lane.acks_zero.append(inp.number)
             if lane.closing is not None:
                 break
         if lane.kind == "valid" and lane.closing is not None:
@@ -1242,9 +1246,16 @@ class Driver(LaneDriver):
 
     def _closed_by_broker(self, lane: Lane) -> None:
         self.stats.closed[lane.kind] += 1
-        if lane.closing is None:
+        # an acks=0 Produce that failed ends its connection (Kafka's rule), once the requests
+        # read with it are answered: one must come before the first request left unanswered
+        unanswered = next((p.input.number for p in lane.pending if p.input is not None and not p.expect.optional),
+                          None)
+        after_acks_zero = unanswered is None or any(n < unanswered for n in lane.acks_zero)
+        if lane.closing is None and not after_acks_zero:
             self._finding(lane, f"the broker closed a connection whose frames all decode, awaiting "
                                 f"{len(lane.pending)} responses, after {self._recent(lane)}")
+        elif lane.closing is None:
+            self.stats.closed[f"{lane.kind}, after an acks=0 Produce"] += 1
         else:
             self.stats.unanswered_before_close += sum(1 for p in lane.pending if not p.expect.optional)
         self._close(lane)
@@ -1252,6 +1263,7 @@ class Driver(LaneDriver):
     def _close(self, lane: Lane) -> None:
         super()._close(lane)
         lane.closing = None
+        lane.acks_zero.clear()
 
     def inputs_on(self, port: int) -> str:
         """The lane and first input of the connection from local ``port`` (for a log line)."""

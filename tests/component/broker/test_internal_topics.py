@@ -16,6 +16,7 @@ from tests.component.broker.test_group_coordinator import (
     fetched,
     form_group,
 )
+from tidelog.broker.deferred import CLOSE_CONNECTION
 from tidelog.broker.groups.group_coordinator import OFFSETS_TOPIC
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import INVALID_TOPIC_EXCEPTION, NONE
@@ -58,9 +59,10 @@ async def test_a_clients_produce_to_consumer_offsets_is_refused_and_writes_nothi
     assert r[(DATA_TP.topic, 0)].error_code == NONE.code and log_end(broker, DATA_TP) == 2
 
 
-async def test_acks_0_to_consumer_offsets_gets_no_answer_and_writes_nothing(broker):
+async def test_acks_0_to_consumer_offsets_ends_the_connection_and_writes_nothing(broker):
+    # no response to carry the refusal: the connection ends instead (Kafka's rule for acks=0)
     before = log_end(broker, OFFSETS_TP)
-    assert await broker.call(ApiKey.PRODUCE, produce(0, OFFSETS_TP)) is None
+    assert await broker.call(ApiKey.PRODUCE, produce(0, OFFSETS_TP)) is CLOSE_CONNECTION
     assert log_end(broker, OFFSETS_TP) == before
 
 

@@ -17,7 +17,7 @@ import trio
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import RequestContext
-from tidelog.broker.deferred import DeferredResponse
+from tidelog.broker.deferred import CLOSE_CONNECTION, DeferredResponse
 from tidelog.broker.network import SocketServer
 from tidelog.protocol.codec import ApiKey, RequestHeader, encode_request
 from tidelog.protocol.connection import ClientConnection
@@ -621,6 +621,20 @@ async def test_a_deferred_answer_that_fails_to_write_still_ends_its_request(net)
         waiting.complete({"n": 3})
     assert connection._running == 0 and not connection._deferred
     assert connection._deferred_done.is_set()
+    await assert_serves(bystander)
+
+
+async def test_a_request_answered_by_closing_ends_its_connection_after_the_answers_before_it(net):
+    # an acks=0 produce that failed has no response: the connection ends instead
+    def handler(context, body):
+        return CLOSE_CONNECTION if body.get("close") else {"n": body["n"]}
+
+    server, _, bystander = await net.start(handler)
+    client = await net.connect(server.port)
+    await client.stream.send_all(client.frame({"n": 1}) + client.frame({"n": 2, "close": True}))
+    [(_, body)] = await client.receive(1)
+    assert body == {"n": 1}
+    assert await client.closed_by_server()
     await assert_serves(bystander)
 
 

@@ -14,6 +14,7 @@ import trio
 from tests.component.broker.test_group_coordinator import DATA_TP, Broker
 from tests.unit.protocol.test_record_validation import forge, rec
 from tidelog.broker.context import RequestContext
+from tidelog.broker.deferred import CLOSE_CONNECTION
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
 from tidelog.protocol.codec import ApiKey, RequestHeader
 from tidelog.protocol.errors import CORRUPT_MESSAGE, INVALID_TIMESTAMP, NONE
@@ -126,6 +127,17 @@ async def test_a_refused_heavy_produce_releases_its_followers(broker):
 async def test_acks_0_heavy_produce_is_appended_without_an_answer(broker):
     assert await start(broker, heavy(broker, b"z"), acks=0) is None
     assert stored_values(broker)[0] == b"z"
+
+
+async def test_acks_0_that_fails_ends_its_connection_instead_of_an_answer(broker):
+    # Kafka's rule: a client that reads no response learns of the failure by the connection's
+    # end (and refreshes its metadata), not by sending to a former leader for minutes
+    bad = forge([rec(0)], raw=b"\xc1 not msgpack", first=now(broker))
+    assert await settle(start(broker, bad, acks=0)) is CLOSE_CONNECTION
+    compressed = forge([rec(0)], raw=b"\xc1 not msgpack", first=now(broker), codec=Codec.ZSTD)  # a worker's
+    assert await settle(start(broker, compressed, acks=0)) is CLOSE_CONNECTION
+    assert await settle(start(broker, light(broker, b"z"), acks=0)) is None  # no error: no answer at all
+    assert stored_values(broker) == [b"z"]
 
 
 async def test_other_connections_are_served_while_a_heavy_batch_is_validated(broker):
