@@ -131,7 +131,10 @@ class SegmentFileCache:
     def release(self, seg: "LogSegment") -> None:
         with self._lock:
             seg._pins -= 1
-            if len(self._lru) > self.max_open:
+            if seg._close_when_released and not seg._pins:
+                seg._close_when_released = False
+                _close_fd(seg)
+            elif len(self._lru) > self.max_open:
                 self._evict()
 
     def keep_open(self, seg: "LogSegment", keep: bool) -> None:
@@ -146,11 +149,17 @@ class SegmentFileCache:
                 self._touch(seg)
 
     def close(self, seg: "LogSegment") -> None:
-        """Close the segment's descriptor for good (the segment is closed or deleted)."""
+        """Close the segment's descriptor for good (the segment is closed or deleted). A read
+        holding it (a worker thread's: the group coordinator's load, a search by timestamp)
+        keeps it until its ``release``: closed under it, its ``pread`` would fail, or read
+        another file that took the number meanwhile."""
         with self._lock:
             self._lru.pop(id(seg), None)
             seg._keep_open = False
-            _close_fd(seg)
+            if seg._pins:
+                seg._close_when_released = True
+            else:
+                _close_fd(seg)
 
     def resize(self, max_open: int) -> None:
         if max_open < 1:
@@ -244,6 +253,7 @@ class LogSegment:
         self.config = config
         self._fd = fd  # -1 while closed (an inactive segment evicted from the LRU)
         self._pins = 0  # reads using _fd now (OPEN_SEGMENT_FILES)
+        self._close_when_released = False  # closed for good while pinned: the last release closes
         self._keep_open = active
         self.created_ms = created_ms
         prefix = os.path.join(directory, filename_prefix(base_offset))

@@ -75,7 +75,7 @@ def test_the_lru_closes_the_least_recently_used_and_never_a_pinned_one(tmp_path)
         def __init__(self, name: str):
             self.log_path = str(tmp_path / name)
             open(self.log_path, "wb").close()
-            self._fd, self._pins, self._keep_open = -1, 0, False
+            self._fd, self._pins, self._keep_open, self._close_when_released = -1, 0, False, False
 
     a, b, c = Seg("a"), Seg("b"), Seg("c")
     before = _open_fds()
@@ -93,3 +93,22 @@ def test_the_lru_closes_the_least_recently_used_and_never_a_pinned_one(tmp_path)
     for s in (a, b, c):
         cache.close(s)
     assert _open_fds() == before
+
+
+def test_a_segment_closed_while_a_worker_reads_it_keeps_its_descriptor_until_the_read_ends(tmp_path):
+    # the group coordinator's load and a search by timestamp read in worker threads while the
+    # event loop swaps in cleaned segments and deletes old ones: the reader's descriptor must
+    # stay its file's until it lets go (closed under it, a pread fails, or reads the file
+    # that took the number meanwhile)
+    log = open_log(tmp_path / "p", LogConfig(segment_bytes=1024))
+    for i in range(30):
+        log.append_as_leader(make_batch(values=[b"v%d" % i + b"." * 100]), 0)
+    seg = log.segments[0]
+    fd = OPEN_SEGMENT_FILES.acquire(seg)  # a reader holds it
+    expected = os.pread(fd, 64, 0)
+    seg.delete()  # the event loop drops it (retention, a swap)
+    assert os.pread(fd, 64, 0) == expected  # still the reader's file
+    OPEN_SEGMENT_FILES.release(seg)
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed by the last release
+    log.close()
