@@ -35,17 +35,24 @@ WORKER_THRESHOLD_BYTES = 256 * 1024
 # hundred bytes of zstd inflate to the 8 MiB bound, and decoding those records can take as
 # long as decoding a batch of that size, whatever the batch's header says.
 WORKER_COMPRESSED_BYTES = 0
+# ... and so is one of this many bytes with records in Kafka's encoding (a Kafka client's,
+# through the Kafka listener): decoding them takes ~5 times msgpack's time, ~45 ms for
+# 256 KiB of small records
+WORKER_KAFKA_ENCODED_BYTES = 32 * 1024
 
 
 def needs_worker(entries: Mapping[object, bytes], threshold_bytes: int = WORKER_THRESHOLD_BYTES,
-                 compressed_bytes: int = WORKER_COMPRESSED_BYTES) -> bool:
+                 compressed_bytes: int = WORKER_COMPRESSED_BYTES,
+                 kafka_encoded_bytes: int = WORKER_KAFKA_ENCODED_BYTES) -> bool:
     """True if validating these records could hold the event loop for more than a few
-    milliseconds: many bytes in all, or a compressed batch (its size says nothing about what
-    it inflates to)."""
-    if sum(map(len, entries.values())) >= threshold_bytes:
+    milliseconds: many bytes in all (fewer in Kafka's encoding), or a compressed batch (its
+    size says nothing about what it inflates to)."""
+    total = sum(map(len, entries.values()))
+    if total >= threshold_bytes:
         return True
+    kafka_encoded = total >= kafka_encoded_bytes
     for records in entries.values():
-        if len(records) >= compressed_bytes and any_compressed(records):
+        if len(records) >= compressed_bytes and any_compressed(records, kafka_encoded):
             return True
     return False
 

@@ -326,16 +326,18 @@ def iter_headers(buf, start: int = 0) -> Iterator[tuple[int, BatchHeader]]:
         pos += size
 
 
-def any_compressed(buf) -> bool:
-    """Whether any of the trusted, back-to-back batches in ``buf`` is compressed (framing
-    only, as ``iter_headers``, without building the headers: a produce asks this per
-    request)."""
+def any_compressed(buf, or_kafka_encoded: bool = False) -> bool:
+    """Whether any of the trusted, back-to-back batches in ``buf`` is compressed, or (with
+    ``or_kafka_encoded``) holds its records in Kafka's encoding, which decodes several times
+    slower (framing only, as ``iter_headers``, without building the headers: a produce asks
+    this per request)."""
     pos, end = 0, len(buf)
     while end - pos >= HEADER_SIZE:
         length = _I32.unpack_from(buf, pos + BATCH_LENGTH_AT)[0]
         if length < MIN_BATCH_LENGTH or pos + length + LOG_OVERHEAD > end:
             return False
-        if _I16.unpack_from(buf, pos + ATTRIBUTES_AT)[0] & CODEC_MASK:
+        if _I16.unpack_from(buf, pos + ATTRIBUTES_AT)[0] & CODEC_MASK or (
+                or_kafka_encoded and buf[pos + MAGIC_AT] == KAFKA_MAGIC):
             return True
         pos += length + LOG_OVERHEAD
     return False
