@@ -560,7 +560,10 @@ class GroupCoordinator:
                                      "only a group without members can be deleted")
         group.transition_to(GroupState.DEAD, self.clock())
         del self.groups[group_id]
-        records = [(offset_key(group_id, tp), None) for tp in group.offsets] + [(group_key(group_id), None)]
+        # a commit still waiting for replication is in the log before these: its partition
+        # gets a tombstone too, or a reload would bring that offset back to a deleted group
+        tps = set(group.offsets) | set(+group.pending_offset_commits)
+        records = [(offset_key(group_id, tp), None) for tp in sorted(tps)] + [(group_key(group_id), None)]
         error, _ = await self._append(self.partition_of(group_id), records)
         return error, None if error is NONE else f"the group's tombstones were not written: {error.message}"
 

@@ -314,6 +314,42 @@ async def test_offsets_of_an_empty_group_expire_with_tombstones(broker, nursery)
     assert (await fetched(broker, "idle"))[DATA_TP] == -1
 
 
+async def test_a_group_deleted_with_a_commit_in_flight_stays_deleted_after_a_reload(broker, nursery):
+    """DeleteGroups of an Empty group whose first commit still waits for replication: that
+    commit is in the log before the delete's tombstones, which cover its partition too."""
+    release, calls = trio.Event(), []
+    replicate = broker.replica_manager.await_replication
+
+    async def held(*args):
+        calls.append(args)
+        if len(calls) == 1:  # the commit waits
+            await release.wait()
+        await replicate(*args)
+
+    broker.replica_manager.await_replication = held
+    responses = []
+
+    async def commit_in_background():
+        responses.append(await broker.call(ApiKey.OFFSET_COMMIT, commit(11, group="brief")))
+
+    nursery.start_soon(commit_in_background)
+    with trio.fail_after(5):
+        while not calls:
+            await trio.sleep(0.01)
+    [deleted] = (await broker.call(ApiKey.DELETE_GROUPS, DeleteGroupsRequest(["brief"]))).results
+    assert deleted.error_code == NONE.code
+    release.set()
+    with trio.fail_after(5):
+        while not responses:
+            await trio.sleep(0.01)
+    new = broker.new_coordinator()  # what the log says
+    broker.apis.coordinator = new
+    broker.lead(epoch=2)
+    await nursery.start(new.run)
+    await wait_loaded(new)
+    assert (await fetched(broker, "brief"))[DATA_TP] == -1
+
+
 async def test_a_load_that_fails_is_tried_again_until_it_loads(broker, nursery, monkeypatch):
     """A failed read of the offsets partition (the log changing under it, a disk error) leaves
     its groups loading, answered COORDINATOR_LOAD_IN_PROGRESS, and is tried again: once it
