@@ -690,9 +690,8 @@ class GroupCoordinator:
                         r.get("error_message"))
         return error, r["base_offset"]
 
-    async def _store_group(self, group: GroupMetadata, store: StoreGroup) -> None:
-        records = [(group_key(group.group_id), group_value(store.value))]
-        error, _ = await self._append(self.partition_of(group.group_id), records)
+    async def _store_group(self, group: GroupMetadata, store: StoreGroup, appended: _Appended) -> None:
+        error, _ = await self._committed(appended, 1)
         if self.groups.get(group.group_id) is group:
             self._apply(group, group.on_store_complete(store, error, self.clock(), self.config.group))
 
@@ -713,7 +712,13 @@ class GroupCoordinator:
             if isinstance(e, Reply):
                 self._deliver((group.group_id, e.member_id, e.kind), e.response)
             elif self._nursery is not None:
-                self._nursery.start_soon(self._store_group, group, e)
+                # appended now, in the order the group decided them (a task would append a
+                # pass later, and Trio may run a pass's tasks in reverse: the log's last record
+                # of the group, what a reload believes, could be an older state, or follow a
+                # DeleteGroups' tombstone); only the replication wait is the task's
+                appended = self._append_now(self.partition_of(group.group_id),
+                                            [(group_key(group.group_id), group_value(e.value))])
+                self._nursery.start_soon(self._store_group, group, e, appended)
         self._wake.set()
 
     async def _await(self, waiter: _Waiter, key, wait_ms: int, fallback):

@@ -350,6 +350,24 @@ async def test_a_group_deleted_with_a_commit_in_flight_stays_deleted_after_a_rel
     assert (await fetched(broker, "brief"))[DATA_TP] == -1
 
 
+async def test_a_groups_metadata_records_are_appended_in_the_order_decided(broker):
+    """Two states decided in one step (a generation synced, then emptied) are in the log in
+    that order as soon as they are decided: the last one is what a reload believes."""
+    from tidelog.broker.groups.group_metadata import GroupMetadata, StoreGroup, StoreReason
+    from tidelog.broker.groups.offsets_records import GroupMetadataValue, decode_group_value, group_key
+    from tidelog.protocol.records import iter_all_records
+    group = GroupMetadata("ordered", state_timestamp_ms=broker.clock())
+    broker.coordinator.groups["ordered"] = group
+    synced = GroupMetadataValue("consumer", 3, "range", "member-1", broker.clock())
+    emptied = GroupMetadataValue("consumer", 4, None, None, broker.clock())
+    log = broker.replica_manager.partitions[OFFSETS_TP].log
+    before = log.log_end_offset
+    broker.coordinator._apply(group, [StoreGroup(StoreReason.SYNC, 3, synced), StoreGroup(StoreReason.EMPTY, 4, emptied)])
+    records = [r for r in iter_all_records(log.read(before, 1 << 20, max_offset=log.log_end_offset))
+               if r.key == group_key("ordered")]
+    assert [decode_group_value(r.value).generation for r in records] == [3, 4]
+
+
 async def test_a_load_that_fails_is_tried_again_until_it_loads(broker, nursery, monkeypatch):
     """A failed read of the offsets partition (the log changing under it, a disk error) leaves
     its groups loading, answered COORDINATOR_LOAD_IN_PROGRESS, and is tried again: once it
