@@ -541,6 +541,12 @@ class ConsumerCoordinator:
                 result = await self._handle_join(response)
                 if result is not None:
                     return result
+                if not self.generation.valid and self.subscriptions.partitions:
+                    # reset while owning partitions (UNKNOWN_MEMBER_ID, a heartbeat's reset):
+                    # they are lost, not claimed by a member without a generation (another
+                    # may own them already); the next poll's preparation loses and drops
+                    # them before joining again (Kafka's onJoinPrepare)
+                    return None
                 self._apply(self.member.join_retrying())
                 continue  # MEMBER_ID_REQUIRED / reset: rejoin at once
             except GroupRetry as r:
