@@ -61,6 +61,7 @@ import os
 import time
 from typing import Callable, NamedTuple
 
+from tidelog.broker.log.checkpoint import fsync_dir
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.epoch import LeaderEpochCache
 from tidelog.broker.log.paths import check_partition_dir
@@ -189,6 +190,7 @@ class Log:
         # the cleaner fence then); see ``append_as_leader`` and ``read``
         self._appended: tuple[int, int, bytearray, int] | None = None
         self.truncated_to: int | None = None  # lowest log end left by a truncation, for the cleaner
+        self._new_files = False  # a segment created since the last flush: the directory is fsynced too
         # called after a truncation lowered the recovery point (the log manager writes it down)
         self.on_truncation: Callable[[Log], None] | None = None
         if producer_state is None:
@@ -376,6 +378,7 @@ class Log:
         seg = LogSegment.create(self.directory, base_offset, self.config, self._clock())
         self._segments.append(seg)
         self._bases.append(base_offset)
+        self._new_files = True
         return seg
 
     def roll(self, base_offset: int | None = None) -> LogSegment:
@@ -632,6 +635,11 @@ class Log:
             upper = segs[i + 1].base_offset if i + 1 < len(segs) else self.log_end_offset + 1
             if seg.base_offset < target and upper > self.recovery_point:
                 seg.flush()
+        if self._new_files:
+            # a file's data is durable, its name in the directory is not until the directory
+            # is: a segment created since the last flush could vanish whole (Kafka's flushDir)
+            self._new_files = False
+            fsync_dir(self.directory)
         self.recovery_point = target
 
     def reload_producer_state(self) -> None:

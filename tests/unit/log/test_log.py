@@ -794,6 +794,23 @@ def test_flush_rolled_segments_moves_the_recovery_point_past_closed_segments(tmp
     assert log.recovery_point == 4  # the closed segment, not the active one
 
 
+def test_a_flush_after_a_roll_also_makes_the_new_files_names_durable(tmp_path, monkeypatch):
+    # a segment's data fsynced is not enough: its directory entry is durable only once the
+    # directory is fsynced (Kafka's flushDir), or a power loss could drop the new file whole
+    import tidelog.broker.log.log as log_module
+    synced = []
+    monkeypatch.setattr(log_module, "fsync_dir", synced.append)
+    log = open_log(tmp_path, small_config(segment_bytes=10_000))
+    log.append_as_leader(make_batch(4), 0)
+    log.roll()
+    log.append_as_leader(make_batch(2), 0)
+    log.flush()
+    assert synced == [log.directory]
+    log.append_as_leader(make_batch(1), 0)
+    log.flush()  # no file created since
+    assert synced == [log.directory]
+
+
 def test_roll_by_segment_ms_with_the_fake_clock(tmp_path):
     """Without record timestamps the segment's age comes from the clock."""
     clock = FakeClock()
