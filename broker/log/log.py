@@ -470,16 +470,20 @@ class Log:
         while self._segments[-1].base_offset >= offset:
             self._segments.pop().delete()
             self._bases.pop()
-        self._segments[-1].truncate_to(offset)
-        leo = self.log_end_offset
-        # truncating below a log start inside the first segment (after DeleteRecords) moves
-        # the start down with the end, as Kafka does: a log never starts beyond its end
-        self.log_start_offset = min(self.log_start_offset, leo)
-        self.epoch_cache.truncate_from_end(leo)
-        self._high_watermark = min(self._high_watermark, leo)
-        self.recovery_point = min(self.recovery_point, leo)
-        self._note_truncation(leo)
-        self.reload_producer_state()
+        try:
+            self._segments[-1].truncate_to(offset)  # CorruptRecordError: its framing is damaged
+        finally:
+            # whether or not the last cut worked, what depends on the end follows the end
+            # there is now (the later segments are gone either way)
+            leo = self.log_end_offset
+            # truncating below a log start inside the first segment (after DeleteRecords)
+            # moves the start down with the end, as Kafka does: a log never starts beyond its end
+            self.log_start_offset = min(self.log_start_offset, leo)
+            self.epoch_cache.truncate_from_end(leo)
+            self._high_watermark = min(self._high_watermark, leo)
+            self.recovery_point = min(self.recovery_point, leo)
+            self._note_truncation(leo)
+            self.reload_producer_state()
         logger.info("%s: truncated to offset %d (log end offset now %d)", self.topic_partition, offset, leo)
         return True
 

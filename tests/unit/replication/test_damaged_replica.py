@@ -113,8 +113,13 @@ def test_damaged_framing_drops_the_whole_segment(tmp_path):
         pos, h = list(iter_headers(data))[1]
         f.seek(pos + 8)
         f.write(struct.pack(">i", 1 << 30))
+    log.flush()
+    log.update_high_watermark(log.log_end_offset)
     with pytest.raises(CorruptRecordError):
         log.truncate_to(h.base_offset + 1)
+    # the later segments went: what depends on the log's end follows the end there is now
+    leo = log.log_end_offset
+    assert log.high_watermark <= leo and log.recovery_point <= leo and log.segments[-1] is second
     assert log.truncate_damaged(h.base_offset + 1) == second.base_offset
     assert [r.offset for r in read_records(log)] == list(range(second.base_offset))
     assert [s.base_offset for s in log.segments] == [0]
