@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import json
 import logging
 import os
@@ -72,6 +73,8 @@ class Clients:
     refresh_ms: int
     version: str
     login: tuple[str, str] | None = None  # (user, password): basic auth
+    # the names a request's Host may give besides an IP address (None: any; with a login)
+    host_names: frozenset[str] | None = frozenset({"localhost"})
 
 
 def build_app(clients: Clients) -> Starlette:
@@ -114,7 +117,7 @@ def build_app(clients: Clients) -> Starlette:
         Route("/api/groups/{group}/reset", api(lambda r: reset_group(c, r)), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = _guarded(Starlette(routes=routes), None if c.login is not None else c.host_names)
     if c.login is not None:
         return _with_login(app, c.login)
     return app
@@ -139,6 +142,65 @@ def _leaf(e: BaseException) -> BaseException:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=SECURITY_HEADERS)
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def request_problem(method: str, scheme: str, headers: dict[bytes, bytes],
+                    host_names: frozenset[str] | None) -> tuple[int, str] | None:
+    """Why a browser's request must not be served, as ``(status, message)``, or None.
+
+    * Without a login, a Host that is neither an IP address nor one of ``host_names``
+      (``localhost``, the name served): another site's name pointed at this address (DNS
+      rebinding), whose pages could otherwise read the cluster through the console.
+    * An action (any method but GET, HEAD, OPTIONS) that is not a JSON body, or that says it
+      comes from another site (``Origin``, ``Sec-Fetch-Site``): a page elsewhere making the
+      browser post a form or a no-CORS request here. A cross-site page cannot send
+      ``application/json`` without a preflight, which this server never grants."""
+    host = headers.get(b"host", b"").decode("latin-1")
+    if host_names is not None and host and not _known_host(host, host_names):
+        return 403, (f"this console answers to {', '.join(sorted(host_names))} or an IP address, not "
+                     f"{host[:100]!r}: start it with a login to serve it under other names")
+    if method in SAFE_METHODS:
+        return None
+    content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        return 415, "actions take a JSON body (Content-Type: application/json)"
+    origin = headers.get(b"origin")
+    if origin is not None and host and origin.decode("latin-1") != f"{scheme}://{host}":
+        return 403, f"a request from another site ({origin.decode('latin-1')[:100]}) is refused"
+    site = headers.get(b"sec-fetch-site")
+    if site is not None and site not in (b"same-origin", b"none"):
+        return 403, f"a request from another site (Sec-Fetch-Site: {site.decode('latin-1')[:40]}) is refused"
+    return None
+
+
+def _known_host(host: str, names: frozenset[str]) -> bool:
+    """Whether a Host header names an IP address or one of ``names`` (port aside)."""
+    if host.startswith("["):  # an IPv6 literal, with or without a port
+        end = host.find("]")
+        name = host[1:end] if end > 0 else host
+    else:
+        name = host.rsplit(":", 1)[0]
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name.lower() in names
+
+
+def _guarded(app: Any, host_names: frozenset[str] | None) -> Any:
+    """``request_problem`` in front of the routes."""
+    async def guarded(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            problem = request_problem(scope["method"], scope.get("scheme", "http"),
+                                      dict(scope.get("headers") or []), host_names)
+            if problem is not None:
+                await _error(*problem)(scope, receive, send)
+                return
+        await app(scope, receive, send)
+    return guarded
 
 
 def _with_login(app: Any, login: tuple[str, str]) -> Any:

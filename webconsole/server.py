@@ -92,7 +92,12 @@ async def serve(config: ConsoleConfig, *, task_status: trio.TaskStatus[None] = t
                           lambda: AsyncConsumer(config.bootstrap, client_id="tidelog-console-browser",
                                                 enable_auto_commit=False, auto_offset_reset="earliest",
                                                 **security),
-                          watch, permissions, config.refresh_ms, _version(), config.login)
+                          watch, permissions, config.refresh_ms, _version(), config.login,
+                          frozenset({"localhost", config.host.lower()}))
+        if config.login is None and not config.is_loopback:
+            logger.warning("the console serves %s without a login: anyone who can reach that address can "
+                           "act on the cluster as %s (give it --login-user and TLS to serve beyond this "
+                           "machine)", config.host, principal_of(security))
         nursery.start_soon(watch.run)
         nursery.start_soon(_refresh_permissions, clients, admin, principal_of(security))
         hc = Config()

@@ -29,10 +29,12 @@ class Admin(FakeAdmin):
 async def call(app, method: str, url: str, body: object = None, headers: dict | None = None) -> tuple[int, dict]:
     parts = urlsplit(url)
     raw = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    # what the console's page sends: its Host, and every call as JSON
+    headers = {"Host": "127.0.0.1:8080", "Content-Type": "application/json", **(headers or {})}
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
              "path": parts.path, "raw_path": parts.path.encode(), "query_string": parts.query.encode(),
              "root_path": "", "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 5000),
-             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]}
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items() if v is not None]}
     sent: list[dict] = []
     delivered = False
 
@@ -119,3 +121,32 @@ async def test_a_login_guards_every_path():
     right = base64.b64encode(b"ops:s3cret-pass").decode()
     status, answer = await call(app, "GET", "/api/overview", headers={"Authorization": f"Basic {right}"})
     assert status == 200 and answer["brokers"]
+
+
+async def test_another_sites_page_cannot_act_through_the_browser():
+    """A page elsewhere can make the browser post here (a form, a no-CORS fetch) and, through
+    a name of its own pointed at this address (DNS rebinding), read the answers: neither
+    reaches the cluster."""
+    app = await app_with(Permissions(OPEN, "User:admin"))
+    new = {"name": "csrf", "partitions": 1, "replication_factor": 1}
+    status, body = await call(app, "POST", "/api/topics", new, {"Content-Type": "text/plain"})
+    assert status == 415 and "application/json" in body["error"]
+    status, body = await call(app, "POST", "/api/topics", new, {"Origin": "https://evil.example"})
+    assert status == 403 and "another site" in body["error"]
+    status, body = await call(app, "DELETE", "/api/topics/t", None, {"Sec-Fetch-Site": "cross-site"})
+    assert status == 403 and "another site" in body["error"]
+    status, body = await call(app, "GET", "/api/overview", None, {"Host": "attacker.example:8080"})
+    assert status == 403 and "attacker.example" in body["error"]
+    # the console's own page, by address or by localhost, works
+    for host in ("localhost:8080", "127.0.0.1:8080", "[::1]:8080"):
+        assert (await call(app, "GET", "/api/overview", None, {"Host": host}))[0] == 200
+    status, body = await call(app, "POST", "/api/topics", new, {"Origin": "http://127.0.0.1:8080",
+                                                                 "Sec-Fetch-Site": "same-origin"})
+    assert status == 409 and "already exists" in body["error"]  # reached the (fake) cluster
+
+
+async def test_with_a_login_the_console_answers_to_any_name():
+    app = await app_with(Permissions(OPEN, "User:admin"), login=("ops", "secret"))
+    auth = {"Authorization": "Basic " + base64.b64encode(b"ops:secret").decode()}
+    assert (await call(app, "GET", "/api/overview", None, {"Host": "console.example.com", **auth}))[0] == 200
+    assert (await call(app, "POST", "/api/topics", {"name": "x"}, {"Content-Type": "text/plain", **auth}))[0] == 415
