@@ -73,7 +73,7 @@ from tidelog.broker.controller.validation import (
     check_request_total,
     check_topic_name,
 )
-from tidelog.broker.log.config import REQUEST_MINIMUMS, InvalidConfigError, LogConfig, check_requested
+from tidelog.broker.log.config import REQUEST_MINIMUMS, InvalidConfigError, LogConfig, check_requested, parse_value
 from tidelog.broker.security.inter_broker import inter_broker_security
 from tidelog.broker.security.listeners import parse_endpoints
 from tidelog.broker.zookeeper.layout import (
@@ -509,8 +509,7 @@ class Controller:
         ctx = self.ctx
         if st.leader in ctx.live:
             return None
-        unclean = self.config.unclean_leader_election or \
-            ctx.topic_configs.get(tp.topic, {}).get("unclean.leader.election.enable") == "true"
+        unclean = self._unclean_allowed(tp.topic)
         election = offline_partition_leader(self._replicas(tp), st.isr, ctx.live, unclean)
         if election is None:
             logger.error("%s has no live in-sync replica (ISR %s): offline", tp, st.isr)
@@ -519,6 +518,20 @@ class Controller:
             logger.error("%s: unclean leader election of broker %d (ISR was %s): "
                          "acknowledged records may be lost", tp, election.leader, st.isr)
         return election.leader, election.isr
+
+    def _unclean_allowed(self, topic: str) -> bool:
+        """``unclean.leader.election.enable`` for ``topic``: its own setting when it has one,
+        either way (a topic protecting its data against a broker default of true included),
+        else the broker's."""
+        own = self.ctx.topic_configs.get(topic, {}).get("unclean.leader.election.enable")
+        if own is None:
+            return self.config.unclean_leader_election
+        try:
+            return bool(parse_value("unclean.leader.election.enable", own))
+        except InvalidConfigError:  # validated when written: not expected
+            logger.error("topic %s: unclean.leader.election.enable %r does not parse; the broker's "
+                         "setting applies", topic, own)
+            return self.config.unclean_leader_election
 
     async def _shrink_isr(self, tps: list[TopicPartition], gone: set[int]) -> None:
         changed = []

@@ -65,6 +65,25 @@ async def test_offline_election_uses_the_isr_the_dead_leader_wrote_last():
     assert (st.leader, st.leader_epoch, st.isr) == (1, 5, (1,))
 
 
+@pytest.mark.parametrize("broker_default, topic_setting, elected", [
+    (True, "false", None),  # the topic protects its data against the broker's default
+    (False, "TRUE", 3),  # any case the config validation takes
+    (True, None, 3),  # no setting of its own: the broker's
+    (False, None, None),
+])
+async def test_a_topics_unclean_election_setting_wins_over_the_brokers(broker_default, topic_setting, elected):
+    # leader 1 died with the ISR [1]; only the out-of-sync 3 is alive
+    import dataclasses
+    c, zk = controller_with({0: LeaderAndIsr(1, 4, (1,), 1)}, [3])
+    c.config = dataclasses.replace(c.config, unclean_leader_election=broker_default)
+    c.ctx.assignments[T] = {0: [1, 3]}
+    if topic_setting is not None:
+        c.ctx.topic_configs[T] = {"unclean.leader.election.enable": topic_setting}
+    await c._elect_offline([TopicPartition(T, 0)])
+    st, _ = zk.states[(T, 0)]
+    assert (st.leader if st.leader != -1 else None) == elected
+
+
 async def test_controlled_shutdown_moves_leadership_despite_a_conflict():
     c, zk = controller_with({0: LeaderAndIsr(2, 0, (2, 1, 3), 1)}, [1, 2, 3])
     zk.leader_changes_isr(T, 0, [2, 1])  # leader 2 dropped 3
