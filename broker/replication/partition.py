@@ -161,14 +161,26 @@ class Partition:
         return len(self.maximal_isr) < self.effective_min_isr
 
     def _apply_state(self, st: PartitionState) -> bool:
-        """Adopt the controller's state; returns True when the leader epoch changed."""
+        """Adopt the controller's state; returns True when the leader epoch changed.
+
+        In the same leader epoch, a state no newer than the one held (its znode version at
+        or below ours: a new controller's resend of what it read before this leader changed
+        the ISR) keeps the ISR this leader wrote, its version and any write of it in flight:
+        adopting it would put the leader back on an ISR ZooKeeper no longer holds, one whose
+        HW ignores a member the controller may elect. Its replicas are taken all the same."""
         changed = st.leader_epoch != self.leader_epoch
+        known = not changed and 0 <= st.zk_version <= self.zk_version
         self.leader_id, self.leader_epoch = st.leader, st.leader_epoch
+        self.replicas = list(st.replicas)
         # an ISR member that is not a replica (a state written before a reassignment dropped
         # it) is out of sync here: its fetches no longer count, so it must not hold the HW
-        self.replicas, self.pending_isr = list(st.replicas), None
-        self.isr = frozenset(r for r in st.isr if r in st.replicas)
-        self.zk_version, self.controller_epoch = st.zk_version, st.controller_epoch
+        if known:
+            self.isr = frozenset(r for r in self.isr if r in st.replicas)
+        else:
+            self.pending_isr = None
+            self.isr = frozenset(r for r in st.isr if r in st.replicas)
+            self.zk_version = st.zk_version
+        self.controller_epoch = st.controller_epoch
         return changed
 
     def make_leader(self, st: PartitionState, log: Log, now_ms: int) -> bool:

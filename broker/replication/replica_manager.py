@@ -953,6 +953,12 @@ class ReplicaManager:
         if (self.isr_writer is None or p.pending_isr is not None or not p.is_leader
                 or (p.leader_epoch, p.zk_version) != (epoch, version)):
             return
+        if why == "expand":
+            # decided again now: the HW may have moved past a joiner since the fetch that
+            # qualified it, and a member of the ISR must hold everything below the HW
+            new_isr = p.isr_to_expand()
+            if new_isr is None:
+                return
         p.pending_isr = new_isr
         try:
             new_version = await self.isr_writer(p.tp, sorted(new_isr), epoch, p.controller_epoch, version)

@@ -385,6 +385,44 @@ async def test_fetch_beyond_the_leader_log_end_is_not_a_caught_up_follower(clust
     assert p.isr_to_expand() is None
 
 
+async def test_an_isr_expansion_is_decided_again_when_its_write_runs(tmp_path, autojump_clock):
+    """Follower 3's fetch qualifies it for the ISR at the HW then; before the write runs,
+    follower 2's fetch moves the HW past 3's log end: 3 must not join (an ISR member holds
+    everything below the HW)."""
+    c, brokers = make_cluster(str(tmp_path), n=3)
+    try:
+        a = brokers[0]
+        c.elect(1, isr=[1, 2])
+        produce(a, 5)
+
+        async def fetch_as(replica: int, offset: int) -> None:
+            req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, offset, current_leader_epoch=0)])],
+                               replica_id=replica, max_wait_ms=0, replica_epoch=brokers[replica - 1].broker_epoch)
+            await a.fetch(req)
+
+        await fetch_as(2, 2)
+        await fetch_as(3, 2)
+        p = a.partition()
+        decided = p.isr_to_expand()
+        assert decided == {1, 2, 3} and p.log.high_watermark == 2
+        await fetch_as(2, 5)  # the HW moves to 5; 3 is still at 2
+        written = []
+
+        async def writer(tp, isr, epoch, controller_epoch, version):
+            written.append(isr)
+            return version + 1
+
+        a.replica_manager.isr_writer = writer
+        await a.replica_manager._write_isr(p, decided, "expand", p.leader_epoch, p.zk_version)
+        assert written == [] and p.isr == {1, 2}
+        await fetch_as(3, 5)  # caught up now: it joins
+        await a.replica_manager._write_isr(p, p.isr_to_expand(), "expand", p.leader_epoch, p.zk_version)
+        assert written == [[1, 2, 3]] and p.isr == {1, 2, 3}
+    finally:
+        for b in brokers:
+            b.close()
+
+
 async def test_fencing_error_codes_from_the_leader(cluster, autojump_clock):
     a = cluster.brokers[1]
     cluster.elect(1)

@@ -152,6 +152,24 @@ def leader(tmp_path):
         log.close()
 
 
+def test_a_resent_state_older_than_the_leaders_own_isr_write_does_not_undo_it(leader):
+    """A new controller resends, in the same leader epoch, a state it read before this leader
+    expanded its ISR (znode version 10, the leader's write made it 11): the leader keeps the
+    ISR ZooKeeper holds, its version, and a write in flight; it takes the replicas."""
+    p, log = leader(isr=(LEADER, F1))
+    p.make_leader(state(0, [LEADER, F1], zk_version=10), log, 1000)
+    p.isr, p.zk_version = frozenset({LEADER, F1, F2}), 11  # its expansion, written
+    p.make_leader(state(0, [LEADER, F1], zk_version=10), log, 2000)
+    assert (p.isr, p.zk_version) == ({LEADER, F1, F2}, 11)
+    p.pending_isr = frozenset({LEADER, F1})  # a shrink in flight, expecting version 11
+    p.make_leader(state(0, [LEADER, F1, F2], zk_version=11), log, 3000)
+    assert p.pending_isr == {LEADER, F1} and p.zk_version == 11
+    p.make_leader(state(0, [LEADER, F1], zk_version=12), log, 4000)  # newer: adopted
+    assert (p.isr, p.zk_version, p.pending_isr) == ({LEADER, F1}, 12, None)
+    p.make_leader(state(1, [LEADER], zk_version=5), log, 5000)  # a new epoch: adopted whatever its version
+    assert (p.isr, p.zk_version) == ({LEADER}, 5)
+
+
 def test_make_leader_starts_its_epoch_at_the_log_end(leader):
     p, log = leader(isr=(LEADER, F1))
     p.append_as_leader(make_batch(3), 1)
