@@ -26,7 +26,7 @@ import trio
 from tidelog.broker.log.log import Log
 from tidelog.broker.replication.throttle import ReplicationQuota
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import NONE, OFFSET_OUT_OF_RANGE, TidelogError, for_code
+from tidelog.protocol.errors import NONE, OFFSET_OUT_OF_RANGE, CorruptRecordError, TidelogError, for_code
 from tidelog.protocol.messages import (
     FetchPartition,
     FetchRequest,
@@ -174,7 +174,7 @@ class ReplicaFetcher:
         if target < log.log_end_offset:
             logger.info("%s: truncating to offset %d (leader epoch %d ends at %d)",
                         tp, target, r.leader_epoch, r.end_offset)
-            log.truncate_to(target)
+            truncate_follower(tp, log, target)
         # an epoch this broker led without writing starts at its LEO: no batch of ours is in
         # it, so drop it, or we would ask about it forever, and refuse the leader's batches of
         # older epochs that belong there
@@ -258,7 +258,7 @@ class ReplicaFetcher:
             # the leader's LEO; its HW, at or below it, is what the answer tells us
             logger.warning("%s: log end %d is beyond leader %d's log end; truncating to its high watermark %d",
                            tp, log.log_end_offset, self.leader_id, p.high_watermark)
-            log.truncate_to(p.high_watermark)
+            truncate_follower(tp, log, p.high_watermark)
         else:
             self.partitions[tp].truncating = True
 
@@ -272,6 +272,19 @@ def _maybe_restart_at_first_batch(tp: TopicPartition, log: Log, records: bytes) 
         logger.info("%s: the leader's batch at %d starts below our empty log's start %d; restarting the log there",
                     tp, first.base_offset, log.log_start_offset)
         log.truncate_fully_and_start_at(first.base_offset)
+
+
+def truncate_follower(tp: TopicPartition, log: Log, offset: int) -> None:
+    """A follower's truncation to ``offset``. Where the cut falls in damaged framing (the
+    batch holding it cannot be found), more goes (``Log.truncate_damaged``): a follower
+    fetches again whatever it cut, while a truncation that raised every round would stop
+    every partition of its fetcher."""
+    try:
+        log.truncate_to(offset)
+    except CorruptRecordError as e:
+        logger.warning("%s: the truncation to offset %d met damaged records (%s); dropping them whole",
+                       tp, offset, e)
+        log.truncate_damaged(offset)
 
 
 def truncation_target(log: Log, leader_epoch: int, leader_end_offset: int) -> tuple[int, bool]:

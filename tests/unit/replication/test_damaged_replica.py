@@ -128,6 +128,24 @@ def test_damaged_framing_drops_the_whole_segment(tmp_path):
 
 
 
+def test_a_follower_truncation_into_damaged_framing_cuts_more_instead_of_failing(tmp_path):
+    # OffsetsForLeaderEpoch (or an out-of-range answer) sets a cut inside a segment whose
+    # framing is damaged: the follower drops that segment whole and fetches it again, rather
+    # than raising at every round and stalling every partition of its fetcher
+    from tidelog.broker.replication.fetcher import truncate_follower
+    log = small_log(tmp_path, 60)
+    second = log.segments[1]
+    with open(second.log_path, "r+b") as f:
+        data = f.read()
+        pos, h = list(iter_headers(data))[1]
+        f.seek(pos + 8)
+        f.write(struct.pack(">i", 1 << 30))
+    truncate_follower(TP, log, h.base_offset + 1)
+    assert log.log_end_offset == second.base_offset
+    assert [r.offset for r in read_records(log)] == list(range(second.base_offset))
+    log.close()
+
+
 # -- the background verification ------------------------------------------------------------------
 
 
