@@ -381,7 +381,7 @@ class Controller:
             raise ControllerMovedError(f"controller epoch {current} is not ours ({epoch})")
         self.ctx = ctx = ControllerContext(epoch, version)
         logger.info("broker %d is the controller (epoch %d)", self.broker_id, epoch)
-        await self._refresh_brokers()
+        self._add_brokers((await self._refresh_brokers())[0])
         ctx.shutting_down = {b for b, e in self._shutting_down.items() if ctx.broker_epochs.get(b) == e}
         for topic in await until(self.zk.get_topics):
             await self._load_topic(topic)
@@ -403,24 +403,31 @@ class Controller:
         await self._advance_moves(list(ctx.moves))
         self._signal()
 
-    async def _refresh_brokers(self) -> tuple[set[int], set[int]]:
-        """Re-read the live brokers; returns (joined or restarted, gone)."""
+    async def _refresh_brokers(self) -> tuple[dict[int, tuple[BrokerInfo, int]], set[int]]:
+        """Re-read the live brokers: returns (joined, with their registration and epoch; gone).
+        A broker registered again with a new epoch (restarted before its old session was
+        seen to end) is in both: it is taken out of the context here, and the caller handles
+        it as gone, then adds the joined (``_add_brokers``) and handles them, as Kafka's
+        controller does its bounced brokers: a leader that lost an unflushed tail must not
+        keep leading in the same epoch, nor a follower stay in the ISR."""
         ctx = self.ctx
         with_epochs = await self.zk.until_answered(self.zk.live_brokers_and_epochs)
-        live = {b: info for b, (info, _) in with_epochs.items()}
-        epochs = {b: epoch for b, (_, epoch) in with_epochs.items()}
-        gone = {b for b in ctx.brokers if b not in live or epochs[b] != ctx.broker_epochs.get(b)}
-        joined = {b for b in live if b not in ctx.brokers or epochs[b] != ctx.broker_epochs.get(b)}
+        gone = {b for b in ctx.brokers if b not in with_epochs or with_epochs[b][1] != ctx.broker_epochs.get(b)}
+        joined = {b: entry for b, entry in with_epochs.items()
+                  if b not in ctx.brokers or entry[1] != ctx.broker_epochs.get(b)}
         for b in gone:
             ctx.brokers.pop(b, None)
             ctx.broker_epochs.pop(b, None)
             ctx.shutting_down.discard(b)
             self.channels.remove_broker(b)
-        for b in joined:
-            ctx.brokers[b] = live[b]
-            ctx.broker_epochs[b] = epochs[b]
-            self.channels.add_broker(b, live[b].host, live[b].port)
-        return joined, gone - joined
+        return joined, gone
+
+    def _add_brokers(self, joined: dict[int, tuple[BrokerInfo, int]]) -> None:
+        ctx = self.ctx
+        for b, (info, epoch) in joined.items():
+            ctx.brokers[b] = info
+            ctx.broker_epochs[b] = epoch
+            self.channels.add_broker(b, info.host, info.port)
 
     async def _load_topic(self, topic: str) -> None:
         ctx = self.ctx
@@ -455,11 +462,13 @@ class Controller:
             return
         joined, gone = await self._refresh_brokers()
         if gone:
-            logger.info("brokers gone: %s", sorted(gone))
+            restarted = sorted(gone & joined.keys())
+            logger.info("brokers gone: %s%s", sorted(gone), f" (restarted: {restarted})" if restarted else "")
             await self._on_brokers_gone(gone)
+        self._add_brokers(joined)
         if joined:
             logger.info("brokers joined: %s", sorted(joined))
-            await self._on_brokers_joined(joined)
+            await self._on_brokers_joined(set(joined))
 
     async def _on_brokers_gone(self, gone: set[int]) -> None:
         ctx = self.ctx

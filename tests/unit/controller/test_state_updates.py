@@ -84,6 +84,20 @@ async def test_a_topics_unclean_election_setting_wins_over_the_brokers(broker_de
     assert (st.leader if st.leader != -1 else None) == elected
 
 
+async def test_a_broker_restarted_unseen_is_first_gone_then_joined(nursery):
+    """Leader 1 restarted (a new broker epoch) before the controller saw its old session end:
+    as Kafka's bounced brokers, it is handled as gone (a new leader in a new epoch, out of the
+    ISR: it may have lost an unflushed tail), then as joined (it follows, and catches up)."""
+    c, zk = controller_with({0: LeaderAndIsr(1, 4, (1, 2), 1)}, [1, 2])
+    await nursery.start(c.channels.run)
+    zk.live = {1: 7, 2: 0}  # broker 1 registered again, epoch 7
+    await c._on_brokers(None)
+    c.channels.close_all()
+    st, _ = zk.states[(T, 0)]
+    assert (st.leader, st.leader_epoch, 1 in st.isr) == (2, 5, False)
+    assert c.ctx.broker_epochs == {1: 7, 2: 0} and c.ctx.live == {1, 2}
+
+
 async def test_controlled_shutdown_moves_leadership_despite_a_conflict():
     c, zk = controller_with({0: LeaderAndIsr(2, 0, (2, 1, 3), 1)}, [1, 2, 3])
     zk.leader_changes_isr(T, 0, [2, 1])  # leader 2 dropped 3
