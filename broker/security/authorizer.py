@@ -256,6 +256,10 @@ class Authorizer:
         return [b for b in self.acls.bindings() if acl_filter is None or acl_filter.matches(b)]
 
 
+# what stands for the ACLs of a pattern whose znode does not parse: fail closed
+UNREADABLE_ACLS = frozenset({("User:*", "*", AclOperation.ALL, AclPermissionType.DENY)})
+
+
 def cluster_action_problem(ctx: RequestContext | None, broker_principals: frozenset[str],
                            authorizer: Authorizer | None, api: str) -> str | None:
     """Why a cluster action (a follower's Fetch or OffsetsForLeaderEpoch with a replica id,
@@ -349,13 +353,17 @@ class ZkAclStore:
             self.authorizer.set_acls(*pattern, frozenset())
 
     async def reload(self, pattern: Pattern) -> None:
-        """One pattern as ZooKeeper holds it now (a malformed znode counts as no ACLs, with an
-        error logged: a half-read set could drop a Deny)."""
+        """One pattern as ZooKeeper holds it now. A malformed znode denies everything on the
+        pattern to all but the super users until it parses (an error logged): read in part, or
+        as no ACLs, it could drop a Deny, and with ``allow.everyone.if.no.acl.found`` open the
+        resource to everyone."""
         try:
             got = await self.zk.get_acls(*pattern)
         except ValueError as e:
-            logger.error("ACLs of %s:%s:%s not loaded: %s", pattern[0].kafka_name, pattern[2].name, pattern[1], e)
-            got = None
+            logger.error("ACLs of %s:%s:%s do not parse (%s): everything on it is denied to all but the super "
+                         "users until they do", pattern[0].kafka_name, pattern[2].name, pattern[1], e)
+            self.authorizer.set_acls(*pattern, UNREADABLE_ACLS)
+            return
         self.authorizer.set_acls(*pattern, got[0] if got else frozenset())
 
     async def _follow(self, pattern_type: ResourcePatternType, changes) -> None:
