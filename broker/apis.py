@@ -766,8 +766,9 @@ class Apis:
     # Any broker answers: each reads and writes ZooKeeper itself, and every broker's
     # EntityConfigStore follows the change notifications the writes leave. Authorization is
     # Kafka's (Describe/Alter, DescribeConfigs/AlterConfigs on the cluster); without an
-    # authorizer, an authenticated principal that is not a broker principal may still not
-    # alter them: a user who could set the brokers' own credential could act as a broker.
+    # authorizer, a principal that is not a broker principal may still not alter them (an
+    # unauthenticated one included, once the brokers have principals of their own): a user who
+    # could set the brokers' own credential could act as a broker.
 
     def _entity_refusal(self, ctx: RequestContext | None, operation: AclOperation,
                         what: str) -> tuple[ErrorCode, str] | None:
@@ -776,9 +777,14 @@ class Apis:
                 return None
             return CLUSTER_AUTHORIZATION_FAILED, _denied(ctx, operation.kafka_name, "cluster", CLUSTER_NAME)
         altering = operation in (AclOperation.ALTER, AclOperation.ALTER_CONFIGS)
-        if altering and ctx is not None and ctx.authenticated and ctx.principal not in self.broker_principals:
+        # an unauthenticated client too, once brokers authenticate (their principals known):
+        # it could set the brokers' own credential and then act as one
+        if (altering and ctx is not None and (ctx.authenticated or self.broker_principals)
+                and ctx.principal not in self.broker_principals):
+            how = "" if ctx.authenticated else f" (not authenticated, on listener {ctx.listener})"
             return CLUSTER_AUTHORIZATION_FAILED, (
-                f"{ctx.principal} may not alter {what}: without an authorizer only super users (super.users) may")
+                f"{ctx.principal}{how} may not alter {what}: without an authorizer only super users "
+                "(super.users) may")
         return None
 
     @property

@@ -676,10 +676,20 @@ async def test_without_an_authorizer_only_broker_principals_alter_credentials(tm
     assert "only super users" in r.results[0].error_message
     await b.apis.alter_user_scram_credentials(set_admin_password(), ctx(ADMIN))
     await b.apis.describe_user_scram_credentials(DescribeUserScramCredentialsRequest(), ctx())
-    # an unauthenticated listener is an open cluster (docs/operations.md)
-    await b.apis.alter_user_scram_credentials(set_admin_password(), ctx("User:ANONYMOUS", protocol="PLAINTEXT"))
-    assert entity_configs.calls == ["alter scram", "describe scram", "alter scram"]
+    # nor an unauthenticated client (a PLAINTEXT listener beside the brokers' SASL one): it
+    # could set a broker's credential and act as that broker
+    r = await b.apis.alter_user_scram_credentials(set_admin_password(), ctx("User:ANONYMOUS", protocol="PLAINTEXT"))
+    assert [x.error_code for x in r.results] == [CLUSTER_AUTHORIZATION_FAILED.code]
+    assert "not authenticated" in r.results[0].error_message
+    assert entity_configs.calls == ["alter scram", "describe scram"]
     for log in b.log_manager.logs.values():
+        log.close()
+    # a cluster where nobody authenticates (no broker principals) is open (docs/operations.md)
+    open_broker = Broker(str(tmp_path / "open"), authorizer=False)
+    open_broker.apis.broker_principals = frozenset()
+    await open_broker.apis.alter_user_scram_credentials(set_admin_password(), ctx("User:ANONYMOUS", protocol="PLAINTEXT"))
+    assert entity_configs.calls == ["alter scram", "describe scram", "alter scram"]
+    for log in open_broker.log_manager.logs.values():
         log.close()
 
 
