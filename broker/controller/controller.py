@@ -518,6 +518,11 @@ class Controller:
         ctx = self.ctx
         if st.leader in ctx.live:
             return None
+        if st.leader == -1 and not st.isr and st.leader_epoch == 0:
+            # created while none of its replicas was live (``_init_new_partitions``): it never
+            # had a leader nor a record, so its first live replicas start it, as a new one
+            live = [r for r in self._replicas(tp) if r in ctx.live]
+            return (live[0], live) if live else None
         unclean = self._unclean_allowed(tp.topic)
         election = offline_partition_leader(self._replicas(tp), st.isr, ctx.live, unclean)
         if election is None:

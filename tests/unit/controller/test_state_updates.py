@@ -98,6 +98,16 @@ async def test_a_broker_restarted_unseen_is_first_gone_then_joined(nursery):
     assert c.ctx.broker_epochs == {1: 7, 2: 0} and c.ctx.live == {1, 2}
 
 
+async def test_a_partition_created_with_no_live_replica_starts_once_one_is_live():
+    # created while its replicas were down (a rolling restart, say): no leader, an empty ISR;
+    # an empty ISR elects nobody, but this partition never had a leader nor a record
+    c, zk = controller_with({0: LeaderAndIsr(-1, 0, (), 1)}, [2])
+    c.ctx.assignments[T] = {0: [1, 2]}
+    await c._elect_offline([TopicPartition(T, 0)])
+    st, _ = zk.states[(T, 0)]
+    assert (st.leader, st.leader_epoch, st.isr) == (2, 1, (2,))
+
+
 async def test_controlled_shutdown_moves_leadership_despite_a_conflict():
     c, zk = controller_with({0: LeaderAndIsr(2, 0, (2, 1, 3), 1)}, [1, 2, 3])
     zk.leader_changes_isr(T, 0, [2, 1])  # leader 2 dropped 3
