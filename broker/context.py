@@ -33,6 +33,9 @@ class RequestContext(NamedTuple):  # one per request: a tuple is made in one cal
     security_protocol: str = "PLAINTEXT"
     inter_broker: bool = True  # the listener is inter.broker.listener.name (one listener: it is)
     host: str = ""  # the peer's host, taken out of ``peer`` once per connection (authorization reads it)
+    # an SSL listener that asks clients for a certificate (ssl.client.auth requested or
+    # required): one that sent none is unauthenticated there, not on an open listener
+    client_certificates: bool = False
 
     @property
     def authenticated(self) -> bool:

@@ -123,6 +123,7 @@ import math
 import os
 import resource
 import socket
+import ssl
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -484,7 +485,9 @@ class _Connection:
         self._context = functools.partial(RequestContext, peer=self._peer, host=host_of(self._peer),
                                           listener=server.listener,
                                           security_protocol=str(security.protocol),
-                                          inter_broker=security.inter_broker)
+                                          inter_broker=security.inter_broker,
+                                          client_certificates=getattr(security.ssl_context, "verify_mode",
+                                                                      ssl.CERT_NONE) != ssl.CERT_NONE)
         self._pool = server.pool
         self._reservation = 0  # reserved for the frame still arriving
         self._held: deque[tuple[int, int]] = deque()  # (request number, bytes) of large requests

@@ -272,10 +272,11 @@ def cluster_action_problem(ctx: RequestContext | None, broker_principals: frozen
     on a listener that is not the inter-broker    never
     one
     on the inter-broker listener, which does not  always: anyone who reaches it can act as a
-    authenticate (PLAINTEXT, SSL without client   broker (docs/operations.md)
-    certificates)
-    on the inter-broker listener, authenticated   the principal is a broker principal
-    (SASL, or a client certificate)               (``super.users`` and the broker's own
+    authenticate (PLAINTEXT, SSL that asks for no broker (docs/operations.md)
+    client certificate)
+    on the inter-broker listener, authenticating  the principal is a broker principal
+    (SASL, or SSL asking for client certificates: (``super.users`` and the broker's own
+    a peer that sent none is ANONYMOUS there)
                                                   inter-broker principal) or, with the
                                                   authorizer on, is allowed ClusterAction on
                                                   the Cluster
@@ -289,7 +290,7 @@ def cluster_action_problem(ctx: RequestContext | None, broker_principals: frozen
     if not ctx.inter_broker:
         return (f"{api} from {ctx.principal} on listener {ctx.listener} refused: broker-to-broker requests are "
                 "accepted only on the inter-broker listener (inter.broker.listener.name)")
-    if not ctx.authenticated and ctx.security_protocol not in _AUTHENTICATING:
+    if not ctx.authenticated and ctx.security_protocol not in _AUTHENTICATING and not ctx.client_certificates:
         return None
     if ctx.principal in broker_principals:
         return None

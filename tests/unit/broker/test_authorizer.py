@@ -208,6 +208,12 @@ def test_an_authenticating_inter_broker_listener_needs_a_broker_principal():
     problem = cluster_action_problem(ctx(ALICE, "SASL_SSL"), brokers, None, "UpdateMetadata")
     assert problem is not None and ALICE in problem and "BROKER" in problem
     assert cluster_action_problem(ctx(ALICE, "SSL"), brokers, None, "x") is not None  # a client certificate
+    # an SSL listener that asks for certificates (ssl.client.auth requested): a peer that sent
+    # none is unauthenticated there, not a broker; one that asks for none is open
+    no_certificate = RequestContext(HEADER, "10.0.0.1:5555", "BROKER", "User:ANONYMOUS", "SSL", True,
+                                    client_certificates=True)
+    assert cluster_action_problem(no_certificate, brokers, None, "LeaderAndIsr") is not None
+    assert cluster_action_problem(no_certificate._replace(client_certificates=False), brokers, None, "x") is None
     # SASL without a proven principal is never a broker
     assert cluster_action_problem(ctx("User:ANONYMOUS", "SASL_PLAINTEXT"), brokers, None, "x") is not None
     # with the authorizer: ClusterAction on the Cluster makes a principal a broker
