@@ -800,7 +800,7 @@ class Controller:
         check_assignment_size(topic, merged, ctx.topic_configs.get(topic, {}), limits)
         if validate_only:
             return []
-        await self.zk.set_assignment(topic, merged)
+        await self.zk.set_assignment(topic, merged, controller_epoch_zk_version=ctx.epoch_zk_version)
         ctx.assignments[topic] = merged
         created = await self._init_new_partitions([TopicPartition(topic, p) for p in sorted(new)])
         return self._propagate(created)
@@ -823,7 +823,7 @@ class Controller:
         check_assignment_size(topic, ctx.assignments[topic], merged, self.config.partition_limits)
         if validate_only:
             return []
-        await self.zk.set_topic_config(topic, merged)
+        await self.zk.set_topic_config(topic, merged, controller_epoch_zk_version=ctx.epoch_zk_version)
         ctx.topic_configs[topic] = merged
         return self._send_update_metadata([], configs_of=[topic])
 
@@ -1032,7 +1032,8 @@ class Controller:
             try:
                 check_assignment_size(topic, assignment, ctx.topic_configs.get(topic, {}), self.config.partition_limits,
                                       moving=_moving(moves))
-                await self.zk.set_assignment(topic, assignment, moving=_moving(moves))
+                await self.zk.set_assignment(topic, assignment, moving=_moving(moves),
+                                             controller_epoch_zk_version=ctx.epoch_zk_version)
             except TidelogError as e:  # the states written above stay valid under the old replicas
                 for tp in mine:
                     del plans[tp]
@@ -1081,7 +1082,8 @@ class Controller:
     async def _write_assignment(self, topic: str) -> None:
         ctx = self.ctx
         await self.zk.set_assignment(topic, ctx.assignments[topic],
-                                     moving=_moving({tp: m for tp, m in ctx.moves.items() if tp.topic == topic}))
+                                     moving=_moving({tp: m for tp, m in ctx.moves.items() if tp.topic == topic}),
+                                     controller_epoch_zk_version=ctx.epoch_zk_version)
 
     def _stop_dropped(self, dropped: dict[TopicPartition, set[int]]) -> None:
         """StopReplica with deletion to the live brokers of replicas a partition no longer has

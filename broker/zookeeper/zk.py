@@ -699,18 +699,35 @@ class ZkClient:
 
     async def set_assignment(self, topic: str, assignment: Mapping[int, Iterable[int]],
                              version: int | None = None,
-                             moving: Mapping[int, tuple[Iterable[int], Iterable[int]]] | None = None) -> int:
+                             moving: Mapping[int, tuple[Iterable[int], Iterable[int]]] | None = None,
+                             controller_epoch_zk_version: int | None = None) -> None:
         """Replace the assignment (CreatePartitions, reassignments with ``moving``: partition ->
-        replicas being added, being removed); check-and-set when ``version`` is given."""
-        return await self._set(self.paths.topic(topic), encode_topic_assignment(assignment, moving),
-                               -1 if version is None else version)
+        replicas being added, being removed); check-and-set when ``version`` is given. With
+        ``controller_epoch_zk_version`` (the controller's writes) only while the controller
+        epoch is still that one (ControllerMovedError): a deposed controller's queued event must
+        not change a topic its successor has read."""
+        path, data = self.paths.topic(topic), encode_topic_assignment(assignment, moving)
+        expected = -1 if version is None else version
+        if controller_epoch_zk_version is None:
+            await self._set(path, data, expected)
+        else:
+            await self._fenced(f"set {path}", controller_epoch_zk_version, ("set_data", path, data, expected))
 
     async def get_topic_config(self, topic: str) -> dict[str, str]:
         got = await self._get(self.paths.topic_config(topic))
         return {} if got is None else decode_topic_config(got[0])
 
-    async def set_topic_config(self, topic: str, config: Mapping[str, str]) -> None:
+    async def set_topic_config(self, topic: str, config: Mapping[str, str],
+                               controller_epoch_zk_version: int | None = None) -> None:
+        """Set the topic's config (creating its znode); fenced by the controller epoch as
+        ``set_assignment`` when ``controller_epoch_zk_version`` is given."""
         path, data = self.paths.topic_config(topic), encode_topic_config(config)
+        if controller_epoch_zk_version is not None:
+            try:
+                await self._fenced(f"set {path}", controller_epoch_zk_version, ("set_data", path, data, -1))
+            except ZkNoNodeError:
+                await self._fenced(f"create {path}", controller_epoch_zk_version, ("create", path, data))
+            return
         try:
             await self._set(path, data)
         except ZkNoNodeError:

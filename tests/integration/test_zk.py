@@ -192,6 +192,18 @@ async def test_partition_state_check_and_set_and_controller_fencing(zookeeper, c
             await a.create_partition_state("t", 2, state, epoch_version)
         states = await b.get_partition_states("t")
         assert states == {0: (moved, 2), 1: (state.new_leader_and_isr(2, [2, 1]), 0)}
+        # so are its writes of assignments and configs: a deposed controller's queued event
+        # must not change a topic its successor has read
+        with pytest.raises(ControllerMovedError):
+            await a.set_assignment("t", {0: [1, 2], 1: [2, 1], 2: [1, 2]}, controller_epoch_zk_version=epoch_version)
+        with pytest.raises(ControllerMovedError):
+            await a.set_topic_config("t", {"retention.ms": "1"}, controller_epoch_zk_version=epoch_version)
+        assert await b.get_assignment("t") == {0: [1, 2], 1: [2, 1]}
+        assert await b.get_topic_config("t") == {}
+        _, current = await b.controller_epoch()
+        await b.set_assignment("t", {0: [1, 2], 1: [2, 1], 2: [1, 2]}, controller_epoch_zk_version=current)
+        await b.set_topic_config("t", {"retention.ms": "1"}, controller_epoch_zk_version=current)
+        assert len(await b.get_assignment("t")) == 3 and await b.get_topic_config("t") == {"retention.ms": "1"}
 
 
 async def test_a_leaders_isr_write_applied_but_unanswered_counts_as_written(zookeeper, chroot):

@@ -77,7 +77,7 @@ class FakeZk:
             return None
         return dict(self.assignments[topic]), dict(self.moves.get(topic, {}))
 
-    async def set_assignment(self, topic, assignment, version=None, moving=None):
+    async def set_assignment(self, topic, assignment, version=None, moving=None, controller_epoch_zk_version=None):
         self.writes += 1
         self.assignments[topic] = {p: list(r) for p, r in assignment.items()}
         self.moves[topic] = {p: (tuple(a), tuple(r)) for p, (a, r) in (moving or {}).items()}
@@ -85,7 +85,7 @@ class FakeZk:
     async def get_topic_config(self, topic):
         return dict(self.configs.get(topic, {}))
 
-    async def set_topic_config(self, topic, config):
+    async def set_topic_config(self, topic, config, controller_epoch_zk_version=None):
         self.writes += 1
         self.configs[topic] = dict(config)
 
