@@ -638,6 +638,8 @@ class _Connection:
     async def _start_requests(self, requests: trio.Nursery, events: list) -> bool:
         """Start each request of ``events`` in order; True when the connection must close."""
         for event in events:
+            if self._linger:  # refused (no authentication): closed once answered, nothing more
+                return True  # served, nor refused and logged again for each frame read with it
             if self._reservation:  # the frame it was reserved for is this one
                 self._held.append((self._written + self._pending, self._reservation))
                 self._reservation = 0
