@@ -185,6 +185,10 @@ TLS_HANDSHAKE_RECORD = 0x16  # the first byte a TLS client sends
 SASL_THREADS = 2  # worker threads for authentication rounds, per listener
 LINGER_S = 1.0  # how long a refused connection's last bytes are drained before it closes
 SASL_MAX_FRAME_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size: frames before authentication
+# requests a connection may send before SASL authentication completes: ApiVersions (again at
+# v0 after UNSUPPORTED_VERSION), SaslHandshake and SCRAM's two rounds need 5; an
+# unauthenticated peer repeating ApiVersions of half a megabyte is not served for ever
+PRE_AUTH_MAX_REQUESTS = 8
 _CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 # The protocol of each wire and the largest frame it decodes on the event loop: Kafka's
@@ -478,6 +482,7 @@ class _Connection:
         security = server.security
         self._principal = ANONYMOUS
         self._linger = False  # refused: drain what the peer still sends before closing (_drain)
+        self._requests_before_auth = 0  # while SASL authentication is under way (_unauthenticated)
         self._auth: ServerAuthenticator | None = None  # None: nothing to authenticate (or done)
         if security.protocol.uses_sasl:
             self._auth = ServerAuthenticator(security.sasl_mechanisms, security.credentials)
@@ -770,13 +775,20 @@ class _Connection:
         """The answer to a request read before SASL completed that may not be served then
         (and the connection closes after it), or None to serve it."""
         name = getattr(event.header.api_key, "name", "") if isinstance(event, Request) else ""
-        if ServerAuthenticator.allows(name):
+        self._requests_before_auth += 1
+        too_many = self._requests_before_auth > PRE_AUTH_MAX_REQUESTS
+        if ServerAuthenticator.allows(name) and not too_many:
             return None
         self._server.counters.invalid += 1
         self.stop_reading()
         self._linger = True
         log.info("closing the connection from %s on listener %s: %s before SASL authentication",
-                 self._peer, self._server.listener, name or "a malformed request")
+                 self._peer, self._server.listener,
+                 f"more than {PRE_AUTH_MAX_REQUESTS} requests" if too_many else name or "a malformed request")
+        if too_many:  # each decoded on the event loop, and any frame up to SASL_MAX_FRAME_BYTES
+            return error_body(SASL_AUTHENTICATION_FAILED, (
+                f"listener {self._server.listener} serves at most {PRE_AUTH_MAX_REQUESTS} requests before "
+                "SASL authentication completes"))
         return error_body(SASL_AUTHENTICATION_FAILED, (
             f"listener {self._server.listener} ({self._server.security.protocol}) requires SASL authentication "
             f"before {name or 'any request'}: connect with security_protocol={self._server.security.protocol} "

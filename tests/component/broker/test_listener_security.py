@@ -238,6 +238,25 @@ async def test_api_versions_is_served_before_authentication(nursery):
     assert [c.principal for c in recorder.contexts] == [ANONYMOUS]
 
 
+async def test_an_unauthenticated_peer_gets_a_bounded_number_of_requests(nursery):
+    # ApiVersions is served before authentication, but not for ever: each may be half a
+    # megabyte decoded on the event loop
+    from tidelog.broker.network import PRE_AUTH_MAX_REQUESTS
+    server, recorder = await serve(nursery, listener(SecurityProtocol.SASL_PLAINTEXT))
+    conn = ClientConnection(client_id="raw")
+    async with await trio.open_tcp_stream("127.0.0.1", server.port) as stream:
+        for _ in range(PRE_AUTH_MAX_REQUESTS + 1):
+            await stream.send_all(conn.send_request(ApiKey.API_VERSIONS, 0, ApiVersionsRequest())[1])
+        got = []
+        with trio.fail_after(TIMEOUT_S):
+            while len(got) < PRE_AUTH_MAX_REQUESTS + 1:
+                got += conn.receive_data(await stream.receive_some(65536))
+        assert got[-1][1]["error_code"] == SASL_AUTHENTICATION_FAILED.code
+        assert f"at most {PRE_AUTH_MAX_REQUESTS} requests" in got[-1][1]["error_message"]
+        assert await closed(stream)
+    assert len(recorder.contexts) == PRE_AUTH_MAX_REQUESTS
+
+
 async def test_a_large_frame_before_authentication_closes_the_connection(nursery):
     server, recorder = await serve(nursery, listener(SecurityProtocol.SASL_PLAINTEXT))
     async with await trio.open_tcp_stream("127.0.0.1", server.port) as stream:
