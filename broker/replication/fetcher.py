@@ -151,7 +151,9 @@ class ReplicaFetcher:
         response = await self.endpoint.offsets_for_leader_epoch(request)
         for t in response.topics:
             for r in t.partitions:
-                self._apply_epoch_answer(TopicPartition(t.topic, r.partition), r)
+                tp = TopicPartition(t.topic, r.partition)
+                if tp in todo:
+                    self._apply_epoch_answer(tp, r, todo[tp])
 
     def _epoch_request(self, todo: dict[TopicPartition, FetchState]) -> OffsetsForLeaderEpochRequest:
         by_topic: dict[str, list[OffsetForLeaderPartition]] = {}
@@ -162,10 +164,10 @@ class ReplicaFetcher:
         return OffsetsForLeaderEpochRequest([OffsetForLeaderTopic(t, ps) for t, ps in by_topic.items()],
                                             replica_id=self.config.replica_id)
 
-    def _apply_epoch_answer(self, tp: TopicPartition, r) -> None:
+    def _apply_epoch_answer(self, tp: TopicPartition, r, asked: FetchState) -> None:
         st, log = self.partitions.get(tp), self.log_of(tp)
-        if st is None or log is None or not st.truncating:
-            return
+        if st is not asked or log is None or not st.truncating:
+            return  # removed, or added again (another epoch) while the question was out
         if r.error_code != NONE.code:
             logger.info("%s: OffsetsForLeaderEpoch failed: %s", tp, for_code(r.error_code).name)
             self._delay(tp)

@@ -16,7 +16,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.log.helpers import FakeClock, make_batch, read_batches
+from tests.unit.log.helpers import FakeClock, make_batch, open_log, read_batches
 from tests.unit.replication.memory_leader import (
     TP,
     MemoryBroker,
@@ -502,3 +502,36 @@ async def _fetch_some(cluster: MemoryCluster, fetches: list[tuple[int, int]]) ->
     for index, rounds in fetches:
         for _ in range(rounds):
             await cluster.fetch_round(followers[index % len(followers)])
+
+
+async def test_a_truncation_answer_for_a_partition_added_again_meanwhile_is_not_applied(tmp_path):
+    """OffsetsForLeaderEpoch asked for the partition under epoch 1; before the answer it was
+    removed and added again (epoch 2): the answer, about the old question, is dropped, and
+    the new state asks again."""
+    from tidelog.broker.replication.fetcher import FetcherConfig, ReplicaFetcher
+    from tidelog.protocol.messages import (
+        EpochEndOffsetResult,
+        OffsetForLeaderTopicResult,
+        OffsetsForLeaderEpochResponse,
+    )
+    log = open_log(tmp_path / "f")
+    log.append_as_leader(make_batch(5), 0)
+    answer, asked = trio.Event(), []
+
+    class Endpoint:
+        async def offsets_for_leader_epoch(self, request):
+            asked.append(request)
+            await answer.wait()
+            return OffsetsForLeaderEpochResponse([OffsetForLeaderTopicResult(TP.topic, [
+                EpochEndOffsetResult(TP.partition, NONE.code, 0, 2)])])
+
+    f = ReplicaFetcher(1, Endpoint(), lambda tp: log, FetcherConfig(2))
+    f.add_partitions({TP: 1})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(f.maybe_truncate)
+        await trio.testing.wait_all_tasks_blocked()
+        f.remove_partitions([TP])
+        f.add_partitions({TP: 2})
+        answer.set()
+    assert log.log_end_offset == 5 and f.partitions[TP].truncating
+    log.close()
