@@ -104,15 +104,21 @@ async def test_a_damaged_replica_keeps_its_log_while_in_the_isr(cluster, autojum
     assert old.log().log_end_offset == leo and old.partition().damaged_from == damaged
 
 
-def test_damaged_framing_drops_the_whole_segment(tmp_path):
+def damage_second_segments_framing(tmp_path):
+    """A log whose second segment's second batch claims a length far beyond the segment: the
+    header walk cannot pass it. Returns (log, that segment, that batch's header)."""
     log = small_log(tmp_path, 60)
     second = log.segments[1]
-    # a batch length far beyond the segment: the header walk cannot pass it
     with open(second.log_path, "r+b") as f:
         data = f.read()
         pos, h = list(iter_headers(data))[1]
         f.seek(pos + 8)
         f.write(struct.pack(">i", 1 << 30))
+    return log, second, h
+
+
+def test_damaged_framing_drops_the_whole_segment(tmp_path):
+    log, second, h = damage_second_segments_framing(tmp_path)
     log.flush()
     log.update_high_watermark(log.log_end_offset)
     with pytest.raises(CorruptRecordError):
@@ -126,20 +132,12 @@ def test_damaged_framing_drops_the_whole_segment(tmp_path):
     log.close()
 
 
-
-
 def test_a_follower_truncation_into_damaged_framing_cuts_more_instead_of_failing(tmp_path):
     # OffsetsForLeaderEpoch (or an out-of-range answer) sets a cut inside a segment whose
     # framing is damaged: the follower drops that segment whole and fetches it again, rather
     # than raising at every round and stalling every partition of its fetcher
     from tidelog.broker.replication.fetcher import truncate_follower
-    log = small_log(tmp_path, 60)
-    second = log.segments[1]
-    with open(second.log_path, "r+b") as f:
-        data = f.read()
-        pos, h = list(iter_headers(data))[1]
-        f.seek(pos + 8)
-        f.write(struct.pack(">i", 1 << 30))
+    log, second, h = damage_second_segments_framing(tmp_path)
     truncate_follower(TP, log, h.base_offset + 1)
     assert log.log_end_offset == second.base_offset
     assert [r.offset for r in read_records(log)] == list(range(second.base_offset))
