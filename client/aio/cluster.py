@@ -456,6 +456,11 @@ class Cluster:
             conn = self._conns.get(node_id)
             if conn is not None and not conn.closed:
                 return conn
+            if conn is not None and node_id >= 0 and self._conns.pop(node_id, None) is conn:
+                # lost: the broker may have moved leadership away, or closed it to say so (a
+                # failed acks=0 produce has no response): the metadata is asked again, as
+                # Kafka's client does on a disconnection
+                self.request_update()
             return await self._connect(node_id)
 
     async def _connect(self, node_id: int) -> BrokerConnection:

@@ -78,8 +78,14 @@ async def test_connections_are_pooled_and_replaced_after_a_failure(fake, nursery
     fake.drop_all_connections()
     with trio.fail_after(2):
         await conn.closed_event.wait()
+    asked = []
+    cluster.request_update = lambda: asked.append(True)
     fresh = await cluster.connection(1)
     assert fresh is not conn and not fresh.closed
+    # a lost connection asks for the metadata again (leadership may have moved, or the broker
+    # closed it to say a request with no response failed), as Kafka's client does
+    assert asked
+    del cluster.request_update
     assert (await cluster.controller_connection()) is await cluster.connection(0)
 
 
