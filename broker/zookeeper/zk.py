@@ -700,18 +700,18 @@ class ZkClient:
     async def set_assignment(self, topic: str, assignment: Mapping[int, Iterable[int]],
                              version: int | None = None,
                              moving: Mapping[int, tuple[Iterable[int], Iterable[int]]] | None = None,
-                             controller_epoch_zk_version: int | None = None) -> None:
+                             controller_epoch_zk_version: int | None = None) -> int:
         """Replace the assignment (CreatePartitions, reassignments with ``moving``: partition ->
-        replicas being added, being removed); check-and-set when ``version`` is given. With
-        ``controller_epoch_zk_version`` (the controller's writes) only while the controller
-        epoch is still that one (ControllerMovedError): a deposed controller's queued event must
-        not change a topic its successor has read."""
+        replicas being added, being removed); check-and-set when ``version`` is given; the new
+        znode version. With ``controller_epoch_zk_version`` (the controller's writes) only while
+        the controller epoch is still that one (ControllerMovedError): a deposed controller's
+        queued event must not change a topic its successor has read."""
         path, data = self.paths.topic(topic), encode_topic_assignment(assignment, moving)
         expected = -1 if version is None else version
         if controller_epoch_zk_version is None:
-            await self._set(path, data, expected)
-        else:
-            await self._fenced(f"set {path}", controller_epoch_zk_version, ("set_data", path, data, expected))
+            return await self._set(path, data, expected)
+        results = await self._fenced(f"set {path}", controller_epoch_zk_version, ("set_data", path, data, expected))
+        return results[1].version
 
     async def get_topic_config(self, topic: str) -> dict[str, str]:
         got = await self._get(self.paths.topic_config(topic))

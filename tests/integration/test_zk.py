@@ -201,7 +201,9 @@ async def test_partition_state_check_and_set_and_controller_fencing(zookeeper, c
         assert await b.get_assignment("t") == {0: [1, 2], 1: [2, 1]}
         assert await b.get_topic_config("t") == {}
         _, current = await b.controller_epoch()
-        await b.set_assignment("t", {0: [1, 2], 1: [2, 1], 2: [1, 2]}, controller_epoch_zk_version=current)
+        _, version = await b.get_assignment_with_version("t")
+        assert await b.set_assignment("t", {0: [1, 2], 1: [2, 1], 2: [1, 2]},
+                                      controller_epoch_zk_version=current) == version + 1
         await b.set_topic_config("t", {"retention.ms": "1"}, controller_epoch_zk_version=current)
         assert len(await b.get_assignment("t")) == 3 and await b.get_topic_config("t") == {"retention.ms": "1"}
 
