@@ -490,6 +490,11 @@ class Controller:
     def _replicas(self, tp: TopicPartition) -> list[int]:
         return self.ctx.assignments.get(tp.topic, {}).get(tp.partition, [])
 
+    def _live_replicas(self, tp: TopicPartition) -> list[int]:
+        """A new partition's leader (the first) and ISR: its live replicas, in assignment order."""
+        live = self.ctx.live
+        return [r for r in self._replicas(tp) if r in live]
+
     # -- partition state changes ---------------------------------------------------------------
 
     async def _init_new_partitions(self, tps: list[TopicPartition]) -> list[TopicPartition]:
@@ -498,8 +503,7 @@ class Controller:
         for tp in tps:
             if tp in ctx.states:
                 continue
-            replicas = self._replicas(tp)
-            live = [r for r in replicas if r in ctx.live]
+            live = self._live_replicas(tp)
             st = LeaderAndIsr(live[0] if live else -1, 0, live, ctx.epoch)
             version = await self.zk.create_partition_state(tp.topic, tp.partition, st, ctx.epoch_zk_version)
             ctx.states[tp] = (st, version)
@@ -521,7 +525,7 @@ class Controller:
         if st.leader == -1 and not st.isr and st.leader_epoch == 0:
             # created while none of its replicas was live (``_init_new_partitions``): it never
             # had a leader nor a record, so its first live replicas start it, as a new one
-            live = [r for r in self._replicas(tp) if r in ctx.live]
+            live = self._live_replicas(tp)
             return (live[0], live) if live else None
         unclean = self._unclean_allowed(tp.topic)
         election = offline_partition_leader(self._replicas(tp), st.isr, ctx.live, unclean)

@@ -56,7 +56,9 @@ through ``clock`` (milliseconds), so tests control it.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
+import operator
 import os
 import time
 from typing import Callable, NamedTuple
@@ -132,7 +134,7 @@ def check_produced_records(records, batches: list[tuple[int, BatchHeader]], conf
 _CLIENT_REFUSED = ((CONTROL_BIT, "a control batch: control records are written by the broker only"),
                    (TRANSACTIONAL_BIT, "a transactional batch: this broker does not support transactions"),
                    (DELETE_HORIZON_BIT, "the delete-horizon flag: it is set by the log cleaner only"))
-_NOT_FROM_CLIENTS = CONTROL_BIT | TRANSACTIONAL_BIT | DELETE_HORIZON_BIT
+_NOT_FROM_CLIENTS = functools.reduce(operator.or_, (bit for bit, _ in _CLIENT_REFUSED))
 
 
 def _flags_refused(h: BatchHeader) -> str:
