@@ -685,16 +685,16 @@ class GroupMetadata:
             self.offsets[tp] = value
 
     def expire_offsets(self, now_ms: int, retention_ms: int) -> list[TopicPartition]:
-        """Drop and return the offsets past retention: all of an Empty consumer group's once
-        it has been Empty for ``retention_ms``; for a group that only commits (no protocol),
-        each offset ``retention_ms`` after its commit (or at its explicit expire time)."""
+        """Drop and return the offsets past retention, Kafka's rule: only while the group is
+        Empty, an offset committed with an explicit expire time (a retention time asked for)
+        at that time, the others ``retention_ms`` after the group became Empty, or, in a group
+        that only commits (no protocol), after their own commit."""
         if not self.is_(S.EMPTY):
             return []
-        if self.protocol_type is not None:
-            expired = list(self.offsets) if now_ms - self.state_timestamp_ms >= retention_ms else []
-        else:
-            expired = [tp for tp, v in self.offsets.items() if _offset_expired(v, now_ms, retention_ms)]
-        expired = [tp for tp in expired if tp not in self.pending_offset_commits]
+        grouped = self.protocol_type is not None
+        expired = [tp for tp, v in self.offsets.items() if tp not in self.pending_offset_commits
+                   and _offset_expired(v, now_ms, retention_ms,
+                                       self.state_timestamp_ms if grouped else v.commit_timestamp_ms)]
         for tp in expired:
             del self.offsets[tp]
         return expired
@@ -777,10 +777,10 @@ def _rebalance_timeout(req: JoinGroupRequest) -> int:
     return req.rebalance_timeout_ms if req.rebalance_timeout_ms >= 0 else req.session_timeout_ms
 
 
-def _offset_expired(v: OffsetValue, now_ms: int, retention_ms: int) -> bool:
+def _offset_expired(v: OffsetValue, now_ms: int, retention_ms: int, since_ms: int) -> bool:
     if v.expire_timestamp_ms >= 0:
         return now_ms >= v.expire_timestamp_ms
-    return now_ms - v.commit_timestamp_ms >= retention_ms
+    return now_ms - since_ms >= retention_ms
 
 
 __all__ = ["GroupState", "VALID_PREVIOUS_STATES", "GroupMetadata", "MemberMetadata", "GroupConfig",

@@ -377,6 +377,20 @@ def test_expiry_of_an_empty_groups_offsets():
     assert simple.expire_offsets(120, 100) == [TopicPartition("t", 0)]
 
 
+def test_an_explicit_expire_time_wins_in_an_empty_consumer_group_too():
+    """Kafka's rule: an offset committed with a retention time (OffsetCommit v2-v4) expires at
+    its own time, whatever the group's protocol; the others by the group's Empty time."""
+    from tidelog.broker.groups.offsets_records import OffsetValue
+    from tidelog.protocol.topics import TopicPartition
+    g = GroupMetadata("g", protocol_type="consumer", state_timestamp_ms=0)
+    g.offsets = {TopicPartition("t", 0): OffsetValue(5, commit_timestamp_ms=0, expire_timestamp_ms=30),
+                 TopicPartition("t", 1): OffsetValue(5, commit_timestamp_ms=0, expire_timestamp_ms=500),
+                 TopicPartition("t", 2): OffsetValue(5, commit_timestamp_ms=0)}
+    assert g.expire_offsets(30, 100) == [TopicPartition("t", 0)]
+    assert g.expire_offsets(100, 100) == [TopicPartition("t", 2)]
+    assert g.expire_offsets(499, 100) == [] and g.expire_offsets(500, 100) == [TopicPartition("t", 1)]
+
+
 # -- persistence -----------------------------------------------------------------------------------
 
 
