@@ -148,6 +148,9 @@ class StoreGroup:
     value: GroupMetadataValue
     member_id: str = ""
     old_member_id: str = ""
+    # a static replacement's member as it was (``MemberMetadata.joined_with``): put back if
+    # the write fails, with its old id
+    old_join: tuple = ()
 
 
 Effect = Reply | StoreGroup
@@ -202,6 +205,14 @@ class MemberMetadata:
 
     def protocol_names(self) -> list[str]:
         return [name for name, _ in self.protocols]
+
+    def joined_with(self) -> tuple:
+        """What a JoinGroup sets, as ``rejoin`` takes it."""
+        return (self.protocols, self.rebalance_timeout_ms, self.session_timeout_ms, self.client_id, self.client_host)
+
+    def rejoin(self, protocols, rebalance_timeout_ms, session_timeout_ms, client_id, client_host) -> None:
+        self.protocols, self.rebalance_timeout_ms = protocols, rebalance_timeout_ms
+        self.session_timeout_ms, self.client_id, self.client_host = session_timeout_ms, client_id, client_host
 
     def session_expired(self, now_ms: int) -> bool:
         return now_ms >= self.last_heartbeat_ms + self.session_timeout_ms
@@ -351,10 +362,7 @@ class GroupMetadata:
         return JoinResult(self._after_join(now_ms, config), wait_for=member_id)
 
     def _update_member_and_rebalance(self, member, req, client_id, client_host, now_ms, config) -> JoinResult:
-        member.protocols = _protocols(req)
-        member.rebalance_timeout_ms = _rebalance_timeout(req)
-        member.session_timeout_ms = req.session_timeout_ms
-        member.client_id, member.client_host = client_id, client_host
+        member.rejoin(_protocols(req), _rebalance_timeout(req), req.session_timeout_ms, client_id, client_host)
         member.awaiting_join = True
         member.last_heartbeat_ms = now_ms
         return JoinResult(self._after_join(now_ms, config), wait_for=member.member_id)
@@ -368,9 +376,9 @@ class GroupMetadata:
         old = self.members[old_id]
         effects = self._fence(old)
         metadata_changed = old.metadata_for(self.protocol_name) != dict(_protocols(req)).get(self.protocol_name)
+        old_join = old.joined_with()
         member = self._rename(old, new_member_id)
-        member.protocols, member.rebalance_timeout_ms = _protocols(req), _rebalance_timeout(req)
-        member.session_timeout_ms, member.client_id, member.client_host = req.session_timeout_ms, client_id, client_host
+        member.rejoin(_protocols(req), _rebalance_timeout(req), req.session_timeout_ms, client_id, client_host)
         member.last_heartbeat_ms = now_ms
         if self.is_(S.PREPARING_REBALANCE):
             member.awaiting_join = True
@@ -381,7 +389,7 @@ class GroupMetadata:
             member.awaiting_join = True
             effects += self.prepare_rebalance(now_ms, config)
             return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
-        store = StoreGroup(StoreReason.STATIC, self.generation_id, self.snapshot(), new_member_id, old_id)
+        store = StoreGroup(StoreReason.STATIC, self.generation_id, self.snapshot(), new_member_id, old_id, old_join)
         return JoinResult(effects + [store], wait_for=new_member_id)
 
     def _fence(self, old: MemberMetadata) -> list[Effect]:
@@ -598,8 +606,8 @@ class GroupMetadata:
         member = self.members.get(store.member_id)
         if member is None:
             return []
-        if error is not NONE:  # undo the replacement: the old member id stays valid
-            self._rename(member, store.old_member_id)
+        if error is not NONE:  # undo the replacement: the old member stays, as it joined
+            self._rename(member, store.old_member_id).rejoin(*store.old_join)
             return [Reply(store.member_id, Waiting.JOIN, join_error(error, store.member_id))]
         skip = member.member_id == self.leader_id  # the leader keeps the current assignment
         return [Reply(member.member_id, Waiting.JOIN, self._join_response(member, skip_assignment=skip))]

@@ -291,6 +291,21 @@ def test_a_static_replacement_whose_write_fails_is_undone():
     assert list(g.members) == ["old"] and g.static_members == {"i1": "old"}
 
 
+def test_a_failed_static_replacement_restores_the_members_protocols_and_timeouts():
+    """Kafka's revert: the old member id comes back with what it joined with, not what its
+    replacement asked for (a later rebalance would offer protocols nobody stored)."""
+    g = static_group()
+    old = g.members["old"]
+    before = (list(old.protocols), old.session_timeout_ms, old.rebalance_timeout_ms)
+    req = join_req(instance="i1", protocols=(("range", b"m"), ("sticky", b"s")), session=SESSION * 2,
+                   rebalance=REBALANCE * 2)
+    (store,) = stores(g.join(req, "c", "h", "new", 200, CONFIG).effects)
+    from tidelog.protocol.errors import COORDINATOR_NOT_AVAILABLE
+    g.on_store_complete(store, COORDINATOR_NOT_AVAILABLE, 200, CONFIG)
+    member = g.members["old"]
+    assert (list(member.protocols), member.session_timeout_ms, member.rebalance_timeout_ms) == before
+
+
 def test_a_static_member_with_changed_metadata_triggers_a_rebalance():
     g = static_group()
     r = g.join(join_req(instance="i1", protocols=(("range", b"other topics"),)), "c", "h", "new", 200, CONFIG)
