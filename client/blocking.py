@@ -237,6 +237,36 @@ class Producer(_Blocking):
         return self._aio.metrics
 
 
+class _Inbox:
+    """The callbacks the loop hands to a serving call (``Consumer._serve``); ``None`` in
+    ``items`` is the call's end. Once closed, ``offer`` refuses (the loop then runs the
+    callback itself), and what was offered before is returned to run or fail: the loop waits
+    for every callback it handed over, shielded, so none may be left behind."""
+
+    def __init__(self) -> None:
+        self.items: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def offer(self, item: tuple) -> bool:
+        with self._lock:
+            if not self._closed:
+                self.items.put(item)
+            return not self._closed
+
+    def close(self) -> list[tuple]:
+        with self._lock:
+            self._closed = True
+        left = []
+        while True:
+            try:
+                item = self.items.get_nowait()
+            except queue.Empty:
+                return left
+            if item is not None:
+                left.append(item)
+
+
 class Consumer(_Blocking):
     """A blocking consumer; options as ``tidelog.aio.AsyncConsumer`` (``group_id`` and
     ``subscribe`` for a consumer group, or ``assign``), plus ``consumer_timeout_ms``
@@ -259,7 +289,7 @@ class Consumer(_Blocking):
         self._api_timeout_s = self._aio.config.default_api_timeout_ms / 1000
         self._request_timeout_s = self._aio.config.request_timeout_ms / 1000
         self.consumer_timeout_ms = consumer_timeout_ms
-        self._inboxes: list[queue.SimpleQueue] = []  # the serving calls' inboxes, innermost last
+        self._inboxes: list[_Inbox] = []  # the serving calls' inboxes, innermost last
         self._start("tidelog-consumer")
         # without a group, on PLAINTEXT, poll fetches on the caller's thread (see the module)
         self._caller: CallerFetch | None = None
@@ -286,9 +316,6 @@ class Consumer(_Blocking):
     async def _callback_on_caller(self, fn: Callable, *args: Any) -> Any:
         """On the Trio thread: hand ``fn(*args)`` to the application thread that is inside a
         serving call, and wait (shielded) for it to finish there."""
-        inbox = self._inboxes[-1] if self._inboxes else None
-        if inbox is None:  # not inside a serving call: run it here
-            return await call_maybe_async(fn, *args)
         done = trio.Event()
         outcome: list[Any] = []
 
@@ -296,7 +323,9 @@ class Consumer(_Blocking):
             outcome[:] = [result, error]
             done.set()
 
-        inbox.put((fn, args, complete))
+        inbox = self._inboxes[-1] if self._inboxes else None
+        if inbox is None or not inbox.offer((fn, args, complete)):  # no serving call: run it here
+            return await call_maybe_async(fn, *args)
         with trio.CancelScope(shield=True):
             await done.wait()
         result, error = outcome
@@ -309,20 +338,22 @@ class Consumer(_Blocking):
         ``timeout`` bounds the wait, not counting the time the callbacks take."""
         if self._closed:
             raise ClientClosedError("the consumer is closed")
-        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        inbox = _Inbox()
         self._inboxes.append(inbox)
+        interrupted = False
         try:
             call = self._portal.submit(afn, *args, timeout=None)
-            call.future.add_done_callback(lambda _f: inbox.put(None))
+            call.future.add_done_callback(lambda _f: inbox.items.put(None))
             deadline = time.monotonic() + timeout
             while True:
                 try:
-                    item = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+                    item = inbox.items.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     self._portal.cancel(call)
                     raise RequestTimedOut(f"{getattr(afn, '__name__', 'call')} did not complete "
                                           f"within {timeout:g} s") from None
                 except BaseException:  # Ctrl-C
+                    interrupted = True
                     self._portal.cancel(call)
                     raise
                 if item is None:
@@ -332,6 +363,11 @@ class Consumer(_Blocking):
                 deadline += time.monotonic() - started
         finally:
             self._inboxes.remove(inbox)
+            for fn, args, complete in inbox.close():  # handed over as the wait ended
+                if interrupted:
+                    self._portal.run_soon(complete, None, ClientClosedError("the call was interrupted"))
+                else:
+                    self._run_callback(fn, args, complete)
 
     def _run_callback(self, fn: Callable, args: tuple, complete: Callable) -> None:
         try:

@@ -58,6 +58,44 @@ def test_a_call_that_does_not_finish_times_out():
             consumer._serve(hang, timeout=0.2)
 
 
+def test_a_callback_handed_over_as_the_call_times_out_still_runs_on_the_caller():
+    """The race between the deadline and a hand-over: a listener callback the loop hands over
+    after the caller stopped waiting (but before it left) runs before the timeout is raised;
+    left in the inbox, the loop would wait for it forever (its wait is shielded)."""
+    import trio
+
+    consumer = Consumer(NOWHERE, group_id="g")
+    go, ran = threading.Event(), []
+
+    async def work():
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(go.wait)
+            return await consumer._aio.invoke_callback(lambda: ran.append(threading.current_thread().name) or 1)
+
+    real_cancel = consumer._portal.cancel
+
+    def cancel_after_the_hand_over(call):
+        go.set()  # the loop now hands the callback over, after the caller's wait ended
+        inbox = consumer._inboxes[-1]
+        while inbox.items.empty():
+            time.sleep(0.01)
+        real_cancel(call)
+
+    consumer._portal.cancel = cancel_after_the_hand_over
+    try:
+        with pytest.raises(RequestTimedOut):
+            consumer._serve(work, timeout=0.05)
+        assert ran == [threading.current_thread().name]
+        consumer._portal.cancel = real_cancel
+
+        async def after():
+            return "served"
+        assert consumer._serve(after, timeout=5) == "served"
+    finally:
+        consumer._portal.cancel = real_cancel
+        consumer.close(1)
+
+
 def test_group_calls_need_a_group_and_validate():
     with Consumer(NOWHERE) as consumer:
         with pytest.raises(ValueError, match="needs a consumer group"):
