@@ -197,7 +197,8 @@ class BrokerServer:
         mechanisms = tuple(m.strip() for m in config.sasl_enabled_mechanisms.split(",") if m.strip())
         return ListenerSecurity(listener.name, listener.protocol, listener.inter_broker, context, mechanisms,
                                 self.entity_configs.scram_credential,
-                                config.connection_failed_authentication_delay_ms / 1000)
+                                usual_iterations=self.entity_configs.usual_iterations,
+                                failed_authentication_delay_s=config.connection_failed_authentication_delay_ms / 1000)
 
     async def _register(self) -> None:
         host, port = self.config.advertised

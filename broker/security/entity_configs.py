@@ -46,6 +46,7 @@ from typing import Any
 import trio
 
 from tidelog.broker.security.credentials import (
+    MIN_ITERATIONS,
     SCRAM_MECHANISMS,
     CredentialError,
     ScramCredential,
@@ -126,6 +127,7 @@ class EntityConfigStore:
         self.configs: dict[str, dict[str, str]] = {}
         self.generation = 0
         self._credentials: dict[str, dict[str, ScramCredential]] = {}  # user -> mechanism -> credential
+        self._usual: dict[tuple[int, str], int] = {}  # (generation, mechanism) -> usual_iterations
         self._last_sequence = -1  # the newest notification applied
         self._created_ms: dict[str, int] = {}  # notification name -> creation time, for the expiry
         self._reload = trio.Event()
@@ -135,6 +137,18 @@ class EntityConfigStore:
     def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         """The user's credential for ``mechanism`` (SCRAM-SHA-256 or -512), None if none."""
         return self._credentials.get(user, {}).get(mechanism)
+
+    def usual_iterations(self, mechanism: str) -> int:
+        """The iteration count most users' ``mechanism`` credentials have (Kafka's minimum
+        when none): what an unknown user's made-up credential gets, so that the count a SCRAM
+        exchange reveals, or the time PLAIN's derivation takes, tells no user from a stranger."""
+        known = self._usual.get((self.generation, mechanism))
+        if known is None:
+            counts = Counter(c[mechanism].iterations for c in list(self._credentials.values()) if mechanism in c)
+            known = max(counts, key=lambda n: (counts[n], n), default=MIN_ITERATIONS)
+            self._usual = {(self.generation, mechanism): known,
+                           **{k: v for k, v in self._usual.items() if k[0] == self.generation}}
+        return known
 
     def entity_config(self, user: str | None, client_id: str | None) -> dict[str, str]:
         return self.configs.get(entity_path(user, client_id), {})

@@ -189,6 +189,7 @@ class ListenerSecurity:
     sasl_mechanisms: tuple[str, ...] = ()
     credentials: Callable[[str, str], Any] | None = None  # (user, mechanism) -> ScramCredential | None
     failed_authentication_delay_s: float = 0.1
+    usual_iterations: Callable[[str], int] | None = None  # mechanism -> what an unknown user's decoy gets
 
     @classmethod
     def plaintext(cls, name: str = "PLAINTEXT") -> ListenerSecurity:

@@ -26,7 +26,8 @@ stored credential (``broker.security.credentials``); the server never learns the
 PLAIN checks ``authzid NUL user NUL password`` against the user's stored SCRAM credential (one
 credential store serves both; a password is only ever compared through its salted hash).
 An unknown user and a wrong password fail alike, in the same round: an unknown SCRAM user
-is given a made-up salt, so the exchange cannot tell which users exist.
+is given a made-up salt and the iteration count most users have, so the exchange cannot tell
+which users exist.
 
 Costs. A SCRAM round is a few HMACs; PLAIN derives the salted password (PBKDF2, thousands of
 iterations), so the network layer runs each round in a worker thread: hashlib releases the
@@ -88,9 +89,11 @@ class ServerAuthenticator:
     """One connection's SASL exchange (see the module docstring). Not thread-safe: one
     round at a time, as the connection serves them."""
 
-    def __init__(self, enabled: tuple[str, ...], lookup: CredentialLookup):
+    def __init__(self, enabled: tuple[str, ...], lookup: CredentialLookup,
+                 usual_iterations: Callable[[str], int] = lambda _mechanism: MIN_ITERATIONS):
         self.enabled = enabled
         self._lookup = lookup
+        self._usual_iterations = usual_iterations  # per mechanism: an unknown user's count
         self.state = SaslState.HANDSHAKE
         self.mechanism: str | None = None
         self.principal: str | None = None
@@ -136,7 +139,7 @@ class ServerAuthenticator:
         if authzid and authzid != user:
             return self._fail(SASL_AUTHENTICATION_FAILED, "PLAIN: the authorization id must be the username")
         found = next(((m, c) for m in SCRAM_MECHANISMS if (c := self._lookup(user, m)) is not None), None)
-        mechanism, credential = found or (SCRAM_MECHANISMS[0], _decoy(SCRAM_MECHANISMS[0], user))
+        mechanism, credential = found or (SCRAM_MECHANISMS[0], self._decoy(SCRAM_MECHANISMS[0], user))
         if password_matches(mechanism, credential, password) and found is not None:  # same work either way
             return self._succeed(user)
         return self._invalid()
@@ -157,8 +160,11 @@ class ServerAuthenticator:
 
     def _auth_info(self, user: str) -> tuple[bytes, bytes, bytes, int]:
         self._user = user
-        credential = self._lookup(user, self.mechanism) or _decoy(self.mechanism, user)
+        credential = self._lookup(user, self.mechanism) or self._decoy(self.mechanism, user)
         return credential.salt, credential.stored_key, credential.server_key, credential.iterations
+
+    def _decoy(self, mechanism: str, user: str) -> ScramCredential:
+        return _decoy(mechanism, user, self._usual_iterations(mechanism))
 
     def _succeed(self, user: str, auth_bytes: bytes = b"") -> Step:
         self.state, self.principal = SaslState.COMPLETE, f"User:{user}"
@@ -176,7 +182,7 @@ class ServerAuthenticator:
 _DECOY_KEY = os.urandom(32)  # per process: the same unknown user gets the same salt each time
 
 
-def _decoy(mechanism: str, user: str) -> ScramCredential:
+def _decoy(mechanism: str, user: str, iterations: int) -> ScramCredential:
     """A credential nobody has a password for, stable per user name, made without PBKDF2
     (keyed hashes of the name): an unknown user then costs what a known one does, one
     salted-password derivation for PLAIN and none for SCRAM's server side."""
@@ -185,4 +191,4 @@ def _decoy(mechanism: str, user: str) -> ScramCredential:
     def keyed(label: bytes) -> bytes:
         return hmac.digest(_DECOY_KEY, label + b"\0" + mechanism.encode() + b"\0" + user.encode(), name)
 
-    return ScramCredential(keyed(b"salt")[:16], keyed(b"stored"), keyed(b"server"), MIN_ITERATIONS)
+    return ScramCredential(keyed(b"salt")[:16], keyed(b"stored"), keyed(b"server"), iterations)
