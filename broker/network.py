@@ -123,7 +123,6 @@ import math
 import os
 import resource
 import socket
-import ssl
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -492,8 +491,7 @@ class _Connection:
                                           listener=server.listener,
                                           security_protocol=str(security.protocol),
                                           inter_broker=security.inter_broker,
-                                          client_certificates=getattr(security.ssl_context, "verify_mode",
-                                                                      ssl.CERT_NONE) != ssl.CERT_NONE)
+                                          client_certificates=security.asks_client_certificates)
         self._pool = server.pool
         self._reservation = 0  # reserved for the frame still arriving
         self._held: deque[tuple[int, int]] = deque()  # (request number, bytes) of large requests

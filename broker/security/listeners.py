@@ -27,6 +27,7 @@ that names the listener and the problem.
 from __future__ import annotations
 
 import enum
+import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -190,6 +191,12 @@ class ListenerSecurity:
     credentials: Callable[[str, str], Any] | None = None  # (user, mechanism) -> ScramCredential | None
     failed_authentication_delay_s: float = 0.1
     usual_iterations: Callable[[str], int] | None = None  # mechanism -> what an unknown user's decoy gets
+
+    @property
+    def asks_client_certificates(self) -> bool:
+        """TLS client authentication required or requested (``ssl.client.auth``): such a
+        listener counts as authenticating even for a client that sent no certificate."""
+        return getattr(self.ssl_context, "verify_mode", ssl.CERT_NONE) != ssl.CERT_NONE
 
     @classmethod
     def plaintext(cls, name: str = "PLAINTEXT") -> ListenerSecurity:

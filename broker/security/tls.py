@@ -39,19 +39,6 @@ def server_context(keystore: str, key_password: str | None, truststore: str | No
     return context
 
 
-def client_context(keystore: str | None, key_password: str | None, truststore: str | None,
-                   check_hostname: bool) -> ssl.SSLContext:
-    """The context this broker connects to other brokers' TLS listeners with."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.check_hostname = check_hostname
-    if truststore:
-        _load_truststore(context, truststore)
-    if keystore:
-        _load_keystore(context, keystore, key_password)
-    return context
-
-
 def peer_principal(ssl_object: ssl.SSLObject | None) -> str:
     """``User:<subject>`` of a verified client certificate; ANONYMOUS without one."""
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None

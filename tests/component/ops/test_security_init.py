@@ -29,6 +29,7 @@ from tests.component.ops.topology import (
 )
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.security import tls
+from tidelog.broker.security.inter_broker import inter_broker_security
 from tidelog.security import SecurityConfig, read_properties
 
 SCRIPT = ROOT / "deploy" / "init_security.py"
@@ -133,8 +134,8 @@ def test_the_compose_brokers_load_and_serve_tls_with_what_security_init_makes(vo
         # another broker connecting, with its own certificate as the client certificate
         peer = next(b for b in broker_services(volumes.compose) if b.name != broker.name)
         peer_config = BrokerConfig.load(peer.config_file, env=volumes.broker_env(peer))
-        client = tls.client_context(peer_config.ssl_keystore_location, None, peer_config.ssl_truststore_location,
-                                    check_hostname=True)
+        client = inter_broker_security(peer_config).ssl_context()  # as the peer broker makes it
+        assert client.check_hostname and client.verify_mode == ssl.CERT_REQUIRED
         _handshake(server, client, config.inter_broker_listener.advertised.host)
 
 
