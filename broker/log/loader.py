@@ -5,9 +5,18 @@ indexes are loaded, sanity-checked, and rebuilt only if they fail. After an *unc
 shutdown nothing written after the recovery point is trusted: every segment holding offsets
 at or above the recovery point is re-read batch by batch (framing, magic, CRC-32C, offsets
 increasing, epochs non-decreasing) and its indexes rebuilt. The log is cut at the first bad
-batch, and every later segment is deleted: a log is always a prefix of what was appended.
-Each cut is logged at ERROR level with the bytes and offsets lost, and kept in
-``Log.recovery_report``.
+batch, and every later segment is deleted: what was appended after the recovery point is
+kept as a prefix of what was appended (an unflushed tail lost in a crash).
+
+A segment that needs no recovery (clean shutdown, or wholly below the recovery point) but
+whose indexes fail to load is re-read the same way. Its data was flushed (acknowledged,
+usually replicated), so damage found there is disk corruption, not a lost tail: that segment
+alone is cut at the first bad batch and the later segments are kept, as Kafka keeps them. The
+hole left (the offsets from the cut to the next segment's base) is what reads skip, as in a
+compacted log: a read in it returns the first batch after it. Its first offset is
+``Log.damaged_from``, which the replica manager reports as a damaged replica, to be fetched
+again from a replica in sync. Every cut is logged at ERROR level with the bytes and offsets
+lost, and kept in ``Log.recovery_report``.
 
 Leftovers of interrupted operations are cleaned first: a swap of cleaned segments that a
 crash interrupted is completed or rolled back (``broker.log.swap``), then ``*.tmp``
@@ -60,7 +69,8 @@ def load_log(directory: str, topic_partition: TopicPartition, config: LogConfig,
     _remove_leftovers(directory)
     segments = _open_segments(directory, config)
     gaps_allowed = _GapsAllowed(config.compacts, cleaned_offset, swapped)
-    segments = _recover(segments, recovery_point, had_clean_shutdown, topic_partition, report, gaps_allowed)
+    segments, hole = _recover(segments, recovery_point, had_clean_shutdown, topic_partition, report,
+                              gaps_allowed)
     if not segments:
         segments = [LogSegment.create(directory, max(log_start_offset, 0), config, clock())]
     log_end = segments[-1].next_offset
@@ -80,6 +90,7 @@ def load_log(directory: str, topic_partition: TopicPartition, config: LogConfig,
     log.update_high_watermark(high_watermark)
     log.flush()  # what was re-validated is made durable; the recovery point moves to the LEO
     log.recovery_report = report
+    log.damaged_from = hole
     return log
 
 
@@ -116,7 +127,9 @@ class _GapsAllowed:
 
 def _recover(segments: list[LogSegment], recovery_point: int, clean: bool,
              tp: TopicPartition, report: list[str],
-             gaps_allowed=lambda seg, upper: False) -> list[LogSegment]:
+             gaps_allowed=lambda seg, upper: False) -> tuple[list[LogSegment], int | None]:
+    """The segments kept, and the first offset of a hole left by damage to flushed data."""
+    hole: int | None = None
     for i, seg in enumerate(segments):
         upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
         must_recover = not clean and (upper is None or upper > recovery_point)
@@ -140,18 +153,34 @@ def _recover(segments: list[LogSegment], recovery_point: int, clean: bool,
                                     f"but the next segment starts at offset {upper}")
         if not (result.truncated_bytes or result.reason) and i + 1 < len(segments):
             seg.on_become_inactive()  # a closed segment: rebuilt as rolled, with its final time entry
-        if result.truncated_bytes or result.reason:  # a reason without bytes: a lost tail
-            lost_after = segments[i + 1:]
-            report.append(
-                f"{tp}: segment {seg.log_path} truncated at position {result.valid_bytes}: "
-                f"{result.truncated_bytes} bytes removed ({result.reason}); log end offset is now "
-                f"{seg.next_offset}" + (f"; {len(lost_after)} later segment(s) deleted: "
-                                         + ", ".join(s.log_path for s in lost_after) if lost_after else ""))
+        if not (result.truncated_bytes or result.reason):
+            continue
+        cut = (f"{tp}: segment {seg.log_path} truncated at position {result.valid_bytes}: "
+               f"{result.truncated_bytes} bytes removed ({result.reason})")
+        if not must_recover:
+            # flushed data (acknowledged, likely replicated) damaged on disk: the later segments
+            # hold good data, kept around the hole (Kafka recovers such a segment alone)
+            if upper is None:
+                lost = f"offsets from {seg.next_offset} on lost"
+            elif seg.next_offset < upper:
+                lost = f"offsets {seg.next_offset} to {upper - 1} lost"
+                hole = seg.next_offset if hole is None else hole
+            else:
+                lost = "no offsets lost"
+            report.append(f"{cut}; {lost} from flushed data damaged on disk; the later segments are kept")
             logger.error(report[-1])
-            for later in lost_after:
-                later.delete()
-            return segments[:i + 1]
-    return segments
+            if upper is not None:
+                seg.on_become_inactive()
+            continue
+        lost_after = segments[i + 1:]  # a reason without bytes: a lost tail
+        report.append(f"{cut}; log end offset is now {seg.next_offset}"
+                      + (f"; {len(lost_after)} later segment(s) deleted: "
+                         + ", ".join(s.log_path for s in lost_after) if lost_after else ""))
+        logger.error(report[-1])
+        for later in lost_after:
+            later.delete()
+        return segments[:i + 1], hole
+    return segments, hole
 
 
 def _indexes_loaded(seg: LogSegment, tp: TopicPartition) -> bool:

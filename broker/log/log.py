@@ -25,8 +25,10 @@ returns ``CheckedRecords``, which the append does not check again). ``append_as_
 validates framing and CRC and appends the leader's batches with the offsets they already
 carry. In both, the batch bytes are never re-encoded.
 
-Reads return whole stored batches starting with the one that holds the requested offset,
-never one that reaches ``max_offset`` (the HW, for consumers), checked against their CRCs.
+Reads return whole stored batches starting with the one that holds the requested offset
+(in a gap, the first after it: compaction's, or a hole loading left where flushed data was
+damaged on disk, see ``damaged_from``), never one that reaches ``max_offset`` (the HW, for
+consumers), checked against their CRCs.
 
 ``truncate_to`` removes everything at and above an offset (a follower whose log diverged
 from its leader's); ``truncate_fully_and_start_at`` empties the log and restarts it at an
@@ -187,6 +189,7 @@ class Log:
         self._clock = clock
         self.last_flush_ms = clock()
         self.recovery_report: list[str] = []
+        self._damaged_from: int | None = None  # see ``damaged_from``
         self.cleaner_fence = 0  # moved by truncation, close and delete (see the module docstring)
         # the last leader append, readable from memory: (first offset, end offset, its bytes,
         # the cleaner fence then); see ``append_as_leader`` and ``read``
@@ -225,6 +228,21 @@ class Log:
     @property
     def latest_epoch(self) -> int:
         return self.epoch_cache.latest_epoch
+
+    @property
+    def damaged_from(self) -> int | None:
+        """The first offset of a hole that loading left in flushed data damaged on disk (the
+        damaged segment cut, the later ones kept; see ``loader``), while the log still holds
+        records on both sides of it: the replica is to be repaired from another (the replica
+        manager reports it). A truncation to it, or the log start moving past it, ends it."""
+        d = self._damaged_from
+        if d is not None and not self.log_start_offset <= d < self.log_end_offset:
+            self._damaged_from = d = None
+        return d
+
+    @damaged_from.setter
+    def damaged_from(self, offset: int | None) -> None:
+        self._damaged_from = offset
 
     def update_high_watermark(self, offset: int) -> int:
         """Set the HW, clamped to [log start offset, LEO]; returns the value stored."""
@@ -484,6 +502,8 @@ class Log:
             self.epoch_cache.truncate_from_end(leo)
             self._high_watermark = min(self._high_watermark, leo)
             self.recovery_point = min(self.recovery_point, leo)
+            if self._damaged_from is not None and leo <= self._damaged_from:
+                self._damaged_from = None  # the hole is gone: what is appended now fills it
             self._note_truncation(leo)
             self.reload_producer_state()
         logger.info("%s: truncated to offset %d (log end offset now %d)", self.topic_partition, offset, leo)
@@ -518,6 +538,7 @@ class Log:
         self.log_start_offset = offset
         self._high_watermark = offset
         self.recovery_point = offset
+        self._damaged_from = None
         self.epoch_cache.clear()
         self.producer_state.clear(offset)
         self.producer_state.delete_snapshots(lambda _: True)

@@ -411,6 +411,10 @@ class ReplicaManager:
             p.make_follower(st, log)
             if st.leader >= 0:
                 to_follow.setdefault(st.leader, {})[tp] = st.leader_epoch
+        hole = log.damaged_from
+        if hole is not None:  # loading found flushed records damaged on disk: repaired as any damage
+            self._note_damage(p, hole, CorruptRecordError(f"{tp}: records from offset {hole} were damaged on "
+                                                          "disk and dropped when the log was loaded"))
         p.notify()
         self._leadership_changed(p)
         return NONE.code

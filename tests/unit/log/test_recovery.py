@@ -412,6 +412,82 @@ def test_plausible_garbage_after_the_tail_is_cut(pristine, kind, caplog):
         log.close()
 
 
+# -- damage below the recovery point: flushed data, so a hole, not a cut -------------------------------
+
+
+HOLE_CONFIG = LogConfig(segment_bytes=1 << 20, index_interval_bytes=700)
+
+
+def _three_segments(d: str, appended: Appended) -> Log:
+    """A log of three segments, epoch 0 in the first, epochs 1 then 3 in the middle one, 4 in
+    the last, every segment flushed."""
+    log = load_log(d, TP, HOLE_CONFIG, clock=FakeClock())
+    for i, epochs in enumerate([(0,), (1, 3), (4,)]):
+        if i:
+            log.roll()
+        fill(log, appended, 6, seed=40 + i, epochs=epochs)
+    log.flush()
+    return log
+
+
+@pytest.mark.parametrize("index", ["removed", "corrupt"])
+@pytest.mark.parametrize("clean", [True, False])
+def test_damage_below_the_recovery_point_keeps_the_later_segments(tmp_path, index, clean, caplog):
+    """Damage in a segment whose data was flushed (clean shutdown, or below the recovery point)
+    is disk corruption, not a lost tail: the damaged segment is cut, the later ones stay, and
+    the hole left is reported with the offsets lost. Reads across it go on from the next batch."""
+    d = str(tmp_path / TP.dir_name)
+    appended = Appended()
+    log = _three_segments(d, appended)
+    bases = [s.base_offset for s in log.segments]
+    leo, epochs = log.log_end_offset, log.epoch_cache.entries
+    if clean:
+        log.close()
+    else:
+        crash(log)
+    middle = bases[1]
+    pos, h = batches_on_disk(d, middle)[2]
+    flip_bit(log_path(d, middle), pos + CRC_START + 9, 2)
+    if index == "removed":
+        os.unlink(log_path(d, middle, INDEX_SUFFIX))
+    else:
+        _corrupt_index(log_path(d, middle, INDEX_SUFFIX), "entry beyond the log", 8)
+    with caplog.at_level(logging.ERROR, logger="tidelog.log.loader"):
+        log = load_log(d, TP, HOLE_CONFIG, recovery_point=leo, had_clean_shutdown=clean, clock=FakeClock())
+    assert [s.base_offset for s in log.segments] == bases
+    assert sorted(seg_files(d)) == bases
+    assert log.log_end_offset == leo and log.segments[1].next_offset == h.base_offset
+    lost = range(h.base_offset, bases[2])
+    assert log.damaged_from == h.base_offset
+    assert len(log.recovery_report) == 1
+    report = log.recovery_report[0]
+    assert log_path(d, middle) in report and f"offsets {lost[0]} to {lost[-1]} lost" in report
+    assert any(r.levelno == logging.ERROR and report in r.getMessage() for r in caplog.records)
+    # every record outside the hole is there, at its offset; a read in the hole gets the next batch
+    got, offset = {}, 0
+    while offset < leo:
+        data = log.read(offset, 3000)
+        first = validate_batch(data)
+        assert first.base_offset <= offset or offset in lost  # only the hole is skipped
+        for bpos, bh in iter_headers(data):
+            validate_batch(data, bpos)
+            got.update((r.offset, (r.timestamp, r.key, r.value)) for r in iter_records(data, bpos, bh))
+            offset = bh.next_offset
+    assert sorted(got) == [o for o in range(leo) if o not in lost]
+    assert all(rec == appended.records[o] for o, rec in got.items())
+    for offset in (lost[0], lost[-1]):
+        assert validate_batch(log.read(offset, 1)).base_offset == bases[2]
+    assert log.epoch_cache.entries == epochs
+    assert log.producer_state.map_end_offset == leo
+    assert log.append_as_leader(build_batch([b"after"], timestamp_ms=5), 4).first_offset == leo
+    log.close()
+    # the cut is durable: a restart sees the same log, and nothing more to report
+    again = load_log(d, TP, HOLE_CONFIG, recovery_point=leo + 1, had_clean_shutdown=True, clock=FakeClock())
+    assert [s.base_offset for s in again.segments] == bases and again.log_end_offset == leo + 1
+    assert again.recovery_report == [] and again.damaged_from is None
+    again.close()
+
+
 # -- F9: a bit flip in the middle of a closed segment -------------------------------------------------
 
 

@@ -7,6 +7,7 @@ The controller's side is in tests/unit/controller/test_replica_damage.py."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 
 import pytest
@@ -254,3 +255,69 @@ async def test_the_only_in_sync_copy_names_the_damage_for_good(cluster, autojump
     r = await consumer_fetch(cluster.leader, damaged)
     assert r.error_code == CORRUPT_MESSAGE.code and "fails its CRC check" in r.error_message
     assert cluster.leader.partition().damage == damaged
+
+
+# -- damage found when the log is loaded ------------------------------------------------------------
+
+
+def restart_with_a_hole(cluster, broker_id: int) -> tuple[MemoryBroker, range]:
+    """Shut broker ``broker_id`` down cleanly, damage a batch of its second segment and remove
+    that segment's index (so loading re-reads it), start it again; returns it and the offsets
+    its log lost (the hole loading left: flushed data, so the later segments stay)."""
+    old = cluster.brokers[broker_id]
+    seg = old.log().segments[1]
+    upper = old.log().segments[2].base_offset
+    old.log_manager.shutdown()
+    damaged = flip_a_byte_of_batch_file(seg.log_path, 1)
+    os.unlink(seg.log_path[:-len(".log")] + ".index")
+    new = MemoryBroker(broker_id, os.path.dirname(os.path.dirname(seg.log_path)), old.config, old.replica_manager.clock)
+    new.log_manager.startup()
+    new.apis.metadata.registry.broker_epochs = {b: cluster.brokers[b].broker_epoch for b in cluster.brokers}
+    cluster.brokers[broker_id] = new
+    for other in cluster.brokers.values():
+        if other is not new:
+            new.fetcher_for(other)
+            other.replica_manager.fetchers.pop((broker_id, 0))  # it fetched from the old one
+            other.fetcher_for(new)
+    assert new.log().damaged_from == damaged
+    return new, range(damaged, upper)
+
+
+def flip_a_byte_of_batch_file(path: str, batch: int, at: int = HEADER_SIZE + 3) -> int:
+    with open(path, "r+b") as f:
+        data = f.read()
+        pos, h = list(iter_headers(data))[batch]
+        f.seek(pos + at)
+        f.write(bytes([data[pos + at] ^ 0x10]))
+    return h.base_offset
+
+
+async def test_a_hole_left_by_loading_is_reported_and_fetched_again(cluster, autojump_clock):
+    cluster.elect(1)
+    produce(cluster.leader, 60, records=3)
+    await cluster.sync()
+    follower, lost = restart_with_a_hole(cluster, 3)
+    leo = follower.log().log_end_offset
+    cluster.elect(1)  # back in a leader epoch with it still in the ISR: it keeps its log, and reports
+    assert follower.partition().damage == lost[0] and follower.replica_manager.damaged_replicas_found == 1
+    assert follower.log().log_end_offset == leo
+    cluster.elect(1, isr=[1, 2])  # what the controller does on the report
+    assert follower.log().log_end_offset == lost[0] and follower.log().damaged_from is None
+    await cluster.sync()
+    assert_same_log(follower.log(), cluster.leader.log())
+
+
+async def test_a_follower_fetches_across_a_hole_in_its_leaders_log(cluster, autojump_clock):
+    """The only copy left has a hole: a follower fetching at an offset in it gets the next
+    batch after it (as from a compacted log), and does not stall there."""
+    cluster.elect(1, isr=[1])
+    produce(cluster.leader, 60, records=3)
+    for b in (2, 3):
+        cluster.brokers[b].log().truncate_fully_and_start_at(0)
+    leader, lost = restart_with_a_hole(cluster, 1)
+    cluster.elect(1, isr=[1])
+    assert leader.partition().damage == lost[0]  # reported; with nobody in sync it stays leader
+    await cluster.sync()
+    for f in cluster.followers:
+        assert_same_log(f.log(), leader.log())
+        assert f.log().read(lost[0], 1) == leader.log().read(lost[0], 1) != b""
