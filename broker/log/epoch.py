@@ -8,7 +8,11 @@ of its own latest epoch, and truncates there, never blindly to its high watermar
 
 Every change is written through to ``leader-epoch-checkpoint`` (changes are rare: one per
 leadership change), so the cache survives restarts; a missing or corrupt checkpoint is
-rebuilt from the epochs stamped in the batch headers.
+rebuilt from the epochs stamped in the batch headers. A new epoch is recorded before its
+first batch is appended (``Log._append``, as Kafka's UnifiedLog.append does): a crash between
+the two leaves an entry at the log end, which loading drops (``truncate_from_end``), never
+records of an epoch the checkpoint does not name (a checkpoint present is trusted: the epoch
+would stay unknown, and OffsetsForLeaderEpoch would answer wrong).
 """
 
 from __future__ import annotations

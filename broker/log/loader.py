@@ -25,7 +25,8 @@ A compacted log's segments may end before the next one starts (the cleaner remov
 records in between): the rule that cuts the log after a lost unflushed tail does not apply
 to them.
 Index files without a ``.log`` are removed. A missing or corrupt leader-epoch checkpoint is
-rebuilt from the epochs in the batch headers. The idempotent producers' state is loaded from
+rebuilt from the epochs in the batch headers; entries starting at or beyond the recovered log
+end are dropped (an epoch recorded before its first batch reached the disk). The idempotent producers' state is loaded from
 the newest ``.snapshot`` at or below the log end and the batch headers after it (snapshots
 beyond the recovered log end are deleted).
 """

@@ -335,18 +335,21 @@ class Log:
 
     def _append(self, buf, batches: list[tuple[int, BatchHeader]], first: int, last: int,
                 log_append_time: int) -> LogAppendInfo:
+        max_ts, count = -1, 0
+        for _, h in batches:
+            if h.leader_epoch > self.epoch_cache.latest_epoch:
+                # recorded (and checkpointed) before the data, as Kafka does: a crash between
+                # the two leaves an entry at the log end, which loading drops, never records
+                # of an epoch the cache does not know (OffsetsForLeaderEpoch would answer wrong)
+                self.epoch_cache.assign(h.leader_epoch, h.base_offset)
+            if h.max_timestamp > max_ts:
+                max_ts = h.max_timestamp
+            count += h.record_count
         if len(buf) <= self.config.segment_bytes:  # the usual append: one segment's worth
             self._append_group(buf, batches)
         else:
             for group in self._segment_sized_groups(buf, batches):
                 self._append_group(*group)
-        max_ts, count = -1, 0
-        for _, h in batches:
-            if h.leader_epoch > self.epoch_cache.latest_epoch:
-                self.epoch_cache.assign(h.leader_epoch, h.base_offset)
-            if h.max_timestamp > max_ts:
-                max_ts = h.max_timestamp
-            count += h.record_count
         if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
             self.flush()
         return LogAppendInfo(first, last, max_ts, log_append_time, count, len(buf), self.log_start_offset)

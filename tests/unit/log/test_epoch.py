@@ -268,3 +268,60 @@ def test_cache_matches_the_model_and_its_checkpoint(ops):
         assert epochs == sorted(set(epochs)) and offsets == sorted(set(offsets))
         for requested in range(-1, 14):
             assert cache.end_offset_for(requested, 99) == model.end_offset_for(requested, 99)
+
+
+# -- the cache and the log through a crash in an append ---------------------------------------------
+
+
+class Crash(Exception):
+    """The process dies here."""
+
+
+def _epochs_in_headers(log) -> list[tuple[int, int]]:
+    """(epoch, first offset) of each epoch as the stored batches carry them."""
+    out: list[tuple[int, int]] = []
+    for seg in log.segments:
+        for _, h in seg.headers_from(0):
+            if not out or h.leader_epoch > out[-1][0]:
+                out.append((h.leader_epoch, h.base_offset))
+    return out
+
+
+@pytest.mark.parametrize("dies_in", ["checkpoint write", "segment append"])
+@pytest.mark.parametrize("role", ["leader", "follower"])
+def test_a_crash_while_appending_a_new_epochs_first_batch_leaves_cache_and_log_agreeing(tmp_path, role, dies_in):
+    """A crash between writing the first batch of a new leader epoch and recording the epoch:
+    the epoch is recorded first (Kafka's order), so the log never holds records of an epoch
+    its checkpoint does not know, and an entry recorded for records that never reached the
+    disk starts at the log end, where loading drops it."""
+    from tests.unit.log.helpers import make_batch, open_log
+    from tidelog.broker.log.segment import LogSegment
+    from tidelog.protocol.records import patch_batch
+
+    d = tmp_path / "p"
+    log = open_log(d)
+    for _ in range(3):
+        log.append_as_leader(make_batch(2), 0)
+    leo = log.log_end_offset
+    batch = make_batch(2)
+    if role == "follower":
+        batch = bytearray(batch)
+        patch_batch(batch, 0, leo, 1)
+
+    def crash(*_):
+        raise Crash
+
+    target = (LeaderEpochCheckpoint, "write") if dies_in == "checkpoint write" else (LogSegment, "append")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(*target, crash)
+        with pytest.raises(Crash):
+            if role == "leader":
+                log.append_as_leader(batch, 1)
+            else:
+                log.append_as_follower(bytes(batch))
+    for seg in log.segments:  # what a killed process leaves: the files as written so far
+        seg.close()
+    again = open_log(d, recovery_point=0)
+    assert again.epoch_cache.entries == _epochs_in_headers(again)
+    assert again.log_end_offset == leo and again.epoch_cache.entries == [(0, 0)]  # the crash came first
+    again.close()
