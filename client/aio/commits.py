@@ -44,7 +44,7 @@ from tidelog.aio.membership import (
     MemberState,
     action_for,
 )
-from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
+from tidelog.aio.subscription import ConsumerConfig, PartitionState, SubscriptionState
 from tidelog.errors import (
     BrokerConnectionError,
     CommitFailedError,
@@ -389,12 +389,18 @@ class OffsetCommitter:
             self._on_fatal(e)
             return
         for tp, offset in found.items():
-            state = self.subscriptions.partitions.get(tp)
-            if state is not asked[tp] or not state.awaiting_committed:
-                continue  # revoked (maybe assigned again: ask again), or the application seeked meanwhile
-            if offset is not None:
-                self.committed[tp] = offset
-                state.seek(offset)
-            else:
-                self.subscriptions.reset_to_default(tp)
+            self.start_at_committed(tp, asked[tp], offset)
         self._wake_fetcher()
+
+    def start_at_committed(self, tp: TopicPartition, asked: PartitionState, offset: int | None) -> None:
+        """A partition awaiting its committed offset starts there (``offset`` None: per
+        auto_offset_reset), unless it was revoked (maybe assigned again: it asks again) or the
+        application seeked meanwhile (``asked``: its state when the lookup started)."""
+        state = self.subscriptions.partitions.get(tp)
+        if state is not asked or not state.awaiting_committed:
+            return
+        if offset is not None:
+            self.committed[tp] = offset
+            state.seek(offset)
+        else:
+            self.subscriptions.reset_to_default(tp)

@@ -12,9 +12,9 @@ Theory of operation.
 * Consumer groups (``group_id`` with ``subscribe``): ``ConsumerCoordinator`` joins the group,
   heartbeats in its own task, and in ``poll`` runs rebalances (the listener's callbacks), the
   automatic commit and the lookup of committed offsets. A partition the group assigns starts
-  *awaiting its committed offset* (``PartitionState.awaiting_committed``). With ``assign``
-  and a ``group_id`` the consumer uses the group only to store offsets
-  (``commit``/``committed``).
+  *awaiting its committed offset* (``PartitionState.awaiting_committed``), and so does one
+  given to ``assign`` with a ``group_id`` (the consumer then uses the group to store and read
+  offsets, without joining it), as in Kafka.
 """
 
 from __future__ import annotations
@@ -304,7 +304,8 @@ class AsyncConsumer(RunsInOwnNursery):
         """Consume exactly these partitions (replacing any earlier assignment)."""
         if self._coordinator is not None and self._coordinator.is_managed:
             raise ValueError("assign() and subscribe() are mutually exclusive: call unsubscribe() first")
-        self._subscriptions.assign(partitions)
+        # with a group_id, a new partition starts at the group's committed offset (Kafka's)
+        self._subscriptions.assign(partitions, need_committed=self._coordinator is not None)
         topics = {tp.topic for tp in self._subscriptions.partitions}
         self._cluster.set_topics(topics)
         if topics - set(self._cluster.metadata.topics):
@@ -355,12 +356,18 @@ class AsyncConsumer(RunsInOwnNursery):
         self._fetcher.wake()
 
     async def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:
-        """The offset of the next record poll returns for ``partition`` (looked up now if a
-        reset is pending)."""
+        """The offset of the next record poll returns for ``partition``, looked up now if it
+        has none yet: the group's committed offset for a partition awaiting it, else per its
+        reset strategy."""
         tp = TopicPartition(*partition)
         state = self._subscriptions.state(tp)
         deadline = self._deadline(timeout_ms)
         while not state.has_position:
+            if state.awaiting_committed and self._coordinator is not None:
+                offsets = self._coordinator.offsets
+                found = await offsets.fetch_committed([tp], trio.current_time() + max(0.0, deadline - time.monotonic()))
+                offsets.start_at_committed(tp, state, found[tp])
+                continue
             if state.reset is None:
                 raise NoOffsetForPartitionError(f"partition {tp} has no position and "
                                                 "auto_offset_reset is 'none': seek first")

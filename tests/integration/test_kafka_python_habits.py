@@ -81,3 +81,32 @@ def test_metadata_over_the_brokers_limit_is_refused(cluster):
             consumer.commit({tp: OffsetAndMetadata(0, "x" * 65)})
         assert refused.value.error.name == "OFFSET_METADATA_TOO_LARGE"
         assert consumer.committed(tp, metadata=True).metadata == "fits"
+
+
+def produce_values(cluster, topic: str, values: range) -> None:
+    from tidelog import Producer
+    with Producer(cluster.bootstrap) as producer:
+        for v in values:
+            producer.send(topic, value=str(v).encode(), partition=0)
+        producer.flush()
+
+
+def test_assign_with_a_group_starts_at_the_groups_committed_offset(cluster):
+    """Kafka's rule: manually assigned partitions of a consumer with a group_id start at the
+    group's committed offset; auto_offset_reset is only for a partition without one."""
+    create_topic(cluster, "assigned", 1)
+    tp = TopicPartition("assigned", 0)
+    produce_values(cluster, "assigned", range(10))
+    with Consumer(cluster.bootstrap, group_id="manual", auto_offset_reset="earliest",
+                  enable_auto_commit=False) as consumer:
+        consumer.assign([tp])
+        consumer.commit({tp: OffsetAndMetadata(4, "")})
+    with Consumer(cluster.bootstrap, group_id="manual", auto_offset_reset="latest") as consumer:
+        consumer.assign([tp])
+        assert consumer.position(tp) == 4
+        records = []
+        for _ in range(50):
+            records += [r for batch in consumer.poll(200).values() for r in batch]
+            if len(records) >= 6:
+                break
+        assert [int(r.value) for r in records] == list(range(4, 10))
