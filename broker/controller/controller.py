@@ -6,7 +6,9 @@ Every broker runs a ``Controller``; the one that creates the ephemeral ``/contro
 is active and increments ``/controller_epoch``. Every partition-state write it makes is a
 check-and-set on the state's znode version *and* on the controller-epoch znode's version, so
 a controller that was deposed (its session expired while it was paused) cannot write
-anything: it is fenced. Brokers ignore requests that carry an older controller epoch.
+anything: it is fenced. So are its other writes (assignments, topic configs, deletions of the
+notifications it handled). A fenced write makes it resign at once, whatever the event (its
+queue may still hold work). Brokers ignore requests that carry an older controller epoch.
 
 All work happens in one task that drains one event channel (ZooKeeper watches only enqueue;
 API calls such as CreateTopics are enqueued as closures), so the controller's view of the
@@ -200,12 +202,14 @@ class ControllerEvent(enum.Enum):
 class _CountingZk:
     """The controller's view of its ZkClient: the calls made through it that raised
     ZkTimeoutError or ZkConnectionError (ZooKeeper may have applied them anyway) are counted
-    in ``unanswered``. The controller's calls alone, not those of the other tasks sharing the
-    client, tell it that an event's work may be half done."""
+    in ``unanswered``, those a newer controller epoch fenced (ControllerMovedError) in
+    ``fenced``. The controller's calls alone, not those of the other tasks sharing the
+    client, tell it that an event's work may be half done, or that it is deposed."""
 
     def __init__(self, zk: Any):
         self._zk = zk
         self.unanswered = 0
+        self.fenced = 0
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._zk, name)
@@ -224,6 +228,9 @@ class _CountingZk:
                 return await attr(*args, **kwargs)
             except (ZkTimeoutError, ZkConnectionError):
                 self.unanswered += 1
+                raise
+            except ControllerMovedError:
+                self.fenced += 1
                 raise
         return counted
 
@@ -289,7 +296,7 @@ class Controller:
 
     async def _handle(self, event: tuple) -> None:
         kind, payload = event
-        unanswered = self.zk.unanswered
+        unanswered, fenced = self.zk.unanswered, self.zk.fenced
         if kind is ControllerEvent.CALL:
             fn, box, done = payload
             try:
@@ -306,7 +313,15 @@ class Controller:
                 logger.warning("controller event %s failed: %s", kind.value, e)
             except Exception:
                 logger.exception("controller event %s failed", kind.value)
-        if (self.ctx is not None and self.zk.unanswered != unanswered
+        if self.ctx is not None and self.zk.fenced != fenced:
+            # a write was fenced: another controller was elected since this one's epoch (its
+            # session expired unseen). Stop at once, leaving everything to the successor,
+            # and look at /controller again (as after any resignation)
+            logger.warning("controller event %s was fenced: broker %d is no longer the controller; resigning",
+                           kind.value, self.broker_id)
+            self._resign()
+            await self._on_controller_change()
+        elif (self.ctx is not None and self.zk.unanswered != unanswered
                 and kind is not ControllerEvent.CONTROLLER_CHANGE):  # that one retries its own calls
             # ZooKeeper did not answer some call of this event's: its work may be half done in
             # the context (a dead broker dropped before its partitions were elected, a topic's
@@ -892,7 +907,8 @@ class Controller:
             if state is not None and tp.topic in self.ctx.assignments:
                 self.ctx.states[tp] = state
         self._send_update_metadata(sorted(tp for tp in tps if tp in self.ctx.states))
-        await self.zk.delete_isr_change_notifications([path for path, _ in notes])
+        await self.zk.delete_isr_change_notifications([path for path, _ in notes],
+                                                      controller_epoch_zk_version=self.ctx.epoch_zk_version)
         # a leader may have taken a broker into its ISR just before the broker died
         dead = {r for tp in tps if tp in self.ctx.states for r in self.ctx.states[tp][0].isr} - set(self.ctx.brokers)
         if dead:
@@ -932,7 +948,8 @@ class Controller:
                     logger.error("%s: the replica on broker %d is damaged and no other live replica is in "
                                  "sync: it stays leader, and cannot serve the damaged records", tp, broker)
         self._propagate(changed)
-        await self.zk.delete_isr_change_notifications([path for path, _ in notes])
+        await self.zk.delete_isr_change_notifications([path for path, _ in notes],
+                                                      controller_epoch_zk_version=ctx.epoch_zk_version)
         await self._advance_moves(sorted(tp for tp in set(changed) if tp in ctx.moves))
 
     # -- controlled shutdown -------------------------------------------------------------------

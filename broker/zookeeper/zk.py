@@ -31,9 +31,10 @@ among them): an owner that needs what they hold reads it again after a new sessi
 deliberate ``close()`` ends the channel without a LOST.
 
 Fencing: every write derived from a read carries the znode version it read (check-and-set,
-ZkVersionConflict when stale); controller writes of partition state also carry a check of
-``/controller_epoch``'s znode version in the same transaction, so a controller that has
-been replaced (ControllerMovedError) cannot overwrite its successor's decisions.
+ZkVersionConflict when stale); controller writes (partition states, assignments, topic
+configs, deletions of handled notifications) also carry a check of ``/controller_epoch``'s
+znode version in the same transaction (``_fenced``), so a controller that has been replaced
+(ControllerMovedError) cannot overwrite or discard its successor's work.
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_S = 1.0  # between the attempts of until_answered
 RETRY_WARN_S = 60.0  # its failures are logged as a warning at most this often
+# notification deletions per fenced transaction: ~70 bytes a path, well within the 1 MB a
+# ZooKeeper request may carry (jute.maxbuffer)
+NOTIFICATIONS_PER_TRANSACTION = 1000
 
 
 def _retry() -> KazooRetry:
@@ -874,11 +878,12 @@ class ZkClient:
                 raise
             return got[1]
 
-    async def _fenced(self, what: str, controller_epoch_zk_version: int, op: tuple) -> list:
-        """``op`` in one transaction with a check of ``/controller_epoch``'s version."""
+    async def _fenced(self, what: str, controller_epoch_zk_version: int, *ops: tuple) -> list:
+        """``ops`` in one transaction after a check of ``/controller_epoch``'s version (their
+        results follow the check's, from index 1)."""
         try:
             return await self._transaction(what, [
-                ("check", self.paths.controller_epoch, controller_epoch_zk_version), op])
+                ("check", self.paths.controller_epoch, controller_epoch_zk_version), *ops])
         except ZkError as exc:
             if exc.op_index == 0:
                 raise ControllerMovedError(f"{what}: the controller epoch moved on "
@@ -924,15 +929,31 @@ class ZkClient:
             await self.delete_isr_change_notifications(bad)
         return out
 
-    async def delete_isr_change_notifications(self, paths: Iterable[str]) -> None:
-        def run(paths: list[str]) -> None:
-            for result in [self._kz.delete_async(p) for p in paths]:
-                try:
-                    result.get()
-                except NoNodeError:
-                    pass
+    async def delete_isr_change_notifications(self, paths: Iterable[str],
+                                              controller_epoch_zk_version: int | None = None) -> None:
+        """Delete handled notifications (ISR changes, replica damage reports); one already
+        gone is skipped. With ``controller_epoch_zk_version`` (the controller's deletions)
+        fenced as its other writes: a deposed controller must leave the notifications it
+        handled to its successor, which has not seen them (ControllerMovedError)."""
         paths = list(paths)
-        await self._call(f"delete {len(paths)} isr change notifications", run, paths)
+        if controller_epoch_zk_version is None:
+            def run(paths: list[str]) -> None:
+                for result in [self._kz.delete_async(p) for p in paths]:
+                    try:
+                        result.get()
+                    except NoNodeError:
+                        pass
+            await self._call(f"delete {len(paths)} notifications", run, paths)
+            return
+        for start in range(0, len(paths), NOTIFICATIONS_PER_TRANSACTION):
+            chunk = paths[start:start + NOTIFICATIONS_PER_TRANSACTION]
+            while chunk:  # a transaction fails whole on a path already gone: without it, again
+                try:
+                    await self._fenced(f"delete {len(chunk)} notifications", controller_epoch_zk_version,
+                                       *(("delete", p) for p in chunk))
+                    break
+                except ZkNoNodeError as exc:
+                    del chunk[exc.op_index - 1]
 
     # ------------------------------------------------------------------ producer ids
 

@@ -206,6 +206,13 @@ async def test_partition_state_check_and_set_and_controller_fencing(zookeeper, c
                                       controller_epoch_zk_version=current) == version + 1
         await b.set_topic_config("t", {"retention.ms": "1"}, controller_epoch_zk_version=current)
         assert len(await b.get_assignment("t")) == 3 and await b.get_topic_config("t") == {"retention.ms": "1"}
+        # and its deletions of the notifications it handled: the successor has not seen them
+        path = await b.notify_isr_change([("t", 0)])
+        with pytest.raises(ControllerMovedError):
+            await a.delete_isr_change_notifications([path], controller_epoch_zk_version=epoch_version)
+        assert [p for p, _ in await b.isr_change_notifications()] == [path]
+        await b.delete_isr_change_notifications([path + "0", path], controller_epoch_zk_version=current)
+        assert await b.isr_change_notifications() == []
 
 
 async def test_a_leaders_isr_write_applied_but_unanswered_counts_as_written(zookeeper, chroot):

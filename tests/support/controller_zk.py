@@ -2,11 +2,14 @@
 
 It keeps what the controller reads and writes (topics with their assignments and moves,
 topic configs, partition states with versions and check-and-set) in dicts and counts every
-write; the controller's behaviour on the real ZooKeeper is covered by the integration tests."""
+write. The controller's writes are fenced as on ZooKeeper: one carrying a
+``controller_epoch_zk_version`` other than ``epoch`` (another controller elected since)
+raises ControllerMovedError and changes nothing. The controller's behaviour on the real
+ZooKeeper is covered by the integration tests."""
 
 from __future__ import annotations
 
-from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, ZkVersionConflict
+from tidelog.broker.zookeeper.layout import BrokerInfo, ControllerMovedError, LeaderAndIsr, ZkVersionConflict
 from tidelog.broker.zookeeper.zk import ZkClient
 
 
@@ -17,6 +20,7 @@ class FakeZk:
         self.configs: dict[str, dict[str, str]] = {}
         self.states: dict[tuple[str, int], tuple[LeaderAndIsr, int]] = {}
         self.damage: dict[str, tuple[int, int, list[tuple[str, int]]]] = {}  # path -> report
+        self.isr_changes: dict[str, list[tuple[str, int]]] = {}  # path -> partitions
         self.deleted_notifications: list[str] = []
         self.broker_epochs: dict[int, int] = {}
         self.writes = 0
@@ -33,6 +37,15 @@ class FakeZk:
     def _maybe_fail(self, method: str) -> None:
         if self.failures.get(method):
             raise self.failures[method].pop(0)
+
+    def _fence(self, controller_epoch_zk_version: int | None) -> None:
+        if controller_epoch_zk_version is not None and controller_epoch_zk_version != self.epoch:
+            raise ControllerMovedError(f"the controller epoch moved on (expected znode version "
+                                       f"{controller_epoch_zk_version}, now {self.epoch})")
+
+    def elect_another(self, broker_id: int) -> None:
+        """Another broker wins an election (this controller's session expired unseen)."""
+        self.controller, self.controller_ours, self.epoch = broker_id, False, self.epoch + 1
 
     # -- the controller and the brokers
 
@@ -78,6 +91,7 @@ class FakeZk:
         return dict(self.assignments[topic]), dict(self.moves.get(topic, {}))
 
     async def set_assignment(self, topic, assignment, version=None, moving=None, controller_epoch_zk_version=None):
+        self._fence(controller_epoch_zk_version)
         self.writes += 1
         self.assignments[topic] = {p: list(r) for p, r in assignment.items()}
         self.moves[topic] = {p: (tuple(a), tuple(r)) for p, (a, r) in (moving or {}).items()}
@@ -86,6 +100,7 @@ class FakeZk:
         return dict(self.configs.get(topic, {}))
 
     async def set_topic_config(self, topic, config, controller_epoch_zk_version=None):
+        self._fence(controller_epoch_zk_version)
         self.writes += 1
         self.configs[topic] = dict(config)
 
@@ -106,12 +121,14 @@ class FakeZk:
         return {p: st for (t, p), st in self.states.items() if t == topic}
 
     async def create_partition_state(self, topic, partition, st, expected_version):
+        self._fence(expected_version)
         self.writes += 1
         self.states[(topic, partition)] = (st, 0)
         return 0
 
     async def update_partition_state(self, topic, partition, st, expected_version, controller_epoch_zk_version=None):
         self._maybe_fail("update_partition_state")
+        self._fence(controller_epoch_zk_version)
         _, version = self.states[(topic, partition)]
         if version != expected_version:
             raise ZkVersionConflict(f"{topic}-{partition}: version {version}, expected {expected_version}")
@@ -134,12 +151,19 @@ class FakeZk:
     async def replica_damage_notifications(self):
         return sorted(self.damage.items())
 
-    async def isr_change_notifications(self):
-        return []
+    async def notify_isr_change(self, partitions):
+        path = f"/isr_change_notification/isr_change_{len(self.isr_changes):010d}"
+        self.isr_changes[path] = list(partitions)
+        return path
 
-    async def delete_isr_change_notifications(self, paths):
+    async def isr_change_notifications(self):
+        return sorted(self.isr_changes.items())
+
+    async def delete_isr_change_notifications(self, paths, controller_epoch_zk_version=None):
+        self._fence(controller_epoch_zk_version)
         for p in paths:
             self.damage.pop(p, None)
+            self.isr_changes.pop(p, None)
             self.deleted_notifications.append(p)
 
     async def get_broker_epoch(self, broker_id):

@@ -289,3 +289,37 @@ async def test_other_tasks_unanswered_calls_do_not_reload_the_controller(nursery
     await c._handle((ControllerEvent.ISR_CHANGE, None))
     assert c.ctx is before
     c.channels.close_all()
+
+
+async def deposed_controller(nursery) -> tuple[Controller, FakeZk]:
+    """Controller 1, elected and loaded; then broker 2 is elected in its stead, unseen (its
+    session expired while it was paused): its event queue still holds work."""
+    zk = FakeZk()
+    c = elected_controller(zk)
+    await nursery.start(c.channels.run)
+    await c._on_controller_change()
+    assert c.is_active
+    zk.elect_another(2)
+    return c, zk
+
+
+async def test_a_deposed_controller_leaves_isr_change_notifications_to_its_successor(nursery):
+    """Deleting a notification it handled is a controller write like any other: fenced. Else
+    the successor never sees the ISR change (its brokers' metadata keeps the old ISR). The
+    fence failure makes it resign at once, before it acts on anything else."""
+    c, zk = await deposed_controller(nursery)
+    zk.leader_changes_isr(T, 0, [3, 1])
+    path = await zk.notify_isr_change([(T, 0)])
+    await c._handle((ControllerEvent.ISR_CHANGE, [path]))
+    assert path in zk.isr_changes and zk.deleted_notifications == []
+    assert not c.is_active
+
+
+async def test_a_deposed_controller_leaves_replica_damage_reports_to_its_successor(nursery):
+    """A report the controller drops (from a broker it does not know) writes no state, so no
+    other write fences the event: the deletion must."""
+    c, zk = await deposed_controller(nursery)
+    path = await zk.notify_replica_damage(9, 0, [(T, 0)])
+    await c._handle((ControllerEvent.REPLICA_DAMAGE, [path]))
+    assert path in zk.damage and zk.deleted_notifications == []
+    assert not c.is_active
