@@ -652,7 +652,14 @@ class Apis:
                    TopicResult(n, INVALID_TOPIC_EXCEPTION.code, f"{n} is an internal topic: it cannot be deleted")
                    for n in req.topic_names if n in denied or is_internal_topic(n)}
         names = [n for n in req.topic_names if n not in refused]
-        deleted = {r.name: r for r in await c.call(lambda: c.delete_topics(names))} if names else {}
+        results, done = await c.call(lambda: c.delete_topics(names)) if names else ([], [])
+        # the answer comes once the deletions that can complete have (so that the name can be
+        # taken again), up to the request's timeout; one held by a replica on a broker that is
+        # down is answered at once (it completes when the broker returns)
+        with trio.move_on_after(req.timeout_ms / 1000):
+            for d in done:
+                await d.wait()
+        deleted = {r.name: r for r in results}
         return DeleteTopicsResponse([refused.get(n) or deleted[n] for n in req.topic_names])
 
     @handles(ApiKey.CREATE_PARTITIONS, Kind.ASYNC)

@@ -33,7 +33,10 @@ Events and what they do:
   get a new leader (the first live replica in assignment order that is in the ISR; outside
   the ISR only with unclean.leader.election.enable), and it is removed from the ISR of the
   partitions it followed. Each change bumps the leader epoch.
-* topics created / marked for deletion, ISR change notifications from leaders.
+* topics created, ISR change notifications from leaders.
+* topics marked for deletion (the rules: broker/controller/deletion.py): the controller stops
+  managing the topic at once and has every replica deleted; the topic's znodes go once every
+  broker holding a replica has reported it deleted, a broker that is down when it returns.
 * replica damage notifications: a broker found a batch of one of its replicas failing its
   check on disk; leadership moves off that replica and it leaves the ISR (``election.
   without_damaged_replica``), and it is sent its state, on which, a follower outside the ISR,
@@ -55,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable
 import trio
 
 from tidelog.broker.controller.channels import ChannelManager, Outgoing
+from tidelog.broker.controller.deletion import EPOCH_DURING_DELETE, TopicDeletion, deleted_replicas
 from tidelog.broker.controller.election import (
     Election,
     controlled_shutdown_leader,
@@ -173,6 +177,8 @@ class ControllerContext:
     # the logs it holds that a full one does not list)
     complete: bool = False
     unreadable: set[str] = field(default_factory=set)  # topics whose znodes could not be decoded
+    # topics marked for deletion, out of every view above, with their replicas not yet deleted
+    deleting: dict[str, TopicDeletion] = field(default_factory=dict)
 
     @property
     def live(self) -> set[int]:
@@ -195,6 +201,7 @@ class ControllerEvent(enum.Enum):
     TOPIC_DELETION = "topic deletion"  # /admin/delete_topics children
     ISR_CHANGE = "isr change notification"  # /isr_change_notification children
     REPLICA_DAMAGE = "replica damage notification"  # /replica_damage_notification children
+    REPLICAS_DELETED = "replicas deleted"  # a broker answered a StopReplica with deletion
     AUTO_LEADER_BALANCE = "auto leader balance"  # leader.imbalance.check.interval.seconds
     CALL = "call"  # an admin request's work, run in the loop (Controller.call)
 
@@ -248,6 +255,7 @@ class Controller:
         self._nursery: trio.Nursery | None = None
         self.active_changed = trio.Event()
         self._shutting_down: dict[int, int | None] = {}  # carried into a reload's failover
+        self._deleted: dict[str, trio.Event] = {}  # set when the topic's deletion completes
 
     @property
     def is_active(self) -> bool:
@@ -382,6 +390,9 @@ class Controller:
     def _resign(self) -> None:
         self.ctx = None
         self.channels.close_all()
+        for done in self._deleted.values():  # those waiting stop; the successor completes them
+            done.set()
+        self._deleted = {}
         self._signal()
 
     def _signal(self) -> None:
@@ -401,6 +412,8 @@ class Controller:
         for topic in await until(self.zk.get_topics):
             await self._load_topic(topic)
         ctx.complete = not ctx.unreadable
+        # before anything is elected or sent: no broker is told of a topic being deleted
+        known = [t for t in await until(self.zk.topics_marked_for_deletion) if self._queue_deletion(t)]
         await self._init_new_partitions(ctx.all_partitions())
         await self._elect_offline(ctx.all_partitions())
         # brokers that died while no controller was watching (the previous controller among
@@ -411,8 +424,9 @@ class Controller:
         for b in ctx.brokers:  # not to a broker shutting down: it would fetch again (_propagate)
             if b not in ctx.shutting_down:
                 self._send_leader_and_isr(b, ctx.all_partitions(), full=True)
-        self._send_update_metadata(ctx.all_partitions())
-        await self._on_delete_topics(await self.zk.topics_marked_for_deletion())
+        self._send_update_metadata(ctx.all_partitions(), deleted=known)
+        self._stop_deleted_replicas()
+        await self._complete_deletions()
         await self._on_isr_change(None)
         await self._on_replica_damage(None)
         await self._advance_moves(list(ctx.moves))
@@ -499,6 +513,7 @@ class Controller:
         self._send_update_metadata(ctx.all_partitions())
         for b in joined:  # full: a log of a partition no longer assigned to it is deleted
             self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)], full=True)
+        self._stop_deleted_replicas(brokers=joined)
         await self._elect_offline([tp for tp, (st, _) in ctx.states.items() if st.leader not in ctx.live])
         await self._advance_moves(list(ctx.moves))
 
@@ -669,7 +684,7 @@ class Controller:
     async def _on_topics(self, children) -> None:
         if self.ctx is None:
             return
-        new = [t for t in children if t not in self.ctx.assignments]
+        new = [t for t in children if t not in self.ctx.assignments and t not in self.ctx.deleting]
         for topic in new:
             await self._on_new_topic(topic)
 
@@ -717,6 +732,8 @@ class Controller:
     async def _create_topic(self, t, validate_only: bool, existing: set[str], metric_names: dict[str, str],
                             request_total: int):
         validate_topic_name(t.name)
+        if t.name in self.ctx.deleting:  # Kafka's words
+            raise TidelogError(f"Topic '{t.name}' is marked for deletion.", error=TOPIC_ALREADY_EXISTS)
         if t.name in existing:
             raise TidelogError(f"topic {t.name!r} already exists", error=TOPIC_ALREADY_EXISTS)
         check_topic_name(t.name, metric_names)
@@ -846,50 +863,102 @@ class Controller:
         ctx.topic_configs[topic] = merged
         return self._send_update_metadata([], configs_of=[topic])
 
-    async def delete_topics(self, names: list[str]) -> list[TopicResult]:
-        """DeleteTopics, on the controller: results in request order. A topic named twice in
-        the request is refused (INVALID_REQUEST, as in Kafka): otherwise a request naming one
-        topic 10^5 times (a few hundred kB) had the controller mark it and delete it 10^5
-        times, each a ZooKeeper write and an UpdateMetadata, holding every other controller
-        event (CreateTopics, elections) for half an hour."""
+    async def delete_topics(self, names: list[str]) -> tuple[list[TopicResult], list[trio.Event]]:
+        """DeleteTopics, on the controller: results in request order, and an event per topic
+        whose deletion can complete now (every replica on a registered broker), set when it
+        has. A topic named twice in the request is refused (INVALID_REQUEST, as in Kafka):
+        otherwise a request naming one topic 10^5 times (a few hundred kB) had the controller
+        mark it and delete it 10^5 times, each a ZooKeeper write and an UpdateMetadata,
+        holding every other controller event (CreateTopics, elections) for half an hour. A
+        topic marked for deletion already succeeds again, as in Kafka."""
+        ctx = self.ctx
         twice = _named_twice(names)
-        results = []
+        results, marked = [], []
         for name in names:
             if name in twice:
                 results.append(TopicResult(name, INVALID_REQUEST.code,
                                            f"topic {name!r} appears more than once in the request"))
-                continue
-            if name not in self.ctx.assignments:
+            elif name in ctx.deleting:
+                results.append(TopicResult(name, NONE.code))
+            elif name not in ctx.assignments:
                 results.append(TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION.code, f"topic {name!r} does not exist"))
-                continue
-            await self.zk.mark_topic_for_deletion(name)
-            results.append(TopicResult(name, NONE.code))
-        await self._on_delete_topics([r.name for r in results if r.error_code == NONE.code])
-        return results
+            else:
+                await self.zk.mark_topic_for_deletion(name)
+                results.append(TopicResult(name, NONE.code))
+                marked.append(name)
+        await self._on_delete_topics(marked)
+        done = [self._deleted.setdefault(t, trio.Event()) for t in marked
+                if t in ctx.deleting and not ctx.deleting[t].waiting_for(set(ctx.brokers))]
+        return results, done
 
     async def _on_delete_topics(self, children) -> None:
+        """Topics marked for deletion (the rules: broker/controller/deletion.py)."""
         if self.ctx is None:
             return
-        for topic in children:
-            await self._delete_topic(topic)
+        known = [t for t in children if t not in self.ctx.deleting and self._queue_deletion(t)]
+        if known:
+            self._send_update_metadata([], deleted=known)
+            self._stop_deleted_replicas(known)
+        await self._complete_deletions()
 
-    async def _delete_topic(self, topic: str) -> None:
+    def _queue_deletion(self, topic: str) -> bool:
+        """Stop managing ``topic``: out of every view (so out of every election, LeaderAndIsr
+        and metadata), its replicas to be deleted. True if the topic was known (a marker
+        without a readable topic only has its znodes removed)."""
         ctx = self.ctx
-        tps = ctx.partitions_of(topic)
-        for b in ctx.brokers:
-            mine = [StopReplicaPartition(tp.topic, tp.partition, ctx.states.get(tp, (LeaderAndIsr(-1, 0, [], 0), 0))[0].leader_epoch, True)
-                    for tp in tps if b in self._replicas(tp)]
-            if mine:
-                self.channels.send(b, ApiKey.STOP_REPLICA,
-                                   StopReplicaRequest(self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, -1), mine))
-        await self.zk.delete_topic(topic)
-        ctx.assignments.pop(topic, None)
+        known = topic in ctx.assignments
+        deletion = ctx.deleting[topic] = TopicDeletion.of(ctx.assignments.pop(topic, {}))
         ctx.topic_configs.pop(topic, None)
-        for tp in tps:
-            ctx.states.pop(tp, None)
-            ctx.moves.pop(tp, None)
-        self._send_update_metadata([], deleted=[topic])
-        logger.info("deleted topic %s", topic)
+        for tp in [tp for tp in ctx.states if tp.topic == topic]:
+            del ctx.states[tp]
+        for tp in [tp for tp in ctx.moves if tp.topic == topic]:
+            del ctx.moves[tp]
+        offline = deletion.waiting_for(set(ctx.brokers))
+        if offline:
+            logger.warning("topic %s is marked for deletion; its replicas on brokers %s, which are down, are "
+                           "deleted when they return, and the deletion completes then", topic, offline)
+        return known
+
+    def _stop_deleted_replicas(self, topics: Iterable[str] | None = None, brokers: Iterable[int] | None = None) -> None:
+        """StopReplica with deletion to each registered broker (of ``brokers``; None: all) for
+        its replicas of the topics being deleted (of ``topics``; None: all) that it has not
+        reported deleted; its answer comes back as a REPLICAS_DELETED event."""
+        ctx = self.ctx
+        by_broker: dict[int, list[StopReplicaPartition]] = {}
+        for topic in sorted(ctx.deleting if topics is None else set(topics) & ctx.deleting.keys()):
+            for b, partitions in ctx.deleting[topic].undeleted.items():
+                if b in ctx.brokers and (brokers is None or b in brokers):
+                    by_broker.setdefault(b, []).extend(
+                        StopReplicaPartition(topic, p, EPOCH_DURING_DELETE, True) for p in sorted(partitions))
+        for b, partitions in sorted(by_broker.items()):
+            out = self.channels.send(b, ApiKey.STOP_REPLICA, StopReplicaRequest(
+                self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, -1), partitions))
+            if out is not None and self._nursery is not None:
+                self._nursery.start_soon(self._await_deletion, ctx, b, out)
+
+    async def _await_deletion(self, ctx: ControllerContext, broker: int, out: Outgoing) -> None:
+        await out.done.wait()
+        if out.response is not None:  # else dropped: the broker left, or the controller resigned
+            self._events_send.send_nowait((ControllerEvent.REPLICAS_DELETED, (ctx, broker, out.response)))
+
+    async def _on_replicas_deleted(self, payload) -> None:
+        ctx, broker, response = payload
+        if ctx is not self.ctx:  # an answer to a request of an earlier term
+            return
+        for topic, partitions in deleted_replicas(response).items():
+            if topic in ctx.deleting:
+                ctx.deleting[topic].confirm(broker, partitions)
+        await self._complete_deletions()
+
+    async def _complete_deletions(self) -> None:
+        """Remove the znodes of each topic being deleted whose every replica is deleted (the
+        marker last: a controller stopped midway finds it and finishes)."""
+        ctx = self.ctx
+        for topic in [t for t, d in ctx.deleting.items() if d.complete]:
+            await self.zk.delete_topic(topic, controller_epoch_zk_version=ctx.epoch_zk_version)
+            del ctx.deleting[topic]
+            self._deleted.pop(topic, trio.Event()).set()
+            logger.info("deleted topic %s", topic)
 
     # -- ISR change notifications --------------------------------------------------------------
 
@@ -1211,6 +1280,7 @@ class Controller:
         ControllerEvent.TOPIC_DELETION: _on_delete_topics,
         ControllerEvent.ISR_CHANGE: _on_isr_change,
         ControllerEvent.REPLICA_DAMAGE: _on_replica_damage,
+        ControllerEvent.REPLICAS_DELETED: _on_replicas_deleted,
     }
 
 

@@ -1,7 +1,7 @@
 """Failover on a real 3-broker cluster (one of its own per test): a leader killed with
 SIGKILL while an acks=all producer keeps going, the controller killed, a broker restarted
-after a crash, every broker restarted, and a leader stopped with SIGTERM (controlled
-shutdown).
+after a crash, every broker restarted, a leader stopped with SIGTERM (controlled
+shutdown), and a topic deleted while one of its replicas is down.
 
 The clusters run with small timeouts (cluster_fixtures.FAST_FAILOVER): a killed broker's
 ZooKeeper session expires after 6 s and a follower that stops fetching leaves the ISR after
@@ -13,6 +13,8 @@ at that offset when the partitions are read after healing.
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from tests.integration.cluster_fixtures import FAST_FAILOVER, fresh_cluster_3  # noqa: F401
 from tests.support.cluster import (
@@ -27,6 +29,7 @@ from tests.support.disk import log_dirs, replica_high_watermark, replica_records
 from tests.support.producing import SteadyProducer, assert_all_acked_present
 from tests.support.waiting import NotYet, wait_until
 from tidelog import Admin, NewTopic, Producer, TopicPartition
+from tidelog.errors import TidelogError
 
 LAG_MS = int(FAST_FAILOVER["replica.lag.time.max.ms"])
 SESSION_S = int(FAST_FAILOVER["zookeeper.session.timeout.ms"]) / 1000
@@ -220,3 +223,40 @@ def test_sigterm_moves_leadership_away_before_the_leader_stops(fresh_cluster_3):
         acked = producer.finish()  # every record acknowledged: no error got past the retries
 
     assert_all_acked_present(cluster, topic, acked, PARTITIONS)
+
+
+def test_a_topic_deleted_while_a_replica_is_down_completes_when_the_broker_returns(fresh_cluster_3):
+    """A broker holding a replica of every partition of "doomed" is stopped, and the topic is
+    deleted meanwhile. Until the broker returns the topic stays marked for deletion and its
+    name cannot be taken again; once back, the broker deletes its copy and the deletion
+    completes. A new "doomed" (RF 3: a replica of each partition on that broker again) then
+    starts empty everywhere."""
+    cluster, topic = fresh_cluster_3, "doomed"
+    create_topic(cluster, topic)
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for i in range(300):
+            producer.send(topic, b"old-%d" % i, key=b"%d" % i)
+        producer.flush(timeout=60)
+    down = max(i for i in cluster.brokers if i != controller_id(cluster, via=1))
+    assert cluster.brokers[down].stop(60) == 0
+
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        admin.delete_topics([topic])
+        with pytest.raises(TidelogError, match="is marked for deletion"):
+            admin.create_topics([NewTopic(topic, PARTITIONS, 2)])
+        cluster.brokers[down].start()
+        cluster.wait_ready(60)
+
+        def created_again() -> bool:
+            try:
+                admin.create_topics([NewTopic(topic, PARTITIONS, 3)])
+                return True
+            except TidelogError as e:
+                if "marked for deletion" not in str(e):
+                    raise
+                return False
+        wait_until(created_again, 30, f"{topic!r} deleted once broker {down} is back, and created again")
+    wait_topic_ready(cluster, topic, PARTITIONS, 3)
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    assert end_offsets(cluster.bootstrap, tps) == {tp: 0 for tp in tps}
+    assert all(replica_records(cluster, down, topic, p) == [] for p in range(PARTITIONS))

@@ -213,6 +213,14 @@ async def test_partition_state_check_and_set_and_controller_fencing(zookeeper, c
         assert [p for p, _ in await b.isr_change_notifications()] == [path]
         await b.delete_isr_change_notifications([path + "0", path], controller_epoch_zk_version=current)
         assert await b.isr_change_notifications() == []
+        # and its removal of a deleted topic's znodes (the successor may have created it again)
+        await b.mark_topic_for_deletion("t")
+        with pytest.raises(ControllerMovedError):
+            await a.delete_topic("t", controller_epoch_zk_version=epoch_version)
+        assert await b.get_assignment("t") is not None and await b.topics_marked_for_deletion() == ["t"]
+        await b.delete_topic("t", controller_epoch_zk_version=current)
+        assert await b.get_topics() == [] and await b.topics_marked_for_deletion() == []
+        assert await b.get_topic_config("t") == {} and await b.get_partition_states("t") == {}
 
 
 async def test_a_leaders_isr_write_applied_but_unanswered_counts_as_written(zookeeper, chroot):

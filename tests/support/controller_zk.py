@@ -9,7 +9,13 @@ ZooKeeper is covered by the integration tests."""
 
 from __future__ import annotations
 
-from tidelog.broker.zookeeper.layout import BrokerInfo, ControllerMovedError, LeaderAndIsr, ZkVersionConflict
+from tidelog.broker.zookeeper.layout import (
+    BrokerInfo,
+    ControllerMovedError,
+    LeaderAndIsr,
+    TopicExistsError,
+    ZkVersionConflict,
+)
 from tidelog.broker.zookeeper.zk import ZkClient
 
 
@@ -21,6 +27,7 @@ class FakeZk:
         self.states: dict[tuple[str, int], tuple[LeaderAndIsr, int]] = {}
         self.damage: dict[str, tuple[int, int, list[tuple[str, int]]]] = {}  # path -> report
         self.isr_changes: dict[str, list[tuple[str, int]]] = {}  # path -> partitions
+        self.marked: set[str] = set()  # /admin/delete_topics children
         self.deleted_notifications: list[str] = []
         self.broker_epochs: dict[int, int] = {}
         self.writes = 0
@@ -69,7 +76,7 @@ class FakeZk:
         return {b: (BrokerInfo(b, "127.0.0.1", 9000 + b), e) for b, e in self.live.items()}
 
     async def topics_marked_for_deletion(self):
-        return []
+        return sorted(self.marked)
 
     # -- topics
 
@@ -78,6 +85,8 @@ class FakeZk:
         return list(self.assignments)
 
     async def create_topic(self, name, assignment, config):
+        if name in self.assignments:
+            raise TopicExistsError(f"Topic '{name}' already exists.")
         self.writes += 1
         self.assignments[name] = {p: list(r) for p, r in assignment.items()}
         self.configs[name] = dict(config)
@@ -106,11 +115,16 @@ class FakeZk:
 
     async def mark_topic_for_deletion(self, topic):
         self.writes += 1
+        self.marked.add(topic)
 
-    async def delete_topic(self, topic):
+    async def delete_topic(self, topic, controller_epoch_zk_version=None):
+        self._fence(controller_epoch_zk_version)
         self.writes += 1
         self.assignments.pop(topic, None)
         self.moves.pop(topic, None)
+        self.configs.pop(topic, None)
+        self.states = {tp: st for tp, st in self.states.items() if tp[0] != topic}
+        self.marked.discard(topic)
 
     # -- partition states
 

@@ -171,7 +171,7 @@ class FakeController:
 
     def delete_topics(self, names):
         self.deleted += names
-        return [TopicResult(n, NONE.code) for n in names]
+        return [TopicResult(n, NONE.code) for n in names], []
 
     def create_partitions_all(self, topics, validate_only):
         self.grown += [t.name for t in topics]

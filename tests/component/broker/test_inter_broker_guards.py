@@ -282,7 +282,7 @@ class SerialController:
 
     async def delete_topics(self, names):
         self.deleted += names
-        return [TopicResult(n, NONE.code) for n in names]
+        return [TopicResult(n, NONE.code) for n in names], []
 
 
 def active_controller(zk: FakeZooKeeper, *, partitions: bool = True) -> Controller:

@@ -385,7 +385,7 @@ async def test_a_topic_named_twice_in_delete_topics_is_refused_before_anything_i
     c, zk = controller()
     assert only(await create(c, CreatableTopic("gone", 1, 1))).error_code == NONE.code
     writes = zk.writes
-    results = await c.delete_topics(["gone"] * 100_000 + ["ghost"])
+    results, _ = await c.delete_topics(["gone"] * 100_000 + ["ghost"])
     assert [r.error_code for r in results] == [INVALID_REQUEST.code] * 100_000 + [UNKNOWN_TOPIC_OR_PARTITION.code]
     assert "appears more than once" in results[0].error_message
     assert zk.writes == writes and "gone" in c.ctx.assignments
