@@ -161,7 +161,9 @@ class CreatableTopic(Message):
     replication_factor: int = field(default=-1, metadata=INT16)  # -1: the broker's default.replication.factor
     # partition ("0") -> replicas; overrides the two above
     assignments: dict[str, list[int]] | None = field(default=None, metadata=INT32)
-    configs: dict[str, str] = field(default_factory=dict)
+    # a null value is Kafka's CreateTopics asking nothing for the key: the topic is refused
+    # (INVALID_CONFIG), not the request
+    configs: dict[str, str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in self.assignments or ():

@@ -74,6 +74,7 @@ from tidelog.broker.controller.validation import (
     check_assignment,
     check_assignment_size,
     check_fits_zookeeper,
+    check_no_null_configs,
     check_partition_count,
     check_replication_factor,
     check_request_total,
@@ -736,6 +737,7 @@ class Controller:
             raise TidelogError(f"Topic '{t.name}' is marked for deletion.", error=TOPIC_ALREADY_EXISTS)
         if t.name in existing:
             raise TidelogError(f"topic {t.name!r} already exists", error=TOPIC_ALREADY_EXISTS)
+        check_no_null_configs(t.configs)
         check_topic_name(t.name, metric_names)
         self._check_configs(t.name, t.configs, t.configs)
         assignment = self._assignment_for(t, request_total)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from tidelog.broker.log.paths import MAX_FILE_NAME
 from tidelog.broker.zookeeper.layout import encode_topic_assignment, encode_topic_config
 from tidelog.protocol.errors import (
+    INVALID_CONFIG,
     INVALID_PARTITIONS,
     INVALID_REPLICA_ASSIGNMENT,
     INVALID_REPLICATION_FACTOR,
@@ -96,6 +97,15 @@ def check_topic_name(name: str, existing: Mapping[str, str]) -> None:
     if other is not None and collides(name, other):
         raise TidelogError(f"topic {name!r} collides with existing topic {other!r}: names that differ only "
                            "in '.' and '_' share metric names", error=INVALID_TOPIC_EXCEPTION)
+
+
+def check_no_null_configs(configs: Mapping[str, str | None]) -> None:
+    """INVALID_CONFIG for a CreateTopics entry with a config of null value, naming the keys in
+    the request's order, in Kafka's words (its ``ZkAdminManager.createTopics``)."""
+    nulls = [k for k, v in configs.items() if v is None]
+    if nulls:
+        raise TidelogError(f"Null value not supported for topic configs: {','.join(k[:100] for k in nulls[:10])}",
+                           error=INVALID_CONFIG)
 
 
 def by_metric_name(names: Iterable[str]) -> dict[str, str]:

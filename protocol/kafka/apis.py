@@ -160,7 +160,8 @@ def _create_topics_request(body: Body, version: int) -> Body:
         assignments = topic.get("assignments")
         topic["assignments"] = ({str(a["partition_index"]): a["broker_ids"] for a in assignments}
                                 if assignments else None)
-        topic["configs"] = {c["name"]: c["value"] for c in topic.get("configs") or () if c.get("value") is not None}
+        # a null value stays null: the broker refuses that topic (INVALID_CONFIG), as Kafka does
+        topic["configs"] = {c["name"]: c["value"] for c in topic.get("configs") or ()}
     return body
 
 

@@ -401,3 +401,17 @@ def test_a_huge_assignment_gets_a_short_message():
     with pytest.raises(TidelogError) as info:
         check_assignment({0: list(range(100, 20_100))}, {1})
     assert len(str(info.value)) < 200 and "and 19990 more" in str(info.value)
+
+
+# -- configs -----------------------------------------------------------------------------------------
+
+
+async def test_a_null_config_value_refuses_its_topic_only():
+    # as Kafka: INVALID_CONFIG naming the keys, the request's other topics created
+    c, zk = controller()
+    results = await create(c, CreatableTopic("t", 1, 1, configs={"retention.ms": None, "cleanup.policy": "delete",
+                                                                 "segment.ms": None}),
+                           CreatableTopic("u", 1, 1, configs={"retention.ms": "1000"}))
+    assert [r.error_code for r in results] == [INVALID_CONFIG.code, NONE.code]
+    assert results[0].error_message == "Null value not supported for topic configs: retention.ms,segment.ms"
+    assert set(zk.assignments) == {"u"}

@@ -146,3 +146,17 @@ def test_a_refused_metadata_request_names_every_topic_it_asked_for():
     _, rest = response_of(conn.send_response(4, {"error_code": 29, "error_message": "no"}))
     topics = codec("MetadataResponse", 1).decode_all(rest)["topics"]
     assert [(t["name"], t["error_code"]) for t in topics] == [("a", 29), ("b", 29)]
+
+
+def test_a_create_topics_config_without_a_value_reaches_the_broker_as_null():
+    # the broker refuses that topic alone (INVALID_CONFIG): dropping the entry would create
+    # it with the default the client did not ask for
+    from tidelog.protocol.messages import CreateTopicsRequest
+
+    conn = KafkaServerConnection()
+    body = bytes(codec("CreateTopicsRequest", 5).encode({"timeout_ms": 1000, "topics": [
+        {"name": "t", "num_partitions": 1, "replication_factor": 1, "assignments": [],
+         "configs": [{"name": "retention.ms", "value": None}, {"name": "segment.ms", "value": "10"}]}]}))
+    [event] = conn.receive_data(frame(19, 5, 1, body, flexible=True))
+    [topic] = CreateTopicsRequest.from_body(event.body).topics
+    assert topic.configs == {"retention.ms": None, "segment.ms": "10"}
