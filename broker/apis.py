@@ -87,10 +87,12 @@ from tidelog.protocol.errors import (
     TOPIC_AUTHORIZATION_FAILED,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_OR_PARTITION,
+    UNSUPPORTED_COMPRESSION_TYPE,
     ErrorCode,
     TidelogError,
     code_of,
 )
+from tidelog.protocol.kafka.apis import ZSTD_PRODUCE_VERSION
 from tidelog.protocol.messages import (
     BROKER_RESOURCE,
     CONSUMER_REPLICA_ID,
@@ -213,6 +215,7 @@ from tidelog.protocol.messages import (
     UpdateMetadataRequest,
     UpdateMetadataResponse,
 )
+from tidelog.protocol.records import Codec, holds_codec
 from tidelog.protocol.throttles import DYNAMIC_BROKER_CONFIGS
 from tidelog.protocol.topics import TopicPartition, is_internal_topic, metric_name, topic_name_problem
 
@@ -392,6 +395,8 @@ class Apis:
                             if is_internal_topic(tp.topic) and tp not in refused})
         else:
             refused = {tp: _internal_topic_refused(tp) for tp in entries if is_internal_topic(tp.topic)}
+        if ctx is not None and ctx.kafka_version is not None and ctx.kafka_version < ZSTD_PRODUCE_VERSION:
+            refused.update(_zstd_refused(ctx.kafka_version, entries, refused))
         if refused:
             entries = {tp: records for tp, records in entries.items() if tp not in refused}
         keys = [("connection", ctx.listener, ctx.peer)] if ctx is not None and ctx.peer != "?" else []
@@ -1221,6 +1226,14 @@ def _internal_topic_refused(tp: TopicPartition) -> dict:
     return {"error_code": INVALID_TOPIC_EXCEPTION.code,
             "error_message": f"cannot append to internal topic {tp.topic} (partition {tp.partition}): only the "
                              "broker writes it; commit consumer offsets with OffsetCommit (Consumer.commit)"}
+
+
+def _zstd_refused(kafka_version: int, entries: dict, refused: dict) -> dict:
+    """The partitions a Kafka client's Produce before v7 sent zstd batches to (KIP-110: Kafka's
+    ``ProduceRequest.validateRecords``), found from the batch headers; authorization first."""
+    message = f"Produce requests with version {kafka_version} are not allowed to use ZStandard compression"
+    return {tp: {"error_code": UNSUPPORTED_COMPRESSION_TYPE.code, "error_message": message}
+            for tp, records in entries.items() if tp not in refused and holds_codec(records, Codec.ZSTD)}
 
 
 def _produce_response(results: dict) -> ProduceResponse:

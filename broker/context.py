@@ -36,6 +36,9 @@ class RequestContext(NamedTuple):  # one per request: a tuple is made in one cal
     # an SSL listener that asks clients for a certificate (ssl.client.auth requested or
     # required): one that sent none is unauthenticated there, not on an open listener
     client_certificates: bool = False
+    # the Kafka version of a request read on a Kafka listener (its header has the native
+    # version serving it); None for a native request
+    kafka_version: int | None = None
 
     @property
     def authenticated(self) -> bool:

@@ -477,6 +477,7 @@ class _Connection:
         self._fd = self._socket.fileno()  # -1 before the socket closes (its number is reused)
         self._peer = _peer_name(self._socket)
         wire, inline_max = _WIRES[server.wire]
+        self._kafka = server.wire == "kafka"  # its requests' contexts carry their Kafka version
         self._conn = wire(server.max_frame_bytes, server.max_in_flight_per_connection, inline_max)
         security = server.security
         self._principal = ANONYMOUS
@@ -841,7 +842,9 @@ class _Connection:
             api_for(event.header)
             if self._auth is not None and (answer := self._sasl(event)) is not None:
                 return answer
-            return self._server.handler(self._context(event.header, principal=self._principal), event.body)
+            context = self._context(event.header, principal=self._principal,
+                                    kafka_version=event.version if self._kafka else None)
+            return self._server.handler(context, event.body)
         except Exception as exc:
             return self._handler_error(event.header, exc)
 

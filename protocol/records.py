@@ -343,6 +343,22 @@ def any_compressed(buf, or_kafka_encoded: bool = False) -> bool:
     return False
 
 
+def holds_codec(buf, codec: int) -> bool:
+    """Whether a batch of ``buf`` is compressed with ``codec``: back-to-back batches, the last
+    maybe partial (a fetch cut at its size limit: its header counts), stopping at bytes that
+    are not a batch. Framing only, the codec bits of each header's attributes: nothing is
+    decompressed or decoded."""
+    pos, end = 0, len(buf)
+    while end - pos >= HEADER_SIZE:
+        length = _I32.unpack_from(buf, pos + BATCH_LENGTH_AT)[0]
+        if length < MIN_BATCH_LENGTH:
+            return False
+        if _I16.unpack_from(buf, pos + ATTRIBUTES_AT)[0] & CODEC_MASK == codec:
+            return True
+        pos += length + LOG_OVERHEAD
+    return False
+
+
 def patch_batch(buf: bytearray, pos: int, base_offset: int, leader_epoch: int) -> None:
     """Stamp base offset and leader epoch into the batch at ``pos`` (outside the CRC)."""
     _I64.pack_into(buf, pos + BASE_OFFSET_AT, base_offset)

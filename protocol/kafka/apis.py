@@ -13,6 +13,9 @@ What crosses with a meaning, not only a shape:
 * Fetch: stored batches become Kafka's (``records.to_kafka``); ``last_stable_offset`` is
   the high watermark (no transactions), no fetch session is kept (session id 0, so clients
   send full fetches), and a Kafka client always fetches as a consumer (replica id -1).
+  Before v10 a partition whose answer holds zstd batches is answered
+  UNSUPPORTED_COMPRESSION_TYPE (KIP-110; a Produce before v7 with zstd is refused by the
+  broker's produce handler, which sees the Kafka version in the request's context).
 * ApiVersions lists this table, never the native one; an unsupported ApiVersions version
   gets a v0 response with UNSUPPORTED_VERSION and the table (KIP-511).
 """
@@ -25,15 +28,17 @@ from types import MappingProxyType
 from typing import Any
 
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import CorruptRecordError
+from tidelog.protocol.errors import UNSUPPORTED_COMPRESSION_TYPE, CorruptRecordError
 from tidelog.protocol.kafka.records import TranslationBudget, to_kafka, to_stored
 from tidelog.protocol.messages import fetch_answer_parts
-from tidelog.protocol.records import MAGIC, iter_headers, kafka_batch
+from tidelog.protocol.records import MAGIC, Codec, holds_codec, iter_headers, kafka_batch
 
 Body = dict[str, Any]
 Adapt = Callable[[Body, int], Body]
 
 CONSUMER_REPLICA_ID = -1
+# KIP-110: Kafka clients write zstd from Produce v7 on and read it from Fetch v10 on
+ZSTD_PRODUCE_VERSION, ZSTD_FETCH_VERSION = 7, 10
 
 
 def _same(body: Body, version: int) -> Body:
@@ -111,11 +116,14 @@ def _fetch_response(body: Body, version: int) -> Body:
     the broker's fetch handler answers with the body itself (``Apis._fetch_response``),
     which the request's metrics read after the write, and this may run in a worker thread."""
     budget = TranslationBudget(TRANSLATE_RECORDS_PER_FETCH)
+    no_zstd = version < ZSTD_FETCH_VERSION
     topics = []
     for topic in body.get("responses") or ():
         parts = []
         for p in topic.get("partitions") or ():
             p = dict(p, last_stable_offset=p.get("high_watermark", -1))
+            if no_zstd and p.get("records") and holds_codec(p["records"], Codec.ZSTD):
+                p = _unsupported_compression(p)
             if p.get("records"):
                 p["records"] = to_kafka(p["records"], kafka_batch, budget)
             if p.get("diverging_epoch") is None:
@@ -125,6 +133,15 @@ def _fetch_response(body: Body, version: int) -> Body:
     body["responses"] = topics
     body["session_id"] = 0
     return body
+
+
+def _unsupported_compression(partition: Body) -> Body:
+    """A partition whose answer holds zstd batches, for a client before Fetch v10, which
+    cannot read them: UNSUPPORTED_COMPRESSION_TYPE and nothing else, as Kafka's
+    ``FetchResponse.partitionResponse`` (Kafka refuses by the topic's compression.type, which
+    Tidelog keeps at ``producer``: here the batches' own codec decides)."""
+    return {"partition_index": partition.get("partition_index"), "error_code": UNSUPPORTED_COMPRESSION_TYPE.code,
+            "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "records": None}
 
 
 def records_to_translate(body: Any) -> int:

@@ -17,7 +17,7 @@ from tidelog.broker.context import RequestContext
 from tidelog.broker.deferred import CLOSE_CONNECTION
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
 from tidelog.protocol.codec import ApiKey, RequestHeader
-from tidelog.protocol.errors import CORRUPT_MESSAGE, INVALID_TIMESTAMP, NONE
+from tidelog.protocol.errors import CORRUPT_MESSAGE, INVALID_TIMESTAMP, NONE, UNSUPPORTED_COMPRESSION_TYPE
 from tidelog.protocol.kafka.records import to_stored
 from tidelog.protocol.messages import PartitionProduceData, ProduceRequest, TopicProduceData
 from tidelog.protocol.records import Codec, build_batch, iter_all_records, kafka_batch
@@ -175,3 +175,16 @@ def test_produce_order_chains_per_key():
     assert first.is_set() and order.predecessors(["a", "b"]) == [second]
     order.leave(["b"], second)
     assert len(order) == 0
+
+
+@pytest.mark.parametrize("codec, version, error", [
+    (Codec.ZSTD, 6, UNSUPPORTED_COMPRESSION_TYPE), (Codec.ZSTD, 7, NONE), (Codec.GZIP, 3, NONE), (Codec.ZSTD, None, NONE)])
+async def test_zstd_needs_produce_v7_from_a_kafka_client(broker, codec, version, error):
+    # KIP-110: a Kafka client writes zstd from Produce v7 on; a native request (None) has no such bound
+    records = to_stored(kafka_batch(build_batch([b"z"], codec=codec, timestamp_ms=now(broker))))
+    ctx = RequestContext(RequestHeader(ApiKey.PRODUCE, 0, 1, "c"), "127.0.0.1:5000", kafka_version=version)
+    r = answer(await settle(broker.apis.handle(ctx, request(records).to_body())))
+    assert r.error_code == error.code
+    assert stored_values(broker) == ([] if error is not NONE else [b"z"])
+    if error is not NONE:
+        assert f"version {version}" in r.error_message and "ZStandard" in r.error_message

@@ -160,3 +160,30 @@ def test_a_create_topics_config_without_a_value_reaches_the_broker_as_null():
     [event] = conn.receive_data(frame(19, 5, 1, body, flexible=True))
     [topic] = CreateTopicsRequest.from_body(event.body).topics
     assert topic.configs == {"retention.ms": None, "segment.ms": "10"}
+
+
+@pytest.mark.parametrize("version", [9, 10])
+def test_a_fetch_before_v10_gets_unsupported_compression_for_a_partition_holding_zstd(version):
+    # KIP-110: clients before Fetch v10 cannot read zstd; the other partitions are served
+    from tidelog.protocol.kafka.records import to_stored
+    from tidelog.protocol.messages import FetchPartitionResponse, FetchResponse, FetchTopicResponse
+    from tidelog.protocol.records import Codec, build_batch, kafka_batch
+
+    plain = build_batch([b"p"], timestamp_ms=1)
+    zstd = build_batch([b"z"], codec=Codec.ZSTD, base_offset=1, timestamp_ms=1)
+    answer = FetchResponse([FetchTopicResponse("t", [
+        FetchPartitionResponse(0, 0, 5, 0, plain + zstd),  # Tidelog-encoded: translated
+        FetchPartitionResponse(1, 0, 5, 0, to_stored(kafka_batch(zstd))),  # a Kafka client's, as stored
+        FetchPartitionResponse(2, 0, 5, 0, plain)])])
+    body = bytes(codec("FetchRequest", version).encode({"topics": [{"topic": "t", "partitions": [
+        {"partition": p} for p in range(3)]}]}))
+    conn = KafkaServerConnection()
+    conn.receive_data(frame(1, version, 1, body, flexible=False))
+    _, rest = response_of(conn.send_response(1, answer))
+    parts = codec("FetchResponse", version).decode_all(rest)["responses"][0]["partitions"]
+    if version < 10:
+        assert [p["error_code"] for p in parts] == [76, 76, 0]
+        assert [p["high_watermark"] for p in parts] == [-1, -1, 5]
+        assert not parts[0]["records"] and not parts[1]["records"] and parts[2]["records"]
+    else:
+        assert [p["error_code"] for p in parts] == [0, 0, 0] and all(p["records"] for p in parts)
