@@ -14,7 +14,8 @@ request order, large frames decoded off the event loop. What differs:
   versions, except ApiVersions, always v0) and the body.
 * A request Kafka's rules cannot answer in order closes the connection (a Kafka broker does
   the same): an API key this listener does not serve, a version outside the served range
-  (except ApiVersions: KIP-511's v0 answer), a header or body that does not decode.
+  (except ApiVersions: KIP-511's v0 answer), a header or body that does not decode. A
+  client id that is not UTF-8 decodes, with replacement characters, as Kafka's broker reads it.
 """
 
 from __future__ import annotations
@@ -42,10 +43,9 @@ from tidelog.protocol.kafka.apis import (
     error_response,
     records_to_translate,
 )
-from tidelog.protocol.kafka.schema import Reader, codec, flexible_versions
+from tidelog.protocol.kafka.schema import Reader, codec, flexible_versions, header_string
 
 _HEAD = struct.Struct(">hhi")  # api key, api version, correlation id
-_I16 = struct.Struct(">h")
 _RESPONSE_HEAD = struct.Struct(">ii")  # length, correlation id
 _NO_TAGS = b"\x00"
 
@@ -148,14 +148,7 @@ def _decode(frame: bytes) -> KafkaRequest:
     return KafkaRequest(header, api.request(body, version), key=key, version=version)
 
 
-def _client_id(r: Reader) -> str | None:
-    n = r.unpack(_I16, "client id")
-    if n < 0:
-        return None
-    try:
-        return str(r.take(n, "client id"), "utf-8")
-    except UnicodeDecodeError:
-        raise InvalidRequestError("client id is not UTF-8") from None
+_client_id = header_string("client id")
 
 
 def _skip_tags(r: Reader) -> None:

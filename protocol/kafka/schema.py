@@ -219,17 +219,23 @@ def _length(flexible: bool, prefix: struct.Struct, nullable: bool, where: str, v
     return read, write
 
 
+def _utf8(data: Any, where: str, lenient: bool) -> str:
+    """A string's bytes decoded. ``lenient``: bytes that are not UTF-8 become replacement
+    characters, as Java's ``new String(bytes, UTF_8)`` makes them; else InvalidRequestError."""
+    if lenient:
+        return str(data, "utf-8", "replace")
+    try:
+        return str(data, "utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequestError(f"{where}: not UTF-8 ({e.reason})") from None
+
+
 def _string(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]:
     read, write = _length(flexible, _I16, nullable, where, values=1)
 
     def decode(r: Reader) -> str | None:
         n = read(r)
-        if n is None:
-            return None
-        try:
-            return str(r.take(n, where), "utf-8")
-        except UnicodeDecodeError as e:
-            raise InvalidRequestError(f"{where}: not UTF-8 ({e.reason})") from None
+        return None if n is None else _utf8(r.take(n, where), where, lenient=False)
 
     def encode(value: Any, out: bytearray) -> None:
         if value is None:  # an absent value of a version where the field cannot be null: ""
@@ -242,6 +248,18 @@ def _string(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]
         out += data
 
     return decode, encode
+
+
+def header_string(where: str) -> Decode:
+    """The decoder of a request header's nullable string (the client id: the header's only
+    string, in every header version, never compact), as Kafka's broker reads it: a negative
+    length is null, and bytes that are not UTF-8 become replacement characters, so the
+    request is served."""
+    def decode(r: Reader) -> str | None:
+        n = r.unpack(_I16, where)
+        return None if n < 0 else _utf8(r.take(n, where), where, lenient=True)
+
+    return decode
 
 
 def _bytes(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]:

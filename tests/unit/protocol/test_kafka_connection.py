@@ -187,3 +187,13 @@ def test_a_fetch_before_v10_gets_unsupported_compression_for_a_partition_holding
         assert not parts[0]["records"] and not parts[1]["records"] and parts[2]["records"]
     else:
         assert [p["error_code"] for p in parts] == [0, 0, 0] and all(p["records"] for p in parts)
+
+
+@pytest.mark.parametrize("client_id, decoded", [(b"caf\xe9", "caf\ufffd"), (b"\xff\xfe-ok", "\ufffd\ufffd-ok"),
+                                                (b"ok", "ok")])
+def test_a_client_id_that_is_not_utf_8_is_served_with_replacement_characters(client_id, decoded):
+    # as Java's Kafka decodes it: the request is served, not the connection closed
+    body = bytes(codec("MetadataRequest", 1).encode({"topics": [{"name": "t"}]}))
+    head = struct.pack(">hhih", 3, 1, 5, len(client_id)) + client_id
+    [event] = KafkaServerConnection().receive_data(struct.pack(">i", len(head) + len(body)) + head + body)
+    assert isinstance(event, KafkaRequest) and event.header.client_id == decoded and event.body["topics"] == ["t"]
