@@ -39,6 +39,10 @@ class RequestContext(NamedTuple):  # one per request: a tuple is made in one cal
     # the Kafka version of a request read on a Kafka listener (its header has the native
     # version serving it); None for a native request
     kafka_version: int | None = None
+    # its client waits out a response's throttle_time_ms itself (a Kafka client, from the
+    # API's KIP-219 version on): a throttled answer goes out at once, then the connection is
+    # muted (broker/security/quotas.py)
+    client_throttles: bool = False
 
     @property
     def authenticated(self) -> bool:

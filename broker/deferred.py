@@ -11,9 +11,9 @@ connection closes first; a completion after that is ignored.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-__all__ = ["CLOSE_CONNECTION", "DeferredResponse", "is_awaitable", "is_deferred"]
+__all__ = ["CLOSE_CONNECTION", "DeferredResponse", "Throttled", "is_awaitable", "is_deferred"]
 
 
 class DeferredResponse(Protocol):
@@ -55,3 +55,12 @@ class _CloseConnection:
 # reads no response, learns of the error by the connection's end and refreshes its metadata,
 # instead of sending to a former leader until its metadata ages out)
 CLOSE_CONNECTION = _CloseConnection()
+
+
+class Throttled(NamedTuple):
+    """A handler's answer (a response, None or ``CLOSE_CONNECTION``) to send at once, after
+    which its connection starts no request for ``throttle_ms``: Kafka's muted channel for a
+    client that waits out the throttle_time_ms of the response itself (KIP-219)."""
+
+    response: Any
+    throttle_ms: int

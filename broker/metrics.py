@@ -76,7 +76,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from tidelog.broker.deferred import DeferredResponse, is_awaitable, is_deferred
+from tidelog.broker.deferred import DeferredResponse, Throttled, is_awaitable, is_deferred
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import code_of, for_code
 from tidelog.protocol.messages import FetchResponse, ProduceResponse, fetch_answer_parts
@@ -260,6 +260,8 @@ class RequestMetrics:
         hist.observe((self.clock() if end is None else end) - start)
 
     def _account(self, api_key: int, body: dict, response: Any) -> None:
+        if type(response) is Throttled:  # sent at once, the connection muted after it (KIP-219)
+            response = response.response
         try:
             fetch_body = api_key == _FETCH and type(response) is dict and "responses" in response
             if fetch_body:

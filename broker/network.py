@@ -34,6 +34,10 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
   a response until every older one is ready and hands out the bytes that may be written now
   (``send_response``; ``skip_response`` when the handler returns None, as for acks=0). Those
   bytes are appended to the connection's outbox.
+* **Throttled clients** (KIP-219). A handler's answer may be a ``deferred.Throttled``: the
+  response is sent as any other, then the reader starts no further request of that
+  connection until the throttle time has passed (Kafka mutes the channel), for a client that
+  waits out ``throttle_time_ms`` itself (``broker/security/quotas.py``).
 * **One locked writer.** Whoever finishes a response and finds the write lock free becomes the
   writer: it sends the whole outbox in one ``send_all`` and repeats while responses keep
   arriving, so responses that become ready together leave in one syscall (notes/LIMITS.md).
@@ -133,7 +137,7 @@ import trio
 
 from tidelog.broker.config import parse_ip_overrides
 from tidelog.broker.context import ANONYMOUS, RequestContext, host_of
-from tidelog.broker.deferred import CLOSE_CONNECTION, DeferredResponse, is_awaitable, is_deferred
+from tidelog.broker.deferred import CLOSE_CONNECTION, DeferredResponse, Throttled, is_awaitable, is_deferred
 from tidelog.broker.security.listeners import ListenerSecurity
 from tidelog.broker.security.sasl import SaslState, ServerAuthenticator, Step
 from tidelog.broker.security.tls import HANDSHAKE_TIMEOUT_S, peer_principal
@@ -515,6 +519,7 @@ class _Connection:
         self._idled = False  # closed by the idle check
         self._changed = trio.Event()  # set (and replaced) when pending drops and someone waits
         self._room_wanted = False  # the reader waits on _changed for pending to drop
+        self._muted_until = 0.0  # Trio time until which no request starts (KIP-219); 0: not muted
         self._unyielding = 0  # reads in a row that found data without waiting
         self._requests: trio.Nursery | None = None  # the request tasks' nursery, while open
         self._deferred: set[DeferredResponse] = set()  # requests answered by a callback later
@@ -656,6 +661,8 @@ class _Connection:
                 self._server.counters.invalid += 1
                 log.debug("closing the connection from %s: %s", self._peer, event.error)
                 return True
+            if self._muted_until:
+                await self._wait_out_throttle()
             if self._pending >= self._max_pending:
                 if queued_at is None:
                     queued_at = trio.current_time()
@@ -764,6 +771,17 @@ class _Connection:
             self._pool.release(self._reservation)
             self._reservation = 0
 
+    def _mute(self, throttle_ms: int) -> None:
+        self._muted_until = max(self._muted_until, trio.current_time() + throttle_ms / 1000)
+
+    async def _wait_out_throttle(self) -> None:
+        """Start nothing more until the throttle time of a client that waits it out itself
+        has passed (``Throttled``), as Kafka mutes the channel: one that sends anyway finds
+        its requests unread meanwhile. Requests already started go on."""
+        while (until := self._muted_until) > trio.current_time():
+            await trio.sleep_until(until)
+        self._muted_until = 0.0
+
     async def _wait_for_room(self) -> None:
         while self._pending >= self._max_pending:
             self._room_wanted = True
@@ -842,8 +860,9 @@ class _Connection:
             api_for(event.header)
             if self._auth is not None and (answer := self._sasl(event)) is not None:
                 return answer
-            context = self._context(event.header, principal=self._principal,
-                                    kafka_version=event.version if self._kafka else None)
+            context = (self._context(event.header, principal=self._principal, kafka_version=event.version,
+                                     client_throttles=event.client_throttles) if self._kafka
+                       else self._context(event.header, principal=self._principal))
             return self._server.handler(context, event.body)
         except Exception as exc:
             return self._handler_error(event.header, exc)
@@ -907,6 +926,9 @@ class _Connection:
         return error_body(code_of(exc))
 
     def _respond(self, correlation_id: int, body: Body | Message | None) -> None:
+        if type(body) is Throttled:  # KIP-219: answered now, the connection muted after it
+            self._mute(body.throttle_ms)
+            body = body.response
         if body is CLOSE_CONNECTION:  # no response; the requests read already are answered
             log.debug("closing the connection from %s: request %d failed with no response to tell it",
                       self._peer, correlation_id)

@@ -26,16 +26,26 @@ Theory of operation (Kafka's ClientQuotaManager, KIP-13, KIP-55, KIP-124):
   take, recording nothing more, for the rate to come back to the quota:
   ``(observed - quota) / quota * window`` (``throttle_time_ms``), capped at the whole quota
   window. Produce and Fetch take the larger of their byte-rate and request-time throttles.
-* **Throttling** (``QuotaEnforcer``): the broker delays the response by the throttle time
-  and reports it in the response's ``throttle_time_ms``. The request's work is done (a
-  produce is appended, in request order, before the delay), its response waits in the
-  request's own task (a Trio sleep; a consumer's deferred fetch is completed by a task of the
-  enforcer's nursery), and since a connection's responses go out in request order, the
-  connection's later responses wait behind it. The client honours ``throttle_time_ms``
-  (KIP-219): it sends nothing more to that broker until the time has passed since it sent the
-  throttled request, which against a delaying broker has already happened when the response
-  arrives. An acks=0 produce has no response: its request stays pending for the throttle
-  time, so a connection that keeps sending stops being read at ``queued.max.requests``.
+* **Throttling** (``QuotaEnforcer``) takes one of two forms, by who waits out the throttle
+  time; the response reports it in its ``throttle_time_ms`` either way, and the request's
+  work is done first (a produce is appended, in request order).
+
+  - **The client waits** (``RequestContext.client_throttles``: a Kafka client from the API's
+    KIP-219 version on, e.g. Produce v6, Fetch v8; ``protocol/kafka/apis.py``). It sends
+    nothing more to that broker for ``throttle_time_ms`` after it *receives* the response,
+    so the broker must not delay it too (the client would wait twice). As Kafka does, the
+    response goes out at once and the connection is muted: it starts no further request
+    until the throttle time has passed (the handler's answer is a ``deferred.Throttled``,
+    which the network layer obeys), so a client that ignores the throttle gains nothing.
+  - **The broker waits** (a native request; a Kafka request of an older version): the
+    response is delayed by the throttle time. It waits in the request's own task (a Trio
+    sleep; a consumer's deferred fetch is completed by a task of the enforcer's nursery),
+    and since a connection's responses go out in request order, the connection's later
+    responses wait behind it. The native client honours ``throttle_time_ms`` from the time
+    it *sent* the throttled request, which against a delaying broker has already passed
+    when the response arrives. An acks=0 produce has no response: its request stays pending
+    for the throttle time, so a connection that keeps sending stops being read at
+    ``queued.max.requests``.
 
 Everything above the ``QuotaEnforcer`` is pure: time is passed in (ms), nothing sleeps.
 """
@@ -54,7 +64,7 @@ from typing import Any
 
 import trio
 
-from tidelog.broker.deferred import is_awaitable, is_deferred
+from tidelog.broker.deferred import Throttled, is_awaitable, is_deferred
 from tidelog.broker.zookeeper.layout import DEFAULT_ENTITY, entity_path
 from tidelog.protocol.codec import ApiKey, Message
 from tidelog.protocol.messages import fetch_answer_parts
@@ -362,11 +372,12 @@ class QuotaEnforcer:
             start = time.perf_counter()
             result = handler(context, body)
             busy = time.perf_counter() - start
+            mute = context.client_throttles
             if is_awaitable(result):
-                return self._settle_later(api_key, body, quotas, busy, result)
+                return self._settle_later(api_key, body, quotas, busy, result, mute)
             if is_deferred(result):
-                return _ThrottledDeferred(self, api_key, body, quotas, busy, result)
-            return self._settle(api_key, body, quotas, busy, result)
+                return _ThrottledDeferred(self, api_key, body, quotas, busy, result, mute)
+            return self._settle(api_key, body, quotas, busy, result, mute)
 
         return handle
 
@@ -384,21 +395,26 @@ class QuotaEnforcer:
         return throttle
 
     def _settle(self, api_key: int, body: dict, quotas: Mapping[QuotaType, Quota], busy_s: float,
-                response: Any) -> Any:
+                response: Any, mute: bool) -> Any:
+        """``mute``: the client waits out the throttle itself (the module docstring)."""
         throttle = self.throttle_ms(api_key, body, quotas, busy_s, response)
         if not throttle:
             return response
+        if mute:
+            return Throttled(with_throttle(response, throttle), throttle)
         return _delayed(with_throttle(response, throttle), throttle)
 
     async def _settle_later(self, api_key: int, body: dict, quotas: Mapping[QuotaType, Quota],
-                            busy_s: float, result: Any) -> Any:
+                            busy_s: float, result: Any, mute: bool) -> Any:
         timed = _Timed()
         response = await timed.run(result)
         throttle = self.throttle_ms(api_key, body, quotas, busy_s + timed.busy_s, response)
-        if throttle:
-            await trio.sleep(throttle / 1000)
-            response = with_throttle(response, throttle)
-        return response
+        if not throttle:
+            return response
+        if mute:
+            return Throttled(with_throttle(response, throttle), throttle)
+        await trio.sleep(throttle / 1000)
+        return with_throttle(response, throttle)
 
 
 async def _delayed(response: Any, throttle_ms: int) -> Any:
@@ -442,19 +458,24 @@ async def _wrap(awaitable: Any) -> Any:
 class _ThrottledDeferred:
     """A deferred answer (a consumer's long poll, an acks=all produce) measured against the
     quotas when it comes, and delayed by its throttle time (by a task of the enforcer's
-    nursery)."""
+    nursery), or, for a client that waits it out itself (``mute``), answered at once as
+    ``Throttled``."""
 
-    __slots__ = ("enforcer", "api_key", "body", "quotas", "busy_s", "inner", "_scope")
+    __slots__ = ("enforcer", "api_key", "body", "quotas", "busy_s", "inner", "mute", "_scope")
 
     def __init__(self, enforcer: QuotaEnforcer, api_key: int, body: dict, quotas: Mapping[QuotaType, Quota],
-                 busy_s: float, inner: Any):
+                 busy_s: float, inner: Any, mute: bool = False):
         self.enforcer, self.api_key, self.body, self.quotas, self.busy_s = enforcer, api_key, body, quotas, busy_s
         self.inner = inner
+        self.mute = mute
         self._scope: trio.CancelScope | None = None
 
     def attach(self, complete: Callable[[Any], None]) -> None:
         def completed(response: Any) -> None:
             throttle = self.enforcer.throttle_ms(self.api_key, self.body, self.quotas, self.busy_s, response)
+            if throttle and self.mute:
+                complete(Throttled(with_throttle(response, throttle), throttle))
+                return
             nursery = self.enforcer._nursery
             if not throttle or nursery is None:
                 complete(response)

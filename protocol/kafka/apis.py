@@ -54,10 +54,18 @@ class KafkaApi:
     request: Adapt = _same  # Kafka's decoded request -> Tidelog's body
     response: Adapt = _same  # Tidelog's response body -> Kafka's, for the version asked
     native: ApiKey | None = None  # the Tidelog API that serves it (default: the same key)
+    # the first version whose client waits out a response's throttle_time_ms itself (KIP-219:
+    # Kafka's ``shouldClientThrottle`` of the response); None: no version does
+    client_throttles_from: int | None = None
 
     @property
     def native_key(self) -> ApiKey:
         return self.native if self.native is not None else self.key
+
+    def client_throttles(self, version: int) -> bool:
+        """Whether a client of ``version`` waits out ``throttle_time_ms`` itself, so the broker
+        answers at once and mutes the connection instead of delaying the answer (KIP-219)."""
+        return self.client_throttles_from is not None and version >= self.client_throttles_from
 
     @property
     def request_spec(self) -> str:
@@ -315,6 +323,10 @@ def answers_as_error(key: int, version: int, body: Body) -> bool:
 
 
 # -- the table ----------------------------------------------------------------------------------
+#
+# ``client_throttles_from`` is Kafka's ``shouldClientThrottle`` of each response class
+# (KIP-219). OffsetForLeaderEpoch, DescribeCluster and the SASL APIs have none: their
+# clients never wait on their own.
 
 
 def _table(*rows: KafkaApi) -> Mapping[int, KafkaApi]:
@@ -322,31 +334,31 @@ def _table(*rows: KafkaApi) -> Mapping[int, KafkaApi]:
 
 
 KAFKA_APIS: Mapping[int, KafkaApi] = _table(
-    KafkaApi(ApiKey.PRODUCE, "Produce", 3, 10, _produce_request),
-    KafkaApi(ApiKey.FETCH, "Fetch", 4, 12, _fetch_request, _fetch_response),
-    KafkaApi(ApiKey.LIST_OFFSETS, "ListOffsets", 1, 7, _consumer_replica, _list_offsets_response),
-    KafkaApi(ApiKey.METADATA, "Metadata", 0, 12, _metadata_request),
-    KafkaApi(ApiKey.API_VERSIONS, "ApiVersions", 0, 3, response=_api_versions_response),
-    KafkaApi(ApiKey.INIT_PRODUCER_ID, "InitProducerId", 0, 4),
-    KafkaApi(ApiKey.FIND_COORDINATOR, "FindCoordinator", 0, 3),
+    KafkaApi(ApiKey.PRODUCE, "Produce", 3, 10, _produce_request, client_throttles_from=6),
+    KafkaApi(ApiKey.FETCH, "Fetch", 4, 12, _fetch_request, _fetch_response, client_throttles_from=8),
+    KafkaApi(ApiKey.LIST_OFFSETS, "ListOffsets", 1, 7, _consumer_replica, _list_offsets_response, client_throttles_from=3),
+    KafkaApi(ApiKey.METADATA, "Metadata", 0, 12, _metadata_request, client_throttles_from=6),
+    KafkaApi(ApiKey.API_VERSIONS, "ApiVersions", 0, 3, response=_api_versions_response, client_throttles_from=2),
+    KafkaApi(ApiKey.INIT_PRODUCER_ID, "InitProducerId", 0, 4, client_throttles_from=1),
+    KafkaApi(ApiKey.FIND_COORDINATOR, "FindCoordinator", 0, 3, client_throttles_from=2),
     # from v4 on a new member first gets MEMBER_ID_REQUIRED, which the coordinator always asks
-    KafkaApi(ApiKey.JOIN_GROUP, "JoinGroup", 4, 7),
-    KafkaApi(ApiKey.SYNC_GROUP, "SyncGroup", 0, 5),
-    KafkaApi(ApiKey.HEARTBEAT, "Heartbeat", 0, 4),
-    KafkaApi(ApiKey.LEAVE_GROUP, "LeaveGroup", 0, 5, _leave_group_request),
-    KafkaApi(ApiKey.OFFSET_COMMIT, "OffsetCommit", 0, 8, _offset_commit_request),
-    KafkaApi(ApiKey.OFFSET_FETCH, "OffsetFetch", 0, 7),
-    KafkaApi(ApiKey.LIST_GROUPS, "ListGroups", 0, 4),
-    KafkaApi(ApiKey.DESCRIBE_GROUPS, "DescribeGroups", 0, 5),
-    KafkaApi(ApiKey.DELETE_GROUPS, "DeleteGroups", 0, 2),
-    KafkaApi(ApiKey.CREATE_TOPICS, "CreateTopics", 0, 7, _create_topics_request),
-    KafkaApi(ApiKey.DELETE_TOPICS, "DeleteTopics", 0, 5),
-    KafkaApi(ApiKey.CREATE_PARTITIONS, "CreatePartitions", 0, 3, _create_partitions_request),
-    KafkaApi(ApiKey.DESCRIBE_CONFIGS, "DescribeConfigs", 0, 4, response=_describe_configs_response),
-    KafkaApi(ApiKey.ALTER_CONFIGS, "AlterConfigs", 0, 2, _alter_configs_request),
-    KafkaApi(ApiKey.DELETE_RECORDS, "DeleteRecords", 0, 2),
-    KafkaApi(ApiKey.ALTER_PARTITION_REASSIGNMENTS, "AlterPartitionReassignments", 0, 0),
-    KafkaApi(ApiKey.LIST_PARTITION_REASSIGNMENTS, "ListPartitionReassignments", 0, 0),
+    KafkaApi(ApiKey.JOIN_GROUP, "JoinGroup", 4, 7, client_throttles_from=3),
+    KafkaApi(ApiKey.SYNC_GROUP, "SyncGroup", 0, 5, client_throttles_from=2),
+    KafkaApi(ApiKey.HEARTBEAT, "Heartbeat", 0, 4, client_throttles_from=2),
+    KafkaApi(ApiKey.LEAVE_GROUP, "LeaveGroup", 0, 5, _leave_group_request, client_throttles_from=2),
+    KafkaApi(ApiKey.OFFSET_COMMIT, "OffsetCommit", 0, 8, _offset_commit_request, client_throttles_from=4),
+    KafkaApi(ApiKey.OFFSET_FETCH, "OffsetFetch", 0, 7, client_throttles_from=4),
+    KafkaApi(ApiKey.LIST_GROUPS, "ListGroups", 0, 4, client_throttles_from=2),
+    KafkaApi(ApiKey.DESCRIBE_GROUPS, "DescribeGroups", 0, 5, client_throttles_from=2),
+    KafkaApi(ApiKey.DELETE_GROUPS, "DeleteGroups", 0, 2, client_throttles_from=1),
+    KafkaApi(ApiKey.CREATE_TOPICS, "CreateTopics", 0, 7, _create_topics_request, client_throttles_from=3),
+    KafkaApi(ApiKey.DELETE_TOPICS, "DeleteTopics", 0, 5, client_throttles_from=2),
+    KafkaApi(ApiKey.CREATE_PARTITIONS, "CreatePartitions", 0, 3, _create_partitions_request, client_throttles_from=1),
+    KafkaApi(ApiKey.DESCRIBE_CONFIGS, "DescribeConfigs", 0, 4, response=_describe_configs_response, client_throttles_from=2),
+    KafkaApi(ApiKey.ALTER_CONFIGS, "AlterConfigs", 0, 2, _alter_configs_request, client_throttles_from=1),
+    KafkaApi(ApiKey.DELETE_RECORDS, "DeleteRecords", 0, 2, client_throttles_from=1),
+    KafkaApi(ApiKey.ALTER_PARTITION_REASSIGNMENTS, "AlterPartitionReassignments", 0, 0, client_throttles_from=0),
+    KafkaApi(ApiKey.LIST_PARTITION_REASSIGNMENTS, "ListPartitionReassignments", 0, 0, client_throttles_from=0),
     KafkaApi(ApiKey.OFFSETS_FOR_LEADER_EPOCH, "OffsetForLeaderEpoch", 0, 4, _consumer_replica),
     KafkaApi(ApiKey.DESCRIBE_CLUSTER, "DescribeCluster", 0, 1, _describe_cluster_request,
              _describe_cluster_response, native=ApiKey.METADATA),

@@ -67,11 +67,13 @@ class _Detached:
 class KafkaRequest(Request):
     """A Kafka request as Tidelog's (``header.api_version`` is the native version); ``version``
     is the Kafka version the response is encoded for. ``refused``: an ApiVersions request of
-    a version not served, answered with KIP-511's v0 response."""
+    a version not served, answered with KIP-511's v0 response. ``client_throttles``: its
+    client waits out a throttle_time_ms itself (KIP-219, ``KafkaApi.client_throttles``)."""
 
     key: int = 0  # the Kafka API key (the header has the native one serving it)
     version: int = 0
     refused: bool = False
+    client_throttles: bool = False
 
 
 def _flexible(spec: str, version: int) -> bool:
@@ -145,7 +147,8 @@ def _decode(frame: bytes) -> KafkaRequest:
     # bytes after the body are ignored, as Kafka's brokers do: librdkafka's Metadata v12 of
     # every topic carries three
     body = codec(api.request_spec, version).decode(r)
-    return KafkaRequest(header, api.request(body, version), key=key, version=version)
+    return KafkaRequest(header, api.request(body, version), key=key, version=version,
+                        client_throttles=api.client_throttles(version))
 
 
 _client_id = header_string("client id")

@@ -586,3 +586,17 @@ async def test_endpoint_rejects_what_it_does_not_serve(broker, nursery):
 def test_respond_is_plain_bytes(broker):
     server = MetricsServer(build_registry(broker, RequestMetrics(), process=False), broker.readiness, None, 0)
     assert server.respond(b"GET /live?x=1 HTTP/1.1\r\n\r\n").endswith(b"ok\n")
+
+
+def test_a_throttled_answer_sent_at_once_is_accounted_as_its_response():
+    # KIP-219: the quota enforcer wraps the answer of a client that waits out its throttle
+    from tidelog.broker.deferred import Throttled
+
+    rm = RequestMetrics(Clock())
+    batch = build_batch([b"a"] * 3)
+    response = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, 3, 0, batch),
+                                                       FetchPartitionResponse(1, 6)])]).to_body()
+    answer = Throttled(response, 100)
+    assert rm.instrument(lambda h, b: answer)(header(ApiKey.FETCH), {"replica_id": -1}) is answer
+    assert rm.bytes_out == {"t": len(batch)} and rm.messages_out == {"t": 3}
+    assert rm.errors == {("FetchConsumer", 6): 1}

@@ -220,3 +220,37 @@ def test_a_name_too_long_for_a_znode_is_an_invalid_request():
     with pytest.raises(TidelogError) as e:
         quota_entity_path([ClientQuotaEntityData("client-id", "x" * 5000)])
     assert e.value.error is INVALID_REQUEST
+
+
+# -- enforcement --------------------------------------------------------------------------------
+
+
+class _LongPoll:
+    """A deferred answer, completed by the test."""
+
+    def attach(self, complete) -> None:
+        self.complete = complete
+
+    def cancel(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("client_throttles", [True, False])
+def test_a_deferred_answer_to_a_client_that_throttles_itself_goes_out_at_once(client_throttles):
+    # KIP-219: no delay (no enforcer task here); the connection is muted after it instead
+    from tidelog.broker.context import RequestContext
+    from tidelog.broker.deferred import Throttled
+    from tidelog.broker.security.quotas import CONSUMER_BYTE_RATE, QuotaEnforcer
+    from tidelog.protocol.codec import ApiKey, RequestHeader
+
+    configs = {entity_path(None, "app"): {CONSUMER_BYTE_RATE: "100"}}
+    enforcer = QuotaEnforcer(ClientQuotas(lambda: configs, lambda: 0, samples=2, sample_ms=1000), clock=lambda: 0.0)
+    poll = _LongPoll()
+    context = RequestContext(RequestHeader(ApiKey.FETCH, 0, 1, "app"), client_throttles=client_throttles)
+    answers: list = []
+    enforcer.instrument(lambda ctx, body: poll)(context, {"replica_id": -1}).attach(answers.append)
+    poll.complete(FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, records=b"x" * 1000)])]))
+    [answer] = answers
+    assert isinstance(answer, Throttled) is client_throttles
+    if client_throttles:
+        assert answer.throttle_ms == answer.response.throttle_time_ms == 2000

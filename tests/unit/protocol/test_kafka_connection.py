@@ -197,3 +197,15 @@ def test_a_client_id_that_is_not_utf_8_is_served_with_replacement_characters(cli
     head = struct.pack(">hhih", 3, 1, 5, len(client_id)) + client_id
     [event] = KafkaServerConnection().receive_data(struct.pack(">i", len(head) + len(body)) + head + body)
     assert isinstance(event, KafkaRequest) and event.header.client_id == decoded and event.body["topics"] == ["t"]
+
+
+@pytest.mark.parametrize("key, spec, version, throttles", [
+    (0, "ProduceRequest", 5, False), (0, "ProduceRequest", 6, True), (1, "FetchRequest", 7, False),
+    (1, "FetchRequest", 8, True), (3, "MetadataRequest", 5, False), (3, "MetadataRequest", 6, True),
+    (23, "OffsetForLeaderEpochRequest", 4, False), (60, "DescribeClusterRequest", 1, False)])
+def test_a_request_says_whether_its_client_waits_out_a_throttle_itself(key, spec, version, throttles):
+    # Kafka's shouldClientThrottle per response (KIP-219): the broker then answers at once
+    body = bytes(codec(spec, version).encode({}))
+    flexible = {23: 4, 60: 0, 3: 9, 1: 12, 0: 9}[key] <= version
+    [event] = KafkaServerConnection().receive_data(frame(key, version, 1, body, flexible=flexible))
+    assert isinstance(event, KafkaRequest) and event.client_throttles is throttles
