@@ -461,10 +461,9 @@ class AsyncConsumer(_Client):
         self.config = self._aio.config
         self._api_timeout_s = self.config.default_api_timeout_ms / 1000
         self._request_timeout_s = self.config.request_timeout_ms / 1000
-        # What polls took from the fetcher but could not hand over (their caller was cancelled
-        # or timed out), and what getone has not returned yet: lists of records, or an error
-        # poll was about to raise. The next polls return these first.
-        self._unclaimed: deque[ConsumerRecords | BaseException] = deque()
+        # errors polls were about to raise when their caller was cancelled or timed out: the
+        # next polls raise these first (their records go to SubscriptionState.unreturned)
+        self._unclaimed: deque[BaseException] = deque()
         self._callback_tasks: set[asyncio.Task] = set()
 
     # -- callbacks on the asyncio loop ----------------------------------------------------------
@@ -636,7 +635,9 @@ class AsyncConsumer(_Client):
         portal = self._running_portal()
         limit = max_records or self.config.max_poll_records
         if self._unclaimed:
-            return self._take_unclaimed(limit)
+            raise self._unclaimed.popleft()
+        if self._aio._subscriptions.unreturned:  # getone's, or a cancelled poll's
+            return self._aio.take_unreturned(limit)
         if self._aio.polls_without_task:
             return await self._poll_waiting(portal, timeout_ms, limit)
         return await self._call(self._aio.poll, timeout_ms, limit, timeout=None,
@@ -644,17 +645,13 @@ class AsyncConsumer(_Client):
                                 orphan=self._unclaim)
 
     def _unclaim(self, outcome: Any) -> None:
-        if isinstance(outcome, BaseException) or outcome:
+        """A poll's outcome its caller did not take (cancelled, or timed out): an error for
+        the next poll to raise; records for the next poll to return, not consumed until then
+        (``SubscriptionState.unreturned``)."""
+        if isinstance(outcome, BaseException):
             self._unclaimed.append(outcome)
-
-    def _take_unclaimed(self, limit: int) -> ConsumerRecords:
-        first = self._unclaimed.popleft()
-        if isinstance(first, BaseException):
-            raise first
-        if len(first) > limit:
-            self._unclaimed.appendleft(ConsumerRecords(first[limit:]))
-            return ConsumerRecords(first[:limit])
-        return first
+        elif outcome:
+            self._aio._subscriptions.unreturned.extend(outcome)
 
     async def _poll_waiting(self, portal: Portal, timeout_ms: int, limit: int) -> ConsumerRecords:
         """``poll`` without a group: a waiter on the Trio thread (``add_poll_waiter``) hands
@@ -712,9 +709,8 @@ class AsyncConsumer(_Client):
         """The next record, waiting as long as it takes (aiokafka's ``getone``)."""
         while True:
             records = await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100))
-            if records:
-                if len(records) > 1:
-                    self._unclaimed.appendleft(ConsumerRecords(records[1:]))
+            if records:  # the others are not consumed until returned (SubscriptionState.unreturned)
+                self._aio._subscriptions.unreturned.extend(records[1:])
                 return records[0]
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None

@@ -482,6 +482,8 @@ class Consumer(_Blocking):
         thread, and their time is not counted. The wait for the client's event loop is
         bounded by ``timeout_ms + request_timeout_ms`` plus a grace period: a margin over the
         poll's own bound, reached only when the loop is stuck."""
+        if self._aio._subscriptions.unreturned and not self._closed:  # an iterator's, not yielded yet
+            return self._aio.take_unreturned(max_records or self._aio.config.max_poll_records)
         if self._caller is not None:
             if self._closed:
                 raise ClientClosedError("the consumer is closed")
@@ -549,15 +551,21 @@ class Consumer(_Blocking):
 
     def __iter__(self) -> Iterator[Record]:
         """Records as they arrive; stops after ``consumer_timeout_ms`` without any, or when
-        the consumer is closed."""
+        the consumer is closed. Polled in batches, yielded one by one: a record counts as
+        consumed once yielded (``commit()`` and ``position`` count from the next one; ``seek``
+        and ``pause`` drop what was not yielded), as kafka-python's iterator does."""
         idle_since = time.monotonic()
+        unreturned = self._aio._subscriptions.unreturned  # see SubscriptionState
         while not self._closed:
-            records = self.poll(timeout_ms=500)
-            if records:
+            if not unreturned:
+                records = self.poll(timeout_ms=500)
+                if not records:
+                    if (time.monotonic() - idle_since) * 1000 >= self.consumer_timeout_ms:
+                        return
+                    continue
                 idle_since = time.monotonic()
-                yield from records
-            elif (time.monotonic() - idle_since) * 1000 >= self.consumer_timeout_ms:
-                return
+                unreturned.extend(records)
+            yield unreturned.popleft()
 
     def close(self, timeout: float = 30.0) -> None:
         """Commit (with auto-commit), revoke through the listener and leave the group, within

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -38,7 +37,13 @@ from tidelog.aio.fetcher import (
     plan_fetches,
 )
 from tidelog.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
-from tidelog.aio.subscription import RESET_STRATEGIES, ConsumerConfig, PartitionState, SubscriptionState
+from tidelog.aio.subscription import (
+    RESET_STRATEGIES,
+    ConsumerConfig,
+    PartitionState,
+    SubscriptionState,
+    rewind_offsets,
+)
 from tidelog.errors import (
     ClientClosedError,
     NoOffsetForPartitionError,
@@ -102,15 +107,6 @@ def split_commit(offsets: dict[Any, Any]) -> tuple[dict[TopicPartition, int], di
     return plain, metadata
 
 
-def rewind_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:
-    """Where each partition of ``records`` (one poll's, in offset order per partition) must
-    go back to for all of them to be fetched again: the offset of its first one."""
-    out: dict[TopicPartition, int] = {}
-    for r in records:
-        out.setdefault(TopicPartition(r.topic, r.partition), r.offset)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # the consumer
 
@@ -147,7 +143,6 @@ class AsyncConsumer(RunsInOwnNursery):
         self._fetcher = Fetcher(self._cluster, config, self._subscriptions,
                                 list_offsets=self._list_offsets, on_data=self._signal_data)
         self._wakeup_pending = False  # wakeup() was called: the current or next poll raises
-        self._iter_buffer: deque[Record] = deque()
         self._data = trio.Event()  # poll's: data or an error arrived
         self._poll_waiter: tuple[int, Callable[[Any], Any]] | None = None  # see add_poll_waiter
         self._nursery: trio.Nursery | None = None
@@ -319,7 +314,10 @@ class AsyncConsumer(RunsInOwnNursery):
         """The next poll returns records from ``offset`` on (a lookup is not needed)."""
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
-        self._subscriptions.state(TopicPartition(*partition)).seek(offset)
+        tp = TopicPartition(*partition)
+        state = self._subscriptions.state(tp)
+        self._give_back([tp], rewind=False)
+        state.seek(offset)
         self._fetcher.wake()
 
     def pause(self, *partitions: TopicPartition) -> None:
@@ -328,8 +326,10 @@ class AsyncConsumer(RunsInOwnNursery):
         busy). Records already fetched stay buffered and come back after ``resume``; the
         position does not move, and a group member keeps polling (and stays in the group).
         A partition that a rebalance revokes loses its pause."""
-        for state in [self._subscriptions.state(TopicPartition(*tp)) for tp in partitions]:
+        tps = [TopicPartition(*tp) for tp in partitions]
+        for state in [self._subscriptions.state(tp) for tp in tps]:
             state.paused = True
+        self._give_back(tps)  # an iterator's records not yielded yet come back after resume
 
     def resume(self, *partitions: TopicPartition) -> None:
         """Fetch these paused partitions again; their buffered records are returned by the
@@ -351,22 +351,27 @@ class AsyncConsumer(RunsInOwnNursery):
 
     def _seek_reset(self, partitions: Sequence[TopicPartition], strategy: int) -> None:
         tps = [TopicPartition(*tp) for tp in partitions] or list(self._subscriptions.partitions)
-        for tp in tps:
-            self._subscriptions.state(tp).request_reset(strategy)
+        states = [self._subscriptions.state(tp) for tp in tps]
+        self._give_back(tps, rewind=False)
+        for state in states:
+            state.request_reset(strategy)
         self._fetcher.wake()
 
     async def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:
-        """The offset of the next record poll returns for ``partition``, looked up now if it
-        has none yet: the group's committed offset for a partition awaiting it, else per its
-        reset strategy."""
+        """The offset of the next record poll returns for ``partition`` (an iterator's record
+        not yielded yet counts as not consumed), looked up now if it has none yet: the group's
+        committed offset for a partition awaiting it, else per its reset strategy."""
         tp = TopicPartition(*partition)
         state = self._subscriptions.state(tp)
+        if (unreturned := self._subscriptions.consumed_position(tp)) is not None:
+            return unreturned
         deadline = self._deadline(timeout_ms)
         while not state.has_position:
             if state.awaiting_committed and self._coordinator is not None:
                 offsets = self._coordinator.offsets
                 found = await offsets.fetch_committed([tp], trio.current_time() + max(0.0, deadline - time.monotonic()))
                 offsets.start_at_committed(tp, state, found[tp])
+                self._fetcher.wake()  # it may wait for a position
                 continue
             if state.reset is None:
                 raise NoOffsetForPartitionError(f"partition {tp} has no position and "
@@ -375,6 +380,7 @@ class AsyncConsumer(RunsInOwnNursery):
             offsets = await self._list_offsets({tp: state.reset}, deadline)
             if state.generation == generation and state.reset is not None:
                 state.seek(offsets[tp][0])
+                self._fetcher.wake()
         return state.position
 
     def highwater(self, partition: TopicPartition) -> int | None:
@@ -481,6 +487,8 @@ class AsyncConsumer(RunsInOwnNursery):
         deadline = trio.current_time() + max(0, timeout_ms) / 1000
         if self._wakeup_pending:
             self._raise_pending()
+        if self._subscriptions.unreturned:
+            return self.take_unreturned(limit)
         if self._coordinator is not None:
             await self._coordinator.poll(deadline)
         while True:
@@ -588,6 +596,20 @@ class AsyncConsumer(RunsInOwnNursery):
                     r.offset) from e
         return records
 
+    def take_unreturned(self, limit: int) -> ConsumerRecords:
+        """What a poll returns first: records taken from the fetcher earlier and not handed
+        out yet (``SubscriptionState.unreturned``), up to ``limit``."""
+        return ConsumerRecords(self._subscriptions.take_unreturned(limit))
+
+    def _give_back(self, tps: Sequence[TopicPartition] | None, rewind: bool = True) -> None:
+        """Drop the unreturned records of ``tps`` (None: all); with ``rewind`` they are
+        fetched again (``SubscriptionState.give_back``)."""
+        if self._subscriptions.unreturned:
+            with self._fetcher.state_lock:
+                moved = self._subscriptions.give_back(tps, rewind)
+            if moved:
+                self._fetcher.replan()
+
     def _rewind(self, records: list[Record]) -> None:
         """Positions back to the first of ``records`` in each of their partitions (they are
         fetched again): records drained but not returned."""
@@ -624,16 +646,18 @@ class AsyncConsumer(RunsInOwnNursery):
 
     def __aiter__(self) -> "AsyncConsumer":
         """``async for record in consumer``: records as they arrive, until the consumer is
-        closed. Records are polled in batches: a poll's records count as consumed (the
-        position moves past them) even if the loop stops before reaching them all."""
+        closed. Records are polled in batches and yielded one by one: a record counts as
+        consumed once yielded (commits and ``position`` count from the next one), as in
+        kafka-python."""
         return self
 
     async def __anext__(self) -> Record:
-        while not self._iter_buffer:
+        unreturned = self._subscriptions.unreturned
+        while not unreturned:
             if self._closed:
                 raise StopAsyncIteration
-            self._iter_buffer.extend(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
-        return self._iter_buffer.popleft()
+            unreturned.extend(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
+        return unreturned.popleft()
 
     def _require_running(self) -> None:
         if self._closed:

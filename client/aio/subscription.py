@@ -31,6 +31,7 @@ from tidelog.security import SecurityConfig
 
 if TYPE_CHECKING:
     from tidelog.aio.fetcher import CompletedFetch
+    from tidelog.records import Record
 
 __all__ = ["ConsumerConfig", "PartitionState", "SubscriptionState", "RESET_STRATEGIES"]
 
@@ -142,13 +143,65 @@ class PartitionState:
         self.buffered.clear()
 
 
+def rewind_offsets(records: Iterable[Record]) -> dict[TopicPartition, int]:
+    """Where each partition of ``records`` (in offset order per partition) must go back to
+    for all of them to be fetched again: the offset of its first one."""
+    out: dict[TopicPartition, int] = {}
+    for r in records:
+        out.setdefault(TopicPartition(r.topic, r.partition), r.offset)
+    return out
+
+
 class SubscriptionState:
-    """The assigned partitions and their positions. Pure: no I/O, no clock."""
+    """The assigned partitions and their positions. Pure: no I/O, no clock.
+
+    ``unreturned`` holds records a poll took from the fetcher that the application has not
+    been handed yet: the rest of a poll's records an iterator (``for record in consumer``,
+    ``getone``) yields one at a time. A partition's position is past them, but what was
+    *consumed* is not: commits (``consumed_positions``) and ``position`` count from the first
+    of them, as kafka-python's iterator moves the position record by record; ``seek``,
+    ``pause`` and a new assignment drop them (``give_back``), and the next poll returns
+    them before fetching (``take_unreturned``)."""
 
     def __init__(self, default_reset: int | None):
         self.default_reset = default_reset
         self.partitions: dict[TopicPartition, PartitionState] = {}
         self._rotation = 0
+        self.unreturned: deque[Record] = deque()
+
+    def take_unreturned(self, limit: int) -> list[Record]:
+        """Up to ``limit`` of the unreturned records, oldest first (see the class docstring)."""
+        unreturned = self.unreturned
+        return [unreturned.popleft() for _ in range(min(limit, len(unreturned)))]
+
+    def give_back(self, tps: Iterable[TopicPartition] | None = None, rewind: bool = True) -> bool:
+        """Drop the unreturned records of ``tps`` (None: all) and, with ``rewind``, move each
+        assigned partition among them back to its first one (fetched again); whether any
+        partition moved (the fetches are to be planned again)."""
+        if not self.unreturned:
+            return False
+        wanted = None if tps is None else set(tps)
+        dropped = [r for r in self.unreturned if wanted is None or TopicPartition(r.topic, r.partition) in wanted]
+        if not dropped:
+            return False
+        kept = [r for r in self.unreturned if wanted is not None and TopicPartition(r.topic, r.partition) not in wanted]
+        self.unreturned.clear()  # in place: an iterator holds the deque
+        self.unreturned.extend(kept)
+        moved = False
+        for tp, offset in rewind_offsets(dropped).items() if rewind else ():
+            if tp in self.partitions:
+                self.partitions[tp].seek(offset)
+                moved = True
+        return moved
+
+    def consumed_position(self, tp: TopicPartition) -> int | None:
+        """The partition's position less what was not returned yet: the next offset the
+        application is handed."""
+        for r in self.unreturned:
+            if r.partition == tp.partition and r.topic == tp.topic:
+                return r.offset
+        state = self.partitions.get(tp)
+        return state.position if state is not None and state.has_position else None
 
     def assign(self, tps: Iterable[TopicPartition], need_committed: bool = False) -> None:
         """Replace the assignment; partitions kept keep their state, new ones need a position:
@@ -156,6 +209,8 @@ class SubscriptionState:
         group's committed offset first."""
         wanted = list(dict.fromkeys(TopicPartition(*tp) for tp in tps))
         self.partitions = {tp: self.partitions.get(tp) or self._new_state(need_committed) for tp in wanted}
+        if self.unreturned:  # a partition no longer assigned is not yielded any more
+            self.give_back(set(rewind_offsets(self.unreturned)) - self.partitions.keys(), rewind=False)
 
     def _new_state(self, need_committed: bool = False) -> PartitionState:
         state = PartitionState()
@@ -176,8 +231,13 @@ class SubscriptionState:
         return [tp for tp, s in self.partitions.items() if s.awaiting_committed]
 
     def consumed_positions(self) -> dict[TopicPartition, int]:
-        """The position of every partition that has one: what an automatic commit sends."""
-        return {tp: s.position for tp, s in self.partitions.items() if s.has_position}
+        """The consumed position of every partition that has one (less the unreturned
+        records): what a commit of the consumer's positions sends."""
+        positions = {tp: s.position for tp, s in self.partitions.items() if s.has_position}
+        if self.unreturned:
+            positions.update((tp, offset) for tp, offset in rewind_offsets(self.unreturned).items()
+                             if tp in positions)
+        return positions
 
     def state(self, tp: TopicPartition) -> PartitionState:
         try:

@@ -110,3 +110,65 @@ def test_assign_with_a_group_starts_at_the_groups_committed_offset(cluster):
             if len(records) >= 6:
                 break
         assert [int(r.value) for r in records] == list(range(4, 10))
+
+
+def test_iterating_consumes_record_by_record(cluster):
+    """kafka-python's iterator: a record counts as consumed once yielded. A commit inside
+    the loop commits up to the record in hand, not the whole batch the poll fetched; a seek
+    inside the loop is the next record yielded; close commits what was yielded."""
+    create_topic(cluster, "iterated", 1)
+    tp = TopicPartition("iterated", 0)
+    produce_values(cluster, "iterated", range(20))
+    with Consumer(cluster.bootstrap, group_id="iterating", auto_offset_reset="earliest",
+                  enable_auto_commit=False) as consumer:
+        consumer.assign([tp])
+        seen = []
+        for record in consumer:
+            seen.append(record.offset)
+            if record.offset == 2:
+                consumer.commit()
+                assert consumer.committed(tp) == 3 and consumer.position(tp) == 3
+            if record.offset == 5 and seen.count(5) == 1:
+                consumer.seek(tp, 1)
+            if record.offset == 7 and seen.count(7) == 1:
+                break
+        assert seen == [0, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 6, 7]
+        assert consumer.position(tp) == 8
+        consumer.commit()
+        assert consumer.committed(tp) == 8
+    with Consumer(cluster.bootstrap, group_id="iterating-auto", auto_offset_reset="earliest",
+                  enable_auto_commit=True) as consumer:
+        consumer.assign([tp])
+        for record in consumer:
+            if record.offset == 3:
+                break
+    with Consumer(cluster.bootstrap, group_id="iterating-auto") as consumer:
+        assert consumer.committed(tp) == 4  # close's commit: up to the record in hand
+
+
+def test_the_asyncio_iterator_consumes_record_by_record(cluster):
+    import asyncio
+
+    from tidelog.asyncio import AsyncConsumer
+
+    create_topic(cluster, "iterated-aio", 1)
+    tp = TopicPartition("iterated-aio", 0)
+    produce_values(cluster, "iterated-aio", range(10))
+
+    async def main():
+        async with AsyncConsumer(cluster.bootstrap, group_id="aio", auto_offset_reset="earliest",
+                                 enable_auto_commit=False) as consumer:
+            consumer.assign([tp])
+            first = await consumer.getone()
+            assert first.offset == 0 and await consumer.position(tp) == 1
+            await consumer.commit()
+            assert await consumer.committed(tp) == 1
+            consumer.seek(tp, 5)
+            offsets = []
+            async for record in consumer:
+                offsets.append(record.offset)
+                if record.offset == 9:
+                    break
+            assert offsets == [5, 6, 7, 8, 9]
+
+    asyncio.run(main())
