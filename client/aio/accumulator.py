@@ -864,6 +864,7 @@ class RecordAccumulator:
             if in_flight:
                 self._release_in_flight(batch.tp)
             self._incomplete.discard(batch)
+            batch.mark_full()  # whatever path completed it, no record joins it now
             if self.idempotence is not None and batch.base_sequence >= 0:
                 self.idempotence.on_complete(batch, base_offset, error is not None)
             self._used -= batch.memory
@@ -891,6 +892,7 @@ class RecordAccumulator:
                     expired.append(dq.popleft())
                 if not dq:
                     del self._batches[tp]
+            self._retire(expired)
         return expired
 
     def abort(self) -> list[ProducerBatch]:
@@ -898,7 +900,20 @@ class RecordAccumulator:
         with self.lock:
             batches = [b for dq in self._batches.values() for b in dq]
             self._batches.clear()
+            self._retire(batches)
         return batches
+
+    def _retire(self, batches: list[ProducerBatch]) -> None:
+        """Under the lock: ``batches`` left their deques to be failed; no record may join them
+        (its future would fail at once and its memory never come back), so they are full
+        and no longer any topic's sticky batch: the next keyless record opens a new one."""
+        if not batches:
+            return
+        for batch in batches:
+            batch.mark_full()
+        gone = set(map(id, batches))
+        for topic in [t for t, b in self._sticky.items() if id(b) in gone]:
+            del self._sticky[topic]
 
     def close(self) -> None:
         """Refuse new records; queued ones become ready at once."""

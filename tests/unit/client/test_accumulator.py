@@ -276,6 +276,36 @@ def test_expire_removes_queued_batches_past_the_delivery_timeout():
     assert acc.queued_batches() == 0 and expired.tp == T0
 
 
+def test_a_keyless_record_after_its_sticky_batch_expired_opens_a_new_batch():
+    clock = Clock()
+    acc = make(clock, linger_s=60, delivery_timeout_s=1.0,
+               partitioner=StickyPartitioner(rng=lambda n: 0))
+    old = acc.append_keyless("t", 2, [0, 1], 0, VALUE, None, SIZE)
+    clock.now += 1.0
+    for batch in acc.expire(clock.now):
+        acc.complete(batch, error=RequestTimedOut("expired"), in_flight=False)
+    assert old.failed() and acc.used_memory == 0
+    new = acc.append_keyless("t", 2, [0, 1], 0, VALUE, None, SIZE)
+    assert not new.done() and new.batch is not old.batch
+    assert acc.queued_batches() == 1 and acc.used_memory == SIZE
+    b = bulk([VALUE], runs=[])
+    acc.append_many(b, 2, [0, 1])
+    assert b.futures[0].batch is new.batch
+    [batch] = acc.drain(LEADERS, {1, 2}, 1 << 20, clock.now)[1]
+    acc.complete(batch, base_offset=0)
+    assert new.result(0).offset == 0 and acc.used_memory == 0
+
+
+def test_a_keyless_record_after_an_abort_opens_a_new_batch():
+    acc = make(linger_s=60, partitioner=StickyPartitioner(rng=lambda n: 0))
+    old = acc.append_keyless("t", 2, [0, 1], 0, VALUE, None, SIZE)
+    for batch in acc.abort():
+        acc.complete(batch, error=ClientClosedError("aborted"), in_flight=False)
+    new = acc.append_keyless("t", 2, [0, 1], 0, VALUE, None, SIZE)
+    assert old.failed() and not new.done() and acc.queued_batches() == 1
+    assert acc.used_memory == SIZE
+
+
 def test_abort_returns_everything_queued():
     acc = make(linger_s=60)
     add(acc, T0, 4)
