@@ -883,7 +883,8 @@ class RecordAccumulator:
 
     def expire(self, now: float) -> list[ProducerBatch]:
         """Remove and return queued batches past their delivery timeout (the caller fails
-        them). In-flight batches are judged when their response or error arrives."""
+        them). An in-flight batch fails at its deadline as well: the sender awaits its request
+        no longer (``Sender._send``)."""
         expired = []
         with self.lock:
             for tp in list(self._batches):

@@ -9,8 +9,9 @@ thread-safe (``try_send``): the blocking ``client.Producer`` calls it straight f
 application's thread, so there is no hop into Trio per record.
 
 The ``Sender`` is one task that decides in pure code and awaits in one place (STYLE example 8):
-each round it expires batches past ``delivery_timeout_ms``, asks the accumulator which leader
-nodes are ready, drains one ProduceRequest per ready node (at most one batch per partition),
+each round it expires batches past ``delivery_timeout_ms`` (a request in flight is awaited
+no longer than its earliest batch's deadline, as Kafka's KIP-91 does), asks the accumulator
+which leader nodes are ready, drains one ProduceRequest per ready node (at most one batch per partition),
 starts one task per request, and sleeps until woken (a batch opened or filled, a request
 finished, metadata updated, a flush or close began) or until the next linger/backoff/expiry
 deadline. Each request task turns its response into one ``Decision`` per batch with
@@ -678,7 +679,10 @@ class Sender:
                     from_thread: bool = False) -> None:
         decisions: list[tuple[ProducerBatch, Decision]] | None = None
         config, acc = self.config, self.accumulator
-        timeout = config.request_timeout_ms / 1000 + 1.0
+        # Kafka (KIP-91): a batch in flight expires at its delivery timeout too; the request
+        # then fails as a timed-out one, and decide() fails the batches past their deadline
+        timeout = min(config.request_timeout_ms / 1000 + 1.0,
+                      max(0.0, min(b.deadline for b in batches) - acc.clock()))
         try:
             if isinstance(request, Exception):
                 raise request

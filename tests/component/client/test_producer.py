@@ -181,6 +181,24 @@ async def test_retries_end_at_the_delivery_timeout(fake):
     assert fake.values("t") == []
 
 
+async def test_a_batch_in_flight_fails_at_its_delivery_timeout_not_a_request_timeout_later(fake):
+    # the first attempt is answered late with a retriable error, the retry never: the retry's
+    # request timeout would end ~2.9 s after the send, the delivery timeout ends at 1 s
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, error_code=NOT_LEADER_OR_FOLLOWER.code, delay_s=0.9)
+    fake.inject(ApiKey.PRODUCE, delay_s=3600, count=10**9)
+    async with AsyncProducer(fake.bootstrap, retry_backoff_ms=10, linger_ms=0, request_timeout_ms=1000,
+                             delivery_timeout_ms=1000) as producer:
+        future = await producer.send("t", b"v")
+        with trio.fail_after(2.0):
+            with pytest.raises(RequestTimedOut, match="delivery_timeout_ms"):
+                await future
+        assert len(produce_requests(fake)) == 2  # failed while its retry was in flight
+        fake.faults.clear()
+        assert (await producer.send_and_wait("t", b"w")).offset == 0
+    assert fake.values("t") == [b"w"]
+
+
 async def test_retries_zero_fails_at_the_first_error(fake):
     fake.create_topic("t", 1)
     fake.inject(ApiKey.PRODUCE, error_code=NOT_LEADER_OR_FOLLOWER.code)
