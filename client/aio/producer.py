@@ -50,8 +50,13 @@ from tidelog.aio.stats import ProducerStats
 from tidelog.errors import BrokerConnectionError, ClientClosedError, RequestTimedOut, TidelogError, broker_error
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
+    CORRUPT_MESSAGE,
+    INVALID_RECORD,
+    INVALID_TIMESTAMP,
+    MESSAGE_TOO_LARGE,
     NETWORK_EXCEPTION,
     NONE,
+    RECORD_LIST_TOO_LARGE,
     REQUEST_TIMED_OUT,
     UNKNOWN_SERVER_ERROR,
     InvalidRequestError,
@@ -279,11 +284,22 @@ def partition_results(response: ProduceResponse) -> dict[TopicPartition, tuple[i
             for t in response.responses for p in t.partition_responses}
 
 
+# Errors about one batch's records: the broker refuses a partition's whole run of batches for
+# one bad batch, so a run refused with one of them is sent again one batch per request
+BATCH_ERRORS = frozenset(e.code for e in (MESSAGE_TOO_LARGE, INVALID_RECORD, INVALID_TIMESTAMP,
+                                          CORRUPT_MESSAGE, RECORD_LIST_TOO_LARGE))
+
+
 def decide_response(response: ProduceResponse, batches: Sequence[ProducerBatch], *, now: float,
                     retries: int) -> list[tuple[ProducerBatch, Decision]]:
+    """One decision per batch. A partition's batches sent as one run share its result: a run
+    refused for a batch error (``BATCH_ERRORS``) is retried, each batch alone (a retried
+    batch is drained alone, in order), so that only the bad batch fails, as in Kafka, which
+    sends one batch per partition per request."""
     results = partition_results(response)
     out = []
     skip: dict[TopicPartition, int] = {}  # records of earlier batches of the partition's run
+    runs: collections.Counter[TopicPartition] | None = None  # batches per partition, on error
     for batch in batches:
         r = results.get(batch.tp)
         if r is None:
@@ -296,8 +312,14 @@ def decide_response(response: ProduceResponse, batches: Sequence[ProducerBatch],
         skip[batch.tp] = before + len(batch)
         if base_offset >= 0:
             base_offset += before
-        out.append((batch, decide(batch, code, now=now, retries=retries, base_offset=base_offset,
-                                  log_append_time=append_time, message=message)))
+        d = decide(batch, code, now=now, retries=retries, base_offset=base_offset,
+                   log_append_time=append_time, message=message)
+        if d.action == "fail" and code in BATCH_ERRORS and now < batch.deadline:
+            if runs is None:
+                runs = collections.Counter(b.tp for b in batches)
+            if runs[batch.tp] > 1:
+                d = d._replace(action="retry")
+        out.append((batch, d))
     return out
 
 

@@ -85,9 +85,10 @@ class PartitionLog:
         self.log_start_offset = 0
         self.leader_epoch = 0
         self.producer_state = ProducerStateManager()
+        self.max_message_bytes: int | None = None  # the topic's max.message.bytes, per batch
 
     def append(self, records: bytes) -> int:
-        headers = validate_batches(records)
+        headers = validate_batches(records, self.max_message_bytes)
         duplicate = self.producer_state.check_leader_append(headers)
         if duplicate is not None:
             return duplicate.first_offset

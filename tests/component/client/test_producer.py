@@ -169,6 +169,26 @@ async def test_a_non_retriable_error_fails_the_records_naming_the_partition(fake
         assert (await producer.send_and_wait("t", b"w")).offset == 0
 
 
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_a_batch_too_large_fails_alone_not_the_batches_sent_with_it(fake, idempotent):
+    # batches of three small records around one of a large record, drained together as one
+    # run of the partition: the broker refuses the run for the large batch alone
+    fake.create_topic("t", 1)
+    fake.log("t").max_message_bytes = 400
+    small, large = [b"s%d" % i for i in range(6)], b"L" * 1000
+    async with AsyncProducer(fake.bootstrap, batch_size=200, linger_ms=10_000, retry_backoff_ms=10,
+                             acks=-1 if idempotent else 1, enable_idempotence=idempotent) as producer:
+        futures = [await producer.send("t", v) for v in small[:3]]
+        too_large = await producer.send("t", large)
+        futures += [await producer.send("t", v) for v in small[3:]]
+        await producer.flush()
+        with pytest.raises(RecordTooLargeError, match="max.message.bytes"):
+            await too_large
+        assert [(await f).offset for f in futures] == list(range(6))
+    assert fake.values("t") == small
+    assert len(produce_requests(fake)[0].topic_data[0].partition_data[0].records) > 1000  # one run
+
+
 async def test_retries_end_at_the_delivery_timeout(fake):
     fake.create_topic("t", 1)
     fake.inject(ApiKey.PRODUCE, error_code=NOT_LEADER_OR_FOLLOWER.code, count=10**9)

@@ -120,6 +120,18 @@ def test_batches_of_one_partition_travel_as_one_run_and_get_consecutive_offsets(
         ["retry", "retry", "done"]
 
 
+def test_a_run_refused_for_one_bad_batch_is_retried_batch_by_batch():
+    first, second, other = batch(n=2), batch(n=3), batch(tp=TopicPartition("orders", 4))
+    too_large = ProduceResponse([TopicProduceResponse("orders", [
+        PartitionProduceResponse(3, MESSAGE_TOO_LARGE.code), PartitionProduceResponse(4, MESSAGE_TOO_LARGE.code)])])
+    # the run of partition 3 goes again, each batch alone; partition 4's single batch is the bad one
+    decisions = decide_response(too_large, [first, second, other], now=1, retries=0)
+    assert [d.action for _, d in decisions] == ["retry", "retry", "fail"]
+    assert isinstance(decisions[2][1].error, RecordTooLargeError)
+    # past the delivery timeout, nothing is retried
+    assert [d.action for _, d in decide_response(too_large, [first, second], now=120, retries=3)] == ["fail", "fail"]
+
+
 def test_build_produce_request_groups_by_topic_with_the_encoded_batches():
     a, b, c = batch(), batch(tp=TopicPartition("orders", 4)), batch(tp=TopicPartition("audit", 0))
     body = build_produce_request([a, b, c], acks=-1, timeout_ms=30000)
