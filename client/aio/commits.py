@@ -8,8 +8,8 @@
 * Commits go through one lock in the order they were made, and a partition's offset from an
   older commit is never sent after a newer one's (``not_superseded``, ``coalesce_commit``),
   so the group's committed offsets never go backwards because of reordering; the automatic
-  commit never commits a position below the last committed offset (``auto_commit_offsets``;
-  only an explicit ``commit`` after a ``seek`` may move it back).
+  commit sends the consumed positions that differ from the last committed offsets
+  (``auto_commit_offsets``), a position moved back by a ``seek`` included, as Kafka does.
 * ``commit_async`` commits in the background; its callback runs in a later poll or commit
   (``invoke_completed_commits``), like Kafka's OffsetCommitCallback.
 * New partitions of a group's assignment start at the committed offset (OffsetFetch), else
@@ -76,9 +76,10 @@ log = logging.getLogger(__name__)
 
 def auto_commit_offsets(positions: Mapping[TopicPartition, int],
                         committed: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
-    """The consumed positions an automatic commit sends: only those past the last committed
-    offset (an automatic commit never moves a committed offset back)."""
-    return {tp: pos for tp, pos in positions.items() if pos > committed.get(tp, -1)}
+    """The consumed positions an automatic commit sends: those that differ from the last
+    committed offset. A position behind it (a ``seek`` back) is committed as it is, as Kafka
+    does, so that the records after it are consumed again after a crash."""
+    return {tp: pos for tp, pos in positions.items() if pos != committed.get(tp)}
 
 
 def not_superseded(offsets: Mapping[TopicPartition, int], seq: int,
