@@ -51,13 +51,21 @@ the log which records later ones supersede; whatever can invalidate those decisi
 whose fence moved (Kafka aborts cleaning on truncation and deletion). A leader refuses
 records without a key for a compacted topic (INVALID_RECORD).
 
-The log is synchronous and not thread-safe: one owner serialises calls. Time is passed in
-through ``clock`` (milliseconds), so tests control it.
+The log is synchronous and not thread-safe: one owner serialises calls, with one exception:
+``read`` and ``offset_for_timestamp`` may run in a worker thread (the group coordinator's
+load, a ListOffsets search by timestamp) while the owner changes the log. For them the
+segments and their base offsets are one immutable ``SegmentView``, replaced whole by every
+change (roll, truncation, retention, a cleaned swap) and published before the segments it
+drops are deleted; a reader takes one view and uses only it. A segment dropped under a read
+is not reopened by its path (``SegmentClosedError``, see ``segment``): the read starts again
+on the view that replaced it, so it never skips records nor reads another file. Time is
+passed in through ``clock`` (milliseconds), so tests control it.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import logging
 import operator
@@ -70,7 +78,7 @@ from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.epoch import LeaderEpochCache
 from tidelog.broker.log.paths import check_partition_dir
 from tidelog.broker.log.producer_state import ProducerStateManager
-from tidelog.broker.log.segment import DELETED_SUFFIX, LogSegment
+from tidelog.broker.log.segment import DELETED_SUFFIX, OPEN_SEGMENT_FILES, LogSegment, SegmentClosedError
 from tidelog.broker.log.swap import apply_ops, plan_swap
 from tidelog.protocol.errors import (
     FENCED_LEADER_EPOCH,
@@ -170,6 +178,32 @@ class LogAppendInfo(NamedTuple):  # one per append: a tuple is made in one call
     log_start_offset: int
 
 
+class SegmentView(NamedTuple):
+    """The log's segments and their base offsets, published together (see the module docstring)."""
+    bases: tuple[int, ...]
+    segments: tuple[LogSegment, ...]
+
+
+def _view_of(segments) -> SegmentView:
+    segments = tuple(segments)
+    return SegmentView(tuple(s.base_offset for s in segments), segments)
+
+
+@contextlib.contextmanager
+def _pinned(segments):
+    """Hold the segments' descriptors open while their files are renamed or removed: a read
+    on another thread keeps reading them, never a file that took one of their names."""
+    held = []
+    try:
+        for seg in segments:
+            OPEN_SEGMENT_FILES.acquire(seg)
+            held.append(seg)
+        yield
+    finally:
+        for seg in held:
+            OPEN_SEGMENT_FILES.release(seg)
+
+
 class Log:
     def __init__(self, directory: str, topic_partition: TopicPartition, config: LogConfig,
                  segments: list[LogSegment], *, log_start_offset: int, recovery_point: int,
@@ -180,8 +214,7 @@ class Log:
         self.directory = directory
         self.topic_partition = topic_partition
         self.config = config
-        self._segments = segments
-        self._bases = [s.base_offset for s in segments]
+        self._view = _view_of(segments)
         self.log_start_offset = log_start_offset
         self.recovery_point = recovery_point
         self._high_watermark = high_watermark
@@ -207,7 +240,7 @@ class Log:
 
     @property
     def log_end_offset(self) -> int:
-        return self._segments[-1].next_offset
+        return self._view.segments[-1].next_offset
 
     @property
     def high_watermark(self) -> int:
@@ -215,15 +248,15 @@ class Log:
 
     @property
     def segments(self) -> list[LogSegment]:
-        return list(self._segments)
+        return list(self._view.segments)
 
     @property
     def active_segment(self) -> LogSegment:
-        return self._segments[-1]
+        return self._view.segments[-1]
 
     @property
     def size(self) -> int:
-        return sum(s.size for s in self._segments)
+        return sum(s.size for s in self._view.segments)
 
     @property
     def latest_epoch(self) -> int:
@@ -375,11 +408,11 @@ class Log:
         self.producer_state.update(batches)
 
     def _maybe_roll(self, size: int, batches, first: int, last: int) -> LogSegment:
-        seg = self._segments[-1]
+        seg = self._view.segments[-1]
         if seg.size == 0:
             if seg.base_offset != first:  # an empty active segment can simply move
                 self._replace_empty_active(first)
-            return self._segments[-1]
+            return self._view.segments[-1]
         # the segment's age: by the timestamps of its first batch and of this append, else
         # (either has none) by the clock since the segment was created
         max_ts = max([h.max_timestamp for _, h in batches])
@@ -393,14 +426,14 @@ class Log:
         return seg
 
     def _replace_empty_active(self, base_offset: int) -> None:
-        self._segments.pop().delete()
-        self._bases.pop()
-        self._add_segment(base_offset)
+        old = self._view.segments
+        self._add_segment(base_offset, after=old[:-1])
+        old[-1].delete()
 
-    def _add_segment(self, base_offset: int) -> LogSegment:
+    def _add_segment(self, base_offset: int, after: tuple[LogSegment, ...] | None = None) -> LogSegment:
+        """A new active segment after ``after`` (default: every segment)."""
         seg = LogSegment.create(self.directory, base_offset, self.config, self._clock())
-        self._segments.append(seg)
-        self._bases.append(base_offset)
+        self._view = _view_of((self._view.segments if after is None else after) + (seg,))
         self._new_files = True
         return seg
 
@@ -412,11 +445,11 @@ class Log:
         makes it durable and moves the recovery point past it, as Kafka's scheduled flush does.
         """
         base = self.log_end_offset if base_offset is None else base_offset
-        old = self._segments[-1]
+        old = self._view.segments[-1]
         if old.size == 0:
             if old.base_offset != base:
                 self._replace_empty_active(base)
-            return self._segments[-1]
+            return self._view.segments[-1]
         old.on_become_inactive()
         self._snapshot_producer_state()
         return self._add_segment(base)
@@ -425,7 +458,7 @@ class Log:
         """Snapshot at the log end; older snapshots inside the active segment are superseded."""
         ps, leo = self.producer_state, self.log_end_offset
         if ps.map_end_offset == leo:
-            base = self._segments[-1].base_offset
+            base = self._view.segments[-1].base_offset
             ps.delete_snapshots(lambda offset: base < offset < leo)
             ps.take_snapshot()
 
@@ -443,7 +476,8 @@ class Log:
         ``max_offset`` (exclusive, e.g. the HW) bounds what is returned. Raises
         OffsetOutOfRangeError when ``offset`` is below the log start or above the LEO.
         """
-        leo = self.log_end_offset
+        view = self._view  # the one this read uses (see the module docstring)
+        leo = view.segments[-1].next_offset
         if offset < self.log_start_offset or offset > leo:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {self.topic_partition}: "
@@ -456,23 +490,35 @@ class Log:
             # the append that answers a waiting fetch: its bytes, still in memory, are the
             # segment's (no truncation since, nothing after them), read without a syscall
             return bytes(a[2])
-        i = max(0, bisect.bisect_right(self._bases, offset) - 1)
-        for seg in self._segments[i:]:
-            if seg.next_offset <= offset:
-                continue  # empty, or ends in a gap before ``offset``: its batch is further on
-            # the segment holding ``offset`` answers, even with b"" (its batch does not fit or
-            # reaches max_offset): a later segment's batches would not start with ``offset``
-            return seg.read(offset, max_bytes, max_offset, min_one_message)
+        i = max(0, bisect.bisect_right(view.bases, offset) - 1)
+        try:
+            for seg in view.segments[i:]:
+                if seg.next_offset <= offset:
+                    continue  # empty, or ends in a gap before ``offset``: its batch is further on
+                # the segment holding ``offset`` answers, even with b"" (its batch does not fit or
+                # reaches max_offset): a later segment's batches would not start with ``offset``
+                return seg.read(offset, max_bytes, max_offset, min_one_message)
+        except SegmentClosedError:
+            if self._view is view:  # the log itself was closed or deleted
+                raise
+            # a worker thread's read, the segment dropped by the owner: again on the new view
+            return self.read(offset, max_bytes, max_offset, min_one_message)
         return b""
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """The first record with a timestamp >= ``timestamp``: ``(offset, timestamp)`` or None."""
-        for seg in self._segments:
-            if seg.max_timestamp >= timestamp:
-                # records below the log start are not there for a reader: search from it
-                found = seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
-                if found is not None:
-                    return found
+        view = self._view
+        try:
+            for seg in view.segments:
+                if seg.max_timestamp >= timestamp:
+                    # records below the log start are not there for a reader: search from it
+                    found = seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
+                    if found is not None:
+                        return found
+        except SegmentClosedError:
+            if self._view is view:
+                raise
+            return self.offset_for_timestamp(timestamp)  # as in ``read``
         return None
 
     # -- truncation ----------------------------------------------------------------------------
@@ -486,15 +532,18 @@ class Log:
             raise ValueError(f"cannot truncate {self.topic_partition} to negative offset {offset}")
         if offset >= self.log_end_offset:
             return False
-        if offset <= self._segments[0].base_offset:
+        segs = self._view.segments
+        if offset <= segs[0].base_offset:
             self.truncate_fully_and_start_at(offset)
             return True
         self.cleaner_fence += 1
-        while self._segments[-1].base_offset >= offset:
-            self._segments.pop().delete()
-            self._bases.pop()
+        keep = bisect.bisect_left(self._view.bases, offset)  # the segments starting below it
+        if keep < len(segs):
+            self._view = _view_of(segs[:keep])
+            for seg in reversed(segs[keep:]):
+                seg.delete()
         try:
-            self._segments[-1].truncate_to(offset)  # CorruptRecordError: its framing is damaged
+            segs[keep - 1].truncate_to(offset)  # CorruptRecordError: its framing is damaged
         finally:
             # whether or not the last cut worked, what depends on the end follows the end
             # there is now (the later segments are gone either way)
@@ -523,10 +572,11 @@ class Log:
                 self.truncate_to(target)
                 break
             except CorruptRecordError:
-                i = max(0, bisect.bisect_right(self._bases, target - 1) - 1)
+                bases = self._view.bases
+                i = max(0, bisect.bisect_right(bases, target - 1) - 1)
                 logger.warning("%s: the segment at %d cannot be walked to offset %d: dropping it whole",
-                               self.topic_partition, self._segments[i].base_offset, target)
-                target = self._segments[i].base_offset
+                               self.topic_partition, bases[i], target)
+                target = bases[i]
         logger.warning("%s: dropped the damaged records from offset %d on (log end offset now %d)",
                        self.topic_partition, offset, self.log_end_offset)
         return self.log_end_offset
@@ -534,10 +584,15 @@ class Log:
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and restart the (empty) log at ``offset``."""
         self.cleaner_fence += 1
-        for seg in self._segments:
-            seg.delete()
-        self._segments, self._bases = [], []
-        self._add_segment(offset)
+        old = self._view.segments
+        same_name = [seg for seg in old if seg.base_offset == offset]
+        with _pinned(same_name):  # a read holding it keeps its file, the new one takes its name
+            for seg in same_name:
+                seg.delete()
+            self._add_segment(offset, after=())
+        for seg in old:
+            if seg.base_offset != offset:
+                seg.delete()
         self.log_start_offset = offset
         self._high_watermark = offset
         self.recovery_point = offset
@@ -571,7 +626,7 @@ class Log:
             return False
         self.log_start_offset = offset
         self.epoch_cache.truncate_from_start(offset)
-        self.producer_state.truncate_head(offset, self._segments[0].base_offset)
+        self.producer_state.truncate_head(offset, self._view.bases[0])
         return True
 
     def delete_old_segments(self) -> list[int]:
@@ -608,7 +663,7 @@ class Log:
 
     def _delete_prefix(self, predicate, reason: str) -> list[int]:
         n = 0
-        segs = self._segments
+        segs = self._view.segments
         for i, seg in enumerate(segs):
             upper = segs[i + 1].base_offset if i + 1 < len(segs) else self.log_end_offset
             empty_active = seg.size == 0 and i == len(segs) - 1  # (a cleaned segment may be empty)
@@ -619,11 +674,13 @@ class Log:
             return []
         if n == len(segs):
             self.roll()
-        doomed = self._segments[:n]
-        del self._segments[:n], self._bases[:n]
-        self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
+        segs = self._view.segments
+        doomed = segs[:n]
+        self._view = _view_of(segs[n:])
+        first = segs[n].base_offset
+        self.log_start_offset = max(self.log_start_offset, first)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
-        self.producer_state.truncate_head(self.log_start_offset, self._segments[0].base_offset)
+        self.producer_state.truncate_head(self.log_start_offset, first)
         for seg in doomed:
             logger.info("%s: deleting segment %d (%d bytes, offsets below %d) because of %s",
                         self.topic_partition, seg.base_offset, seg.size, seg.next_offset, reason)
@@ -635,19 +692,21 @@ class Log:
     def replace_segments(self, new: list[LogSegment], old: list[LogSegment]) -> None:
         """Swap the log cleaner's output ``new`` (fsynced ``.cleaned`` segments) in for the
         consecutive segments ``old`` (never the active one), crash-safely: the file protocol
-        and its recovery are in ``broker.log.swap``. Readers run on this log's owner thread,
-        so none is in progress; the next read sees the new segments."""
-        i = self._segments.index(old[0])
-        if self._segments[i:i + len(old)] != old or i + len(old) >= len(self._segments):
+        and its recovery are in ``broker.log.swap``. A read in progress on another thread keeps
+        reading ``old`` (pinned open while their files are renamed) or starts again on the
+        new view; the next read sees the new segments."""
+        segs = self._view.segments
+        i = segs.index(old[0])
+        if list(segs[i:i + len(old)]) != old or i + len(old) >= len(segs):
             raise ValueError(f"{self.topic_partition}: segments to replace are not consecutive closed segments")
-        apply_ops(plan_swap(self.directory, [s.base_offset for s in new], [s.base_offset for s in old]))
-        for seg in old:
-            seg.set_file_suffix(DELETED_SUFFIX)  # its files are gone; close without touching the new ones
-            seg.delete()
-        for seg in new:
-            seg.set_file_suffix("")
-        self._segments[i:i + len(old)] = new
-        self._bases = [s.base_offset for s in self._segments]
+        with _pinned(old):
+            apply_ops(plan_swap(self.directory, [s.base_offset for s in new], [s.base_offset for s in old]))
+            for seg in new:
+                seg.set_file_suffix("")
+            self._view = _view_of(segs[:i] + tuple(new) + segs[i + len(old):])
+            for seg in old:
+                seg.set_file_suffix(DELETED_SUFFIX)  # its files are gone; close without touching the new ones
+                seg.delete()
         self._appended = None  # its batches may have been cleaned away
         logger.info("%s: swapped in cleaned segment(s) %s for segment(s) %s", self.topic_partition,
                     [s.base_offset for s in new], [s.base_offset for s in old])
@@ -660,7 +719,7 @@ class Log:
         self.last_flush_ms = self._clock()
         if target <= self.recovery_point:
             return
-        segs = self._segments
+        segs = self._view.segments
         for i, seg in enumerate(segs):
             upper = segs[i + 1].base_offset if i + 1 < len(segs) else self.log_end_offset + 1
             if seg.base_offset < target and upper > self.recovery_point:
@@ -677,14 +736,15 @@ class Log:
         batch headers after it (loading, truncation)."""
         ps, leo = self.producer_state, self.log_end_offset
         start = ps.load_latest_snapshot(leo)
-        start = max(start or 0, self._segments[0].base_offset)
-        i = max(0, bisect.bisect_right(self._bases, start) - 1)
-        for seg in self._segments[i:]:
+        bases, segs = self._view
+        start = max(start or 0, bases[0])
+        i = max(0, bisect.bisect_right(bases, start) - 1)
+        for seg in segs[i:]:
             found = seg.translate_offset(start) if seg.next_offset > start else None
             if found is not None:
                 ps.update(seg.headers_from(found[0]))
         ps.map_end_offset = leo
-        ps.truncate_head(self.log_start_offset, self._segments[0].base_offset)
+        ps.truncate_head(self.log_start_offset, bases[0])
 
     def remove_expired_producers(self, expiration_ms: int) -> list:
         """Forget producers idle for ``expiration_ms`` (producer.id.expiration.ms); returns
@@ -696,7 +756,7 @@ class Log:
         next start loads it and replays nothing)."""
         self.cleaner_fence += 1
         self._snapshot_producer_state()
-        for seg in self._segments:
+        for seg in self._view.segments:
             seg.close()
 
     def delete(self) -> None:
@@ -704,7 +764,7 @@ class Log:
         (LogPathError otherwise, before anything is removed; broker.log.paths)."""
         check_partition_dir(self.directory, self.topic_partition)
         self.cleaner_fence += 1
-        for seg in self._segments:
+        for seg in self._view.segments:
             seg.delete()
         for name in os.listdir(self.directory):
             os.unlink(os.path.join(self.directory, name))
@@ -713,4 +773,4 @@ class Log:
     def __repr__(self) -> str:
         return (f"Log({self.topic_partition}, log_start_offset={self.log_start_offset}, "
                 f"log_end_offset={self.log_end_offset}, high_watermark={self._high_watermark}, "
-                f"segments={len(self._segments)})")
+                f"segments={len(self._view.segments)})")

@@ -24,7 +24,10 @@ a read uses it (a ``pread``, never across a yield of a generator), so the LRU, s
 the Trio thread and worker threads (loading, the group coordinator's reads), never closes
 one under a reader; when every descriptor in it is pinned it exceeds its size until they
 are released. So a partition with many segments holds one descriptor plus its share of the
-LRU, however many segments it has.
+LRU, however many segments it has. A segment closed for good (closed, deleted, swapped
+out) is never reopened by its path, which may name another file by then (a segment created
+at the same base offset) or none: a read that needs its descriptor again gets
+``SegmentClosedError`` and reads the log's new segments instead (see ``log``).
 
 Not thread-safe: a segment is used by its log, which serialises access (the descriptor LRU
 is the exception: it is locked).
@@ -100,6 +103,10 @@ def reserve_blocks(fd: int, offset: int, length: int) -> bool:
 MAX_OPEN_SEGMENT_FILES_DEFAULT = 256  # log.max.open.segment.files
 
 
+class SegmentClosedError(StorageError):
+    """The segment was closed for good (deleted, swapped out, its log closed) under a read."""
+
+
 class SegmentFileCache:
     """The descriptors of inactive segments, least recently used first (see the module
     docstring); at most ``max_open`` of them open unless pinned. Thread-safe."""
@@ -119,9 +126,12 @@ class SegmentFileCache:
         return len(self._lru)
 
     def acquire(self, seg: "LogSegment") -> int:
-        """The segment's descriptor, opened if need be, pinned until ``release``."""
+        """The segment's descriptor, opened if need be, pinned until ``release``. Raises
+        SegmentClosedError when the segment was closed for good and its descriptor is gone."""
         with self._lock:
             if seg._fd < 0:
+                if seg._closed:
+                    raise SegmentClosedError(f"{seg.log_path}: the segment was closed")
                 _reopen(seg)
             seg._pins += 1
             if not seg._keep_open:
@@ -156,6 +166,7 @@ class SegmentFileCache:
         with self._lock:
             self._lru.pop(id(seg), None)
             seg._keep_open = False
+            seg._closed = True
             if seg._pins:
                 seg._close_when_released = True
             else:
@@ -254,6 +265,7 @@ class LogSegment:
         self._fd = fd  # -1 while closed (an inactive segment evicted from the LRU)
         self._pins = 0  # reads using _fd now (OPEN_SEGMENT_FILES)
         self._close_when_released = False  # closed for good while pinned: the last release closes
+        self._closed = False  # closed for good: never reopened (see the module docstring)
         self._keep_open = active
         self.created_ms = created_ms
         prefix = os.path.join(directory, filename_prefix(base_offset))
@@ -703,5 +715,5 @@ def _claimed_size(data: bytes) -> int | None:
     return h.size if h.batch_length >= MIN_BATCH_LENGTH else None
 
 
-__all__ = ["LogSegment", "RecoveryResult", "CorruptIndexError", "StorageError", "filename_prefix",
-           "parse_base_offset"]
+__all__ = ["LogSegment", "RecoveryResult", "CorruptIndexError", "SegmentClosedError", "StorageError",
+           "filename_prefix", "parse_base_offset"]

@@ -76,6 +76,7 @@ def test_the_lru_closes_the_least_recently_used_and_never_a_pinned_one(tmp_path)
             self.log_path = str(tmp_path / name)
             open(self.log_path, "wb").close()
             self._fd, self._pins, self._keep_open, self._close_when_released = -1, 0, False, False
+            self._closed = False
 
     a, b, c = Seg("a"), Seg("b"), Seg("c")
     before = _open_fds()
