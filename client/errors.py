@@ -100,14 +100,18 @@ class SslAuthenticationError(AuthenticationFailedError):
     host, or the broker refused the client's certificate."""
 
 
+_ERROR_BODY_FIELDS = frozenset({"error_code", "error_message", "throttle_time_ms"})
+
+
 def decode_response(response_type: type, body: Any) -> Any:
     """``response_type.from_body(body)``; a body that is a whole-request error (what a broker
-    answers a request it refused outright: only ``error_code`` and ``error_message``) raises
-    that error instead of a schema mismatch."""
+    answers a request it refused outright: only ``error_code`` and ``error_message``, and the
+    ``throttle_time_ms`` a quota adds to any answer) raises that error instead of a schema
+    mismatch."""
     try:
         return response_type.from_body(body)
     except InvalidRequestError:
-        if isinstance(body, dict) and body.get("error_code") and set(body) <= {"error_code", "error_message"}:
+        if isinstance(body, dict) and body.get("error_code") and body.keys() <= _ERROR_BODY_FIELDS:
             code, message = body["error_code"], body.get("error_message")
             if code == SASL_AUTHENTICATION_FAILED.code:
                 raise SaslAuthenticationError(message) from None

@@ -303,15 +303,23 @@ _SPREAD: Mapping[int, Callable[[Body, int, str | None], Body]] = MappingProxyTyp
 
 
 def error_response(key: int, request: Body, error: Body) -> Body:
-    """Tidelog's whole-request error as Kafka's answer to ``request`` (its decoded body)."""
+    """Tidelog's whole-request error as Kafka's answer to ``request`` (its decoded body),
+    with the throttle a quota added to it."""
     code, message = error.get("error_code", -1), error.get("error_message")
     spread = _SPREAD.get(key)
     body = spread(request, code, message) if spread is not None else {}
-    return {**body, "error_code": code, "error_message": message}
+    body = {**body, "error_code": code, "error_message": message}
+    if "throttle_time_ms" in error:
+        body["throttle_time_ms"] = error["throttle_time_ms"]
+    return body
+
+
+# an error body's fields: the error, and the throttle a quota adds to any answer
+_ERROR_BODY_FIELDS = frozenset({"error_code", "error_message", "throttle_time_ms"})
 
 
 def is_error_body(body: Body) -> bool:
-    return "error_code" in body and set(body) <= {"error_code", "error_message"}
+    return "error_code" in body and body.keys() <= _ERROR_BODY_FIELDS
 
 
 def answers_as_error(key: int, version: int, body: Body) -> bool:

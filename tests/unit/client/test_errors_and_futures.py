@@ -140,3 +140,16 @@ async def test_awaiting_a_failed_future_raises_its_error():
     result.complete(error=ClientClosedError("closed"))
     with pytest.raises(ClientClosedError):
         await RecordFuture(result, 0, 0)
+
+
+@pytest.mark.parametrize("throttle", [{}, {"throttle_time_ms": 250}])
+def test_a_whole_request_error_raises_its_error_even_with_a_throttle(throttle):
+    # a client over its quota gets the throttle on every answer, a refusal included
+    from tidelog.errors import decode_response
+    from tidelog.protocol.errors import NOT_CONTROLLER
+    from tidelog.protocol.messages import CreateTopicsResponse
+
+    body = {"error_code": NOT_CONTROLLER.code, "error_message": "broker 2 is not the controller", **throttle}
+    with pytest.raises(TidelogError, match="not the controller") as info:
+        decode_response(CreateTopicsResponse, body)
+    assert info.value.error is NOT_CONTROLLER

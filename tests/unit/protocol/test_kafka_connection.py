@@ -81,6 +81,20 @@ def test_a_whole_request_error_is_spread_over_what_the_request_named():
         (0, 58, "who are you"), (1, 58, "who are you")]
 
 
+def test_a_whole_request_error_to_a_throttled_client_keeps_its_partitions_and_the_throttle():
+    # the quota adds throttle_time_ms to whatever the broker answers, an error body included
+    conn = KafkaServerConnection()
+    body = bytes(codec("ProduceRequest", 9).encode({"acks": -1, "timeout_ms": 1000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": 0, "records": None}, {"index": 1, "records": None}]}]}))
+    conn.receive_data(frame(0, 9, 5, body, flexible=True))
+    error = {"error_code": 29, "error_message": "not allowed", "throttle_time_ms": 250}
+    decoded = codec("ProduceResponse", 9).decode_all(response_of(conn.send_response(5, error))[1][1:])
+    assert decoded["throttle_time_ms"] == 250
+    [topic] = decoded["responses"]
+    assert [(p["index"], p["error_code"], p["error_message"]) for p in topic["partition_responses"]] == [
+        (0, 29, "not allowed"), (1, 29, "not allowed")]
+
+
 @pytest.mark.parametrize("version", [0, 1, 2])
 def test_an_offset_fetch_refused_whole_reaches_an_old_client_on_every_partition(version):
     # v0 and v1 have no top-level error: an answer with no partitions would read as a group
