@@ -15,7 +15,8 @@ request order, large frames decoded off the event loop. What differs:
 * A request Kafka's rules cannot answer in order closes the connection (a Kafka broker does
   the same): an API key this listener does not serve, a version outside the served range
   (except ApiVersions: KIP-511's v0 answer), a header or body that does not decode. A
-  client id that is not UTF-8 decodes, with replacement characters, as Kafka's broker reads it.
+  string that is not UTF-8 (the client id, a topic name, a group id) decodes, with
+  replacement characters, as Kafka's broker reads it; the broker refuses the name it makes.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ newest version encodes for any older one (fields the version lacks are left out)
 Encodings (all integers big-endian):
 
 * ``int8/16/32/64``, ``uint16``, ``float64``, ``bool`` (one byte, non-zero is true), ``uuid``;
-* non-flexible: ``string`` = int16 length (-1: null) + UTF-8, ``bytes``/``records`` = int32
+* non-flexible: ``string`` = int16 length (-1: null) + UTF-8 (decoded as Kafka's broker
+  decodes it: bytes that are not UTF-8 become U+FFFD), ``bytes``/``records`` = int32
   length (-1: null), array = int32 count (-1: null);
 * flexible: the same with an unsigned varint of length + 1 (0: null), and after each struct's
   fields its tagged fields: a varint count, then per field a varint tag, a varint size and
@@ -219,15 +220,12 @@ def _length(flexible: bool, prefix: struct.Struct, nullable: bool, where: str, v
     return read, write
 
 
-def _utf8(data: Any, where: str, lenient: bool) -> str:
-    """A string's bytes decoded. ``lenient``: bytes that are not UTF-8 become replacement
-    characters, as Java's ``new String(bytes, UTF_8)`` makes them; else InvalidRequestError."""
-    if lenient:
-        return str(data, "utf-8", "replace")
-    try:
-        return str(data, "utf-8")
-    except UnicodeDecodeError as e:
-        raise InvalidRequestError(f"{where}: not UTF-8 ({e.reason})") from None
+def _utf8(data: Any) -> str:
+    """A string's bytes decoded as Kafka's broker decodes every string of a request (Java's
+    ``new String(bytes, UTF_8)``): bytes that are not UTF-8 become replacement characters
+    (U+FFFD), and the request is served. A name holding them is refused by name where it is
+    used (a topic name is INVALID_TOPIC_EXCEPTION, as any name outside Kafka's characters)."""
+    return str(data, "utf-8", "replace")
 
 
 def _string(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]:
@@ -235,7 +233,7 @@ def _string(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]
 
     def decode(r: Reader) -> str | None:
         n = read(r)
-        return None if n is None else _utf8(r.take(n, where), where, lenient=False)
+        return None if n is None else _utf8(r.take(n, where))
 
     def encode(value: Any, out: bytearray) -> None:
         if value is None:  # an absent value of a version where the field cannot be null: ""
@@ -253,11 +251,11 @@ def _string(flexible: bool, nullable: bool, where: str) -> tuple[Decode, Encode]
 def header_string(where: str) -> Decode:
     """The decoder of a request header's nullable string (the client id: the header's only
     string, in every header version, never compact), as Kafka's broker reads it: a negative
-    length is null, and bytes that are not UTF-8 become replacement characters, so the
-    request is served."""
+    length is null, and bytes that are not UTF-8 become replacement characters (``_utf8``),
+    so the request is served."""
     def decode(r: Reader) -> str | None:
         n = r.unpack(_I16, where)
-        return None if n < 0 else _utf8(r.take(n, where), where, lenient=True)
+        return None if n < 0 else _utf8(r.take(n, where))
 
     return decode
 

@@ -11,6 +11,7 @@ answered with Kafka's per-topic or per-partition error.
 from __future__ import annotations
 
 import os
+import struct
 
 import pytest
 import trio
@@ -24,6 +25,7 @@ from tidelog.broker.groups.group_metadata import GroupConfig
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.metadata_cache import MetadataCache
+from tidelog.broker.network import SocketServer
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.broker.zookeeper.layout import BrokerInfo
 from tidelog.protocol.codec import ApiKey, RequestHeader
@@ -36,6 +38,7 @@ from tidelog.protocol.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     InvalidRequestError,
 )
+from tidelog.protocol.kafka.schema import codec
 from tidelog.protocol.messages import (
     CreatePartitionsResponse,
     CreateTopicsResponse,
@@ -48,6 +51,7 @@ from tidelog.protocol.messages import (
     PartitionState,
     UpdateMetadataRequest,
 )
+from tidelog.protocol.records import build_batch, kafka_batch
 from tidelog.protocol.topics import TopicPartition
 
 OFFSETS_TP = TopicPartition(OFFSETS_TOPIC, 0)
@@ -241,3 +245,60 @@ async def test_group_ids_longer_than_a_protocol_string_are_invalid(broker):
     assert response.topics[0].partitions[0].error_code == INVALID_GROUP_ID.code
     response = await broker.call(ApiKey.OFFSET_COMMIT, commit([("orders", 0)], group_id="g" * 32767))
     assert response.topics[0].partitions[0].error_code == NONE.code
+
+
+# -- names that are not UTF-8, from a Kafka client ------------------------------------------------------
+
+
+def _kafka_frame(key: int, version: int, correlation_id: int, spec: str, body: dict,
+                 replace: tuple[bytes, bytes] = (b"", b"")) -> bytes:
+    """A request of a non-flexible version; ``replace`` swaps bytes of the encoded body for
+    others of the same length (a name that is not UTF-8, which the codec cannot encode)."""
+    data = bytes(codec(spec, version).encode(body))
+    old, new = replace
+    assert len(old) == len(new) and (not old or data.count(old) == 1)
+    data = data.replace(old, new)
+    head = struct.pack(">hhih", key, version, correlation_id, 3) + b"app"
+    return struct.pack(">i", len(head) + len(data)) + head + data
+
+
+async def _kafka_answer(stream: trio.SocketStream, spec: str, version: int) -> tuple[int, dict]:
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack_from(">i", data)[0]:
+        chunk = await stream.receive_some(65536)
+        assert chunk, "the connection closed"
+        data += chunk
+    return struct.unpack_from(">i", data, 4)[0], codec(spec, version).decode_all(data[8:])
+
+
+async def test_names_that_are_not_utf_8_are_refused_per_topic_and_the_connection_goes_on(broker, tmp_path, nursery):
+    # Java's Kafka reads them with replacement characters, then refuses the name as invalid
+    port = await nursery.start(SocketServer(broker.apis.handle, wire="kafka").run)
+    bad, placeholder = b"caf\xe9-\xff", b"cafe-X"
+    files_before = sorted(os.walk(tmp_path))
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(_kafka_frame(19, 4, 1, "CreateTopicsRequest", {"timeout_ms": 1000, "topics": [
+            {"name": placeholder.decode(), "num_partitions": 1, "replication_factor": 1, "assignments": [],
+             "configs": []}]}, (placeholder, bad)))
+        correlation_id, created = await _kafka_answer(stream, "CreateTopicsResponse", 4)
+        [t] = created["topics"]
+        assert correlation_id == 1 and t["name"] == "caf\ufffd-\ufffd"
+        assert t["error_code"] == INVALID_TOPIC_EXCEPTION.code and "topic name" in t["error_message"]
+
+        batch = kafka_batch(build_batch([b"x"], timestamp_ms=0))
+        await stream.send_all(_kafka_frame(0, 8, 2, "ProduceRequest", {"acks": 1, "timeout_ms": 1000, "topic_data": [
+            {"name": placeholder.decode(), "partition_data": [{"index": 0, "records": batch}]}]}, (placeholder, bad)))
+        correlation_id, produced = await _kafka_answer(stream, "ProduceResponse", 8)
+        [t] = produced["responses"]
+        assert correlation_id == 2 and t["name"] == "caf\ufffd-\ufffd"
+        assert [p["error_code"] for p in t["partition_responses"]] == [UNKNOWN_TOPIC_OR_PARTITION.code]
+
+        await stream.send_all(_kafka_frame(3, 4, 3, "MetadataRequest", {
+            "topics": [{"name": placeholder.decode()}, {"name": "orders"}], "allow_auto_topic_creation": True},
+            (placeholder, bad)))
+        correlation_id, metadata = await _kafka_answer(stream, "MetadataResponse", 4)
+        assert correlation_id == 3
+        assert [(t["name"], t["error_code"]) for t in metadata["topics"]] == [
+            ("caf\ufffd-\ufffd", INVALID_TOPIC_EXCEPTION.code), ("orders", NONE.code)]
+    assert broker.zk.writes == 0 and not broker.zk.assignments and broker.broker.auto_created == []
+    assert sorted(os.walk(tmp_path)) == files_before  # no directory created
