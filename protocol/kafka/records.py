@@ -122,7 +122,8 @@ def iter_record_parts(raw, n: int, base_offset: int, chunk: int) -> Iterator[lis
                     name = blob(record_end)
                     if name is None:
                         raise _Malformed("a header without a key")
-                    hs.append((name.decode(), blob(record_end)))
+                    # Java's Kafka reads a header key with replacement characters, never refuses it
+                    hs.append((name.decode("utf-8", "replace"), blob(record_end)))
                 headers = tuple(hs)
             if pos != record_end:
                 raise _Malformed(f"{record_end - pos} bytes left inside the record")
@@ -130,7 +131,7 @@ def iter_record_parts(raw, n: int, base_offset: int, chunk: int) -> Iterator[lis
             if len(out) == chunk:
                 yield out
                 out = []
-    except (_Malformed, UnicodeDecodeError) as e:
+    except _Malformed as e:
         raise CorruptRecordError(f"record {i} of batch at offset {base_offset} is malformed (Kafka encoding): "
                                  f"{e}") from None
     if pos != end:

@@ -102,6 +102,15 @@ def test_malformed_kafka_records_name_the_record(raw, problem):
         decode_records(raw, 1, 0)
 
 
+def test_a_header_key_that_is_not_utf8_is_read_as_java_reads_it():
+    """Kafka's broker never refuses a record for its header key's bytes (a Java consumer
+    decodes them with replacement characters): nor does Tidelog's check."""
+    raw = encode_records([(0, 0, b"k", b"v", (("h\u00e9", b"x"),))])
+    raw = raw.replace("h\u00e9".encode(), b"h\xff\xfe")
+    [(_, _, key, value, headers)] = decode_records(raw, 1, 0)
+    assert (key, value, headers) == (b"k", b"v", (("h\ufffd\ufffd", b"x"),))
+
+
 def test_a_stored_kafka_batch_keeps_its_header_fields():
     stored = to_stored(kafka_python_batch("gzip", [(b"k", b"v" * 1000, [])] * 3))
     h = read_header(stored)
