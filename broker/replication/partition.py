@@ -128,6 +128,7 @@ class Partition:
         self.leader_epoch = -1
         self.leader_epoch_start_offset = UNKNOWN_OFFSET
         self.replicas: list[int] = []
+        self.adding_replicas: list[int] = []  # a reassignment's, not yet part of the replica set
         self.isr: frozenset[int] = frozenset()
         self.pending_isr: frozenset[int] | None = None  # an ISR change written but not yet confirmed
         self.zk_version = -1
@@ -152,8 +153,11 @@ class Partition:
 
     @property
     def effective_min_isr(self) -> int:
-        """The ISR size the HW needs to move: min.insync.replicas, at most the replica count."""
-        return effective_min_isr(self.min_insync_replicas, len(self.replicas))
+        """The ISR size the HW needs to move: min.insync.replicas, at most the replica count
+        less the replicas a reassignment is adding (until they join, the partition has the
+        replicas it had: raising the replication factor must not hold records invisible for
+        the length of the copy)."""
+        return effective_min_isr(self.min_insync_replicas, len(self.replicas) - len(self.adding_replicas))
 
     @property
     def high_watermark_held(self) -> bool:
@@ -172,6 +176,7 @@ class Partition:
         known = not changed and 0 <= st.zk_version <= self.zk_version
         self.leader_id, self.leader_epoch = st.leader, st.leader_epoch
         self.replicas = list(st.replicas)
+        self.adding_replicas = [r for r in st.adding_replicas if r in st.replicas]
         # an ISR member that is not a replica (a state written before a reassignment dropped
         # it) is out of sync here: its fetches no longer count, so it must not hold the HW
         if known:

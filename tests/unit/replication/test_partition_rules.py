@@ -253,6 +253,26 @@ def test_a_single_replica_below_min_isr_still_advances_its_hw(tmp_path):
         log.close()
 
 
+def test_replicas_being_added_do_not_raise_the_min_isr_the_hw_needs(tmp_path):
+    """A reassignment from one replica to two (min.insync.replicas 2): until the new replica
+    has caught up and joined, the HW follows the one replica it had, as before the move;
+    records acknowledged with acks=1 do not turn invisible for the length of the copy."""
+    log = load_log(str(tmp_path / "log"), TP, LogConfig(min_insync_replicas=2))
+    try:
+        p = Partition(TP, LEADER)
+        moving = PartitionState(TP.topic, TP.partition, 1, LEADER, 1, [LEADER], 0, [LEADER, F1],
+                                adding_replicas=[F1])
+        p.make_leader(moving, log, 1000)
+        assert p.effective_min_isr == 1 and not p.high_watermark_held
+        p.append_as_leader(make_batch(2), 1)
+        assert log.high_watermark == 2
+        done = PartitionState(TP.topic, TP.partition, 1, LEADER, 2, [LEADER], 1, [LEADER, F1])
+        p.make_leader(done, log, 2000)  # the move done, the new replica out of sync: held again
+        assert p.effective_min_isr == 2 and p.high_watermark_held
+    finally:
+        log.close()
+
+
 def test_the_hw_is_held_while_the_isr_is_below_min_isr(leader):
     p, log = leader(min_isr=2, isr=(LEADER,))
     assert p.high_watermark_held
