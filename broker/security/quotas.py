@@ -24,8 +24,12 @@ Theory of operation (Kafka's ClientQuotaManager, KIP-13, KIP-55, KIP-124):
   client is measured over ~10 s, not over its first millisecond).
 * **The throttle time** of a request that takes the rate over the quota is the time it would
   take, recording nothing more, for the rate to come back to the quota:
-  ``(observed - quota) / quota * window`` (``throttle_time_ms``), capped at the whole quota
-  window. Produce and Fetch take the larger of their byte-rate and request-time throttles.
+  ``(observed - quota) / quota * window`` (``throttle_time_ms``); a request-time throttle is
+  capped at one sample window (Kafka's ClientRequestQuotaManager), a byte rate's is not
+  (ClientQuotaManager). Produce and Fetch take the larger of their byte-rate and
+  request-time throttles. A consumer's fetch asks for at most what its quota allows in the
+  window, ``quota * (num - 1) * size`` bytes (Kafka's ``getMaxValueInQuotaWindow``): one
+  answer cannot take many windows' worth.
 * **Throttling** (``QuotaEnforcer``) takes one of two forms, by who waits out the throttle
   time; the response reports it in its ``throttle_time_ms`` either way, and the request's
   work is done first (a produce is appended, in request order).
@@ -204,8 +208,9 @@ class Rate:
 
 def throttle_time_ms(observed: float, bound: float, window_ms: float, max_ms: float) -> int:
     """How long, recording nothing more, until a rate of ``observed`` over ``window_ms`` falls
-    to ``bound``: ``(observed - bound) / bound * window_ms``, capped at ``max_ms``; 0 within
-    the quota (Kafka's ``QuotaUtils.boundedThrottleTime``)."""
+    to ``bound``: ``(observed - bound) / bound * window_ms``, capped at ``max_ms`` (infinite
+    for byte rates); 0 within the quota (Kafka's ``QuotaUtils.throttleTime`` and
+    ``boundedThrottleTime``)."""
     if observed <= bound:
         return 0
     return int(min(round((observed - bound) / bound * window_ms), max_ms))
@@ -228,8 +233,15 @@ class QuotaSensors:
         self.quota_type = quota_type
         self.samples = samples
         self.sample_ms = sample_ms
-        self.max_throttle_ms = samples * sample_ms
+        # Kafka's: a byte rate's throttle is what brings the rate back to the quota
+        # (ClientQuotaManager), a request time's at most one sample (ClientRequestQuotaManager)
+        self.max_throttle_ms = sample_ms if quota_type is QuotaType.REQUEST else math.inf
         self.sensors: dict[SensorKey, _Sensor] = {}
+
+    def window_value(self, quota: Quota) -> int:
+        """What ``quota`` allows in the measured window (Kafka's getMaxValueInQuotaWindow):
+        what one consumer's fetch may ask for."""
+        return max(1, int(quota.bound * (self.samples - 1) * self.sample_ms / 1000))
 
     def record(self, quota: Quota, value: float, now_ms: float) -> int:
         """Record ``value`` against ``quota``'s sensor; the request's throttle time (ms)."""
@@ -369,6 +381,12 @@ class QuotaEnforcer:
             quotas = self.quotas.quotas_for(user_of(context.principal), context.client_id or "")
             if not quotas:
                 return handler(context, body)
+            if api_key == ApiKey.FETCH and (q := quotas.get(QuotaType.FETCH)) is not None:
+                # one answer takes at most the window's worth of the quota, as in Kafka: else a
+                # 50 MB answer to a 1 MB/s consumer would be throttled long after it is read
+                cap = self.quotas.sensors[QuotaType.FETCH].window_value(q)
+                asked = body.get("max_bytes")
+                body["max_bytes"] = cap if not isinstance(asked, int) or asked < 0 else min(asked, cap)
             start = time.perf_counter()
             result = handler(context, body)
             busy = time.perf_counter() - start

@@ -77,13 +77,14 @@ async def test_a_kip_219_client_is_answered_at_once_then_its_connection_is_muted
         await stream.send_all(produce(7, 1))
         correlation_id, first = await response(stream, 7)
         answered = trio.current_time()
-        assert correlation_id == 1 and first["throttle_time_ms"] == QUOTA_WINDOW_MS
-        assert answered - sent < QUOTA_WINDOW_MS / 1000  # not held back by the throttle time
+        throttle_s = first["throttle_time_ms"] / 1000
+        assert correlation_id == 1 and throttle_s >= QUOTA_WINDOW_MS / 1000
+        assert answered - sent < throttle_s  # not held back by the throttle time
         # the client would wait now; one that does not finds its next request unread until then
         await stream.send_all(produce(7, 2))
         correlation_id, _ = await response(stream, 7)
         assert correlation_id == 2 and len(handler.called_at) == 2
-        assert handler.called_at[1] - handler.called_at[0] >= QUOTA_WINDOW_MS / 1000
+        assert handler.called_at[1] - handler.called_at[0] >= throttle_s
 
 
 @pytest.mark.parametrize("version", [3, 5])
@@ -93,5 +94,5 @@ async def test_an_older_client_gets_its_answer_delayed_by_the_throttle_time(nurs
         sent = trio.current_time()
         await stream.send_all(produce(version, 1))
         _, first = await response(stream, version)
-        assert first["throttle_time_ms"] == QUOTA_WINDOW_MS
-        assert trio.current_time() - sent >= QUOTA_WINDOW_MS / 1000
+        assert first["throttle_time_ms"] >= QUOTA_WINDOW_MS
+        assert trio.current_time() - sent >= first["throttle_time_ms"] / 1000

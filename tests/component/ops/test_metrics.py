@@ -95,7 +95,7 @@ def test_quota_throttle_time_is_exported():
     server = types.SimpleNamespace(quotas=_throttled_quotas())
     families = {f.name: f for f in BrokerCollector(server, RequestMetrics())._quotas()}
     (sample,) = families["tidelog_produce_throttle_time_ms"].samples
-    assert sample.labels == {"user": "", "client_id": "app"} and sample.value == 2000  # 9 s, capped at the window
+    assert sample.labels == {"user": "", "client_id": "app"} and sample.value == 9000  # 1000 B at 100 B/s over 1 s
     assert families["tidelog_produce_throttled_requests"].samples[0].value == 1
     assert families["tidelog_fetch_throttle_time_ms"].samples == []
 

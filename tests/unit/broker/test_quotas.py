@@ -74,7 +74,35 @@ def test_samples_are_reused_in_turn():
 def test_throttle_time_brings_the_rate_back_to_the_quota():
     assert throttle_time_ms(100, 100, 10_000, 60_000) == 0
     assert throttle_time_ms(150, 100, 10_000, 60_000) == 5_000  # (150-100)/100 * 10 s
-    assert throttle_time_ms(1e9, 100, 10_000, 11_000) == 11_000  # capped
+    assert throttle_time_ms(1e9, 100, 10_000, 1_000) == 1_000  # capped (request time)
+
+
+def test_only_request_time_throttles_are_bounded_as_kafkas():
+    """Kafka's ClientQuotaManager: a byte-rate throttle is whatever brings the rate back to
+    the quota (a cap let a client twice its quota through, large request after large
+    request); ClientRequestQuotaManager caps a request-time throttle at one sample window."""
+    quota = Quota(1000.0, ("", "app"), "clients/app")
+    produce = QuotaSensors(QuotaType.PRODUCE, samples=11, sample_ms=1000)
+    assert produce.record(quota, 50_000, 0) == 40_000  # 50 kB over the minimum 10 s window
+    request = QuotaSensors(QuotaType.REQUEST, samples=11, sample_ms=1000)
+    assert request.record(Quota(10.0, ("", "app"), "clients/app"), 1e6, 0) == 1000
+
+
+def test_a_consumers_fetch_is_bounded_by_what_its_quota_allows_in_a_window():
+    """Kafka's getMaxValueInQuotaWindow: a consumer's fetch asks at most quota x (samples - 1)
+    x window bytes, so one answer cannot take many windows' worth of its quota."""
+    from tidelog.broker.context import RequestContext
+    from tidelog.broker.security.quotas import QuotaEnforcer
+    from tidelog.protocol.codec import ApiKey, RequestHeader
+
+    seen = []
+    quotas = ClientQuotas(lambda: {"clients/<default>": {"consumer_byte_rate": "1000"}}, lambda: 1)
+    handle = QuotaEnforcer(quotas, clock=lambda: 0.0).instrument(lambda ctx, body: seen.append(body["max_bytes"]))
+    ctx = RequestContext(RequestHeader(ApiKey.FETCH, 4, 1, "app"))
+    for asked in (50 * 1024 * 1024, 5000):
+        handle(ctx, {"replica_id": -1, "max_bytes": asked})
+    handle(ctx, {"replica_id": 2, "max_bytes": 50 * 1024 * 1024})  # a follower's: never
+    assert seen == [10_000, 5000, 50 * 1024 * 1024]
 
 
 def test_sensors_record_and_count_throttle_time():
@@ -253,4 +281,4 @@ def test_a_deferred_answer_to_a_client_that_throttles_itself_goes_out_at_once(cl
     [answer] = answers
     assert isinstance(answer, Throttled) is client_throttles
     if client_throttles:
-        assert answer.throttle_ms == answer.response.throttle_time_ms == 2000
+        assert answer.throttle_ms == answer.response.throttle_time_ms == 9000  # 1000 B at 100 B/s
