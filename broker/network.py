@@ -496,7 +496,10 @@ class _Connection:
                                           listener=server.listener,
                                           security_protocol=str(security.protocol),
                                           inter_broker=security.inter_broker,
-                                          client_certificates=security.asks_client_certificates)
+                                          client_certificates=security.asks_client_certificates,
+                                          # Tidelog's clients wait out throttle_time_ms from the
+                                          # request's send (KIP-219); a Kafka request says per version
+                                          client_throttles=not self._kafka)
         self._pool = server.pool
         self._reservation = 0  # reserved for the frame still arriving
         self._held: deque[tuple[int, int]] = deque()  # (request number, bytes) of large requests

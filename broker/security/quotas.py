@@ -34,22 +34,21 @@ Theory of operation (Kafka's ClientQuotaManager, KIP-13, KIP-55, KIP-124):
   time; the response reports it in its ``throttle_time_ms`` either way, and the request's
   work is done first (a produce is appended, in request order).
 
-  - **The client waits** (``RequestContext.client_throttles``: a Kafka client from the API's
-    KIP-219 version on, e.g. Produce v6, Fetch v8; ``protocol/kafka/apis.py``). It sends
-    nothing more to that broker for ``throttle_time_ms`` after it *receives* the response,
-    so the broker must not delay it too (the client would wait twice). As Kafka does, the
-    response goes out at once and the connection is muted: it starts no further request
+  - **The client waits** (``RequestContext.client_throttles``: every native request, and a
+    Kafka client from the API's KIP-219 version on, e.g. Produce v6, Fetch v8;
+    ``protocol/kafka/apis.py``). It sends nothing more to that broker for
+    ``throttle_time_ms`` (Tidelog's clients from the request's send, Kafka's from the
+    response's receipt), so the broker must not delay it too: the client would wait twice,
+    and a throttle longer than its request timeout would end the connection. As Kafka does,
+    the response goes out at once and the connection is muted: it starts no further request
     until the throttle time has passed (the handler's answer is a ``deferred.Throttled``,
-    which the network layer obeys), so a client that ignores the throttle gains nothing.
-  - **The broker waits** (a native request; a Kafka request of an older version): the
-    response is delayed by the throttle time. It waits in the request's own task (a Trio
-    sleep; a consumer's deferred fetch is completed by a task of the enforcer's nursery),
-    and since a connection's responses go out in request order, the connection's later
-    responses wait behind it. The native client honours ``throttle_time_ms`` from the time
-    it *sent* the throttled request, which against a delaying broker has already passed
-    when the response arrives. An acks=0 produce has no response: its request stays pending
-    for the throttle time, so a connection that keeps sending stops being read at
-    ``queued.max.requests``.
+    which the network layer obeys), so a client that ignores the throttle gains nothing. An
+    acks=0 produce has no response; its connection is muted all the same.
+  - **The broker waits** (a Kafka request of an older version): the response is delayed by
+    the throttle time. It waits in the request's own task (a Trio sleep; a consumer's
+    deferred fetch is completed by a task of the enforcer's nursery), and since a
+    connection's responses go out in request order, the connection's later responses wait
+    behind it.
 
 Everything above the ``QuotaEnforcer`` is pure: time is passed in (ms), nothing sleeps.
 """
