@@ -39,8 +39,8 @@ The log owns its partition's idempotent-producer state (``producer_state``, see
 sequence against it inside the append (a duplicate of a recent batch returns the original
 offsets and appends nothing); every append, leader or follower, updates it; truncation
 rebuilds it from the latest snapshot and the batch headers after it; a rising log start
-forgets producers with nothing left in the log. A snapshot is written at every roll and at
-``close``.
+forgets no producer (Kafka 2.5+: only ``producer.id.expiration.ms`` does). A snapshot is
+written at every roll and at ``close``.
 
 With ``cleanup.policy`` compact the log cleaner (``cleaner``) rewrites closed segments,
 keeping the last record per key: offsets are never renumbered, so a compacted log has gaps
@@ -626,7 +626,7 @@ class Log:
             return False
         self.log_start_offset = offset
         self.epoch_cache.truncate_from_start(offset)
-        self.producer_state.truncate_head(offset, self._view.bases[0])
+        self.producer_state.trim_head(offset, self._view.bases[0])
         return True
 
     def delete_old_segments(self) -> list[int]:
@@ -680,7 +680,7 @@ class Log:
         first = segs[n].base_offset
         self.log_start_offset = max(self.log_start_offset, first)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
-        self.producer_state.truncate_head(self.log_start_offset, first)
+        self.producer_state.trim_head(self.log_start_offset, first)
         for seg in doomed:
             logger.info("%s: deleting segment %d (%d bytes, offsets below %d) because of %s",
                         self.topic_partition, seg.base_offset, seg.size, seg.next_offset, reason)
@@ -744,7 +744,7 @@ class Log:
             if found is not None:
                 ps.update(seg.headers_from(found[0]))
         ps.map_end_offset = leo
-        ps.truncate_head(self.log_start_offset, bases[0])
+        ps.trim_head(self.log_start_offset, bases[0])
 
     def remove_expired_producers(self, expiration_ms: int) -> list:
         """Forget producers idle for ``expiration_ms`` (producer.id.expiration.ms); returns

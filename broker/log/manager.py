@@ -258,11 +258,13 @@ class LogManager:
         for tp, log in list(self._logs.items()):
             gone = log.remove_expired_producers(self.producer_id_expiration_ms)
             forgotten += len(gone)
-            if not gone or not log.config.compacts:
+            # (a producer's last record may lie below the log start: nothing to reconsider there)
+            kept = [e.last_offset for e in gone if e.last_offset >= log.log_start_offset]
+            if not kept or not log.config.compacts:
                 continue
             if checkpoints is None:
                 checkpoints = self.cleaner_checkpoints()
-            first = min(e.last_offset for e in gone)
+            first = min(kept)
             if checkpoints.get(tp, first) > first:
                 self.update_cleaner_checkpoint(tp, first)
         return forgotten

@@ -5,7 +5,7 @@ Theory of operation (Kafka's ProducerStateManager and ProducerAppendInfo)
 An idempotent producer stamps every batch with its producer id, its producer epoch and a
 base sequence: per partition, the sequences of one (id, epoch) count records from 0 with no
 gap (``last sequence = base sequence + record count - 1``, wrapping from 2**31 - 1 to 0).
-For each producer id that has a batch in the log, the partition keeps its epoch and the
+For each producer id it knows, the partition keeps its epoch and the
 metadata of its last ``BATCH_METADATA_MAX`` (5) batches: first and last sequence, first and
 last offset, max timestamp. Five, because a producer has at most five requests in flight
 per connection, so a retried batch is always one of the last five it appended.
@@ -16,8 +16,9 @@ both its sequence and the offsets (nothing of another producer between them) are
 kept as one entry spanning them all (up to ``MAX_MERGED_RECORDS`` records), and a batch is a
 duplicate when its sequence range lies inside an entry: inside an entry, offset and
 sequence advance together, so its original offset is ``first offset + (its first sequence -
-the entry's first sequence)``. The merge depends only on the batches in the log, so leader,
-followers and a replay after a restart build the same entries.
+the entry's first sequence)``. The merge depends only on the batches appended, so leader,
+followers and a replay after a restart build the same entries for the batches their
+segments hold.
 
 The leader checks each batch of an append (``check_leader_append``) against that state,
 reading only the header fields (producer id, epoch, base sequence: bytes 43..56), never
@@ -29,8 +30,11 @@ the records, and decides before anything is written:
 * a newer epoch must start at sequence 0; the same epoch must continue at last + 1;
   anything else is a gap: OUT_OF_ORDER_SEQUENCE_NUMBER (nothing appended: the client
   resends the missing batch first);
-* a producer id with no state (never seen, or its batches all removed by retention) must
-  start at sequence 0, else UNKNOWN_PRODUCER_ID.
+* a producer id with no state (never seen, expired, or lost with the segments that held
+  it, see below) is accepted at any epoch and sequence, and its state starts there. This is
+  Kafka 2.5+'s rule (KIP-360, ``ProducerAppendInfo.checkSequence``): such a broker never
+  answers UNKNOWN_PRODUCER_ID, which a Java producer that cannot tell why retries until its
+  delivery timeout.
 
 Several batches of one producer in one append are checked in order against each other. A
 run of batches is appended whole or not at all, so a run that mixes duplicates with new
@@ -39,16 +43,25 @@ batches is refused (DUPLICATE_SEQUENCE_NUMBER): clients send a retried batch alo
 Every appended batch (leader or follower: ``update``) moves the state, so a follower that
 becomes leader deduplicates exactly as the old leader did. Truncation (a follower cutting
 its divergent tail) rebuilds the state: the latest snapshot at or below the new log end,
-then a replay of the batch headers after it. When the log start offset moves (retention,
-DeleteRecords), producers whose last batch lies wholly below it are forgotten.
+then a replay of the batch headers after it.
+
+The log start offset moving (retention, DeleteRecords) forgets no producer and no batch
+(Kafka 2.5+'s ``onLogStartOffsetIncremented``): a producer whose batches were all removed
+goes on at its next sequence, and a retry of one of them is still a duplicate (answered
+with offsets now below the log start). Only an entry reaching into deleted segments is cut
+at the first offset still held (``trim_head``), as a replay of the segments would build it.
+What the state remembers beyond the segments lives on in the snapshots, which hold all of
+it (those below the first segment's base are deleted). A rebuild with no usable snapshot
+replays the segments alone and knows only the producers with batches in them; the others
+are then unknown producers, accepted as such.
 
 Producer id expiration (Kafka's ``producer.id.expiration.ms``): a producer whose last batch
 is older than the expiration time is forgotten (``remove_expired_producers``, run
 periodically by the log manager). Without it the state of a log that retention does not
 shorten (a compacted topic, where the cleaner also keeps each known producer's last record)
 would grow by one entry for every producer id that ever wrote to it. A forgotten producer
-that comes back is refused with UNKNOWN_PRODUCER_ID, and the client sends the refused batch
-again under a new epoch.
+that comes back is accepted as an unknown one: only a retry of a batch it wrote before it
+was forgotten is no longer recognised as a duplicate.
 
 Snapshots
 ---------
@@ -86,7 +99,6 @@ from tidelog.protocol.errors import (
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
-    UNKNOWN_PRODUCER_ID,
     TidelogError,
 )
 from tidelog.protocol.records import BatchHeader
@@ -226,11 +238,7 @@ class ProducerStateManager:
         elif entry is not None:
             known_epoch, last_seq = entry.producer_epoch, entry.last_seq
         else:
-            if first_seq != 0:
-                raise TidelogError(
-                    f"{where}: no state for producer id {pid} (never seen, or its batches were removed by "
-                    f"retention), and its batch starts at sequence {first_seq}, not 0", error=UNKNOWN_PRODUCER_ID)
-            return None
+            return None  # no state: any epoch and sequence (see the module docstring)
         if epoch < known_epoch:
             raise TidelogError(f"{where}: producer id {pid} epoch {epoch} is older than its current epoch "
                                f"{known_epoch}", error=INVALID_PRODUCER_EPOCH)
@@ -264,24 +272,19 @@ class ProducerStateManager:
         if h is not None:
             self.map_end_offset = h.base_offset + h.last_offset_delta + 1
 
-    def truncate_head(self, log_start_offset: int, first_offset_held: int = 0) -> None:
-        """Forget producers whose batches all lie below the log start (retention), and start
-        no entry below ``first_offset_held`` (the first segment's base offset): an entry
-        merged from consecutive batches may reach into segments retention deleted, and a
-        state rebuilt from the log after a crash could not know those batches. Trimmed
-        there, the state is the same whether it was kept in memory or rebuilt."""
-        gone = [pid for pid, e in self.producers.items() if e.last_offset < log_start_offset]
-        for pid in gone:
-            del self.producers[pid]
+    def trim_head(self, log_start_offset: int, first_offset_held: int = 0) -> None:
+        """Follow the log start offset and the first offset the segments hold (its first
+        segment's base): no producer or batch is forgotten (see the module docstring), but an
+        entry merged from consecutive batches that reaches from deleted segments into held
+        ones is cut to start at ``first_offset_held``, as a replay of the segments builds it.
+        Snapshots below ``first_offset_held`` go: a replay could not continue them."""
         for e in self.producers.values():
-            while e.batches and e.batches[0].last_offset < log_start_offset:
-                e.batches.popleft()
-            if e.batches and e.batches[0].first_offset < first_offset_held:
-                b = e.batches[0]
-                e.batches[0] = b._replace(first_seq=next_sequence(b.first_seq, first_offset_held - b.first_offset),
-                                          first_offset=first_offset_held)
+            for i, b in enumerate(e.batches):
+                if b.first_offset < first_offset_held <= b.last_offset:
+                    e.batches[i] = b._replace(first_seq=next_sequence(b.first_seq, first_offset_held - b.first_offset),
+                                              first_offset=first_offset_held)
         self.map_end_offset = max(self.map_end_offset, log_start_offset)
-        self.delete_snapshots(lambda offset: offset < log_start_offset)
+        self.delete_snapshots(lambda offset: offset < first_offset_held)
 
     def remove_expired_producers(self, now_ms: int, expiration_ms: int) -> list[ProducerStateEntry]:
         """Forget producers whose last batch's timestamp is ``expiration_ms`` or more before

@@ -532,10 +532,18 @@ class ReplicaManager:
                 try:
                     good[tp] = checked(records, configs[tp], now, tp) if tp in configs else records
                 except TidelogError as e:
-                    refused[tp] = _error(e.code, str(e))
+                    refused[tp] = (e.code, str(e))
             return good, refused
 
-        return await trio.to_thread.run_sync(work)
+        good, refused = await trio.to_thread.run_sync(work)
+        return good, {tp: _error(code, message, self._log_start_offset(tp)) for tp, (code, message) in refused.items()}
+
+    def _log_start_offset(self, tp: TopicPartition) -> int:
+        """What a refused produce of ``tp`` tells besides its error (Kafka's
+        processFailedRecord): the log start offset when this broker leads ``tp``, else -1. A
+        Kafka producer reads it to tell whether the records it misses were deleted."""
+        p = self.partitions.get(tp)
+        return p.log.log_start_offset if p is not None and p.is_leader and p.log is not None else -1
 
     def _append_one(self, tp: TopicPartition, records: bytes, acks: int) -> dict:
         p = self.partitions.get(tp)
@@ -544,7 +552,7 @@ class ReplicaManager:
                 raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
             info = p.append_as_leader(records, acks)
         except TidelogError as e:
-            return _error(e.code, str(e))
+            return _error(e.code, str(e), self._log_start_offset(tp))
         return {"error_code": NONE.code, "base_offset": info.first_offset,
                 "log_append_time_ms": info.log_append_time, "log_start_offset": info.log_start_offset,
                 "error_message": None, "_last_offset": info.last_offset}
@@ -574,14 +582,16 @@ class ReplicaManager:
         done, code = self._replication_done(tp, last_offset)
         if done and code != NONE.code:
             results[tp].update(_error(code, f"{tp}: the in-sync replicas shrank below "
-                                            "min.insync.replicas before the batch was committed"))
+                                            "min.insync.replicas before the batch was committed",
+                                      results[tp].get("log_start_offset", -1)))
         return done
 
     @staticmethod
     def time_out_replication(waiting: dict[TopicPartition, int], timeout_ms: int, results: dict) -> None:
         for tp in waiting:
             results[tp].update(_error(REQUEST_TIMED_OUT.code,
-                                      f"{tp}: the batch was not replicated to the in-sync replicas within {timeout_ms} ms"))
+                                      f"{tp}: the batch was not replicated to the in-sync replicas within {timeout_ms} ms",
+                                      results[tp].get("log_start_offset", -1)))
 
     async def _await_partitions(self, waiting: dict[TopicPartition, Any], timeout_ms: int,
                                 settle: Callable[[TopicPartition, Any], bool], recheck_s: float = math.inf) -> None:
@@ -991,8 +1001,8 @@ class ReplicaManager:
             p.notify()
 
 
-def _error(code: int, message: str) -> dict:
-    return {"error_code": code, "base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1,
+def _error(code: int, message: str, log_start_offset: int = -1) -> dict:
+    return {"error_code": code, "base_offset": -1, "log_append_time_ms": -1, "log_start_offset": log_start_offset,
             "error_message": message}
 
 

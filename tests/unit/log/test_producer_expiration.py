@@ -67,3 +67,21 @@ def test_a_deleted_key_does_not_come_back_with_a_producers_superseded_last_recor
     assert b"k" not in [r[0] for _, r in env.records()]  # k stays deleted
     assert 7 in env.log.producer_state.producers  # the producer is still known (its state)
     env.check_records_are_appended_ones()
+
+
+def test_a_producer_whose_records_were_deleted_expires_without_moving_the_checkpoint(tmp_path):
+    # a log start past a producer's records forgets nothing (Kafka 2.5+); its expiry later has
+    # no record left to reconsider, so the cleaner checkpoint stays inside the log
+    env = Env(tmp_path, dataclasses.replace(COMPACT, cleanup_policy="compact,delete", min_cleanable_dirty_ratio=0.01))
+    env.append((b"k", b"v"), producer_id=7, sequence=0)
+    for i in range(10):
+        env.append((b"k%d" % i, b"v"))
+    env.roll()
+    env.clean()
+    before = env.manager.cleaner_checkpoints()[env.log.topic_partition]
+    env.log.maybe_increment_log_start_offset(5)
+    assert 7 in env.log.producer_state.producers
+    env.clock.advance(EXPIRATION_MS + 1)
+    env.manager.producer_id_expiration_ms = EXPIRATION_MS
+    assert env.manager.remove_expired_producers() == 1
+    assert env.manager.cleaner_checkpoints()[env.log.topic_partition] == before

@@ -28,7 +28,6 @@ from tidelog.protocol.errors import (
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
-    UNKNOWN_PRODUCER_ID,
     TidelogError,
 )
 from tidelog.protocol.records import build_batch, iter_headers, read_header
@@ -90,9 +89,8 @@ def test_a_run_of_many_batches_is_one_entry_and_any_batch_of_it_a_duplicate(log_
     assert log.log_end_offset == 19
 
 
-def test_gaps_epochs_and_unknown_producers_are_refused(log_dir):
+def test_gaps_and_older_epochs_are_refused(log_dir):
     log = open_log(log_dir, config())
-    assert error_of(lambda: log.append_as_leader(batch(1, 0, 3), 0)) == UNKNOWN_PRODUCER_ID.name
     log.append_as_leader(batch(1, 2, 0, 2), 0)
     assert error_of(lambda: log.append_as_leader(batch(1, 2, 3), 0)) == OUT_OF_ORDER_SEQUENCE_NUMBER.name
     assert error_of(lambda: log.append_as_leader(batch(1, 1, 2), 0)) == INVALID_PRODUCER_EPOCH.name
@@ -145,16 +143,58 @@ def test_followers_build_the_same_state_and_truncation_rebuilds_it(log_dir, tmp_
     assert follower.producer_state.producers == {}
 
 
-def test_retention_forgets_producers_with_nothing_left(log_dir):
-    log = open_log(log_dir, config())
-    log.append_as_leader(batch(1, 0, 0), 0)
+def test_a_producer_with_no_state_is_accepted_at_any_sequence_and_epoch(log_dir):
+    # Kafka 2.5+ (KIP-360): a producer the partition knows nothing of (never seen, or its
+    # state expired or lost with deleted segments) may continue where it is; no
+    # UNKNOWN_PRODUCER_ID
+    log = open_log(log_dir, config(segment_bytes=1 << 20))
+    assert log.append_as_leader(batch(1, 3, 17, 2), 0).first_offset == 0
+    assert log.producer_state.producers[1].last_seq == 18
+    assert error_of(lambda: log.append_as_leader(batch(1, 3, 20), 0)) == OUT_OF_ORDER_SEQUENCE_NUMBER.name
+    assert log.append_as_leader(batch(1, 3, 17, 2), 0).first_offset == 0  # known now: a duplicate
+    assert log.append_as_leader(batch(2, 0, 5) + batch(2, 0, 6), 0).first_offset == 2  # a run, checked in order
+    assert error_of(lambda: log.append_as_leader(batch(3, 0, 5) + batch(3, 0, 7), 0)) == \
+        OUT_OF_ORDER_SEQUENCE_NUMBER.name
+    assert 3 not in log.producer_state.producers
+
+
+def _producer_then_others(log) -> tuple[int, int]:
+    """Producer 1 writes two records, then producer 2 twenty batches (several segments); the
+    HW at the end. Returns producer 1's first offset and the log end."""
+    first = log.append_as_leader(batch(1, 0, 0, 2), 0).first_offset
     for seq in range(20):
-        log.append_as_leader(batch(2, 0, seq, 1), 0)
+        log.append_as_leader(batch(2, 0, seq), 0)
     log.update_high_watermark(log.log_end_offset)
-    log.maybe_increment_log_start_offset(1)
-    assert 1 not in log.producer_state.producers
-    assert error_of(lambda: log.append_as_leader(batch(1, 0, 1), 0)) == UNKNOWN_PRODUCER_ID.name
-    assert log.append_as_leader(batch(1, 1, 0), 0).first_offset == log.log_end_offset - 1
+    return first, log.log_end_offset
+
+
+def test_delete_records_keeps_the_state_of_producers_it_removes_the_batches_of(log_dir):
+    # Kafka 2.5+ forgets a producer only by producer.id.expiration.ms: a producer whose
+    # batches DeleteRecords removed (Kafka Streams purges its repartition topics at every
+    # commit) goes on with its next sequence, and its retries are still duplicates
+    log = open_log(log_dir, config())
+    first, end = _producer_then_others(log)
+    log.maybe_increment_log_start_offset(log.high_watermark)
+    assert log.log_start_offset == end
+    assert log.append_as_leader(batch(1, 0, 0, 2), 0).first_offset == first  # a duplicate, as before
+    assert log.log_end_offset == end
+    assert log.append_as_leader(batch(1, 0, 2), 0).first_offset == end
+    assert error_of(lambda: log.append_as_leader(batch(1, 0, 9), 0)) == OUT_OF_ORDER_SEQUENCE_NUMBER.name
+
+
+def test_retention_keeps_the_state_of_producers_whose_segments_it_deletes(log_dir):
+    cfg = config()
+    log = open_log(log_dir, cfg)
+    first, end = _producer_then_others(log)
+    log.maybe_increment_log_start_offset(end - 1)
+    assert log.delete_old_segments()
+    assert log.segments[0].base_offset > 1  # producer 1's batch is gone from the disk
+    assert log.append_as_leader(batch(1, 0, 0, 2), 0).first_offset == first
+    log.close()  # the state is in the snapshot at the log end: a restart keeps it
+    log = open_log(log_dir, cfg, had_clean_shutdown=True, recovery_point=end, log_start_offset=end - 1,
+                   high_watermark=end)
+    assert log.producer_state.producers[1].last_seq == 1
+    assert log.append_as_leader(batch(1, 0, 2), 0).first_offset == end
 
 
 def test_deduplication_survives_clean_and_unclean_restarts(log_dir):
@@ -204,15 +244,26 @@ def test_snapshot_format_rejects_garbage():
 
 
 def _from(b: BatchMetadata, offset: int) -> BatchMetadata:
-    if b.first_offset >= offset:
+    """An entry reaching from below ``offset`` to it or beyond, cut to start there."""
+    if not b.first_offset < offset <= b.last_offset:
         return b
     return b._replace(first_seq=next_sequence(b.first_seq, offset - b.first_offset), first_offset=offset)
 
 
+def _tail_of(g: BatchMetadata, f: BatchMetadata) -> bool:
+    """``g`` is the entry ``f`` or a tail of it (a replay that began inside it builds one)."""
+    return (g.last_offset == f.last_offset and g.last_seq == f.last_seq and g.max_timestamp == f.max_timestamp
+            and f.first_offset <= g.first_offset
+            and g.first_seq == next_sequence(f.first_seq, g.first_offset - f.first_offset))
+
+
 class ProducerStateMachine(RuleBasedStateMachine):
     """Appends of three producers (in sequence, duplicates, gaps, epoch changes), rolls,
-    truncations, retention, clean restarts and crashes; after each step the log's producer
-    state must equal the one recomputed from the batches it holds."""
+    truncations, retention, clean restarts and crashes. After each step the log's producer
+    state must agree with the one recomputed from every batch appended and not truncated
+    away: exactly for the batches the segments hold; for those retention deleted, what it
+    remembers must be true, but it may have forgotten them (a rebuild after a crash without
+    a snapshot covering them), and a producer with nothing in the segments may be unknown."""
 
     def __init__(self):
         super().__init__()
@@ -234,7 +285,6 @@ class ProducerStateMachine(RuleBasedStateMachine):
     # -- the oracle ---------------------------------------------------------------------------
 
     def expected(self) -> dict[int, tuple[int, list[BatchMetadata]]]:
-        start = self.log.log_start_offset
         out: dict[int, tuple[int, list[BatchMetadata]]] = {}
         for base, pid, epoch, seq, n in self.batches:
             meta = BatchMetadata(seq, next_sequence(seq, n - 1), base, base + n - 1, 1000)
@@ -244,14 +294,18 @@ class ProducerStateMachine(RuleBasedStateMachine):
                 last = kept.pop()
                 meta = BatchMetadata(last.first_seq, meta.last_seq, last.first_offset, meta.last_offset, 1000)
             out[pid] = (epoch, (kept + [meta])[-5:])
-        held = self.log.segments[0].base_offset  # merged entries start no lower (truncate_head)
-        out = {pid: (e, [_from(b, held) for b in bs if b.last_offset >= start]) for pid, (e, bs) in out.items()}
-        return {pid: v for pid, v in out.items() if v[1]}
+        held = self.log.segments[0].base_offset  # merged entries start no lower (trim_head)
+        return {pid: (e, [_from(b, held) for b in bs]) for pid, (e, bs) in out.items()}
+
+    def state(self, pid: int) -> tuple[int, list[BatchMetadata]] | None:
+        """The log's state of ``pid`` (the invariant checks it against ``expected``)."""
+        e = self.log.producer_state.producers.get(pid)
+        return None if e is None else (e.producer_epoch, list(e.batches))
 
     def outcome(self, pid: int, epoch: int, seq: int, n: int):
-        state = self.expected().get(pid)
+        state = self.state(pid)
         if state is None:
-            return None if seq == 0 else UNKNOWN_PRODUCER_ID.name
+            return None  # an unknown producer: any epoch and sequence (KIP-360)
         known, metas = state
         if epoch < known:
             return INVALID_PRODUCER_EPOCH.name
@@ -269,7 +323,7 @@ class ProducerStateMachine(RuleBasedStateMachine):
           kind=st.sampled_from(["next", "next", "next", "duplicate", "gap", "zero", "older", "newer"]),
           data=st.data())
     def append(self, pid, n, kind, data):
-        state = self.expected().get(pid)
+        state = self.state(pid)
         epoch, metas = state if state is not None else (0, [])
         seq = next_sequence(metas[-1].last_seq) if metas else 0
         if kind == "duplicate" and metas:
@@ -309,10 +363,12 @@ class ProducerStateMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def truncate(self, data):
         offset = data.draw(st.integers(self.log.log_start_offset, self.log.log_end_offset))
+        first, end = self.log.segments[0].base_offset, self.log.log_end_offset
         self.log.truncate_to(offset)
-        self.batches = [b for b in self.batches if b[0] + b[4] <= offset]
-        if not self.batches or offset <= self.log.segments[0].base_offset:
-            self.batches = [b for b in self.batches if b[0] >= self.log.log_start_offset]
+        if offset < end and offset <= first:
+            self.batches = []  # truncated fully: the state starts empty
+        else:
+            self.batches = [b for b in self.batches if b[0] + b[4] <= offset]
 
     @precondition(lambda self: self.batches)
     @rule(data=st.data())
@@ -341,7 +397,21 @@ class ProducerStateMachine(RuleBasedStateMachine):
         if self.log is None:
             return
         got = {pid: (e.producer_epoch, list(e.batches)) for pid, e in self.log.producer_state.producers.items()}
-        assert got == self.expected()
+        want = self.expected()
+        assert set(got) <= set(want)
+        held = self.log.segments[0].base_offset
+        for pid, (epoch, entries) in want.items():
+            in_segments = [b for b in entries if b.last_offset >= held]
+            if pid not in got:
+                assert not in_segments, f"producer {pid} forgotten with batches in the segments"
+                continue
+            got_epoch, got_entries = got[pid]
+            assert got_epoch == epoch and got_entries
+            # (an entry in deleted segments that a later batch continued is cut as a replay cuts it)
+            assert [_from(b, held) for b in got_entries if b.last_offset >= held] == in_segments
+            below, want_below = ([b for b in bs if b.last_offset < held] for bs in (got_entries, entries))
+            assert len(below) <= len(want_below)
+            assert all(map(_tail_of, below, want_below[len(want_below) - len(below):])), (below, want_below)
         assert self.log.producer_state.map_end_offset == self.log.log_end_offset
 
 
