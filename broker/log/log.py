@@ -40,7 +40,10 @@ sequence against it inside the append (a duplicate of a recent batch returns the
 offsets and appends nothing); every append, leader or follower, updates it; truncation
 rebuilds it from the latest snapshot and the batch headers after it; a rising log start
 forgets no producer (Kafka 2.5+: only ``producer.id.expiration.ms`` does). A snapshot is
-written at every roll and at ``close``.
+written at every roll and at ``close``; after each recovery-point checkpoint those below
+the older of the recovery point's segment and the second-to-last segment are deleted
+(``delete_snapshots_after_recovery_point_checkpoint``), so a log whose start never moves (a
+compacted one) does not keep one per roll.
 
 With ``cleanup.policy`` compact the log cleaner (``cleaner``) rewrites closed segments,
 keeping the last record per key: offsets are never renumbered, so a compacted log has gaps
@@ -745,6 +748,20 @@ class Log:
                 ps.update(seg.headers_from(found[0]))
         ps.map_end_offset = leo
         ps.trim_head(self.log_start_offset, bases[0])
+
+    def delete_snapshots_after_recovery_point_checkpoint(self) -> int:
+        """Delete the producer state snapshots below the base of the segment holding the
+        offset before the recovery point, or of the second-to-last segment, whichever is lower
+        (Kafka's rule); returns that offset. Kept: those of the last two segments (a follower's
+        truncation is most often inside them) and every one from the recovery point's segment
+        on (a crash's recovery replays from there and finds a snapshot to start from)."""
+        bases = self._bases
+        two_segments = bases[-2] if len(bases) > 1 else bases[-1]
+        i = bisect.bisect_left(bases, self.recovery_point) - 1
+        recovery = bases[i] if i >= 0 else self.recovery_point
+        keep_from = min(recovery, two_segments)
+        self.producer_state.delete_snapshots(lambda offset: offset < keep_from)
+        return keep_from
 
     def remove_expired_producers(self, expiration_ms: int) -> list:
         """Forget producers idle for ``expiration_ms`` (producer.id.expiration.ms); returns

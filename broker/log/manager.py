@@ -194,6 +194,7 @@ class LogManager:
         d = self._dir_of.get(log.topic_partition)
         if d is not None and self._logs.get(log.topic_partition) is log:
             self._checkpoint_dir(d, RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point)
+            log.delete_snapshots_after_recovery_point_checkpoint()
 
     def _next_log_dir(self) -> str:
         counts = {d: 0 for d in self.log_dirs}
@@ -284,7 +285,11 @@ class LogManager:
         self.checkpoint_log_start_offsets()
 
     def checkpoint_recovery_points(self) -> None:
+        """Write the recovery points; then the producer state snapshots no recovery or likely
+        truncation needs go (``Log.delete_snapshots_after_recovery_point_checkpoint``)."""
         self._checkpoint(RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point)
+        for log in self._logs.values():
+            log.delete_snapshots_after_recovery_point_checkpoint()
 
     def checkpoint_high_watermarks(self) -> None:
         self._checkpoint(REPLICATION_CHECKPOINT, lambda log: log.high_watermark)

@@ -68,7 +68,8 @@ Snapshots
 ``<20-digit offset>.snapshot`` in the partition directory holds the state of every
 producer as of ``offset`` (everything below it applied, nothing at or above), written at
 segment roll and at clean shutdown (temp file and rename, so a reader sees a whole file or
-none). Format::
+none). The log deletes those it no longer needs (``Log.delete_snapshots_after_recovery_point_checkpoint``,
+``trim_head``). Format::
 
     magic    4 bytes  b"TLPS"
     version  int16    1

@@ -13,8 +13,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tests.unit.log.helpers import FakeClock, open_log, read_batches
+from tests.unit.log.helpers import TP, FakeClock, open_log, read_batches
 from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.manager import LogManager
 from tidelog.broker.log.producer_state import (
     MAX_SEQUENCE,
     BatchMetadata,
@@ -215,6 +216,32 @@ def test_deduplication_survives_clean_and_unclean_restarts(log_dir):
     log = open_log(log_dir, cfg)
     assert log.append_as_leader(batch(1, 0, 24, 3), 0).first_offset == infos[-2].first_offset
     assert log.append_as_leader(batch(1, 0, 30, 1), 0).first_offset == 30
+
+
+def test_snapshots_of_a_log_whose_start_never_moves_do_not_pile_up(tmp_path):
+    # a compacted log: every roll writes a snapshot, and the log start never passes them;
+    # after a recovery-point checkpoint only those from the recovery point's segment or the
+    # second-to-last one on are kept (Kafka's deleteSnapshotsAfterRecoveryPointCheckpoint)
+    cfg = config(cleanup_policy="compact")
+    manager = LogManager([str(tmp_path)], cfg)
+    manager.startup({TP.topic: cfg})
+    log = manager.get_or_create_log(TP, cfg)
+    for i in range(12):
+        log.append_as_leader(build_batch([(b"k%d" % (i % 3), b"v")], timestamp_ms=1000, producer_id=i % 4,
+                                         producer_epoch=0, base_sequence=i // 4), 0)
+        log.roll()
+    log.append_as_leader(build_batch([(b"k", b"v")], timestamp_ms=1000, producer_id=1, producer_epoch=0,
+                                     base_sequence=3), 0)
+    assert len(log.producer_state.snapshot_offsets()) == 12
+    log.flush()
+    manager.checkpoint_recovery_points()
+    bases = [s.base_offset for s in log.segments]
+    assert log.producer_state.snapshot_offsets() == bases[-2:]
+    expected = dict(log.producer_state.producers)
+    for seg in log.segments:  # a crash: the state comes from the roll snapshot and a replay
+        os.close(seg._fd)
+    log = open_log(log.directory, cfg, recovery_point=log.recovery_point)
+    assert log.producer_state.producers == expected
 
 
 def test_a_damaged_snapshot_is_ignored_and_the_log_replayed(log_dir):
