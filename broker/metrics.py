@@ -622,7 +622,8 @@ class BrokerCollector:
                  cleaner.last_clean_ms),
                 ("tidelog_log_cleaner_cleanings_in_progress", "Logs being cleaned now", len(cleaner.in_progress)),
                 ("tidelog_log_cleaner_uncleanable_partitions",
-                 "Partitions whose cleaning failed (see the log); not cleaned until restart", len(cleaner.uncleanable))):
+                 "Partitions whose cleaning failed (see the log); not cleaned until restart or the log is deleted",
+                 len(cleaner.uncleanable))):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], float(value))
             yield g

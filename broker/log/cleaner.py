@@ -478,10 +478,15 @@ class CleaningJob:
     def abort(self) -> None:
         self._aborted.set()
 
+    @property
+    def fenced(self) -> bool:
+        """Whether the log was truncated, closed or deleted since the job began."""
+        return self.log.cleaner_fence != self._fence  # an int read: safe from the worker thread
+
     def check(self) -> None:
         if self._aborted.is_set():
             raise CleaningAborted(f"cleaning of {self.topic_partition} aborted")
-        if self.log.cleaner_fence != self._fence:  # an int read: safe from the worker thread
+        if self.fenced:
             raise CleaningAborted(f"{self.topic_partition} was truncated, closed or deleted during its cleaning")
 
     def run_work(self, work: Callable[[], object]) -> object:
@@ -664,7 +669,9 @@ class LogCleaner:
         self.config = config or CleanerConfig()
         self._clock = clock
         self.in_progress: dict[TopicPartition, CleaningJob] = {}
-        self.uncleanable: dict[TopicPartition, str] = {}
+        # partitions whose cleaning failed: the log that failed and why. Keyed by that log, so
+        # a log created again under the name (a topic deleted and created) is cleaned
+        self.uncleanable: dict[TopicPartition, tuple[Log, str]] = {}
         self.max_dirty_ratio = 0.0
         self.last_run_ms = -1
         self.last_clean_ms = -1
@@ -688,8 +695,11 @@ class LogCleaner:
         now = self._clock()
         self.last_run_ms = now
         checkpoints = self.logs.cleaner_checkpoints()
+        logs = self.logs.logs
+        # Kafka's maintainUncleanablePartitions: forget the logs no longer there
+        self.uncleanable = {tp: v for tp, v in self.uncleanable.items() if logs.get(tp) is v[0]}
         candidates = []
-        for tp, log in self.logs.logs.items():
+        for tp, log in logs.items():
             if not log.config.compacts or tp in self.in_progress or tp in self.uncleanable:
                 continue
             checkpoint = checkpoints.get(tp)
@@ -736,15 +746,19 @@ class LogCleaner:
                     s.bytes_written, job.swapped_groups, 100 * job.map.utilization)
 
     def abandon(self, job: CleaningJob, error: BaseException | None = None) -> None:
-        """The job did not complete. An abort is retried later; any other error marks the
-        partition uncleanable (as Kafka does) until the broker restarts."""
+        """The job did not complete. An abort is retried later, and so is any failure of a
+        log truncated, closed or deleted meanwhile (a deletion renames the directory under
+        the worker thread: FileNotFoundError, not CleaningAborted). Any other error marks the
+        log uncleanable (as Kafka does) while it lives: until the broker restarts, or the
+        partition's log is deleted."""
         self._release(job)
-        if error is None or isinstance(error, CleaningAborted):
+        gone = job.fenced or self.logs.logs.get(job.topic_partition) is not job.log
+        if error is None or isinstance(error, CleaningAborted) or gone:
             logger.info("cleaning of %s abandoned: %s", job.topic_partition, error or "stopped")
             return
-        self.uncleanable[job.topic_partition] = str(error)
+        self.uncleanable[job.topic_partition] = (job.log, str(error))
         logger.error("cleaning of %s failed; the partition is not cleaned again until the broker "
-                     "restarts: %s", job.topic_partition, error,
+                     "restarts or the log is deleted: %s", job.topic_partition, error,
                      exc_info=not isinstance(error, (TidelogError, OSError, StorageError)))
 
     def _release(self, job: CleaningJob) -> None:

@@ -152,3 +152,43 @@ def test_records_written_again_below_the_cleaner_checkpoint_after_a_truncation_a
     keys = [r[0] for _, r in env.records()]
     assert sorted(keys) == sorted(set(keys))  # one record per key
     env.check_records_are_appended_ones()
+
+
+def test_a_failure_of_a_log_deleted_during_its_cleaning_is_an_abort(tmp_path):
+    # the deletion renames the directory under the worker thread: its step fails with
+    # FileNotFoundError, not CleaningAborted; the new topic of the name is cleaned as usual
+    env = Env(tmp_path, EAGER)
+    for round_ in range(3):
+        fill(env, f"r{round_}-")
+        env.roll()
+    job = env.cleaner.grab_filthiest_log()
+    job.build_offset_map()
+    env.manager.delete_log(TP)
+    env.cleaner.abandon(job, FileNotFoundError(2, "No such file or directory", job.log.directory))
+    assert not env.cleaner.uncleanable
+    env.log = env.manager.get_or_create_log(TP, EAGER)
+    env.expected = {}
+    for round_ in range(3):
+        fill(env, f"new{round_}-")
+        env.roll()
+    assert env.clean() is not None
+
+
+def test_an_uncleanable_partition_deleted_and_created_again_is_cleaned(tmp_path):
+    env = Env(tmp_path, EAGER)
+    for round_ in range(3):
+        fill(env, f"r{round_}-")
+        env.roll()
+    job = env.cleaner.grab_filthiest_log()
+    env.cleaner.abandon(job, ValueError("a segment the cleaner cannot read"))
+    assert TP in env.cleaner.uncleanable
+    assert env.clean() is None  # not cleaned again while that log lives
+    env.manager.delete_log(TP)
+    env.log = env.manager.get_or_create_log(TP, EAGER)
+    env.expected = {}
+    for round_ in range(3):
+        fill(env, f"new{round_}-")
+        env.roll()
+    assert env.clean() is not None
+    assert not env.cleaner.uncleanable
+    env.check_records_are_appended_ones()
