@@ -838,8 +838,9 @@ class Apis:
 
     @handles(ApiKey.INIT_PRODUCER_ID, Kind.ASYNC)
     async def init_producer_id(self, req: InitProducerIdRequest, ctx: RequestContext | None = None) -> InitProducerIdResponse:
-        """Any broker answers: a new producer id at epoch 0 (an existing id only with its
-        transactional id, and there are no transactions: see broker/producer_ids.py)."""
+        """Any broker answers: a new producer id at epoch 0, whatever id and epoch the request
+        names (an existing id only with its transactional id, and there are no transactions:
+        see broker/producer_ids.py)."""
         try:
             self._check_init_producer_id(ctx, req)
             if req.transactional_id is not None:

@@ -7,13 +7,15 @@ hand out the same id (Kafka's ZK-era ProducerIdManager). A broker serves ids fro
 in memory and claims a new block when it is used up; ids of a block lost in a restart are
 simply never used.
 
-A producer gets a new id at epoch 0. A request that names an existing id and epoch is
-refused (INVALID_REQUEST): in Kafka only a transactional producer may ask for the next epoch
-of an id, through its transactional id, and Tidelog has no transactions. Idempotent producers
-keep no state on the coordinator side, so the broker could not tell a producer's own bump
-from a request that names someone else's id to fence it. An idempotent producer bumps its
-epoch itself instead (KIP-360, as Kafka's producer does; the partitions fence the old epoch
-as soon as the new one appends) and asks for a new id when the epoch is used up.
+A producer gets a new id at epoch 0, also when its request names an id and epoch (as Kafka's
+TransactionCoordinator.handleInitProducerId does without a transactional id, KIP-360): only
+a transactional producer may get the next epoch of an id, through its transactional id, and
+Tidelog has no transactions. Idempotent producers keep no state on the coordinator side, so
+the broker could not tell a producer's own bump from a request that names someone else's id
+to fence it. An idempotent producer bumps its epoch itself instead (KIP-360, as Kafka's
+producer does; the partitions fence the old epoch as soon as the new one appends) and asks
+for a new id when the epoch is used up. A request naming one of id and epoch without the
+other is refused (INVALID_REQUEST), as Kafka's KafkaApis does.
 """
 
 from __future__ import annotations
@@ -30,13 +32,11 @@ BlockAllocator = Callable[[], Awaitable[tuple[int, int]]]
 
 
 def check_init_request(producer_id: int, producer_epoch: int) -> None:
-    """Refuse an InitProducerId that names a producer id or epoch (see the module docstring)."""
-    if producer_id != -1 or producer_epoch != -1:
+    """Refuse an InitProducerId naming one of producer id and epoch without the other."""
+    if (producer_id, producer_epoch) != (-1, -1) and (producer_id < 0 or producer_epoch < 0):
         raise TidelogError(
-            f"InitProducerId with producer id {producer_id} and epoch {producer_epoch}: only a transactional "
-            "producer may name an existing producer id, and transactions are not supported; an idempotent "
-            "producer asks with producer id -1 and epoch -1 for a new id, and bumps its epoch itself",
-            error=INVALID_REQUEST)
+            f"InitProducerId with producer id {producer_id} and epoch {producer_epoch}: give both (an id and "
+            "epoch of 0 or more) or neither (-1 and -1)", error=INVALID_REQUEST)
 
 
 class ProducerIdManager:
@@ -59,6 +59,7 @@ class ProducerIdManager:
             return pid
 
     async def init_producer_id(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
-        """``(producer_id, epoch)`` for an InitProducerId request: a new id at epoch 0."""
+        """``(producer_id, epoch)`` for an InitProducerId request: a new id at epoch 0 (a
+        named id and epoch are not continued: see the module docstring)."""
         check_init_request(producer_id, producer_epoch)
         return await self.generate_producer_id(), 0

@@ -309,13 +309,15 @@ def test_init_producer_id_cannot_fence_another_producer(cluster, good):
     victim = last_batch_header(cluster)
     assert victim.producer_id >= 0
     with raw(cluster, 1) as client:
-        for pid, epoch in ((victim.producer_id, victim.producer_epoch), (victim.producer_id, -1),
-                           (-1, victim.producer_epoch)):
+        for pid, epoch in ((victim.producer_id, -1), (-1, victim.producer_epoch)):
             r = InitProducerIdResponse.from_body(client.request(
                 ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest(producer_id=pid, producer_epoch=epoch)))
             assert r.error_code == INVALID_REQUEST.code and r.producer_id == -1, (pid, epoch)
-        r = InitProducerIdResponse.from_body(client.request(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest()))
-        assert r.error_code == NONE.code and r.producer_id != victim.producer_id
+        # naming its id and epoch gets a new id (Kafka's rule without a transactional id)
+        for request in (InitProducerIdRequest(producer_id=victim.producer_id, producer_epoch=victim.producer_epoch),
+                        InitProducerIdRequest()):
+            r = InitProducerIdResponse.from_body(client.request(ApiKey.INIT_PRODUCER_ID, request))
+            assert r.error_code == NONE.code and r.producer_id != victim.producer_id and r.producer_epoch == 0
     good.check()  # not fenced: its next batches are acknowledged under the same id and epoch
     last = last_batch_header(cluster)
     assert (last.producer_id, last.producer_epoch) == (victim.producer_id, victim.producer_epoch)

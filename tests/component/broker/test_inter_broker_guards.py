@@ -316,10 +316,13 @@ async def test_controlled_shutdown_with_a_registration_the_controller_has_not_se
 
 
 async def test_init_producer_id_cannot_name_another_producers_id(broker):
-    r = await broker.apis.init_producer_id(InitProducerIdRequest(producer_id=1000, producer_epoch=0))
-    assert r.error_code == INVALID_REQUEST.code and "transactional" in r.error_message
     r = await broker.apis.init_producer_id(InitProducerIdRequest())
     assert (r.error_code, r.producer_id, r.producer_epoch) == (NONE.code, 1000, 0)
+    # as in Kafka without a transactional id: the named id is not continued, a new one is given
+    r = await broker.apis.init_producer_id(InitProducerIdRequest(producer_id=1000, producer_epoch=0))
+    assert (r.error_code, r.producer_id, r.producer_epoch) == (NONE.code, 1001, 0)
+    r = await broker.apis.init_producer_id(InitProducerIdRequest(producer_id=1000, producer_epoch=-1))
+    assert r.error_code == INVALID_REQUEST.code and "both" in r.error_message
 
 
 async def test_internal_topics_cannot_be_deleted(broker):

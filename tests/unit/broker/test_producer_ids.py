@@ -1,4 +1,4 @@
-"""InitProducerId on the broker: ids from ZooKeeper blocks; a request that names an id refused."""
+"""InitProducerId on the broker: ids from ZooKeeper blocks, always a new one at epoch 0."""
 
 from __future__ import annotations
 
@@ -30,15 +30,23 @@ async def test_new_producers_get_ids_from_blocks_at_epoch_zero():
     assert blocks.calls == 3  # a block is claimed only when the last one is used up
 
 
-@pytest.mark.parametrize("pid, epoch", [(42, 3), (42, 32766), (5, -1), (-1, 2), (-2, -1)])
-async def test_a_request_that_names_a_producer_id_or_epoch_is_refused(pid, epoch):
-    # without a transactional id nobody may have another epoch of an existing id: a client
-    # naming another producer's id would fence it (idempotent producers bump their own epoch)
+@pytest.mark.parametrize("pid, epoch", [(42, 3), (42, 32766), (0, 0)])
+async def test_a_request_that_names_a_producer_id_and_epoch_gets_a_new_id(pid, epoch):
+    # Kafka (KIP-360, TransactionCoordinator.handleInitProducerId): without a transactional id
+    # the named id and epoch are ignored and a new id is handed out at epoch 0; nobody gets
+    # another epoch of an existing id, which would fence its producer
+    manager = ProducerIdManager(Blocks())
+    assert await manager.init_producer_id(-1, -1) == (0, 0)
+    assert await manager.init_producer_id(pid, epoch) == (1, 0)
+
+
+@pytest.mark.parametrize("pid, epoch", [(5, -1), (-1, 2), (-2, -1), (-2, 3)])
+async def test_a_request_with_only_one_of_id_and_epoch_is_refused(pid, epoch):
     blocks = Blocks()
     manager = ProducerIdManager(blocks)
     with pytest.raises(TidelogError) as e:
         await manager.init_producer_id(pid, epoch)
-    assert e.value.error is INVALID_REQUEST and "transactional" in str(e.value)
+    assert e.value.error is INVALID_REQUEST and "both" in str(e.value)
     assert blocks.calls == 0
 
 
