@@ -755,7 +755,7 @@ class Log:
         (Kafka's rule); returns that offset. Kept: those of the last two segments (a follower's
         truncation is most often inside them) and every one from the recovery point's segment
         on (a crash's recovery replays from there and finds a snapshot to start from)."""
-        bases = self._bases
+        bases = self._view.bases
         two_segments = bases[-2] if len(bases) > 1 else bases[-1]
         i = bisect.bisect_left(bases, self.recovery_point) - 1
         recovery = bases[i] if i >= 0 else self.recovery_point

@@ -30,11 +30,13 @@ the records, and decides before anything is written:
 * a newer epoch must start at sequence 0; the same epoch must continue at last + 1;
   anything else is a gap: OUT_OF_ORDER_SEQUENCE_NUMBER (nothing appended: the client
   resends the missing batch first);
-* a producer id with no state (never seen, expired, or lost with the segments that held
-  it, see below) is accepted at any epoch and sequence, and its state starts there. This is
-  Kafka 2.5+'s rule (KIP-360, ``ProducerAppendInfo.checkSequence``): such a broker never
-  answers UNKNOWN_PRODUCER_ID, which a Java producer that cannot tell why retries until its
-  delivery timeout.
+* a producer id with no state (never seen, or forgotten by producer id expiration, see
+  below) must start at sequence 0, else UNKNOWN_PRODUCER_ID, answered with the partition's
+  real log start offset: the client then knows its records were not lost to an old broker
+  and starts a new epoch (a Java producer since KIP-360, Tidelog's). Kafka 2.5+ accepts such
+  a producer at any sequence instead; a client that writes two requests of one partition in
+  an order other than their sequences' (two requests that waited for a connection) would
+  then have its later records taken first and the earlier ones refused as a gap.
 
 Several batches of one producer in one append are checked in order against each other. A
 run of batches is appended whole or not at all, so a run that mixes duplicates with new
@@ -53,15 +55,15 @@ at the first offset still held (``trim_head``), as a replay of the segments woul
 What the state remembers beyond the segments lives on in the snapshots, which hold all of
 it (those below the first segment's base are deleted). A rebuild with no usable snapshot
 replays the segments alone and knows only the producers with batches in them; the others
-are then unknown producers, accepted as such.
+are then unknown producers (see above).
 
 Producer id expiration (Kafka's ``producer.id.expiration.ms``): a producer whose last batch
 is older than the expiration time is forgotten (``remove_expired_producers``, run
 periodically by the log manager). Without it the state of a log that retention does not
 shorten (a compacted topic, where the cleaner also keeps each known producer's last record)
 would grow by one entry for every producer id that ever wrote to it. A forgotten producer
-that comes back is accepted as an unknown one: only a retry of a batch it wrote before it
-was forgotten is no longer recognised as a duplicate.
+that comes back is refused with UNKNOWN_PRODUCER_ID, and the client sends the refused batch
+again under a new epoch.
 
 Snapshots
 ---------
@@ -100,6 +102,7 @@ from tidelog.protocol.errors import (
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
+    UNKNOWN_PRODUCER_ID,
     TidelogError,
 )
 from tidelog.protocol.records import BatchHeader
@@ -239,7 +242,11 @@ class ProducerStateManager:
         elif entry is not None:
             known_epoch, last_seq = entry.producer_epoch, entry.last_seq
         else:
-            return None  # no state: any epoch and sequence (see the module docstring)
+            if first_seq != 0:
+                raise TidelogError(
+                    f"{where}: no state for producer id {pid} (never seen, or forgotten by producer id "
+                    f"expiration), and its batch starts at sequence {first_seq}, not 0", error=UNKNOWN_PRODUCER_ID)
+            return None
         if epoch < known_epoch:
             raise TidelogError(f"{where}: producer id {pid} epoch {epoch} is older than its current epoch "
                                f"{known_epoch}", error=INVALID_PRODUCER_EPOCH)

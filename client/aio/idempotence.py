@@ -16,23 +16,15 @@ sequence and offset, and the *unresolved* batches: those with a sequence that ha
 acknowledged or failed yet. What an OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID
 answer means depends on them (``decide``):
 
-* when a later batch of the partition was acknowledged already (OUT_OF_ORDER_SEQUENCE_NUMBER):
-  the broker took it first, sent on another connection after a leader change while this
-  one was on its way to the old leader, because it had no state for the producer then (its
-  first batches on the partition, or after producer id expiration), and a broker accepts
-  such a producer at any sequence, as Kafka 2.5+ does. This batch was not written and can
-  never follow under this epoch: it is sent again under a new epoch (``reset``), after the
-  later ones (nothing is lost; their order cannot be repaired);
 * when it was sent, an earlier batch of the partition was still unresolved: that one may
   have failed, or reached the broker later (another connection after a leader change), and
   is resent first, so this one is simply retried after it;
 * when it was sent, every earlier sequence had been acknowledged (``mark_sent``):
-  - UNKNOWN_PRODUCER_ID: the broker has no state for the producer and wants sequence 0 (a
-    broker of Tidelog 0.1, after retention removed all the producer's batches or producer
-    id expiration forgot it; later brokers accept such a producer at any sequence, as
-    Kafka 2.5+ does). Nothing of the batch was written, so, as Kafka's producer does
-    (KIP-360), the producer bumps its epoch and the batch is sent again from sequence 0 of
-    the new epoch (``reset``): an idle producer's next records are not failed;
+  - UNKNOWN_PRODUCER_ID: the broker has no state for the producer (retention removed all its
+    batches, or producer id expiration forgot an idle producer). Nothing of the batch was
+    written, so, as Kafka's producer does (KIP-360), the producer bumps its epoch and the
+    batch is sent again from sequence 0 of the new epoch (``reset``): an idle producer's
+    next records are not failed;
   - OUT_OF_ORDER_SEQUENCE_NUMBER: the broker lost what it had acknowledged (unclean leader
     election). The batch fails with an error that says so, and the producer bumps its epoch.
 
@@ -176,10 +168,6 @@ class IdempotenceState:
             return SequenceVerdict("keep")
         if self._stale(batch):
             return SequenceVerdict("resequence")
-        if error_code == OUT_OF_ORDER_SEQUENCE_NUMBER.code and self._overtaken(batch):
-            return SequenceVerdict("reset", "the broker appended later records of this producer before these "
-                                   "(it had no state for the producer when they came); these records were not "
-                                   "written and are sent again under a new epoch, after them")
         if batch.sent_in_line and error_code == UNKNOWN_PRODUCER_ID.code:
             return SequenceVerdict("reset", "the broker has no state for this producer (its batches were "
                                    "removed by retention, or it was idle longer than producer.id.expiration.ms); "
@@ -189,13 +177,6 @@ class IdempotenceState:
                                    "acknowledged earlier are gone (an unclean leader election?); these records "
                                    "were not written, the producer takes a new epoch")
         return SequenceVerdict("retry")
-
-    def _overtaken(self, batch) -> bool:
-        """Whether a batch of the partition with a later sequence was acknowledged already."""
-        entry = self.partitions.get(batch.tp)
-        if entry is None or entry.producer != (batch.producer_id, batch.producer_epoch) or entry.last_acked_sequence < 0:
-            return False
-        return (entry.last_acked_sequence - batch.base_sequence) & MAX_SEQUENCE < 1 << 30  # at or after it
 
     def _stale(self, batch) -> bool:
         return self.bump_requested or (batch.producer_id, batch.producer_epoch) != self.producer

@@ -39,7 +39,6 @@ from tidelog.protocol.errors import (
     NOT_LEADER_OR_FOLLOWER,
     OFFSET_OUT_OF_RANGE,
     TOPIC_ALREADY_EXISTS,
-    UNKNOWN_PRODUCER_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
 )
@@ -87,21 +86,9 @@ class PartitionLog:
         self.leader_epoch = 0
         self.producer_state = ProducerStateManager()
         self.max_message_bytes: int | None = None  # the topic's max.message.bytes, per batch
-        self.unknown_producers_start_at_zero = False  # as Tidelog 0.1's (and Kafka < 2.5's) brokers did
-
-    def forget_producers(self, *, answer_unknown: bool = False) -> None:
-        """Lose the producer state (as after producer id expiration); ``answer_unknown``: then
-        refuse an unknown producer's batch not at sequence 0 with UNKNOWN_PRODUCER_ID, as an
-        older broker did, instead of accepting it (Kafka 2.5+, today's brokers)."""
-        self.producer_state.clear()
-        self.unknown_producers_start_at_zero = answer_unknown
 
     def append(self, records: bytes) -> int:
         headers = validate_batches(records, self.max_message_bytes)
-        if self.unknown_producers_start_at_zero:
-            for _, h in headers:
-                if h.producer_id >= 0 and h.producer_id not in self.producer_state.producers and h.base_sequence:
-                    raise TidelogError(f"no state for producer id {h.producer_id}", error=UNKNOWN_PRODUCER_ID)
         duplicate = self.producer_state.check_leader_append(headers)
         if duplicate is not None:
             return duplicate.first_offset

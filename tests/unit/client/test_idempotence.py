@@ -172,24 +172,6 @@ def test_a_batch_refused_by_a_broker_that_forgot_the_producer_moves_to_a_new_epo
     assert (b.producer_epoch, b.base_sequence) == (1, 0)
 
 
-def test_a_batch_refused_after_the_broker_took_later_ones_moves_to_a_new_epoch():
-    # a broker with no state for the producer (its first batches on the partition, or after
-    # producer id expiration) accepts any sequence, as Kafka 2.5+ does: b, sent to a new
-    # leader while a was still on its way to the old one, lands first; a can never follow it
-    # under this epoch, and was not written
-    s = ready_state()
-    a, b = batch(), batch()
-    s.assign(a)
-    s.assign(b)
-    s.mark_sent([a, b])
-    s.on_complete(b, 10, failed=False)
-    s.mark_sent([a])  # a resent after its NOT_LEADER_OR_FOLLOWER
-    verdict = s.decide(a, OUT_OF_ORDER_SEQUENCE_NUMBER.code)
-    assert verdict.action == "reset" and "later" in verdict.why
-    s.reset_sequence(a)
-    assert s.bump_requested and a.base_sequence == -1
-
-
 def test_batches_queued_behind_one_moved_to_a_new_epoch_follow_it():
     s = ready_state()
     acc = RecordAccumulator(linger_s=0, clock=lambda: 0.0, batch_size=60)

@@ -29,6 +29,7 @@ from tidelog.protocol.errors import (
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
+    UNKNOWN_PRODUCER_ID,
     TidelogError,
 )
 from tidelog.protocol.records import build_batch, iter_headers, read_header
@@ -144,17 +145,15 @@ def test_followers_build_the_same_state_and_truncation_rebuilds_it(log_dir, tmp_
     assert follower.producer_state.producers == {}
 
 
-def test_a_producer_with_no_state_is_accepted_at_any_sequence_and_epoch(log_dir):
-    # Kafka 2.5+ (KIP-360): a producer the partition knows nothing of (never seen, or its
-    # state expired or lost with deleted segments) may continue where it is; no
-    # UNKNOWN_PRODUCER_ID
+def test_a_producer_with_no_state_starts_at_sequence_zero(log_dir):
+    # never seen (or expired): at sequence 0 of any epoch, else UNKNOWN_PRODUCER_ID, which the
+    # client answers with a new epoch (it knows nothing of it was written)
     log = open_log(log_dir, config(segment_bytes=1 << 20))
-    assert log.append_as_leader(batch(1, 3, 17, 2), 0).first_offset == 0
-    assert log.producer_state.producers[1].last_seq == 18
-    assert error_of(lambda: log.append_as_leader(batch(1, 3, 20), 0)) == OUT_OF_ORDER_SEQUENCE_NUMBER.name
-    assert log.append_as_leader(batch(1, 3, 17, 2), 0).first_offset == 0  # known now: a duplicate
-    assert log.append_as_leader(batch(2, 0, 5) + batch(2, 0, 6), 0).first_offset == 2  # a run, checked in order
-    assert error_of(lambda: log.append_as_leader(batch(3, 0, 5) + batch(3, 0, 7), 0)) == \
+    assert error_of(lambda: log.append_as_leader(batch(1, 3, 17, 2), 0)) == UNKNOWN_PRODUCER_ID.name
+    assert log.append_as_leader(batch(1, 3, 0, 2), 0).first_offset == 0
+    assert log.producer_state.producers[1].last_seq == 1
+    assert log.append_as_leader(batch(2, 0, 0) + batch(2, 0, 1), 0).first_offset == 2  # a run, checked in order
+    assert error_of(lambda: log.append_as_leader(batch(3, 0, 0) + batch(3, 0, 2), 0)) == \
         OUT_OF_ORDER_SEQUENCE_NUMBER.name
     assert 3 not in log.producer_state.producers
 
@@ -332,7 +331,7 @@ class ProducerStateMachine(RuleBasedStateMachine):
     def outcome(self, pid: int, epoch: int, seq: int, n: int):
         state = self.state(pid)
         if state is None:
-            return None  # an unknown producer: any epoch and sequence (KIP-360)
+            return None if seq == 0 else UNKNOWN_PRODUCER_ID.name  # an unknown producer starts at 0
         known, metas = state
         if epoch < known:
             return INVALID_PRODUCER_EPOCH.name
