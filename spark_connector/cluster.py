@@ -107,6 +107,15 @@ class ClusterView:
                                "looking up the high watermarks")
         return {(tp.topic, tp.partition): o for tp, o in found.items()}
 
+    def log_end(self, tps: list[TP]) -> dict[TP, int]:
+        """The log end offsets on the leaders (ahead of the high watermarks by the records the
+        in-sync replicas have not all copied yet)."""
+        if not tps:
+            return {}
+        found = self._retrying(lambda: self.admin.log_end_offsets([TopicPartition(*tp) for tp in tps]),
+                               "looking up the log end offsets")
+        return {(tp.topic, tp.partition): o for tp, o in found.items()}
+
     def by_time(self, timestamps: dict[TP, int]) -> dict[TP, int | None]:
         if not timestamps:
             return {}

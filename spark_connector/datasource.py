@@ -59,6 +59,7 @@ from tidelog.spark.planning import (
     OffsetRange,
     Offsets,
     admit,
+    behind,
     next_end,
     offsets_from_json,
     offsets_to_json,
@@ -178,7 +179,11 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = self._high_watermarks(begin)
         self._latest = latest
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        step = next_end(begin, latest, max_offsets=max_rows, target=self._target)
+        back = behind(begin, latest)
+        log_end = self.view.log_end(back) if back else {}
+        earliest = self.view.earliest(back) if back else {}
+        step = next_end(begin, latest, max_offsets=max_rows, target=self._target, log_end=log_end,
+                        earliest=earliest)
         if self._target is None and self.opts.min_offsets_per_trigger is not None:
             available = sum(step.end[tp] - step.begin[tp] for tp in step.end)
             now_ms = int(time.time() * 1000)
@@ -195,7 +200,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             message = "data loss: " + "; ".join(step.lost)
             if self.opts.fail_on_data_loss:
                 raise DataLossError(f"{message}. {HINT}")
-            log.warning("%s; dropping them (failOnDataLoss=false)", message)
+            log.warning("%s; going on without them (failOnDataLoss=false)", message)
         return offsets_to_json(step.end)
 
     def reportLatestOffset(self) -> dict | None:

@@ -25,8 +25,13 @@ The rules the driver follows each trigger (``next_end``):
   ``LATEST``;
 * a partition that is gone (its topic was deleted) is data loss; with failOnDataLoss=false
   it is dropped from the offsets;
-* a high watermark below the query's position (a new leader whose HW has not caught up, or
-  a log truncated by an unclean election) holds the partition where it is;
+* a high watermark below the query's position holds the partition where it is while the
+  leader's log end offset is at or above that position (a new leader whose HW has not caught
+  up yet: the records are in its log). A log end below the position means the records the
+  query was heading for are gone (the topic was deleted and re-created, or an unclean
+  election truncated the log): data loss, and the batch ends at the log start offset, so the
+  next batch reads the partition's log from its start, as Spark's Kafka source reports "offset
+  was changed" and goes on;
 * ``ReadMaxRows`` (maxOffsetsPerTrigger) is shared among the partitions in proportion to
   what each has available, with the largest-remainder rule: a batch never spans more than
   the limit, and every offset available is eventually admitted;
@@ -54,7 +59,7 @@ from typing import Any
 from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError
 
 __all__ = ["TP", "Offsets", "OffsetRange", "Step", "offsets_to_json", "offsets_from_json",
-           "resolve_starting", "resolve_ending", "next_end", "admit", "allocate", "plan_ranges",
+           "resolve_starting", "resolve_ending", "behind", "next_end", "admit", "allocate", "plan_ranges",
            "cap_ranges", "split_ranges", "data_loss_message", "InvalidOffsetsError"]
 
 TP = tuple[str, int]
@@ -185,8 +190,9 @@ def resolve_ending(spec: OffsetSpec, partitions: Iterable[TP], latest: Mapping[T
 @dataclass(frozen=True)
 class Step:
     """What ``next_end`` decided: the batch's start with every partition at ``LATEST`` that
-    it positioned (``begin``), its end, partitions lost (data loss, already dropped from
-    both), and notes worth a warning."""
+    it positioned (``begin``), its end, data loss (``lost``: a vanished partition, already
+    dropped from both, or a partition whose log now ends below the query's position, whose
+    end goes back to its log start), and notes worth a warning."""
 
     begin: Offsets
     end: Offsets
@@ -194,11 +200,21 @@ class Step:
     notes: list[str]
 
 
+def behind(start: Mapping[TP, int], latest: Mapping[TP, int]) -> list[TP]:
+    """The partitions whose high watermark is below the query's position: ``next_end``
+    needs their log end and log start offsets."""
+    return sorted((tp for tp, hw in latest.items() if hw >= 0 and start.get(tp, 0) > hw), key=_key)
+
+
 def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: int | None = None,
-             target: Mapping[TP, int] | None = None) -> Step:
+             target: Mapping[TP, int] | None = None, log_end: Mapping[TP, int] | None = None,
+             earliest: Mapping[TP, int] | None = None) -> Step:
     """The end of the next micro-batch from ``start`` (see the module's rules). ``latest``
     holds the high watermark of every partition the query reads now; ``target`` is the
-    AvailableNow target, ``max_offsets`` the ReadMaxRows limit."""
+    AvailableNow target, ``max_offsets`` the ReadMaxRows limit. ``log_end`` and
+    ``earliest`` hold the log end and log start offsets of the partitions ``behind``; one
+    missing from ``log_end`` is held."""
+    log_end, earliest = log_end or {}, earliest or {}
     lost = [f"topic {t!r} partition {p} (query at offset {start[(t, p)]}) no longer exists"
             for (t, p) in sorted(set(start) - set(latest), key=_key)]
     notes = []
@@ -219,9 +235,19 @@ def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: 
                 continue  # no high watermark known (no leader): not positioned yet
             s = begin[tp] = hw
         if hw < s:
-            if latest[tp] < s:
+            if latest[tp] >= s:
+                continue  # held by the AvailableNow target
+            if log_end.get(tp, s) >= s:
                 notes.append(f"topic {tp[0]!r} partition {tp[1]}: high watermark {latest[tp]} is below the "
-                             f"query's position {s}; waiting (a new leader catching up, or a truncated log)")
+                             f"query's position {s}, log end offset {log_end.get(tp, 'unknown')}; waiting "
+                             "for the leader's high watermark to catch up")
+                continue
+            restart = min(earliest.get(tp, 0), latest[tp])
+            lost.append(f"topic {tp[0]!r} partition {tp[1]}: the offset was changed from {s} to {log_end[tp]} "
+                        f"(the log now ends below the query's position: the topic was re-created or the log "
+                        f"truncated), some data may have been missed; the partition is read again from "
+                        f"offset {restart}")
+            begin[tp] = restart
             continue
         if hw > s:
             avail[tp] = hw - s

@@ -18,6 +18,7 @@ from tidelog.spark.planning import (
     InvalidOffsetsError,
     OffsetRange,
     allocate,
+    behind,
     next_end,
     offsets_from_json,
     offsets_to_json,
@@ -176,9 +177,28 @@ def test_next_end_starts_new_partitions_at_zero_and_reports_vanished_ones():
     assert step.lost == ["topic 'gone' partition 0 (query at offset 8) no longer exists"]
 
 
-def test_next_end_holds_a_partition_whose_high_watermark_went_back():
-    step = next_end({("t", 0): 40}, {("t", 0): 25})
-    assert step.end == {("t", 0): 40} and "below the query's position 40" in step.notes[0]
+def test_next_end_holds_a_partition_whose_new_leader_has_not_caught_up():
+    """A new leader's HW below the query's position, its log end at or above it: the records
+    are in its log and the HW will pass them, so the partition waits, with no loss."""
+    start, latest = {("t", 0): 40}, {("t", 0): 25}
+    assert behind(start, latest) == [("t", 0)]
+    for log_end in (40, 55):
+        step = next_end(start, latest, log_end={("t", 0): log_end}, earliest={("t", 0): 0})
+        assert step.end == {("t", 0): 40} and not step.lost
+        assert "below the query's position 40" in step.notes[0]
+
+
+def test_next_end_reports_a_log_that_now_ends_below_the_query_and_reads_it_from_its_start():
+    """The topic was deleted and re-created (or the log truncated): the log ends below the
+    query's position, so the records the query was heading for are gone. That is data loss
+    (as Spark's "offset was changed from 5000 to 3000"), and the batch ends at the log start,
+    so the next one reads the new records from there instead of waiting for offset 5000."""
+    start, latest = {("orders", 0): 5000, ("orders", 1): 70}, {("orders", 0): 3000, ("orders", 1): 90}
+    step = next_end(start, latest, log_end={("orders", 0): 3000}, earliest={("orders", 0): 0})
+    assert step.end == {("orders", 0): 0, ("orders", 1): 90}
+    assert len(step.lost) == 1 and "partition 0: the offset was changed from 5000 to 3000" in step.lost[0]
+    assert plan_ranges(start, step.end) == [OffsetRange("orders", 1, 70, 90)]
+    assert next_end(step.end, latest).end == {("orders", 0): 3000, ("orders", 1): 90}
 
 
 def test_next_end_respects_the_read_limit_and_the_available_now_target():
