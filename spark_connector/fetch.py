@@ -2,7 +2,8 @@
 
 ``read_range`` is written against the few consumer calls it needs (``RangeConsumer``), so
 its data-loss and stall handling is tested with a scripted consumer and no cluster; the
-Spark task gives it a short-lived blocking ``client.Consumer`` (``open_consumer``).
+Spark task gives it a short-lived blocking ``client.Consumer`` (``open_consumer``), with an
+``Admin`` opened only if the read stalls, to ask the leader's log end offset.
 
 * The consumer is assigned the one partition, seeked to ``start`` and polled until the
   position reaches ``end``; records at or above ``end`` (the rest of the last batch a fetch
@@ -16,9 +17,13 @@ Spark task gives it a short-lived blocking ``client.Consumer`` (``open_consumer`
   broker validated records) is data loss too: with ``fail_on_data_loss`` the read fails
   naming topic, partition and the batch's offsets; otherwise a warning names them and reading
   goes on after the batch (the error's ``skip_offset``).
-* No progress for ``poll_timeout_ms``: if the high watermark is now below the planned end,
-  the rest of the range was truncated away (data loss as above); otherwise the read fails
-  with ``RangeReadTimeout``.
+* No progress for ``poll_timeout_ms`` at ``pos``: if the leader's log now ends at or below
+  ``pos``, the rest of the range was truncated away (data loss as above). Otherwise the
+  records are still there and the read fails with ``RangeReadTimeout``, which Spark retries
+  as any failed task: that includes a high watermark held below ``pos`` by a new leader
+  whose ISR is below min.insync.replicas (its log holds the records, and they become
+  readable once its replicas catch up). As in Spark's Kafka source, only offsets outside
+  the broker's log are data loss; a slow read is not.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from tidelog import Consumer, NoOffsetForPartitionError, Record, TopicPartition
+from tidelog import Admin, Consumer, NoOffsetForPartitionError, Record, TopicPartition
 from tidelog.errors import CorruptRecordError, OffsetOutOfRangeError, TidelogError
 from tidelog.spark.options import SourceOptions
 from tidelog.spark.planning import OffsetRange, data_loss_message
 
-__all__ = ["DataLossError", "RangeReadTimeout", "RangeConsumer", "read_range", "open_consumer"]
+__all__ = ["DataLossError", "RangeReadTimeout", "RangeConsumer", "TaskConsumer", "read_range", "open_consumer"]
 
 log = logging.getLogger("spark_connector")
 
@@ -57,12 +62,38 @@ class RangeConsumer(Protocol):
     def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int: ...
     def beginning_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]: ...
     def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]: ...
+    def log_end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]: ...
 
 
-def open_consumer(opts: SourceOptions, r: OffsetRange) -> Consumer:
-    options: dict[str, Any] = {"client_id": f"tidelog-spark-{r.topic}-{r.partition}",
-                               "max_poll_records": 8192, **opts.consumer_options}
-    return Consumer(opts.bootstrap_servers, auto_offset_reset="none", **options)
+class TaskConsumer:
+    """A task's consumer and, opened on first use, an Admin for the leader's log end offset
+    (a consumer only sees the high watermark)."""
+
+    def __init__(self, opts: SourceOptions, consumer: Consumer, client_id: str):
+        self._opts, self._consumer, self._client_id = opts, consumer, client_id
+        self._admin: Admin | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+    def log_end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        if self._admin is None:
+            self._admin = Admin(self._opts.bootstrap_servers,
+                                **{"client_id": self._client_id, **self._opts.admin_options})
+        return self._admin.log_end_offsets(partitions)
+
+    def close(self) -> None:
+        try:
+            if self._admin is not None:
+                self._admin.close()
+        finally:
+            self._consumer.close()
+
+
+def open_consumer(opts: SourceOptions, r: OffsetRange) -> TaskConsumer:
+    client_id = f"tidelog-spark-{r.topic}-{r.partition}"
+    options: dict[str, Any] = {"client_id": client_id, "max_poll_records": 8192, **opts.consumer_options}
+    return TaskConsumer(opts, Consumer(opts.bootstrap_servers, auto_offset_reset="none", **options), client_id)
 
 
 def read_range(consumer: RangeConsumer, r: OffsetRange, *, fail_on_data_loss: bool = True,
@@ -165,11 +196,16 @@ def _corrupt(consumer: RangeConsumer, tp: TopicPartition, r: OffsetRange, pos: i
 
 def _stalled(consumer: RangeConsumer, tp: TopicPartition, r: OffsetRange, pos: int, fail: bool,
              warn: Callable[[str], None], poll_timeout_ms: int) -> int:
+    """No progress for pollTimeoutMs at ``pos`` (see the module's rules): data loss only when
+    the leader's log now ends at or below ``pos``; otherwise RangeReadTimeout."""
     hw = consumer.end_offsets([tp])[tp]
-    if hw <= pos:
-        _lost(r, pos, r.end, f"the high watermark is now {hw}, below the planned end: the log was "
+    log_end = hw if hw > pos else consumer.log_end_offsets([tp])[tp]
+    if log_end <= pos:
+        _lost(r, pos, r.end, f"the log now ends at offset {log_end}, below the planned end: the log was "
               "truncated, e.g. after an unclean leader election", fail, warn)
         return r.end
+    held = "" if hw > pos else (f"; the high watermark {hw} is held below the log end offset {log_end}: the "
+                                "leader is waiting for its in-sync replicas (fewer than min.insync.replicas?)")
     raise RangeReadTimeout(f"topic {r.topic!r} partition {r.partition}: no records read for "
                            f"{poll_timeout_ms} ms at offset {pos} of the planned range [{r.start}, {r.end}) "
-                           f"(high watermark {hw}); raise the option pollTimeoutMs if the cluster is slow")
+                           f"(high watermark {hw}){held}; raise the option pollTimeoutMs if the cluster is slow")

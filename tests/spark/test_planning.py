@@ -349,6 +349,7 @@ class ScriptedConsumer:
 
     def __init__(self, log_start: int, hw: int, batch: int = 7, events=None, gaps=()):
         self.log_start, self.hw, self.batch, self.events = log_start, hw, batch, dict(events or {})
+        self.log_end = None  # the leader's log end offset when ahead of the high watermark
         self.pos = None
         self.polls = 0
         self.gaps = set(gaps)
@@ -384,6 +385,9 @@ class ScriptedConsumer:
 
     def end_offsets(self, tps):
         return {tps[0]: self.hw}
+
+    def log_end_offsets(self, tps):
+        return {tps[0]: self.hw if self.log_end is None else self.log_end}
 
 
 def _offsets(chunks):
@@ -462,6 +466,29 @@ def test_read_range_times_out_when_nothing_comes_although_it_should():
 
     with pytest.raises(RangeReadTimeout, match="no records read for 2000 ms at offset 0"):
         list(read_range(Stuck(0, 100), OffsetRange("t", 0, 0, 30), poll_timeout_ms=2000, clock=lambda: now[0]))
+
+
+def test_a_high_watermark_held_below_the_range_is_a_timeout_not_data_loss():
+    """RF 3, min ISR 2: a new leader whose ISR is below min ISR holds its HW, though its log
+    holds the planned records; they become readable once a replica catches up. The task
+    times out (Spark retries it) instead of reporting them lost, or skipping them for good."""
+    now = [0.0]
+
+    class Held(ScriptedConsumer):
+        def poll(self, timeout_ms=0, max_records=None):
+            now[0] += 0.5
+            return super().poll(timeout_ms, max_records)
+
+    def new_leader(c):
+        c.hw, c.log_end = 10, 30
+
+    for fail in (True, False):
+        warnings = []
+        c = Held(0, 100, batch=5, events={2: new_leader})
+        with pytest.raises(RangeReadTimeout, match="high watermark 10 is held below the log end offset 30"):
+            list(read_range(c, OffsetRange("t", 0, 0, 30), poll_timeout_ms=1000, clock=lambda: now[0],
+                            fail_on_data_loss=fail, warn=warnings.append))
+        assert warnings == []
 
 
 # -- the sink's sends -----------------------------------------------------------------------------
