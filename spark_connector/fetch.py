@@ -17,13 +17,15 @@ Spark task gives it a short-lived blocking ``client.Consumer`` (``open_consumer`
   broker validated records) is data loss too: with ``fail_on_data_loss`` the read fails
   naming topic, partition and the batch's offsets; otherwise a warning names them and reading
   goes on after the batch (the error's ``skip_offset``).
-* No progress for ``poll_timeout_ms`` at ``pos``: if the leader's log now ends at or below
-  ``pos``, the rest of the range was truncated away (data loss as above). Otherwise the
-  records are still there and the read fails with ``RangeReadTimeout``, which Spark retries
-  as any failed task: that includes a high watermark held below ``pos`` by a new leader
-  whose ISR is below min.insync.replicas (its log holds the records, and they become
-  readable once its replicas catch up). As in Spark's Kafka source, only offsets outside
-  the broker's log are data loss; a slow read is not.
+* No progress for ``poll_timeout_ms`` at ``pos``: if the metadata no longer lists the
+  partition, its topic was deleted and the rest of the range is lost (data loss as above: the
+  consumer would retry UNKNOWN_TOPIC_OR_PARTITION, and the offset lookups time out, for ever).
+  If the leader's log now ends at or below ``pos``, the rest of the range was truncated away
+  (data loss as above). Otherwise the records are still there and the read fails with
+  ``RangeReadTimeout``, which Spark retries as any failed task: that includes a high
+  watermark held below ``pos`` by a new leader whose ISR is below min.insync.replicas (its
+  log holds the records, and they become readable once its replicas catch up). As in Spark's
+  Kafka source, only offsets outside the broker's log are data loss; a slow read is not.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class RangeConsumer(Protocol):
     def beginning_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]: ...
     def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]: ...
     def log_end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]: ...
+    def partitions_for_topic(self, topic: str) -> set[int] | None: ...
 
 
 class TaskConsumer:
@@ -197,7 +200,11 @@ def _corrupt(consumer: RangeConsumer, tp: TopicPartition, r: OffsetRange, pos: i
 def _stalled(consumer: RangeConsumer, tp: TopicPartition, r: OffsetRange, pos: int, fail: bool,
              warn: Callable[[str], None], poll_timeout_ms: int) -> int:
     """No progress for pollTimeoutMs at ``pos`` (see the module's rules): data loss only when
-    the leader's log now ends at or below ``pos``; otherwise RangeReadTimeout."""
+    the leader's log now ends at or below ``pos`` or the partition is gone; otherwise
+    RangeReadTimeout."""
+    if r.partition not in (consumer.partitions_for_topic(r.topic) or ()):
+        _lost(r, pos, r.end, "the topic or partition no longer exists: deleted", fail, warn)
+        return r.end
     hw = consumer.end_offsets([tp])[tp]
     log_end = hw if hw > pos else consumer.log_end_offsets([tp])[tp]
     if log_end <= pos:

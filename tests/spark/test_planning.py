@@ -350,6 +350,7 @@ class ScriptedConsumer:
     def __init__(self, log_start: int, hw: int, batch: int = 7, events=None, gaps=()):
         self.log_start, self.hw, self.batch, self.events = log_start, hw, batch, dict(events or {})
         self.log_end = None  # the leader's log end offset when ahead of the high watermark
+        self.deleted = False  # the topic was deleted: fetches and offset lookups get nowhere
         self.pos = None
         self.polls = 0
         self.gaps = set(gaps)
@@ -365,7 +366,7 @@ class ScriptedConsumer:
         self.polls += 1
         if self.polls in self.events:
             self.events.pop(self.polls)(self)
-        if self.stopped:
+        if self.stopped or self.deleted:
             return []
         if self.pos < self.log_start or self.pos > self.hw:
             self.stopped = True
@@ -384,7 +385,12 @@ class ScriptedConsumer:
         return {tps[0]: self.log_start}
 
     def end_offsets(self, tps):
+        if self.deleted:
+            raise RequestTimedOut("end offsets: UNKNOWN_TOPIC_OR_PARTITION until the timeout")
         return {tps[0]: self.hw}
+
+    def partitions_for_topic(self, topic):
+        return None if self.deleted else {0}
 
     def log_end_offsets(self, tps):
         return {tps[0]: self.hw if self.log_end is None else self.log_end}
@@ -489,6 +495,28 @@ def test_a_high_watermark_held_below_the_range_is_a_timeout_not_data_loss():
             list(read_range(c, OffsetRange("t", 0, 0, 30), poll_timeout_ms=1000, clock=lambda: now[0],
                             fail_on_data_loss=fail, warn=warnings.append))
         assert warnings == []
+
+
+def test_a_topic_deleted_during_a_read_is_data_loss_not_a_timeout():
+    now = [0.0]
+
+    class Deleted(ScriptedConsumer):
+        def poll(self, timeout_ms=0, max_records=None):
+            now[0] += 0.5
+            return super().poll(timeout_ms, max_records)
+
+    def delete(c):
+        c.deleted = True
+
+    def read(**kw):
+        c = Deleted(0, 100, batch=5, events={2: delete})
+        return _offsets(read_range(c, OffsetRange("t", 0, 0, 30), poll_timeout_ms=1000, clock=lambda: now[0], **kw))
+
+    with pytest.raises(DataLossError, match=r"offsets \[10, 30\) of the planned range \[0, 30\).*deleted"):
+        read()
+    warnings = []
+    assert read(fail_on_data_loss=False, warn=warnings.append) == list(range(10))
+    assert "deleted" in warnings[0] and "skipping" in warnings[0]
 
 
 # -- the sink's sends -----------------------------------------------------------------------------
