@@ -180,12 +180,13 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest = latest
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         back = behind(begin, latest)
+        new = [tp for tp in latest if tp not in begin]
         log_end = self.view.log_end(back) if back else {}
-        earliest = self.view.earliest(back) if back else {}
+        earliest = self.view.earliest(back + new) if back or new else {}
         step = next_end(begin, latest, max_offsets=max_rows, target=self._target, log_end=log_end,
                         earliest=earliest)
         if self._target is None and self.opts.min_offsets_per_trigger is not None:
-            available = sum(step.end[tp] - step.begin[tp] for tp in step.end)
+            available = step.size
             now_ms = int(time.time() * 1000)
             if not admit(available, min_offsets=self.opts.min_offsets_per_trigger,
                          max_delay_ms=self.opts.max_trigger_delay_ms, now_ms=now_ms,

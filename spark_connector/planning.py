@@ -34,7 +34,9 @@ The rules the driver follows each trigger (``next_end``):
   was changed" and goes on;
 * ``ReadMaxRows`` (maxOffsetsPerTrigger) is shared among the partitions in proportion to
   what each has available, with the largest-remainder rule: a batch never spans more than
-  the limit, and every offset available is eventually admitted;
+  the limit, and every offset available is eventually admitted. A new partition's records
+  are counted from its log start (as Spark's rateLimit does), though its range starts at 0:
+  a log that starts far from 0 does not take the whole budget for its missing offsets;
 * under Trigger.AvailableNow the end never passes the target recorded when the trigger
   started, and partitions that appeared after it wait for the next run.
 
@@ -192,12 +194,14 @@ class Step:
     """What ``next_end`` decided: the batch's start with every partition at ``LATEST`` that
     it positioned (``begin``), its end, data loss (``lost``: a vanished partition, already
     dropped from both, or a partition whose log now ends below the query's position, whose
-    end goes back to its log start), and notes worth a warning."""
+    end goes back to its log start), notes worth a warning, and ``size``, the offsets it
+    admits from the logs (a new partition's offsets below its log start do not count)."""
 
     begin: Offsets
     end: Offsets
     lost: list[str]
     notes: list[str]
+    size: int = 0
 
 
 def behind(start: Mapping[TP, int], latest: Mapping[TP, int]) -> list[TP]:
@@ -213,13 +217,15 @@ def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: 
     holds the high watermark of every partition the query reads now; ``target`` is the
     AvailableNow target, ``max_offsets`` the ReadMaxRows limit. ``log_end`` and
     ``earliest`` hold the log end and log start offsets of the partitions ``behind``; one
-    missing from ``log_end`` is held."""
+    missing from ``log_end`` is held. ``earliest`` also holds the log start offsets of the
+    partitions new to the query (missing: 0)."""
     log_end, earliest = log_end or {}, earliest or {}
     lost = [f"topic {t!r} partition {p} (query at offset {start[(t, p)]}) no longer exists"
             for (t, p) in sorted(set(start) - set(latest), key=_key)]
     notes = []
     begin: Offsets = {}
     avail: dict[TP, int] = {}
+    base: Offsets = {}
     for tp in sorted(latest, key=_key):
         s = start.get(tp, 0)
         begin[tp] = s
@@ -249,11 +255,13 @@ def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: 
                         f"offset {restart}")
             begin[tp] = restart
             continue
+        if tp not in start:  # its records start at its log start: count its share from there
+            s = base[tp] = min(max(s, earliest.get(tp, 0)), hw)
         if hw > s:
             avail[tp] = hw - s
     grant = allocate(avail, max_offsets)
-    end = {tp: s + grant.get(tp, 0) for tp, s in begin.items()}
-    return Step(begin, end, lost, notes)
+    end = {tp: base.get(tp, s) + grant.get(tp, 0) for tp, s in begin.items()}
+    return Step(begin, end, lost, notes, sum(grant.values()))
 
 
 def admit(available: int, *, min_offsets: int | None, max_delay_ms: int, now_ms: int,

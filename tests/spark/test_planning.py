@@ -211,6 +211,18 @@ def test_next_end_respects_the_read_limit_and_the_available_now_target():
     assert step.end == {("t", 0): 200}
 
 
+def test_a_new_partition_shares_the_read_limit_from_its_log_start():
+    """A partition new to the query whose log starts at 9,999,000 has 100 records, not
+    9,999,100: it gets its share of maxOffsetsPerTrigger counted from its log start (the
+    offsets below it are reported lost when its range [0, end) is read)."""
+    start = {("t", 0): 100}
+    latest = {("t", 0): 200, ("t", 1): 9_999_100}
+    step = next_end(start, latest, max_offsets=100, earliest={("t", 1): 9_999_000})
+    assert step.end == {("t", 0): 150, ("t", 1): 9_999_050} and step.size == 100
+    assert plan_ranges(start, step.end) == [OffsetRange("t", 0, 100, 150), OffsetRange("t", 1, 0, 9_999_050)]
+    assert next_end(start, latest, earliest={("t", 1): 9_999_000}).end == latest
+
+
 def test_a_partition_at_latest_is_positioned_by_the_first_batch_that_sees_its_high_watermark():
     step = next_end({("t", 0): LATEST, ("t", 1): 10}, LATE)
     assert step.begin == {("t", 0): 50, ("t", 1): 10} and step.end == LATE
