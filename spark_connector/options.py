@@ -27,7 +27,7 @@ Names follow Spark's Kafka source and sink where the meaning is the same::
     fetchOffset.retryIntervalMs  the wait between them (default 10)
     groupId                  report progress as the group's committed offsets (one micro-batch
                              behind: Spark commits a batch to the source when it plans the next);
-                             kafka.group.id, Spark's name, is the same option
+                             Tidelog's own option: Spark's kafka.group.id is refused (REFUSED)
     topic                    sink: the default topic (overrides a topic column)
     kafka.<name>             an SDK client option by its Kafka name (kafka.request.timeout.ms)
 
@@ -79,7 +79,13 @@ class OptionError(ValueError):
 REFUSED = {
     "groupidprefix": "the tidelog source's consumers are assigned their partitions and use no consumer "
                      "group, so there is no generated group id to prefix; to see a query's progress as a "
-                     "group, name the group with groupId (or kafka.group.id)",
+                     "group, name the group with groupId",
+    # In Spark it only names the group its consumers present (group-based authorization); Spark
+    # never commits offsets to it. Taking it for groupId would write into a real group's offsets.
+    "kafka.group.id": "the tidelog source's consumers are assigned their partitions and use no consumer "
+                      "group, so there is no group id to present (Spark's Kafka source uses kafka.group.id "
+                      "only as its consumers' identity, and never commits offsets to it); to record a "
+                      "query's progress as a group's committed offsets, name that group with groupId",
 }
 
 _SOURCE_OPTIONS = {
@@ -89,7 +95,6 @@ _SOURCE_OPTIONS = {
     "maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay", "minpartitions",
     "maxrecordsperpartition", "failondataloss", "includeheaders", "polltimeoutms",
     "kafkaconsumer.polltimeoutms", "fetchoffset.numretries", "fetchoffset.retryintervalms", "groupid",
-    "kafka.group.id",
 }
 # Spark reads a streaming sink's checkpoint from its options, and writes its query name there
 _SINK_OPTIONS = {"bootstrap.servers", "kafka.bootstrap.servers", "topic", "checkpointlocation", "queryname"}
@@ -113,7 +118,7 @@ def _refuse_unknown(options: Mapping[str, str], known: set[str], role: str) -> N
         name = key.lower()
         if name in REFUSED:
             raise OptionError(f"option {key} is not supported by the tidelog {role}: {REFUSED[name]}")
-        if name in known or (name.startswith("kafka.") and name != "kafka.group.id"):
+        if name in known or name.startswith("kafka."):
             continue  # kafka.* options are checked against the client's options
         if name in ("path", "paths"):
             raise OptionError(f"the tidelog {role} takes no path (got option {key}={options[key]!r}): "
@@ -331,7 +336,7 @@ def _client_options(options: Mapping[str, str], config_types: tuple[type, ...], 
     out: dict[str, Any] = {}
     security: dict[str, str] = {}  # Kafka's Java names, as Spark's Kafka connector passes them on
     for key, raw in options.items():
-        if not key.lower().startswith("kafka.") or key.lower() in ("kafka.bootstrap.servers", "kafka.group.id"):
+        if not key.lower().startswith("kafka.") or key.lower() == "kafka.bootstrap.servers":
             continue
         if SecurityConfig.knows(key[6:].strip().lower()):
             security[key[6:].strip().lower()] = raw
@@ -400,11 +405,6 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool | None) 
                 raise OptionError(f"option {name} names partitions that are not assigned: {extra}")
     poll = _int(options, "pollTimeoutMs", minimum=1) or _int(options, "kafkaConsumer.pollTimeoutMs", minimum=1)
     group = _get(options, "groupId")
-    spark_group = _get(options, "kafka.group.id")
-    if group is not None and spark_group is not None and group.strip() != spark_group.strip():
-        raise OptionError(f"options groupId ({group!r}) and kafka.group.id ({spark_group!r}) name the same "
-                          "setting: give one")
-    group = group if group is not None else spark_group
     max_offsets = _int(options, "maxOffsetsPerTrigger", minimum=1)
     min_offsets = _int(options, "minOffsetsPerTrigger", minimum=1)
     if min_offsets is not None and max_offsets is not None and min_offsets > max_offsets:

@@ -68,9 +68,7 @@ SPARK_KAFKA_OPTIONS: dict[str, tuple[str, str, list[str] | str]] = {
                                       "test_connector::test_min_partitions_splits_ranges_in_a_batch_read"]),
     "maxRecordsPerPartition": ("100", "source", ["test_options::test_max_records_per_partition_caps_every_range"]),
     "groupIdPrefix": ("spark-kafka-source", "source", "refused"),
-    "kafka.group.id": ("g", "source", ["test_options::test_kafka_group_id_is_the_group_id_option",
-                                       "test_connector::test_group_id_shows_the_query_progress_as_the_group_"
-                                       "committed_offsets"]),
+    "kafka.group.id": ("g", "source", "refused"),
     "includeHeaders": ("true", "source", ["test_connector::test_sink_round_trip_with_keys_and_headers"]),
     "startingOffsetsByTimestampStrategy": ("latest", "source",
                                            ["test_planning::test_resolve_starting_by_timestamp"]),
@@ -130,7 +128,6 @@ def test_refused_options_say_why():
     ({**SUB, "path": "/x"}, "source", "takes no path"),
     ({**B, "topic": "t", "startingOffsets": "earliest"}, "sink", "it is a source option"),
     ({**B, "topic": "t", "includeHeaders": "true"}, "sink", "it is a source option"),
-    ({**B, "topic": "t", "kafka.group.id": "g"}, "sink", "it is a source option"),
     ({**B, "topic": "t", "path": "/x"}, "sink", "takes no path"),
     ({**B, "topic": "t", "kafka.no.such": "1"}, "sink", "unknown producer option 'kafka.no.such'"),
 ])
@@ -161,11 +158,16 @@ def test_poll_timeout_by_either_name():
     assert parse_source_options({**SUB, "pollTimeoutMs": "7000"}, streaming=True).poll_timeout_ms == 7000
 
 
-def test_kafka_group_id_is_the_group_id_option():
-    assert parse_source_options({**SUB, "kafka.group.id": "g"}, streaming=True).group_id == "g"
-    assert parse_source_options({**SUB, "groupId": "g", "kafka.group.id": "g"}, streaming=True).group_id == "g"
-    with pytest.raises(OptionError, match="same setting"):
-        parse_source_options({**SUB, "groupId": "g", "kafka.group.id": "h"}, streaming=True)
+def test_only_group_id_commits_and_kafka_group_id_is_refused():
+    """In Spark, kafka.group.id is only the group id the consumers present: Spark never
+    commits offsets to it. Taking it for groupId wrote the query's progress into a real
+    consumer group's offsets; the tidelog source has no use for it, so it is refused."""
+    assert parse_source_options({**SUB, "groupId": "g"}, streaming=True).group_id == "g"
+    for options in ({**SUB, "kafka.group.id": "g"}, {**SUB, "groupId": "g", "kafka.group.id": "g"}):
+        with pytest.raises(OptionError, match="kafka.group.id is not supported.*never commits.*groupId"):
+            parse_source_options(options, streaming=True)
+    with pytest.raises(OptionError, match="kafka.group.id is not supported by the tidelog sink"):
+        parse_sink_options({**B, "topic": "t", "kafka.group.id": "g"})
 
 
 # -- ending timestamps (batch) --------------------------------------------------------------------
