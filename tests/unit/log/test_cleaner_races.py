@@ -26,6 +26,13 @@ def clean_groups(job) -> None:
         job.swap(group, job.clean_group(group))
 
 
+def fill_rounds(env, prefix: str, rounds: int = 3) -> None:
+    """``rounds`` segments of ``fill``, each rolled."""
+    for round_ in range(rounds):
+        fill(env, f"{prefix}{round_}-")
+        env.roll()
+
+
 def test_a_truncation_during_a_cleaning_abandons_it_and_loses_no_latest_record(tmp_path):
     env = Env(tmp_path, EAGER)
     env.append((b"k", b"old"))  # offset 0: k's latest record once the tail below is truncated
@@ -56,9 +63,7 @@ def test_a_truncation_during_a_cleaning_abandons_it_and_loses_no_latest_record(t
 
 def test_a_topic_deleted_and_created_again_during_a_cleaning_keeps_the_new_topics_data(tmp_path):
     env = Env(tmp_path, EAGER)
-    for round_ in range(3):
-        fill(env, f"r{round_}-")
-        env.roll()
+    fill_rounds(env, "r")
     job = env.cleaner.grab_filthiest_log()
     job.build_offset_map()
     groups = job.groups()
@@ -82,9 +87,7 @@ def test_a_topic_deleted_and_created_again_during_a_cleaning_keeps_the_new_topic
 
 def test_a_log_closed_during_a_cleaning_is_not_swapped(tmp_path):
     env = Env(tmp_path, EAGER)
-    for round_ in range(3):
-        fill(env, f"r{round_}-")
-        env.roll()
+    fill_rounds(env, "r")
     job = env.cleaner.grab_filthiest_log()
     env.manager.shutdown()  # the broker stops while the worker thread is busy
     with pytest.raises(CleaningAborted):
@@ -116,9 +119,7 @@ def test_a_full_offset_map_stays_within_the_dedupe_buffer():
 
 def test_a_topic_created_again_does_not_inherit_the_deleted_ones_cleaner_checkpoint(tmp_path):
     env = Env(tmp_path, EAGER)
-    for round_ in range(3):
-        fill(env, f"r{round_}-")
-        env.roll()
+    fill_rounds(env, "r")
     assert env.clean() is not None  # the checkpoint is now 45
     env.manager.delete_log(TP)
     env.log = env.manager.get_or_create_log(TP, EAGER)
@@ -158,9 +159,7 @@ def test_a_failure_of_a_log_deleted_during_its_cleaning_is_an_abort(tmp_path):
     # the deletion renames the directory under the worker thread: its step fails with
     # FileNotFoundError, not CleaningAborted; the new topic of the name is cleaned as usual
     env = Env(tmp_path, EAGER)
-    for round_ in range(3):
-        fill(env, f"r{round_}-")
-        env.roll()
+    fill_rounds(env, "r")
     job = env.cleaner.grab_filthiest_log()
     job.build_offset_map()
     env.manager.delete_log(TP)
@@ -168,17 +167,13 @@ def test_a_failure_of_a_log_deleted_during_its_cleaning_is_an_abort(tmp_path):
     assert not env.cleaner.uncleanable
     env.log = env.manager.get_or_create_log(TP, EAGER)
     env.expected = {}
-    for round_ in range(3):
-        fill(env, f"new{round_}-")
-        env.roll()
+    fill_rounds(env, "new")
     assert env.clean() is not None
 
 
 def test_an_uncleanable_partition_deleted_and_created_again_is_cleaned(tmp_path):
     env = Env(tmp_path, EAGER)
-    for round_ in range(3):
-        fill(env, f"r{round_}-")
-        env.roll()
+    fill_rounds(env, "r")
     job = env.cleaner.grab_filthiest_log()
     env.cleaner.abandon(job, ValueError("a segment the cleaner cannot read"))
     assert TP in env.cleaner.uncleanable
@@ -186,9 +181,7 @@ def test_an_uncleanable_partition_deleted_and_created_again_is_cleaned(tmp_path)
     env.manager.delete_log(TP)
     env.log = env.manager.get_or_create_log(TP, EAGER)
     env.expected = {}
-    for round_ in range(3):
-        fill(env, f"new{round_}-")
-        env.roll()
+    fill_rounds(env, "new")
     assert env.clean() is not None
     assert not env.cleaner.uncleanable
     env.check_records_are_appended_ones()
