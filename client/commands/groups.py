@@ -156,10 +156,11 @@ def _state_lines(d: Any) -> list[str]:
 def _delete(args: argparse.Namespace) -> int:
     check_cluster(args)
     with _admin(args) as admin:
+        # all checked first: a missing name must not leave the groups before it deleted
+        missing = [d.group_id for d in admin.describe_groups(list(args.groups)) if d.state == "Dead"]
+        if missing:
+            raise CommandError(f"group(s) {', '.join(map(repr, missing))} do not exist: nothing was deleted")
         for name in args.groups:
-            (d,) = admin.describe_groups([name])
-            if d.state == "Dead":
-                raise CommandError(f"group '{name}' does not exist")
             admin.delete_groups([name])
             print(f"Deletion of requested consumer group '{name}' was successful.")
     return EXIT_OK
@@ -225,8 +226,10 @@ def reset_plan(tps: Sequence[Any], args: argparse.Namespace, committed: dict, ea
         elif args.to_offset is not None:
             target = args.to_offset
         elif args.shift_by is not None:
-            base = committed.get(tp)
-            target = (lo if base is None else base) + args.shift_by
+            if tp not in committed:  # Kafka's rule: nothing to shift from
+                raise CommandError(f"cannot shift the offset of {tp.topic}-{tp.partition}: the group has no "
+                                   "committed offset there (use --to-earliest, --to-latest or --to-offset)")
+            target = committed[tp] + args.shift_by
         else:
             found = at_time[tp]
             target = hi if found < 0 else found

@@ -158,6 +158,10 @@ async def _list(args: argparse.Namespace) -> int:
 async def _delete(args: argparse.Namespace) -> int:
     async with _admin_session(args) as admin:
         await _connect(admin, args)
+        # all or nothing, as kafka-topics --delete: a typo must not leave the others deleted
+        missing = sorted(set(args.names) - set(await admin.list_topics(timeout_ms=args.timeout_ms)))
+        if missing:
+            raise CommandError(f"topic(s) {', '.join(map(repr, missing))} do not exist: nothing was deleted")
         await admin.delete_topics(args.names, timeout_ms=args.timeout_ms)
     for name in args.names:
         print(f"Deleted topic {name}.")
@@ -225,8 +229,18 @@ async def _topic_configs(admin: Any, args: argparse.Namespace, names: list[str]
 
     configs: dict[str, tuple[dict[str, str], int]] = {}
 
+    from tidelog.protocol.errors import TidelogError
+
+    limit = trio.CapacityLimiter(16)  # a cluster of 10,000 topics: not 10,000 requests at once
+
     async def one(name: str) -> None:
-        entries = await admin.describe_configs(name, timeout_ms=args.timeout_ms)
+        try:
+            async with limit:
+                entries = await admin.describe_configs(name, timeout_ms=args.timeout_ms)
+        except TidelogError as e:  # not authorized, deleted meanwhile: the rest is still shown
+            print(f"WARNING: cannot read the configs of topic {name!r}: {e}", file=sys.stderr)
+            configs[name] = ({}, 1)
+            return
         min_isr = entries.get("min.insync.replicas")
         configs[name] = ({k: e.value for k, e in entries.items() if not e.is_default},
                          int(min_isr.value) if min_isr is not None and str(min_isr.value).isdigit() else 1)
@@ -334,6 +348,8 @@ async def _elect_leaders(args: argparse.Namespace) -> int:
     from tidelog.protocol.errors import ELECTION_NOT_NEEDED, NONE, for_code
     from tidelog.records import TopicPartition
 
+    if args.partition is not None and not args.names:  # else every partition would be elected
+        raise UsageError("--partition needs the topic names it applies to")
     async with _admin_session(args) as admin:
         await _connect(admin, args)
         partitions = None
@@ -341,6 +357,8 @@ async def _elect_leaders(args: argparse.Namespace) -> int:
             descriptions = await admin.describe_topics(args.names, timeout_ms=args.timeout_ms)
             partitions = [TopicPartition(d.name, p.partition) for d in descriptions for p in d.partitions
                           if args.partition is None or p.partition == args.partition]
+            if not partitions:
+                raise CommandError(f"partition {args.partition} does not exist in {', '.join(args.names)}")
         results = await admin.elect_leaders(partitions, timeout_ms=args.timeout_ms)
     failed = 0
     for tp, (code, message) in sorted(results.items()):

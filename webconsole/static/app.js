@@ -13,6 +13,11 @@ const charts = new Map();  // element id -> uPlot
 function esc(v) {
   return String(v ?? "").replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 }
+// a record's timestamp is any int64: one a Date cannot hold (nanoseconds, say) shows as a number
+function timestamp(ms) {
+  const d = new Date(ms);
+  return Number.isFinite(d.getTime()) ? d.toISOString() : esc(ms);
+}
 function num(v) { return v === null || v === undefined || v < 0 ? "–" : Number(v).toLocaleString("en-US"); }
 function rate(v) { return v === null || v === undefined ? "–" : (v < 10 ? v.toFixed(1) : Math.round(v).toLocaleString("en-US")); }
 function bytes(v) {
@@ -293,7 +298,7 @@ function recordsHtml(a, as) {
       (records above it are not shown); ${a.records.length} records from offset ${num(a.from_offset)}</p>
     <table data-role="records"><thead><tr><th class="num">Offset</th><th>Timestamp</th><th>Key</th><th>Value</th><th>Headers</th></tr></thead><tbody>
     ${a.records.map(r => `<tr data-offset="${r.offset}"><td class="num">${r.offset}</td>
-      <td>${new Date(r.timestamp).toISOString()}<br><span class="muted">${r.timestamp_type ? "log append" : "create"} time</span></td>
+      <td>${timestamp(r.timestamp)}<br><span class="muted">${r.timestamp_type ? "log append" : "create"} time</span></td>
       <td>${payload(r.key, as === "json" ? "text" : as)}</td><td>${payload(r.value, as)}</td>
       <td>${r.headers.map(h => `${esc(h.key)}: ${payload(h.value, as === "json" ? "text" : as)}`).join("")}</td></tr>`).join("")}
     </tbody></table>`;

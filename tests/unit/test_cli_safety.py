@@ -1,0 +1,120 @@
+"""The admin commands never do more than they were asked: a partition named without its
+topic is a usage error (not an election of every partition), a deletion naming one missing
+topic or group deletes nothing, a shift of a partition without a committed offset is refused
+(kafka-consumer-groups' rule), and one topic whose configs cannot be read does not end
+``topics describe`` with a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import types
+
+import pytest
+
+from tidelog.broker.cli import EXIT_USAGE, main
+from tidelog.commands import groups, topics
+from tidelog.commands.common import CommandError
+from tidelog.protocol.errors import TOPIC_AUTHORIZATION_FAILED, TidelogError
+from tidelog.records import TopicPartition
+
+
+def test_a_partition_without_its_topic_is_a_usage_error(capsys):
+    assert main(["topics", "elect-leaders", "--partition", "0", "--bootstrap", "127.0.0.1:9"]) == EXIT_USAGE
+    assert "--partition needs the topic names" in capsys.readouterr().err
+
+
+class FakeTopicsAdmin:
+    def __init__(self, topics_=("orders",)):
+        self.topics, self.deleted, self.elected = list(topics_), [], []
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    async def describe_cluster(self, timeout_ms=None):
+        return types.SimpleNamespace(brokers=[])
+
+    async def list_topics(self, timeout_ms=None):
+        return self.topics
+
+    async def delete_topics(self, names, timeout_ms=None):
+        self.deleted += names
+
+    async def describe_topics(self, names, timeout_ms=None):
+        return [types.SimpleNamespace(name=n, partitions=[types.SimpleNamespace(partition=0)]) for n in names]
+
+    async def elect_leaders(self, partitions, timeout_ms=None):
+        self.elected.append(partitions)
+        return {}
+
+    async def describe_configs(self, name, timeout_ms=None):
+        if name == "secret":
+            raise TidelogError("not allowed", error=TOPIC_AUTHORIZATION_FAILED)
+        return {}
+
+
+def args_for(**kw) -> argparse.Namespace:
+    return argparse.Namespace(bootstrap="127.0.0.1:9", timeout_ms=1000, connect_timeout_ms=1000, **kw)
+
+
+def test_deleting_a_missing_topic_with_others_deletes_nothing(monkeypatch):
+    import trio
+
+    fake = FakeTopicsAdmin()
+    monkeypatch.setattr(topics, "_admin_session", lambda args: fake)
+    with pytest.raises(CommandError, match="'ordrs'.*nothing was deleted"):
+        trio.run(topics._delete, args_for(names=["orders", "ordrs"]))
+    assert fake.deleted == []
+
+
+def test_electing_a_partition_that_does_not_exist_is_an_error(monkeypatch):
+    import trio
+
+    fake = FakeTopicsAdmin()
+    monkeypatch.setattr(topics, "_admin_session", lambda args: fake)
+    with pytest.raises(CommandError, match="partition 7 does not exist"):
+        trio.run(topics._elect_leaders, args_for(names=["orders"], partition=7))
+    assert fake.elected == []
+
+
+def test_a_topic_whose_configs_cannot_be_read_still_leaves_the_others(capsys):
+    import trio
+
+    async def read():
+        return await topics._topic_configs(FakeTopicsAdmin(), args_for(), ["orders", "secret"])
+
+    assert trio.run(read) == {"orders": ({}, 1), "secret": ({}, 1)}
+    assert "cannot read the configs of topic 'secret'" in capsys.readouterr().err
+
+
+def test_deleting_groups_with_one_missing_deletes_none(monkeypatch):
+    deleted = []
+
+    class FakeAdmin:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def describe_groups(self, names):
+            return [types.SimpleNamespace(group_id=n, state="Dead" if n == "gone" else "Empty") for n in names]
+
+        def delete_groups(self, names):
+            deleted.extend(names)
+
+    monkeypatch.setattr(groups, "_admin", lambda args: FakeAdmin())
+    monkeypatch.setattr(groups, "check_cluster", lambda args: None)
+    with pytest.raises(CommandError, match="'gone'.*nothing was deleted"):
+        groups._delete(argparse.Namespace(groups=["a", "gone", "b"]))
+    assert deleted == []
+
+
+def test_a_shift_needs_a_committed_offset():
+    tp = TopicPartition("orders", 0)
+    args = argparse.Namespace(to_earliest=False, to_latest=False, to_offset=None, shift_by=100)
+    with pytest.raises(CommandError, match="orders-0: the group has no committed offset"):
+        groups.reset_plan([tp], args, {}, {tp: 0}, {tp: 500}, None)
+    assert groups.reset_plan([tp], args, {tp: 10}, {tp: 0}, {tp: 500}, None) == {tp: 110}
