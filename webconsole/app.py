@@ -515,20 +515,20 @@ async def reset_group(c: Clients, r: Request) -> dict:
     to = body.get("to")
     if to not in ("earliest", "latest", "offset"):
         raise BadRequest("to must be 'earliest', 'latest' or 'offset'")
-    current = await c.admin.list_group_offsets(gid, timeout_ms=10000)
-    tps = [o.partition for o in current]
+    target = _int_field(body, "offset", maximum=(1 << 62)) if to == "offset" else None
     topic_name = body.get("topic")
-    if topic_name:
-        tps = [tp for tp in tps if tp.topic == topic_name]
-    if not tps:
-        raise BadRequest(f"group {gid!r} has no committed offsets{f' for topic {topic_name!r}' if topic_name else ''}")
-    if to == "offset":
-        target = _int_field(body, "offset", maximum=(1 << 62))
-        offsets = {tp: target for tp in tps}
+    if topic_name:  # every partition of the topic, as kafka-consumer-groups --topic
+        (described,) = await c.admin.describe_topics([topic_name], timeout_ms=10000)
+        tps = [TopicPartition(topic_name, p.partition) for p in described.partitions]
     else:
-        spec = -2 if to == "earliest" else -1
-        found = await c.admin.list_offsets({tp: spec for tp in tps}, timeout_ms=10000)
-        offsets = {tp: found[tp][0] for tp in tps}
+        tps = [o.partition for o in await c.admin.list_group_offsets(gid, timeout_ms=10000)]
+    if not tps:
+        raise BadRequest(f"group {gid!r} has no committed offsets")
+    earliest = await c.admin.list_offsets({tp: -2 for tp in tps}, timeout_ms=10000)
+    latest = await c.admin.list_offsets({tp: -1 for tp in tps}, timeout_ms=10000)
+    # clamped into what each partition holds, as kafka-consumer-groups does
+    offsets = {tp: min(max(earliest[tp][0] if to == "earliest" else latest[tp][0] if to == "latest" else target,
+                           earliest[tp][0]), latest[tp][0]) for tp in tps}
     await c.admin.alter_group_offsets(gid, offsets, timeout_ms=30000)
     await c.watch.poll_once()
     return {"group": gid, "offsets": {f"{tp.topic}-{tp.partition}": o for tp, o in sorted(offsets.items())}}

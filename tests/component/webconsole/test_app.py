@@ -150,3 +150,37 @@ async def test_with_a_login_the_console_answers_to_any_name():
     auth = {"Authorization": "Basic " + base64.b64encode(b"ops:secret").decode()}
     assert (await call(app, "GET", "/api/overview", None, {"Host": "console.example.com", **auth}))[0] == 200
     assert (await call(app, "POST", "/api/topics", {"name": "x"}, {"Content-Type": "text/plain", **auth}))[0] == 415
+
+
+async def test_a_reset_covers_the_whole_topic_and_is_clamped_to_what_it_holds():
+    """kafka-consumer-groups' rules from the page: ``--topic`` resets every partition of the
+    topic (one the group never committed too), and a target past a partition's end (or
+    before its start) is clamped into it: an offset beyond the log would only make the
+    consumer reset by auto.offset.reset."""
+    from tidelog.aio.admin import PartitionInfo, TopicDescription
+    from tidelog.records import TopicPartition
+
+    altered = []
+
+    class Resettable(Admin):
+        async def describe_topics(self, names=None, timeout_ms=None):
+            if names is None:
+                return await super().describe_topics()
+            return [TopicDescription("orders", [PartitionInfo("orders", p, 1, 0, (1,), (1,)) for p in (0, 1)])]
+
+        async def list_offsets(self, specs, timeout_ms=None):
+            return {tp: ((10 if spec == -2 else 500), -1) for tp, spec in specs.items()}
+
+        async def alter_group_offsets(self, group_id, offsets, timeout_ms=None):
+            altered.append(dict(offsets))
+
+    admin = Resettable()
+    watch = ClusterWatch(admin, interval_s=1, window_s=60)
+    await watch.poll_once()
+    app = build_app(Clients(admin, None, lambda: None, watch, Permissions(OPEN, "User:ANONYMOUS"), 1000, "test", None))
+    status, body = await call(app, "POST", "/api/groups/billing/reset", {"to": "offset", "offset": 5000,
+                                                                         "topic": "orders"})
+    assert status == 200, body
+    assert altered == [{TopicPartition("orders", 0): 500, TopicPartition("orders", 1): 500}]
+    await call(app, "POST", "/api/groups/billing/reset", {"to": "offset", "offset": 3, "topic": "orders"})
+    assert altered[-1] == {TopicPartition("orders", 0): 10, TopicPartition("orders", 1): 10}
