@@ -135,13 +135,13 @@ def test_a_record_produced_from_the_page_shows_in_the_message_browser(console, b
 def test_a_record_with_a_timestamp_no_date_can_hold_still_shows(console, browser, admin, cluster_3):
     """A CreateTime in nanoseconds is a valid int64 but no JavaScript Date: the browser shows
     it as a number, and the other records on the page with it."""
-    admin.create_topics([NewTopic("nanos", num_partitions=1, replication_factor=3)])
+    admin.create_topics([NewTopic("nanos", num_partitions=1, replication_factor=3,  # future stamps allowed
+                                  config={"message.timestamp.after.max.ms": str((1 << 63) - 1)})])
     wait_until(lambda: [t["name"] for t in console.get("/api/topics?q=nanos").get("items", [])] == ["nanos"],
                30, "the console sees topic nanos")
     with Producer(cluster_3.bootstrap) as producer:
-        producer.send("nanos", b"late", partition=0, timestamp_ms=1_700_000_000_000_000_000)
-        producer.send("nanos", b"usual", partition=0, timestamp_ms=1_700_000_000_000)
-        producer.flush()
+        producer.send("nanos", b"late", partition=0, timestamp_ms=1_700_000_000_000_000_000).get(30)
+        producer.send("nanos", b"usual", partition=0, timestamp_ms=1_700_000_000_000).get(30)
     page = open_page(browser, console, "/topic/nanos/messages")
     first = page.wait_for_selector('[data-role=records] tr[data-offset="0"]').inner_text()
     second = page.wait_for_selector('[data-role=records] tr[data-offset="1"]').inner_text()
