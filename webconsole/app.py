@@ -336,6 +336,7 @@ async def group(c: Clients, r: Request) -> dict:
         raise BadRequest(f"no consumer group {gid[:100]!r} in the cluster")
     d = st.description
     owner = {tp: m.member_id for m in (d.members if d else ()) for tp in m.assignment}
+    committed = {o.partition for o in st.offsets}
     return {"group": gid, "state": d.state if d else None, "assignor": d.assignor if d else None,
             "generation": d.generation if d else None, "coordinator": d.coordinator if d else None,
             "members": [{"member_id": m.member_id, "client_id": m.client_id, "host": m.host,
@@ -344,7 +345,11 @@ async def group(c: Clients, r: Request) -> dict:
                         for m in (d.members if d else ())],
             "offsets": [{"topic": o.partition.topic, "partition": o.partition.partition, "committed": o.committed,
                          "end": o.log_end_offset, "lag": o.lag, "owner": owner.get(o.partition)}
-                        for o in st.offsets],
+                        for o in st.offsets]
+            # an assigned partition with no commit yet shows too, its figures unknown (as the CLI)
+            + [{"topic": tp.topic, "partition": tp.partition, "committed": None, "end": None, "lag": None,
+                "owner": member} for tp, member in sorted(owner.items())
+               if tp not in committed],
             "lag": st.lag, "lag_history": c.watch.group_lag.points(gid), "error": st.error,
             "can_reset": c.permissions.can("READ", "GROUP", gid)}
 

@@ -43,8 +43,16 @@ class GroupState:
 
     @property
     def lag(self) -> int | None:
-        lags = [o.lag for o in self.offsets if o.lag is not None]
-        return sum(lags) if lags else (0 if self.offsets == [] and self.error is None else None)
+        """The total lag; None when any part of it is unknown (a partition's end not read, or
+        one assigned to a member with no committed offset yet), never a partial sum: 0 would
+        read as caught up."""
+        if self.error is not None or any(o.lag is None for o in self.offsets):
+            return None
+        committed = {o.partition for o in self.offsets}
+        members = self.description.members if self.description is not None else ()
+        if any(tp not in committed for m in members for tp in m.assignment):
+            return None
+        return sum(o.lag for o in self.offsets)
 
 
 @dataclass

@@ -113,3 +113,21 @@ async def test_no_failure_of_the_cluster_stops_the_watch():
     admin.describe_cluster = broken
     await watch.poll_once()
     assert "no broker" in watch.error and watch.snapshot is not None  # the last snapshot stays
+
+
+def test_a_groups_lag_is_unknown_rather_than_a_partial_sum():
+    """0 reads as caught up: a group consuming a backlog before its first commit, or one of
+    whose partitions' end could not be read, shows no total lag instead."""
+    from tidelog.aio.admin import MemberDescription
+    from tidelog.webconsole.watch import GroupState
+
+    one, two = TopicPartition("orders", 0), TopicPartition("orders", 1)
+    member = MemberDescription("m", None, "app", "h", (one, two))
+    stable = ConsumerGroupDescription("billing", "Stable", "consumer", "range", 3, "m", 1, (member,))
+    assert GroupState(stable, []).lag is None  # consuming, nothing committed yet
+    assert GroupState(stable, [GroupOffsets(one, 5, 10, 5)]).lag is None  # partition 1 unknown
+    assert GroupState(stable, [GroupOffsets(one, 5, 10, 5), GroupOffsets(two, 1, None, None)]).lag is None
+    assert GroupState(stable, [GroupOffsets(one, 5, 10, 5), GroupOffsets(two, 1, 3, 2)]).lag == 7
+    empty = ConsumerGroupDescription("idle", "Empty", "consumer", "", 3, "", 1, ())
+    assert GroupState(empty, []).lag == 0 and GroupState(empty, [GroupOffsets(one, 10, 10, 0)]).lag == 0
+    assert GroupState(empty, [], error="not authorized").lag is None
