@@ -268,7 +268,7 @@ async def topics(c: Clients, r: Request) -> dict:
                 "messages_in": _last(c.watch.topic_in.points(name)),
                 "messages_out": _last(c.watch.topic_out.points(name)), "internal": t.is_internal,
                 "can_delete": c.permissions.can("DELETE", "TOPIC", name)}
-    return shown.to_json(row) | {"can_create": c.permissions.can("CREATE", "CLUSTER", "kafka-cluster")}
+    return shown.to_json(row) | {"can_create": c.permissions.can_create_topics()}
 
 
 def _last(points: list) -> float | None:

@@ -73,6 +73,17 @@ class Permissions:
             return True
         return self._allowed(op, rtype, name)
 
+    def can_create_topics(self) -> bool:
+        """Whether some topic may be created (the Create button): Create on the cluster, or
+        an Allow of it on some topics (the name typed is checked when it is sent)."""
+        if self.mode != ACLS:
+            return self.mode == OPEN
+        if self.can("CREATE", "CLUSTER", CLUSTER_NAME):
+            return True
+        return any(b.restype == ResourceType.TOPIC and b.permission_type == AclPermissionType.ALLOW
+                   and b.operation in (AclOperation.CREATE, AclOperation.ALL) and b.host == "*"
+                   for b in self.bindings)
+
     def _allowed(self, op: AclOperation, rtype: ResourceType, name: str) -> bool:
         applying = [b for b in self.bindings if b.restype == rtype and _covers(b, name)]
         granting = {op, AclOperation.ALL} | _IMPLIES.get(op, set())
@@ -84,7 +95,7 @@ class Permissions:
 
     def summary(self) -> dict:
         return {"mode": self.mode, "principal": self.principal, "reason": self.reason,
-                "can_create_topics": self.can("CREATE", "CLUSTER", CLUSTER_NAME) or self.mode == OPEN}
+                "can_create_topics": self.can_create_topics()}
 
 
 def _covers(b: AclBinding, name: str) -> bool:

@@ -145,6 +145,11 @@ def test_actions_are_offered_only_where_the_acls_allow_them():
     assert p.can("READ", "GROUP", "g") and not p.can("READ", "GROUP", "h")
     assert Permissions.from_bindings(ALICE, [acl("kafka-cluster", "CREATE", restype="CLUSTER")]).can(
         "CREATE", "TOPIC", "new")
+    # the Create button: a prefixed Create on topics is enough to offer it (the name is checked)
+    prefixed = Permissions.from_bindings(ALICE, [acl("team-", "CREATE", pattern="PREFIXED")])
+    assert prefixed.can_create_topics() and prefixed.can("CREATE", "TOPIC", "team-x")
+    assert not prefixed.can("CREATE", "TOPIC", "other") and p.can_create_topics()  # p: All on pay-*
+    assert not Permissions.from_bindings(ALICE, [acl("orders", "READ")]).can_create_topics()
 
 
 def test_a_principal_no_acl_names_is_a_super_user_and_unreadable_acls_offer_no_action():
