@@ -48,6 +48,7 @@ from tidelog.protocol.errors import (
     TidelogError,
     error_for,
     for_code,
+    is_error_body,
 )
 
 __all__ = [
@@ -100,9 +101,6 @@ class SslAuthenticationError(AuthenticationFailedError):
     host, or the broker refused the client's certificate."""
 
 
-_ERROR_BODY_FIELDS = frozenset({"error_code", "error_message", "throttle_time_ms"})
-
-
 def decode_response(response_type: type, body: Any) -> Any:
     """``response_type.from_body(body)``; a body that is a whole-request error (what a broker
     answers a request it refused outright: only ``error_code`` and ``error_message``, and the
@@ -111,7 +109,7 @@ def decode_response(response_type: type, body: Any) -> Any:
     try:
         return response_type.from_body(body)
     except InvalidRequestError:
-        if isinstance(body, dict) and body.get("error_code") and body.keys() <= _ERROR_BODY_FIELDS:
+        if is_error_body(body) and body["error_code"]:
             code, message = body["error_code"], body.get("error_message")
             if code == SASL_AUTHENTICATION_FAILED.code:
                 raise SaslAuthenticationError(message) from None

@@ -202,6 +202,15 @@ def error_body(error: ErrorCode, message: str | None = None) -> dict[str, Any]:
     return {"error_code": error.code, "error_message": message or error.message}
 
 
+# an error body's fields: the error, and the throttle a quota adds to any answer
+_ERROR_BODY_FIELDS = frozenset({"error_code", "error_message", "throttle_time_ms"})
+
+
+def is_error_body(body: Any) -> bool:
+    """Whether ``body`` is a whole-request error (``error_body``, maybe throttled)."""
+    return isinstance(body, dict) and "error_code" in body and body.keys() <= _ERROR_BODY_FIELDS
+
+
 def error_for(code: int, message: str | None = None) -> TidelogError:
     """The exception the client raises for a code received from a broker."""
     err = for_code(code)

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import UNSUPPORTED_COMPRESSION_TYPE, CorruptRecordError
+from tidelog.protocol.errors import UNSUPPORTED_COMPRESSION_TYPE, CorruptRecordError, is_error_body
 from tidelog.protocol.kafka.records import TranslationBudget, to_kafka, to_stored
 from tidelog.protocol.messages import fetch_answer_parts
 from tidelog.protocol.records import MAGIC, Codec, holds_codec, iter_headers, kafka_batch
@@ -312,14 +312,6 @@ def error_response(key: int, request: Body, error: Body) -> Body:
     if "throttle_time_ms" in error:
         body["throttle_time_ms"] = error["throttle_time_ms"]
     return body
-
-
-# an error body's fields: the error, and the throttle a quota adds to any answer
-_ERROR_BODY_FIELDS = frozenset({"error_code", "error_message", "throttle_time_ms"})
-
-
-def is_error_body(body: Body) -> bool:
-    return "error_code" in body and body.keys() <= _ERROR_BODY_FIELDS
 
 
 def answers_as_error(key: int, version: int, body: Body) -> bool:
