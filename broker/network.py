@@ -490,7 +490,7 @@ class _Connection:
         self._auth: ServerAuthenticator | None = None  # None: nothing to authenticate (or done)
         if security.protocol.uses_sasl:
             self._auth = ServerAuthenticator(security.sasl_mechanisms, security.credentials,
-                                             *([security.usual_iterations] if security.usual_iterations else []))
+                                             security.usual_iterations)
             self._conn.max_frame_bytes = min(server.max_frame_bytes, SASL_MAX_FRAME_BYTES)
         self._context = functools.partial(RequestContext, peer=self._peer, host=host_of(self._peer),
                                           listener=server.listener,

@@ -127,7 +127,7 @@ class EntityConfigStore:
         self.configs: dict[str, dict[str, str]] = {}
         self.generation = 0
         self._credentials: dict[str, dict[str, ScramCredential]] = {}  # user -> mechanism -> credential
-        self._usual: dict[tuple[int, str], int] = {}  # (generation, mechanism) -> usual_iterations
+        self._usual: tuple[int, dict[str, int]] = (-1, {})  # generation, mechanism -> usual_iterations
         self._last_sequence = -1  # the newest notification applied
         self._created_ms: dict[str, int] = {}  # notification name -> creation time, for the expiry
         self._reload = trio.Event()
@@ -142,12 +142,13 @@ class EntityConfigStore:
         """The iteration count most users' ``mechanism`` credentials have (Kafka's minimum
         when none): what an unknown user's made-up credential gets, so that the count a SCRAM
         exchange reveals, or the time PLAIN's derivation takes, tells no user from a stranger."""
-        known = self._usual.get((self.generation, mechanism))
+        generation, usual = self._usual
+        if generation != self.generation:  # swapped whole: lookups come from worker threads
+            generation, usual = self._usual = (self.generation, {})
+        known = usual.get(mechanism)
         if known is None:
             counts = Counter(c[mechanism].iterations for c in list(self._credentials.values()) if mechanism in c)
-            known = max(counts, key=lambda n: (counts[n], n), default=MIN_ITERATIONS)
-            self._usual = {(self.generation, mechanism): known,
-                           **{k: v for k, v in self._usual.items() if k[0] == self.generation}}
+            known = usual[mechanism] = max(counts, key=lambda n: (counts[n], n), default=MIN_ITERATIONS)
         return known
 
     def entity_config(self, user: str | None, client_id: str | None) -> dict[str, str]:

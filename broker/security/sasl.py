@@ -90,10 +90,10 @@ class ServerAuthenticator:
     round at a time, as the connection serves them."""
 
     def __init__(self, enabled: tuple[str, ...], lookup: CredentialLookup,
-                 usual_iterations: Callable[[str], int] = lambda _mechanism: MIN_ITERATIONS):
+                 usual_iterations: Callable[[str], int] | None = None):
         self.enabled = enabled
         self._lookup = lookup
-        self._usual_iterations = usual_iterations  # per mechanism: an unknown user's count
+        self._usual_iterations = usual_iterations  # per mechanism: an unknown user's count (None: the minimum)
         self.state = SaslState.HANDSHAKE
         self.mechanism: str | None = None
         self.principal: str | None = None
@@ -164,7 +164,8 @@ class ServerAuthenticator:
         return credential.salt, credential.stored_key, credential.server_key, credential.iterations
 
     def _decoy(self, mechanism: str, user: str) -> ScramCredential:
-        return _decoy(mechanism, user, self._usual_iterations(mechanism))
+        usual = self._usual_iterations
+        return _decoy(mechanism, user, MIN_ITERATIONS if usual is None else usual(mechanism))
 
     def _succeed(self, user: str, auth_bytes: bytes = b"") -> Step:
         self.state, self.principal = SaslState.COMPLETE, f"User:{user}"
