@@ -181,10 +181,12 @@ class SubscriptionState:
         if not self.unreturned:
             return False
         wanted = None if tps is None else set(tps)
-        dropped = [r for r in self.unreturned if wanted is None or TopicPartition(r.topic, r.partition) in wanted]
+        dropped: list[Record] = []
+        kept: list[Record] = []
+        for r in self.unreturned:
+            (dropped if wanted is None or TopicPartition(r.topic, r.partition) in wanted else kept).append(r)
         if not dropped:
             return False
-        kept = [r for r in self.unreturned if wanted is not None and TopicPartition(r.topic, r.partition) not in wanted]
         self.unreturned.clear()  # in place: an iterator holds the deque
         self.unreturned.extend(kept)
         moved = False
