@@ -639,10 +639,17 @@ class AsyncConsumer(_Client):
         if self._aio._subscriptions.unreturned:  # getone's, or a cancelled poll's
             return self._aio.take_unreturned(limit)
         if self._aio.polls_without_task:
-            return await self._poll_waiting(portal, timeout_ms, limit)
-        return await self._call(self._aio.poll, timeout_ms, limit, timeout=None,
-                                wait=timeout_ms / 1000 + self._request_timeout_s + GRACE_S,
-                                orphan=self._unclaim)
+            records = await self._poll_waiting(portal, timeout_ms, limit)
+        else:
+            records = await self._call(self._aio.poll, timeout_ms, limit, timeout=None,
+                                       wait=timeout_ms / 1000 + self._request_timeout_s + GRACE_S,
+                                       orphan=self._unclaim)
+        if self._aio._subscriptions.unreturned:
+            # An earlier poll's caller left before its records were handed over, and they
+            # arrived (in the order the Trio thread took them) while this poll waited there.
+            self._aio._subscriptions.unreturned.extend(records)
+            return self._aio.take_unreturned(limit)
+        return records
 
     def _unclaim(self, outcome: Any) -> None:
         """A poll's outcome its caller did not take (cancelled, or timed out): an error for
@@ -707,11 +714,11 @@ class AsyncConsumer(_Client):
 
     async def getone(self) -> Record:
         """The next record, waiting as long as it takes (aiokafka's ``getone``)."""
-        while True:
+        unreturned = self._aio._subscriptions.unreturned
+        while not unreturned:  # the others are not consumed until returned (SubscriptionState)
             records = await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100))
-            if records:  # the others are not consumed until returned (SubscriptionState.unreturned)
-                self._aio._subscriptions.unreturned.extend(records[1:])
-                return records[0]
+            unreturned.extendleft(reversed(records))  # ahead of any a late poll put aside
+        return unreturned.popleft()
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None
                       ) -> dict[TopicPartition, list[Record]]:

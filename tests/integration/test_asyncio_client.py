@@ -136,3 +136,43 @@ def test_wait_for_around_poll_and_cancelled_tasks_leave_the_consumer_usable(clus
             assert await consumer.poll(timeout_ms=200) == []
 
     asyncio.run(main())
+
+
+def test_records_of_a_cancelled_group_poll_returned_late_come_before_the_next_polls(cluster):
+    """A group's poll runs as a call on the Trio thread; one whose caller was cancelled can
+    return its records there after the next poll took more: they still come first, none
+    twice (as tests/component/client/test_asyncio_facade.py shows for a poll without a group)."""
+    create_topic(cluster, "late", 1)
+    holding, go, second_returned = threading.Event(), threading.Event(), threading.Event()
+
+    async def main():
+        async with AsyncConsumer(cluster.bootstrap, group_id="late", auto_offset_reset="earliest",
+                                 max_poll_records=7, **FAST_MEMBER) as consumer:
+            consumer.assign([TopicPartition("late", 0)])
+            poll, calls = consumer._aio.poll, []
+
+            async def held(timeout_ms, limit):  # the first poll's records come back late
+                calls.append(limit)
+                records = await poll(timeout_ms, limit)
+                if len(calls) == 1:
+                    holding.set()
+                    go.wait(WAIT_S)
+                elif len(calls) == 2:
+                    second_returned.set()
+                return records
+
+            consumer._aio.poll = held
+            first = asyncio.ensure_future(consumer.poll(timeout_ms=WAIT_S * 1000))
+            await produce(cluster.bootstrap, "late", 20)
+            assert await asyncio.get_running_loop().run_in_executor(None, holding.wait, WAIT_S)
+            first.cancel()
+            second = asyncio.ensure_future(consumer.poll(timeout_ms=WAIT_S * 1000))
+            await asyncio.sleep(0)  # the second poll is submitted to the Trio thread
+            go.set()
+            assert second_returned.wait(WAIT_S)  # this loop runs no callback meanwhile
+            got = list(await second)
+            while len(got) < 20:
+                got += await consumer.poll(timeout_ms=1000)
+            assert [r.offset for r in got] == list(range(20))
+
+    asyncio.run(main())

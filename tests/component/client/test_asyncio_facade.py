@@ -104,6 +104,45 @@ def test_cancelled_polls_lose_and_repeat_no_record(threaded_fake):
     asyncio.run(main())
 
 
+def test_records_of_a_cancelled_poll_handed_over_late_come_before_the_next_polls(threaded_fake):
+    """The Trio thread hands a cancelled poll's records over after the next poll started
+    there (the two threads race): the late records still come first, none twice."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+    go = threading.Event()
+
+    async def main():
+        async with AsyncConsumer(bootstrap, auto_offset_reset="earliest", max_poll_records=7,
+                                 fetch_max_wait_ms=20) as consumer:
+            consumer.assign([TopicPartition("t", 0)])
+            add_poll_waiter = consumer._aio.add_poll_waiter
+
+            def held_first(limit, deliver):  # the first poll's records reach it late
+                def late(outcome):
+                    go.wait(10)
+                    deliver(outcome)
+                consumer._aio.add_poll_waiter = add_poll_waiter
+                add_poll_waiter(limit, late)
+
+            consumer._aio.add_poll_waiter = held_first
+            first = asyncio.ensure_future(consumer.poll(timeout_ms=10_000))
+            await asyncio.sleep(0.05)
+            async with AsyncProducer(bootstrap, linger_ms=0) as producer:
+                for i in range(20):
+                    await producer.send("t", b"%d" % i)
+                await producer.flush(10)
+            first.cancel()
+            second = asyncio.ensure_future(consumer.poll(timeout_ms=10_000))
+            await asyncio.sleep(0)  # the second poll is waiting on the Trio thread
+            go.set()
+            got = list(await second)
+            while len(got) < 20:
+                got += await consumer.poll(timeout_ms=1000)
+            assert [r.offset for r in got] == list(range(20))
+
+    asyncio.run(main())
+
+
 def test_the_loop_runs_while_a_call_waits(threaded_fake):
     threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
     bootstrap = threaded_fake.cluster.bootstrap
