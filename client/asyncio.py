@@ -96,6 +96,9 @@ def require_asyncio(what: str) -> None:
                        f"{library or 'no async event loop'}: {hint}")
 
 
+LOOP_CLOSED_CHECK_S = 1.0  # see _Client._callback_on_loop
+
+
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
     """From any thread: run ``fn(*args)`` on ``loop`` (dropped if the loop is closed)."""
     try:
@@ -505,12 +508,19 @@ class AsyncConsumer(_Client):
             self._callback_tasks.add(task)
             task.add_done_callback(self._callback_tasks.discard)
 
+        closed = ClientClosedError("the application's asyncio event loop is closed")
         try:
             loop.call_soon_threadsafe(start)
         except RuntimeError:
-            raise ClientClosedError("the application's asyncio event loop is closed") from None
+            raise closed from None
         with trio.CancelScope(shield=True):
-            await done.wait()
+            while not done.is_set():
+                # A loop closed before it ran the task never will (asyncio.run ended without
+                # closing this client); one merely stopped may still be run again.
+                with trio.move_on_after(LOOP_CLOSED_CHECK_S):
+                    await done.wait()
+                if not done.is_set() and loop.is_closed():
+                    raise closed
         result, error = outcome
         if error is not None:
             raise error

@@ -9,12 +9,21 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 
 import pytest
 import trio
 
 import tidelog.aio
-from tidelog import NewTopic, RecordMetadata, RequestTimedOut, TidelogError, TopicPartition, WakeupError
+from tidelog import (
+    ClientClosedError,
+    NewTopic,
+    RecordMetadata,
+    RequestTimedOut,
+    TidelogError,
+    TopicPartition,
+    WakeupError,
+)
 from tidelog.aio.partitioner import default_partition
 from tidelog.asyncio import AsyncAdmin, AsyncConsumer, AsyncProducer
 from tidelog.records import ConsumerRecords
@@ -270,3 +279,24 @@ def test_records_pending_when_the_producer_closes_fail_and_their_callbacks_run_o
         assert called == [(True, loop_thread)]
 
     asyncio.run(main())
+
+
+def test_a_callback_for_a_loop_closed_before_it_ran_fails_instead_of_waiting_forever(threaded_fake):
+    """A rebalance listener or commit callback is run on the application's loop; when that
+    loop is closed before running it (asyncio.run ended without closing the consumer), the
+    client's thread gets ClientClosedError instead of waiting for it forever."""
+    bootstrap = threaded_fake.cluster.bootstrap
+    loop = asyncio.new_event_loop()
+    consumer = AsyncConsumer(bootstrap)
+    loop.run_until_complete(consumer.start())
+    ran = []
+    call = consumer._portal.submit(consumer._callback_on_loop, ran.append, 1, timeout=None)
+    for _ in range(1000):  # until the client's thread has scheduled it (bounded)
+        if loop._ready:
+            break
+        time.sleep(0.01)
+    loop.close()  # the callback was scheduled on it, and never runs
+    with pytest.raises(ClientClosedError, match="event loop is closed"):
+        call.future.result(timeout=30)
+    assert ran == []
+    consumer._portal.stop()
