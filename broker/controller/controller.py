@@ -133,6 +133,19 @@ logger = logging.getLogger("tidelog.controller")
 STATE_UPDATE_ATTEMPTS = 10
 
 
+def _topic_names(names: Iterable[str], what: str) -> list[str]:
+    """``names`` read from ZooKeeper less those no broker writes (they validate): such a name
+    (too long for a znode path, say) is logged and never acted on or sent anywhere."""
+    out = []
+    for name in names:
+        problem = topic_name_problem(name)
+        if problem is None:
+            out.append(name)
+        else:
+            logger.error("ignoring %s %r in ZooKeeper: %s", what, name, problem)
+    return out
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     broker_id: int
@@ -414,7 +427,8 @@ class Controller:
             await self._load_topic(topic)
         ctx.complete = not ctx.unreadable
         # before anything is elected or sent: no broker is told of a topic being deleted
-        known = [t for t in await until(self.zk.topics_marked_for_deletion) if self._queue_deletion(t)]
+        known = [t for t in _topic_names(await until(self.zk.topics_marked_for_deletion), "deletion marker")
+                 if self._queue_deletion(t)]
         await self._init_new_partitions(ctx.all_partitions())
         await self._elect_offline(ctx.all_partitions())
         # brokers that died while no controller was watching (the previous controller among
@@ -461,9 +475,7 @@ class Controller:
 
     async def _load_topic(self, topic: str) -> None:
         ctx = self.ctx
-        problem = topic_name_problem(topic)
-        if problem is not None:  # not written by a broker (they validate): never sent anywhere
-            logger.error("ignoring topic %r in ZooKeeper: %s", topic, problem)
+        if not _topic_names([topic], "topic"):
             return
         until = self.zk.until_answered
         try:
@@ -897,7 +909,8 @@ class Controller:
         """Topics marked for deletion (the rules: broker/controller/deletion.py)."""
         if self.ctx is None:
             return
-        known = [t for t in children if t not in self.ctx.deleting and self._queue_deletion(t)]
+        known = [t for t in _topic_names(children, "deletion marker")
+                 if t not in self.ctx.deleting and self._queue_deletion(t)]
         if known:
             self._send_update_metadata([], deleted=known)
             self._stop_deleted_replicas(known)

@@ -14,9 +14,12 @@ from tidelog.broker.zookeeper.layout import (
     ControllerMovedError,
     LeaderAndIsr,
     TopicExistsError,
+    ZkPaths,
     ZkVersionConflict,
 )
 from tidelog.broker.zookeeper.zk import ZkClient
+
+PATHS = ZkPaths()
 
 
 class FakeZk:
@@ -118,6 +121,7 @@ class FakeZk:
         self.marked.add(topic)
 
     async def delete_topic(self, topic, controller_epoch_zk_version=None):
+        PATHS.topic(topic), PATHS.delete_topic_marker(topic)  # as ZkClient, refuses what is no znode name
         self._fence(controller_epoch_zk_version)
         self.writes += 1
         self.assignments.pop(topic, None)

@@ -186,3 +186,25 @@ async def test_a_new_controller_resumes_a_pending_deletion(nursery):
     assert sorted(b for b, _ in brokers.requests(ApiKey.STOP_REPLICA)) == [1, 2, 3]
     await brokers.answer_stop_replicas()
     assert zk.marked == set() and T not in zk.assignments
+
+
+async def test_a_deletion_marker_that_names_no_valid_topic_is_ignored(nursery):
+    """Only other tools write such a marker (the brokers validate names): at a takeover and
+    when it appears, the controller logs it and goes on (a name too long for the topic's
+    znode path made the takeover fail, and with it every election)."""
+    long_name = "x" * 300
+    c, zk, brokers = await cluster_with_broker_3_down(nursery)
+    zk.marked = {long_name, "a b"}
+    await c._on_delete_topics(sorted(zk.marked))
+    assert c.is_active and zk.marked == {long_name, "a b"}
+
+    c._resign()
+    zk.controller, zk.live[3] = None, 12
+    successor = Controller(ControllerConfig(broker_id=2), zk)
+    successor._nursery = nursery
+    await nursery.start(successor.channels.run)
+    Brokers(successor)
+    await successor._on_controller_change()
+    assert successor.is_active and T in successor.ctx.assignments and not successor.ctx.deleting
+    await successor.delete_topics([T])  # a valid deletion still goes ahead
+    assert T in successor.ctx.deleting
