@@ -26,6 +26,7 @@ RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 REPLICATION_CHECKPOINT = "replication-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+DAMAGED_HOLE_CHECKPOINT = "damaged-hole-checkpoint"  # in a partition's directory, while there is one
 
 
 class CorruptCheckpointError(StorageError):
@@ -164,3 +165,44 @@ class LeaderEpochCheckpoint:
             if e2 <= e1 or o2 < o1:
                 raise self._file._corrupt(f"epochs not increasing: ({e1}, {o1}) then ({e2}, {o2})")
         return entries
+
+
+def _parse_offset(fields: list[str]) -> int:
+    (offset,) = fields
+    o = int(offset)
+    if o < 0:
+        raise ValueError
+    return o
+
+
+class HoleCheckpoint:
+    """The first offset of a hole that damage to flushed data left in a partition's log
+    (``broker.log.loader``), one ``offset`` line, until the replica is fetched again there;
+    no file: no hole. Kept so that a restart meanwhile neither forgets the hole (it would be
+    served as if the records had never been) nor takes it for a lost tail."""
+
+    def __init__(self, path: str):
+        self._file: CheckpointFile[int] = CheckpointFile(path, str, _parse_offset)
+
+    @property
+    def path(self) -> str:
+        return self._file.path
+
+    def write(self, offset: int | None) -> None:
+        """Record ``offset``; None removes the file (durably: a hole filled since must not
+        come back)."""
+        if offset is not None:
+            self._file.write([offset])
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return
+        fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+    def read(self) -> int | None:
+        """The offset, or None. Raises CorruptCheckpointError."""
+        entries = self._file.read()
+        if len(entries) > 1:
+            raise self._file._corrupt(f"holds {len(entries)} offsets, not one")
+        return entries[0] if entries else None

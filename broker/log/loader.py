@@ -15,7 +15,8 @@ alone is cut at the first bad batch and the later segments are kept, as Kafka ke
 hole left (the offsets from the cut to the next segment's base) is what reads skip, as in a
 compacted log: a read in it returns the first batch after it. Its first offset is
 ``Log.damaged_from``, which the replica manager reports as a damaged replica, to be fetched
-again from a replica in sync. Every cut is logged at ERROR level with the bytes and offsets
+again from a replica in sync; it is kept in ``damaged-hole-checkpoint`` until then, so that a
+later load reports it again and does not take it for a lost tail. Every cut is logged at ERROR level with the bytes and offsets
 lost, and kept in ``Log.recovery_report``.
 
 Leftovers of interrupted operations are cleaned first: a swap of cleaned segments that a
@@ -36,7 +37,13 @@ from __future__ import annotations
 import logging
 import os
 
-from tidelog.broker.log.checkpoint import LEADER_EPOCH_CHECKPOINT, CorruptCheckpointError, LeaderEpochCheckpoint
+from tidelog.broker.log.checkpoint import (
+    DAMAGED_HOLE_CHECKPOINT,
+    LEADER_EPOCH_CHECKPOINT,
+    CorruptCheckpointError,
+    HoleCheckpoint,
+    LeaderEpochCheckpoint,
+)
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.epoch import LeaderEpochCache
 from tidelog.broker.log.index import CorruptIndexError
@@ -69,7 +76,8 @@ def load_log(directory: str, topic_partition: TopicPartition, config: LogConfig,
     swapped = complete_interrupted_swaps(directory)
     _remove_leftovers(directory)
     segments = _open_segments(directory, config)
-    gaps_allowed = _GapsAllowed(config.compacts, cleaned_offset, swapped)
+    known_hole = _known_hole(directory, topic_partition)
+    gaps_allowed = _GapsAllowed(config.compacts, cleaned_offset, swapped, known_hole)
     segments, hole = _recover(segments, recovery_point, had_clean_shutdown, topic_partition, report,
                               gaps_allowed)
     if not segments:
@@ -91,8 +99,18 @@ def load_log(directory: str, topic_partition: TopicPartition, config: LogConfig,
     log.update_high_watermark(high_watermark)
     log.flush()  # what was re-validated is made durable; the recovery point moves to the LEO
     log.recovery_report = report
-    log.damaged_from = hole
+    holes = [h for h in (hole, known_hole) if h is not None]
+    log.damaged_from = min(holes) if holes else None  # written through; None unless in the log
     return log
+
+
+def _known_hole(directory: str, tp: TopicPartition) -> int | None:
+    """The hole an earlier load found (``damaged-hole-checkpoint``), not fetched again yet."""
+    try:
+        return HoleCheckpoint(os.path.join(directory, DAMAGED_HOLE_CHECKPOINT)).read()
+    except CorruptCheckpointError as e:
+        logger.warning("%s: %s; no hole left by damage is known", tp, e)
+        return None
 
 
 def _remove_leftovers(directory: str) -> None:
@@ -117,13 +135,17 @@ def _open_segments(directory: str, config: LogConfig) -> list[LogSegment]:
 class _GapsAllowed:
     """Whether a segment may end before the next one starts: in a compacted log (the cleaner
     removes records, and a follower copies its leader's gaps), in a segment below the cleaner
-    checkpoint (the topic may no longer be compacted), and in one a swap just put in place."""
+    checkpoint (the topic may no longer be compacted), in one a swap just put in place, and
+    at the hole an earlier load left in damaged flushed data (``damaged-hole-checkpoint``: a
+    stale recovery point must not take it for a lost tail)."""
 
-    def __init__(self, compacted: bool, cleaned_offset: int, swapped: set[int]):
+    def __init__(self, compacted: bool, cleaned_offset: int, swapped: set[int], known_hole: int | None = None):
         self.compacted, self.cleaned_offset, self.swapped = compacted, cleaned_offset, swapped
+        self.known_hole = known_hole
 
     def __call__(self, seg: LogSegment, upper: int) -> bool:
-        return self.compacted or upper <= self.cleaned_offset or seg.base_offset in self.swapped
+        return (self.compacted or upper <= self.cleaned_offset or seg.base_offset in self.swapped
+                or seg.next_offset == self.known_hole)
 
 
 def _recover(segments: list[LogSegment], recovery_point: int, clean: bool,

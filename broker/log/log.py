@@ -76,7 +76,7 @@ import os
 import time
 from typing import Callable, NamedTuple
 
-from tidelog.broker.log.checkpoint import fsync_dir
+from tidelog.broker.log.checkpoint import DAMAGED_HOLE_CHECKPOINT, HoleCheckpoint, fsync_dir
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.epoch import LeaderEpochCache
 from tidelog.broker.log.paths import check_partition_dir
@@ -273,11 +273,16 @@ class Log:
         manager reports it). A truncation to it, or the log start moving past it, ends it."""
         d = self._damaged_from
         if d is not None and not self.log_start_offset <= d < self.log_end_offset:
-            self._damaged_from = d = None
+            self.damaged_from = d = None
         return d
 
     @damaged_from.setter
     def damaged_from(self, offset: int | None) -> None:
+        """Set (by the loader) or end the hole, written through to ``damaged-hole-checkpoint``
+        (rare: a load that found damage, a truncation that ends it)."""
+        if offset is not None and not self.log_start_offset <= offset < self.log_end_offset:
+            offset = None
+        HoleCheckpoint(os.path.join(self.directory, DAMAGED_HOLE_CHECKPOINT)).write(offset)
         self._damaged_from = offset
 
     def update_high_watermark(self, offset: int) -> int:
@@ -558,7 +563,7 @@ class Log:
             self._high_watermark = min(self._high_watermark, leo)
             self.recovery_point = min(self.recovery_point, leo)
             if self._damaged_from is not None and leo <= self._damaged_from:
-                self._damaged_from = None  # the hole is gone: what is appended now fills it
+                self.damaged_from = None  # the hole is gone: what is appended now fills it
             self._note_truncation(leo)
             self.reload_producer_state()
         logger.info("%s: truncated to offset %d (log end offset now %d)", self.topic_partition, offset, leo)
@@ -599,7 +604,8 @@ class Log:
         self.log_start_offset = offset
         self._high_watermark = offset
         self.recovery_point = offset
-        self._damaged_from = None
+        if self._damaged_from is not None:
+            self.damaged_from = None
         self.epoch_cache.clear()
         self.producer_state.clear(offset)
         self.producer_state.delete_snapshots(lambda _: True)

@@ -481,10 +481,24 @@ def test_damage_below_the_recovery_point_keeps_the_later_segments(tmp_path, inde
     assert log.producer_state.map_end_offset == leo
     assert log.append_as_leader(build_batch([b"after"], timestamp_ms=5), 4).first_offset == leo
     log.close()
-    # the cut is durable: a restart sees the same log, and nothing more to report
+    # the cut is durable: a restart sees the same log and nothing more to report, but still
+    # the hole (the replica is repaired only once it is fetched again)
     again = load_log(d, TP, HOLE_CONFIG, recovery_point=leo + 1, had_clean_shutdown=True, clock=FakeClock())
     assert [s.base_offset for s in again.segments] == bases and again.log_end_offset == leo + 1
-    assert again.recovery_report == [] and again.damaged_from is None
+    assert again.recovery_report == [] and again.damaged_from == h.base_offset
+    crash(again)
+    # nor does a lost recovery-point checkpoint take the hole for a lost tail (which would
+    # delete the segments after it)
+    again = load_log(d, TP, HOLE_CONFIG, recovery_point=0, had_clean_shutdown=False, clock=FakeClock())
+    assert [s.base_offset for s in again.segments] == bases and again.log_end_offset == leo + 1
+    assert again.damaged_from == h.base_offset
+    # fetched again from the hole on: the hole is gone, also after a restart
+    again.truncate_damaged(h.base_offset)
+    assert again.damaged_from is None
+    again.append_as_leader(build_batch([b"refetched"], timestamp_ms=5), 4)
+    again.close()
+    again = load_log(d, TP, HOLE_CONFIG, recovery_point=0, had_clean_shutdown=True, clock=FakeClock())
+    assert again.damaged_from is None and again.log_end_offset == h.base_offset + 1
     again.close()
 
 
