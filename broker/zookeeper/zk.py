@@ -410,9 +410,9 @@ class ZkClient:
         stat = await self._call(f"set {path}", self._kz.set, path, data, version=version)
         return stat.version
 
-    async def _delete(self, path: str, version: int = -1, recursive: bool = False) -> None:
+    async def _delete(self, path: str, version: int = -1) -> None:
         try:
-            await self._call(f"delete {path}", self._kz.delete, path, version=version, recursive=recursive)
+            await self._call(f"delete {path}", self._kz.delete, path, version=version)
         except ZkNoNodeError:
             pass
 
@@ -703,17 +703,15 @@ class ZkClient:
 
     async def set_assignment(self, topic: str, assignment: Mapping[int, Iterable[int]],
                              version: int | None = None,
-                             moving: Mapping[int, tuple[Iterable[int], Iterable[int]]] | None = None,
-                             controller_epoch_zk_version: int | None = None) -> int:
+                             moving: Mapping[int, tuple[Iterable[int], Iterable[int]]] | None = None, *,
+                             controller_epoch_zk_version: int) -> int:
         """Replace the assignment (CreatePartitions, reassignments with ``moving``: partition ->
         replicas being added, being removed); check-and-set when ``version`` is given; the new
-        znode version. With ``controller_epoch_zk_version`` (the controller's writes) only while
-        the controller epoch is still that one (ControllerMovedError): a deposed controller's
-        queued event must not change a topic its successor has read."""
+        znode version. Only the controller writes it, and only while the controller epoch's
+        znode is still at ``controller_epoch_zk_version`` (ControllerMovedError): a deposed
+        controller's queued event must not change a topic its successor has read."""
         path, data = self.paths.topic(topic), encode_topic_assignment(assignment, moving)
         expected = -1 if version is None else version
-        if controller_epoch_zk_version is None:
-            return await self._set(path, data, expected)
         results = await self._fenced(f"set {path}", controller_epoch_zk_version, ("set_data", path, data, expected))
         return results[1].version
 
@@ -721,21 +719,15 @@ class ZkClient:
         got = await self._get(self.paths.topic_config(topic))
         return {} if got is None else decode_topic_config(got[0])
 
-    async def set_topic_config(self, topic: str, config: Mapping[str, str],
-                               controller_epoch_zk_version: int | None = None) -> None:
-        """Set the topic's config (creating its znode); fenced by the controller epoch as
-        ``set_assignment`` when ``controller_epoch_zk_version`` is given."""
+    async def set_topic_config(self, topic: str, config: Mapping[str, str], *,
+                               controller_epoch_zk_version: int) -> None:
+        """Set the topic's config (creating its znode); the controller's, fenced by its epoch
+        as ``set_assignment``."""
         path, data = self.paths.topic_config(topic), encode_topic_config(config)
-        if controller_epoch_zk_version is not None:
-            try:
-                await self._fenced(f"set {path}", controller_epoch_zk_version, ("set_data", path, data, -1))
-            except ZkNoNodeError:
-                await self._fenced(f"create {path}", controller_epoch_zk_version, ("create", path, data))
-            return
         try:
-            await self._set(path, data)
+            await self._fenced(f"set {path}", controller_epoch_zk_version, ("set_data", path, data, -1))
         except ZkNoNodeError:
-            await self._create(path, data)
+            await self._fenced(f"create {path}", controller_epoch_zk_version, ("create", path, data))
 
     async def mark_topic_for_deletion(self, topic: str) -> None:
         await self._create_if_missing(self.paths.delete_topic_marker(topic))
@@ -743,17 +735,11 @@ class ZkClient:
     async def topics_marked_for_deletion(self) -> list[str]:
         return await self._children(self.paths.delete_topics) or []
 
-    async def delete_topic(self, topic: str, controller_epoch_zk_version: int | None = None) -> None:
-        """Remove the topic, its partition states, its config and, last, its deletion marker.
-        With ``controller_epoch_zk_version`` (the controller's) every removal is fenced as its
-        other writes (ControllerMovedError): a deposed controller must not remove a topic of
-        the name its successor has created since."""
+    async def delete_topic(self, topic: str, *, controller_epoch_zk_version: int) -> None:
+        """Remove the topic, its partition states, its config and, last, its deletion marker;
+        the controller's, every removal fenced as its other writes (ControllerMovedError): a
+        deposed controller must not remove a topic of the name its successor has created since."""
         path, rest = self.paths.topic(topic), [self.paths.topic_config(topic), self.paths.delete_topic_marker(topic)]
-        if controller_epoch_zk_version is None:
-            await self._delete(path, recursive=True)
-            for p in rest:
-                await self._delete(p)
-            return
         tree = await self._call(f"list {path}", self._subtree, path)
         await self._fenced_deletes(f"delete topic {topic}", controller_epoch_zk_version, tree + rest)
 

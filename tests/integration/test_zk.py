@@ -128,6 +128,8 @@ async def test_controller_election_race_failover_and_epochs(zookeeper, chroot):
 
 async def test_topic_creation_config_assignment_and_deletion(zookeeper, chroot):
     async with client(zookeeper, chroot) as zk:
+        assert await zk.try_elect_controller(1) == 1  # the controller's writes below
+        _, fence = await zk.controller_epoch()
         await zk.create_topic("orders", {0: [1, 2], 1: [2, 1]}, {"retention.ms": "1000"})
         assert await zk.get_topics() == ["orders"]
         assert await zk.get_assignment("orders") == {0: [1, 2], 1: [2, 1]}
@@ -137,11 +139,12 @@ async def test_topic_creation_config_assignment_and_deletion(zookeeper, chroot):
         assert await zk.get_topic_config("orders") == {"retention.ms": "1000"}   # rolled back
 
         assignment, version = await zk.get_assignment_with_version("orders")
-        new_version = await zk.set_assignment("orders", {**assignment, 2: [1, 2]}, version)
+        new_version = await zk.set_assignment("orders", {**assignment, 2: [1, 2]}, version,
+                                              controller_epoch_zk_version=fence)
         assert new_version == version + 1
         with pytest.raises(ZkVersionConflict):
-            await zk.set_assignment("orders", {0: [1]}, version)
-        await zk.set_topic_config("orders", {"cleanup.policy": "delete"})
+            await zk.set_assignment("orders", {0: [1]}, version, controller_epoch_zk_version=fence)
+        await zk.set_topic_config("orders", {"cleanup.policy": "delete"}, controller_epoch_zk_version=fence)
         assert await zk.get_topic_config("orders") == {"cleanup.policy": "delete"}
         with pytest.raises(TidelogError, match="characters"):
             await zk.create_topic("bad name", {0: [1]}, {})
@@ -150,7 +153,7 @@ async def test_topic_creation_config_assignment_and_deletion(zookeeper, chroot):
         await zk.mark_topic_for_deletion("orders")
         await zk.mark_topic_for_deletion("orders")
         assert await zk.topics_marked_for_deletion() == ["orders"]
-        await zk.delete_topic("orders")
+        await zk.delete_topic("orders", controller_epoch_zk_version=fence)
         assert await zk.get_topics() == []
         assert await zk.get_topic_config("orders") == {}
         assert await zk.topics_marked_for_deletion() == []

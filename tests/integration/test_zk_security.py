@@ -152,7 +152,7 @@ async def test_secured_znodes_are_read_only_to_others_and_credentials_hidden(zoo
         current, version = await other.get_partition_state("orders", 0)
         await other.update_partition_state("orders", 0, current.with_isr([1]), version)
         assert (await other.get_entity_config("users/alice"))[0]["SCRAM-SHA-256"].startswith("salt=")
-        await other.delete_topic("orders")
+        await other.delete_topic("orders", controller_epoch_zk_version=(await other.controller_epoch())[1])
 
 
 async def test_the_digest_identity_is_the_one_zookeeper_computes(zookeeper, chroot):

@@ -102,7 +102,7 @@ class FakeZk:
             return None
         return dict(self.assignments[topic]), dict(self.moves.get(topic, {}))
 
-    async def set_assignment(self, topic, assignment, version=None, moving=None, controller_epoch_zk_version=None):
+    async def set_assignment(self, topic, assignment, version=None, moving=None, *, controller_epoch_zk_version):
         self._fence(controller_epoch_zk_version)
         self.writes += 1
         self.assignments[topic] = {p: list(r) for p, r in assignment.items()}
@@ -111,7 +111,7 @@ class FakeZk:
     async def get_topic_config(self, topic):
         return dict(self.configs.get(topic, {}))
 
-    async def set_topic_config(self, topic, config, controller_epoch_zk_version=None):
+    async def set_topic_config(self, topic, config, *, controller_epoch_zk_version):
         self._fence(controller_epoch_zk_version)
         self.writes += 1
         self.configs[topic] = dict(config)
@@ -120,7 +120,7 @@ class FakeZk:
         self.writes += 1
         self.marked.add(topic)
 
-    async def delete_topic(self, topic, controller_epoch_zk_version=None):
+    async def delete_topic(self, topic, *, controller_epoch_zk_version):
         PATHS.topic(topic), PATHS.delete_topic_marker(topic)  # as ZkClient, refuses what is no znode name
         self._fence(controller_epoch_zk_version)
         self.writes += 1
