@@ -23,8 +23,11 @@ Use the objects as async context managers, or ``await obj.start()`` ... ``await 
   asyncio loop, and may be ``async def``.
 * Cancellation: a coroutine cancelled while it waits (``asyncio.wait_for(consumer.poll(...),
   1)``, a task's ``cancel()``) cancels the call in the Trio thread, and the client stays
-  usable. Records a cancelled poll had already taken from the fetcher are not lost: the next
-  poll returns them first (the same holds for an error that poll was about to raise).
+  usable. Records a cancelled poll had already taken from the fetcher are not lost: once the
+  cancelled task has finished (``wait_for`` returns, or ``await`` of the task), they count as
+  not consumed (``position``, commits) and the next poll returns them first, unless a
+  ``seek`` or ``pause`` since drops them (the same holds for an error that poll was about to
+  raise).
 * Every wait is bounded like the blocking facade's: a call's own timeout plus a grace
   period, then RequestTimedOut, even if the client's event loop is stuck.
 
@@ -186,27 +189,24 @@ class _Client:
 
     # -- calls into the Trio thread -------------------------------------------------------------
 
-    async def _call(self, afn: Any, *args: Any, timeout: float | None, wait: float | None = None,
-                    orphan: Callable[[Any], None] | None = None) -> Any:
+    async def _call(self, afn: Any, *args: Any, timeout: float | None, wait: float | None = None) -> Any:
         """``await afn(*args)`` on the Trio thread. ``timeout`` seconds bound the call there
         (RequestTimedOut); this coroutine waits at most ``wait`` seconds (default: ``timeout``
-        plus a grace period) and then cancels it. Cancelling this coroutine cancels the call.
-        ``orphan(outcome)`` gets what a call returned or raised after its caller stopped
-        waiting (except the ClientClosedError of the cancellation itself)."""
+        plus a grace period) and then cancels it. Cancelling this coroutine cancels the call;
+        what it returns after its caller left is dropped (a poll hands its records over
+        through a ``_Handoff`` instead)."""
         portal = self._running_portal()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         call = portal.submit(afn, *args, timeout=timeout)
 
         def settle(done: Any) -> None:  # on the asyncio thread
-            error = done.exception()
             if not future.done():
+                error = done.exception()
                 if error is None:
                     future.set_result(done.result())
                 else:
                     future.set_exception(error)
-            elif orphan is not None and not (call.interrupted and isinstance(error, ClientClosedError)):
-                orphan(done.result() if error is None else error)
 
         call.future.add_done_callback(lambda done: _post(loop, settle, done))
         if wait is None and timeout is not None:
@@ -216,8 +216,6 @@ class _Client:
             return await future
         except asyncio.CancelledError:
             portal.cancel(call)
-            if orphan is not None and future.done() and not future.cancelled() and future.exception() is None:
-                orphan(future.result())  # it completed, but this task was cancelled before resuming
             raise
         finally:
             if timer is not None:
@@ -465,7 +463,7 @@ class AsyncConsumer(_Client):
         self._api_timeout_s = self.config.default_api_timeout_ms / 1000
         self._request_timeout_s = self.config.request_timeout_ms / 1000
         # errors polls were about to raise when their caller was cancelled or timed out: the
-        # next polls raise these first (their records go to SubscriptionState.unreturned)
+        # next polls raise these first (their records go back among the unreturned ones)
         self._unclaimed: deque[BaseException] = deque()
         self._callback_tasks: set[asyncio.Task] = set()
 
@@ -601,6 +599,7 @@ class AsyncConsumer(_Client):
     def wakeup(self) -> None:
         """From any thread: the ``poll`` waiting now (or else the next one) raises WakeupError."""
         if not self._closed and self._portal is not None:
+            self._aio._wakeup_pending = True  # seen at once by a poll with unreturned records
             self._portal.run_soon(self._aio.wakeup)
 
     async def topics(self, timeout_ms: int | None = None) -> set[str]:
@@ -641,57 +640,66 @@ class AsyncConsumer(_Client):
     async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> ConsumerRecords:
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for some (with a
         group, rebalances run within the same time, their listener on this loop). As
-        ``tidelog.aio.AsyncConsumer.poll``; cancelling it leaves the consumer usable."""
+        ``tidelog.aio.AsyncConsumer.poll``; cancelling it leaves the consumer usable, and
+        the records it had taken come first in the next poll (``_Handoff``)."""
         portal = self._running_portal()
         limit = max_records or self.config.max_poll_records
         if self._unclaimed:
             raise self._unclaimed.popleft()
-        if self._aio._subscriptions.unreturned:  # getone's, or a cancelled poll's
+        if self._aio.unreturned_first:  # getone's, or a cancelled poll's
             return self._aio.take_unreturned(limit)
-        if self._aio.polls_without_task:
-            records = await self._poll_waiting(portal, timeout_ms, limit)
-        else:
-            records = await self._call(self._aio.poll, timeout_ms, limit, timeout=None,
-                                       wait=timeout_ms / 1000 + self._request_timeout_s + GRACE_S,
-                                       orphan=self._unclaim)
-        if self._aio._subscriptions.unreturned:
-            # An earlier poll's caller left before its records were handed over, and they
-            # arrived (in the order the Trio thread took them) while this poll waited there.
-            self._aio._subscriptions.unreturned.extend(records)
-            return self._aio.take_unreturned(limit)
-        return records
+        handoff = _Handoff(self._reclaim)
+        try:
+            if self._aio.polls_without_task:
+                await self._poll_waiting(portal, handoff, timeout_ms, limit)
+            else:
+                await self._call(self._polled, handoff, timeout_ms, limit, timeout=None,
+                                 wait=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
+        except BaseException:
+            handoff.leave()
+            raise
+        outcome = handoff.take()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome if type(outcome) is ConsumerRecords else ConsumerRecords(outcome)
 
-    def _unclaim(self, outcome: Any) -> None:
-        """A poll's outcome its caller did not take (cancelled, or timed out): an error for
-        the next poll to raise; records for the next poll to return, not consumed until then
-        (``SubscriptionState.unreturned``)."""
+    async def _polled(self, handoff: _Handoff, timeout_ms: int, limit: int) -> None:
+        """On the Trio thread: a poll with a group, its outcome offered to ``handoff``."""
+        try:
+            outcome = await self._aio.poll(timeout_ms, limit)
+        except Exception as e:  # what poll raises, for its caller
+            outcome = e
+        handoff.offer(outcome)
+
+    def _reclaim(self, outcome: Any) -> None:
+        """A poll's outcome its caller left before taking (cancelled, or timed out), on the
+        thread that found it so: an error for the next poll to raise; records back among the
+        unreturned ones, for the next poll to return first, not consumed until then."""
         if isinstance(outcome, BaseException):
             self._unclaimed.append(outcome)
-        elif outcome:
-            self._aio._subscriptions.unreturned.extend(outcome)
+        else:
+            self._aio._subscriptions.put_back(outcome)
 
-    async def _poll_waiting(self, portal: Portal, timeout_ms: int, limit: int) -> ConsumerRecords:
-        """``poll`` without a group: a waiter on the Trio thread (``add_poll_waiter``) hands
-        the outcome over in the scheduler pass that received the records, as the blocking
-        facade's ``poll`` does (and waits up to ``HANDOFF_WAIT_S`` for this loop to take it,
-        for the same reason). At the deadline or on cancellation the waiter is removed on
-        the Trio thread, which then delivers [] itself: exactly one outcome reaches
-        ``settle``, and one that arrives after its caller left is kept for the next poll."""
+    async def _poll_waiting(self, portal: Portal, handoff: _Handoff, timeout_ms: int, limit: int) -> None:
+        """``poll`` without a group: a waiter on the Trio thread (``add_poll_waiter``) offers
+        the outcome to ``handoff`` in the scheduler pass that received the records, and wakes
+        this task, as the blocking facade's ``poll`` does (and waits up to ``HANDOFF_WAIT_S``
+        for this loop to pick the wake-up up, for the same reason). At the deadline or on
+        cancellation the waiter is removed on the Trio thread, which then offers [] itself."""
         loop = self._loop
         future = loop.create_future()
         aio_consumer = self._aio
 
-        def settle(outcome: Any, picked_up: Any) -> None:  # on the asyncio thread
+        def wake(picked_up: Any) -> None:  # on the asyncio thread
             picked_up.set()
-            if future.done():
-                self._unclaim(outcome)
-            else:
-                future.set_result(outcome)
+            if not future.done():
+                future.set_result(None)
 
         def deliver(outcome: Any) -> None:  # on the Trio thread
-            picked_up = _Flag()
-            _post(loop, settle, outcome, picked_up)
-            picked_up.wait(HANDOFF_WAIT_S)
+            if handoff.offer(outcome):
+                picked_up = _Flag()
+                _post(loop, wake, picked_up)
+                picked_up.wait(HANDOFF_WAIT_S)
 
         def expire() -> None:  # on the Trio thread
             if aio_consumer.remove_poll_waiter(deliver):
@@ -699,7 +707,6 @@ class AsyncConsumer(_Client):
 
         def give_up() -> None:  # the Trio thread did not answer: stuck, or its loop is gone
             if not future.done():
-                portal.run_soon(expire)
                 future.set_exception(RequestTimedOut(
                     f"poll: the client's event loop did not answer within {wait_s:g} s"))
 
@@ -709,26 +716,20 @@ class AsyncConsumer(_Client):
         wait_s += self._request_timeout_s + GRACE_S  # the blocking poll's bound
         guard = loop.call_later(wait_s, give_up)
         try:
-            outcome = await future
-        except asyncio.CancelledError:
+            await future
+        except BaseException:  # cancelled, or the loop did not answer
             portal.run_soon(expire)
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self._unclaim(future.result())
             raise
         finally:
             timer.cancel()
             guard.cancel()
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome if type(outcome) is ConsumerRecords else ConsumerRecords(outcome)
 
     async def getone(self) -> Record:
         """The next record, waiting as long as it takes (aiokafka's ``getone``)."""
-        unreturned = self._aio._subscriptions.unreturned
-        while not unreturned:  # the others are not consumed until returned (SubscriptionState)
-            records = await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100))
-            unreturned.extendleft(reversed(records))  # ahead of any a late poll put aside
-        return unreturned.popleft()
+        while (record := self._aio.next_unreturned()) is None:
+            # the others are not consumed until returned (SubscriptionState)
+            self._aio._subscriptions.put_back(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
+        return record
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None
                       ) -> dict[TopicPartition, list[Record]]:
@@ -751,6 +752,51 @@ class AsyncConsumer(_Client):
         """Commit (with auto-commit), revoke through the listener and leave the group, within
         ``timeout`` seconds; then stop the client's thread."""
         await self._shut_down(self._aio.close, int(timeout * 1000), wait=timeout + GRACE_S)
+
+
+class _Handoff:
+    """One poll's outcome on its way from the Trio thread to the asyncio task waiting for
+    it, which may leave (cancelled, timed out) at any moment. Exactly one side ends up owning
+    it: the task, if it was still waiting when the Trio thread offered it; otherwise the
+    consumer again (``reclaim``: records back among the unreturned ones, an error for the
+    next poll), at once, on the thread that finds the other side gone: the Trio thread when
+    it offers to a task that left, the task when it leaves after the offer. Either way this
+    happens before the application's next call (a seek, a commit, the next poll) reaches the
+    Trio thread, so none of them runs as if those records had never been taken."""
+
+    __slots__ = ("_lock", "_state", "_outcome", "_reclaim")
+
+    WAITING, OFFERED, TAKEN, LEFT = range(4)
+
+    def __init__(self, reclaim: Callable[[Any], None]):
+        self._lock = threading.Lock()
+        self._state = self.WAITING
+        self._outcome: Any = None
+        self._reclaim = reclaim
+
+    def offer(self, outcome: Any) -> bool:
+        """On the Trio thread: True if the task is still waiting (wake it to ``take``)."""
+        with self._lock:
+            if self._state == self.WAITING:
+                self._state, self._outcome = self.OFFERED, outcome
+                return True
+        self._reclaim(outcome)
+        return False
+
+    def take(self) -> Any:
+        """On the asyncio thread, woken after the offer: the outcome."""
+        with self._lock:
+            self._state = self.TAKEN
+            outcome, self._outcome = self._outcome, None
+            return outcome
+
+    def leave(self) -> None:
+        """On the asyncio thread: the task stops waiting; an outcome offered is reclaimed."""
+        with self._lock:
+            state, self._state = self._state, self.LEFT
+            outcome, self._outcome = self._outcome, None
+        if state == self.OFFERED:
+            self._reclaim(outcome)
 
 
 class _Flag:

@@ -444,6 +444,7 @@ class Consumer(_Blocking):
         another thread and then ``close``. The only method that may be called from another
         thread than the one using the consumer."""
         if not self._closed:
+            self._aio._wakeup_pending = True  # seen at once by a poll with unreturned records
             self._portal.run_soon(self._aio.wakeup)
 
     def pause(self, *partitions: TopicPartition) -> None:
@@ -482,7 +483,7 @@ class Consumer(_Blocking):
         thread, and their time is not counted. The wait for the client's event loop is
         bounded by ``timeout_ms + request_timeout_ms`` plus a grace period: a margin over the
         poll's own bound, reached only when the loop is stuck."""
-        if self._aio._subscriptions.unreturned and not self._closed:  # an iterator's, not yielded yet
+        if self._aio.unreturned_first and not self._closed:  # an iterator's, not yielded yet
             return self._aio.take_unreturned(max_records or self._aio.config.max_poll_records)
         if self._caller is not None:
             if self._closed:
@@ -555,17 +556,19 @@ class Consumer(_Blocking):
         consumed once yielded (``commit()`` and ``position`` count from the next one; ``seek``
         and ``pause`` drop what was not yielded), as kafka-python's iterator does."""
         idle_since = time.monotonic()
-        unreturned = self._aio._subscriptions.unreturned  # see SubscriptionState
+        aio_consumer = self._aio  # its unreturned records: see SubscriptionState
         while not self._closed:
-            if not unreturned:
+            record = aio_consumer.next_unreturned()
+            if record is None:
                 records = self.poll(timeout_ms=500)
                 if not records:
                     if (time.monotonic() - idle_since) * 1000 >= self.consumer_timeout_ms:
                         return
                     continue
                 idle_since = time.monotonic()
-                unreturned.extend(records)
-            yield unreturned.popleft()
+                aio_consumer._subscriptions.put_back(records)
+                continue
+            yield record
 
     def close(self, timeout: float = 30.0) -> None:
         """Commit (with auto-commit), revoke through the listener and leave the group, within

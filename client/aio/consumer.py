@@ -487,7 +487,7 @@ class AsyncConsumer(RunsInOwnNursery):
         deadline = trio.current_time() + max(0, timeout_ms) / 1000
         if self._wakeup_pending:
             self._raise_pending()
-        if self._subscriptions.unreturned:
+        if self._subscriptions.has_unreturned:
             return self.take_unreturned(limit)
         if self._coordinator is not None:
             await self._coordinator.poll(deadline)
@@ -546,6 +546,8 @@ class AsyncConsumer(RunsInOwnNursery):
         limit, deliver = waiter
         if self._closed:
             outcome: Any = []
+        elif self.unreturned_first:  # as poll
+            outcome = self.take_unreturned(limit)
         else:
             try:
                 self._raise_pending()
@@ -596,15 +598,26 @@ class AsyncConsumer(RunsInOwnNursery):
                     r.offset) from e
         return records
 
+    @property
+    def unreturned_first(self) -> bool:
+        """Whether a poll returns unreturned records before anything else: there are some,
+        and no wakeup is pending (a poll raises that first)."""
+        return self._subscriptions.has_unreturned and not self._wakeup_pending
+
+    def next_unreturned(self) -> Record | None:
+        """An iterator's next record: the oldest unreturned one, taken; None when there is
+        none or a wakeup is pending (the poll that follows raises it)."""
+        return None if self._wakeup_pending else self._subscriptions.next_unreturned()
+
     def take_unreturned(self, limit: int) -> ConsumerRecords:
         """What a poll returns first: records taken from the fetcher earlier and not handed
-        out yet (``SubscriptionState.unreturned``), up to ``limit``."""
+        out yet (``SubscriptionState``'s unreturned records), up to ``limit``."""
         return ConsumerRecords(self._subscriptions.take_unreturned(limit))
 
     def _give_back(self, tps: Sequence[TopicPartition] | None, rewind: bool = True) -> None:
         """Drop the unreturned records of ``tps`` (None: all); with ``rewind`` they are
         fetched again (``SubscriptionState.give_back``)."""
-        if self._subscriptions.unreturned:
+        if self._subscriptions.has_unreturned:
             with self._fetcher.state_lock:
                 moved = self._subscriptions.give_back(tps, rewind)
             if moved:
@@ -652,12 +665,11 @@ class AsyncConsumer(RunsInOwnNursery):
         return self
 
     async def __anext__(self) -> Record:
-        unreturned = self._subscriptions.unreturned
-        while not unreturned:
+        while (record := self.next_unreturned()) is None:
             if self._closed:
                 raise StopAsyncIteration
-            unreturned.extend(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
-        return unreturned.popleft()
+            self._subscriptions.put_back(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
+        return record
 
     def _require_running(self) -> None:
         if self._closed:

@@ -19,6 +19,7 @@ on this state; neither imports the other.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -155,40 +156,64 @@ def rewind_offsets(records: Iterable[Record]) -> dict[TopicPartition, int]:
 class SubscriptionState:
     """The assigned partitions and their positions. Pure: no I/O, no clock.
 
-    ``unreturned`` holds records a poll took from the fetcher that the application has not
-    been handed yet: the rest of a poll's records an iterator (``for record in consumer``,
-    ``getone``) yields one at a time. A partition's position is past them, but what was
+    The *unreturned* records are records a poll took from the fetcher that the application
+    has not been handed yet: the rest of a poll's records an iterator (``for record in
+    consumer``, ``getone``) yields one at a time, and the records of a poll whose caller left
+    (an asyncio poll cancelled). A partition's position is past them, but what was
     *consumed* is not: commits (``consumed_positions``) and ``position`` count from the first
     of them, as kafka-python's iterator moves the position record by record; ``seek``,
     ``pause`` and a new assignment drop them (``give_back``), and the next poll returns
-    them before fetching (``take_unreturned``)."""
+    them before fetching (``take_unreturned``), oldest first.
+
+    The facades reach them from their own threads (an iterator's thread, the asyncio loop
+    that takes a cancelled poll's records back) while the client's loop thread commits and
+    seeks: every access to them holds ``_unreturned_lock`` (never held across a wait)."""
 
     def __init__(self, default_reset: int | None):
         self.default_reset = default_reset
         self.partitions: dict[TopicPartition, PartitionState] = {}
         self._rotation = 0
-        self.unreturned: deque[Record] = deque()
+        self._unreturned: deque[Record] = deque()
+        self._unreturned_lock = threading.Lock()
+
+    @property
+    def has_unreturned(self) -> bool:
+        return bool(self._unreturned)
 
     def take_unreturned(self, limit: int) -> list[Record]:
         """Up to ``limit`` of the unreturned records, oldest first (see the class docstring)."""
-        unreturned = self.unreturned
-        return [unreturned.popleft() for _ in range(min(limit, len(unreturned)))]
+        with self._unreturned_lock:
+            unreturned = self._unreturned
+            return [unreturned.popleft() for _ in range(min(limit, len(unreturned)))]
+
+    def next_unreturned(self) -> Record | None:
+        """The oldest unreturned record, taken; None when there is none."""
+        with self._unreturned_lock:
+            return self._unreturned.popleft() if self._unreturned else None
+
+    def put_back(self, records: Sequence[Record]) -> None:
+        """``records``, taken from the fetcher (or from here) before every record held here
+        now, are unreturned again, ahead of those."""
+        if records:
+            with self._unreturned_lock:
+                self._unreturned.extendleft(reversed(records))
 
     def give_back(self, tps: Iterable[TopicPartition] | None = None, rewind: bool = True) -> bool:
         """Drop the unreturned records of ``tps`` (None: all) and, with ``rewind``, move each
         assigned partition among them back to its first one (fetched again); whether any
         partition moved (the fetches are to be planned again)."""
-        if not self.unreturned:
+        if not self._unreturned:
             return False
         wanted = None if tps is None else set(tps)
-        dropped: list[Record] = []
-        kept: list[Record] = []
-        for r in self.unreturned:
-            (dropped if wanted is None or TopicPartition(r.topic, r.partition) in wanted else kept).append(r)
-        if not dropped:
-            return False
-        self.unreturned.clear()  # in place: an iterator holds the deque
-        self.unreturned.extend(kept)
+        with self._unreturned_lock:
+            dropped: list[Record] = []
+            kept: list[Record] = []
+            for r in self._unreturned:
+                (dropped if wanted is None or TopicPartition(r.topic, r.partition) in wanted else kept).append(r)
+            if not dropped:
+                return False
+            self._unreturned.clear()
+            self._unreturned.extend(kept)
         moved = False
         for tp, offset in rewind_offsets(dropped).items() if rewind else ():
             if tp in self.partitions:
@@ -199,9 +224,11 @@ class SubscriptionState:
     def consumed_position(self, tp: TopicPartition) -> int | None:
         """The partition's position less what was not returned yet: the next offset the
         application is handed."""
-        for r in self.unreturned:
-            if r.partition == tp.partition and r.topic == tp.topic:
-                return r.offset
+        if self._unreturned:
+            with self._unreturned_lock:
+                for r in self._unreturned:
+                    if r.partition == tp.partition and r.topic == tp.topic:
+                        return r.offset
         state = self.partitions.get(tp)
         return state.position if state is not None and state.has_position else None
 
@@ -211,8 +238,10 @@ class SubscriptionState:
         group's committed offset first."""
         wanted = list(dict.fromkeys(TopicPartition(*tp) for tp in tps))
         self.partitions = {tp: self.partitions.get(tp) or self._new_state(need_committed) for tp in wanted}
-        if self.unreturned:  # a partition no longer assigned is not yielded any more
-            self.give_back(set(rewind_offsets(self.unreturned)) - self.partitions.keys(), rewind=False)
+        if self._unreturned:  # a partition no longer assigned is not yielded any more
+            with self._unreturned_lock:
+                held = set(rewind_offsets(self._unreturned))
+            self.give_back(held - self.partitions.keys(), rewind=False)
 
     def _new_state(self, need_committed: bool = False) -> PartitionState:
         state = PartitionState()
@@ -236,9 +265,10 @@ class SubscriptionState:
         """The consumed position of every partition that has one (less the unreturned
         records): what a commit of the consumer's positions sends."""
         positions = {tp: s.position for tp, s in self.partitions.items() if s.has_position}
-        if self.unreturned:
-            positions.update((tp, offset) for tp, offset in rewind_offsets(self.unreturned).items()
-                             if tp in positions)
+        if self._unreturned:
+            with self._unreturned_lock:
+                firsts = rewind_offsets(self._unreturned)
+            positions.update((tp, offset) for tp, offset in firsts.items() if tp in positions)
         return positions
 
     def state(self, tp: TopicPartition) -> PartitionState:

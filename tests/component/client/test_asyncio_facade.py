@@ -152,6 +152,102 @@ def test_records_of_a_cancelled_poll_handed_over_late_come_before_the_next_polls
     asyncio.run(main())
 
 
+def _poll_left_before_its_records(threaded_fake, then):
+    """40 records; a poll is cancelled (and has finished) while the Trio thread holds the
+    records it took, which it offers only after; ``then(consumer, tp)`` runs after that."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap, tp = threaded_fake.cluster.bootstrap, TopicPartition("t", 0)
+    holding, go = threading.Event(), threading.Event()
+
+    async def main():
+        async with AsyncProducer(bootstrap, linger_ms=0) as producer:
+            await producer.send_many("t", [b"%d" % i for i in range(40)], partition=0)
+            await producer.flush(10)
+        async with AsyncConsumer(bootstrap, auto_offset_reset="earliest", max_poll_records=7,
+                                 fetch_max_wait_ms=20) as consumer:
+            consumer.assign([tp])
+            add_poll_waiter = consumer._aio.add_poll_waiter
+
+            def held_first(limit, deliver):
+                def late(outcome):
+                    holding.set()
+                    go.wait(10)
+                    deliver(outcome)
+                consumer._aio.add_poll_waiter = add_poll_waiter
+                add_poll_waiter(limit, late)
+
+            consumer._aio.add_poll_waiter = held_first
+            first = asyncio.ensure_future(consumer.poll(timeout_ms=10_000))
+            assert await asyncio.get_running_loop().run_in_executor(None, holding.wait, 10)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            go.set()
+            await then(consumer, tp)
+
+    asyncio.run(main())
+
+
+def test_a_seek_after_a_cancelled_poll_is_not_undone_by_its_late_records(threaded_fake):
+    async def then(consumer, tp):
+        consumer.seek(tp, 30)
+        assert [r.offset for r in await consumer.poll(timeout_ms=5000)] == list(range(30, 37))
+
+    _poll_left_before_its_records(threaded_fake, then)
+
+
+def test_a_pause_after_a_cancelled_poll_holds_its_late_records_back(threaded_fake):
+    async def then(consumer, tp):
+        consumer.pause(tp)
+        assert await consumer.poll(timeout_ms=300) == []
+        consumer.resume(tp)
+        got = []
+        while len(got) < 40:
+            got += await consumer.poll(timeout_ms=5000)
+        assert [r.offset for r in got] == list(range(40))
+
+    _poll_left_before_its_records(threaded_fake, then)
+
+
+def test_records_offered_as_their_poll_is_cancelled_count_as_not_consumed(threaded_fake):
+    """The Trio thread offers the records, then the poll is cancelled before it wakes: the
+    consumer's position and the next poll start at them."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap, tp = threaded_fake.cluster.bootstrap, TopicPartition("t", 0)
+    offered = threading.Event()
+
+    async def main():
+        async with AsyncConsumer(bootstrap, auto_offset_reset="earliest", max_poll_records=7,
+                                 fetch_max_wait_ms=20) as consumer:
+            consumer.assign([tp])
+            add_poll_waiter = consumer._aio.add_poll_waiter
+
+            def noted_first(limit, deliver):
+                def noted(outcome):
+                    deliver(outcome)
+                    offered.set()
+                consumer._aio.add_poll_waiter = add_poll_waiter
+                add_poll_waiter(limit, noted)
+
+            consumer._aio.add_poll_waiter = noted_first
+            first = asyncio.ensure_future(consumer.poll(timeout_ms=10_000))
+            await asyncio.sleep(0.05)
+            async with AsyncProducer(bootstrap, linger_ms=0) as producer:
+                await producer.send_many("t", [b"%d" % i for i in range(20)], partition=0)
+                await producer.flush(10)
+                assert offered.wait(10)  # this loop runs nothing meanwhile: the poll is not woken
+                first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            assert await consumer.position(tp) == 0
+            got = []
+            while len(got) < 20:
+                got += await consumer.poll(timeout_ms=5000)
+            assert [r.offset for r in got] == list(range(20))
+
+    asyncio.run(main())
+
+
 def test_the_loop_runs_while_a_call_waits(threaded_fake):
     threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
     bootstrap = threaded_fake.cluster.bootstrap
@@ -300,3 +396,22 @@ def test_a_callback_for_a_loop_closed_before_it_ran_fails_instead_of_waiting_for
         call.future.result(timeout=30)
     assert ran == []
     consumer._portal.stop()
+
+
+def test_wakeup_is_raised_before_records_getone_left(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    bootstrap = threaded_fake.cluster.bootstrap
+
+    async def main():
+        async with AsyncProducer(bootstrap, linger_ms=0) as producer:
+            await producer.send_many("t", [b"%d" % i for i in range(5)], partition=0)
+            await producer.flush(10)
+        async with AsyncConsumer(bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition("t", 0)])
+            assert (await consumer.getone()).offset == 0  # 1-4 are left unreturned
+            consumer.wakeup()
+            with pytest.raises(WakeupError):
+                await consumer.getone()
+            assert [r.offset for r in await consumer.poll(timeout_ms=1000)] == [1, 2, 3, 4]
+
+    asyncio.run(main())

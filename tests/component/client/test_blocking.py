@@ -573,3 +573,19 @@ def test_calls_after_close_are_refused(threaded_fake):
     consumer.close()  # idempotent
     with pytest.raises(TidelogError, match="closed"):
         consumer.poll()
+
+
+def test_wakeup_is_raised_before_records_an_iterator_left(threaded_fake):
+    """The records of an iterator's last poll wait their turn; a wakeup does not (Kafka's
+    rule: the next poll raises it)."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    with Producer(threaded_fake.cluster.bootstrap, linger_ms=0) as producer:
+        producer.send_many("t", [b"%d" % i for i in range(5)], partition=0)
+        producer.flush(10)
+    with Consumer(threaded_fake.cluster.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000) as consumer:
+        consumer.assign([TopicPartition("t", 0)])
+        assert next(iter(consumer)).offset == 0  # 1-4 are left unreturned
+        consumer.wakeup()
+        with pytest.raises(WakeupError):
+            consumer.poll(timeout_ms=1000)
+        assert [r.offset for r in consumer.poll(timeout_ms=1000)] == [1, 2, 3, 4]

@@ -347,3 +347,39 @@ def test_consumer_config_validates():
     with pytest.raises(ValueError, match="auto_offset_reset"):
         ConsumerConfig(auto_offset_reset="smallest")
     assert ConsumerConfig(group_id="g").group_id == "g"
+
+
+def test_unreturned_records_are_shared_safely_between_threads():
+    """A facade's thread takes and puts back unreturned records while the loop thread
+    commits (``consumed_positions``) and seeks (``give_back``): no 'deque mutated during
+    iteration', no record lost."""
+    import threading
+
+    subs = SubscriptionState(default_reset=EARLIEST_TIMESTAMP)
+    subs.assign([A0, A1])
+    for tp in (A0, A1):
+        subs.partitions[tp].seek(0)
+    records = [Record("a", p, o, 0, None, b"") for o in range(50) for p in (0, 1)]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def loop_thread():
+        try:
+            while not stop.is_set():
+                subs.consumed_positions()
+                subs.consumed_position(A1)
+                subs.give_back([B0])  # holds nothing of B0: keeps every record
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=loop_thread)
+    thread.start()
+    try:
+        for _ in range(2000):
+            subs.put_back(records)
+            taken = [subs.next_unreturned() for _ in range(5)] + subs.take_unreturned(len(records))
+            assert taken == records
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
