@@ -131,6 +131,7 @@ class Partition:
         self.adding_replicas: list[int] = []  # a reassignment's, not yet part of the replica set
         self.isr: frozenset[int] = frozenset()
         self.pending_isr: frozenset[int] | None = None  # an ISR change written but not yet confirmed
+        self.isr_writes = 0  # counts ISR writes started: which one ``pending_isr`` belongs to
         self.zk_version = -1
         self.controller_epoch = -1
         self.remote: dict[int, ReplicaState] = {}

@@ -974,14 +974,18 @@ class ReplicaManager:
             if new_isr is None:
                 return
         p.pending_isr = new_isr
+        p.isr_writes += 1
+        write = p.isr_writes
+        # Only this write's own pending state is cleared or applied: a LeaderAndIsr may have
+        # cleared it meanwhile and a later write (the same ISR, say) set its own.
         try:
             new_version = await self.isr_writer(p.tp, sorted(new_isr), epoch, p.controller_epoch, version)
         except Exception as e:  # a conflict means the controller changed the state: wait for it
             logger.info("%s: ISR %s to %s not written: %s", p.tp, why, sorted(new_isr), e)
-            if p.pending_isr == new_isr:
+            if p.isr_writes == write and p.pending_isr is not None:
                 p.pending_isr = None
             return
-        if p.leader_epoch != epoch or p.pending_isr != new_isr:
+        if p.isr_writes != write or p.pending_isr is None or p.leader_epoch != epoch:
             return
         logger.info("%s: ISR %s from %s to %s", p.tp, why, sorted(p.isr), sorted(new_isr))
         p.isr, p.pending_isr, p.zk_version = new_isr, None, new_version

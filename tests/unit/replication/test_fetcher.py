@@ -27,7 +27,7 @@ from tests.unit.replication.memory_leader import (
 )
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.replication.fetcher import truncation_target
-from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH
+from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH, TidelogError
 from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic
 
 # Every async test runs on trio's autojump clock (the ``autojump_clock`` argument): fetcher
@@ -418,6 +418,58 @@ async def test_an_isr_expansion_is_decided_again_when_its_write_runs(tmp_path, a
         await fetch_as(3, 5)  # caught up now: it joins
         await a.replica_manager._write_isr(p, p.isr_to_expand(), "expand", p.leader_epoch, p.zk_version)
         assert written == [[1, 2, 3]] and p.isr == {1, 2, 3}
+    finally:
+        for b in brokers:
+            b.close()
+
+
+async def test_a_stale_isr_write_failing_late_leaves_a_newer_write_pending(tmp_path, autojump_clock):
+    """W1 (epoch 0) is in flight when the controller moves the partition to epoch 1; W2,
+    decided at epoch 1, starts; W1's conflict then comes back. It must not clear W2's
+    pending ISR (the HW would pass follower 3 while W2 writes 3 into the ISR), and W2's
+    success must be applied: the leader's ISR is ZooKeeper's."""
+    c, brokers = make_cluster(str(tmp_path), n=3)
+    a = brokers[0]
+    try:
+        c.elect(1, isr=[1, 2])  # epoch 0, version 0
+        produce(a, 5)
+
+        async def fetch_as(replica, offset, epoch):
+            req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, offset, current_leader_epoch=epoch)])],
+                               replica_id=replica, max_wait_ms=0, replica_epoch=brokers[replica - 1].broker_epoch)
+            return await a.fetch(req)
+
+        await fetch_as(2, 5, 0)
+        await fetch_as(3, 5, 0)
+        p = a.partition()
+        zk = {"isr": [1, 2], "version": 0}
+        release = {0: trio.Event(), 1: trio.Event()}
+
+        async def writer(tp, isr, epoch, controller_epoch, version):
+            await release[epoch].wait()
+            if version != zk["version"]:
+                raise TidelogError("version conflict")
+            zk.update(isr=isr, version=version + 1)
+            return version + 1
+
+        a.replica_manager.isr_writer = writer
+        async with trio.open_nursery() as n:
+            n.start_soon(a.replica_manager._write_isr, p, frozenset({1, 2, 3}), "expand", 0, 0)
+            await trio.testing.wait_all_tasks_blocked()
+            c.elect(1, isr=[1, 2])  # epoch 1; the controller wrote version 1
+            zk.update(isr=[1, 2], version=1)
+            await fetch_as(2, 5, 1)
+            await fetch_as(3, 5, 1)
+            n.start_soon(a.replica_manager._write_isr, p, frozenset({1, 2, 3}), "expand", 1, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            release[0].set()  # W1 fails
+            await trio.testing.wait_all_tasks_blocked()
+            assert p.pending_isr == {1, 2, 3}
+            produce(a, 5)
+            await fetch_as(2, 10, 1)
+            assert p.log.high_watermark == 5  # follower 3, maybe in the ISR, holds 5
+            release[1].set()
+        assert sorted(p.isr) == zk["isr"] == [1, 2, 3] and p.zk_version == zk["version"] == 2
     finally:
         for b in brokers:
             b.close()
