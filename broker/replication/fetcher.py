@@ -237,6 +237,10 @@ class ReplicaFetcher:
                     self.quota.record(len(p.records), trio.current_time())
                 _maybe_restart_at_first_batch(tp, log, p.records)
                 log.append_as_follower(p.records)
+                # to the end of the next request, as Kafka's fetcher does: only the first
+                # partition with data may exceed its max bytes, and the response's budget is
+                # spent in request order, so a fixed order starves the partitions behind
+                self.partitions[tp] = self.partitions.pop(tp)
         except TidelogError as e:
             logger.error("%s: cannot append the leader's batches: %s", tp, e)
             st.truncating = True

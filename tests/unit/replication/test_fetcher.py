@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tests.unit.log.helpers import FakeClock, make_batch, open_log, read_batches
 from tests.unit.replication.memory_leader import (
+    CONTROLLER_EPOCH,
     TP,
     MemoryBroker,
     MemoryCluster,
@@ -28,7 +29,8 @@ from tests.unit.replication.memory_leader import (
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.replication.fetcher import truncation_target
 from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH, TidelogError
-from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic
+from tidelog.protocol.messages import FetchPartition, FetchRequest, FetchTopic, PartitionState
+from tidelog.protocol.topics import TopicPartition
 
 # Every async test runs on trio's autojump clock (the ``autojump_clock`` argument): fetcher
 # backoffs pass in virtual time, so a fetcher that backs off forever fails fast.
@@ -470,6 +472,33 @@ async def test_a_stale_isr_write_failing_late_leaves_a_newer_write_pending(tmp_p
             assert p.log.high_watermark == 5  # follower 3, maybe in the ISR, holds 5
             release[1].set()
         assert sorted(p.isr) == zk["isr"] == [1, 2, 3] and p.zk_version == zk["version"] == 2
+    finally:
+        for b in brokers:
+            b.close()
+
+
+async def test_a_partition_behind_a_busy_one_is_not_starved(tmp_path, autojump_clock):
+    """Only the first partition of a fetch that returns data may exceed its max bytes: one
+    whose next batch is larger than that, behind a partition that has data every time, gets
+    its turn (the fetched partitions go to the end of the next request, as in Kafka)."""
+    busy = TopicPartition("a-topic", 0)
+    config = LogConfig(segment_bytes=1 << 22, retention_ms=-1, max_message_bytes=4 << 20)
+    brokers = [MemoryBroker(i, f"{tmp_path}/b{i}", config, FakeClock()) for i in (1, 2)]
+    c = MemoryCluster(brokers, partition_max_bytes=1000)
+    leader, follower = brokers
+    try:
+        for tp in (busy, TP):  # the busy partition first in the fetcher's order
+            st = PartitionState(tp.topic, tp.partition, CONTROLLER_EPOCH, 1, 0, [1, 2], 0, [1, 2])
+            for b in brokers:
+                c.send(b, st)
+        c.leader_id = 1
+        f = c.fetcher(follower)
+        leader.produce(make_batch(1, size=5000), tp=TP)  # larger than partition_max_bytes
+        for _ in range(5):
+            leader.produce(make_batch(1), tp=busy)
+            await f.maybe_truncate()
+            await f.fetch_once()
+        assert follower.log(TP).log_end_offset == leader.log(TP).log_end_offset == 1
     finally:
         for b in brokers:
             b.close()
