@@ -513,6 +513,28 @@ class Log:
             return self.read(offset, max_bytes, max_offset, min_one_message)
         return b""
 
+    def bytes_below(self, offset: int, end: int, cap: int) -> int:
+        """About the bytes a ``read(offset, cap, max_offset=end)`` would return, at most
+        ``cap``, found from segment positions (an index lookup and a header walk, no record
+        read or checked): a waiting fetch's try (Kafka's DelayedFetch estimates the same
+        way). ``cap`` when ``end`` lies beyond the segment holding ``offset``, as in Kafka.
+        Raises what locating ``offset`` or ``end`` raises (CorruptRecordError)."""
+        if end <= offset:
+            return 0
+        view = self._view
+        i = max(0, bisect.bisect_right(view.bases, offset) - 1)
+        seg = view.segments[i]
+        if end > seg.next_offset or seg.next_offset <= offset:
+            return cap  # the rest of a segment at least (or a gap after it: a read tells)
+        start = seg.translate_offset(offset)
+        if start is None:
+            return 0
+        stop = seg.size
+        if end < seg.next_offset:  # the batch holding ``end`` reaches it: not read
+            found = seg.translate_offset(end)
+            stop = seg.size if found is None else found[0]
+        return max(0, min(cap, stop - start[0]))
+
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """The first record with a timestamp >= ``timestamp``: ``(offset, timestamp)`` or None."""
         view = self._view

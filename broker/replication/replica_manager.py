@@ -264,8 +264,15 @@ class DelayedFetch(DelayedOperation):
         self.from_follower = request.replica_id >= 0
 
     def outcome(self, force: bool) -> Any:
-        results, size, throttled = self.manager._read_all(self.request, self.from_follower)
-        if not force and size < self.request.min_bytes and not _has_errors(results):
+        req = self.request
+        if not force and req.min_bytes > 1 and not self.from_follower:
+            # a try without a read while the positions say min_bytes are not there: a read
+            # per append of everything waiting grows with the square of min_bytes
+            waiting = self.manager.bytes_waiting(req)
+            if waiting is not None and waiting < req.min_bytes:
+                return None
+        results, size, throttled = self.manager._read_all(req, self.from_follower)
+        if not force and size < req.min_bytes and not _has_errors(results):
             return None
         self.manager._charge_throttled(throttled)
         return self.respond(results)
@@ -774,6 +781,26 @@ class ReplicaManager:
                 throttled += charged
                 budget = max(0, budget - n)
         return results, size, throttled
+
+    def bytes_waiting(self, req: FetchRequest) -> int | None:
+        """A consumer's fetch: about the bytes a read would return now, from positions
+        (``Log.bytes_below``), or None when only a read can tell (a partition no longer
+        served here, an offset out of range, damage)."""
+        total, budget = 0, min(req.max_bytes, self.config.fetch_max_bytes)
+        try:
+            for t in req.topics:
+                for fp in t.partitions:
+                    p = self.partitions.get(TopicPartition(t.topic, fp.partition))
+                    if p is None:
+                        return None
+                    log = p.fetch_log(fp.current_leader_epoch, False)
+                    hw = log.high_watermark
+                    if not log.log_start_offset <= fp.fetch_offset <= hw:
+                        return None
+                    total += log.bytes_below(fp.fetch_offset, hw, fp.partition_max_bytes)
+        except TidelogError:  # CorruptRecordError and the fencing errors among them
+            return None
+        return min(total, budget)
 
     def _charge_throttled(self, nbytes: int) -> None:
         """The bytes an answered fetch sends to throttled replicas, against the leader's throttle."""

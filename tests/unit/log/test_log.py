@@ -960,3 +960,27 @@ def test_reads_at_recently_appended_offsets_follow_truncation_and_new_appends(tm
         assert log.read(offset, 1 << 20) == read_batches(log, first)
     reopened = open_log(tmp_path, small_config(segment_bytes=1_000_000))
     assert read_batches(reopened) == read_batches(log)
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 300)), min_size=1, max_size=25),
+       cap=st.sampled_from([60, 700, 1 << 20]))
+def test_bytes_below_is_what_a_read_would_return(sizes, cap):
+    """``bytes_below`` (a waiting fetch's estimate from positions) is the size of the batches
+    a read of the segment holding the offset returns below the end, at most ``cap``; the cap
+    itself when the end lies beyond that segment, as Kafka's DelayedFetch counts."""
+    with tempfile.TemporaryDirectory() as d:
+        log = open_log(d, LogConfig(segment_bytes=1500, index_interval_bytes=100))
+        for n, size in sizes:
+            log.append_as_leader(make_batch(n, size=size), 0)
+        leo = log.log_end_offset
+        for offset in range(leo + 1):
+            for end in range(offset, leo + 1):
+                estimate = log.bytes_below(offset, end, cap)
+                seg = [s for s in log.segments if s.base_offset <= offset][-1]
+                if end > seg.next_offset:
+                    assert estimate == cap
+                else:
+                    whole = log.read(offset, 1 << 30, max_offset=end) if end > offset else b""
+                    assert estimate == min(cap, len(whole))
+        log.close()

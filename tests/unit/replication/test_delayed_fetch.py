@@ -168,6 +168,36 @@ async def test_an_append_below_min_bytes_leaves_it_waiting_until_max_wait(leader
     assert partition_result(answers[0]).records  # what there is at the deadline
 
 
+async def test_a_waiting_fetch_with_large_min_bytes_is_not_read_again_at_every_append(
+        tmp_path, nursery, monkeypatch):
+    """Its tries look at positions, not records: it is read when min_bytes are there, so the
+    bytes read stay proportional to those produced (they grew with the square of min_bytes:
+    one consumer could hold the event loop)."""
+    cluster, (leader,) = make_cluster(str(tmp_path), n=1, config=LogConfig(segment_bytes=1 << 24, retention_ms=-1))
+    cluster.elect(1, [1])
+    await nursery.start(leader.replica_manager.run)
+    batch = make_batch(1, size=1000)
+    min_bytes = 200 * len(batch)
+    answers = attach(consumer_fetch(leader, 0, max_wait_ms=60_000, min_bytes=min_bytes))
+    read_bytes = [0]
+    read = LogSegment.read
+
+    def counted(self, *args, **kwargs):
+        out = read(self, *args, **kwargs)
+        read_bytes[0] += len(out)
+        return out
+
+    monkeypatch.setattr(LogSegment, "read", counted)
+    produced = 0
+    while not answers and produced < 400:
+        leader.produce(make_batch(1, size=1000))
+        produced += 1
+    assert produced == 200  # answered by the append that brought min_bytes
+    assert len(partition_result(answers[0]).records) == min_bytes
+    assert read_bytes[0] <= 2 * min_bytes
+    leader.close()
+
+
 async def test_the_timer_answers_an_empty_fetch_at_max_wait_ms_in_deadline_order(leader, autojump_clock):
     late = attach(consumer_fetch(leader, 0, max_wait_ms=800))
     early = attach(consumer_fetch(leader, 0, max_wait_ms=200))
