@@ -21,11 +21,19 @@ Loading and unloading (leadership callbacks from the replica manager)
 When this broker becomes leader of a partition of ``__consumer_offsets`` it reads the
 partition from its log start to its log end, off the Trio thread (``trio.to_thread``), and
 folds the records into groups and offsets (``offsets_records.load``); meanwhile requests for
-its groups get COORDINATOR_LOAD_IN_PROGRESS. A load that finishes after leadership moved on
-(another leader epoch) is discarded. When the broker stops leading the partition, its groups
-are dropped, every waiting JoinGroup or SyncGroup is answered NOT_COORDINATOR, and later
-requests get NOT_COORDINATOR: the client finds the new coordinator, which loads the same
-records (they were committed with acks=all, so every in-sync replica has them).
+its groups get COORDINATOR_LOAD_IN_PROGRESS. When the broker stops leading the partition, its
+groups are dropped, every waiting JoinGroup or SyncGroup is answered NOT_COORDINATOR, and
+later requests get NOT_COORDINATOR: the client finds the new coordinator, which loads the
+same records (they were committed with acks=all, so every in-sync replica has them).
+
+A new leader epoch with this broker still the leader (the controller bumps it whenever the
+ISR shrinks: a follower died or shut down) changes nothing here: the partition is owned (or
+loading) already, and only the epoch is recorded, as Kafka's GroupMetadataManager keeps a
+partition it owns. What fences a load or an append against a change of coordinator is the
+partition's ownership token (``_owners``), new with each load and gone with each unload: a
+load that finishes, or an append that is committed, under another token is discarded or
+answered NOT_COORDINATOR. Losing the partition and leading it again is a new ownership
+(the groups are loaded again: another broker may have written in between).
 
 The commit path
 ---------------
@@ -50,6 +58,7 @@ a join phase) and calls ``GroupMetadata.tick``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 import uuid
@@ -234,10 +243,10 @@ LOAD_RETRY_S, LOAD_RETRY_MAX_S = 0.5, 30.0
 
 class _Appended(NamedTuple):
     """Records appended to an offsets partition (``GroupCoordinator._append_now``), their
-    replication still to wait for: the leader epoch then (None: not the coordinator) and the
-    replica manager's results and waits."""
+    replication still to wait for: the partition's ownership token then (None: not the
+    coordinator) and the replica manager's results and waits."""
     tp: TopicPartition
-    epoch: int | None
+    owner: int | None
     results: dict
     waiting: dict
 
@@ -269,6 +278,10 @@ class GroupCoordinator:
         self.groups: dict[str, GroupMetadata] = {}
         self.epochs: dict[int, int] = {}  # partitions of __consumer_offsets led here -> leader epoch
         self.loading: set[int] = set()
+        # partitions led here -> ownership token: new with each load, so that what was begun
+        # under an earlier ownership (a load, an append) is fenced, and a leader epoch bump is not
+        self._owners: dict[int, int] = {}
+        self._next_owner = itertools.count(1)
         self.remote_end_offsets: dict[TopicPartition, int] = {}
         self._waiters: dict[tuple[str, str, str], list[_Waiter]] = {}
         self._wake = trio.Event()
@@ -282,8 +295,8 @@ class GroupCoordinator:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for partition, epoch in self._pending_loads:
-                nursery.start_soon(self._load, partition, epoch)
+            for partition, owner in self._pending_loads:
+                nursery.start_soon(self._load, partition, owner)
             self._pending_loads.clear()
             nursery.start_soon(self._timer_loop)
             nursery.start_soon(self._retention_loop)
@@ -306,25 +319,27 @@ class GroupCoordinator:
     # -- leadership of __consumer_offsets partitions --------------------------------------------
 
     def on_leadership_change(self, tp: TopicPartition, is_leader: bool, leader_epoch: int) -> None:
-        """Called by the replica manager after each LeaderAndIsr / StopReplica of a partition."""
+        """Called by the replica manager after each LeaderAndIsr / StopReplica of a partition.
+        A partition owned here already (loaded or loading) stays so when the leader epoch
+        alone changes: its groups, waiting requests and in-flight writes go on."""
         if tp.topic != OFFSETS_TOPIC:
             return
         if not is_leader:
             if tp.partition in self.epochs:
                 self._unload(tp.partition)
             return
-        if self.epochs.get(tp.partition) == leader_epoch:
-            return
         if tp.partition in self.epochs:
-            self._unload(tp.partition)
-        self.epochs[tp.partition] = leader_epoch
+            self.epochs[tp.partition] = leader_epoch
+            return
+        owner = next(self._next_owner)
+        self.epochs[tp.partition], self._owners[tp.partition] = leader_epoch, owner
         self.loading.add(tp.partition)
         if self._nursery is None:
-            self._pending_loads.append((tp.partition, leader_epoch))
+            self._pending_loads.append((tp.partition, owner))
         else:
-            self._nursery.start_soon(self._load, tp.partition, leader_epoch)
+            self._nursery.start_soon(self._load, tp.partition, owner)
 
-    async def _load(self, partition: int, epoch: int) -> None:
+    async def _load(self, partition: int, owner: int) -> None:
         """Read the partition's groups and offsets back, then serve them. A read that fails
         (the log changing under it, a disk error) is tried again, backing off, for as long as
         this leadership lasts: its groups answer COORDINATOR_LOAD_IN_PROGRESS meanwhile,
@@ -341,15 +356,15 @@ class GroupCoordinator:
                     logger.exception("loading %s failed; trying again in %.1f s", tp, delay)
             await trio.sleep(delay)
             delay = min(2 * delay, LOAD_RETRY_MAX_S)
-            if self.epochs.get(partition) != epoch:
+            if self._owners.get(partition) != owner:
                 return
-        if self.epochs.get(partition) != epoch:
-            logger.info("%s: load for leader epoch %d discarded (leadership moved)", tp, epoch)
+        if self._owners.get(partition) != owner:
+            logger.info("%s: load discarded (leadership moved while it read)", tp)
             return
         self._install(partition, loaded)
         logger.info("%s: loaded %d groups and %d offsets in %.0f ms (leader epoch %d)%s", tp,
                     len(loaded.group_ids()), sum(len(o) for o in loaded.offsets.values()),
-                    (time.monotonic() - started) * 1000, epoch,
+                    (time.monotonic() - started) * 1000, self.epochs[partition],
                     f"; {len(loaded.skipped)} undecodable records skipped" if loaded.skipped else "")
         for record_offset, problem in loaded.skipped[:10]:
             logger.warning("%s: record at offset %d skipped: %s", tp, record_offset, problem)
@@ -378,6 +393,7 @@ class GroupCoordinator:
 
     def _unload(self, partition: int) -> None:
         self.epochs.pop(partition, None)
+        self._owners.pop(partition, None)
         self.loading.discard(partition)
         gone = [g for gid, g in self.groups.items() if self.partition_of(gid) == partition]
         for group in gone:
@@ -669,21 +685,21 @@ class GroupCoordinator:
         """The synchronous half of ``_append``: the records are in the log when it returns,
         in the order of the calls (``_committed`` waits for them)."""
         tp = TopicPartition(OFFSETS_TOPIC, partition)
-        epoch = self.epochs.get(partition)
-        if epoch is None:
+        owner = self._owners.get(partition)
+        if owner is None:
             return _Appended(tp, None, {}, {})
         results, waiting = self.replica_manager.append_now(-1, {tp: build_batch(records, timestamp_ms=self.clock())})
-        return _Appended(tp, epoch, results, waiting)
+        return _Appended(tp, owner, results, waiting)
 
     async def _committed(self, appended: _Appended, n: int) -> tuple[ErrorCode, int]:
-        tp, epoch, results, waiting = appended
-        if epoch is None:
+        tp, owner, results, waiting = appended
+        if owner is None:
             return NOT_COORDINATOR, -1
         if waiting:
             await self.replica_manager.await_replication(waiting, self.config.offsets_commit_timeout_ms, results)
         r = results[tp]
         error = append_error(r["error_code"])
-        if error is NONE and self.epochs.get(tp.partition) != epoch:
+        if error is NONE and self._owners.get(tp.partition) != owner:
             error = NOT_COORDINATOR
         if error is not NONE:
             logger.info("%s: append of %d records failed: %s (%s)", tp, n, for_code(r["error_code"]),

@@ -490,3 +490,98 @@ async def test_a_commit_waiting_for_replication_keeps_its_group_and_partition_fr
     await wait_loaded(new)
     assert (await fetched(broker, "fresh"))[DATA_TP] == 9
     assert (await fetched(broker, "old"))[DATA_TP] == 4
+
+
+async def test_a_new_leader_epoch_without_a_new_leader_keeps_the_groups(broker, nursery):
+    """The controller bumps an offsets partition's leader epoch whenever its ISR shrinks (a
+    follower died or shut down) while the leader stays: the coordinator keeps its groups
+    loaded, a JoinGroup waiting in a rebalance keeps waiting and completes it (Kafka keeps a
+    partition it already owns)."""
+    (leader,), generation = await form_group(broker, 1)
+    newcomer = await broker.call(ApiKey.JOIN_GROUP, join())
+    responses = []
+
+    async def second_join():
+        responses.append(await broker.call(ApiKey.JOIN_GROUP, join(member_id=newcomer.member_id)))
+
+    nursery.start_soon(second_join)
+    with trio.fail_after(5):
+        while broker.coordinator.groups["g"].state.value != "PreparingRebalance":
+            await trio.sleep(0.01)
+    broker.lead(epoch=2)  # same leader, next epoch
+    assert broker.coordinator.coordinator_error("g") is None
+    hb = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))
+    assert hb.error_code == REBALANCE_IN_PROGRESS.code  # the rebalance goes on
+    rejoined = await broker.call(ApiKey.JOIN_GROUP, join(member_id=leader.member_id))
+    with trio.fail_after(5):
+        while not responses:
+            await trio.sleep(0.01)
+    assert (rejoined.error_code, responses[0].error_code) == (NONE.code, NONE.code)
+    assert rejoined.generation_id == responses[0].generation_id == generation + 1
+
+
+async def test_a_commit_in_flight_across_a_new_leader_epoch_is_acknowledged(broker, nursery):
+    """A commit appended before the epoch bump of a leader that stays is committed like any
+    other: it is acknowledged and fetched, not refused as if the coordinator had moved."""
+    release, calls = trio.Event(), []
+    replicate = broker.replica_manager.await_replication
+
+    async def held(*args):
+        calls.append(args)
+        await release.wait()
+        await replicate(*args)
+
+    broker.replica_manager.await_replication = held
+    responses = []
+
+    async def commit_in_background():
+        responses.append(await broker.call(ApiKey.OFFSET_COMMIT, commit(42)))
+
+    nursery.start_soon(commit_in_background)
+    with trio.fail_after(5):
+        while not calls:
+            await trio.sleep(0.01)
+    broker.lead(epoch=2)  # the ISR shrank: same leader, next epoch
+    release.set()
+    with trio.fail_after(5):
+        while not responses:
+            await trio.sleep(0.01)
+    assert committed_code(responses[0]) == NONE.code
+    assert (await fetched(broker))[DATA_TP] == 42
+
+
+async def test_leadership_lost_and_regained_reloads_and_fences_what_was_in_flight(broker, nursery):
+    """Losing the partition and leading it again is a new ownership: the groups are loaded
+    again from the log, and a commit appended under the earlier ownership is answered
+    NOT_COORDINATOR (its client retries against the coordinator it finds)."""
+    from tidelog.protocol.messages import StopReplicaPartition, StopReplicaRequest
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(7))
+    release, calls = trio.Event(), []
+    replicate = broker.replica_manager.await_replication
+
+    async def held(*args):
+        calls.append(args)
+        await release.wait()
+        await replicate(*args)
+
+    broker.replica_manager.await_replication = held
+    responses = []
+
+    async def commit_in_background():
+        responses.append(await broker.call(ApiKey.OFFSET_COMMIT, commit(8)))
+
+    nursery.start_soon(commit_in_background)
+    with trio.fail_after(5):
+        while not calls:
+            await trio.sleep(0.01)
+    broker.replica_manager.stop_replicas(StopReplicaRequest(1, 1, 0, [StopReplicaPartition(OFFSETS_TOPIC, 0)]))
+    assert broker.coordinator.coordinator_error("g") is NOT_COORDINATOR
+    broker.lead(epoch=3)  # led by another broker at epoch 2, then here again
+    assert broker.coordinator.coordinator_error("g") is COORDINATOR_LOAD_IN_PROGRESS
+    release.set()
+    with trio.fail_after(5):
+        while not responses:
+            await trio.sleep(0.01)
+    assert committed_code(responses[0]) == NOT_COORDINATOR.code
+    await wait_loaded(broker.coordinator)
+    assert (await fetched(broker))[DATA_TP] == 8  # the reload read both records
