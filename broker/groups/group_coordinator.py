@@ -21,10 +21,12 @@ Loading and unloading (leadership callbacks from the replica manager)
 When this broker becomes leader of a partition of ``__consumer_offsets`` it reads the
 partition from its log start to its log end, off the Trio thread (``trio.to_thread``), and
 folds the records into groups and offsets (``offsets_records.load``); meanwhile requests for
-its groups get COORDINATOR_LOAD_IN_PROGRESS. When the broker stops leading the partition, its
-groups are dropped, every waiting JoinGroup or SyncGroup is answered NOT_COORDINATOR, and
-later requests get NOT_COORDINATOR: the client finds the new coordinator, which loads the
-same records (they were committed with acks=all, so every in-sync replica has them).
+its groups get COORDINATOR_LOAD_IN_PROGRESS, except, as in Kafka, SyncGroup (answered
+REBALANCE_IN_PROGRESS: the member rejoins; clients do not expect the load error there) and
+Heartbeat (answered NONE). When the broker stops leading the partition, its groups are
+dropped, every waiting JoinGroup or SyncGroup is answered NOT_COORDINATOR, and later
+requests get NOT_COORDINATOR: the client finds the new coordinator, which loads the same
+records (they were committed with acks=all, so every in-sync replica has them).
 
 A new leader epoch with this broker still the leader (the controller bumps it whenever the
 ISR shrinks: a follower died or shut down) changes nothing here: the partition is owned (or
@@ -501,6 +503,10 @@ class GroupCoordinator:
 
     async def sync_group(self, req: SyncGroupRequest) -> SyncGroupResponse:
         error = self.coordinator_error(req.group_id)
+        if error is COORDINATOR_LOAD_IN_PROGRESS:
+            # the rebalance it belongs to is lost with the load: the member rejoins (Kafka's
+            # answer; clients do not expect COORDINATOR_LOAD_IN_PROGRESS from SyncGroup)
+            return sync_error(REBALANCE_IN_PROGRESS, f"group {req.group_id} is being loaded: rejoin it")
         if error is not None:
             return sync_error(error)
         group = self.groups.get(req.group_id)
@@ -517,6 +523,8 @@ class GroupCoordinator:
 
     async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
         error = self.coordinator_error(req.group_id)
+        if error is COORDINATOR_LOAD_IN_PROGRESS:  # answered blindly, as Kafka: the load restarts every session
+            return HeartbeatResponse(NONE.code)
         if error is not None:
             return HeartbeatResponse(error.code, error.message)
         group = self.groups.get(req.group_id)

@@ -585,3 +585,30 @@ async def test_leadership_lost_and_regained_reloads_and_fences_what_was_in_fligh
     assert committed_code(responses[0]) == NOT_COORDINATOR.code
     await wait_loaded(broker.coordinator)
     assert (await fetched(broker))[DATA_TP] == 8  # the reload read both records
+
+
+async def test_sync_and_heartbeat_while_the_partition_loads_answer_as_kafka(broker, nursery):
+    """While the group's partition loads, SyncGroup is answered REBALANCE_IN_PROGRESS (the
+    member rejoins; clients do not expect COORDINATOR_LOAD_IN_PROGRESS there: a Java consumer
+    fails on it) and a heartbeat NONE, as Kafka's coordinator answers."""
+    (leader,), generation = await form_group(broker, 1)
+    new = broker.new_coordinator()
+    read, release = new._read_partition, trio.Event()
+
+    async def slow(log):
+        await release.wait()
+        return await read(log)
+
+    new._read_partition = slow
+    broker.apis.coordinator = new
+    broker.lead(epoch=2)
+    await nursery.start(new.run)
+    sync = await broker.call(ApiKey.SYNC_GROUP, SyncGroupRequest("g", generation, leader.member_id))
+    hb = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))
+    joined = await broker.call(ApiKey.JOIN_GROUP, join(member_id=leader.member_id))
+    assert (sync.error_code, hb.error_code) == (REBALANCE_IN_PROGRESS.code, NONE.code)
+    assert joined.error_code == COORDINATOR_LOAD_IN_PROGRESS.code  # JoinGroup is retried as it is
+    release.set()
+    await wait_loaded(new)
+    hb = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))
+    assert hb.error_code == NONE.code
