@@ -7,10 +7,12 @@ States (Kafka's, the names DescribeGroups reports)
                         one used only to commit offsets).
 ``PreparingRebalance``  a rebalance started: members must (re)join. The join phase ends
                         when every known member has rejoined, or when the rebalance timeout
-                        (the largest of the members') passes; members that did not rejoin
-                        are removed. An Empty group waits ``group.initial.rebalance.delay.ms``
-                        first (extended by that delay while new members keep arriving, up to
-                        the rebalance timeout) so that a starting fleet joins one generation.
+                        (the largest of the members') passes; dynamic members that did not
+                        rejoin are removed, static ones stay (until their session expires).
+                        If no member rejoined, the phase waits another rebalance timeout.
+                        An Empty group waits ``group.initial.rebalance.delay.ms`` first
+                        (extended by that delay while new members keep arriving, up to the
+                        rebalance timeout) so that a starting fleet joins one generation.
 ``CompletingRebalance`` the join phase ended: the generation was bumped, a protocol (assignor)
                         supported by every member chosen, the leader got the member list and
                         computes the assignment; members wait in SyncGroup for it.
@@ -36,9 +38,12 @@ Membership rules that matter for clients (Kafka's):
   the member id to rejoin with; until it rejoins (or its session timeout passes) the join
   phase waits for it.
 * A static member (group instance id) keeps its identity across restarts: rejoining with an
-  unknown member id replaces the old member id; in a Stable group whose chosen protocol and
-  the member's metadata are unchanged this happens without a rebalance and the member gets
-  its old assignment. Requests carrying the old member id are then FENCED_INSTANCE_ID.
+  unknown member id replaces the old member id; in a Stable group whose selected protocol
+  would stay the same this happens without a rebalance, whatever the member's new metadata
+  (a restarted consumer's subscription carries generation -1), and the member gets its old
+  assignment (Kafka's updateStaticMemberAndRebalance). Requests carrying the old member id
+  are then FENCED_INSTANCE_ID. A static member that does not rejoin a rebalance stays in
+  the group until its session expires (or it misses the SyncGroup deadline).
 * Heartbeats answer REBALANCE_IN_PROGRESS while the group prepares a rebalance (the member
   must rejoin); a member that sends no heartbeat within its session timeout is removed and
   the group rebalances. LeaveGroup removes a member at once and rebalances.
@@ -375,7 +380,6 @@ class GroupMetadata:
         old_id = self.static_members[req.group_instance_id]
         old = self.members[old_id]
         effects = self._fence(old)
-        metadata_changed = old.metadata_for(self.protocol_name) != dict(_protocols(req)).get(self.protocol_name)
         old_join = old.joined_with()
         member = self._rename(old, new_member_id)
         member.rejoin(_protocols(req), _rebalance_timeout(req), req.session_timeout_ms, client_id, client_host)
@@ -384,8 +388,9 @@ class GroupMetadata:
             member.awaiting_join = True
             return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
         # CompletingRebalance: the leader may be assigning to the old member id, which would
-        # leave the new one without partitions (Kafka's updateStaticMemberAndRebalance)
-        if self.is_(S.COMPLETING_REBALANCE) or metadata_changed or self.select_protocol() != self.protocol_name:
+        # leave the new one without partitions (Kafka's updateStaticMemberAndRebalance). In
+        # Stable only a change of the selected protocol rebalances, not other metadata
+        if self.is_(S.COMPLETING_REBALANCE) or self.select_protocol() != self.protocol_name:
             member.awaiting_join = True
             effects += self.prepare_rebalance(now_ms, config)
             return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
@@ -513,26 +518,34 @@ class GroupMetadata:
         return []
 
     def complete_join(self, now_ms: int) -> list[Effect]:
-        """Remove members that did not rejoin; bump the generation; answer every member."""
-        for m in [m for m in self.members.values() if not m.awaiting_join]:
+        """Remove the dynamic members that did not rejoin (static ones stay: a restarting
+        process comes back under its instance id; their session expiry removes them); bump
+        the generation with a leader among the members that rejoined; answer those. If none
+        rejoined but members remain, wait another rebalance timeout (Kafka's onCompleteJoin)."""
+        for m in [m for m in self.members.values() if not m.awaiting_join and m.group_instance_id is None]:
             self.remove(m.member_id)
-        self.join_deadline_ms = self.initial_delay_remaining_ms = None
-        self.new_member_added = False
+        self.initial_delay_remaining_ms, self.new_member_added = None, False
+        joined = [m for m in self.members.values() if m.awaiting_join]
+        if self.members and not joined:
+            self.join_deadline_ms = now_ms + self.rebalance_timeout_ms
+            return []
+        self.join_deadline_ms = None
         self.generation_id += 1
         if not self.members:
             self.protocol_name = None
             self.transition_to(S.EMPTY, now_ms)
             return [StoreGroup(StoreReason.EMPTY, self.generation_id, self.snapshot())]
-        if self.leader_id not in self.members:
-            self.leader_id = next(iter(self.members))
+        if self.leader_id not in self.members or not self.members[self.leader_id].awaiting_join:
+            self.leader_id = joined[0].member_id
         self.protocol_name = self.select_protocol()
         self.transition_to(S.COMPLETING_REBALANCE, now_ms)
         self.sync_deadline_ms = now_ms + self.rebalance_timeout_ms
         self.pending_sync = set(self.members)
         effects: list[Effect] = []
         for m in self.members.values():
+            if m.awaiting_join:
+                effects.append(Reply(m.member_id, Waiting.JOIN, self._join_response(m)))
             m.awaiting_join, m.is_new, m.last_heartbeat_ms = False, False, now_ms
-            effects.append(Reply(m.member_id, Waiting.JOIN, self._join_response(m)))
         return effects
 
     # -- SyncGroup -----------------------------------------------------------------------------

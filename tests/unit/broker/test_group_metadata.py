@@ -259,9 +259,9 @@ def test_a_member_that_never_syncs_is_removed_after_the_rebalance_timeout():
 # -- static membership ---------------------------------------------------------------------------
 
 
-def static_group(now=0):
+def static_group(now=0, protocols=(("range", b"m"),)):
     g = GroupMetadata("g")
-    r = g.join(join_req(instance="i1"), "c", "h", "old", now, CONFIG)
+    r = g.join(join_req(instance="i1", protocols=protocols), "c", "h", "old", now, CONFIG)
     assert r.wait_for == "old"  # no MEMBER_ID_REQUIRED round for static members
     g.tick(now + CONFIG.initial_rebalance_delay_ms, CONFIG)
     (store,) = stores(g.sync(SyncGroupRequest("g", 1, "old", [SyncGroupAssignment("old", b"A")]), now).effects)
@@ -306,11 +306,29 @@ def test_a_failed_static_replacement_restores_the_members_protocols_and_timeouts
     assert (list(member.protocols), member.session_timeout_ms, member.rebalance_timeout_ms) == before
 
 
-def test_a_static_member_with_changed_metadata_triggers_a_rebalance():
+def test_a_restarted_static_member_with_other_metadata_rejoins_a_stable_group_without_a_rebalance():
+    """Kafka's updateStaticMemberAndRebalance in Stable: only a change of the protocol the
+    group would select rebalances. A restarted consumer's subscription differs from the one
+    stored (it carries the member's generation, -1 after a restart): the member gets the
+    current generation and assignment, and its new metadata is stored."""
     g = static_group()
-    r = g.join(join_req(instance="i1", protocols=(("range", b"other topics"),)), "c", "h", "new", 200, CONFIG)
+    r = g.join(join_req(instance="i1", protocols=(("range", b"restarted"),)), "c", "h", "new", 200, CONFIG)
+    (store,) = stores(r.effects)
+    assert store.reason == "static" and g.is_(S.STABLE) and g.generation_id == 1
+    assert [m.subscription for m in store.value.members] == [b"restarted"]
+    (join,) = replies(g.on_store_complete(store, NONE, 200, CONFIG), "join").values()
+    assert join.error_code == NONE.code and join.generation_id == 1
+    assert g.sync(SyncGroupRequest("g", 1, "new", group_instance_id="i1"), 200).immediate.assignment == b"A"
+
+
+def test_a_static_member_whose_rejoin_changes_the_selected_protocol_triggers_a_rebalance():
+    g = static_group(protocols=(("range", b"m"), ("roundrobin", b"m")))
+    assert g.protocol_name == "range"
+    r = g.join(join_req(instance="i1", protocols=(("roundrobin", b"m"), ("range", b"m"))), "c", "h", "new", 200,
+               CONFIG)
     assert not stores(r.effects)  # a rebalance, which the only member completes at once
-    assert replies(r.effects, "join")["new"].generation_id == 2 and g.is_(S.COMPLETING_REBALANCE)
+    joined = replies(r.effects, "join")["new"]
+    assert (joined.generation_id, joined.protocol_name) == (2, "roundrobin") and g.is_(S.COMPLETING_REBALANCE)
 
 
 def test_a_static_member_replaced_while_the_group_completes_a_rebalance_rebalances_again():
@@ -335,6 +353,60 @@ def test_a_static_member_replaced_while_the_group_completes_a_rebalance_rebalanc
     joined = replies(effects, "join")
     assert set(joined) == {"a1", "b2"} and {j.generation_id for j in joined.values()} == {2}
     assert {m.member_id for m in joined["a1"].members} == {"a1", "b2"}  # the leader assigns to the new id
+
+
+def stable_mixed_group(long_session=10 * SESSION):
+    """A Stable group (generation 1) of static members a (the leader) and b and dynamic member
+    c, all with sessions longer than the rebalance timeout; returns it and the time."""
+    g, now = GroupMetadata("g"), 0
+    g.join(join_req(instance="a", session=long_session), "c", "h", "a1", now, CONFIG)
+    g.join(join_req(instance="b", session=long_session), "c", "h", "b1", now, CONFIG)
+    c = g.join(join_req(session=long_session), "c", "h", "c1", now, CONFIG).immediate.member_id
+    g.join(join_req(c, session=long_session), "c", "h", "x", now, CONFIG)
+    for _ in range(10):
+        now += CONFIG.initial_rebalance_delay_ms
+        if replies(g.tick(now, CONFIG), "join"):
+            break
+    assert g.leader_id == "a1" and set(g.members) == {"a1", "b1", "c1"}
+    (store,) = stores(g.sync(SyncGroupRequest("g", 1, "a1", [SyncGroupAssignment(m, m.encode()) for m in g.members]),
+                             now).effects)
+    g.on_store_complete(store, NONE, now, CONFIG)
+    for m in ("b1", "c1"):
+        g.sync(SyncGroupRequest("g", 1, m), now)
+    assert g.is_(S.STABLE) and g.generation_id == 1
+    return g, now
+
+
+def test_a_join_phase_removes_the_dynamic_members_that_did_not_rejoin_but_keeps_the_static_ones():
+    """Kafka's onCompleteJoin: a static member that did not rejoin (its process restarting,
+    within its session) stays a member of the next generation, and the leader assigns to it;
+    only its session expiry removes it."""
+    g, now = stable_mixed_group()
+    r = g.join(join_req("a1", instance="a", session=10 * SESSION), "c", "h", "x", now, CONFIG)  # the leader rejoins
+    assert g.is_(S.PREPARING_REBALANCE) and not replies(r.effects, "join")
+    now += REBALANCE  # the join phase ends; b's and c's sessions have not expired
+    effects = g.tick(now, CONFIG)
+    assert set(g.members) == {"a1", "b1"} and g.static_members == {"a": "a1", "b": "b1"}
+    assert list(replies(effects, "join")) == ["a1"]  # only what waits is answered
+    leader = replies(effects, "join")["a1"]
+    assert leader.generation_id == 2 and {m.member_id for m in leader.members} == {"a1", "b1"}
+    r = g.join(join_req(instance="b", session=10 * SESSION), "c", "h", "b2", now, CONFIG)  # b is back
+    assert r.wait_for == "b2" and "b1" not in g.members and g.static_members["b"] == "b2"
+
+
+def test_a_join_phase_no_member_rejoined_waits_for_the_static_members_sessions():
+    """Nobody rejoined but static members remain: the join phase is extended by the
+    rebalance timeout (Kafka's maybeElectNewJoinedLeader fails, another DelayedJoin); the
+    members' session expiry then empties the group."""
+    g, now = stable_mixed_group()
+    g.leave([MemberIdentity("c1")], now, CONFIG)  # a rebalance; a and b are down
+    assert g.is_(S.PREPARING_REBALANCE)
+    now += REBALANCE
+    assert not replies(g.tick(now, CONFIG)) and g.is_(S.PREPARING_REBALANCE) and g.generation_id == 1
+    assert set(g.members) == {"a1", "b1"} and g.join_deadline_ms == now + REBALANCE
+    now = g.members["a1"].last_heartbeat_ms + 10 * SESSION  # their sessions expire
+    effects = g.tick(now, CONFIG)
+    assert not g.members and g.is_(S.EMPTY) and g.generation_id == 2 and len(stores(effects)) == 1
 
 
 def test_a_pending_member_that_leaves_lets_the_join_phase_end_at_once():
