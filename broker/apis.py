@@ -1170,9 +1170,12 @@ class Apis:
         except TidelogError as e:
             return UpdateMetadataResponse(e.code)
         self.broker.update_topic_overrides(req.topic_configs)
-        self.metadata.update(req)
+        current = self.metadata.update(req)
         for topic in req.deleted_topics:
             self.broker.topic_overrides.pop(topic, None)
+        if current and req.deleted_topics and self.coordinator is not None:
+            # a topic created again under the name must not resume at the old offsets
+            self.coordinator.handle_deleted_topics(req.deleted_topics)
         self.broker.metadata_updated()
         return UpdateMetadataResponse(NONE.code)
 

@@ -52,6 +52,11 @@ cleanup drops the group it will be cached in or writes a tombstone after its rec
 and their assignments) is written the same way when a rebalance completes, so a new
 coordinator knows the group's generation and members after a failover.
 
+Deleted topics: the UpdateMetadata that reports a topic deleted has the coordinator drop
+the topic's offsets from its groups and append their tombstones (``handle_deleted_topics``,
+Kafka's handleDeletedPartitions), so that a topic created again under the name does not
+resume at the old offsets, after a reload neither.
+
 Time: every group decision gets ``now_ms`` from ``clock`` (wall time, as the records'
 timestamps are); one timer task wakes at the earliest group deadline (session expiry, end of
 a join phase) and calls ``GroupMetadata.tick``.
@@ -284,6 +289,8 @@ class GroupCoordinator:
         # under an earlier ownership (a load, an append) is fenced, and a leader epoch bump is not
         self._owners: dict[int, int] = {}
         self._next_owner = itertools.count(1)
+        # topics deleted while a partition loads: their offsets are dropped once it is loaded
+        self._deleted_while_loading: dict[int, set[str]] = {}
         self.remote_end_offsets: dict[TopicPartition, int] = {}
         self._waiters: dict[tuple[str, str, str], list[_Waiter]] = {}
         self._wake = trio.Event()
@@ -391,11 +398,15 @@ class GroupCoordinator:
                                           loaded.offsets.get(group_id, {}), now)
             self.groups[group_id] = group
         self.loading.discard(partition)
+        deleted = self._deleted_while_loading.pop(partition, None)
+        if deleted:
+            self._drop_deleted_topics(deleted, {partition})
         self._wake.set()
 
     def _unload(self, partition: int) -> None:
         self.epochs.pop(partition, None)
         self._owners.pop(partition, None)
+        self._deleted_while_loading.pop(partition, None)
         self.loading.discard(partition)
         gone = [g for gid, g in self.groups.items() if self.partition_of(gid) == partition]
         for group in gone:
@@ -656,16 +667,13 @@ class GroupCoordinator:
         group.begin_offset_commit(tps)
         try:
             error, base_offset = await self._append(self.partition_of(req.group_id), records)
+            if error is NONE and self.groups.get(req.group_id) is group:  # still pending: see remove_topics
+                for i, (tp, v) in enumerate(zip(tps, values)):
+                    group.apply_offset(tp, OffsetValue(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp_ms,
+                                                       v.expire_timestamp_ms, base_offset + i))
         finally:
             group.end_offset_commit(tps)
-        if error is not NONE:
-            return [error] * len(valid)
-        if self.groups.get(req.group_id) is group:
-            for i, ((topic, p), v) in enumerate(zip(valid, values)):
-                group.apply_offset(TopicPartition(topic, p.partition_index),
-                                   OffsetValue(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp_ms,
-                                               v.expire_timestamp_ms, base_offset + i))
-        return [NONE] * len(valid)
+        return [error] * len(valid)
 
     async def offset_fetch(self, req: OffsetFetchRequest) -> OffsetFetchResponse:
         error = self.coordinator_error(req.group_id)
@@ -799,15 +807,66 @@ class GroupCoordinator:
                 group.transition_to(GroupState.DEAD, now)
                 del self.groups[group_id]
                 out.append((group_key(group_id), None))
-        appended = [(self._append_now(partition, records), len(records))
-                    for partition, records in tombstones.items() if records]
+        written = await self._written(self._append_all(tombstones))
+        if written:
+            logger.info("expired offsets and groups: %d tombstones written", written)
+        return written
+
+    def _append_all(self, records: dict[int, list[tuple[bytes, None]]]) -> list[tuple[_Appended, int]]:
+        """Append each offsets partition's records now (``_committed`` waits for them)."""
+        return [(self._append_now(partition, rs), len(rs)) for partition, rs in records.items() if rs]
+
+    async def _written(self, appended: list[tuple[_Appended, int]]) -> int:
+        """How many of the appended records were committed."""
         written = 0
         for started, n in appended:
             if (await self._committed(started, n))[0] is NONE:
                 written += n
-        if written:
-            logger.info("expired offsets and groups: %d tombstones written", written)
         return written
+
+    def handle_deleted_topics(self, topics) -> int:
+        """Topics were deleted (UpdateMetadata): drop their offsets from every group
+        coordinated here and write their tombstones, so that neither a reload nor a topic
+        created again under the name finds them (Kafka's handleDeletedPartitions); a group
+        left Empty without offsets goes too. A partition still loading gets the same once
+        loaded. The tombstones are appended now, their replication is not waited for.
+        Returns the number of offsets dropped."""
+        deleted = set(topics)
+        if not deleted:
+            return 0
+        for partition in self.loading:
+            self._deleted_while_loading.setdefault(partition, set()).update(deleted)
+        return self._drop_deleted_topics(deleted, set(self._owners) - self.loading)
+
+    def _drop_deleted_topics(self, deleted: set[str], partitions: set[int]) -> int:
+        now = self.clock()
+        tombstones: dict[int, list[tuple[bytes, None]]] = {}
+        dropped = 0
+        for group_id, group in list(self.groups.items()):
+            partition = self.partition_of(group_id)
+            if partition not in partitions or self.coordinator_error(group_id) is not None:
+                continue
+            tps, n = group.remove_topics(deleted, self._log_end(partition))
+            if not tps:
+                continue
+            dropped += n
+            out = tombstones.setdefault(partition, [])
+            out += [(offset_key(group_id, tp), None) for tp in tps]
+            if group.is_(GroupState.EMPTY) and not group.has_offsets() and not group.pending_members:
+                group.transition_to(GroupState.DEAD, now)
+                del self.groups[group_id]
+                out.append((group_key(group_id), None))
+        appended = self._append_all(tombstones)
+        if appended:
+            logger.info("deleted topics %s: %d offsets dropped", sorted(deleted), dropped)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._written, appended)
+        return dropped
+
+    def _log_end(self, partition: int) -> int:
+        """The offsets partition's log end offset (every record appended so far is below it)."""
+        p = self.replica_manager.partitions.get(TopicPartition(OFFSETS_TOPIC, partition))
+        return p.log.log_end_offset if p is not None and p.log is not None else MAX_INT64
 
     # -- lag -----------------------------------------------------------------------------------
 

@@ -251,6 +251,9 @@ class GroupMetadata:
     # not removed and their partitions' offsets are not expired meanwhile, so the tombstone
     # of an expiry never lands after a commit that is then acknowledged
     pending_offset_commits: Counter[TopicPartition] = field(default_factory=Counter)
+    # partitions whose offsets were dropped (their topic deleted) while commits of them were
+    # pending -> the log position then: a pending commit's record below it is not cached
+    dropped_before: dict[TopicPartition, int] = field(default_factory=dict)
     join_deadline_ms: int | None = None  # while PreparingRebalance
     initial_delay_remaining_ms: int | None = None  # not None: the initial (Empty group) delay
     initial_delay_ms: int = 0
@@ -698,12 +701,29 @@ class GroupMetadata:
     def end_offset_commit(self, tps: list[TopicPartition]) -> None:
         self.pending_offset_commits.subtract(tps)
         self.pending_offset_commits = +self.pending_offset_commits
+        for tp in [tp for tp in self.dropped_before if tp not in self.pending_offset_commits]:
+            del self.dropped_before[tp]
 
     def apply_offset(self, tp: TopicPartition, value: OffsetValue) -> None:
-        """Take a committed offset into the cache unless a later record is there already."""
+        """Take a committed offset into the cache unless a later record is there already (an
+        offset, or the tombstone of its deleted topic)."""
+        if value.record_offset < self.dropped_before.get(tp, -1):
+            return
         current = self.offsets.get(tp)
         if current is None or value.record_offset >= current.record_offset:
             self.offsets[tp] = value
+
+    def remove_topics(self, topics: set[str], log_end: int) -> tuple[list[TopicPartition], int]:
+        """Drop the offsets of deleted ``topics``: (the partitions to tombstone, the number of
+        offsets dropped). Partitions with a commit pending are tombstoned too; their records,
+        all below ``log_end``, are not cached when the commit completes."""
+        removed = [tp for tp in self.offsets if tp.topic in topics]
+        for tp in removed:
+            del self.offsets[tp]
+        pending = [tp for tp in self.pending_offset_commits if tp.topic in topics]
+        for tp in pending:
+            self.dropped_before[tp] = log_end
+        return sorted(set(removed) | set(pending)), len(removed)
 
     def expire_offsets(self, now_ms: int, retention_ms: int) -> list[TopicPartition]:
         """Drop and return the offsets past retention, Kafka's rule: only while the group is

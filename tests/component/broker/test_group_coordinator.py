@@ -612,3 +612,93 @@ async def test_sync_and_heartbeat_while_the_partition_loads_answer_as_kafka(brok
     await wait_loaded(new)
     hb = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))
     assert hb.error_code == NONE.code
+
+
+OTHER_TP = TopicPartition("payments", 0)
+
+
+async def test_the_offsets_of_a_deleted_topic_are_dropped_and_tombstoned(broker, nursery):
+    """Kafka's handleDeletedPartitions: a topic's deletion drops its offsets from every group
+    coordinated here, with tombstones (so no reload brings them back), and a group left Empty
+    without offsets goes; a topic created again under the name starts without offsets."""
+    live = [LiveBroker(1, "127.0.0.1", 9092)]
+    broker.metadata.update(UpdateMetadataRequest(1, 1, 0, [state(OTHER_TP)], live))
+    assert committed_code(await broker.call(ApiKey.OFFSET_COMMIT, commit(42))) == NONE.code
+    assert committed_code(await broker.call(ApiKey.OFFSET_COMMIT, commit(7, group="both"))) == NONE.code
+    assert committed_code(await broker.call(ApiKey.OFFSET_COMMIT, commit(5, group="both", tp=OTHER_TP))) == NONE.code
+
+    broker.metadata.update(UpdateMetadataRequest(1, 1, 0, [], live, deleted_topics=[DATA_TP.topic]))
+    broker.coordinator.handle_deleted_topics([DATA_TP.topic])
+    broker.metadata.update(UpdateMetadataRequest(1, 1, 0, [state(DATA_TP)], live))  # created again
+
+    async def offsets(group):
+        r = await broker.call(ApiKey.OFFSET_FETCH, OffsetFetchRequest(group))
+        return {TopicPartition(t.name, p.partition_index): p.committed_offset for t in r.topics for p in t.partitions}
+
+    assert await offsets("g") == {} and await offsets("both") == {OTHER_TP: 5}
+    assert [g.group_id for g in (await broker.call(ApiKey.LIST_GROUPS, ListGroupsRequest())).groups] == ["both"]
+    new = broker.new_coordinator()  # what the log says
+    broker.apis.coordinator = new
+    broker.lead(epoch=2)
+    await nursery.start(new.run)
+    await wait_loaded(new)
+    assert await offsets("g") == {} and await offsets("both") == {OTHER_TP: 5}
+
+
+async def test_a_commit_in_flight_for_a_topic_being_deleted_is_not_kept(broker, nursery):
+    """A commit appended before the deletion and acknowledged after it is followed in the log
+    by the deletion's tombstone: neither the cache nor a reload keeps its offset."""
+    release, calls = trio.Event(), []
+    replicate = broker.replica_manager.await_replication
+
+    async def held(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            await release.wait()
+        await replicate(*args)
+
+    broker.replica_manager.await_replication = held
+    responses = []
+
+    async def commit_in_background():
+        responses.append(await broker.call(ApiKey.OFFSET_COMMIT, commit(42)))
+
+    nursery.start_soon(commit_in_background)
+    with trio.fail_after(5):
+        while not calls:
+            await trio.sleep(0.01)
+    live = [LiveBroker(1, "127.0.0.1", 9092)]
+    broker.metadata.update(UpdateMetadataRequest(1, 1, 0, [], live, deleted_topics=[DATA_TP.topic]))
+    broker.coordinator.handle_deleted_topics([DATA_TP.topic])
+    broker.metadata.update(UpdateMetadataRequest(1, 1, 0, [state(DATA_TP)], live))  # created again
+    release.set()
+    with trio.fail_after(5):
+        while not responses:
+            await trio.sleep(0.01)
+    assert committed_code(responses[0]) == NONE.code  # it was written: the deletion came after
+    assert (await fetched(broker))[DATA_TP] == -1
+    new = broker.new_coordinator()
+    broker.apis.coordinator = new
+    broker.lead(epoch=2)
+    await nursery.start(new.run)
+    await wait_loaded(new)
+    assert (await fetched(broker))[DATA_TP] == -1
+
+
+async def test_a_topic_deleted_while_the_groups_partition_loads_loses_its_offsets_once_loaded(broker, nursery):
+    await broker.call(ApiKey.OFFSET_COMMIT, commit(42))
+    new = broker.new_coordinator()
+    read, release = new._read_partition, trio.Event()
+
+    async def slow(log):
+        await release.wait()
+        return await read(log)
+
+    new._read_partition = slow
+    broker.apis.coordinator = new
+    broker.lead(epoch=2)
+    await nursery.start(new.run)
+    new.handle_deleted_topics([DATA_TP.topic])
+    release.set()
+    await wait_loaded(new)
+    assert (await fetched(broker))[DATA_TP] == -1

@@ -360,3 +360,26 @@ async def test_a_resource_named_twice_in_alter_configs_is_refused_without_the_co
     assert {(x.error_code, x.resource_name) for x in r.responses} == {(INVALID_REQUEST.code, TP.topic)}
     assert len(r.responses) == 16_000 and "appears more than once" in r.responses[0].error_message
     assert calls == []
+
+
+async def test_an_update_metadata_deleting_topics_has_the_group_coordinator_drop_their_offsets(broker):
+    """Kafka's handleUpdateMetadataRequest -> groupCoordinator.handleDeletedPartitions; a
+    refused UpdateMetadata deletes nothing."""
+    deleted = []
+
+    class Coordinator:
+        def handle_deleted_topics(self, topics):
+            deleted.append(list(topics))
+
+    broker.apis.coordinator = Coordinator()
+
+    def update(**claim) -> UpdateMetadataRequest:
+        return UpdateMetadataRequest(claim.get("controller", CONTROLLER), claim.get("epoch", CONTROLLER_EPOCH),
+                                     claim.get("broker_epoch", MY_EPOCH), [], [LiveBroker(ME, "h", 9000)],
+                                     deleted_topics=["orders"])
+
+    for claim, error in FORGED.values():
+        assert (await broker.apis.update_metadata(update(**claim))).error_code == error.code
+    assert deleted == []
+    assert (await broker.apis.update_metadata(update())).error_code == NONE.code
+    assert deleted == [["orders"]]

@@ -478,6 +478,26 @@ def test_an_explicit_expire_time_wins_in_an_empty_consumer_group_too():
     assert g.expire_offsets(499, 100) == [] and g.expire_offsets(500, 100) == [TopicPartition("t", 1)]
 
 
+def test_a_deleted_topics_offsets_go_and_its_pending_commits_are_not_cached():
+    """The pending commits' records precede the deletion's tombstones (all below the log end
+    then): acknowledged later, they are not cached; a commit appended after is."""
+    from tidelog.broker.groups.offsets_records import OffsetValue
+    from tidelog.protocol.topics import TopicPartition
+    orders0, orders1, other = TopicPartition("orders", 0), TopicPartition("orders", 1), TopicPartition("other", 0)
+    g = GroupMetadata("g")
+    g.offsets = {orders0: OffsetValue(5, record_offset=10), other: OffsetValue(6, record_offset=11)}
+    g.begin_offset_commit([orders1])  # appended at 12, waiting for replication
+    assert g.remove_topics({"orders"}, 13) == ([orders0, orders1], 1)
+    assert g.offsets == {other: OffsetValue(6, record_offset=11)}
+    g.begin_offset_commit([orders1])  # the topic was created again: appended at 14
+    g.apply_offset(orders1, OffsetValue(7, record_offset=12))
+    assert orders1 not in g.offsets
+    g.end_offset_commit([orders1])
+    g.apply_offset(orders1, OffsetValue(8, record_offset=14))
+    g.end_offset_commit([orders1])
+    assert g.offsets[orders1].offset == 8 and g.dropped_before == {}
+
+
 # -- persistence -----------------------------------------------------------------------------------
 
 
