@@ -595,10 +595,10 @@ class GroupCoordinator:
                                      "only a group without members can be deleted")
         group.transition_to(GroupState.DEAD, self.clock())
         del self.groups[group_id]
-        # a commit still waiting for replication is in the log before these: its partition
-        # gets a tombstone too, or a reload would bring that offset back to a deleted group
-        tps = set(group.offsets) | set(+group.pending_offset_commits)
-        records = [(offset_key(group_id, tp), None) for tp in sorted(tps)] + [(group_key(group_id), None)]
+        # a commit still waiting for replication, or one that failed (timed out: its record may
+        # be committed yet), is in the log before these: its partition gets a tombstone too,
+        # or a reload would bring that offset back to a deleted group
+        records = [(offset_key(group_id, tp), None) for tp in sorted(group.offset_keys())] + [(group_key(group_id), None)]
         error, _ = await self._append(self.partition_of(group_id), records)
         return error, None if error is NONE else f"the group's tombstones were not written: {error.message}"
 
@@ -806,6 +806,7 @@ class GroupCoordinator:
             if group.is_(GroupState.EMPTY) and not group.has_offsets() and not group.pending_members:
                 group.transition_to(GroupState.DEAD, now)
                 del self.groups[group_id]
+                out += [(offset_key(group_id, tp), None) for tp in sorted(group.offset_keys() - set(expired))]
                 out.append((group_key(group_id), None))
         written = await self._written(self._append_all(tombstones))
         if written:
@@ -855,6 +856,7 @@ class GroupCoordinator:
             if group.is_(GroupState.EMPTY) and not group.has_offsets() and not group.pending_members:
                 group.transition_to(GroupState.DEAD, now)
                 del self.groups[group_id]
+                out += [(offset_key(group_id, tp), None) for tp in sorted(group.offset_keys())]
                 out.append((group_key(group_id), None))
         appended = self._append_all(tombstones)
         if appended:

@@ -254,6 +254,10 @@ class GroupMetadata:
     # partitions whose offsets were dropped (their topic deleted) while commits of them were
     # pending -> the log position then: a pending commit's record below it is not cached
     dropped_before: dict[TopicPartition, int] = field(default_factory=dict)
+    # partitions whose offset record was appended since the group was loaded or created and
+    # not tombstoned since: a commit that failed (its replication timed out) is not cached, yet
+    # its record may be committed; the group's deletion tombstones these too
+    appended_offsets: set[TopicPartition] = field(default_factory=set)
     join_deadline_ms: int | None = None  # while PreparingRebalance
     initial_delay_remaining_ms: int | None = None  # not None: the initial (Empty group) delay
     initial_delay_ms: int = 0
@@ -697,6 +701,12 @@ class GroupMetadata:
 
     def begin_offset_commit(self, tps: list[TopicPartition]) -> None:
         self.pending_offset_commits.update(tps)
+        self.appended_offsets.update(tps)
+
+    def offset_keys(self) -> set[TopicPartition]:
+        """Every partition that may have an offset record in the log: cached, pending, or
+        appended by a commit that failed. What the group's deletion tombstones."""
+        return set(self.offsets) | set(+self.pending_offset_commits) | self.appended_offsets
 
     def end_offset_commit(self, tps: list[TopicPartition]) -> None:
         self.pending_offset_commits.subtract(tps)
@@ -715,15 +725,17 @@ class GroupMetadata:
 
     def remove_topics(self, topics: set[str], log_end: int) -> tuple[list[TopicPartition], int]:
         """Drop the offsets of deleted ``topics``: (the partitions to tombstone, the number of
-        offsets dropped). Partitions with a commit pending are tombstoned too; their records,
-        all below ``log_end``, are not cached when the commit completes."""
+        offsets dropped). Partitions with a commit pending, or a failed one, are tombstoned
+        too; a pending commit's record, below ``log_end``, is not cached when it completes."""
         removed = [tp for tp in self.offsets if tp.topic in topics]
         for tp in removed:
             del self.offsets[tp]
         pending = [tp for tp in self.pending_offset_commits if tp.topic in topics]
         for tp in pending:
             self.dropped_before[tp] = log_end
-        return sorted(set(removed) | set(pending)), len(removed)
+        gone = set(removed) | {tp for tp in self.offset_keys() if tp.topic in topics}
+        self.appended_offsets -= gone
+        return sorted(gone), len(removed)
 
     def expire_offsets(self, now_ms: int, retention_ms: int) -> list[TopicPartition]:
         """Drop and return the offsets past retention, Kafka's rule: only while the group is
@@ -738,6 +750,7 @@ class GroupMetadata:
                                        self.state_timestamp_ms if grouped else v.commit_timestamp_ms)]
         for tp in expired:
             del self.offsets[tp]
+        self.appended_offsets.difference_update(expired)
         return expired
 
     # -- the timer -----------------------------------------------------------------------------

@@ -702,3 +702,31 @@ async def test_a_topic_deleted_while_the_groups_partition_loads_loses_its_offset
     release.set()
     await wait_loaded(new)
     assert (await fetched(broker))[DATA_TP] == -1
+
+
+@pytest.mark.parametrize("removal", ["DeleteGroups", "expiry"])
+async def test_a_removed_group_stays_removed_though_a_commit_of_it_timed_out(broker, nursery, removal):
+    """A commit whose replication timed out is not cached, but its record is in the log and
+    may be committed later: removing the group (DeleteGroups, or the retention check of an
+    Empty group without offsets) tombstones its partition too, so no coordinator loads that
+    offset back into a group that is gone."""
+    async def timed_out(waiting, timeout_ms, results):  # the follower did not fetch in time
+        broker.replica_manager.time_out_replication(waiting, timeout_ms, results)
+
+    broker.replica_manager.await_replication = timed_out
+    assert committed_code(await broker.call(ApiKey.OFFSET_COMMIT, commit(42))) != NONE.code  # timed out
+    assert (await fetched(broker))[DATA_TP] == -1
+    if removal == "DeleteGroups":
+        [deleted] = (await broker.call(ApiKey.DELETE_GROUPS, DeleteGroupsRequest(["g"]))).results
+        assert deleted.error_code != NONE.code  # its tombstones time out too: written, not acknowledged
+    else:
+        await broker.coordinator.expire_offsets()
+    assert (await broker.call(ApiKey.LIST_GROUPS, ListGroupsRequest())).groups == []
+    del broker.replica_manager.await_replication
+    new = broker.new_coordinator()  # the records were committed after all: what the log says
+    broker.apis.coordinator = new
+    broker.lead(epoch=2)
+    await nursery.start(new.run)
+    await wait_loaded(new)
+    assert (await fetched(broker))[DATA_TP] == -1
+    assert (await broker.call(ApiKey.LIST_GROUPS, ListGroupsRequest())).groups == []

@@ -498,6 +498,18 @@ def test_a_deleted_topics_offsets_go_and_its_pending_commits_are_not_cached():
     assert g.offsets[orders1].offset == 8 and g.dropped_before == {}
 
 
+def test_a_failed_commits_partition_stays_among_the_groups_offset_keys_until_tombstoned():
+    from tidelog.broker.groups.offsets_records import OffsetValue
+    from tidelog.protocol.topics import TopicPartition
+    t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    g = GroupMetadata("g", protocol_type="consumer", state_timestamp_ms=0)
+    g.begin_offset_commit([t0, t1])
+    g.apply_offset(t1, OffsetValue(5, commit_timestamp_ms=0, record_offset=3))
+    g.end_offset_commit([t0, t1])  # t0's replication timed out: its record is in the log, not cached
+    assert g.offsets.keys() == {t1} and g.offset_keys() == {t0, t1}
+    assert g.expire_offsets(100, 100) == [t1] and g.offset_keys() == {t0}
+
+
 # -- persistence -----------------------------------------------------------------------------------
 
 
