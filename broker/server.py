@@ -69,6 +69,10 @@ from tidelog.protocol.topics import TopicPartition
 
 logger = logging.getLogger("tidelog.broker")
 
+# how soon after a roll the closed segment is fsynced and the recovery point moved past it
+# (Kafka schedules that flush at the roll; a round here fsyncs every log rolled since the last)
+ROLLED_FLUSH_INTERVAL_S = 1.0
+
 
 class BrokerServer:
     def __init__(self, config: BrokerConfig):
@@ -182,6 +186,7 @@ class BrokerServer:
         await nursery.start(self.controller.run)
         nursery.start_soon(self._watch_session)
         nursery.start_soon(self._periodic_work)
+        nursery.start_soon(self._flush_rolled_segments)
         if self.config.log_cleaner_enable:
             for _ in range(self.config.log_cleaner_threads):
                 nursery.start_soon(self._run_log_cleaner)
@@ -283,6 +288,22 @@ class BrokerServer:
             except (OSError, StorageError) as e:
                 logger.error("periodic %s failed: %s", job.__name__, e)
             due[i] = trio.current_time() + ms / 1000
+
+    async def _flush_rolled_segments(self) -> None:
+        """Segments closed by rolls fsynced in a worker thread (an fsync of a closed segment
+        can take as long as the disk needs: never on the event loop), then the recovery
+        points moved past them; one that failed is tried again at the next round."""
+        manager = self.log_manager
+        while True:
+            await trio.sleep(ROLLED_FLUSH_INTERVAL_S)
+            for flush in manager.rolled_flushes():
+                try:
+                    await trio.to_thread.run_sync(flush.run)
+                except OSError as e:
+                    logger.error("%s: fsync of the rolled segments failed: %s", flush.log.topic_partition, e)
+                    manager.note_rolled(flush.log)
+                    continue
+                flush.log.flushed(flush)
 
     async def _run_log_cleaner(self) -> None:
         """One log cleaner (Kafka's CleanerThread): clean the filthiest compacted log, its

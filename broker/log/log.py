@@ -207,6 +207,26 @@ def _pinned(segments):
             OPEN_SEGMENT_FILES.release(seg)
 
 
+class RolledFlush(NamedTuple):
+    """The fsyncs that make a log's rolled segments durable (``Log.rolled_flush``)."""
+    log: "Log"
+    segments: tuple[LogSegment, ...]
+    target: int  # the recovery point once they are durable: the active segment's base
+    truncations: int
+    files: int
+    directory_too: bool
+
+    def run(self) -> None:
+        """In a worker thread. Raises OSError."""
+        for seg in self.segments:
+            try:
+                seg.fsync_closed()
+            except SegmentClosedError:
+                pass  # deleted by retention, or replaced by a cleaner's swap (which fsyncs its own)
+        if self.directory_too:
+            fsync_dir(self.log.directory)
+
+
 class Log:
     def __init__(self, directory: str, topic_partition: TopicPartition, config: LogConfig,
                  segments: list[LogSegment], *, log_start_offset: int, recovery_point: int,
@@ -231,9 +251,14 @@ class Log:
         # the cleaner fence then); see ``append_as_leader`` and ``read``
         self._appended: tuple[int, int, bytearray, int] | None = None
         self.truncated_to: int | None = None  # lowest log end left by a truncation, for the cleaner
-        self._new_files = False  # a segment created since the last flush: the directory is fsynced too
+        # segment files created, and created before the directory's last fsync: while they
+        # differ a flush fsyncs the directory too
+        self._files_created = self._files_synced = 0
+        self._truncations = 0  # a flush decided before one must not move the recovery point
         # called after a truncation lowered the recovery point (the log manager writes it down)
         self.on_truncation: Callable[[Log], None] | None = None
+        # called after a roll (the log manager has the closed segments fsynced: ``rolled_flush``)
+        self.on_roll: Callable[[Log], None] | None = None
         if producer_state is None:
             producer_state = ProducerStateManager(directory)
             producer_state.map_end_offset = self.log_end_offset
@@ -442,15 +467,16 @@ class Log:
         """A new active segment after ``after`` (default: every segment)."""
         seg = LogSegment.create(self.directory, base_offset, self.config, self._clock())
         self._view = _view_of((self._view.segments if after is None else after) + (seg,))
-        self._new_files = True
+        self._files_created += 1
         return seg
 
     def roll(self, base_offset: int | None = None) -> LogSegment:
         """Close the active segment for appends and start a new one at the log end.
 
         The closed segment is not fsynced here (that would stall the caller for as long as
-        the disk needs); ``flush_rolled_segments``, called periodically by the log manager,
-        makes it durable and moves the recovery point past it, as Kafka's scheduled flush does.
+        the disk needs): ``on_roll`` tells the log manager, which has it fsynced in a worker
+        thread (``rolled_flush``) and the recovery point moved past it, as Kafka schedules a
+        flush at each roll: a crash then re-reads only the active segment.
         """
         base = self.log_end_offset if base_offset is None else base_offset
         old = self._view.segments[-1]
@@ -460,7 +486,10 @@ class Log:
             return self._view.segments[-1]
         old.on_become_inactive()
         self._snapshot_producer_state()
-        return self._add_segment(base)
+        seg = self._add_segment(base)
+        if self.on_roll is not None:
+            self.on_roll(self)
+        return seg
 
     def _snapshot_producer_state(self) -> None:
         """Snapshot at the log end; older snapshots inside the active segment are superseded."""
@@ -474,6 +503,24 @@ class Log:
         """fsync the segments closed by rolls since the last flush (not the active one)."""
         if self.active_segment.base_offset > self.recovery_point:
             self.flush(self.active_segment.base_offset)
+
+    def rolled_flush(self) -> RolledFlush | None:
+        """What makes the segments closed by rolls durable, for a worker thread to do
+        (``RolledFlush.run``); ``flushed`` then moves the recovery point. None: nothing."""
+        target = self.active_segment.base_offset
+        if target <= self.recovery_point:
+            return None
+        segs = self._view.segments
+        closed = tuple(seg for seg, nxt in zip(segs, segs[1:]) if nxt.base_offset > self.recovery_point)
+        return RolledFlush(self, closed, target, self._truncations, self._files_created,
+                           self._files_created != self._files_synced)
+
+    def flushed(self, done: RolledFlush) -> None:
+        """On the owner's thread, after ``done`` ran: the recovery point moves to its target,
+        unless a truncation came since (the fsynced segments may no longer be the log)."""
+        if done.truncations == self._truncations and done.target <= self.log_end_offset:
+            self.recovery_point = max(self.recovery_point, done.target)
+            self._files_synced = max(self._files_synced, done.files)
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -642,6 +689,7 @@ class Log:
         the records appended since, never flushed, as flushed, and keep a segment cut short
         by the crash as if whole, with a hole after it."""
         self.truncated_to = offset if self.truncated_to is None else min(self.truncated_to, offset)
+        self._truncations += 1
         if self.on_truncation is not None:
             self.on_truncation(self)
 
@@ -755,10 +803,10 @@ class Log:
             upper = segs[i + 1].base_offset if i + 1 < len(segs) else self.log_end_offset + 1
             if seg.base_offset < target and upper > self.recovery_point:
                 seg.flush()
-        if self._new_files:
+        if self._files_created != self._files_synced:
             # a file's data is durable, its name in the directory is not until the directory
             # is: a segment created since the last flush could vanish whole (Kafka's flushDir)
-            self._new_files = False
+            self._files_synced = self._files_created
             fsync_dir(self.directory)
         self.recovery_point = target
 

@@ -40,7 +40,7 @@ from tidelog.broker.log.checkpoint import (
 from tidelog.broker.log.cleaner import CLEANER_OFFSET_CHECKPOINT
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.loader import load_log
-from tidelog.broker.log.log import Clock, Log, wall_clock_ms
+from tidelog.broker.log.log import Clock, Log, RolledFlush, wall_clock_ms
 from tidelog.broker.log.paths import LogPathError, check_inside, check_partition_dir, delete_dir_name, partition_dir
 from tidelog.protocol.errors import StorageError
 from tidelog.protocol.topics import TopicPartition
@@ -65,6 +65,7 @@ class LogManager:
         self._clock = clock
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self._logs: dict[TopicPartition, Log] = {}
+        self._rolled: dict[TopicPartition, Log] = {}  # rolled since their closed segments' last fsync
         self._dir_of: dict[TopicPartition, str] = {}
         self._cleaned: dict[TopicPartition, int] = {}  # cleaner checkpoints of the dir being loaded
         self.had_clean_shutdown: dict[str, bool] = {}
@@ -187,6 +188,7 @@ class LogManager:
         self._logs[tp] = log
         self._dir_of[tp] = d
         log.on_truncation = self._truncated
+        log.on_roll = self.note_rolled
 
     def _truncated(self, log: Log) -> None:
         """A truncation lowered ``log``'s recovery point: the directory's checkpoint of them is
@@ -269,6 +271,19 @@ class LogManager:
             if checkpoints.get(tp, first) > first:
                 self.update_cleaner_checkpoint(tp, first)
         return forgotten
+
+    def note_rolled(self, log: Log) -> None:
+        """``log`` closed a segment: ``rolled_flushes`` has it made durable."""
+        self._rolled[log.topic_partition] = log
+
+    def rolled_flushes(self) -> list[RolledFlush]:
+        """The fsyncs of every segment closed by a roll since the last ones, for a worker
+        thread (``RolledFlush.run``, then ``Log.flushed`` here): as Kafka schedules a flush at
+        each roll whatever ``log.flush.*`` say, so that the recovery point follows the rolls
+        and a crash re-reads only active segments."""
+        rolled, self._rolled = self._rolled, {}
+        return [f for tp, log in rolled.items()
+                if self._logs.get(tp) is log and (f := log.rolled_flush()) is not None]
 
     def flush_dirty_logs(self) -> None:
         """fsync segments closed by rolls, and whole logs whose last flush is older than flush.ms."""

@@ -382,6 +382,26 @@ class LogSegment:
         self.index.flush()
         self.time_index.flush()
 
+    def fsync_closed(self) -> None:
+        """fsync a rolled segment's files, from a worker thread: the log through its pinned
+        descriptor, the indexes (written at the roll) by path and read-only, since a file
+        replaced or removed meanwhile (a cleaner's swap, retention) is no longer this
+        segment's to flush. Raises SegmentClosedError when the segment was closed for good."""
+        fd = OPEN_SEGMENT_FILES.acquire(self)
+        try:
+            os.fsync(fd)
+        finally:
+            OPEN_SEGMENT_FILES.release(self)
+        for path in (self.index.path, self.time_index.path):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
     def on_become_inactive(self) -> None:
         """The segment was rolled: seal the time index with its final maximum."""
         if self.size > 0:

@@ -152,6 +152,30 @@ def test_after_a_crash_everything_above_the_recovery_point_is_recovered(tmp_path
     m2.shutdown()
 
 
+
+def test_every_roll_is_made_durable_whatever_the_flush_settings(tmp_path):
+    """As Kafka schedules a flush at each roll: the segments a roll closed are fsynced (by a
+    worker thread: ``RolledFlush.run``) and the recovery point moves to the active segment,
+    so that a crash re-reads only that one (with log.flush.* at their defaults nothing else
+    ever moved it while the broker ran)."""
+    m = manager([tmp_path])
+    log = m.get_or_create_log(T0)
+    fill(log, 30)
+    assert len(log.segments) > 2 and log.recovery_point == 0
+    (flush,) = m.rolled_flushes()
+    assert m.rolled_flushes() == []  # handed out once
+    flush.run()
+    log.flushed(flush)
+    assert log.recovery_point == log.active_segment.base_offset
+    fill(log, 30)
+    (flush,) = m.rolled_flushes()
+    log.truncate_to(log.segments[1].base_offset + 1)  # a truncation while the fsyncs run
+    flush.run()
+    log.flushed(flush)
+    assert log.recovery_point <= log.segments[1].base_offset + 1  # not moved by a stale flush
+    m.checkpoint_recovery_points()
+    m.shutdown()
+
 def test_a_truncation_writes_down_the_lowered_recovery_point_at_once(tmp_path):
     """A follower truncates into a flushed segment and fetches again; a power loss then takes
     the unflushed appends to that segment while a later segment survives. Recovery must not
