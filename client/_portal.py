@@ -205,6 +205,24 @@ class Portal:
 
         self.call(starter, timeout=timeout)
 
+    def finish_soon(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """From the loop's own thread (a callback, which must not wait): run ``await
+        afn(*args)`` and then end the loop, as ``stop`` would; ``stop`` from another thread
+        then joins its thread."""
+        if not self.in_portal_thread:
+            raise RuntimeError("finish_soon is for the loop's own thread; other threads stop()")
+
+        async def finisher() -> None:
+            try:
+                await afn(*args)
+            finally:
+                self._stop_event.set()
+
+        try:
+            self._nursery.start_soon(finisher)
+        except RuntimeError:  # the loop is ending already
+            pass
+
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel everything on the loop and join its thread (idempotent)."""
         if self.in_portal_thread:

@@ -122,6 +122,7 @@ class _Client:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._closed = False
+        self._closing: asyncio.Future | None = None  # done once a close has stopped the thread
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -154,15 +155,25 @@ class _Client:
             self._loop.run_in_executor(None, starting.result().stop)
 
     async def _shut_down(self, afn: Any, *args: Any, wait: float) -> None:
-        """Run the Trio client's ``close`` (bounded by ``wait`` seconds), then stop the thread."""
+        """Run the Trio client's ``close`` (bounded by ``wait`` seconds), then stop the thread.
+        A close while another is under way (a task a record's callback started, say) waits
+        for that one to end: running the Trio client's ``close`` again, it would be cut
+        short, and fail, when the first one stops the thread."""
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
+            return
         if self._closed or self._portal is None:
             self._closed = True
             return
+        loop = asyncio.get_running_loop()
+        closing = self._closing = loop.create_future()
         try:
             await self._call(afn, *args, timeout=None, wait=wait)
         finally:
             self._closed = True
-            await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, self._portal.stop))
+            stopping = loop.run_in_executor(None, self._portal.stop)
+            stopping.add_done_callback(lambda _f: closing.done() or closing.set_result(None))
+            await asyncio.shield(stopping)
 
     async def __aenter__(self) -> Any:
         await self.start()

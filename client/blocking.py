@@ -18,6 +18,7 @@ futures as one ``RecordFutures``.
 from __future__ import annotations
 
 import functools
+import logging
 import queue
 import threading
 import time
@@ -88,6 +89,8 @@ __all__ = ["Producer", "Consumer", "Admin", "Record", "RecordMetadata", "RecordF
            "AclPermissionType", "OffsetAndMetadata", "RecordDeserializationError", "ConsumerRecords"]
 
 
+log = logging.getLogger(__name__)
+
 HANDOFF_WAIT_S = 0.001  # see Consumer._poll_waiting
 
 
@@ -130,6 +133,7 @@ class _Blocking:
         return self._portal.call(afn, *args, timeout=timeout)
 
     def _stop(self, afn: Any, *args: Any, timeout: float | None) -> None:
+        self._refuse_loop_thread("closed")
         if self._closed:
             return
         self._closed = True
@@ -137,6 +141,13 @@ class _Blocking:
             self._portal.call(afn, *args, timeout=timeout)
         finally:
             self._portal.stop()
+
+    def _refuse_loop_thread(self, what: str) -> None:
+        """A blocking close on the client's own loop thread (in a callback) would wait for
+        itself: refused before anything changes, so the client stays open."""
+        if self._portal.in_portal_thread:
+            raise RuntimeError(f"a {type(self).__name__.lower()} cannot be {what} from its own event loop "
+                               f"thread (e.g. inside a callback)")
 
     def __enter__(self) -> Any:
         return self
@@ -227,9 +238,30 @@ class Producer(_Blocking):
 
     def close(self, timeout: float | None = None) -> None:
         """Deliver pending records within ``timeout`` seconds (None: the delivery timeout),
-        fail the rest, and stop the background thread."""
+        fail the rest, and stop the background thread.
+
+        From a record's callback (which runs on the producer's own thread), as Kafka's close
+        from its I/O thread: the timeout is taken as 0 and nothing is waited for. Records are
+        refused from then on and every pending one fails with ClientClosedError; the thread
+        ends once that is done, and a later ``close`` from the application waits for it."""
+        if self._portal.in_portal_thread:
+            self._close_from_loop(timeout)
+            return
         limit = (self._delivery_s if timeout is None else timeout) + GRACE_S
+        if self._closed:  # perhaps begun on the loop thread (_close_from_loop): wait for its end
+            self._portal.stop(limit)
+            return
         self._stop(self._aio.close, timeout, timeout=limit)
+
+    def _close_from_loop(self, timeout: float | None) -> None:
+        if self._closed:
+            return
+        if timeout != 0:
+            log.warning("Producer.close() called from the producer's own thread (a record callback): "
+                        "closing without waiting, as with timeout 0; pending records fail")
+        self._closed = True
+        self._aio.close_without_waiting()
+        self._portal.finish_soon(self._aio.close, 0)
 
     @property
     def metrics(self) -> ProducerMetrics:
@@ -573,6 +605,7 @@ class Consumer(_Blocking):
     def close(self, timeout: float = 30.0) -> None:
         """Commit (with auto-commit), revoke through the listener and leave the group, within
         ``timeout`` seconds; then stop."""
+        self._refuse_loop_thread("closed")
         if self._closed:
             return
         try:

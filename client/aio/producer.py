@@ -896,6 +896,13 @@ class AsyncProducer(RunsInOwnNursery):
                 if self._started:
                     await self._stopped.wait()
 
+    def close_without_waiting(self) -> None:
+        """On the Trio thread, for a caller that must not wait (a record's callback): what
+        ``close(0)`` does at once. Records are refused from now on and the queued ones fail
+        with ClientClosedError; ``close`` must still run, to fail those in flight and stop."""
+        self._fail_everything(ClientClosedError(
+            "the producer was closed from its own thread (a record callback) before the record was sent"))
+
     def _fail_everything(self, error: ClientClosedError) -> None:
         acc = self._accumulator
         acc.close()

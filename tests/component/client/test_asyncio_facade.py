@@ -415,3 +415,24 @@ def test_wakeup_is_raised_before_records_getone_left(threaded_fake):
             assert [r.offset for r in await consumer.poll(timeout_ms=1000)] == [1, 2, 3, 4]
 
     asyncio.run(main())
+
+
+def test_a_close_while_another_is_under_way_waits_for_it_without_error():
+    """E.g. a record's callback starts ``producer.close()`` as a task and the application
+    closes too: the second close waits for the first to end, and raises nothing."""
+    from tests.component.client.test_blocking import _fake_metadata
+
+    async def main():
+        producer = AsyncProducer(NOWHERE, linger_ms=0)
+        await producer.start()
+        producer._aio._cluster.metadata = _fake_metadata()  # pretend to know the topic
+        future = await producer.send("t", b"v")  # never delivered: the first close waits
+        first = asyncio.ensure_future(producer.close(timeout=0.5))
+        await asyncio.sleep(0)  # the first close is under way
+        await producer.close()
+        assert first.done() and first.exception() is None
+        assert producer.closed and not producer._portal.running
+        with pytest.raises(tidelog.ClientClosedError):
+            await future
+
+    asyncio.run(main())

@@ -589,3 +589,48 @@ def test_wakeup_is_raised_before_records_an_iterator_left(threaded_fake):
         with pytest.raises(WakeupError):
             consumer.poll(timeout_ms=1000)
         assert [r.offset for r in consumer.poll(timeout_ms=1000)] == [1, 2, 3, 4]
+
+
+def test_close_from_a_record_callback_closes_at_once_and_the_applications_close_waits(threaded_fake):
+    """Kafka's close from the I/O thread: a record callback's close() does not wait. The
+    producer refuses records from then on, the ones pending fail with ClientClosedError
+    (none is silently dropped), and the application's own close() ends the loop thread."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    producer = Producer(threaded_fake.cluster.bootstrap, linger_ms=0)
+    in_callback: dict[str, object] = {}
+    called = threading.Event()
+
+    def on_done(_future):
+        in_callback["pending"] = producer.send("t", b"pending", partition=0)
+        try:
+            producer.close()
+        except BaseException as e:
+            in_callback["error"] = e
+        in_callback["closed"] = producer.closed
+        called.set()
+
+    first = producer.send("t", b"first", partition=0)
+    # added on the loop thread: on_done runs there even if the record is acknowledged already
+    producer._portal.run_sync(first.add_done_callback, on_done)
+    assert called.wait(10)
+    assert "error" not in in_callback and in_callback["closed"] is True
+    with pytest.raises(ClientClosedError, match="producer"):
+        in_callback["pending"].result(10)
+    with pytest.raises(ClientClosedError):
+        producer.send("t", b"after", partition=0)
+    with pytest.raises(ClientClosedError):
+        producer.flush(1)
+    producer.close()
+    assert not producer._portal.running
+
+
+def test_a_consumer_or_admin_closed_from_its_own_loop_thread_refuses_and_stays_open(threaded_fake):
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    with Consumer(threaded_fake.cluster.bootstrap) as consumer, Admin(threaded_fake.cluster.bootstrap) as admin:
+        for client in (consumer, admin):
+            with pytest.raises(RuntimeError, match="own event loop thread"):
+                client._portal.run_sync(client.close)
+            assert not client.closed
+        consumer.assign([TopicPartition("t", 0)])
+        assert consumer.poll(timeout_ms=10) == []
+        assert "t" in admin.list_topics()

@@ -71,3 +71,18 @@ def test_services_run_until_stop_and_calls_after_stop_are_refused(portal):
     assert not portal.running
     with pytest.raises(ClientClosedError):
         portal.call(trio.sleep, 0, timeout=1)
+
+
+def test_finish_soon_runs_its_call_then_ends_the_loop_without_waiting(portal):
+    ran = []
+
+    async def last():
+        await trio.sleep(0)
+        ran.append(portal.in_portal_thread)
+        await trio.sleep(0.01)
+
+    with pytest.raises(RuntimeError, match="own thread"):
+        portal.finish_soon(last)
+    portal.run_sync(portal.finish_soon, last)  # returns at once: the call runs after
+    portal._thread.join(10)  # the loop ends by itself once the call is done
+    assert ran == [True] and not portal.running
