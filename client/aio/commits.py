@@ -11,7 +11,9 @@
   commit sends the consumed positions that differ from the last committed offsets
   (``auto_commit_offsets``), a position moved back by a ``seek`` included, as Kafka does.
 * ``commit_async`` commits in the background; its callback runs in a later poll or commit
-  (``invoke_completed_commits``), like Kafka's OffsetCommitCallback.
+  (``invoke_completed_commits``), like Kafka's OffsetCommitCallback. Closing waits for the
+  commits in flight, within the close's timeout, and runs every callback: one still in
+  flight then fails with ClientClosedError (``settle_async_commits``).
 * New partitions of a group's assignment start at the committed offset (OffsetFetch), else
   per ``auto_offset_reset`` (``refresh_committed_positions``).
 
@@ -47,6 +49,7 @@ from tidelog.aio.membership import (
 from tidelog.aio.subscription import ConsumerConfig, PartitionState, SubscriptionState
 from tidelog.errors import (
     BrokerConnectionError,
+    ClientClosedError,
     CommitFailedError,
     RebalanceInProgressError,
     RequestTimedOut,
@@ -168,6 +171,10 @@ class OffsetCommitter:
         self._requested: dict[TopicPartition, tuple[int, int, Generation]] = {}  # latest commit asked
         self._requested_metadata: dict[TopicPartition, str | None] = {}  # and its metadata string
         self._completed_commits: list[tuple[Callable, dict, BaseException | None]] = []
+        # the async commits in flight, by number: their callback (or None) and reported offsets
+        self._async_in_flight: dict[int, tuple[Callable | None, dict]] = {}
+        self._async_settled = trio.Event()  # set (and replaced) as one of them ends
+        self._async_count = 0
         self._next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
 
     def _commit_generation(self) -> Generation:
@@ -290,6 +297,9 @@ class OffsetCommitter:
         the application's own mapping, if given)."""
         offsets = dict(offsets)
         report = dict(offsets if reported is None else reported)
+        self._async_count += 1
+        number = self._async_count
+        self._async_in_flight[number] = (callback, report)
 
         async def run() -> None:
             error: BaseException | None = None
@@ -298,7 +308,11 @@ class OffsetCommitter:
             except TidelogError as e:
                 error = e
                 log.warning("group %r: asynchronous commit failed: %s", self.group_id, e)
-            if callback is not None:
+            finally:
+                mine = self._async_in_flight.pop(number, None)  # None: abandoned (reported)
+                settled, self._async_settled = self._async_settled, trio.Event()
+                settled.set()
+            if mine is not None and callback is not None:
                 self._completed_commits.append((callback, report, error))
 
         self._start_soon(run)
@@ -307,6 +321,32 @@ class OffsetCommitter:
         while self._completed_commits:
             callback, offsets, error = self._completed_commits.pop(0)
             await self._invoke(callback, offsets, error)
+
+    async def settle_async_commits(self, deadline: float) -> Exception | None:
+        """Closing, as Kafka's close: wait while async commits are in flight, until
+        ``deadline`` (trio time); those still in flight then fail with ClientClosedError
+        (their tasks report nothing more). Then every callback runs, even after one raised:
+        the first exception raised is returned, for close to raise once it is done."""
+        with trio.move_on_at(deadline):
+            while self._async_in_flight:
+                await self._async_settled.wait()
+        cut_short = ClientClosedError(f"the consumer closed before its commit to group {self.group_id!r} "
+                                      "completed (close's timeout)")
+        for callback, report in self._async_in_flight.values():
+            if callback is not None:
+                self._completed_commits.append((callback, report, cut_short))
+        self._async_in_flight.clear()
+        first: Exception | None = None
+        while self._completed_commits:
+            callback, offsets, error = self._completed_commits.pop(0)
+            try:
+                await self._invoke(callback, offsets, error)
+            except Exception as e:
+                if first is None:
+                    first = e
+                else:
+                    log.warning("group %r: a commit callback raised while closing: %r", self.group_id, e)
+        return first
 
     def maybe_auto_commit(self) -> None:
         if not self.config.enable_auto_commit:

@@ -183,9 +183,15 @@ class AsyncConsumer(RunsInOwnNursery):
         """Close: with a group, first commit the consumed positions (when auto-commit is on),
         run ``on_partitions_revoked`` and leave the group (static members do not leave: a
         restart within the session timeout keeps their assignment), all within
-        ``timeout_ms`` (default 30 s)."""
+        ``timeout_ms`` (default 30 s). Before that, as Kafka's close, it waits (within the same
+        time) for the ``commit_async`` commits in flight and runs their callbacks: those not
+        done by then get ClientClosedError. An exception a callback raises is raised once
+        the consumer is closed."""
+        callback_error: Exception | None = None
         if self._coordinator is not None and self._started and not self._closed and self._nursery is not None:
-            with trio.move_on_after((30000 if timeout_ms is None else timeout_ms) / 1000):
+            deadline = trio.current_time() + (30000 if timeout_ms is None else timeout_ms) / 1000
+            callback_error = await self._coordinator.offsets.settle_async_commits(deadline)
+            with trio.move_on_at(deadline):
                 try:
                     await self._coordinator.leave("the consumer is closing",
                                                   commit=self.config.enable_auto_commit)
@@ -199,6 +205,8 @@ class AsyncConsumer(RunsInOwnNursery):
         if self._started:
             with trio.CancelScope(shield=True):
                 await self._stopped.wait()
+        if callback_error is not None:
+            raise callback_error
 
     @property
     def closed(self) -> bool:

@@ -436,3 +436,26 @@ def test_a_close_while_another_is_under_way_waits_for_it_without_error():
             await future
 
     asyncio.run(main())
+
+
+def test_close_waits_for_async_commits_and_runs_their_callbacks_on_the_loop():
+    from tests.component.client.test_group_facade import hold_commits
+
+    async def main():
+        consumer = AsyncConsumer(NOWHERE, group_id="g", enable_auto_commit=False)
+        await consumer.start()
+        tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+        consumer.assign([tp0, tp1])
+        hold_commits(consumer)
+        seen = []
+
+        async def callback(offsets, error):
+            seen.append((offsets, type(error).__name__ if error else None, threading.current_thread().name))
+
+        consumer.commit_async({tp0: 5}, callback)
+        consumer.commit_async({tp1: 7}, callback)
+        await consumer.close(timeout=2)
+        me = threading.current_thread().name
+        assert seen == [({tp0: 5}, None, me), ({tp1: 7}, ClientClosedError.__name__, me)]
+
+    asyncio.run(main())

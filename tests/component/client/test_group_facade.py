@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tidelog import Consumer, RequestTimedOut
+from tidelog import ClientClosedError, Consumer, RequestTimedOut, TopicPartition
 
 NOWHERE = "127.0.0.1:9"  # nothing is contacted: no request is made in these tests
 
@@ -107,3 +107,54 @@ def test_group_calls_need_a_group_and_validate():
         assert consumer.subscription() == {"t"}
         with pytest.raises(ValueError, match="mutually exclusive"):
             consumer.assign([("t", 0)])
+
+
+def hold_commits(consumer):
+    """The consumer's commits, without a coordinator: one of partition 0 is answered after a
+    moment, any other never."""
+    import trio
+
+    async def commit(offsets, deadline, metadata=None):
+        if TopicPartition("t", 0) in offsets:
+            await trio.sleep(0.2)
+        else:
+            await trio.sleep_forever()
+
+    consumer._aio._coordinator.offsets.commit = commit
+
+
+def test_close_waits_for_async_commits_and_runs_their_callbacks_on_the_closing_thread():
+    """As Kafka's close: commits in flight are waited for, within the close's timeout, and
+    their callbacks run (on the thread that closes); one still in flight at the timeout
+    fails with ClientClosedError rather than being dropped."""
+    consumer = Consumer(NOWHERE, group_id="g", enable_auto_commit=False)
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    consumer.assign([tp0, tp1])
+    hold_commits(consumer)
+    seen = []
+
+    def callback(offsets, error):
+        seen.append((offsets, type(error).__name__ if error else None, threading.current_thread().name))
+
+    consumer.commit_async({tp0: 5}, callback)
+    consumer.commit_async({tp1: 7}, callback)
+    consumer.close(timeout=2)
+    me = threading.current_thread().name
+    assert seen == [({tp0: 5}, None, me), ({tp1: 7}, ClientClosedError.__name__, me)]
+
+
+def test_a_commit_callback_raising_while_closing_is_raised_once_closed():
+    consumer = Consumer(NOWHERE, group_id="g", enable_auto_commit=False)
+    tp0 = TopicPartition("t", 0)
+    consumer.assign([tp0])
+    hold_commits(consumer)
+    seen = []
+
+    def boom(offsets, error):
+        raise ValueError("callback failed")
+
+    consumer.commit_async({tp0: 5}, boom)
+    consumer.commit_async({tp0: 6}, lambda offsets, error: seen.append(offsets))
+    with pytest.raises(ValueError, match="callback failed"):
+        consumer.close(timeout=5)
+    assert seen == [{tp0: 6}] and consumer.closed and not consumer._portal.running
