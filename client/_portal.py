@@ -31,7 +31,7 @@ import trio
 
 from tidelog.errors import ClientClosedError, RequestTimedOut
 
-__all__ = ["Portal"]
+__all__ = ["Handoff", "Portal"]
 
 T = TypeVar("T")
 
@@ -233,3 +233,49 @@ class Portal:
             except trio.RunFinishedError:
                 pass
         self._thread.join(timeout)
+
+
+class Handoff:
+    """One poll's outcome on its way from the Trio thread to the caller waiting for it (an
+    application thread in the blocking facade, a task in the asyncio one), which may leave
+    (interrupted, cancelled, timed out) at any moment. Exactly one side ends up owning it:
+    the caller, if it was still waiting when the Trio thread offered it; otherwise the
+    consumer again (``reclaim``: records back among the unreturned ones, an error for the
+    next poll), at once, on the thread that finds the other side gone: the Trio thread when
+    it offers to a caller that left, the caller's when it leaves after the offer. Either way
+    this happens before the application's next call (a seek, a commit, the next poll) reaches
+    the Trio thread, so none of them runs as if those records had never been taken."""
+
+    __slots__ = ("_lock", "_state", "_outcome", "_reclaim")
+
+    WAITING, OFFERED, TAKEN, LEFT = range(4)
+
+    def __init__(self, reclaim: Callable[[Any], None]):
+        self._lock = threading.Lock()
+        self._state = self.WAITING
+        self._outcome: Any = None
+        self._reclaim = reclaim
+
+    def offer(self, outcome: Any) -> bool:
+        """On the Trio thread: True if the caller is still waiting (wake it to ``take``)."""
+        with self._lock:
+            if self._state == self.WAITING:
+                self._state, self._outcome = self.OFFERED, outcome
+                return True
+        self._reclaim(outcome)
+        return False
+
+    def take(self) -> Any:
+        """On the caller's thread, woken after the offer: the outcome."""
+        with self._lock:
+            self._state = self.TAKEN
+            outcome, self._outcome = self._outcome, None
+            return outcome
+
+    def leave(self) -> None:
+        """On the caller's thread: it stops waiting; an outcome offered is reclaimed."""
+        with self._lock:
+            state, self._state = self._state, self.LEFT
+            outcome, self._outcome = self._outcome, None
+        if state == self.OFFERED:
+            self._reclaim(outcome)

@@ -50,7 +50,7 @@ import sniffio
 import trio
 
 from tidelog import aio
-from tidelog._portal import GRACE_S, Portal
+from tidelog._portal import GRACE_S, Handoff, Portal
 from tidelog.aio.accumulator import ProduceResult
 from tidelog.aio.admin import (
     ClusterDescription,
@@ -205,7 +205,7 @@ class _Client:
         (RequestTimedOut); this coroutine waits at most ``wait`` seconds (default: ``timeout``
         plus a grace period) and then cancels it. Cancelling this coroutine cancels the call;
         what it returns after its caller left is dropped (a poll hands its records over
-        through a ``_Handoff`` instead)."""
+        through a ``Handoff`` instead)."""
         portal = self._running_portal()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -652,14 +652,14 @@ class AsyncConsumer(_Client):
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for some (with a
         group, rebalances run within the same time, their listener on this loop). As
         ``tidelog.aio.AsyncConsumer.poll``; cancelling it leaves the consumer usable, and
-        the records it had taken come first in the next poll (``_Handoff``)."""
+        the records it had taken come first in the next poll (``Handoff``)."""
         portal = self._running_portal()
         limit = max_records or self.config.max_poll_records
         if self._unclaimed:
             raise self._unclaimed.popleft()
         if self._aio.unreturned_first:  # getone's, or a cancelled poll's
             return self._aio.take_unreturned(limit)
-        handoff = _Handoff(self._reclaim)
+        handoff = Handoff(self._reclaim)
         try:
             if self._aio.polls_without_task:
                 await self._poll_waiting(portal, handoff, timeout_ms, limit)
@@ -674,7 +674,7 @@ class AsyncConsumer(_Client):
             raise outcome
         return outcome if type(outcome) is ConsumerRecords else ConsumerRecords(outcome)
 
-    async def _polled(self, handoff: _Handoff, timeout_ms: int, limit: int) -> None:
+    async def _polled(self, handoff: Handoff, timeout_ms: int, limit: int) -> None:
         """On the Trio thread: a poll with a group, its outcome offered to ``handoff``."""
         try:
             outcome = await self._aio.poll(timeout_ms, limit)
@@ -691,7 +691,7 @@ class AsyncConsumer(_Client):
         else:
             self._aio._subscriptions.put_back(outcome)
 
-    async def _poll_waiting(self, portal: Portal, handoff: _Handoff, timeout_ms: int, limit: int) -> None:
+    async def _poll_waiting(self, portal: Portal, handoff: Handoff, timeout_ms: int, limit: int) -> None:
         """``poll`` without a group: a waiter on the Trio thread (``add_poll_waiter``) offers
         the outcome to ``handoff`` in the scheduler pass that received the records, and wakes
         this task, as the blocking facade's ``poll`` does (and waits up to ``HANDOFF_WAIT_S``
@@ -763,51 +763,6 @@ class AsyncConsumer(_Client):
         """Commit (with auto-commit), revoke through the listener and leave the group, within
         ``timeout`` seconds; then stop the client's thread."""
         await self._shut_down(self._aio.close, int(timeout * 1000), wait=timeout + GRACE_S)
-
-
-class _Handoff:
-    """One poll's outcome on its way from the Trio thread to the asyncio task waiting for
-    it, which may leave (cancelled, timed out) at any moment. Exactly one side ends up owning
-    it: the task, if it was still waiting when the Trio thread offered it; otherwise the
-    consumer again (``reclaim``: records back among the unreturned ones, an error for the
-    next poll), at once, on the thread that finds the other side gone: the Trio thread when
-    it offers to a task that left, the task when it leaves after the offer. Either way this
-    happens before the application's next call (a seek, a commit, the next poll) reaches the
-    Trio thread, so none of them runs as if those records had never been taken."""
-
-    __slots__ = ("_lock", "_state", "_outcome", "_reclaim")
-
-    WAITING, OFFERED, TAKEN, LEFT = range(4)
-
-    def __init__(self, reclaim: Callable[[Any], None]):
-        self._lock = threading.Lock()
-        self._state = self.WAITING
-        self._outcome: Any = None
-        self._reclaim = reclaim
-
-    def offer(self, outcome: Any) -> bool:
-        """On the Trio thread: True if the task is still waiting (wake it to ``take``)."""
-        with self._lock:
-            if self._state == self.WAITING:
-                self._state, self._outcome = self.OFFERED, outcome
-                return True
-        self._reclaim(outcome)
-        return False
-
-    def take(self) -> Any:
-        """On the asyncio thread, woken after the offer: the outcome."""
-        with self._lock:
-            self._state = self.TAKEN
-            outcome, self._outcome = self._outcome, None
-            return outcome
-
-    def leave(self) -> None:
-        """On the asyncio thread: the task stops waiting; an outcome offered is reclaimed."""
-        with self._lock:
-            state, self._state = self._state, self.LEFT
-            outcome, self._outcome = self._outcome, None
-        if state == self.OFFERED:
-            self._reclaim(outcome)
 
 
 class _Flag:

@@ -22,13 +22,14 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from tidelog._caller_fetch import CallerFetch, caller_can_fetch
-from tidelog._portal import GRACE_S, Portal
+from tidelog._portal import GRACE_S, Handoff, Portal
 from tidelog.aio.accumulator import RecordFuture, RecordFutures
 from tidelog.aio.admin import (
     AsyncAdmin,
@@ -322,6 +323,9 @@ class Consumer(_Blocking):
         self._request_timeout_s = self._aio.config.request_timeout_ms / 1000
         self.consumer_timeout_ms = consumer_timeout_ms
         self._inboxes: list[_Inbox] = []  # the serving calls' inboxes, innermost last
+        # errors polls were about to raise when their caller left (Ctrl-C, a stuck loop): the
+        # next polls raise these first (their records go back among the unreturned ones)
+        self._unclaimed: deque[BaseException] = deque()
         self._start("tidelog-consumer")
         # without a group, on PLAINTEXT, poll fetches on the caller's thread (see the module)
         self._caller: CallerFetch | None = None
@@ -515,22 +519,53 @@ class Consumer(_Blocking):
         thread, and their time is not counted. The wait for the client's event loop is
         bounded by ``timeout_ms + request_timeout_ms`` plus a grace period: a margin over the
         poll's own bound, reached only when the loop is stuck."""
+        if self._unclaimed and not self._closed:
+            raise self._unclaimed.popleft()
         if self._aio.unreturned_first and not self._closed:  # an iterator's, not yielded yet
             return self._aio.take_unreturned(max_records or self._aio.config.max_poll_records)
+        limit = max_records or self._aio.config.max_poll_records
         if self._caller is not None:
             if self._closed:
                 raise ClientClosedError("the consumer is closed")
-            records = self._caller.poll(timeout_ms / 1000, max_records or self._aio.config.max_poll_records)
-        elif self._aio.polls_without_task:
-            records = self._poll_waiting(timeout_ms, max_records)
-        else:
-            records = self._serve(self._aio.poll, timeout_ms, max_records,
-                                  timeout=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
-        return records if type(records) is ConsumerRecords else ConsumerRecords(records)
+            records = self._caller.poll(timeout_ms / 1000, limit)
+            return records if type(records) is ConsumerRecords else ConsumerRecords(records)
+        handoff = Handoff(self._reclaim)
+        try:
+            if self._aio.polls_without_task:
+                self._poll_waiting(handoff, timeout_ms, limit)
+            else:
+                self._serve(self._polled, handoff, timeout_ms, limit,
+                            timeout=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
+        except BaseException:  # Ctrl-C, or the loop did not answer in time
+            handoff.leave()
+            raise
+        outcome = handoff.take()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome if type(outcome) is ConsumerRecords else ConsumerRecords(outcome)
 
-    def _poll_waiting(self, timeout_ms: int, max_records: int | None) -> list[Record]:
+    async def _polled(self, handoff: Handoff, timeout_ms: int, limit: int) -> None:
+        """On the loop thread: a poll with a group, its outcome offered to ``handoff``."""
+        try:
+            outcome = await self._aio.poll(timeout_ms, limit)
+        except Exception as e:  # what poll raises, for its caller
+            outcome = e
+        handoff.offer(outcome)
+
+    def _reclaim(self, outcome: Any) -> None:
+        """A poll's outcome its caller left before taking (interrupted, or it gave up on a
+        stuck loop), on the thread that found it so: an error for the next poll to raise;
+        records back among the unreturned ones, for the next poll to return first, not
+        consumed until then (as the caller-fetch path rewinds them)."""
+        if isinstance(outcome, BaseException):
+            self._unclaimed.append(outcome)
+        else:
+            self._aio._subscriptions.put_back(outcome)
+
+    def _poll_waiting(self, handoff: Handoff, timeout_ms: int, limit: int) -> None:
         """``poll`` without a group: a waiter on the loop (``AsyncConsumer.add_poll_waiter``)
-        hands the outcome to this thread in the scheduler pass that received the records.
+        offers the outcome to ``handoff`` in the scheduler pass that received the records,
+        and wakes this thread; at the deadline the waiter is removed and [] offered.
 
         The loop thread then waits (at most ``HANDOFF_WAIT_S``, the GIL released) until this
         thread has the outcome: woken threads take a while to run in a VM, and the loop
@@ -539,30 +574,28 @@ class Consumer(_Blocking):
         sleeps. The next fetch is sent as soon as this thread blocks or yields the GIL."""
         if self._closed:
             raise ClientClosedError("the consumer is closed")
-        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        offered: queue.SimpleQueue = queue.SimpleQueue()
         picked_up = threading.Event()
 
         def deliver(outcome: Any) -> None:  # on the loop's thread
-            inbox.put(outcome)
-            picked_up.wait(HANDOFF_WAIT_S)
+            if handoff.offer(outcome):
+                offered.put(None)
+                picked_up.wait(HANDOFF_WAIT_S)
 
-        self._portal.call_soon(self._aio.add_poll_waiter, max_records or self._aio.config.max_poll_records,
-                               deliver)
+        self._portal.call_soon(self._aio.add_poll_waiter, limit, deliver)
         try:
             try:
-                outcome = inbox.get(timeout=max(0, timeout_ms) / 1000)
+                offered.get(timeout=max(0, timeout_ms) / 1000)
             except queue.Empty:
                 if self._portal.run_sync(self._aio.remove_poll_waiter, deliver):
-                    return []
-                outcome = inbox.get(timeout=GRACE_S)  # served just before it was removed
-            except BaseException:  # Ctrl-C
-                self._portal.run_soon(self._aio.remove_poll_waiter, deliver)
-                raise
+                    handoff.offer(ConsumerRecords())
+                else:
+                    offered.get(timeout=GRACE_S)  # served just before it was removed
+        except BaseException:  # Ctrl-C, or the loop did not answer
+            self._portal.run_soon(self._aio.remove_poll_waiter, deliver)
+            raise
         finally:
             picked_up.set()
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition],
                           timeout_ms: int | None = None) -> dict[TopicPartition, int]:

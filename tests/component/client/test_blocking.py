@@ -634,3 +634,74 @@ def test_a_consumer_or_admin_closed_from_its_own_loop_thread_refuses_and_stays_o
         consumer.assign([TopicPartition("t", 0)])
         assert consumer.poll(timeout_ms=10) == []
         assert "t" in admin.list_topics()
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["group", "loop-fetch"])
+def test_records_a_poll_took_as_it_was_interrupted_come_in_the_next_poll(threaded_fake, ctrl_c_raises,
+                                                                         monkeypatch, group):
+    """Ctrl-C reaches the poll just as the loop thread takes its records (here: while the
+    loop deserializes them): they are not lost, and the consumed position is theirs. With a
+    group the loop thread runs the poll; without one, over TLS or SASL, it hands a waiting
+    poll its records (taken here for PLAINTEXT)."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    with Producer(threaded_fake.cluster.bootstrap, linger_ms=0) as producer:
+        producer.send_many("t", [b"%d" % i for i in range(5)], partition=0)
+        producer.flush(10)
+    monkeypatch.setattr("tidelog.blocking.caller_can_fetch", lambda _aio: False)
+    interrupted, released = threading.Event(), threading.Event()
+
+    def deserialize(value):  # on the loop thread
+        if not interrupted.is_set():
+            interrupted.set()
+            os.kill(os.getpid(), signal.SIGINT)
+            assert released.wait(10)
+        return value
+
+    options = {"group_id": "g", "enable_auto_commit": False} if group else {}
+    tp = TopicPartition("t", 0)
+    with Consumer(threaded_fake.cluster.bootstrap, value_deserializer=deserialize, **options) as consumer:
+        assert consumer._aio.polls_without_task is not group
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        with pytest.raises(KeyboardInterrupt):
+            consumer.poll(timeout_ms=10_000)
+        released.set()
+        assert consumer.position(tp) == 0
+        got = []
+        while len(got) < 5:
+            got += consumer.poll(timeout_ms=5000)
+        assert [r.offset for r in got] == list(range(5))
+
+
+def test_records_a_group_poll_took_after_its_caller_gave_up_on_a_stuck_loop_come_next(threaded_fake, monkeypatch):
+    """The loop thread is stuck (here: in a deserializer) while it takes a poll's records:
+    the caller's bounded wait ends with RequestTimedOut, and the records, handed over late,
+    come in the next poll; the consumed position is theirs meanwhile."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 1)
+    with Producer(threaded_fake.cluster.bootstrap, linger_ms=0) as producer:
+        producer.send_many("t", [b"%d" % i for i in range(5)], partition=0)
+        producer.flush(10)
+    monkeypatch.setattr("tidelog.blocking.GRACE_S", 0.1)
+    stuck, released = threading.Event(), threading.Event()
+
+    def deserialize(value):  # on the loop thread
+        if stuck.is_set():
+            assert released.wait(10)
+        return value
+
+    tp = TopicPartition("t", 0)
+    with Consumer(threaded_fake.cluster.bootstrap, group_id="g", enable_auto_commit=False,
+                  request_timeout_ms=200, value_deserializer=deserialize) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        got = []
+        while not got:
+            got = consumer.poll(timeout_ms=5000, max_records=1)  # the rest of the batch is buffered
+        stuck.set()
+        with pytest.raises(RequestTimedOut):
+            consumer.poll(timeout_ms=0)
+        released.set()
+        assert consumer.position(tp) == 1
+        while len(got) < 5:
+            got += consumer.poll(timeout_ms=5000)
+        assert [r.offset for r in got] == list(range(5))
