@@ -46,7 +46,7 @@ from tidelog.aio.admin import (
     TopicDescription,
 )
 from tidelog.aio.consumer import AsyncConsumer, Metrics, OffsetAndTimestamp
-from tidelog.aio.group import ConsumerRebalanceListener, call_maybe_async
+from tidelog.aio.group import ConsumerRebalanceListener
 from tidelog.aio.producer import NEED_METADATA, AsyncProducer, ProducerMetrics, partly_queued
 from tidelog.errors import (
     AuthenticationFailedError,
@@ -300,6 +300,13 @@ class _Inbox:
                 left.append(item)
 
 
+def _not_called(fn: Callable, why: str) -> ClientClosedError:
+    """The error of a listener or commit callback the loop handed over too late to run."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return ClientClosedError(f"{name} was not called: the consumer call that was to run it on the "
+                             f"application's thread (poll, commit, unsubscribe or close) {why}")
+
+
 class Consumer(_Blocking):
     """A blocking consumer; options as ``tidelog.aio.AsyncConsumer`` (``group_id`` and
     ``subscribe`` for a consumer group, or ``assign``), plus ``consumer_timeout_ms``
@@ -308,6 +315,9 @@ class Consumer(_Blocking):
     Rebalance listener callbacks and ``commit_async`` callbacks run on the application's
     thread: inside the ``poll`` (or ``commit``, ``unsubscribe``, ``close``) call that runs the
     rebalance, as in Kafka. They may call this consumer (``commit``, ``seek``, ``position``).
+    One reached after that call ended (Ctrl-C, a timeout) runs inside the consumer call
+    under way then; with none, it is not called but fails with ClientClosedError, which the
+    next ``poll`` raises when a poll had reached it.
     Like Kafka's, the consumer is not meant to be used from several threads at once
     (``wakeup`` excepted)."""
 
@@ -351,7 +361,13 @@ class Consumer(_Blocking):
 
     async def _callback_on_caller(self, fn: Callable, *args: Any) -> Any:
         """On the Trio thread: hand ``fn(*args)`` to the application thread that is inside a
-        serving call, and wait (shielded) for it to finish there."""
+        serving call, and wait (shielded) for it to finish there.
+
+        Callbacks come only from serving calls (poll, commit, unsubscribe, close), but a
+        call's task can outlive it (interrupted, or it timed out) and reach one after: with
+        no serving call to take it, it fails with ClientClosedError rather than run on this
+        thread, where every consumer call it made would raise. The group goes on as when a
+        listener raises (the assignment stands, the next poll carries on)."""
         done = trio.Event()
         outcome: list[Any] = []
 
@@ -360,8 +376,8 @@ class Consumer(_Blocking):
             done.set()
 
         inbox = self._inboxes[-1] if self._inboxes else None
-        if inbox is None or not inbox.offer((fn, args, complete)):  # no serving call: run it here
-            return await call_maybe_async(fn, *args)
+        if inbox is None or not inbox.offer((fn, args, complete)):
+            raise _not_called(fn, "had ended (interrupted, or it timed out)")
         with trio.CancelScope(shield=True):
             await done.wait()
         result, error = outcome
@@ -401,7 +417,7 @@ class Consumer(_Blocking):
             self._inboxes.remove(inbox)
             for fn, args, complete in inbox.close():  # handed over as the wait ended
                 if interrupted:
-                    self._portal.run_soon(complete, None, ClientClosedError("the call was interrupted"))
+                    self._portal.run_soon(complete, None, _not_called(fn, "was interrupted"))
                 else:
                     self._run_callback(fn, args, complete)
 

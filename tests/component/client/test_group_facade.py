@@ -158,3 +158,68 @@ def test_a_commit_callback_raising_while_closing_is_raised_once_closed():
     with pytest.raises(ValueError, match="callback failed"):
         consumer.close(timeout=5)
     assert seen == [{tp0: 6}] and consumer.closed and not consumer._portal.running
+
+
+def test_a_callback_after_its_call_ended_fails_rather_than_running_on_the_loop_thread():
+    """A call's task can outlive the call (it timed out, or Ctrl-C) and then reach a
+    listener: it is not run on the client's thread, where every consumer call it made would
+    raise; it fails with ClientClosedError (the rebalance goes on without it, as when a
+    listener raises)."""
+    import trio
+
+    consumer = Consumer(NOWHERE, group_id="g")
+    left, finished = threading.Event(), threading.Event()
+    ran, failed = [], []
+
+    async def work():
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.to_thread.run_sync(left.wait)
+                await consumer._aio.invoke_callback(lambda: ran.append(threading.current_thread().name))
+            except ClientClosedError as e:
+                failed.append(str(e))
+            finally:
+                finished.set()
+
+    with pytest.raises(RequestTimedOut):
+        consumer._serve(work, timeout=0.2)
+    left.set()
+    assert finished.wait(10)
+    consumer.close(1)
+    assert ran == [] and len(failed) == 1 and "not called" in failed[0]
+
+
+def test_a_listener_a_left_poll_could_not_run_is_reported_by_the_next_poll(monkeypatch):
+    """A poll whose caller gave up (the client's thread was stuck) reaches a rebalance
+    listener afterwards: the listener fails, and the next poll raises that, once, as a
+    listener's own error would be, so that the application knows it was not called."""
+    import trio
+
+    monkeypatch.setattr("tidelog.blocking.GRACE_S", 0.1)
+    consumer = Consumer(NOWHERE, group_id="g", request_timeout_ms=200)
+    left, finished, ran = threading.Event(), threading.Event(), []
+
+    class Listener:
+        def on_partitions_assigned(self, assigned):
+            ran.append(assigned)
+
+    async def poll(timeout_ms, max_records):  # a rebalance's end, after the caller left
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(left.wait)
+                await consumer._aio.invoke_callback(Listener().on_partitions_assigned, {TopicPartition("t", 0)})
+            return []
+        finally:
+            finished.set()
+
+    real_poll, consumer._aio.poll = consumer._aio.poll, poll
+    with pytest.raises(RequestTimedOut):
+        consumer.poll(timeout_ms=0)
+    left.set()
+    assert finished.wait(10)
+    consumer._portal.run_sync(lambda: None)  # after the loop's step that ended that poll
+    consumer._aio.poll = real_poll
+    with pytest.raises(ClientClosedError, match="on_partitions_assigned was not called"):
+        consumer.poll(timeout_ms=10)
+    assert consumer.poll(timeout_ms=10) == [] and ran == []
+    consumer.close(1)
