@@ -232,11 +232,13 @@ def test_records_offered_as_their_poll_is_cancelled_count_as_not_consumed(thread
             consumer._aio.add_poll_waiter = noted_first
             first = asyncio.ensure_future(consumer.poll(timeout_ms=10_000))
             await asyncio.sleep(0.05)
-            async with AsyncProducer(bootstrap, linger_ms=0) as producer:
-                await producer.send_many("t", [b"%d" % i for i in range(20)], partition=0)
-                await producer.flush(10)
-                assert offered.wait(10)  # this loop runs nothing meanwhile: the poll is not woken
-                first.cancel()
+            # a blocking producer: this loop runs nothing from here to the cancel, so the poll
+            # is not woken (awaiting an asyncio producer's flush, it could be)
+            with tidelog.Producer(bootstrap, linger_ms=0) as producer:
+                producer.send_many("t", [b"%d" % i for i in range(20)], partition=0)
+                producer.flush(10)
+            assert offered.wait(10)
+            first.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await first
             assert await consumer.position(tp) == 0
