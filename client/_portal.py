@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import trio
 
 from tidelog.errors import ClientClosedError, RequestTimedOut
+from tidelog.records import ConsumerRecords
 
 __all__ = ["Handoff", "Portal"]
 
@@ -240,21 +242,48 @@ class Handoff:
     application thread in the blocking facade, a task in the asyncio one), which may leave
     (interrupted, cancelled, timed out) at any moment. Exactly one side ends up owning it:
     the caller, if it was still waiting when the Trio thread offered it; otherwise the
-    consumer again (``reclaim``: records back among the unreturned ones, an error for the
+    consumer again (``_reclaim``: records back among the unreturned ones, an error for the
     next poll), at once, on the thread that finds the other side gone: the Trio thread when
     it offers to a caller that left, the caller's when it leaves after the offer. Either way
     this happens before the application's next call (a seek, a commit, the next poll) reaches
     the Trio thread, so none of them runs as if those records had never been taken."""
 
-    __slots__ = ("_lock", "_state", "_outcome", "_reclaim")
+    __slots__ = ("_lock", "_state", "_outcome", "_consumer", "_unclaimed")
 
     WAITING, OFFERED, TAKEN, LEFT = range(4)
 
-    def __init__(self, reclaim: Callable[[Any], None]):
+    def __init__(self, consumer: Any, unclaimed: deque[BaseException]):
+        """``consumer``: the Trio core's AsyncConsumer; ``unclaimed``: the facade's errors
+        for its next polls to raise first."""
         self._lock = threading.Lock()
         self._state = self.WAITING
         self._outcome: Any = None
-        self._reclaim = reclaim
+        self._consumer = consumer
+        self._unclaimed = unclaimed
+
+    async def poll(self, timeout_ms: int, limit: int) -> None:
+        """On the Trio thread: the consumer's poll (a group's), its outcome offered here."""
+        try:
+            outcome = await self._consumer.poll(timeout_ms, limit)
+        except Exception as e:  # what poll raises, for its caller
+            outcome = e
+        self.offer(outcome)
+
+    def records(self) -> ConsumerRecords:
+        """On the caller's thread, woken after the offer: the records, or the error raised."""
+        outcome = self.take()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome if type(outcome) is ConsumerRecords else ConsumerRecords(outcome)
+
+    def _reclaim(self, outcome: Any) -> None:
+        """An outcome its caller left before taking, on the thread that found it so: an error
+        for the next poll to raise; records back among the unreturned ones, for the next poll
+        to return first, not consumed until then."""
+        if isinstance(outcome, BaseException):
+            self._unclaimed.append(outcome)
+        else:
+            self._consumer._subscriptions.put_back(outcome)
 
     def offer(self, outcome: Any) -> bool:
         """On the Trio thread: True if the caller is still waiting (wake it to ``take``)."""

@@ -659,37 +659,19 @@ class AsyncConsumer(_Client):
             raise self._unclaimed.popleft()
         if self._aio.unreturned_first:  # getone's, or a cancelled poll's
             return self._aio.take_unreturned(limit)
-        handoff = Handoff(self._reclaim)
+        handoff = Handoff(self._aio, self._unclaimed)
         try:
             if self._aio.polls_without_task:
                 await self._poll_waiting(portal, handoff, timeout_ms, limit)
             else:
-                await self._call(self._polled, handoff, timeout_ms, limit, timeout=None,
+                await self._call(handoff.poll, timeout_ms, limit, timeout=None,
                                  wait=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
         except BaseException:
             handoff.leave()
             raise
-        outcome = handoff.take()
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome if type(outcome) is ConsumerRecords else ConsumerRecords(outcome)
+        return handoff.records()
 
-    async def _polled(self, handoff: Handoff, timeout_ms: int, limit: int) -> None:
-        """On the Trio thread: a poll with a group, its outcome offered to ``handoff``."""
-        try:
-            outcome = await self._aio.poll(timeout_ms, limit)
-        except Exception as e:  # what poll raises, for its caller
-            outcome = e
-        handoff.offer(outcome)
 
-    def _reclaim(self, outcome: Any) -> None:
-        """A poll's outcome its caller left before taking (cancelled, or timed out), on the
-        thread that found it so: an error for the next poll to raise; records back among the
-        unreturned ones, for the next poll to return first, not consumed until then."""
-        if isinstance(outcome, BaseException):
-            self._unclaimed.append(outcome)
-        else:
-            self._aio._subscriptions.put_back(outcome)
 
     async def _poll_waiting(self, portal: Portal, handoff: Handoff, timeout_ms: int, limit: int) -> None:
         """``poll`` without a group: a waiter on the Trio thread (``add_poll_waiter``) offers

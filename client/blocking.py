@@ -545,38 +545,19 @@ class Consumer(_Blocking):
                 raise ClientClosedError("the consumer is closed")
             records = self._caller.poll(timeout_ms / 1000, limit)
             return records if type(records) is ConsumerRecords else ConsumerRecords(records)
-        handoff = Handoff(self._reclaim)
+        handoff = Handoff(self._aio, self._unclaimed)
         try:
             if self._aio.polls_without_task:
                 self._poll_waiting(handoff, timeout_ms, limit)
             else:
-                self._serve(self._polled, handoff, timeout_ms, limit,
+                self._serve(handoff.poll, timeout_ms, limit,
                             timeout=timeout_ms / 1000 + self._request_timeout_s + GRACE_S)
         except BaseException:  # Ctrl-C, or the loop did not answer in time
             handoff.leave()
             raise
-        outcome = handoff.take()
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome if type(outcome) is ConsumerRecords else ConsumerRecords(outcome)
+        return handoff.records()
 
-    async def _polled(self, handoff: Handoff, timeout_ms: int, limit: int) -> None:
-        """On the loop thread: a poll with a group, its outcome offered to ``handoff``."""
-        try:
-            outcome = await self._aio.poll(timeout_ms, limit)
-        except Exception as e:  # what poll raises, for its caller
-            outcome = e
-        handoff.offer(outcome)
 
-    def _reclaim(self, outcome: Any) -> None:
-        """A poll's outcome its caller left before taking (interrupted, or it gave up on a
-        stuck loop), on the thread that found it so: an error for the next poll to raise;
-        records back among the unreturned ones, for the next poll to return first, not
-        consumed until then (as the caller-fetch path rewinds them)."""
-        if isinstance(outcome, BaseException):
-            self._unclaimed.append(outcome)
-        else:
-            self._aio._subscriptions.put_back(outcome)
 
     def _poll_waiting(self, handoff: Handoff, timeout_ms: int, limit: int) -> None:
         """``poll`` without a group: a waiter on the loop (``AsyncConsumer.add_poll_waiter``)
