@@ -520,9 +520,9 @@ async def test_a_new_leader_epoch_without_a_new_leader_keeps_the_groups(broker, 
     assert rejoined.generation_id == responses[0].generation_id == generation + 1
 
 
-async def test_a_commit_in_flight_across_a_new_leader_epoch_is_acknowledged(broker, nursery):
-    """A commit appended before the epoch bump of a leader that stays is committed like any
-    other: it is acknowledged and fetched, not refused as if the coordinator had moved."""
+async def commit_held_in_replication(broker, nursery, offset: int):
+    """A commit of ``offset`` started in the background and held in its wait for replication:
+    (the event that releases it, the list its response goes to)."""
     release, calls = trio.Event(), []
     replicate = broker.replica_manager.await_replication
 
@@ -535,12 +535,19 @@ async def test_a_commit_in_flight_across_a_new_leader_epoch_is_acknowledged(brok
     responses = []
 
     async def commit_in_background():
-        responses.append(await broker.call(ApiKey.OFFSET_COMMIT, commit(42)))
+        responses.append(await broker.call(ApiKey.OFFSET_COMMIT, commit(offset)))
 
     nursery.start_soon(commit_in_background)
     with trio.fail_after(5):
         while not calls:
             await trio.sleep(0.01)
+    return release, responses
+
+
+async def test_a_commit_in_flight_across_a_new_leader_epoch_is_acknowledged(broker, nursery):
+    """A commit appended before the epoch bump of a leader that stays is committed like any
+    other: it is acknowledged and fetched, not refused as if the coordinator had moved."""
+    release, responses = await commit_held_in_replication(broker, nursery, 42)
     broker.lead(epoch=2)  # the ISR shrank: same leader, next epoch
     release.set()
     with trio.fail_after(5):
@@ -556,24 +563,7 @@ async def test_leadership_lost_and_regained_reloads_and_fences_what_was_in_fligh
     NOT_COORDINATOR (its client retries against the coordinator it finds)."""
     from tidelog.protocol.messages import StopReplicaPartition, StopReplicaRequest
     await broker.call(ApiKey.OFFSET_COMMIT, commit(7))
-    release, calls = trio.Event(), []
-    replicate = broker.replica_manager.await_replication
-
-    async def held(*args):
-        calls.append(args)
-        await release.wait()
-        await replicate(*args)
-
-    broker.replica_manager.await_replication = held
-    responses = []
-
-    async def commit_in_background():
-        responses.append(await broker.call(ApiKey.OFFSET_COMMIT, commit(8)))
-
-    nursery.start_soon(commit_in_background)
-    with trio.fail_after(5):
-        while not calls:
-            await trio.sleep(0.01)
+    release, responses = await commit_held_in_replication(broker, nursery, 8)
     broker.replica_manager.stop_replicas(StopReplicaRequest(1, 1, 0, [StopReplicaPartition(OFFSETS_TOPIC, 0)]))
     assert broker.coordinator.coordinator_error("g") is NOT_COORDINATOR
     broker.lead(epoch=3)  # led by another broker at epoch 2, then here again
@@ -587,11 +577,9 @@ async def test_leadership_lost_and_regained_reloads_and_fences_what_was_in_fligh
     assert (await fetched(broker))[DATA_TP] == 8  # the reload read both records
 
 
-async def test_sync_and_heartbeat_while_the_partition_loads_answer_as_kafka(broker, nursery):
-    """While the group's partition loads, SyncGroup is answered REBALANCE_IN_PROGRESS (the
-    member rejoins; clients do not expect COORDINATOR_LOAD_IN_PROGRESS there: a Java consumer
-    fails on it) and a heartbeat NONE, as Kafka's coordinator answers."""
-    (leader,), generation = await form_group(broker, 1)
+async def coordinator_loading_until_released(broker, nursery):
+    """A new coordinator for the broker, leading the offsets partition at epoch 2, whose load
+    of it waits for the returned event."""
     new = broker.new_coordinator()
     read, release = new._read_partition, trio.Event()
 
@@ -603,6 +591,15 @@ async def test_sync_and_heartbeat_while_the_partition_loads_answer_as_kafka(brok
     broker.apis.coordinator = new
     broker.lead(epoch=2)
     await nursery.start(new.run)
+    return new, release
+
+
+async def test_sync_and_heartbeat_while_the_partition_loads_answer_as_kafka(broker, nursery):
+    """While the group's partition loads, SyncGroup is answered REBALANCE_IN_PROGRESS (the
+    member rejoins; clients do not expect COORDINATOR_LOAD_IN_PROGRESS there: a Java consumer
+    fails on it) and a heartbeat NONE, as Kafka's coordinator answers."""
+    (leader,), generation = await form_group(broker, 1)
+    new, release = await coordinator_loading_until_released(broker, nursery)
     sync = await broker.call(ApiKey.SYNC_GROUP, SyncGroupRequest("g", generation, leader.member_id))
     hb = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))
     joined = await broker.call(ApiKey.JOIN_GROUP, join(member_id=leader.member_id))
@@ -687,17 +684,7 @@ async def test_a_commit_in_flight_for_a_topic_being_deleted_is_not_kept(broker, 
 
 async def test_a_topic_deleted_while_the_groups_partition_loads_loses_its_offsets_once_loaded(broker, nursery):
     await broker.call(ApiKey.OFFSET_COMMIT, commit(42))
-    new = broker.new_coordinator()
-    read, release = new._read_partition, trio.Event()
-
-    async def slow(log):
-        await release.wait()
-        return await read(log)
-
-    new._read_partition = slow
-    broker.apis.coordinator = new
-    broker.lead(epoch=2)
-    await nursery.start(new.run)
+    new, release = await coordinator_loading_until_released(broker, nursery)
     new.handle_deleted_topics([DATA_TP.topic])
     release.set()
     await wait_loaded(new)
