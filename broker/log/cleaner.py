@@ -313,17 +313,20 @@ class OffsetMap:
 @dataclass(slots=True)
 class SourceSegment:
     """A segment as the job saw it: the object (to check it is still the log's at swap
-    time), its base, size and upper bound, and a descriptor of the job's own."""
+    time), its base, size, upper bound and time (what retention judges it by), and a
+    descriptor of the job's own."""
 
     segment: LogSegment
     base_offset: int
     size: int
     upper: int  # the next segment's base offset (the log end for the last one)
+    timestamp: int  # Log.segment_timestamp
     fd: int
 
     @classmethod
     def snapshot(cls, seg: LogSegment, upper: int) -> "SourceSegment":
-        return cls(seg, seg.base_offset, seg.size, upper, os.open(seg.log_path, os.O_RDONLY))
+        return cls(seg, seg.base_offset, seg.size, upper, Log.segment_timestamp(seg),
+                   os.open(seg.log_path, os.O_RDONLY))
 
 
 def iter_file_batches(fd: int, size: int, check: Callable[[], None]) -> Iterator[tuple[BatchHeader, bytes]]:
@@ -406,10 +409,12 @@ class CleanerStats:
 
 
 class _CleanedWriter:
-    """Writes a group's output into ``.cleaned`` segments, rolling at segment.bytes."""
+    """Writes a group's output into ``.cleaned`` segments, rolling at segment.bytes. They are
+    dated ``modified_ms``, the time of the segments they replace (see ``finish``)."""
 
-    def __init__(self, directory: str, first_base: int, config: LogConfig, now_ms: int):
-        self.directory, self.first_base, self.config, self.now_ms = directory, first_base, config, now_ms
+    def __init__(self, directory: str, first_base: int, config: LogConfig, modified_ms: int):
+        self.directory, self.first_base, self.config = directory, first_base, config
+        self.modified_ms = modified_ms
         self.segments: list[LogSegment] = []
 
     def append(self, batch: bytes, h: BatchHeader) -> None:
@@ -420,16 +425,22 @@ class _CleanedWriter:
             base = self.first_base if seg is None else h.base_offset
             if seg is not None:
                 seg.on_become_inactive()
-            seg = LogSegment.create_cleaned(self.directory, base, self.config, self.now_ms)
+            seg = LogSegment.create_cleaned(self.directory, base, self.config, self.modified_ms)
             self.segments.append(seg)
         seg.append(batch, [(0, h)])
 
     def finish(self, keep_empty: bool) -> list[LogSegment]:
+        """The output, fsynced. Its files are dated as the segments they replace (Kafka sets
+        the cleaned segment's lastModified so): an empty one (the log's first segment, whose
+        records were all superseded) is judged by retention.ms by that date, in memory and,
+        after a restart, by its file's, so it expires with the records of its age behind it
+        instead of holding them for retention.ms after the cleaning."""
         if not self.segments and keep_empty:  # the log's first segment: keep its base offset
             self.segments.append(LogSegment.create_cleaned(self.directory, self.first_base, self.config,
-                                                           self.now_ms))
+                                                           self.modified_ms))
         for seg in self.segments:
             seg.on_become_inactive()
+            seg.set_last_modified(self.modified_ms)
             seg.flush()
         return self.segments
 
@@ -548,7 +559,8 @@ class CleaningJob:
     def clean_group(self, group: list[SourceSegment]) -> list[LogSegment] | None:
         """Write the group's cleaned segments (``.cleaned`` files, fsynced); None when cleaning
         would change nothing."""
-        writer = _CleanedWriter(self.directory, group[0].base_offset, self.config, self.now_ms)
+        writer = _CleanedWriter(self.directory, group[0].base_offset, self.config,
+                                max(src.timestamp for src in group))
         try:
             changed = False
             for src in group:

@@ -722,7 +722,7 @@ class Log:
         if self.config.retention_ms >= 0:
             now = self._clock()
             deleted += self._delete_prefix(
-                lambda seg, upper: now - self._segment_timestamp(seg) > self.config.retention_ms,
+                lambda seg, upper: now - self.segment_timestamp(seg) > self.config.retention_ms,
                 f"retention.ms {self.config.retention_ms}")
         if self.config.retention_bytes >= 0:
             excess = self.size - self.config.retention_bytes
@@ -737,7 +737,9 @@ class Log:
         return deleted
 
     @staticmethod
-    def _segment_timestamp(seg: LogSegment) -> int:
+    def segment_timestamp(seg: LogSegment) -> int:
+        """What ``retention.ms`` judges a segment by: its newest record's timestamp, or, with
+        none (empty, or no timestamps), its file's date (Kafka's largestTimestamp)."""
         return seg.max_timestamp if seg.max_timestamp >= 0 else seg.created_ms
 
     def _delete_prefix(self, predicate, reason: str) -> list[int]:

@@ -401,6 +401,11 @@ class LogSegment:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+    def set_last_modified(self, ms: int) -> None:
+        """Date the segment ``ms``: its ``created_ms`` and its ``.log`` file's mtime, which
+        ``open`` reads back as ``created_ms`` (a closed segment that is not written again)."""
+        self.created_ms = ms
+        os.utime(self.log_path, ns=(ms * 1_000_000, ms * 1_000_000))
 
     def on_become_inactive(self) -> None:
         """The segment was rolled: seal the time index with its final maximum."""

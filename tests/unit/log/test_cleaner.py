@@ -361,3 +361,37 @@ def test_topic_config_validation():
         with pytest.raises(InvalidConfigError) as e:
             LogConfig.from_props(bad)
         assert next(iter(bad)) in str(e.value)
+
+
+DAY_MS = 86_400_000
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_cleaning_that_empties_the_first_segments_does_not_delay_time_retention(tmp_path, restart):
+    # compact,delete: the first group's records are all superseded, so the cleaner leaves an
+    # empty segment in its place; it carries the time of the records it replaced, so records
+    # of the same age behind it still expire after retention.ms (Kafka keeps lastModified)
+    env = Env(tmp_path, dataclasses.replace(COMPACT, cleanup_policy="compact,delete", retention_ms=DAY_MS))
+    day0 = env.clock()
+    for i in range(10):
+        env.append((b"a", b"x" * 50))
+    env.roll()
+    for i in range(10):
+        env.append((f"u{i}".encode(), b"y" * 50))  # keys never written again
+    env.roll()
+    env.clock.advance(DAY_MS // 2)
+    env.append((b"a", b"new"))
+    env.roll()
+    env.append((b"z", b"z"))
+    env.clean()
+    first = env.log.segments[0]
+    assert first.base_offset == 0 and first.size == 0
+    assert env.log.segment_timestamp(first) < day0 + 100
+    if restart:
+        env.restart()
+        assert env.log.segment_timestamp(env.log.segments[0]) < day0 + 100
+    env.clock.now_ms = day0 + DAY_MS + DAY_MS // 4  # the u-keys are over a day old, a's newest is not
+    env.log.update_high_watermark(env.log.log_end_offset)
+    deleted = env.log.delete_old_segments()
+    assert 0 in deleted
+    assert [r[0] for _, r in env.records()] == [b"a", b"z"]
