@@ -204,11 +204,39 @@ class LogManager:
             counts[d] += 1
         return min(self.log_dirs, key=lambda d: counts[d])
 
-    def delete_log(self, tp: TopicPartition, *, remove_files: bool = True, checkpoint: bool = True) -> str | None:
-        """Remove a partition's log: rename its directory away at once, then delete it. Returns
-        the renamed directory (None if there was no log). ``remove_files=False`` leaves its
-        files to the caller (to remove off the event loop); ``checkpoint=False`` leaves the
-        checkpoints to the caller (once for many logs)."""
+    def delete_log(self, tp: TopicPartition) -> str | None:
+        """Remove a partition's log and its files now (``delete_logs``, then the files).
+        Returns the directory it was renamed to, gone by then (None if there was no log)."""
+        doomed = self.delete_logs([tp])
+        remove_deleted_dirs(doomed)
+        return doomed[0] if doomed else None
+
+    def delete_logs(self, tps: Iterable[TopicPartition]) -> list[str]:
+        """Remove the logs of ``tps`` (those this broker has): each directory is renamed to
+        ``<topic>-<partition>.<id>-delete`` at once, so a log created again under the name
+        never meets the old files; then each log directory is fsynced and every checkpoint
+        written once for them all. Returns the renamed directories: removing their files
+        (``remove_deleted_dirs``, any thread; startup removes any left) is the caller's, to
+        do off the event loop. A partition whose directory is not its own (LogPathError)
+        raises before anything of it is touched; those renamed before it are accounted."""
+        doomed: list[str] = []
+        dirs: set[str] = set()
+        try:
+            for tp in tps:
+                path = self._rename_away(tp)
+                if path is not None:
+                    doomed.append(path)
+                    dirs.add(os.path.dirname(path))
+        finally:
+            if doomed:
+                for d in sorted(dirs):
+                    fsync_dir(d)
+                self.checkpoint_all()
+                for d in sorted(dirs):  # a topic created again under the name starts dirty
+                    self._drop_cleaner_checkpoints(d)
+        return doomed
+
+    def _rename_away(self, tp: TopicPartition) -> str | None:
         log = self._logs.get(tp)
         if log is None:
             return None
@@ -220,19 +248,14 @@ class LogManager:
         del self._logs[tp], self._dir_of[tp]
         log.close()
         os.replace(log.directory, doomed)
-        fsync_dir(d)
-        if remove_files:
-            shutil.rmtree(doomed, ignore_errors=True)
-        if checkpoint:
-            self.checkpoint_all()
-        self._drop_cleaner_checkpoint(d, tp)  # a topic created again under the name starts dirty
         return doomed
 
-    def _drop_cleaner_checkpoint(self, d: str, tp: TopicPartition) -> None:
+    def _drop_cleaner_checkpoints(self, d: str) -> None:
+        """Drop the entries of partitions no longer in ``d`` from its cleaner checkpoint."""
         offsets = self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT)
-        if tp in offsets:
-            del offsets[tp]
-            OffsetCheckpoint(os.path.join(d, CLEANER_OFFSET_CHECKPOINT)).write(offsets)
+        kept = {tp: o for tp, o in offsets.items() if self._dir_of.get(tp) == d}
+        if kept != offsets:
+            OffsetCheckpoint(os.path.join(d, CLEANER_OFFSET_CHECKPOINT)).write(kept)
 
     def update_config(self, tp: TopicPartition, config: LogConfig) -> None:
         log = self._logs[tp]
@@ -335,6 +358,13 @@ class LogManager:
     def _checkpoint_dir(self, d: str, name: str, offset_of) -> None:
         offsets = {tp: offset_of(log) for tp, log in self._logs.items() if self._dir_of[tp] == d}
         OffsetCheckpoint(os.path.join(d, name)).write(offsets)
+
+
+def remove_deleted_dirs(paths: Iterable[str]) -> None:
+    """Remove directories ``delete_logs`` renamed away, one after another (blocking: a
+    worker thread's). What fails to go is left for the next startup to remove."""
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_properties(path: str) -> dict[str, str] | None:

@@ -21,7 +21,6 @@ import heapq
 import itertools
 import logging
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Container, Iterator
@@ -30,7 +29,7 @@ import trio
 
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.log import Log, checked
-from tidelog.broker.log.manager import LogManager
+from tidelog.broker.log.manager import LogManager, remove_deleted_dirs
 from tidelog.broker.log.verifier import ClosedSegment, Pace, first_suspect_offset
 from tidelog.broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
 from tidelog.broker.replication.partition import Partition, check_leader_epoch
@@ -332,6 +331,8 @@ class ReplicaManager:
         self.broker_epoch = -1  # this broker's registration in ZooKeeper: its fetchers send it
         self.fetchers: dict[FetcherKey, ReplicaFetcher] = {}
         self._nursery: trio.Nursery | None = None
+        # deleted partitions' files are removed one deletion at a time (see _delete_logs)
+        self._removals = trio.CapacityLimiter(1)
         self.isr_shrinks = 0
         self.isr_expands = 0
         self.damaged_replicas_found = 0
@@ -383,21 +384,27 @@ class ReplicaManager:
     def _delete_strays(self, assigned: set[TopicPartition]) -> None:
         """After a full LeaderAndIsr: the logs of partitions no longer assigned here (a
         reassignment removed this replica, or its topic was deleted, while the broker was
-        down) are deleted, as the StopReplica it missed would have. The directories are
-        renamed away here; their files are removed in a worker thread, and the checkpoints
-        written once, so that many strays do not hold the event loop."""
+        down) are deleted, as the StopReplica it missed would have."""
         strays = sorted(set(self.log_manager.logs) - assigned)
-        doomed = []
         for tp in strays:
             logger.warning("%s: not assigned to broker %d any more: deleting its log", tp, self.broker_id)
-            doomed.append(self._stop_replica(tp, delete=True, remove_files=False, checkpoint=False))
-        if strays:
-            self.log_manager.checkpoint_all()
-        for path in filter(None, doomed):
-            if self._nursery is not None:
-                self._nursery.start_soon(functools.partial(trio.to_thread.run_sync, shutil.rmtree, path, True))
-            else:
-                shutil.rmtree(path, ignore_errors=True)
+            self._stop_replica(tp, delete=True)
+        self._delete_logs(strays)
+
+    def _delete_logs(self, tps: list[TopicPartition]) -> None:
+        """Delete the logs of stopped partitions. On the event loop: each directory renamed
+        away and the checkpoints written once for all (``LogManager.delete_logs``); the files
+        are removed in a worker thread, one deletion at a time (``_removals``), so that a
+        topic of many partitions does not hold the loop nor take every worker thread."""
+        doomed = self.log_manager.delete_logs(tps) if tps else []
+        if not doomed:
+            return
+        if self._nursery is None:  # not running (tools, tests): at once
+            remove_deleted_dirs(doomed)
+            return
+        # a shutdown does not wait for it: what is left is removed at the next start
+        self._nursery.start_soon(functools.partial(
+            trio.to_thread.run_sync, remove_deleted_dirs, doomed, limiter=self._removals, abandon_on_cancel=True))
 
     def _apply(self, tp: TopicPartition, st: PartitionState, to_follow: dict) -> int:
         if self.broker_id not in st.replicas:
@@ -437,23 +444,25 @@ class ReplicaManager:
         if req.controller_epoch < self.controller_epoch:
             return StopReplicaResponse(STALE_CONTROLLER_EPOCH.code)
         self.controller_epoch = req.controller_epoch
-        errors = []
+        errors, deleted = [], []
         for sp in req.partitions:
             tp = TopicPartition(sp.topic_name, sp.partition_index)
             self._stop_replica(tp, sp.delete_partition)
+            if sp.delete_partition:
+                deleted.append(tp)
             errors.append(PartitionError(tp.topic, tp.partition, NONE.code))
+        self._delete_logs(deleted)
         return StopReplicaResponse(NONE.code, errors)
 
-    def _stop_replica(self, tp: TopicPartition, delete: bool, **deleting: bool) -> str | None:
-        """Stop following or leading ``tp``; with ``delete``, delete its log (``deleting``:
-        ``LogManager.delete_log``'s options) and return the directory it was renamed to."""
+    def _stop_replica(self, tp: TopicPartition, delete: bool) -> None:
+        """Stop following or leading ``tp``; with ``delete``, forget the partition (its log is
+        the caller's to delete, ``_delete_logs``)."""
         self._stop_fetching(tp)
         p = self.partitions.pop(tp, None) if delete else self.partitions.get(tp)
         if p is not None:
             p.leader_id = -1
             p.notify()
             self._leadership_changed(p)
-        return self.log_manager.delete_log(tp, **deleting) if delete else None
 
     def _fetcher(self, key: FetcherKey) -> ReplicaFetcher:
         f = self.fetchers.get(key)
