@@ -64,13 +64,17 @@ Cleaning a log (``CleaningJob``):
 6. The checkpoint moves to ``end_offset``.
 
 Threads: the log is owned by one thread (the broker's Trio thread) and is not thread-safe.
-The heavy work (steps 1, 3, 4) runs in a worker thread on a *snapshot*: the segments' base
-offsets and sizes, read through file descriptors the job opened itself, so neither a
-concurrent append, roll, retention or truncation nor the closing of a segment disturbs it
-(Linux keeps an unlinked file readable through an open descriptor). The swap (step 5) runs
-on the owner thread and first checks that the group's segments are still the log's, with the
-sizes of the snapshot; if not (retention deleted one, a follower truncated), the group is
-abandoned and its output deleted. A truncation anywhere, even of segments after the group,
+The heavy work (steps 1, 3, 4) runs in a worker thread on a *snapshot*: the closed segments
+below the first uncleanable offset, their base offsets and sizes (the only ones a cleaning
+reads), read up to those sizes, so neither a concurrent append nor a roll disturbs it. They
+are read through the segments' own descriptors, in the process-wide LRU of
+``log.max.open.segment.files`` (``segment``), one at a time: a log of more segments than
+free descriptors is cleaned as any other. A segment dropped from the log under the cleaning
+(retention, a truncation, the log's close) is never reopened by its path: reading it
+abandons the cleaning, tried again later. The swap (step 5) runs on the owner thread and
+first checks that the group's segments are still the log's, with the sizes of the snapshot;
+if not (retention deleted one, a follower truncated), the group is abandoned and its output
+deleted. A truncation anywhere, even of segments after the group,
 or the log's close or deletion abandons the whole cleaning (``Log.cleaner_fence``, checked
 per batch in the worker and before each swap): the offset map may hold keys whose records
 are gone, and a record they supersede must stay; and a deleted log's directory may already
@@ -86,7 +90,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import struct
 import threading
 import time
@@ -97,7 +100,7 @@ from crc32c import crc32c
 
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.log import Clock, Log, wall_clock_ms
-from tidelog.broker.log.segment import MAX_RELATIVE_OFFSET, LogSegment
+from tidelog.broker.log.segment import MAX_RELATIVE_OFFSET, LogSegment, SegmentClosedError
 from tidelog.protocol.errors import CorruptRecordError, StorageError, TidelogError
 from tidelog.protocol.records import (
     CODEC_MASK,
@@ -312,29 +315,36 @@ class OffsetMap:
 
 @dataclass(slots=True)
 class SourceSegment:
-    """A segment as the job saw it: the object (to check it is still the log's at swap
-    time), its base, size, upper bound and time (what retention judges it by), and a
-    descriptor of the job's own."""
+    """A segment as the job saw it: the object (read through, and checked to be still the
+    log's at swap time), its base, size, upper bound and time (what retention judges it by)."""
 
     segment: LogSegment
     base_offset: int
     size: int
-    upper: int  # the next segment's base offset (the log end for the last one)
+    upper: int  # the next segment's base offset
     timestamp: int  # Log.segment_timestamp
-    fd: int
 
     @classmethod
     def snapshot(cls, seg: LogSegment, upper: int) -> "SourceSegment":
-        return cls(seg, seg.base_offset, seg.size, upper, Log.segment_timestamp(seg),
-                   os.open(seg.log_path, os.O_RDONLY))
+        return cls(seg, seg.base_offset, seg.size, upper, Log.segment_timestamp(seg))
+
+    def pread(self, size: int, position: int) -> bytes:
+        """Bytes of the segment's file, through its descriptor in the segment LRU; a segment
+        dropped from the log since (retention, a truncation, its log closed) is not read
+        again by its path: the cleaning is abandoned, to be tried again."""
+        try:
+            return self.segment.pread(size, position)
+        except SegmentClosedError:
+            raise CleaningAborted(f"segment {self.base_offset} was dropped from the log while it "
+                                  "was being cleaned") from None
 
 
-def iter_file_batches(fd: int, size: int, check: Callable[[], None]) -> Iterator[tuple[BatchHeader, bytes]]:
-    """Every batch of a segment file up to ``size``, CRC-checked; ``check`` runs per batch
-    (it raises CleaningAborted to stop). Raises CorruptRecordError for a bad batch."""
-    position = 0
+def iter_file_batches(src: SourceSegment, check: Callable[[], None]) -> Iterator[tuple[BatchHeader, bytes]]:
+    """Every batch of a segment up to the size the job saw, CRC-checked; ``check`` runs per
+    batch (it raises CleaningAborted to stop). Raises CorruptRecordError for a bad batch."""
+    position, size = 0, src.size
     while position < size:
-        data = os.pread(fd, min(READ_CHUNK_BYTES, size - position), position)
+        data = src.pread(min(READ_CHUNK_BYTES, size - position), position)
         consumed = 0
         for p, h in iter_headers(data):
             check()
@@ -346,7 +356,7 @@ def iter_file_batches(fd: int, size: int, check: Callable[[], None]) -> Iterator
             if len(data) < HEADER_SIZE or (h := read_header(data)).batch_length < MIN_BATCH_LENGTH \
                     or position + h.size > size:
                 raise CorruptRecordError(f"damaged batch framing at position {position}")
-            batch = os.pread(fd, h.size, position)
+            batch = src.pread(h.size, position)
             validate_batch(batch)
             yield h, batch
             consumed = h.size
@@ -469,14 +479,9 @@ class CleaningJob:
         self._idle = threading.Event()
         self._idle.set()
         segments = log.segments
-        uppers = [s.base_offset for s in segments[1:]] + [log.log_end_offset]
-        self.sources: list[SourceSegment] = []
-        try:  # one descriptor per source: out of descriptors, close the ones already opened
-            for s, u in zip(segments, uppers):
-                self.sources.append(SourceSegment.snapshot(s, u))
-        except BaseException:
-            self.close()
-            raise
+        # the closed segments below the first uncleanable offset: all a cleaning reads
+        self.sources = [SourceSegment.snapshot(s, nxt.base_offset) for s, nxt in zip(segments, segments[1:])
+                        if s.base_offset < self.first_uncleanable_offset]
         self.first_segment = segments[0]
         self.end_offset = self.first_dirty_offset  # set by build_offset_map
         # the last offset of each known producer's last batch (read here, on the owner thread)
@@ -511,12 +516,6 @@ class CleaningJob:
     def wait_idle(self, timeout_s: float) -> bool:
         return self._idle.wait(timeout_s)
 
-    def close(self) -> None:
-        for s in self.sources:
-            if s.fd >= 0:
-                os.close(s.fd)
-                s.fd = -1
-
     # -- worker thread -------------------------------------------------------------------------
 
     def build_offset_map(self) -> None:
@@ -536,7 +535,7 @@ class CleaningJob:
     def _map_segment(self, src: SourceSegment) -> bool:
         """Put the segment's keys; False if the map filled up (``latest_offset`` says where)."""
         m, dirty = self.map, self.first_dirty_offset
-        for h, batch in iter_file_batches(src.fd, src.size, self.check):
+        for h, batch in iter_file_batches(src, self.check):
             self.stats.bytes_read += h.size
             if h.last_offset < dirty or h.is_control:
                 continue
@@ -564,7 +563,7 @@ class CleaningJob:
         try:
             changed = False
             for src in group:
-                for h, batch in iter_file_batches(src.fd, src.size, self.check):
+                for h, batch in iter_file_batches(src, self.check):
                     self.stats.bytes_read += h.size
                     for out in self._filter_batch(h, batch):
                         changed |= out is not batch
@@ -693,9 +692,9 @@ class LogCleaner:
         self.last_stats: CleanerStats | None = None
 
     def grab_filthiest_log(self) -> CleaningJob | None:
-        """The job for the filthiest log, or None. An OSError or StorageError (out of file
-        descriptors, say, while the job opens its sources) is logged and the round skipped:
-        the next one tries again; it never reaches the broker's root task."""
+        """The job for the filthiest log, or None. An OSError or StorageError (a checkpoint
+        that cannot be read, say) is logged and the round skipped: the next one tries again;
+        it never reaches the broker's root task."""
         try:
             return self._grab_filthiest_log()
         except (OSError, StorageError) as e:
@@ -774,7 +773,6 @@ class LogCleaner:
                      exc_info=not isinstance(error, (TidelogError, OSError, StorageError)))
 
     def _release(self, job: CleaningJob) -> None:
-        job.close()
         if self.in_progress.get(job.topic_partition) is job:
             del self.in_progress[job.topic_partition]
 

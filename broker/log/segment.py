@@ -340,6 +340,12 @@ class LogSegment:
         finally:
             OPEN_SEGMENT_FILES.release(self)
 
+    def pread(self, size: int, position: int) -> bytes:
+        """Up to ``size`` bytes of the ``.log`` file from ``position``, through the descriptor
+        LRU: any thread may read a closed segment so (the log cleaner's worker does).
+        SegmentClosedError once the segment was closed for good."""
+        return self._pread(size, position)
+
     @property
     def holds_descriptor(self) -> bool:
         """Whether the ``.log`` file is open now (tests and tools)."""

@@ -24,11 +24,12 @@ from tidelog.broker.log.cleaner import (
     cleanable_offsets,
     log_to_clean,
     retain_record,
+    run_steps_inline,
 )
 from tidelog.broker.log.config import InvalidConfigError, LogConfig
 from tidelog.broker.log.dump import run as dump_run
 from tidelog.broker.log.manager import LogManager
-from tidelog.broker.log.segment import LOG_SUFFIX
+from tidelog.broker.log.segment import LOG_SUFFIX, OPEN_SEGMENT_FILES, set_max_open_segment_files
 from tidelog.protocol.errors import INVALID_RECORD, TidelogError
 from tidelog.protocol.records import BatchBuilder, Codec, build_batch, iter_headers
 from tidelog.protocol.topics import TopicPartition
@@ -395,3 +396,43 @@ def test_a_cleaning_that_empties_the_first_segments_does_not_delay_time_retentio
     deleted = env.log.delete_old_segments()
     assert 0 in deleted
     assert [r[0] for _, r in env.records()] == [b"a", b"z"]
+
+
+def _fds_in(directory: str) -> int:
+    """Descriptors of this process open on a file in ``directory``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(directory + os.sep)
+        except OSError:
+            pass
+    return count
+
+
+@pytest.fixture
+def lru_of_8():
+    before = OPEN_SEGMENT_FILES.max_open
+    set_max_open_segment_files(8)
+    yield 8
+    set_max_open_segment_files(before)
+
+
+def test_a_cleaning_holds_no_more_descriptors_than_the_segment_lru(tmp_path, lru_of_8):
+    # log.max.open.segment.files bounds the cleaner too: a log of more segments than free
+    # descriptors is still cleaned (it opened one per segment of the log, all at once)
+    env = Env(tmp_path)
+    for i in range(300):
+        env.append((f"k{i % 20}".encode(), b"v" * 200))
+    env.roll()
+    assert len(env.log.segments) > 10 * lru_of_8
+    directory = env.log.directory
+    job = env.cleaner.grab_filthiest_log()
+    peak = [_fds_in(directory)]
+    check = job.check
+    job.check = lambda: (peak.append(_fds_in(directory)), check())[1]
+    run_steps_inline(job)
+    env.cleaner.done_cleaning(job)
+    assert job.swapped_groups > 0
+    assert max(peak) <= lru_of_8 + 2  # the LRU, the active segment, one being written
+    assert sorted(o for o, _ in env.records()) == sorted(env.latest().values())
+    env.check_records_are_appended_ones()

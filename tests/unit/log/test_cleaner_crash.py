@@ -99,7 +99,6 @@ def _prepare(path, clock, case):
 def _crash(log, job, cleaned):
     for seg in list(log.segments) + list(cleaned):
         OPEN_SEGMENT_FILES.close(seg)
-    job.close()
 
 
 @pytest.mark.parametrize("case", sorted(WANTED))

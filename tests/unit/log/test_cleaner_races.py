@@ -185,3 +185,23 @@ def test_an_uncleanable_partition_deleted_and_created_again_is_cleaned(tmp_path)
     assert env.clean() is not None
     assert not env.cleaner.uncleanable
     env.check_records_are_appended_ones()
+
+
+def test_a_segment_deleted_by_retention_during_a_cleaning_abandons_it_for_a_later_one(tmp_path):
+    # the cleaner reads segments through their own descriptors (the segment LRU): one that
+    # retention dropped is not read again by its path; the cleaning is tried again later
+    env = Env(tmp_path, dataclasses.replace(EAGER, cleanup_policy="compact,delete"))
+    fill_rounds(env, "r")
+    job = env.cleaner.grab_filthiest_log()
+    job.build_offset_map()
+    second = env.log.segments[1].base_offset
+    assert env.log.maybe_increment_log_start_offset(second)
+    assert env.log.delete_old_segments() == [0]
+    with pytest.raises(CleaningAborted, match="segment 0 was dropped") as aborted:
+        clean_groups(job)
+    env.cleaner.abandon(job, aborted.value)
+    assert not env.cleaner.uncleanable
+    assert env.clean() is not None
+    env.expected = {o: r for o, r in env.expected.items() if o >= second}
+    assert sorted(o for o, _ in env.records()) == sorted(env.latest().values())
+    env.check_records_are_appended_ones()
