@@ -17,6 +17,12 @@ thread. Entries live in memory (``array``) and are appended to the file lazily; 
 writes and fsyncs them. After an unclean shutdown an index is never trusted: the loader
 rebuilds it from the log. After a clean shutdown ``load`` reads it back and ``sanity_check``
 rejects anything inconsistent (the loader then rebuilds).
+
+Size: a new index holds up to ``segment.index.bytes`` of entries (full, it rolls its
+segment). An index read back is sized from its file, as Kafka's: written under a larger
+``segment.index.bytes``, it may hold more entries than the current value allows, and is
+then full (an active segment rolls at its next append) but not damaged (rebuilt, it would
+hold as many entries again, and be rejected again at every start).
 """
 
 from __future__ import annotations
@@ -111,6 +117,8 @@ class _IndexFile:
         if len(raw) % self.ENTRY_SIZE:
             raise CorruptIndexError(
                 f"index file {self.path} is {len(raw)} bytes, not a multiple of {self.ENTRY_SIZE}")
+        # sized from its file when that holds more (see the module docstring)
+        self.max_entries = max(self.max_entries, len(raw) // self.ENTRY_SIZE)
         return raw
 
 
@@ -141,8 +149,6 @@ class OffsetIndex(_IndexFile):
         if p and p[-1] >= log_size:
             raise CorruptIndexError(
                 f"index file {self.path}: last entry points at position {p[-1]}, log is {log_size} bytes")
-        if len(o) > self.max_entries:
-            raise CorruptIndexError(f"index file {self.path} has more entries than segment.index.bytes allows")
 
     def append(self, offset: int, position: int) -> None:
         rel = offset - self.base_offset
@@ -212,8 +218,6 @@ class TimeIndex(_IndexFile):
             raise CorruptIndexError(
                 f"time index file {self.path}: last entry names offset {self.base_offset + o[-1]}, "
                 f"beyond the log's last offset {next_offset - 1}")
-        if len(o) > self.max_entries:
-            raise CorruptIndexError(f"time index file {self.path} has more entries than allowed")
 
     @property
     def last_entry(self) -> tuple[int, int]:

@@ -24,7 +24,7 @@ from tidelog.broker.log.checkpoint import (
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.log import Log
 from tidelog.broker.log.manager import CLEAN_SHUTDOWN_MARKER, META_PROPERTIES, LogManager
-from tidelog.broker.log.segment import LOG_SUFFIX, filename_prefix
+from tidelog.broker.log.segment import LOG_SUFFIX, LogSegment, filename_prefix
 from tidelog.protocol.errors import StorageError
 from tidelog.protocol.records import build_batch, iter_headers, iter_records, validate_batch
 from tidelog.protocol.topics import TopicPartition
@@ -124,6 +124,34 @@ def test_clean_restart_gives_back_identical_logs(tmp_path):
     fill(m2.get_log(T0), 2)
     assert [o for o, _ in contents(m2.get_log(T0))] == list(range(before[T0][1] + 6))
     m2.shutdown()
+
+
+def test_a_lower_segment_index_bytes_does_not_make_clean_restarts_reread_segments(tmp_path, monkeypatch):
+    # indexes written under a larger segment.index.bytes hold more entries than the new
+    # value allows: they are sized from their files (as Kafka's), not rebuilt at every start
+    big = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=100)
+    m = manager([tmp_path], config=big)
+    fill(m.get_or_create_log(T0), 460)
+    log = m.get_log(T0)
+    assert len(log.segments) > 2 and len(log.active_segment.index) > 1024 // 8
+    before = contents(log)
+    m.shutdown()
+    recovered = []
+    real_recover = LogSegment.recover
+    monkeypatch.setattr(LogSegment, "recover", lambda seg: (recovered.append(seg.base_offset), real_recover(seg))[1])
+    small = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=100, segment_index_bytes=1024)
+    for _ in range(2):
+        m = manager([tmp_path], config=small)
+        assert recovered == [] and m.get_log(T0).recovery_report == []
+        assert contents(m.get_log(T0)) == before
+        m.shutdown()
+    # the active segment's index is over the new bound: the next append rolls
+    m = manager([tmp_path], config=small)
+    log = m.get_log(T0)
+    active = log.active_segment
+    fill(log, 1)
+    assert log.active_segment is not active and log.active_segment.base_offset == before[-1][0] + 1
+    m.shutdown()
 
 
 def test_after_a_crash_everything_above_the_recovery_point_is_recovered(tmp_path, caplog):
