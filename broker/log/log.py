@@ -55,14 +55,15 @@ whose fence moved (Kafka aborts cleaning on truncation and deletion). A leader r
 records without a key for a compacted topic (INVALID_RECORD).
 
 The log is synchronous and not thread-safe: one owner serialises calls, with one exception:
-``read`` and ``offset_for_timestamp`` may run in a worker thread (the group coordinator's
-load, a ListOffsets search by timestamp) while the owner changes the log. For them the
-segments and their base offsets are one immutable ``SegmentView``, replaced whole by every
-change (roll, truncation, retention, a cleaned swap) and published before the segments it
-drops are deleted; a reader takes one view and uses only it. A segment dropped under a read
-is not reopened by its path (``SegmentClosedError``, see ``segment``): the read starts again
-on the view that replaced it, so it never skips records nor reads another file. Time is
-passed in through ``clock`` (milliseconds), so tests control it.
+``read``, ``offset_for_timestamp`` and ``offset_of_max_timestamp`` may run in a worker
+thread (the group coordinator's load, a ListOffsets search by timestamp) while the owner
+changes the log. For them the segments and their base offsets are one immutable
+``SegmentView``, replaced whole by every change (roll, truncation, retention, a cleaned
+swap) and published before the segments it drops are deleted; a reader takes one view and
+uses only it. A segment dropped under a read is not reopened by its path
+(``SegmentClosedError``, see ``segment``): the read starts again on the view that replaced
+it, so it never skips records nor reads another file. Time is passed in through ``clock``
+(milliseconds), so tests control it.
 """
 
 from __future__ import annotations
@@ -597,6 +598,21 @@ class Log:
                 raise
             return self.offset_for_timestamp(timestamp)  # as in ``read``
         return None
+
+    def offset_of_max_timestamp(self) -> tuple[int, int] | None:
+        """The first record with the log's largest timestamp: ``(offset, timestamp)``, or None
+        when no record has a timestamp (ListOffsets MAX_TIMESTAMP, Kafka's: the segment with the
+        largest, searched for it). A worker thread may run it, as ``offset_for_timestamp``."""
+        view = self._view
+        seg = max(view.segments, key=lambda s: s.max_timestamp)
+        if seg.max_timestamp < 0:
+            return None
+        try:
+            return seg.find_offset_by_timestamp(seg.max_timestamp)
+        except SegmentClosedError:
+            if self._view is view:
+                raise
+            return self.offset_of_max_timestamp()  # as in ``read``
 
     # -- truncation ----------------------------------------------------------------------------
 

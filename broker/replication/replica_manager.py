@@ -956,8 +956,7 @@ class ReplicaManager:
         if timestamp == LATEST_TIMESTAMP:
             return (log.high_watermark if from_consumer else log.log_end_offset), -1
         if timestamp == MAX_TIMESTAMP:
-            seg = max(log.segments, key=lambda s: s.max_timestamp)
-            found = seg.find_offset_by_timestamp(seg.max_timestamp) if seg.max_timestamp >= 0 else None
+            found = log.offset_of_max_timestamp()
         else:
             found = log.offset_for_timestamp(timestamp)
         # a consumer is told of no offset it could not fetch yet (Kafka's last fetchable offset)

@@ -8,6 +8,7 @@ import os
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.loader import load_log
 from tidelog.broker.log.log import Log
+from tidelog.broker.log.segment import LogSegment
 from tidelog.protocol.records import (
     CRC_START,
     BatchBuilder,
@@ -93,3 +94,16 @@ def segment_file_sizes(directory) -> dict[str, int]:
 def checksummed_part(batch: bytes) -> bytes:
     """The bytes a leader never patches: everything from ``attributes`` on."""
     return batch[CRC_START:]
+
+
+def merge_first_two(log: Log) -> None:
+    """What the cleaner does with nothing to clean: the first two segments rewritten as one,
+    swapped in (``Log.replace_segments``)."""
+    old = log.segments[:2]
+    new = LogSegment.create_cleaned(log.directory, old[0].base_offset, log.config, 0)
+    for seg in old:
+        data = seg.read_all()
+        new.append(data, list(iter_headers(data)))
+    new.on_become_inactive()
+    new.flush()
+    log.replace_segments([new], old)

@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from tests.unit.log.helpers import make_batch, open_log
+from tests.unit.log.helpers import make_batch, merge_first_two, open_log
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.segment import LogSegment
 from tidelog.protocol.errors import OffsetOutOfRangeError
-from tidelog.protocol.records import iter_all_records, iter_headers
+from tidelog.protocol.records import iter_all_records
 
 
 def _log(tmp_path):
@@ -25,18 +25,6 @@ def _log(tmp_path):
     log.update_high_watermark(log.log_end_offset)
     log.release_appended()
     return log
-
-
-def _merge_first_two(log) -> None:
-    """What the cleaner does with nothing to clean: segments 0 and 10 rewritten as one."""
-    old = log.segments[:2]
-    new = LogSegment.create_cleaned(log.directory, 0, log.config, 0)
-    for seg in old:
-        data = seg.read_all()
-        new.append(data, list(iter_headers(data)))
-    new.on_become_inactive()
-    new.flush()
-    log.replace_segments([new], old)
 
 
 def _during_first(monkeypatch, method: str, swap) -> None:
@@ -57,7 +45,7 @@ def _offsets(data: bytes) -> list[int]:
 
 def test_a_read_continues_on_the_cleaned_segments_swapped_in_under_it(tmp_path, monkeypatch):
     log = _log(tmp_path)
-    _during_first(monkeypatch, "translate_offset", lambda: _merge_first_two(log))
+    _during_first(monkeypatch, "translate_offset", lambda: merge_first_two(log))
     assert _offsets(log.read(15, 1 << 20))[0] == 15
     assert [s.base_offset for s in log.segments] == [0, 20, 30]
     assert _offsets(log.read(0, 1 << 20)) == list(range(20))
@@ -65,7 +53,7 @@ def test_a_read_continues_on_the_cleaned_segments_swapped_in_under_it(tmp_path, 
 
 def test_every_offset_is_read_once_across_a_swap(tmp_path, monkeypatch):
     log = _log(tmp_path)
-    _during_first(monkeypatch, "read", lambda: _merge_first_two(log))
+    _during_first(monkeypatch, "read", lambda: merge_first_two(log))
     offset, seen = 5, []
     while offset < log.log_end_offset:
         got = _offsets(log.read(offset, 1 << 20))
@@ -109,7 +97,7 @@ def test_a_read_below_the_start_left_by_retention_is_out_of_range(tmp_path, monk
 
 def test_a_search_by_timestamp_continues_on_the_cleaned_segments_swapped_in_under_it(tmp_path, monkeypatch):
     log = _log(tmp_path)
-    _during_first(monkeypatch, "find_offset_by_timestamp", lambda: _merge_first_two(log))
+    _during_first(monkeypatch, "find_offset_by_timestamp", lambda: merge_first_two(log))
     assert log.offset_for_timestamp(1015) == (15, 1015)
     assert log.offset_for_timestamp(1025) == (25, 1025)
 
@@ -119,6 +107,14 @@ def test_a_search_by_timestamp_during_a_truncation(tmp_path, monkeypatch):
     _during_first(monkeypatch, "find_offset_by_timestamp", lambda: log.truncate_to(12))
     assert log.offset_for_timestamp(1005) == (5, 1005)
     assert log.offset_for_timestamp(1020) is None
+
+
+def test_the_search_for_the_largest_timestamp_during_a_truncation(tmp_path, monkeypatch):
+    # ListOffsets MAX_TIMESTAMP: the segment holding it dropped under the search
+    log = _log(tmp_path)
+    assert log.offset_of_max_timestamp() == (34, 1034)
+    _during_first(monkeypatch, "find_offset_by_timestamp", lambda: log.truncate_to(12))
+    assert log.offset_of_max_timestamp() == (11, 1011)
 
 
 def test_a_worker_threads_read_across_a_swap_on_the_owner_thread(tmp_path, monkeypatch):
@@ -144,7 +140,7 @@ def test_a_worker_threads_read_across_a_swap_on_the_owner_thread(tmp_path, monke
     thread.start()
     try:
         assert inside.wait(60)  # a bound for a broken run only
-        _merge_first_two(log)
+        merge_first_two(log)
     finally:
         swapped.set()
         thread.join()

@@ -4,9 +4,10 @@ asks, leader or follower (the fault matrix samples every ISR member's LEO this w
 
 from __future__ import annotations
 
-from tests.unit.log.helpers import make_batch
+from tests.unit.log.helpers import make_batch, merge_first_two
 from tests.unit.replication.memory_leader import TP
 from tests.unit.replication.test_fetcher import make_cluster, produce
+from tidelog.broker.log.segment import LogSegment
 from tidelog.protocol.errors import FENCED_LEADER_EPOCH, NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
 from tidelog.protocol.messages import (
     CONSUMER_REPLICA_ID,
@@ -70,6 +71,40 @@ async def test_the_latest_timestamp_above_the_high_watermark_is_no_consumers_ans
         assert await latest_timestamp(DEBUGGING_REPLICA_ID) == (NONE.code, 1, 5_000)
         await cluster.sync()  # committed now
         assert await latest_timestamp(CONSUMER_REPLICA_ID) == (NONE.code, 1, 5_000)
+    finally:
+        for b in brokers:
+            b.close()
+
+
+async def test_the_latest_timestamp_is_found_across_a_segment_swap_during_the_search(tmp_path, monkeypatch):
+    # MAX_TIMESTAMP runs in a worker thread while the owner may swap segments (a cleaning,
+    # retention): the search starts again on the log's new segments, as other searches by
+    # timestamp do, instead of failing with KAFKA_STORAGE_ERROR
+    cluster, brokers = make_cluster(str(tmp_path), n=1)
+    try:
+        leader = brokers[0]
+        cluster.elect(1, [1])
+        leader.produce(make_batch(1, ts=9_000))  # the latest timestamp, in the first segment
+        for n in range(1, 25):
+            if n % 10 == 0:
+                leader.log().roll()
+            leader.produce(make_batch(1, ts=1_000 + n))
+        log = leader.log()
+        assert len(log.segments) == 3 and log.high_watermark == 25
+        swapped = []
+
+        def swap_once(search):
+            def interleaved(seg, *args, **kwargs):
+                if not swapped:
+                    swapped.append(seg)
+                    merge_first_two(log)  # the cleaner's swap of the segment being searched
+                return search(seg, *args, **kwargs)
+            return interleaved
+        monkeypatch.setattr(LogSegment, "find_offset_by_timestamp", swap_once(LogSegment.find_offset_by_timestamp))
+        req = ListOffsetsRequest([ListOffsetsTopic(TP.topic, [ListOffsetsPartition(TP.partition, MAX_TIMESTAMP)])])
+        r = (await leader.apis.list_offsets(req)).topics[0].partitions[0]
+        assert swapped and swapped[0] not in log.segments
+        assert (r.error_code, r.offset, r.timestamp) == (NONE.code, 0, 9_000)
     finally:
         for b in brokers:
             b.close()
