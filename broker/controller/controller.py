@@ -527,7 +527,7 @@ class Controller:
         for b in joined:  # full: a log of a partition no longer assigned to it is deleted
             self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)], full=True)
         self._stop_deleted_replicas(brokers=joined)
-        await self._elect_offline([tp for tp, (st, _) in ctx.states.items() if st.leader not in ctx.live])
+        await self._elect_offline([tp for tp, (st, _) in ctx.states.items() if st.leader not in ctx.brokers])
         await self._advance_moves(list(ctx.moves))
 
     def _replicas(self, tp: TopicPartition) -> list[int]:
@@ -561,9 +561,15 @@ class Controller:
         self._propagate(changed)
 
     def _offline_election(self, tp: TopicPartition, st: LeaderAndIsr) -> tuple[int, list[int]] | None:
-        """The new (leader, ISR) of ``tp`` if its leader is not live, else None."""
+        """The new (leader, ISR) of ``tp`` if it is offline, else None.
+
+        Offline means its leader is not registered (or it never had one). A leader in
+        controlled shutdown is registered, and still serves: its partition is online (as in
+        Kafka, only Offline and New partitions are elected), for a new leader elected now
+        would lead next to it, which is sent no LeaderAndIsr (``_propagate``). The new leader
+        itself is chosen among the live brokers, none of them shutting down."""
         ctx = self.ctx
-        if st.leader in ctx.live:
+        if st.leader in ctx.brokers:
             return None
         if st.leader == -1 and not st.isr and st.leader_epoch == 0:
             # created while none of its replicas was live (``_init_new_partitions``): it never
