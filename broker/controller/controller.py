@@ -480,20 +480,25 @@ class Controller:
         until = self.zk.until_answered
         try:
             got = await until(functools.partial(self.zk.get_assignment_and_moves, topic))
-        except ValueError as e:  # a malformed znode: the topic is left alone, and no request is full
+            if got is None:
+                return
+            config = await until(functools.partial(self.zk.get_topic_config, topic))
+            states = await until(functools.partial(self.zk.get_partition_states, topic))
+        except ValueError as e:
+            # a malformed znode (assignment, config or a partition's state): the topic is left
+            # alone, and no request is full. Raised, it would fail this failover, and the next
+            # controller's, each in turn
             logger.error("ignoring topic %r in ZooKeeper: %s", topic, e)
             ctx.unreadable.add(topic)
             ctx.complete = False
-            return
-        if got is None:
             return
         assignment, moves = got
         ctx.assignments[topic] = assignment
         for p, (adding, removing) in moves.items():
             if p in assignment:
                 ctx.moves[TopicPartition(topic, p)] = ReplicaAssignment(tuple(assignment[p]), adding, removing)
-        ctx.topic_configs[topic] = await until(functools.partial(self.zk.get_topic_config, topic))
-        for p, state in (await until(functools.partial(self.zk.get_partition_states, topic))).items():
+        ctx.topic_configs[topic] = config
+        for p, state in states.items():
             if state is not None:
                 ctx.states[TopicPartition(topic, p)] = state
 
@@ -620,7 +625,7 @@ class Controller:
                 await self._write_state(tp, *decision)
                 return True
             except ZkVersionConflict:
-                fresh = await self.zk.get_partition_state(tp.topic, tp.partition)
+                fresh = await self._read_state(tp)
                 if fresh is None:
                     return False
                 logger.info("%s: state changed since it was read (now %s, version %d): deciding again",
@@ -629,6 +634,16 @@ class Controller:
         logger.error("%s: state changed under the controller %d times in a row: left as it is",
                      tp, STATE_UPDATE_ATTEMPTS)
         return False
+
+    async def _read_state(self, tp: TopicPartition) -> tuple[LeaderAndIsr, int] | None:
+        """``tp``'s state as ZooKeeper holds it now; None if it has none, or if it does not
+        decode (logged: the controller keeps its copy rather than fail the event, a failover
+        among them)."""
+        try:
+            return await self.zk.get_partition_state(tp.topic, tp.partition)
+        except ValueError as e:
+            logger.error("%s: %s; its state stays as the controller last read it", tp, e)
+            return None
 
     async def _write_state(self, tp: TopicPartition, leader: int, isr: list[int]) -> None:
         ctx = self.ctx
@@ -991,10 +1006,12 @@ class Controller:
             return
         tps = set()
         for _, partitions in notes:
-            tps.update(TopicPartition(t, p) for t, p in partitions)
-        for tp in tps:
-            state = await self.zk.get_partition_state(tp.topic, tp.partition)
-            if state is not None and tp.topic in self.ctx.assignments:
+            # only partitions it manages: not those of a topic gone, being deleted, unreadable
+            # or with a name no topic can have (whose path would not even be a znode's)
+            tps.update(TopicPartition(t, p) for t, p in partitions if p in self.ctx.assignments.get(t, {}))
+        for tp in sorted(tps):
+            state = await self._read_state(tp)
+            if state is not None:
                 self.ctx.states[tp] = state
         self._send_update_metadata(sorted(tp for tp in tps if tp in self.ctx.states))
         await self.zk.delete_isr_change_notifications([path for path, _ in notes],

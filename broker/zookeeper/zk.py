@@ -165,6 +165,14 @@ def _zk_acl(acl: Iterable[ACL]) -> frozenset[ZkAcl]:
     return frozenset(ZkAcl(a.perms, a.id.scheme, a.id.id) for a in acl)
 
 
+def _decoded_state(path: str, data: bytes) -> LeaderAndIsr:
+    """A partition state's data, or ValueError naming its znode."""
+    try:
+        return decode_partition_state(data)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
 class _Feed:
     """An unbounded channel fed from kazoo's threads, delivered on the Trio thread.
 
@@ -834,16 +842,20 @@ class ZkClient:
     # ------------------------------------------------------------------ partition state
 
     async def get_partition_state(self, topic: str, partition: int) -> tuple[LeaderAndIsr, int] | None:
-        """(leader and ISR, znode version) or None if the partition has no state yet."""
-        got = await self._get(self.paths.partition_state(topic, partition))
-        return None if got is None else (decode_partition_state(got[0]), got[1].version)
+        """(leader and ISR, znode version) or None if the partition has no state yet;
+        ValueError naming the znode if its data does not decode."""
+        path = self.paths.partition_state(topic, partition)
+        got = await self._get(path)
+        return None if got is None else (_decoded_state(path, got[0]), got[1].version)
 
     async def get_partition_states(self, topic: str) -> dict[int, tuple[LeaderAndIsr, int]]:
+        """Every state of ``topic``'s partitions (as ``get_partition_state``)."""
         names = await self._children(self.paths.partitions(topic)) or []
         partitions = sorted(int(n) for n in names if n.isdigit())
-        got = await self._get_many([self.paths.partition_state(topic, p) for p in partitions])
-        return {p: (decode_partition_state(g[0]), g[1].version)
-                for p, g in zip(partitions, got) if g is not None}
+        paths = [self.paths.partition_state(topic, p) for p in partitions]
+        got = await self._get_many(paths)
+        return {p: (_decoded_state(path, g[0]), g[1].version)
+                for p, path, g in zip(partitions, paths, got) if g is not None}
 
     async def create_partition_state(self, topic: str, partition: int, leader_and_isr: LeaderAndIsr,
                                      expected_controller_epoch_version: int) -> int:
@@ -907,11 +919,9 @@ class ZkClient:
         return await self._create(self.paths.isr_change_prefix, encode_isr_change(partitions), sequence=True)
 
     async def isr_change_notifications(self) -> list[tuple[str, list[tuple[str, int]]]]:
-        """Pending notifications, oldest first: (path, [(topic, partition), ...])."""
-        names = await self._children(self.paths.isr_change_notification) or []
-        paths = [f"{self.paths.isr_change_notification}/{n}" for n in names]
-        got = await self._get_many(paths)
-        return [(p, decode_isr_change(g[0])) for p, g in zip(paths, got) if g is not None]
+        """Pending notifications, oldest first: (path, [(topic, partition), ...]). One that
+        cannot be decoded is logged, deleted and skipped."""
+        return await self._notifications(self.paths.isr_change_notification, decode_isr_change)
 
     # ------------------------------------------------------------------ replica damage notifications
 
@@ -924,14 +934,20 @@ class ZkClient:
     async def replica_damage_notifications(self) -> list[tuple[str, tuple[int, int, list[tuple[str, int]]]]]:
         """Pending reports: (path, (broker, broker epoch, [(topic, partition), ...])). One that
         cannot be decoded is logged, deleted and skipped."""
-        names = sorted(await self._children(self.paths.replica_damage_notification) or [])
-        paths = [f"{self.paths.replica_damage_notification}/{n}" for n in names]
+        return await self._notifications(self.paths.replica_damage_notification, decode_replica_damage)
+
+    async def _notifications(self, parent: str, decode: Callable[[bytes], T]) -> list[tuple[str, T]]:
+        """The notifications under ``parent``, oldest first: (path, decoded data). One that
+        cannot be decoded is logged, deleted and skipped: left in place, it would fail every
+        controller that reads it, each failover in turn."""
+        names = await self._children(parent) or []  # sorted: sequence numbers, oldest first
+        paths = [f"{parent}/{n}" for n in names]
         out, bad = [], []
         for path, got in zip(paths, await self._get_many(paths)):
             if got is None:
                 continue
             try:
-                out.append((path, decode_replica_damage(got[0])))
+                out.append((path, decode(got[0])))
             except ValueError as e:
                 log.error("%s: %s; deleted", path, e)
                 bad.append(path)
@@ -1157,3 +1173,4 @@ class ZkClient:
         paths = [f"{root}/{n}" for n in names]
         if paths:
             await self._call(f"delete {len(paths)} ACL change notifications", run, paths)
+

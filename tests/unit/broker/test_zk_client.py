@@ -1,0 +1,47 @@
+"""ZkClient over an in-memory kazoo (tests/support/stub_kazoo.py): what it makes of the
+znodes it reads and of its connection's ups and downs, with no ZooKeeper. The same calls
+against a real ZooKeeper: tests/integration/test_zk.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.support.stub_kazoo import StubKazoo
+from tidelog.broker.zookeeper.layout import LeaderAndIsr, encode_partition_state
+from tidelog.broker.zookeeper.zk import ZkClient
+
+
+async def client() -> tuple[ZkClient, StubKazoo]:
+    stub = StubKazoo()
+    zk = ZkClient("127.0.0.1:1")
+    zk._zk = stub
+    for path in zk.paths.persistent_paths():
+        await zk._ensure_path(path)
+    return zk, stub
+
+
+async def test_a_malformed_isr_change_notification_is_logged_deleted_and_skipped(caplog):
+    """Left in place, it would fail the read of every controller, each failover in turn."""
+    zk, stub = await client()
+    first = await zk.notify_isr_change([("orders", 0)])
+    bad = stub.create(zk.paths.isr_change_prefix, b'{"version":1}', sequence=True)
+    last = await zk.notify_isr_change([("orders", 1)])
+    with caplog.at_level(logging.ERROR):
+        assert await zk.isr_change_notifications() == [(first, [("orders", 0)]), (last, [("orders", 1)])]
+    assert bad not in stub.nodes and first in stub.nodes
+    assert f"{bad}: malformed isr change notification znode data" in caplog.text
+
+
+async def test_a_malformed_partition_state_is_a_value_error_naming_its_znode():
+    zk, stub = await client()
+    stub.create(zk.paths.topic("orders"), b"{}")
+    for p, data in ((0, encode_partition_state(LeaderAndIsr(1, 0, (1,), 1))), (1, b'{"leader":1}')):
+        zk._ensure_path_sync(zk.paths.partition(("orders"), p))
+        stub.create(zk.paths.partition_state("orders", p), data)
+    with pytest.raises(ValueError, match=f"{zk.paths.partition_state('orders', 1)}: malformed partition state"):
+        await zk.get_partition_states("orders")
+    with pytest.raises(ValueError, match=f"{zk.paths.partition_state('orders', 1)}: malformed partition state"):
+        await zk.get_partition_state("orders", 1)
+    assert (await zk.get_partition_state("orders", 0))[0] == LeaderAndIsr(1, 0, (1,), 1)
