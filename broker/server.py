@@ -234,9 +234,9 @@ class BrokerServer:
                     await self._reload_acls()
 
     async def _refresh_registry(self) -> None:
-        """Read the controller and the broker epochs again after a new session: the watches
-        re-read ``/brokers/ids`` then, but kazoo reports no change when the children keep
-        their names, as when our own znode was recreated before that read."""
+        """Read the controller and the broker epochs again after a new session, once this
+        broker registered again (the watches report their reads after the reconnect, which
+        may come before the registration)."""
         registry = self.metadata.registry
         for refresh in (registry.refresh_controller, registry.refresh_broker_epochs):
             while not await refresh():

@@ -926,6 +926,15 @@ class Controller:
                 if t in ctx.deleting and not ctx.deleting[t].waiting_for(set(ctx.brokers))]
         return results, done
 
+    async def _on_deletion_markers(self, _children) -> None:
+        """``/admin/delete_topics`` changed: its markers, read now. The names the watch
+        reported may be stale by the time the event is handled (read before a deletion that
+        completed since, the topic perhaps created again): acted on, they would delete a
+        live topic."""
+        if self.ctx is None:
+            return
+        await self._on_delete_topics(await self.zk.topics_marked_for_deletion())
+
     async def _on_delete_topics(self, children) -> None:
         """Topics marked for deletion (the rules: broker/controller/deletion.py)."""
         if self.ctx is None:
@@ -1315,7 +1324,7 @@ class Controller:
         ControllerEvent.CONTROLLER_CHANGE: _on_controller_change,
         ControllerEvent.BROKER_CHANGE: _on_brokers,
         ControllerEvent.TOPIC_CHANGE: _on_topics,
-        ControllerEvent.TOPIC_DELETION: _on_delete_topics,
+        ControllerEvent.TOPIC_DELETION: _on_deletion_markers,
         ControllerEvent.ISR_CHANGE: _on_isr_change,
         ControllerEvent.REPLICA_DAMAGE: _on_replica_damage,
         ControllerEvent.REPLICAS_DELETED: _on_replicas_deleted,

@@ -24,11 +24,14 @@ Sessions: ``session_events`` carries ("CONNECTED" | "SUSPENDED" | "LOST", monoto
 SUSPENDED means the connection dropped and the session may still be alive (ephemerals kept);
 LOST means ZooKeeper expired it, and the CONNECTED that follows is a *new* session: the owner
 re-registers its ephemerals (broker registration, controller candidacy). Watches made with
-``watch_children`` / ``watch_data`` survive both, as kazoo's recipes re-arm themselves, but a
-children watch reports nothing when the children read on the new session have the same
-names as before (a znode deleted and created again meanwhile, the owner's own registration
-among them): an owner that needs what they hold reads it again after a new session. A
-deliberate ``close()`` ends the channel without a LOST.
+``watch_children`` / ``watch_data`` survive both, as kazoo's recipes re-arm themselves by
+reading again on each reconnect. Changes made while the connection was down fire no watch,
+and a znode deleted and created again meanwhile leaves the children's names as they were
+(a broker that restarted: the same id, a new broker epoch), so a children watch reports its
+read after every reconnect, changed or not (kazoo's own reports only changed names): the
+owner reads again what the children hold, and must find a report of nothing new harmless.
+A data watch reports a znode whose modification zxid changed. A deliberate ``close()`` ends
+the channel without a LOST.
 
 Fencing: every write derived from a read carries the znode version it read (check-and-set,
 ZkVersionConflict when stale); controller writes (partition states, assignments, topic
@@ -171,6 +174,22 @@ def _decoded_state(path: str, data: bytes) -> LeaderAndIsr:
         return decode_partition_state(data)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
+
+
+class _ChildrenWatch(ChildrenWatch):
+    """kazoo's ChildrenWatch, except that the read it makes after a reconnect is reported even
+    when the children kept their names. kazoo reports it only if a name changed; but while
+    the connection was down a znode may have been deleted and created again (a broker that
+    restarted: the same id, a new broker epoch), and no watch fired meanwhile (kazoo sets
+    watches again by reading, not with ZooKeeper's SetWatches). The owner reads again what
+    the children hold: a report with nothing changed must be harmless to it."""
+
+    def _session_watcher(self, state: str) -> None:   # kazoo's connection thread
+        # no lock: a read in flight holds the recipe's lock until the connection is back.
+        # Forgotten at the drop and at the reconnect, the names the read after it is
+        # compared with are none, so it is reported
+        self._prior_children = None
+        super()._session_watcher(state)
 
 
 class _Feed:
@@ -451,7 +470,8 @@ class ZkClient:
     # ------------------------------------------------------------------ watches
 
     async def watch_children(self, path: str) -> trio.MemoryReceiveChannel:
-        """Sorted children of ``path`` now and after each change (creating ``path`` if missing).
+        """Sorted children of ``path`` now, after each change, and after each reconnect even
+        when they did not change (creating ``path`` if missing).
 
         Deletion of ``path`` itself ends the watch silently (kazoo's ChildrenWatch): watch
         container znodes only. Close the returned channel to stop watching. The first read is
@@ -463,7 +483,7 @@ class ZkClient:
 
             def on_children(children: list[str]) -> bool | None:   # kazoo thread: enqueue only
                 return None if feed.post(sorted(children)) else False
-            await self._start_watch(feed, f"watch children of {path}", ChildrenWatch, self._kz, path,
+            await self._start_watch(feed, f"watch children of {path}", _ChildrenWatch, self._kz, path,
                                     on_children)
             return feed.receive
         return await self.until_answered(once)

@@ -7,6 +7,9 @@ from __future__ import annotations
 import logging
 
 import pytest
+import trio
+import trio.testing
+from kazoo.protocol.states import KazooState
 
 from tests.support.stub_kazoo import StubKazoo
 from tidelog.broker.zookeeper.layout import LeaderAndIsr, encode_partition_state
@@ -45,3 +48,34 @@ async def test_a_malformed_partition_state_is_a_value_error_naming_its_znode():
     with pytest.raises(ValueError, match=f"{zk.paths.partition_state('orders', 1)}: malformed partition state"):
         await zk.get_partition_state("orders", 1)
     assert (await zk.get_partition_state("orders", 0))[0] == LeaderAndIsr(1, 0, (1,), 1)
+
+
+async def next_children(changes) -> list[str] | None:
+    """What the watch reported since the last call (None: nothing)."""
+    await trio.testing.wait_all_tasks_blocked()
+    try:
+        return changes.receive_nowait()
+    except trio.WouldBlock:
+        return None
+
+
+@pytest.mark.parametrize("drop", [KazooState.SUSPENDED, KazooState.LOST])
+async def test_a_children_watch_reports_its_read_after_every_reconnect(drop):
+    """While the connection was down broker 3 registered again (the same name, a new znode):
+    kazoo's ChildrenWatch reads the children again on reconnect but reports them only when
+    their names changed. Reported anyway, the owner reads what they hold again."""
+    zk, stub = await client()
+    for b in (1, 2, 3):
+        stub.create(zk.paths.broker(b), b"{}")
+    changes = await zk.watch_children(zk.paths.broker_ids)
+    assert await next_children(changes) == ["1", "2", "3"]
+    stub.disconnect(drop)
+    stub.delete(zk.paths.broker(3))
+    stub.create(zk.paths.broker(3), b"{}")
+    assert await next_children(changes) is None  # no watch fires while disconnected
+    stub.reconnect()
+    assert await next_children(changes) == ["1", "2", "3"]
+    # and the watch is set again: a change after the reconnect is reported once
+    stub.create(zk.paths.broker(4), b"{}")
+    assert await next_children(changes) == ["1", "2", "3", "4"]
+    assert await next_children(changes) is None
