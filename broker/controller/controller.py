@@ -265,6 +265,7 @@ class Controller:
         self.ctx: ControllerContext | None = None
         self.channels = ChannelManager(config.broker_id, config.request_timeout_s,
                                        security=config.inter_broker_security)
+        self.channels.on_overflow = self._restate_to
         self._events_send, self._events = trio.open_memory_channel[tuple[ControllerEvent, Any]](math.inf)
         self._nursery: trio.Nursery | None = None
         self.active_changed = trio.Event()
@@ -701,17 +702,34 @@ class Controller:
         return self.channels.send(broker_id, ApiKey.LEADER_AND_ISR, req)
 
     def _send_update_metadata(self, tps: list[TopicPartition], deleted: list[str] | None = None,
-                              configs_of: list[str] | None = None) -> list[Outgoing | None]:
+                              configs_of: list[str] | None = None,
+                              brokers: Iterable[int] | None = None) -> list[Outgoing | None]:
+        """UpdateMetadata with the states of ``tps`` to ``brokers`` (None: every registered one)."""
         ctx = self.ctx
         states = [self._partition_state(tp) for tp in tps if tp in ctx.states]
         topics = set(configs_of or []) | {tp.topic for tp in tps}
         out = []
-        for b in ctx.brokers:
+        for b in (ctx.brokers if brokers is None else brokers):
             req = UpdateMetadataRequest(self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, -1), states,
                                         self._live_brokers(), deleted or [], self.cluster_id,
                                         topic_configs={t: ctx.topic_configs.get(t, {}) for t in topics})
             out.append(self.channels.send(b, ApiKey.UPDATE_METADATA, req))
         return out
+
+    def _restate_to(self, broker_id: int) -> None:
+        """Everything ``broker_id`` must know, as a controller just elected tells it: its
+        partitions (a full LeaderAndIsr; none while it shuts down), the metadata of every
+        partition, and StopReplica for its replicas of the topics being deleted. What
+        replaces its queue when that overflowed (channels.py): it supersedes every request
+        dropped. Only queues: it runs inside ``ChannelManager.send``, anywhere in an event."""
+        ctx = self.ctx
+        if ctx is None or broker_id not in ctx.brokers:
+            return
+        if broker_id not in ctx.shutting_down:
+            self._send_leader_and_isr(broker_id, [tp for tp in ctx.all_partitions() if broker_id in self._replicas(tp)],
+                                      full=True)
+        self._send_update_metadata(ctx.all_partitions(), deleted=sorted(ctx.deleting), brokers=[broker_id])
+        self._stop_deleted_replicas(brokers={broker_id})
 
     # -- topics --------------------------------------------------------------------------------
 
