@@ -1170,12 +1170,13 @@ class Apis:
         except TidelogError as e:
             return UpdateMetadataResponse(e.code)
         self.broker.update_topic_overrides(req.topic_configs)
+        deleted = self.metadata.deleted_by(req)  # read before the update drops them
         current = self.metadata.update(req)
-        for topic in req.deleted_topics:
+        for topic in deleted:
             self.broker.topic_overrides.pop(topic, None)
-        if current and req.deleted_topics and self.coordinator is not None:
+        if current and deleted and self.coordinator is not None:
             # a topic created again under the name must not resume at the old offsets
-            self.coordinator.handle_deleted_topics(req.deleted_topics)
+            self.coordinator.handle_deleted_topics(deleted)
         self.broker.metadata_updated()
         return UpdateMetadataResponse(NONE.code)
 

@@ -3,7 +3,10 @@ and, apart from it, who ZooKeeper says may send broker-to-broker requests (``ZkR
 
 Every broker answers Metadata requests from this cache, so any broker can bootstrap a
 client. The cache is replaced partition by partition; a request from an older controller
-epoch than the newest one seen is ignored (the sender was deposed).
+epoch than the newest one seen is ignored (the sender was deposed). A topic goes when a
+request names it deleted, or when a *full* request (what a controller sends after its
+election and to every broker when one registers) does not name it: a broker that was away
+(its ZooKeeper session lost) while a topic was deleted hears of it no other way.
 
 The registry is not fed by requests: a request could describe its own sender. The broker
 watches ZooKeeper (``/controller``, ``/brokers/ids``) and the registry holds what it read: the
@@ -55,18 +58,29 @@ class MetadataCache:
         self._partitions: dict[str, dict[int, PartitionState]] = {}
 
     def update(self, req: UpdateMetadataRequest) -> bool:
-        """Apply an UpdateMetadata request; False (ignored) if it comes from a stale controller."""
+        """Apply an UpdateMetadata request; False (ignored) if it comes from a stale controller.
+        It removes the topics of ``deleted_by``."""
         if req.controller_epoch < self.controller_epoch:
             return False
         self.controller_id, self.controller_epoch = req.controller_id, req.controller_epoch
         if req.cluster_id:
             self.cluster_id = req.cluster_id
         self.brokers = {b.broker_id: b for b in req.live_brokers}
-        for topic in req.deleted_topics:
+        for topic in self.deleted_by(req):
             self._partitions.pop(topic, None)
         for st in req.partition_states:
             self._partitions.setdefault(st.topic_name, {})[st.partition_index] = st
         return True
+
+    def deleted_by(self, req: UpdateMetadataRequest) -> list[str]:
+        """The topics ``req`` deletes: those it names deleted and, if it is full, every topic
+        held that it does not name (deleted while this broker did not hear: it had lost its
+        ZooKeeper session, say; no later request would name it). None from a stale controller."""
+        if req.controller_epoch < self.controller_epoch:
+            return []
+        named = {st.topic_name for st in req.partition_states}
+        absent = [t for t in sorted(self._partitions) if t not in named] if req.full else []
+        return list(dict.fromkeys([*req.deleted_topics, *absent]))
 
     def remove_topic(self, topic: str) -> None:
         self._partitions.pop(topic, None)

@@ -822,6 +822,9 @@ class UpdateMetadataRequest(Message):
     deleted_topics: list[str] = field(default_factory=list)
     cluster_id: str | None = None
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # topic-level overrides
+    # Kafka's FULL type: the states name every topic, and the broker drops from its metadata
+    # any topic they do not name (deleted while it did not hear)
+    full: bool = False
 
     def __post_init__(self) -> None:
         _check_topic_names(self.deleted_topics, "deleted_topics")

@@ -29,7 +29,8 @@ Events and what they do:
   leaders for partitions whose leader is gone, and send every live broker its LeaderAndIsr
   and the full metadata (UpdateMetadata).
 * broker set changed: a new (or restarted: new broker epoch) broker gets its partitions'
-  LeaderAndIsr and everyone gets new metadata; for a broker that died, partitions it led
+  LeaderAndIsr and everyone gets the full metadata (which drops any topic it does not name,
+  as one deleted while a broker was away); for a broker that died, partitions it led
   get a new leader (the first live replica in assignment order that is in the ISR; outside
   the ISR only with unclean.leader.election.enable), and it is removed from the ISR of the
   partitions it followed. Each change bumps the leader epoch.
@@ -440,7 +441,7 @@ class Controller:
         for b in ctx.brokers:  # not to a broker shutting down: it would fetch again (_propagate)
             if b not in ctx.shutting_down:
                 self._send_leader_and_isr(b, ctx.all_partitions(), full=True)
-        self._send_update_metadata(ctx.all_partitions(), deleted=known)
+        self._send_update_metadata(ctx.all_partitions(), deleted=known, full=True)
         self._stop_deleted_replicas()
         await self._complete_deletions()
         await self._on_isr_change(None)
@@ -529,7 +530,8 @@ class Controller:
 
     async def _on_brokers_joined(self, joined: set[int]) -> None:
         ctx = self.ctx
-        self._send_update_metadata(ctx.all_partitions())
+        # full: a broker registered again may hold topics deleted while it was away
+        self._send_update_metadata(ctx.all_partitions(), full=True)
         for b in joined:  # full: a log of a partition no longer assigned to it is deleted
             self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)], full=True)
         self._stop_deleted_replicas(brokers=joined)
@@ -702,17 +704,20 @@ class Controller:
         return self.channels.send(broker_id, ApiKey.LEADER_AND_ISR, req)
 
     def _send_update_metadata(self, tps: list[TopicPartition], deleted: list[str] | None = None,
-                              configs_of: list[str] | None = None,
-                              brokers: Iterable[int] | None = None) -> list[Outgoing | None]:
-        """UpdateMetadata with the states of ``tps`` to ``brokers`` (None: every registered one)."""
+                              configs_of: list[str] | None = None, brokers: Iterable[int] | None = None,
+                              full: bool = False) -> list[Outgoing | None]:
+        """UpdateMetadata with the states of ``tps`` to ``brokers`` (None: every registered one).
+        ``full``: ``tps`` are every partition, and the brokers drop any topic they do not name
+        (only while every topic was read: one that was not would go too)."""
         ctx = self.ctx
+        full = full and ctx.complete
         states = [self._partition_state(tp) for tp in tps if tp in ctx.states]
         topics = set(configs_of or []) | {tp.topic for tp in tps}
         out = []
         for b in (ctx.brokers if brokers is None else brokers):
             req = UpdateMetadataRequest(self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, -1), states,
                                         self._live_brokers(), deleted or [], self.cluster_id,
-                                        topic_configs={t: ctx.topic_configs.get(t, {}) for t in topics})
+                                        topic_configs={t: ctx.topic_configs.get(t, {}) for t in topics}, full=full)
             out.append(self.channels.send(b, ApiKey.UPDATE_METADATA, req))
         return out
 
@@ -728,7 +733,7 @@ class Controller:
         if broker_id not in ctx.shutting_down:
             self._send_leader_and_isr(broker_id, [tp for tp in ctx.all_partitions() if broker_id in self._replicas(tp)],
                                       full=True)
-        self._send_update_metadata(ctx.all_partitions(), deleted=sorted(ctx.deleting), brokers=[broker_id])
+        self._send_update_metadata(ctx.all_partitions(), deleted=sorted(ctx.deleting), brokers=[broker_id], full=True)
         self._stop_deleted_replicas(brokers={broker_id})
 
     # -- topics --------------------------------------------------------------------------------

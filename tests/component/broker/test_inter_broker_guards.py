@@ -13,6 +13,8 @@ DeleteTopics cannot delete ``__consumer_offsets``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import trio
 
@@ -383,3 +385,27 @@ async def test_an_update_metadata_deleting_topics_has_the_group_coordinator_drop
     assert deleted == []
     assert (await broker.apis.update_metadata(update())).error_code == NONE.code
     assert deleted == [["orders"]]
+
+
+async def test_a_full_update_metadata_deletes_the_topics_it_does_not_name(broker):
+    """A broker that missed a topic's deletion learns of it from the full UpdateMetadata it gets
+    when it registers again: gone from its metadata, its overrides and its groups' offsets."""
+    deleted = []
+
+    class Coordinator:
+        def handle_deleted_topics(self, topics):
+            deleted.append(list(topics))
+
+    broker.apis.coordinator = Coordinator()
+    st = PartitionState("kept", 0, CONTROLLER_EPOCH, ME, 0, [ME], 0, [ME])
+    gone = dataclasses.replace(st, topic_name="gone")
+
+    def update(states, full) -> UpdateMetadataRequest:
+        return UpdateMetadataRequest(CONTROLLER, CONTROLLER_EPOCH, MY_EPOCH, states, [LiveBroker(ME, "h", 9000)],
+                                     topic_configs={s.topic_name: {"retention.ms": "1000"} for s in states}, full=full)
+
+    assert (await broker.apis.update_metadata(update([st, gone], full=False))).error_code == NONE.code
+    assert "gone" in broker.state.topic_overrides and deleted == []
+    assert (await broker.apis.update_metadata(update([st], full=True))).error_code == NONE.code
+    assert broker.metadata.topics == ["kept"] and "gone" not in broker.state.topic_overrides
+    assert deleted == [["gone"]]

@@ -36,3 +36,30 @@ def test_a_topic_named_twice_is_described_once():
     cache = cache_with("orders")
     described = cache.topic_metadata(["orders", "nope", "orders"] * 1000 + ["late"])
     assert [t.name for t in described] == ["orders", "nope", "late"]
+
+
+def full_update(*topics: str, controller_epoch: int = 3, full: bool = True) -> UpdateMetadataRequest:
+    return UpdateMetadataRequest(
+        1, controller_epoch, 0, [PartitionState(t, 0, controller_epoch, 1, 0, [1], 0, [1]) for t in topics],
+        [LiveBroker(1, "127.0.0.1", 9092)], full=full)
+
+
+def test_a_full_update_drops_every_topic_it_does_not_name():
+    """A topic deleted while this broker did not hear of it (it had lost its ZooKeeper session,
+    and registered again): the full update a controller sends a joining broker does not name
+    it, and nothing else ever would. As Kafka 3.4+'s full UpdateMetadata."""
+    cache = cache_with("orders", "gone", "also-gone")
+    update = full_update("orders", "new")
+    assert cache.deleted_by(update) == ["also-gone", "gone"]
+    assert cache.update(update)
+    assert cache.topics == ["new", "orders"]
+    assert cache.topic_metadata(["gone"])[0].error_code == UNKNOWN_TOPIC_OR_PARTITION.code
+
+
+def test_an_incremental_update_or_a_stale_full_one_drops_only_the_topics_it_names_deleted():
+    cache = cache_with("orders", "gone")
+    incremental = UpdateMetadataRequest(1, 3, 0, [], [LiveBroker(1, "127.0.0.1", 9092)], ["gone"])
+    assert cache.deleted_by(incremental) == ["gone"] and cache.deleted_by(full_update(full=False)) == []
+    assert cache.update(incremental) and cache.topics == ["orders"]
+    stale = full_update(controller_epoch=2)
+    assert cache.deleted_by(stale) == [] and not cache.update(stale) and cache.topics == ["orders"]

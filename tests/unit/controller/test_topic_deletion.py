@@ -12,6 +12,7 @@ from tests.support.controller_zk import FakeZk
 from tidelog.broker.controller.channels import Outgoing
 from tidelog.broker.controller.controller import Controller, ControllerConfig
 from tidelog.broker.controller.deletion import TopicDeletion, deleted_replicas
+from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.zookeeper.layout import LeaderAndIsr
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import KAFKA_STORAGE_ERROR, NONE, STALE_BROKER_EPOCH, TOPIC_ALREADY_EXISTS
@@ -208,3 +209,66 @@ async def test_a_deletion_marker_that_names_no_valid_topic_is_ignored(nursery):
     assert successor.is_active and T in successor.ctx.assignments and not successor.ctx.deleting
     await successor.delete_topics([T])  # a valid deletion still goes ahead
     assert T in successor.ctx.deleting
+
+
+async def test_a_broker_that_missed_a_deletion_drops_the_topic_when_it_registers_again(nursery):
+    """Broker 3 holds no replica of the topic but has it in its metadata; it loses its
+    ZooKeeper session (its process and cache live on), and the topic is deleted meanwhile.
+    When it registers again its UpdateMetadata is full: its cache keeps no topic the
+    controller does not list, and a Metadata request it answers no longer names the topic."""
+    zk = FakeZk()
+    zk.live = {1: 10, 2: 11, 3: 12}
+    zk.assignments[T] = {0: [1, 2]}
+    zk.assignments["kept"] = {0: [1, 2]}
+    for topic in (T, "kept"):
+        zk.configs[topic] = {}
+        zk.states[(topic, 0)] = (LeaderAndIsr(1, 4, (1, 2), 0), 0)
+    c = Controller(ControllerConfig(broker_id=1), zk)
+    c._nursery = nursery
+    await nursery.start(c.channels.run)
+    brokers = Brokers(c)
+    await c._on_controller_change()
+    cache = MetadataCache(3)
+    for b, m in brokers.requests(ApiKey.UPDATE_METADATA):
+        if b == 3:
+            cache.update(m)
+    assert cache.topics == ["kept", T]
+
+    del zk.live[3]
+    await c._on_brokers(["1", "2"])
+    await c.delete_topics([T])
+    await brokers.answer_stop_replicas()
+    assert T not in zk.assignments and zk.marked == set()
+    brokers.sent.clear()
+    zk.live[3] = 13
+    await c._on_brokers(["1", "2", "3"])
+    (to_3,) = [m for b, m in brokers.requests(ApiKey.UPDATE_METADATA) if b == 3]
+    assert to_3.full and to_3.broker_epoch == 13
+    assert cache.deleted_by(to_3) == [T]
+    cache.update(to_3)
+    assert cache.topics == ["kept"]
+
+
+async def test_no_update_metadata_is_full_while_a_topic_is_unreadable(nursery):
+    """Its partitions are in no request: a full one would have brokers drop them."""
+    zk = FakeZk()
+    zk.live = {1: 10, 2: 11}
+    zk.assignments[T] = {0: [1, 2]}
+    zk.states[(T, 0)] = (LeaderAndIsr(1, 4, (1, 2), 0), 0)
+    zk.assignments["bad"] = {0: [1, 2]}
+    real = zk.get_assignment_and_moves
+
+    async def malformed(topic):
+        if topic == "bad":
+            raise ValueError("malformed topic znode data")
+        return await real(topic)
+    zk.get_assignment_and_moves = malformed
+    c = Controller(ControllerConfig(broker_id=1), zk)
+    c._nursery = nursery
+    await nursery.start(c.channels.run)
+    brokers = Brokers(c)
+    await c._on_controller_change()
+    zk.live[3] = 12
+    await c._on_brokers(["1", "2", "3"])
+    assert brokers.requests(ApiKey.UPDATE_METADATA)
+    assert not any(m.full for _, m in brokers.requests(ApiKey.UPDATE_METADATA))
