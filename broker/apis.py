@@ -100,7 +100,9 @@ from tidelog.protocol.messages import (
     EARLIEST_TIMESTAMP,
     GROUP_KEY,
     LATEST_TIMESTAMP,
+    PREFERRED_ELECTION,
     TOPIC_RESOURCE,
+    UNCLEAN_ELECTION,
     AclCreationResult,
     AclDescription,
     AlterClientQuotasEntryResult,
@@ -873,10 +875,17 @@ class Apis:
             return ElectLeadersResponse(CLUSTER_AUTHORIZATION_FAILED.code, [
                 ElectLeadersResult(r.topic_name, r.partition_index, CLUSTER_AUTHORIZATION_FAILED.code, message)
                 for r in req.topic_partitions or []])
+        if req.election_type not in (PREFERRED_ELECTION, UNCLEAN_ELECTION):
+            message = (f"election type {req.election_type} is neither PREFERRED ({PREFERRED_ELECTION}) "
+                       f"nor UNCLEAN ({UNCLEAN_ELECTION})")
+            return ElectLeadersResponse(INVALID_REQUEST.code, [
+                ElectLeadersResult(r.topic_name, r.partition_index, INVALID_REQUEST.code, message)
+                for r in req.topic_partitions or []])
         c = self._controller()
         tps = None if req.topic_partitions is None else [
             TopicPartition(r.topic_name, r.partition_index) for r in req.topic_partitions]
-        results, waits = await c.call(lambda: c.elect_preferred(tps))
+        elect = c.elect_preferred if req.election_type == PREFERRED_ELECTION else c.elect_unclean
+        results, waits = await c.call(lambda: elect(tps))
         await wait_all(waits, req.timeout_ms / 1000)
         return ElectLeadersResponse(NONE.code, [ElectLeadersResult(tp.topic, tp.partition, code, msg)
                                                 for tp, code, msg in results])

@@ -880,12 +880,14 @@ class ControlledShutdownResponse(Message):
 
 
 PREFERRED_ELECTION = 0
+UNCLEAN_ELECTION = 1  # elect a partition without a leader, from any live replica if none in sync is
 DEBUGGING_REPLICA_ID = -2  # ListOffsets "latest" then means the log end offset, not the HW
 
 
 @dataclass(frozen=True, slots=True)
 class ElectLeadersRequest(Message):
-    """Move leadership to the preferred (first assigned) replica; None: every partition."""
+    """PREFERRED_ELECTION: move leadership to the preferred (first assigned) replica;
+    UNCLEAN_ELECTION: elect a leader for a partition without one. None: every partition."""
     topic_partitions: list[TopicPartitionRef] | None = None
     election_type: int = field(default=PREFERRED_ELECTION, metadata=INT8)
     timeout_ms: int = field(default=30000, metadata=NON_NEGATIVE)

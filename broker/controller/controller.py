@@ -561,15 +561,18 @@ class Controller:
             created.append(tp)
         return created
 
-    async def _elect_offline(self, tps: list[TopicPartition]) -> None:
+    async def _elect_offline(self, tps: list[TopicPartition]) -> list[Outgoing | None]:
+        """Elect the offline partitions of ``tps`` (``_offline_election``); the propagation waits."""
         changed = []
         for tp in tps:
             if await self._update_state(tp, lambda st, tp=tp: self._offline_election(tp, st)):
                 changed.append(tp)
-        self._propagate(changed)
+        return self._propagate(changed)
 
-    def _offline_election(self, tp: TopicPartition, st: LeaderAndIsr) -> tuple[int, list[int]] | None:
-        """The new (leader, ISR) of ``tp`` if it is offline, else None.
+    def _offline_election(self, tp: TopicPartition, st: LeaderAndIsr,
+                          unclean: bool | None = None) -> tuple[int, list[int]] | None:
+        """The new (leader, ISR) of ``tp`` if it is offline, else None; outside the ISR only
+        if ``unclean`` (None: as the topic's unclean.leader.election.enable says).
 
         Offline means its leader is not registered (or it never had one). A leader in
         controlled shutdown is registered, and still serves: its partition is online (as in
@@ -584,7 +587,7 @@ class Controller:
             # had a leader nor a record, so its first live replicas start it, as a new one
             live = self._live_replicas(tp)
             return (live[0], live) if live else None
-        unclean = self._unclean_allowed(tp.topic)
+        unclean = self._unclean_allowed(tp.topic) if unclean is None else unclean
         election = offline_partition_leader(self._replicas(tp), st.isr, ctx.live, unclean)
         if election is None:
             logger.error("%s has no live in-sync replica (ISR %s): offline", tp, st.isr)
@@ -919,7 +922,10 @@ class Controller:
             return []
         await self.zk.set_topic_config(topic, merged, controller_epoch_zk_version=ctx.epoch_zk_version)
         ctx.topic_configs[topic] = merged
-        return self._send_update_metadata([], configs_of=[topic])
+        waits = self._send_update_metadata([], configs_of=[topic])
+        if self._unclean_allowed(topic):  # as Kafka 2.7+: its offline partitions are elected at once
+            waits += await self._elect_offline([tp for tp in ctx.partitions_of(topic) if tp in ctx.states])
+        return waits
 
     async def delete_topics(self, names: list[str]) -> tuple[list[TopicResult], list[trio.Event]]:
         """DeleteTopics, on the controller: results in request order, and an event per topic
@@ -1325,6 +1331,35 @@ class Controller:
         waits = self._propagate(changed)
         if changed:
             logger.info("preferred leader election moved %d partitions", len(changed))
+        return results, waits
+
+    async def elect_unclean(self, tps: list[TopicPartition] | None):
+        """ElectLeaders of the UNCLEAN type (Kafka's ElectionType.UNCLEAN): a leader for each of
+        ``tps`` (None: all) that has none, its leader not registered. The first live replica in
+        assignment order that is in the ISR; with none, the first live replica at all, whatever
+        the topic's unclean.leader.election.enable (acknowledged records it lacks are lost).
+        Returns [(tp, error code, message)] and the propagation waits."""
+        ctx = self.ctx
+        results, changed = [], []
+        for tp in (ctx.all_partitions() if tps is None else tps):
+            if tp not in ctx.states:
+                results.append((tp, UNKNOWN_TOPIC_OR_PARTITION.code, f"{tp} does not exist"))
+                continue
+            if ctx.states[tp][0].leader in ctx.brokers:  # one shutting down included: it still leads
+                results.append((tp, ELECTION_NOT_NEEDED.code, f"broker {ctx.states[tp][0].leader} leads {tp}"))
+                continue
+            if await self._update_state(tp, lambda st, tp=tp: self._offline_election(tp, st, unclean=True)):
+                changed.append(tp)
+            st = ctx.states[tp][0]
+            if st.leader in ctx.brokers:
+                results.append((tp, NONE.code, None) if tp in changed else
+                               (tp, ELECTION_NOT_NEEDED.code, f"broker {st.leader} leads {tp}"))
+            else:
+                results.append((tp, ELIGIBLE_LEADERS_NOT_AVAILABLE.code,
+                                f"no replica of {tp} ({self._replicas(tp)}) is live to lead it"))
+        waits = self._propagate(changed)
+        if changed:
+            logger.warning("unclean leader election asked for: %d partitions elected", len(changed))
         return results, waits
 
     async def _on_rebalance(self, _payload) -> None:

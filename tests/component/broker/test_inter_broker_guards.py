@@ -42,12 +42,14 @@ from tidelog.protocol.messages import (
     AlterConfigsResource,
     ControlledShutdownRequest,
     DeleteTopicsRequest,
+    ElectLeadersRequest,
     InitProducerIdRequest,
     LeaderAndIsrRequest,
     LiveBroker,
     PartitionState,
     StopReplicaPartition,
     StopReplicaRequest,
+    TopicPartitionRef,
     TopicResult,
     UpdateMetadataRequest,
 )
@@ -409,3 +411,38 @@ async def test_a_full_update_metadata_deletes_the_topics_it_does_not_name(broker
     assert (await broker.apis.update_metadata(update([st], full=True))).error_code == NONE.code
     assert broker.metadata.topics == ["kept"] and "gone" not in broker.state.topic_overrides
     assert deleted == [["gone"]]
+
+
+class Elections:
+    """The controller's elections, recorded."""
+
+    is_active = True
+
+    def __init__(self):
+        self.asked: list[tuple[str, list | None]] = []
+
+    async def call(self, fn):
+        return await fn()
+
+    async def elect_preferred(self, tps):
+        self.asked.append(("preferred", tps))
+        return [(tp, NONE.code, None) for tp in tps or []], []
+
+    async def elect_unclean(self, tps):
+        self.asked.append(("unclean", tps))
+        return [(tp, NONE.code, None) for tp in tps or []], []
+
+
+@pytest.mark.parametrize("election_type, asked", [(0, "preferred"), (1, "unclean")])
+async def test_elect_leaders_runs_the_election_of_its_type(broker, election_type, asked):
+    broker.apis.controller = elections = Elections()
+    r = await broker.apis.elect_leaders(ElectLeadersRequest([TopicPartitionRef(TP.topic, 0)], election_type))
+    assert r.error_code == NONE.code and [x.error_code for x in r.results] == [NONE.code]
+    assert elections.asked == [(asked, [TP])]
+
+
+async def test_elect_leaders_of_an_unknown_election_type_is_refused(broker):
+    broker.apis.controller = elections = Elections()
+    r = await broker.apis.elect_leaders(ElectLeadersRequest([TopicPartitionRef(TP.topic, 0)], 2))
+    assert r.error_code == INVALID_REQUEST.code and [x.error_code for x in r.results] == [INVALID_REQUEST.code]
+    assert "election type 2" in r.results[0].error_message and elections.asked == []
