@@ -772,9 +772,10 @@ class Apis:
         replicas = {tp: LocalReplica(log_dir_of(log.directory), log.size, log.log_start_offset,
                                      log.log_end_offset, log.high_watermark)
                     for tp, log in manager.logs.items()}
-        disk = await trio.to_thread.run_sync(_disk_usage, manager.log_dirs)
+        disk = await trio.to_thread.run_sync(_disk_usage, manager.live_log_dirs)
         return DescribeLogDirsResponse(NONE.code, describe_log_dirs(manager.log_dirs, replicas,
-                                                                    wanted_partitions(req.topics), disk))
+                                                                    wanted_partitions(req.topics), disk,
+                                                                    manager.offline_dirs))
 
     # -- user and client-id configs: quotas, SCRAM credentials (broker/security/entity_configs.py)
     # Any broker answers: each reads and writes ZooKeeper itself, and every broker's

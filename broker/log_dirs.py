@@ -13,10 +13,10 @@ only selects and shapes them.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from tidelog.protocol.errors import NONE
+from tidelog.protocol.errors import KAFKA_STORAGE_ERROR, NONE
 from tidelog.protocol.messages import (
     DescribableLogDirTopic,
     DescribeLogDirsPartition,
@@ -46,9 +46,11 @@ def wanted_partitions(topics: list[DescribableLogDirTopic] | None) -> set[TopicP
 
 def describe_log_dirs(log_dirs: list[str], replicas: Mapping[TopicPartition, LocalReplica],
                       wanted: set[TopicPartition] | None,
-                      disk: Mapping[str, tuple[int, int]]) -> list[DescribeLogDirsResult]:
+                      disk: Mapping[str, tuple[int, int]],
+                      offline: Collection[str] = ()) -> list[DescribeLogDirsResult]:
     """One result per log dir (even an empty one, as Kafka lists every dir), its topics and
-    partitions sorted; ``disk`` maps a dir to (total bytes, usable bytes)."""
+    partitions sorted; ``disk`` maps a dir to (total bytes, usable bytes). A dir in
+    ``offline`` (it failed) answers KAFKA_STORAGE_ERROR with no topics, as Kafka's."""
     by_dir: dict[str, dict[str, list[DescribeLogDirsPartition]]] = {d: {} for d in log_dirs}
     for tp in sorted(replicas):
         if wanted is not None and tp not in wanted:
@@ -57,7 +59,8 @@ def describe_log_dirs(log_dirs: list[str], replicas: Mapping[TopicPartition, Loc
         by_dir.setdefault(r.log_dir, {}).setdefault(tp.topic, []).append(DescribeLogDirsPartition(
             tp.partition, r.size, max(0, r.high_watermark - r.log_end_offset), False,
             r.log_start_offset, r.log_end_offset, r.high_watermark))
-    return [DescribeLogDirsResult(NONE.code, d, [DescribeLogDirsTopic(t, ps) for t, ps in topics.items()],
+    return [DescribeLogDirsResult(KAFKA_STORAGE_ERROR.code, d, [], -1, -1) if d in offline else
+            DescribeLogDirsResult(NONE.code, d, [DescribeLogDirsTopic(t, ps) for t, ps in topics.items()],
                                   *disk.get(d, (-1, -1)))
             for d, topics in by_dir.items()]
 

@@ -607,6 +607,11 @@ class BrokerCollector:
             total.add_metric([d], float(st.f_blocks * st.f_frsize))
         yield free
         yield total
+        offline = GaugeMetricFamily("tidelog_log_manager_offline_log_dirs",
+                                    "Log dirs taken offline after an I/O error on them, until the broker "
+                                    "restarts (Kafka's OfflineLogDirectoryCount)")
+        offline.add_metric([], float(len(getattr(self.server.log_manager, "offline_dirs", ()))))
+        yield offline
 
     def _log_cleaner(self) -> Iterator[Metric]:
         """Kafka's LogCleaner / LogCleanerManager gauges (broker/log/cleaner.py)."""

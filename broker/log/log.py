@@ -64,6 +64,12 @@ uses only it. A segment dropped under a read is not reopened by its path
 (``SegmentClosedError``, see ``segment``): the read starts again on the view that replaced
 it, so it never skips records nor reads another file. Time is passed in through ``clock``
 (milliseconds), so tests control it.
+
+An OSError in any of the log's operations (disk full, an I/O error, out of descriptors) is
+its log directory failing, as Kafka takes every IOException there: the operation raises
+``LogDirFailure`` (a StorageError: KAFKA_STORAGE_ERROR) naming the directory, and tells the
+log manager (``on_dir_failure``), which takes the whole directory offline. A log whose
+directory failed is never written again: its state after a failed write is not trusted.
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ from tidelog.protocol.errors import (
     RECORD_LIST_TOO_LARGE,
     CorruptRecordError,
     OffsetOutOfRangeError,
+    StorageError,
     TidelogError,
 )
 from tidelog.protocol.records import (
@@ -166,6 +173,37 @@ def checked(records: bytes, config: LogConfig, now_ms: int, tp: TopicPartition) 
     return out
 
 Clock = Callable[[], int]
+
+
+class LogDirFailure(StorageError):
+    """An I/O error on a log directory (an OSError from a log's files or checkpoints): the
+    directory is failing and is to be taken offline (``LogManager.take_dir_offline``), every
+    replica in it answering KAFKA_STORAGE_ERROR until the broker restarts (Kafka's
+    KafkaStorageException, reported through its LogDirFailureChannel)."""
+
+    def __init__(self, message: str, log_dir: str):
+        super().__init__(message)
+        self.log_dir = log_dir
+
+
+def dir_failure(log_dir: str, e: OSError, what: str) -> LogDirFailure:
+    return LogDirFailure(f"log dir {log_dir} failed while {what}: {e}", log_dir)
+
+
+def _storage_io(what: str):
+    """A Log method whose OSError is its log directory failing (see the module docstring): it
+    raises ``LogDirFailure`` instead, once the log manager is told (``Log.on_dir_failure``).
+    For the rarer operations; those on every batch (appends, reads) catch it in their bodies,
+    without the wrapper's call."""
+    def wrap(method):
+        @functools.wraps(method)
+        def io(self: "Log", *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except OSError as e:
+                raise self.dir_failed(e, what) from e
+        return io
+    return wrap
 
 
 def wall_clock_ms() -> int:
@@ -260,6 +298,9 @@ class Log:
         self.on_truncation: Callable[[Log], None] | None = None
         # called after a roll (the log manager has the closed segments fsynced: ``rolled_flush``)
         self.on_roll: Callable[[Log], None] | None = None
+        # called, from whichever thread met it, when an operation met an OSError (the log
+        # manager takes the directory offline)
+        self.on_dir_failure: Callable[[LogDirFailure], None] | None = None
         if producer_state is None:
             producer_state = ProducerStateManager(directory)
             producer_state.map_end_offset = self.log_end_offset
@@ -311,6 +352,18 @@ class Log:
         HoleCheckpoint(os.path.join(self.directory, DAMAGED_HOLE_CHECKPOINT)).write(offset)
         self._damaged_from = offset
 
+    @property
+    def log_dir(self) -> str:
+        """The log directory holding this partition's directory."""
+        return os.path.dirname(self.directory)
+
+    def dir_failed(self, e: OSError, what: str) -> LogDirFailure:
+        """The failure of this log's directory that ``e`` is, the log manager told of it."""
+        failure = dir_failure(self.log_dir, e, f"{what} {self.topic_partition}")
+        if self.on_dir_failure is not None:
+            self.on_dir_failure(failure)
+        return failure
+
     def update_high_watermark(self, offset: int) -> int:
         """Set the HW, clamped to [log start offset, LEO]; returns the value stored."""
         self._high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
@@ -318,6 +371,16 @@ class Log:
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         return self.epoch_cache.end_offset_for(epoch, self.log_end_offset)
+
+    @_storage_io("writing the leader epochs of")
+    def assign_epoch(self, epoch: int, start_offset: int) -> bool:
+        """``LeaderEpochCache.assign``, written through to the checkpoint."""
+        return self.epoch_cache.assign(epoch, start_offset)
+
+    @_storage_io("writing the leader epochs of")
+    def truncate_epochs_from_end(self, end_offset: int) -> None:
+        """``LeaderEpochCache.truncate_from_end``, written through to the checkpoint."""
+        self.epoch_cache.truncate_from_end(end_offset)
 
     # -- appends -------------------------------------------------------------------------------
 
@@ -402,24 +465,29 @@ class Log:
 
     def _append(self, buf, batches: list[tuple[int, BatchHeader]], first: int, last: int,
                 log_append_time: int) -> LogAppendInfo:
-        max_ts, count = -1, 0
-        for _, h in batches:
-            if h.leader_epoch > self.epoch_cache.latest_epoch:
-                # recorded (and checkpointed) before the data, as Kafka does: a crash between
-                # the two leaves an entry at the log end, which loading drops, never records
-                # of an epoch the cache does not know (OffsetsForLeaderEpoch would answer wrong)
-                self.epoch_cache.assign(h.leader_epoch, h.base_offset)
-            if h.max_timestamp > max_ts:
-                max_ts = h.max_timestamp
-            count += h.record_count
-        if len(buf) <= self.config.segment_bytes:  # the usual append: one segment's worth
-            self._append_group(buf, batches)
-        else:
-            for group in self._segment_sized_groups(buf, batches):
-                self._append_group(*group)
-        if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
-            self.flush()
-        return LogAppendInfo(first, last, max_ts, log_append_time, count, len(buf), self.log_start_offset)
+        """Every append's writes (epoch checkpoint, segments, rolls, flush): an OSError among
+        them is the log dir failing (see the module docstring)."""
+        try:
+            max_ts, count = -1, 0
+            for _, h in batches:
+                if h.leader_epoch > self.epoch_cache.latest_epoch:
+                    # recorded (and checkpointed) before the data, as Kafka does: a crash between
+                    # the two leaves an entry at the log end, which loading drops, never records
+                    # of an epoch the cache does not know (OffsetsForLeaderEpoch would answer wrong)
+                    self.epoch_cache.assign(h.leader_epoch, h.base_offset)
+                if h.max_timestamp > max_ts:
+                    max_ts = h.max_timestamp
+                count += h.record_count
+            if len(buf) <= self.config.segment_bytes:  # the usual append: one segment's worth
+                self._append_group(buf, batches)
+            else:
+                for group in self._segment_sized_groups(buf, batches):
+                    self._append_group(*group)
+            if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
+                self.flush()
+            return LogAppendInfo(first, last, max_ts, log_append_time, count, len(buf), self.log_start_offset)
+        except OSError as e:
+            raise self.dir_failed(e, "appending to") from e
 
     def _segment_sized_groups(self, buf, batches: list[tuple[int, BatchHeader]]):
         """Split back-to-back batches larger than a segment into runs that each fit in one."""
@@ -471,6 +539,7 @@ class Log:
         self._files_created += 1
         return seg
 
+    @_storage_io("rolling")
     def roll(self, base_offset: int | None = None) -> LogSegment:
         """Close the active segment for appends and start a new one at the log end.
 
@@ -500,6 +569,7 @@ class Log:
             ps.delete_snapshots(lambda offset: base < offset < leo)
             ps.take_snapshot()
 
+    @_storage_io("flushing")
     def flush_rolled_segments(self) -> None:
         """fsync the segments closed by rolls since the last flush (not the active one)."""
         if self.active_segment.base_offset > self.recovery_point:
@@ -559,6 +629,8 @@ class Log:
                 raise
             # a worker thread's read, the segment dropped by the owner: again on the new view
             return self.read(offset, max_bytes, max_offset, min_one_message)
+        except OSError as e:
+            raise self.dir_failed(e, "reading") from e
         return b""
 
     def bytes_below(self, offset: int, end: int, cap: int) -> int:
@@ -574,15 +646,22 @@ class Log:
         seg = view.segments[i]
         if end > seg.next_offset or seg.next_offset <= offset:
             return cap  # the rest of a segment at least (or a gap after it: a read tells)
-        start = seg.translate_offset(offset)
+        try:
+            start = seg.translate_offset(offset)
+        except OSError as e:
+            raise self.dir_failed(e, "reading") from e
         if start is None:
             return 0
         stop = seg.size
         if end < seg.next_offset:  # the batch holding ``end`` reaches it: not read
-            found = seg.translate_offset(end)
+            try:
+                found = seg.translate_offset(end)
+            except OSError as e:
+                raise self.dir_failed(e, "reading") from e
             stop = seg.size if found is None else found[0]
         return max(0, min(cap, stop - start[0]))
 
+    @_storage_io("reading")
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """The first record with a timestamp >= ``timestamp``: ``(offset, timestamp)`` or None."""
         view = self._view
@@ -616,6 +695,7 @@ class Log:
 
     # -- truncation ----------------------------------------------------------------------------
 
+    @_storage_io("truncating")
     def truncate_to(self, offset: int) -> bool:
         """Remove every batch that reaches ``offset`` or beyond; True if anything was removed.
 
@@ -674,6 +754,7 @@ class Log:
                        self.topic_partition, offset, self.log_end_offset)
         return self.log_end_offset
 
+    @_storage_io("truncating")
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and restart the (empty) log at ``offset``."""
         self.cleaner_fence += 1
@@ -711,6 +792,7 @@ class Log:
 
     # -- retention -----------------------------------------------------------------------------
 
+    @_storage_io("moving the log start of")
     def maybe_increment_log_start_offset(self, offset: int) -> bool:
         """Move the log start offset up (DeleteRecords); never beyond the HW."""
         if offset > self._high_watermark:
@@ -724,6 +806,7 @@ class Log:
         self.producer_state.trim_head(offset, self._view.bases[0])
         return True
 
+    @_storage_io("applying retention to")
     def delete_old_segments(self) -> list[int]:
         """Apply retention; returns the base offsets of the segments deleted.
 
@@ -786,6 +869,7 @@ class Log:
 
     # -- compaction ----------------------------------------------------------------------------
 
+    @_storage_io("swapping cleaned segments into")
     def replace_segments(self, new: list[LogSegment], old: list[LogSegment]) -> None:
         """Swap the log cleaner's output ``new`` (fsynced ``.cleaned`` segments) in for the
         consecutive segments ``old`` (never the active one), crash-safely: the file protocol
@@ -810,6 +894,7 @@ class Log:
 
     # -- durability ----------------------------------------------------------------------------
 
+    @_storage_io("flushing")
     def flush(self, offset: int | None = None) -> None:
         """fsync every segment holding offsets in [recovery point, ``offset``); advance it."""
         target = self.log_end_offset if offset is None else min(offset, self.log_end_offset)
@@ -843,6 +928,7 @@ class Log:
         ps.map_end_offset = leo
         ps.trim_head(self.log_start_offset, bases[0])
 
+    @_storage_io("deleting producer snapshots of")
     def delete_snapshots_after_recovery_point_checkpoint(self) -> int:
         """Delete the producer state snapshots below the base of the segment holding the
         offset before the recovery point, or of the second-to-last segment, whichever is lower
@@ -862,6 +948,7 @@ class Log:
         their entries (see ``producer_state``)."""
         return self.producer_state.remove_expired_producers(self._clock(), expiration_ms)
 
+    @_storage_io("closing")
     def close(self) -> None:
         """Close the segments, with a snapshot of the producer state at the log end (so the
         next start loads it and replays nothing)."""
@@ -869,6 +956,14 @@ class Log:
         self._snapshot_producer_state()
         for seg in self._view.segments:
             seg.close()
+
+    def close_handlers(self) -> None:
+        """Close the segments' descriptors, writing nothing (Kafka's closeHandlers): the log of
+        a directory that failed, whose files are not touched again."""
+        self.cleaner_fence += 1
+        for seg in self._view.segments:
+            with contextlib.suppress(OSError):
+                OPEN_SEGMENT_FILES.close(seg)
 
     def delete(self) -> None:
         """Remove the log's files and directory: only a valid topic-partition's own directory

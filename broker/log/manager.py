@@ -19,6 +19,16 @@ else, is refused (LogPathError) or, at startup, left alone with a warning.
 Retention (``cleanup_logs``), time-based flushing (``flush_dirty_logs``), producer id
 expiration (``remove_expired_producers``) and checkpointing are methods for a periodic
 caller; the manager keeps no threads or timers of its own.
+
+A log directory fails when an operation on it meets an OSError (disk full, an I/O error, out
+of descriptors), a log's or the manager's own (a checkpoint), as Kafka's LogDirFailureChannel
+takes any IOException there. The failure is noted (``dir_failed``, from whichever thread met
+it) and ``on_dir_failure_found`` wakes the owner, which takes the directory offline
+(``take_dir_offline``): its logs are dropped with their descriptors closed and nothing
+written, each of its partitions is *offline* here until the broker restarts (no log of it is
+created in another directory: ``get_or_create_log`` refuses it), no new partition is placed
+in it, and no checkpoint or clean-shutdown marker is written to it any more (its logs are
+recovered at the next start). The periodic methods go on with the other directories.
 """
 
 from __future__ import annotations
@@ -26,7 +36,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import Iterable
+import threading
+from typing import Callable, Iterable
 
 from tidelog.broker.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
@@ -40,7 +51,7 @@ from tidelog.broker.log.checkpoint import (
 from tidelog.broker.log.cleaner import CLEANER_OFFSET_CHECKPOINT
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.loader import load_log
-from tidelog.broker.log.log import Clock, Log, RolledFlush, wall_clock_ms
+from tidelog.broker.log.log import Clock, Log, LogDirFailure, RolledFlush, dir_failure, wall_clock_ms
 from tidelog.broker.log.paths import LogPathError, check_inside, check_partition_dir, delete_dir_name, partition_dir
 from tidelog.protocol.errors import StorageError
 from tidelog.protocol.topics import TopicPartition
@@ -69,6 +80,13 @@ class LogManager:
         self._dir_of: dict[TopicPartition, str] = {}
         self._cleaned: dict[TopicPartition, int] = {}  # cleaner checkpoints of the dir being loaded
         self.had_clean_shutdown: dict[str, bool] = {}
+        self.offline_dirs: dict[str, str] = {}  # log dir -> the failure that took it offline
+        self._offline: dict[TopicPartition, str] = {}  # partitions of offline dirs -> their dir
+        self._failures: dict[str, str] = {}  # dirs found failing, not yet taken offline
+        self._failures_lock = threading.Lock()  # a worker thread's read may find a failure
+        # called when a failure is found (from the thread that found it): the owner takes the
+        # directory offline
+        self.on_dir_failure_found: Callable[[], None] | None = None
 
     # -- startup and shutdown --------------------------------------------------------------------
 
@@ -155,16 +173,28 @@ class LogManager:
         atomic_write(path, ("\n".join(lines) + "\n").encode())
 
     def shutdown(self) -> None:
-        """Flush every log, write the checkpoints, close the logs, then write the marker."""
-        for log in self._logs.values():
-            log.flush()
+        """Flush every log, write the checkpoints, close the logs, then write the marker; a log
+        dir that fails on the way (or failed before) gets no marker: its logs are recovered at
+        the next start."""
+        for log in self.logs.values():
+            _attempt(log.flush)
+        self._take_failed_dirs_offline()
         self.checkpoint_all()
-        for log in self._logs.values():
-            log.close()
-        for d in self.log_dirs:
-            atomic_write(os.path.join(d, CLEAN_SHUTDOWN_MARKER), b"")
+        for log in self.logs.values():
+            _attempt(log.close)
+        self._take_failed_dirs_offline()
+        for d in self.live_log_dirs:
+            try:
+                atomic_write(os.path.join(d, CLEAN_SHUTDOWN_MARKER), b"")
+            except OSError as e:
+                logger.error("%s", dir_failure(d, e, "writing the clean-shutdown marker"))
         self._logs.clear()
-        logger.info("log manager shut down cleanly")
+        logger.info("log manager shut down%s", f"; log dirs offline: {sorted(self.offline_dirs)}"
+                    if self.offline_dirs else " cleanly")
+
+    def _take_failed_dirs_offline(self) -> None:
+        for d, reason in self.pending_dir_failures().items():
+            self.take_dir_offline(d, reason)
 
     # -- logs ----------------------------------------------------------------------------------
 
@@ -176,11 +206,23 @@ class LogManager:
         return dict(self._logs)
 
     def get_or_create_log(self, tp: TopicPartition, config: LogConfig | None = None) -> Log:
+        """``tp``'s log, created in the log dir with the fewest partitions if there is none.
+        StorageError for a partition of an offline log dir (its log is there, out of reach),
+        and LogDirFailure when the creation fails (that partition is offline too)."""
         log = self._logs.get(tp)
         if log is not None:
             return log
+        where = self._offline.get(tp)
+        if where is not None:
+            raise StorageError(f"{tp}: its log dir {where} is offline ({self.offline_dirs.get(where, 'failing')})")
         d = self._next_log_dir()
-        log = load_log(partition_dir(d, tp), tp, config or self.default_config, clock=self._clock)
+        try:
+            log = load_log(partition_dir(d, tp), tp, config or self.default_config, clock=self._clock)
+        except (OSError, LogDirFailure) as e:
+            failure = e if isinstance(e, LogDirFailure) else dir_failure(d, e, f"creating the log of {tp}")
+            self._offline[tp] = d
+            self.dir_failed(failure)
+            raise failure from e
         self._register(tp, log, d)
         return log
 
@@ -189,6 +231,7 @@ class LogManager:
         self._dir_of[tp] = d
         log.on_truncation = self._truncated
         log.on_roll = self.note_rolled
+        log.on_dir_failure = self.dir_failed
 
     def _truncated(self, log: Log) -> None:
         """A truncation lowered ``log``'s recovery point: the directory's checkpoint of them is
@@ -199,10 +242,64 @@ class LogManager:
             log.delete_snapshots_after_recovery_point_checkpoint()
 
     def _next_log_dir(self) -> str:
-        counts = {d: 0 for d in self.log_dirs}
+        live = self.live_log_dirs
+        if not live:
+            raise StorageError(f"every log dir is offline: {', '.join(self.log_dirs)}")
+        counts = {d: 0 for d in live}
         for d in self._dir_of.values():
-            counts[d] += 1
-        return min(self.log_dirs, key=lambda d: counts[d])
+            if d in counts:
+                counts[d] += 1
+        return min(live, key=lambda d: counts[d])
+
+    # -- log directory failure (see the module docstring) --------------------------------------
+
+    @property
+    def live_log_dirs(self) -> list[str]:
+        return [d for d in self.log_dirs if d not in self.offline_dirs]
+
+    def is_offline(self, tp: TopicPartition) -> bool:
+        """Whether ``tp``'s replica here is in an offline log dir."""
+        return tp in self._offline
+
+    def offline_reason(self, tp: TopicPartition) -> str:
+        d = self._offline.get(tp)
+        return f"its log dir {d} failed ({self.offline_dirs.get(d, 'being taken offline')})"
+
+    def dir_failed(self, failure: LogDirFailure) -> None:
+        """Note that ``failure.log_dir`` failed, for the owner to take it offline; any thread."""
+        with self._failures_lock:
+            d = failure.log_dir
+            if d in self.offline_dirs or d in self._failures:
+                return
+            self._failures[d] = str(failure)
+        if self.on_dir_failure_found is not None:
+            self.on_dir_failure_found()
+
+    def pending_dir_failures(self) -> dict[str, str]:
+        """The dirs found failing since the last call, with what failed: to take offline."""
+        with self._failures_lock:
+            found, self._failures = self._failures, {}
+        return found
+
+    def take_dir_offline(self, d: str, reason: str) -> list[TopicPartition]:
+        """Take log dir ``d`` offline until the broker restarts (Kafka's handleLogDirFailure):
+        its logs are dropped, their descriptors closed and nothing written. Returns its
+        partitions (those whose log could not be created in it included); none if it was
+        offline already."""
+        if d not in self.log_dirs or d in self.offline_dirs:
+            return []
+        self.offline_dirs[d] = reason
+        gone = [tp for tp, where in self._offline.items() if where == d]  # their creation failed
+        for tp in sorted(tp for tp, where in self._dir_of.items() if where == d):
+            log = self._logs.pop(tp)
+            del self._dir_of[tp]
+            log.close_handlers()
+            self._offline[tp] = d
+            gone.append(tp)
+        logger.error("%s; the dir is offline, and its %d partition(s) on broker %d until it restarts "
+                     "(log dirs still online: %s)", reason, len(gone), self.broker_id,
+                     ", ".join(self.live_log_dirs) or "none")
+        return gone
 
     def delete_log(self, tp: TopicPartition) -> str | None:
         """Remove a partition's log and its files now (``delete_logs``, then the files).
@@ -268,8 +365,8 @@ class LogManager:
     def cleanup_logs(self) -> int:
         """Apply retention to every log; returns the number of segments deleted."""
         deleted = 0
-        for log in list(self._logs.values()):
-            deleted += len(log.delete_old_segments())
+        for log in self.logs.values():
+            deleted += len(_attempt(log.delete_old_segments) or ())
         if deleted:
             self.checkpoint_log_start_offsets()
         return deleted
@@ -281,7 +378,7 @@ class LogManager:
         remove it if a later record of its key supersedes it."""
         forgotten = 0
         checkpoints = None
-        for tp, log in list(self._logs.items()):
+        for tp, log in self.logs.items():
             gone = log.remove_expired_producers(self.producer_id_expiration_ms)
             forgotten += len(gone)
             # (a producer's last record may lie below the log start: nothing to reconsider there)
@@ -292,7 +389,7 @@ class LogManager:
                 checkpoints = self.cleaner_checkpoints()
             first = min(kept)
             if checkpoints.get(tp, first) > first:
-                self.update_cleaner_checkpoint(tp, first)
+                _attempt(self.update_cleaner_checkpoint, tp, first)
         return forgotten
 
     def note_rolled(self, log: Log) -> None:
@@ -311,11 +408,11 @@ class LogManager:
     def flush_dirty_logs(self) -> None:
         """fsync segments closed by rolls, and whole logs whose last flush is older than flush.ms."""
         now = self._clock()
-        for log in self._logs.values():
+        for log in self.logs.values():
             if now - log.last_flush_ms >= log.config.flush_ms:
-                log.flush()
+                _attempt(log.flush)
             else:
-                log.flush_rolled_segments()
+                _attempt(log.flush_rolled_segments)
 
     def checkpoint_all(self) -> None:
         self.checkpoint_recovery_points()
@@ -326,8 +423,8 @@ class LogManager:
         """Write the recovery points; then the producer state snapshots no recovery or likely
         truncation needs go (``Log.delete_snapshots_after_recovery_point_checkpoint``)."""
         self._checkpoint(RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point)
-        for log in self._logs.values():
-            log.delete_snapshots_after_recovery_point_checkpoint()
+        for log in self.logs.values():
+            _attempt(log.delete_snapshots_after_recovery_point_checkpoint)
 
     def checkpoint_high_watermarks(self) -> None:
         self._checkpoint(REPLICATION_CHECKPOINT, lambda log: log.high_watermark)
@@ -338,7 +435,7 @@ class LogManager:
     def cleaner_checkpoints(self) -> dict[TopicPartition, int]:
         """The log cleaner's first dirty offset of every partition that has one."""
         out: dict[TopicPartition, int] = {}
-        for d in self.log_dirs:
+        for d in self.live_log_dirs:
             out.update((tp, o) for tp, o in self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT).items()
                        if self._dir_of.get(tp) == d)
         return out
@@ -346,14 +443,23 @@ class LogManager:
     def update_cleaner_checkpoint(self, tp: TopicPartition, offset: int) -> None:
         """Record ``tp``'s first dirty offset (entries of partitions no longer here are dropped)."""
         d = self._dir_of[tp]
-        offsets = {t: o for t, o in self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT).items()
-                   if self._dir_of.get(t) == d}
-        offsets[tp] = offset
-        OffsetCheckpoint(os.path.join(d, CLEANER_OFFSET_CHECKPOINT)).write(offsets)
+        try:
+            offsets = {t: o for t, o in self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT).items()
+                       if self._dir_of.get(t) == d}
+            offsets[tp] = offset
+            OffsetCheckpoint(os.path.join(d, CLEANER_OFFSET_CHECKPOINT)).write(offsets)
+        except OSError as e:
+            failure = dir_failure(d, e, f"writing {CLEANER_OFFSET_CHECKPOINT}")
+            self.dir_failed(failure)
+            raise failure from e
 
     def _checkpoint(self, name: str, offset_of) -> None:
-        for d in self.log_dirs:
-            self._checkpoint_dir(d, name, offset_of)
+        """Write checkpoint ``name`` in every live log dir; one that fails is noted, the others written."""
+        for d in self.live_log_dirs:
+            try:
+                self._checkpoint_dir(d, name, offset_of)
+            except OSError as e:
+                self.dir_failed(dir_failure(d, e, f"writing {name}"))
 
     def _checkpoint_dir(self, d: str, name: str, offset_of) -> None:
         offsets = {tp: offset_of(log) for tp, log in self._logs.items() if self._dir_of[tp] == d}
@@ -365,6 +471,15 @@ def remove_deleted_dirs(paths: Iterable[str]) -> None:
     worker thread's). What fails to go is left for the next startup to remove."""
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _attempt(operation, *args):
+    """``operation(*args)``, or None when its log dir failed: noted already (``dir_failed``),
+    and the caller goes on with the other logs."""
+    try:
+        return operation(*args)
+    except LogDirFailure:
+        return None
 
 
 def _read_properties(path: str) -> dict[str, str] | None:

@@ -11,6 +11,10 @@ HW; the follower appends them as they are and sets HW = min(leader HW, own LEO).
 carries the follower's broker epoch (its registration in ZooKeeper, read when the request is
 built): the leader serves a follower fetch only with that broker's current epoch.
 
+A partition whose log dir fails here (``LogDirFailure``: a write, a truncation, a checkpoint
+met an OSError) leaves the fetcher at once, the other partitions going on; the replica
+manager takes the dir offline (``on_dir_failure``).
+
 The fetcher is written against ``LeaderEndpoint`` so it can be driven by an in-memory
 leader in tests; ``RemoteLeaderEndpoint`` is the real one over a broker channel.
 """
@@ -23,7 +27,7 @@ from typing import Callable, Protocol
 
 import trio
 
-from tidelog.broker.log.log import Log
+from tidelog.broker.log.log import Log, LogDirFailure
 from tidelog.broker.replication.throttle import ReplicationQuota
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NONE, OFFSET_OUT_OF_RANGE, CorruptRecordError, TidelogError, for_code
@@ -96,6 +100,8 @@ class ReplicaFetcher:
     broker_epoch: Callable[[], int] = lambda: -1  # this broker's, now (it changes on re-registration)
     # follower.replication.throttled.rate (broker/replication/throttle.py); None: never throttled
     quota: ReplicationQuota | None = None
+    # a partition's log dir failed: the replica manager takes it offline (handle_dir_failures)
+    on_dir_failure: Callable[[], None] = lambda: None
     partitions: dict[TopicPartition, FetchState] = field(default_factory=dict)
     _changed: trio.Event = field(default_factory=trio.Event)
 
@@ -136,6 +142,13 @@ class ReplicaFetcher:
         with trio.move_on_at(min(pending) if pending else trio.current_time() + 3600):
             await changed.wait()
 
+    def _dir_failed(self, tp: TopicPartition, e: LogDirFailure) -> None:
+        """``tp``'s log dir failed under the fetcher: it is fetched no more (until a LeaderAndIsr
+        adds it again, which an offline replica refuses), the others go on."""
+        logger.error("%s: no longer fetched from leader %d: %s", tp, self.leader_id, e)
+        self.partitions.pop(tp, None)
+        self.on_dir_failure()
+
     def _delay(self, tp: TopicPartition) -> None:
         st = self.partitions.get(tp)
         if st is not None:
@@ -153,7 +166,10 @@ class ReplicaFetcher:
             for r in t.partitions:
                 tp = TopicPartition(t.topic, r.partition)
                 if tp in todo:
-                    self._apply_epoch_answer(tp, r, todo[tp])
+                    try:
+                        self._apply_epoch_answer(tp, r, todo[tp])
+                    except LogDirFailure as e:
+                        self._dir_failed(tp, e)
 
     def _epoch_request(self, todo: dict[TopicPartition, FetchState]) -> OffsetsForLeaderEpochRequest:
         by_topic: dict[str, list[OffsetForLeaderPartition]] = {}
@@ -180,7 +196,7 @@ class ReplicaFetcher:
         # an epoch this broker led without writing starts at its LEO: no batch of ours is in
         # it, so drop it, or we would ask about it forever, and refuse the leader's batches of
         # older epochs that belong there
-        log.epoch_cache.truncate_from_end(log.log_end_offset)
+        log.truncate_epochs_from_end(log.log_end_offset)
         st.truncating = not done
 
     # -- fetching ------------------------------------------------------------------------------
@@ -196,7 +212,11 @@ class ReplicaFetcher:
         response = await self.endpoint.fetch(request)
         for t in response.responses:
             for p in t.partitions:
-                self._apply_fetch(TopicPartition(t.topic, p.partition_index), p, todo)
+                tp = TopicPartition(t.topic, p.partition_index)
+                try:
+                    self._apply_fetch(tp, p, todo)
+                except LogDirFailure as e:
+                    self._dir_failed(tp, e)
 
     def _fetch_request(self, todo: dict[TopicPartition, FetchState]) -> FetchRequest:
         by_topic: dict[str, list[FetchPartition]] = {}
@@ -241,6 +261,8 @@ class ReplicaFetcher:
                 # partition with data may exceed its max bytes, and the response's budget is
                 # spent in request order, so a fixed order starves the partitions behind
                 self.partitions[tp] = self.partitions.pop(tp)
+        except LogDirFailure:
+            raise
         except TidelogError as e:
             logger.error("%s: cannot append the leader's batches: %s", tp, e)
             st.truncating = True

@@ -35,6 +35,11 @@ The rules (Kafka's, as DESIGN section 6 states them)
   again every ``DAMAGE_REPORT_INTERVAL_MS`` it is met (a report can be dropped, or find no
   replica in sync to hand over to); a log cut below it by other means (truncation to the
   leader) no longer holds it, and the mark goes.
+* A replica whose log directory failed (an I/O error, a full disk) is *offline* on this
+  broker until it restarts: it has neither a role nor a log here, and answers every produce
+  and read with KAFKA_STORAGE_ERROR (retriable: a client asks for metadata again and goes to
+  the leader the controller elects instead). Its broker reports it; the controller moves
+  leadership off it and takes it out of the ISR, as for a broker that died.
 
 This module decides; it does no I/O beyond the local log and reads no clock: ``now_ms`` is
 passed in. The replica manager owns the awaiting (ZooKeeper writes, purgatory, fetchers).
@@ -51,6 +56,7 @@ from tidelog.protocol.errors import (
     NOT_ENOUGH_REPLICAS,
     NOT_LEADER_OR_FOLLOWER,
     UNKNOWN_LEADER_EPOCH,
+    StorageError,
     TidelogError,
 )
 from tidelog.protocol.messages import PartitionState
@@ -137,6 +143,7 @@ class Partition:
         self.remote: dict[int, ReplicaState] = {}
         self.damaged_from: int | None = None  # an offset of the first batch found damaged on disk
         self.damage_reported_ms: int | None = None
+        self.offline: str | None = None  # why this replica is offline here: its log dir failed
 
     # -- role ----------------------------------------------------------------------------------
 
@@ -197,7 +204,7 @@ class Partition:
         epoch_changed = self._apply_state(st)
         if epoch_changed or not was_leader:
             self.leader_epoch_start_offset = log.log_end_offset
-            log.epoch_cache.assign(self.leader_epoch, log.log_end_offset)
+            log.assign_epoch(self.leader_epoch, log.log_end_offset)
             self.remote = {}
         # a reassignment changes the replicas: those kept keep what their fetches told
         self.remote = {r: self.remote.get(r) or ReplicaState(last_caught_up_time_ms=now_ms if r in self.isr else 0)
@@ -233,10 +240,25 @@ class Partition:
         self.damage_reported_ms = now_ms
         return True
 
+    def go_offline(self, reason: str) -> None:
+        """This replica's log dir failed (``reason``): no role and no log here until the broker
+        restarts (the controller elects elsewhere)."""
+        self.offline = reason
+        self.log = None
+        self.leader_id = -1
+        self.remote = {}
+        self.pending_isr = None
+        self.damaged_from = self.damage_reported_ms = None
+
+    def offline_error(self) -> StorageError:
+        return StorageError(f"broker {self.local_broker_id}: the replica of {self.tp} is offline: {self.offline}")
+
     # -- leader --------------------------------------------------------------------------------
 
     def _leader_log(self, requested_epoch: int = -1) -> Log:
         if not self.is_leader or self.log is None:
+            if self.offline is not None:
+                raise self.offline_error()
             raise TidelogError(f"broker {self.local_broker_id} is not the leader of {self.tp} "
                                f"(leader is {self.leader_id})", error=NOT_LEADER_OR_FOLLOWER)
         check_leader_epoch(requested_epoch, self.leader_epoch)
@@ -308,6 +330,8 @@ class Partition:
         """This replica's own log, leader or follower (Kafka's ``localLogWithEpochOrThrow``
         with requireLeader false: ListOffsets from the debugging replica id)."""
         if self.log is None:
+            if self.offline is not None:
+                raise self.offline_error()
             raise TidelogError(f"broker {self.local_broker_id} has no replica of {self.tp}",
                                error=NOT_LEADER_OR_FOLLOWER)
         check_leader_epoch(requested_epoch, self.leader_epoch)

@@ -11,11 +11,19 @@ change and made again when a task next asks for it (a fresh ``trio.Event`` per g
 that has a waiter): a long-polling fetch or an acks=all produce waits on the events of its
 partitions with its own deadline, then re-checks.
 
+A log directory that fails (an OSError on it: ``LogDirFailure``, see broker/log/manager.py)
+is taken offline with its partitions (``handle_dir_failures``): at once where the failure
+surfaces here (an append, a read, a follower's fetch, a LeaderAndIsr), else by a task woken
+by the log manager (a periodic flush or checkpoint, a read in a worker thread). Each of its
+partitions answers KAFKA_STORAGE_ERROR from then on, waiting produces and fetches included,
+and is fetched no more; a partition of another directory is not affected.
+
 Everything here runs on the broker's Trio thread; the logs it calls are synchronous.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import itertools
@@ -28,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Container, Iterator
 import trio
 
 from tidelog.broker.log.config import LogConfig
-from tidelog.broker.log.log import Log, checked
+from tidelog.broker.log.log import Log, LogDirFailure, checked
 from tidelog.broker.log.manager import LogManager, remove_deleted_dirs
 from tidelog.broker.log.verifier import ClosedSegment, Pace, first_suspect_offset
 from tidelog.broker.replication.fetcher import FetcherConfig, LeaderEndpoint, ReplicaFetcher
@@ -47,6 +55,7 @@ from tidelog.protocol.errors import (
     UNKNOWN_SERVER_ERROR,
     UNKNOWN_TOPIC_OR_PARTITION,
     CorruptRecordError,
+    StorageError,
     TidelogError,
     code_of,
     error_body,
@@ -349,10 +358,16 @@ class ReplicaManager:
         self._delayed_done = 0  # answered or cancelled fetches still in the heap
         self._delayed_seq = itertools.count()
         self._timer: trio.CancelScope | None = None
+        # log dir failures found away from this thread's calls wake ``_watch_dir_failures``
+        log_manager.on_dir_failure_found = self._dir_failure_found
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        self._dir_failures_found = trio.Event()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._trio_token = trio.lowlevel.current_trio_token()
+            nursery.start_soon(self._watch_dir_failures)
             nursery.start_soon(self._isr_maintenance)
             if self.config.verify_interval_ms > 0:
                 nursery.start_soon(self._verify_segments)
@@ -409,22 +424,29 @@ class ReplicaManager:
     def _apply(self, tp: TopicPartition, st: PartitionState, to_follow: dict) -> int:
         if self.broker_id not in st.replicas:
             return UNKNOWN_TOPIC_OR_PARTITION.code
+        if self.log_manager.is_offline(tp):
+            return self._offline_replica(tp)
         p = self.partitions.get(tp)
         if p is not None and st.leader_epoch < p.leader_epoch:
             logger.info("%s: ignoring stale leader epoch %d (have %d)", tp, st.leader_epoch, p.leader_epoch)
             return NONE.code
         if p is None:
             p = self.partitions[tp] = NotifyingPartition(tp, self.broker_id)
-        log = self.log_manager.get_or_create_log(tp, self.topic_config(tp.topic))
         self._stop_fetching(tp)
-        if st.leader == self.broker_id:
-            if p.make_leader(st, log, self.clock()):
-                logger.info("%s: leader at epoch %d, isr %s, log end %d", tp, st.leader_epoch, st.isr,
-                            log.log_end_offset)
-        else:
-            p.make_follower(st, log)
-            if st.leader >= 0:
-                to_follow.setdefault(st.leader, {})[tp] = st.leader_epoch
+        try:
+            log = self.log_manager.get_or_create_log(tp, self.topic_config(tp.topic))
+            if st.leader == self.broker_id:
+                if p.make_leader(st, log, self.clock()):
+                    logger.info("%s: leader at epoch %d, isr %s, log end %d", tp, st.leader_epoch, st.isr,
+                                log.log_end_offset)
+            else:
+                p.make_follower(st, log)
+        except StorageError as e:  # its log dir failed (now offline), or none is left
+            logger.error("%s: cannot take the state of leader epoch %d: %s", tp, st.leader_epoch, e)
+            self.handle_dir_failures()
+            return KAFKA_STORAGE_ERROR.code
+        if st.leader != self.broker_id and st.leader >= 0:
+            to_follow.setdefault(st.leader, {})[tp] = st.leader_epoch
         hole = log.damaged_from
         if hole is not None:  # loading found flushed records damaged on disk: repaired as any damage
             self._note_damage(p, hole, CorruptRecordError(f"{tp}: records from offset {hole} were damaged on "
@@ -432,6 +454,17 @@ class ReplicaManager:
         p.notify()
         self._leadership_changed(p)
         return NONE.code
+
+    def _offline_replica(self, tp: TopicPartition) -> int:
+        """A LeaderAndIsr for a replica of an offline log dir: KAFKA_STORAGE_ERROR, as Kafka
+        answers; it takes no role (it has no log here until the broker restarts)."""
+        p = self.partitions.get(tp)
+        if p is None:
+            p = self.partitions[tp] = NotifyingPartition(tp, self.broker_id)
+        if p.offline is None:
+            p.go_offline(self.log_manager.offline_reason(tp))
+        self._stop_fetching(tp)
+        return KAFKA_STORAGE_ERROR.code
 
     def _leadership_changed(self, p: NotifyingPartition) -> None:
         for listener in self.leadership_listeners:
@@ -447,6 +480,10 @@ class ReplicaManager:
         errors, deleted = [], []
         for sp in req.partitions:
             tp = TopicPartition(sp.topic_name, sp.partition_index)
+            if self.log_manager.is_offline(tp):  # its log is out of reach: not deleted (Kafka's answer)
+                self._stop_fetching(tp)
+                errors.append(PartitionError(tp.topic, tp.partition, KAFKA_STORAGE_ERROR.code))
+                continue
             self._stop_replica(tp, sp.delete_partition)
             if sp.delete_partition:
                 deleted.append(tp)
@@ -471,7 +508,8 @@ class ReplicaManager:
             endpoint = self.endpoint_for(leader_id, fid)
             f = self.fetchers[key] = ReplicaFetcher(
                 leader_id, endpoint, self._log_of, self.config.fetcher or FetcherConfig(self.broker_id),
-                broker_epoch=lambda: self.broker_epoch, quota=self.follower_quota)
+                broker_epoch=lambda: self.broker_epoch, quota=self.follower_quota,
+                on_dir_failure=self.handle_dir_failures)
             self._nursery.start_soon(f.run)
         return f
 
@@ -529,7 +567,8 @@ class ReplicaManager:
                 p.notify()
         finally:
             for p in appended:
-                p.log.release_appended()
+                if p.log is not None:  # (None: its log dir failed meanwhile)
+                    p.log.release_appended()
         return results, waiting
 
     async def check_in_worker(self, entries: dict[TopicPartition, bytes]) -> tuple[dict, dict]:
@@ -567,6 +606,9 @@ class ReplicaManager:
             if p is None:
                 raise TidelogError(f"broker {self.broker_id} does not host {tp}", error=NOT_LEADER_OR_FOLLOWER)
             info = p.append_as_leader(records, acks)
+        except LogDirFailure as e:
+            self.handle_dir_failures()
+            return _error(e.code, str(e))
         except TidelogError as e:
             return _error(e.code, str(e), self._log_start_offset(tp))
         return {"error_code": NONE.code, "base_offset": info.first_offset,
@@ -597,9 +639,13 @@ class ReplicaManager:
         or failed (its error recorded in ``results``)."""
         done, code = self._replication_done(tp, last_offset)
         if done and code != NONE.code:
-            results[tp].update(_error(code, f"{tp}: the in-sync replicas shrank below "
-                                            "min.insync.replicas before the batch was committed",
-                                      results[tp].get("log_start_offset", -1)))
+            if code == KAFKA_STORAGE_ERROR.code:
+                message = str(self.partitions[tp].offline_error())
+            elif code == NOT_LEADER_OR_FOLLOWER.code:
+                message = f"{tp}: leadership moved before the batch was committed"
+            else:
+                message = f"{tp}: the in-sync replicas shrank below min.insync.replicas before the batch was committed"
+            results[tp].update(_error(code, message, results[tp].get("log_start_offset", -1)))
         return done
 
     @staticmethod
@@ -630,6 +676,8 @@ class ReplicaManager:
 
     def _replication_done(self, tp: TopicPartition, last_offset: int) -> tuple[bool, int]:
         p = self.partitions.get(tp)
+        if p is not None and p.offline is not None:
+            return True, KAFKA_STORAGE_ERROR.code
         if p is None or not p.is_leader:
             return True, NOT_LEADER_OR_FOLLOWER.code
         if p.log.high_watermark > last_offset:
@@ -668,8 +716,13 @@ class ReplicaManager:
                     f"{tp}: cannot delete records below offset {offset}: it must be between 0 and the "
                     f"high watermark {log.high_watermark} (or -1 for the high watermark)"))
                 continue
-            if log.maybe_increment_log_start_offset(target):
-                p.notify()
+            try:
+                if log.maybe_increment_log_start_offset(target):
+                    p.notify()
+            except LogDirFailure as e:
+                self.handle_dir_failures()
+                results[tp] = _delete_error(e.code, str(e))
+                continue
             waiting[tp] = target
         def low_watermark(p: NotifyingPartition) -> int:
             return p.low_watermark(None if live_brokers is None else live_brokers())
@@ -849,6 +902,8 @@ class ReplicaManager:
         except CorruptRecordError as e:  # this replica's own bytes failed their check on disk
             return self._damaged(p, fp.fetch_offset, e).to_body(), 0
         except TidelogError as e:
+            if isinstance(e, LogDirFailure):
+                self.handle_dir_failures()
             return FetchPartitionResponse(tp.partition, e.code, error_message=str(e),
                                           high_watermark=p.log.high_watermark if p and p.log else -1,
                                           log_start_offset=p.log.log_start_offset if p and p.log else -1
@@ -932,6 +987,38 @@ class ReplicaManager:
             except Exception as e:  # ZooKeeper away: the damage stays, try again
                 logger.warning("%s: reporting the damaged replica failed (%s); retrying", p.tp, e)
                 await trio.sleep(DAMAGE_REPORT_RETRY_S)
+
+    # -- log directory failure -----------------------------------------------------------------
+
+    def handle_dir_failures(self) -> None:
+        """Take the log dirs found failing offline (``LogManager.take_dir_offline``) with their
+        partitions: each answers KAFKA_STORAGE_ERROR from now on (the produces and fetches
+        waiting for it included: notified), and is fetched no more."""
+        for d, reason in self.log_manager.pending_dir_failures().items():
+            for tp in self.log_manager.take_dir_offline(d, reason):
+                self._stop_fetching(tp)
+                p = self.partitions.get(tp)
+                if p is not None:
+                    p.go_offline(reason)
+                    p.notify()
+                    self._leadership_changed(p)
+
+    def _dir_failure_found(self) -> None:
+        """The log manager noted a failure (in whichever thread met it): the watcher takes it
+        offline on this thread."""
+        token = self._trio_token
+        if token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._wake_dir_failure_watcher)
+
+    def _wake_dir_failure_watcher(self) -> None:
+        self._dir_failures_found.set()
+
+    async def _watch_dir_failures(self) -> None:
+        while True:
+            self.handle_dir_failures()
+            await self._dir_failures_found.wait()
+            self._dir_failures_found = trio.Event()
 
     # -- offsets -------------------------------------------------------------------------------
 

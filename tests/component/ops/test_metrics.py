@@ -194,6 +194,9 @@ def test_log_dir_file_system_gauges(broker):
     m = samples(build_registry(broker, RequestMetrics(), process=False))
     (d,) = broker.log_manager.log_dirs
     assert 0 < m[f"tidelog_log_dir_free_bytes{{dir={d}}}"] <= m[f"tidelog_log_dir_total_bytes{{dir={d}}}"]
+    assert m["tidelog_log_manager_offline_log_dirs"] == 0
+    broker.log_manager.take_dir_offline(d, "an I/O error")
+    assert samples(build_registry(broker, RequestMetrics(), process=False))["tidelog_log_manager_offline_log_dirs"] == 1
 
 
 def test_network_counters(broker):

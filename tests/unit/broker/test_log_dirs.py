@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidelog.broker.log_dirs import LocalReplica, describe_log_dirs, log_dir_of, wanted_partitions
+from tidelog.protocol.errors import KAFKA_STORAGE_ERROR, NONE
 from tidelog.protocol.messages import DescribableLogDirTopic
 from tidelog.protocol.topics import TopicPartition
 
@@ -36,3 +37,11 @@ def test_a_request_naming_partitions_gets_only_those():
 
 def test_a_partition_dir_belongs_to_its_parent_log_dir():
     assert log_dir_of("/var/tidelog/orders-0") == "/var/tidelog"
+
+
+def test_an_offline_dir_answers_storage_error_with_nothing_in_it():
+    local = {A: LocalReplica("/d2", 1, 0, 1, 1)}
+    results = describe_log_dirs(["/d1", "/d2"], local, None, {"/d2": (100, 50)}, offline={"/d1": "I/O error"})
+    assert [(r.log_dir, r.error_code, r.topics, r.total_bytes) for r in results][0] == \
+        ("/d1", KAFKA_STORAGE_ERROR.code, [], -1)
+    assert results[1].error_code == NONE.code and results[1].topics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 
@@ -107,3 +108,31 @@ def merge_first_two(log: Log) -> None:
     new.on_become_inactive()
     new.flush()
     log.replace_segments([new], old)
+
+
+class FailingDir:
+    """``os.<call>`` raising ``code`` (ENOSPC: a full disk) for the files of one directory,
+    given by descriptor (``pwrite``, ``pread``, ``fsync``) or by path (``open``), as a disk
+    that fails under it; ``calls`` counts the refused calls. Installed with ``monkeypatch``
+    (the ``os`` module's own function: every caller sees it, as every caller sees a disk)."""
+
+    def __init__(self, monkeypatch, directory, call: str = "pwrite", code: int = errno.ENOSPC):
+        self.prefix = os.path.realpath(directory) + os.sep
+        self.code = code
+        self.calls = 0
+        real = getattr(os, call)
+
+        def failing(target, *args, **kwargs):
+            if self._inside(target):
+                self.calls += 1
+                raise OSError(code, os.strerror(code))
+            return real(target, *args, **kwargs)
+
+        monkeypatch.setattr(os, call, failing)
+
+    def _inside(self, target) -> bool:
+        try:
+            path = os.readlink(f"/proc/self/fd/{target}") if isinstance(target, int) else os.path.realpath(target)
+        except OSError:
+            return False
+        return path.startswith(self.prefix)

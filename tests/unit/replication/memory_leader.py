@@ -61,11 +61,12 @@ def scratch_dir(prefix: str) -> tempfile.TemporaryDirectory:
 class MemoryBroker:
     """A broker's replica manager and leader-side request handlers, without sockets."""
 
-    def __init__(self, broker_id: int, log_dir: str, config: LogConfig, clock: Callable[[], int], *,
+    def __init__(self, broker_id: int, log_dir: str | list[str], config: LogConfig, clock: Callable[[], int], *,
                  replica_lag_time_max_ms: int = 30000):
         self.broker_id = broker_id
         self.config = config
-        self.log_manager = LogManager([log_dir], config, broker_id=broker_id, clock=clock)
+        self.log_manager = LogManager([log_dir] if isinstance(log_dir, str) else log_dir, config,
+                                      broker_id=broker_id, clock=clock)
         self.replica_manager = ReplicaManager(
             ReplicaConfig(broker_id, replica_lag_time_max_ms), self.log_manager, lambda topic: config,
             endpoint_for=self._no_endpoint, clock=clock)
@@ -107,7 +108,8 @@ class MemoryBroker:
         if f is None:
             config.setdefault("max_wait_ms", 0)  # never long-poll: the test drives every round
             f = ReplicaFetcher(leader.broker_id, leader, self.follower_log,
-                               FetcherConfig(self.broker_id, **config), broker_epoch=lambda: self.broker_epoch)
+                               FetcherConfig(self.broker_id, **config), broker_epoch=lambda: self.broker_epoch,
+                               on_dir_failure=self.replica_manager.handle_dir_failures)
             self.replica_manager.fetchers[leader.broker_id, 0] = f
         return f
 
