@@ -452,9 +452,9 @@ class BrokerServer:
             logger.warning("%s: the controller was not told of its ISR change: %s", tp, e,
                            exc_info=not isinstance(e, ZkError))
 
-    async def _report_damage(self, tps: list[TopicPartition]) -> None:
+    async def _report_damage(self, tps: list[TopicPartition], offline: bool = False) -> None:
         await self.zk.notify_replica_damage(self.broker_id, self.replica_manager.broker_epoch,
-                                            [(tp.topic, tp.partition) for tp in tps])
+                                            [(tp.topic, tp.partition) for tp in tps], offline)
 
     async def auto_create_topics(self, names: list[str]) -> None:
         live = sorted(self.metadata.brokers)

@@ -41,7 +41,11 @@ Events and what they do:
 * replica damage notifications: a broker found a batch of one of its replicas failing its
   check on disk; leadership moves off that replica and it leaves the ISR (``election.
   without_damaged_replica``), and it is sent its state, on which, a follower outside the ISR,
-  it drops the damaged records and fetches them again.
+  it drops the damaged records and fetches them again. A report marked ``offline`` names the
+  replicas of a log directory that failed (Kafka's log dir failure): each is handled as a
+  replica on a dead broker (a new leader among the other live in-sync replicas, out of the
+  ISR) and is not live for its partition, in any election, until its broker registers again
+  (``ControllerContext.offline_replicas``).
 * requests: CreateTopics, CreatePartitions, DeleteTopics, AlterConfigs, ControlledShutdown.
 """
 
@@ -194,10 +198,20 @@ class ControllerContext:
     unreadable: set[str] = field(default_factory=set)  # topics whose znodes could not be decoded
     # topics marked for deletion, out of every view above, with their replicas not yet deleted
     deleting: dict[str, TopicDeletion] = field(default_factory=dict)
+    # replicas in a log dir that failed, by broker: not live for their partitions until the
+    # broker registers again (restarted, its dirs loaded again)
+    offline_replicas: dict[int, set[TopicPartition]] = field(default_factory=dict)
 
     @property
     def live(self) -> set[int]:
         return set(self.brokers) - self.shutting_down
+
+    def live_for(self, tp: TopicPartition) -> set[int]:
+        """The live brokers that can serve ``tp``: not with its replica in an offline log dir."""
+        live = self.live
+        if not self.offline_replicas:
+            return live
+        return {b for b in live if tp not in self.offline_replicas.get(b, ())}
 
     def partitions_of(self, topic: str) -> list[TopicPartition]:
         return [TopicPartition(topic, p) for p in sorted(self.assignments.get(topic, {}))]
@@ -465,6 +479,7 @@ class Controller:
             ctx.brokers.pop(b, None)
             ctx.broker_epochs.pop(b, None)
             ctx.shutting_down.discard(b)
+            ctx.offline_replicas.pop(b, None)
             self.channels.remove_broker(b)
         return joined, gone
 
@@ -578,9 +593,12 @@ class Controller:
         controlled shutdown is registered, and still serves: its partition is online (as in
         Kafka, only Offline and New partitions are elected), for a new leader elected now
         would lead next to it, which is sent no LeaderAndIsr (``_propagate``). The new leader
-        itself is chosen among the live brokers, none of them shutting down."""
+        itself is chosen among the live brokers, none of them shutting down. A leader whose
+        replica is in a log dir that failed is offline too, and no such replica is chosen
+        (``ControllerContext.live_for``)."""
         ctx = self.ctx
-        if st.leader in ctx.brokers:
+        live = ctx.live_for(tp)
+        if st.leader in ctx.brokers and tp not in ctx.offline_replicas.get(st.leader, ()):
             return None
         if st.leader == -1 and not st.isr and st.leader_epoch == 0:
             # created while none of its replicas was live (``_init_new_partitions``): it never
@@ -588,10 +606,10 @@ class Controller:
             live = self._live_replicas(tp)
             return (live[0], live) if live else None
         unclean = self._unclean_allowed(tp.topic) if unclean is None else unclean
-        election = offline_partition_leader(self._replicas(tp), st.isr, ctx.live, unclean)
+        election = offline_partition_leader(self._replicas(tp), st.isr, live, unclean)
         if election is None:
             logger.error("%s has no live in-sync replica (ISR %s): offline", tp, st.isr)
-            return None if st.leader == -1 else (-1, [r for r in st.isr if r in ctx.live] or [st.leader])
+            return None if st.leader == -1 else (-1, [r for r in st.isr if r in live] or [st.leader])
         if election.unclean:
             logger.error("%s: unclean leader election of broker %d (ISR was %s): "
                          "acknowledged records may be lost", tp, election.leader, st.isr)
@@ -1068,7 +1086,8 @@ class Controller:
         leader epoch, even for a follower already out of the ISR: see
         ``election.without_damaged_replica``), on which the replica, now a follower outside the
         ISR, drops its damaged records and fetches them again. A report from an earlier
-        registration of the broker is dropped: the broker reports again while the damage lasts."""
+        registration of the broker is dropped: the broker reports again while the damage lasts.
+        A report marked offline names replicas of a log dir that failed (``_on_offline_replicas``)."""
         if self.ctx is None:
             return
         notes = await self.zk.replica_damage_notifications()
@@ -1076,26 +1095,54 @@ class Controller:
             return
         ctx = self.ctx
         changed = []
-        for _, (broker, broker_epoch, partitions) in notes:
+        for _, (broker, broker_epoch, partitions, offline) in notes:
             if broker not in ctx.brokers or not await self._is_current_broker_epoch(broker, broker_epoch):
                 logger.info("replica damage report of broker %d (epoch %d) is stale: ignored", broker, broker_epoch)
+                continue
+            if offline:
+                changed += await self._on_offline_replicas(broker, [TopicPartition(t, p) for t, p in partitions])
                 continue
             for topic, partition in partitions:
                 tp = TopicPartition(topic, partition)
                 if tp not in ctx.states or broker not in self._replicas(tp):
                     continue
                 if await self._update_state(tp, lambda st, tp=tp, b=broker: _decision(
-                        without_damaged_replica(self._replicas(tp), st.leader, st.isr, ctx.live, b))):
+                        without_damaged_replica(self._replicas(tp), st.leader, st.isr, ctx.live_for(tp), b))):
                     changed.append(tp)
                     logger.warning("%s: the replica on broker %d is damaged: now led by %d, ISR %s", tp, broker,
                                    ctx.states[tp][0].leader, ctx.states[tp][0].isr)
                 elif ctx.states[tp][0].leader == broker:
                     logger.error("%s: the replica on broker %d is damaged and no other live replica is in "
                                  "sync: it stays leader, and cannot serve the damaged records", tp, broker)
-        self._propagate(changed)
+        self._propagate(sorted(set(changed)))
         await self.zk.delete_isr_change_notifications([path for path, _ in notes],
                                                       controller_epoch_zk_version=ctx.epoch_zk_version)
         await self._advance_moves(sorted(tp for tp in set(changed) if tp in ctx.moves))
+
+    async def _on_offline_replicas(self, broker: int, tps: list[TopicPartition]) -> list[TopicPartition]:
+        """``broker``'s replicas of ``tps`` are in a log dir that failed: from now on not live
+        for their partitions (until the broker registers again), as Kafka's OfflineReplica.
+        A partition it led gets a new leader among the other live in-sync replicas (or none,
+        keeping its ISR, as for a dead broker; unclean election where allowed); one it
+        follows in the ISR goes on without it. Returns the partitions whose state changed."""
+        ctx = self.ctx
+        mine = [tp for tp in tps if tp in ctx.states and broker in self._replicas(tp)]
+        ctx.offline_replicas.setdefault(broker, set()).update(mine)
+        changed = []
+        for tp in mine:
+            if await self._update_state(tp, lambda st, tp=tp: self._without_offline_replica(tp, st, broker)):
+                changed.append(tp)
+                st = ctx.states[tp][0]
+                logger.warning("%s: the replica on broker %d is in a failed log dir: led by %d, ISR %s",
+                               tp, broker, st.leader, st.isr)
+        return changed
+
+    def _without_offline_replica(self, tp: TopicPartition, st: LeaderAndIsr,
+                                 broker: int) -> tuple[int, list[int]] | None:
+        if st.leader == broker:
+            return self._offline_election(tp, st)
+        decision = _without(st, {broker})
+        return None if decision is None or decision == (st.leader, list(st.isr)) else decision
 
     # -- controlled shutdown -------------------------------------------------------------------
 
@@ -1183,7 +1230,7 @@ class Controller:
         for tp, (before, after) in list(plans.items()):
             if set(before.replicas) - set(after.replicas):
                 if not await self._update_state(
-                        tp, lambda st, b=before, a=after: restate(b, a, st.leader, st.isr, ctx.live)):
+                        tp, lambda st, tp=tp, b=before, a=after: restate(b, a, st.leader, st.isr, ctx.live_for(tp))):
                     del plans[tp]
                     results[tp] = (ELIGIBLE_LEADERS_NOT_AVAILABLE.code,
                                    f"{tp}: the state changed to {ctx.states[tp][0]}, from which the replicas it "
@@ -1240,7 +1287,7 @@ class Controller:
             check_target(target, ctx.brokers)
             after = before.reassign_to(target)
         st = ctx.states[tp][0]
-        if restate(before, after, st.leader, st.isr, ctx.live) is None:
+        if restate(before, after, st.leader, st.isr, ctx.live_for(tp)) is None:
             raise TidelogError(f"{tp}: no replica of {list(after.replicas)} is live and in the ISR {list(st.isr)} "
                                "to lead it", error=ELIGIBLE_LEADERS_NOT_AVAILABLE)
         return before, after
@@ -1277,7 +1324,7 @@ class Controller:
                 continue
 
             def decide(st: LeaderAndIsr, move=move) -> tuple[int, list[int]] | None:
-                d = next_step(move, st.leader, st.isr, ctx.live)
+                d = next_step(move, st.leader, st.isr, ctx.live_for(tp))
                 return None if d.step is Step.CATCH_UP else (d.leader, list(d.isr))
             if await self._update_state(tp, decide):
                 done.append(tp)
@@ -1316,13 +1363,14 @@ class Controller:
             if replicas and st.leader == replicas[0]:
                 results.append((tp, ELECTION_NOT_NEEDED.code, f"broker {st.leader} already leads {tp}"))
                 continue
-            election = preferred_replica_leader(replicas, st.isr, ctx.live)
+            election = preferred_replica_leader(replicas, st.isr, ctx.live_for(tp))
             if election is None:
                 results.append((tp, PREFERRED_LEADER_NOT_AVAILABLE.code,
                                 f"preferred replica {replicas[0] if replicas else None} of {tp} is not live "
                                 f"and in the ISR {st.isr}"))
                 continue
-            if not await self._update_state(tp, lambda st, tp=tp, replicas=replicas: _preferred(replicas, st, ctx.live)):
+            if not await self._update_state(tp, lambda st, tp=tp, replicas=replicas: _preferred(replicas, st,
+                                                                                             ctx.live_for(tp))):
                 results.append((tp, PREFERRED_LEADER_NOT_AVAILABLE.code,
                                 f"the state of {tp} changed during the election: {ctx.states[tp][0]}"))
                 continue

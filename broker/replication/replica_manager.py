@@ -16,7 +16,10 @@ is taken offline with its partitions (``handle_dir_failures``): at once where th
 surfaces here (an append, a read, a follower's fetch, a LeaderAndIsr), else by a task woken
 by the log manager (a periodic flush or checkpoint, a read in a worker thread). Each of its
 partitions answers KAFKA_STORAGE_ERROR from then on, waiting produces and fetches included,
-and is fetched no more; a partition of another directory is not affected.
+and is fetched no more; a partition of another directory is not affected. The controller is
+told (``damage_reporter`` with ``offline``), and moves leadership off those replicas and out
+of the ISRs; told again by a LeaderAndIsr that still counts on one of them (its view is
+behind: a new controller, or this broker registered again since).
 
 Everything here runs on the broker's Trio thread; the logs it calls are synchronous.
 """
@@ -88,8 +91,9 @@ PartitionAnswer = dict[str, Any]
 
 # (topic partition, new isr, leader epoch, expected zk version) -> new zk version; raises on conflict
 IsrWriter = Callable[[TopicPartition, list[int], int, int, int], Awaitable[int]]
-# partitions whose replica here was found damaged on disk -> reported to the controller
-DamageReporter = Callable[[list[TopicPartition]], Awaitable[None]]
+# partitions whose replica here was found damaged on disk (with offline=True: is in a log dir
+# that failed) -> reported to the controller
+DamageReporter = Callable[..., Awaitable[None]]
 DAMAGE_REPORT_RETRY_S = 1.0
 
 
@@ -425,7 +429,7 @@ class ReplicaManager:
         if self.broker_id not in st.replicas:
             return UNKNOWN_TOPIC_OR_PARTITION.code
         if self.log_manager.is_offline(tp):
-            return self._offline_replica(tp)
+            return self._offline_replica(tp, st)
         p = self.partitions.get(tp)
         if p is not None and st.leader_epoch < p.leader_epoch:
             logger.info("%s: ignoring stale leader epoch %d (have %d)", tp, st.leader_epoch, p.leader_epoch)
@@ -455,15 +459,19 @@ class ReplicaManager:
         self._leadership_changed(p)
         return NONE.code
 
-    def _offline_replica(self, tp: TopicPartition) -> int:
+    def _offline_replica(self, tp: TopicPartition, st: PartitionState) -> int:
         """A LeaderAndIsr for a replica of an offline log dir: KAFKA_STORAGE_ERROR, as Kafka
-        answers; it takes no role (it has no log here until the broker restarts)."""
+        answers; it takes no role (it has no log here until the broker restarts). A state
+        that has it lead, or follow in the ISR of a partition with a leader, is the
+        controller not knowing: it is reported again."""
         p = self.partitions.get(tp)
         if p is None:
             p = self.partitions[tp] = NotifyingPartition(tp, self.broker_id)
         if p.offline is None:
             p.go_offline(self.log_manager.offline_reason(tp))
         self._stop_fetching(tp)
+        if st.leader == self.broker_id or (st.leader >= 0 and self.broker_id in st.isr):
+            self._report_offline([tp])
         return KAFKA_STORAGE_ERROR.code
 
     def _leadership_changed(self, p: NotifyingPartition) -> None:
@@ -995,13 +1003,30 @@ class ReplicaManager:
         partitions: each answers KAFKA_STORAGE_ERROR from now on (the produces and fetches
         waiting for it included: notified), and is fetched no more."""
         for d, reason in self.log_manager.pending_dir_failures().items():
-            for tp in self.log_manager.take_dir_offline(d, reason):
+            offline = self.log_manager.take_dir_offline(d, reason)
+            for tp in offline:
                 self._stop_fetching(tp)
                 p = self.partitions.get(tp)
                 if p is not None:
                     p.go_offline(reason)
                     p.notify()
                     self._leadership_changed(p)
+            if offline:
+                self._report_offline(offline)
+
+    def _report_offline(self, tps: list[TopicPartition]) -> None:
+        if self.damage_reporter is not None and self._nursery is not None:
+            self._nursery.start_soon(self._report_offline_until_taken, tps)
+
+    async def _report_offline_until_taken(self, tps: list[TopicPartition]) -> None:
+        """Report until ZooKeeper takes it: the replicas stay offline until the broker restarts."""
+        while True:
+            try:
+                await self.damage_reporter(tps, offline=True)
+                return
+            except Exception as e:  # ZooKeeper away: try again
+                logger.warning("reporting %d replicas of a failed log dir failed (%s); retrying", len(tps), e)
+                await trio.sleep(DAMAGE_REPORT_RETRY_S)
 
     def _dir_failure_found(self) -> None:
         """The log manager noted a failure (in whichever thread met it): the watcher takes it

@@ -18,7 +18,7 @@ section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
     /admin/delete_topics/<topic>
     /admin/reassign_partitions                    {"version":1,"partitions":[{"topic","partition","replicas"}]}
     /isr_change_notification/isr_change_<seq>     {"version":1,"partitions":[{"topic","partition"}]}
-    /replica_damage_notification/replica_damage_<seq>  {"version":1,"broker","broker_epoch","partitions":[{"topic","partition"}]}
+    /replica_damage_notification/replica_damage_<seq>  {"version":1,"broker","broker_epoch","partitions":[{"topic","partition"}],"offline"?}
     /latest_producer_id_block                     {"version":1,"broker","block_start","block_end"}
     /kafka-acl/<ResourceType>/<name>              {"version":1,"acls":[{"principal","permissionType","operation","host"}]}
     /kafka-acl-extended/prefixed/<ResourceType>/<name>   the same, for PREFIXED patterns
@@ -51,7 +51,7 @@ import hashlib
 import json
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from tidelog.protocol.acls import (
     AclError,
@@ -269,8 +269,10 @@ class ZkPaths:
 
     @property
     def replica_damage_notification(self) -> str:
-        """A broker's report of replicas it found damaged on disk (Tidelog's; Kafka's nearest is
-        ``/log_dir_event_notification``, which reports a whole log directory offline)."""
+        """A broker's report of replicas it lost on disk: found damaged, or, with ``"offline":
+        true``, in a log directory that failed (Tidelog's; Kafka reports the latter as a
+        ``/log_dir_event_notification`` naming the broker, and learns the replicas from its
+        answers to LeaderAndIsr)."""
         return self._p("replica_damage_notification")
 
     @property
@@ -778,13 +780,28 @@ def decode_isr_change(data: bytes) -> list[tuple[str, int]]:
     return out
 
 
-def encode_replica_damage(broker_id: int, broker_epoch: int, partitions: Iterable[tuple[str, int]]) -> bytes:
-    return _dumps({"version": 1, "broker": broker_id, "broker_epoch": broker_epoch,
-                   "partitions": [{"topic": t, "partition": p} for t, p in partitions]})
+class ReplicaReport(NamedTuple):
+    """A replica damage notification: replicas of ``broker`` (registered at ``broker_epoch``)
+    lost on disk, found damaged or, with ``offline``, in a log directory that failed."""
+
+    broker: int
+    broker_epoch: int
+    partitions: list[tuple[str, int]]
+    offline: bool = False
 
 
-def decode_replica_damage(data: bytes) -> tuple[int, int, list[tuple[str, int]]]:
-    """``(broker, broker epoch, [(topic, partition), ...])`` of a replica damage notification."""
+def encode_replica_damage(broker_id: int, broker_epoch: int, partitions: Iterable[tuple[str, int]],
+                          offline: bool = False) -> bytes:
+    """``offline`` is written only when true: a controller that does not know the key takes the
+    report for damage, which moves leadership off the replicas and out of the ISR too."""
+    body = {"version": 1, "broker": broker_id, "broker_epoch": broker_epoch,
+            "partitions": [{"topic": t, "partition": p} for t, p in partitions]}
+    if offline:
+        body["offline"] = True
+    return _dumps(body)
+
+
+def decode_replica_damage(data: bytes) -> ReplicaReport:
     what = "replica damage notification"
     body = _loads(data, what)
     out = []
@@ -792,7 +809,10 @@ def decode_replica_damage(data: bytes) -> tuple[int, int, list[tuple[str, int]]]
         if not isinstance(entry, dict):
             raise ValueError(f"malformed {what} znode data: {entry!r}")
         out.append((_field(entry, "topic", str, what), _field(entry, "partition", int, what)))
-    return _field(body, "broker", int, what), _field(body, "broker_epoch", int, what), out
+    offline = body.get("offline", False)
+    if not isinstance(offline, bool):
+        raise ValueError(f"malformed {what} znode data: 'offline' is {offline!r}")
+    return ReplicaReport(_field(body, "broker", int, what), _field(body, "broker_epoch", int, what), out, offline)
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ from tidelog.broker.zookeeper.layout import (
     DigestCredentials,
     LeaderAndIsr,
     ProducerIdBlock,
+    ReplicaReport,
     TopicExistsError,
     ZkAcl,
     ZkConnectionError,
@@ -946,14 +947,15 @@ class ZkClient:
     # ------------------------------------------------------------------ replica damage notifications
 
     async def notify_replica_damage(self, broker_id: int, broker_epoch: int,
-                                    partitions: list[tuple[str, int]]) -> str:
-        """Tell the controller these replicas on ``broker_id`` hold damaged batches; its path."""
+                                    partitions: list[tuple[str, int]], offline: bool = False) -> str:
+        """Tell the controller these replicas on ``broker_id`` hold damaged batches (with
+        ``offline``: are in a log dir that failed); its path."""
         return await self._create(self.paths.replica_damage_prefix,
-                                  encode_replica_damage(broker_id, broker_epoch, partitions), sequence=True)
+                                  encode_replica_damage(broker_id, broker_epoch, partitions, offline), sequence=True)
 
-    async def replica_damage_notifications(self) -> list[tuple[str, tuple[int, int, list[tuple[str, int]]]]]:
-        """Pending reports: (path, (broker, broker epoch, [(topic, partition), ...])). One that
-        cannot be decoded is logged, deleted and skipped."""
+    async def replica_damage_notifications(self) -> list[tuple[str, ReplicaReport]]:
+        """Pending reports, oldest first: (path, report). One that cannot be decoded is
+        logged, deleted and skipped."""
         return await self._notifications(self.paths.replica_damage_notification, decode_replica_damage)
 
     async def _notifications(self, parent: str, decode: Callable[[bytes], T]) -> list[tuple[str, T]]:

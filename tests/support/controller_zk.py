@@ -13,6 +13,7 @@ from tidelog.broker.zookeeper.layout import (
     BrokerInfo,
     ControllerMovedError,
     LeaderAndIsr,
+    ReplicaReport,
     TopicExistsError,
     ZkPaths,
     ZkVersionConflict,
@@ -28,7 +29,7 @@ class FakeZk:
         self.moves: dict[str, dict[int, tuple]] = {}
         self.configs: dict[str, dict[str, str]] = {}
         self.states: dict[tuple[str, int], tuple[LeaderAndIsr, int]] = {}
-        self.damage: dict[str, tuple[int, int, list[tuple[str, int]]]] = {}  # path -> report
+        self.damage: dict[str, ReplicaReport] = {}  # path -> report
         self.isr_changes: dict[str, list[tuple[str, int]]] = {}  # path -> partitions
         self.marked: set[str] = set()  # /admin/delete_topics children
         self.deleted_notifications: list[str] = []
@@ -161,9 +162,9 @@ class FakeZk:
 
     # -- notifications
 
-    async def notify_replica_damage(self, broker_id, broker_epoch, partitions):
+    async def notify_replica_damage(self, broker_id, broker_epoch, partitions, offline=False):
         path = f"/replica_damage_notification/replica_damage_{len(self.damage):010d}"
-        self.damage[path] = (broker_id, broker_epoch, list(partitions))
+        self.damage[path] = ReplicaReport(broker_id, broker_epoch, list(partitions), offline)
         return path
 
     async def replica_damage_notifications(self):

@@ -122,9 +122,13 @@ def test_small_codecs_round_trip():
     assert decode_topic_config(encode_topic_config({"retention.ms": 10})) == {"retention.ms": "10"}
     assert decode_isr_change(encode_isr_change([("a", 0), ("b", 2)])) == [("a", 0), ("b", 2)]
     assert decode_reassignment(encode_reassignment({("a", 1): [3, 2]})) == {("a", 1): [3, 2]}
-    assert decode_replica_damage(encode_replica_damage(2, 77, [("a", 1)])) == (2, 77, [("a", 1)])
+    assert decode_replica_damage(encode_replica_damage(2, 77, [("a", 1)])) == (2, 77, [("a", 1)], False)
+    assert "offline" not in json.loads(encode_replica_damage(2, 77, [("a", 1)]))  # a damage report as before
+    assert decode_replica_damage(encode_replica_damage(2, 77, [("a", 1)], offline=True)).offline
     with pytest.raises(ValueError, match="replica damage notification"):
         decode_replica_damage(b'{"version":1,"broker":"2","broker_epoch":1,"partitions":[]}')
+    with pytest.raises(ValueError, match="'offline' is 1"):
+        decode_replica_damage(b'{"version":1,"broker":2,"broker_epoch":1,"partitions":[],"offline":1}')
     block = ProducerIdBlock(2, 1000, 1999)
     assert json.loads(encode_producer_id_block(block))["block_start"] == "1000"   # Kafka's strings
     assert decode_producer_id_block(encode_producer_id_block(block)) == block

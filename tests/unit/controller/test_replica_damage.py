@@ -1,6 +1,8 @@
 """The controller's side of a damaged replica (a batch failing its check on a broker's disk):
 leadership moves off it, it leaves the ISR, and its broker is told, so that its replica,
-a follower outside the ISR, can drop the damaged records and fetch them again."""
+a follower outside the ISR, can drop the damaged records and fetch them again. And of a
+replica in a log dir that failed (a report marked offline): handled as on a dead broker, and
+not elected again until its broker registers again."""
 
 from __future__ import annotations
 
@@ -89,3 +91,78 @@ async def test_a_moving_partition_goes_on_moving():
     zk.leader_changes_isr(T, 0, [1, 2, 3, 4])
     await report(c, zk, 1)  # the leader, which the move removes
     assert zk.assignments[T] == {0: [2, 3, 4]} and not c.reassignments(None)
+
+
+# -- replicas of a log dir that failed (reported with offline=True) --------------------------------
+
+
+async def report_offline(c, zk, broker, epoch=0):
+    await zk.notify_replica_damage(broker, epoch, [(T, 0)], offline=True)
+    await c._on_replica_damage(None)
+
+
+async def test_an_offline_leader_hands_over_to_the_next_in_sync_replica_and_leaves_the_isr():
+    c, zk, sent = controller()
+    await load(c)
+    await report_offline(c, zk, 1)
+    st, _ = zk.states[(T, 0)]
+    assert (st.leader, st.leader_epoch, st.isr) == (2, 6, (2, 3))
+    assert to(sent, ApiKey.LEADER_AND_ISR) == [1, 2, 3] and zk.damage == {}
+
+
+async def test_an_offline_follower_leaves_the_isr_and_one_out_of_it_changes_nothing():
+    c, zk, sent = controller()
+    await load(c)
+    await report_offline(c, zk, 3)
+    st, _ = zk.states[(T, 0)]
+    assert (st.leader, st.leader_epoch, st.isr) == (1, 6, (1, 2))
+    sent.clear()
+    await report_offline(c, zk, 3)  # reported again (a LeaderAndIsr still counted on it): nothing to do
+    assert zk.states[(T, 0)][0].leader_epoch == 6 and to(sent, ApiKey.LEADER_AND_ISR) == []
+
+
+async def test_an_offline_only_in_sync_replica_leaves_the_partition_without_a_leader():
+    # unlike a damaged one, it cannot serve anything: the partition is offline, its ISR kept
+    # (as Kafka, for a dead broker), until the replica comes back
+    c, zk, sent = controller(isr=(1,))
+    await load(c)
+    await report_offline(c, zk, 1)
+    st, _ = zk.states[(T, 0)]
+    assert (st.leader, st.leader_epoch, st.isr) == (-1, 6, (1,))
+    sent.clear()
+    await report_offline(c, zk, 1)
+    assert zk.states[(T, 0)][0].leader_epoch == 6 and to(sent, ApiKey.LEADER_AND_ISR) == []
+
+
+async def test_an_offline_replica_is_not_elected_until_its_broker_registers_again(nursery):
+    c, zk, sent = controller(isr=(1,))
+    await nursery.start(c.channels.run)
+    await load(c)
+    await report_offline(c, zk, 1)
+    zk.live = {1: 0, 2: 0, 3: 0, 4: 0, 5: 0}  # a broker joins: offline partitions are elected again
+    await c._on_brokers(None)
+    assert zk.states[(T, 0)][0].leader == -1
+    zk.live[1] = 9  # broker 1 restarted (its log dirs loaded again): a new registration
+    await c._on_brokers(None)
+    st, _ = zk.states[(T, 0)]
+    assert (st.leader, st.isr) == (1, (1,))
+
+
+async def test_an_offline_only_in_sync_leader_hands_over_uncleanly_where_allowed():
+    c, zk, sent = controller(isr=(1,))
+    zk.configs[T] = {"unclean.leader.election.enable": "true"}
+    await load(c)
+    await report_offline(c, zk, 1)
+    st, _ = zk.states[(T, 0)]
+    assert (st.leader, st.isr) == (2, (2,))
+
+
+async def test_an_offline_replica_is_never_the_preferred_leader_again():
+    c, zk, sent = controller(leader=2, isr=(2, 3))
+    await load(c)
+    await report_offline(c, zk, 1)  # the preferred replica, out of the ISR: no new state
+    assert zk.states[(T, 0)][0].leader_epoch == 5
+    zk.leader_changes_isr(T, 0, [1, 2, 3])  # a leader that took it back before it knew
+    c.ctx.states[TP] = zk.states[(T, 0)]
+    results, _ = await c.elect_preferred([TP])
+    assert results[0][1] != 0 and zk.states[(T, 0)][0].leader == 2

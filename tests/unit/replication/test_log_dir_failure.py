@@ -4,7 +4,8 @@ answers KAFKA_STORAGE_ERROR for the partitions in that dir alone (the others of 
 are appended), reads and acks=all waits answer the same, a follower stops fetching such a
 partition without failing (its fetcher goes on), nothing is written to the dir again, and
 a LeaderAndIsr or StopReplica for such a replica answers KAFKA_STORAGE_ERROR until the broker
-restarts. The log layer's side is tests/unit/log/test_log_dir_failure.py."""
+restarts; the controller is told. The log layer's side is tests/unit/log/test_log_dir_failure.py,
+the controller's tests/unit/controller/test_replica_damage.py."""
 
 from __future__ import annotations
 
@@ -148,4 +149,39 @@ async def test_a_failure_found_by_periodic_work_takes_the_dir_offline(broker, mo
         assert list(broker.log_manager.offline_dirs) == [d1] and broker.partition(A).offline is not None
         assert broker.produce(make_batch(1), tp=A)["error_code"] == KAFKA_STORAGE_ERROR.code
         assert broker.produce(make_batch(1), tp=B)["error_code"] == NONE.code
+        nursery.cancel_scope.cancel()
+
+
+def send_state(broker: MemoryBroker, tp: TopicPartition, leader: int, isr: list[int], epoch: int):
+    st = PartitionState(tp.topic, tp.partition, CONTROLLER_EPOCH, leader, epoch, isr, epoch, [1, 2])
+    (e,) = broker.replica_manager.become_leader_or_follower(LeaderAndIsrRequest(0, CONTROLLER_EPOCH, 0, [st])
+                                                            ).partition_errors
+    return e.error_code
+
+
+async def test_the_controller_is_told_and_told_again_while_a_state_counts_on_an_offline_replica(
+        broker, monkeypatch):
+    reports = []
+
+    async def reporter(tps, offline=False):
+        reports.append((sorted(tps), offline))
+    broker.replica_manager.damage_reporter = reporter
+    a1 = TopicPartition("a", 1)
+    lead(broker, a1)  # in d1 too, with A
+    async with trio.open_nursery() as nursery:
+        await nursery.start(broker.replica_manager.run)
+        FailingDir(monkeypatch, broker.log_manager.log_dirs[0])
+        assert broker.produce(make_batch(1), tp=A)["error_code"] == KAFKA_STORAGE_ERROR.code
+        await trio.testing.wait_all_tasks_blocked()
+        assert reports == [([A, a1], True)]  # the whole dir, once
+        # a state that has it lead, or follow in the ISR, is a controller that does not know yet
+        assert send_state(broker, A, 1, [1, 2], 1) == KAFKA_STORAGE_ERROR.code
+        assert send_state(broker, a1, 2, [2, 1], 1) == KAFKA_STORAGE_ERROR.code
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(reports[1:]) == [([A], True), ([a1], True)]  # (each in a task of its own)
+        # one without it in the ISR, or without a leader (the ISR it was the last of), is known
+        assert send_state(broker, A, 2, [2], 2) == KAFKA_STORAGE_ERROR.code
+        assert send_state(broker, a1, -1, [1], 2) == KAFKA_STORAGE_ERROR.code
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(reports) == 3
         nursery.cancel_scope.cancel()

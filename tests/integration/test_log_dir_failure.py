@@ -1,0 +1,94 @@
+"""A log dir failing under a real broker process (3 brokers, one ZooKeeper): its partitions'
+leadership moves to the other replicas while producers go on, the broker's other log dir
+carries on, and no acknowledged record is lost.
+
+The failure is a real one from the file system, without patching the broker: directories are
+planted in a partition's directory under the names of its next segments, so the roll that
+creates one fails with IsADirectoryError (an OSError, as ENOSPC would be).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster_fixtures import FAST_FAILOVER
+from tests.support.cluster import broker_metadata, consume_range, partitions_of, shut_down, wait_topic_ready
+from tests.support.waiting import wait_until
+from tidelog import Admin, NewTopic, Producer, TopicPartition
+from tidelog.broker.devcluster import DevCluster
+from tidelog.broker.log.segment import LOG_SUFFIX, filename_prefix
+
+TOPIC = "dirfail"
+SEGMENT_BYTES = 1024
+
+
+@pytest.fixture
+def cluster(request, tmp_path_factory):
+    """Three brokers, broker 1 with two log dirs; segments of 1 KiB allowed."""
+    directory = tmp_path_factory.mktemp("dirfail")
+    c = DevCluster(directory, brokers=3, zk_port=0, base_port=0,
+                   extra_config={**FAST_FAILOVER, "log.segment.min.bytes": SEGMENT_BYTES})
+    config = c.brokers[1].config_path
+    dirs = [directory / "broker-1" / "d1", directory / "broker-1" / "d2"]
+    config.write_text(re.sub(r'"log.dirs" = \[[^]]*\]', '"log.dirs" = [%s]' % ", ".join(f'"{d}"' for d in dirs),
+                             config.read_text()))
+    c.dirs_of_1 = dirs
+    failed_before, started = request.session.testsfailed, False
+    try:
+        c.start(60.0)
+        started = True
+        yield c
+    finally:
+        shut_down(c, failed=not started or request.session.testsfailed > failed_before)
+
+
+def plant_failing_rolls(partition_dir: Path, upto: int = 5000) -> None:
+    """The next segments of the replica cannot be created: a directory holds each name."""
+    for offset in range(upto):
+        path = partition_dir / (filename_prefix(offset) + LOG_SUFFIX)
+        if not path.exists():
+            path.mkdir()
+
+
+def produce(cluster: DevCluster, partition: int, n: int) -> list:
+    with Producer(cluster.bootstrap, acks="all", linger_ms=0, batch_size=600, retry_backoff_ms=100,
+                  request_timeout_ms=15000, delivery_timeout_ms=90000) as producer:
+        futures = [producer.send(TOPIC, b"x" * 100, key=b"%d" % i, partition=partition) for i in range(n)]
+        return [f.result(timeout=120) for f in futures]
+
+
+def test_a_failed_log_dir_moves_its_partitions_leadership_and_the_other_dir_carries_on(cluster):
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        admin.create_topics([NewTopic(TOPIC, replica_assignment={0: [1, 2, 3], 1: [1, 2, 3]},
+                                      config={"segment.bytes": str(SEGMENT_BYTES), "min.insync.replicas": "2"})])
+    parts = wait_topic_ready(cluster, TOPIC, 2, 3)
+    assert {p.leader_id for p in parts.values()} == {1}
+    where = {p: next(d for d in cluster.dirs_of_1 if (d / f"{TOPIC}-{p}").is_dir()) for p in (0, 1)}
+    assert where[0] != where[1]  # a new partition goes to the dir with the fewest
+    assert len(produce(cluster, 0, 5)) == 5
+
+    plant_failing_rolls(where[0] / f"{TOPIC}-0")
+    acked = produce(cluster, 0, 100)  # 10 KiB: broker 1 fails its first roll, the others roll on
+    assert [m.offset for m in acked] == list(range(5, 105))
+
+    def moved():
+        p = partitions_of(broker_metadata(cluster, 2), TOPIC)
+        return p[0].leader_id != 1 and 1 not in p[0].isr_nodes and p
+    parts = wait_until(moved, 30, "leadership of partition 0 off broker 1, and broker 1 out of its ISR")
+    assert parts[1].leader_id == 1 and 1 in parts[1].isr_nodes  # the other dir's partition stays
+    assert len(produce(cluster, 1, 20)) == 20
+    assert cluster.brokers[1].running
+    tp = TopicPartition(TOPIC, 0)
+    read = consume_range(cluster.bootstrap, {tp: 105})[tp]
+    assert [r.offset for r in read] == list(range(105))  # every acknowledged record
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        dirs = admin.describe_log_dirs()[1]
+    assert dirs[str(where[0])].replicas == {} and dirs[str(where[0])].total_bytes == -1  # offline
+    assert TopicPartition(TOPIC, 1) in dirs[str(where[1])].replicas
+    with open(cluster.brokers[1].log_path, errors="replace") as f:
+        assert f"log dir {where[0]} failed while rolling {TOPIC}-0" in f.read()
+    assert not os.path.exists(where[0] / ".tidelog_cleanshutdown")
