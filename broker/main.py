@@ -42,13 +42,14 @@ def run(config_path: str | None, sets: list[str], log_level: str = "INFO") -> in
         print(f"tidelog broker: {e}", file=sys.stderr)
         return 2
     try:
-        trio.run(serve, config)
+        return trio.run(serve, config)
     except KeyboardInterrupt:
         return 130
-    return 0
 
 
-async def serve(config: BrokerConfig) -> None:
+async def serve(config: BrokerConfig) -> int:
+    """Run the broker until it stops: 0 once stopped by a signal, 1 when it stopped by itself
+    (every log dir failed)."""
     server = BrokerServer(config)
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -61,6 +62,10 @@ async def serve(config: BrokerConfig) -> None:
             async for _ in signals:
                 logger.warning("second signal: stopping now")
                 nursery.cancel_scope.cancel()
+    if server.stopped_because is not None:
+        print(f"tidelog broker: broker {config.broker_id} stopped: {server.stopped_because}", file=sys.stderr)
+        return 1
+    return 0
 
 
 async def _run_then_exit(server: BrokerServer, nursery: trio.Nursery, *,

@@ -21,6 +21,14 @@ progress is aborted and its thread waited for before the logs are closed.
 If the ZooKeeper session is lost (and a new one established), the broker registers again
 with a new broker epoch; the controller treats that as a restart.
 
+A log dir that fails is taken offline with its partitions (broker/replication/
+replica_manager.py). When every log dir has failed, the broker has nothing left to serve and
+stops by itself (``_every_log_dir_failed``): Kafka halts the process, which leaves its
+registration in ZooKeeper until the session times out, its partitions without a working
+leader meanwhile; this broker stops its tasks and closes its session at once, so the
+controller elects new leaders right away. It writes nothing to its failed dirs (no
+checkpoint, no clean-shutdown marker) and the process exits with status 1.
+
 Broker-to-broker requests are checked against ZooKeeper (broker/apis.py): the broker watches
 ``/controller`` and ``/brokers/ids`` and keeps what it reads in ``metadata.registry``, the
 controller's id and epoch and every broker's epoch; its fetchers send its own broker epoch.
@@ -131,6 +139,8 @@ class BrokerServer:
         self._socket_servers: list[SocketServer] = []
         self._cancel: trio.CancelScope | None = None
         self._services: trio.Nursery | None = None  # the nursery of the broker's tasks
+        self.stopped_because: str | None = None  # why the broker stopped by itself
+        self.replica_manager.on_all_dirs_offline = self._every_log_dir_failed
 
     # -- run -----------------------------------------------------------------------------------
 
@@ -396,6 +406,18 @@ class BrokerServer:
                                 (self.config.controlled_shutdown_retry_backoff_ms / 1000 + 30)):
             await self.controlled_shutdown()
         self.replica_manager.shutdown()  # stop fetching: leaders must not count us in their ISRs
+        if self._cancel is not None:
+            self._cancel.cancel()
+
+    def _every_log_dir_failed(self) -> None:
+        """No log dir is left: stop, without a controlled shutdown (nothing is led or followed
+        here any more); closing the ZooKeeper session has the controller elect elsewhere."""
+        if self.stopped_because is not None:
+            return
+        self.stopped_because = "every log dir has failed: " + "; ".join(self.log_manager.offline_dirs.values())
+        logger.critical("broker %d is stopping: %s. Fix the disks (or change log.dirs) and start it again",
+                        self.broker_id, self.stopped_because)
+        self.replica_manager.shutdown()
         if self._cancel is not None:
             self._cancel.cancel()
 

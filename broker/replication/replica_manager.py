@@ -19,7 +19,8 @@ partitions answers KAFKA_STORAGE_ERROR from then on, waiting produces and fetche
 and is fetched no more; a partition of another directory is not affected. The controller is
 told (``damage_reporter`` with ``offline``), and moves leadership off those replicas and out
 of the ISRs; told again by a LeaderAndIsr that still counts on one of them (its view is
-behind: a new controller, or this broker registered again since).
+behind: a new controller, or this broker registered again since). When no log dir is left,
+``on_all_dirs_offline`` stops the broker.
 
 Everything here runs on the broker's Trio thread; the logs it calls are synchronous.
 """
@@ -366,6 +367,8 @@ class ReplicaManager:
         log_manager.on_dir_failure_found = self._dir_failure_found
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._dir_failures_found = trio.Event()
+        # called once every log dir is offline (the broker stops)
+        self.on_all_dirs_offline: Callable[[], None] | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -1013,6 +1016,8 @@ class ReplicaManager:
                     self._leadership_changed(p)
             if offline:
                 self._report_offline(offline)
+            if not self.log_manager.live_log_dirs and self.on_all_dirs_offline is not None:
+                self.on_all_dirs_offline()
 
     def _report_offline(self, tps: list[TopicPartition]) -> None:
         if self.damage_reporter is not None and self._nursery is not None:

@@ -1,6 +1,7 @@
 """A log dir failing under a real broker process (3 brokers, one ZooKeeper): its partitions'
 leadership moves to the other replicas while producers go on, the broker's other log dir
-carries on, and no acknowledged record is lost.
+carries on, and no acknowledged record is lost; a broker whose only log dir fails stops (exit
+status 1), its session closed, and its partitions move the same way.
 
 The failure is a real one from the file system, without patching the broker: directories are
 planted in a partition's directory under the names of its next segments, so the roll that
@@ -92,3 +93,26 @@ def test_a_failed_log_dir_moves_its_partitions_leadership_and_the_other_dir_carr
     with open(cluster.brokers[1].log_path, errors="replace") as f:
         assert f"log dir {where[0]} failed while rolling {TOPIC}-0" in f.read()
     assert not os.path.exists(where[0] / ".tidelog_cleanshutdown")
+
+
+def test_a_broker_whose_only_log_dir_fails_stops_and_its_partitions_move(cluster):
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        admin.create_topics([NewTopic(TOPIC, replica_assignment={0: [2, 1, 3]},
+                                      config={"segment.bytes": str(SEGMENT_BYTES), "min.insync.replicas": "2"})])
+    assert wait_topic_ready(cluster, TOPIC, 1, 3)[0].leader_id == 2
+    assert len(produce(cluster, 0, 5)) == 5
+    broker = cluster.brokers[2]
+    plant_failing_rolls(cluster.dir / "broker-2" / "logs" / f"{TOPIC}-0")
+    acked = produce(cluster, 0, 100)  # broker 2 fails its first roll: its only log dir
+    assert [m.offset for m in acked] == list(range(5, 105))
+    assert broker.proc.wait(timeout=60) == 1  # stopped by itself, its session closed
+
+    def moved():
+        p = partitions_of(broker_metadata(cluster, 1), TOPIC)[0]
+        return p.leader_id in (1, 3) and 2 not in p.isr_nodes and p
+    wait_until(moved, 30, "leadership of the partition off broker 2, and broker 2 out of its ISR")
+    tp = TopicPartition(TOPIC, 0)
+    assert [r.offset for r in consume_range(cluster.bootstrap, {tp: 105})[tp]] == list(range(105))
+    with open(broker.log_path, errors="replace") as f:
+        assert "broker 2 is stopping: every log dir has failed" in f.read()
+    assert not (cluster.dir / "broker-2" / "logs" / ".tidelog_cleanshutdown").exists()

@@ -185,3 +185,15 @@ async def test_the_controller_is_told_and_told_again_while_a_state_counts_on_an_
         await trio.testing.wait_all_tasks_blocked()
         assert len(reports) == 3
         nursery.cancel_scope.cancel()
+
+
+def test_the_broker_is_stopped_once_its_last_log_dir_fails(broker, monkeypatch):
+    stopped = []
+    broker.replica_manager.on_all_dirs_offline = lambda: stopped.append(sorted(broker.log_manager.offline_dirs))
+    d1, d2 = broker.log_manager.log_dirs
+    FailingDir(monkeypatch, d1)
+    assert broker.produce(make_batch(1), tp=A)["error_code"] == KAFKA_STORAGE_ERROR.code
+    assert stopped == []  # d2 serves B still
+    FailingDir(monkeypatch, d2, "pwrite", errno.EIO)
+    assert broker.produce(make_batch(1), tp=B)["error_code"] == KAFKA_STORAGE_ERROR.code
+    assert stopped == [[d1, d2]]
