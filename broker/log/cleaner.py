@@ -99,7 +99,7 @@ from typing import Callable, Iterator, NamedTuple
 from crc32c import crc32c
 
 from tidelog.broker.log.config import LogConfig
-from tidelog.broker.log.log import Clock, Log, wall_clock_ms
+from tidelog.broker.log.log import Clock, Log, dir_failure, wall_clock_ms
 from tidelog.broker.log.segment import MAX_RELATIVE_OFFSET, LogSegment, SegmentClosedError
 from tidelog.protocol.errors import CorruptRecordError, StorageError, TidelogError
 from tidelog.protocol.records import (
@@ -761,12 +761,15 @@ class LogCleaner:
         log truncated, closed or deleted meanwhile (a deletion renames the directory under
         the worker thread: FileNotFoundError, not CleaningAborted). Any other error marks the
         log uncleanable (as Kafka does) while it lives: until the broker restarts, or the
-        partition's log is deleted."""
+        partition's log is deleted; an OSError is its log dir failing besides (Kafka's cleaner
+        reports an IOException to its LogDirFailureChannel): the log manager is told."""
         self._release(job)
         gone = job.fenced or self.logs.logs.get(job.topic_partition) is not job.log
         if error is None or isinstance(error, CleaningAborted) or gone:
             logger.info("cleaning of %s abandoned: %s", job.topic_partition, error or "stopped")
             return
+        if isinstance(error, OSError):
+            self.logs.dir_failed(dir_failure(job.log.log_dir, error, f"cleaning {job.topic_partition}"))
         self.uncleanable[job.topic_partition] = (job.log, str(error))
         logger.error("cleaning of %s failed; the partition is not cleaned again until the broker "
                      "restarts or the log is deleted: %s", job.topic_partition, error,

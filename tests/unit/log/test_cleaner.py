@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.unit.log.helpers import FakeClock, read_batches, read_records
+from tests.unit.log.helpers import FailingDir, FakeClock, read_batches, read_records
 from tidelog.broker.log.checkpoint import OffsetCheckpoint
 from tidelog.broker.log.cleaner import (
     BYTES_PER_MAP_ENTRY,
@@ -436,3 +436,15 @@ def test_a_cleaning_holds_no_more_descriptors_than_the_segment_lru(tmp_path, lru
     assert max(peak) <= lru_of_8 + 2  # the LRU, the active segment, one being written
     assert sorted(o for o, _ in env.records()) == sorted(env.latest().values())
     env.check_records_are_appended_ones()
+
+
+def test_an_os_error_while_cleaning_is_a_failure_of_the_log_dir(tmp_path, monkeypatch):
+    env = Env(tmp_path / "logs")
+    for i in range(40):
+        env.append((b"k%d" % (i % 4), b"v%d" % i))
+    env.roll()
+    FailingDir(monkeypatch, env.path)  # the cleaned segments cannot be written: a full disk
+    with pytest.raises(OSError):
+        env.clean()
+    assert list(env.manager.pending_dir_failures()) == [env.manager.log_dirs[0]]
+    assert TP in env.cleaner.uncleanable
