@@ -134,7 +134,8 @@ class MetadataCache:
                              is_internal=is_internal_topic(name))
 
     def _one_partition(self, st: PartitionState) -> PartitionMetadata:
-        offline = [r for r in st.replicas if r not in self.brokers]
+        # (a replica in a log dir that failed is offline too: the controller names it)
+        offline = [r for r in st.replicas if r not in self.brokers or r in st.offline_replicas]
         leader_alive = st.leader in self.brokers
         return PartitionMetadata(
             error_code=NONE.code if leader_alive else LEADER_NOT_AVAILABLE.code,

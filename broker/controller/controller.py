@@ -699,9 +699,10 @@ class Controller:
         st, version = self.ctx.states[tp]
         replicas = self._replicas(tp)
         move = self.ctx.moves.get(tp)
+        offline = self.ctx.offline_replicas
         return PartitionState(tp.topic, tp.partition, st.controller_epoch, st.leader, st.leader_epoch,
                               list(st.isr), version, list(replicas), is_new,
-                              [r for r in replicas if r not in self.ctx.brokers],
+                              [r for r in replicas if r not in self.ctx.brokers or tp in offline.get(r, ())],
                               list(move.adding) if move else [], list(move.removing) if move else [])
 
     def _live_brokers(self) -> list[LiveBroker]:

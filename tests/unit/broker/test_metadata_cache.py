@@ -63,3 +63,11 @@ def test_an_incremental_update_or_a_stale_full_one_drops_only_the_topics_it_name
     assert cache.update(incremental) and cache.topics == ["orders"]
     stale = full_update(controller_epoch=2)
     assert cache.deleted_by(stale) == [] and not cache.update(stale) and cache.topics == ["orders"]
+
+
+def test_a_replica_in_a_failed_log_dir_is_offline_though_its_broker_is_live():
+    cache = MetadataCache(1)
+    st = PartitionState("orders", 0, 3, 2, 1, [2], 0, [1, 2, 3], offline_replicas=[1, 3])  # 3 is down
+    cache.update(UpdateMetadataRequest(1, 3, 0, [st], [LiveBroker(b, "127.0.0.1", 9092 + b) for b in (1, 2)]))
+    (t,) = cache.topic_metadata(["orders"])
+    assert t.partitions[0].offline_replicas == [1, 3]

@@ -108,6 +108,7 @@ async def test_an_offline_leader_hands_over_to_the_next_in_sync_replica_and_leav
     st, _ = zk.states[(T, 0)]
     assert (st.leader, st.leader_epoch, st.isr) == (2, 6, (2, 3))
     assert to(sent, ApiKey.LEADER_AND_ISR) == [1, 2, 3] and zk.damage == {}
+    assert state_sent(sent, 2).offline_replicas == [1]  # in the metadata too, as Kafka's
 
 
 async def test_an_offline_follower_leaves_the_isr_and_one_out_of_it_changes_nothing():
