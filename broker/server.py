@@ -302,7 +302,7 @@ class BrokerServer:
     async def _flush_rolled_segments(self) -> None:
         """Segments closed by rolls fsynced in a worker thread (an fsync of a closed segment
         can take as long as the disk needs: never on the event loop), then the recovery
-        points moved past them; one that failed is tried again at the next round."""
+        points moved past them. An fsync that fails is the log dir failing (taken offline)."""
         manager = self.log_manager
         while True:
             await trio.sleep(ROLLED_FLUSH_INTERVAL_S)
@@ -310,8 +310,7 @@ class BrokerServer:
                 try:
                     await trio.to_thread.run_sync(flush.run)
                 except OSError as e:
-                    logger.error("%s: fsync of the rolled segments failed: %s", flush.log.topic_partition, e)
-                    manager.note_rolled(flush.log)
+                    flush.log.dir_failed(e, "fsyncing the rolled segments of")
                     continue
                 flush.log.flushed(flush)
 
