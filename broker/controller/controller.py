@@ -58,7 +58,7 @@ import inspect
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable, Iterator
 
 import trio
 
@@ -205,6 +205,11 @@ class ControllerContext:
     @property
     def live(self) -> set[int]:
         return set(self.brokers) - self.shutting_down
+
+    def leader_offline(self, tp: TopicPartition, st: LeaderAndIsr) -> bool:
+        """Whether ``tp``'s leader in ``st`` cannot serve it: not registered (a broker in
+        controlled shutdown is, and still serves), or its replica in a log dir that failed."""
+        return st.leader not in self.brokers or tp in self.offline_replicas.get(st.leader, ())
 
     def live_for(self, tp: TopicPartition) -> set[int]:
         """The live brokers that can serve ``tp``: not with its replica in an offline log dir."""
@@ -550,7 +555,7 @@ class Controller:
         for b in joined:  # full: a log of a partition no longer assigned to it is deleted
             self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)], full=True)
         self._stop_deleted_replicas(brokers=joined)
-        await self._elect_offline([tp for tp, (st, _) in ctx.states.items() if st.leader not in ctx.brokers])
+        await self._elect_offline([tp for tp, (st, _) in ctx.states.items() if ctx.leader_offline(tp, st)])
         await self._advance_moves(list(ctx.moves))
 
     def _replicas(self, tp: TopicPartition) -> list[int]:
@@ -598,7 +603,7 @@ class Controller:
         (``ControllerContext.live_for``)."""
         ctx = self.ctx
         live = ctx.live_for(tp)
-        if st.leader in ctx.brokers and tp not in ctx.offline_replicas.get(st.leader, ()):
+        if not ctx.leader_offline(tp, st):
             return None
         if st.leader == -1 and not st.isr and st.leader_epoch == 0:
             # created while none of its replicas was live (``_init_new_partitions``): it never
@@ -1350,15 +1355,21 @@ class Controller:
 
     # -- preferred leaders ---------------------------------------------------------------------
 
+    def _existing(self, tps: list[TopicPartition] | None, results: list) -> Iterator[TopicPartition]:
+        """``tps`` (None: all) that exist; the others answered UNKNOWN_TOPIC_OR_PARTITION."""
+        ctx = self.ctx
+        for tp in (ctx.all_partitions() if tps is None else tps):
+            if tp in ctx.states:
+                yield tp
+            else:
+                results.append((tp, UNKNOWN_TOPIC_OR_PARTITION.code, f"{tp} does not exist"))
+
     async def elect_preferred(self, tps: list[TopicPartition] | None):
         """Move leadership of ``tps`` (None: all) to their preferred replica where possible.
         Returns [(tp, error code, message)] and the propagation waits."""
         ctx = self.ctx
         results, changed = [], []
-        for tp in (ctx.all_partitions() if tps is None else tps):
-            if tp not in ctx.states:
-                results.append((tp, UNKNOWN_TOPIC_OR_PARTITION.code, f"{tp} does not exist"))
-                continue
+        for tp in self._existing(tps, results):
             st, _ = ctx.states[tp]
             replicas = self._replicas(tp)
             if replicas and st.leader == replicas[0]:
@@ -1390,17 +1401,14 @@ class Controller:
         Returns [(tp, error code, message)] and the propagation waits."""
         ctx = self.ctx
         results, changed = [], []
-        for tp in (ctx.all_partitions() if tps is None else tps):
-            if tp not in ctx.states:
-                results.append((tp, UNKNOWN_TOPIC_OR_PARTITION.code, f"{tp} does not exist"))
-                continue
-            if ctx.states[tp][0].leader in ctx.brokers:  # one shutting down included: it still leads
+        for tp in self._existing(tps, results):
+            if not ctx.leader_offline(tp, ctx.states[tp][0]):  # one shutting down still leads
                 results.append((tp, ELECTION_NOT_NEEDED.code, f"broker {ctx.states[tp][0].leader} leads {tp}"))
                 continue
             if await self._update_state(tp, lambda st, tp=tp: self._offline_election(tp, st, unclean=True)):
                 changed.append(tp)
             st = ctx.states[tp][0]
-            if st.leader in ctx.brokers:
+            if not ctx.leader_offline(tp, st):
                 results.append((tp, NONE.code, None) if tp in changed else
                                (tp, ELECTION_NOT_NEEDED.code, f"broker {st.leader} leads {tp}"))
             else:
