@@ -113,6 +113,22 @@ def test_cancelled_polls_lose_and_repeat_no_record(threaded_fake):
     asyncio.run(main())
 
 
+def hold_first_poll(consumer, holding: threading.Event, go: threading.Event) -> None:
+    """The consumer's next poll gets its records late: the Trio thread, holding them, sets
+    ``holding`` and offers them only once ``go`` is set."""
+    add_poll_waiter = consumer._aio.add_poll_waiter
+
+    def held_first(limit, deliver):
+        def late(outcome):
+            holding.set()
+            go.wait(10)
+            deliver(outcome)
+        consumer._aio.add_poll_waiter = add_poll_waiter
+        add_poll_waiter(limit, late)
+
+    consumer._aio.add_poll_waiter = held_first
+
+
 def test_records_of_a_cancelled_poll_handed_over_late_come_before_the_next_polls(threaded_fake):
     """The Trio thread hands a cancelled poll's records over after the next poll started
     there (the two threads race): the late records still come first, none twice."""
@@ -124,16 +140,7 @@ def test_records_of_a_cancelled_poll_handed_over_late_come_before_the_next_polls
         async with AsyncConsumer(bootstrap, auto_offset_reset="earliest", max_poll_records=7,
                                  fetch_max_wait_ms=20) as consumer:
             consumer.assign([TopicPartition("t", 0)])
-            add_poll_waiter = consumer._aio.add_poll_waiter
-
-            def held_first(limit, deliver):  # the first poll's records reach it late
-                def late(outcome):
-                    go.wait(10)
-                    deliver(outcome)
-                consumer._aio.add_poll_waiter = add_poll_waiter
-                add_poll_waiter(limit, late)
-
-            consumer._aio.add_poll_waiter = held_first
+            hold_first_poll(consumer, threading.Event(), go)  # its records reach it late
             first = asyncio.ensure_future(consumer.poll(timeout_ms=10_000))
             await asyncio.sleep(0.05)
             async with AsyncProducer(bootstrap, linger_ms=0) as producer:
@@ -166,17 +173,7 @@ def _poll_left_before_its_records(threaded_fake, then):
         async with AsyncConsumer(bootstrap, auto_offset_reset="earliest", max_poll_records=7,
                                  fetch_max_wait_ms=20) as consumer:
             consumer.assign([tp])
-            add_poll_waiter = consumer._aio.add_poll_waiter
-
-            def held_first(limit, deliver):
-                def late(outcome):
-                    holding.set()
-                    go.wait(10)
-                    deliver(outcome)
-                consumer._aio.add_poll_waiter = add_poll_waiter
-                add_poll_waiter(limit, late)
-
-            consumer._aio.add_poll_waiter = held_first
+            hold_first_poll(consumer, holding, go)
             first = asyncio.ensure_future(consumer.poll(timeout_ms=10_000))
             assert await asyncio.get_running_loop().run_in_executor(None, holding.wait, 10)
             first.cancel()
