@@ -831,9 +831,10 @@ class AsyncAdmin(_Client):
                                 timeout=self._timeout(timeout_ms))
 
     async def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
-                            timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
+                            timeout_ms: int | None = None, election_type: str = "preferred"
+                            ) -> dict[TopicPartition, tuple[int, str | None]]:
         return await self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
-                                timeout_ms, timeout=self._timeout(timeout_ms))
+                                timeout_ms, election_type, timeout=self._timeout(timeout_ms))
 
     async def broker_versions(self, brokers: Iterable[int] | None = None,
                               timeout_ms: int | None = None) -> dict[int, str | None]:

@@ -702,10 +702,11 @@ class Admin(_Blocking):
                           timeout=self._timeout(timeout_ms))
 
     def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
-                      timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
-        """Preferred leader election; see ``AsyncAdmin.elect_leaders``."""
+                      timeout_ms: int | None = None, election_type: str = "preferred"
+                      ) -> dict[TopicPartition, tuple[int, str | None]]:
+        """Leader election, preferred or unclean; see ``AsyncAdmin.elect_leaders``."""
         return self._call(self._aio.elect_leaders, None if partitions is None else list(partitions),
-                          timeout_ms, timeout=self._timeout(timeout_ms))
+                          timeout_ms, election_type, timeout=self._timeout(timeout_ms))
 
     def broker_versions(self, brokers: Iterable[int] | None = None,
                         timeout_ms: int | None = None) -> dict[int, str | None]:

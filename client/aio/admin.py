@@ -67,7 +67,9 @@ from tidelog.protocol.messages import (
     DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,
     NO_OFFSET,
+    PREFERRED_ELECTION,
     TOPIC_RESOURCE,
+    UNCLEAN_ELECTION,
     AclCreation,
     AclFilter,
     AlterConfigsRequest,
@@ -127,6 +129,9 @@ __all__ = ["AsyncAdmin", "NewTopic", "TopicDescription", "PartitionInfo", "Clust
            "ConfigEntry", "BrokerMetadata", "ListedGroup", "MemberDescription", "ConsumerGroupDescription",
            "GroupOffsets", "ReplicaInfo", "LogDirDescription", "ClientQuotaAlteration", "ClientQuotaEntity", "ClientQuotaFilter",
            "UserScramCredentialDeletion", "UserScramCredentialUpsertion", "UserScramCredentialsDescription"]
+
+
+_ELECTION_TYPES = {"preferred": PREFERRED_ELECTION, "unclean": UNCLEAN_ELECTION}  # ElectLeaders' election_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,11 +458,17 @@ class AsyncAdmin(RunsInOwnNursery):
             self._timeout_ms(timeout_ms))
 
     async def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None,
-                            timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, str | None]]:
-        """Preferred leader election (like kafka-leader-election --election-type preferred):
-        move leadership of ``partitions`` (None: all) back to their first assigned replica.
-        Returns each partition's (error code, message); ELECTION_NOT_NEEDED (84) means the
-        preferred replica already leads."""
+                            timeout_ms: int | None = None, election_type: str = "preferred"
+                            ) -> dict[TopicPartition, tuple[int, str | None]]:
+        """Leader election, as kafka-leader-election's ``--election-type``. ``"preferred"``:
+        move leadership of ``partitions`` (None: all) back to their first assigned replica;
+        ELECTION_NOT_NEEDED (84) means it already leads. ``"unclean"``: elect a leader for
+        those without one, from the ISR or else any live replica (acknowledged records it
+        lacks are lost), whatever unclean.leader.election.enable says; ELECTION_NOT_NEEDED
+        means the partition has a leader. Returns each partition's (error code, message)."""
+        election = _ELECTION_TYPES.get(election_type)
+        if election is None:
+            raise ValueError(f"election_type must be one of {sorted(_ELECTION_TYPES)}, not {election_type!r}")
         timeout_ms = self._timeout_ms(timeout_ms)
         refs = None if partitions is None else [TopicPartitionRef(tp.topic, tp.partition) for tp in partitions]
         answers: list[ElectLeadersResponse] = []
@@ -466,7 +477,7 @@ class AsyncAdmin(RunsInOwnNursery):
             answers.append(r)
             return {"partitions": (r.error_code, None)}
         outcomes = await self._to_controller(
-            ["partitions"], lambda ns: ElectLeadersRequest(refs, timeout_ms=timeout_ms), ApiKey.ELECT_LEADERS,
+            ["partitions"], lambda ns: ElectLeadersRequest(refs, election, timeout_ms), ApiKey.ELECT_LEADERS,
             extract, timeout_ms)
         _raise_for(outcomes, "elect leaders for")
         return {TopicPartition(x.topic_name, x.partition_index): (x.error_code, x.error_message)

@@ -72,9 +72,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="delete every record below this offset; -1: below the high watermark")
     a.add_argument("--partition", type=int, action="append", default=[],
                    help="this partition (repeatable); default: every partition of the topic")
-    a = action("elect-leaders", "move leadership back to each partition's preferred (first) replica")
+    a = action("elect-leaders", "move leadership back to each partition's preferred (first) replica, or "
+               "(--election-type unclean) elect a leader for partitions without one")
     a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
     a.add_argument("--partition", type=int, help="only this partition of the named topics")
+    a.add_argument("--election-type", type=str.lower, choices=("preferred", "unclean"), default="preferred",
+                   help="preferred (default); unclean: a partition without a leader gets one from the ISR, "
+                        "else from any live replica, losing the acknowledged records it lacks")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -344,7 +348,7 @@ async def _log_offsets(admin: Any, args: argparse.Namespace, partitions: Sequenc
 
 
 async def _elect_leaders(args: argparse.Namespace) -> int:
-    """Preferred leader election (kafka-leader-election --election-type preferred)."""
+    """Leader election (kafka-leader-election --election-type preferred|unclean)."""
     from tidelog.protocol.errors import ELECTION_NOT_NEEDED, NONE, for_code
     from tidelog.records import TopicPartition
 
@@ -359,11 +363,13 @@ async def _elect_leaders(args: argparse.Namespace) -> int:
                           if args.partition is None or p.partition == args.partition]
             if not partitions:
                 raise CommandError(f"partition {args.partition} does not exist in {', '.join(args.names)}")
-        results = await admin.elect_leaders(partitions, timeout_ms=args.timeout_ms)
+        election_type = getattr(args, "election_type", "preferred")
+        results = await admin.elect_leaders(partitions, timeout_ms=args.timeout_ms, election_type=election_type)
+    elected = "the preferred replica" if election_type == "preferred" else "a replica (unclean election)"
     failed = 0
     for tp, (code, message) in sorted(results.items()):
         if code == NONE.code:
-            print(f"Successfully elected the preferred replica as leader of {tp.topic}-{tp.partition}.")
+            print(f"Successfully elected {elected} as leader of {tp.topic}-{tp.partition}.")
         elif code == ELECTION_NOT_NEEDED.code:
             print(f"Valid replica already elected for {tp.topic}-{tp.partition}.")
         else:

@@ -511,6 +511,13 @@ def test_elect_leaders_moves_leadership_back_to_the_preferred_replica(tidelog, c
     assert r.rc == 0 and r.lines == ["Valid replica already elected for preferred-0."], r.out
 
 
+
+def test_an_unclean_election_of_partitions_that_have_a_leader_is_not_needed(tidelog, cluster):
+    create(tidelog, cluster, "unclean", 2)
+    r = tidelog("topics", "elect-leaders", "unclean", "--election-type", "UNCLEAN")
+    assert r.rc == 0, r.err
+    assert r.lines == ["Valid replica already elected for unclean-0.", "Valid replica already elected for unclean-1."]
+
 def test_delete_records_moves_the_log_start_on_every_replica(tidelog, cluster, monkeypatch):
     create(tidelog, cluster, "purge", 2)
     r = produce_stdin(tidelog, monkeypatch, "purge", b"".join(b"r%d\n" % i for i in range(20)), "--partition", "0")

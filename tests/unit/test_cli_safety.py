@@ -45,9 +45,9 @@ class FakeTopicsAdmin:
     async def describe_topics(self, names, timeout_ms=None):
         return [types.SimpleNamespace(name=n, partitions=[types.SimpleNamespace(partition=0)]) for n in names]
 
-    async def elect_leaders(self, partitions, timeout_ms=None):
-        self.elected.append(partitions)
-        return {}
+    async def elect_leaders(self, partitions, timeout_ms=None, election_type="preferred"):
+        self.elected.append((partitions, election_type))
+        return {tp: (0, None) for tp in partitions or ()}
 
     async def describe_configs(self, name, timeout_ms=None):
         if name == "secret":
@@ -118,3 +118,18 @@ def test_a_shift_needs_a_committed_offset():
     with pytest.raises(CommandError, match="orders-0: the group has no committed offset"):
         groups.reset_plan([tp], args, {}, {tp: 0}, {tp: 500}, None)
     assert groups.reset_plan([tp], args, {tp: 10}, {tp: 0}, {tp: 500}, None) == {tp: 110}
+
+
+def test_an_unclean_election_is_asked_for_by_name(monkeypatch, capsys):
+    import trio
+
+    fake = FakeTopicsAdmin()
+    monkeypatch.setattr(topics, "_admin_session", lambda args: fake)
+    assert trio.run(topics._elect_leaders, args_for(names=["orders"], partition=None, election_type="unclean")) == 0
+    assert fake.elected == [([TopicPartition("orders", 0)], "unclean")]
+    assert "Successfully elected a replica (unclean election) as leader of orders-0." in capsys.readouterr().out
+
+
+def test_an_unknown_election_type_is_a_usage_error(capsys):
+    assert main(["topics", "elect-leaders", "--election-type", "random", "--bootstrap", "127.0.0.1:9"]) == EXIT_USAGE
+    assert "--election-type" in capsys.readouterr().err
