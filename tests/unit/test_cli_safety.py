@@ -133,3 +133,12 @@ def test_an_unclean_election_is_asked_for_by_name(monkeypatch, capsys):
 def test_an_unknown_election_type_is_a_usage_error(capsys):
     assert main(["topics", "elect-leaders", "--election-type", "random", "--bootstrap", "127.0.0.1:9"]) == EXIT_USAGE
     assert "--election-type" in capsys.readouterr().err
+
+
+def test_the_sdk_names_the_election_types_it_takes():
+    import trio
+
+    from tidelog.aio import AsyncAdmin
+
+    with pytest.raises(ValueError, match=r"\['preferred', 'unclean'\], not 'random'"):
+        trio.run(lambda: AsyncAdmin("127.0.0.1:9").elect_leaders(election_type="random"))
