@@ -242,12 +242,14 @@ class ReplicaInfo:
 @dataclass(frozen=True, slots=True)
 class LogDirDescription:
     """One log dir of a broker: its replicas, and its file system's total and usable bytes
-    (-1 when unknown)."""
+    (-1 when unknown); ``error`` (Kafka's ``LogDirDescription.error()``), when the broker
+    cannot use the dir: KafkaStorageError for a dir it took offline after a failure."""
 
     path: str
     replicas: dict[TopicPartition, ReplicaInfo]
     total_bytes: int = -1
     usable_bytes: int = -1
+    error: TidelogError | None = None
 
 
 _COORDINATOR_RETRY = {COORDINATOR_NOT_AVAILABLE.code, NOT_COORDINATOR.code, COORDINATOR_LOAD_IN_PROGRESS.code}
@@ -391,7 +393,7 @@ class AsyncAdmin(RunsInOwnNursery):
             if r.error_code != NONE.code:
                 results[node] = broker_error(r.error_code, f"cannot describe the log dirs of broker {node}")
                 return
-            results[node] = {d.log_dir: _log_dir_description(d) for d in r.results}
+            results[node] = {d.log_dir: _log_dir_description(d, node) for d in r.results}
 
         async with trio.open_nursery() as nursery:
             for node in dict.fromkeys(brokers):
@@ -985,14 +987,15 @@ def _raise_first(results: dict) -> dict:
     return {key: None for key in results}
 
 
-def _log_dir_description(d: Any) -> LogDirDescription:
+def _log_dir_description(d: Any, node: int) -> LogDirDescription:
     replicas = {}
     for t in d.topics:
         for p in t.partitions:
             tp = TopicPartition(t.name, p.partition_index)
             replicas[tp] = ReplicaInfo(tp, p.partition_size, p.offset_lag, p.is_future_key, p.log_start_offset,
                                        p.log_end_offset, p.high_watermark)
-    return LogDirDescription(d.log_dir, replicas, d.total_bytes, d.usable_bytes)
+    error = None if d.error_code == NONE.code else broker_error(d.error_code, f"log dir {d.log_dir} of broker {node}")
+    return LogDirDescription(d.log_dir, replicas, d.total_bytes, d.usable_bytes, error)
 
 
 def _acl_order(b: AclBinding) -> tuple:

@@ -22,6 +22,7 @@ from tests.support.waiting import wait_until
 from tidelog import Admin, NewTopic, Producer, TopicPartition
 from tidelog.broker.devcluster import DevCluster
 from tidelog.broker.log.segment import LOG_SUFFIX, filename_prefix
+from tidelog.protocol.errors import KAFKA_STORAGE_ERROR
 
 TOPIC = "dirfail"
 SEGMENT_BYTES = 1024
@@ -89,6 +90,7 @@ def test_a_failed_log_dir_moves_its_partitions_leadership_and_the_other_dir_carr
     with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
         dirs = admin.describe_log_dirs()[1]
     assert dirs[str(where[0])].replicas == {} and dirs[str(where[0])].total_bytes == -1  # offline
+    assert dirs[str(where[0])].error.code == KAFKA_STORAGE_ERROR.code and dirs[str(where[1])].error is None
     assert TopicPartition(TOPIC, 1) in dirs[str(where[1])].replicas
     with open(cluster.brokers[1].log_path, errors="replace") as f:
         assert f"log dir {where[0]} failed while rolling {TOPIC}-0" in f.read()
