@@ -69,7 +69,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -270,6 +270,12 @@ class _Waiter:
 
 CreateTopic = Callable[[str, int, int, dict[str, str]], Awaitable[None]]
 ListOffsets = Callable[[int, ListOffsetsRequest], Awaitable[object]]
+
+
+def _left_empty(group: GroupMetadata) -> bool:
+    """An Empty group without offsets or joining members: one that retention or a topic's
+    deletion has emptied goes, as Kafka's."""
+    return group.is_(GroupState.EMPTY) and not group.has_offsets() and not group.pending_members
 
 
 class GroupCoordinator:
@@ -593,12 +599,7 @@ class GroupCoordinator:
         if not group.is_(GroupState.EMPTY):
             return NON_EMPTY_GROUP, (f"group {group_id} has {len(group.members)} members ({group.state}); "
                                      "only a group without members can be deleted")
-        group.transition_to(GroupState.DEAD, self.clock())
-        del self.groups[group_id]
-        # a commit still waiting for replication, or one that failed (timed out: its record may
-        # be committed yet), is in the log before these: its partition gets a tombstone too,
-        # or a reload would bring that offset back to a deleted group
-        records = [(offset_key(group_id, tp), None) for tp in sorted(group.offset_keys())] + [(group_key(group_id), None)]
+        records = self._remove_group(group_id, group, self.clock())
         error, _ = await self._append(self.partition_of(group_id), records)
         return error, None if error is NONE else f"the group's tombstones were not written: {error.message}"
 
@@ -803,11 +804,8 @@ class GroupCoordinator:
             expired = group.expire_offsets(now, self.config.offsets_retention_ms)
             out = tombstones.setdefault(self.partition_of(group_id), [])
             out += [(offset_key(group_id, tp), None) for tp in expired]
-            if group.is_(GroupState.EMPTY) and not group.has_offsets() and not group.pending_members:
-                group.transition_to(GroupState.DEAD, now)
-                del self.groups[group_id]
-                out += [(offset_key(group_id, tp), None) for tp in sorted(group.offset_keys() - set(expired))]
-                out.append((group_key(group_id), None))
+            if _left_empty(group):
+                out += self._remove_group(group_id, group, now, tombstoned=expired)
         written = await self._written(self._append_all(tombstones))
         if written:
             logger.info("expired offsets and groups: %d tombstones written", written)
@@ -853,17 +851,26 @@ class GroupCoordinator:
             dropped += n
             out = tombstones.setdefault(partition, [])
             out += [(offset_key(group_id, tp), None) for tp in tps]
-            if group.is_(GroupState.EMPTY) and not group.has_offsets() and not group.pending_members:
-                group.transition_to(GroupState.DEAD, now)
-                del self.groups[group_id]
-                out += [(offset_key(group_id, tp), None) for tp in sorted(group.offset_keys())]
-                out.append((group_key(group_id), None))
+            if _left_empty(group):
+                out += self._remove_group(group_id, group, now)
         appended = self._append_all(tombstones)
         if appended:
             logger.info("deleted topics %s: %d offsets dropped", sorted(deleted), dropped)
             if self._nursery is not None:
                 self._nursery.start_soon(self._written, appended)
         return dropped
+
+    def _remove_group(self, group_id: str, group: GroupMetadata, now_ms: int,
+                      tombstoned: Iterable[TopicPartition] = ()) -> list[tuple[bytes, None]]:
+        """Drop ``group`` (Dead from now): the tombstones of its key and of every offset it may
+        have in the log but those in ``tombstoned`` already. A commit still waiting for
+        replication, or one that failed (timed out: its record may be committed yet), is in
+        the log before these: its partition gets a tombstone too, or a reload would bring
+        that offset back to a deleted group (``GroupMetadata.offset_keys``)."""
+        group.transition_to(GroupState.DEAD, now_ms)
+        del self.groups[group_id]
+        keys = sorted(group.offset_keys() - set(tombstoned))
+        return [(offset_key(group_id, tp), None) for tp in keys] + [(group_key(group_id), None)]
 
     def _log_end(self, partition: int) -> int:
         """The offsets partition's log end offset (every record appended so far is below it)."""
