@@ -283,7 +283,7 @@ class Handoff:
         if isinstance(outcome, BaseException):
             self._unclaimed.append(outcome)
         else:
-            self._consumer._subscriptions.put_back(outcome)
+            self._consumer.put_back(outcome)
 
     def offer(self, outcome: Any) -> bool:
         """On the Trio thread: True if the caller is still waiting (wake it to ``take``)."""

@@ -671,8 +671,6 @@ class AsyncConsumer(_Client):
             raise
         return handoff.records()
 
-
-
     async def _poll_waiting(self, portal: Portal, handoff: Handoff, timeout_ms: int, limit: int) -> None:
         """``poll`` without a group: a waiter on the Trio thread (``add_poll_waiter``) offers
         the outcome to ``handoff`` in the scheduler pass that received the records, and wakes
@@ -721,7 +719,7 @@ class AsyncConsumer(_Client):
         """The next record, waiting as long as it takes (aiokafka's ``getone``)."""
         while (record := self._aio.next_unreturned()) is None:
             # the others are not consumed until returned (SubscriptionState)
-            self._aio._subscriptions.put_back(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
+            self._aio.put_back(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
         return record
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None

@@ -557,8 +557,6 @@ class Consumer(_Blocking):
             raise
         return handoff.records()
 
-
-
     def _poll_waiting(self, handoff: Handoff, timeout_ms: int, limit: int) -> None:
         """``poll`` without a group: a waiter on the loop (``AsyncConsumer.add_poll_waiter``)
         offers the outcome to ``handoff`` in the scheduler pass that received the records,
@@ -628,7 +626,7 @@ class Consumer(_Blocking):
                         return
                     continue
                 idle_since = time.monotonic()
-                aio_consumer._subscriptions.put_back(records)
+                aio_consumer.put_back(records)
                 continue
             yield record
 

@@ -617,6 +617,11 @@ class AsyncConsumer(RunsInOwnNursery):
         none or a wakeup is pending (the poll that follows raises it)."""
         return None if self._wakeup_pending else self._subscriptions.next_unreturned()
 
+    def put_back(self, records: Sequence[Record]) -> None:
+        """``records``, taken before every unreturned record (a poll's an iterator had yet to
+        yield, or one whose caller left), are unreturned again, ahead of those; any thread."""
+        self._subscriptions.put_back(records)
+
     def take_unreturned(self, limit: int) -> ConsumerRecords:
         """What a poll returns first: records taken from the fetcher earlier and not handed
         out yet (``SubscriptionState``'s unreturned records), up to ``limit``."""
@@ -676,7 +681,7 @@ class AsyncConsumer(RunsInOwnNursery):
         while (record := self.next_unreturned()) is None:
             if self._closed:
                 raise StopAsyncIteration
-            self._subscriptions.put_back(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
+            self.put_back(await self.poll(timeout_ms=max(self.config.fetch_max_wait_ms, 100)))
         return record
 
     def _require_running(self) -> None:
