@@ -633,6 +633,7 @@ class Log:
             raise self.dir_failed(e, "reading") from e
         return b""
 
+    @_storage_io("reading")
     def bytes_below(self, offset: int, end: int, cap: int) -> int:
         """About the bytes a ``read(offset, cap, max_offset=end)`` would return, at most
         ``cap``, found from segment positions (an index lookup and a header walk, no record
@@ -646,18 +647,12 @@ class Log:
         seg = view.segments[i]
         if end > seg.next_offset or seg.next_offset <= offset:
             return cap  # the rest of a segment at least (or a gap after it: a read tells)
-        try:
-            start = seg.translate_offset(offset)
-        except OSError as e:
-            raise self.dir_failed(e, "reading") from e
+        start = seg.translate_offset(offset)
         if start is None:
             return 0
         stop = seg.size
         if end < seg.next_offset:  # the batch holding ``end`` reaches it: not read
-            try:
-                found = seg.translate_offset(end)
-            except OSError as e:
-                raise self.dir_failed(e, "reading") from e
+            found = seg.translate_offset(end)
             stop = seg.size if found is None else found[0]
         return max(0, min(cap, stop - start[0]))
 
