@@ -991,12 +991,19 @@ class ReplicaManager:
 
     async def _report_damage(self, p: NotifyingPartition) -> None:
         """Report until ZooKeeper takes it, or the replica no longer needs it."""
-        while p.damage is not None and self.partitions.get(p.tp) is p:
+        await self._report_until_taken([p.tp], f"{p.tp}: reporting the damaged replica",
+                                       lambda: p.damage is not None and self.partitions.get(p.tp) is p)
+
+    async def _report_until_taken(self, tps: list[TopicPartition], what: str,
+                                  needed: Callable[[], bool] = lambda: True, **flags: bool) -> None:
+        """``damage_reporter(tps, **flags)`` until ZooKeeper takes it (it may be away: tried
+        again every ``DAMAGE_REPORT_RETRY_S``), while ``needed()``."""
+        while needed():
             try:
-                await self.damage_reporter([p.tp])
+                await self.damage_reporter(tps, **flags)
                 return
-            except Exception as e:  # ZooKeeper away: the damage stays, try again
-                logger.warning("%s: reporting the damaged replica failed (%s); retrying", p.tp, e)
+            except Exception as e:  # ZooKeeper away: try again
+                logger.warning("%s failed (%s); retrying", what, e)
                 await trio.sleep(DAMAGE_REPORT_RETRY_S)
 
     # -- log directory failure -----------------------------------------------------------------
@@ -1020,18 +1027,10 @@ class ReplicaManager:
                 self.on_all_dirs_offline()
 
     def _report_offline(self, tps: list[TopicPartition]) -> None:
-        if self.damage_reporter is not None and self._nursery is not None:
-            self._nursery.start_soon(self._report_offline_until_taken, tps)
-
-    async def _report_offline_until_taken(self, tps: list[TopicPartition]) -> None:
         """Report until ZooKeeper takes it: the replicas stay offline until the broker restarts."""
-        while True:
-            try:
-                await self.damage_reporter(tps, offline=True)
-                return
-            except Exception as e:  # ZooKeeper away: try again
-                logger.warning("reporting %d replicas of a failed log dir failed (%s); retrying", len(tps), e)
-                await trio.sleep(DAMAGE_REPORT_RETRY_S)
+        if self.damage_reporter is not None and self._nursery is not None:
+            self._nursery.start_soon(functools.partial(
+                self._report_until_taken, tps, f"reporting {len(tps)} replicas of a failed log dir", offline=True))
 
     def _dir_failure_found(self) -> None:
         """The log manager noted a failure (in whichever thread met it): the watcher takes it
