@@ -9,7 +9,7 @@ tests/unit/broker/test_zk_client.py.)"""
 from __future__ import annotations
 
 from tests.support.controller_zk import FakeZk
-from tests.unit.controller.test_topic_deletion import Brokers
+from tests.unit.controller.test_topic_deletion import Brokers, elected
 from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerEvent
 from tidelog.broker.zookeeper.layout import LeaderAndIsr
 from tidelog.protocol.codec import ApiKey
@@ -43,18 +43,9 @@ def cluster() -> FakeZk:
     return zk
 
 
-async def elected(nursery, zk: FakeZk) -> tuple[Controller, Brokers]:
-    c = Controller(ControllerConfig(broker_id=1), zk)
-    c._nursery = nursery
-    await nursery.start(c.channels.run)
-    brokers = Brokers(c)
-    await c._on_controller_change()
-    return c, brokers
-
-
 async def test_a_malformed_partition_state_leaves_its_topic_alone_not_the_controller(nursery):
     zk = cluster()
-    c, brokers = await elected(nursery, zk)
+    c, brokers = await elected(zk, nursery)
     assert c.is_active and (zk.controller, zk.epoch) == (1, 1)
     assert BAD in c.ctx.unreadable and not c.ctx.complete
     assert BAD not in c.ctx.assignments and TopicPartition(BAD, 0) not in c.ctx.states
@@ -88,7 +79,7 @@ async def test_an_isr_change_naming_no_known_topic_reads_nothing_of_it(nursery):
     """A notification naming a topic the controller does not manage (gone, being deleted, or
     a name no topic can have) is deleted without its state being read."""
     zk = cluster()
-    c, _ = await elected(nursery, zk)
+    c, _ = await elected(zk, nursery)
     reads = []
     real = zk.get_partition_state
 

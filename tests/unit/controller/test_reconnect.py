@@ -11,7 +11,7 @@ import trio.testing
 
 from tests.support.controller_zk import FakeZk
 from tests.support.stub_kazoo import StubKazoo
-from tests.unit.controller.test_topic_deletion import Brokers
+from tests.unit.controller.test_topic_deletion import Brokers, elected
 from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerEvent
 from tidelog.broker.zookeeper.layout import LeaderAndIsr
 from tidelog.broker.zookeeper.zk import ZkClient
@@ -61,11 +61,7 @@ async def test_a_report_of_deletion_markers_read_before_a_topic_was_created_agai
     zk.live = {1: 10, 2: 11}
     zk.assignments[T] = {0: [1, 2]}
     zk.states[(T, 0)] = (LeaderAndIsr(1, 0, (1, 2), 0), 0)
-    c = Controller(ControllerConfig(broker_id=1), zk)
-    c._nursery = nursery
-    await nursery.start(c.channels.run)
-    brokers = Brokers(c)
-    await c._on_controller_change()
+    c, brokers = await elected(zk, nursery)
     await c._handle((ControllerEvent.TOPIC_DELETION, [T]))
     assert T in c.ctx.assignments and T not in c.ctx.deleting and zk.marked == set()
     assert brokers.requests(ApiKey.STOP_REPLICA) == []

@@ -79,6 +79,16 @@ class Brokers:
             await self.c._handle(event)
 
 
+async def elected(zk: FakeZk, nursery, broker_id: int = 1) -> tuple[Controller, Brokers]:
+    """A controller on broker ``broker_id`` over ``zk``, its requests recorded, elected."""
+    c = Controller(ControllerConfig(broker_id=broker_id), zk)
+    c._nursery = nursery
+    await nursery.start(c.channels.run)
+    brokers = Brokers(c)
+    await c._on_controller_change()
+    return c, brokers
+
+
 async def cluster_with_broker_3_down(nursery) -> tuple[Controller, FakeZk, Brokers]:
     zk = FakeZk()
     zk.live = {1: 10, 2: 11}
@@ -86,11 +96,7 @@ async def cluster_with_broker_3_down(nursery) -> tuple[Controller, FakeZk, Broke
     zk.configs[T] = {"retention.ms": "1000"}
     zk.states[(T, 0)] = (LeaderAndIsr(1, 4, (1, 2), 0), 0)
     zk.states[(T, 1)] = (LeaderAndIsr(1, 4, (1, 2), 0), 0)
-    c = Controller(ControllerConfig(broker_id=1), zk)
-    c._nursery = nursery
-    await nursery.start(c.channels.run)
-    brokers = Brokers(c)
-    await c._on_controller_change()
+    c, brokers = await elected(zk, nursery)
     assert c.is_active
     return c, zk, brokers
 
@@ -177,11 +183,7 @@ async def test_a_new_controller_resumes_a_pending_deletion(nursery):
     # broker 2 takes over, broker 3 back meanwhile: the marker is still there
     c._resign()
     zk.controller, zk.live[3] = None, 12
-    successor = Controller(ControllerConfig(broker_id=2), zk)
-    successor._nursery = nursery
-    await nursery.start(successor.channels.run)
-    brokers = Brokers(successor)
-    await successor._on_controller_change()
+    successor, brokers = await elected(zk, nursery, broker_id=2)
     assert successor.is_active and T not in successor.ctx.assignments
     assert all(p.topic_name != T for _, m in brokers.requests(ApiKey.LEADER_AND_ISR) for p in m.partition_states)
     assert sorted(b for b, _ in brokers.requests(ApiKey.STOP_REPLICA)) == [1, 2, 3]
@@ -201,11 +203,7 @@ async def test_a_deletion_marker_that_names_no_valid_topic_is_ignored(nursery):
 
     c._resign()
     zk.controller, zk.live[3] = None, 12
-    successor = Controller(ControllerConfig(broker_id=2), zk)
-    successor._nursery = nursery
-    await nursery.start(successor.channels.run)
-    Brokers(successor)
-    await successor._on_controller_change()
+    successor, _ = await elected(zk, nursery, broker_id=2)
     assert successor.is_active and T in successor.ctx.assignments and not successor.ctx.deleting
     await successor.delete_topics([T])  # a valid deletion still goes ahead
     assert T in successor.ctx.deleting
@@ -223,11 +221,7 @@ async def test_a_broker_that_missed_a_deletion_drops_the_topic_when_it_registers
     for topic in (T, "kept"):
         zk.configs[topic] = {}
         zk.states[(topic, 0)] = (LeaderAndIsr(1, 4, (1, 2), 0), 0)
-    c = Controller(ControllerConfig(broker_id=1), zk)
-    c._nursery = nursery
-    await nursery.start(c.channels.run)
-    brokers = Brokers(c)
-    await c._on_controller_change()
+    c, brokers = await elected(zk, nursery)
     cache = MetadataCache(3)
     for b, m in brokers.requests(ApiKey.UPDATE_METADATA):
         if b == 3:
@@ -263,11 +257,7 @@ async def test_no_update_metadata_is_full_while_a_topic_is_unreadable(nursery):
             raise ValueError("malformed topic znode data")
         return await real(topic)
     zk.get_assignment_and_moves = malformed
-    c = Controller(ControllerConfig(broker_id=1), zk)
-    c._nursery = nursery
-    await nursery.start(c.channels.run)
-    brokers = Brokers(c)
-    await c._on_controller_change()
+    c, brokers = await elected(zk, nursery)
     zk.live[3] = 12
     await c._on_brokers(["1", "2", "3"])
     assert brokers.requests(ApiKey.UPDATE_METADATA)
