@@ -35,8 +35,8 @@ def test_a_damaged_follower_already_out_of_the_isr_still_gets_a_new_state():
     assert without_damaged_replica([1, 2, 3], leader=-1, isr=[3], live={1, 2, 3}, damaged=3) is None
 
 
-async def report(c, zk, broker, epoch=0):
-    await zk.notify_replica_damage(broker, epoch, [(T, 0)])
+async def report(c, zk, broker, epoch=0, offline=False):
+    await zk.notify_replica_damage(broker, epoch, [(T, 0)], offline=offline)
     await c._on_replica_damage(None)
 
 
@@ -97,8 +97,7 @@ async def test_a_moving_partition_goes_on_moving():
 
 
 async def report_offline(c, zk, broker, epoch=0):
-    await zk.notify_replica_damage(broker, epoch, [(T, 0)], offline=True)
-    await c._on_replica_damage(None)
+    await report(c, zk, broker, epoch, offline=True)
 
 
 async def test_an_offline_leader_hands_over_to_the_next_in_sync_replica_and_leaves_the_isr():
