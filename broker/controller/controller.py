@@ -58,7 +58,7 @@ import inspect
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Collection, Hashable, Iterable, Iterator
 
 import trio
 
@@ -450,7 +450,7 @@ class Controller:
         # before anything is elected or sent: no broker is told of a topic being deleted
         known = [t for t in _topic_names(await until(self.zk.topics_marked_for_deletion), "deletion marker")
                  if self._queue_deletion(t)]
-        await self._init_new_partitions(ctx.all_partitions())
+        created = set(await self._init_new_partitions(ctx.all_partitions()))
         await self._elect_offline(ctx.all_partitions())
         # brokers that died while no controller was watching (the previous controller among
         # them) leave the ISRs now
@@ -459,7 +459,7 @@ class Controller:
                                 if st.leader in ctx.live and set(st.isr) & dead], dead)
         for b in ctx.brokers:  # not to a broker shutting down: it would fetch again (_propagate)
             if b not in ctx.shutting_down:
-                self._send_leader_and_isr(b, ctx.all_partitions(), full=True)
+                self._send_leader_and_isr(b, ctx.all_partitions(), full=True, new=created)
         self._send_update_metadata(ctx.all_partitions(), deleted=known, full=True)
         self._stop_deleted_replicas()
         await self._complete_deletions()
@@ -583,11 +583,14 @@ class Controller:
 
     async def _elect_offline(self, tps: list[TopicPartition]) -> list[Outgoing | None]:
         """Elect the offline partitions of ``tps`` (``_offline_election``); the propagation waits."""
-        changed = []
+        changed, new = [], set()
         for tp in tps:
+            never_led = tp in self.ctx.states and _never_led(self.ctx.states[tp][0])
             if await self._update_state(tp, lambda st, tp=tp: self._offline_election(tp, st)):
                 changed.append(tp)
-        return self._propagate(changed)
+                if never_led:
+                    new.add(tp)
+        return self._propagate(changed, new=new)
 
     def _offline_election(self, tp: TopicPartition, st: LeaderAndIsr,
                           unclean: bool | None = None) -> tuple[int, list[int]] | None:
@@ -605,9 +608,7 @@ class Controller:
         live = ctx.live_for(tp)
         if not ctx.leader_offline(tp, st):
             return None
-        if st.leader == -1 and not st.isr and st.leader_epoch == 0:
-            # created while none of its replicas was live (``_init_new_partitions``): it never
-            # had a leader nor a record, so its first live replicas start it, as a new one
+        if _never_led(st):  # its first live replicas start it, as a new one
             live = self._live_replicas(tp)
             return (live[0], live) if live else None
         unclean = self._unclean_allowed(tp.topic) if unclean is None else unclean
@@ -682,8 +683,13 @@ class Controller:
                                                            controller_epoch_zk_version=ctx.epoch_zk_version)
         ctx.states[tp] = (new, new_version)
 
-    def _propagate(self, tps: list[TopicPartition]) -> list[Outgoing | None]:
-        """Send the new states of ``tps`` to their replicas, and metadata to everyone.
+    def _adding(self, tp: TopicPartition, broker_id: int) -> bool:
+        move = self.ctx.moves.get(tp)
+        return move is not None and broker_id in move.adding
+
+    def _propagate(self, tps: list[TopicPartition], new: Collection[TopicPartition] = ()) -> list[Outgoing | None]:
+        """Send the new states of ``tps`` to their replicas, and metadata to everyone; ``new``:
+        those just created (``_send_leader_and_isr``).
 
         A broker in controlled shutdown gets no LeaderAndIsr: it would start fetching under
         the new epoch, and a leader could take it back into the ISR just before it stops."""
@@ -695,7 +701,7 @@ class Controller:
                 continue
             mine = [tp for tp in tps if b in self._replicas(tp)]
             if mine:
-                out.append(self._send_leader_and_isr(b, mine))
+                out.append(self._send_leader_and_isr(b, mine, new=new))
         return out + self._send_update_metadata(tps)
 
     # -- requests to brokers -------------------------------------------------------------------
@@ -706,17 +712,20 @@ class Controller:
         move = self.ctx.moves.get(tp)
         offline = self.ctx.offline_replicas
         return PartitionState(tp.topic, tp.partition, st.controller_epoch, st.leader, st.leader_epoch,
-                              list(st.isr), version, list(replicas), is_new,
+                              list(st.isr), version, list(replicas), bool(is_new),
                               [r for r in replicas if r not in self.ctx.brokers or tp in offline.get(r, ())],
                               list(move.adding) if move else [], list(move.removing) if move else [])
 
     def _live_brokers(self) -> list[LiveBroker]:
         return [LiveBroker(b, i.host, i.port, i.rack, _endpoints(i)) for b, i in sorted(self.ctx.brokers.items())]
 
-    def _send_leader_and_isr(self, broker_id: int, tps: list[TopicPartition], full: bool = False) -> Outgoing | None:
+    def _send_leader_and_isr(self, broker_id: int, tps: list[TopicPartition], full: bool = False,
+                             new: Collection[TopicPartition] = ()) -> Outgoing | None:
         """``full``: ``tps`` holds every partition assigned to the broker (Kafka's FULL type):
         the broker deletes the logs of any other partition it holds (a replica removed while
-        it was down)."""
+        it was down). The replicas of ``new`` (partitions just created) and those a
+        reassignment adds are sent as new: a broker with a log dir offline creates a log only
+        for those (Kafka's isNew; another may be in the dir that is offline)."""
         known = [tp for tp in tps if tp in self.ctx.states]
         if len(known) < len(tps) or not self.ctx.complete:  # nothing may look stray on a guess
             full, tps = False, known
@@ -724,7 +733,8 @@ class Controller:
             return None
         leaders = {self.ctx.states[tp][0].leader for tp in tps}
         req = LeaderAndIsrRequest(self.broker_id, self.ctx.epoch, self.ctx.broker_epochs.get(broker_id, -1),
-                                  [self._partition_state(tp) for tp in tps],
+                                  [self._partition_state(tp, tp in new or self._adding(tp, broker_id)
+                                                         or _never_led(self.ctx.states[tp][0])) for tp in tps],
                                   [lb for lb in self._live_brokers() if lb.broker_id in leaders],
                                   topic_configs={t: self.ctx.topic_configs.get(t, {}) for t in {tp.topic for tp in tps}},
                                   full=full)
@@ -775,7 +785,7 @@ class Controller:
     async def _on_new_topic(self, topic: str) -> list[Outgoing | None]:
         await self._load_topic(topic)
         created = await self._init_new_partitions(self.ctx.partitions_of(topic))
-        return self._propagate(created)
+        return self._propagate(created, new=set(created))
 
     async def create_topics(self, topics, validate_only: bool) -> tuple[list[TopicResult], list]:
         """CreateTopics, on the controller. Returns results and the propagation waits.
@@ -924,7 +934,7 @@ class Controller:
         await self.zk.set_assignment(topic, merged, controller_epoch_zk_version=ctx.epoch_zk_version)
         ctx.assignments[topic] = merged
         created = await self._init_new_partitions([TopicPartition(topic, p) for p in sorted(new)])
-        return self._propagate(created)
+        return self._propagate(created, new=set(created))
 
     async def alter_topic_config(self, topic: str, changes: dict[str, str | None], validate_only: bool,
                                  replace: bool = False):
@@ -1466,6 +1476,12 @@ def _preferred(replicas: list[int], st: LeaderAndIsr, live: set[int]) -> tuple[i
     if replicas and st.leader == replicas[0]:
         return None
     return _decision(preferred_replica_leader(replicas, st.isr, live))
+
+
+def _never_led(st: LeaderAndIsr) -> bool:
+    """A partition created while none of its replicas was live (``_init_new_partitions``): it
+    never had a leader nor a record, so each of its replicas is new."""
+    return st.leader == -1 and not st.isr and st.leader_epoch == 0
 
 
 def _moving(moves: dict[TopicPartition, ReplicaAssignment]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:

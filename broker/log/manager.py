@@ -81,7 +81,8 @@ class LogManager:
         self._cleaned: dict[TopicPartition, int] = {}  # cleaner checkpoints of the dir being loaded
         self.had_clean_shutdown: dict[str, bool] = {}
         self.offline_dirs: dict[str, str] = {}  # log dir -> the failure that took it offline
-        self._offline: dict[TopicPartition, str] = {}  # partitions of offline dirs -> their dir
+        # partitions of offline dirs -> their dir (None: not known, a dir failed while loading)
+        self._offline: dict[TopicPartition, str | None] = {}
         self._failures: dict[str, str] = {}  # dirs found failing, not yet taken offline
         self._failures_lock = threading.Lock()  # a worker thread's read may find a failure
         # called when a failure is found (from the thread that found it): the owner takes the
@@ -91,24 +92,40 @@ class LogManager:
     # -- startup and shutdown --------------------------------------------------------------------
 
     def startup(self, topic_configs: dict[str, LogConfig] | None = None) -> None:
-        """Load every log; ``topic_configs`` overrides the default config per topic."""
+        """Load every log; ``topic_configs`` overrides the default config per topic.
+
+        A log dir that fails while it is created or loaded (an OSError) is offline from the
+        start and the others are loaded, as Kafka's loadLogs does: the partitions it holds are
+        not known, so a LeaderAndIsr for a partition that has no log here and is not new is
+        refused while any dir is offline (``get_or_create_log``). StorageError when every dir
+        failed, or for what is no failure of a disk (another broker's or cluster's dir, a
+        partition in two dirs)."""
         topic_configs = topic_configs or {}
         for d in self.log_dirs:
-            os.makedirs(d, exist_ok=True)
-            self._check_meta(d)
-            marker = os.path.join(d, CLEAN_SHUTDOWN_MARKER)
-            clean = os.path.exists(marker)
-            self.had_clean_shutdown[d] = clean
-            recovery, hws, starts = (self._read_checkpoint(d, name) for name in
-                                     (RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,
-                                      LOG_START_OFFSET_CHECKPOINT))
-            self._cleaned = self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT)
-            for name in sorted(os.listdir(d)):
-                self._load_dir(d, name, clean, recovery, hws, starts, topic_configs)
-            if clean:
-                os.unlink(marker)
-                fsync_dir(d)
-        logger.info("loaded %d logs from %s", len(self._logs), ", ".join(self.log_dirs))
+            try:
+                self._load_log_dir(d, topic_configs)
+            except (OSError, LogDirFailure) as e:
+                failure = e if isinstance(e, LogDirFailure) else dir_failure(d, e, "loading its logs")
+                self.take_dir_offline(d, str(failure))
+        if not self.live_log_dirs:
+            raise StorageError("every log dir failed while loading: " + "; ".join(self.offline_dirs.values()))
+        logger.info("loaded %d logs from %s", len(self._logs), ", ".join(self.live_log_dirs))
+
+    def _load_log_dir(self, d: str, topic_configs: dict[str, LogConfig]) -> None:
+        os.makedirs(d, exist_ok=True)
+        self._check_meta(d)
+        marker = os.path.join(d, CLEAN_SHUTDOWN_MARKER)
+        clean = os.path.exists(marker)
+        self.had_clean_shutdown[d] = clean
+        recovery, hws, starts = (self._read_checkpoint(d, name) for name in
+                                 (RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,
+                                  LOG_START_OFFSET_CHECKPOINT))
+        self._cleaned = self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT)
+        for name in sorted(os.listdir(d)):
+            self._load_dir(d, name, clean, recovery, hws, starts, topic_configs)
+        if clean:
+            os.unlink(marker)
+            fsync_dir(d)
 
     def _load_dir(self, d: str, name: str, clean: bool, recovery, hws, starts, topic_configs) -> None:
         path = os.path.join(d, name)
@@ -131,10 +148,14 @@ class LogManager:
             raise StorageError(f"partition {tp} found in two log directories: {self._dir_of[tp]} and {d}")
         config = topic_configs.get(tp.topic, self.default_config)
         # With no recovery-point checkpoint (missing or corrupt) everything is re-validated.
-        log = load_log(path, tp, config, recovery_point=recovery.get(tp, 0),
-                       log_start_offset=starts.get(tp, 0), high_watermark=hws.get(tp, 0),
-                       had_clean_shutdown=clean and tp in recovery, clock=self._clock,
-                       cleaned_offset=self._cleaned.get(tp, 0))
+        try:
+            log = load_log(path, tp, config, recovery_point=recovery.get(tp, 0),
+                           log_start_offset=starts.get(tp, 0), high_watermark=hws.get(tp, 0),
+                           had_clean_shutdown=clean and tp in recovery, clock=self._clock,
+                           cleaned_offset=self._cleaned.get(tp, 0))
+        except (OSError, LogDirFailure):
+            self._offline[tp] = d  # its log is there, out of reach: the dir goes offline (startup)
+            raise
         self._register(tp, log, d)
 
     def _read_checkpoint(self, d: str, name: str) -> dict[TopicPartition, int]:
@@ -148,8 +169,11 @@ class LogManager:
         """Record the cluster id learnt from ZooKeeper: every log dir's meta.properties must
         name it (or gets it written), so a data directory cannot move between clusters."""
         self.cluster_id = cluster_id
-        for d in self.log_dirs:
-            self._check_meta(d)
+        for d in self.live_log_dirs:
+            try:
+                self._check_meta(d)
+            except OSError as e:
+                self.dir_failed(dir_failure(d, e, "writing its meta.properties"))
 
     def _check_meta(self, d: str) -> None:
         path = os.path.join(d, META_PROPERTIES)
@@ -205,16 +229,23 @@ class LogManager:
     def logs(self) -> dict[TopicPartition, Log]:
         return dict(self._logs)
 
-    def get_or_create_log(self, tp: TopicPartition, config: LogConfig | None = None) -> Log:
+    def get_or_create_log(self, tp: TopicPartition, config: LogConfig | None = None, *,
+                          is_new: bool = True) -> Log:
         """``tp``'s log, created in the log dir with the fewest partitions if there is none.
         StorageError for a partition of an offline log dir (its log is there, out of reach),
-        and LogDirFailure when the creation fails (that partition is offline too)."""
+        and LogDirFailure when the creation fails (that partition is offline too).
+
+        A replica that is not new (``is_new``, LeaderAndIsr's flag) and has no log here while
+        a dir is offline may have its log in that dir: it is offline too (StorageError), for
+        an empty log created elsewhere would be taken for a replica that lost its records
+        (Kafka's getOrCreateLog)."""
         log = self._logs.get(tp)
         if log is not None:
             return log
-        where = self._offline.get(tp)
-        if where is not None:
-            raise StorageError(f"{tp}: its log dir {where} is offline ({self.offline_dirs.get(where, 'failing')})")
+        if tp not in self._offline and not is_new and self.offline_dirs:
+            self._offline[tp] = None
+        if tp in self._offline:
+            raise StorageError(f"{tp}: {self.offline_reason(tp)}")
         d = self._next_log_dir()
         try:
             log = load_log(partition_dir(d, tp), tp, config or self.default_config, clock=self._clock)
@@ -263,6 +294,9 @@ class LogManager:
 
     def offline_reason(self, tp: TopicPartition) -> str:
         d = self._offline.get(tp)
+        if d is None:
+            return (f"it has no log in the log dirs online, and may have one in those offline: "
+                    f"{', '.join(sorted(self.offline_dirs))}")
         return f"its log dir {d} failed ({self.offline_dirs.get(d, 'being taken offline')})"
 
     def dir_failed(self, failure: LogDirFailure) -> None:

@@ -19,8 +19,10 @@ partitions answers KAFKA_STORAGE_ERROR from then on, waiting produces and fetche
 and is fetched no more; a partition of another directory is not affected. The controller is
 told (``damage_reporter`` with ``offline``), and moves leadership off those replicas and out
 of the ISRs; told again by a LeaderAndIsr that still counts on one of them (its view is
-behind: a new controller, or this broker registered again since). When no log dir is left,
-``on_all_dirs_offline`` stops the broker.
+behind: a new controller, or this broker registered again since). A dir that failed while
+the broker loaded its logs is offline from the start, its partitions unknown: a replica with
+no log here that LeaderAndIsr does not call new is taken for one of them (``_apply``). When no
+log dir is left, ``on_all_dirs_offline`` stops the broker.
 
 Everything here runs on the broker's Trio thread; the logs it calls are synchronous.
 """
@@ -441,7 +443,7 @@ class ReplicaManager:
             p = self.partitions[tp] = NotifyingPartition(tp, self.broker_id)
         self._stop_fetching(tp)
         try:
-            log = self.log_manager.get_or_create_log(tp, self.topic_config(tp.topic))
+            log = self.log_manager.get_or_create_log(tp, self.topic_config(tp.topic), is_new=st.is_new)
             if st.leader == self.broker_id:
                 if p.make_leader(st, log, self.clock()):
                     logger.info("%s: leader at epoch %d, isr %s, log end %d", tp, st.leader_epoch, st.isr,
@@ -451,6 +453,8 @@ class ReplicaManager:
         except StorageError as e:  # its log dir failed (now offline), or none is left
             logger.error("%s: cannot take the state of leader epoch %d: %s", tp, st.leader_epoch, e)
             self.handle_dir_failures()
+            if p.offline is None and self.log_manager.is_offline(tp):  # maybe in a dir that failed to load
+                return self._offline_replica(tp, st)
             return KAFKA_STORAGE_ERROR.code
         if st.leader != self.broker_id and st.leader >= 0:
             to_follow.setdefault(st.leader, {})[tp] = st.leader_epoch

@@ -118,3 +118,39 @@ def test_a_broker_whose_only_log_dir_fails_stops_and_its_partitions_move(cluster
     with open(broker.log_path, errors="replace") as f:
         assert "broker 2 is stopping: every log dir has failed" in f.read()
     assert not (cluster.dir / "broker-2" / "logs" / ".tidelog_cleanshutdown").exists()
+
+
+def test_a_dir_that_fails_while_the_broker_starts_is_offline_and_the_others_serve(cluster):
+    """Broker 1 restarts with one of its two dirs unreadable: it starts with the other (as
+    Kafka's loadLogs), the partition in the failed dir stays off it, the other is back in sync."""
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        admin.create_topics([NewTopic(TOPIC, replica_assignment={0: [1, 2, 3], 1: [1, 2, 3]},
+                                      config={"min.insync.replicas": "2"})])
+    wait_topic_ready(cluster, TOPIC, 2, 3)
+    where = {p: next(d for d in cluster.dirs_of_1 if (d / f"{TOPIC}-{p}").is_dir()) for p in (0, 1)}
+    assert where[0] != where[1]
+    assert len(produce(cluster, 0, 5)) == 5 and len(produce(cluster, 1, 5)) == 5
+    broker = cluster.brokers[1]
+    assert broker.stop() == 0
+    index = where[0] / f"{TOPIC}-0" / (filename_prefix(0) + ".index")
+    if index.exists():
+        index.unlink()
+    index.mkdir()  # opening it fails (IsADirectoryError) while the logs load
+    broker.start()
+    cluster.wait_ready(60)
+
+    def settled():
+        p = partitions_of(broker_metadata(cluster, 2), TOPIC)
+        return p[0].leader_id in (2, 3) and 1 not in p[0].isr_nodes and 1 in p[1].isr_nodes and p
+    wait_until(settled, 60, "broker 1 in partition 1's ISR and out of partition 0's")
+    assert len(produce(cluster, 0, 5)) == 5 and len(produce(cluster, 1, 5)) == 5
+    read = consume_range(cluster.bootstrap, {TopicPartition(TOPIC, 0): 10, TopicPartition(TOPIC, 1): 10})
+    assert {tp.partition: [r.offset for r in rs] for tp, rs in read.items()} == {0: list(range(10)),
+                                                                                  1: list(range(10))}
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        dirs = admin.describe_log_dirs()[1]
+    assert dirs[str(where[0])].error.code == KAFKA_STORAGE_ERROR.code and dirs[str(where[1])].error is None
+    assert TopicPartition(TOPIC, 1) in dirs[str(where[1])].replicas
+    assert broker.running
+    with open(broker.log_path, errors="replace") as f:
+        assert f"log dir {where[0]} failed while loading its logs" in f.read()

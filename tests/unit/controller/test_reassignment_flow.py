@@ -68,6 +68,7 @@ async def test_a_move_writes_rs_and_tells_every_replica_of_it():
     assert to(sent, ApiKey.LEADER_AND_ISR) == [1, 2, 3, 4]
     told = state_sent(sent, 4)
     assert (told.replicas, told.adding_replicas, told.removing_replicas) == ([2, 3, 4, 1], [4], [1])
+    assert told.is_new and not any(state_sent(sent, b).is_new for b in (1, 2, 3))  # only the added
     assert to(sent, ApiKey.STOP_REPLICA) == []
     assert [tp for tp in c.reassignments(None)] == [TP]
 

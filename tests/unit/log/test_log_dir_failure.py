@@ -79,7 +79,7 @@ def test_an_offline_dir_loses_its_logs_and_gets_nothing_more(manager, monkeypatc
     assert manager.offline_dirs == {d1: reason} and manager.live_log_dirs == [d2]
     assert manager.get_log(A) is None and manager.is_offline(A) and not manager.is_offline(B)
     # its log is not made again elsewhere, and new partitions go to the dirs left
-    with pytest.raises(StorageError, match=f"its log dir {d1} is offline"):
+    with pytest.raises(StorageError, match=f"its log dir {d1} failed"):
         manager.get_or_create_log(A)
     assert manager.get_or_create_log(C).log_dir == d2
     # nothing is written to it: checkpoints and the clean-shutdown marker go to d2 only
@@ -115,3 +115,79 @@ def test_a_log_whose_creation_fails_is_offline_with_its_dir(manager, monkeypatch
     assert sorted(manager.take_dir_offline(d1, "failed")) == [A, C]
     with pytest.raises(StorageError, match="every log dir is offline"):
         manager.get_or_create_log(TopicPartition("d", 0))
+
+
+def plant_unreadable_segment(log_dir: str, tp: TopicPartition) -> None:
+    """A directory where the partition's first segment's index is: opening it fails
+    (IsADirectoryError, an OSError as EIO would be) while the log is loaded."""
+    index = os.path.join(log_dir, tp.dir_name, "00000000000000000000.index")
+    if os.path.exists(index):
+        os.unlink(index)
+    os.mkdir(index)
+
+
+def restarted(manager: LogManager) -> LogManager:
+    manager.shutdown()
+    m = LogManager(manager.log_dirs, CONFIG, broker_id=1)
+    return m
+
+
+def test_a_dir_failing_while_the_logs_load_is_offline_and_the_others_load(manager):
+    d1, d2 = manager.log_dirs
+    m = restarted(manager)
+    plant_unreadable_segment(d2, B)
+    m.startup()
+    try:
+        assert list(m.offline_dirs) == [d2] and "loading" in m.offline_dirs[d2]
+        assert m.live_log_dirs == [d1]
+        assert m.get_log(A).log_end_offset == 2  # the other dir's log is there
+        assert m.get_log(B) is None and m.is_offline(B)
+        with pytest.raises(StorageError, match="log dir .*d2 failed"):
+            m.get_or_create_log(B, is_new=True)  # known to be in the failed dir
+        before = {name: os.path.getmtime(os.path.join(d2, name)) for name in os.listdir(d2)}
+    finally:
+        m.shutdown()
+    # nothing was written to it: its logs are as the last shutdown left them, marker included
+    assert {name: os.path.getmtime(os.path.join(d2, name)) for name in os.listdir(d2)} == before
+
+
+def test_a_replica_not_new_and_not_found_may_be_in_the_failed_dir(manager, monkeypatch, tmp_path):
+    """The dir fails before its partitions are listed (Kafka does not know them either): a
+    replica that has no log and is not new is offline; a new one is created in a live dir."""
+    d1, d2 = manager.log_dirs
+    m = restarted(manager)
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda d: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error"))
+                        if d == d2 else real_listdir(d))
+    m.startup()
+    try:
+        assert list(m.offline_dirs) == [d2] and not m.is_offline(B)
+        with pytest.raises(StorageError, match="no log in the log dirs online.*d2"):
+            m.get_or_create_log(B, is_new=False)
+        assert m.is_offline(B)
+        with pytest.raises(StorageError):  # offline until the broker restarts, new or not
+            m.get_or_create_log(B, is_new=True)
+        assert m.get_or_create_log(A, is_new=False).log_end_offset == 2  # found in a live dir
+        assert m.get_or_create_log(C, is_new=True).log_dir == d1
+    finally:
+        m.shutdown()
+
+
+def test_a_broker_whose_every_dir_fails_to_load_does_not_start(manager):
+    m = restarted(manager)
+    for d, tp in zip(m.log_dirs, (A, B)):
+        plant_unreadable_segment(d, tp)
+    with pytest.raises(StorageError, match="every log dir failed while loading: log dir .*d1.*; log dir .*d2"):
+        m.startup()
+
+
+def test_a_dir_that_is_no_directory_is_offline_from_the_start(tmp_path):
+    (tmp_path / "file").write_text("not a log dir")
+    m = LogManager([str(tmp_path / "file"), str(tmp_path / "d")], CONFIG, broker_id=1)
+    m.startup()
+    try:
+        assert list(m.offline_dirs) == [str(tmp_path / "file")]
+        m.get_or_create_log(A)
+        assert m.get_log(A) is not None
+    finally:
+        m.shutdown()

@@ -197,3 +197,34 @@ def test_the_broker_is_stopped_once_its_last_log_dir_fails(broker, monkeypatch):
     FailingDir(monkeypatch, d2, "pwrite", errno.EIO)
     assert broker.produce(make_batch(1), tp=B)["error_code"] == KAFKA_STORAGE_ERROR.code
     assert stopped == [[d1, d2]]
+
+
+async def test_a_replica_without_a_log_while_a_dir_failed_to_load_is_offline_unless_new(tmp_path):
+    """A dir that failed while the broker loaded its logs may hold any partition: a replica
+    with no log in the dirs left is taken for one of it (KAFKA_STORAGE_ERROR, the controller
+    told), unless LeaderAndIsr calls it new (a topic just created, a reassignment's)."""
+    (tmp_path / "d1").write_text("")  # no directory: it fails while the logs load
+    b = MemoryBroker(1, [str(tmp_path / "d1"), str(tmp_path / "d2")], CONFIG, FakeClock())
+    reports = []
+
+    async def reporter(tps, offline=False):
+        reports.append((sorted(tps), offline))
+    b.replica_manager.damage_reporter = reporter
+    b.log_manager.startup()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(b.replica_manager.run)
+            assert list(b.log_manager.offline_dirs) == [str(tmp_path / "d1")]
+            (e,) = lead(b, A).partition_errors
+            assert e.error_code == KAFKA_STORAGE_ERROR.code and b.log_manager.get_log(A) is None
+            new = PartitionState("b", 0, CONTROLLER_EPOCH, 1, 0, [1], 0, [1], is_new=True)
+            (e,) = b.replica_manager.become_leader_or_follower(
+                LeaderAndIsrRequest(0, CONTROLLER_EPOCH, 0, [new])).partition_errors
+            assert e.error_code == NONE.code and b.log(B).log_dir == str(tmp_path / "d2")
+            await trio.testing.wait_all_tasks_blocked()
+            assert reports == [([A], True)]
+            assert b.produce(make_batch(1), tp=A)["error_code"] == KAFKA_STORAGE_ERROR.code
+            assert b.produce(make_batch(1), tp=B)["error_code"] == NONE.code
+            nursery.cancel_scope.cancel()
+    finally:
+        b.close()
