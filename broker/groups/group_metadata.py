@@ -20,6 +20,11 @@ States (Kafka's, the names DescribeGroups reports)
                         handed to every member; members heartbeat.
 ``Dead``                the group was deleted or moved away; nothing is answered from it.
 
+The SyncGroup deadline (Kafka's pending sync): when the join phase ends, every member must
+send SyncGroup within the rebalance timeout, also once the leader's assignment has made the
+group Stable (a follower may sync after that); at the deadline the members that never synced
+are removed and the group rebalances. A new rebalance cancels the deadline.
+
 ``VALID_PREVIOUS_STATES`` is the table of allowed transitions; ``transition_to`` enforces it.
 
 Events: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit validation, the timer
@@ -262,7 +267,8 @@ class GroupMetadata:
     initial_delay_remaining_ms: int | None = None  # not None: the initial (Empty group) delay
     initial_delay_ms: int = 0
     new_member_added: bool = False
-    sync_deadline_ms: int | None = None  # while CompletingRebalance
+    # from the end of a join phase until every member sent SyncGroup (CompletingRebalance, Stable)
+    sync_deadline_ms: int | None = None
     pending_sync: set[str] = field(default_factory=set)  # members that have not sent SyncGroup
 
     # -- state ---------------------------------------------------------------------------------
@@ -453,7 +459,7 @@ class GroupMetadata:
             return None
         if member.group_instance_id is not None and self.static_members.get(member.group_instance_id) == member_id:
             del self.static_members[member.group_instance_id]
-        self.pending_sync.discard(member_id)
+        self._synced(member_id)
         if self.leader_id == member_id:
             self.leader_id = next(iter(self.members), None)
         return member
@@ -572,15 +578,21 @@ class GroupMetadata:
             return SyncResult([], sync_error(UNKNOWN_MEMBER_ID))
         if self.is_(S.PREPARING_REBALANCE):
             return SyncResult([], sync_error(REBALANCE_IN_PROGRESS, "the group is rebalancing: rejoin it"))
+        self._synced(member.member_id)
         if self.is_(S.STABLE):
             return SyncResult([], self._sync_response(member))
         member.awaiting_sync = True
-        self.pending_sync.discard(member.member_id)
         if member.member_id != self.leader_id:
             return SyncResult([])
         assignment = {a.member_id: a.assignment for a in req.assignments}
         value = self.snapshot({m: assignment.get(m, b"") for m in self.members})
         return SyncResult([StoreGroup(StoreReason.SYNC, self.generation_id, value)])
+
+    def _synced(self, member_id: str) -> None:
+        """The member met the SyncGroup deadline; the last one to do so ends it."""
+        self.pending_sync.discard(member_id)
+        if not self.pending_sync:
+            self.sync_deadline_ms = None
 
     def _sync_response(self, member: MemberMetadata) -> SyncGroupResponse:
         return SyncGroupResponse(NONE.code, member.assignment, self.protocol_type, self.protocol_name)
@@ -618,8 +630,7 @@ class GroupMetadata:
             if m.awaiting_sync:
                 m.awaiting_sync = False
                 effects.append(Reply(m.member_id, Waiting.SYNC, self._sync_response(m)))
-        self.sync_deadline_ms, self.pending_sync = None, set()
-        self.transition_to(S.STABLE, now_ms)
+        self.transition_to(S.STABLE, now_ms)  # the SyncGroup deadline goes on for those not synced
         return effects
 
     def _on_static_stored(self, store: StoreGroup, error: ErrorCode) -> list[Effect]:
@@ -778,7 +789,8 @@ class GroupMetadata:
         for m in list(self.members.values()):
             if not m.awaiting_join and not m.awaiting_sync and m.session_expired(now_ms):
                 effects += self.remove_member_and_update(m.member_id, now_ms, config)
-        if self.is_(S.COMPLETING_REBALANCE) and self.sync_deadline_ms is not None and now_ms >= self.sync_deadline_ms:
+        if self.sync_deadline_ms is not None and now_ms >= self.sync_deadline_ms and self.state in (
+                S.COMPLETING_REBALANCE, S.STABLE):
             for member_id in list(self.pending_sync):
                 effects += self.remove_member_and_update(member_id, now_ms, config)
         return effects + self.maybe_complete_join(now_ms)

@@ -256,6 +256,34 @@ def test_a_member_that_never_syncs_is_removed_after_the_rebalance_timeout():
     assert len(g.members) == 1 and g.is_(S.PREPARING_REBALANCE)
 
 
+def test_a_member_that_never_syncs_is_removed_after_the_rebalance_timeout_in_a_stable_group_too():
+    """Kafka's pending sync (schedulePendingSync, onExpirePendingSync): each member must send
+    SyncGroup within the rebalance timeout of the join phase's end, also after the leader's
+    assignment made the group Stable. Heartbeats do not count; at the deadline the members
+    that never synced are removed and the group rebalances."""
+    g, (m1, m2), now = stable_group(2)  # the leader synced, the follower never does
+    follower = m2 if g.leader_id == m1 else m1
+    for t in range(now, now + REBALANCE, SESSION // 2):
+        assert g.heartbeat(m1, None, 1, t)[0] is NONE and g.heartbeat(m2, None, 1, t)[0] is NONE
+        assert g.tick(t, CONFIG) == [] and g.is_(S.STABLE)
+    assert g.next_deadline_ms() <= now + REBALANCE
+    g.heartbeat(m1, None, 1, now + REBALANCE)
+    g.heartbeat(m2, None, 1, now + REBALANCE)
+    g.tick(now + REBALANCE, CONFIG)
+    assert follower not in g.members and g.is_(S.PREPARING_REBALANCE)
+
+
+def test_a_member_that_syncs_once_the_group_is_stable_meets_the_deadline():
+    g, (m1, m2), now = stable_group(2)
+    follower = m2 if g.leader_id == m1 else m1
+    assert g.sync(SyncGroupRequest("g", 1, follower), now + 1).immediate.assignment == follower.encode()
+    for t in range(now, now + 2 * REBALANCE, SESSION // 2):
+        g.heartbeat(m1, None, 1, t)
+        g.heartbeat(m2, None, 1, t)
+        g.tick(t, CONFIG)
+    assert g.is_(S.STABLE) and set(g.members) == {m1, m2}
+
+
 # -- static membership ---------------------------------------------------------------------------
 
 
@@ -612,6 +640,9 @@ class GroupMachine(RuleBasedStateMachine):
             assert g.join_deadline_ms is not None
         if not g.is_(S.COMPLETING_REBALANCE):
             assert not any(m.awaiting_sync for m in g.members.values())
+        if g.pending_sync:  # the SyncGroup deadline: after a join phase, for its members
+            assert g.state in (S.COMPLETING_REBALANCE, S.STABLE) and g.sync_deadline_ms is not None
+            assert g.pending_sync <= set(g.members)
 
 
 TestGroupMachine = GroupMachine.TestCase
