@@ -57,9 +57,12 @@ the topic's offsets from its groups and append their tombstones (``handle_delete
 Kafka's handleDeletedPartitions), so that a topic created again under the name does not
 resume at the old offsets, after a reload neither.
 
-Time: every group decision gets ``now_ms`` from ``clock`` (wall time, as the records'
-timestamps are); one timer task wakes at the earliest group deadline (session expiry, end of
-a join phase) and calls ``GroupMetadata.tick``.
+Time: every group decision gets the time by two clocks (``GroupMetadata``'s ``Now``):
+deadlines (session expiry, the end of a join phase, the SyncGroup deadline, pending members)
+count on ``monotonic_clock``, so that a step of the wall clock (NTP) neither expires nor
+prolongs them; what is stored or sent (commit and record timestamps, the group's state
+timestamp, offset retention, as Kafka's) is ``clock``'s wall time. One timer task wakes at
+the earliest group deadline and calls ``GroupMetadata.tick``.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ from tidelog.broker.groups.group_metadata import (
     GroupConfig,
     GroupMetadata,
     GroupState,
+    Now,
     Reply,
     StoreGroup,
     Waiting,
@@ -170,6 +174,10 @@ WAIT_MARGIN_MS = 10_000  # a JoinGroup/SyncGroup never waits longer than its tim
 
 MAX_GROUP_ID_BYTES = 32767  # a Kafka protocol STRING: an int16 length
 MAX_INT64 = (1 << 63) - 1
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 def invalid_group_id(group_id: str) -> bool:
@@ -281,13 +289,14 @@ def _left_empty(group: GroupMetadata) -> bool:
 class GroupCoordinator:
     def __init__(self, config: CoordinatorConfig, replica_manager, metadata, *,
                  create_topic: CreateTopic | None = None, list_offsets: ListOffsets | None = None,
-                 clock: Callable[[], int] = wall_ms):
+                 clock: Callable[[], int] = wall_ms, monotonic_clock: Callable[[], int] = monotonic_ms):
         self.config = config
         self.replica_manager = replica_manager
         self.metadata = metadata
         self.create_topic = create_topic
         self.list_offsets = list_offsets
-        self.clock = clock
+        self.clock = clock  # wall time: what is stored or sent
+        self.monotonic_clock = monotonic_clock  # what deadlines count on
         self.groups: dict[str, GroupMetadata] = {}
         self.epochs: dict[int, int] = {}  # partitions of __consumer_offsets led here -> leader epoch
         self.loading: set[int] = set()
@@ -304,6 +313,10 @@ class GroupCoordinator:
         self._pending_loads: list[tuple[int, int]] = []
         self._creating_topic = False
         self._refused_at_live: int | None = None  # the live broker count last refused (logged once per count)
+
+    def now(self) -> Now:
+        """The time of a group decision, by both clocks (``group_metadata.Now``)."""
+        return Now(self.monotonic_clock(), self.clock())
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -398,7 +411,7 @@ class GroupCoordinator:
         return loaded
 
     def _install(self, partition: int, loaded: LoadedPartition) -> None:
-        now = self.clock()
+        now = self.now()
         for group_id in loaded.group_ids():
             group = GroupMetadata.restore(group_id, loaded.groups.get(group_id),
                                           loaded.offsets.get(group_id, {}), now)
@@ -498,7 +511,7 @@ class GroupCoordinator:
                 return join_error(UNKNOWN_MEMBER_ID, req.member_id, f"group {req.group_id} does not exist")
             group = self.groups[req.group_id] = GroupMetadata(req.group_id, state_timestamp_ms=self.clock())
         prefix = req.group_instance_id or client_id or "member"
-        result = group.join(req, client_id or "", client_host, f"{prefix}-{uuid.uuid4()}", self.clock(),
+        result = group.join(req, client_id or "", client_host, f"{prefix}-{uuid.uuid4()}", self.now(),
                             self.config.group)
         if result.immediate is not None:
             self._apply(group, result.effects)
@@ -529,7 +542,7 @@ class GroupCoordinator:
         group = self.groups.get(req.group_id)
         if group is None:
             return sync_error(UNKNOWN_MEMBER_ID, f"group {req.group_id} does not exist")
-        result = group.sync(req, self.clock())
+        result = group.sync(req, self.now())
         if result.immediate is not None:
             self._apply(group, result.effects)
             return result.immediate
@@ -547,7 +560,7 @@ class GroupCoordinator:
         group = self.groups.get(req.group_id)
         if group is None:
             return HeartbeatResponse(UNKNOWN_MEMBER_ID.code, f"group {req.group_id} does not exist")
-        error, message = group.heartbeat(req.member_id, req.group_instance_id, req.generation_id, self.clock())
+        error, message = group.heartbeat(req.member_id, req.group_instance_id, req.generation_id, self.now())
         return HeartbeatResponse(error.code, message)
 
     async def leave_group(self, req: LeaveGroupRequest) -> LeaveGroupResponse:
@@ -558,7 +571,7 @@ class GroupCoordinator:
         if group is None or group.is_(GroupState.DEAD):
             members = [MemberResponse(m.member_id, UNKNOWN_MEMBER_ID.code, m.group_instance_id) for m in req.members]
             return LeaveGroupResponse(_single_error(members), members)
-        members, effects = group.leave(req.members, self.clock(), self.config.group)
+        members, effects = group.leave(req.members, self.now(), self.config.group)
         self._apply(group, effects)
         return LeaveGroupResponse(_single_error(members), members)
 
@@ -655,7 +668,7 @@ class GroupCoordinator:
                 return UNKNOWN_MEMBER_ID, (f"group {req.group_id} does not exist (its members expired or its "
                                            "coordinator moved): rejoin before committing")
             group = self.groups[req.group_id] = GroupMetadata(req.group_id, state_timestamp_ms=self.clock())
-        return group.commit_error(req.generation_id, req.member_id, req.group_instance_id, self.clock())
+        return group.commit_error(req.generation_id, req.member_id, req.group_instance_id, self.now())
 
     async def _write_offsets(self, group: GroupMetadata, req: OffsetCommitRequest, valid) -> list[ErrorCode]:
         now = self.clock()
@@ -726,7 +739,7 @@ class GroupCoordinator:
     async def _store_group(self, group: GroupMetadata, store: StoreGroup, appended: _Appended) -> None:
         error, _ = await self._committed(appended, 1)
         if self.groups.get(group.group_id) is group:
-            self._apply(group, group.on_store_complete(store, error, self.clock(), self.config.group))
+            self._apply(group, group.on_store_complete(store, error, self.now(), self.config.group))
 
     # -- effects and waiting -------------------------------------------------------------------
 
@@ -766,12 +779,12 @@ class GroupCoordinator:
     # -- timers --------------------------------------------------------------------------------
 
     def tick(self) -> float | None:
-        """Run every due group deadline; returns the next deadline (clock ms) or None."""
-        now = self.clock()
+        """Run every due group deadline; returns the next deadline (monotonic ms) or None."""
+        now = self.now()
         earliest = None
         for group in list(self.groups.values()):
             deadline = group.next_deadline_ms()
-            if deadline is not None and deadline <= now:
+            if deadline is not None and deadline <= now.ms:
                 self._apply(group, group.tick(now, self.config.group))
                 deadline = group.next_deadline_ms()
             if deadline is not None and (earliest is None or deadline < earliest):
@@ -782,7 +795,7 @@ class GroupCoordinator:
         while True:
             self._wake = trio.Event()
             earliest = self.tick()
-            delay_s = 1.0 if earliest is None else (earliest - self.clock()) / 1000
+            delay_s = 1.0 if earliest is None else (earliest - self.monotonic_clock()) / 1000
             with trio.move_on_after(min(1.0, max(0.005, delay_s))):
                 await self._wake.wait()
 
@@ -860,14 +873,14 @@ class GroupCoordinator:
                 self._nursery.start_soon(self._written, appended)
         return dropped
 
-    def _remove_group(self, group_id: str, group: GroupMetadata, now_ms: int,
+    def _remove_group(self, group_id: str, group: GroupMetadata, wall_ms: int,
                       tombstoned: Iterable[TopicPartition] = ()) -> list[tuple[bytes, None]]:
         """Drop ``group`` (Dead from now): the tombstones of its key and of every offset it may
         have in the log but those in ``tombstoned`` already. A commit still waiting for
         replication, or one that failed (timed out: its record may be committed yet), is in
         the log before these: its partition gets a tombstone too, or a reload would bring
         that offset back to a deleted group (``GroupMetadata.offset_keys``)."""
-        group.transition_to(GroupState.DEAD, now_ms)
+        group.transition_to(GroupState.DEAD, wall_ms)
         del self.groups[group_id]
         keys = sorted(group.offset_keys() - set(tombstoned))
         return [(offset_key(group_id, tp), None) for tp in keys] + [(group_key(group_id), None)]

@@ -35,7 +35,9 @@ Replies: a request either gets its answer at once (``JoinResult.immediate``) or 
 ``Reply`` addressed to its member id; every method returns the list of effects to carry out,
 in order: ``Reply`` (answer a waiting JoinGroup or SyncGroup) and ``StoreGroup`` (write the
 group's metadata record, then call ``on_store_complete``). The coordinator owns the waiting
-and the writing; this module reads no clock, does no I/O and never awaits.
+and the writing; this module reads no clock, does no I/O and never awaits. The time comes in
+as a ``Now``, by two clocks: deadlines count on the monotonic one, stored timestamps are
+wall time.
 
 Membership rules that matter for clients (Kafka's):
 
@@ -59,6 +61,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
+from typing import NamedTuple
 
 from tidelog.broker.groups.offsets_records import GroupMetadataValue, MemberValue, OffsetValue
 from tidelog.protocol.errors import (
@@ -110,6 +113,21 @@ VALID_PREVIOUS_STATES: dict[GroupState, frozenset[GroupState]] = {
     S.DEAD: frozenset({S.STABLE, S.PREPARING_REBALANCE, S.COMPLETING_REBALANCE, S.EMPTY, S.DEAD}),
 }
 CAN_REBALANCE = frozenset({S.STABLE, S.COMPLETING_REBALANCE, S.EMPTY})
+
+
+class Now(NamedTuple):
+    """The time of an event by both clocks. Deadlines (sessions, the join and SyncGroup
+    phases, pending members) count on the monotonic clock, which no step of the wall clock
+    (NTP, an operator) moves; timestamps that are stored or sent (the state timestamp in the
+    group's record, from which offset retention counts, as Kafka's does) are wall time."""
+
+    ms: int  # monotonic
+    wall_ms: int
+
+
+def at(now: Now | int) -> Now:
+    """``now`` as a Now; a plain number is one clock serving as both."""
+    return now if isinstance(now, Now) else Now(now, now)
 
 
 class IllegalStateTransition(RuntimeError):
@@ -202,7 +220,7 @@ class MemberMetadata:
     protocol_type: str
     protocols: list[tuple[str, bytes]]
     assignment: bytes = b""
-    last_heartbeat_ms: int = 0
+    last_heartbeat_ms: int = 0  # monotonic (``Now.ms``)
     awaiting_join: bool = False
     awaiting_sync: bool = False
     is_new: bool = False
@@ -243,14 +261,14 @@ def _protocols(req: JoinGroupRequest) -> list[tuple[str, bytes]]:
 class GroupMetadata:
     group_id: str
     state: GroupState = S.EMPTY
-    state_timestamp_ms: int = 0
+    state_timestamp_ms: int = 0  # wall clock: written in the group's record; offset retention counts from it
     generation_id: int = 0
     protocol_type: str | None = None
     protocol_name: str | None = None
     leader_id: str | None = None
     members: dict[str, MemberMetadata] = field(default_factory=dict)
     static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> member id
-    pending_members: dict[str, int] = field(default_factory=dict)  # member id -> expiry (ms)
+    pending_members: dict[str, int] = field(default_factory=dict)  # member id -> expiry (monotonic ms)
     offsets: dict[TopicPartition, OffsetValue] = field(default_factory=dict)
     # commits written but not yet acknowledged (Kafka's pendingOffsetCommits): their group is
     # not removed and their partitions' offsets are not expired meanwhile, so the tombstone
@@ -263,7 +281,7 @@ class GroupMetadata:
     # not tombstoned since: a commit that failed (its replication timed out) is not cached, yet
     # its record may be committed; the group's deletion tombstones these too
     appended_offsets: set[TopicPartition] = field(default_factory=set)
-    join_deadline_ms: int | None = None  # while PreparingRebalance
+    join_deadline_ms: int | None = None  # while PreparingRebalance (monotonic, as every deadline here)
     initial_delay_remaining_ms: int | None = None  # not None: the initial (Empty group) delay
     initial_delay_ms: int = 0
     new_member_added: bool = False
@@ -273,11 +291,11 @@ class GroupMetadata:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def transition_to(self, target: GroupState, now_ms: int) -> None:
+    def transition_to(self, target: GroupState, wall_ms: int) -> None:
         if self.state not in VALID_PREVIOUS_STATES[target]:
             raise IllegalStateTransition(f"group {self.group_id}: {self.state} -> {target} is not allowed")
         self.state = target
-        self.state_timestamp_ms = now_ms
+        self.state_timestamp_ms = wall_ms
 
     def is_(self, state: GroupState) -> bool:
         return self.state is state
@@ -314,8 +332,9 @@ class GroupMetadata:
     # -- JoinGroup -----------------------------------------------------------------------------
 
     def join(self, req: JoinGroupRequest, client_id: str, client_host: str, new_member_id: str,
-             now_ms: int, config: GroupConfig) -> JoinResult:
+             now: Now | int, config: GroupConfig) -> JoinResult:
         """A JoinGroup. ``new_member_id`` is the id a member joining without one gets."""
+        now = at(now)
         if not config.min_session_timeout_ms <= req.session_timeout_ms <= config.max_session_timeout_ms:
             return JoinResult([], join_error(INVALID_SESSION_TIMEOUT, req.member_id, (
                 f"session timeout {req.session_timeout_ms} ms is outside the broker's bounds "
@@ -330,28 +349,28 @@ class GroupMetadata:
                 f"is not compatible with group {self.group_id} (type {self.protocol_type!r}, "
                 f"protocols all members support: {sorted(self.candidate_protocols())})")))
         if req.member_id == UNKNOWN_MEMBER:
-            return self._join_unknown(req, client_id, client_host, new_member_id, now_ms, config)
-        return self._join_known(req, client_id, client_host, now_ms, config)
+            return self._join_unknown(req, client_id, client_host, new_member_id, now, config)
+        return self._join_known(req, client_id, client_host, now, config)
 
-    def _join_unknown(self, req, client_id, client_host, new_member_id, now_ms, config) -> JoinResult:
+    def _join_unknown(self, req, client_id, client_host, new_member_id, now, config) -> JoinResult:
         known_static = req.group_instance_id is not None and req.group_instance_id in self.static_members
         if not known_static and len(self.members) + len(self.pending_members) >= config.max_size:
             return JoinResult([], join_error(GROUP_MAX_SIZE_REACHED, UNKNOWN_MEMBER, (
                 f"group {self.group_id} has reached group.max.size={config.max_size} members")))
         if known_static:
-            return self._replace_static_member(req, client_id, client_host, new_member_id, now_ms, config)
+            return self._replace_static_member(req, client_id, client_host, new_member_id, now, config)
         if req.group_instance_id is None:  # a new dynamic member first learns its id
-            self.pending_members[new_member_id] = now_ms + req.session_timeout_ms
+            self.pending_members[new_member_id] = now.ms + req.session_timeout_ms
             return JoinResult([], JoinGroupResponse(
                 MEMBER_ID_REQUIRED.code, member_id=new_member_id,
                 error_message="rejoin with the member id given (Kafka's MEMBER_ID_REQUIRED handshake)"))
-        return self._add_member_and_rebalance(req, client_id, client_host, new_member_id, now_ms, config)
+        return self._add_member_and_rebalance(req, client_id, client_host, new_member_id, now, config)
 
-    def _join_known(self, req, client_id, client_host, now_ms, config) -> JoinResult:
+    def _join_known(self, req, client_id, client_host, now, config) -> JoinResult:
         member_id = req.member_id
         if member_id in self.pending_members:
             del self.pending_members[member_id]
-            return self._add_member_and_rebalance(req, client_id, client_host, member_id, now_ms, config)
+            return self._add_member_and_rebalance(req, client_id, client_host, member_id, now, config)
         if self.is_static_member_fenced(req.group_instance_id, member_id):
             return JoinResult([], join_error(FENCED_INSTANCE_ID, member_id, (
                 f"member {member_id} was replaced by a newer member with group instance id "
@@ -363,50 +382,50 @@ class GroupMetadata:
                 "rebalance timeout); rejoin with an empty member id")))
         same = member.protocols == _protocols(req)
         if self.is_(S.PREPARING_REBALANCE):
-            return self._update_member_and_rebalance(member, req, client_id, client_host, now_ms, config)
+            return self._update_member_and_rebalance(member, req, client_id, client_host, now, config)
         if self.is_(S.COMPLETING_REBALANCE) and same:
             return JoinResult([], self._join_response(member))
         if self.is_(S.STABLE) and same and member_id != self.leader_id:
             return JoinResult([], self._join_response(member))
-        return self._update_member_and_rebalance(member, req, client_id, client_host, now_ms, config)
+        return self._update_member_and_rebalance(member, req, client_id, client_host, now, config)
 
-    def _add_member_and_rebalance(self, req, client_id, client_host, member_id, now_ms, config) -> JoinResult:
+    def _add_member_and_rebalance(self, req, client_id, client_host, member_id, now, config) -> JoinResult:
         member = MemberMetadata(member_id, req.group_instance_id, client_id, client_host,
                                 _rebalance_timeout(req), req.session_timeout_ms, req.protocol_type,
-                                _protocols(req), last_heartbeat_ms=now_ms, awaiting_join=True, is_new=True)
+                                _protocols(req), last_heartbeat_ms=now.ms, awaiting_join=True, is_new=True)
         self.add(member)
         if self.is_(S.PREPARING_REBALANCE) and self.generation_id == 0:
             self.new_member_added = True
-        return JoinResult(self._after_join(now_ms, config), wait_for=member_id)
+        return JoinResult(self._after_join(now, config), wait_for=member_id)
 
-    def _update_member_and_rebalance(self, member, req, client_id, client_host, now_ms, config) -> JoinResult:
+    def _update_member_and_rebalance(self, member, req, client_id, client_host, now, config) -> JoinResult:
         member.rejoin(_protocols(req), _rebalance_timeout(req), req.session_timeout_ms, client_id, client_host)
         member.awaiting_join = True
-        member.last_heartbeat_ms = now_ms
-        return JoinResult(self._after_join(now_ms, config), wait_for=member.member_id)
+        member.last_heartbeat_ms = now.ms
+        return JoinResult(self._after_join(now, config), wait_for=member.member_id)
 
-    def _after_join(self, now_ms: int, config: GroupConfig) -> list[Effect]:
-        effects = self.maybe_prepare_rebalance(now_ms, config)
-        return effects + self.maybe_complete_join(now_ms)
+    def _after_join(self, now: Now, config: GroupConfig) -> list[Effect]:
+        effects = self.maybe_prepare_rebalance(now, config)
+        return effects + self.maybe_complete_join(now)
 
-    def _replace_static_member(self, req, client_id, client_host, new_member_id, now_ms, config) -> JoinResult:
+    def _replace_static_member(self, req, client_id, client_host, new_member_id, now, config) -> JoinResult:
         old_id = self.static_members[req.group_instance_id]
         old = self.members[old_id]
         effects = self._fence(old)
         old_join = old.joined_with()
         member = self._rename(old, new_member_id)
         member.rejoin(_protocols(req), _rebalance_timeout(req), req.session_timeout_ms, client_id, client_host)
-        member.last_heartbeat_ms = now_ms
+        member.last_heartbeat_ms = now.ms
         if self.is_(S.PREPARING_REBALANCE):
             member.awaiting_join = True
-            return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
+            return JoinResult(effects + self.maybe_complete_join(now), wait_for=new_member_id)
         # CompletingRebalance: the leader may be assigning to the old member id, which would
         # leave the new one without partitions (Kafka's updateStaticMemberAndRebalance). In
         # Stable only a change of the selected protocol rebalances, not other metadata
         if self.is_(S.COMPLETING_REBALANCE) or self.select_protocol() != self.protocol_name:
             member.awaiting_join = True
-            effects += self.prepare_rebalance(now_ms, config)
-            return JoinResult(effects + self.maybe_complete_join(now_ms), wait_for=new_member_id)
+            effects += self.prepare_rebalance(now, config)
+            return JoinResult(effects + self.maybe_complete_join(now), wait_for=new_member_id)
         store = StoreGroup(StoreReason.STATIC, self.generation_id, self.snapshot(), new_member_id, old_id, old_join)
         return JoinResult(effects + [store], wait_for=new_member_id)
 
@@ -464,11 +483,11 @@ class GroupMetadata:
             self.leader_id = next(iter(self.members), None)
         return member
 
-    def remove_member_and_update(self, member_id: str, now_ms: int, config: GroupConfig) -> list[Effect]:
+    def remove_member_and_update(self, member_id: str, now: Now, config: GroupConfig) -> list[Effect]:
         """A member leaves (LeaveGroup) or expires: answer what it waits in, then rebalance.
         A pending member (never joined) only stops the join phase from waiting for it."""
         if self.pending_members.pop(member_id, None) is not None:
-            return self.maybe_complete_join(now_ms)
+            return self.maybe_complete_join(now)
         member = self.members.get(member_id)
         if member is None:
             return []
@@ -479,25 +498,25 @@ class GroupMetadata:
             effects.append(Reply(member_id, Waiting.SYNC, sync_error(UNKNOWN_MEMBER_ID, "the member left the group")))
         self.remove(member_id)
         if self.state in (S.STABLE, S.COMPLETING_REBALANCE):
-            effects += self.maybe_prepare_rebalance(now_ms, config)
-        return effects + self.maybe_complete_join(now_ms)
+            effects += self.maybe_prepare_rebalance(now, config)
+        return effects + self.maybe_complete_join(now)
 
     # -- rebalance -----------------------------------------------------------------------------
 
-    def maybe_prepare_rebalance(self, now_ms: int, config: GroupConfig) -> list[Effect]:
-        return self.prepare_rebalance(now_ms, config) if self.state in CAN_REBALANCE else []
+    def maybe_prepare_rebalance(self, now: Now, config: GroupConfig) -> list[Effect]:
+        return self.prepare_rebalance(now, config) if self.state in CAN_REBALANCE else []
 
-    def prepare_rebalance(self, now_ms: int, config: GroupConfig) -> list[Effect]:
+    def prepare_rebalance(self, now: Now, config: GroupConfig) -> list[Effect]:
         effects = self._reset_assignment(REBALANCE_IN_PROGRESS) if self.is_(S.COMPLETING_REBALANCE) else []
         if self.is_(S.EMPTY):
             delay = self.initial_delay_ms = config.initial_rebalance_delay_ms
-            self.join_deadline_ms = now_ms + delay
+            self.join_deadline_ms = now.ms + delay
             self.initial_delay_remaining_ms = max(self.rebalance_timeout_ms - delay, 0)
         else:
-            self.join_deadline_ms = now_ms + self.rebalance_timeout_ms
+            self.join_deadline_ms = now.ms + self.rebalance_timeout_ms
             self.initial_delay_remaining_ms = None
         self.sync_deadline_ms, self.pending_sync = None, set()
-        self.transition_to(S.PREPARING_REBALANCE, now_ms)
+        self.transition_to(S.PREPARING_REBALANCE, now.wall_ms)
         return effects
 
     def _reset_assignment(self, error: ErrorCode) -> list[Effect]:
@@ -509,28 +528,28 @@ class GroupMetadata:
                 effects.append(Reply(m.member_id, Waiting.SYNC, sync_error(error)))
         return effects
 
-    def maybe_complete_join(self, now_ms: int) -> list[Effect]:
+    def maybe_complete_join(self, now: Now) -> list[Effect]:
         """End the join phase when it may end: every member rejoined (except during the
         initial delay, which always runs out), or the deadline passed."""
         if not self.is_(S.PREPARING_REBALANCE):
             return []
-        if self.join_deadline_ms is not None and now_ms >= self.join_deadline_ms:
+        if self.join_deadline_ms is not None and now.ms >= self.join_deadline_ms:
             if self.initial_delay_remaining_ms and self.new_member_added:
-                return self._extend_initial_delay(now_ms)
-            return self.complete_join(now_ms)
+                return self._extend_initial_delay(now)
+            return self.complete_join(now)
         if self.initial_delay_remaining_ms is None and self.has_all_members_joined():
-            return self.complete_join(now_ms)
+            return self.complete_join(now)
         return []
 
-    def _extend_initial_delay(self, now_ms: int) -> list[Effect]:
+    def _extend_initial_delay(self, now: Now) -> list[Effect]:
         remaining = self.initial_delay_remaining_ms or 0
         delay = min(remaining, self.initial_delay_ms)
         self.new_member_added = False
-        self.join_deadline_ms = now_ms + delay
+        self.join_deadline_ms = now.ms + delay
         self.initial_delay_remaining_ms = max(remaining - delay, 0)
         return []
 
-    def complete_join(self, now_ms: int) -> list[Effect]:
+    def complete_join(self, now: Now) -> list[Effect]:
         """Remove the dynamic members that did not rejoin (static ones stay: a restarting
         process comes back under its instance id; their session expiry removes them); bump
         the generation with a leader among the members that rejoined; answer those. If none
@@ -540,30 +559,31 @@ class GroupMetadata:
         self.initial_delay_remaining_ms, self.new_member_added = None, False
         joined = [m for m in self.members.values() if m.awaiting_join]
         if self.members and not joined:
-            self.join_deadline_ms = now_ms + self.rebalance_timeout_ms
+            self.join_deadline_ms = now.ms + self.rebalance_timeout_ms
             return []
         self.join_deadline_ms = None
         self.generation_id += 1
         if not self.members:
             self.protocol_name = None
-            self.transition_to(S.EMPTY, now_ms)
+            self.transition_to(S.EMPTY, now.wall_ms)
             return [StoreGroup(StoreReason.EMPTY, self.generation_id, self.snapshot())]
         if self.leader_id not in self.members or not self.members[self.leader_id].awaiting_join:
             self.leader_id = joined[0].member_id
         self.protocol_name = self.select_protocol()
-        self.transition_to(S.COMPLETING_REBALANCE, now_ms)
-        self.sync_deadline_ms = now_ms + self.rebalance_timeout_ms
+        self.transition_to(S.COMPLETING_REBALANCE, now.wall_ms)
+        self.sync_deadline_ms = now.ms + self.rebalance_timeout_ms
         self.pending_sync = set(self.members)
         effects: list[Effect] = []
         for m in self.members.values():
             if m.awaiting_join:
                 effects.append(Reply(m.member_id, Waiting.JOIN, self._join_response(m)))
-            m.awaiting_join, m.is_new, m.last_heartbeat_ms = False, False, now_ms
+            m.awaiting_join, m.is_new, m.last_heartbeat_ms = False, False, now.ms
         return effects
 
     # -- SyncGroup -----------------------------------------------------------------------------
 
-    def sync(self, req: SyncGroupRequest, now_ms: int) -> SyncResult:
+    def sync(self, req: SyncGroupRequest, now: Now | int) -> SyncResult:
+        now = at(now)
         error = self._check_member(req.member_id, req.group_instance_id, req.generation_id)
         if error is not None:
             return SyncResult([], sync_error(*error))
@@ -573,7 +593,7 @@ class GroupMetadata:
                 f"protocol {req.protocol_type}/{req.protocol_name} differs from the group's "
                 f"{self.protocol_type}/{self.protocol_name}")))
         member = self.members[req.member_id]
-        member.last_heartbeat_ms = now_ms
+        member.last_heartbeat_ms = now.ms
         if self.is_(S.EMPTY):
             return SyncResult([], sync_error(UNKNOWN_MEMBER_ID))
         if self.is_(S.PREPARING_REBALANCE):
@@ -610,19 +630,20 @@ class GroupMetadata:
                                         f"{self.generation_id}; rejoin the group")
         return None
 
-    def on_store_complete(self, store: StoreGroup, error: ErrorCode, now_ms: int, config: GroupConfig) -> list[Effect]:
+    def on_store_complete(self, store: StoreGroup, error: ErrorCode, now: Now | int, config: GroupConfig) -> list[Effect]:
         """The metadata write of ``store`` finished with ``error`` (NONE when committed)."""
+        now = at(now)
         if store.reason is StoreReason.SYNC:
-            return self._on_sync_stored(store, error, now_ms, config)
+            return self._on_sync_stored(store, error, now, config)
         if store.reason is StoreReason.STATIC:
             return self._on_static_stored(store, error)
         return []
 
-    def _on_sync_stored(self, store: StoreGroup, error: ErrorCode, now_ms: int, config: GroupConfig) -> list[Effect]:
+    def _on_sync_stored(self, store: StoreGroup, error: ErrorCode, now: Now, config: GroupConfig) -> list[Effect]:
         if not self.is_(S.COMPLETING_REBALANCE) or self.generation_id != store.generation:
             return []
         if error is not NONE:
-            return self._reset_assignment(error) + self.maybe_prepare_rebalance(now_ms, config)
+            return self._reset_assignment(error) + self.maybe_prepare_rebalance(now, config)
         assignment = {m.member_id: m.assignment for m in store.value.members}
         effects: list[Effect] = []
         for m in self.members.values():
@@ -630,7 +651,7 @@ class GroupMetadata:
             if m.awaiting_sync:
                 m.awaiting_sync = False
                 effects.append(Reply(m.member_id, Waiting.SYNC, self._sync_response(m)))
-        self.transition_to(S.STABLE, now_ms)  # the SyncGroup deadline goes on for those not synced
+        self.transition_to(S.STABLE, now.wall_ms)  # the SyncGroup deadline goes on for those not synced
         return effects
 
     def _on_static_stored(self, store: StoreGroup, error: ErrorCode) -> list[Effect]:
@@ -645,25 +666,27 @@ class GroupMetadata:
 
     # -- Heartbeat, LeaveGroup -------------------------------------------------------------------
 
-    def heartbeat(self, member_id: str, instance_id: str | None, generation_id: int, now_ms: int) -> tuple:
+    def heartbeat(self, member_id: str, instance_id: str | None, generation_id: int, now: Now | int) -> tuple:
         """(error, message) of a heartbeat; a known member's session is renewed."""
+        now = at(now)
         error = self._check_member(member_id, instance_id, generation_id)
         if error is not None:
             return error
         if self.is_(S.EMPTY):
             return UNKNOWN_MEMBER_ID, None
-        self.members[member_id].last_heartbeat_ms = now_ms
+        self.members[member_id].last_heartbeat_ms = now.ms
         if self.is_(S.PREPARING_REBALANCE):
             return REBALANCE_IN_PROGRESS, "the group is rebalancing: rejoin it"
         return NONE, None
 
-    def leave(self, identities: list[MemberIdentity], now_ms: int, config: GroupConfig
+    def leave(self, identities: list[MemberIdentity], now: Now | int, config: GroupConfig
               ) -> tuple[list[MemberResponse], list[Effect]]:
+        now = at(now)
         responses, effects = [], []
         for ident in identities:
             member_id, error = self._leaving_member(ident)
             if error is NONE:
-                effects += self.remove_member_and_update(member_id, now_ms, config)
+                effects += self.remove_member_and_update(member_id, now, config)
             responses.append(MemberResponse(ident.member_id, error.code, ident.group_instance_id))
         return responses, effects
 
@@ -682,10 +705,11 @@ class GroupMetadata:
     # -- OffsetCommit --------------------------------------------------------------------------
 
     def commit_error(self, generation_id: int, member_id: str, instance_id: str | None,
-                     now_ms: int) -> tuple[ErrorCode, str] | None:
+                     now: Now | int) -> tuple[ErrorCode, str] | None:
         """Why an OffsetCommit must be refused (None: accept it). A commit from a member
         counts as its heartbeat. Outside group management (generation -1, no member id) a
         commit is accepted only while the group is Empty."""
+        now = at(now)
         if self.is_(S.DEAD):
             return COORDINATOR_NOT_AVAILABLE, f"group {self.group_id} is being removed; find its coordinator again"
         if self.is_static_member_fenced(instance_id, member_id):
@@ -704,7 +728,7 @@ class GroupMetadata:
         if self.is_(S.COMPLETING_REBALANCE):  # after the member checks, as Kafka's order
             return REBALANCE_IN_PROGRESS, ("the group is completing a rebalance: the commit is refused; "
                                            "rejoin, then commit the offsets of the partitions assigned to you")
-        self.members[member_id].last_heartbeat_ms = now_ms
+        self.members[member_id].last_heartbeat_ms = now.ms
         return None
 
     def has_offsets(self) -> bool:
@@ -748,7 +772,7 @@ class GroupMetadata:
         self.appended_offsets -= gone
         return sorted(gone), len(removed)
 
-    def expire_offsets(self, now_ms: int, retention_ms: int) -> list[TopicPartition]:
+    def expire_offsets(self, wall_ms: int, retention_ms: int) -> list[TopicPartition]:
         """Drop and return the offsets past retention, Kafka's rule: only while the group is
         Empty, an offset committed with an explicit expire time (a retention time asked for)
         at that time, the others ``retention_ms`` after the group became Empty, or, in a group
@@ -757,7 +781,7 @@ class GroupMetadata:
             return []
         grouped = self.protocol_type is not None
         expired = [tp for tp, v in self.offsets.items() if tp not in self.pending_offset_commits
-                   and _offset_expired(v, now_ms, retention_ms,
+                   and _offset_expired(v, wall_ms, retention_ms,
                                        self.state_timestamp_ms if grouped else v.commit_timestamp_ms)]
         for tp in expired:
             del self.offsets[tp]
@@ -767,7 +791,7 @@ class GroupMetadata:
     # -- the timer -----------------------------------------------------------------------------
 
     def next_deadline_ms(self) -> int | None:
-        """When ``tick`` next has something to do (None: nothing scheduled)."""
+        """When (monotonic ms) ``tick`` next has something to do (None: nothing scheduled)."""
         deadlines = [m.last_heartbeat_ms + m.session_timeout_ms for m in self.members.values()
                      if not m.awaiting_join and not m.awaiting_sync]
         deadlines += self.pending_members.values()
@@ -777,23 +801,24 @@ class GroupMetadata:
             deadlines.append(self.sync_deadline_ms)
         return min(deadlines, default=None)
 
-    def tick(self, now_ms: int, config: GroupConfig) -> list[Effect]:
+    def tick(self, now: Now | int, config: GroupConfig) -> list[Effect]:
         """Everything time decides: expired sessions and pending members, members that did not
         send SyncGroup in time, the end of the join phase."""
+        now = at(now)
         if self.is_(S.DEAD):
             return []
         effects: list[Effect] = []
         for member_id, expiry in list(self.pending_members.items()):
-            if now_ms >= expiry:
+            if now.ms >= expiry:
                 del self.pending_members[member_id]
         for m in list(self.members.values()):
-            if not m.awaiting_join and not m.awaiting_sync and m.session_expired(now_ms):
-                effects += self.remove_member_and_update(m.member_id, now_ms, config)
-        if self.sync_deadline_ms is not None and now_ms >= self.sync_deadline_ms and self.state in (
+            if not m.awaiting_join and not m.awaiting_sync and m.session_expired(now.ms):
+                effects += self.remove_member_and_update(m.member_id, now, config)
+        if self.sync_deadline_ms is not None and now.ms >= self.sync_deadline_ms and self.state in (
                 S.COMPLETING_REBALANCE, S.STABLE):
             for member_id in list(self.pending_sync):
-                effects += self.remove_member_and_update(member_id, now_ms, config)
-        return effects + self.maybe_complete_join(now_ms)
+                effects += self.remove_member_and_update(member_id, now, config)
+        return effects + self.maybe_complete_join(now)
 
     # -- views and persistence -----------------------------------------------------------------
 
@@ -809,22 +834,23 @@ class GroupMetadata:
 
     @classmethod
     def restore(cls, group_id: str, value: GroupMetadataValue | None,
-                offsets: dict[TopicPartition, OffsetValue], now_ms: int) -> "GroupMetadata":
+                offsets: dict[TopicPartition, OffsetValue], now: Now | int) -> "GroupMetadata":
         """A group as loaded from ``__consumer_offsets``: Stable with its members (their
         sessions start now) or Empty; a group with only offsets is Empty at generation 0."""
-        group = cls(group_id, state_timestamp_ms=now_ms, offsets=dict(offsets))
+        now = at(now)
+        group = cls(group_id, state_timestamp_ms=now.wall_ms, offsets=dict(offsets))
         if value is None:
             return group
         group.generation_id, group.protocol_type = value.generation, value.protocol_type
         group.protocol_name = value.protocol
-        group.state_timestamp_ms = value.current_state_timestamp_ms if value.current_state_timestamp_ms >= 0 else now_ms
+        group.state_timestamp_ms = value.current_state_timestamp_ms if value.current_state_timestamp_ms >= 0 else now.wall_ms
         for mv in value.members:
             group.add(MemberMetadata(mv.member_id, mv.group_instance_id, mv.client_id, mv.client_host,
                                      mv.rebalance_timeout_ms, mv.session_timeout_ms, value.protocol_type or "",
-                                     [(value.protocol or "", mv.subscription)], mv.assignment, now_ms))
+                                     [(value.protocol or "", mv.subscription)], mv.assignment, now.ms))
         if group.members:
             group.leader_id = value.leader if value.leader in group.members else next(iter(group.members))
-            group.state, group.state_timestamp_ms = S.STABLE, now_ms
+            group.state, group.state_timestamp_ms = S.STABLE, now.wall_ms
         return group
 
     def describe(self) -> DescribedGroup:
@@ -843,11 +869,11 @@ def _rebalance_timeout(req: JoinGroupRequest) -> int:
     return req.rebalance_timeout_ms if req.rebalance_timeout_ms >= 0 else req.session_timeout_ms
 
 
-def _offset_expired(v: OffsetValue, now_ms: int, retention_ms: int, since_ms: int) -> bool:
+def _offset_expired(v: OffsetValue, wall_ms: int, retention_ms: int, since_ms: int) -> bool:
     if v.expire_timestamp_ms >= 0:
-        return now_ms >= v.expire_timestamp_ms
-    return now_ms - since_ms >= retention_ms
+        return wall_ms >= v.expire_timestamp_ms
+    return wall_ms - since_ms >= retention_ms
 
 
-__all__ = ["GroupState", "VALID_PREVIOUS_STATES", "GroupMetadata", "MemberMetadata", "GroupConfig",
+__all__ = ["GroupState", "VALID_PREVIOUS_STATES", "GroupMetadata", "MemberMetadata", "GroupConfig", "Now", "at",
            "Reply", "StoreGroup", "JoinResult", "SyncResult", "NO_GENERATION"]

@@ -58,11 +58,18 @@ DATA_TP = TopicPartition("orders", 0)
 
 
 class Clock:
+    """The wall clock (called) and the monotonic one: moving ``now`` moves both, a step of
+    the wall clock (``wall_step``, as NTP makes) moves only the wall clock."""
+
     def __init__(self) -> None:
         self.now = 1_000_000
+        self.wall_step = 0
 
     def __call__(self) -> int:
-        return self.now
+        return self.now + self.wall_step
+
+    def monotonic(self) -> int:
+        return self.now - 900_000  # another origin, as the real clocks have
 
 
 def state(tp: TopicPartition, epoch: int = 1, leader: int = 1) -> PartitionState:
@@ -88,7 +95,8 @@ class Broker:
         self.apis = Apis(None, self.replica_manager, self.metadata, group_coordinator=self.coordinator)
 
     def new_coordinator(self) -> GroupCoordinator:
-        c = GroupCoordinator(self.config, self.replica_manager, self.metadata, clock=self.clock)
+        c = GroupCoordinator(self.config, self.replica_manager, self.metadata, clock=self.clock,
+                             monotonic_clock=self.clock.monotonic)
         self.replica_manager.leadership_listeners[:] = [c.on_leadership_change]
         return c
 
@@ -269,6 +277,27 @@ async def test_session_expiry_then_lag(broker):
     d = (await broker.call(ApiKey.DESCRIBE_GROUPS, DescribeGroupsRequest(["g"]))).groups[0]
     assert d.group_state == "Empty" and d.members == []
     assert broker.coordinator.state_counts()["Empty"] == 1
+
+
+async def test_a_step_of_the_wall_clock_neither_expires_nor_prolongs_a_session(broker):
+    """Sessions count on the monotonic clock; what is stored (a commit's timestamp) is wall
+    time."""
+    hour = 3_600_000
+    (leader,), generation = await form_group(broker, 1)
+    broker.clock.wall_step += hour
+    broker.coordinator.tick()
+    r = await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))
+    assert r.error_code == NONE.code
+    assert committed_code(await broker.call(ApiKey.OFFSET_COMMIT, commit(1, generation, leader.member_id))) == 0
+    assert broker.coordinator.groups["g"].offsets[DATA_TP].commit_timestamp_ms == broker.clock()
+    broker.clock.wall_step -= 2 * hour
+    broker.clock.now += 999
+    broker.coordinator.tick()
+    assert (await broker.call(ApiKey.HEARTBEAT, HeartbeatRequest("g", generation, leader.member_id))).error_code == 0
+    broker.clock.now += 1000  # the session timeout, by the monotonic clock
+    broker.coordinator.tick()
+    d = (await broker.call(ApiKey.DESCRIBE_GROUPS, DescribeGroupsRequest(["g"]))).groups[0]
+    assert d.group_state == "Empty" and d.members == []
 
 
 async def test_the_metrics_endpoint_exports_lag_and_group_counts(broker, tmp_path):

@@ -17,6 +17,7 @@ from tidelog.broker.groups.group_metadata import (
     GroupMetadata,
     GroupState,
     IllegalStateTransition,
+    Now,
     Reply,
     StoreGroup,
 )
@@ -550,6 +551,44 @@ def test_snapshot_and_restore_keep_generation_members_and_assignments():
     assert {m: restored.members[m].assignment for m in members} == {m: m.encode() for m in members}
     assert restored.heartbeat(members[0], None, 1, 10_000)[0] is NONE
     assert restored.commit_error(0, members[0], None, 10_000)[0] is ILLEGAL_GENERATION
+
+
+# -- two clocks ------------------------------------------------------------------------------------
+
+HOUR = 3_600_000
+
+
+def test_a_step_of_the_wall_clock_neither_expires_nor_prolongs_a_session():
+    """Sessions count on the monotonic clock (``Now.ms``): the wall clock jumping an hour
+    ahead expires nobody, jumping back keeps nobody; state timestamps are wall time."""
+    g, (m1, m2), now = stable_group(2)
+    g.sync(SyncGroupRequest("g", 1, m2 if g.leader_id == m1 else m1), now)
+    g.heartbeat(m1, None, 1, Now(now, now + HOUR))
+    assert g.tick(Now(now + SESSION - 1, now + HOUR), CONFIG) == [] and set(g.members) == {m1, m2}
+    g.heartbeat(m1, None, 1, Now(now + SESSION - 1, now - HOUR))  # m2 sends nothing more
+    g.tick(Now(now + SESSION, now - HOUR), CONFIG)
+    assert list(g.members) == [m1] and g.is_(S.PREPARING_REBALANCE)
+    assert g.state_timestamp_ms == now - HOUR
+
+
+def test_a_step_of_the_wall_clock_does_not_end_a_join_phase_or_the_syncgroup_deadline():
+    g, (m1, m2), now = stable_group(2)
+    g.join(join_req(m1, protocols=(("range", b"x"),)), "c", "h", "x", Now(now, now), CONFIG)
+    assert g.tick(Now(now + 1, now + HOUR), CONFIG) == [] and g.is_(S.PREPARING_REBALANCE)
+    g.join(join_req(m2), "c", "h", "x", Now(now + 2, now + HOUR), CONFIG)
+    assert g.is_(S.COMPLETING_REBALANCE) and g.state_timestamp_ms == now + HOUR
+    for member in (m1, m2):
+        g.heartbeat(member, None, 2, Now(now + 3, now + 2 * HOUR))
+    assert g.tick(Now(now + 3, now + 2 * HOUR), CONFIG) == [] and set(g.pending_sync) == {m1, m2}
+    assert g.sync_deadline_ms == now + 2 + REBALANCE
+
+
+def test_a_restored_group_keeps_its_wall_state_timestamp_and_starts_sessions_on_the_monotonic_clock():
+    g, members, now = stable_group(2)
+    value = decode_group_value(group_value(g.snapshot()))
+    restored = GroupMetadata.restore("g", value, {}, Now(50, now + HOUR))
+    assert restored.state_timestamp_ms == now + HOUR  # Stable from now on, by the wall clock
+    assert {m.last_heartbeat_ms for m in restored.members.values()} == {50}
 
 
 # -- random histories ------------------------------------------------------------------------------
