@@ -92,7 +92,7 @@ from tidelog.protocol.errors import (
     TidelogError,
     code_of,
 )
-from tidelog.protocol.kafka.apis import ZSTD_PRODUCE_VERSION
+from tidelog.protocol.kafka.apis import SKIP_ASSIGNMENT_JOIN_VERSION, ZSTD_PRODUCE_VERSION
 from tidelog.protocol.messages import (
     BROKER_RESOURCE,
     CONSUMER_REPLICA_ID,
@@ -967,7 +967,10 @@ class Apis:
     async def join_group(self, req: JoinGroupRequest, ctx: RequestContext | None = None) -> JoinGroupResponse:
         if (denied := self._group_denied(ctx, AclOperation.READ, req.group_id)) is not None:
             return JoinGroupResponse(GROUP_AUTHORIZATION_FAILED.code, member_id=req.member_id, error_message=denied)
-        return await self.group_coordinator.join_group(req, ctx.client_id, ctx.peer_host)
+        # the native protocol has skip_assignment; a Kafka client only from JoinGroup v9 on
+        supports_skip = ctx.kafka_version is None or ctx.kafka_version >= SKIP_ASSIGNMENT_JOIN_VERSION
+        return await self.group_coordinator.join_group(req, ctx.client_id, ctx.peer_host,
+                                                       supports_skip_assignment=supports_skip)
 
     @handles(ApiKey.SYNC_GROUP, Kind.ASYNC)
     async def sync_group(self, req: SyncGroupRequest, ctx: RequestContext | None = None) -> SyncGroupResponse:

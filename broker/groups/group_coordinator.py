@@ -501,7 +501,10 @@ class GroupCoordinator:
             return NOT_COORDINATOR
         return None
 
-    async def join_group(self, req: JoinGroupRequest, client_id: str | None, client_host: str) -> JoinGroupResponse:
+    async def join_group(self, req: JoinGroupRequest, client_id: str | None, client_host: str, *,
+                         supports_skip_assignment: bool = True) -> JoinGroupResponse:
+        """``supports_skip_assignment``: the client reads JoinGroup's skip_assignment (the
+        native protocol; Kafka's from v9 on), see ``GroupMetadata.join``."""
         error = self.coordinator_error(req.group_id)
         if error is not None:
             return join_error(error, req.member_id)
@@ -512,7 +515,7 @@ class GroupCoordinator:
             group = self.groups[req.group_id] = GroupMetadata(req.group_id, state_timestamp_ms=self.clock())
         prefix = req.group_instance_id or client_id or "member"
         result = group.join(req, client_id or "", client_host, f"{prefix}-{uuid.uuid4()}", self.now(),
-                            self.config.group)
+                            self.config.group, supports_skip_assignment=supports_skip_assignment)
         if result.immediate is not None:
             self._apply(group, result.effects)
             self._forget_if_unused(group)

@@ -179,6 +179,7 @@ class StoreGroup:
     # a static replacement's member as it was (``MemberMetadata.joined_with``): put back if
     # the write fails, with its old id
     old_join: tuple = ()
+    supports_skip_assignment: bool = True  # of the static replacement's JoinGroup
 
 
 Effect = Reply | StoreGroup
@@ -332,8 +333,10 @@ class GroupMetadata:
     # -- JoinGroup -----------------------------------------------------------------------------
 
     def join(self, req: JoinGroupRequest, client_id: str, client_host: str, new_member_id: str,
-             now: Now | int, config: GroupConfig) -> JoinResult:
-        """A JoinGroup. ``new_member_id`` is the id a member joining without one gets."""
+             now: Now | int, config: GroupConfig, *, supports_skip_assignment: bool = True) -> JoinResult:
+        """A JoinGroup. ``new_member_id`` is the id a member joining without one gets;
+        ``supports_skip_assignment``: its client reads skip_assignment (the native protocol,
+        Kafka's JoinGroup v9 on), which matters to a static leader's rejoin (``_on_static_stored``)."""
         now = at(now)
         if not config.min_session_timeout_ms <= req.session_timeout_ms <= config.max_session_timeout_ms:
             return JoinResult([], join_error(INVALID_SESSION_TIMEOUT, req.member_id, (
@@ -349,16 +352,16 @@ class GroupMetadata:
                 f"is not compatible with group {self.group_id} (type {self.protocol_type!r}, "
                 f"protocols all members support: {sorted(self.candidate_protocols())})")))
         if req.member_id == UNKNOWN_MEMBER:
-            return self._join_unknown(req, client_id, client_host, new_member_id, now, config)
+            return self._join_unknown(req, client_id, client_host, new_member_id, now, config, supports_skip_assignment)
         return self._join_known(req, client_id, client_host, now, config)
 
-    def _join_unknown(self, req, client_id, client_host, new_member_id, now, config) -> JoinResult:
+    def _join_unknown(self, req, client_id, client_host, new_member_id, now, config, supports_skip) -> JoinResult:
         known_static = req.group_instance_id is not None and req.group_instance_id in self.static_members
         if not known_static and len(self.members) + len(self.pending_members) >= config.max_size:
             return JoinResult([], join_error(GROUP_MAX_SIZE_REACHED, UNKNOWN_MEMBER, (
                 f"group {self.group_id} has reached group.max.size={config.max_size} members")))
         if known_static:
-            return self._replace_static_member(req, client_id, client_host, new_member_id, now, config)
+            return self._replace_static_member(req, client_id, client_host, new_member_id, now, config, supports_skip)
         if req.group_instance_id is None:  # a new dynamic member first learns its id
             self.pending_members[new_member_id] = now.ms + req.session_timeout_ms
             return JoinResult([], JoinGroupResponse(
@@ -408,7 +411,8 @@ class GroupMetadata:
         effects = self.maybe_prepare_rebalance(now, config)
         return effects + self.maybe_complete_join(now)
 
-    def _replace_static_member(self, req, client_id, client_host, new_member_id, now, config) -> JoinResult:
+    def _replace_static_member(self, req, client_id, client_host, new_member_id, now, config,
+                               supports_skip: bool) -> JoinResult:
         old_id = self.static_members[req.group_instance_id]
         old = self.members[old_id]
         effects = self._fence(old)
@@ -426,7 +430,8 @@ class GroupMetadata:
             member.awaiting_join = True
             effects += self.prepare_rebalance(now, config)
             return JoinResult(effects + self.maybe_complete_join(now), wait_for=new_member_id)
-        store = StoreGroup(StoreReason.STATIC, self.generation_id, self.snapshot(), new_member_id, old_id, old_join)
+        store = StoreGroup(StoreReason.STATIC, self.generation_id, self.snapshot(), new_member_id, old_id, old_join,
+                           supports_skip)
         return JoinResult(effects + [store], wait_for=new_member_id)
 
     def _fence(self, old: MemberMetadata) -> list[Effect]:
@@ -454,12 +459,15 @@ class GroupMetadata:
             self.pending_sync.add(new_id)
         return member
 
-    def _join_response(self, member: MemberMetadata, skip_assignment: bool = False) -> JoinGroupResponse:
-        is_leader = member.member_id == self.leader_id
+    def _join_response(self, member: MemberMetadata, skip_assignment: bool = False,
+                       leader: str | None = None) -> JoinGroupResponse:
+        """The member's JoinGroup answer; the members go to the leader (``leader``: the one
+        named as the leader, the group's by default)."""
+        leader = (self.leader_id or "") if leader is None else leader
         members = [JoinGroupMember(m.member_id, m.metadata_for(self.protocol_name), m.group_instance_id)
-                   for m in self.members.values()] if is_leader else []
+                   for m in self.members.values()] if member.member_id == leader else []
         return JoinGroupResponse(NONE.code, self.generation_id, self.protocol_type, self.protocol_name,
-                                 self.leader_id or "", member.member_id, members, skip_assignment)
+                                 leader, member.member_id, members, skip_assignment)
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -661,8 +669,15 @@ class GroupMetadata:
         if error is not NONE:  # undo the replacement: the old member stays, as it joined
             self._rename(member, store.old_member_id).rejoin(*store.old_join)
             return [Reply(store.member_id, Waiting.JOIN, join_error(error, store.member_id))]
-        skip = member.member_id == self.leader_id  # the leader keeps the current assignment
-        return [Reply(member.member_id, Waiting.JOIN, self._join_response(member, skip_assignment=skip))]
+        if member.member_id != self.leader_id:
+            return [Reply(member.member_id, Waiting.JOIN, self._join_response(member))]
+        # Kafka's answer to a static leader rejoining a Stable group: it must not assign (a
+        # Stable group ignores a new assignment). With skip_assignment it learns that it
+        # leads and keeps the current assignment; a client without it is told the old member
+        # id leads, and no members, so that it takes itself for a follower
+        if store.supports_skip_assignment:
+            return [Reply(member.member_id, Waiting.JOIN, self._join_response(member, skip_assignment=True))]
+        return [Reply(member.member_id, Waiting.JOIN, self._join_response(member, leader=store.old_member_id))]
 
     # -- Heartbeat, LeaveGroup -------------------------------------------------------------------
 

@@ -39,6 +39,8 @@ Adapt = Callable[[Body, int], Body]
 CONSUMER_REPLICA_ID = -1
 # KIP-110: Kafka clients write zstd from Produce v7 on and read it from Fetch v10 on
 ZSTD_PRODUCE_VERSION, ZSTD_FETCH_VERSION = 7, 10
+# KIP-814: JoinGroup's skip_assignment, from v9 on (older versions are answered without it)
+SKIP_ASSIGNMENT_JOIN_VERSION = 9
 
 
 def _same(body: Body, version: int) -> Body:

@@ -194,7 +194,7 @@ class FakeCoordinator:
         self.calls.append(("find", req.key))
         return FindCoordinatorResponse(NONE.code, 1, "h", 1)
 
-    async def join_group(self, req, client_id, host):
+    async def join_group(self, req, client_id, host, supports_skip_assignment=True):
         self.calls.append(("join", req.group_id))
         return JoinGroupResponse(NONE.code, member_id="m")
 

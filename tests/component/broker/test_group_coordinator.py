@@ -5,6 +5,8 @@ DeleteGroups, loading the groups back from the log, unloading, and lag."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 import trio
 
@@ -15,6 +17,7 @@ from tidelog.broker.groups.group_metadata import GroupConfig
 from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.metadata_cache import MetadataCache
+from tidelog.broker.network import SocketServer
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.protocol.codec import ApiKey, RequestHeader
 from tidelog.protocol.errors import (
@@ -28,6 +31,7 @@ from tidelog.protocol.errors import (
     REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID,
 )
+from tidelog.protocol.kafka.schema import codec
 from tidelog.protocol.messages import (
     DeleteGroupsRequest,
     DescribeGroupsRequest,
@@ -35,6 +39,7 @@ from tidelog.protocol.messages import (
     HeartbeatRequest,
     JoinGroupProtocol,
     JoinGroupRequest,
+    JoinGroupResponse,
     LeaderAndIsrRequest,
     LeaveGroupRequest,
     ListGroupsRequest,
@@ -298,6 +303,68 @@ async def test_a_step_of_the_wall_clock_neither_expires_nor_prolongs_a_session(b
     broker.coordinator.tick()
     d = (await broker.call(ApiKey.DESCRIBE_GROUPS, DescribeGroupsRequest(["g"]))).groups[0]
     assert d.group_state == "Empty" and d.members == []
+
+
+async def form_static_group(b: Broker, instance: str) -> JoinGroupResponse:
+    """A Stable group of one static member, its JoinGroup answer."""
+    answers = []
+
+    async def first_join():
+        answers.append(await b.call(ApiKey.JOIN_GROUP, join(instance=instance)))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(first_join)
+        for _ in range(20):  # the initial delay
+            await trio.sleep(0.01)
+            b.clock.now += 100
+            b.coordinator.tick()
+            if answers:
+                break
+    (joined,) = answers
+    sync = await b.call(ApiKey.SYNC_GROUP, SyncGroupRequest("g", joined.generation_id, joined.member_id, [
+        SyncGroupAssignment(joined.member_id, b"assigned")], group_instance_id=instance))
+    assert sync.error_code == NONE.code
+    return joined
+
+
+async def kafka_join_group(port: int, version: int, instance: str) -> dict:
+    """A JoinGroup of Kafka ``version`` with an empty member id, on the Kafka wire."""
+    flexible = version >= 6
+    body = codec("JoinGroupRequest", version).encode({
+        "group_id": "g", "session_timeout_ms": 1000, "rebalance_timeout_ms": 5000, "member_id": "",
+        "group_instance_id": instance, "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b"topics"}]})
+    head = struct.pack(">hhih", int(ApiKey.JOIN_GROUP), version, 7, 3) + b"app" + (b"\0" if flexible else b"")
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(struct.pack(">i", len(head) + len(body)) + head + bytes(body))
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack_from(">i", data)[0]:
+            chunk = await stream.receive_some(65536)
+            assert chunk, "the connection closed"
+            data += chunk
+    return codec("JoinGroupResponse", version).decode_all(data[9 if flexible else 8:])
+
+
+@pytest.mark.parametrize("version", [5, 6, 7])  # group_instance_id from v5 on
+async def test_a_restarted_static_leader_on_the_kafka_listener_is_told_the_old_leader(broker, nursery, version):
+    """Kafka's answer to a static leader rejoining a Stable group with JoinGroup below v9 (no
+    skip_assignment): no members, and the old member id as the leader, so that the client
+    takes itself for a follower and does not compute an assignment the group would ignore."""
+    old = await form_static_group(broker, "host-a")
+    port = await nursery.start(SocketServer(broker.apis.handle, port=0, wire="kafka").run)
+    r = await kafka_join_group(port, version, "host-a")
+    assert r["error_code"] == NONE.code and r["member_id"] != old.member_id
+    assert (r["generation_id"], r["leader"], r["members"]) == (old.generation_id, old.member_id, [])
+    sync = await broker.call(ApiKey.SYNC_GROUP, SyncGroupRequest("g", r["generation_id"], r["member_id"],
+                                                                 group_instance_id="host-a"))
+    assert (sync.error_code, sync.assignment) == (NONE.code, b"assigned")
+
+
+async def test_a_restarted_static_leader_on_the_native_listener_leads_without_assigning(broker):
+    old = await form_static_group(broker, "host-a")
+    r = await broker.call(ApiKey.JOIN_GROUP, join(instance="host-a"))
+    assert r.error_code == NONE.code and r.leader == r.member_id != old.member_id
+    assert [m.member_id for m in r.members] == [r.member_id] and r.skip_assignment
 
 
 async def test_the_metrics_endpoint_exports_lag_and_group_counts(broker, tmp_path):

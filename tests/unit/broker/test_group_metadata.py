@@ -311,6 +311,44 @@ def test_a_static_member_rejoins_a_stable_group_without_a_rebalance_and_keeps_it
     assert g.commit_error(1, "new", "i1", 200) is None
 
 
+@pytest.mark.parametrize("supports_skip", [True, False])
+def test_a_restarted_static_leader_is_not_asked_to_assign(supports_skip):
+    """Kafka's answer to a static leader rejoining a Stable group (updateStaticMemberAndRebalance),
+    which must not assign (a Stable group ignores a new assignment): a client that reads
+    skip_assignment (the native protocol, Kafka's JoinGroup v9 on) is told that it leads, with
+    the members and skip_assignment; an older one gets no members and the old member id as the
+    leader, so it takes itself for a follower. Both then sync for the current assignment."""
+    g = static_group()
+    r = g.join(join_req(instance="i1"), "c", "h", "new", 200, CONFIG, supports_skip_assignment=supports_skip)
+    (store,) = stores(r.effects)
+    (join,) = replies(g.on_store_complete(store, NONE, 200, CONFIG), "join").values()
+    if supports_skip:
+        assert (join.leader, [m.member_id for m in join.members], join.skip_assignment) == ("new", ["new"], True)
+    else:
+        assert (join.leader, join.members, join.skip_assignment) == ("old", [], False)
+    assert join.member_id == "new" and join.generation_id == 1 and g.leader_id == "new"
+    assert g.sync(SyncGroupRequest("g", 1, "new", group_instance_id="i1"), 200).immediate.assignment == b"A"
+
+
+def test_a_restarted_static_follower_gets_no_members_whatever_its_version():
+    g = GroupMetadata("g")
+    for instance, member_id in (("i1", "a"), ("i2", "b")):
+        g.join(join_req(instance=instance), "c", "h", member_id, 0, CONFIG)
+    now = 0
+    for _ in range(10):  # the initial delay, extended once the second joined
+        now += CONFIG.initial_rebalance_delay_ms
+        if g.tick(now, CONFIG):
+            break
+    (store,) = stores(g.sync(SyncGroupRequest("g", 1, g.leader_id, [SyncGroupAssignment("a", b"A"),
+                                                                       SyncGroupAssignment("b", b"B")]), now).effects)
+    g.on_store_complete(store, NONE, now, CONFIG)
+    (follower, instance) = ("b", "i2") if g.leader_id == "a" else ("a", "i1")
+    for n, supports_skip in enumerate((True, False)):
+        r = g.join(join_req(instance=instance), "c", "h", f"new{n}", 200, CONFIG, supports_skip_assignment=supports_skip)
+        (join,) = replies(g.on_store_complete(stores(r.effects)[0], NONE, 200, CONFIG), "join").values()
+        assert (join.member_id, join.leader, join.members, join.skip_assignment) == (f"new{n}", g.leader_id, [], False)
+
+
 def test_a_static_replacement_whose_write_fails_is_undone():
     g = static_group()
     (store,) = stores(g.join(join_req(instance="i1"), "c", "h", "new", 200, CONFIG).effects)
