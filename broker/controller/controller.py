@@ -33,7 +33,9 @@ Events and what they do:
   as one deleted while a broker was away); for a broker that died, partitions it led
   get a new leader (the first live replica in assignment order that is in the ISR; outside
   the ISR only with unclean.leader.election.enable), and it is removed from the ISR of the
-  partitions it followed. Each change bumps the leader epoch.
+  partitions it followed. Each change bumps the leader epoch. A broker whose registration
+  does not decode is not live (one live before is gone), logged, and its znode watched until
+  it decodes (``_note_unreadable_brokers``).
 * topics created, ISR change notifications from leaders.
 * topics marked for deletion (the rules: broker/controller/deletion.py): the controller stops
   managing the topic at once and has every replica deleted; the topic's znodes go once every
@@ -201,6 +203,9 @@ class ControllerContext:
     # replicas in a log dir that failed, by broker: not live for their partitions until the
     # broker registers again (restarted, its dirs loaded again)
     offline_replicas: dict[int, set[TopicPartition]] = field(default_factory=dict)
+    # registered brokers whose registration does not decode: (the problem, broker epoch).
+    # Not live (in no view above) until it does
+    unreadable_brokers: dict[int, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def live(self) -> set[int]:
@@ -291,6 +296,8 @@ class Controller:
         self.active_changed = trio.Event()
         self._shutting_down: dict[int, int | None] = {}  # carried into a reload's failover
         self._deleted: dict[str, trio.Event] = {}  # set when the topic's deletion completes
+        # data watches on the registrations that do not decode (``_watch_registration``)
+        self._registration_watches: dict[int, trio.CancelScope] = {}
 
     @property
     def is_active(self) -> bool:
@@ -420,6 +427,7 @@ class Controller:
         except (ZkTimeoutError, ZkConnectionError):
             self.ctx = None
             self.channels.close_all()
+            self._unwatch_registrations(set())
             raise
 
     def _resign(self) -> None:
@@ -428,6 +436,7 @@ class Controller:
         for done in self._deleted.values():  # those waiting stop; the successor completes them
             done.set()
         self._deleted = {}
+        self._unwatch_registrations(set())
         self._signal()
 
     def _signal(self) -> None:
@@ -476,7 +485,8 @@ class Controller:
         controller does its bounced brokers: a leader that lost an unflushed tail must not
         keep leading in the same epoch, nor a follower stay in the ISR."""
         ctx = self.ctx
-        with_epochs = await self.zk.until_answered(self.zk.live_brokers_and_epochs)
+        with_epochs, unreadable = await self.zk.until_answered(self.zk.broker_registrations)
+        self._note_unreadable_brokers(unreadable)
         gone = {b for b in ctx.brokers if b not in with_epochs or with_epochs[b][1] != ctx.broker_epochs.get(b)}
         joined = {b: entry for b, entry in with_epochs.items()
                   if b not in ctx.brokers or entry[1] != ctx.broker_epochs.get(b)}
@@ -487,6 +497,41 @@ class Controller:
             ctx.offline_replicas.pop(b, None)
             self.channels.remove_broker(b)
         return joined, gone
+
+    def _note_unreadable_brokers(self, unreadable: dict[int, tuple[str, int]]) -> None:
+        """Registered brokers whose registration does not decode are not live: left out of
+        the brokers read (one known before is handled as gone), each logged once per problem
+        and registration. Such a znode is watched: a broker rewriting its registration in
+        place (its session unchanged) changes no child of ``/brokers/ids``; each change is
+        a broker-change event, which reads every registration again."""
+        ctx = self.ctx
+        for b, (problem, epoch) in sorted(unreadable.items()):
+            if ctx.unreadable_brokers.get(b) != (problem, epoch):
+                logger.warning("broker %d (broker epoch %d) is registered, but its registration does not decode: "
+                               "%s; it is not live until the registration is readable", b, epoch, problem)
+        for b in sorted(ctx.unreadable_brokers.keys() - unreadable.keys()):
+            logger.info("broker %d: its registration is readable again, or gone", b)
+        ctx.unreadable_brokers = dict(unreadable)
+        self._unwatch_registrations(set(unreadable))
+        for b in sorted(unreadable.keys() - self._registration_watches.keys()):
+            if self._nursery is not None:
+                self._registration_watches[b] = scope = trio.CancelScope()
+                self._nursery.start_soon(self._watch_registration, b, scope)
+
+    def _unwatch_registrations(self, keep: set[int]) -> None:
+        for b in list(self._registration_watches.keys() - keep):
+            self._registration_watches.pop(b).cancel()
+
+    async def _watch_registration(self, broker_id: int, scope: trio.CancelScope) -> None:
+        with scope:
+            try:
+                changes = await self.zk.watch_data(self.zk.paths.broker(broker_id))
+            except Exception as e:  # the controller goes on: a new registration still changes the children
+                if not self.zk.closed:
+                    logger.warning("cannot watch the registration of broker %d: %s", broker_id, e)
+                return
+            with changes:
+                await self._forward(ControllerEvent.BROKER_CHANGE, changes)
 
     def _add_brokers(self, joined: dict[int, tuple[BrokerInfo, int]]) -> None:
         ctx = self.ctx
@@ -1500,9 +1545,6 @@ __all__ = ["Controller", "ControllerConfig", "ControllerContext", "ControllerEve
 
 
 def _endpoints(info: BrokerInfo) -> list[LiveBrokerEndpoint]:
-    """A broker's advertised listeners, as UpdateMetadata carries them (a malformed
-    registration lists none: clients then get its inter-broker address)."""
-    try:
-        return [LiveBrokerEndpoint(e.name, e.host, e.port) for e in parse_endpoints(",".join(info.endpoints))]
-    except ValueError:
-        return []
+    """A broker's advertised listeners, as UpdateMetadata carries them (they parse: a
+    registration whose endpoints do not is unreadable, its broker not live)."""
+    return [LiveBrokerEndpoint(e.name, e.host, e.port) for e in parse_endpoints(",".join(info.endpoints))]

@@ -53,6 +53,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple
 
+from tidelog.broker.security.listeners import parse_endpoints
 from tidelog.protocol.acls import (
     AclError,
     AclOperation,
@@ -62,6 +63,7 @@ from tidelog.protocol.acls import (
     parse_enum,
     parse_principal,
 )
+from tidelog.protocol.address import MAX_PORT
 from tidelog.protocol.errors import (
     NOT_CONTROLLER,
     REQUEST_TIMED_OUT,
@@ -522,13 +524,25 @@ def encode_broker_info(info: BrokerInfo) -> bytes:
 
 
 def decode_broker_info(broker_id: int, data: bytes) -> BrokerInfo:
+    """A registration, or ValueError: everything the controller connects to and advertises
+    (host, port, each endpoint ``NAME://host:port``) must be usable, as Kafka's
+    ``BrokerIdZNode.decode`` refuses an endpoint it cannot parse."""
     what = f"broker {broker_id}"
     obj = _loads(data, what)
+    host, port = _field(obj, "host", str, what), _field(obj, "port", int, what)
+    if not host:
+        raise ValueError(f"malformed {what} znode data: 'host' is empty")
+    if not 0 < port <= MAX_PORT:
+        raise ValueError(f"malformed {what} znode data: 'port' is {port}, not from 1 to {MAX_PORT}")
     endpoints = obj.get("endpoints", [])
     if not isinstance(endpoints, list) or not all(isinstance(e, str) for e in endpoints):
         raise ValueError(f"malformed {what} znode data: 'endpoints' is {endpoints!r}")
-    return BrokerInfo(broker_id, _field(obj, "host", str, what), _field(obj, "port", int, what),
-                      _field(obj, "rack", (str, type(None)), what), tuple(endpoints))
+    if endpoints:
+        try:
+            parse_endpoints(",".join(endpoints))
+        except ValueError as e:
+            raise ValueError(f"malformed {what} znode data: 'endpoints' {endpoints!r}: {e}") from None
+    return BrokerInfo(broker_id, host, port, _field(obj, "rack", (str, type(None)), what), tuple(endpoints))
 
 
 # --------------------------------------------------------------------------- topics

@@ -177,6 +177,14 @@ def _decoded_state(path: str, data: bytes) -> LeaderAndIsr:
         raise ValueError(f"{path}: {e}") from None
 
 
+def _decoded_broker(path: str, broker_id: int, data: bytes) -> BrokerInfo:
+    """A broker's registration, or ValueError naming its znode."""
+    try:
+        return decode_broker_info(broker_id, data)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
 class _ChildrenWatch(ChildrenWatch):
     """kazoo's ChildrenWatch, except that the read it makes after a reconnect is reported even
     when the children kept their names. kazoo reports it only if a name changed; but while
@@ -591,23 +599,50 @@ class ZkClient:
         raise ZkError(f"could not register broker {info.broker_id}: {path} keeps changing")
 
     async def get_broker(self, broker_id: int) -> BrokerInfo | None:
-        got = await self._get(self.paths.broker(broker_id))
-        return None if got is None else decode_broker_info(broker_id, got[0])
+        """``broker_id``'s registration, None if it is not registered; ValueError naming the
+        znode if its data does not decode."""
+        path = self.paths.broker(broker_id)
+        got = await self._get(path)
+        return None if got is None else _decoded_broker(path, broker_id, got[0])
+
+    async def _registrations(self) -> list[tuple[int, str, bytes, int]]:
+        """(broker id, znode path, data, broker epoch) of every registered broker, by id."""
+        ids = sorted(int(c) for c in await self._children(self.paths.broker_ids) or [] if c.isdigit())
+        paths = [self.paths.broker(i) for i in ids]
+        got = await self._get_many(paths)
+        return [(i, path, g[0], g[1].czxid) for i, path, g in zip(ids, paths, got) if g is not None]
+
+    async def broker_registrations(self) -> tuple[dict[int, tuple[BrokerInfo, int]], dict[int, tuple[str, int]]]:
+        """Every registered broker: (the readable, id -> (registration, broker epoch); the
+        unreadable, id -> (the problem, naming the znode, and broker epoch)). One registration
+        that does not decode (written by hand, or by a broker of another version) must not
+        hide the others: the caller decides what such a broker is (to the controller, not
+        live)."""
+        readable, unreadable = {}, {}
+        for i, path, data, epoch in await self._registrations():
+            try:
+                readable[i] = (_decoded_broker(path, i, data), epoch)
+            except ValueError as e:
+                unreadable[i] = (str(e), epoch)
+        return readable, unreadable
 
     async def live_brokers_and_epochs(self) -> dict[int, tuple[BrokerInfo, int]]:
-        """broker id -> (registration, broker epoch), for every registered broker."""
-        ids = sorted(int(c) for c in await self._children(self.paths.broker_ids) or [] if c.isdigit())
-        got = await self._get_many([self.paths.broker(i) for i in ids])
-        return {i: (decode_broker_info(i, g[0]), g[1].czxid) for i, g in zip(ids, got) if g is not None}
+        """broker id -> (registration, broker epoch), for every registered broker whose
+        registration decodes; each other one is logged (``broker_registrations``)."""
+        readable, unreadable = await self.broker_registrations()
+        for i, (problem, _) in sorted(unreadable.items()):
+            log.warning("broker %d is registered but its registration does not decode, ignored: %s", i, problem)
+        return readable
 
     async def live_brokers(self) -> dict[int, BrokerInfo]:
         return {i: info for i, (info, _) in (await self.live_brokers_and_epochs()).items()}
 
     async def broker_epochs(self) -> dict[int, int]:
         """broker id -> broker epoch of every registered broker, read after a ``sync`` (so a
-        ZooKeeper server that lags its leader answers no older than the moment of the call)."""
+        ZooKeeper server that lags its leader answers no older than the moment of the call).
+        The epoch is the registration's creation, whatever its data holds."""
         await self._call(f"sync {self.paths.broker_ids}", self._kz.sync, self.paths.broker_ids)
-        return {i: epoch for i, (_, epoch) in (await self.live_brokers_and_epochs()).items()}
+        return {i: epoch for i, _, _, epoch in await self._registrations()}
 
     async def get_broker_epoch(self, broker_id: int) -> int | None:
         """The broker epoch of ``broker_id``'s registration now (after a ``sync``), None if it

@@ -9,6 +9,10 @@ ZooKeeper is covered by the integration tests."""
 
 from __future__ import annotations
 
+import math
+
+import trio
+
 from tidelog.broker.zookeeper.layout import (
     BrokerInfo,
     ControllerMovedError,
@@ -24,6 +28,8 @@ PATHS = ZkPaths()
 
 
 class FakeZk:
+    paths = PATHS
+
     def __init__(self):
         self.assignments: dict[str, dict[int, list[int]]] = {}
         self.moves: dict[str, dict[int, tuple]] = {}
@@ -39,6 +45,8 @@ class FakeZk:
         self.controller_ours = True  # /controller, when it names this broker, is this session's
         self.epoch = 0  # /controller_epoch (also its znode version here)
         self.live: dict[int, int] = {}  # registered broker -> broker epoch
+        self.unreadable: dict[int, str] = {}  # registered broker -> why its registration does not decode
+        self.data_watches: dict[str, trio.MemorySendChannel] = {}  # watched path -> its reports
         self.failures: dict[str, list[Exception]] = {}  # method -> what its next calls raise
         self._closed = False
 
@@ -78,6 +86,19 @@ class FakeZk:
 
     async def live_brokers_and_epochs(self):
         return {b: (BrokerInfo(b, "127.0.0.1", 9000 + b), e) for b, e in self.live.items()}
+
+    async def broker_registrations(self):
+        """As ZkClient's: the ``unreadable`` registrations apart, with their problem."""
+        readable = await self.live_brokers_and_epochs()
+        return ({b: r for b, r in readable.items() if b not in self.unreadable},
+                {b: (f"{PATHS.broker(b)}: {problem}", readable[b][1]) for b, problem in self.unreadable.items()
+                 if b in readable})
+
+    async def watch_data(self, path):
+        """A channel the test reports ``path``'s changes into (``data_watches``)."""
+        send, receive = trio.open_memory_channel(math.inf)
+        self.data_watches[path] = send
+        return receive
 
     async def topics_marked_for_deletion(self):
         return sorted(self.marked)

@@ -12,7 +12,7 @@ import trio.testing
 from kazoo.protocol.states import KazooState
 
 from tests.support.stub_kazoo import StubKazoo
-from tidelog.broker.zookeeper.layout import LeaderAndIsr, encode_partition_state
+from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, encode_broker_info, encode_partition_state
 from tidelog.broker.zookeeper.zk import ZkClient
 
 
@@ -48,6 +48,27 @@ async def test_a_malformed_partition_state_is_a_value_error_naming_its_znode():
     with pytest.raises(ValueError, match=f"{zk.paths.partition_state('orders', 1)}: malformed partition state"):
         await zk.get_partition_state("orders", 1)
     assert (await zk.get_partition_state("orders", 0))[0] == LeaderAndIsr(1, 0, (1,), 1)
+
+
+async def test_a_broker_registration_that_does_not_decode_is_told_apart_naming_its_znode(caplog):
+    """One unreadable registration must not hide the others (nor fail a controller's failover)."""
+    zk, stub = await client()
+    for b, data in ((1, encode_broker_info(BrokerInfo(1, "127.0.0.1", 9091))), (2, b"not json"), (3, b"[1]"),
+                    (4, b'{"host":"h","port":"9092"}'), (5, b'{"port":9092}'),
+                    (6, b'{"host":"h","port":9092,"endpoints":["PLAINTEXT:/h:9092"]}'),
+                    (7, b'{"host":"h","port":0}')):
+        stub.create(zk.paths.broker(b), data)
+    readable, unreadable = await zk.broker_registrations()
+    assert list(readable) == [1] and readable[1][0] == BrokerInfo(1, "127.0.0.1", 9091)
+    assert sorted(unreadable) == [2, 3, 4, 5, 6, 7]
+    for b, (problem, epoch) in unreadable.items():
+        assert problem.startswith(f"{zk.paths.broker(b)}: malformed broker {b} znode data") and epoch > 0
+    with caplog.at_level(logging.WARNING):
+        assert await zk.live_brokers() == {1: BrokerInfo(1, "127.0.0.1", 9091)}
+    assert f"broker 6 is registered but its registration does not decode, ignored: {zk.paths.broker(6)}: " \
+           "malformed broker 6 znode data: 'endpoints'" in caplog.text
+    with pytest.raises(ValueError, match=f"{zk.paths.broker(2)}: malformed broker 2 znode data"):
+        await zk.get_broker(2)
 
 
 async def next_children(changes) -> list[str] | None:

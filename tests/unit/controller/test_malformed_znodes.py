@@ -8,10 +8,15 @@ tests/unit/broker/test_zk_client.py.)"""
 
 from __future__ import annotations
 
+import logging
+
+import trio
+import trio.testing
+
 from tests.support.controller_zk import FakeZk
 from tests.unit.controller.test_topic_deletion import Brokers, elected
 from tidelog.broker.controller.controller import Controller, ControllerConfig, ControllerEvent
-from tidelog.broker.zookeeper.layout import LeaderAndIsr
+from tidelog.broker.zookeeper.layout import LeaderAndIsr, ZkError
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.topics import TopicPartition
 
@@ -90,3 +95,87 @@ async def test_an_isr_change_naming_no_known_topic_reads_nothing_of_it(nursery):
     note = await zk.notify_isr_change([(BAD, 0), ("x" * 300, 0), (GOOD, 0)])
     await c._handle((ControllerEvent.ISR_CHANGE, None))
     assert c.is_active and reads == [GOOD] and zk.deleted_notifications[-1] == note
+
+
+BROKER_3_PROBLEM = "malformed broker 3 znode data: 'port' is None"
+
+
+async def handle_queued(c: Controller) -> None:
+    """Handle the events queued so far (a watch's reports among them)."""
+    await trio.testing.wait_all_tasks_blocked()
+    while True:
+        try:
+            event = c._events.receive_nowait()
+        except trio.WouldBlock:
+            return
+        await c._handle(event)
+
+
+async def test_a_broker_whose_registration_does_not_decode_is_not_live_and_the_failover_completes(nursery, caplog):
+    """Broker 3 leads ``good`` and is registered with data that does not decode: the new
+    controller takes over without it, as if it were down, and says why."""
+    zk = cluster()
+    zk.assignments.pop(BAD)
+    zk.live[3] = 12
+    zk.unreadable[3] = BROKER_3_PROBLEM
+    with caplog.at_level(logging.WARNING, logger="tidelog.controller"):
+        c, brokers = await elected(zk, nursery)
+    assert c.is_active and set(c.ctx.brokers) == {1, 2} and c.ctx.unreadable_brokers == {
+        3: (f"{zk.paths.broker(3)}: {BROKER_3_PROBLEM}", 12)}
+    assert zk.states[(GOOD, 0)][0].leader == 2 and tuple(zk.states[(GOOD, 0)][0].isr) == (2,)
+    assert {b for b, _ in brokers.sent} == {1, 2}
+    assert all([lb.broker_id for lb in m.live_brokers] == [1, 2] for _, m in brokers.requests(ApiKey.UPDATE_METADATA))
+    assert f"broker 3 (broker epoch 12) is registered, but its registration does not decode: " \
+           f"{zk.paths.broker(3)}: {BROKER_3_PROBLEM}" in caplog.text
+
+
+async def test_a_broker_registering_unreadable_data_later_is_handled_when_its_znode_changes(nursery, caplog):
+    """A broker-change event reads every registration: one that does not decode keeps
+    neither the others from joining nor itself from joining once its znode (watched) is
+    rewritten; a broker known before whose registration turns unreadable is gone."""
+    zk = cluster()
+    zk.assignments.pop(BAD)
+    c, brokers = await elected(zk, nursery)
+    zk.live.update({3: 12, 4: 13})
+    zk.unreadable[3] = BROKER_3_PROBLEM
+    with caplog.at_level(logging.WARNING, logger="tidelog.controller"):
+        await c._handle((ControllerEvent.BROKER_CHANGE, ["1", "2", "3", "4"]))
+        await c._handle((ControllerEvent.BROKER_CHANGE, ["1", "2", "3", "4"]))  # nothing new: said once
+    assert c.is_active and set(c.ctx.brokers) == {1, 2, 4} and 3 in c.ctx.unreadable_brokers
+    assert caplog.text.count("broker 3 (broker epoch 12) is registered, but") == 1
+    await trio.testing.wait_all_tasks_blocked()
+    watch = zk.data_watches[zk.paths.broker(3)]
+
+    # broker 3 rewrites its registration in place: no child of /brokers/ids changed
+    brokers.sent.clear()
+    del zk.unreadable[3]
+    watch.send_nowait((b"{}", 1))
+    await handle_queued(c)
+    assert set(c.ctx.brokers) == {1, 2, 3, 4} and not c.ctx.unreadable_brokers
+    assert any(b == 3 and m.full for b, m in brokers.requests(ApiKey.LEADER_AND_ISR))
+    assert not c._registration_watches
+
+    # broker 3 caught up; then broker 2 registers again, its data unreadable: gone, its
+    # leadership moves to 3
+    zk.leader_changes_isr(GOOD, 0, [2, 3])
+    await zk.notify_isr_change([(GOOD, 0)])
+    await c._handle((ControllerEvent.ISR_CHANGE, None))
+    zk.live[2] = 14
+    zk.unreadable[2] = "malformed broker 2 znode data: not a JSON object"
+    await c._handle((ControllerEvent.BROKER_CHANGE, ["1", "2", "3", "4"]))
+    assert set(c.ctx.brokers) == {1, 3, 4} and zk.states[(GOOD, 0)][0].leader == 3
+
+
+async def test_a_registration_watch_that_cannot_start_leaves_the_controller_running(nursery, caplog):
+    zk = cluster()
+    zk.assignments.pop(BAD)
+    zk.live[3] = 12
+    zk.unreadable[3] = BROKER_3_PROBLEM
+
+    async def watch_fails(path):
+        raise ZkError(f"{path}: cannot watch")
+    zk.watch_data = watch_fails
+    with caplog.at_level(logging.WARNING, logger="tidelog.controller"):
+        c, _ = await elected(zk, nursery)
+        await trio.testing.wait_all_tasks_blocked()
+    assert c.is_active and "cannot watch the registration of broker 3" in caplog.text
