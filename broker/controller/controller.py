@@ -229,6 +229,11 @@ class ControllerContext:
     def all_partitions(self) -> list[TopicPartition]:
         return [tp for t in sorted(self.assignments) for tp in self.partitions_of(t)]
 
+    def partitions_on(self, broker_id: int) -> list[TopicPartition]:
+        """Every partition with a replica on ``broker_id`` (a moving one's RS counts): what a
+        full LeaderAndIsr to it lists."""
+        return [tp for tp in self.all_partitions() if broker_id in self.assignments[tp.topic][tp.partition]]
+
 
 class ControllerEvent(enum.Enum):
     """What the controller's one task drains from its channel (Kafka's ControllerEvent kinds).
@@ -598,7 +603,7 @@ class Controller:
         # full: a broker registered again may hold topics deleted while it was away
         self._send_update_metadata(ctx.all_partitions(), full=True)
         for b in joined:  # full: a log of a partition no longer assigned to it is deleted
-            self._send_leader_and_isr(b, [tp for tp in ctx.all_partitions() if b in self._replicas(tp)], full=True)
+            self._send_leader_and_isr(b, ctx.partitions_on(b), full=True)
         self._stop_deleted_replicas(brokers=joined)
         await self._elect_offline([tp for tp, (st, _) in ctx.states.items() if ctx.leader_offline(tp, st)])
         await self._advance_moves(list(ctx.moves))
@@ -813,8 +818,7 @@ class Controller:
         if ctx is None or broker_id not in ctx.brokers:
             return
         if broker_id not in ctx.shutting_down:
-            self._send_leader_and_isr(broker_id, [tp for tp in ctx.all_partitions() if broker_id in self._replicas(tp)],
-                                      full=True)
+            self._send_leader_and_isr(broker_id, ctx.partitions_on(broker_id), full=True)
         self._send_update_metadata(ctx.all_partitions(), deleted=sorted(ctx.deleting), brokers=[broker_id], full=True)
         self._stop_deleted_replicas(brokers={broker_id})
 

@@ -80,3 +80,33 @@ async def test_an_unreachable_broker_with_a_full_queue_does_not_stop_an_event(nu
     assert any(key is ApiKey.LEADER_AND_ISR and m.full and m.partition_states[0].leader == 4 for key, m in queued)
     assert any(key is ApiKey.UPDATE_METADATA and m.partition_states for key, m in queued)
     c.channels.close_all()
+
+
+async def test_a_restated_broker_gets_the_partitions_a_joining_one_does(nursery):
+    """Both a broker joining and one whose queue overflowed get a full LeaderAndIsr of every
+    partition with a replica on it (``ControllerContext.partitions_on``), one being moved
+    onto it included, and of no other."""
+    from tests.unit.controller.test_topic_deletion import Brokers
+
+    zk = FakeZk()
+    zk.live = {1: 10, 2: 11}
+    zk.assignments.update({"a": {0: [1, 3], 1: [1, 2]}, "b": {0: [2, 1, 3]}})
+    zk.moves["b"] = {0: ((3,), ())}
+    for t, parts in zk.assignments.items():
+        zk.configs[t] = {}
+        for p, replicas in parts.items():
+            zk.states[(t, p)] = (LeaderAndIsr(replicas[0], 0, tuple(r for r in replicas if r != 3), 0), 0)
+    c = Controller(ControllerConfig(broker_id=1), zk)
+    c._nursery = nursery
+    await nursery.start(c.channels.run)
+    brokers = Brokers(c)
+    await c._on_controller_change()
+    assert [str(tp) for tp in c.ctx.partitions_on(3)] == ["a-0", "b-0"]
+
+    def full_to_3() -> list[list[tuple[str, int]]]:
+        return [[(p.topic_name, p.partition_index) for p in m.partition_states]
+                for b, m in brokers.requests(ApiKey.LEADER_AND_ISR) if b == 3 and m.full]
+    zk.live[3] = 12
+    await c._handle((ControllerEvent.BROKER_CHANGE, ["1", "2", "3"]))
+    c._restate_to(3)
+    assert full_to_3() == [[("a", 0), ("b", 0)]] * 2
