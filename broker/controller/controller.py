@@ -1425,7 +1425,7 @@ class Controller:
 
     async def elect_preferred(self, tps: list[TopicPartition] | None):
         """Move leadership of ``tps`` (None: all) to their preferred replica where possible.
-        Returns [(tp, error code, message)] and the propagation waits."""
+        Returns [(tp, error code, message)] (``_answered``) and the propagation waits."""
         ctx = self.ctx
         results, changed = [], []
         for tp in self._existing(tps, results):
@@ -1450,14 +1450,14 @@ class Controller:
         waits = self._propagate(changed)
         if changed:
             logger.info("preferred leader election moved %d partitions", len(changed))
-        return results, waits
+        return _answered(results, tps), waits
 
     async def elect_unclean(self, tps: list[TopicPartition] | None):
         """ElectLeaders of the UNCLEAN type (Kafka's ElectionType.UNCLEAN): a leader for each of
         ``tps`` (None: all) that has none, its leader not registered. The first live replica in
         assignment order that is in the ISR; with none, the first live replica at all, whatever
         the topic's unclean.leader.election.enable (acknowledged records it lacks are lost).
-        Returns [(tp, error code, message)] and the propagation waits."""
+        Returns [(tp, error code, message)] (``_answered``) and the propagation waits."""
         ctx = self.ctx
         results, changed = [], []
         for tp in self._existing(tps, results):
@@ -1476,7 +1476,7 @@ class Controller:
         waits = self._propagate(changed)
         if changed:
             logger.warning("unclean leader election asked for: %d partitions elected", len(changed))
-        return results, waits
+        return _answered(results, tps), waits
 
     async def _on_rebalance(self, _payload) -> None:
         """Kafka's auto leader rebalance: per broker, if more than the allowed percentage of
@@ -1513,6 +1513,16 @@ def _without(st: LeaderAndIsr, gone: set[int]) -> tuple[int, list[int]] | None:
     if tuple(isr) == tuple(st.isr):
         return None
     return leader, isr or list(st.isr[-1:])
+
+
+def _answered(results: list[tuple[TopicPartition, int, str | None]],
+              tps: list[TopicPartition] | None) -> list[tuple[TopicPartition, int, str | None]]:
+    """An election's results as ElectLeaders answers them: each partition named, but of an
+    election of all partitions (``tps`` None) only those elected or that failed, as Kafka
+    answers a request with null partitions (KIP-460): one that needed no election is left out."""
+    if tps is not None:
+        return results
+    return [r for r in results if r[1] != ELECTION_NOT_NEEDED.code]
 
 
 def _decision(election: Election | None) -> tuple[int, list[int]] | None:

@@ -467,7 +467,9 @@ class AsyncAdmin(RunsInOwnNursery):
         ELECTION_NOT_NEEDED (84) means it already leads. ``"unclean"``: elect a leader for
         those without one, from the ISR or else any live replica (acknowledged records it
         lacks are lost), whatever unclean.leader.election.enable says; ELECTION_NOT_NEEDED
-        means the partition has a leader. Returns each partition's (error code, message)."""
+        means the partition has a leader. Returns each partition's (error code, message);
+        with ``partitions`` None only those elected or that failed, as Kafka's
+        ``electLeaders`` with null partitions: one that needed no election is left out."""
         election = _ELECTION_TYPES.get(election_type)
         if election is None:
             raise ValueError(f"election_type must be one of {sorted(_ELECTION_TYPES)}, not {election_type!r}")

@@ -51,7 +51,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--if-not-exists", action="store_true", help="succeed if the topic exists")
     action("list", "list the topics, one per line")
     a = action("describe", "kafka-topics --describe lines, with leader epoch, LEO and HW")
-    a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
+    a.add_argument("names", nargs="*", metavar="NAME",
+                   help="default: every topic (then only the partitions elected or that failed are listed)")
     a.add_argument("--under-replicated-partitions", action="store_true",
                    help="only partitions whose ISR is smaller than their replica set")
     a.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a leader")
@@ -74,7 +75,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="this partition (repeatable); default: every partition of the topic")
     a = action("elect-leaders", "move leadership back to each partition's preferred (first) replica, or "
                "(--election-type unclean) elect a leader for partitions without one")
-    a.add_argument("names", nargs="*", metavar="NAME", help="default: every topic")
+    a.add_argument("names", nargs="*", metavar="NAME",
+                   help="default: every topic (then only the partitions elected or that failed are listed)")
     a.add_argument("--partition", type=int, help="only this partition of the named topics")
     a.add_argument("--election-type", type=str.lower, choices=("preferred", "unclean"), default="preferred",
                    help="preferred (default); unclean: a partition without a leader gets one from the ISR, "
@@ -366,6 +368,8 @@ async def _elect_leaders(args: argparse.Namespace) -> int:
         election_type = getattr(args, "election_type", "preferred")
         results = await admin.elect_leaders(partitions, timeout_ms=args.timeout_ms, election_type=election_type)
     elected = "the preferred replica" if election_type == "preferred" else "a replica (unclean election)"
+    if partitions is None and not results:  # of all partitions, those needing none are not answered
+        print("No partition needed an election.")
     failed = 0
     for tp, (code, message) in sorted(results.items()):
         if code == NONE.code:

@@ -142,3 +142,15 @@ def test_the_sdk_names_the_election_types_it_takes():
 
     with pytest.raises(ValueError, match=r"\['preferred', 'unclean'\], not 'random'"):
         trio.run(lambda: AsyncAdmin("127.0.0.1:9").elect_leaders(election_type="random"))
+
+
+def test_an_election_of_every_partition_that_none_needed_says_so(monkeypatch, capsys):
+    """Of all partitions, those needing no election are not answered (KIP-460): no answer is
+    not a silent success."""
+    import trio
+
+    fake = FakeTopicsAdmin()
+    monkeypatch.setattr(topics, "_admin_session", lambda args: fake)
+    assert trio.run(topics._elect_leaders, args_for(names=[], partition=None, election_type="preferred")) == 0
+    assert fake.elected == [(None, "preferred")]
+    assert capsys.readouterr().out == "No partition needed an election.\n"
