@@ -47,7 +47,8 @@ Events and what they do:
   replicas of a log directory that failed (Kafka's log dir failure): each is handled as a
   replica on a dead broker (a new leader among the other live in-sync replicas, out of the
   ISR) and is not live for its partition, in any election, until its broker registers again
-  (``ControllerContext.offline_replicas``).
+  (``ControllerContext.offline_replicas``). A controller elected since learns them from the
+  brokers' answers to its LeaderAndIsr (KAFKA_STORAGE_ERROR per partition), as Kafka's.
 * requests: CreateTopics, CreatePartitions, DeleteTopics, AlterConfigs, ControlledShutdown.
 """
 
@@ -108,6 +109,7 @@ from tidelog.protocol.errors import (
     INVALID_REPLICA_ASSIGNMENT,
     INVALID_REQUEST,
     INVALID_TOPIC_EXCEPTION,
+    KAFKA_STORAGE_ERROR,
     NO_REASSIGNMENT_IN_PROGRESS,
     NONE,
     PREFERRED_LEADER_NOT_AVAILABLE,
@@ -246,6 +248,7 @@ class ControllerEvent(enum.Enum):
     ISR_CHANGE = "isr change notification"  # /isr_change_notification children
     REPLICA_DAMAGE = "replica damage notification"  # /replica_damage_notification children
     REPLICAS_DELETED = "replicas deleted"  # a broker answered a StopReplica with deletion
+    LEADER_AND_ISR_ANSWERED = "leader and isr answered"  # a broker answered a LeaderAndIsr
     AUTO_LEADER_BALANCE = "auto leader balance"  # leader.imbalance.check.interval.seconds
     CALL = "call"  # an admin request's work, run in the loop (Controller.call)
 
@@ -788,7 +791,9 @@ class Controller:
                                   [lb for lb in self._live_brokers() if lb.broker_id in leaders],
                                   topic_configs={t: self.ctx.topic_configs.get(t, {}) for t in {tp.topic for tp in tps}},
                                   full=full)
-        return self.channels.send(broker_id, ApiKey.LEADER_AND_ISR, req)
+        out = self.channels.send(broker_id, ApiKey.LEADER_AND_ISR, req)
+        self._on_answer(ControllerEvent.LEADER_AND_ISR_ANSWERED, broker_id, out)
+        return out
 
     def _send_update_metadata(self, tps: list[TopicPartition], deleted: list[str] | None = None,
                               configs_of: list[str] | None = None, brokers: Iterable[int] | None = None,
@@ -1090,19 +1095,24 @@ class Controller:
         for b, partitions in sorted(by_broker.items()):
             out = self.channels.send(b, ApiKey.STOP_REPLICA, StopReplicaRequest(
                 self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, -1), partitions))
-            if out is not None and self._nursery is not None:
-                self._nursery.start_soon(self._await_deletion, ctx, b, out)
+            self._on_answer(ControllerEvent.REPLICAS_DELETED, b, out)
 
-    async def _await_deletion(self, ctx: ControllerContext, broker: int, out: Outgoing) -> None:
+    def _on_answer(self, kind: ControllerEvent, broker: int, out: Outgoing | None) -> None:
+        """Have ``broker``'s answer to ``out`` handled as a ``kind`` event, (context, broker,
+        request sent), in the loop."""
+        if out is not None and self._nursery is not None:
+            self._nursery.start_soon(self._await_answer, kind, self.ctx, broker, out)
+
+    async def _await_answer(self, kind: ControllerEvent, ctx: ControllerContext, broker: int, out: Outgoing) -> None:
         await out.done.wait()
         if out.response is not None:  # else dropped: the broker left, or the controller resigned
-            self._events_send.send_nowait((ControllerEvent.REPLICAS_DELETED, (ctx, broker, out.response)))
+            self._events_send.send_nowait((kind, (ctx, broker, out)))
 
     async def _on_replicas_deleted(self, payload) -> None:
-        ctx, broker, response = payload
+        ctx, broker, out = payload
         if ctx is not self.ctx:  # an answer to a request of an earlier term
             return
-        for topic, partitions in deleted_replicas(response).items():
+        for topic, partitions in deleted_replicas(out.response).items():
             if topic in ctx.deleting:
                 ctx.deleting[topic].confirm(broker, partitions)
         await self._complete_deletions()
@@ -1201,6 +1211,35 @@ class Controller:
                 logger.warning("%s: the replica on broker %d is in a failed log dir: led by %d, ISR %s",
                                tp, broker, st.leader, st.isr)
         return changed
+
+    async def _on_leader_and_isr_answered(self, payload) -> None:
+        """A broker answered a LeaderAndIsr: the replicas it answered KAFKA_STORAGE_ERROR for
+        are in a log dir that failed, as Kafka's controller reads the answer
+        (``handleLeaderAndIsrResponse``). So a controller just elected learns the offline
+        replicas of every broker from the full LeaderAndIsr of its failover (and of a broker
+        that joins), with no report from the broker: the one it made (``_on_replica_damage``)
+        was handled, and deleted, by an earlier controller. Those it knew already change
+        nothing. An answer of an earlier term, or to a request of the broker's earlier
+        registration (its replicas are live again), is dropped."""
+        ctx, broker, out = payload
+        if ctx is not self.ctx or out.message.broker_epoch != ctx.broker_epochs.get(broker):
+            return
+        if out.response.error_code != NONE.code:
+            return
+        known = ctx.offline_replicas.get(broker, set())
+        tps = sorted({TopicPartition(e.topic_name, e.partition_index) for e in out.response.partition_errors
+                      if e.error_code == KAFKA_STORAGE_ERROR.code} - known)
+        if not tps:
+            return
+        changed = await self._on_offline_replicas(broker, tps)
+        newly = [tp for tp in tps if tp in ctx.offline_replicas.get(broker, ())]
+        if not newly:
+            return
+        logger.warning("broker %d answered KAFKA_STORAGE_ERROR for %d replicas (%s): in a failed log dir, not live "
+                       "until it registers again", broker, len(newly), ", ".join(map(str, newly[:10])))
+        self._propagate(changed)
+        self._send_update_metadata([tp for tp in newly if tp not in changed])  # their offline replicas
+        await self._advance_moves([tp for tp in changed if tp in ctx.moves])
 
     def _without_offline_replica(self, tp: TopicPartition, st: LeaderAndIsr,
                                  broker: int) -> tuple[int, list[int]] | None:
@@ -1502,6 +1541,7 @@ class Controller:
         ControllerEvent.ISR_CHANGE: _on_isr_change,
         ControllerEvent.REPLICA_DAMAGE: _on_replica_damage,
         ControllerEvent.REPLICAS_DELETED: _on_replicas_deleted,
+        ControllerEvent.LEADER_AND_ISR_ANSWERED: _on_leader_and_isr_answered,
     }
 
 

@@ -18,11 +18,13 @@ by the log manager (a periodic flush or checkpoint, a read in a worker thread). 
 partitions answers KAFKA_STORAGE_ERROR from then on, waiting produces and fetches included,
 and is fetched no more; a partition of another directory is not affected. The controller is
 told (``damage_reporter`` with ``offline``), and moves leadership off those replicas and out
-of the ISRs; told again by a LeaderAndIsr that still counts on one of them (its view is
-behind: a new controller, or this broker registered again since). A dir that failed while
-the broker loaded its logs is offline from the start, its partitions unknown: a replica with
-no log here that LeaderAndIsr does not call new is taken for one of them (``_apply``). When no
-log dir is left, ``on_all_dirs_offline`` stops the broker.
+of the ISRs. A controller whose view is behind (a new one, or one that saw this broker
+register again after a lost session) learns them from this broker's KAFKA_STORAGE_ERROR
+answers to its LeaderAndIsr, and is told again by a LeaderAndIsr that still counts on one
+of them. A dir that failed while the broker loaded its logs is offline from the start, its
+partitions unknown: a replica with no log here that LeaderAndIsr does not call new is taken
+for one of them (``_apply``). When no log dir is left, ``on_all_dirs_offline`` stops the
+broker.
 
 Everything here runs on the broker's Trio thread; the logs it calls are synchronous.
 """

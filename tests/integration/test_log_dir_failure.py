@@ -141,8 +141,9 @@ def test_a_dir_that_fails_while_the_broker_starts_is_offline_and_the_others_serv
 
     def settled():
         p = partitions_of(broker_metadata(cluster, 2), TOPIC)
-        return p[0].leader_id in (2, 3) and 1 not in p[0].isr_nodes and 1 in p[1].isr_nodes and p
-    wait_until(settled, 60, "broker 1 in partition 1's ISR and out of partition 0's")
+        return (p[0].leader_id in (2, 3) and 1 not in p[0].isr_nodes and p[0].offline_replicas == [1]
+                and 1 in p[1].isr_nodes and p)
+    wait_until(settled, 60, "broker 1 in partition 1's ISR, out of partition 0's and offline there")
     assert len(produce(cluster, 0, 5)) == 5 and len(produce(cluster, 1, 5)) == 5
     read = consume_range(cluster.bootstrap, {TopicPartition(TOPIC, 0): 10, TopicPartition(TOPIC, 1): 10})
     assert {tp.partition: [r.offset for r in rs] for tp, rs in read.items()} == {0: list(range(10)),
@@ -154,3 +155,43 @@ def test_a_dir_that_fails_while_the_broker_starts_is_offline_and_the_others_serv
     assert broker.running
     with open(broker.log_path, errors="replace") as f:
         assert f"log dir {where[0]} failed while loading its logs" in f.read()
+
+
+def test_a_new_controller_learns_the_replicas_of_a_failed_dir_from_its_broker(cluster):
+    """The controller that handled broker 1's report of its failed dir is replaced (its
+    ``/controller`` deleted: an election, a new epoch, a failover that reads everything
+    again). The report is gone, and broker 1, neither leader nor in the ISR, has nothing to
+    report again: the new controller learns the offline replica from broker 1's answer to its
+    LeaderAndIsr (KAFKA_STORAGE_ERROR), and the metadata keeps naming it offline."""
+    from kazoo.client import KazooClient
+
+    with Admin(cluster.bootstrap, default_api_timeout_ms=30000) as admin:
+        admin.create_topics([NewTopic(TOPIC, replica_assignment={0: [1, 2, 3]},
+                                      config={"segment.bytes": str(SEGMENT_BYTES), "min.insync.replicas": "2"})])
+    wait_topic_ready(cluster, TOPIC, 1, 3)
+    where = next(d for d in cluster.dirs_of_1 if (d / f"{TOPIC}-0").is_dir())
+    plant_failing_rolls(where / f"{TOPIC}-0")
+    assert len(produce(cluster, 0, 100)) == 100
+
+    def offline_on_1():
+        p = partitions_of(broker_metadata(cluster, 2), TOPIC)[0]
+        return p.leader_id != 1 and 1 not in p.isr_nodes and p.offline_replicas == [1]
+    wait_until(offline_on_1, 30, "broker 1's replica out of the ISR and offline in the metadata")
+
+    zk = KazooClient(hosts=cluster.zookeeper.connect_string, timeout=10)
+    zk.start(timeout=10)
+    try:
+        epoch = int(zk.get("/tidelog/controller_epoch")[0])
+        zk.delete("/tidelog/controller")
+        wait_until(lambda: int(zk.get("/tidelog/controller_epoch")[0]) > epoch and zk.exists("/tidelog/controller"),
+                   30, "a controller elected again")
+    finally:
+        zk.stop()
+        zk.close()
+
+    def learned():
+        return any("broker 1 answered KAFKA_STORAGE_ERROR for 1 replicas" in b.log_path.read_text(errors="replace")
+                   for b in cluster.brokers.values())
+    wait_until(learned, 30, "the new controller learning broker 1's offline replica from its LeaderAndIsr answer")
+    wait_until(offline_on_1, 30, "broker 1's replica still offline in the new controller's metadata")
+    assert cluster.brokers[1].running

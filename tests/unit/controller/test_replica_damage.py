@@ -2,13 +2,24 @@
 leadership moves off it, it leaves the ISR, and its broker is told, so that its replica,
 a follower outside the ISR, can drop the damaged records and fetch them again. And of a
 replica in a log dir that failed (a report marked offline): handled as on a dead broker, and
-not elected again until its broker registers again."""
+not elected again until its broker registers again; a controller elected since learns it from
+the broker's answer to its LeaderAndIsr."""
 
 from __future__ import annotations
 
+from tests.support.controller_zk import FakeZk
+from tests.unit.controller.test_malformed_znodes import handle_queued
 from tests.unit.controller.test_reassignment_flow import TP, T, controller, load, state_sent, to
+from tests.unit.controller.test_topic_deletion import elected
+from tidelog.broker.controller.controller import ControllerEvent
 from tidelog.broker.controller.election import without_damaged_replica
+from tidelog.broker.zookeeper.layout import LeaderAndIsr
 from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.errors import KAFKA_STORAGE_ERROR, NONE
+from tidelog.protocol.messages import LeaderAndIsrResponse, PartitionError
+from tidelog.protocol.topics import TopicPartition
+
+OFFLINE_TOPIC = "offline"
 
 
 def test_a_damaged_leader_hands_over_to_the_next_in_sync_replica_and_leaves_the_isr():
@@ -166,3 +177,64 @@ async def test_an_offline_replica_is_never_the_preferred_leader_again():
     c.ctx.states[TP] = zk.states[(T, 0)]
     results, _ = await c.elect_preferred([TP])
     assert results[0][1] != 0 and zk.states[(T, 0)][0].leader == 2
+
+
+def storage_errors(brokers, broker: int, partitions: list[int], first_only: bool = False) -> None:
+    """``broker`` answers the LeaderAndIsr requests sent to it so far: KAFKA_STORAGE_ERROR for
+    its replicas of ``partitions`` of ``offline`` (in its failed log dir), NONE for the others."""
+    for b, out in brokers.sent:
+        if b == broker and out.api_key == ApiKey.LEADER_AND_ISR and not out.done.is_set():
+            out.response = LeaderAndIsrResponse(NONE.code, [
+                PartitionError(p.topic_name, p.partition_index,
+                               KAFKA_STORAGE_ERROR.code if p.partition_index in partitions else NONE.code)
+                for p in out.message.partition_states])
+            out.done.set()
+            if first_only:
+                return
+
+
+def offline_dir_cluster() -> FakeZk:
+    """Broker 2's replica of offline-0 is in a log dir that failed: an earlier controller took
+    it out of the ISR (and deleted the report). Its replica of offline-1 is fine, and leads."""
+    zk = FakeZk()
+    zk.live = {1: 10, 2: 11, 3: 12}
+    zk.assignments[OFFLINE_TOPIC] = {0: [2, 3], 1: [2, 3]}
+    zk.configs[OFFLINE_TOPIC] = {"unclean.leader.election.enable": "true"}
+    zk.states[(OFFLINE_TOPIC, 0)] = (LeaderAndIsr(3, 5, (3,), 0), 0)
+    zk.states[(OFFLINE_TOPIC, 1)] = (LeaderAndIsr(2, 5, (2, 3), 0), 0)
+    return zk
+
+
+async def test_a_new_controller_learns_offline_replicas_from_the_answers_to_its_leader_and_isr(nursery):
+    """As Kafka's controller (handleLeaderAndIsrResponse): the broker answers the failover's
+    full LeaderAndIsr with KAFKA_STORAGE_ERROR for its offline replica, and the new controller
+    never elects that replica, not even uncleanly, until the broker registers again."""
+    zk = offline_dir_cluster()
+    c, brokers = await elected(zk, nursery)
+    assert c.ctx.offline_replicas == {}
+    storage_errors(brokers, 2, [0])
+    brokers.sent.clear()
+    await handle_queued(c)
+    assert c.ctx.offline_replicas == {2: {TopicPartition(OFFLINE_TOPIC, 0)}}
+    (told,) = {tuple(p.offline_replicas) for _, m in brokers.requests(ApiKey.UPDATE_METADATA)
+               for p in m.partition_states if p.partition_index == 0}
+    assert told == (2,)
+
+    del zk.live[3]  # the last in-sync replica of offline-0 goes
+    await c._handle((ControllerEvent.BROKER_CHANGE, None))
+    assert zk.states[(OFFLINE_TOPIC, 0)][0].leader == -1  # not broker 2, whose replica cannot serve
+    assert zk.states[(OFFLINE_TOPIC, 1)][0].leader == 2
+
+    zk.live[2] = 20  # broker 2 restarted, its log dirs loaded again
+    await c._handle((ControllerEvent.BROKER_CHANGE, None))
+    assert c.ctx.offline_replicas == {} and zk.states[(OFFLINE_TOPIC, 0)][0].leader == 2
+
+
+async def test_an_answer_of_a_brokers_earlier_registration_marks_nothing_offline(nursery):
+    zk = offline_dir_cluster()
+    c, brokers = await elected(zk, nursery)
+    zk.live[2] = 20  # broker 2 restarted before it answered
+    await c._handle((ControllerEvent.BROKER_CHANGE, None))
+    storage_errors(brokers, 2, [0], first_only=True)  # to the request of its registration of epoch 11
+    await handle_queued(c)
+    assert c.ctx.offline_replicas == {}
