@@ -476,7 +476,7 @@ class Controller:
                                 if st.leader in ctx.live and set(st.isr) & dead], dead)
         for b in ctx.brokers:  # not to a broker shutting down: it would fetch again (_propagate)
             if b not in ctx.shutting_down:
-                self._send_leader_and_isr(b, ctx.all_partitions(), full=True, new=created)
+                self._send_leader_and_isr(b, ctx.partitions_on(b), full=True, new=created)
         self._send_update_metadata(ctx.all_partitions(), deleted=known, full=True)
         self._stop_deleted_replicas()
         await self._complete_deletions()
