@@ -578,6 +578,14 @@ class BatchBuilder:
         self._estimated += size
         return delta
 
+    def records(self) -> Iterator[tuple[int, bytes | None, bytes | None, list | None]]:
+        """The records appended so far, in order, as ``(timestamp_ms, key, value, headers)``
+        (``append``'s arguments): what a batch split into smaller ones is rebuilt from."""
+        n = len(self._values)
+        keys = repeat(None, n) if self._keys is None else self._keys
+        headers = repeat(None, n) if self._headers is None else self._headers
+        return zip(self._timestamps, keys, self._values, headers)
+
     def build(self, base_offset: int = 0, leader_epoch: int = -1) -> bytes:
         timestamps = self._timestamps
         n = len(timestamps)

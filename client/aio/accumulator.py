@@ -21,6 +21,10 @@ Theory of operation (Kafka's RecordAccumulator, adapted to one lock and two kind
   its batch's; ``append`` returns None when the reservation would exceed the limit, and the
   caller blocks (``wait_for_memory`` in a thread, ``wait_for_memory_async`` in Trio) until
   memory is released or ``max_block_ms`` passes.
+* Splits: a batch of several records the broker refused as too large (MESSAGE_TOO_LARGE)
+  is split (``split_and_reenqueue``) into pieces queued where it was, sent as retries; its
+  ProduceResult hands its records over to the pieces' (``hand_over``, ``locate``) and
+  completes with the last of them, so the records' futures keep working unchanged.
 * Retries: ``reenqueue`` puts a failed batch back in front of the newer batches of its
   partition (ordered by creation sequence, so two failed batches keep their order). A
   partition whose head batch is a retry is sent only when nothing of it is in flight, one
@@ -85,7 +89,7 @@ class ProduceResult:
     waiter publishes the event and then looks at ``_done``: one of them sees the other."""
 
     __slots__ = ("tp", "base_offset", "log_append_time", "error", "_done", "_event", "_trio_event",
-                 "_callbacks")
+                 "_callbacks", "_pieces")
 
     def __init__(self, tp: TopicPartition):
         self.tp = tp
@@ -96,12 +100,53 @@ class ProduceResult:
         self._event: threading.Event | None = None
         self._trio_event: trio.Event | None = None
         self._callbacks: list[Callable[[], None]] | None = None
+        # once the batch was split (``hand_over``): where each piece starts in this batch, and
+        # the pieces' results
+        self._pieces: tuple[list[int], list[ProduceResult]] | None = None
 
     def done(self) -> bool:
         return self._done
 
     def complete(self, base_offset: int = -1, log_append_time: int = -1,
                  error: BaseException | None = None) -> None:
+        if self._done or self._pieces is not None:  # a split batch completes with its pieces
+            return
+        self._settle(base_offset, log_append_time, error)
+
+    def hand_over(self, starts: list[int], pieces: list[ProduceResult]) -> None:
+        """The batch was split (the broker refused it as too large): record ``i`` now goes in
+        the piece ``k`` whose start ``starts[k]`` is the last at or before ``i``, as record
+        ``i - starts[k]`` there (``locate``). This result completes once every piece has,
+        with the first failed piece's error, so a record's future and callbacks, which wait
+        on this result, resolve once the whole batch has (Kafka chains each record's future
+        to its piece's instead)."""
+        self._pieces = (starts, pieces)
+        pending = [len(pieces)]
+
+        def piece_done() -> None:
+            pending[0] -= 1
+            if not pending[0]:
+                self._settle(error=next((p.error for p in pieces if p.error is not None), None))
+
+        for piece in pieces:
+            piece.add_callback(piece_done)
+
+    def locate(self, index: int) -> tuple[ProduceResult, int]:
+        """The result that holds record ``index`` of this batch, and the record's index there:
+        this one, or the piece's it went to when the batch was split (again and again)."""
+        result = self
+        while result._pieces is not None:
+            starts, pieces = result._pieces
+            k = bisect.bisect_right(starts, index) - 1
+            result, index = pieces[k], index - starts[k]
+        return result, index
+
+    def error_of(self, index: int) -> BaseException | None:
+        """The error that failed record ``index`` (None: it did not fail, or is pending)."""
+        return self.error if self._pieces is None else self.locate(index)[0].error
+
+    def _settle(self, base_offset: int = -1, log_append_time: int = -1,
+                error: BaseException | None = None) -> None:
         if self._done:
             return
         self.base_offset = base_offset
@@ -186,13 +231,19 @@ class RecordFuture:
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self._result.wait(timeout):
             raise RequestTimedOut(f"record for {self._result.tp} not acknowledged within {timeout:g} s")
-        return self._result.error
+        return self._error
+
+    @property
+    def _error(self) -> BaseException | None:
+        return self._result.error_of(self._index)
 
     def _metadata(self) -> RecordMetadata:
-        r = self._result
+        r, index = self._result, self._index
+        if r._pieces is not None:
+            r, index = r.locate(index)
         if r.error is not None:
             raise r.error
-        offset = -1 if r.base_offset < 0 else r.base_offset + self._index
+        offset = -1 if r.base_offset < 0 else r.base_offset + index
         ts = r.log_append_time if r.log_append_time >= 0 else self._timestamp
         return RecordMetadata(r.tp.topic, r.tp.partition, offset, ts)
 
@@ -210,10 +261,10 @@ class RecordFuture:
         return self._result.done()
 
     def succeeded(self) -> bool:
-        return self._result.done() and self._result.error is None
+        return self._result.done() and self._error is None
 
     def failed(self) -> bool:
-        return self._result.done() and self._result.error is not None
+        return self._result.done() and self._error is not None
 
     @property
     def value(self) -> RecordMetadata | None:
@@ -230,7 +281,7 @@ class RecordFuture:
         kafka-python's ``add_callback``), when ``add_done_callback`` would; returns the future,
         so ``send(...).add_callback(ok).add_errback(failed)`` chains."""
         def done() -> None:
-            if self._result.error is None:
+            if self._error is None:
                 fn(*args, self._metadata(), **kwargs)
         self._result.add_callback(done)
         return self
@@ -239,8 +290,9 @@ class RecordFuture:
         """Call ``fn(*args, error, **kwargs)`` if the record fails (as kafka-python's
         ``add_errback``); returns the future."""
         def done() -> None:
-            if self._result.error is not None:
-                fn(*args, self._result.error, **kwargs)
+            error = self._error
+            if error is not None:
+                fn(*args, error, **kwargs)
         self._result.add_callback(done)
         return self
 
@@ -252,7 +304,7 @@ class RecordFuture:
         return self._wait().__await__()
 
     def __repr__(self) -> str:
-        state = "pending" if not self.done() else ("failed" if self._result.error else "done")
+        state = "pending" if not self.done() else ("failed" if self._error else "done")
         return f"<RecordFuture {self._result.tp} #{self._index} {state}>"
 
 
@@ -327,7 +379,13 @@ class RecordFutures(Sequence[RecordFuture]):
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The error of the first failed record (in call order), or None if all succeeded."""
         self._wait(timeout)
-        return next((r.error for r in self._results if r.error is not None), None)
+        ends = self._starts[1:] + [self._count]
+        for start, end, result, delta in zip(self._starts, ends, self._results, self._deltas):
+            if result.error is not None:  # the first failed piece's, if the batch was split
+                error = next(filter(None, map(result.error_of, range(delta, delta + end - start))), None)
+                if error is not None:
+                    return error
+        return None
 
     def add_done_callback(self, fn: Callable[["RecordFutures"], Any]) -> None:
         """Call ``fn(futures)`` once every record is resolved (see RecordFuture's)."""
@@ -403,7 +461,9 @@ class ProducerBatch:
         self.result = ProduceResult(tp)
         self.created = created
         self.deadline = deadline  # created + delivery_timeout
-        self.seq = next(_batch_seq)  # creation order; keeps retried batches in order
+        # creation order, which keeps retried batches in order: the pieces of a split batch
+        # extend its seq, and so sort after it and before every newer batch
+        self.seq: tuple[int, ...] = (next(_batch_seq),)
         self.memory = 0  # bytes of buffer_memory this batch holds
         self.room = batch_size - BATCH_OVERHEAD
         self.attempts = 0  # sends so far
@@ -438,6 +498,33 @@ class ProducerBatch:
         if self.payload is None:
             self.payload = self.builder.build()
         return self.payload
+
+    def split(self, batch_size: int, now: float) -> list[ProducerBatch]:
+        """The records of this batch, which the broker refused as too large, in order in
+        smaller batches (Kafka's ``ProducerBatch.split``): each takes records while they fit in
+        ``batch_size`` and in half this batch's records' size (so a batch too large for a
+        topic whose max.message.bytes is below ``batch_size`` still shrinks, and a batch of
+        two or more records gives two or more pieces). The pieces keep its deadline and
+        attempts, and are retried at once, one at a time, in order (they are sorted by
+        ``seq``); the caller moves the records' completion (``ProduceResult.hand_over``),
+        memory and sequences over."""
+        half = (self.builder.estimated_size - BATCH_OVERHEAD + 1) // 2
+        limit = min(batch_size, half + BATCH_OVERHEAD)
+        pieces: list[ProducerBatch] = []
+        piece = None
+        for timestamp, key, value, headers in self.builder.records():
+            size = record_size(key, value, headers)
+            if piece is None or size > piece.room:
+                piece = ProducerBatch(self.tp, self.builder.codec, self.created, self.deadline, limit)
+                piece.seq = self.seq + (len(pieces),)
+                piece.attempts, piece.retry_at, piece.last_error = max(self.attempts, 1), now, self.last_error
+                pieces.append(piece)
+            piece.builder.append(timestamp, key, value, headers)
+            piece.memory += size
+            piece.room -= size
+        for piece in pieces:
+            piece.mark_full()
+        return pieces
 
     # the idempotent producer's fields (-1 until the batch is first drained)
     @property
@@ -844,6 +931,36 @@ class RecordAccumulator:
             while index < len(dq) and dq[index].seq < batch.seq:
                 index += 1
             dq.insert(index, batch)
+
+    def split_and_reenqueue(self, batch: ProducerBatch, now: float) -> list[ProducerBatch]:
+        """Split an in-flight batch the broker refused as too large (MESSAGE_TOO_LARGE) and
+        queue the pieces for a retry where it would have been queued (Kafka's
+        ``splitAndReenqueue``); its records' futures complete with the pieces. An idempotent
+        batch's sequences go to the pieces in order, so the partition's sequence goes on
+        without a gap (``IdempotenceState.split``). Returns the pieces."""
+        pieces = batch.split(self.batch_size, now)
+        starts = list(itertools.accumulate((len(p) for p in pieces[:-1]), initial=0))
+        batch.result.hand_over(starts, [p.result for p in pieces])  # before any piece can be sent
+        with self.lock:
+            self._release_in_flight(batch.tp)
+            self._incomplete.discard(batch)
+            self._incomplete.update(pieces)
+            freed = batch.memory - sum(p.memory for p in pieces)  # re-estimated per piece
+            self._used -= freed
+            batch.memory = 0
+            if freed > 0:
+                self._memory_freed.notify_all()
+            if self.idempotence is not None and batch.base_sequence >= 0:
+                self.idempotence.split(batch, pieces)
+            dq = self._batches.get(batch.tp)
+            if dq is None:
+                dq = self._batches[batch.tp] = deque()
+            index = 0
+            while index < len(dq) and dq[index].seq < batch.seq:
+                index += 1
+            for piece in reversed(pieces):
+                dq.insert(index, piece)
+        return pieces
 
     def clear_queued_sequences(self, refused: ProducerBatch) -> None:
         """``refused`` is known not to be in the log and takes a sequence of a new epoch: so do

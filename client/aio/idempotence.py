@@ -149,6 +149,22 @@ class IdempotenceState:
         entry.next_sequence = next_sequence(entry.next_sequence, len(batch))
         entry.unresolved.append(batch)
 
+    def split(self, batch, pieces) -> None:
+        """``batch`` was refused as too large and split into ``pieces`` (its records in
+        order): they take its sequences in order, as Kafka's ``ProducerBatch.split`` does,
+        and its place among the partition's unresolved batches. The broker refused the batch
+        whole, so the partition's sequence goes on without a gap, and the batches sent behind
+        it, refused for their sequence, are retried after the pieces (``decide``)."""
+        entry = self.partitions.get(batch.tp)
+        if entry is None or batch not in entry.unresolved:
+            return  # not the partition's to track: the pieces get sequences when drained
+        sequence = batch.base_sequence
+        for piece in pieces:
+            piece.set_producer_state(batch.producer_id, batch.producer_epoch, sequence)
+            sequence = next_sequence(sequence, len(piece))
+        i = entry.unresolved.index(batch)
+        entry.unresolved[i:i + 1] = pieces
+
     # -- outcomes -------------------------------------------------------------------------------
 
     def mark_sent(self, batches) -> None:

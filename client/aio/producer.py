@@ -189,7 +189,7 @@ class ProducerConfig(SecurityConfig):
 class Decision(NamedTuple):
     """What to do with one batch after an attempt."""
 
-    action: str  # "done" | "retry" | "fail"
+    action: str  # "done" | "retry" | "split" | "fail"
     base_offset: int = -1
     log_append_time: int = -1
     error: BaseException | None = None
@@ -201,11 +201,16 @@ def decide(batch: ProducerBatch, error_code: int, *, now: float, retries: int,
            base_offset: int = -1, log_append_time: int = -1, message: str | None = None) -> Decision:
     """The fate of a batch given the error code of its latest attempt (``batch.attempts``
     already counts it). Retriable errors are retried while attempts remain and the delivery
-    timeout has not passed; errors that invalidate metadata also ask for a refresh."""
+    timeout has not passed; errors that invalidate metadata also ask for a refresh. A batch
+    of several records refused as too large (MESSAGE_TOO_LARGE: larger than the topic's
+    max.message.bytes) is split into smaller ones that are sent again, as Kafka's Sender does;
+    only a record too large alone fails with it."""
     if error_code == NONE.code:
         return Decision("done", base_offset, log_append_time)
     err = for_code(error_code)
     where = f"topic {batch.tp.topic!r} partition {batch.tp.partition}"
+    if error_code == MESSAGE_TOO_LARGE.code and len(batch) > 1 and now < batch.deadline:
+        return Decision("split", error=broker_error(error_code, where, message), error_code=error_code)
     if not err.retriable:
         return Decision("fail", error=broker_error(error_code, where, message),
                         refresh_metadata=err.invalid_metadata, error_code=error_code)
@@ -294,8 +299,8 @@ def decide_response(response: ProduceResponse, batches: Sequence[ProducerBatch],
                     retries: int) -> list[tuple[ProducerBatch, Decision]]:
     """One decision per batch. A partition's batches sent as one run share its result: a run
     refused for a batch error (``BATCH_ERRORS``) is retried, each batch alone (a retried
-    batch is drained alone, in order), so that only the bad batch fails, as in Kafka, which
-    sends one batch per partition per request."""
+    batch is drained alone, in order), so that only the bad batch fails (or, too large, is
+    split), as in Kafka, which sends one batch per partition per request."""
     results = partition_results(response)
     out = []
     skip: dict[TopicPartition, int] = {}  # records of earlier batches of the partition's run
@@ -314,7 +319,7 @@ def decide_response(response: ProduceResponse, batches: Sequence[ProducerBatch],
             base_offset += before
         d = decide(batch, code, now=now, retries=retries, base_offset=base_offset,
                    log_append_time=append_time, message=message)
-        if d.action == "fail" and code in BATCH_ERRORS and now < batch.deadline:
+        if d.action in ("fail", "split") and code in BATCH_ERRORS and now < batch.deadline:
             if runs is None:
                 runs = collections.Counter(b.tp for b in batches)
             if runs[batch.tp] > 1:
@@ -786,13 +791,19 @@ class Sender:
                 elif verdict.action == "reset" and d.action == "retry":
                     seqs.reset_sequence(batch)  # the broker forgot the producer: a new epoch
             refresh |= d.refresh_metadata
-            if d.action != "done":
+            if d.action in ("retry", "fail"):
                 (self.stats.on_retry if d.action == "retry" else self.stats.on_error)(acc.clock(), len(batch))
             if d.action == "retry" and not acc.closed_for_retries:
                 batch.last_error = d.error
                 acc.reenqueue(batch, acc.clock())
                 self._event.set()
-            elif d.action == "retry":
+            elif d.action == "split" and not acc.closed_for_retries:
+                batch.last_error = d.error
+                pieces = acc.split_and_reenqueue(batch, acc.clock())
+                log.warning("%s: a batch of %d records is larger than the topic's max.message.bytes; "
+                            "sending it again as %d smaller batches", batch.tp, len(batch), len(pieces))
+                self._event.set()
+            elif d.action in ("retry", "split"):
                 acc.complete(batch, error=ClientClosedError(
                     f"the producer closed while {batch.tp} was being retried"))
             else:

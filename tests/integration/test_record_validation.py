@@ -200,3 +200,18 @@ def test_a_batch_damaged_on_disk_names_the_seek_that_gets_past_it(topics, raw):
 
 def test_records_blocks_are_msgpack_as_documented():
     assert msgpack.unpackb(build_batch([b"x"], timestamp_ms=0)[61:]) == [[0, 0, None, b"x", None]]
+
+
+def test_a_batch_above_max_message_bytes_is_split_by_the_producer_and_delivered_in_order(topics):
+    # each record fits the topic's max.message.bytes, a lingering batch of them does not: the
+    # broker refuses the batch (MESSAGE_TOO_LARGE) and the idempotent producer splits it
+    topic = "small-messages"
+    with Admin(topics.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "300"})])
+    wait_topic_ready(topics, topic, 1, 1)
+    values = [b"split-%03d" % i for i in range(60)]
+    with Producer(topics.bootstrap, acks="all", enable_idempotence=True, linger_ms=60_000) as producer:
+        futures = [producer.send(topic, v, key=b"k", partition=0) for v in values]
+        producer.flush(60)
+        assert [f.result(0).offset for f in futures] == list(range(60))
+    assert consume_all(topics.bootstrap, topic, 60) == values

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from tidelog.aio import AsyncProducer
 from tidelog.errors import TidelogError
@@ -116,3 +117,31 @@ async def test_queued_retries_behind_a_batch_moved_to_a_new_epoch_follow_it(fake
     values = fake.values("t")
     assert values == [b"first"] + [b"v%03d" % i for i in range(12)]
     assert offsets == list(range(1, 13))
+
+
+async def test_batches_sent_behind_one_refused_as_too_large_follow_its_pieces_in_sequence(fake):
+    # one batch per request, several requests in flight (the first answer is held back until
+    # the others are sent): the batches above the topic's max.message.bytes are refused and
+    # split, and the small last one, sent behind them, is refused for its sequence; it is
+    # retried after the pieces, under the same epoch, and no record fails
+    fake.create_topic("t", 1)
+    fake.log("t").max_message_bytes = 200
+    fake.inject(ApiKey.PRODUCE, delay_s=0.3)
+    values = [b"record-%03d" % i for i in range(50)]
+    async with AsyncProducer(fake.bootstrap, batch_size=600, max_request_size=400, linger_ms=10_000,
+                             retry_backoff_ms=10) as producer:
+        futures = []
+        for v in values:  # each full batch is drained and sent as the next one opens
+            futures.append(await producer.send("t", v, partition=0))
+            await trio.testing.wait_all_tasks_blocked()
+        with trio.fail_after(20):
+            await producer.flush()
+            offsets = [(await f).offset for f in futures]
+    assert offsets == list(range(50)) and fake.values("t") == values
+    first_sent = [h.base_sequence for r in fake.sent(ApiKey.PRODUCE)[:5]
+                  for _, h in iter_headers(r.topic_data[0].partition_data[0].records)]
+    assert first_sent == [0, 12, 24, 36, 48]  # all in flight before the first answer
+    stored = stored_batches(fake)
+    assert [(h.producer_epoch, h.base_sequence) for h in stored] == \
+        [(0, sum(h.record_count for h in stored[:i])) for i in range(len(stored))]
+    assert len(fake.sent(ApiKey.INIT_PRODUCER_ID)) == 1  # no epoch bump, no new id

@@ -18,6 +18,10 @@ from tidelog.protocol.records import Codec, iter_headers
 FAST = dict(retry_backoff_ms=10, linger_ms=0)
 
 
+def stored_batches(fake, topic="t", partition=0):
+    return [h for _, data in fake.log(topic, partition).batches for _, h in iter_headers(data)]
+
+
 def produce_requests(fake):
     return fake.sent(ApiKey.PRODUCE)
 
@@ -187,6 +191,32 @@ async def test_a_batch_too_large_fails_alone_not_the_batches_sent_with_it(fake, 
         assert [(await f).offset for f in futures] == list(range(6))
     assert fake.values("t") == small
     assert len(produce_requests(fake)[0].topic_data[0].partition_data[0].records) > 1000  # one run
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_a_batch_larger_than_max_message_bytes_is_split_and_every_record_delivered_in_order(fake, idempotent):
+    # 40 records that each fit the topic's max.message.bytes and together are far above it,
+    # in one lingering batch: the broker refuses it, the producer splits it (again) and sends
+    # the pieces, each record keeping its future and callbacks
+    fake.create_topic("t", 1)
+    fake.log("t").max_message_bytes = 300
+    values = [b"record-%03d" % i for i in range(40)]
+    acked: list[int] = []
+    async with AsyncProducer(fake.bootstrap, linger_ms=10_000, retry_backoff_ms=10,
+                             acks=-1 if idempotent else 1, enable_idempotence=idempotent) as producer:
+        futures = [await producer.send("t", v, key=b"k") for v in values[:20]]
+        futures += list(await producer.send_many("t", values[20:], keys=[b"k"] * 20))
+        for f in futures:
+            f.add_callback(lambda md: acked.append(md.offset))
+        with trio.fail_after(10):
+            await producer.flush()
+        assert [(await f).offset for f in futures] == list(range(40))
+    assert acked == list(range(40)) and fake.values("t") == values
+    stored = stored_batches(fake)
+    assert len(stored) > 2 and all(h.batch_length + 12 <= 300 for h in stored)
+    if idempotent:  # the pieces took the refused batch's sequences, in order, under one epoch
+        assert [(h.producer_epoch, h.base_sequence) for h in stored] == \
+            [(0, sum(h.record_count for h in stored[:i])) for i in range(len(stored))]
 
 
 async def test_retries_end_at_the_delivery_timeout(fake):

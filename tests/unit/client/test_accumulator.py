@@ -595,3 +595,65 @@ def test_record_futures_resolve_together_and_report_the_first_error():
 def test_empty_record_futures_are_done():
     futures = RecordFutures(0)
     assert futures.done() and futures.result(0) == [] and list(futures) == []
+
+
+def test_a_batch_refused_as_too_large_is_split_in_order_and_each_record_keeps_its_future():
+    clock = Clock()
+    acc = make(clock, linger_s=0, records_per_batch=8)
+    futures = add(acc, n=4)
+    acked, failed = [], []
+    for f in futures:
+        f.add_callback(acked.append).add_errback(failed.append)
+    whole = futures[0].batch
+    [big] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    big.attempts = 1
+    add(acc)  # a newer batch, queued behind
+    first, second = acc.split_and_reenqueue(big, clock.now)
+    assert (len(first), len(second)) == (2, 2)  # at most half the records' size each
+    assert acc.used_memory == 5 * SIZE and acc.has_incomplete()
+    # the pieces go first, at once (no backoff), one at a time, in order
+    assert acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1] == [first]
+    assert acc.drain(LEADERS, {1}, 1 << 20, clock.now) == {}
+    acc.complete(first, base_offset=10)
+    assert not futures[0].done()  # the records complete with the whole batch
+    assert acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1] == [second]
+    acc.complete(second, base_offset=20)
+    assert whole.done() and whole.error is None
+    assert [f.result(0).offset for f in futures] == [10, 11, 20, 21]
+    assert [f.result(0).timestamp for f in futures] == [1000, 1001, 1002, 1003]
+    assert [md.offset for md in acked] == [10, 11, 20, 21] and failed == []
+    [newer] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    assert len(newer) == 1 and newer.seq > second.seq > first.seq > big.seq
+
+
+def test_a_split_piece_can_split_again_and_fail_alone():
+    clock = Clock()
+    acc = make(clock, linger_s=0, records_per_batch=8)
+    futures = add(acc, n=4)
+    [big] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    first, second = acc.split_and_reenqueue(big, clock.now)
+    [first] = acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1]
+    one, two = acc.split_and_reenqueue(first, clock.now)
+    for piece, outcome in ((one, {"base_offset": 5}), (two, {"error": RequestTimedOut("too big")}),
+                           (second, {"base_offset": 6})):
+        assert acc.drain(LEADERS, {1}, 1 << 20, clock.now)[1] == [piece]
+        acc.complete(piece, **outcome)
+    assert futures[0].result(0).offset == 5 and futures[0].exception(0) is None
+    assert isinstance(futures[1].exception(0), RequestTimedOut) and futures[1].failed()
+    assert [f.result(0).offset for f in futures[2:]] == [6, 7] and futures[3].succeeded()
+    assert isinstance(futures[0].batch.error, RequestTimedOut)  # the whole batch's: its first error
+    assert acc.used_memory == 0 and not acc.has_incomplete()
+
+
+def test_record_futures_of_a_split_batch_report_the_first_failed_records_error():
+    whole, first, second = ProduceResult(T0), ProduceResult(T0), ProduceResult(T0)
+    futures = RecordFutures(77)
+    futures._add_run(whole, 0, 3)
+    whole.hand_over([0, 2], [first, second])
+    first.complete(base_offset=0)
+    assert not futures.done()
+    second.complete(error=ClientClosedError("gone"))
+    assert futures.done() and isinstance(futures.exception(0), ClientClosedError)
+    assert [f.exception(0) is None for f in futures] == [True, True, False]
+    whole.complete(base_offset=99)  # a split batch completes with its pieces only
+    assert futures[1].result(0).offset == 1

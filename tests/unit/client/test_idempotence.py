@@ -191,3 +191,20 @@ def test_batches_queued_behind_one_moved_to_a_new_epoch_follow_it():
     again = acc.drain(Leaders(), {1}, 1 << 20, 1.0)[1]
     assert again == [first] and (first.producer_epoch, first.base_sequence) == (1, 0)
     assert all(b.base_sequence == -1 for b in rest)
+
+
+def test_the_pieces_of_a_split_batch_take_its_sequences_and_its_place_in_order():
+    s = ready_state()
+    acc = RecordAccumulator(batch_size=16384)
+    acc.idempotence = s
+    before, big, after = batch(n=1), batch(n=4), batch(n=2)
+    for b in (before, big, after):
+        s.assign(b)
+    assert [b.base_sequence for b in (before, big, after)] == [0, 1, 5]
+    first, second = big.split(16384, 0.0)
+    s.split(big, [first, second])
+    assert [(p.producer_id, p.producer_epoch, p.base_sequence, len(p)) for p in (first, second)] == \
+        [(7, 0, 1, 2), (7, 0, 3, 2)]
+    assert s.partitions[TP].unresolved == [before, first, second, after]
+    assert s.partitions[TP].next_sequence == 7  # no gap: the batch behind keeps its sequence
+    assert [read_header(p.encode()).base_sequence for p in (first, second)] == [1, 3]

@@ -76,11 +76,20 @@ def test_retries_stop_at_the_delivery_timeout():
 @pytest.mark.parametrize("error,cls", [(MESSAGE_TOO_LARGE, RecordTooLargeError),
                                        (TOPIC_AUTHORIZATION_FAILED, TidelogError)])
 def test_non_retriable_errors_fail_at_once_naming_the_partition(error, cls):
-    d = decide(batch(), error.code, now=1, retries=100, message="too big")
+    d = decide(batch(n=1), error.code, now=1, retries=100, message="too big")
     assert d.action == "fail" and isinstance(d.error, cls)
     assert d.error.error is error
     assert "topic 'orders' partition 3" in str(d.error) and error.name in str(d.error)
     assert "too big" in str(d.error)
+
+
+def test_a_batch_of_several_records_too_large_is_split_whatever_the_retries_left():
+    too_large = ProduceResponse([TopicProduceResponse("orders", [PartitionProduceResponse(3, MESSAGE_TOO_LARGE.code)])])
+    [(_, d)] = decide_response(too_large, [batch(attempts=5, n=2)], now=1, retries=0)
+    assert d.action == "split" and isinstance(d.error, RecordTooLargeError)
+    # a record too large alone fails, and nothing is split past the delivery timeout
+    assert decide(batch(n=1), MESSAGE_TOO_LARGE.code, now=1, retries=3).action == "fail"
+    assert decide(batch(n=2), MESSAGE_TOO_LARGE.code, now=120, retries=3).action == "fail"
 
 
 def test_corrupt_message_is_retriable_like_kafka():
@@ -121,10 +130,10 @@ def test_batches_of_one_partition_travel_as_one_run_and_get_consecutive_offsets(
 
 
 def test_a_run_refused_for_one_bad_batch_is_retried_batch_by_batch():
-    first, second, other = batch(n=2), batch(n=3), batch(tp=TopicPartition("orders", 4))
+    first, second, other = batch(n=2), batch(n=3), batch(tp=TopicPartition("orders", 4), n=1)
     too_large = ProduceResponse([TopicProduceResponse("orders", [
         PartitionProduceResponse(3, MESSAGE_TOO_LARGE.code), PartitionProduceResponse(4, MESSAGE_TOO_LARGE.code)])])
-    # the run of partition 3 goes again, each batch alone; partition 4's single batch is the bad one
+    # the run of partition 3 goes again, each batch alone; partition 4's single record is the bad one
     decisions = decide_response(too_large, [first, second, other], now=1, retries=0)
     assert [d.action for _, d in decisions] == ["retry", "retry", "fail"]
     assert isinstance(decisions[2][1].error, RecordTooLargeError)
