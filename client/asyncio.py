@@ -69,7 +69,7 @@ from tidelog.aio.consumer import OffsetAndTimestamp
 from tidelog.aio.group import ConsumerRebalanceListener
 from tidelog.aio.producer import NEED_METADATA, partly_queued
 from tidelog.blocking import HANDOFF_WAIT_S
-from tidelog.errors import ClientClosedError, RequestTimedOut, TidelogError
+from tidelog.errors import CallbackNotRunError, ClientClosedError, RequestTimedOut, TidelogError
 from tidelog.protocol.acls import AclBinding, AclBindingFilter
 from tidelog.records import ConsumerRecords, Record, RecordMetadata, TopicPartition
 
@@ -507,7 +507,7 @@ class AsyncConsumer(_Client):
             except Exception as e:
                 report(None, e)
             except BaseException:
-                report(None, ClientClosedError("the callback was interrupted"))
+                report(None, CallbackNotRunError("the callback was interrupted"))
                 raise
             else:
                 report(result, None)
@@ -517,7 +517,7 @@ class AsyncConsumer(_Client):
             self._callback_tasks.add(task)
             task.add_done_callback(self._callback_tasks.discard)
 
-        closed = ClientClosedError("the application's asyncio event loop is closed")
+        closed = CallbackNotRunError("the application's asyncio event loop is closed")
         try:
             loop.call_soon_threadsafe(start)
         except RuntimeError:

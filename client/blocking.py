@@ -51,6 +51,7 @@ from tidelog.aio.producer import NEED_METADATA, AsyncProducer, ProducerMetrics, 
 from tidelog.errors import (
     AuthenticationFailedError,
     BrokerConnectionError,
+    CallbackNotRunError,
     ClientClosedError,
     CommitFailedError,
     NoBrokersAvailable,
@@ -300,10 +301,10 @@ class _Inbox:
                 left.append(item)
 
 
-def _not_called(fn: Callable, why: str) -> ClientClosedError:
+def _not_called(fn: Callable, why: str) -> CallbackNotRunError:
     """The error of a listener or commit callback the loop handed over too late to run."""
     name = getattr(fn, "__qualname__", None) or repr(fn)
-    return ClientClosedError(f"{name} was not called: the consumer call that was to run it on the "
+    return CallbackNotRunError(f"{name} was not called: the consumer call that was to run it on the "
                              f"application's thread (poll, commit, unsubscribe or close) {why}")
 
 
@@ -316,8 +317,9 @@ class Consumer(_Blocking):
     thread: inside the ``poll`` (or ``commit``, ``unsubscribe``, ``close``) call that runs the
     rebalance, as in Kafka. They may call this consumer (``commit``, ``seek``, ``position``).
     One reached after that call ended (Ctrl-C, a timeout) runs inside the consumer call
-    under way then; with none, it is not called but fails with ClientClosedError, which the
-    next ``poll`` raises when a poll had reached it.
+    under way then; with none, it is not called but fails with CallbackNotRunError (a
+    ClientClosedError), which the next ``poll`` raises when a poll had reached it, except
+    ``on_partitions_assigned``, which the next ``poll`` calls instead, as Kafka's does.
     Like Kafka's, the consumer is not meant to be used from several threads at once
     (``wakeup`` excepted)."""
 

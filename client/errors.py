@@ -15,6 +15,7 @@ Hierarchy (every exception the SDK raises on purpose is a ``TidelogError``, so i
           |    |- SaslAuthenticationError          a wrong user or password, an unknown mechanism
           |    '- SslAuthenticationError           a TLS handshake failed (untrusted certificate...)
           |- ClientClosedError                     the producer/consumer/admin is closed
+          |    '- CallbackNotRunError              a listener or commit callback could not run
           |- NoOffsetForPartitionError             auto_offset_reset="none" and no position
           |- RecordDeserializationError            a key or value deserializer raised
           '- CommitFailedError                     the group rebalanced: the commit was not applied
@@ -54,7 +55,7 @@ from tidelog.protocol.errors import (
 __all__ = [
     "TidelogError", "TidelogClientError", "RequestTimedOut", "BrokerConnectionError",
     "NoBrokersAvailable", "AuthenticationFailedError", "SaslAuthenticationError", "SslAuthenticationError",
-    "ClientClosedError", "NoOffsetForPartitionError", "CommitFailedError",
+    "ClientClosedError", "CallbackNotRunError", "NoOffsetForPartitionError", "CommitFailedError",
     "RebalanceInProgressError", "RecordDeserializationError",
     "OffsetOutOfRangeError", "CorruptRecordError", "RecordTooLargeError", "broker_error",
 ]
@@ -121,6 +122,14 @@ def decode_response(response_type: type, body: Any) -> Any:
 
 class ClientClosedError(TidelogClientError):
     """The client object was closed (or is closing) before the operation could complete."""
+
+
+class CallbackNotRunError(ClientClosedError):
+    """A rebalance listener method or commit callback handed to the application's thread or
+    event loop was not run there, or was interrupted before it returned: the consumer call
+    that was to run it (poll, commit, unsubscribe, close) had ended (interrupted, timed out,
+    its event loop closed). A missed ``on_partitions_assigned`` is run by the next poll, as
+    Kafka's consumer does; other callbacks are reported by it."""
 
 
 class WakeupError(TidelogClientError):

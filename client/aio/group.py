@@ -87,6 +87,7 @@ from tidelog.aio.membership import (
 )
 from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
 from tidelog.errors import (
+    CallbackNotRunError,
     TidelogError,
     broker_error,
 )
@@ -190,6 +191,9 @@ class ConsumerCoordinator:
         self._join_outcome: JoinResult | BaseException | None = None
         self._join_scope: trio.CancelScope | None = None
         self._assignment_snapshot: dict[str, int] | None = None  # leader: partition counts assigned
+        # on_partitions_assigned of a completed join that has not run yet (its generation, the
+        # partitions): set until it returns or raises its own error (_invoke_partitions_assigned)
+        self._pending_assigned: tuple[Generation, frozenset[TopicPartition]] | None = None
         self._sync_in_flight = False  # no heartbeat then: its answer would wait behind the SyncGroup's
         self._nursery: trio.Nursery | None = None
         self._pattern_refreshed = -float("inf")
@@ -328,6 +332,8 @@ class ConsumerCoordinator:
         self._raise_fatal()
         await self.offsets.invoke_completed_commits()
         if self.is_managed:
+            if self._pending_assigned is not None and not await self._invoke_missed_assigned():
+                return  # it could not run now either: no records until it does
             self._maybe_refresh_pattern()
             if self.pattern is not None and self._pattern_refreshed == -float("inf"):
                 return  # join once the pattern has been matched against the cluster's topics
@@ -467,8 +473,10 @@ class ConsumerCoordinator:
         return True
 
     def holds_records(self) -> bool:
-        """Whether poll must not hand out records now: the commit before a rebalance is under way."""
-        return self._prepare_commit is not None and not self._prepare_commit.is_set()
+        """Whether poll must not hand out records now: the commit before a rebalance is under
+        way, or the assigned partitions' ``on_partitions_assigned`` has not run yet."""
+        return (self._pending_assigned is not None
+                or self._prepare_commit is not None and not self._prepare_commit.is_set())
 
     async def _commit_before_rebalance(self, offsets: dict[TopicPartition, int] | None = None) -> None:
         if offsets is None:
@@ -504,7 +512,37 @@ class ConsumerCoordinator:
             self._wake_fetcher()
             if done.rejoin:
                 self.request_rejoin("partitions were revoked for the cooperative handover")
-        await self._call_listener("on_partitions_assigned", done.added)
+        await self._invoke_partitions_assigned(done.added)
+
+    async def _invoke_partitions_assigned(self, added: frozenset[TopicPartition]) -> None:
+        """``on_partitions_assigned(added)``, once. The join's result is used up by then (the
+        assignment is applied), so a call that does not run to its end stays pending and the
+        next poll makes it (``_invoke_missed_assigned``), as Kafka's consumer calls
+        onJoinComplete again when its listener was woken up or interrupted: the poll was
+        cancelled (or interrupted by the facade's caller) meanwhile, or the facade could not
+        run it (CallbackNotRunError: its caller had left). A listener's own error is raised
+        by this poll and the call is not repeated."""
+        self._pending_assigned = (self.generation, frozenset(added))
+        try:
+            await self._call_listener("on_partitions_assigned", added)
+        except CallbackNotRunError as e:
+            log.info("group %r: on_partitions_assigned did not run (%s); the next poll runs it", self.group_id, e)
+            return
+        except Exception:
+            self._pending_assigned = None
+            raise
+        self._pending_assigned = None
+
+    async def _invoke_missed_assigned(self) -> bool:
+        """The next poll's part of ``_invoke_partitions_assigned``: run the pending call for
+        the partitions still assigned, unless the member rejoined or was reset since (the
+        partitions went with that generation). False if it did not run this time either."""
+        generation, added = self._pending_assigned
+        if generation != self.generation or self.state is not MemberState.STABLE:
+            self._pending_assigned = None
+            return True
+        await self._invoke_partitions_assigned(added & set(self.subscriptions.partitions))
+        return self._pending_assigned is None
 
     def _drop_partitions(self, tps: Iterable[TopicPartition]) -> None:
         gone = set(tps)
@@ -678,6 +716,7 @@ class ConsumerCoordinator:
             if commit and self.generation.valid:
                 await self._commit_before_rebalance()
             method = "on_partitions_revoked" if self.generation.valid else "on_partitions_lost"
+            self._pending_assigned = None  # the partitions go: whatever was not called is moot
             try:
                 await self._call_listener(method, owned)
             finally:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tidelog import ClientClosedError, Consumer, RequestTimedOut, TopicPartition
+from tidelog.errors import CallbackNotRunError
 
 NOWHERE = "127.0.0.1:9"  # nothing is contacted: no request is made in these tests
 
@@ -189,25 +190,26 @@ def test_a_callback_after_its_call_ended_fails_rather_than_running_on_the_loop_t
     assert ran == [] and len(failed) == 1 and "not called" in failed[0]
 
 
-def test_a_listener_a_left_poll_could_not_run_is_reported_by_the_next_poll(monkeypatch):
-    """A poll whose caller gave up (the client's thread was stuck) reaches a rebalance
-    listener afterwards: the listener fails, and the next poll raises that, once, as a
-    listener's own error would be, so that the application knows it was not called."""
+def test_a_callback_a_left_poll_could_not_run_is_reported_by_the_next_poll(monkeypatch):
+    """A poll whose caller gave up (the client's thread was stuck) reaches a commit callback
+    afterwards: the callback fails with CallbackNotRunError, and the next poll raises that,
+    once, as a callback's own error would be, so that the application knows it was not
+    called. (A missed on_partitions_assigned is not reported but run by the next poll:
+    tests/unit/client/test_group_member_robustness.py.)"""
     import trio
 
     monkeypatch.setattr("tidelog.blocking.GRACE_S", 0.1)
     consumer = Consumer(NOWHERE, group_id="g", request_timeout_ms=200)
     left, finished, ran = threading.Event(), threading.Event(), []
 
-    class Listener:
-        def on_partitions_assigned(self, assigned):
-            ran.append(assigned)
+    def on_commit(offsets, error):
+        ran.append(offsets)
 
-    async def poll(timeout_ms, max_records):  # a rebalance's end, after the caller left
+    async def poll(timeout_ms, max_records):  # a commit's completion, after the caller left
         try:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(left.wait)
-                await consumer._aio.invoke_callback(Listener().on_partitions_assigned, {TopicPartition("t", 0)})
+                await consumer._aio.invoke_callback(on_commit, {TopicPartition("t", 0): 1}, None)
             return []
         finally:
             finished.set()
@@ -219,7 +221,7 @@ def test_a_listener_a_left_poll_could_not_run_is_reported_by_the_next_poll(monke
     assert finished.wait(10)
     consumer._portal.run_sync(lambda: None)  # after the loop's step that ended that poll
     consumer._aio.poll = real_poll
-    with pytest.raises(ClientClosedError, match="on_partitions_assigned was not called"):
+    with pytest.raises(CallbackNotRunError, match="on_commit was not called"):
         consumer.poll(timeout_ms=10)
     assert consumer.poll(timeout_ms=10) == [] and ran == []
     consumer.close(1)

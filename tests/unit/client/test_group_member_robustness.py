@@ -1,5 +1,5 @@
 """The consumer group client (client/aio/group.py ConsumerCoordinator) against a scripted
-coordinator, for three ways a member could stall or time out:
+coordinator, for ways a member could stall, time out or miss a callback:
 
 * FindCoordinator answered with a non-retriable error (GROUP_AUTHORIZATION_FAILED): every
   poll raises it until it is resolved, and the lookup goes on with backoff, so a join waiting
@@ -13,6 +13,9 @@ coordinator, for three ways a member could stall or time out:
 * ``poll(deadline)`` does its group work within the deadline: the automatic commit before a
   rebalance goes on in the background and the next poll continues the rebalance, as Kafka's
   onJoinPrepare does.
+* An ``on_partitions_assigned`` that did not run to its end (the poll was cancelled, or the
+  facade could not hand it to its caller) runs in the next poll, once, before any record of
+  those partitions, as Kafka's consumer calls onJoinComplete again.
 
 Time is Trio's autojump clock (the module's ``time.monotonic`` is Trio's clock here, so the
 heartbeat timer moves with it); the tests assert the order of events only."""
@@ -30,11 +33,11 @@ import tidelog.aio.group as group_module
 import tidelog.aio.heartbeat as heartbeat_module
 from tidelog.aio.assignors import Assignment, encode_assignment
 from tidelog.aio.cluster import ClusterMetadata
-from tidelog.aio.group import ConsumerCoordinator, call_maybe_async
+from tidelog.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, call_maybe_async
 from tidelog.aio.heartbeat import heartbeats_due
 from tidelog.aio.membership import Generation, MemberState
 from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
-from tidelog.errors import TidelogError
+from tidelog.errors import CallbackNotRunError, TidelogError
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import GROUP_AUTHORIZATION_FAILED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS
 from tidelog.protocol.messages import (
@@ -314,3 +317,91 @@ async def test_poll_returns_at_its_deadline_while_the_commit_before_a_rebalance_
         nursery.cancel_scope.cancel()
     assert without_heartbeats(cluster.events) == ["commit", "commit-answered", "join", "sync", "sync-answered"]
     assert set(group.subscriptions.partitions) == {A0}
+
+
+# -- 4. an on_partitions_assigned that did not run ------------------------------------------------
+
+
+class AssignedListener(ConsumerRebalanceListener):
+    """Records each on_partitions_assigned; ``block_first``: the first one waits for ever."""
+
+    def __init__(self, *, block_first: bool = False, fail_first: bool = False) -> None:
+        self.calls: list[set[TP]] = []
+        self.block_first, self.fail_first = block_first, fail_first
+
+    async def on_partitions_assigned(self, assigned: set[TP]) -> None:
+        self.calls.append(set(assigned))
+        if len(self.calls) == 1 and self.block_first:
+            await trio.sleep_forever()
+        if len(self.calls) == 1 and self.fail_first:
+            raise ValueError("the listener's own error")
+
+
+async def poll_forever(group: ConsumerCoordinator) -> None:
+    while True:
+        await group.poll(trio.current_time() + 1)
+
+
+async def test_an_assigned_listener_cut_short_by_a_cancelled_poll_runs_again_in_the_next_poll(autojump_clock):
+    # as Kafka's consumer calls onJoinComplete again after a wakeup in its listener: the
+    # assignment stands, and the next poll calls the listener with it, once
+    cluster = ScriptedCoordinator()
+    cluster.assignment = (A0,)
+    group = new_member(cluster)
+    listener = AssignedListener(block_first=True)
+    group.subscribe(["a"], None, listener)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        with trio.move_on_after(30):
+            await poll_forever(group)  # ends cancelled inside the listener
+        assert listener.calls == [{A0}] and set(group.subscriptions.partitions) == {A0}
+        assert group.holds_records()  # no records of A0 before its listener ran
+        await group.poll(trio.current_time() + 1)
+        assert listener.calls == [{A0}, {A0}] and not group.holds_records()
+        await group.poll(trio.current_time() + 1)
+        nursery.cancel_scope.cancel()
+    assert listener.calls == [{A0}, {A0}] and group.state is MemberState.STABLE
+
+
+async def test_an_assigned_listener_the_facade_could_not_run_runs_in_the_next_poll(autojump_clock):
+    # the blocking facade's poll was left (Ctrl-C, a stuck thread) before the listener was
+    # handed to its thread: that poll ends without records, and the next one runs it, once
+    cluster = ScriptedCoordinator()
+    cluster.assignment = (A0,)
+    missed: list[Any] = []
+
+    async def invoke(fn: Any, *args: Any) -> Any:
+        if fn.__name__ == "on_partitions_assigned" and not missed:
+            missed.append(args)
+            raise CallbackNotRunError("on_partitions_assigned was not called: its poll had ended")
+        return await call_maybe_async(fn, *args)
+
+    group = ConsumerCoordinator(cluster, ConsumerConfig(group_id="g"), SubscriptionState(EARLIEST_TIMESTAMP),
+                                invoke, lambda: None)
+    group.link.coordinator_id = 1
+    listener = AssignedListener()
+    group.subscribe(["a"], None, listener)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await poll_until(group, lambda: bool(missed))  # no error: the call is only put off
+        assert listener.calls == [] and group.holds_records()
+        await group.poll(trio.current_time() + 1)
+        assert listener.calls == [{A0}] and not group.holds_records()
+        await group.poll(trio.current_time() + 1)
+        nursery.cancel_scope.cancel()
+    assert listener.calls == [{A0}] and without_heartbeats(cluster.events) == ["join", "sync", "sync-answered"]
+
+
+async def test_an_assigned_listeners_own_error_is_raised_once_and_not_repeated(autojump_clock):
+    cluster = ScriptedCoordinator()
+    cluster.assignment = (A0,)
+    group = new_member(cluster)
+    listener = AssignedListener(fail_first=True)
+    group.subscribe(["a"], None, listener)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        with pytest.raises(ValueError, match="own error"):
+            await poll_forever(group)
+        await group.poll(trio.current_time() + 1)
+        nursery.cancel_scope.cancel()
+    assert listener.calls == [{A0}] and not group.holds_records()
