@@ -318,9 +318,27 @@ class OffsetCommitter:
         self._start_soon(run)
 
     async def invoke_completed_commits(self) -> None:
+        """Run the callbacks of the commits completed since, in order; the first exception a
+        callback raises propagates (the callbacks behind it run at the next call)."""
+        await self._run_completed_callbacks(keep_going=False)
+
+    async def _run_completed_callbacks(self, *, keep_going: bool) -> Exception | None:
+        """The one loop over the completed commits' callbacks, in completion order. With
+        ``keep_going`` every callback runs even after one raised: the first exception is
+        returned and the later ones are logged; without, the first one propagates."""
+        first: Exception | None = None
         while self._completed_commits:
             callback, offsets, error = self._completed_commits.pop(0)
-            await self._invoke(callback, offsets, error)
+            try:
+                await self._invoke(callback, offsets, error)
+            except Exception as e:
+                if not keep_going:
+                    raise
+                if first is None:
+                    first = e
+                else:
+                    log.warning("group %r: a commit callback raised while closing: %r", self.group_id, e)
+        return first
 
     async def settle_async_commits(self, deadline: float) -> Exception | None:
         """Closing, as Kafka's close: wait while async commits are in flight, until
@@ -336,17 +354,7 @@ class OffsetCommitter:
             if callback is not None:
                 self._completed_commits.append((callback, report, cut_short))
         self._async_in_flight.clear()
-        first: Exception | None = None
-        while self._completed_commits:
-            callback, offsets, error = self._completed_commits.pop(0)
-            try:
-                await self._invoke(callback, offsets, error)
-            except Exception as e:
-                if first is None:
-                    first = e
-                else:
-                    log.warning("group %r: a commit callback raised while closing: %r", self.group_id, e)
-        return first
+        return await self._run_completed_callbacks(keep_going=True)
 
     def maybe_auto_commit(self) -> None:
         if not self.config.enable_auto_commit:
