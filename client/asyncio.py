@@ -610,7 +610,7 @@ class AsyncConsumer(_Client):
     def wakeup(self) -> None:
         """From any thread: the ``poll`` waiting now (or else the next one) raises WakeupError."""
         if not self._closed and self._portal is not None:
-            self._aio._wakeup_pending = True  # seen at once by a poll with unreturned records
+            self._aio.request_wakeup()  # seen at once by a poll with unreturned records
             self._portal.run_soon(self._aio.wakeup)
 
     async def topics(self, timeout_ms: int | None = None) -> set[str]:

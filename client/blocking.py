@@ -498,7 +498,7 @@ class Consumer(_Blocking):
         another thread and then ``close``. The only method that may be called from another
         thread than the one using the consumer."""
         if not self._closed:
-            self._aio._wakeup_pending = True  # seen at once by a poll with unreturned records
+            self._aio.request_wakeup()  # seen at once by a poll with unreturned records
             self._portal.run_soon(self._aio.wakeup)
 
     def pause(self, *partitions: TopicPartition) -> None:

@@ -650,11 +650,18 @@ class AsyncConsumer(RunsInOwnNursery):
         """Make the poll that is waiting, or else the next one, raise WakeupError (Kafka's
         ``wakeup``: how another task, or thread through the blocking ``Consumer``, ends a
         long poll to shut down)."""
-        self._wakeup_pending = True
+        self.request_wakeup()
         if self._coordinator is not None:
             self._coordinator.interrupt_poll()  # a wait for the group's work ends too
         self._signal_data()
         self._fetcher.wake()  # a poll fetching on an application's thread (client._caller_fetch)
+
+    def request_wakeup(self) -> None:
+        """The part of ``wakeup`` that is safe from any thread (a single attribute write):
+        mark a wakeup pending, so that a poll served on the caller's thread (unreturned
+        records, ``unreturned_first``) raises WakeupError at once. The facades call it, then
+        ``wakeup`` on the Trio thread for the waits to end."""
+        self._wakeup_pending = True
 
     def _raise_pending(self) -> None:
         if self._wakeup_pending:
