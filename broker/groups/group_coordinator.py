@@ -98,7 +98,7 @@ from tidelog.broker.groups.offsets_records import (
     offset_key,
     offset_value,
 )
-from tidelog.broker.replication.replica_manager import wall_ms
+from tidelog.broker.replication.replica_manager import monotonic_ms, wall_ms
 from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
@@ -174,10 +174,6 @@ WAIT_MARGIN_MS = 10_000  # a JoinGroup/SyncGroup never waits longer than its tim
 
 MAX_GROUP_ID_BYTES = 32767  # a Kafka protocol STRING: an int16 length
 MAX_INT64 = (1 << 63) - 1
-
-
-def monotonic_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def invalid_group_id(group_id: str) -> bool:

@@ -106,6 +106,11 @@ def wall_ms() -> int:
     return int(time.time() * 1000)
 
 
+def monotonic_ms() -> int:
+    """What deadlines and lags count on: a step of the wall clock (NTP) moves none of them."""
+    return int(time.monotonic() * 1000)
+
+
 @dataclass(frozen=True)
 class ReplicaConfig:
     broker_id: int
@@ -334,8 +339,12 @@ class ReplicaManager:
     def __init__(self, config: ReplicaConfig, log_manager: LogManager,
                  topic_config: Callable[[str], LogConfig],
                  endpoint_for: Callable[[int, int], LeaderEndpoint | None],
-                 isr_writer: IsrWriter | None = None, clock: Callable[[], int] = wall_ms,
-                 damage_reporter: DamageReporter | None = None):
+                 isr_writer: IsrWriter | None = None, clock: Callable[[], int] = monotonic_ms,
+                 damage_reporter: DamageReporter | None = None, wall_clock: Callable[[], int] = wall_ms):
+        """``clock``: what the followers' lag (the ISR), and the intervals between reports,
+        count on, monotonic, so that a step of the wall clock neither drops every follower
+        from the ISRs nor keeps a stalled one in them; ``wall_clock``: the time produced
+        records are checked against (their timestamps, LogAppendTime)."""
         self.config = config
         self.broker_id = config.broker_id
         self.log_manager = log_manager
@@ -344,6 +353,7 @@ class ReplicaManager:
         self.isr_writer = isr_writer
         self.damage_reporter = damage_reporter
         self.clock = clock
+        self.wall_clock = wall_clock
         self.partitions: dict[TopicPartition, NotifyingPartition] = {}
         self.controller_epoch = -1
         self.broker_epoch = -1  # this broker's registration in ZooKeeper: its fetchers send it
@@ -596,7 +606,7 @@ class ReplicaManager:
         to ``append_now``, which answers it."""
         configs = {tp: p.log.config for tp, p in self.partitions.items()
                    if tp in entries and p.is_leader and p.log is not None}
-        now = self.clock()
+        now = self.wall_clock()
 
         def work() -> tuple[dict, dict]:
             good, refused = {}, {}

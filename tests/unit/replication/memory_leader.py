@@ -69,7 +69,7 @@ class MemoryBroker:
                                       broker_id=broker_id, clock=clock)
         self.replica_manager = ReplicaManager(
             ReplicaConfig(broker_id, replica_lag_time_max_ms), self.log_manager, lambda topic: config,
-            endpoint_for=self._no_endpoint, clock=clock)
+            endpoint_for=self._no_endpoint, clock=clock, wall_clock=clock)
         self.apis = Apis(None, self.replica_manager, MetadataCache(broker_id))
         self.broker_epoch = self.replica_manager.broker_epoch = 0x100000000 + broker_id  # a czxid
         self.fetch_requests = 0

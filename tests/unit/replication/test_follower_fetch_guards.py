@@ -14,12 +14,16 @@ broker's epoch, and the fetchers send their own.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
-from tests.unit.log.helpers import make_batch
+from tests.unit.log.helpers import FakeClock, make_batch
 from tests.unit.replication.memory_leader import TP, MemoryBroker
 from tests.unit.replication.test_fetcher import make_cluster, produce
+from tidelog.broker.log.config import LogConfig
 from tidelog.broker.metadata_cache import ZkRegistry
+from tidelog.broker.replication.replica_manager import ReplicaManager, monotonic_ms, wall_ms
 from tidelog.protocol.errors import NONE, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
 from tidelog.protocol.messages import (
     FetchPartition,
@@ -147,3 +151,28 @@ async def test_a_claim_ahead_of_zookeeper_is_refused_after_one_read(cluster, aut
     # a fetch naming no follower of the partition costs ZooKeeper nothing
     r = await fetch(leader, follower_fetch(99, 10**12, 0))
     assert r.error_code == NOT_LEADER_OR_FOLLOWER.code and len(reads) == 1
+
+
+async def test_the_isr_counts_on_the_replica_managers_clock_not_the_wall_clock(cluster, autojump_clock):
+    """A broker runs its replica manager on a monotonic clock (the default) for the followers'
+    lag, and checks records against the wall clock: a step of the wall clock (NTP) neither
+    drops a follower that fetched just now from the ISR nor keeps one that stopped in it."""
+    assert inspect.signature(ReplicaManager).parameters["clock"].default is monotonic_ms
+    assert inspect.signature(ReplicaManager).parameters["wall_clock"].default is wall_ms
+    rm = cluster.brokers[1].replica_manager
+    lag = rm.config.replica_lag_time_max_ms
+    wall, mono = FakeClock(), FakeClock(5_000)
+    rm.wall_clock, rm.clock = wall, mono
+    leader = await in_sync(cluster)
+    for f in cluster.followers:  # fetches at the log end: caught up now
+        await cluster.fetch_round(f)
+    produce(leader, 1)  # not fetched yet: behind by it, caught up as of their last fetch
+    wall.advance(3_600_000)  # an hour ahead
+    assert leader.partition().isr_to_shrink(rm.clock(), lag) is None
+    wall.advance(-7_200_000)  # an hour behind
+    mono.advance(lag + 1)  # and the followers silent for longer than the lag allows
+    assert leader.partition().isr_to_shrink(rm.clock(), lag) == frozenset({1})
+    # produced records are checked against the wall clock's time
+    rm.topic_config = lambda topic: LogConfig(message_timestamp_difference_max_ms=1000)
+    good, refused = await rm.check_in_worker({TP: make_batch(1, ts=wall())})
+    assert TP in good and not refused
