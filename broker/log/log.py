@@ -23,7 +23,9 @@ stamps each with its base offset and the leader epoch in place and appends the b
 produce of large or compressed batches is validated in a worker thread first (``checked``
 returns ``CheckedRecords``, which the append does not check again). ``append_as_follower``
 validates framing and CRC and appends the leader's batches with the offsets they already
-carry. In both, the batch bytes are never re-encoded.
+carry, whatever their size (``max.message.bytes`` bounds what producers write; a cleaned
+batch may have grown past it, or the limit been lowered since). In both, the batch bytes
+are never re-encoded.
 
 Reads return whole stored batches starting with the one that holds the requested offset
 (in a gap, the first after it: compaction's, or a hole loading left where flushed data was
@@ -388,7 +390,7 @@ class Log:
         """Validate, assign offsets and the leader epoch, append. Nothing is written on error.
         The appended batches stay readable from memory (``read`` at their first offset: the
         fetches waiting at the log end that this append answers) until ``release_appended``."""
-        batches = self._validate(records)
+        batches = self._validate(records, self.config.max_message_bytes)
         if not (isinstance(records, CheckedRecords) and records.config is self.config):
             check_produced_records(records, batches, self.config, self._clock(), self.topic_partition)
         if leader_epoch < self.epoch_cache.latest_epoch:
@@ -430,8 +432,13 @@ class Log:
                              self.log_start_offset)
 
     def append_as_follower(self, records: bytes) -> LogAppendInfo:
-        """Append the leader's batches as they are; offsets must follow this log's end."""
-        batches = self._validate(records)
+        """Append the leader's batches as they are; offsets must follow this log's end.
+
+        Their size is not checked against ``max.message.bytes``, as in Kafka (the leader
+        accepted them): a cleaned batch can be larger than its producer's (its first
+        timestamp is the delete horizon, see ``cleaner``), and the limit may have been
+        lowered since it was written. Refusing one would stop this replica for good."""
+        batches = self._validate(records, None)
         expected, epoch = self.log_end_offset, self.epoch_cache.latest_epoch
         for pos, h in batches:
             if h.base_offset < expected:
@@ -452,10 +459,11 @@ class Log:
         the batch and record; reads only the immutable config, so a worker thread may run it."""
         check_produced_records(records, batches, self.config, now_ms, self.topic_partition)
 
-    def _validate(self, records: bytes) -> list[tuple[int, BatchHeader]]:
-        """Every batch valid, and each small enough for a segment (a set of batches larger
-        than a segment is fine: it is spread over several, see ``_append``)."""
-        batches = validate_batches(records, self.config.max_message_bytes)
+    def _validate(self, records: bytes, max_batch_bytes: int | None) -> list[tuple[int, BatchHeader]]:
+        """Every batch valid, at most ``max_batch_bytes`` (None: any size) and each small
+        enough for a segment (a set of batches larger than a segment is fine: it is spread
+        over several, see ``_append``)."""
+        batches = validate_batches(records, max_batch_bytes)
         for pos, h in batches:
             if h.batch_length + 12 > self.config.segment_bytes:
                 raise TidelogError(

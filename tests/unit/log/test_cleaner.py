@@ -448,3 +448,46 @@ def test_an_os_error_while_cleaning_is_a_failure_of_the_log_dir(tmp_path, monkey
         env.clean()
     assert list(env.manager.pending_dir_failures()) == [env.manager.log_dirs[0]]
     assert TP in env.cleaner.uncleanable
+
+
+def _batch_near(limit: int, now_ms: int, tombstone_first: bool = True) -> bytes:
+    """One uncompressed batch of keyed records as close to ``limit`` bytes as records allow."""
+    def build(n: int) -> bytes:
+        b = BatchBuilder(Codec.NONE)
+        for i in range(n):
+            b.append(now_ms, f"key-{i}".encode(), None if tombstone_first and i == 0 else b"value-%d" % i)
+        return b.build()
+    n = 1
+    while len(build(n + 1)) <= limit:
+        n += 1
+    return build(n)
+
+
+def test_a_batch_the_cleaner_grew_past_max_message_bytes_is_copied_by_a_follower(tmp_path):
+    # cleaning stamps the delete horizon as the batch's first timestamp: every record's delta grows
+    config = dataclasses.replace(COMPACT, segment_bytes=1 << 20, max_message_bytes=4000)
+    env = Env(tmp_path / "leader", config)
+    data = _batch_near(4000, env.clock())
+    assert 3980 <= len(data) <= 4000
+    env.log.append_as_leader(data, 0)
+    env.roll()
+    env.log.update_high_watermark(env.log.log_end_offset)
+    env.clean()
+    stored = read_batches(env.log)
+    assert [h.size for _, h in iter_headers(stored)][0] > 4000  # the grown batch
+    follower = Env(tmp_path / "follower", config)
+    # a fetch smaller than the batch still returns it whole (the first batch of a fetch)
+    assert env.log.read(0, 1000) == stored
+    follower.log.append_as_follower(env.log.read(0, 1 << 20))
+    assert read_batches(follower.log) == stored
+
+
+def test_a_follower_copies_batches_written_before_max_message_bytes_was_lowered(tmp_path):
+    leader = Env(tmp_path / "leader", dataclasses.replace(COMPACT, segment_bytes=1 << 20))
+    leader.log.append_as_leader(_batch_near(3000, leader.clock(), tombstone_first=False), 0)
+    lowered = dataclasses.replace(COMPACT, segment_bytes=1 << 20, max_message_bytes=2000)
+    follower = Env(tmp_path / "follower", lowered)
+    follower.log.append_as_follower(leader.log.read(0, 1 << 20))
+    assert read_batches(follower.log) == read_batches(leader.log)
+    with pytest.raises(TidelogError, match="max.message.bytes"):  # a producer's batch is still refused
+        follower.log.append_as_leader(_batch_near(3000, leader.clock(), tombstone_first=False), 0)

@@ -504,6 +504,30 @@ async def test_a_partition_behind_a_busy_one_is_not_starved(tmp_path, autojump_c
             b.close()
 
 
+async def test_a_follower_copies_a_batch_larger_than_its_max_message_bytes_and_fetch_size(tmp_path, autojump_clock):
+    """The leader accepted the batch: a follower whose max.message.bytes is lower (lowered
+    since, or grown by the cleaner's delete horizon) and whose replica.fetch.max.bytes is
+    smaller still copies it whole, as Kafka's does."""
+    leader_config = LogConfig(segment_bytes=1 << 20, retention_ms=-1)
+    follower_config = LogConfig(segment_bytes=1 << 20, retention_ms=-1, max_message_bytes=2000)
+    leader = MemoryBroker(1, f"{tmp_path}/b1", leader_config, FakeClock())
+    follower = MemoryBroker(2, f"{tmp_path}/b2", follower_config, FakeClock())
+    c = MemoryCluster([leader, follower], partition_max_bytes=1000)
+    try:
+        st = PartitionState(TP.topic, TP.partition, CONTROLLER_EPOCH, 1, 0, [1, 2], 0, [1, 2])
+        for b in (leader, follower):
+            c.send(b, st)
+        c.leader_id = 1
+        assert leader.produce(make_batch(1, size=3000))["error_code"] == NONE.code
+        f = c.fetcher(follower)
+        await f.maybe_truncate()
+        await f.fetch_once()
+        assert_same_log(follower.log(), leader.log())
+    finally:
+        for b in (leader, follower):
+            b.close()
+
+
 async def test_fencing_error_codes_from_the_leader(cluster, autojump_clock):
     a = cluster.brokers[1]
     cluster.elect(1)
