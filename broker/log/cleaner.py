@@ -61,7 +61,10 @@ Cleaning a log (``CleaningJob``):
    ``.swap`` renamed into place) and ``Log.replace_segments``. A group the cleaner would not
    change is left alone. Output larger than ``segment.bytes`` (splitting batches costs headers)
    is written as several segments.
-6. The checkpoint moves to ``end_offset``.
+6. The checkpoint moves to ``end_offset``, unless the log was truncated meanwhile. A
+   truncation lowers the checkpoint to the new log end itself, at once and whatever the
+   cleaner's state of the log (``LogManager._truncated``, Kafka's maybeTruncateCheckpoint):
+   what is written there again was never cleaned.
 
 Threads: the log is owned by one thread (the broker's Trio thread) and is not thread-safe.
 The heavy work (steps 1, 3, 4) runs in a worker thread on a *snapshot*: the closed segments
@@ -76,7 +79,7 @@ first checks that the group's segments are still the log's, with the sizes of th
 if not (retention deleted one, a follower truncated), the group is abandoned and its output
 deleted. A truncation anywhere, even of segments after the group,
 or the log's close or deletion abandons the whole cleaning (``Log.cleaner_fence``, checked
-per batch in the worker and before each swap): the offset map may hold keys whose records
+per batch in the worker, before each swap and by ``done_cleaning``): the offset map may hold keys whose records
 are gone, and a record they supersede must stay; and a deleted log's directory may already
 hold a new topic of the same name. Readers run on the owner thread too, so no read is ever in
 progress during a swap, and a read after it sees the new segments.
@@ -713,13 +716,7 @@ class LogCleaner:
         for tp, log in logs.items():
             if not log.config.compacts or tp in self.in_progress or tp in self.uncleanable:
                 continue
-            checkpoint = checkpoints.get(tp)
-            if log.truncated_to is not None:  # records written again below it were never cleaned
-                if checkpoint is not None and checkpoint > log.truncated_to:
-                    checkpoint = log.truncated_to
-                    self.logs.update_cleaner_checkpoint(tp, checkpoint)
-                log.truncated_to = None
-            offsets = cleanable_offsets(log, checkpoint, now)
+            offsets = cleanable_offsets(log, checkpoints.get(tp), now)
             if offsets.force_update_checkpoint:
                 self.logs.update_cleaner_checkpoint(tp, offsets.first_dirty_offset)
             candidate = log_to_clean(tp, log, offsets, now)
@@ -737,8 +734,13 @@ class LogCleaner:
         return job
 
     def done_cleaning(self, job: CleaningJob) -> None:
-        """The job completed: move the checkpoint, account it."""
+        """The job completed: move the checkpoint, account it. Not for a log truncated since
+        the job began (a last group left unchanged checks no fence): the truncation lowered
+        the checkpoint, which must stay at or below it."""
         self._release(job)
+        if job.fenced:
+            logger.info("cleaning of %s abandoned: the log was truncated, closed or deleted", job.topic_partition)
+            return
         if self.logs.logs.get(job.topic_partition) is job.log:
             end = job.end_offset
             current = self.logs.cleaner_checkpoints().get(job.topic_partition)

@@ -291,13 +291,13 @@ class Log:
         # the last leader append, readable from memory: (first offset, end offset, its bytes,
         # the cleaner fence then); see ``append_as_leader`` and ``read``
         self._appended: tuple[int, int, bytearray, int] | None = None
-        self.truncated_to: int | None = None  # lowest log end left by a truncation, for the cleaner
         # segment files created, and created before the directory's last fsync: while they
         # differ a flush fsyncs the directory too
         self._files_created = self._files_synced = 0
         self._truncations = 0  # a flush decided before one must not move the recovery point
-        # called after a truncation lowered the recovery point (the log manager writes it down)
-        self.on_truncation: Callable[[Log], None] | None = None
+        # called with the new log end after a truncation (the log manager writes down the
+        # lowered recovery point and cleaner checkpoint)
+        self.on_truncation: Callable[[Log, int], None] | None = None
         # called after a roll (the log manager has the closed segments fsynced: ``rolled_flush``)
         self.on_roll: Callable[[Log], None] | None = None
         # called, from whichever thread met it, when an operation met an OSError (the log
@@ -782,16 +782,17 @@ class Log:
         logger.info("%s: truncated fully, restarting at offset %d", self.topic_partition, offset)
 
     def _note_truncation(self, offset: int) -> None:
-        """The cleaner's checkpoint must not stay above ``offset``: what is appended there
-        next was never cleaned (``LogCleaner`` takes this, as Kafka's truncateTo moves it).
-        And the recovery point, lowered, is written down before anything is appended again
-        (``on_truncation``): a checkpoint left above it would have a crash's recovery trust
-        the records appended since, never flushed, as flushed, and keep a segment cut short
-        by the crash as if whole, with a hole after it."""
-        self.truncated_to = offset if self.truncated_to is None else min(self.truncated_to, offset)
+        """Written down before anything is appended again (``on_truncation``, the log manager),
+        as Kafka's truncateTo does: the lowered recovery point (a checkpoint left above it
+        would have a crash's recovery trust the records appended since, never flushed, as
+        flushed, and keep a segment cut short by the crash as if whole, with a hole after
+        it), and the cleaner checkpoint, lowered to ``offset`` if above (what is appended
+        there next was never cleaned; left above, an old value and its tombstone there
+        would never be compared, and the value would come back once the tombstone expired).
+        A cleaning in progress is abandoned (``cleaner_fence``)."""
         self._truncations += 1
         if self.on_truncation is not None:
-            self.on_truncation(self)
+            self.on_truncation(self, offset)
 
     # -- retention -----------------------------------------------------------------------------
 

@@ -264,13 +264,19 @@ class LogManager:
         log.on_roll = self.note_rolled
         log.on_dir_failure = self.dir_failed
 
-    def _truncated(self, log: Log) -> None:
-        """A truncation lowered ``log``'s recovery point: the directory's checkpoint of them is
-        written at once, as Kafka's truncateTo does (see ``Log._note_truncation``)."""
-        d = self._dir_of.get(log.topic_partition)
-        if d is not None and self._logs.get(log.topic_partition) is log:
-            self._checkpoint_dir(d, RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point)
-            log.delete_snapshots_after_recovery_point_checkpoint()
+    def _truncated(self, log: Log, offset: int) -> None:
+        """A truncation cut ``log`` at ``offset``: the directory's recovery points are written
+        at once, and its cleaner checkpoint lowered to ``offset`` if above, as Kafka's
+        truncateTo (maybeTruncateCheckpoint) does, whatever the cleaner's state of the log (in
+        progress, uncleanable): see ``Log._note_truncation``."""
+        tp = log.topic_partition
+        d = self._dir_of.get(tp)
+        if d is None or self._logs.get(tp) is not log:
+            return
+        self._checkpoint_dir(d, RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point)
+        log.delete_snapshots_after_recovery_point_checkpoint()
+        if self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT).get(tp, offset) > offset:
+            self.update_cleaner_checkpoint(tp, offset)
 
     def _next_log_dir(self) -> str:
         live = self.live_log_dirs

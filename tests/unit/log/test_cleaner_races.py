@@ -205,3 +205,69 @@ def test_a_segment_deleted_by_retention_during_a_cleaning_abandons_it_for_a_late
     env.expected = {o: r for o, r in env.expected.items() if o >= second}
     assert sorted(o for o, _ in env.records()) == sorted(env.latest().values())
     env.check_records_are_appended_ones()
+
+
+def _truncate_below_the_checkpoint_and_write_k_again(env) -> None:
+    """Checkpoint 40 over 40 distinct keys; a truncation to 10; then k's value and its
+    tombstone below the old checkpoint, and records past it."""
+    for i in range(40):
+        env.append((f"a{i}".encode(), b"x"))
+    env.roll()
+    assert env.clean() is not None
+    assert env.manager.cleaner_checkpoints()[TP] == 40
+    assert env.log.truncate_to(10)
+    assert env.manager.cleaner_checkpoints()[TP] <= 10  # written at the truncation
+    env.append((b"k", b"old"))
+    env.append((b"k", None))
+    while env.log.log_end_offset < 45:
+        env.append((b"b%d" % env.log.log_end_offset, b"y"))
+    env.roll()
+
+
+def _clean_past_the_delete_horizon(env) -> None:
+    for round_ in range(4):
+        fill(env, f"c{round_}-", 40)
+        env.roll()
+        env.clean()
+        env.clock.advance(env.config.delete_retention_ms + 1)
+
+
+def test_a_truncation_below_the_cleaner_checkpoint_is_written_before_a_restart(tmp_path):
+    env = Env(tmp_path, EAGER)
+    _truncate_below_the_checkpoint_and_write_k_again(env)
+    env.restart()  # before the cleaner's next pick
+    assert env.manager.cleaner_checkpoints()[TP] <= 10
+    _clean_past_the_delete_horizon(env)
+    assert [v for _, (k, v, *_r) in env.records() if k == b"k"] == []  # the old value does not come back
+
+
+def test_a_truncation_of_an_uncleanable_log_lowers_its_cleaner_checkpoint(tmp_path):
+    env = Env(tmp_path, EAGER)
+    for i in range(40):
+        env.append((f"a{i}".encode(), b"x"))
+    env.roll()
+    assert env.clean() is not None
+    env.cleaner.uncleanable[TP] = (env.log, "CorruptRecordError: a damaged batch")  # as ``abandon`` marks it
+    env.log.truncate_damaged(10)  # the damaged replica's repair
+    for i in range(35):
+        env.append((b"b%d" % i, b"y"))
+    env.roll()
+    env.restart()
+    assert env.manager.cleaner_checkpoints()[TP] <= 10
+
+
+def test_a_cleaning_ending_after_a_truncation_does_not_raise_the_checkpoint_again(tmp_path):
+    env = Env(tmp_path, EAGER)
+    for i in range(40):
+        env.append((f"a{i}".encode(), b"x"))
+    env.roll()
+    job = env.cleaner.grab_filthiest_log()
+    job.build_offset_map()
+    assert job.end_offset == 40
+    for group in job.groups():
+        cleaned = job.clean_group(group)
+        assert cleaned is None  # nothing to remove: the swap checks no fence
+        job.swap(group, cleaned)
+    assert env.log.truncate_to(10)
+    env.cleaner.done_cleaning(job)
+    assert env.manager.cleaner_checkpoints().get(TP, 0) <= 10
