@@ -102,7 +102,7 @@ from typing import Callable, Iterator, NamedTuple
 from crc32c import crc32c
 
 from tidelog.broker.log.config import LogConfig
-from tidelog.broker.log.log import Clock, Log, dir_failure, wall_clock_ms
+from tidelog.broker.log.log import Clock, Log, LogDirFailure, dir_failure, wall_clock_ms
 from tidelog.broker.log.segment import MAX_RELATIVE_OFFSET, LogSegment, SegmentClosedError
 from tidelog.protocol.errors import CorruptRecordError, StorageError, TidelogError
 from tidelog.protocol.records import (
@@ -675,8 +675,8 @@ def cleaning_steps(job: CleaningJob) -> Iterator[Callable[[], object]]:
 class LogCleaner:
     """Chooses logs to clean, keeps the cleaner checkpoints and the statistics.
 
-    ``logs`` is the log manager (``logs``, ``cleaner_checkpoints()``,
-    ``update_cleaner_checkpoint(tp, offset)``). Called on the logs' owner thread only."""
+    ``logs`` is the log manager (``logs``, ``cleaner_checkpoints()``, ``cleaner_checkpoint(tp)``,
+    ``update_cleaner_checkpoint(tp, offset)``, ``dir_failed(failure)``). Called on the logs' owner thread only."""
 
     def __init__(self, logs, config: CleanerConfig | None = None, clock: Clock = wall_clock_ms):
         self.logs = logs
@@ -734,7 +734,9 @@ class LogCleaner:
         return job
 
     def done_cleaning(self, job: CleaningJob) -> None:
-        """The job completed: move the checkpoint, account it. Not for a log truncated since
+        """The job completed: move the checkpoint, account it. A checkpoint that cannot be read
+        or written is its log dir failing (``LogDirFailure``, noted by the log manager): the
+        dir goes offline, and this never raises it. Not for a log truncated since
         the job began (a last group left unchanged checks no fence): the truncation lowered
         the checkpoint, which must stay at or below it."""
         self._release(job)
@@ -742,11 +744,10 @@ class LogCleaner:
             logger.info("cleaning of %s abandoned: the log was truncated, closed or deleted", job.topic_partition)
             return
         if self.logs.logs.get(job.topic_partition) is job.log:
-            end = job.end_offset
-            current = self.logs.cleaner_checkpoints().get(job.topic_partition)
-            if current is not None and current < job.first_dirty_offset:
-                end = current  # moved back while the job ran (expired producers): it stays back
-            self.logs.update_cleaner_checkpoint(job.topic_partition, end)
+            try:
+                self._move_checkpoint(job)
+            except LogDirFailure as e:  # noted (dir_failed): that dir goes offline, not the cleaner
+                logger.error("cleaned %s, but its cleaner checkpoint was not written: %s", job.topic_partition, e)
         s = job.stats
         self.bytes_cleaned += s.bytes_read
         self.bytes_written += s.bytes_written
@@ -757,6 +758,13 @@ class LogCleaner:
                     "%d segment group(s) swapped, offset map %.0f%% full", job.topic_partition, job.end_offset,
                     time.monotonic() - s.start_s, s.records_read, s.records_retained, s.bytes_read,
                     s.bytes_written, job.swapped_groups, 100 * job.map.utilization)
+
+    def _move_checkpoint(self, job: CleaningJob) -> None:
+        end = job.end_offset
+        current = self.logs.cleaner_checkpoint(job.topic_partition)
+        if current is not None and current < job.first_dirty_offset:
+            end = current  # moved back while the job ran (expired producers): it stays back
+        self.logs.update_cleaner_checkpoint(job.topic_partition, end)
 
     def abandon(self, job: CleaningJob, error: BaseException | None = None) -> None:
         """The job did not complete. An abort is retried later, and so is any failure of a

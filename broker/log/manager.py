@@ -275,7 +275,7 @@ class LogManager:
             return
         self._checkpoint_dir(d, RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point)
         log.delete_snapshots_after_recovery_point_checkpoint()
-        if self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT).get(tp, offset) > offset:
+        if self._cleaner_checkpoints_of(d).get(tp, offset) > offset:
             self.update_cleaner_checkpoint(tp, offset)
 
     def _next_log_dir(self) -> str:
@@ -417,7 +417,6 @@ class LogManager:
         record the cleaner kept only as such a producer's last one, so the next cleaning may
         remove it if a later record of its key supersedes it."""
         forgotten = 0
-        checkpoints = None
         for tp, log in self.logs.items():
             gone = log.remove_expired_producers(self.producer_id_expiration_ms)
             forgotten += len(gone)
@@ -425,10 +424,9 @@ class LogManager:
             kept = [e.last_offset for e in gone if e.last_offset >= log.log_start_offset]
             if not kept or not log.config.compacts:
                 continue
-            if checkpoints is None:
-                checkpoints = self.cleaner_checkpoints()
             first = min(kept)
-            if checkpoints.get(tp, first) > first:
+            current = _attempt(self.cleaner_checkpoint, tp)  # None: none, or its dir failed
+            if current is not None and current > first:
                 _attempt(self.update_cleaner_checkpoint, tp, first)
         return forgotten
 
@@ -473,12 +471,26 @@ class LogManager:
         self._checkpoint(LOG_START_OFFSET_CHECKPOINT, lambda log: log.log_start_offset)
 
     def cleaner_checkpoints(self) -> dict[TopicPartition, int]:
-        """The log cleaner's first dirty offset of every partition that has one."""
+        """The log cleaner's first dirty offset of every partition that has one. Raises
+        LogDirFailure (noted: ``dir_failed``) when a dir's checkpoint cannot be read."""
         out: dict[TopicPartition, int] = {}
         for d in self.live_log_dirs:
-            out.update((tp, o) for tp, o in self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT).items()
-                       if self._dir_of.get(tp) == d)
+            out.update(self._cleaner_checkpoints_of(d))
         return out
+
+    def cleaner_checkpoint(self, tp: TopicPartition) -> int | None:
+        """``tp``'s first dirty offset, from its own dir's checkpoint only (another dir
+        failing does not hide it); LogDirFailure as ``cleaner_checkpoints``."""
+        return self._cleaner_checkpoints_of(self._dir_of[tp]).get(tp)
+
+    def _cleaner_checkpoints_of(self, d: str) -> dict[TopicPartition, int]:
+        try:
+            offsets = self._read_checkpoint(d, CLEANER_OFFSET_CHECKPOINT)
+        except OSError as e:
+            failure = dir_failure(d, e, f"reading {CLEANER_OFFSET_CHECKPOINT}")
+            self.dir_failed(failure)
+            raise failure from e
+        return {tp: o for tp, o in offsets.items() if self._dir_of.get(tp) == d}
 
     def update_cleaner_checkpoint(self, tp: TopicPartition, offset: int) -> None:
         """Record ``tp``'s first dirty offset (entries of partitions no longer here are dropped)."""

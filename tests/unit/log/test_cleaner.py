@@ -9,6 +9,7 @@ records' offsets, timestamps and headers as appended.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 
 import pytest
@@ -491,3 +492,46 @@ def test_a_follower_copies_batches_written_before_max_message_bytes_was_lowered(
     assert read_batches(follower.log) == read_batches(leader.log)
     with pytest.raises(TidelogError, match="max.message.bytes"):  # a producer's batch is still refused
         follower.log.append_as_leader(_batch_near(3000, leader.clock(), tombstone_first=False), 0)
+
+
+def fail_cleaner_checkpoint_writes(monkeypatch, log_dir: str) -> None:
+    """Writes of ``log_dir``'s cleaner checkpoint fail with ENOSPC (a full disk)."""
+    real = OffsetCheckpoint.write
+    target = os.path.join(log_dir, CLEANER_OFFSET_CHECKPOINT)
+
+    def write(self, offsets):
+        if self.path == target:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, offsets)
+    monkeypatch.setattr(OffsetCheckpoint, "write", write)
+
+
+def test_a_cleaner_checkpoint_that_cannot_be_written_fails_its_dir_not_the_cleaner(tmp_path, monkeypatch):
+    env = Env(tmp_path / "logs")
+    for i in range(40):
+        env.append((b"k%d" % (i % 4), b"v%d" % i))
+    env.roll()
+    job = env.cleaner.grab_filthiest_log()
+    run_steps_inline(job)  # the cleaning itself succeeds and swaps
+    fail_cleaner_checkpoint_writes(monkeypatch, env.path)
+    env.cleaner.done_cleaning(job)  # does not raise: the dir is noted failing
+    assert list(env.manager.pending_dir_failures()) == [env.path]
+    assert env.cleaner.cleanings == 1 and not env.cleaner.in_progress
+
+
+def test_a_cleaner_checkpoint_that_cannot_be_read_fails_its_dir(tmp_path, monkeypatch):
+    env = Env(tmp_path / "logs")
+    for i in range(40):
+        env.append((b"k%d" % (i % 4), b"v%d" % i))
+    env.roll()
+    assert env.clean() is not None
+    real = OffsetCheckpoint.read
+    monkeypatch.setattr(OffsetCheckpoint, "read", lambda self: (
+        _raise(OSError(errno.EIO, os.strerror(errno.EIO))) if self.path.endswith(CLEANER_OFFSET_CHECKPOINT)
+        else real(self)))
+    assert env.cleaner.grab_filthiest_log() is None  # the round is skipped
+    assert list(env.manager.pending_dir_failures()) == [env.path]  # and the dir noted failing
+
+
+def _raise(e: BaseException):
+    raise e
