@@ -185,7 +185,7 @@ def cleanable_offsets(log: Log, checkpoint: int | None, now_ms: int) -> OffsetsT
     uncleanable = segments[-1].base_offset
     lag = log.config.min_compaction_lag_ms
     for seg, upper in zip(segments, [s.base_offset for s in segments[1:]]):
-        too_young = lag > 0 and upper > dirty and seg.max_timestamp > now_ms - lag
+        too_young = lag > 0 and upper > dirty and Log.segment_timestamp(seg) > now_ms - lag
         if upper > log.high_watermark or too_young:
             uncleanable = seg.base_offset
             break

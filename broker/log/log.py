@@ -515,6 +515,8 @@ class Log:
         last_h = batches[-1][1]
         segment = self._maybe_roll(len(buf), batches, first, last_h.base_offset + last_h.last_offset_delta)
         segment.append(buf, batches)
+        if segment.max_timestamp < 0:  # no record timestamp yet: dated by its last write
+            segment.last_modified_ms = self._clock()
         self.producer_state.update(batches)
 
     def _maybe_roll(self, size: int, batches, first: int, last: int) -> LogSegment:
@@ -841,9 +843,12 @@ class Log:
 
     @staticmethod
     def segment_timestamp(seg: LogSegment) -> int:
-        """What ``retention.ms`` judges a segment by: its newest record's timestamp, or, with
-        none (empty, or no timestamps), its file's date (Kafka's largestTimestamp)."""
-        return seg.max_timestamp if seg.max_timestamp >= 0 else seg.created_ms
+        """What ``retention.ms`` and ``min.compaction.lag.ms`` judge a segment by: its newest
+        record's timestamp, or, with none (empty, or no timestamps), its last write (Kafka's
+        largestTimestamp, with the file's lastModified): kept in memory on append, the file's
+        mtime after a restart. Never its creation: records written just now into a segment
+        created long ago are as young as they are."""
+        return seg.max_timestamp if seg.max_timestamp >= 0 else seg.last_modified_ms
 
     def _delete_prefix(self, predicate, reason: str) -> list[int]:
         n = 0

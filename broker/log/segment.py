@@ -268,6 +268,9 @@ class LogSegment:
         self._closed = False  # closed for good: never reopened (see the module docstring)
         self._keep_open = active
         self.created_ms = created_ms
+        # the last write of records without timestamps, what dates them (``Log.segment_timestamp``,
+        # Kafka's lastModified): kept by the log on append, the file's mtime once reopened
+        self.last_modified_ms = created_ms
         prefix = os.path.join(directory, filename_prefix(base_offset))
         self.log_path = prefix + LOG_SUFFIX
         self.index = OffsetIndex(prefix + INDEX_SUFFIX, base_offset, config.segment_index_bytes)
@@ -408,9 +411,10 @@ class LogSegment:
             finally:
                 os.close(fd)
     def set_last_modified(self, ms: int) -> None:
-        """Date the segment ``ms``: its ``created_ms`` and its ``.log`` file's mtime, which
-        ``open`` reads back as ``created_ms`` (a closed segment that is not written again)."""
-        self.created_ms = ms
+        """Date the segment ``ms``: its ``created_ms``, ``last_modified_ms`` and its ``.log``
+        file's mtime, which ``open`` reads back as both (a closed segment that is not written
+        again)."""
+        self.created_ms = self.last_modified_ms = ms
         os.utime(self.log_path, ns=(ms * 1_000_000, ms * 1_000_000))
 
     def on_become_inactive(self) -> None:

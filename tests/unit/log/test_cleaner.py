@@ -32,7 +32,7 @@ from tidelog.broker.log.dump import run as dump_run
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.log.segment import LOG_SUFFIX, OPEN_SEGMENT_FILES, set_max_open_segment_files
 from tidelog.protocol.errors import INVALID_RECORD, TidelogError
-from tidelog.protocol.records import BatchBuilder, Codec, build_batch, iter_headers
+from tidelog.protocol.records import NO_TIMESTAMP, BatchBuilder, Codec, build_batch, iter_headers
 from tidelog.protocol.topics import TopicPartition
 
 TP = TopicPartition("profiles", 0)
@@ -269,6 +269,23 @@ def test_dirty_ratio_and_compaction_lags_decide_when_to_clean(tmp_path):
     env.roll()
     offsets = cleanable_offsets(env.log, env.manager.cleaner_checkpoints().get(TP), env.clock())
     assert offsets.first_uncleanable_offset == offsets.first_dirty_offset  # too young to clean
+
+
+def test_min_compaction_lag_holds_records_without_timestamps_by_their_segment_last_write(tmp_path):
+    # a segment created long ago, written just now with records of no timestamp (-1)
+    env = Env(tmp_path, dataclasses.replace(COMPACT, min_cleanable_dirty_ratio=0.0, min_compaction_lag_ms=60_000))
+    env.clock.advance(3_600_000)  # the active segment was created an hour before its records
+    for i in range(20):
+        b = BatchBuilder(Codec.NONE)
+        b.append(NO_TIMESTAMP, b"k%d" % (i % 2), b"v%d" % i)
+        env.log.append_as_leader(b.build(), 0)
+    env.log.update_high_watermark(env.log.log_end_offset)
+    env.roll()
+    assert env.log.segments[0].max_timestamp == NO_TIMESTAMP
+    assert env.clean() is None  # written 0 ms ago: younger than min.compaction.lag.ms
+    env.clock.advance(60_001)
+    assert env.clean() is not None
+    assert len(env.records()) == 2
 
 
 def test_a_log_start_inside_the_active_segment_leaves_nothing_to_clean(tmp_path):

@@ -21,6 +21,7 @@ from tests.unit.log.helpers import (
     segment_file_sizes,
 )
 from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.log import Log
 from tidelog.broker.log.segment import LOG_SUFFIX, LogSegment
 from tidelog.protocol.errors import (
     FENCED_LEADER_EPOCH,
@@ -688,6 +689,40 @@ def test_retention_by_time_deletes_only_old_whole_segments_below_the_hw(stamps, 
         assert log.log_end_offset == before[-1].offset + 1
         for base in deleted:
             assert not os.path.exists(os.path.join(d, f"{base:020d}.log"))
+
+
+@pytest.mark.parametrize("segment_bytes", [1 << 20, 450])  # one segment (the active one); 3 records each
+def test_records_without_timestamps_are_dated_by_their_segment_last_write(tmp_path, segment_bytes):
+    # no record timestamp (-1): a segment is as old as its last write (Kafka's lastModified),
+    # not its creation, else the records written just now into an old segment would go
+    clock = FakeClock(1_000_000)
+    config = small_config(segment_bytes=segment_bytes, retention_ms=10_000, segment_ms=2**62)
+    log = open_log(tmp_path, config, clock=clock)
+    written = {}
+    for i in range(20):
+        info = log.append_as_leader(make_batch(1, 60, NO_TIMESTAMP), 0)
+        written[info.first_offset] = clock()
+        log.update_high_watermark(log.log_end_offset)
+        clock.advance(1_500)
+    log.delete_old_segments()
+    kept = {r.offset for r in read_records(log)}
+    young = {o for o, t in written.items() if clock() - t <= config.retention_ms}
+    assert young and young <= kept
+    if segment_bytes == 450:
+        assert log.log_start_offset > 0  # the older segments went
+
+
+def test_a_reopened_segment_without_timestamps_is_dated_by_its_file_mtime(tmp_path):
+    clock = FakeClock(1_000_000)
+    log = open_log(tmp_path, small_config(), clock=clock)
+    log.append_as_leader(make_batch(1, 60, NO_TIMESTAMP), 0)
+    log.roll()
+    log.close()
+    path = os.path.join(tmp_path, f"{0:020d}.log")
+    os.utime(path, ns=(5_000_000 * 1_000_000, 5_000_000 * 1_000_000))
+    log = open_log(tmp_path, small_config(), clock=clock)
+    assert Log.segment_timestamp(log.segments[0]) == 5_000_000
+    log.close()
 
 
 def test_retention_by_time_with_an_injected_clock(tmp_path):
