@@ -3,8 +3,12 @@
 Where each piece runs (FEASIBILITY 3):
 
 * ``TidelogStreamReader`` lives in the driver-side streaming source runner (one process per
-  query run): ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` ask the
-  cluster through a lazily opened ``ClusterView`` and decide with ``planning``.
+  query run): ``latestOffset``, ``partitions`` and ``commit`` ask the cluster through a
+  lazily opened ``ClusterView`` and decide with ``planning``. ``initialOffset`` asks nothing:
+  it is ``planning.INITIAL``, the same in every run, and the first ``latestOffset`` resolves
+  startingOffsets; the first batch's end carries the start it resolved (``"@from"``), so that
+  Spark's offsets log holds both bounds of every batch and a replay after a restart reads
+  exactly what was planned (planning's "first batch").
 * ``read(partition)`` runs in executor Python workers on an unpickled copy of the reader
   (no clients are pickled) with its own short-lived consumer, and yields Arrow record
   batches of exactly the planned range.
@@ -56,10 +60,14 @@ from tidelog.spark.options import (
     parse_source_options,
 )
 from tidelog.spark.planning import (
+    FROM_KEY,
+    INITIAL,
     OffsetRange,
     Offsets,
     admit,
+    batch_start,
     behind,
+    is_initial,
     next_end,
     offsets_from_json,
     offsets_to_json,
@@ -142,7 +150,6 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: Offsets | None = None  # for reportLatestOffset
         self._commit_warned = False
         self._admitted_at_ms: int | None = None  # minOffsetsPerTrigger / maxTriggerDelay
-        self._initial: dict | None = None  # the query's start, as first answered in this run
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -156,15 +163,11 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._view
 
     def initialOffset(self) -> dict:
-        """Where the query starts. Spark asks for it to plan batch 0, again to run batch 0,
-        and once more in the next run if the driver died before batch 0 committed (only batch
-        ends are in the checkpoint); every answer must give batch 0 the same ranges (I14). So
-        the first answer is kept for the run, and "latest" is answered as ``LATEST``, which
-        batch 0 turns into the high watermarks it ends at (planning's rules), not as the high
-        watermarks of the moment."""
-        if self._initial is None:
-            self._initial = offsets_to_json(_resolve_start(self.view, self.opts, latest_symbolic=True))
-        return self._initial
+        """``INITIAL``, whatever the cluster holds: Spark asks for it to plan batch 0, again to
+        run it, and once more in the next run if the driver died before batch 0 committed
+        (only batch ends are in the checkpoint). The first ``latestOffset`` resolves
+        startingOffsets, and batch 0's end carries the start it resolved (I14)."""
+        return dict(INITIAL)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_offsets_per_trigger
@@ -175,7 +178,8 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("Trigger.AvailableNow: reading up to %s", offsets_to_json(self._target))
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        begin = offsets_from_json(start)
+        first = is_initial(start)
+        begin = _resolve_start(self.view, self.opts, latest_symbolic=True) if first else offsets_from_json(start)
         latest = self._high_watermarks(begin)
         self._latest = latest
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -202,13 +206,24 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self.opts.fail_on_data_loss:
                 raise DataLossError(f"{message}. {HINT}")
             log.warning("%s; going on without them (failOnDataLoss=false)", message)
+        if first:
+            return offsets_to_json(step.end, first=step.begin)
+        if FROM_KEY in start and step.end == begin:
+            return start  # nothing new after the first batch: the same offset, so Spark runs no batch
         return offsets_to_json(step.end)
 
     def reportLatestOffset(self) -> dict | None:
         return None if self._latest is None else offsets_to_json(self._latest)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        ranges = plan_ranges(offsets_from_json(start), offsets_from_json(end), self.opts.min_partitions,
+        if start == end:  # Spark's setLatestSeenOffset on a restart: no batch, nothing to plan
+            return []
+        begin = batch_start(start, end)
+        if begin is None:
+            log.warning("the first batch's end %s does not say where the batch starts (written by an older "
+                        "connector): resolving startingOffsets again", end)
+            begin = _resolve_start(self.view, self.opts, latest_symbolic=True)
+        ranges = plan_ranges(begin, offsets_from_json(end), self.opts.min_partitions,
                              self.opts.max_records_per_partition)
         return [RangePartition(r) for r in ranges]
 

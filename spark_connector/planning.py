@@ -7,6 +7,20 @@ order: equal offsets give equal JSON. Inside the connector offsets are ``{(topic
 partition): offset}``; an offset is the next record to read, so a batch reads ``[start,
 end)`` per partition.
 
+The first batch (I14). Spark's offsets log holds each batch's end, and a batch starts where
+the previous one ended; the first batch starts at the source's initial offset, which Spark
+does not keep: it asks the source again to run the batch, and again in the next run when
+the driver died before the batch committed. So the initial offset names no partition and
+depends on nothing in the cluster: it is ``INITIAL`` (``{"@initial": "startingOffsets"}``),
+the same answer in every run, and the first trigger (``latestOffset``) resolves
+startingOffsets against the cluster. The end of the first batch carries that resolved start
+under ``"@from"`` (``{"t": {"0": 10}, "@from": {"t": {"0": 0}}}``), so Spark's offsets log
+holds both bounds of the first batch and ``batch_start`` gives a replay the same ranges,
+whatever the cluster looks like by then: offsets removed since (retention) are reported as
+data loss by ``read``, partitions added since are not read by it. ``"@from"`` stays in the
+offsets while no batch follows, and a later end drops it. Topic names cannot start with
+``@`` (letters, digits, ``.``, ``_`` and ``-`` only), so neither key is ever a topic.
+
 The rules the driver follows each trigger (``next_end``):
 
 * the end never passes a partition's high watermark (the caller passes the HWs it just
@@ -15,14 +29,10 @@ The rules the driver follows each trigger (``next_end``):
   matching ``subscribePattern``) starts at offset 0, so its whole log is read; if the log no
   longer starts at 0, ``read`` reports the missing offsets as data loss, as Spark's Kafka
   source does for added partitions;
-* a partition at ``LATEST`` (-1: a streaming query that starts at the latest offsets; its
-  initial offset says so instead of naming a high watermark) is positioned by the first batch
-  that sees its high watermark: that batch ends there and reads nothing of the partition
-  (``plan_ranges`` makes its range empty). So the first batch's start follows from its end,
-  which Spark keeps in the offsets log, while the initial offset itself is not kept: Spark
-  asks the source for it again to run the first batch and to replay it after a restart, and
-  every answer must give the same ranges (I14). Without a leader the partition stays at
-  ``LATEST``;
+* a partition at ``LATEST`` (-1: a streaming query that starts at the latest offsets) is
+  positioned by the first batch that sees its high watermark: that batch ends there and reads
+  nothing of the partition (``plan_ranges`` makes its range empty). Without a leader the
+  partition stays at ``LATEST``;
 * a partition that is gone (its topic was deleted) is data loss; with failOnDataLoss=false
   it is dropped from the offsets;
 * a high watermark below the query's position holds the partition where it is while the
@@ -60,12 +70,17 @@ from typing import Any
 
 from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError
 
-__all__ = ["TP", "Offsets", "OffsetRange", "Step", "offsets_to_json", "offsets_from_json",
+__all__ = ["TP", "Offsets", "OffsetRange", "Step", "INITIAL", "FROM_KEY", "is_initial", "batch_start",
+           "offsets_to_json", "offsets_from_json",
            "resolve_starting", "resolve_ending", "behind", "next_end", "admit", "allocate", "plan_ranges",
            "cap_ranges", "split_ranges", "data_loss_message", "InvalidOffsetsError"]
 
 TP = tuple[str, int]
 Offsets = dict[TP, int]
+
+INITIAL_KEY = "@initial"
+INITIAL = {INITIAL_KEY: "startingOffsets"}  # the query's initial offset (the module's "first batch")
+FROM_KEY = "@from"  # in the first batch's end: where that batch starts
 
 
 class InvalidOffsetsError(ValueError):
@@ -90,19 +105,35 @@ def _key(tp: TP) -> tuple[str, int]:
     return tp[0], tp[1]
 
 
-def offsets_to_json(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
-    """``{("t", 1): 5, ("t", 0): 3}`` -> ``{"t": {"0": 3, "1": 5}}``, canonically ordered."""
-    out: dict[str, dict[str, int]] = {}
+def offsets_to_json(offsets: Mapping[TP, int], *, first: Mapping[TP, int] | None = None) -> dict[str, Any]:
+    """``{("t", 1): 5, ("t", 0): 3}`` -> ``{"t": {"0": 3, "1": 5}}``, canonically ordered.
+    ``first`` (the first batch's end only) is that batch's start, kept under ``"@from"``."""
+    out: dict[str, Any] = {}
     for (topic, partition) in sorted(offsets, key=_key):
         out.setdefault(topic, {})[str(partition)] = int(offsets[(topic, partition)])
+    if first is not None:
+        out[FROM_KEY] = offsets_to_json(first)
     return out
 
 
+def is_initial(data: Any) -> bool:
+    """Whether ``data`` is the query's initial offset (``INITIAL``)."""
+    return isinstance(data, dict) and INITIAL_KEY in data
+
+
 def offsets_from_json(data: Any) -> Offsets:
+    """The positions ``data`` names: none for ``INITIAL``; a first batch's ``"@from"`` is
+    not a position (``batch_start`` reads it)."""
     if not isinstance(data, dict):
         raise InvalidOffsetsError(f"offsets must be a JSON object {{topic: {{partition: offset}}}}, got {data!r}")
+    if is_initial(data):
+        if data != INITIAL:
+            raise InvalidOffsetsError(f"an initial offset must be {INITIAL}, got {data!r}")
+        return {}
     out: Offsets = {}
     for topic, parts in data.items():
+        if topic == FROM_KEY:
+            continue
         if not isinstance(parts, dict):
             raise InvalidOffsetsError(f"offsets for topic {topic!r} must be an object, got {parts!r}")
         for p, offset in parts.items():
@@ -115,6 +146,18 @@ def offsets_from_json(data: Any) -> Offsets:
                                           f"{LATEST} (latest, not positioned yet)")
             out[(topic, partition)] = offset
     return out
+
+
+def batch_start(start: Any, end: Any) -> Offsets | None:
+    """Where the batch ``start`` -> ``end`` starts: the first batch's ``"@from"``, else the
+    positions of ``start``. None for a first batch whose end does not carry its start (written
+    by a connector older than ``"@from"``): the caller resolves startingOffsets again, as that
+    version did."""
+    if isinstance(end, dict) and FROM_KEY in end:
+        return offsets_from_json(end[FROM_KEY])
+    if is_initial(start):
+        return None
+    return offsets_from_json(start)
 
 
 # -- where a query or batch starts and stops ------------------------------------------------------

@@ -322,6 +322,90 @@ def test_the_group_commit_leaves_out_partitions_not_positioned_yet():
     assert view.committed == ("g", {("t", 1): 5})
 
 
+class ClusterState:
+    """A ``ClusterView`` whose partitions (with their leaders), log starts, high watermarks
+    and log ends a test sets as it goes."""
+
+    def __init__(self, hw: dict | None = None, log_start: dict | None = None):
+        self.hw = dict(hw or {})
+        self.log_start = dict(log_start or {})
+        self.leaders = dict.fromkeys(self.hw, 1)
+        self.ends: dict = {}  # log end offsets ahead of the high watermark
+        self.asked: list = []
+
+    def partitions(self, subscription=None):
+        return dict(self.leaders)
+
+    def earliest(self, tps):
+        return {tp: self.log_start.get(tp, 0) for tp in tps}
+
+    def latest(self, tps):
+        self.asked.append(sorted(tps))
+        return {tp: self.hw[tp] for tp in tps}
+
+    def log_end(self, tps):
+        return {tp: self.ends.get(tp, self.hw[tp]) for tp in tps}
+
+    def by_time(self, timestamps):
+        return {}
+
+
+def _ranges(reader, start, end):
+    return [p.value for p in reader.partitions(start, end)]
+
+
+def test_a_replay_of_batch_0_after_a_restart_reads_what_was_planned_though_the_topic_appeared_since():
+    """startingOffsets=latest on a topic that does not exist yet: the query's initial offset
+    names no partition. The topic is created and written before batch 0 is planned, and the
+    driver dies before batch 0 commits; the next run asks for the initial offset again, now
+    that the topic exists, and must read the same records as the planned batch 0."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    view = ClusterState()
+    first = stream_reader(view)
+    start = first.initialOffset()
+    view.hw, view.leaders = {("t", 0): 10}, {("t", 0): 1}
+    end = first.latestOffset(start, ReadAllAvailable())
+    planned = _ranges(first, start, end)
+    restarted = stream_reader(view)
+    assert _ranges(restarted, restarted.initialOffset(), end) == planned
+
+
+def test_a_replay_of_batch_0_keeps_its_start_when_retention_moved_the_log_start():
+    """startingOffsets=earliest, batch 0 planned [0, 10); retention deletes offsets 0-4
+    before the replay. The replay reads [0, 10) again, so that ``read`` reports 0-4 as data
+    loss, instead of quietly reading [5, 10)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    view = ClusterState({("t", 0): 10})
+    first = stream_reader(view, startingOffsets="earliest")
+    start = first.initialOffset()
+    end = first.latestOffset(start, ReadAllAvailable())
+    assert _ranges(first, start, end) == [OffsetRange("t", 0, 0, 10)]
+    view.log_start = {("t", 0): 5}
+    restarted = stream_reader(view, startingOffsets="earliest")
+    assert _ranges(restarted, restarted.initialOffset(), end) == [OffsetRange("t", 0, 0, 10)]
+
+
+def test_the_start_batch_0_carries_is_kept_while_nothing_follows_and_dropped_after():
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    view = ClusterState({("t", 0): 10})
+    reader = stream_reader(view, startingOffsets="earliest")
+    assert reader.initialOffset() == {"@initial": "startingOffsets"}
+    end0 = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert end0 == {"t": {"0": 10}, "@from": {"t": {"0": 0}}}
+    assert reader.latestOffset(end0, ReadAllAvailable()) == end0  # nothing new: Spark runs no batch
+    view.hw = {("t", 0): 25}
+    end1 = reader.latestOffset(end0, ReadAllAvailable())
+    assert end1 == {"t": {"0": 25}}
+    assert _ranges(reader, end0, end1) == [OffsetRange("t", 0, 10, 25)]
+    assert _ranges(reader, end0, end0) == []  # a restart tells the source the last end it planned so
+    assert offsets_from_json(end0) == {("t", 0): 10} and offsets_from_json(reader.initialOffset()) == {}
+    # a batch 0 end written before the end carried its start: startingOffsets is resolved again
+    assert _ranges(reader, reader.initialOffset(), {"t": {"0": 10}}) == [OffsetRange("t", 0, 0, 10)]
+
+
 # -- ranges ---------------------------------------------------------------------------------------
 
 
