@@ -186,9 +186,9 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         back = behind(begin, latest)
         new = [tp for tp in latest if tp not in begin]
         log_end = self.view.log_end(back) if back else {}
-        earliest = self.view.earliest(back + new) if back or new else {}
+        earliest = self.view.earliest(new) if new else {}
         step = next_end(begin, latest, max_offsets=max_rows, target=self._target, log_end=log_end,
-                        earliest=earliest)
+                        earliest=earliest, starting=first)
         if self._target is None and self.opts.min_offsets_per_trigger is not None:
             available = step.size
             now_ms = int(time.time() * 1000)

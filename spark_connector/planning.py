@@ -38,10 +38,14 @@ The rules the driver follows each trigger (``next_end``):
 * a high watermark below the query's position holds the partition where it is while the
   leader's log end offset is at or above that position (a new leader whose HW has not caught
   up yet: the records are in its log). A log end below the position means the records the
-  query was heading for are gone (the topic was deleted and re-created, or an unclean
-  election truncated the log): data loss, and the batch ends at the log start offset, so the
-  next batch reads the partition's log from its start, as Spark's Kafka source reports "offset
-  was changed" and goes on;
+  query was heading for are gone (an unclean election truncated the log, or the topic was
+  deleted and re-created): data loss, and the batch ends at the high watermark, so the query
+  goes on from the log's new end, as Spark's Kafka source reports "offset was changed" and
+  goes on. Offsets alone cannot tell a re-created topic from a truncated log (Tidelog has no
+  topic ids), so the records a re-created topic holds below the old position are not read
+  either (the data-loss message says it may be either). A streaming startingOffsets above the log end is
+  the same case in the first batch, reported as such (Spark's Kafka source fails the query on
+  it too, or goes on from the end with failOnDataLoss=false);
 * ``ReadMaxRows`` (maxOffsetsPerTrigger) is shared among the partitions in proportion to
   what each has available, with the largest-remainder rule: a batch never spans more than
   the limit, and every offset available is eventually admitted. A new partition's records
@@ -179,7 +183,8 @@ def resolve_starting(spec: OffsetSpec, partitions: Iterable[TP], earliest: Mappi
     the log start offsets and high watermarks; ``by_time`` the offsets found for the
     spec's timestamps (None: no record at or after it, which is an error unless
     ``strategy`` is "latest"). A specific offset is kept as given, even if below the log
-    start (reading it is then data loss) or above the HW (the query waits for it)."""
+    start (reading it is then data loss) or above the HW (streaming: ``next_end`` holds it
+    while the leader's log end reaches it and reports it otherwise; batch: an error)."""
     parts = _existing(spec, partitions, "startingOffsets")
     out: Offsets = {}
     for tp in parts:
@@ -236,8 +241,8 @@ def resolve_ending(spec: OffsetSpec, partitions: Iterable[TP], latest: Mapping[T
 class Step:
     """What ``next_end`` decided: the batch's start with every partition at ``LATEST`` that
     it positioned (``begin``), its end, data loss (``lost``: a vanished partition, already
-    dropped from both, or a partition whose log now ends below the query's position, whose
-    end goes back to its log start), notes worth a warning, and ``size``, the offsets it
+    dropped from both, or a partition whose log now ends below the query's position, which
+    begins and ends at its high watermark), notes worth a warning, and ``size``, the offsets it
     admits from the logs (a new partition's offsets below its log start do not count)."""
 
     begin: Offsets
@@ -249,19 +254,19 @@ class Step:
 
 def behind(start: Mapping[TP, int], latest: Mapping[TP, int]) -> list[TP]:
     """The partitions whose high watermark is below the query's position: ``next_end``
-    needs their log end and log start offsets."""
+    needs their log end offsets."""
     return sorted((tp for tp, hw in latest.items() if hw >= 0 and start.get(tp, 0) > hw), key=_key)
 
 
 def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: int | None = None,
              target: Mapping[TP, int] | None = None, log_end: Mapping[TP, int] | None = None,
-             earliest: Mapping[TP, int] | None = None) -> Step:
+             earliest: Mapping[TP, int] | None = None, starting: bool = False) -> Step:
     """The end of the next micro-batch from ``start`` (see the module's rules). ``latest``
     holds the high watermark of every partition the query reads now; ``target`` is the
-    AvailableNow target, ``max_offsets`` the ReadMaxRows limit. ``log_end`` and
-    ``earliest`` hold the log end and log start offsets of the partitions ``behind``; one
-    missing from ``log_end`` is held. ``earliest`` also holds the log start offsets of the
-    partitions new to the query (missing: 0)."""
+    AvailableNow target, ``max_offsets`` the ReadMaxRows limit. ``log_end`` holds the log
+    end offsets of the partitions ``behind``; one missing from it is held. ``earliest`` holds
+    the log start offsets of the partitions new to the query (missing: 0). ``starting``: the
+    start is the query's resolved startingOffsets (the first batch)."""
     log_end, earliest = log_end or {}, earliest or {}
     lost = [f"topic {t!r} partition {p} (query at offset {start[(t, p)]}) no longer exists"
             for (t, p) in sorted(set(start) - set(latest), key=_key)]
@@ -291,12 +296,16 @@ def next_end(start: Mapping[TP, int], latest: Mapping[TP, int], *, max_offsets: 
                              f"query's position {s}, log end offset {log_end.get(tp, 'unknown')}; waiting "
                              "for the leader's high watermark to catch up")
                 continue
-            restart = min(earliest.get(tp, 0), latest[tp])
-            lost.append(f"topic {tp[0]!r} partition {tp[1]}: the offset was changed from {s} to {log_end[tp]} "
-                        f"(the log now ends below the query's position: the topic was re-created or the log "
-                        f"truncated), some data may have been missed; the partition is read again from "
-                        f"offset {restart}")
-            begin[tp] = restart
+            hw = latest[tp]
+            if starting:
+                lost.append(f"topic {tp[0]!r} partition {tp[1]}: startingOffsets {s} is above the log end offset "
+                            f"{log_end[tp]}; the query starts at the high watermark {hw}")
+            else:
+                lost.append(f"topic {tp[0]!r} partition {tp[1]}: the offset was changed from {s} to {hw} (the log "
+                            f"now ends at {log_end[tp]}, below the query's position: truncated, or the topic was "
+                            f"deleted and re-created), some data may have been missed; the query goes on from "
+                            f"offset {hw}")
+            begin[tp] = hw
             continue
         if tp not in start:  # its records start at its log start: count its share from there
             s = base[tp] = min(max(s, earliest.get(tp, 0)), hw)

@@ -188,17 +188,58 @@ def test_next_end_holds_a_partition_whose_new_leader_has_not_caught_up():
         assert "below the query's position 40" in step.notes[0]
 
 
-def test_next_end_reports_a_log_that_now_ends_below_the_query_and_reads_it_from_its_start():
-    """The topic was deleted and re-created (or the log truncated): the log ends below the
-    query's position, so the records the query was heading for are gone. That is data loss
-    (as Spark's "offset was changed from 5000 to 3000"), and the batch ends at the log start,
-    so the next one reads the new records from there instead of waiting for offset 5000."""
+def test_next_end_reports_a_log_that_now_ends_below_the_query_and_goes_on_from_its_end():
+    """An unclean election truncated the log (or the topic was deleted and re-created): the
+    log ends below the query's position, so the records the query was heading for are gone.
+    That is data loss, as Spark's "offset was changed from 5000 to 3000", and the query goes
+    on from the high watermark, as Spark's does: reading the log again from its start would
+    deliver 3000 records a second time."""
     start, latest = {("orders", 0): 5000, ("orders", 1): 70}, {("orders", 0): 3000, ("orders", 1): 90}
-    step = next_end(start, latest, log_end={("orders", 0): 3000}, earliest={("orders", 0): 0})
-    assert step.end == {("orders", 0): 0, ("orders", 1): 90}
+    step = next_end(start, latest, log_end={("orders", 0): 3010}, earliest={("orders", 0): 0})
+    assert step.end == {("orders", 0): 3000, ("orders", 1): 90}
     assert len(step.lost) == 1 and "partition 0: the offset was changed from 5000 to 3000" in step.lost[0]
+    assert "goes on from offset 3000" in step.lost[0]
     assert plan_ranges(start, step.end) == [OffsetRange("orders", 1, 70, 90)]
-    assert next_end(step.end, latest).end == {("orders", 0): 3000, ("orders", 1): 90}
+    later = next_end(step.end, {("orders", 0): 3010, ("orders", 1): 90})
+    assert later.end == {("orders", 0): 3010, ("orders", 1): 90} and not later.lost
+    assert plan_ranges(step.end, later.end) == [OffsetRange("orders", 0, 3000, 3010)]
+
+
+def test_a_starting_offset_above_the_log_end_is_reported_as_such():
+    """startingOffsets 1000 on a log that ends at 500: held while the leader's log end
+    reaches 1000 (its high watermark catching up), otherwise reported as what it is, and the
+    query starts at the high watermark (Spark's Kafka source fails on it too, or goes on from
+    the end with failOnDataLoss=false)."""
+    start, latest = {("t", 0): 1000}, {("t", 0): 500}
+    held = next_end(start, latest, log_end={("t", 0): 1200}, starting=True)
+    assert held.end == start and not held.lost
+    step = next_end(start, latest, log_end={("t", 0): 500}, starting=True)
+    assert step.begin == step.end == {("t", 0): 500}
+    assert step.lost == ["topic 't' partition 0: startingOffsets 1000 is above the log end offset 500; the query "
+                         "starts at the high watermark 500"]
+
+
+def test_the_stream_reader_goes_on_from_the_end_of_a_truncated_log_or_fails_naming_it():
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from tidelog.spark.fetch import DataLossError
+
+    view = ClusterState({("t", 0): 900})
+    with pytest.raises(DataLossError, match="offset was changed from 1000 to 900"):
+        stream_reader(view).latestOffset({"t": {"0": 1000}}, ReadAllAvailable())
+    reader = stream_reader(view, failOnDataLoss="false")
+    end = reader.latestOffset({"t": {"0": 1000}}, ReadAllAvailable())
+    assert end == {"t": {"0": 900}} and _ranges(reader, {"t": {"0": 1000}}, end) == []
+    view.hw = {("t", 0): 950}
+    assert _ranges(reader, end, reader.latestOffset(end, ReadAllAvailable())) == [OffsetRange("t", 0, 900, 950)]
+    # a startingOffsets above the end: named as such, or the query starts at the end
+    with pytest.raises(DataLossError, match="startingOffsets 1000 is above the log end offset 950"):
+        reader = stream_reader(view, startingOffsets='{"t": {"0": 1000}}')
+        reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    reader = stream_reader(view, startingOffsets='{"t": {"0": 1000}}', failOnDataLoss="false")
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert end == {"t": {"0": 950}, "@from": {"t": {"0": 950}}}
+    assert _ranges(reader, reader.initialOffset(), end) == []
 
 
 def test_next_end_respects_the_read_limit_and_the_available_now_target():
