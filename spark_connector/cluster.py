@@ -6,8 +6,10 @@ query run: the streaming source runner is one long-lived process per run. Spark 
 ``stop()`` on it (FEASIBILITY 3), so the clients' daemon threads end with that process.
 
 ``partitions`` lists the partitions of the matching topics with their leader (-1 when the
-partition has none right now). With ``assign`` it asks nothing: the partitions are given,
-so no metadata request goes to a broker that is not their leader.
+partition has none right now). With ``assign`` it lists the assigned partitions the
+metadata holds, so that the reader applies the same rules as with ``subscribe``: a
+partition without a leader is held (its offsets cannot be looked up: the lookup would block
+until it times out), and one whose topic was deleted is data loss.
 
 Offset lookups (``earliest``, ``latest``, ``by_time``) that fail with a Tidelog error are
 tried again, up to fetchOffset.numRetries more times, fetchOffset.retryIntervalMs apart
@@ -74,10 +76,10 @@ class ClusterView:
         return self._consumer
 
     def partitions(self, subscription: Subscription | None = None) -> dict[TP, int]:
-        """``{(topic, partition): leader id}`` of every partition the query reads now."""
+        """``{(topic, partition): leader id}`` of every partition the query reads now (with
+        ``assign``: the assigned partitions that exist)."""
         sub = subscription or self.opts.subscription
-        if sub.kind == "assign":
-            return {tp: 0 for tp in sub.assigned}
+        assigned = set(sub.assigned) if sub.kind == "assign" else None
         for attempt in range(3):
             names = [t for t in self.admin.list_topics() if sub.matches(t)]
             if not names:
@@ -89,7 +91,8 @@ class ClusterView:
                     raise
                 log.info("listing partitions again: %s", e)
                 continue
-            return {(p.topic, p.partition): p.leader for d in described for p in d.partitions}
+            return {(p.topic, p.partition): p.leader for d in described for p in d.partitions
+                    if assigned is None or (p.topic, p.partition) in assigned}
         raise AssertionError("unreachable")
 
     def earliest(self, tps: list[TP]) -> dict[TP, int]:

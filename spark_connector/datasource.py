@@ -179,7 +179,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         first = is_initial(start)
-        begin = _resolve_start(self.view, self.opts, latest_symbolic=True) if first else offsets_from_json(start)
+        begin = _resolve_start(self.view, self.opts, streaming=True) if first else offsets_from_json(start)
         latest = self._high_watermarks(begin)
         self._latest = latest
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -222,7 +222,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if begin is None:
             log.warning("the first batch's end %s does not say where the batch starts (written by an older "
                         "connector): resolving startingOffsets again", end)
-            begin = _resolve_start(self.view, self.opts, latest_symbolic=True)
+            begin = _resolve_start(self.view, self.opts, streaming=True)
         ranges = plan_ranges(begin, offsets_from_json(end), self.opts.min_partitions,
                              self.opts.max_records_per_partition)
         return [RangePartition(r) for r in ranges]
@@ -270,13 +270,23 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest
 
 
-def _resolve_start(view: ClusterView, opts: SourceOptions, *, latest_symbolic: bool = False) -> Offsets:
-    """The starting offsets; with ``latest_symbolic`` (streaming) a partition that starts at
-    the latest offsets gets ``LATEST`` instead of its high watermark."""
-    tps = sorted(view.partitions())
+def _resolve_start(view: ClusterView, opts: SourceOptions, *, streaming: bool = False) -> Offsets:
+    """The starting offsets; ``streaming``: a partition that starts at the latest offsets
+    gets ``LATEST`` instead of its high watermark. With ``assign``, an assigned partition
+    that does not exist fails a batch read, and a streaming query reads it from offset 0
+    once it exists (as any partition new to the query)."""
+    leaders = view.partitions()
+    tps = sorted(leaders)
+    if opts.subscription.kind == "assign":
+        absent = sorted(set(opts.subscription.assigned) - set(leaders))
+        if absent and not streaming:
+            raise OptionError(f"option assign names partitions that do not exist: {absent}")
+        if absent:
+            log.warning("option assign names partitions that do not exist (yet): %s; each is read from offset 0 "
+                        "once it exists", absent)
     spec = opts.starting
     earliest = view.earliest(tps) if spec.kind in ("earliest", "offsets", "timestamps") else {}
-    if latest_symbolic:
+    if streaming:
         latest = dict.fromkeys(tps, LATEST)
     else:
         latest = view.latest(tps) if spec.kind != "earliest" else {}

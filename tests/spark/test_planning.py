@@ -447,6 +447,94 @@ def test_the_start_batch_0_carries_is_kept_while_nothing_follows_and_dropped_aft
     assert _ranges(reader, reader.initialOffset(), {"t": {"0": 10}}) == [OffsetRange("t", 0, 0, 10)]
 
 
+class MetadataAdmin:
+    """An Admin's metadata calls over ``{topic: {partition: leader}}``."""
+
+    def __init__(self, topics: dict):
+        self.topics = topics
+
+    def list_topics(self):
+        return sorted(self.topics)
+
+    def describe_topics(self, names):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(name=t, partitions=[SimpleNamespace(topic=t, partition=p, leader=leader)
+                                                    for p, leader in sorted(self.topics[t].items())])
+                for t in names]
+
+
+class OffsetsConsumer:
+    """A Consumer's offset lookups; a partition without a leader or a deleted topic would
+    block the lookup until its timeout, so asking for one fails the test."""
+
+    def __init__(self, admin: MetadataAdmin, hw: dict):
+        self.admin, self.hw = admin, hw
+
+    def _check(self, tps):
+        for tp in tps:
+            if self.admin.topics.get(tp.topic, {}).get(tp.partition, -1) < 0:
+                raise AssertionError(f"the lookup of {tp} would block until it times out")
+
+    def end_offsets(self, tps):
+        self._check(tps)
+        return {tp: self.hw[(tp.topic, tp.partition)] for tp in tps}
+
+    def beginning_offsets(self, tps):
+        self._check(tps)
+        return dict.fromkeys(tps, 0)
+
+
+def assigned_view(topics: dict, hw: dict, **options):
+    from tidelog.spark.cluster import ClusterView
+
+    view = ClusterView(parse_source_options({**B, **options}, streaming=True))
+    view._admin = MetadataAdmin(topics)
+    view._consumer = OffsetsConsumer(view._admin, hw)
+    return view
+
+
+def test_assigned_partitions_are_listed_with_their_leaders_as_the_metadata_has_them():
+    view = assigned_view({"t": {0: 1, 1: -1, 2: 3}, "other": {0: 1}}, {}, assign='{"t": [0, 1], "gone": [0]}')
+    assert view.partitions() == {("t", 0): 1, ("t", 1): -1}
+
+
+def test_an_assigned_partition_without_a_leader_is_held_and_a_deleted_topic_is_data_loss(monkeypatch):
+    """With ``assign`` as with ``subscribe``: the offsets of a partition without a leader are
+    not asked for (the lookup would block each trigger until its timeout) and the partition
+    keeps its position; a deleted topic is data loss, or dropped with failOnDataLoss=false."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from tidelog.spark import datasource
+    from tidelog.spark.fetch import DataLossError
+
+    monkeypatch.setattr(datasource, "MISSING_RECHECK_S", 0)
+    assign = '{"t": [0, 1], "gone": [0]}'
+    start = {"gone": {"0": 3}, "t": {"0": 5, "1": 5}}
+    for fail in ("true", "false"):
+        view = assigned_view({"t": {0: 1, 1: -1}}, {("t", 0): 9}, assign=assign)
+        reader = datasource.TidelogStreamReader(parse_source_options({**B, "assign": assign, "failOnDataLoss": fail},
+                                                                     streaming=True))
+        reader._view = view
+        if fail == "true":
+            with pytest.raises(DataLossError, match=r"topic 'gone' partition 0 \(query at offset 3\) no longer exists"):
+                reader.latestOffset(start, ReadAllAvailable())
+        else:
+            assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 9, "1": 5}}
+
+
+def test_a_batch_read_of_an_assigned_partition_that_does_not_exist_fails_naming_it(monkeypatch):
+    from tidelog.spark import datasource
+
+    view = assigned_view({"t": {0: 1}}, {("t", 0): 9}, assign='{"t": [0], "gone": [0]}')
+    view.close = lambda: None
+    monkeypatch.setattr(datasource, "ClusterView", lambda opts: view)
+    reader = datasource.TidelogBatchReader(parse_source_options({**B, "assign": '{"t": [0], "gone": [0]}'},
+                                                                streaming=False))
+    with pytest.raises(OptionError, match=r"assign names partitions that do not exist: \[\('gone', 0\)\]"):
+        reader.partitions()
+
+
 # -- ranges ---------------------------------------------------------------------------------------
 
 
