@@ -71,6 +71,7 @@ from tidelog.spark.planning import (
     next_end,
     offsets_from_json,
     offsets_to_json,
+    past_the_end,
     plan_ranges,
     resolve_ending,
     resolve_starting,
@@ -314,11 +315,20 @@ class TidelogBatchReader(DataSourceReader):
                 by_time = view.by_time({tp: spec.timestamp for tp in start})
             elif spec.kind == "timestamps":
                 by_time = view.by_time({tp: ts for tp, ts in spec.timestamps.items() if tp in start})
-            end = resolve_ending(spec, list(start), view.latest(sorted(start)), by_time)
+            latest = view.latest(sorted(start))
+            end = resolve_ending(spec, list(start), latest, by_time)
+        short = past_the_end(spec, latest)
+        if short:
+            message = "; ".join(short)
+            if self.opts.fail_on_data_loss:
+                raise DataLossError(f"{message}. {HINT}")
+            log.warning("%s; reading up to the high watermark (failOnDataLoss=false)", message)
         for tp in sorted(start):
-            if start[tp] > end[tp]:
+            asked = spec.offsets.get(tp, LATEST) if spec.kind == "offsets" else LATEST
+            bound = end[tp] if asked == LATEST else asked  # past the HW: reported above, not an option error
+            if start[tp] > bound:
                 raise OptionError(f"topic {tp[0]!r} partition {tp[1]}: the starting offset {start[tp]} is after "
-                                  f"the ending offset {end[tp]}")
+                                  f"the ending offset {bound}")
         return [RangePartition(r) for r in plan_ranges(start, end, self.opts.min_partitions,
                                                        self.opts.max_records_per_partition)]
 

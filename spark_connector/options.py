@@ -10,7 +10,8 @@ Names follow Spark's Kafka source and sink where the meaning is the same::
     startingOffsetsByTimestamp  {"t": {"0": 1700000000000}}                    (ms)
     startingTimestamp        ms, for every partition (wins over the two above)
     startingOffsetsByTimestampStrategy  error (default) | latest: no record at or after the time
-    endingOffsets            batch only: latest | {"t": {"0": 50, "1": -1}}
+    endingOffsets            batch only: latest | {"t": {"0": 50, "1": -1}}; an offset above
+                             the high watermark is data loss (failOnDataLoss)
     endingOffsetsByTimestamp batch only: {"t": {"0": ms}}: stop before the first record at or
                              after the time (latest when there is none)
     endingTimestamp          batch only: ms, for every partition (wins over the two above)

@@ -76,7 +76,7 @@ from tidelog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError
 
 __all__ = ["TP", "Offsets", "OffsetRange", "Step", "INITIAL", "FROM_KEY", "is_initial", "batch_start",
            "offsets_to_json", "offsets_from_json",
-           "resolve_starting", "resolve_ending", "behind", "next_end", "admit", "allocate", "plan_ranges",
+           "resolve_starting", "resolve_ending", "past_the_end", "behind", "next_end", "admit", "allocate", "plan_ranges",
            "cap_ranges", "split_ranges", "data_loss_message", "InvalidOffsetsError"]
 
 TP = tuple[str, int]
@@ -215,7 +215,8 @@ def resolve_starting(spec: OffsetSpec, partitions: Iterable[TP], earliest: Mappi
 def resolve_ending(spec: OffsetSpec, partitions: Iterable[TP], latest: Mapping[TP, int],
                    by_time: Mapping[TP, int | None] | None = None) -> Offsets:
     """Concrete ending offsets (batch): ``latest`` is the high watermarks; a specific offset
-    above the HW is clamped to it (records above the HW are never read). For
+    above the HW is clamped to it (records above the HW are never read; ``past_the_end``
+    names them, so that the read fails or warns instead of being quietly shorter). For
     endingTimestamp / endingOffsetsByTimestamp, ``by_time`` holds the offset of the first
     record at or after the time (the batch stops before it), None when there is none: the
     batch then reads to the end, as Spark's Kafka source does; a partition the timestamps
@@ -232,6 +233,16 @@ def resolve_ending(spec: OffsetSpec, partitions: Iterable[TP], latest: Mapping[T
             value = LATEST
         out[tp] = latest[tp] if value == LATEST else min(value, latest[tp])
     return out
+
+
+def past_the_end(spec: OffsetSpec, latest: Mapping[TP, int]) -> list[str]:
+    """The specific endingOffsets above their partition's high watermark, one message each:
+    those offsets cannot be read (not there, or not committed yet), so a batch read that
+    stops at the HW would be incomplete. Spark's Kafka source reports them as data loss."""
+    return [f"topic {tp[0]!r} partition {tp[1]}: endingOffsets {value} is above the high watermark "
+            f"{latest[tp]}, offsets [{latest[tp]}, {value}) cannot be read"
+            for tp, value in sorted(spec.offsets.items(), key=lambda kv: _key(kv[0]))
+            if spec.kind == "offsets" and value != LATEST and tp in latest and value > latest[tp]]
 
 
 # -- one trigger --------------------------------------------------------------------------------

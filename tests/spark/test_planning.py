@@ -390,6 +390,12 @@ class ClusterState:
     def by_time(self, timestamps):
         return {}
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
 
 def _ranges(reader, start, end):
     return [p.value for p in reader.partitions(start, end)]
@@ -533,6 +539,34 @@ def test_a_batch_read_of_an_assigned_partition_that_does_not_exist_fails_naming_
                                                                 streaming=False))
     with pytest.raises(OptionError, match=r"assign names partitions that do not exist: \[\('gone', 0\)\]"):
         reader.partitions()
+
+
+def test_batch_ending_offsets_above_the_high_watermark_fail_the_read_or_warn(monkeypatch, caplog):
+    """endingOffsets 200 on a partition whose high watermark is 150: the read cannot deliver
+    [150, 200), so it fails as data loss (Spark's Kafka source does), or with
+    failOnDataLoss=false warns and reads up to the high watermark."""
+    from tidelog.spark import datasource
+    from tidelog.spark.fetch import DataLossError
+
+    view = ClusterState({("t", 0): 150, ("t", 1): 30})
+    monkeypatch.setattr(datasource, "ClusterView", lambda opts: view)
+    options = {**B, "subscribe": "t", "endingOffsets": '{"t": {"0": 200, "1": 20}}'}
+    with pytest.raises(DataLossError, match=r"topic 't' partition 0: endingOffsets 200 is above the high "
+                                            r"watermark 150, offsets \[150, 200\) cannot be read"):
+        datasource.TidelogBatchReader(parse_source_options(options, streaming=False)).partitions()
+    reader = datasource.TidelogBatchReader(parse_source_options({**options, "failOnDataLoss": "false"},
+                                                                streaming=False))
+    with caplog.at_level("WARNING", logger="spark_connector"):
+        ranges = [p.value for p in reader.partitions()]
+    assert ranges == [OffsetRange("t", 0, 0, 150), OffsetRange("t", 1, 0, 20)]
+    assert "endingOffsets 200 is above the high watermark 150" in caplog.text
+    # a start above the high watermark but below the asked end: nothing to read, and a warning
+    reader = datasource.TidelogBatchReader(parse_source_options(
+        {**options, "failOnDataLoss": "false", "startingOffsets": '{"t": {"0": 180, "1": 0}}'}, streaming=False))
+    assert [p.value for p in reader.partitions()] == [OffsetRange("t", 1, 0, 20)]
+    with pytest.raises(OptionError, match="the starting offset 25 is after the ending offset 20"):
+        datasource.TidelogBatchReader(parse_source_options(
+            {**options, "failOnDataLoss": "false", "startingOffsets": '{"t": {"1": 25}}'}, streaming=False)).partitions()
 
 
 # -- ranges ---------------------------------------------------------------------------------------
