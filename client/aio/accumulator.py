@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 import math
 import threading
 import time
@@ -57,6 +58,8 @@ from tidelog.errors import ClientClosedError, RequestTimedOut, TidelogError
 from tidelog.protocol.records import HEADER_SIZE, BatchBuilder, Codec
 from tidelog.protocol.topics import TopicPartition
 from tidelog.records import RecordMetadata
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ProduceResult", "RecordFuture", "RecordFutures", "BulkRecords", "ProducerBatch",
            "RecordAccumulator", "ReadyCheck", "record_size"]
@@ -81,7 +84,8 @@ class ProduceResult:
     """The outcome of one batch (Kafka's ProduceRequestResult), shared by its records' futures.
 
     Completed once, on the Trio thread; waitable from any thread (``wait``) and from Trio
-    (``wait_async``). Callbacks run on the Trio thread when the batch completes.
+    (``wait_async``). Callbacks run on the Trio thread when the batch completes; one that
+    raises is logged and the others still run.
 
     The thread-side event is made by the first waiter only: most batches are never waited
     on one by one, and a ``threading.Event`` (a lock and a condition) per batch is a cost on
@@ -160,7 +164,12 @@ class ProduceResult:
             self._trio_event.set()
         callbacks, self._callbacks = self._callbacks, None
         for cb in callbacks or ():
-            cb()
+            # an application's callback that raises must not keep the others (of this batch,
+            # of the batches completed after it) from running, nor stop the sender: Kafka logs it
+            try:
+                cb()
+            except Exception:
+                log.exception("a callback of a record sent to %s raised", self.tp)
 
     def wait(self, timeout: float | None = None) -> bool:
         if self._done:

@@ -481,3 +481,27 @@ async def test_send_many_gives_up_after_max_block_ms_naming_the_records_it_queue
             await producer.send_many("t", [b"%04d" % i for i in range(40)])
         assert len(info.value.futures) == 11  # 11 records of 36 bytes fit in 400
         await producer.close(timeout=0)
+
+
+async def test_a_callback_that_raises_is_logged_and_every_other_record_still_completes(fake, caplog):
+    fake.create_topic("t", 2, leaders=[1, 1])  # both partitions in one request
+    async with AsyncProducer(fake.bootstrap, linger_ms=10_000, retry_backoff_ms=10) as producer:
+        first = await producer.send("t", b"a", partition=0)
+        second = await producer.send("t", b"b", partition=1)
+        ran = []
+
+        def boom(future):
+            raise ValueError("a bug in the application's callback")
+
+        first.add_done_callback(boom)
+        first.add_done_callback(lambda future: ran.append(future.result(0).offset))
+        with trio.fail_after(5):
+            await producer.flush()
+        assert [first.done(), second.done(), ran] == [True, True, [0]]
+        assert [first.result(0).offset, second.result(0).offset] == [0, 0]
+        assert producer.metrics["buffer_used_bytes"] == 0
+        third = await producer.send("t", b"c", partition=1)
+        with trio.fail_after(5):
+            await producer.flush()  # the sender still runs
+        assert third.result(0).offset == 1
+    assert "a bug in the application's callback" in caplog.text
