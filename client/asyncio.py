@@ -371,17 +371,17 @@ class AsyncProducer(_Client):
             return RecordFuture(r, self)
         deadline = time.monotonic() + self._max_block_s
         while True:
-            await self._wait_for(r, topic, deadline)
+            await self._wait_for(r, topic, deadline, partition)
             r = self._aio.try_send(topic, value, key, headers, partition, timestamp_ms)
             if type(r) is aio.RecordFuture:
                 return RecordFuture(r, self)
 
-    async def _wait_for(self, r: Any, topic: str, deadline: float) -> None:
+    async def _wait_for(self, r: Any, topic: str, deadline: float, partition: int | None = None) -> None:
         """Wait for what ``try_send`` asked for: the topic's metadata or buffer memory, until
         monotonic ``deadline``."""
         remaining = max(0.0, deadline - time.monotonic())
         if r is NEED_METADATA:
-            await self._call(self._aio.wait_for_topic, topic, deadline, timeout=remaining + 1.0)
+            await self._call(self._aio.wait_for_topic, topic, deadline, partition, timeout=remaining + 1.0)
         else:
             await self._call(self._aio.wait_for_memory_async, r, deadline, timeout=remaining + 1.0)
 
@@ -400,7 +400,7 @@ class AsyncProducer(_Client):
         deadline = time.monotonic() + self._max_block_s
         while r is not None:
             try:
-                await self._wait_for(r, topic, deadline)
+                await self._wait_for(r, topic, deadline, partition)
             except TidelogError as e:
                 raise partly_queued(e, bulk)
             r = self._aio.try_append_many(bulk, partition)

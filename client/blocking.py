@@ -188,7 +188,7 @@ class Producer(_Blocking):
         aio = self._aio
         while True:
             if r is NEED_METADATA:
-                self._call(aio.wait_for_topic, topic, deadline,
+                self._call(aio.wait_for_topic, topic, deadline, partition,
                            timeout=max(0.0, deadline - time.monotonic()) + 1.0)
             else:
                 aio.wait_for_memory(r, deadline)
@@ -219,7 +219,7 @@ class Producer(_Blocking):
         while True:
             try:
                 if r is NEED_METADATA:
-                    self._call(aio.wait_for_topic, topic, deadline,
+                    self._call(aio.wait_for_topic, topic, deadline, partition,
                                timeout=max(0.0, deadline - time.monotonic()) + 1.0)
                 else:
                     aio.wait_for_memory(r, deadline)

@@ -944,7 +944,7 @@ class AsyncProducer(RunsInOwnNursery):
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return r
             if r is NEED_METADATA:
-                await self.wait_for_topic(topic, deadline)
+                await self.wait_for_topic(topic, deadline, partition)
             else:
                 await self._accumulator.wait_for_memory_async(r, deadline)
 
@@ -1014,8 +1014,10 @@ class AsyncProducer(RunsInOwnNursery):
                                           headers, size) or size
             else:
                 partition = self._key_partition(key_bytes, n)
-        elif not 0 <= partition < n:
-            raise ValueError(f"partition {partition} is not in the range [0, {n - 1}] of topic {topic!r}")
+        elif partition >= n:  # added since the metadata was fetched, maybe (Kafka's waitOnMetadata)
+            return NEED_METADATA
+        elif partition < 0:
+            raise ValueError(f"partition {partition} of topic {topic!r} is negative")
         tps = self._tps.get(topic)
         if tps is None or len(tps) < n:
             tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(n)]
@@ -1047,7 +1049,7 @@ class AsyncProducer(RunsInOwnNursery):
                 return bulk.futures
             try:
                 if r is NEED_METADATA:
-                    await self.wait_for_topic(topic, deadline)
+                    await self.wait_for_topic(topic, deadline, partition)
                 else:
                     await self._accumulator.wait_for_memory_async(r, deadline)
             except TidelogError as e:
@@ -1060,6 +1062,8 @@ class AsyncProducer(RunsInOwnNursery):
         keys."""
         if keys is not None and len(keys) != len(values):
             raise ValueError(f"send_many got {len(values)} values but {len(keys)} keys")
+        if partition is not None and partition < 0:
+            raise ValueError(f"partition {partition} of topic {topic!r} is negative")
         if self._plain_values and set(map(type, values)) <= _BYTES_OR_NONE:
             values = list(values)
         else:
@@ -1094,6 +1098,8 @@ class AsyncProducer(RunsInOwnNursery):
             return NEED_METADATA
         n = len(info.partition_ids)
         if bulk.runs is None:
+            if partition is not None and partition >= n:  # as try_send: added since, maybe
+                return NEED_METADATA
             bulk.runs = self._runs(bulk, partition, info)
         return self._accumulator.append_many(bulk, n, info.available) or None
 
@@ -1102,8 +1108,6 @@ class AsyncProducer(RunsInOwnNursery):
         means "all to the topic's sticky batches"."""
         n, count = len(info.partition_ids), len(bulk.values)
         if partition is not None:
-            if not 0 <= partition < n:
-                raise ValueError(f"partition {partition} is not in the range [0, {n - 1}] of topic {bulk.topic!r}")
             return [(count, partition)]
         keys = bulk.keys
         if self._partitioner is not None:
@@ -1120,14 +1124,21 @@ class AsyncProducer(RunsInOwnNursery):
             runs.append((end, p))
         return runs
 
-    async def wait_for_topic(self, topic: str, deadline: float) -> ClusterMetadata:
-        """Fetch ``topic``'s metadata until it has partitions or monotonic ``deadline``."""
+    async def wait_for_topic(self, topic: str, deadline: float, partition: int | None = None) -> ClusterMetadata:
+        """Fetch ``topic``'s metadata until it has partitions (more than ``partition``: one
+        created since the metadata was fetched, as Kafka's ``waitOnMetadata``) or monotonic
+        ``deadline``."""
         validate_topic_name(topic)
         backoff = Backoff(self.config.retry_backoff_ms / 1000, self.config.retry_backoff_max_ms / 1000)
         last: BaseException | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                info = self._cluster.metadata.topics.get(topic)
+                if partition is not None and info is not None and info.partition_ids:
+                    raise RequestTimedOut(
+                        f"partition {partition} of topic {topic!r} with partition count "
+                        f"{len(info.partition_ids)} not present in metadata after {self.config.max_block_ms} ms")
                 raise RequestTimedOut(f"topic {topic!r} not present in metadata after "
                                       f"{self.config.max_block_ms} ms (last error: {last or 'none'})")
             try:
@@ -1136,7 +1147,7 @@ class AsyncProducer(RunsInOwnNursery):
                 last = e
                 metadata = self._cluster.metadata
             info = metadata.topics.get(topic)
-            if info is not None and info.partition_ids:
+            if info is not None and info.partition_ids and (partition is None or partition < len(info.partition_ids)):
                 return metadata
             code = metadata.topic_errors.get(topic)
             if code is not None:

@@ -8,6 +8,7 @@ import time
 import pytest
 import trio
 
+from tests.component.client.fake_broker import PartitionLog
 from tidelog.aio import AsyncConsumer, AsyncProducer, TopicPartition
 from tidelog.aio.partitioner import default_partition
 from tidelog.errors import ClientClosedError, RequestTimedOut
@@ -302,8 +303,8 @@ async def test_records_larger_than_the_request_limit_are_refused_at_once(fake):
     async with AsyncProducer(fake.bootstrap, max_request_size=1000, **FAST) as producer:
         with pytest.raises(RecordTooLargeError):
             await producer.send("t", b"x" * 2000)
-        with pytest.raises(ValueError, match="partition 5"):
-            await producer.send("t", b"x", partition=5)
+        with pytest.raises(ValueError, match="partition -1"):
+            await producer.send("t", b"x", partition=-1)
 
 
 async def test_flush_waits_for_every_record_sent_before_it(fake):
@@ -430,8 +431,8 @@ async def test_send_many_refuses_bad_arguments_before_queueing_anything(fake):
     async with AsyncProducer(fake.bootstrap, max_request_size=1000, **FAST) as producer:
         with pytest.raises(RecordTooLargeError, match="record 1"):
             await producer.send_many("t", [b"x", b"x" * 2000])
-        with pytest.raises(ValueError, match="partition 5"):
-            await producer.send_many("t", [b"x"], partition=5)
+        with pytest.raises(ValueError, match="partition -1"):
+            await producer.send_many("t", [b"x"], partition=-1)
         with pytest.raises(ValueError, match="2 values but 1 keys"):
             await producer.send_many("t", [b"x", b"y"], keys=[b"k"])
         assert len(await producer.send_many("t", [])) == 0
@@ -505,3 +506,27 @@ async def test_a_callback_that_raises_is_logged_and_every_other_record_still_com
             await producer.flush()  # the sender still runs
         assert third.result(0).offset == 1
     assert "a bug in the application's callback" in caplog.text
+
+
+async def test_a_partition_added_since_the_metadata_was_fetched_is_waited_for(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, max_block_ms=10_000, **FAST) as producer:
+        assert (await producer.send_and_wait("t", b"a")).offset == 0
+        fake.topics["t"].partitions.append(PartitionLog())  # CreatePartitions, seen by no refresh yet
+        fake.topics["t"].leaders.append(1)
+        with trio.fail_after(5):
+            assert (await producer.send_and_wait("t", b"b", partition=1)).partition == 1
+            many = await producer.send_many("t", [b"c", b"d"], partition=1)
+            assert [(await f).offset for f in many] == [1, 2]
+    assert fake.values("t", 1) == [b"b", b"c", b"d"]
+
+
+async def test_a_partition_the_topic_never_gets_fails_after_max_block_ms_naming_it(fake):
+    fake.create_topic("t", 2)
+    async with AsyncProducer(fake.bootstrap, max_block_ms=200, **FAST) as producer:
+        with pytest.raises(RequestTimedOut, match="partition 5 of topic 't' with partition count 2"):
+            await producer.send("t", b"x", partition=5)
+        with pytest.raises(RequestTimedOut, match="partition 5 of topic 't'"):
+            await producer.send_many("t", [b"x"], partition=5)
+        await producer.flush()
+    assert fake.values("t", 0) == fake.values("t", 1) == []
