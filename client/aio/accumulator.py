@@ -42,6 +42,7 @@ fake clock.
 from __future__ import annotations
 
 import bisect
+import copy
 import itertools
 import logging
 import math
@@ -606,6 +607,7 @@ class RecordAccumulator:
         self._memory_waiters = 0
         self._flushing = 0
         self._closed = False
+        self._fatal: BaseException | None = None  # why records are refused, if not a close
         self.closed_for_retries = False  # set at the end of close: retries fail instead
         self._wake_pending = False
 
@@ -618,7 +620,7 @@ class RecordAccumulator:
         # common case (room in the open batch) inline, no wake-up unless the batch filled.
         with self.lock:
             if self._closed:
-                raise ClientClosedError("the producer is closed")
+                raise self.closed_error()
             used = self._used + size
             if used > self.buffer_memory and self._used:
                 return None
@@ -651,7 +653,7 @@ class RecordAccumulator:
         partition (KIP-480) and the record opens or joins that partition's batch."""
         with self.lock:
             if self._closed:
-                raise ClientClosedError("the producer is closed")
+                raise self.closed_error()
             used = self._used + size
             if used > self.buffer_memory and self._used:
                 return None
@@ -687,7 +689,7 @@ class RecordAccumulator:
         wake = False
         with self.lock:
             if self._closed:
-                raise ClientClosedError("the producer is closed")
+                raise self.closed_error()
             i = bulk.appended
             r = bisect.bisect_right([end for end, _ in runs], i) if runs else 0  # the run holding i
             while i < n:
@@ -1050,6 +1052,22 @@ class RecordAccumulator:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def closed_error(self) -> BaseException:
+        """What a record sent now is refused with: ClientClosedError, or a copy of the fatal
+        error that stopped the producer (``fail_fatally``)."""
+        if self._fatal is None:
+            return ClientClosedError("the producer is closed")
+        return copy.copy(self._fatal).with_traceback(None)
+
+    def fail_fatally(self, error: BaseException) -> list[ProducerBatch]:
+        """The producer can send nothing any more (its producer id was refused for good):
+        refuse records from now on with ``error`` and remove and return every queued batch
+        (the caller fails them with it)."""
+        with self.lock:
+            self._closed = True
+            self._fatal = error
+        return self.abort()
 
     def begin_flush(self) -> list[ProducerBatch]:
         """Make every queued batch ready; returns the batches the flush must wait for."""

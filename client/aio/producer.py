@@ -354,6 +354,7 @@ class Sender:
         self.idempotence = idempotence
         self.stats = ProducerStats()  # what metrics() reports (tidelog.aio.stats)
         self._initializing = False  # an InitProducerId task is running
+        self._fatal = False  # a producer id was refused for good: none is asked for again
         self._event = trio.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread: int | None = None
@@ -605,7 +606,8 @@ class Sender:
         # thread only when it is not due to look)
         self._track_written()
         self._tracking_due, self._writes_since_round = self._writes_since_round > 0, 0
-        if self.idempotence is not None and not self.idempotence.ready and not self._initializing:
+        if (self.idempotence is not None and not self.idempotence.ready and not self._initializing
+                and not self._fatal):
             self._bump_or_init_producer_id()
         now = acc.clock()
         for batch in acc.expire(now):
@@ -671,7 +673,9 @@ class Sender:
 
     async def _init_producer_id(self) -> None:
         """Get a new producer id from any broker; retried with backoff until it succeeds or
-        the producer closes. Batches wait for it (and expire meanwhile like any other)."""
+        the producer closes. Batches wait for it (and expire meanwhile like any other). An
+        error a retry cannot mend (CLUSTER_AUTHORIZATION_FAILED, any non-retriable code) is
+        fatal, as in Kafka's InitProducerIdHandler: ``_fail_fatally``."""
         seqs, config = self.idempotence, self.config
         backoff = Backoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
         try:
@@ -686,6 +690,9 @@ class Sender:
                         return
                     error: BaseException = broker_error(response.error_code, "InitProducerId",
                                                         response.error_message)
+                    if not for_code(response.error_code).retriable:
+                        self._fail_fatally(error)
+                        return
                 except TidelogError as e:
                     error = e
                 log.warning("cannot get a producer id: %s; retrying", error)
@@ -693,6 +700,18 @@ class Sender:
         finally:
             self._initializing = False
             self._event.set()
+
+    def _fail_fatally(self, error: BaseException) -> None:
+        """The idempotent producer cannot get a producer id: nothing can be sent. Queued
+        records fail with ``error`` now, and the producer refuses new ones with it."""
+        log.error("the producer cannot send: %s", error)
+        self._fatal = True
+        acc = self.accumulator
+        with self._caller_lock:  # an application thread drains under it
+            batches = acc.fail_fatally(error)
+        for batch in batches:
+            self.stats.on_error(acc.clock(), len(batch))
+            acc.complete(batch, error=error, in_flight=False)
 
     def _expired(self, batch: ProducerBatch, now: float) -> RequestTimedOut:
         last = f"; {batch.attempts} attempt(s), last error: {batch.last_error}" if batch.last_error else ""
@@ -987,7 +1006,7 @@ class AsyncProducer(RunsInOwnNursery):
                   timestamp_ms: int | None) -> Any:
         acc = self._accumulator
         if acc.closed:
-            raise ClientClosedError("the producer is closed")
+            raise acc.closed_error()
         key_bytes = key if key is None and self._plain_keys else self._key_serializer(key)
         value_bytes = value if type(value) is bytes and self._plain_values else self._value_serializer(value)
         size = 32 + (len(key_bytes) if key_bytes else 0) + (len(value_bytes) if value_bytes else 0)
@@ -1094,7 +1113,7 @@ class AsyncProducer(RunsInOwnNursery):
         info = self._cluster.metadata.topics.get(bulk.topic)
         if info is None:
             if self._accumulator.closed:
-                raise ClientClosedError("the producer is closed")
+                raise self._accumulator.closed_error()
             return NEED_METADATA
         n = len(info.partition_ids)
         if bulk.runs is None:

@@ -4,6 +4,8 @@ forgot the producer, and the epoch bump that follows."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import trio
 import trio.testing
@@ -11,7 +13,12 @@ import trio.testing
 from tidelog.aio import AsyncProducer
 from tidelog.errors import TidelogError
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER
+from tidelog.protocol.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    COORDINATOR_LOAD_IN_PROGRESS,
+    NOT_LEADER_OR_FOLLOWER,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+)
 from tidelog.protocol.records import iter_headers
 
 FAST = dict(retry_backoff_ms=10, linger_ms=0)
@@ -145,3 +152,30 @@ async def test_batches_sent_behind_one_refused_as_too_large_follow_its_pieces_in
     assert [(h.producer_epoch, h.base_sequence) for h in stored] == \
         [(0, sum(h.record_count for h in stored[:i])) for i in range(len(stored))]
     assert len(fake.sent(ApiKey.INIT_PRODUCER_ID)) == 1  # no epoch bump, no new id
+
+
+async def test_a_producer_id_refused_for_good_fails_the_records_at_once_naming_the_cause(fake):
+    fake.create_topic("t", 1)
+    # answered late, so the first record is usually queued by then (else send raises it)
+    fake.inject(ApiKey.INIT_PRODUCER_ID, error_code=CLUSTER_AUTHORIZATION_FAILED.code, count=math.inf,
+                delay_s=0.2)
+    async with AsyncProducer(fake.bootstrap, delivery_timeout_ms=120_000, **FAST) as producer:
+        try:
+            with trio.fail_after(5):  # not the delivery timeout
+                with pytest.raises(TidelogError, match="CLUSTER_AUTHORIZATION_FAILED"):
+                    await (await producer.send("t", b"a"))
+            with pytest.raises(TidelogError, match="CLUSTER_AUTHORIZATION_FAILED"):
+                await producer.send("t", b"b")
+        finally:
+            await producer.close(0)
+    assert len(fake.sent(ApiKey.INIT_PRODUCER_ID)) == 1  # not retried
+    assert fake.values("t") == []
+
+
+async def test_a_retriable_error_getting_a_producer_id_is_retried(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.INIT_PRODUCER_ID, error_code=COORDINATOR_LOAD_IN_PROGRESS.code, count=2)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        with trio.fail_after(5):
+            assert (await producer.send_and_wait("t", b"a")).offset == 0
+    assert len(fake.sent(ApiKey.INIT_PRODUCER_ID)) == 3
