@@ -216,7 +216,8 @@ class BrokerConnection:
     # -- requests -------------------------------------------------------------------------------
 
     async def request(self, message: Message, *, api_key: ApiKey, timeout: float | None = None,
-                      api_version: int = 0, early: Callable[[Any], None] | None = None) -> Any:
+                      api_version: int = 0, early: Callable[[Any], None] | None = None,
+                      queued: Callable[[], None] | None = None) -> Any:
         """Send ``message`` and return the typed response (``protocol.apis.response_type(api_key)``).
 
         Raises RequestTimedOut after ``timeout`` seconds (default: the connection's request
@@ -226,7 +227,12 @@ class BrokerConnection:
         ``early(response)``, if given, is called by the reader with the typed response as
         soon as it is read, in the same scheduler pass (this task wakes a pass later): the
         consumer hands fetched records to a waiting application thread that way. What it
-        raises (and a body that does not decode) is raised here instead of the response."""
+        raises (and a body that does not decode) is raised here instead of the response.
+
+        ``queued()``, if given, is called once the request's frame has its place in the
+        connection's order (behind every frame queued before it, ahead of every later one),
+        before this task next yields; not at all if it never gets there (timeout, failure):
+        a caller whose requests must reach the wire in its order issues the next one after."""
         timeout = self.request_timeout_s if timeout is None else timeout
         if self.throttled_until > trio.current_time():  # not part of the request's timeout
             await trio.sleep_until(self.throttled_until)
@@ -238,7 +244,7 @@ class BrokerConnection:
                 await self._slots.acquire()
             try:
                 pending = await self._write(api_key, api_version, message, expect_response=True,
-                                            early=early)
+                                            early=early, queued=queued)
                 await pending.wait()
             finally:
                 self._slots.release()
@@ -342,15 +348,18 @@ class BrokerConnection:
             self._fail(e)
             raise
 
-    async def send_no_response(self, message: Message, *, api_key: ApiKey, api_version: int = 0) -> None:
+    async def send_no_response(self, message: Message, *, api_key: ApiKey, api_version: int = 0,
+                               queued: Callable[[], None] | None = None) -> None:
         """Write a request the broker will not answer (an acks=0 produce). Returns once the
-        bytes are handed to the kernel; raises BrokerConnectionError if that failed."""
+        bytes are handed to the kernel; raises BrokerConnectionError if that failed.
+        ``queued``: as for ``request``."""
         if self.throttled_until > trio.current_time():
             await trio.sleep_until(self.throttled_until)
-        await self._write(api_key, api_version, message, expect_response=False)
+        await self._write(api_key, api_version, message, expect_response=False, queued=queued)
 
     async def _write(self, api_key: int, api_version: int, message: Message,
-                     expect_response: bool, early: Callable[[Any], None] | None = None) -> _Pending:
+                     expect_response: bool, early: Callable[[Any], None] | None = None,
+                     queued: Callable[[], None] | None = None) -> _Pending:
         self._raise_if_failed()
         with self._thread_lock:
             _, frame = self._proto.send_request(api_key, api_version, message, expect_response)
@@ -359,6 +368,8 @@ class BrokerConnection:
                 self._pending.append(pending)  # lockstep with the ClientConnection's FIFO
             self._outbox.append(frame)
             written = self._write_now()
+        if queued is not None:  # in order now: whatever is queued later goes behind it
+            queued()
         if not written:
             await self._flush_shielded()
         if not expect_response:

@@ -18,6 +18,11 @@ deadline. Each request task turns its response into one ``Decision`` per batch w
 ``decide`` (pure), and ``_apply`` carries them out: complete, re-enqueue for retry (with a
 metadata refresh for errors that invalidate metadata), or fail.
 
+Ordering: a node's requests reach the wire in the order they were drained (a request its
+task writes holds the node until it has its place on the connection: ``_queued``), and the
+connection's reader applies every produce response in response order, so the futures and
+callbacks of one partition complete in send order.
+
 Guarantees: every future resolves, with RecordMetadata or an exception: batches are failed
 when they expire, when retries are exhausted, on a non-retriable error, and on close (queued
 and in-flight alike, including when the sender task is cancelled). Without idempotence, a
@@ -29,6 +34,7 @@ one that was already in flight; once a partition is retrying it sends one batch 
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import math
@@ -359,6 +365,11 @@ class Sender:
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread: int | None = None
         self._in_flight: dict[int, int] = {}  # node -> requests awaiting a response
+        # node -> requests a task writes (not written when dispatched: connecting, throttled, no
+        # free slot, another write in progress) or an application thread handed to the loop
+        # thread unwritten; nothing more is drained for the node until they are queued on its
+        # connection, so requests reach the wire in drain order. Under _caller_lock
+        self._unwritten: dict[int, int] = {}
         self._nursery: trio.Nursery | None = None
         self._stopping = False
         # held by the loop thread's step and by an application thread sending (_send_from_caller)
@@ -442,7 +453,7 @@ class Sender:
             idle = conn.idle(clock_now)
             # a request answered but not yet counted out by the loop thread is not a burst
             self._found_busy += ((0.0 if idle else 1.0) - self._found_busy) * FOUND_BUSY_WEIGHT
-            if not idle or self._in_flight.get(node, 0) or self._found_busy > BURST_SHARE:
+            if not idle or self._in_flight.get(node, 0) or self._found_busy > BURST_SHARE or self._unwritten:
                 return False  # the loop's requests go first; bursts are the loop's to gather
             drained = acc.drain(metadata, (node,), config.max_request_size, now).get(node)
             if not drained:
@@ -482,8 +493,10 @@ class Sender:
         return True
 
     def _hand_to_loop(self, node: int, batches: list[ProducerBatch], now: float) -> None:
-        """Batches an application thread drained but did not write: the loop thread dispatches
-        them (``_track``). Once the producer's run has ended, its end failed them already."""
+        """Under ``_caller_lock``: batches an application thread drained but did not write: the
+        loop thread dispatches them (``_track``), and the node is drained no more until then.
+        Once the producer's run has ended, its end failed them already."""
+        self._unwritten[node] = self._unwritten.get(node, 0) + 1
         try:
             self._token.run_sync_soon(self._track, node, batches, None, None, now)
         except trio.RunFinishedError:
@@ -533,16 +546,19 @@ class Sender:
         and counted in flight (``_send_from_caller``) in a task, unless the connection's
         reader applied it already (the usual case at a response), and record its statistics;
         with no ``request``, send the batches that thread drained but did not write."""
-        if request is not None:
-            self.stats.on_request(sent, batches)
+        if request is None:
+            with self._caller_lock:  # as _step's: the sequences change under it
+                self._release(node)  # the hand-over's hold (_dispatch holds it again if need be)
+                if self._nursery is not None:
+                    self._dispatch(node, batches, counted=True)
+                    return
+            self._fail_unanswered(batches)  # the sender stopped: nothing else would complete them
+            return
+        self.stats.on_request(sent, batches)
         if written is not None and written[2]:
             return  # the connection's reader applied the response: no task need wait for it
         if self._nursery is None:  # the sender stopped: nothing else would complete them
             self._fail_unanswered(batches)
-            return
-        if request is None:
-            with self._caller_lock:  # as _step's: the sequences change under it
-                self._dispatch(node, batches, counted=True)
             return
         try:
             self._nursery.start_soon(self._send, node, batches, request, written, sent, True)
@@ -615,6 +631,8 @@ class Sender:
             acc.complete(batch, error=self._expired(batch, now), in_flight=False)
         metadata = self.cluster.metadata
         busy = [n for n, k in self._in_flight.items() if k >= config.max_in_flight_requests_per_connection]
+        if self._unwritten:
+            busy += self._unwritten
         check = acc.ready(metadata, now, busy)
         delay = check.next_delay
         if check.unknown_leaders:
@@ -658,7 +676,28 @@ class Sender:
             self.stats.on_request(sent, batches)
         if not config.linger_ms and not counted:
             self._count_followers(batches)
+        if written is None:  # the task writes it: the node gets nothing more until it has
+            self._unwritten[node] = self._unwritten.get(node, 0) + 1
         self._nursery.start_soon(self._send, node, batches, request, written, sent)
+
+    def _queued(self, node: int, done: list[bool]) -> None:
+        """A request a task writes has its place on ``node``'s connection (or never will):
+        the node may be drained again. Once per request (``done``)."""
+        if done:
+            return
+        done.append(True)
+        with self._caller_lock:  # an application thread's hand-over holds nodes too
+            self._release(node)
+
+    def _release(self, node: int) -> None:
+        """Under ``_caller_lock``: one request fewer holds ``node`` (``_unwritten``)."""
+        left = self._unwritten[node] - 1
+        if left:
+            self._unwritten[node] = left
+        else:
+            del self._unwritten[node]
+        if self.accumulator.has_queued():
+            self._event.set()
 
     def _bump_or_init_producer_id(self) -> None:
         """A bump of the epoch is made here (KIP-360: the producer's own); a producer with no
@@ -725,6 +764,9 @@ class Sender:
                     from_thread: bool = False) -> None:
         decisions: list[tuple[ProducerBatch, Decision]] | None = None
         config, acc = self.config, self.accumulator
+        # the connection's reader applied the response (in response order, as any other)
+        applied: list[bool] = written[2] if written is not None else []
+        done: list[bool] = []  # the task's own write is queued on the connection (_queued)
         # Kafka (KIP-91): a batch in flight expires at its delivery timeout too; the request
         # then fails as a timed-out one, and decide() fails the batches past their deadline
         timeout = min(config.request_timeout_ms / 1000 + 1.0,
@@ -743,13 +785,15 @@ class Sender:
                                                                    retries=config.retries)
                 else:
                     conn = await self.cluster.connection(node)
+                    queued = functools.partial(self._queued, node, done)
                     if config.acks == 0:
-                        await conn.send_no_response(request, api_key=ApiKey.PRODUCE)
+                        await conn.send_no_response(request, api_key=ApiKey.PRODUCE, queued=queued)
                         decisions = [(b, Decision("done")) for b in batches]
                     else:
-                        response = await conn.request(request, api_key=ApiKey.PRODUCE, timeout=timeout)
-                        self.stats.on_response(acc.clock(), acc.clock() - sent)
-                        decisions = decide_response(response, batches, now=acc.clock(), retries=config.retries)
+                        on_response, applied = self._response_applier(node, batches, sent, [True])
+                        await conn.request(request, api_key=ApiKey.PRODUCE, timeout=timeout,
+                                           early=on_response, queued=queued)
+                        decisions = []
             except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
                 log.debug("produce request to node %s failed: %s", node, e)
                 decisions = decide_failure(batches, e, now=acc.clock(), retries=config.retries)
@@ -757,7 +801,9 @@ class Sender:
             log.exception("cannot send %d batch(es) to node %s", len(batches), node)
             decisions = [(b, Decision("fail", error=e)) for b in batches]
         finally:
-            if written is not None and written[2]:
+            if written is None:
+                self._queued(node, done)  # if it never was: the node is not held
+            if applied:
                 decisions = []  # the connection's reader applied the response (and counted it out)
             else:
                 self._count_out(node)

@@ -139,6 +139,7 @@ class Fault:
     count: int = 1  # how many matching requests it hits (math.inf: all)
     hits: int = 0
     drop_after_append: bool = False  # produce: append, then drop the connection (a lost response)
+    throttle_ms: int = 0  # produce: the response asks the client to wait that long (KIP-219)
 
 
 @dataclass
@@ -162,6 +163,9 @@ class FakeCluster:
         self.topics: dict[str, Topic] = {}
         self.faults: list[Fault] = []
         self.requests: list[tuple[int, ApiKey, Any]] = []  # (node, api, typed request)
+        # produce requests in the order their frames arrived on each connection (requests are
+        # handled in tasks of their own: ``requests`` and the logs may show another order)
+        self.arrived: list[Any] = []
         self.connections = 0
         self.next_producer_id = 1000
         self._data = trio.Event()
@@ -191,14 +195,19 @@ class FakeCluster:
 
     def inject(self, api_key: ApiKey, *, node: int | None = None, error_code: int | None = None,
                drop_connection: bool = False, delay_s: float = 0.0, count: float = 1,
-               drop_after_append: bool = False) -> Fault:
+               drop_after_append: bool = False, throttle_ms: int = 0) -> Fault:
         fault = Fault(api_key, node, error_code, drop_connection, delay_s, count,
-                      drop_after_append=drop_after_append)
+                      drop_after_append=drop_after_append, throttle_ms=throttle_ms)
         self.faults.append(fault)
         return fault
 
     def sent(self, api_key: ApiKey) -> list[Any]:
         return [r for _, k, r in self.requests if k == api_key]
+
+    def arrived_values(self, topic: str = "t", partition: int = 0) -> list[bytes | None]:
+        """The values produced to ``topic``/``partition``, in the order they reached the wire."""
+        return [r.value for request in self.arrived for t in request.topic_data if t.name == topic
+                for p in t.partition_data if p.index == partition for r in iter_all_records(p.records)]
 
     def drop_all_connections(self) -> None:
         for stream in list(self._streams):
@@ -237,6 +246,9 @@ class FakeCluster:
                     for event in conn.receive_data(data):
                         if isinstance(event, BadRequest):
                             return
+                        api = api_for(event.header)
+                        if api.key == ApiKey.PRODUCE:
+                            self.arrived.append(api.request.from_body(event.body))
                         nursery.start_soon(self._handle, node, conn, stream, lock, event)
                 nursery.cancel_scope.cancel()
         finally:
@@ -266,6 +278,8 @@ class FakeCluster:
             out = conn.skip_response(header.correlation_id)
         else:
             body = await getattr(self, f"_{key.name.lower()}")(node, request, fault.error_code if fault else None)
+            if fault is not None and fault.throttle_ms:
+                body = ProduceResponse(body.responses, throttle_time_ms=fault.throttle_ms)
             out = conn.send_response(header.correlation_id, body)
         if out:
             async with lock:

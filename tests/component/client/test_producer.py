@@ -10,6 +10,7 @@ import trio
 
 from tests.component.client.fake_broker import PartitionLog
 from tidelog.aio import AsyncConsumer, AsyncProducer, TopicPartition
+from tidelog.aio.connection import BrokerConnection
 from tidelog.aio.partitioner import default_partition
 from tidelog.errors import ClientClosedError, RequestTimedOut
 from tidelog.protocol.codec import ApiKey
@@ -530,3 +531,58 @@ async def test_a_partition_the_topic_never_gets_fails_after_max_block_ms_naming_
             await producer.send_many("t", [b"x"], partition=5)
         await producer.flush()
     assert fake.values("t", 0) == fake.values("t", 1) == []
+
+
+async def test_a_throttled_connection_gets_the_records_sent_meanwhile_in_order_in_one_request(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, throttle_ms=500)  # the first response asks for a pause (KIP-219)
+    async with AsyncProducer(fake.bootstrap, acks=1, **FAST) as producer:
+        await producer.send_and_wait("t", b"0")
+        futures = []
+        for i in range(1, 11):  # each its own request, were it not throttled
+            futures.append(await producer.send("t", b"%d" % i))
+            await trio.sleep(0)
+        with trio.fail_after(5):
+            for future in futures:
+                await future
+    assert fake.arrived_values() == [b"%d" % i for i in range(11)]
+    # one request drained when the pause began, one with everything sent during it (Kafka: one)
+    assert len(fake.arrived) <= 3
+
+
+async def test_acks_0_requests_reach_the_wire_in_the_order_they_were_drained(fake):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, acks=0, **FAST) as producer:
+        for i in range(2000):
+            await producer.send("t", b"%d" % i)
+            if not i % 7:
+                await trio.sleep(0)  # the sender drains a request now and then
+        with trio.fail_after(5):
+            await producer.flush()
+    assert fake.arrived_values() == [b"%d" % i for i in range(2000)]
+
+
+async def test_callbacks_of_one_partition_run_in_send_order(fake, monkeypatch):
+    fake.create_topic("t", 1)
+    async with AsyncProducer(fake.bootstrap, acks=1, **FAST) as producer:
+        await producer.send_and_wait("t", b"warm")
+        start_request = BrokerConnection.start_request
+        refused = []
+
+        def start_request_once_refused(conn, *args, **kwargs):
+            if not refused:  # as when throttled, or another write in progress: the request's task writes it
+                refused.append(True)
+                return None
+            return start_request(conn, *args, **kwargs)
+
+        monkeypatch.setattr(BrokerConnection, "start_request", start_request_once_refused)
+        fake.inject(ApiKey.PRODUCE, delay_s=0.3)  # both responses come back together
+        order = []
+        first = await producer.send("t", b"1")
+        first.add_done_callback(lambda future: order.append(1))
+        await trio.sleep(0.1)  # the first request is on the wire, answered late
+        second = await producer.send("t", b"2")
+        second.add_done_callback(lambda future: order.append(2))
+        with trio.fail_after(5):
+            await producer.flush()
+    assert order == [1, 2]
