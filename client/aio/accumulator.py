@@ -935,13 +935,7 @@ class RecordAccumulator:
         with self.lock:
             self._release_in_flight(batch.tp)
             batch.retry_at = now + self.retry_backoff_s
-            dq = self._batches.get(batch.tp)
-            if dq is None:
-                dq = self._batches[batch.tp] = deque()
-            index = 0
-            while index < len(dq) and dq[index].seq < batch.seq:
-                index += 1
-            dq.insert(index, batch)
+            self._queue_back(batch, [batch])
 
     def split_and_reenqueue(self, batch: ProducerBatch, now: float) -> list[ProducerBatch]:
         """Split an in-flight batch the broker refused as too large (MESSAGE_TOO_LARGE) and
@@ -963,15 +957,20 @@ class RecordAccumulator:
                 self._memory_freed.notify_all()
             if self.idempotence is not None and batch.base_sequence >= 0:
                 self.idempotence.split(batch, pieces)
-            dq = self._batches.get(batch.tp)
-            if dq is None:
-                dq = self._batches[batch.tp] = deque()
-            index = 0
-            while index < len(dq) and dq[index].seq < batch.seq:
-                index += 1
-            for piece in reversed(pieces):
-                dq.insert(index, piece)
+            self._queue_back(batch, pieces)
         return pieces
+
+    def _queue_back(self, batch: ProducerBatch, replacements: list[ProducerBatch]) -> None:
+        """Queue ``replacements`` (``batch`` itself, or its pieces) where ``batch`` was drained
+        from: in front of its partition's newer batches. Under the lock."""
+        dq = self._batches.get(batch.tp)
+        if dq is None:
+            dq = self._batches[batch.tp] = deque()
+        index = 0
+        while index < len(dq) and dq[index].seq < batch.seq:
+            index += 1
+        for piece in reversed(replacements):
+            dq.insert(index, piece)
 
     def clear_queued_sequences(self, refused: ProducerBatch) -> None:
         """``refused`` is known not to be in the log and takes a sequence of a new epoch: so do
