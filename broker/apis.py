@@ -638,7 +638,12 @@ class Apis:
         topics = [t for t in req.topics if t.name not in denied]
         if not topics:
             return CreateTopicsResponse(refused)
-        results, waits = await c.call(lambda: c.create_topics(topics, req.validate_only))
+        try:
+            results, waits = await c.call(lambda: c.create_topics(topics, req.validate_only))
+        except TidelogError as e:  # resigned while the call was queued
+            if e.error is not NOT_CONTROLLER:
+                raise
+            return CreateTopicsResponse(refused + [TopicResult(t.name, e.code, str(e)) for t in topics])
         await wait_all(waits, req.timeout_ms / 1000)
         return CreateTopicsResponse(refused + list(results))
 
@@ -659,7 +664,12 @@ class Apis:
                    TopicResult(n, INVALID_TOPIC_EXCEPTION.code, f"{n} is an internal topic: it cannot be deleted")
                    for n in req.topic_names if n in denied or is_internal_topic(n)}
         names = [n for n in req.topic_names if n not in refused]
-        results, done = await c.call(lambda: c.delete_topics(names)) if names else ([], [])
+        try:
+            results, done = await c.call(lambda: c.delete_topics(names)) if names else ([], [])
+        except TidelogError as e:  # resigned while the call was queued
+            if e.error is not NOT_CONTROLLER:
+                raise
+            results, done = [TopicResult(n, e.code, str(e)) for n in names], []
         # the answer comes once the deletions that can complete have (so that the name can be
         # taken again), up to the request's timeout; one held by a replica on a broker that is
         # down is answered at once (it completes when the broker returns)
@@ -681,7 +691,12 @@ class Apis:
         topics = [t for t in req.topics if t.name not in denied]
         if not topics:
             return CreatePartitionsResponse(refused)
-        results, waits = await c.call(lambda: c.create_partitions_all(topics, req.validate_only))
+        try:
+            results, waits = await c.call(lambda: c.create_partitions_all(topics, req.validate_only))
+        except TidelogError as e:  # resigned while the call was queued
+            if e.error is not NOT_CONTROLLER:
+                raise
+            return CreatePartitionsResponse(refused + [TopicResult(t.name, e.code, str(e)) for t in topics])
         await wait_all(waits, req.timeout_ms / 1000)
         return CreatePartitionsResponse(refused + list(results))
 

@@ -928,8 +928,8 @@ class AsyncAdmin(RunsInOwnNursery):
                              api_key: ApiKey, extract: Callable[[Any], Outcomes],
                              timeout_ms: int) -> Outcomes:
         """Send ``build(names)`` to the controller; retry the names answered NOT_CONTROLLER
-        (and everything after a connection failure) after a metadata refresh, until
-        ``timeout_ms``. Returns every name's final (code, message)."""
+        (and everything after a connection failure or a NOT_CONTROLLER for the whole request)
+        after a metadata refresh, until ``timeout_ms``. Returns every name's final (code, message)."""
         deadline = time.monotonic() + timeout_ms / 1000
         backoff = Backoff(*self._backoff)
         outcomes: Outcomes = {}
@@ -946,6 +946,14 @@ class AsyncAdmin(RunsInOwnNursery):
             except (BrokerConnectionError, RequestTimedOut) as e:
                 last = e
                 self._cluster.request_update()
+                await self._backoff_then_refresh(backoff, deadline)
+                continue
+            except TidelogError as e:
+                if e.error is not NOT_CONTROLLER:
+                    raise
+                # refused as a whole (the controller resigned while the request was queued):
+                # every pending name was answered NOT_CONTROLLER
+                last = e
                 await self._backoff_then_refresh(backoff, deadline)
                 continue
             answered = extract(response)

@@ -27,7 +27,7 @@ from tidelog.broker.log.manager import LogManager
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.network import SocketServer
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
-from tidelog.broker.zookeeper.layout import BrokerInfo
+from tidelog.broker.zookeeper.layout import BrokerInfo, ControllerMovedError
 from tidelog.protocol.codec import ApiKey, RequestHeader
 from tidelog.protocol.errors import (
     INVALID_CONFIG,
@@ -35,6 +35,7 @@ from tidelog.protocol.errors import (
     INVALID_PARTITIONS,
     INVALID_TOPIC_EXCEPTION,
     NONE,
+    NOT_CONTROLLER,
     UNKNOWN_TOPIC_OR_PARTITION,
     InvalidRequestError,
 )
@@ -187,6 +188,21 @@ async def test_create_topics_answers_per_topic(broker):
     assert codes["small-segments"][0] == INVALID_CONFIG.code
     assert "invalid value '100' for segment.bytes: must be at least 1048576" in codes["small-segments"][1]
     assert sorted(broker.zk.assignments) == ["fine", "fine.2"]
+
+
+async def test_a_controller_that_resigned_while_the_call_was_queued_answers_not_controller_per_topic(broker):
+    """Kafka's handlers answer each topic NOT_CONTROLLER when the broker is not the
+    controller; so does a call refused because the controller moved while it waited."""
+    async def moved(fn):
+        raise ControllerMovedError("broker 1 is no longer the controller")
+    broker.controller.call = moved
+    created = await broker.call(ApiKey.CREATE_TOPICS, {"topics": [topic("a"), topic("b")]})
+    grown = await broker.call(ApiKey.CREATE_PARTITIONS, {"topics": [{"name": "orders", "count": 3}]})
+    deleted = await broker.call(ApiKey.DELETE_TOPICS, {"topic_names": ["orders"]})
+    assert [(r.name, r.error_code) for r in created.topics] == [("a", NOT_CONTROLLER.code), ("b", NOT_CONTROLLER.code)]
+    assert [(r.name, r.error_code) for r in grown.results] == [("orders", NOT_CONTROLLER.code)]
+    assert [(r.name, r.error_code) for r in deleted.responses] == [("orders", NOT_CONTROLLER.code)]
+    assert "no longer the controller" in created.topics[0].error_message
 
 
 async def test_metadata_answers_invalid_names_and_creates_none_of_them(broker):

@@ -10,8 +10,8 @@ produce and fetch only on the partition's leader (else NOT_LEADER_OR_FOLLOWER), 
 administration only on the controller (else NOT_CONTROLLER). The high watermark is the log
 end offset (there is no replication).
 
-Faults are injected per request (``inject``): answer with an error code, drop the connection
-before doing anything, or delay. A produce fault fires before anything is appended (so
+Faults are injected per request (``inject``): answer with an error code (per partition or topic, or
+for the request as a whole), drop the connection before doing anything, or delay. A produce fault fires before anything is appended (so
 the log holds each record exactly once when the client retries correctly), except
 ``drop_after_append``: the batches are appended, then the connection is dropped instead of
 answering (a lost response). Idempotent batches are checked and deduplicated by the broker's
@@ -41,6 +41,8 @@ from tidelog.protocol.errors import (
     TOPIC_ALREADY_EXISTS,
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
+    error_body,
+    for_code,
 )
 from tidelog.protocol.messages import (
     AlterConfigsResponse,
@@ -140,6 +142,7 @@ class Fault:
     hits: int = 0
     drop_after_append: bool = False  # produce: append, then drop the connection (a lost response)
     throttle_ms: int = 0  # produce: the response asks the client to wait that long (KIP-219)
+    whole_request: bool = False  # answer ``error_code`` for the request as a whole (an error body)
 
 
 @dataclass
@@ -195,9 +198,9 @@ class FakeCluster:
 
     def inject(self, api_key: ApiKey, *, node: int | None = None, error_code: int | None = None,
                drop_connection: bool = False, delay_s: float = 0.0, count: float = 1,
-               drop_after_append: bool = False, throttle_ms: int = 0) -> Fault:
+               drop_after_append: bool = False, throttle_ms: int = 0, whole_request: bool = False) -> Fault:
         fault = Fault(api_key, node, error_code, drop_connection, delay_s, count,
-                      drop_after_append=drop_after_append, throttle_ms=throttle_ms)
+                      drop_after_append=drop_after_append, throttle_ms=throttle_ms, whole_request=whole_request)
         self.faults.append(fault)
         return fault
 
@@ -276,6 +279,8 @@ class FakeCluster:
             if fault is None or fault.error_code is None:
                 self._append_produce(node, request, None)
             out = conn.skip_response(header.correlation_id)
+        elif fault is not None and fault.whole_request:  # as the broker's network layer answers a raise
+            out = conn.send_response(header.correlation_id, error_body(for_code(fault.error_code), "fake says no"))
         else:
             body = await getattr(self, f"_{key.name.lower()}")(node, request, fault.error_code if fault else None)
             if fault is not None and fault.throttle_ms:

@@ -42,6 +42,20 @@ async def test_not_controller_refreshes_metadata_and_retries(fake):
     assert "a" in fake.topics and len(fake.sent(ApiKey.CREATE_TOPICS)) == 3
 
 
+async def test_a_whole_request_not_controller_answer_is_retried(fake):
+    """A controller that resigned while the request was queued answers NOT_CONTROLLER for the
+    request as a whole: like a per-topic NOT_CONTROLLER, the client finds the new controller."""
+    fake.create_topic("old", 1)
+    for key in (ApiKey.CREATE_TOPICS, ApiKey.CREATE_PARTITIONS, ApiKey.DELETE_TOPICS):
+        fake.inject(key, error_code=NOT_CONTROLLER.code, whole_request=True)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        assert await admin.create_topics([NewTopic("a", 1)]) == {"a": None}
+        assert await admin.create_partitions({"a": 2}) == {"a": None}
+        assert await admin.delete_topics(["old"]) == {"old": None}
+    assert len(fake.topics["a"].partitions) == 2 and "old" not in fake.topics
+    assert len(fake.sent(ApiKey.CREATE_TOPICS)) == len(fake.sent(ApiKey.DELETE_TOPICS)) == 2
+
+
 async def test_errors_name_the_topic_and_the_cause_and_keep_the_other_results(fake):
     fake.create_topic("exists", 1)
     async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
