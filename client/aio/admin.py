@@ -252,6 +252,9 @@ class LogDirDescription:
     error: TidelogError | None = None
 
 
+# a partition without a leader for that many metadata fetches (about a second with the default
+# backoff) has an unknown lag: describing a group does not wait the whole timeout for it
+_LAG_LEADERLESS_ROUNDS = 4
 _COORDINATOR_RETRY = {COORDINATOR_NOT_AVAILABLE.code, NOT_COORDINATOR.code, COORDINATOR_LOAD_IN_PROGRESS.code}
 INACTIVE_STATES = ("Empty", "Dead")
 
@@ -841,13 +844,21 @@ class AsyncAdmin(RunsInOwnNursery):
         return out
 
     async def _log_end_offsets(self, tps: list[TopicPartition], deadline: float) -> dict[TopicPartition, int]:
+        """The high watermarks a group's lag is measured against; a partition that fails (no
+        leader after a few rounds, an error) is left out: its lag is unknown, not the others'."""
         if not tps:
             return {}
+        errors: dict[TopicPartition, TidelogError] = {}
         try:
-            found = await self._list_offsets({tp: LATEST_TIMESTAMP for tp in tps}, deadline, tolerate_missing=True)
+            found = await to_leaders(
+                self._cluster, {tp: LATEST_TIMESTAMP for tp in tps}, deadline, backoff=Backoff(*self._backoff),
+                api_key=ApiKey.LIST_OFFSETS,
+                request_for=lambda timestamps, metadata, _timeout_s: list_offsets_request(timestamps, metadata),
+                answer_of=lambda p: p.offset, what="offsets", refetch_metadata=True, tolerate_missing=True,
+                errors=errors, leaderless_rounds=_LAG_LEADERLESS_ROUNDS)
         except TidelogError:
             return {}
-        return {tp: r[0] for tp, r in found.items()}
+        return found
 
     async def _list_offsets(self, wanted: dict[TopicPartition, int], deadline: float,
                             tolerate_missing: bool = False) -> dict[TopicPartition, tuple[int, int]]:

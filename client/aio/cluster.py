@@ -40,7 +40,7 @@ from tidelog.aio.connection import BrokerConnection
 from tidelog.errors import BrokerConnectionError, NoBrokersAvailable, RequestTimedOut, broker_error
 from tidelog.protocol.address import parse_host_port
 from tidelog.protocol.codec import ApiKey, Message
-from tidelog.protocol.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, for_code
+from tidelog.protocol.errors import LEADER_NOT_AVAILABLE, NONE, UNKNOWN_TOPIC_OR_PARTITION, TidelogError, for_code
 from tidelog.protocol.messages import (
     NO_LEADER,
     BrokerMetadata,
@@ -513,7 +513,8 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
                      request_for: Callable[[dict[TopicPartition, Any], ClusterMetadata, float], Message],
                      answer_of: Callable[[Any], Any], what: str, refetch_metadata: bool = False,
                      tolerate_missing: bool = False,
-                     errors: dict[TopicPartition, TidelogError] | None = None) -> dict[TopicPartition, Any]:
+                     errors: dict[TopicPartition, TidelogError] | None = None,
+                     leaderless_rounds: int | None = None) -> dict[TopicPartition, Any]:
     """Ask each partition's leader (ListOffsets, DeleteRecords: one request per leader, built by
     ``request_for(its partitions' values, metadata, request timeout in s)``, whose response
     lists ``topics`` of ``partitions`` with ``partition_index``, ``error_code`` and
@@ -527,13 +528,22 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
     leader is unknown (an error that invalidates them asks for a refresh in the background);
     an admin's (``refetch_metadata``), which tracks no topics, fetches theirs every round.
     ``tolerate_missing``: partitions of topics that do not exist are left out of the result
-    (an admin's lag of a deleted topic) instead of failing the call."""
+    (an admin's lag of a deleted topic) instead of failing the call.
+
+    An admin's partition that its topic does not have (``orders:7`` of a topic of 3) fails
+    with UNKNOWN_TOPIC_OR_PARTITION when the next metadata (fetched in case partitions were
+    just added) still does not list it, as Kafka's admin client fails it at once.
+    ``leaderless_rounds`` (with ``errors``): a partition still without a leader after that many
+    rounds is stored in ``errors`` with the reason, rather than waited for until ``deadline``."""
     topics = sorted({tp.topic for tp in wanted})
     if not refetch_metadata:
         cluster.add_topics(topics)
     remaining = dict(wanted)
     found: dict[TopicPartition, Any] = {}
     last: BaseException | None = None
+    absent: set[TopicPartition] = set()  # not in their topic's partitions in the last metadata
+    absent_in = -1  # the version of that metadata
+    rounds = 0
     while True:
         timeout = max(0.001, deadline - time.monotonic())
         try:
@@ -543,9 +553,17 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
                 await cluster.refresh(timeout=timeout)
         except TidelogError as e:
             last = e
+        rounds += 1
+        failed: dict[TopicPartition, TidelogError] = {}
+        if refetch_metadata and cluster.metadata.version != absent_in:  # judged once per metadata answer
+            absent, absent_in = _fail_absent(cluster.metadata, remaining, absent, failed), cluster.metadata.version
         by_node, unknown = _by_leader(cluster.metadata, remaining, tolerate_missing)
         last = unknown or last
-        failed: dict[TopicPartition, TidelogError] = {}
+        if errors is not None and leaderless_rounds is not None and rounds >= leaderless_rounds:
+            for tp in [tp for tp in remaining if cluster.metadata.leader_for(tp) is None]:
+                failed[tp] = broker_error(LEADER_NOT_AVAILABLE.code, f"partition {tp}",
+                                          f"no leader known after {rounds} attempts")
+                del remaining[tp]
         retriable: list[BaseException] = []
 
         async def ask(node: int, values: dict[TopicPartition, Any]) -> None:
@@ -573,6 +591,32 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
             raise RequestTimedOut(f"{what} of {sorted(map(str, remaining))} not found in time "
                                   f"(last error: {last or 'none'})")
         await trio.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
+
+
+def _fail_absent(metadata: ClusterMetadata, remaining: dict[TopicPartition, Any],
+                 absent_before: set[TopicPartition], failed: dict[TopicPartition, TidelogError]
+                 ) -> set[TopicPartition]:
+    """Move the partitions their known topic did not list in the last two metadata answers
+    from ``remaining`` to ``failed`` (UNKNOWN_TOPIC_OR_PARTITION); returns those it did not
+    list for the first time."""
+    absent: set[TopicPartition] = set()
+    for tp in list(remaining):
+        ids = metadata.partitions_for(tp.topic)
+        if ids is None or tp.partition in ids:
+            continue
+        if tp not in absent_before:
+            absent.add(tp)
+            continue
+        failed[tp] = broker_error(UNKNOWN_TOPIC_OR_PARTITION.code, f"partition {tp}",
+                                  f"topic {tp.topic!r} has no partition {tp.partition} "
+                                  f"(it has {len(ids)}: {_id_ranges(ids)})")
+        del remaining[tp]
+    return absent
+
+
+def _id_ranges(ids: Sequence[int]) -> str:
+    return f"{min(ids)}-{max(ids)}" if sorted(ids) == list(range(min(ids), max(ids) + 1)) else \
+        ", ".join(map(str, sorted(ids)))
 
 
 def _by_leader(metadata: ClusterMetadata, remaining: dict[TopicPartition, Any], tolerate_missing: bool

@@ -5,7 +5,8 @@ one log per partition (stored batch bytes, offsets and leader epoch patched in p
 ``protocol.records.patch_batch``, as a real leader does), a leader node per partition, and a
 controller. It speaks the real wire protocol through ``protocol.connection.ServerConnection``
 and implements Metadata, Produce (acks -1/1/0), Fetch (long poll), ListOffsets, CreateTopics,
-DeleteTopics, CreatePartitions, DescribeConfigs and AlterConfigs, with Kafka's routing rules:
+DeleteTopics, CreatePartitions, DescribeConfigs and AlterConfigs (and FindCoordinator and
+OffsetFetch for the groups given committed offsets), with Kafka's routing rules:
 produce and fetch only on the partition's leader (else NOT_LEADER_OR_FOLLOWER), topic
 administration only on the controller (else NOT_CONTROLLER). The high watermark is the log
 end offset (there is no replication).
@@ -68,6 +69,9 @@ from tidelog.protocol.messages import (
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
     MetadataResponse,
+    OffsetFetchPartitionResponse,
+    OffsetFetchResponse,
+    OffsetFetchTopicResponse,
     PartitionMetadata,
     PartitionProduceResponse,
     ProduceResponse,
@@ -171,6 +175,8 @@ class FakeCluster:
         self.arrived: list[Any] = []
         self.connections = 0
         self.next_producer_id = 1000
+        # group id -> committed offsets: node 0 coordinates these (no other group has one)
+        self.group_offsets: dict[str, dict[tuple[str, int], int]] = {}
         self._data = trio.Event()
         self._streams: set[trio.SocketStream] = set()
         self._nursery: trio.Nursery | None = None
@@ -323,8 +329,20 @@ class FakeCluster:
         return MetadataResponse(brokers, self.cluster_id, self.controller, topics)
 
     async def _find_coordinator(self, node: int, request: Any, error: int | None) -> FindCoordinatorResponse:
+        if request.key in self.group_offsets:
+            return FindCoordinatorResponse(NONE.code, 0, HOST, self.ports[0])
         # no group coordinator here: as a cluster whose coordinator is down
         return FindCoordinatorResponse(COORDINATOR_NOT_AVAILABLE.code)
+
+    async def _offset_fetch(self, node: int, request: Any, error: int | None) -> OffsetFetchResponse:
+        """The offsets of ``group_offsets`` (every committed partition when no topics are named)."""
+        committed = self.group_offsets[request.group_id]
+        wanted = sorted(committed) if request.topics is None else \
+            [(t.name, p) for t in request.topics for p in t.partition_indexes]
+        by_topic: dict[str, list[OffsetFetchPartitionResponse]] = {}
+        for topic, p in wanted:
+            by_topic.setdefault(topic, []).append(OffsetFetchPartitionResponse(p, committed.get((topic, p), -1)))
+        return OffsetFetchResponse(NONE.code, [OffsetFetchTopicResponse(t, ps) for t, ps in by_topic.items()])
 
     async def _init_producer_id(self, node: int, request: Any, error: int | None) -> InitProducerIdResponse:
         if error is not None:

@@ -17,6 +17,7 @@ from tidelog.protocol.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     TidelogError,
 )
+from tidelog.protocol.records import build_batch
 from tidelog.protocol.topics import TopicPartition
 
 FAST = dict(retry_backoff_ms=10)
@@ -137,3 +138,31 @@ async def test_a_broker_failing_list_groups_is_one_clear_error_not_a_group_of_th
     async with AsyncAdmin(fake.bootstrap, request_timeout_ms=2000, default_api_timeout_ms=2000, **FAST) as admin:
         with pytest.raises(TidelogError, match="ListGroups to broker 1|broker 1"):
             await admin.list_groups()
+
+
+async def test_group_lag_keeps_the_answered_partitions_when_one_has_no_leader(fake):
+    """A leaderless partition's log end offset and lag are unknown; the others are still
+    given, without waiting the call's whole timeout for the missing leader."""
+    fake.create_topic("t", 3, leaders=[0, 1, -1])
+    for p, count in ((0, 3), (1, 5)):
+        fake.log("t", p).append(build_batch([(None, b"v", None, 1000 + i) for i in range(count)]))
+    fake.group_offsets["g"] = {("t", 0): 1, ("t", 1): 5, ("t", 2): 0}
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        with trio.fail_after(30):  # far below the call's timeout
+            offsets = await admin.list_group_offsets("g", timeout_ms=600_000)
+    assert [(o.partition.partition, o.committed, o.log_end_offset, o.lag) for o in offsets] == [
+        (0, 1, 3, 2), (1, 5, 5, 0), (2, 0, None, None)]
+
+
+async def test_a_partition_the_topic_does_not_have_fails_at_once_naming_it(fake):
+    fake.create_topic("t", 3)
+    missing = TopicPartition("t", 7)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        with trio.fail_after(30):  # far below the calls' timeout
+            for call in (lambda: admin.list_offsets({missing: -1}, timeout_ms=600_000),
+                         lambda: admin.log_end_offsets([missing], timeout_ms=600_000),
+                         lambda: admin.delete_records({missing: 0}, timeout_ms=600_000)):
+                with pytest.raises(TidelogError, match="t-7.*topic 't' has no partition 7 [(]it has 3: 0-2[)]") as info:
+                    await call()
+                assert info.value.error is UNKNOWN_TOPIC_OR_PARTITION
+            assert await admin.list_offsets({TopicPartition("t", 2): -1}) == {TopicPartition("t", 2): (0, -1)}
