@@ -378,7 +378,8 @@ class AsyncAdmin(RunsInOwnNursery):
         of each broker (None: every broker of the cluster), all at once. Returns broker ->
         log dir path -> description, or raises the first broker's failure (for instance
         CLUSTER_AUTHORIZATION_FAILED without Describe on the cluster, or a broker that cannot
-        be reached) with ``.results`` (broker -> its dirs or the exception) attached."""
+        be reached) with ``.results`` (broker -> its dirs or the exception) attached. A broker
+        not reached (a retriable error) is asked again until the call's timeout."""
         deadline = self._deadline(timeout_ms)
         if brokers is None:
             await self._cluster.refresh(timeout=self._remaining(deadline))
@@ -386,17 +387,26 @@ class AsyncAdmin(RunsInOwnNursery):
         results: dict[int, Any] = {}
 
         async def ask(node: int) -> None:
-            try:
-                r: DescribeLogDirsResponse = await self._cluster.request(
-                    node, DescribeLogDirsRequest(None), api_key=ApiKey.DESCRIBE_LOG_DIRS,
-                    timeout=self._request_s(deadline))
-            except TidelogError as e:
-                results[node] = e
-                return
-            if r.error_code != NONE.code:
-                results[node] = broker_error(r.error_code, f"cannot describe the log dirs of broker {node}")
-                return
-            results[node] = {d.log_dir: _log_dir_description(d, node) for d in r.results}
+            # as Kafka's describeLogDirs: a broker not reached (not yet in the metadata, a lost
+            # connection, a retriable error) is asked again until the call's timeout
+            backoff = Backoff(*self._backoff)
+            while True:
+                try:
+                    await self._know_brokers([node], deadline)
+                    r: DescribeLogDirsResponse = await self._cluster.request(
+                        node, DescribeLogDirsRequest(None), api_key=ApiKey.DESCRIBE_LOG_DIRS,
+                        timeout=self._request_s(deadline))
+                except TidelogError as e:
+                    results[node] = e
+                else:
+                    if r.error_code == NONE.code:
+                        results[node] = {d.log_dir: _log_dir_description(d, node) for d in r.results}
+                        return
+                    results[node] = broker_error(r.error_code, f"cannot describe the log dirs of broker {node}")
+                if not results[node].retriable or time.monotonic() + backoff.initial_s >= deadline:
+                    return
+                self._cluster.request_update()
+                await trio.sleep(min(backoff.next_delay(), self._remaining(deadline)))
 
         async with trio.open_nursery() as nursery:
             for node in dict.fromkeys(brokers):
@@ -406,6 +416,13 @@ class AsyncAdmin(RunsInOwnNursery):
             failures[0].results = results
             raise failures[0]
         return dict(sorted(results.items()))
+
+    async def _know_brokers(self, nodes: list[int] | None, deadline: float) -> None:
+        """Refresh the metadata unless it lists every one of ``nodes`` (None: every broker, so
+        always): a fresh client knows no broker until its first metadata answer."""
+        known = self._cluster.metadata.brokers
+        if nodes is None or any(n not in known for n in nodes):
+            await self._cluster.refresh(timeout=self._remaining(deadline))
 
     async def _metadata(self, topics: list[str] | None, timeout_ms: int | None) -> MetadataResponse:
         return await self._cluster.fetch_metadata(topics, timeout=self._timeout_ms(timeout_ms) / 1000,
@@ -495,7 +512,11 @@ class AsyncAdmin(RunsInOwnNursery):
         """Each broker's software version (ApiVersions, asked of each broker; None for one that
         did not answer or does not say)."""
         timeout_s = self._timeout_ms(timeout_ms) / 1000
+        deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(TidelogError):  # a broker not reached is None
+            await self._know_brokers(None if brokers is None else list(brokers), deadline)
         nodes = sorted(self._cluster.metadata.brokers) if brokers is None else list(brokers)
+        timeout_s = self._remaining(deadline)
         out: dict[int, str | None] = {}
 
         async def ask(node: int) -> None:

@@ -5,7 +5,8 @@ one log per partition (stored batch bytes, offsets and leader epoch patched in p
 ``protocol.records.patch_batch``, as a real leader does), a leader node per partition, and a
 controller. It speaks the real wire protocol through ``protocol.connection.ServerConnection``
 and implements Metadata, Produce (acks -1/1/0), Fetch (long poll), ListOffsets, CreateTopics,
-DeleteTopics, CreatePartitions, DescribeConfigs and AlterConfigs (and FindCoordinator and
+DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs, DescribeLogDirs and
+ApiVersions (and FindCoordinator and
 OffsetFetch for the groups given committed offsets), with Kafka's routing rules:
 produce and fetch only on the partition's leader (else NOT_LEADER_OR_FOLLOWER), topic
 administration only on the controller (else NOT_CONTROLLER). The high watermark is the log
@@ -48,6 +49,7 @@ from tidelog.protocol.errors import (
 from tidelog.protocol.messages import (
     AlterConfigsResponse,
     AlterConfigsResult,
+    ApiVersionsResponse,
     BrokerMetadata,
     ConfigEntry,
     CreatePartitionsResponse,
@@ -307,6 +309,9 @@ class FakeCluster:
         return None
 
     # -- APIs -----------------------------------------------------------------------------------
+
+    async def _api_versions(self, node: int, request: Any, error: int | None) -> ApiVersionsResponse:
+        return ApiVersionsResponse(error or NONE.code, software_version=f"fake-{node}")
 
     async def _list_groups(self, node: int, request: Any, error: int | None) -> ListGroupsResponse:
         return ListGroupsResponse(error or NONE.code)  # no groups in the fake cluster

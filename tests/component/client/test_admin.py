@@ -133,6 +133,18 @@ async def test_describe_log_dirs_asks_every_broker_and_keeps_the_others_results_
         assert e.value.code == CLUSTER_AUTHORIZATION_FAILED.code and "/fake/0" in e.value.results[0]
 
 
+async def test_brokers_named_before_the_first_metadata_answer_are_waited_for(fake):
+    """A fresh client knows no broker yet: the calls wait for the metadata, and a broker
+    that cannot be reached for a moment is asked again until the call's timeout."""
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        assert await admin.broker_versions() == {0: "fake-0", 1: "fake-1"}
+    fake.inject(ApiKey.DESCRIBE_LOG_DIRS, node=1, drop_connection=True)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        dirs = await admin.describe_log_dirs([1])
+    assert list(dirs) == [1] and list(dirs[1]) == ["/fake/1"]
+    assert len(fake.sent(ApiKey.DESCRIBE_LOG_DIRS)) == 2
+
+
 async def test_a_broker_failing_list_groups_is_one_clear_error_not_a_group_of_them(fake):
     fake.inject(ApiKey.LIST_GROUPS, node=1, drop_connection=True, count=1000)
     async with AsyncAdmin(fake.bootstrap, request_timeout_ms=2000, default_api_timeout_ms=2000, **FAST) as admin:
