@@ -1,10 +1,11 @@
 """The Trio admin client: topics, partitions, configs, cluster description.
 
-Routing follows Kafka's ZooKeeper era: CreateTopics, DeleteTopics, CreatePartitions,
-AlterConfigs (and, for read-your-writes, DescribeConfigs) go to the controller
-(``MetadataResponse.controller_id``). A NOT_CONTROLLER answer, a lost connection or a timeout
-refreshes the metadata and retries the affected topics, with backoff, until the call's
-timeout. Metadata reads (describe_topics, list_topics, describe_cluster) go to any broker.
+Routing follows Kafka's ZooKeeper era: CreateTopics, DeleteTopics, CreatePartitions and
+AlterConfigs go to the controller (``MetadataResponse.controller_id``). A NOT_CONTROLLER answer
+(per topic or for the whole request), a lost connection or a timeout refreshes the metadata
+and retries the affected topics, with backoff, until the call's timeout. Reads
+(describe_topics, list_topics, describe_cluster, a topic's DescribeConfigs) go to any broker:
+AlterConfigs returns once the brokers have the new configs.
 
 Consumer groups (Kafka's AdminClient for groups): ListGroups goes to every broker (each lists
 the groups it coordinates); DescribeGroups, DeleteGroups, OffsetFetch and OffsetCommit go to
@@ -433,23 +434,17 @@ class AsyncAdmin(RunsInOwnNursery):
     async def describe_configs(self, topic: str, keys: Sequence[str] | None = None,
                                timeout_ms: int | None = None) -> dict[str, ConfigEntry]:
         """The topic's configuration: ``name -> ConfigEntry(name, value, read_only,
-        is_default, is_sensitive)``."""
-        timeout_ms = self._timeout_ms(timeout_ms)
-        found: dict[str, list[ConfigEntry]] = {}
-
-        def extract(r: Any) -> Outcomes:
-            out = {}
-            for res in r.results:
-                out[res.resource_name] = (res.error_code, res.error_message)
-                found[res.resource_name] = res.configs
-            return out
-
-        outcomes = await self._to_controller(
-            [topic], lambda ns: DescribeConfigsRequest([DescribeConfigsResource(TOPIC_RESOURCE, topic,
-                                                                                 list(keys) if keys else None)]),
-            ApiKey.DESCRIBE_CONFIGS, extract, timeout_ms)
-        _raise_for(outcomes, "describe the configuration of")
-        return {c.name: c for c in found.get(topic, [])}
+        is_default, is_sensitive)``. Any broker answers (as Kafka's admin client asks the least
+        loaded one): each applies a topic's configs before AlterConfigs returns."""
+        request = DescribeConfigsRequest([DescribeConfigsResource(TOPIC_RESOURCE, topic, list(keys) if keys else None)])
+        r = await self._to_any(request, ApiKey.DESCRIBE_CONFIGS, timeout_ms)
+        res = next((res for res in r.results if res.resource_name == topic), None)
+        if res is None:
+            raise TidelogError(f"DescribeConfigs answered no result for topic {topic!r}")
+        if res.error_code != NONE.code:
+            raise broker_error(res.error_code, f"cannot describe the configuration of topic {topic!r}",
+                               res.error_message)
+        return {c.name: c for c in res.configs}
 
     async def alter_configs(self, topic: str, configs: dict[str, str | None],
                             validate_only: bool = False, timeout_ms: int | None = None) -> None:

@@ -178,3 +178,16 @@ async def test_a_partition_the_topic_does_not_have_fails_at_once_naming_it(fake)
                     await call()
                 assert info.value.error is UNKNOWN_TOPIC_OR_PARTITION
             assert await admin.list_offsets({TopicPartition("t", 2): -1}) == {TopicPartition("t", 2): (0, -1)}
+
+
+async def test_topic_configs_are_described_by_any_broker_without_a_controller(fake):
+    """DescribeConfigs of a topic is read-only: as Kafka's admin client, any broker answers it."""
+    fake.create_topic("a", 1)
+    fake.topics["a"].configs["cleanup.policy"] = "compact"
+    fake.controller = 7  # no such broker: the controller is unknown (a failover)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        configs = await admin.describe_configs("a", timeout_ms=5000)
+        assert configs["cleanup.policy"].value == "compact"
+        with pytest.raises(TidelogError, match="cannot describe the configuration of topic 'ghost'") as info:
+            await admin.describe_configs("ghost", timeout_ms=5000)
+        assert info.value.error is UNKNOWN_TOPIC_OR_PARTITION
