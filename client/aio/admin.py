@@ -887,6 +887,8 @@ class AsyncAdmin(RunsInOwnNursery):
                                                    timeout=self._request_s(deadline))
         r = await self._retry_coordinator_codes(find, lambda r: r.error_code, deadline,
                                                 f"FindCoordinator for group {group_id!r}")
+        if r.error_code != NONE.code:  # GROUP_AUTHORIZATION_FAILED, INVALID_REQUEST, ...: no node to ask
+            raise broker_error(r.error_code, f"FindCoordinator for group {group_id!r}", r.error_message)
         if r.node_id not in self._cluster.metadata.brokers:
             await self._cluster.refresh(timeout=self._remaining(deadline))
         return r.node_id

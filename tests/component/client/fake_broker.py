@@ -334,6 +334,8 @@ class FakeCluster:
         return MetadataResponse(brokers, self.cluster_id, self.controller, topics)
 
     async def _find_coordinator(self, node: int, request: Any, error: int | None) -> FindCoordinatorResponse:
+        if error is not None:
+            return FindCoordinatorResponse(error, error_message="fake says no")
         if request.key in self.group_offsets:
             return FindCoordinatorResponse(NONE.code, 0, HOST, self.ports[0])
         # no group coordinator here: as a cluster whose coordinator is down

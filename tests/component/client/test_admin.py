@@ -11,6 +11,7 @@ from tidelog.errors import RequestTimedOut
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
+    GROUP_AUTHORIZATION_FAILED,
     INVALID_PARTITIONS,
     NOT_CONTROLLER,
     TOPIC_ALREADY_EXISTS,
@@ -191,3 +192,14 @@ async def test_topic_configs_are_described_by_any_broker_without_a_controller(fa
         with pytest.raises(TidelogError, match="cannot describe the configuration of topic 'ghost'") as info:
             await admin.describe_configs("ghost", timeout_ms=5000)
         assert info.value.error is UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_a_find_coordinator_refusal_is_raised_not_sent_to_an_unknown_node(fake):
+    fake.group_offsets["g"] = {("t", 0): 1}
+    fake.inject(ApiKey.FIND_COORDINATOR, error_code=GROUP_AUTHORIZATION_FAILED.code)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        with pytest.raises(TidelogError, match="group 'g'.*GROUP_AUTHORIZATION_FAILED") as info:
+            await admin.list_group_offsets("g")
+        assert info.value.error is GROUP_AUTHORIZATION_FAILED
+        assert [o.committed for o in await admin.list_group_offsets("g")] == [1]  # not remembered
+    assert len(fake.sent(ApiKey.OFFSET_FETCH)) == 1
