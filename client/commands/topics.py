@@ -264,7 +264,8 @@ def describe_lines(description: Any, configs: dict[str, str],
                    racks: dict[int, str] | None = None) -> list[str]:
     """kafka-topics --describe's lines for one topic: the header (not when filtering, like
     kafka-topics) and one line per partition with Epoch, LEO and HW ("-" when unknown),
-    flagged "(offline)" (no leader), "(under-replicated)" (|ISR| < |replicas|),
+    flagged "(offline)" (no leader), "(under-replicated)" (|ISR| < the replication factor:
+    during a move, the replicas not being added),
     "(under-min-isr)" (|ISR| < ``min_isr``: acks=all produces fail) and, when |ISR| is also
     below the replica count, "(HW held ...)": the high watermark cannot move, so records past
     it stay invisible to consumers until the ISR grows back (``partition.effective_min_isr``).
@@ -277,12 +278,13 @@ def describe_lines(description: Any, configs: dict[str, str],
     parts = description.partitions
     lines = []
     if not filtered:
-        rf = len(parts[0].replicas) if parts else 0
+        rf = _replication_factor(parts[0], (moves or {}).get(_tp(name, parts[0].partition))) if parts else 0
         shown = ",".join(f"{k}={v}" for k, v in sorted(configs.items()))
         lines.append(f"Topic: {name}\tPartitionCount: {len(parts)}\tReplicationFactor: {rf}\tConfigs: {shown}")
     for p in parts:
         offline = p.leader < 0
-        short = len(p.isr) < len(p.replicas)
+        move = (moves or {}).get(_tp(name, p.partition))
+        short = len(p.isr) < _replication_factor(p, move)
         below_min = len(p.isr) < min_isr
         if filtered and not ((under_replicated and short) or (unavailable and offline)
                              or (under_min_isr and below_min)):
@@ -293,7 +295,6 @@ def describe_lines(description: Any, configs: dict[str, str],
                          "\t(under-min-isr)" if below_min else "",
                          f"\t(HW held: ISR {len(p.isr)} < {need} needed for it to advance)"
                          if len(p.isr) < need and not offline else ""])
-        move = (moves or {}).get(_tp(name, p.partition))
         moving = (f"\tAdding Replicas: {','.join(map(str, move.adding_replicas))}"
                   f"\tRemoving Replicas: {','.join(map(str, move.removing_replicas))}") if move else ""
         placed = f"\tRacks: {','.join((racks or {}).get(r, '-') for r in p.replicas)}" if racks else ""
@@ -302,6 +303,15 @@ def describe_lines(description: Any, configs: dict[str, str],
                      f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}{moving}\t"
                      f"Epoch: {p.leader_epoch}\tLEO: {or_dash(leo)}\tHW: {or_dash(hw)}{placed}{flags}")
     return lines
+
+
+def _replication_factor(p: Any, move: Any) -> int:
+    """Kafka's TopicCommand's: while a move runs (some replica is still being added or
+    removed), its replicas minus those being added; a replica catching up does not make the
+    partition under-replicated. A move listed but since completed is ignored."""
+    if move is not None and set(p.replicas) & (set(move.adding_replicas) | set(move.removing_replicas)):
+        return len(move.replicas) - len(move.adding_replicas)
+    return len(p.replicas)
 
 
 def _tp(topic: str, partition: int) -> Any:

@@ -60,3 +60,22 @@ def test_a_moving_partition_shows_kafkas_adding_and_removing_replicas_and_racks(
     assert "Racks: a,b,-,a" in line
     (_, line) = describe_lines(d, {}, {})
     assert "Adding" not in line and "Racks" not in line
+
+
+def test_a_moving_partition_counts_its_replication_factor_without_the_replicas_being_added():
+    """As Kafka's TopicCommand: while a move runs, the replication factor is the replicas
+    minus those being added, so a partition whose new replica is still catching up is not
+    called under-replicated."""
+    from tidelog import PartitionReassignment, TopicPartition
+
+    moves = {TopicPartition("t", 0): PartitionReassignment((4, 2, 3, 1), (4,), (1,))}
+    d = TopicDescription("t", [PartitionInfo("t", 0, 1, 3, (4, 2, 3, 1), (1, 2, 3))])
+    header, line = describe_lines(d, {}, {}, moves=moves)
+    assert "\tReplicationFactor: 3\t" in header and "(under-replicated)" not in line
+    assert describe_lines(d, {}, {}, moves=moves, under_replicated=True) == []
+    (line,) = describe_lines(TopicDescription("t", [PartitionInfo("t", 0, 1, 3, (4, 2, 3, 1), (1, 2))]), {}, {},
+                             moves=moves)[1:]
+    assert "(under-replicated)" in line
+    # a move that completed since it was listed no longer counts
+    done = TopicDescription("t", [PartitionInfo("t", 0, 4, 3, (4, 2, 3), (4, 2, 3))])
+    assert "\tReplicationFactor: 3\t" in describe_lines(done, {}, {}, moves=moves)[0]
