@@ -260,6 +260,9 @@ _COORDINATOR_RETRY = {COORDINATOR_NOT_AVAILABLE.code, NOT_COORDINATOR.code, COOR
 INACTIVE_STATES = ("Empty", "Dead")
 
 Outcomes = dict[str, tuple[int, str | None]]  # name -> (error code, message)
+# the name in Outcomes of a request answered as a whole (ElectLeaders, the reassignments);
+# no topic name has a space
+_WHOLE_REQUEST = "the request"
 
 
 class AsyncAdmin(RunsInOwnNursery):
@@ -494,11 +497,11 @@ class AsyncAdmin(RunsInOwnNursery):
 
         def extract(r: ElectLeadersResponse) -> Outcomes:
             answers.append(r)
-            return {"partitions": (r.error_code, None)}
+            return {_WHOLE_REQUEST: (r.error_code, None)}
         outcomes = await self._to_controller(
-            ["partitions"], lambda ns: ElectLeadersRequest(refs, election, timeout_ms), ApiKey.ELECT_LEADERS,
+            [_WHOLE_REQUEST], lambda ns: ElectLeadersRequest(refs, election, timeout_ms), ApiKey.ELECT_LEADERS,
             extract, timeout_ms)
-        _raise_for(outcomes, "elect leaders for")
+        _raise_for_request(outcomes, "cannot elect leaders")
         return {TopicPartition(x.topic_name, x.partition_index): (x.error_code, x.error_message)
                 for x in answers[-1].results}
 
@@ -546,10 +549,10 @@ class AsyncAdmin(RunsInOwnNursery):
 
         def extract(r: AlterPartitionReassignmentsResponse) -> Outcomes:
             answers.append(r)
-            return {"partitions": (r.error_code, r.error_message)}
-        outcomes = await self._to_controller(["partitions"], lambda ns: request,
+            return {_WHOLE_REQUEST: (r.error_code, r.error_message)}
+        outcomes = await self._to_controller([_WHOLE_REQUEST], lambda ns: request,
                                              ApiKey.ALTER_PARTITION_REASSIGNMENTS, extract, timeout_ms)
-        _raise_for(outcomes, "reassign")
+        _raise_for_request(outcomes, "cannot reassign partitions")
         return {TopicPartition(t.name, p.partition_index): (p.error_code, p.error_message)
                 for t in answers[-1].responses for p in t.partitions}
 
@@ -569,11 +572,11 @@ class AsyncAdmin(RunsInOwnNursery):
 
         def extract(r: ListPartitionReassignmentsResponse) -> Outcomes:
             answers.append(r)
-            return {"partitions": (r.error_code, r.error_message)}
+            return {_WHOLE_REQUEST: (r.error_code, r.error_message)}
         outcomes = await self._to_controller(
-            ["partitions"], lambda ns: ListPartitionReassignmentsRequest(topics, timeout_ms=timeout_ms),
+            [_WHOLE_REQUEST], lambda ns: ListPartitionReassignmentsRequest(topics, timeout_ms=timeout_ms),
             ApiKey.LIST_PARTITION_REASSIGNMENTS, extract, timeout_ms)
-        _raise_for(outcomes, "list the reassignments of")
+        _raise_for_request(outcomes, "cannot list the partition reassignments")
         return {TopicPartition(t.name, p.partition_index): PartitionReassignment(
                     tuple(p.replicas), tuple(p.adding_replicas), tuple(p.removing_replicas))
                 for t in answers[-1].topics for p in t.partitions}
@@ -967,7 +970,8 @@ class AsyncAdmin(RunsInOwnNursery):
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RequestTimedOut(f"{api_key.name} for {pending} did not complete within "
+                of = "" if pending == [_WHOLE_REQUEST] else f" for {pending}"
+                raise RequestTimedOut(f"{api_key.name}{of} did not complete within "
                                       f"{timeout_ms} ms (last error: {last or 'none'})")
             try:
                 conn = await self._cluster.controller_connection(timeout=remaining)
@@ -991,7 +995,7 @@ class AsyncAdmin(RunsInOwnNursery):
                 code, message = answered.get(name, (NOT_CONTROLLER.code, "no result for this topic"))
                 if code == NOT_CONTROLLER.code:
                     retry.append(name)
-                    last = broker_error(code, f"topic {name!r}", message)
+                    last = broker_error(code, api_key.name if name == _WHOLE_REQUEST else f"topic {name!r}", message)
                 else:
                     outcomes[name] = (code, message)
             pending = retry
@@ -1016,6 +1020,13 @@ def _raise_for(outcomes: Outcomes, verb: str) -> dict[str, None]:
         error.results = results
         raise error
     return {name: None for name in results}
+
+
+def _raise_for_request(outcomes: Outcomes, what: str) -> None:
+    """Raise the error of a request answered as a whole (``_WHOLE_REQUEST``), if any."""
+    code, message = outcomes[_WHOLE_REQUEST]
+    if code != NONE.code:
+        raise broker_error(code, what, message)
 
 
 def _raise_first(results: dict) -> dict:

@@ -31,6 +31,7 @@ from typing import Any
 
 from tidelog.commands.common import (
     EXIT_OK,
+    CommandError,
     UsageError,
     add_command,
     client_options,
@@ -139,7 +140,10 @@ def _entity(args: argparse.Namespace) -> tuple[str | None, str | None, str | Non
     if len(names) > len(types):
         raise UsageError("more --entity-name/--entity-default than --entity-type")
     if types == ["brokers"]:
-        raise UsageError("broker configs are static: set them in the broker's config file (tidelog broker --config)")
+        raise UsageError("tidelog configs does not set broker configs: they are set in the broker's config file "
+                         "(tidelog broker --config), except the dynamic replication throttle rates "
+                         "(leader.replication.throttled.rate, follower.replication.throttled.rate), which "
+                         "tidelog reassign --throttle sets, as does Admin.alter_broker_configs")
     if "topics" in types:
         if types != ["topics"] or (args.alter and not names) or (names and names[0] is DEFAULT):
             raise UsageError("a topic is named with one --entity-type topics --entity-name NAME")
@@ -214,7 +218,7 @@ async def _connect(admin: Any, args: argparse.Namespace) -> None:
     try:
         await admin.describe_cluster(timeout_ms=args.connect_timeout_ms)
     except TidelogError as e:
-        raise UsageError(unreachable(args.bootstrap, e)) from None
+        raise CommandError(unreachable(args.bootstrap, e)) from None
 
 
 async def _entities(args: argparse.Namespace, admin: Any, user: str | None, client: str | None) -> int:

@@ -162,9 +162,16 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _delete(args: argparse.Namespace) -> int:
+    from tidelog.protocol.topics import is_internal_topic
+
     async with _admin_session(args) as admin:
         await _connect(admin, args)
         # all or nothing, as kafka-topics --delete: a typo must not leave the others deleted
+        internal = [name for name in args.names if is_internal_topic(name)]
+        if internal:  # kafka-topics' refusal: it exists, but is not the clients' to delete
+            named = f"topic {internal[0]!r} is an internal topic" if len(internal) == 1 else \
+                f"topics {', '.join(map(repr, internal))} are internal topics"
+            raise CommandError(f"{named}, not allowed to be deleted: nothing was deleted")
         missing = sorted(set(args.names) - set(await admin.list_topics(timeout_ms=args.timeout_ms)))
         if missing:
             raise CommandError(f"topic(s) {', '.join(map(repr, missing))} do not exist: nothing was deleted")

@@ -13,7 +13,7 @@ import pytest
 
 from tidelog.broker.cli import EXIT_USAGE, main
 from tidelog.commands import groups, topics
-from tidelog.commands.common import CommandError
+from tidelog.commands.common import EXIT_FAILED, CommandError
 from tidelog.protocol.errors import TOPIC_AUTHORIZATION_FAILED, TidelogError
 from tidelog.records import TopicPartition
 
@@ -154,3 +154,27 @@ def test_an_election_of_every_partition_that_none_needed_says_so(monkeypatch, ca
     assert trio.run(topics._elect_leaders, args_for(names=[], partition=None, election_type="preferred")) == 0
     assert fake.elected == [(None, "preferred")]
     assert capsys.readouterr().out == "No partition needed an election.\n"
+
+
+def test_an_internal_topic_is_not_deleted_and_is_called_internal(monkeypatch):
+    """As kafka-topics: __consumer_offsets is named internal (it exists), and nothing is deleted."""
+    import trio
+
+    fake = FakeTopicsAdmin()
+    monkeypatch.setattr(topics, "_admin_session", lambda args: fake)
+    with pytest.raises(CommandError, match="'__consumer_offsets' is an internal topic.*nothing was deleted"):
+        trio.run(topics._delete, args_for(names=["orders", "__consumer_offsets"]))
+    assert fake.deleted == []
+
+
+def test_configs_of_an_unreachable_cluster_fail_as_every_command_does(capsys):
+    assert main(["configs", "--bootstrap", "127.0.0.1:1", "--connect-timeout-ms", "300",
+                 "--entity-type", "users", "--describe"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "cannot reach the cluster at 127.0.0.1:1" in err and "usage:" not in err
+
+
+def test_broker_configs_say_which_can_be_altered(capsys):
+    assert main(["configs", "--bootstrap", "127.0.0.1:1", "--entity-type", "brokers", "--describe"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "leader.replication.throttled.rate" in err and "tidelog reassign --throttle" in err

@@ -5,9 +5,9 @@ one log per partition (stored batch bytes, offsets and leader epoch patched in p
 ``protocol.records.patch_batch``, as a real leader does), a leader node per partition, and a
 controller. It speaks the real wire protocol through ``protocol.connection.ServerConnection``
 and implements Metadata, Produce (acks -1/1/0), Fetch (long poll), ListOffsets, CreateTopics,
-DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs, DescribeLogDirs and
-ApiVersions (and FindCoordinator and
-OffsetFetch for the groups given committed offsets), with Kafka's routing rules:
+DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs, DescribeLogDirs,
+ApiVersions, ElectLeaders and the reassignment APIs (no election or move is ever needed), and
+FindCoordinator and OffsetFetch for the groups given committed offsets, with Kafka's routing rules:
 produce and fetch only on the partition's leader (else NOT_LEADER_OR_FOLLOWER), topic
 administration only on the controller (else NOT_CONTROLLER). The high watermark is the log
 end offset (there is no replication).
@@ -49,6 +49,7 @@ from tidelog.protocol.errors import (
 from tidelog.protocol.messages import (
     AlterConfigsResponse,
     AlterConfigsResult,
+    AlterPartitionReassignmentsResponse,
     ApiVersionsResponse,
     BrokerMetadata,
     ConfigEntry,
@@ -61,6 +62,7 @@ from tidelog.protocol.messages import (
     DescribeLogDirsResponse,
     DescribeLogDirsResult,
     DescribeLogDirsTopic,
+    ElectLeadersResponse,
     FetchPartitionResponse,
     FetchResponse,
     FetchTopicResponse,
@@ -70,6 +72,7 @@ from tidelog.protocol.messages import (
     ListOffsetsPartitionResponse,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
+    ListPartitionReassignmentsResponse,
     MetadataResponse,
     OffsetFetchPartitionResponse,
     OffsetFetchResponse,
@@ -500,6 +503,20 @@ class FakeCluster:
                     topic.leaders.append(self.node_ids[p % len(self.node_ids)])
             out.append(TopicResult(t.name, code))
         return CreatePartitionsResponse(out)
+
+    async def _elect_leaders(self, node: int, request: Any, error: int | None) -> ElectLeadersResponse:
+        """No election is ever needed here: only the request's error (or NOT_CONTROLLER)."""
+        return ElectLeadersResponse(error or (NOT_CONTROLLER.code if self._not_controller(node) else NONE.code))
+
+    async def _alter_partition_reassignments(self, node: int, request: Any, error: int | None
+                                             ) -> AlterPartitionReassignmentsResponse:
+        return AlterPartitionReassignmentsResponse(
+            error or (NOT_CONTROLLER.code if self._not_controller(node) else NONE.code), "fake says no")
+
+    async def _list_partition_reassignments(self, node: int, request: Any, error: int | None
+                                            ) -> ListPartitionReassignmentsResponse:
+        return ListPartitionReassignmentsResponse(
+            error or (NOT_CONTROLLER.code if self._not_controller(node) else NONE.code), "fake says no")
 
     async def _describe_configs(self, node: int, request: Any, error: int | None) -> DescribeConfigsResponse:
         out = []

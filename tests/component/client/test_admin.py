@@ -203,3 +203,18 @@ async def test_a_find_coordinator_refusal_is_raised_not_sent_to_an_unknown_node(
         assert info.value.error is GROUP_AUTHORIZATION_FAILED
         assert [o.committed for o in await admin.list_group_offsets("g")] == [1]  # not remembered
     assert len(fake.sent(ApiKey.OFFSET_FETCH)) == 1
+
+
+async def test_a_refused_election_or_reassignment_names_no_topic(fake):
+    """These requests fail as a whole (no topic to name): the error says what was refused."""
+    for key in (ApiKey.ELECT_LEADERS, ApiKey.ALTER_PARTITION_REASSIGNMENTS, ApiKey.LIST_PARTITION_REASSIGNMENTS):
+        fake.inject(key, error_code=CLUSTER_AUTHORIZATION_FAILED.code)
+    tp = TopicPartition("t", 0)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        for call, what in ((lambda: admin.elect_leaders([tp]), "cannot elect leaders"),
+                           (lambda: admin.alter_partition_reassignments({tp: [1]}), "cannot reassign partitions"),
+                           (lambda: admin.list_partition_reassignments(), "cannot list the partition reassignments")):
+            with pytest.raises(TidelogError, match=f"^{what}: CLUSTER_AUTHORIZATION_FAILED") as info:
+                await call()
+            assert "topic" not in str(info.value) and info.value.error is CLUSTER_AUTHORIZATION_FAILED
+        assert await admin.elect_leaders([tp]) == {}
