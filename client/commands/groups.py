@@ -61,8 +61,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def _reset_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--group", required=True)
     a.add_argument("--topic", action="append", dest="topics", metavar="TOPIC[:P,P...]",
-                   help="repeatable; default with --all-topics: every topic the group has offsets for")
-    a.add_argument("--all-topics", action="store_true", help="every partition of the topics the group has offsets for")
+                   help="repeatable: every partition of TOPIC, or those listed")
+    a.add_argument("--all-topics", action="store_true", help="every partition the group has a committed offset for")
     how = a.add_mutually_exclusive_group(required=True)
     how.add_argument("--to-earliest", action="store_true")
     how.add_argument("--to-latest", action="store_true")
@@ -113,13 +113,24 @@ def _describe(args: argparse.Namespace) -> int:
             elif args.members:
                 lines = _member_lines(d)
             else:
-                lines = group_describe_lines(d, admin.list_group_offsets(name))
+                lines = group_describe_lines(d, _offsets_to_describe(admin, d))
             print()
             if not d.members and not args.state:
                 print(f"Consumer group '{name}' has no active members.\n")
             for line in lines:
                 print(line)
     return status
+
+
+def _offsets_to_describe(admin: Any, description: Any) -> list[Any]:
+    """The committed partitions' offsets, and the log end offset of the partitions a member
+    owns without a commit (as kafka-consumer-groups shows it; their offset and lag are "-")."""
+    offsets = list(admin.list_group_offsets(description.group_id))
+    known = {o.partition for o in offsets}
+    owned = sorted({tp for m in description.members for tp in m.assignment} - known)
+    if owned:
+        offsets += admin.list_group_offsets(description.group_id, owned)
+    return offsets
 
 
 def group_describe_lines(description: Any, offsets: Sequence[Any]) -> list[str]:
@@ -197,9 +208,12 @@ def _reset_offsets(args: argparse.Namespace) -> int:
 
 
 def _reset_partitions(admin: Any, args: argparse.Namespace, committed: dict, tp_cls: Any) -> list[Any]:
-    specs = sorted({tp.topic for tp in committed}) if args.all_topics else args.topics
+    """The partitions to reset: with --all-topics those the group has committed offsets for
+    (kafka-consumer-groups'), else every partition of each --topic or those it names."""
+    if args.all_topics:
+        return sorted(tp for tp, offset in committed.items() if offset is not None)
     out = []
-    for spec in specs:
+    for spec in args.topics:
         topic, _, parts = spec.partition(":")
         if parts:
             try:

@@ -178,3 +178,50 @@ def test_broker_configs_say_which_can_be_altered(capsys):
     assert main(["configs", "--bootstrap", "127.0.0.1:1", "--entity-type", "brokers", "--describe"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "leader.replication.throttled.rate" in err and "tidelog reassign --throttle" in err
+
+
+def test_all_topics_resets_only_the_partitions_the_group_committed():
+    """kafka-consumer-groups --all-topics: the committed partitions, not every partition of
+    their topics (so a shift does not fail on a partition the group never committed)."""
+    class NoTopicLookups:
+        def describe_topics(self, names):
+            raise AssertionError("--all-topics needs no topic description")
+
+    t0, t1, u2 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 2)
+    args = argparse.Namespace(all_topics=True, topics=None)
+    tps = groups._reset_partitions(NoTopicLookups(), args, {t0: 10, t1: None, u2: 4}, TopicPartition)
+    assert tps == [t0, u2]
+    shift = argparse.Namespace(to_earliest=False, to_latest=False, to_offset=None, shift_by=-3)
+    assert groups.reset_plan(tps, shift, {t0: 10, u2: 4}, {t0: 0, u2: 0}, {t0: 50, u2: 50}, None) == {t0: 7, u2: 1}
+
+
+def test_describe_gives_the_log_end_offset_of_an_assigned_partition_without_a_commit(monkeypatch, capsys):
+    from tidelog.aio import GroupOffsets
+
+    t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    member = types.SimpleNamespace(member_id="m-1", host="/10.0.0.1", client_id="c", assignment=(t0, t1))
+    asked = []
+
+    class FakeAdmin:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def describe_groups(self, names):
+            return [types.SimpleNamespace(group_id="g", state="Stable", members=[member])]
+
+        def list_group_offsets(self, group_id, partitions=None):
+            asked.append(partitions)
+            if partitions is None:
+                return [GroupOffsets(t0, 5, 9, 4)]
+            return [GroupOffsets(tp, None, 20, None) for tp in partitions]
+
+    monkeypatch.setattr(groups, "_admin", lambda args: FakeAdmin())
+    monkeypatch.setattr(groups, "check_cluster", lambda args: None)
+    args = argparse.Namespace(groups=["g"], all_groups=False, state=False, members=False)
+    assert groups._describe(args) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("g ")]
+    assert [r[:6] for r in rows] == [["g", "t", "0", "5", "9", "4"], ["g", "t", "1", "-", "20", "-"]]
+    assert asked == [None, [t1]]
