@@ -575,6 +575,15 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
                 retriable.append(e)
                 cluster.request_update()
                 return
+            except TidelogError as e:  # the whole request refused: its partitions share the answer
+                if e.retriable:
+                    retriable.append(e)
+                    cluster.request_update()
+                    return
+                for tp in values:
+                    remaining.pop(tp, None)
+                    failed[tp] = e
+                return
             _absorb_answers(cluster, response, remaining, found, answer_of, failed, retriable)
 
         async with trio.open_nursery() as nursery:

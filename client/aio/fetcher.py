@@ -62,6 +62,7 @@ from tidelog.protocol.errors import (
     CORRUPT_MESSAGE,
     NONE,
     OFFSET_OUT_OF_RANGE,
+    UNKNOWN_SERVER_ERROR,
     CorruptRecordError,
     InvalidRequestError,
     OffsetOutOfRangeError,
@@ -296,6 +297,13 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
 
 
 
+def raised_by_poll(error: TidelogError) -> bool:
+    """Whether a failure of a background request is for the application to see (``poll``
+    raises it) rather than only retried: not for retriable errors, nor UNKNOWN_SERVER_ERROR
+    (the broker failed unexpectedly; Kafka's consumer logs and retries it)."""
+    return not error.retriable and error.error is not UNKNOWN_SERVER_ERROR
+
+
 # ---------------------------------------------------------------------------------------------
 # the fetch loop
 
@@ -386,6 +394,11 @@ class Fetcher:
             with self.state_lock:
                 state.retry_at = time.monotonic() + self._backoff_s
         except TidelogError as e:
+            if not raised_by_poll(e):  # a broker's unexpected failure: retried, as Kafka does
+                log.warning("offset reset for %s failed: %s", tp, e)
+                with self.state_lock:
+                    state.retry_at = time.monotonic() + self._backoff_s
+                return
             with self.state_lock:
                 state.stopped = True
             self.errors.append(e)
@@ -415,6 +428,16 @@ class Fetcher:
             log.debug("fetch from node %s failed: %s", node, e)
             self._cluster.request_update()
             retry_at = time.monotonic() + self._backoff_s
+            return
+        except TidelogError as e:
+            # the broker refused the whole request (an error body) or we could not authenticate:
+            # never the end of the consumer; back off, and poll raises what the application must see
+            log.warning("fetch from node %s failed: %s", node, e)
+            self._cluster.request_update()
+            retry_at = time.monotonic() + self._backoff_s
+            if raised_by_poll(e):
+                self.errors.append(e)
+                self._on_data()
             return
         finally:
             self._fetching_nodes.discard(node)

@@ -703,7 +703,7 @@ class ConsumerCoordinator:
                 with trio.move_on_after(self.config.request_timeout_ms / 1000):
                     await self.link.request(request, ApiKey.LEAVE_GROUP,
                                                     self.config.request_timeout_ms / 1000)
-            except GroupRetry as e:
+            except (GroupRetry, TidelogError) as e:  # an error answer too: never the heartbeat task's end
                 log.info("group %r: LeaveGroup failed (the session will expire instead): %s", self.group_id, e)
         self._apply(self.member.left(reason))
 

@@ -199,6 +199,14 @@ class Heartbeat:
             self._timer.failed()
             log.debug("group %r: heartbeat failed: %s", group_id, e)
             return
+        except TidelogError as e:
+            if e.code not in HEARTBEAT_ACTIONS:
+                # the whole request refused unexpectedly (an error body) or authentication failed:
+                # a failed heartbeat, retried, as Kafka's heartbeat thread does; never the task's end
+                self._timer.failed()
+                log.warning("group %r: heartbeat failed: %s", group_id, e)
+                return
+            r = HeartbeatResponse(e.code, str(e))  # a code the table knows: as if answered in the body
         action = action_for(HEARTBEAT_ACTIONS, r.error_code)
         if action in (OK, REJOIN):
             self._timer.received(time.monotonic())  # the session is alive either way

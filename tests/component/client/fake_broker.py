@@ -286,12 +286,12 @@ class FakeCluster:
             self._append_produce(node, request, None)
             stream.socket.close()
             return
-        if key == ApiKey.PRODUCE and request.acks == 0:
+        if fault is not None and fault.whole_request:  # as the broker's network layer answers a raise
+            out = conn.send_response(header.correlation_id, error_body(for_code(fault.error_code)))
+        elif key == ApiKey.PRODUCE and request.acks == 0:
             if fault is None or fault.error_code is None:
                 self._append_produce(node, request, None)
             out = conn.skip_response(header.correlation_id)
-        elif fault is not None and fault.whole_request:  # as the broker's network layer answers a raise
-            out = conn.send_response(header.correlation_id, error_body(for_code(fault.error_code), "fake says no"))
         else:
             body = await getattr(self, f"_{key.name.lower()}")(node, request, fault.error_code if fault else None)
             if fault is not None and fault.throttle_ms:

@@ -9,7 +9,13 @@ import trio
 from tidelog.aio import AsyncConsumer, TopicPartition
 from tidelog.errors import NoOffsetForPartitionError, RequestTimedOut, WakeupError
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OffsetOutOfRangeError, TidelogError
+from tidelog.protocol.errors import (
+    NOT_LEADER_OR_FOLLOWER,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_SERVER_ERROR,
+    OffsetOutOfRangeError,
+    TidelogError,
+)
 from tidelog.protocol.records import build_batch
 
 T0 = TopicPartition("t", 0)
@@ -292,3 +298,37 @@ async def test_poll_after_close_is_refused(topic):
         pass
     with pytest.raises(TidelogError):
         await consumer.poll()
+
+
+# -- a broker's error answers never end the consumer ---------------------------------------------
+
+
+async def test_a_fetch_refused_as_a_whole_is_retried_and_the_consumer_lives_on(topic):
+    """A Fetch answered with an error body (UNKNOWN_SERVER_ERROR: the broker's handler failed)
+    is retried after a backoff, as Kafka's fetcher does; the consumer is not closed by it."""
+    topic.inject(ApiKey.FETCH, error_code=UNKNOWN_SERVER_ERROR.code, whole_request=True, count=2)
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T0, T1])
+        got = await poll_until(consumer, 15)
+        assert sorted(values(r for r in got if r.partition == 1)) == [b"b0", b"b1", b"b2"]
+
+
+async def test_an_offset_reset_refused_as_a_whole_is_retried(topic):
+    topic.inject(ApiKey.LIST_OFFSETS, error_code=UNKNOWN_SERVER_ERROR.code, whole_request=True, count=2)
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T1])
+        assert values(await poll_until(consumer, 3)) == [b"b0", b"b1", b"b2"]
+
+
+async def test_offset_lookups_refused_as_a_whole_raise_the_brokers_error(topic):
+    """Not an ExceptionGroup out of the requests to each leader: the error the broker sent."""
+    async with AsyncConsumer(topic.bootstrap) as consumer:
+        topic.inject(ApiKey.LIST_OFFSETS, error_code=TOPIC_AUTHORIZATION_FAILED.code, whole_request=True)
+        with pytest.raises(TidelogError, match="Not authorized"):
+            await consumer.end_offsets([T0], timeout_ms=2000)
+        consumer.assign([T1])
+        consumer.seek_to_end(T1)
+        topic.inject(ApiKey.LIST_OFFSETS, error_code=TOPIC_AUTHORIZATION_FAILED.code, whole_request=True)
+        with pytest.raises(TidelogError, match="Not authorized"):
+            await consumer.position(T1, timeout_ms=2000)
+        assert await consumer.end_offsets([T1]) == {T1: 3}

@@ -37,9 +37,16 @@ from tidelog.aio.group import ConsumerCoordinator, ConsumerRebalanceListener, ca
 from tidelog.aio.heartbeat import heartbeats_due
 from tidelog.aio.membership import Generation, MemberState
 from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
-from tidelog.errors import CallbackNotRunError, TidelogError
+from tidelog.errors import CallbackNotRunError, SaslAuthenticationError, TidelogError
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import GROUP_AUTHORIZATION_FAILED, NONE, NOT_COORDINATOR, REBALANCE_IN_PROGRESS
+from tidelog.protocol.errors import (
+    GROUP_AUTHORIZATION_FAILED,
+    NONE,
+    NOT_COORDINATOR,
+    REBALANCE_IN_PROGRESS,
+    UNKNOWN_SERVER_ERROR,
+    error_for,
+)
 from tidelog.protocol.messages import (
     EARLIEST_TIMESTAMP,
     FindCoordinatorResponse,
@@ -80,6 +87,7 @@ class ScriptedCoordinator:
         self.sync_hold: trio.Event | None = None
         self.commit_hold: trio.Event | None = None
         self.generations: list[int] = []  # generation of each heartbeat
+        self.heartbeat_raises: list[BaseException] = []  # what the next heartbeats raise, then answers
 
     async def request_any(self, message: Any, *, api_key: ApiKey, timeout: float) -> Any:
         assert api_key is ApiKey.FIND_COORDINATOR
@@ -109,6 +117,8 @@ class ScriptedCoordinator:
         if api_key is ApiKey.HEARTBEAT:
             self.events.append("heartbeat")
             self.generations.append(message.generation_id)
+            if self.heartbeat_raises:
+                raise self.heartbeat_raises.pop(0)
             return HeartbeatResponse(self.heartbeat_error)
         if api_key is ApiKey.OFFSET_COMMIT:
             self.events.append("commit")
@@ -287,6 +297,39 @@ async def test_rebalance_in_progress_answered_to_a_heartbeat_while_completing_is
     events = cluster.events
     assert "heartbeat" in events[events.index("refresh"):events.index("refreshed")]
     assert not group.rejoin_needed and events.count("join") == 1
+
+
+async def test_a_heartbeat_refused_as_a_whole_is_retried_and_the_member_lives_on(autojump_clock):
+    """A heartbeat answered with an error body (UNKNOWN_SERVER_ERROR: the broker's handler
+    failed) or failing authentication is a failed heartbeat, retried, as Kafka's heartbeat
+    thread does: the heartbeat task does not die and take the consumer with it."""
+    cluster = ScriptedCoordinator()
+    cluster.heartbeat_raises = [error_for(UNKNOWN_SERVER_ERROR.code, "handler failed"),
+                                SaslAuthenticationError("SASL authentication failed")]
+    group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
+        while cluster.events.count("heartbeat") < 4:
+            await group.poll(trio.current_time() + 1)
+            await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert group.state is MemberState.STABLE and cluster.events.count("join") == 1
+
+
+async def test_a_leave_group_refused_as_a_whole_is_logged_and_the_member_left(autojump_clock):
+    """The heartbeat task leaves the group when the poll interval expired: a LeaveGroup
+    answered with an error body does not end that task (the session expires instead)."""
+    class Refusing(ScriptedCoordinator):
+        async def request(self, node: int, message: Any, *, api_key: ApiKey, timeout: float) -> Any:
+            if api_key is ApiKey.LEAVE_GROUP:
+                raise error_for(UNKNOWN_SERVER_ERROR.code, "handler failed")
+            return await super().request(node, message, api_key=api_key, timeout=timeout)
+
+    group = new_member(Refusing())
+    become_stable(group, Generation(1, "m-1"))
+    await group.maybe_leave_group("consumer poll timeout has expired")
+    assert not group.generation.member_id
 
 
 # -- 3. poll's group work within its deadline -----------------------------------------------------
