@@ -371,7 +371,7 @@ class CallerFetch:
                 if e.retriable:
                     self._portal.run_soon(self._cluster.request_update)
                 else:
-                    self._fetcher.errors.append(e)  # raised by this poll
+                    self._fetcher.errors.add(e)  # raised by this poll
                 continue
             self._backoffs.pop(link.node, None)  # the broker answers: reconnect quickly next time
             throttle = body.get("throttle_time_ms")

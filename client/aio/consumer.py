@@ -669,8 +669,8 @@ class AsyncConsumer(RunsInOwnNursery):
             if self._coordinator is not None:
                 self._coordinator.poll_interrupted = False
             raise WakeupError("the poll was interrupted by wakeup()")
-        if self._fetcher.errors:
-            raise self._fetcher.errors.popleft()
+        if self._fetcher.errors and (error := self._fetcher.errors.take()) is not None:
+            raise error
         missing = self._subscriptions.missing_position()
         if missing:
             raise NoOffsetForPartitionError(

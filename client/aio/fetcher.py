@@ -30,8 +30,10 @@ Theory of operation.
   skip it (``seek`` to the offset after the batch, ``skip_offset`` on the error), as Kafka's
   consumer does; the records before it were handed out.
 
-Errors for ``poll`` to raise collect in ``Fetcher.errors``; ``on_data`` (given to the
-constructor) is called whenever records or errors arrive.
+Errors for ``poll`` to raise collect in ``Fetcher.errors`` (``PendingErrors``: at most one
+per partition); ``on_data`` (given to the constructor) is called whenever records or errors
+arrive. A failed offset reset is retried after ``retry_backoff_ms`` (Kafka's requestFailed),
+and a non-retriable failure is raised by ``poll`` as well.
 
 The blocking consumer may fetch on its application's thread instead (``client._caller_fetch``):
 it sets ``fetch_in_loop`` False, so the loop only resets positions, and ``thread_waker``,
@@ -297,6 +299,33 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
 
 
 
+class PendingErrors(dict):
+    """The errors for ``poll`` to raise, oldest first: at most one per partition (a newer one
+    replaces it: a failure retried every ``retry_backoff_ms`` while nobody polls keeps one,
+    as Kafka's consumer caches one), and one for the whole consumer (key None: a refused
+    request). A dict, so that ``poll``'s check for one is C-level; adding and taking hold a
+    lock, since the loop adds while an application thread that fetches takes."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def add(self, error: TidelogError, tp: TopicPartition | None = None) -> None:
+        with self._lock:
+            self.pop(tp, None)
+            self[tp] = error
+
+    def take(self) -> TidelogError | None:
+        """The oldest error, removed; None when there is none."""
+        with self._lock:
+            if not self:
+                return None
+            tp = next(iter(self))
+            return self.pop(tp)
+
+
 def raised_by_poll(error: TidelogError) -> bool:
     """Whether a failure of a background request is for the application to see (``poll``
     raises it) rather than only retried: not for retriable errors, nor UNKNOWN_SERVER_ERROR
@@ -323,7 +352,7 @@ class Fetcher:
         self._fetching_nodes: set[int] = set()
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self.errors: deque[TidelogError] = deque()  # for poll to raise, oldest first
+        self.errors = PendingErrors()  # for poll to raise
         self.stats = ConsumerStats()  # fetch latency and bytes, for the consumer's metrics()
         self.fetch_in_loop = True  # False: an application thread fetches (see the module doc)
         self.thread_waker: Callable[[], None] | None = None
@@ -394,15 +423,14 @@ class Fetcher:
             with self.state_lock:
                 state.retry_at = time.monotonic() + self._backoff_s
         except TidelogError as e:
-            if not raised_by_poll(e):  # a broker's unexpected failure: retried, as Kafka does
-                log.warning("offset reset for %s failed: %s", tp, e)
-                with self.state_lock:
-                    state.retry_at = time.monotonic() + self._backoff_s
-                return
+            # retried after a backoff, as Kafka's requestFailed; poll raises a non-retriable error
+            # (one kept per partition, however many retries fail before it polls)
+            log.log(logging.DEBUG if raised_by_poll(e) else logging.WARNING, "offset reset for %s failed: %s", tp, e)
             with self.state_lock:
-                state.stopped = True
-            self.errors.append(e)
-            self._on_data()
+                state.retry_at = time.monotonic() + self._backoff_s
+            if raised_by_poll(e):
+                self.errors.add(e, tp)
+                self._on_data()
         finally:
             with self.state_lock:
                 state.resetting = False
@@ -436,7 +464,7 @@ class Fetcher:
             self._cluster.request_update()
             retry_at = time.monotonic() + self._backoff_s
             if raised_by_poll(e):
-                self.errors.append(e)
+                self.errors.add(e)
                 self._on_data()
             return
         finally:
@@ -492,13 +520,13 @@ class Fetcher:
                 state = subs.partitions.get(tp)
                 outcome = handle_partition_response(tp, state, generation, offset, p, now=now,
                                                     backoff_s=self._backoff_s, first=tp == first)
-                got_data |= self._apply(outcome, state)
+                got_data |= self._apply(tp, outcome, state)
                 refresh |= outcome.action == "refresh"
                 reset |= outcome.action == "reset"
         self.stats.on_fetch(now, now - sent, size)
         return got_data, refresh, reset
 
-    def _apply(self, outcome: PartitionOutcome, state: PartitionState | None) -> bool:
+    def _apply(self, tp: TopicPartition, outcome: PartitionOutcome, state: PartitionState | None) -> bool:
         """Carry out what one partition's outcome asks; True when poll has something new."""
         if outcome.action == "data":
             return True
@@ -508,10 +536,10 @@ class Fetcher:
                 state.request_reset(default)
                 return False
             state.stopped = True
-            self.errors.append(outcome.error)
+            self.errors.add(outcome.error, tp)
             return True
         if outcome.action == "error":
-            self.errors.append(outcome.error)
+            self.errors.add(outcome.error, tp)
             return True
         return False
 
@@ -533,7 +561,7 @@ class Fetcher:
                 except CorruptRecordError as e:
                     state.buffered.clear()
                     state.stopped = True
-                    self.errors.append(corrupt_batch_error(tp, state.position, completed.failed, e))
+                    self.errors.add(corrupt_batch_error(tp, state.position, completed.failed, e), tp)
                     break
                 if completed.exhausted:
                     state.buffered.popleft()

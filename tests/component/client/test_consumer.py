@@ -3,6 +3,8 @@ leader changes and offset lookups."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import trio
 
@@ -327,8 +329,29 @@ async def test_offset_lookups_refused_as_a_whole_raise_the_brokers_error(topic):
         with pytest.raises(TidelogError, match="Not authorized"):
             await consumer.end_offsets([T0], timeout_ms=2000)
         consumer.assign([T1])
+        # two: the fetcher's own reset of T1 may take one first (and retry after a backoff)
+        topic.inject(ApiKey.LIST_OFFSETS, error_code=TOPIC_AUTHORIZATION_FAILED.code, whole_request=True, count=2)
         consumer.seek_to_end(T1)
-        topic.inject(ApiKey.LIST_OFFSETS, error_code=TOPIC_AUTHORIZATION_FAILED.code, whole_request=True)
         with pytest.raises(TidelogError, match="Not authorized"):
             await consumer.position(T1, timeout_ms=2000)
         assert await consumer.end_offsets([T1]) == {T1: 3}
+
+
+async def test_a_refused_offset_reset_is_retried_after_a_backoff_and_raised_once_per_poll(topic):
+    """As Kafka's requestFailed: a reset refused for good (TOPIC_AUTHORIZATION_FAILED) is
+    retried every retry_backoff_ms, not in a hot loop, and poll raises it, one error kept
+    however many retries failed meanwhile; once the ACL is granted the partition starts."""
+    refused = topic.inject(ApiKey.LIST_OFFSETS, error_code=TOPIC_AUTHORIZATION_FAILED.code, count=math.inf)
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest", retry_backoff_ms=200) as consumer:
+        started = trio.current_time()
+        consumer.assign([T1])
+        with pytest.raises(TidelogError, match="TOPIC_AUTHORIZATION_FAILED"):
+            await consumer.poll(timeout_ms=5000)
+        await trio.sleep(0.6)
+        attempts = len(topic.sent(ApiKey.LIST_OFFSETS))
+        assert attempts <= (trio.current_time() - started) / 0.2 + 2
+        assert len(consumer._fetcher.errors) <= 1
+        with pytest.raises(TidelogError, match="TOPIC_AUTHORIZATION_FAILED"):
+            await consumer.poll(timeout_ms=5000)
+        refused.count = refused.hits  # the ACL granted
+        assert values(await poll_until(consumer, 3)) == [b"b0", b"b1", b"b2"]
