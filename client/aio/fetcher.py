@@ -17,8 +17,11 @@ Theory of operation.
   ``auto_offset_reset``, or with "none" is raised from ``poll`` (the partition stays
   stopped until a seek); errors that invalidate metadata (NOT_LEADER_OR_FOLLOWER,
   UNKNOWN_TOPIC_OR_PARTITION, FENCED_LEADER_EPOCH, ...) refresh metadata and back off; other
-  retriable errors back off; anything else is raised from ``poll``. An answer for an older
-  generation (a seek happened meanwhile) is discarded.
+  retriable errors back off; anything else is raised from ``poll`` and the partition is
+  fetched again after a backoff (an ACL granted later resumes it; UNKNOWN_SERVER_ERROR is only
+  logged), as Kafka's fetcher does: only what needs the application (a batch that cannot be
+  read, OFFSET_OUT_OF_RANGE with "none") stops a partition until a seek. An answer for an
+  older generation (a seek happened meanwhile) is discarded.
 * ``drain`` hands out buffered records (decoding one batch at a time with
   ``protocol.records.record_columns``, checking CRCs when ``check_crcs``, skipping records
   below the position: a fetch returns whole batches starting with the one that holds the
@@ -232,6 +235,13 @@ def plan_fetches(subscriptions: SubscriptionState, metadata: ClusterMetadata, bu
     return plans, unknown
 
 
+def raised_by_poll(error: TidelogError) -> bool:
+    """Whether a failure of a background request is for the application to see (``poll``
+    raises it) rather than only retried: not for retriable errors, nor UNKNOWN_SERVER_ERROR
+    (the broker failed unexpectedly; Kafka's consumer logs and retries it)."""
+    return not error.retriable and error.error is not UNKNOWN_SERVER_ERROR
+
+
 class PartitionOutcome(NamedTuple):
     action: str  # "data" | "empty" | "gap" | "stale" | "reset" | "retry" | "refresh" | "error"
     error: TidelogError | None = None
@@ -291,11 +301,13 @@ def handle_partition_response(tp: TopicPartition, state: PartitionState | None, 
         state.stopped = True
         return PartitionOutcome("error", corrupt_batch_error(
             tp, fetch_offset, None, f"the broker answered CORRUPT_MESSAGE: {p.error_message or err.message}"))
+    state.retry_at = now + backoff_s
     if err.retriable:
-        state.retry_at = now + backoff_s
         return PartitionOutcome("refresh" if err.invalid_metadata else "retry")
-    state.stopped = True
-    return PartitionOutcome("error", broker_error(p.error_code, where, p.error_message))
+    error = broker_error(p.error_code, where, p.error_message)
+    # fetched again after the backoff, as Kafka's fetcher: an ACL granted later resumes it;
+    # UNKNOWN_SERVER_ERROR is only logged (the error is for the log), anything else raised
+    return PartitionOutcome("error" if raised_by_poll(error) else "retry", error)
 
 
 
@@ -324,13 +336,6 @@ class PendingErrors(dict):
                 return None
             tp = next(iter(self))
             return self.pop(tp)
-
-
-def raised_by_poll(error: TidelogError) -> bool:
-    """Whether a failure of a background request is for the application to see (``poll``
-    raises it) rather than only retried: not for retriable errors, nor UNKNOWN_SERVER_ERROR
-    (the broker failed unexpectedly; Kafka's consumer logs and retries it)."""
-    return not error.retriable and error.error is not UNKNOWN_SERVER_ERROR
 
 
 # ---------------------------------------------------------------------------------------------
@@ -541,6 +546,8 @@ class Fetcher:
         if outcome.action == "error":
             self.errors.add(outcome.error, tp)
             return True
+        if outcome.error is not None:  # retried without raising
+            log.warning("fetch failed, retrying: %s", outcome.error)
         return False
 
     # -- handing out records --------------------------------------------------------------------

@@ -355,3 +355,22 @@ async def test_a_refused_offset_reset_is_retried_after_a_backoff_and_raised_once
             await consumer.poll(timeout_ms=5000)
         refused.count = refused.hits  # the ACL granted
         assert values(await poll_until(consumer, 3)) == [b"b0", b"b1", b"b2"]
+
+
+async def test_a_partition_refused_by_a_fetch_resumes_once_authorized(topic):
+    """As Kafka: TOPIC_AUTHORIZATION_FAILED in a fetch answer is raised by poll and the
+    partition is fetched again after a backoff: an ACL granted a moment later resumes it,
+    without a seek (it stalled for good before)."""
+    topic.inject(ApiKey.FETCH, error_code=TOPIC_AUTHORIZATION_FAILED.code, count=1)
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T1])
+        with pytest.raises(TidelogError, match="TOPIC_AUTHORIZATION_FAILED"):
+            await poll_until(consumer, 1)
+        assert values(await poll_until(consumer, 3)) == [b"b0", b"b1", b"b2"]
+
+
+async def test_an_unknown_server_error_of_a_partition_is_retried_without_raising(topic):
+    topic.inject(ApiKey.FETCH, error_code=UNKNOWN_SERVER_ERROR.code, count=2)
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T1])
+        assert values(await poll_until(consumer, 3)) == [b"b0", b"b1", b"b2"]

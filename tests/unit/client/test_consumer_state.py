@@ -16,6 +16,7 @@ from tidelog.protocol.errors import (
     OFFSET_OUT_OF_RANGE,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_LEADER_EPOCH,
+    UNKNOWN_SERVER_ERROR,
     CorruptRecordError,
     OffsetOutOfRangeError,
 )
@@ -261,11 +262,24 @@ def test_retriable_partition_errors_back_off(error, action):
     assert outcome.action == action and state.retry_at == 10.5
 
 
-def test_other_errors_stop_the_partition_and_are_reported():
+def test_other_errors_are_reported_and_the_partition_fetched_again_after_a_backoff():
+    """As Kafka: TOPIC_AUTHORIZATION_FAILED is raised by poll and the partition is fetched
+    again, so it resumes once the ACL is granted; nothing waits for a seek."""
     state = state_at(0)
     outcome = handle_partition_response(A0, state, state.generation, 0,
-                                        FetchPartitionResponse(0, TOPIC_AUTHORIZATION_FAILED.code), now=0, backoff_s=0)
-    assert outcome.action == "error" and state.stopped and "TOPIC_AUTHORIZATION_FAILED" in str(outcome.error)
+                                        FetchPartitionResponse(0, TOPIC_AUTHORIZATION_FAILED.code), now=10.0,
+                                        backoff_s=0.5)
+    assert outcome.action == "error" and "TOPIC_AUTHORIZATION_FAILED" in str(outcome.error)
+    assert not state.stopped and state.retry_at == 10.5
+
+
+def test_an_unknown_server_error_is_retried_without_raising():
+    """Kafka's fetcher logs UNKNOWN_SERVER_ERROR and fetches again."""
+    state = state_at(0)
+    outcome = handle_partition_response(A0, state, state.generation, 0,
+                                        FetchPartitionResponse(0, UNKNOWN_SERVER_ERROR.code), now=10.0, backoff_s=0.5)
+    assert outcome.action == "retry" and not state.stopped and state.retry_at == 10.5
+    assert "UNKNOWN_SERVER_ERROR" in str(outcome.error)  # for the log
 
 
 def test_a_partial_batch_alone_is_reported_as_too_large():
