@@ -669,7 +669,7 @@ class AsyncConsumer(RunsInOwnNursery):
             if self._coordinator is not None:
                 self._coordinator.poll_interrupted = False
             raise WakeupError("the poll was interrupted by wakeup()")
-        if self._fetcher.errors and (error := self._fetcher.errors.take()) is not None:
+        if self._fetcher.errors and (error := self._fetcher.errors.take(self._subscriptions.partitions)) is not None:
             raise error
         missing = self._subscriptions.missing_position()
         if missing:

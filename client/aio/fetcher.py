@@ -52,7 +52,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from itertools import repeat
 from typing import NamedTuple
 
@@ -61,7 +61,7 @@ import trio
 from tidelog.aio.cluster import Cluster, ClusterMetadata
 from tidelog.aio.stats import ConsumerStats
 from tidelog.aio.subscription import ConsumerConfig, PartitionState, SubscriptionState
-from tidelog.errors import BrokerConnectionError, RequestTimedOut, TidelogError, broker_error
+from tidelog.errors import BrokerConnectionError, ClientClosedError, RequestTimedOut, TidelogError, broker_error
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     CORRUPT_MESSAGE,
@@ -315,8 +315,10 @@ class PendingErrors(dict):
     """The errors for ``poll`` to raise, oldest first: at most one per partition (a newer one
     replaces it: a failure retried every ``retry_backoff_ms`` while nobody polls keeps one,
     as Kafka's consumer caches one), and one for the whole consumer (key None: a refused
-    request). A dict, so that ``poll``'s check for one is C-level; adding and taking hold a
-    lock, since the loop adds while an application thread that fetches takes."""
+    request). A partition's error is dropped when the partition is no longer assigned, or was
+    sought (or reset) since: as Kafka drops the fetches of partitions no longer assigned.
+    A dict, so that ``poll``'s check for one is C-level; adding and taking hold a lock, since
+    the loop adds while an application thread that fetches takes."""
 
     __slots__ = ("_lock",)
 
@@ -324,18 +326,25 @@ class PendingErrors(dict):
         super().__init__()
         self._lock = threading.Lock()
 
-    def add(self, error: TidelogError, tp: TopicPartition | None = None) -> None:
+    def add(self, error: TidelogError, tp: TopicPartition | None = None, state: PartitionState | None = None,
+            generation: int | None = None) -> None:
+        """``error`` for ``tp`` as of its ``state`` at ``generation`` (default: the current one)."""
+        if state is not None and generation is None:
+            generation = state.generation
         with self._lock:
             self.pop(tp, None)
-            self[tp] = error
+            self[tp] = (error, state, generation)
 
-    def take(self) -> TidelogError | None:
-        """The oldest error, removed; None when there is none."""
+    def take(self, partitions: Mapping[TopicPartition, PartitionState]) -> TidelogError | None:
+        """The oldest error still about the assignment ``partitions``, removed (older ones that
+        are not, dropped); None when there is none."""
         with self._lock:
-            if not self:
-                return None
-            tp = next(iter(self))
-            return self.pop(tp)
+            while self:
+                tp = next(iter(self))
+                error, state, generation = self.pop(tp)
+                if tp is None or (partitions.get(tp) is state and state.generation == generation):
+                    return error
+            return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,7 +432,7 @@ class Fetcher:
             with self.state_lock:
                 if state.generation == generation and state.reset == strategy:
                     state.seek(found[tp][0])
-        except (RequestTimedOut, BrokerConnectionError) as e:
+        except (RequestTimedOut, BrokerConnectionError, ClientClosedError) as e:
             log.debug("offset reset for %s failed: %s", tp, e)
             with self.state_lock:
                 state.retry_at = time.monotonic() + self._backoff_s
@@ -434,7 +443,7 @@ class Fetcher:
             with self.state_lock:
                 state.retry_at = time.monotonic() + self._backoff_s
             if raised_by_poll(e):
-                self.errors.add(e, tp)
+                self.errors.add(e, tp, state, generation)
                 self._on_data()
         finally:
             with self.state_lock:
@@ -457,7 +466,7 @@ class Fetcher:
             timeout = (self._config.request_timeout_ms + self._config.fetch_max_wait_ms) / 1000
             response: FetchResponse = await self._cluster.request(node, plan.request, api_key=ApiKey.FETCH,
                                                                   timeout=timeout, early=absorb_now)
-        except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
+        except (BrokerConnectionError, RequestTimedOut, InvalidRequestError, ClientClosedError) as e:
             log.debug("fetch from node %s failed: %s", node, e)
             self._cluster.request_update()
             retry_at = time.monotonic() + self._backoff_s
@@ -541,10 +550,10 @@ class Fetcher:
                 state.request_reset(default)
                 return False
             state.stopped = True
-            self.errors.add(outcome.error, tp)
+            self.errors.add(outcome.error, tp, state)
             return True
         if outcome.action == "error":
-            self.errors.add(outcome.error, tp)
+            self.errors.add(outcome.error, tp, state)
             return True
         if outcome.error is not None:  # retried without raising
             log.warning("fetch failed, retrying: %s", outcome.error)
@@ -568,7 +577,7 @@ class Fetcher:
                 except CorruptRecordError as e:
                     state.buffered.clear()
                     state.stopped = True
-                    self.errors.add(corrupt_batch_error(tp, state.position, completed.failed, e), tp)
+                    self.errors.add(corrupt_batch_error(tp, state.position, completed.failed, e), tp, state)
                     break
                 if completed.exhausted:
                     state.buffered.popleft()

@@ -374,3 +374,29 @@ async def test_an_unknown_server_error_of_a_partition_is_retried_without_raising
     async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
         consumer.assign([T1])
         assert values(await poll_until(consumer, 3)) == [b"b0", b"b1", b"b2"]
+
+
+async def wait_for_pending_error(consumer):
+    with trio.fail_after(5):
+        while not consumer._fetcher.errors:
+            await trio.sleep(0.01)
+
+
+async def test_an_error_of_a_partition_no_longer_assigned_is_not_raised(topic):
+    """As Kafka drops the fetches of partitions no longer assigned: an error that arrived for
+    a partition the application then unassigned is not raised by a later poll."""
+    topic.inject(ApiKey.FETCH, error_code=TOPIC_AUTHORIZATION_FAILED.code, count=1)
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T0])
+        await wait_for_pending_error(consumer)
+        consumer.assign([T1])
+        assert values(await poll_until(consumer, 3)) == [b"b0", b"b1", b"b2"]
+
+
+async def test_an_error_from_before_a_seek_is_not_raised(topic):
+    topic.inject(ApiKey.FETCH, error_code=TOPIC_AUTHORIZATION_FAILED.code, count=1)
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T1])
+        await wait_for_pending_error(consumer)
+        consumer.seek(T1, 1)
+        assert values(await poll_until(consumer, 2)) == [b"b1", b"b2"]
