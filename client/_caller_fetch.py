@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from tidelog.aio.cluster import Backoff
-from tidelog.aio.fetcher import FetchPlan, plan_fetches
+from tidelog.aio.fetcher import FetchPlan, plan_fetches, raised_by_poll
 from tidelog.errors import BrokerConnectionError, ClientClosedError, TidelogError, decode_response
 from tidelog.protocol.apis import response_type
 from tidelog.protocol.codec import ApiKey
@@ -370,8 +370,10 @@ class CallerFetch:
                 self._unplan(plan)
                 if e.retriable:
                     self._portal.run_soon(self._cluster.request_update)
-                else:
+                elif raised_by_poll(e):
                     self._fetcher.errors.add(e)  # raised by this poll
+                else:  # the broker failed unexpectedly: retried, as the loop's fetcher does
+                    log.warning("fetch from node %s failed: %s", link.node, e)
                 continue
             self._backoffs.pop(link.node, None)  # the broker answers: reconnect quickly next time
             throttle = body.get("throttle_time_ms")

@@ -14,7 +14,13 @@ import pytest
 
 from tidelog import ClientClosedError, Consumer, Producer, TopicPartition, _caller_fetch
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE
+from tidelog.protocol.errors import (
+    NOT_LEADER_OR_FOLLOWER,
+    OFFSET_OUT_OF_RANGE,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_SERVER_ERROR,
+    TidelogError,
+)
 
 TP = TopicPartition("t", 0)
 
@@ -169,6 +175,25 @@ def test_a_dropped_fetch_connection_is_opened_again(threaded_fake):
     threaded_fake.cluster.inject(ApiKey.FETCH, drop_connection=True, count=2)
     with Consumer(bootstrap, auto_offset_reset="earliest", retry_backoff_ms=50) as consumer:
         consumer.assign([TP])
+        assert poll_values(consumer, 2) == [b"a", b"b"]
+
+
+def test_a_fetch_refused_as_a_whole_with_an_unknown_server_error_is_retried_without_raising(threaded_fake):
+    """As the loop's fetcher and Kafka's: the broker's unexpected failure is logged and retried."""
+    bootstrap = topic_with(threaded_fake, [b"a", b"b"])
+    threaded_fake.cluster.inject(ApiKey.FETCH, error_code=UNKNOWN_SERVER_ERROR.code, whole_request=True, count=2)
+    with Consumer(bootstrap, auto_offset_reset="earliest", retry_backoff_ms=50) as consumer:
+        consumer.assign([TP])
+        assert poll_values(consumer, 2) == [b"a", b"b"]
+
+
+def test_a_fetch_refused_as_a_whole_for_good_is_raised_by_poll(threaded_fake):
+    bootstrap = topic_with(threaded_fake, [b"a", b"b"])
+    threaded_fake.cluster.inject(ApiKey.FETCH, error_code=TOPIC_AUTHORIZATION_FAILED.code, whole_request=True)
+    with Consumer(bootstrap, auto_offset_reset="earliest", retry_backoff_ms=50) as consumer:
+        consumer.assign([TP])
+        with pytest.raises(TidelogError, match="Not authorized"):
+            poll_values(consumer, 2)
         assert poll_values(consumer, 2) == [b"a", b"b"]
 
 
