@@ -48,6 +48,7 @@ from tidelog.protocol.errors import (
     REBALANCE_IN_PROGRESS,
     REQUEST_TIMED_OUT,
     UNKNOWN_MEMBER_ID,
+    UNKNOWN_SERVER_ERROR,
     UNSTABLE_OFFSET_COMMIT,
 )
 from tidelog.protocol.messages import NO_GENERATION, UNKNOWN_MEMBER
@@ -184,8 +185,11 @@ JOIN_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, UNKNOWN_MEMBER_ID.code: RES
                 ILLEGAL_GENERATION.code: RESET_MEMBER}
 SYNC_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, REBALANCE_IN_PROGRESS.code: REJOIN,
                 UNKNOWN_MEMBER_ID.code: RESET_MEMBER, ILLEGAL_GENERATION.code: RESET_MEMBER}
+# UNKNOWN_SERVER_ERROR (a coordinator's failing handler answers it as an error body, which
+# decodes as a heartbeat answer): a failed heartbeat, retried, as Kafka's heartbeat thread
 HEARTBEAT_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, REBALANCE_IN_PROGRESS.code: REJOIN,
-                     UNKNOWN_MEMBER_ID.code: RESET_MEMBER, ILLEGAL_GENERATION.code: RESET_MEMBER}
+                     UNKNOWN_MEMBER_ID.code: RESET_MEMBER, ILLEGAL_GENERATION.code: RESET_MEMBER,
+                     UNKNOWN_SERVER_ERROR.code: RETRY}
 COMMIT_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, UNSTABLE_OFFSET_COMMIT.code: RETRY,
                   REBALANCE_IN_PROGRESS.code: REJOIN, UNKNOWN_MEMBER_ID.code: RESET_MEMBER,
                   ILLEGAL_GENERATION.code: RESET_MEMBER}

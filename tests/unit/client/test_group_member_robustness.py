@@ -87,7 +87,8 @@ class ScriptedCoordinator:
         self.sync_hold: trio.Event | None = None
         self.commit_hold: trio.Event | None = None
         self.generations: list[int] = []  # generation of each heartbeat
-        self.heartbeat_raises: list[BaseException] = []  # what the next heartbeats raise, then answers
+        # the next heartbeats' outcomes (an exception raised, or an error code answered), then answers
+        self.heartbeat_script: list[BaseException | int] = []
 
     async def request_any(self, message: Any, *, api_key: ApiKey, timeout: float) -> Any:
         assert api_key is ApiKey.FIND_COORDINATOR
@@ -117,8 +118,11 @@ class ScriptedCoordinator:
         if api_key is ApiKey.HEARTBEAT:
             self.events.append("heartbeat")
             self.generations.append(message.generation_id)
-            if self.heartbeat_raises:
-                raise self.heartbeat_raises.pop(0)
+            if self.heartbeat_script:
+                outcome = self.heartbeat_script.pop(0)
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                return HeartbeatResponse(outcome)
             return HeartbeatResponse(self.heartbeat_error)
         if api_key is ApiKey.OFFSET_COMMIT:
             self.events.append("commit")
@@ -302,15 +306,17 @@ async def test_rebalance_in_progress_answered_to_a_heartbeat_while_completing_is
 async def test_a_heartbeat_refused_as_a_whole_is_retried_and_the_member_lives_on(autojump_clock):
     """A heartbeat answered with an error body (UNKNOWN_SERVER_ERROR: the broker's handler
     failed) or failing authentication is a failed heartbeat, retried, as Kafka's heartbeat
-    thread does: the heartbeat task does not die and take the consumer with it."""
+    thread does: the heartbeat task does not die and take the consumer with it, nor does the
+    member lose its generation."""
     cluster = ScriptedCoordinator()
-    cluster.heartbeat_raises = [error_for(UNKNOWN_SERVER_ERROR.code, "handler failed"),
-                                SaslAuthenticationError("SASL authentication failed")]
+    cluster.heartbeat_script = [error_for(UNKNOWN_SERVER_ERROR.code, "handler failed"),
+                                SaslAuthenticationError("SASL authentication failed"),
+                                UNKNOWN_SERVER_ERROR.code]  # an error body decoded as the response
     group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
     async with trio.open_nursery() as nursery:
         group.start(nursery)
         await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
-        while cluster.events.count("heartbeat") < 4:
+        while cluster.events.count("heartbeat") < 5:
             await group.poll(trio.current_time() + 1)
             await trio.sleep(1)
         nursery.cancel_scope.cancel()
