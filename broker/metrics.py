@@ -281,23 +281,21 @@ class RequestMetrics:
         except (KeyError, TypeError, IndexError, struct.error) as e:  # never fail a request over metrics
             logger.debug("request not accounted: %r", e)
 
-    def _account_produce(self, body: dict, response: Any) -> None:
+    def _account_produce(self, body: dict | list, response: Any) -> None:
         """Bytes and records appended, per topic: every partition whose append got an offset
         (acks=0 has no response: everything the request carried is counted; a whole request
-        refused, an error body, appended nothing its answer tells of)."""
+        refused, an error body, appended nothing its answer tells of). ``body``: the request's,
+        or its ``produce_parts`` (what a waiting produce keeps instead of its records)."""
         if type(response) is dict:
             return
         appended = None
         if isinstance(response, ProduceResponse):
             appended = {(t.name, p.index) for t in response.responses for p in t.partition_responses
                         if p.base_offset >= 0}
-        for t in body["topic_data"]:
-            topic = t["name"]
-            for p in t["partition_data"]:
-                if appended is None or (topic, p["index"]) in appended:
-                    size, count = batch_stats(p["records"])
-                    self.bytes_in[topic] += size
-                    self.messages_in[topic] += count
+        for topic, index, size, count in body if type(body) is list else produce_parts(body):
+            if appended is None or (topic, index) in appended:
+                self.bytes_in[topic] += size
+                self.messages_in[topic] += count
 
     def _account_fetch(self, body: dict, response: Any) -> None:
         """Bytes and records sent, per topic, of a fetch answer: its body (what the fetch
@@ -312,6 +310,12 @@ class RequestMetrics:
             else:
                 self.bytes_out[topic] += size
                 self.messages_out[topic] += count
+
+
+def produce_parts(body: dict) -> list[tuple[str, int, int, int]]:
+    """(topic, partition, bytes, records) of each partition of a Produce request body."""
+    return [(t["name"], p["index"], *batch_stats(p["records"]))
+            for t in body["topic_data"] for p in t["partition_data"]]
 
 
 def _fetch_body_errors(response: dict) -> dict[int, int] | None:
@@ -814,6 +818,8 @@ class _ObservedDeferred(DeferredResponse):
 
     def __init__(self, metrics: RequestMetrics, api_key: int, body: dict, start: float,
                  inner: DeferredResponse):
+        if api_key == _PRODUCE:  # appended already: keep what is counted, not the records
+            body = produce_parts(body)
         self.metrics, self.api_key, self.body, self.start, self.inner = metrics, api_key, body, start, inner
 
     def attach(self, complete: Callable[[Any], None]) -> None:

@@ -57,8 +57,12 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
   prefix has arrived and whose body has not, and which announces more than
   ``RESERVE_ABOVE_BYTES``, reserves its size from the pool before the reader reads again; when
   the pool is short, that connection is not read (Kafka mutes the channel) until enough is
-  released. A reservation is released when the request's response has been written (or
-  skipped, acks=0), or when the connection closes. So at most one read (``READ_BYTES``) of a
+  released. A reservation is released when the request is handed to its handler (a handler
+  running as a task: when it returns, as Kafka's ``releaseBuffer``), or when the connection
+  closes: a deferred request (a long poll, an acks=all wait) then holds its decoded request,
+  and such waits are bounded per connection by ``max_in_flight_per_connection``, never by
+  the budget, which they would pin. A muted connection (KIP-219) reserves for the rest of a
+  large frame only once its throttle has passed. So at most one read (``READ_BYTES``) of a
   body is buffered before its reservation. Smaller frames reserve nothing: they are bounded
   by ``max_in_flight_per_connection`` per connection and by the connection limits, and they
   keep being served while large frames wait (Kafka's pool mutes everyone when exhausted;
@@ -127,7 +131,7 @@ import math
 import os
 import resource
 import socket
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -501,9 +505,7 @@ class _Connection:
                                           # request's send (KIP-219); a Kafka request says per version
                                           client_throttles=not self._kafka)
         self._pool = server.pool
-        self._reservation = 0  # reserved for the frame still arriving
-        self._held: deque[tuple[int, int]] = deque()  # (request number, bytes) of large requests
-        self._written = 0  # requests whose response was written (or skipped)
+        self._reservation = 0  # reserved for the frame still arriving, until handed to its handler
         # one request at a time until authenticated (Kafka mutes the channel): SASL rounds are
         # a sequence, and pipelined guesses must not all run before the first one fails
         self._max_pending = 1 if self._auth is not None else server.max_in_flight_per_connection
@@ -523,6 +525,7 @@ class _Connection:
         self._changed = trio.Event()  # set (and replaced) when pending drops and someone waits
         self._room_wanted = False  # the reader waits on _changed for pending to drop
         self._muted_until = 0.0  # Trio time until which no request starts (KIP-219); 0: not muted
+        self._unmuted: trio.Event | None = None  # set by stop_reading to end a throttle's wait
         self._unyielding = 0  # reads in a row that found data without waiting
         self._requests: trio.Nursery | None = None  # the request tasks' nursery, while open
         self._deferred: set[DeferredResponse] = set()  # requests answered by a callback later
@@ -533,6 +536,8 @@ class _Connection:
         self._reading = False
         if self._read_waiting:
             self._read_scope.cancel()
+        if self._unmuted is not None:
+            self._unmuted.set()
 
     def idle_tick(self) -> None:
         """The server's idle check: close the connection when ``IDLE_TICKS`` checks in a row
@@ -646,6 +651,8 @@ class _Connection:
                 events = self._conn.receive_data(b"") if type(events[-1]) is LargeFrame else None
             if self._pool.bounded and not self._reservation and (
                     size := self._conn.partial_frame_size) is not None and size > RESERVE_ABOVE_BYTES:
+                if self._muted_until:  # muted: read the rest of a large frame once unmuted, as Kafka
+                    await self._wait_out_throttle()
                 await self._reserve(size)
 
     async def _start_requests(self, requests: trio.Nursery, events: list) -> bool:
@@ -653,9 +660,6 @@ class _Connection:
         for event in events:
             if self._linger:  # refused (no authentication): closed once answered, nothing more
                 return True  # served, nor refused and logged again for each frame read with it
-            if self._reservation:  # the frame it was reserved for is this one
-                self._held.append((self._written + self._pending, self._reservation))
-                self._reservation = 0
             queued_at = None  # the queue time is read only on the paths that wait
             if type(event) is LargeFrame:
                 queued_at = trio.current_time()
@@ -675,8 +679,14 @@ class _Connection:
             self._pending += 1
             self._running += 1
             started = self._begin(event)
+            reserved = 0
+            if self._reservation:  # this frame's (the first read after it was reserved)
+                reserved, self._reservation = self._reservation, 0
+                if not is_awaitable(started):  # handed over: what waits now is the decoded request
+                    self._pool.release(reserved)
+                    reserved = 0
             if is_awaitable(started):
-                requests.start_soon(self._finish, event, started)
+                requests.start_soon(self._finish, event, started, reserved)
             elif is_deferred(started):
                 # answered by whoever completes it (a consumer's long poll: the append
                 # that satisfies it), in that scheduler pass, without a task of its own
@@ -760,16 +770,7 @@ class _Connection:
             self._read_waiting = False
             self._reservation = size
 
-    def _release_written(self) -> None:
-        """Give back the reservations of requests whose responses are written."""
-        held = self._held
-        while held and held[0][0] < self._written:
-            self._pool.release(held.popleft()[1])
-
     def _release_all(self) -> None:
-        for _, size in self._held:
-            self._pool.release(size)
-        self._held.clear()
         if self._reservation:
             self._pool.release(self._reservation)
             self._reservation = 0
@@ -780,9 +781,13 @@ class _Connection:
     async def _wait_out_throttle(self) -> None:
         """Start nothing more until the throttle time of a client that waits it out itself
         has passed (``Throttled``), as Kafka mutes the channel: one that sends anyway finds
-        its requests unread meanwhile. Requests already started go on."""
-        while (until := self._muted_until) > trio.current_time():
-            await trio.sleep_until(until)
+        its requests unread meanwhile. Requests already started go on. ``stop_reading`` ends
+        the wait (a graceful shutdown answers what was read without waiting out the throttle)."""
+        while self._reading and (until := self._muted_until) > trio.current_time():
+            self._unmuted = trio.Event()
+            with trio.move_on_at(until):
+                await self._unmuted.wait()
+        self._unmuted = None
         self._muted_until = 0.0
 
     async def _wait_for_room(self) -> None:
@@ -870,11 +875,15 @@ class _Connection:
         except Exception as exc:
             return self._handler_error(event.header, exc)
 
-    async def _finish(self, event: Request | BadRequest, started: Result) -> None:
-        """The request's own task: await the handler, then respond and write."""
+    async def _finish(self, event: Request | BadRequest, started: Result, reserved: int = 0) -> None:
+        """The request's own task: await the handler, then respond and write. ``reserved``:
+        the frame's reservation, given back when the handler is done (always: a connection
+        closing cancels this task, never skips it)."""
         try:
             body = await self._settle(event, started)
         finally:
+            if reserved:
+                self._pool.release(reserved)
             self._handler_done()
         self._respond(_correlation_id(event), body)
         if not self._write_now():
@@ -1009,9 +1018,6 @@ class _Connection:
             self._activity += 1
         self._outbox_count = 0
         self._pending -= count
-        self._written += count
-        if self._held:
-            self._release_written()
         if self._room_wanted:
             self._notify()
         return True
@@ -1034,9 +1040,6 @@ class _Connection:
                     await self._stream.send_all(data)
                     self._activity += 1
                 self._pending -= count
-                self._written += count
-                if self._held:
-                    self._release_written()
                 self._notify()
 
     def _notify(self) -> None:

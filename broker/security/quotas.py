@@ -398,13 +398,15 @@ class QuotaEnforcer:
 
         return handle
 
-    def throttle_ms(self, api_key: int, body: dict, quotas: Mapping[QuotaType, Quota], busy_s: float,
+    def throttle_ms(self, api_key: int, body: dict | int, quotas: Mapping[QuotaType, Quota], busy_s: float,
                     response: Any) -> int:
-        """Record the request against its quotas; its throttle time."""
+        """Record the request against its quotas; its throttle time. ``body``: the request's,
+        or for a produce its ``produce_bytes`` (what a waiting produce keeps of its records)."""
         now = self.clock() * 1000
         throttle = 0
         if api_key == ApiKey.PRODUCE and (q := quotas.get(QuotaType.PRODUCE)) is not None:
-            throttle = self.quotas.record(QuotaType.PRODUCE, q, produce_bytes(body), now)
+            produced = body if type(body) is int else produce_bytes(body)
+            throttle = self.quotas.record(QuotaType.PRODUCE, q, produced, now)
         elif api_key == ApiKey.FETCH and (q := quotas.get(QuotaType.FETCH)) is not None:
             throttle = self.quotas.record(QuotaType.FETCH, q, fetch_bytes(response), now)
         if (q := quotas.get(QuotaType.REQUEST)) is not None:
@@ -482,6 +484,8 @@ class _ThrottledDeferred:
 
     def __init__(self, enforcer: QuotaEnforcer, api_key: int, body: dict, quotas: Mapping[QuotaType, Quota],
                  busy_s: float, inner: Any, mute: bool = False):
+        if api_key == ApiKey.PRODUCE:  # appended already: keep what is counted, not the records
+            body = produce_bytes(body)
         self.enforcer, self.api_key, self.body, self.quotas, self.busy_s = enforcer, api_key, body, quotas, busy_s
         self.inner = inner
         self.mute = mute

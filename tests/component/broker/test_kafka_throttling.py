@@ -42,13 +42,16 @@ class ProducingLater(Producing):
         return response
 
 
-async def serve(nursery: trio.Nursery, handler: Producing | None = None) -> tuple[Producing, int]:
+async def serve(nursery: trio.Nursery, handler: Producing | None = None, *,
+                servers: list | None = None) -> tuple[Producing, int]:
     configs = {entity_path(None, CLIENT_ID.decode()): {PRODUCER_BYTE_RATE: "100"}}
     quotas = ClientQuotas(lambda: configs, lambda: 0, samples=2, sample_ms=1000)
     enforcer = QuotaEnforcer(quotas, clock=trio.current_time)
     await nursery.start(enforcer.run)
     handler = handler or Producing()
     server = SocketServer(enforcer.instrument(handler), host="127.0.0.1", port=0, wire="kafka")
+    if servers is not None:
+        servers.append(server)
     return handler, await nursery.start(server.run)
 
 
@@ -85,6 +88,22 @@ async def test_a_kip_219_client_is_answered_at_once_then_its_connection_is_muted
         correlation_id, _ = await response(stream, 7)
         assert correlation_id == 2 and len(handler.called_at) == 2
         assert handler.called_at[1] - handler.called_at[0] >= throttle_s
+
+
+async def test_a_graceful_shutdown_answers_a_muted_connections_request_without_waiting_out_the_throttle(
+        nursery, autojump_clock):
+    servers: list[SocketServer] = []
+    handler, port = await serve(nursery, servers=servers)
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(produce(7, 1))
+        _, first = await response(stream, 7)
+        muted_at = trio.current_time()
+        await stream.send_all(produce(7, 2))  # read, and waiting for the throttle to pass
+        await trio.sleep(0.1)
+        nursery.start_soon(servers[0].aclose)
+        correlation_id, _ = await response(stream, 7)
+        assert correlation_id == 2 and len(handler.called_at) == 2
+        assert trio.current_time() - muted_at < first["throttle_time_ms"] / 1000
 
 
 @pytest.mark.parametrize("version", [3, 5])

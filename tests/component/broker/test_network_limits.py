@@ -9,7 +9,7 @@ import struct
 import pytest
 import trio
 
-from tests.component.broker.test_network import Client, Handler, Harness
+from tests.component.broker.test_network import Client, DeferringHandler, Handler, Harness
 from tidelog.broker.network import DECODE_INLINE_MAX_BYTES, RESERVE_ABOVE_BYTES
 from tidelog.protocol.codec import ApiKey
 
@@ -53,6 +53,42 @@ async def test_large_frames_reserve_the_budget_and_wait_for_it_while_small_ones_
     await second.stream.send_all(frame_b[100_000:])
     assert (await second.receive())[0][1]["n"] == 2
     await _until(lambda: server.stats().request_bytes_reserved == 0)
+
+
+async def test_a_deferred_request_gives_its_reservation_back_once_handed_to_its_handler(net):
+    """A long poll (or an acks=all wait) holds its decoded request, not its frame: large
+    waiting requests must not pin the budget that every connection's large frames share."""
+    handler = DeferringHandler()
+    server, _, _ = await net.start(handler, queued_max_request_bytes=BUDGET)
+    poller, other = await net.connect(server.port), await net.connect(server.port)
+    await poller.send({"n": 1, "deferred": True, "pad": b"p" * 200_000})
+    await _until(lambda: handler.waiting and handler.waiting[0].complete)
+    assert server.stats().request_bytes_reserved == 0
+    await other.send({"n": 2, "pad": b"q" * 150_000})  # would not fit next to the first
+    assert (await other.receive())[0][1] == {"n": 2}
+    handler.waiting[0].complete({"n": 1})
+    assert (await poller.receive())[0][1] == {"n": 1}
+    assert server.stats().request_bytes_reserved == 0
+
+
+async def test_a_muted_connection_reserves_for_a_large_frame_only_once_its_throttle_passed(net):
+    """KIP-219: a connection muted after a throttled answer is not read meanwhile (Kafka mutes
+    the channel), so a large frame it sends does not hold the shared budget for the throttle."""
+    from tidelog.broker.deferred import Throttled
+
+    def handler(context, body):
+        return Throttled({"n": body["n"]}, 60_000) if body["n"] == 1 else {"n": body["n"]}
+
+    server, _, _ = await net.start(handler, queued_max_request_bytes=BUDGET)
+    muted, other = await net.connect(server.port), await net.connect(server.port)
+    assert (await muted.call({"n": 1})) == {"n": 1}
+    async with trio.open_nursery() as sending:  # its send waits: the server reads no more of it
+        sending.start_soon(muted.stream.send_all, _padded(muted, 2, 200_000))
+        await trio.sleep(0.2)  # the time to read its first part, and reserve, were it read
+        assert server.stats().request_bytes_reserved == 0
+        await other.send({"n": 3, "pad": b"q" * 150_000})  # would not fit next to the muted one's
+        assert (await other.receive())[0][1] == {"n": 3}
+        sending.cancel_scope.cancel()
 
 
 async def test_a_frame_larger_than_the_budget_is_refused_from_its_prefix(net):

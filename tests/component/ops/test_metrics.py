@@ -429,6 +429,7 @@ def test_a_deferred_acks_all_produce_is_in_the_produce_purgatory_until_answered(
     answered = []
     result.attach(answered.append)
     assert (rm.produce_purgatory_size, rm.fetch_purgatory_size) == (1, 0)
+    assert result.body == [("t", 0, len(batch), 2)]  # appended already: its counts kept, not its records
     clock.now += 0.2
     response = ProduceResponse([TopicProduceResponse("t", [PartitionProduceResponse(0, 0, 0)])])
     inner.complete(response)

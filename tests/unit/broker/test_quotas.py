@@ -282,3 +282,25 @@ def test_a_deferred_answer_to_a_client_that_throttles_itself_goes_out_at_once(cl
     assert isinstance(answer, Throttled) is client_throttles
     if client_throttles:
         assert answer.throttle_ms == answer.response.throttle_time_ms == 9000  # 1000 B at 100 B/s
+
+
+def test_a_waiting_produce_is_charged_its_bytes_without_keeping_its_records():
+    # an acks=all produce is appended before it waits: holding its records through the wait
+    # would pin what the request memory budget gave back when the request was handed over
+    from tidelog.broker.context import RequestContext
+    from tidelog.broker.security.quotas import QuotaEnforcer
+    from tidelog.protocol.codec import ApiKey, RequestHeader
+
+    configs = {entity_path(None, "app"): {PRODUCER_BYTE_RATE: "100"}}
+    enforcer = QuotaEnforcer(ClientQuotas(lambda: configs, lambda: 0, samples=2, sample_ms=1000), clock=lambda: 0.0)
+    wait = _LongPoll()
+    context = RequestContext(RequestHeader(ApiKey.PRODUCE, 0, 1, "app"), client_throttles=True)
+    records = b"r" * 1000
+    body = {"acks": -1, "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": records}]}]}
+    deferred = enforcer.instrument(lambda ctx, b: wait)(context, body)
+    answers: list = []
+    deferred.attach(answers.append)
+    assert deferred.body == len(records)
+    wait.complete(None)
+    [answer] = answers
+    assert answer.throttle_ms == 9000  # 1000 B at 100 B/s, as if it had kept the records
