@@ -58,7 +58,7 @@ from tidelog.broker.deferred import CLOSE_CONNECTION
 from tidelog.broker.log_dirs import LocalReplica, describe_log_dirs, log_dir_of, wanted_partitions
 from tidelog.broker.metadata_cache import MetadataCache
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
-from tidelog.broker.replication.replica_manager import PartitionAnswer, ReplicaManager
+from tidelog.broker.replication.replica_manager import PartitionAnswer, ReplicaManager, by_partition
 from tidelog.broker.security.authorizer import Authorizer, ZkAclStore, cluster_action_problem
 from tidelog.broker.security.entity_configs import EntityConfigAdmin
 from tidelog.protocol.acls import (
@@ -468,7 +468,9 @@ class Apis:
         ReplicaManager.deferred_fetch). A follower's whose broker epoch the registry does not
         know as current runs as ``replica_fetch``, in a task of its own (it may ask ZooKeeper).
         The answer is the FetchResponse's body (``_fetch_response``), or the typed message
-        when the whole request is refused."""
+        when the whole request is refused. A partition named more than once is fetched once,
+        as its last entry asks (``by_partition``), for both listeners."""
+        req = by_partition(req)
         if req.replica_id >= 0:
             problem = self._cluster_action_problem(ctx, f"Fetch as replica {req.replica_id}")
             if problem is not None:

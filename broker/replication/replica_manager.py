@@ -32,11 +32,13 @@ Everything here runs on the broker's Trio thread; the logs it calls are synchron
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import heapq
 import itertools
 import logging
 import math
+import operator
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Container, Iterator
@@ -73,8 +75,10 @@ from tidelog.protocol.messages import (
     LATEST_TIMESTAMP,
     MAX_TIMESTAMP,
     EpochEndOffsetResult,
+    FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
+    FetchTopic,
     LeaderAndIsrRequest,
     LeaderAndIsrResponse,
     ListOffsetsPartitionResponse,
@@ -1181,6 +1185,32 @@ def _delete_error(code: int, message: str, low_watermark: int = -1) -> dict:
     return {"error_code": code, "low_watermark": low_watermark, "error_message": message}
 
 
+_TOPIC, _PARTITION = operator.attrgetter("topic"), operator.attrgetter("partition")
+
+
+def by_partition(req: FetchRequest) -> FetchRequest:
+    """``req`` with each partition named once, by its last entry, in the place of its first
+    (Kafka's ``FetchRequest.fetchData``, a map keyed by partition): a request repeating a
+    partition would be read, and a waiting one tried at every append, once per entry. The
+    check costs a set per topic; only a request with repeats is rebuilt."""
+    topics = req.topics
+    if len(topics) == 1:
+        parts = topics[0].partitions
+        if len(parts) < 2 or len(set(map(_PARTITION, parts))) == len(parts):
+            return req
+    elif len(set(map(_TOPIC, topics))) == len(topics) and all(
+            len(set(map(_PARTITION, t.partitions))) == len(t.partitions) for t in topics):
+        return req
+    last: dict[tuple[str, int], FetchPartition] = {}
+    for t in topics:
+        for p in t.partitions:
+            last[t.topic, p.partition] = p
+    grouped: dict[str, list[FetchPartition]] = {}
+    for (topic, _), p in last.items():
+        grouped.setdefault(topic, []).append(p)
+    return dataclasses.replace(req, topics=[FetchTopic(topic, parts) for topic, parts in grouped.items()])
+
+
 def _has_errors(results: dict[TopicPartition, PartitionAnswer]) -> bool:
     return any(r["error_code"] != NONE.code for r in results.values())
 
@@ -1200,4 +1230,4 @@ async def _wait_any(events: list[trio.Event]) -> None:
             nursery.start_soon(waiter, ev)
 
 
-__all__ = ["ReplicaManager", "ReplicaConfig", "check_leader_epoch", "OFFSET_OUT_OF_RANGE", "code_of"]
+__all__ = ["ReplicaManager", "ReplicaConfig", "by_partition", "check_leader_epoch", "OFFSET_OUT_OF_RANGE", "code_of"]

@@ -496,3 +496,32 @@ async def test_a_throttled_followers_fetch_answered_at_once_is_charged_for_its_b
     response = follower_fetch(throttled_source, 3, 0)
     assert isinstance(response, dict)  # answered now
     assert leader.replica_manager.leader_quota.throttled_bytes == len(partition_result(response).records) > 0
+
+
+async def test_a_fetch_naming_a_partition_many_times_is_tried_once_per_append(leader, monkeypatch):
+    """Its partitions are keyed by partition, the last entry winning (Kafka's fetchData map):
+    a request repeating one partition must not cost a try per entry at every append."""
+    from tidelog.broker.log.log import Log
+
+    leader.produce(make_batch(1))
+    first, last = FetchPartition(TP.partition, 0, 1 << 20, -1), FetchPartition(TP.partition, 1, 1 << 20, -1)
+    req = FetchRequest([FetchTopic(TP.topic, [first] * 5_000), FetchTopic(TP.topic, [first] * 4_999 + [last])],
+                       max_wait_ms=60_000, min_bytes=1 << 30)
+    deferred = leader.apis.fetch(req)
+    assert isinstance(deferred, DelayedFetch)
+    answers = attach(deferred)
+    tries = [0]
+    bytes_below = Log.bytes_below
+
+    def counted(self, *args):
+        tries[0] += 1
+        return bytes_below(self, *args)
+
+    monkeypatch.setattr(Log, "bytes_below", counted)
+    leader.produce(make_batch(1))
+    assert tries[0] == 1 and not answers
+    deferred.try_complete(force=True)
+    [answer] = answers
+    [topic] = typed(answer).responses
+    [p] = topic.partitions
+    assert p.records == partition_result(consumer_fetch(leader, 1)).records  # the last entry's offset
