@@ -291,6 +291,7 @@ class DelayedFetch(DelayedOperation):
 
     def outcome(self, force: bool) -> Any:
         req = self.request
+        waiting = None
         if not force and req.min_bytes > 1 and not self.from_follower:
             # a try without a read while the positions say min_bytes are not there: a read
             # per append of everything waiting grows with the square of min_bytes
@@ -298,7 +299,9 @@ class DelayedFetch(DelayedOperation):
             if waiting is not None and waiting < req.min_bytes:
                 return None
         results, size, throttled = self.manager._read_all(req, self.from_follower)
-        if not force and size < req.min_bytes and not _has_errors(results):
+        # positions saying min_bytes are there complete it, as Kafka's tryComplete: a read
+        # stopped by its bound short of a min_bytes capped at that bound would wait for ever
+        if not force and size < req.min_bytes and waiting is None and not _has_errors(results):
             return None
         self.manager._charge_throttled(throttled)
         return self.respond(results)
@@ -784,6 +787,7 @@ class ReplicaManager:
         """Serve a fetch; long-poll until min_bytes are available or max_wait_ms passed. The
         answers are FetchPartitionResponse bodies (``_read_one``)."""
         from_follower = req.replica_id >= 0
+        req = self._min_bytes_capped(req)
         deadline = trio.current_time() + req.max_wait_ms / 1000
         while True:
             results, size, throttled = self._read_all(req, from_follower)
@@ -801,8 +805,10 @@ class ReplicaManager:
         (the same outcome as ``fetch``, without a task waiting). Without the timer running
         (``run``), the coroutine of ``fetch`` instead."""
         deadline = trio.current_time() + req.max_wait_ms / 1000
+        capped = req.min_bytes > 1 and req is not (req := self._min_bytes_capped(req))
         results, size, throttled = self._read_all(req, req.replica_id >= 0)
-        if size >= req.min_bytes or req.max_wait_ms <= 0 or _has_errors(results):
+        if size >= req.min_bytes or req.max_wait_ms <= 0 or _has_errors(results) or (
+                capped and (waiting := self.bytes_waiting(req)) is not None and waiting >= req.min_bytes):
             self._charge_throttled(throttled)
             return respond(results)
         watched = [self.partitions[tp] for tp in results if tp in self.partitions]
@@ -812,6 +818,17 @@ class ReplicaManager:
         if self._timer is None:
             return self._respond_after(self.fetch(req), respond)
         return DelayedFetch(self, req, deadline, watched, respond)
+
+    def _min_bytes_capped(self, req: FetchRequest) -> FetchRequest:
+        """``req`` with its ``min_bytes`` at most the bytes its answer may hold (its
+        ``max_bytes``, which a quota's window already caps, and the broker's bound), as
+        Kafka's fetchMinBytes: more could never be sent, so waiting for it is waiting for
+        ``max_wait_ms``. Positions saying they are there complete it (``DelayedFetch``)."""
+        if req.min_bytes <= 1:
+            return req
+        cap = self.config.replica_fetch_response_max_bytes if req.replica_id >= 0 else self.config.fetch_max_bytes
+        bound = min(req.max_bytes, cap)
+        return req if req.min_bytes <= bound else dataclasses.replace(req, min_bytes=bound)
 
     @staticmethod
     async def _respond_after(fetching: Awaitable[dict], respond: Callable[[dict], Any]) -> Any:

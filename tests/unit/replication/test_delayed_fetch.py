@@ -48,6 +48,19 @@ async def leader(tmp_path, nursery):
         b.close()
 
 
+@pytest.fixture
+async def roomy_leader(tmp_path, nursery):
+    """A leader whose segments take batches of a thousand bytes (``leader``'s refuse them)."""
+    cluster, brokers = make_cluster(str(tmp_path), n=1, config=LogConfig(segment_bytes=1 << 24, retention_ms=-1))
+    cluster.elect(1, [1])
+    broker = brokers[0]
+    await nursery.start(broker.replica_manager.run)
+    yield broker
+    broker.replica_manager._nursery.cancel_scope.cancel()
+    for b in brokers:
+        b.close()
+
+
 def consumer_fetch(broker: MemoryBroker, offset: int, max_wait_ms: int = 500, min_bytes: int = 1):
     req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, offset, 1 << 20, -1)])],
                        max_wait_ms=max_wait_ms, min_bytes=min_bytes)
@@ -73,13 +86,14 @@ def partition_result(answer: dict):
     return p
 
 
-async def test_a_fetch_reads_no_more_than_the_brokers_bound_whatever_it_asks(leader):
+async def test_a_fetch_reads_no_more_than_the_brokers_bound_whatever_it_asks(roomy_leader):
     # Kafka's fetch.max.bytes: what one request can make the broker read and hold is the
     # broker's to bound; at least one batch still goes, as below any bound
     import dataclasses
+    leader = roomy_leader
     rm = leader.replica_manager
     for _ in range(20):
-        leader.produce(make_batch(10, size=100))
+        assert leader.produce(make_batch(10, size=100))["error_code"] == NONE.code
     one_batch = len(partition_result(consumer_fetch(leader, 0, max_wait_ms=0)).records) // 20
     rm.config = dataclasses.replace(rm.config, fetch_max_bytes=3 * one_batch)
     req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, 0, 2**31 - 1, -1)])],
@@ -525,3 +539,38 @@ async def test_a_fetch_naming_a_partition_many_times_is_tried_once_per_append(le
     [topic] = typed(answer).responses
     [p] = topic.partitions
     assert p.records == partition_result(consumer_fetch(leader, 1)).records  # the last entry's offset
+
+
+@pytest.mark.parametrize("bound", ["request", "broker"])
+async def test_min_bytes_above_what_the_fetch_may_return_is_answered_at_once(roomy_leader, bound):
+    """min_bytes is capped at the bytes the answer may hold (the request's max_bytes, the
+    broker's fetch.max.bytes, a quota's window cap), as Kafka's fetchMinBytes: else such a
+    fetch waits its whole max_wait_ms though nothing more could be sent."""
+    import dataclasses
+    leader = roomy_leader
+    rm = leader.replica_manager
+    for _ in range(50):
+        assert leader.produce(make_batch(10, size=100))["error_code"] == NONE.code
+    max_bytes = 1 << 20
+    if bound == "broker":
+        rm.config = dataclasses.replace(rm.config, fetch_max_bytes=5000)
+    else:
+        max_bytes = 5000
+    req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, 0, 1 << 20, -1)])],
+                       max_wait_ms=60_000, min_bytes=10_000, max_bytes=max_bytes)
+    answer = leader.apis.fetch(req)
+    assert not isinstance(answer, DelayedFetch)
+    assert 3000 < len(partition_result(answer).records) <= 5000
+
+
+async def test_a_waiting_fetch_is_answered_once_what_it_may_return_is_there(roomy_leader):
+    # its answer stops at whole batches below the bound: the positions complete it
+    req = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, 0, 1 << 20, -1)])],
+                       max_wait_ms=60_000, min_bytes=10_000, max_bytes=5000)
+    answers = attach(roomy_leader.apis.fetch(req))
+    produced = 0
+    while not answers and produced < 20:
+        roomy_leader.produce(make_batch(10, size=100))
+        produced += 1
+    assert answers and produced * len(make_batch(10, size=100)) >= 5000
+    assert 3000 < len(partition_result(answers[0]).records) <= 5000
