@@ -261,7 +261,7 @@ class EntityConfigStore:
         if path.startswith(BROKERS + "/"):
             return
         user, client = parse_entity_path(path)
-        if user is None or client is not None or user == DEFAULT_ENTITY:
+        if user is None or client is not None or user is DEFAULT_ENTITY:
             return
         credentials = {}
         for mechanism in SCRAM_MECHANISMS:
@@ -513,9 +513,9 @@ def quota_components(path: str) -> dict[str, str | None]:
     user, client = parse_entity_path(path)
     out: dict[str, str | None] = {}
     if user is not None:
-        out[USER_TYPE] = None if user == DEFAULT_ENTITY else user
+        out[USER_TYPE] = None if user is DEFAULT_ENTITY else user
     if client is not None:
-        out[CLIENT_ID_TYPE] = None if client == DEFAULT_ENTITY else client
+        out[CLIENT_ID_TYPE] = None if client is DEFAULT_ENTITY else client
     return out
 
 

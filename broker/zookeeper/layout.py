@@ -28,8 +28,10 @@ section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
 User and client-id entities (``users``, ``clients``) are named as Kafka names them: the
 name sanitized (``sanitize``: URL-encoded, so any user name is one znode name) or the
 literal ``<default>`` (``DEFAULT_ENTITY``), the entity every user or client id without one
-of its own falls back to. An entity's path relative to ``/config`` (``users/alice``,
-``users/<default>/clients/app-1``) is its *entity path*: the change notifications carry it.
+of its own falls back to. A name that reads ``<default>`` is a name like any other, stored
+sanitized (%3Cdefault%3E): as a name, ``DEFAULT_ENTITY`` is told apart by identity. An
+entity's path relative to ``/config`` (``users/alice``, ``users/<default>/clients/app-1``) is
+its *entity path*: the change notifications carry it.
 
 The JSON shapes are Kafka's, so Kafka's documentation of them applies. Decoders accept and
 ignore keys they do not know (a newer writer may add some) and raise ``ValueError`` naming
@@ -78,7 +80,17 @@ INITIAL_CONTROLLER_EPOCH = 0
 INITIAL_LEADER_EPOCH = 0
 USERS, CLIENTS = "users", "clients"  # the entity types of user and client-id configs
 BROKERS = "brokers"  # dynamic broker configs: brokers/<id>, brokers/<default> (the cluster's)
-DEFAULT_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default
+
+
+class _DefaultName(str):
+    """``DEFAULT_ENTITY``'s type: it reads ``<default>`` in a path, and as a name (the default
+    user or client id, Kafka's null name) it is compared by identity (``is``), so that a user
+    or client id that is the string ``<default>`` stays a name of its own."""
+
+    __slots__ = ()
+
+
+DEFAULT_ENTITY = _DefaultName("<default>")  # Kafka's ConfigEntityName.Default
 CONFIG_CHANGE_PREFIX = "config_change_"
 
 
@@ -627,9 +639,10 @@ def desanitize(name: str) -> str:
 
 def entity_path(user: str | None, client_id: str | None) -> str:
     """The entity path of a user, a client id, or a user's client id (each a name, or
-    ``DEFAULT_ENTITY``): ``entity_path("alice", None) == "users/alice"``."""
+    ``DEFAULT_ENTITY`` itself): ``entity_path("alice", None) == "users/alice"``;
+    ``entity_path("<default>", None) == "users/%3Cdefault%3E"``."""
     def component(name: str) -> str:
-        return DEFAULT_ENTITY if name == DEFAULT_ENTITY else sanitize(name)
+        return DEFAULT_ENTITY if name is DEFAULT_ENTITY else sanitize(name)
     if user is None and client_id is None:
         raise ValueError("an entity names a user, a client id or both")
     if user is None:
@@ -639,14 +652,15 @@ def entity_path(user: str | None, client_id: str | None) -> str:
 
 
 def parse_entity_path(path: str) -> tuple[str | None, str | None]:
-    """``entity_path``'s inverse: (user, client id), names desanitized, ``DEFAULT_ENTITY`` kept.
+    """``entity_path``'s inverse: (user, client id), names desanitized, a ``<default>``
+    component as ``DEFAULT_ENTITY`` itself (``is``).
     ValueError for anything but ``users/U``, ``clients/C`` and ``users/U/clients/C``."""
     parts = path.split("/") if isinstance(path, str) else []
 
     def name(component: str) -> str:
         if not component or component in (".", "..") or len(component) > 4 * MAX_TOPIC_NAME_LENGTH:
             raise ValueError(f"entity path {path!r} has an invalid name {component!r}")
-        return component if component == DEFAULT_ENTITY else desanitize(component)
+        return DEFAULT_ENTITY if component == DEFAULT_ENTITY else desanitize(component)
     if len(parts) == 2 and parts[0] in (USERS, CLIENTS):
         return (name(parts[1]), None) if parts[0] == USERS else (None, name(parts[1]))
     if len(parts) == 4 and parts[0] == USERS and parts[2] == CLIENTS:

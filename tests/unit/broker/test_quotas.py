@@ -304,3 +304,29 @@ def test_a_waiting_produce_is_charged_its_bytes_without_keeping_its_records():
     wait.complete(None)
     [answer] = answers
     assert answer.throttle_ms == 9000  # 1000 B at 100 B/s, as if it had kept the records
+
+
+def test_a_user_or_client_id_named_default_is_not_the_default_entity():
+    """Only a None name is the default (``<default>`` in ZooKeeper); a name that reads
+    ``<default>`` is sanitized like any other (%3Cdefault%3E, as Kafka's Sanitizer): altering
+    its quota or its SCRAM credentials must not change every user's default."""
+    from tidelog.broker.security.credentials import make_credential
+    from tidelog.broker.security.entity_configs import EntityConfigStore, checked_entity_path
+
+    named, default = ClientQuotaEntityData("user", "<default>"), ClientQuotaEntityData("user", None)
+    assert quota_entity_path([named]) == "users/%3Cdefault%3E"
+    assert quota_entity_path([default]) == "users/<default>"
+    assert quota_entity_path([ClientQuotaEntityData("client-id", "<default>"), default]) == \
+        "users/<default>/clients/%3Cdefault%3E"
+    assert quota_components("users/%3Cdefault%3E") == {"user": "<default>"}
+    assert quota_components("users/<default>/clients/%3Cdefault%3E") == {"user": None, "client-id": "<default>"}
+    assert entity_path("<default>", None) == "users/%3Cdefault%3E"
+    assert parse_entity_path("users/alice/clients/app") == ("alice", "app")  # names stored before read back
+    configs = {"users/<default>": {PRODUCER_BYTE_RATE: "10"}, "users/%3Cdefault%3E": {PRODUCER_BYTE_RATE: "20"}}
+    assert resolve(configs, "<default>", "app", PRODUCER_BYTE_RATE).entity == "users/%3Cdefault%3E"
+    assert resolve(configs, "bob", "app", PRODUCER_BYTE_RATE).entity == "users/<default>"
+    path = checked_entity_path("<default>", None)  # a SCRAM user's
+    assert path == "users/%3Cdefault%3E"
+    store = EntityConfigStore(zk=None)
+    store._apply(path, {"SCRAM-SHA-256": make_credential("SCRAM-SHA-256", "secret", iterations=4096).to_text()})
+    assert store.scram_credential("<default>", "SCRAM-SHA-256") is not None
