@@ -14,9 +14,10 @@ Theory of operation. Nothing here runs per record, and almost nothing per reques
   request or response (one struct read per batch, never per record) to count bytes and
   records per topic. The counts are plain ints and dicts on the Trio thread; the collector
   turns them into Prometheus families at scrape time. No locks, no label lookups per request.
-* **Produce purgatory.** An acks=all produce whose append succeeded waits for the high
-  watermark in its own task (Kafka's DelayedProduce purgatory); the wrapper counts those
-  waiting requests.
+* **Purgatories.** The replica manager counts what waits in its purgatories (Kafka's
+  DelayedProduce and DelayedFetch): acks=all produces waiting for the high watermark and
+  fetches waiting for records, read at scrape time. A request awaited for anything else (a
+  produce validated in a worker thread, an old client's throttle delay) is not counted.
 * **The endpoint** is a small HTTP/1.0 server on the broker's Trio loop (``MetricsServer``):
   ``GET /metrics`` renders the registry with prometheus_client's encoder (the text format,
   or OpenMetrics when the scraper's Accept header asks for it) on the Trio thread, so a scrape
@@ -196,7 +197,7 @@ class _Histogram:
 
 class RequestMetrics:
     """What can only be seen per request: rates and latencies per API, bytes and records in
-    and out per topic, the produce purgatory. Updated on the broker's Trio thread only."""
+    and out per topic. Updated on the broker's Trio thread only."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self.clock = clock
@@ -207,8 +208,6 @@ class RequestMetrics:
         self.bytes_out: Counter[str] = Counter()
         self.messages_out: Counter[str] = Counter()
         self.replication_bytes_out = 0
-        self.produce_purgatory_size = 0
-        self.fetch_purgatory_size = 0  # long polls waiting (DelayedFetch), consumers and followers
 
     def instrument(self, handler: Handler) -> Handler:
         """``handler`` (the socket server's: context, body -> response or awaitable) with one
@@ -235,15 +234,12 @@ class RequestMetrics:
         return handle
 
     async def _complete_later(self, api_key: int, body: dict, start: float, result: Awaitable) -> Any:
-        waiting = api_key == _PRODUCE
-        self.produce_purgatory_size += waiting
         try:
             response = await result
         except Exception as e:  # answered with its code (not a cancellation: nothing is answered)
             self.errors[request_name(api_key, body), code_of(e).code] += 1
             raise
         finally:
-            self.produce_purgatory_size -= waiting
             self._observe(api_key, body, start)
         self._account(api_key, body, response)
         return response
@@ -521,11 +517,11 @@ class BrokerCollector:
         yield copied
         purgatory = GaugeMetricFamily("tidelog_produce_purgatory_size",
                                       "acks=all produce requests waiting for the high watermark")
-        purgatory.add_metric([], float(self.requests.produce_purgatory_size))
+        purgatory.add_metric([], float(rm.produce_purgatory_size))
         yield purgatory
         fetches = GaugeMetricFamily("tidelog_fetch_purgatory_size",
                                     "fetches waiting for records (long polls of consumers and followers)")
-        fetches.add_metric([], float(self.requests.fetch_purgatory_size))
+        fetches.add_metric([], float(rm.fetch_purgatory_size))
         yield fetches
 
     def _controller(self) -> Iterator[Metric]:
@@ -824,24 +820,14 @@ class _ObservedDeferred(DeferredResponse):
 
     def attach(self, complete: Callable[[Any], None]) -> None:
         def completed(response: Any) -> None:
-            self._count(-1)
             end = self.metrics.clock()
             try:
                 complete(response)
             finally:
                 self.metrics._completed(self.api_key, self.body, self.start, response, end)
 
-        self._count(1)
         self.inner.attach(completed)
 
     def cancel(self) -> None:
-        self._count(-1)
         self.inner.cancel()
         self.metrics._observe(self.api_key, self.body, self.start)
-
-    def _count(self, n: int) -> None:
-        """In the produce purgatory (an acks=all wait) or the fetch purgatory (a long poll)."""
-        if self.api_key == _PRODUCE:
-            self.metrics.produce_purgatory_size += n
-        else:
-            self.metrics.fetch_purgatory_size += n

@@ -216,6 +216,7 @@ class DelayedOperation:
 
     def attach(self, complete: Callable[[Any], None]) -> None:
         self.complete = complete
+        self._count(1)
         for p in self.partitions:
             p.watchers[self] = None
         self.manager._add_delayed(self)
@@ -263,6 +264,8 @@ class DelayedOperation:
         can hold the whole request, a produce's records included)."""
         for p in self.partitions:
             p.watchers.pop(self, None)
+        if self.complete is not None:  # attached: out of its purgatory's count
+            self._count(-1)
         self.complete, self.partitions = None, []
         self.release()
         if self.queued:
@@ -270,6 +273,10 @@ class DelayedOperation:
 
     def release(self) -> None:
         """Drop what the operation needed to answer (called once it is done)."""
+
+    def _count(self, n: int) -> None:
+        """Count it in (1) or out of (-1) its purgatory's gauge, from ``attach`` to done."""
+        raise NotImplementedError
 
 
 class DelayedFetch(DelayedOperation):
@@ -309,6 +316,9 @@ class DelayedFetch(DelayedOperation):
     def release(self) -> None:
         self.request = self.respond = None
 
+    def _count(self, n: int) -> None:
+        self.manager.fetch_purgatory_size += n
+
 
 class DelayedProduce(DelayedOperation):
     """An acks=all produce waiting for its batches to be committed (Kafka's DelayedProduce):
@@ -340,6 +350,9 @@ class DelayedProduce(DelayedOperation):
 
     def release(self) -> None:
         self.waiting = self.results = self.respond = None
+
+    def _count(self, n: int) -> None:
+        self.manager.produce_purgatory_size += n
 
 
 class ReplicaManager:
@@ -382,6 +395,10 @@ class ReplicaManager:
         # until they reach the top or are purged (_tidy_delayed)
         self._delayed: list[tuple[float, int, DelayedFetch]] = []
         self._delayed_done = 0  # answered or cancelled fetches still in the heap
+        # Kafka's purgatory sizes: acks=all produces waiting for replication and fetches
+        # waiting for records (consumers' and followers'), as delayed operations or coroutines
+        self.produce_purgatory_size = 0
+        self.fetch_purgatory_size = 0
         self._delayed_seq = itertools.count()
         self._timer: trio.CancelScope | None = None
         # log dir failures found away from this thread's calls wake ``_watch_dir_failures``
@@ -665,7 +682,12 @@ class ReplicaManager:
         return delayed
 
     async def await_replication(self, waiting: dict[TopicPartition, int], timeout_ms: int, results) -> None:
-        await self._await_partitions(waiting, timeout_ms, functools.partial(self.settle_replication, results=results))
+        self.produce_purgatory_size += 1  # as a DelayedProduce is counted
+        try:
+            await self._await_partitions(waiting, timeout_ms,
+                                         functools.partial(self.settle_replication, results=results))
+        finally:
+            self.produce_purgatory_size -= 1
         self.time_out_replication(waiting, timeout_ms, results)
 
     def settle_replication(self, tp: TopicPartition, last_offset: int, results: dict) -> bool:
@@ -796,8 +818,12 @@ class ReplicaManager:
                     or not waiting):
                 self._charge_throttled(throttled)
                 return results
-            with trio.move_on_at(deadline):
-                await _wait_any([p.changed for p in waiting])
+            self.fetch_purgatory_size += 1  # as a DelayedFetch is counted
+            try:
+                with trio.move_on_at(deadline):
+                    await _wait_any([p.changed for p in waiting])
+            finally:
+                self.fetch_purgatory_size -= 1
 
     def deferred_fetch(self, req: FetchRequest, respond: Callable[[dict], Any]) -> Any:
         """A consumer's or a follower's fetch: ``respond(results)`` now when it can be

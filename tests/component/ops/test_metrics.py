@@ -295,7 +295,6 @@ def test_acks_1_produce_counts_appended_partitions_only():
                                                            PartitionProduceResponse(1, 6, -1)])])
     rm.instrument(lambda h, b: response)(header(ApiKey.PRODUCE), produce_body("t", {0: ok, 1: rejected}, acks=1))
     assert rm.bytes_in == {"t": len(ok)} and rm.messages_in == {"t": 2}
-    assert rm.produce_purgatory_size == 0
 
 
 def test_a_produce_refused_whole_counts_no_bytes_in():
@@ -315,7 +314,9 @@ def test_acks_0_produce_counts_everything_sent():
     assert rm.messages_in == {"t": 8}
 
 
-async def test_acks_all_produce_is_in_the_purgatory_until_replicated():
+async def test_an_awaited_produce_is_observed_when_it_completes():
+    # the purgatories are the replica manager's to count (tests/unit/replication/test_delayed_fetch.py):
+    # an awaited produce may be waiting for a worker thread's validation, not for replication
     clock = Clock()
     rm = RequestMetrics(clock)
     replicated = trio.Event()
@@ -327,7 +328,6 @@ async def test_acks_all_produce_is_in_the_purgatory_until_replicated():
         return ProduceResponse([TopicProduceResponse("t", [PartitionProduceResponse(0, 0, 0)])])
 
     result = rm.instrument(lambda h, b: wait_for_hw())(header(ApiKey.PRODUCE), produce_body("t", {0: batch}))
-    assert rm.produce_purgatory_size == 0  # not yet awaited: the network layer awaits it in a task
     async with trio.open_nursery() as nursery:
         done = []
 
@@ -336,14 +336,14 @@ async def test_acks_all_produce_is_in_the_purgatory_until_replicated():
 
         nursery.start_soon(run)
         await trio.sleep(0.01)
-        assert rm.produce_purgatory_size == 1
+        assert "Produce" not in rm.latency
         replicated.set()
-    assert done and rm.produce_purgatory_size == 0
+    assert done
     assert rm.messages_in == {"t": 2}
     assert rm.latency["Produce"].sum == pytest.approx(0.2)
 
 
-async def test_a_cancelled_produce_leaves_the_purgatory():
+async def test_a_cancelled_produce_is_observed():
     rm = RequestMetrics(Clock())
 
     async def forever():
@@ -352,7 +352,7 @@ async def test_a_cancelled_produce_leaves_the_purgatory():
     result = rm.instrument(lambda h, b: forever())(header(ApiKey.PRODUCE), produce_body("t", {}))
     with trio.move_on_after(0.01):
         await result
-    assert rm.produce_purgatory_size == 0
+    assert rm.latency["Produce"].count == 1 and not rm.errors
 
 
 @pytest.mark.parametrize("as_body", [False, True], ids=["typed", "body"])
@@ -403,24 +403,21 @@ def test_a_deferred_consumer_fetch_is_observed_and_counted_when_answered(as_body
     assert is_deferred(result) and "FetchConsumer" not in rm.latency
     answered = []
     result.attach(answered.append)
-    assert rm.fetch_purgatory_size == 1
     clock.now += 0.25
     inner.complete(response)
-    assert answered == [response] and rm.fetch_purgatory_size == 0
+    assert answered == [response]
     assert rm.latency["FetchConsumer"].count == 1 and rm.latency["FetchConsumer"].sum == pytest.approx(0.25)
     assert rm.bytes_out == {"t": len(batch)} and rm.messages_out == {"t": 3}
     cancelled = _Deferred()
     result = rm.instrument(lambda h, b: cancelled)(header(ApiKey.FETCH), {"replica_id": -1})
     result.attach(answered.append)
-    assert rm.fetch_purgatory_size == 1
     result.cancel()
-    assert rm.fetch_purgatory_size == 0
     assert cancelled.cancelled and rm.latency["FetchConsumer"].count == 2 and rm.messages_out == {"t": 3}
 
 
-def test_a_deferred_acks_all_produce_is_in_the_produce_purgatory_until_answered():
-    """An acks=all produce answered later (a DelayedProduce): counted in the produce
-    purgatory, not the fetch one, its latency including the wait for replication."""
+def test_a_deferred_acks_all_produce_is_observed_when_answered():
+    """An acks=all produce answered later (a DelayedProduce): its latency includes the wait
+    for replication."""
     clock = Clock()
     rm = RequestMetrics(clock)
     batch = build_batch([b"a"] * 2)
@@ -428,19 +425,17 @@ def test_a_deferred_acks_all_produce_is_in_the_produce_purgatory_until_answered(
     result = rm.instrument(lambda h, b: inner)(header(ApiKey.PRODUCE), produce_body("t", {0: batch}))
     answered = []
     result.attach(answered.append)
-    assert (rm.produce_purgatory_size, rm.fetch_purgatory_size) == (1, 0)
     assert result.body == [("t", 0, len(batch), 2)]  # appended already: its counts kept, not its records
     clock.now += 0.2
     response = ProduceResponse([TopicProduceResponse("t", [PartitionProduceResponse(0, 0, 0)])])
     inner.complete(response)
-    assert answered == [response] and rm.produce_purgatory_size == 0
+    assert answered == [response]
     assert rm.latency["Produce"].sum == pytest.approx(0.2) and rm.messages_in == {"t": 2}
     cancelled = _Deferred()
     result = rm.instrument(lambda h, b: cancelled)(header(ApiKey.PRODUCE), produce_body("t", {0: batch}))
     result.attach(answered.append)
-    assert rm.produce_purgatory_size == 1
     result.cancel()  # its connection closed
-    assert cancelled.cancelled and rm.produce_purgatory_size == 0
+    assert cancelled.cancelled and rm.latency["Produce"].count == 2
 
 
 def test_a_malformed_body_never_fails_the_request():
@@ -456,7 +451,10 @@ def test_request_families_render(broker):
     assert m["tidelog_topic_messages_in_total{topic=t}"] == 1
     assert m["tidelog_request_duration_seconds_count{request=Produce}"] == 1
     assert m[f"tidelog_request_duration_seconds_bucket{{le={LATENCY_BUCKETS_S[0]},request=Produce}}"] == 1
-    assert m["tidelog_produce_purgatory_size"] == 0
+    assert m["tidelog_produce_purgatory_size"] == m["tidelog_fetch_purgatory_size"] == 0
+    broker.replica_manager.produce_purgatory_size, broker.replica_manager.fetch_purgatory_size = 2, 3
+    m = samples(build_registry(broker, rm, process=False))  # the replica manager's counts
+    assert (m["tidelog_produce_purgatory_size"], m["tidelog_fetch_purgatory_size"]) == (2, 3)
 
 
 # -- failed requests, queue time, follower lag, event-loop lag ---------------------------------------

@@ -574,3 +574,32 @@ async def test_a_waiting_fetch_is_answered_once_what_it_may_return_is_there(room
         produced += 1
     assert answers and produced * len(make_batch(10, size=100)) >= 5000
     assert 3000 < len(partition_result(answers[0]).records) <= 5000
+
+
+async def test_the_purgatories_count_what_waits_for_replication_or_records(three, nursery):
+    """Kafka's purgatory sizes: acks=all produces waiting for the high watermark and fetches
+    waiting for records, whether they wait as delayed operations or as coroutines (a
+    follower's fetch whose broker epoch is checked first, a produce validated in a worker
+    thread); nothing else (an acks=1 produce awaited for its validation is in neither)."""
+    from trio.testing import wait_all_tasks_blocked
+
+    rm = three.leader.replica_manager
+    produced = attach(produce_all(three))
+    consumed = attach(consumer_fetch(three.leader, 0))  # nothing below the HW yet
+    assert (rm.produce_purgatory_size, rm.fetch_purgatory_size) == (1, 1)
+    results, waiting = rm.append_now(-1, {TP: make_batch(1)})
+    nursery.start_soon(rm.await_replication, waiting, 60_000, results)
+    follower = FetchRequest([FetchTopic(TP.topic, [FetchPartition(TP.partition, 2, 1 << 20, -1)])],
+                            replica_id=2, replica_epoch=three.brokers[2].broker_epoch, max_wait_ms=60_000)
+    nursery.start_soon(rm.fetch, follower)
+    await wait_all_tasks_blocked()
+    assert (rm.produce_purgatory_size, rm.fetch_purgatory_size) == (2, 2)
+    cancelled = consumer_fetch(three.leader, 0)
+    attach(cancelled)
+    cancelled.cancel()
+    assert (rm.produce_purgatory_size, rm.fetch_purgatory_size) == (2, 2)
+    three.leader.produce(make_batch(1))  # wakes the follower's fetch: it reads from 2
+    follower_fetch(three, 3, 3)  # 3 holds everything: its fetch moves the HW (2 was at 2)
+    await wait_all_tasks_blocked()
+    assert produced and consumed
+    assert (rm.produce_purgatory_size, rm.fetch_purgatory_size) == (0, 0)
