@@ -13,7 +13,7 @@ ORDERED       a plain function called by the connection's reader in request orde
               its order-sensitive work (the produce append) before it returns, and returns
               the response, None (acks=0), a deferred response (``broker.deferred``: the
               acks=all wait, a DelayedProduce) or an awaitable of the response (a produce
-              validated in a worker thread)
+              validated in a worker thread; for acks=all, of its DelayedProduce)
 ASYNC         a coroutine function: the network layer awaits it in the request's own task
 DEFERRED      a plain function returning the response or a deferred response (a long-poll
               fetch, answered by the change that satisfies it or at ``max_wait_ms``) or,
@@ -389,7 +389,10 @@ class Apis:
     @handles(ApiKey.PRODUCE, Kind.ORDERED)
     def produce(self, req: ProduceRequest, ctx: RequestContext | None = None):
         """Append now (so pipelined produces of a connection append in the order sent); for
-        acks=all return the wait for replication (a DelayedProduce, or a coroutine)."""
+        acks=all return the wait for replication (a DelayedProduce, or a coroutine). A produce
+        validated in a worker thread is a coroutine that appends, then returns that wait: the
+        request (its records) is not held while it waits, as in Kafka, where the handler
+        returns once appended."""
         entries = {TopicPartition(t.name, p.index): p.records for t in req.topic_data for p in t.partition_data}
         if self.authorizer is not None and ctx is not None:  # Write on each topic (and on the transactional id)
             refused = self._produce_refused(ctx, req, entries)
@@ -409,8 +412,7 @@ class Apis:
             # connection and of these partitions wait for this one (broker.produce_order)
             done = self.produce_order.enter(keys)
             return self._produce_in_order(req, entries, refused, keys, before, done)
-        return self._produce_appended(req, refused, *self.replica_manager.append_now(req.acks, entries),
-                                      deferrable=True)
+        return self._produce_appended(req, refused, *self.replica_manager.append_now(req.acks, entries))
 
     def _produce_refused(self, ctx: RequestContext, req: ProduceRequest, entries: dict) -> dict:
         """The hot path: one remembered decision (a dict lookup) per topic of the request."""
@@ -427,24 +429,20 @@ class Apis:
                      "error_message": _denied(ctx, "Write", "topic", tp.topic)}
                 for tp in entries if tp.topic in denied}
 
-    def _produce_appended(self, req: ProduceRequest, refused: dict, results: dict, waiting: dict, *,
-                          deferrable: bool = False):
+    def _produce_appended(self, req: ProduceRequest, refused: dict, results: dict, waiting: dict):
         """The response to an appended produce: None for acks=0; for acks=all with batches
-        to replicate, a DelayedProduce (``deferrable``: the handler's own result) or the
-        coroutine waiting for them (inside a coroutine already)."""
+        to replicate, the wait for them (``ReplicaManager.replication_wait``)."""
         for tp, r in results.items():
             r["error_code"] = self._absent_as_unknown(tp, r["error_code"])
         results.update(refused)
         if req.acks == 0:  # no response; a failure ends the connection (``CLOSE_CONNECTION``)
             return CLOSE_CONNECTION if any(r["error_code"] for r in results.values()) else None
         if waiting:
-            if deferrable:
-                return self.replica_manager.replication_wait(waiting, req.timeout_ms, results, _produce_response)
-            return self._produce_after_replication(req, results, waiting)
+            return self.replica_manager.replication_wait(waiting, req.timeout_ms, results, _produce_response)
         return _produce_response(results)
 
     async def _produce_in_order(self, req: ProduceRequest, entries: dict, refused: dict, keys: list,
-                                before: list, done) -> ProduceResponse | None:
+                                before: list, done) -> Any:
         try:
             for event in before:
                 await event.wait()
@@ -455,11 +453,9 @@ class Apis:
             outcome = self._produce_appended(req, refused, *self.replica_manager.append_now(req.acks, entries))
         finally:
             self.produce_order.leave(keys, done)
+        # the wait for replication (a DelayedProduce) is handed over as it is, the request
+        # dropped: the network layer awaits it (without the timer running, its coroutine here)
         return await outcome if inspect.isawaitable(outcome) else outcome
-
-    async def _produce_after_replication(self, req: ProduceRequest, results, waiting) -> ProduceResponse:
-        await self.replica_manager.await_replication(waiting, req.timeout_ms, results)
-        return _produce_response(results)
 
     @handles(ApiKey.FETCH, Kind.DEFERRED)
     def fetch(self, req: FetchRequest, ctx: RequestContext | None = None):

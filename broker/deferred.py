@@ -6,6 +6,12 @@ completes the operation calls it, synchronously, in the scheduler pass that made
 answer possible (the append that satisfies a consumer's long poll answers it right there,
 instead of waking a task that answers one pass later). ``cancel`` is called when the
 connection closes first; a completion after that is ignored.
+
+An awaitable handler result may itself resolve to a deferred response (a produce validated
+in a worker thread, appended, then waiting for replication): the handler's part is done
+then, and the network layer waits for the answer holding neither the request nor its frame's
+share of the request memory budget; the wrappers (metrics, quotas) wrap it as they wrap a
+deferred result.
 """
 
 from __future__ import annotations

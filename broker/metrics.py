@@ -236,11 +236,14 @@ class RequestMetrics:
     async def _complete_later(self, api_key: int, body: dict, start: float, result: Awaitable) -> Any:
         try:
             response = await result
-        except Exception as e:  # answered with its code (not a cancellation: nothing is answered)
-            self.errors[request_name(api_key, body), code_of(e).code] += 1
-            raise
-        finally:
+        except BaseException as e:
+            if isinstance(e, Exception):  # answered with its code (a cancellation: nothing is answered)
+                self.errors[request_name(api_key, body), code_of(e).code] += 1
             self._observe(api_key, body, start)
+            raise
+        if is_deferred(response):  # its part done, what is left waits (acks=all): observed when answered
+            return _ObservedDeferred(self, api_key, body, start, response)
+        self._observe(api_key, body, start)
         self._account(api_key, body, response)
         return response
 

@@ -878,14 +878,25 @@ class _Connection:
     async def _finish(self, event: Request | BadRequest, started: Result, reserved: int = 0) -> None:
         """The request's own task: await the handler, then respond and write. ``reserved``:
         the frame's reservation, given back when the handler is done (always: a connection
-        closing cancels this task, never skips it)."""
+        closing cancels this task, never skips it). A handler done with its part may leave a
+        deferred response (an acks=all produce validated in a worker thread, appended, then
+        waiting for replication): it is awaited here holding neither the frame's reservation
+        nor the request."""
+        correlation_id = _correlation_id(event)
         try:
             body = await self._settle(event, started)
         finally:
             if reserved:
                 self._pool.release(reserved)
+            del event, started
             self._handler_done()
-        self._respond(_correlation_id(event), body)
+        if is_deferred(body):
+            self._running += 1  # the connection is not idle meanwhile
+            try:
+                body = await _answer_of(body)
+            finally:
+                self._handler_done()
+        self._respond(correlation_id, body)
         if not self._write_now():
             await self._flush()
 
@@ -1048,6 +1059,25 @@ class _Connection:
             self._room_wanted = False
             self._changed.set()
             self._changed = trio.Event()
+
+
+async def _answer_of(deferred: DeferredResponse) -> Body | Message | None:
+    """Wait for a deferred response's answer; cancelled, it is cancelled too."""
+    answers: list = []
+    answered = trio.Event()
+
+    def complete(body: Body | Message | None) -> None:
+        answers.append(body)
+        answered.set()
+
+    deferred.attach(complete)
+    try:
+        await answered.wait()
+    except trio.Cancelled:
+        if not answers:
+            deferred.cancel()
+        raise
+    return answers[0]
 
 
 async def _drain(stream: trio.abc.ReceiveStream) -> None:

@@ -427,6 +427,8 @@ class QuotaEnforcer:
                             busy_s: float, result: Any, mute: bool) -> Any:
         timed = _Timed()
         response = await timed.run(result)
+        if is_deferred(response):  # its part done, what is left waits (acks=all): charged when answered
+            return _ThrottledDeferred(self, api_key, body, quotas, busy_s + timed.busy_s, response, mute)
         throttle = self.throttle_ms(api_key, body, quotas, busy_s + timed.busy_s, response)
         if not throttle:
             return response

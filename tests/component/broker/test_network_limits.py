@@ -71,6 +71,31 @@ async def test_a_deferred_request_gives_its_reservation_back_once_handed_to_its_
     assert server.stats().request_bytes_reserved == 0
 
 
+async def test_a_request_whose_handler_task_hands_over_a_deferred_gives_its_reservation_back(net):
+    """A large acks=all produce validated in a worker thread: its handler's task appends, then
+    the wait for replication is a deferred response, which holds no frame."""
+    from tests.component.broker.test_network import Deferred
+
+    waiting: list = []
+
+    def handler(context, body):
+        async def validated_then_appended():
+            await trio.sleep(0)
+            waiting.append(Deferred(body["n"]))
+            return waiting[-1]
+        return validated_then_appended() if body.get("deferred") else {"n": body["n"]}
+
+    server, _, _ = await net.start(handler, queued_max_request_bytes=BUDGET)
+    producer, other = await net.connect(server.port), await net.connect(server.port)
+    await producer.send({"n": 1, "deferred": True, "pad": b"p" * 200_000})
+    await _until(lambda: waiting and waiting[0].complete)
+    assert server.stats().request_bytes_reserved == 0
+    await other.send({"n": 2, "pad": b"q" * 150_000})  # would not fit next to the first
+    assert (await other.receive())[0][1] == {"n": 2}
+    waiting[0].complete({"n": 1, "replicated": True})
+    assert (await producer.receive())[0][1] == {"n": 1, "replicated": True}
+
+
 async def test_a_muted_connection_reserves_for_a_large_frame_only_once_its_throttle_passed(net):
     """KIP-219: a connection muted after a throttled answer is not read meanwhile (Kafka mutes
     the channel), so a large frame it sends does not hold the shared budget for the throttle."""

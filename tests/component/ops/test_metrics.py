@@ -602,3 +602,26 @@ def test_a_throttled_answer_sent_at_once_is_accounted_as_its_response():
     assert rm.instrument(lambda h, b: answer)(header(ApiKey.FETCH), {"replica_id": -1}) is answer
     assert rm.bytes_out == {"t": len(batch)} and rm.messages_out == {"t": 3}
     assert rm.errors == {("FetchConsumer", 6): 1}
+
+
+async def test_a_produce_whose_task_hands_over_a_replication_wait_is_observed_when_answered():
+    """A produce validated in a worker thread, then waiting for replication (its task returns
+    the DelayedProduce): observed once answered, keeping its counts, not its records."""
+    clock = Clock()
+    rm = RequestMetrics(clock)
+    batch = build_batch([b"a"] * 2)
+    inner = _Deferred()
+
+    async def validated_then_appended():
+        return inner
+
+    result = await rm.instrument(lambda h, b: validated_then_appended())(
+        header(ApiKey.PRODUCE), produce_body("t", {0: batch}))
+    assert is_deferred(result) and result.body == [("t", 0, len(batch), 2)] and "Produce" not in rm.latency
+    answered = []
+    result.attach(answered.append)
+    clock.now += 0.2
+    response = ProduceResponse([TopicProduceResponse("t", [PartitionProduceResponse(0, 0, 0)])])
+    inner.complete(response)
+    assert answered == [response] and rm.messages_in == {"t": 2}
+    assert rm.latency["Produce"].count == 1 and rm.latency["Produce"].sum == pytest.approx(0.2)

@@ -330,3 +330,26 @@ def test_a_user_or_client_id_named_default_is_not_the_default_entity():
     store = EntityConfigStore(zk=None)
     store._apply(path, {"SCRAM-SHA-256": make_credential("SCRAM-SHA-256", "secret", iterations=4096).to_text()})
     assert store.scram_credential("<default>", "SCRAM-SHA-256") is not None
+
+
+async def test_a_produce_whose_task_hands_over_a_replication_wait_is_charged_when_answered():
+    from tidelog.broker.context import RequestContext
+    from tidelog.broker.security.quotas import QuotaEnforcer
+    from tidelog.protocol.codec import ApiKey, RequestHeader
+
+    configs = {entity_path(None, "app"): {PRODUCER_BYTE_RATE: "100"}}
+    enforcer = QuotaEnforcer(ClientQuotas(lambda: configs, lambda: 0, samples=2, sample_ms=1000), clock=lambda: 0.0)
+    wait = _LongPoll()
+
+    async def validated_then_appended():
+        return wait
+
+    context = RequestContext(RequestHeader(ApiKey.PRODUCE, 0, 1, "app"), client_throttles=True)
+    body = {"acks": -1, "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"r" * 1000}]}]}
+    deferred = await enforcer.instrument(lambda ctx, b: validated_then_appended())(context, body)
+    assert deferred.body == 1000  # its byte count, not its records
+    answers: list = []
+    deferred.attach(answers.append)
+    wait.complete(None)
+    [answer] = answers
+    assert answer.throttle_ms == 9000

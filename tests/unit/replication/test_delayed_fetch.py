@@ -4,6 +4,8 @@ that completes them, or by the replica manager's timer at their deadline; never 
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import trio
 
@@ -603,3 +605,22 @@ async def test_the_purgatories_count_what_waits_for_replication_or_records(three
     await wait_all_tasks_blocked()
     assert produced and consumed
     assert (rm.produce_purgatory_size, rm.fetch_purgatory_size) == (0, 0)
+
+
+async def test_an_acks_all_produce_validated_in_a_worker_waits_as_a_delayed_produce(three):
+    """Its task validates and appends, then hands over the wait for replication: a DelayedProduce,
+    holding neither the request nor its records (the network layer gives the frame's memory back
+    when the task returns)."""
+    from tidelog.protocol.records import Codec
+
+    batch = make_batch(3, codec=Codec.GZIP)  # compressed: validated in a worker thread
+    request = ProduceRequest(-1, 1000, [TopicProduceData(TP.topic, [PartitionProduceData(TP.partition, batch)])])
+    started = three.leader.apis.produce(request)
+    assert inspect.isawaitable(started)
+    waiting = await started
+    assert isinstance(waiting, DelayedProduce)
+    answers = attach(waiting)
+    follower_fetch(three, 2, 3)
+    follower_fetch(three, 3, 3)  # every replica in the ISR holds it: the HW passes it
+    [response] = answers
+    assert produce_result(response).error_code == NONE.code and produce_result(response).base_offset == 0
