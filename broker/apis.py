@@ -636,12 +636,8 @@ class Apis:
         topics = [t for t in req.topics if t.name not in denied]
         if not topics:
             return CreateTopicsResponse(refused)
-        try:
-            results, waits = await c.call(lambda: c.create_topics(topics, req.validate_only))
-        except TidelogError as e:  # resigned while the call was queued
-            if e.error is not NOT_CONTROLLER:
-                raise
-            return CreateTopicsResponse(refused + [TopicResult(t.name, e.code, str(e)) for t in topics])
+        results, waits = await _per_topic_call(c, lambda: c.create_topics(topics, req.validate_only),
+                                               [t.name for t in topics])
         await wait_all(waits, req.timeout_ms / 1000)
         return CreateTopicsResponse(refused + list(results))
 
@@ -662,12 +658,7 @@ class Apis:
                    TopicResult(n, INVALID_TOPIC_EXCEPTION.code, f"{n} is an internal topic: it cannot be deleted")
                    for n in req.topic_names if n in denied or is_internal_topic(n)}
         names = [n for n in req.topic_names if n not in refused]
-        try:
-            results, done = await c.call(lambda: c.delete_topics(names)) if names else ([], [])
-        except TidelogError as e:  # resigned while the call was queued
-            if e.error is not NOT_CONTROLLER:
-                raise
-            results, done = [TopicResult(n, e.code, str(e)) for n in names], []
+        results, done = await _per_topic_call(c, lambda: c.delete_topics(names), names) if names else ([], [])
         # the answer comes once the deletions that can complete have (so that the name can be
         # taken again), up to the request's timeout; one held by a replica on a broker that is
         # down is answered at once (it completes when the broker returns)
@@ -689,12 +680,8 @@ class Apis:
         topics = [t for t in req.topics if t.name not in denied]
         if not topics:
             return CreatePartitionsResponse(refused)
-        try:
-            results, waits = await c.call(lambda: c.create_partitions_all(topics, req.validate_only))
-        except TidelogError as e:  # resigned while the call was queued
-            if e.error is not NOT_CONTROLLER:
-                raise
-            return CreatePartitionsResponse(refused + [TopicResult(t.name, e.code, str(e)) for t in topics])
+        results, waits = await _per_topic_call(c, lambda: c.create_partitions_all(topics, req.validate_only),
+                                               [t.name for t in topics])
         await wait_all(waits, req.timeout_ms / 1000)
         return CreatePartitionsResponse(refused + list(results))
 
@@ -1237,6 +1224,18 @@ def _disk_usage(log_dirs: list[str]) -> dict[str, tuple[int, int]]:
         except OSError:
             out[d] = (-1, -1)
     return out
+
+
+async def _per_topic_call(c, call, names: list[str]) -> tuple[list, list]:
+    """``c.call(call)``'s (results, waits); a controller that resigned while the call was
+    queued answers each topic NOT_CONTROLLER, as Kafka's handlers do, and the client asks the
+    new one."""
+    try:
+        return await c.call(call)
+    except TidelogError as e:
+        if e.error is not NOT_CONTROLLER:
+            raise
+        return [TopicResult(n, e.code, str(e)) for n in names], []
 
 
 def _denied(ctx: RequestContext | None, operation: str, kind: str, name: str) -> str:
