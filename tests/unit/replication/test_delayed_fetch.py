@@ -38,9 +38,9 @@ from tidelog.protocol.messages import (
 from tidelog.protocol.topics import TopicPartition
 
 
-@pytest.fixture
-async def leader(tmp_path, nursery):
-    cluster, brokers = make_cluster(str(tmp_path), n=1)
+async def running_leader(tmp_path, nursery, config: LogConfig | None = None):
+    """A one-broker cluster's leader of TP, its replica manager running, closed after."""
+    cluster, brokers = make_cluster(str(tmp_path), n=1, config=config)
     cluster.elect(1, [1])
     broker = brokers[0]
     await nursery.start(broker.replica_manager.run)
@@ -48,19 +48,19 @@ async def leader(tmp_path, nursery):
     broker.replica_manager._nursery.cancel_scope.cancel()
     for b in brokers:
         b.close()
+
+
+@pytest.fixture
+async def leader(tmp_path, nursery):
+    async for broker in running_leader(tmp_path, nursery):
+        yield broker
 
 
 @pytest.fixture
 async def roomy_leader(tmp_path, nursery):
     """A leader whose segments take batches of a thousand bytes (``leader``'s refuse them)."""
-    cluster, brokers = make_cluster(str(tmp_path), n=1, config=LogConfig(segment_bytes=1 << 24, retention_ms=-1))
-    cluster.elect(1, [1])
-    broker = brokers[0]
-    await nursery.start(broker.replica_manager.run)
-    yield broker
-    broker.replica_manager._nursery.cancel_scope.cancel()
-    for b in brokers:
-        b.close()
+    async for broker in running_leader(tmp_path, nursery, LogConfig(segment_bytes=1 << 24, retention_ms=-1)):
+        yield broker
 
 
 def consumer_fetch(broker: MemoryBroker, offset: int, max_wait_ms: int = 500, min_bytes: int = 1):
