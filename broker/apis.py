@@ -871,6 +871,9 @@ class Apis:
 
     @handles(ApiKey.ELECT_LEADERS, Kind.ASYNC)
     async def elect_leaders(self, req: ElectLeadersRequest, ctx: RequestContext | None = None) -> ElectLeadersResponse:
+        """On the controller (Alter on the cluster, as in Kafka); elsewhere, and from a
+        controller that resigned while the call was queued, NOT_CONTROLLER per partition
+        (``_election_refusals``) under a top-level NONE, as Kafka's answer."""
         if not self._can(ctx, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
             message = _denied(ctx, "Alter", "cluster", CLUSTER_NAME)
             return ElectLeadersResponse(CLUSTER_AUTHORIZATION_FAILED.code, [
@@ -882,11 +885,16 @@ class Apis:
             return ElectLeadersResponse(INVALID_REQUEST.code, [
                 ElectLeadersResult(r.topic_name, r.partition_index, INVALID_REQUEST.code, message)
                 for r in req.topic_partitions or []])
-        c = self._controller()
         tps = None if req.topic_partitions is None else [
             TopicPartition(r.topic_name, r.partition_index) for r in req.topic_partitions]
-        elect = c.elect_preferred if req.election_type == PREFERRED_ELECTION else c.elect_unclean
-        results, waits = await c.call(lambda: elect(tps))
+        try:
+            c = self._controller()
+        except TidelogError as e:
+            results, waits = _election_refusals(tps, self.metadata, e)
+        else:
+            elect = c.elect_preferred if req.election_type == PREFERRED_ELECTION else c.elect_unclean
+            results, waits = await _per_item_call(c, lambda: elect(tps),
+                                                  lambda e: _election_refusals(tps, self.metadata, e))
         await wait_all(waits, req.timeout_ms / 1000)
         return ElectLeadersResponse(NONE.code, [ElectLeadersResult(tp.topic, tp.partition, code, msg)
                                                 for tp, code, msg in results])
@@ -895,7 +903,9 @@ class Apis:
     async def alter_partition_reassignments(self, req: AlterPartitionReassignmentsRequest,
                                             ctx: RequestContext | None = None) -> AlterPartitionReassignmentsResponse:
         """Start, replace or cancel (replicas None) partition moves, on the controller (Alter
-        on the cluster, as in Kafka). A partition named twice is INVALID_REQUEST."""
+        on the cluster, as in Kafka). A partition named twice is INVALID_REQUEST. Off the
+        controller the request is refused as a whole (a top-level NOT_CONTROLLER), as Kafka's
+        controller refuses it, whatever the per-partition codes of the response."""
         named = [TopicPartition(t.name, p.partition_index) for t in req.topics for p in t.partitions]
         if not self._can(ctx, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
             return _reassignment_answer(named, {}, CLUSTER_AUTHORIZATION_FAILED.code,
@@ -1226,16 +1236,32 @@ def _disk_usage(log_dirs: list[str]) -> dict[str, tuple[int, int]]:
     return out
 
 
-async def _per_topic_call(c, call, names: list[str]) -> tuple[list, list]:
+async def _per_item_call(c, call, refused: Callable[[TidelogError], tuple[list, list]]) -> tuple[list, list]:
     """``c.call(call)``'s (results, waits); a controller that resigned while the call was
-    queued answers each topic NOT_CONTROLLER, as Kafka's handlers do, and the client asks the
-    new one."""
+    queued answers ``refused(error)`` instead: NOT_CONTROLLER for each item (topic,
+    partition), as Kafka's handlers do, and the client asks the new one."""
     try:
         return await c.call(call)
     except TidelogError as e:
         if e.error is not NOT_CONTROLLER:
             raise
-        return [TopicResult(n, e.code, str(e)) for n in names], []
+        return refused(e)
+
+
+async def _per_topic_call(c, call, names: list[str]) -> tuple[list, list]:
+    """``_per_item_call`` of a call answered per topic (CreateTopics, DeleteTopics, CreatePartitions)."""
+    return await _per_item_call(c, call, lambda e: ([TopicResult(n, e.code, str(e)) for n in names], []))
+
+
+def _election_refusals(tps: list[TopicPartition] | None, metadata: MetadataCache,
+                       e: TidelogError) -> tuple[list, list]:
+    """ElectLeaders off the controller, as Kafka answers it: ``e`` (NOT_CONTROLLER) for each
+    partition named or, of a null list, each one the broker knows. Knowing none, the request
+    is refused as a whole: an empty answer would read as "no partition needed an election"."""
+    results = [(tp, e.code, str(e)) for tp in (metadata.partitions() if tps is None else tps)]
+    if tps is None and not results:
+        raise e
+    return results, []
 
 
 def _denied(ctx: RequestContext | None, operation: str, kind: str, name: str) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import trio
 
@@ -93,6 +93,13 @@ class MetadataCache:
 
     def contains_topic(self, topic: str) -> bool:
         return topic in self._partitions
+
+    def partitions(self) -> Iterator[TopicPartition]:
+        """Every partition held, topic by topic (Kafka's ``getAllTopics`` and
+        ``getTopicPartitions``)."""
+        for topic in sorted(self._partitions):
+            for p in sorted(self._partitions[topic]):
+                yield TopicPartition(topic, p)
 
     def partition_state(self, tp: TopicPartition) -> PartitionState | None:
         return self._partitions.get(tp.topic, {}).get(tp.partition)

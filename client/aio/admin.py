@@ -1,9 +1,10 @@
 """The Trio admin client: topics, partitions, configs, cluster description.
 
-Routing follows Kafka's ZooKeeper era: CreateTopics, DeleteTopics, CreatePartitions and
-AlterConfigs go to the controller (``MetadataResponse.controller_id``). A NOT_CONTROLLER answer
-(per topic or for the whole request), a lost connection or a timeout refreshes the metadata
-and retries the affected topics, with backoff, until the call's timeout. Reads
+Routing follows Kafka's ZooKeeper era: CreateTopics, DeleteTopics, CreatePartitions,
+AlterConfigs, ElectLeaders and the reassignments go to the controller
+(``MetadataResponse.controller_id``). A NOT_CONTROLLER answer (per topic, resource or
+partition, or for the whole request), a lost connection or a timeout refreshes the metadata
+and retries the affected items, with backoff, until the call's timeout. Reads
 (describe_topics, list_topics, describe_cluster, a topic's DescribeConfigs) go to any broker:
 AlterConfigs returns once the brokers have the new configs.
 
@@ -492,18 +493,28 @@ class AsyncAdmin(RunsInOwnNursery):
         if election is None:
             raise ValueError(f"election_type must be one of {sorted(_ELECTION_TYPES)}, not {election_type!r}")
         timeout_ms = self._timeout_ms(timeout_ms)
-        refs = None if partitions is None else [TopicPartitionRef(tp.topic, tp.partition) for tp in partitions]
-        answers: list[ElectLeadersResponse] = []
+        asked = None if partitions is None else list(dict.fromkeys(TopicPartition(*tp) for tp in partitions))
+        results: dict[TopicPartition, tuple[int, str | None]] = {}
+
+        def build(_names: list[str]) -> ElectLeadersRequest:
+            # after a NOT_CONTROLLER per partition, those partitions again (or all again)
+            refs = None if asked is None else [TopicPartitionRef(tp.topic, tp.partition)
+                                               for tp in asked if tp not in results]
+            return ElectLeadersRequest(refs, election, timeout_ms)
 
         def extract(r: ElectLeadersResponse) -> Outcomes:
-            answers.append(r)
-            return {_WHOLE_REQUEST: (r.error_code, None)}
-        outcomes = await self._to_controller(
-            [_WHOLE_REQUEST], lambda ns: ElectLeadersRequest(refs, election, timeout_ms), ApiKey.ELECT_LEADERS,
-            extract, timeout_ms)
+            if r.error_code != NONE.code:
+                return {_WHOLE_REQUEST: (r.error_code, None)}
+            moved = None  # a resigned controller, or not the controller: Kafka's per-partition answer
+            for x in r.results:
+                if x.error_code == NOT_CONTROLLER.code:
+                    moved = (x.error_code, f"{x.topic_name}-{x.partition_index}: {x.error_message}")
+                else:
+                    results[TopicPartition(x.topic_name, x.partition_index)] = (x.error_code, x.error_message)
+            return {_WHOLE_REQUEST: moved or (NONE.code, None)}
+        outcomes = await self._to_controller([_WHOLE_REQUEST], build, ApiKey.ELECT_LEADERS, extract, timeout_ms)
         _raise_for_request(outcomes, "cannot elect leaders")
-        return {TopicPartition(x.topic_name, x.partition_index): (x.error_code, x.error_message)
-                for x in answers[-1].results}
+        return results
 
     async def broker_versions(self, brokers: Iterable[int] | None = None,
                               timeout_ms: int | None = None) -> dict[int, str | None]:

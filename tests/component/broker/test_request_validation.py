@@ -38,9 +38,11 @@ from tidelog.protocol.errors import (
     NOT_CONTROLLER,
     UNKNOWN_TOPIC_OR_PARTITION,
     InvalidRequestError,
+    TidelogError,
 )
 from tidelog.protocol.kafka.schema import codec
 from tidelog.protocol.messages import (
+    TOPIC_RESOURCE,
     CreatePartitionsResponse,
     CreateTopicsResponse,
     FindCoordinatorResponse,
@@ -203,6 +205,62 @@ async def test_a_controller_that_resigned_while_the_call_was_queued_answers_not_
     assert [(r.name, r.error_code) for r in grown.results] == [("orders", NOT_CONTROLLER.code)]
     assert [(r.name, r.error_code) for r in deleted.responses] == [("orders", NOT_CONTROLLER.code)]
     assert "no longer the controller" in created.topics[0].error_message
+
+
+def resign_while_queued(broker):
+    async def moved(fn):
+        raise ControllerMovedError("broker 1 is no longer the controller")
+    broker.controller.call = moved
+
+
+def not_the_controller(broker):
+    broker.controller.ctx = None
+
+
+@pytest.mark.parametrize("refuse", [resign_while_queued, not_the_controller])
+async def test_elections_and_config_changes_off_the_controller_answer_not_controller_per_item(broker, refuse):
+    """Kafka answers ElectLeaders NOT_CONTROLLER per partition (of a null list, each partition
+    the broker knows) and AlterConfigs per resource, under a top-level NONE, whether the
+    broker is not the controller or resigned while the call was queued."""
+    refuse(broker)
+    named = await broker.call(ApiKey.ELECT_LEADERS, {"topic_partitions": [
+        {"topic_name": "orders", "partition_index": 0}, {"topic_name": "nope", "partition_index": 3}]})
+    assert named.error_code == NONE.code
+    assert [(r.topic_name, r.partition_index, r.error_code) for r in named.results] == [
+        ("orders", 0, NOT_CONTROLLER.code), ("nope", 3, NOT_CONTROLLER.code)]
+    assert "is not the controller" in named.results[0].error_message \
+        or "no longer the controller" in named.results[0].error_message
+    every = await broker.call(ApiKey.ELECT_LEADERS, {"topic_partitions": None, "election_type": 1})
+    assert every.error_code == NONE.code
+    assert sorted((r.topic_name, r.partition_index) for r in every.results) == [
+        (OFFSETS_TOPIC, 0), ("coll.x", 0), ("orders", 0)]
+    assert {r.error_code for r in every.results} == {NOT_CONTROLLER.code}
+    altered = await broker.call(ApiKey.ALTER_CONFIGS, {"resources": [
+        {"resource_type": TOPIC_RESOURCE, "resource_name": "orders", "configs": {"retention.ms": "1000"}}]})
+    assert [(r.resource_name, r.error_code) for r in altered.responses] == [("orders", NOT_CONTROLLER.code)]
+
+
+async def test_an_election_of_every_partition_by_a_broker_that_knows_none_is_refused_as_a_whole(broker):
+    """Nothing to answer NOT_CONTROLLER for: the request is (the client must not read "no
+    partition needed an election")."""
+    not_the_controller(broker)
+    broker.metadata = broker.apis.metadata = MetadataCache(1)
+    with pytest.raises(TidelogError) as refused:  # the network layer's error body
+        await broker.call(ApiKey.ELECT_LEADERS, {"topic_partitions": None})
+    assert refused.value.error is NOT_CONTROLLER
+
+
+@pytest.mark.parametrize("refuse", [resign_while_queued, not_the_controller])
+async def test_reassignments_off_the_controller_are_refused_as_a_whole(broker, refuse):
+    """As Kafka's controller answers them: a top-level NOT_CONTROLLER (the network layer's
+    error body), which the admin client retries on the new controller."""
+    refuse(broker)
+    for api_key, body in ((ApiKey.ALTER_PARTITION_REASSIGNMENTS, {"topics": [
+                               {"name": "orders", "partitions": [{"partition_index": 0, "replicas": [1]}]}]}),
+                          (ApiKey.LIST_PARTITION_REASSIGNMENTS, {"topics": None})):
+        with pytest.raises(TidelogError) as refused:
+            await broker.call(api_key, body)
+        assert refused.value.error is NOT_CONTROLLER
 
 
 async def test_metadata_answers_invalid_names_and_creates_none_of_them(broker):

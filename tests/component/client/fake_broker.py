@@ -34,6 +34,7 @@ from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.connection import BadRequest, ServerConnection
 from tidelog.protocol.errors import (
     COORDINATOR_NOT_AVAILABLE,
+    ELECTION_NOT_NEEDED,
     INVALID_PARTITIONS,
     INVALID_REQUEST,
     NONE,
@@ -63,6 +64,7 @@ from tidelog.protocol.messages import (
     DescribeLogDirsResult,
     DescribeLogDirsTopic,
     ElectLeadersResponse,
+    ElectLeadersResult,
     FetchPartitionResponse,
     FetchResponse,
     FetchTopicResponse,
@@ -505,8 +507,16 @@ class FakeCluster:
         return CreatePartitionsResponse(out)
 
     async def _elect_leaders(self, node: int, request: Any, error: int | None) -> ElectLeadersResponse:
-        """No election is ever needed here: only the request's error (or NOT_CONTROLLER)."""
-        return ElectLeadersResponse(error or (NOT_CONTROLLER.code if self._not_controller(node) else NONE.code))
+        """No election is ever needed here. As Kafka's broker: NOT_CONTROLLER per partition
+        (of a null list, each partition of the fake), another error for the request too."""
+        code = error or (NOT_CONTROLLER.code if self._not_controller(node) else ELECTION_NOT_NEEDED.code)
+        named = [(r.topic_name, r.partition_index) for r in request.topic_partitions] \
+            if request.topic_partitions is not None else \
+            [(t, p) for t, topic in self.topics.items() for p in range(len(topic.partitions))]
+        if request.topic_partitions is None and code == ELECTION_NOT_NEEDED.code:
+            named = []  # of all partitions, only those elected or that failed are answered (KIP-460)
+        return ElectLeadersResponse(NONE.code if code in (NOT_CONTROLLER.code, ELECTION_NOT_NEEDED.code) else code,
+                                    [ElectLeadersResult(t, p, code) for t, p in named])
 
     async def _alter_partition_reassignments(self, node: int, request: Any, error: int | None
                                              ) -> AlterPartitionReassignmentsResponse:

@@ -11,6 +11,7 @@ from tidelog.errors import RequestTimedOut
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
+    ELECTION_NOT_NEEDED,
     GROUP_AUTHORIZATION_FAILED,
     INVALID_PARTITIONS,
     NOT_CONTROLLER,
@@ -56,6 +57,22 @@ async def test_a_whole_request_not_controller_answer_is_retried(fake):
         assert await admin.delete_topics(["old"]) == {"old": None}
     assert len(fake.topics["a"].partitions) == 2 and "old" not in fake.topics
     assert len(fake.sent(ApiKey.CREATE_TOPICS)) == len(fake.sent(ApiKey.DELETE_TOPICS)) == 2
+
+
+async def test_an_election_answered_not_controller_per_partition_is_retried(fake):
+    """Kafka's broker answers ElectLeaders NOT_CONTROLLER per partition (and a failing
+    handler for the request as a whole): the client finds the controller again and resends
+    the partitions so answered, of a named list or of all partitions."""
+    fake.create_topic("t", 2)
+    tp = TopicPartition("t", 0)
+    fake.inject(ApiKey.ELECT_LEADERS, error_code=NOT_CONTROLLER.code, count=2)
+    fake.inject(ApiKey.ELECT_LEADERS, error_code=NOT_CONTROLLER.code, whole_request=True)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        assert await admin.elect_leaders([tp]) == {tp: (ELECTION_NOT_NEEDED.code, None)}
+        assert len(fake.sent(ApiKey.ELECT_LEADERS)) == 4
+        fake.inject(ApiKey.ELECT_LEADERS, error_code=NOT_CONTROLLER.code)
+        assert await admin.elect_leaders() == {}
+    assert [r.topic_partitions for r in fake.sent(ApiKey.ELECT_LEADERS)[4:]] == [None, None]
 
 
 async def test_errors_name_the_topic_and_the_cause_and_keep_the_other_results(fake):
@@ -217,4 +234,4 @@ async def test_a_refused_election_or_reassignment_names_no_topic(fake):
             with pytest.raises(TidelogError, match=f"^{what}: CLUSTER_AUTHORIZATION_FAILED") as info:
                 await call()
             assert "topic" not in str(info.value) and info.value.error is CLUSTER_AUTHORIZATION_FAILED
-        assert await admin.elect_leaders([tp]) == {}
+        assert await admin.elect_leaders([tp]) == {tp: (ELECTION_NOT_NEEDED.code, None)}
