@@ -445,9 +445,12 @@ async def create_topic(c: Clients, r: Request) -> dict:
     if not c.permissions.can("CREATE", "TOPIC", name):
         raise _forbidden(c, f"create topic {name!r}")
     configs = config_changes({"set": body["configs"]}) if body.get("configs") else {}
-    new = NewTopic(name, _int_field(body, "partitions", 1, 1, 100000),
-                   _int_field(body, "replication_factor", -1, -1, 100),
-                   config={k: v for k, v in configs.items() if v is not None})
+    try:
+        new = NewTopic(name, _int_field(body, "partitions", 1, 1, 100000),
+                       _int_field(body, "replication_factor", -1, -1, 100),
+                       config={k: v for k, v in configs.items() if v is not None})
+    except ValueError as e:  # a replication factor of 0
+        raise BadRequest(str(e)) from None
     await c.admin.create_topics([new], timeout_ms=30000)
     await c.watch.poll_once()
     return {"created": name}

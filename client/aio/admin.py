@@ -139,13 +139,30 @@ _ELECTION_TYPES = {"preferred": PREFERRED_ELECTION, "unclean": UNCLEAN_ELECTION}
 @dataclass(frozen=True, slots=True)
 class NewTopic:
     """A topic to create. -1 means the broker's default (num.partitions,
-    default.replication.factor); ``replica_assignment`` (partition -> broker ids) overrides both."""
+    default.replication.factor); ``replica_assignment`` (partition -> broker ids) sets both
+    instead, and then neither may be given (Kafka's broker refuses both). A count that is
+    neither positive nor -1 is refused here, naming it, before any request is sent."""
 
     name: str
     num_partitions: int = -1
     replication_factor: int = -1
     replica_assignment: dict[int, list[int]] | None = None
     config: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the fields' widths in CreateTopics: INT32 and INT16
+        for what, value, most in (("num_partitions", self.num_partitions, (1 << 31) - 1),
+                                  ("replication_factor", self.replication_factor, (1 << 15) - 1)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"topic {self.name!r}: {what} must be an int, got {value!r}")
+            if value == 0 or value < -1:
+                raise ValueError(f"topic {self.name!r}: {what} must be positive or -1 (the broker's default), "
+                                 f"got {value}")
+            if value > most:
+                raise ValueError(f"topic {self.name!r}: {what} must be at most {most}, got {value}")
+            if value != -1 and self.replica_assignment is not None:
+                raise ValueError(f"topic {self.name!r}: replica_assignment sets the partitions and replication "
+                                 f"factor: give {what}={value} or it, not both")
 
     def to_creatable(self) -> CreatableTopic:
         assignments = None

@@ -115,12 +115,17 @@ async def _create(args: argparse.Namespace) -> int:
     from tidelog.aio import NewTopic
     from tidelog.protocol.errors import TOPIC_ALREADY_EXISTS, TidelogError
 
-    config = dict(args.config)
+    for flag, value in (("--partitions", args.partitions), ("--replication-factor", args.replication_factor)):
+        if value == 0 or value < -1:
+            raise UsageError(f"{flag} must be positive (or -1 for the broker's default), got {value}")
+    try:
+        new_topic = NewTopic(args.name, args.partitions, args.replication_factor, config=dict(args.config))
+    except ValueError as e:  # more than the request can carry
+        raise UsageError(str(e)) from None
     async with _admin_session(args) as admin:
         await _connect(admin, args)
         try:
-            await admin.create_topics([NewTopic(args.name, args.partitions, args.replication_factor,
-                                                config=config)], timeout_ms=args.timeout_ms)
+            await admin.create_topics([new_topic], timeout_ms=args.timeout_ms)
         except TidelogError as e:
             if args.if_not_exists and getattr(e, "error", None) is TOPIC_ALREADY_EXISTS:
                 return EXIT_OK

@@ -23,6 +23,21 @@ def test_a_partition_without_its_topic_is_a_usage_error(capsys):
     assert "--partition needs the topic names" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag, value", [("--partitions", "0"), ("--partitions", "-2"),
+                                         ("--replication-factor", "0"), ("--replication-factor", "-5")])
+def test_a_count_that_is_neither_positive_nor_the_default_is_a_usage_error(capsys, flag, value):
+    """Refused before the cluster is asked (the bootstrap here answers nothing)."""
+    assert main(["topics", "create", "t", flag, value, "--bootstrap", "127.0.0.1:9"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{flag} must be positive (or -1 for the broker's default), got {value}" in err
+    assert "Traceback" not in err
+
+
+def test_a_replication_factor_the_request_cannot_carry_is_a_usage_error(capsys):
+    assert main(["topics", "create", "t", "--replication-factor", "40000", "--bootstrap", "127.0.0.1:9"]) == EXIT_USAGE
+    assert "replication_factor must be at most 32767, got 40000" in capsys.readouterr().err
+
+
 class FakeTopicsAdmin:
     def __init__(self, topics_=("orders",)):
         self.topics, self.deleted, self.elected = list(topics_), [], []

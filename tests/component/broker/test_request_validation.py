@@ -33,6 +33,7 @@ from tidelog.protocol.errors import (
     INVALID_CONFIG,
     INVALID_GROUP_ID,
     INVALID_PARTITIONS,
+    INVALID_REPLICATION_FACTOR,
     INVALID_TOPIC_EXCEPTION,
     NONE,
     NOT_CONTROLLER,
@@ -178,6 +179,19 @@ async def test_a_huge_create_topics_is_answered_invalid_partitions(broker):
     response = CreatePartitionsResponse.from_body((await broker.call(ApiKey.CREATE_PARTITIONS, {
         "topics": [{"name": "nope", "count": 3}, {"name": "../x", "count": 3}]})).to_body())
     assert [r.error_code for r in response.results] == [UNKNOWN_TOPIC_OR_PARTITION.code, INVALID_TOPIC_EXCEPTION.code]
+    assert broker.zk.writes == 0
+
+
+async def test_counts_no_client_would_send_are_answered_per_topic(broker):
+    """A raw CreateTopics with a count that is neither positive nor -1 (the default): Kafka's
+    INVALID_PARTITIONS / INVALID_REPLICATION_FACTOR, naming the value; nothing is written."""
+    response = await broker.call(ApiKey.CREATE_TOPICS, {"topics": [
+        topic("p0", 0), topic("p-2", -2), {**topic("rf0"), "replication_factor": 0},
+        {**topic("rf-2"), "replication_factor": -2}]})
+    codes = {r.name: (r.error_code, r.error_message) for r in response.topics}
+    assert codes["p0"][0] == codes["p-2"][0] == INVALID_PARTITIONS.code
+    assert codes["rf0"][0] == codes["rf-2"][0] == INVALID_REPLICATION_FACTOR.code
+    assert codes["p-2"][1].endswith("got -2") and codes["rf0"][1].endswith("got 0")
     assert broker.zk.writes == 0
 
 

@@ -75,6 +75,8 @@ async def test_bad_input_is_refused_with_a_message_naming_the_problem():
         ("POST", "/api/topics", b"{not json", "the body is not JSON"),
         ("POST", "/api/topics", {"name": "bad name"}, "topic name"),
         ("POST", "/api/topics", {"name": "ok", "partitions": "many"}, "partitions must be an integer"),
+        ("POST", "/api/topics", {"name": "ok", "replication_factor": 0},
+         "replication_factor must be positive or -1 (the broker's default), got 0"),
         ("POST", "/api/topics/orders/configs", {"set": {"Retention": "1"}}, "is not a config name"),
         ("POST", "/api/topics/orders/records", {"value": "ab", "value_format": "hex", "partition": 3},
          "partition must be an integer between 0 and 0"),
