@@ -58,6 +58,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a leader")
     a.add_argument("--under-min-isr-partitions", action="store_true",
                    help="only partitions whose ISR is smaller than their min.insync.replicas")
+    a.add_argument("--if-exists", action="store_true", help="leave out the named topics that do not exist")
     a = action("alter", "add partitions, or set or delete topic configs")
     a.add_argument("name")
     a.add_argument("--partitions", type=int, help="the new (larger) partition count")
@@ -65,8 +66,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="set a topic config override (repeatable)")
     a.add_argument("--delete-config", action="append", default=[], metavar="KEY",
                    help="remove a topic config override (repeatable)")
+    a.add_argument("--if-exists", action="store_true", help="do nothing (and succeed) if the topic does not exist")
     a = action("delete", "delete topics")
     a.add_argument("names", nargs="+", metavar="NAME")
+    a.add_argument("--if-exists", action="store_true",
+                   help="delete those of the topics that exist, and succeed if none does")
     a = action("delete-records", "delete the records below an offset (like kafka-delete-records)")
     a.add_argument("name")
     a.add_argument("--offset", type=int, required=True,
@@ -177,13 +181,31 @@ async def _delete(args: argparse.Namespace) -> int:
             named = f"topic {internal[0]!r} is an internal topic" if len(internal) == 1 else \
                 f"topics {', '.join(map(repr, internal))} are internal topics"
             raise CommandError(f"{named}, not allowed to be deleted: nothing was deleted")
-        missing = sorted(set(args.names) - set(await admin.list_topics(timeout_ms=args.timeout_ms)))
-        if missing:
+        existing = set(await admin.list_topics(timeout_ms=args.timeout_ms))
+        missing = sorted(set(args.names) - existing)
+        if missing and not args.if_exists:
             raise CommandError(f"topic(s) {', '.join(map(repr, missing))} do not exist: nothing was deleted")
-        await admin.delete_topics(args.names, timeout_ms=args.timeout_ms)
-    for name in args.names:
+        names = [name for name in dict.fromkeys(args.names) if name in existing]
+        deleted = await _delete_topics(admin, args, names) if names else []
+    for name in deleted:
         print(f"Deleted topic {name}.")
     return EXIT_OK
+
+
+async def _delete_topics(admin: Any, args: argparse.Namespace, names: list[str]) -> list[str]:
+    """The topics deleted; with --if-exists one deleted meanwhile (by another command, or
+    listed by a broker that had not heard yet) is left out, not an error."""
+    from tidelog.protocol.errors import UNKNOWN_TOPIC_OR_PARTITION, TidelogError
+
+    try:
+        await admin.delete_topics(names, timeout_ms=args.timeout_ms)
+    except TidelogError as e:
+        results = getattr(e, "results", None)
+        if not args.if_exists or results is None or any(
+                r is not None and r.error is not UNKNOWN_TOPIC_OR_PARTITION for r in results.values()):
+            raise
+        return [name for name in names if results.get(name) is None]
+    return names
 
 
 async def _alter(args: argparse.Namespace) -> int:
@@ -194,25 +216,44 @@ async def _alter(args: argparse.Namespace) -> int:
         changes[key] = None
     if args.partitions is None and not changes:
         raise UsageError("nothing to alter: give --partitions, --config or --delete-config")
+    from tidelog.protocol.errors import UNKNOWN_TOPIC_OR_PARTITION, TidelogError
+
     async with _admin_session(args) as admin:
         await _connect(admin, args)
-        if args.partitions is not None:
-            await admin.create_partitions({args.name: args.partitions}, timeout_ms=args.timeout_ms)
-            print(f"Topic {args.name} now has {args.partitions} partitions.")
-        if changes:
-            await admin.alter_configs(args.name, changes, timeout_ms=args.timeout_ms)
-            done = [f"set {k}={v}" for k, v in changes.items() if v is not None]
-            done += [f"deleted {k}" for k, v in changes.items() if v is None]
-            print(f"Updated the configuration of topic {args.name}: {', '.join(done)}.")
-            if "min.insync.replicas" in changes:
-                await _warn_acks_all_impossible(admin, args, args.name, -1)
+        if args.if_exists and args.name not in await admin.list_topics(include_internal=True,
+                                                                        timeout_ms=args.timeout_ms):
+            return EXIT_OK  # kafka-topics --if-exists: nothing to alter
+        try:
+            await _alter_topic(admin, args, changes)
+        except TidelogError as e:  # with --if-exists, a topic deleted meanwhile is not an error
+            if not (args.if_exists and e.error is UNKNOWN_TOPIC_OR_PARTITION):
+                raise
     return EXIT_OK
+
+
+async def _alter_topic(admin: Any, args: argparse.Namespace, changes: dict[str, str | None]) -> None:
+    if args.partitions is not None:
+        await admin.create_partitions({args.name: args.partitions}, timeout_ms=args.timeout_ms)
+        print(f"Topic {args.name} now has {args.partitions} partitions.")
+    if changes:
+        await admin.alter_configs(args.name, changes, timeout_ms=args.timeout_ms)
+        done = [f"set {k}={v}" for k, v in changes.items() if v is not None]
+        done += [f"deleted {k}" for k, v in changes.items() if v is None]
+        print(f"Updated the configuration of topic {args.name}: {', '.join(done)}.")
+        if "min.insync.replicas" in changes:
+            await _warn_acks_all_impossible(admin, args, args.name, -1)
 
 
 async def _describe(args: argparse.Namespace) -> int:
     async with _admin_session(args) as admin:
         await _connect(admin, args)
-        descriptions = await admin.describe_topics(args.names or None, timeout_ms=args.timeout_ms)
+        names = args.names or None
+        if names and args.if_exists:  # kafka-topics --if-exists: only those that exist
+            existing = set(await admin.list_topics(include_internal=True, timeout_ms=args.timeout_ms))
+            names = [name for name in names if name in existing]
+            if not names:
+                return EXIT_OK
+        descriptions = await admin.describe_topics(names, timeout_ms=args.timeout_ms)
         configs = await _topic_configs(admin, args, [d.name for d in descriptions])
         offsets = await _log_offsets(admin, args, [p for d in descriptions for p in d.partitions])
         moves, racks = await _moves_and_racks(admin, args)

@@ -155,6 +155,11 @@ def test_topics_alter_and_delete(tidelog, cluster):
     while "grow" in tidelog("topics", "list").lines:
         assert time.monotonic() < deadline, "the deleted topic is still listed"
         time.sleep(0.2)
+    # kafka-topics' --if-exists: a missing topic is no error
+    r = tidelog("topics", "delete", "grow", "--if-exists")
+    assert (r.rc, r.out) == (0, ""), r.err
+    assert tidelog("topics", "alter", "grow", "--partitions", "5", "--if-exists").rc == 0
+    assert tidelog("topics", "delete", "grow").rc == 1
 
 
 # -- produce and consume -----------------------------------------------------------------------

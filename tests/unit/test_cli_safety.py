@@ -14,7 +14,7 @@ import pytest
 from tidelog.broker.cli import EXIT_USAGE, main
 from tidelog.commands import groups, topics
 from tidelog.commands.common import EXIT_FAILED, CommandError
-from tidelog.protocol.errors import TOPIC_AUTHORIZATION_FAILED, TidelogError
+from tidelog.protocol.errors import TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION, TidelogError
 from tidelog.records import TopicPartition
 
 
@@ -40,7 +40,8 @@ def test_a_replication_factor_the_request_cannot_carry_is_a_usage_error(capsys):
 
 class FakeTopicsAdmin:
     def __init__(self, topics_=("orders",)):
-        self.topics, self.deleted, self.elected = list(topics_), [], []
+        self.topics, self.deleted, self.elected, self.altered = list(topics_), [], [], []
+        self.vanished: set[str] = set()  # listed, but deleted by someone else before we ask
 
     async def __aenter__(self):
         return self
@@ -51,14 +52,35 @@ class FakeTopicsAdmin:
     async def describe_cluster(self, timeout_ms=None):
         return types.SimpleNamespace(brokers=[])
 
-    async def list_topics(self, timeout_ms=None):
+    async def list_topics(self, include_internal=False, timeout_ms=None):
         return self.topics
 
     async def delete_topics(self, names, timeout_ms=None):
-        self.deleted += names
+        results = {n: TidelogError(f"topic {n!r} vanished", error=UNKNOWN_TOPIC_OR_PARTITION)
+                   if n in self.vanished else None for n in names}
+        self.deleted += [n for n in names if results[n] is None]
+        if self.vanished & set(names):
+            error = next(e for e in results.values() if e is not None)
+            error.results = results
+            raise error
+
+    async def create_partitions(self, counts, timeout_ms=None):
+        self._alter(("partitions", counts))
+
+    async def alter_configs(self, name, changes, timeout_ms=None):
+        self._alter(("configs", name, changes))
+
+    def _alter(self, what):
+        name = next(iter(what[1])) if what[0] == "partitions" else what[1]
+        if name not in self.topics or name in self.vanished:
+            raise TidelogError(f"topic {name!r} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
+        self.altered.append(what)
 
     async def describe_topics(self, names, timeout_ms=None):
         return [types.SimpleNamespace(name=n, partitions=[types.SimpleNamespace(partition=0)]) for n in names]
+
+    async def list_partition_reassignments(self, timeout_ms=None):
+        return {}
 
     async def elect_leaders(self, partitions, timeout_ms=None, election_type="preferred"):
         self.elected.append((partitions, election_type))
@@ -80,8 +102,61 @@ def test_deleting_a_missing_topic_with_others_deletes_nothing(monkeypatch):
     fake = FakeTopicsAdmin()
     monkeypatch.setattr(topics, "_admin_session", lambda args: fake)
     with pytest.raises(CommandError, match="'ordrs'.*nothing was deleted"):
-        trio.run(topics._delete, args_for(names=["orders", "ordrs"]))
+        trio.run(topics._delete, args_for(names=["orders", "ordrs"], if_exists=False))
     assert fake.deleted == []
+
+
+def topics_cli(monkeypatch, fake, *argv):
+    monkeypatch.setattr(topics, "_admin_session", lambda args: fake)
+    return main(["topics", *argv, "--bootstrap", "127.0.0.1:9"])
+
+
+def test_delete_if_exists_deletes_the_topics_that_exist(monkeypatch, capsys):
+    """kafka-topics --delete --if-exists: a missing topic is no error (exit 0); the others
+    named are deleted, and without --if-exists nothing is."""
+    fake = FakeTopicsAdmin(["orders", "audit"])
+    assert topics_cli(monkeypatch, fake, "delete", "ghost", "--if-exists") == 0
+    assert fake.deleted == [] and capsys.readouterr().out == ""
+    assert topics_cli(monkeypatch, fake, "delete", "orders", "ghost") == EXIT_FAILED
+    assert fake.deleted == [] and "'ghost' do not exist: nothing was deleted" in capsys.readouterr().err
+    assert topics_cli(monkeypatch, fake, "delete", "orders", "ghost", "audit", "--if-exists") == 0
+    assert fake.deleted == ["orders", "audit"]
+    assert capsys.readouterr().out == "Deleted topic orders.\nDeleted topic audit.\n"
+
+
+def test_delete_if_exists_of_a_topic_deleted_meanwhile_succeeds(monkeypatch, capsys):
+    fake = FakeTopicsAdmin(["orders", "audit"])
+    fake.vanished = {"audit"}
+    assert topics_cli(monkeypatch, fake, "delete", "orders", "audit", "--if-exists") == 0
+    assert fake.deleted == ["orders"] and capsys.readouterr().out == "Deleted topic orders.\n"
+    assert topics_cli(monkeypatch, fake, "delete", "audit") == EXIT_FAILED
+    assert "vanished" in capsys.readouterr().err
+
+
+def test_alter_if_exists_of_a_missing_topic_does_nothing(monkeypatch, capsys):
+    fake = FakeTopicsAdmin(["orders"])
+    assert topics_cli(monkeypatch, fake, "alter", "ghost", "--partitions", "3", "--if-exists") == 0
+    assert topics_cli(monkeypatch, fake, "alter", "ghost", "--config", "retention.ms=1", "--if-exists") == 0
+    assert fake.altered == [] and capsys.readouterr().out == ""
+    assert topics_cli(monkeypatch, fake, "alter", "ghost", "--partitions", "3") == EXIT_FAILED
+    assert "'ghost' does not exist" in capsys.readouterr().err
+    assert topics_cli(monkeypatch, fake, "alter", "orders", "--partitions", "3", "--if-exists") == 0
+    assert fake.altered == [("partitions", {"orders": 3})]
+    fake.vanished = {"orders"}  # listed, then deleted before the alteration
+    assert topics_cli(monkeypatch, fake, "alter", "orders", "--config", "retention.ms=1", "--if-exists") == 0
+
+
+def test_describe_if_exists_leaves_out_missing_topics(monkeypatch, capsys):
+    fake = FakeTopicsAdmin(["orders"])
+    described = []
+
+    async def describe_topics(names, timeout_ms=None):
+        described.append(names)
+        return []
+    fake.describe_topics = describe_topics
+    assert topics_cli(monkeypatch, fake, "describe", "ghost", "--if-exists") == 0
+    assert topics_cli(monkeypatch, fake, "describe", "ghost", "orders", "--if-exists") == 0
+    assert described == [["orders"]]  # never None: that would describe every topic
 
 
 def test_electing_a_partition_that_does_not_exist_is_an_error(monkeypatch):
@@ -178,7 +253,7 @@ def test_an_internal_topic_is_not_deleted_and_is_called_internal(monkeypatch):
     fake = FakeTopicsAdmin()
     monkeypatch.setattr(topics, "_admin_session", lambda args: fake)
     with pytest.raises(CommandError, match="'__consumer_offsets' is an internal topic.*nothing was deleted"):
-        trio.run(topics._delete, args_for(names=["orders", "__consumer_offsets"]))
+        trio.run(topics._delete, args_for(names=["orders", "__consumer_offsets"], if_exists=True))
     assert fake.deleted == []
 
 
