@@ -34,8 +34,12 @@ Events and what they do:
   get a new leader (the first live replica in assignment order that is in the ISR; outside
   the ISR only with unclean.leader.election.enable), and it is removed from the ISR of the
   partitions it followed. Each change bumps the leader epoch. A broker whose registration
-  does not decode is not live (one live before is gone), logged, and its znode watched until
-  it decodes (``_note_unreadable_brokers``).
+  does not decode is not live (one live before is gone) and logged
+  (``_note_unreadable_brokers``).
+* broker registration changed (a data watch on each ``/brokers/ids/<id>``): a registration
+  rewritten in place (new endpoints or rack, the same broker epoch) replaces the one held and
+  every broker gets UpdateMetadata with it (Kafka's BrokerModifications); one that turned
+  unreadable, or readable again, is a broker change.
 * topics created, ISR change notifications from leaders.
 * topics marked for deletion (the rules: broker/controller/deletion.py): the controller stops
   managing the topic at once and has every replica deleted; the topic's znodes go once every
@@ -98,6 +102,7 @@ from tidelog.broker.zookeeper.layout import (
     ZkConnectionError,
     ZkTimeoutError,
     ZkVersionConflict,
+    decode_broker_info,
 )
 from tidelog.protocol import placement
 from tidelog.protocol.codec import ApiKey
@@ -243,6 +248,7 @@ class ControllerEvent(enum.Enum):
 
     CONTROLLER_CHANGE = "controller change"  # /controller changed
     BROKER_CHANGE = "broker change"  # /brokers/ids children
+    BROKER_MODIFICATION = "broker modification"  # /brokers/ids/<id> data (a registration rewritten)
     TOPIC_CHANGE = "topic change"  # /brokers/topics children
     TOPIC_DELETION = "topic deletion"  # /admin/delete_topics children
     ISR_CHANGE = "isr change notification"  # /isr_change_notification children
@@ -304,7 +310,7 @@ class Controller:
         self.active_changed = trio.Event()
         self._shutting_down: dict[int, int | None] = {}  # carried into a reload's failover
         self._deleted: dict[str, trio.Event] = {}  # set when the topic's deletion completes
-        # data watches on the registrations that do not decode (``_watch_registration``)
+        # data watches on every registration, by broker id (``_watch_registrations``)
         self._registration_watches: dict[int, trio.CancelScope] = {}
 
     @property
@@ -485,8 +491,9 @@ class Controller:
         await self._advance_moves(list(ctx.moves))
         self._signal()
 
-    async def _refresh_brokers(self) -> tuple[dict[int, tuple[BrokerInfo, int]], set[int]]:
-        """Re-read the live brokers: returns (joined, with their registration and epoch; gone).
+    async def _refresh_brokers(self) -> tuple[dict[int, tuple[BrokerInfo, int]], set[int], list[int]]:
+        """Re-read the live brokers: returns (joined, with their registration and epoch; gone;
+        those whose registration was rewritten in place, updated here: ``_update_registrations``).
         A broker registered again with a new epoch (restarted before its old session was
         seen to end) is in both: it is taken out of the context here, and the caller handles
         it as gone, then adds the joined (``_add_brokers``) and handles them, as Kafka's
@@ -495,6 +502,7 @@ class Controller:
         ctx = self.ctx
         with_epochs, unreadable = await self.zk.until_answered(self.zk.broker_registrations)
         self._note_unreadable_brokers(unreadable)
+        self._watch_registrations(set(with_epochs) | set(unreadable))
         gone = {b for b in ctx.brokers if b not in with_epochs or with_epochs[b][1] != ctx.broker_epochs.get(b)}
         joined = {b: entry for b, entry in with_epochs.items()
                   if b not in ctx.brokers or entry[1] != ctx.broker_epochs.get(b)}
@@ -504,14 +512,27 @@ class Controller:
             ctx.shutting_down.discard(b)
             ctx.offline_replicas.pop(b, None)
             self.channels.remove_broker(b)
-        return joined, gone
+        return joined, gone, self._update_registrations(with_epochs)
+
+    def _update_registrations(self, registered: dict[int, tuple[BrokerInfo, int]]) -> list[int]:
+        """Into the context, the brokers of ``registered`` live under the same registration
+        (broker epoch) with new data (endpoints, rack: rewritten in place), their channel
+        retargeted; returns their ids. Not a restart: their replicas and leadership stay as
+        they are (Kafka's BrokerModifications)."""
+        ctx = self.ctx
+        updated = sorted(b for b, (info, epoch) in registered.items()
+                         if b in ctx.brokers and epoch == ctx.broker_epochs.get(b) and info != ctx.brokers[b])
+        for b in updated:
+            info, _ = registered[b]
+            logger.info("broker %d: registration changed in place: %s -> %s", b, ctx.brokers[b], info)
+            ctx.brokers[b] = info
+            self.channels.add_broker(b, info.host, info.port)
+        return updated
 
     def _note_unreadable_brokers(self, unreadable: dict[int, tuple[str, int]]) -> None:
         """Registered brokers whose registration does not decode are not live: left out of
         the brokers read (one known before is handled as gone), each logged once per problem
-        and registration. Such a znode is watched: a broker rewriting its registration in
-        place (its session unchanged) changes no child of ``/brokers/ids``; each change is
-        a broker-change event, which reads every registration again."""
+        and registration (its znode is watched as every registration is)."""
         ctx = self.ctx
         for b, (problem, epoch) in sorted(unreadable.items()):
             if ctx.unreadable_brokers.get(b) != (problem, epoch):
@@ -520,8 +541,14 @@ class Controller:
         for b in sorted(ctx.unreadable_brokers.keys() - unreadable.keys()):
             logger.info("broker %d: its registration is readable again, or gone", b)
         ctx.unreadable_brokers = dict(unreadable)
-        self._unwatch_registrations(set(unreadable))
-        for b in sorted(unreadable.keys() - self._registration_watches.keys()):
+
+    def _watch_registrations(self, registered: set[int]) -> None:
+        """Keep a data watch on the registration of each of the ``registered`` brokers, and
+        on no other. A broker rewriting its registration in place (its session unchanged:
+        new endpoints or rack, data that turned unreadable or readable again) changes no
+        child of ``/brokers/ids``: only this watch sees it (``_on_broker_modification``)."""
+        self._unwatch_registrations(registered)
+        for b in sorted(registered - self._registration_watches.keys()):
             if self._nursery is not None:
                 self._registration_watches[b] = scope = trio.CancelScope()
                 self._nursery.start_soon(self._watch_registration, b, scope)
@@ -539,7 +566,8 @@ class Controller:
                     logger.warning("cannot watch the registration of broker %d: %s", broker_id, e)
                 return
             with changes:
-                await self._forward(ControllerEvent.BROKER_CHANGE, changes)
+                async for report in changes:
+                    self._events_send.send_nowait((ControllerEvent.BROKER_MODIFICATION, (broker_id, report)))
 
     def _add_brokers(self, joined: dict[int, tuple[BrokerInfo, int]]) -> None:
         ctx = self.ctx
@@ -582,7 +610,9 @@ class Controller:
     async def _on_brokers(self, _children) -> None:
         if self.ctx is None:
             return
-        joined, gone = await self._refresh_brokers()
+        joined, gone, updated = await self._refresh_brokers()
+        if updated and not gone and not joined:  # else the metadata sent below names them
+            self._send_update_metadata([])  # every broker: the new addresses (Kafka's onBrokerUpdate)
         if gone:
             restarted = sorted(gone & joined.keys())
             logger.info("brokers gone: %s%s", sorted(gone), f" (restarted: {restarted})" if restarted else "")
@@ -591,6 +621,23 @@ class Controller:
         if joined:
             logger.info("brokers joined: %s", sorted(joined))
             await self._on_brokers_joined(set(joined))
+
+    async def _on_broker_modification(self, payload: tuple[int, tuple[bytes | None, int | None]]) -> None:
+        """A watch reported a broker's registration (``_watch_registrations``). Its first
+        report is the registration as the controller read it: a report that decodes to the
+        registration known changes nothing. Any other is handled as a broker change, which
+        reads every registration again: one rewritten in place is updated
+        (``_update_registrations``), one that turned unreadable is gone, one readable again
+        joins."""
+        broker, (data, _version) = payload
+        if self.ctx is None:
+            return
+        known = self.ctx.brokers.get(broker)
+        if known is not None and data is not None:
+            with contextlib.suppress(ValueError):
+                if decode_broker_info(broker, data) == known:
+                    return
+        await self._on_brokers(None)
 
     async def _on_brokers_gone(self, gone: set[int]) -> None:
         ctx = self.ctx
@@ -1536,6 +1583,7 @@ class Controller:
         ControllerEvent.AUTO_LEADER_BALANCE: _on_rebalance,
         ControllerEvent.CONTROLLER_CHANGE: _on_controller_change,
         ControllerEvent.BROKER_CHANGE: _on_brokers,
+        ControllerEvent.BROKER_MODIFICATION: _on_broker_modification,
         ControllerEvent.TOPIC_CHANGE: _on_topics,
         ControllerEvent.TOPIC_DELETION: _on_deletion_markers,
         ControllerEvent.ISR_CHANGE: _on_isr_change,

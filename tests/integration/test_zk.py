@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from tests.support.zk_proxy import TcpProxy
+from tidelog.broker.controller.controller import Controller, ControllerConfig
 from tidelog.broker.zookeeper.layout import BrokerInfo, LeaderAndIsr, decode_controller
 from tidelog.broker.zookeeper.zk import (
     LOST,
@@ -419,3 +420,27 @@ def test_start_refuses_a_worker_thread(tmp_path):
     thread.start()
     thread.join()
     assert errors and "main thread" in str(errors[0])
+
+
+# ----------------------------------------------------------------------------- the controller's watches
+
+async def test_the_controller_sees_a_registration_rewritten_in_place(zookeeper, chroot):
+    """A broker registering again in its own session rewrites ``/brokers/ids/<id>`` in place
+    (no child of ``/brokers/ids`` changes): the controller's data watch on it picks up the
+    new address, with the broker epoch unchanged."""
+    moved = BrokerInfo(2, "127.0.0.1", 9192, rack="r3")
+    async with client(zookeeper, chroot) as one, client(zookeeper, chroot) as two:
+        await one.register_broker(B1)
+        epoch = await two.register_broker(B2)
+        c = Controller(ControllerConfig(broker_id=1, auto_leader_rebalance_enable=False), one)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(c.run)
+            with trio.fail_after(10):
+                while not (c.is_active and c.ctx.brokers.get(2) == B2):
+                    await trio.sleep(0.05)
+            assert await two.register_broker(moved) == epoch  # the same session: in place
+            with trio.fail_after(10):
+                while c.ctx.brokers.get(2) != moved:
+                    await trio.sleep(0.05)
+            assert c.ctx.broker_epochs[2] == epoch
+            nursery.cancel_scope.cancel()

@@ -45,6 +45,8 @@ class FakeZk:
         self.controller_ours = True  # /controller, when it names this broker, is this session's
         self.epoch = 0  # /controller_epoch (also its znode version here)
         self.live: dict[int, int] = {}  # registered broker -> broker epoch
+        # registered broker -> its registration, where not BrokerInfo(b, "127.0.0.1", 9000 + b)
+        self.infos: dict[int, BrokerInfo] = {}
         self.unreadable: dict[int, str] = {}  # registered broker -> why its registration does not decode
         self.data_watches: dict[str, trio.MemorySendChannel] = {}  # watched path -> its reports
         self.failures: dict[str, list[Exception]] = {}  # method -> what its next calls raise
@@ -85,7 +87,7 @@ class FakeZk:
             self.controller = None
 
     async def live_brokers_and_epochs(self):
-        return {b: (BrokerInfo(b, "127.0.0.1", 9000 + b), e) for b, e in self.live.items()}
+        return {b: (self.infos.get(b) or BrokerInfo(b, "127.0.0.1", 9000 + b), e) for b, e in self.live.items()}
 
     async def broker_registrations(self):
         """As ZkClient's: the ``unreadable`` registrations apart, with their problem."""
