@@ -1246,10 +1246,16 @@ class Controller:
         for their partitions (until the broker registers again), as Kafka's OfflineReplica.
         A partition it led gets a new leader among the other live in-sync replicas (or none,
         keeping its ISR, as for a dead broker; unclean election where allowed); one it
-        follows in the ISR goes on without it. Returns the partitions whose state changed."""
+        follows in the ISR goes on without it. Returns the partitions whose state changed
+        (for the caller to propagate). Every broker's metadata names the replica offline:
+        that of a partition whose state did not change (a follower already out of the ISR)
+        is sent here, as Kafka's controller sends UpdateMetadata for replicas gone offline
+        without an election."""
         ctx = self.ctx
+        offline = ctx.offline_replicas.setdefault(broker, set())
         mine = [tp for tp in tps if tp in ctx.states and broker in self._replicas(tp)]
-        ctx.offline_replicas.setdefault(broker, set()).update(mine)
+        newly = [tp for tp in mine if tp not in offline]
+        offline.update(mine)
         changed = []
         for tp in mine:
             if await self._update_state(tp, lambda st, tp=tp: self._without_offline_replica(tp, st, broker)):
@@ -1257,6 +1263,9 @@ class Controller:
                 st = ctx.states[tp][0]
                 logger.warning("%s: the replica on broker %d is in a failed log dir: led by %d, ISR %s",
                                tp, broker, st.leader, st.isr)
+        unchanged = [tp for tp in newly if tp not in changed]
+        if unchanged:
+            self._send_update_metadata(unchanged)
         return changed
 
     async def _on_leader_and_isr_answered(self, payload) -> None:
@@ -1285,7 +1294,6 @@ class Controller:
         logger.warning("broker %d answered KAFKA_STORAGE_ERROR for %d replicas (%s): in a failed log dir, not live "
                        "until it registers again", broker, len(newly), ", ".join(map(str, newly[:10])))
         self._propagate(changed)
-        self._send_update_metadata([tp for tp in newly if tp not in changed])  # their offline replicas
         await self._advance_moves([tp for tp in changed if tp in ctx.moves])
 
     def _without_offline_replica(self, tp: TopicPartition, st: LeaderAndIsr,

@@ -132,6 +132,21 @@ async def test_an_offline_follower_leaves_the_isr_and_one_out_of_it_changes_noth
     assert zk.states[(T, 0)][0].leader_epoch == 6 and to(sent, ApiKey.LEADER_AND_ISR) == []
 
 
+async def test_an_offline_follower_out_of_the_isr_is_named_offline_in_every_brokers_metadata():
+    """No state changes, so no LeaderAndIsr; but the metadata names the replica offline, as
+    Kafka's controller sends UpdateMetadata when a replica goes offline with no election."""
+    c, zk, sent = controller(isr=(1, 2))
+    await load(c)
+    await report_offline(c, zk, 3)
+    assert zk.states[(T, 0)][0].leader_epoch == 5 and to(sent, ApiKey.LEADER_AND_ISR) == []
+    assert to(sent, ApiKey.UPDATE_METADATA) == [1, 2, 3, 4]
+    assert {tuple(p.offline_replicas) for _, k, m in sent if k == ApiKey.UPDATE_METADATA
+            for p in m.partition_states} == {(3,)}
+    sent.clear()
+    await report_offline(c, zk, 3)  # known offline already: nothing new to say
+    assert sent == []
+
+
 async def test_an_offline_only_in_sync_replica_leaves_the_partition_without_a_leader():
     # unlike a damaged one, it cannot serve anything: the partition is offline, its ISR kept
     # (as Kafka, for a dead broker), until the replica comes back
