@@ -683,16 +683,25 @@ class Log:
             return self.offset_for_timestamp(timestamp)  # as in ``read``
         return None
 
+    @_storage_io("reading")
     def offset_of_max_timestamp(self) -> tuple[int, int] | None:
-        """The first record with the log's largest timestamp: ``(offset, timestamp)``, or None
-        when no record has a timestamp (ListOffsets MAX_TIMESTAMP, Kafka's: the segment with the
-        largest, searched for it). A worker thread may run it, as ``offset_for_timestamp``."""
-        view = self._view
-        seg = max(view.segments, key=lambda s: s.max_timestamp)
-        if seg.max_timestamp < 0:
-            return None
+        """The first record with the largest timestamp of those at or above the log start:
+        ``(offset, timestamp)``, or None when none has a timestamp (ListOffsets MAX_TIMESTAMP:
+        the segment with the largest, searched for it). Records below the log start are not
+        the log's any more, though a segment may still hold them (DeleteRecords, before
+        retention deletes the segment): only the segment the log start falls in is walked
+        for its largest from there (Kafka's answer counts them, naming an offset no fetch
+        can read). A worker thread may run it, as ``offset_for_timestamp``."""
+        view, start = self._view, self.log_start_offset
         try:
-            return seg.find_offset_by_timestamp(seg.max_timestamp)
+            best, best_ts = None, -1
+            for seg in view.segments:
+                if seg.next_offset <= start:  # wholly below the log start
+                    continue
+                ts = seg.max_timestamp_from(start)
+                if ts > best_ts:  # the earliest segment wins a tie
+                    best, best_ts = seg, ts
+            return None if best is None else best.find_offset_by_timestamp(best_ts, start)
         except SegmentClosedError:
             if self._view is view:
                 raise

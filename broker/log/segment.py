@@ -621,6 +621,28 @@ class LogSegment:
                     return r.offset, r.timestamp
         return None
 
+    def max_timestamp_from(self, start: int) -> int:
+        """The largest timestamp of the records at or after ``start`` (the log start), -1 if
+        none has one. ``max_timestamp`` counts every record in the file, those below the log
+        start included (DeleteRecords leaves their bytes): below ``start`` the batches are
+        walked, and the one ``start`` falls in read record by record."""
+        if start <= self.base_offset:
+            return self.max_timestamp
+        after = self.time_index.lookup_before(self.max_timestamp)
+        if after is not None and after + 1 >= start:  # the largest lies past ``after``: not below
+            return self.max_timestamp
+        found = self.translate_offset(start)
+        if found is None:
+            return -1
+        largest = -1
+        for pos, h in self.headers_from(found[0]):
+            if h.base_offset >= start:
+                largest = max(largest, h.max_timestamp)
+            elif h.max_timestamp > largest:  # straddles ``start``: only its records from there
+                data = self._pread(h.size, pos)
+                largest = max([largest] + [r.timestamp for r in iter_records(data, 0, h) if r.offset >= start])
+        return largest
+
     # -- recovery ------------------------------------------------------------------------------
 
     def recover(self) -> RecoveryResult:

@@ -323,6 +323,46 @@ def test_offset_for_timestamp_log_append_time(config, appends, data):
             assert log.offset_for_timestamp(target) == oracle_offset_for_timestamp(model, target), target
 
 
+def oracle_offset_of_max_timestamp(records: list[tuple[int, int]]):
+    """The first (offset, timestamp) with the largest timestamp, in offset order."""
+    return min(records, key=lambda r: (-r[1], r[0]), default=None)
+
+
+@SMALL
+@given(configs,
+       st.lists(st.lists(st.integers(0, 5000), min_size=1, max_size=5), min_size=1, max_size=20),
+       st.data())
+def test_offset_of_max_timestamp_counts_only_records_at_or_above_the_log_start(config, stamp_lists, data):
+    """ListOffsets MAX_TIMESTAMP names a record a reader can fetch: records below the log
+    start (moved by DeleteRecords, their segment not deleted yet, or the batch it falls in)
+    do not count, though their bytes are still in the segment files."""
+    with _tmpdir() as d:
+        log = open_log(d, config.with_overrides({"segment.ms": 2**62}))
+        model = []
+        for stamps in stamp_lists:
+            info = log.append_as_leader(make_batch(len(stamps), 20, stamps), 0)
+            model += [(info.first_offset + i, t) for i, t in enumerate(stamps)]
+        log.update_high_watermark(log.log_end_offset)
+        start = data.draw(st.integers(0, log.log_end_offset), label="log start")
+        log.maybe_increment_log_start_offset(start)
+        model = [(o, t) for o, t in model if o >= start]
+        assert log.offset_of_max_timestamp() == oracle_offset_of_max_timestamp(model)
+
+
+def test_offset_of_max_timestamp_after_delete_records_past_it(tmp_path):
+    log = open_log(tmp_path, small_config(segment_bytes=400, index_interval_bytes=0))
+    for stamps in ([100, 9000, 200], [300, 400], [500, 450], [350]):
+        log.append_as_leader(make_batch(len(stamps), 30, stamps), 0)
+    log.update_high_watermark(log.log_end_offset)
+    assert log.offset_of_max_timestamp() == (1, 9000)
+    log.maybe_increment_log_start_offset(2)  # within the batch holding the largest
+    assert log.offset_of_max_timestamp() == (5, 500)
+    log.maybe_increment_log_start_offset(6)
+    assert log.offset_of_max_timestamp() == (6, 450)
+    log.maybe_increment_log_start_offset(log.log_end_offset)
+    assert log.offset_of_max_timestamp() is None
+
+
 def test_offset_for_timestamp_after_clean_reload(tmp_path):
     config = small_config(segment_bytes=400, index_interval_bytes=0)
     log = open_log(tmp_path, config)
