@@ -50,12 +50,15 @@ then a replay of the batch headers after it.
 The log start offset moving (retention, DeleteRecords) forgets no producer and no batch
 (Kafka 2.5+'s ``onLogStartOffsetIncremented``): a producer whose batches were all removed
 goes on at its next sequence, and a retry of one of them is still a duplicate (answered
-with offsets now below the log start). Only an entry reaching into deleted segments is cut
-at the first offset still held (``trim_head``), as a replay of the segments would build it.
-What the state remembers beyond the segments lives on in the snapshots, which hold all of
-it (those below the first segment's base are deleted). A rebuild with no usable snapshot
-replays the segments alone and knows only the producers with batches in them; the others
-are then unknown producers (see above).
+with offsets now below the log start). An entry merged from batches on both sides of the
+first offset still held is kept whole too: its deleted part holds some of the producer's
+last requests, whose retries must stay duplicates (``trim_head`` cuts nothing). What the
+state remembers beyond the segments lives on in the snapshots, which hold all of it (those
+below the first segment's base are deleted; the one at that base, written when the segment
+was rolled, holds the entries whole). A rebuild with no usable snapshot replays the
+segments alone and knows only the producers with batches in them, and of an entry reaching
+below the first segment only the part held; the others are then unknown producers (see
+above).
 
 Producer id expiration (Kafka's ``producer.id.expiration.ms``): a producer whose last batch
 is older than the expiration time is forgotten (``remove_expired_producers``, run
@@ -282,15 +285,10 @@ class ProducerStateManager:
 
     def trim_head(self, log_start_offset: int, first_offset_held: int = 0) -> None:
         """Follow the log start offset and the first offset the segments hold (its first
-        segment's base): no producer or batch is forgotten (see the module docstring), but an
-        entry merged from consecutive batches that reaches from deleted segments into held
-        ones is cut to start at ``first_offset_held``, as a replay of the segments builds it.
-        Snapshots below ``first_offset_held`` go: a replay could not continue them."""
-        for e in self.producers.values():
-            for i, b in enumerate(e.batches):
-                if b.first_offset < first_offset_held <= b.last_offset:
-                    e.batches[i] = b._replace(first_seq=next_sequence(b.first_seq, first_offset_held - b.first_offset),
-                                              first_offset=first_offset_held)
+        segment's base): no producer and no batch is forgotten, not even the deleted part of an
+        entry merged from batches on both sides of ``first_offset_held`` (a retry of it is
+        still a duplicate, see the module docstring). Snapshots below ``first_offset_held``
+        go: a replay could not continue them; the one at it holds the entries whole."""
         self.map_end_offset = max(self.map_end_offset, log_start_offset)
         self.delete_snapshots(lambda offset: offset < first_offset_held)
 
