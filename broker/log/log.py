@@ -104,6 +104,7 @@ from tidelog.protocol.errors import (
 from tidelog.protocol.records import (
     CONTROL_BIT,
     DELETE_HORIZON_BIT,
+    TIMESTAMP_TYPE_BIT,
     TRANSACTIONAL_BIT,
     BatchHeader,
     patch_batch,
@@ -412,7 +413,7 @@ class Log:
             patch_batch(buf, pos, offset, leader_epoch)
             if now >= 0:
                 set_log_append_time(buf, pos, h.batch_length + 12, now)
-                h = h._replace(max_timestamp=now)
+                h = h._replace(attributes=h.attributes | TIMESTAMP_TYPE_BIT, max_timestamp=now)
             stamped.append((pos, restamped(h, offset, leader_epoch)))
             offset += h.record_count
         info = self._append(buf, stamped, first, offset - 1, now)

@@ -16,9 +16,12 @@ both its sequence and the offsets (nothing of another producer between them) are
 kept as one entry spanning them all (up to ``MAX_MERGED_RECORDS`` records), and a batch is a
 duplicate when its sequence range lies inside an entry: inside an entry, offset and
 sequence advance together, so its original offset is ``first offset + (its first sequence -
-the entry's first sequence)``. The merge depends only on the batches appended, so leader,
-followers and a replay after a restart build the same entries for the batches their
-segments hold.
+the entry's first sequence)``. An entry keeps the largest max timestamp of its batches;
+batches stamped with their log append time (LogAppendTime topics: the attribute says so)
+are merged only when stamped at the same time, that is by one append, so that a duplicate
+answers the log append time of its own append, as Kafka's does. The merge depends only on
+the batches appended, so leader, followers and a replay after a restart build the same
+entries for the batches their segments hold.
 
 The leader checks each batch of an append (``check_leader_append``) against that state,
 reading only the header fields (producer id, epoch, base sequence: bytes 43..56), never
@@ -108,7 +111,7 @@ from tidelog.protocol.errors import (
     UNKNOWN_PRODUCER_ID,
     TidelogError,
 )
-from tidelog.protocol.records import BatchHeader
+from tidelog.protocol.records import TIMESTAMP_TYPE_BIT, BatchHeader
 
 logger = logging.getLogger("tidelog.log.producer_state")
 
@@ -159,14 +162,17 @@ class ProducerStateEntry:
                                      b.max_timestamp)
         return None
 
-    def add(self, epoch: int, batch: BatchMetadata) -> None:
+    def add(self, epoch: int, batch: BatchMetadata, log_append_time: bool = False) -> None:
+        """Remember an appended batch. A batch stamped with its log append time continues an
+        entry only at the same time (one append): a duplicate answers its own append time."""
         if epoch != self.producer_epoch:
             self.producer_epoch = epoch
             self.batches.clear()
         elif self.batches:
             last = self.batches[-1]
             if (batch.first_offset == last.last_offset + 1 and in_sequence(last.last_seq, batch.first_seq)
-                    and batch.last_offset - last.first_offset < MAX_MERGED_RECORDS):
+                    and batch.last_offset - last.first_offset < MAX_MERGED_RECORDS
+                    and not (log_append_time and batch.max_timestamp != last.max_timestamp)):
                 self.batches[-1] = BatchMetadata(last.first_seq, batch.last_seq, last.first_offset, batch.last_offset,
                                                  max(last.max_timestamp, batch.max_timestamp))
                 return
@@ -279,7 +285,7 @@ class ProducerStateManager:
             entry = producers.get(h.producer_id)
             if entry is None:
                 entry = producers[h.producer_id] = ProducerStateEntry(h.producer_id, h.producer_epoch)
-            entry.add(h.producer_epoch, batch_metadata(h))
+            entry.add(h.producer_epoch, batch_metadata(h), bool(h.attributes & TIMESTAMP_TYPE_BIT))
         if h is not None:
             self.map_end_offset = h.base_offset + h.last_offset_delta + 1
 

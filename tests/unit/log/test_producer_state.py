@@ -91,6 +91,25 @@ def test_a_run_of_many_batches_is_one_entry_and_any_batch_of_it_a_duplicate(log_
     assert log.log_end_offset == 19
 
 
+def test_a_duplicate_on_a_log_append_time_topic_answers_its_own_append_time(log_dir, tmp_path):
+    # batches of one append share its time and are kept as one entry; those of two appends
+    # a minute apart are not, so a retry of the first answers the first's time
+    clock = FakeClock()
+    cfg = config(segment_bytes=1 << 20, message_timestamp_type="LogAppendTime")
+    log = open_log(log_dir, cfg, clock=clock)
+    first = log.append_as_leader(batch(1, 0, 0, 2), 0)
+    clock.advance(60_000)
+    second = log.append_as_leader(b"".join(batch(1, 0, seq, 2) for seq in range(2, 16, 2)), 0)
+    assert second.log_append_time == first.log_append_time + 60_000
+    for seq, want in ((0, first), (2, second), (14, second)):
+        info = log.append_as_leader(batch(1, 0, seq, 2), 0)
+        assert (info.first_offset, info.log_append_time) == (seq, want.log_append_time)
+    assert len(log.producer_state.producers[1].batches) == 2
+    follower = open_log(str(tmp_path / "f" / "events-0"), cfg)
+    follower.append_as_follower(read_batches(log))
+    assert follower.producer_state.producers == log.producer_state.producers
+
+
 def test_gaps_and_older_epochs_are_refused(log_dir):
     log = open_log(log_dir, config())
     log.append_as_leader(batch(1, 2, 0, 2), 0)
