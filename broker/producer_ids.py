@@ -1,6 +1,6 @@
 """Producer ids for idempotent producers (InitProducerId), handed out by any broker.
 
-Ids come in blocks of ``PRODUCER_ID_BLOCK_SIZE`` claimed in ZooKeeper: the broker reads
+Ids come in blocks of ``producer.id.block.size`` (1000) claimed in ZooKeeper: the broker reads
 ``/latest_producer_id_block``, writes the next block with the version it read (check-and-set,
 see ``ZkClient.allocate_producer_id_block``) and retries on a conflict, so two brokers never
 hand out the same id (Kafka's ZK-era ProducerIdManager). A broker serves ids from its block
@@ -25,8 +25,6 @@ from typing import Awaitable, Callable
 import trio
 
 from tidelog.protocol.errors import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, TidelogError
-
-PRODUCER_ID_BLOCK_SIZE = 1000
 
 BlockAllocator = Callable[[], Awaitable[tuple[int, int]]]
 

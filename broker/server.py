@@ -57,7 +57,7 @@ from tidelog.broker.log.manager import LogManager
 from tidelog.broker.log.segment import set_max_open_segment_files
 from tidelog.broker.metadata_cache import MetadataCache, ZkRegistry
 from tidelog.broker.network import NetworkStats, SocketServer
-from tidelog.broker.producer_ids import PRODUCER_ID_BLOCK_SIZE, ProducerIdManager
+from tidelog.broker.producer_ids import ProducerIdManager
 from tidelog.broker.replication.fetcher import RemoteLeaderEndpoint
 from tidelog.broker.replication.replica_manager import ReplicaConfig, ReplicaManager
 from tidelog.broker.security.authorizer import Authorizer, ZkAclStore
@@ -103,7 +103,7 @@ class BrokerServer:
             ReplicaConfig.from_broker_config(config), self.log_manager, self.topic_log_config,
             self._endpoint_for, self._write_isr, damage_reporter=self._report_damage)
         self.producer_ids = ProducerIdManager(
-            lambda: self.zk.allocate_producer_id_block(self.broker_id, PRODUCER_ID_BLOCK_SIZE))
+            lambda: self.zk.allocate_producer_id_block(self.broker_id, config.producer_id_block_size))
         self.group_coordinator = GroupCoordinator(
             CoordinatorConfig.from_broker_config(config), self.replica_manager, self.metadata,
             create_topic=self._create_internal_topic, list_offsets=self._list_offsets_at)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
+from tidelog.broker.config import BrokerConfig
 from tidelog.broker.producer_ids import ProducerIdManager
+from tidelog.broker.server import BrokerServer
 from tidelog.protocol.errors import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, TidelogError
 
 
@@ -56,3 +60,17 @@ async def test_a_zookeeper_failure_is_retriable_for_the_client():
         await manager.generate_producer_id()
     assert e.value.error is COORDINATOR_NOT_AVAILABLE and e.value.error.retriable
     assert await manager.generate_producer_id() == 0
+
+
+async def test_the_broker_claims_blocks_of_producer_id_block_size(tmp_path):
+    config = BrokerConfig.from_props({"broker.id": 4, "zookeeper.connect": "zk1:2181", "log.dirs": str(tmp_path),
+                                      "producer.id.block.size": 7})
+    server = BrokerServer(config)
+    claims = []
+
+    async def allocate_producer_id_block(broker_id: int, size: int) -> tuple[int, int]:
+        claims.append((broker_id, size))
+        return 0, size - 1
+    server.zk = types.SimpleNamespace(allocate_producer_id_block=allocate_producer_id_block)
+    assert [await server.producer_ids.generate_producer_id() for _ in range(8)] == [0, 1, 2, 3, 4, 5, 6, 0]
+    assert claims == [(4, 7), (4, 7)]
