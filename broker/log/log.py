@@ -932,6 +932,7 @@ class Log:
             fsync_dir(self.directory)
         self.recovery_point = target
 
+    @_storage_io("loading the producer state of")
     def reload_producer_state(self) -> None:
         """Rebuild the producer state from the newest snapshot at or below the log end and the
         batch headers after it (loading, truncation)."""

@@ -86,7 +86,8 @@ none). The log deletes those it no longer needs (``Log.delete_snapshots_after_re
                                                       last_offset, max_timestamp], ...]], ...]]
 
 A snapshot that fails any check (a torn write after a crash) is deleted and the next older
-one is used: at worst the whole log is replayed. Loading then replays the batch headers from
+one is used: at worst the whole log is replayed. An OSError reading one (an I/O error, no
+descriptors left) is raised instead, the log dir failing: the file may well be whole. Loading then replays the batch headers from
 the snapshot's offset to the log end.
 
 Pure and synchronous: no I/O but the snapshot files, no clock.
@@ -336,20 +337,22 @@ class ProducerStateManager:
 
     def load_latest_snapshot(self, max_offset: int) -> int | None:
         """Adopt the newest valid snapshot at or below ``max_offset`` (newer ones are deleted:
-        they describe batches no longer in the log); returns its offset, or None (empty state)."""
+        they describe batches no longer in the log); returns its offset, or None (empty state).
+        Only a snapshot failing its format checks is deleted; an OSError (no descriptors left,
+        an I/O error) says nothing of the file and is raised: the log dir is failing."""
         self.clear()
         for offset in reversed(self.snapshot_offsets()):
             path = snapshot_path(self.directory, offset)
             if offset > max_offset:
                 _unlink(path)
                 continue
+            with open(path, "rb") as f:
+                data = f.read(MAX_SNAPSHOT_BYTES + 1)
             try:
-                with open(path, "rb") as f:
-                    data = f.read(MAX_SNAPSHOT_BYTES + 1)
                 snap_offset, entries = decode_snapshot(data)
                 if snap_offset != offset:
                     raise ValueError(f"it holds offset {snap_offset}")
-            except (OSError, ValueError) as e:
+            except ValueError as e:
                 logger.warning("deleting unreadable producer state snapshot %s: %s", path, e)
                 _unlink(path)
                 continue

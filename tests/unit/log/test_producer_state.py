@@ -4,6 +4,7 @@ recomputes the expected state from the batches in the log after every step)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -14,7 +15,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tests.unit.log.helpers import TP, FakeClock, open_log, read_batches
+from tidelog.broker.log import producer_state
 from tidelog.broker.log.config import LogConfig
+from tidelog.broker.log.log import LogDirFailure
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.log.producer_state import (
     MAX_SEQUENCE,
@@ -301,6 +304,38 @@ def test_a_damaged_snapshot_is_ignored_and_the_log_replayed(log_dir):
     log = open_log(log_dir, cfg, had_clean_shutdown=True, recovery_point=30)
     assert log.producer_state.producers == expected
     assert log.producer_state.snapshot_offsets() == []
+
+
+def test_a_snapshot_that_cannot_be_opened_is_kept_and_its_dir_fails(log_dir, monkeypatch):
+    # out of descriptors (or an I/O error) says nothing of the file: it is the log dir failing,
+    # and the snapshot stays for the next start; only a failed format check deletes one
+    cfg = config()
+    log = open_log(log_dir, cfg)
+    for seq in range(0, 30, 3):
+        log.append_as_leader(batch(1, 0, seq, 3), 0)
+    log.close()
+    snapshots = log.producer_state.snapshot_offsets()
+    assert len(snapshots) > 1
+    real_open = open
+
+    def no_descriptors(path, *args, **kwargs):
+        if str(path).endswith(".snapshot"):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(producer_state, "open", no_descriptors, raising=False)
+    with pytest.raises(LogDirFailure) as e:
+        open_log(log_dir, cfg, had_clean_shutdown=True, recovery_point=30)
+    assert os.strerror(errno.EMFILE) in str(e.value)
+    assert log.producer_state.snapshot_offsets() == snapshots
+    monkeypatch.undo()
+    log = open_log(log_dir, cfg, had_clean_shutdown=True, recovery_point=30)
+    failures = []
+    log.on_dir_failure = failures.append
+    monkeypatch.setattr(producer_state, "open", no_descriptors, raising=False)
+    with pytest.raises(LogDirFailure) as e:
+        log.reload_producer_state()
+    assert failures == [e.value]
+    assert log.producer_state.snapshot_offsets() == snapshots
 
 
 def test_snapshot_format_rejects_garbage():
