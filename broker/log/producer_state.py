@@ -43,7 +43,10 @@ the records, and decides before anything is written:
 
 Several batches of one producer in one append are checked in order against each other. A
 run of batches is appended whole or not at all, so a run that mixes duplicates with new
-batches is refused (DUPLICATE_SEQUENCE_NUMBER): clients send a retried batch alone.
+batches, or duplicates batches not consecutive in the log, is refused as INVALID_RECORD
+(clients send a retried batch alone; Kafka allows one batch per partition in a Produce).
+Not DUPLICATE_SEQUENCE_NUMBER: clients take it for "already written", and the new batches
+would be lost.
 
 Every appended batch (leader or follower: ``update``) moves the state, so a follower that
 becomes leader deduplicates exactly as the old leader did. Truncation (a follower cutting
@@ -105,7 +108,6 @@ import msgpack
 from crc32c import crc32c
 
 from tidelog.protocol.errors import (
-    DUPLICATE_SEQUENCE_NUMBER,
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -236,10 +238,15 @@ class ProducerStateManager:
                 pending[pid] = (h.producer_epoch, next_sequence(h.base_sequence, h.last_offset_delta))
         if not duplicates:
             return None
-        if fresh or any(b.first_offset != a.last_offset + 1 for a, b in zip(duplicates, duplicates[1:])):
+        # neither written nor already written: a client would take DUPLICATE_SEQUENCE_NUMBER
+        # for "already written" and lose the new batches (Kafka allows one batch per request)
+        if fresh:
             raise TidelogError(f"{where}: a run of {len(batches)} batches mixes {len(duplicates)} duplicate(s) "
-                               "of appended batches with new ones; send a retried batch alone",
-                               error=DUPLICATE_SEQUENCE_NUMBER)
+                               f"of appended batches with {fresh} new one(s); send a retried batch alone",
+                               error=INVALID_RECORD)
+        if any(b.first_offset != a.last_offset + 1 for a, b in zip(duplicates, duplicates[1:])):
+            raise TidelogError(f"{where}: a run of {len(batches)} batches duplicates appended batches that are "
+                               "not consecutive in the log; send a retried batch alone", error=INVALID_RECORD)
         first, last = duplicates[0], duplicates[-1]
         return BatchMetadata(first.first_seq, last.last_seq, first.first_offset, last.last_offset,
                              max(d.max_timestamp for d in duplicates))

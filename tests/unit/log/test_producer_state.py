@@ -28,7 +28,6 @@ from tidelog.broker.log.producer_state import (
     snapshot_path,
 )
 from tidelog.protocol.errors import (
-    DUPLICATE_SEQUENCE_NUMBER,
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -131,8 +130,13 @@ def test_a_run_is_checked_batch_after_batch_and_never_mixes_duplicates(log_dir):
     log.append_as_leader(batch(1, 0, 0) + batch(1, 0, 1) + batch(2, 0, 0) + batch(1, 0, 2), 0)
     assert error_of(lambda: log.append_as_leader(batch(1, 0, 3) + batch(1, 0, 5), 0)) == \
         OUT_OF_ORDER_SEQUENCE_NUMBER.name
-    assert error_of(lambda: log.append_as_leader(batch(1, 0, 2) + batch(1, 0, 3), 0)) == \
-        DUPLICATE_SEQUENCE_NUMBER.name
+    # a run mixing a duplicate with a new batch is neither written nor "already written"
+    # (DUPLICATE_SEQUENCE_NUMBER, which clients take for success): it is refused as invalid
+    for run in (batch(1, 0, 2) + batch(1, 0, 3), batch(2, 0, 0) + batch(3, 0, 0),
+                batch(1, 0, 0) + batch(2, 0, 0)):  # duplicates of batches not adjacent in the log
+        with pytest.raises(TidelogError) as e:
+            log.append_as_leader(run, 0)
+        assert e.value.error is INVALID_RECORD and "send a retried batch alone" in str(e.value)
     assert log.append_as_leader(batch(1, 0, 0) + batch(1, 0, 1), 0).first_offset == 0  # all duplicates
     assert log.log_end_offset == 4
 
