@@ -76,6 +76,7 @@ from tidelog.protocol.errors import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
     ILLEGAL_SASL_STATE,
+    INVALID_RECORD,
     INVALID_REQUEST,
     INVALID_TOPIC_EXCEPTION,
     NONE,
@@ -92,7 +93,7 @@ from tidelog.protocol.errors import (
     TidelogError,
     code_of,
 )
-from tidelog.protocol.kafka.apis import SKIP_ASSIGNMENT_JOIN_VERSION, ZSTD_PRODUCE_VERSION
+from tidelog.protocol.kafka.apis import ONE_BATCH_PRODUCE_VERSION, SKIP_ASSIGNMENT_JOIN_VERSION, ZSTD_PRODUCE_VERSION
 from tidelog.protocol.messages import (
     BROKER_RESOURCE,
     CONSUMER_REPLICA_ID,
@@ -217,7 +218,7 @@ from tidelog.protocol.messages import (
     UpdateMetadataRequest,
     UpdateMetadataResponse,
 )
-from tidelog.protocol.records import Codec, holds_codec
+from tidelog.protocol.records import Codec, holds_codec, holds_more_than_one_batch
 from tidelog.protocol.throttles import DYNAMIC_BROKER_CONFIGS
 from tidelog.protocol.topics import TopicPartition, is_internal_topic, metric_name, topic_name_problem
 
@@ -400,8 +401,11 @@ class Apis:
                             if is_internal_topic(tp.topic) and tp not in refused})
         else:
             refused = {tp: _internal_topic_refused(tp) for tp in entries if is_internal_topic(tp.topic)}
-        if ctx is not None and ctx.kafka_version is not None and ctx.kafka_version < ZSTD_PRODUCE_VERSION:
-            refused.update(_zstd_refused(ctx.kafka_version, entries, refused))
+        if ctx is not None and ctx.kafka_version is not None:
+            if ctx.kafka_version < ZSTD_PRODUCE_VERSION:
+                refused.update(_zstd_refused(ctx.kafka_version, entries, refused))
+            if ctx.kafka_version >= ONE_BATCH_PRODUCE_VERSION:
+                refused.update(_batches_refused(ctx.kafka_version, entries, refused))
         if refused:
             entries = {tp: records for tp, records in entries.items() if tp not in refused}
         keys = [("connection", ctx.listener, ctx.peer)] if ctx is not None and ctx.peer != "?" else []
@@ -1290,6 +1294,15 @@ def _zstd_refused(kafka_version: int, entries: dict, refused: dict) -> dict:
     message = f"Produce requests with version {kafka_version} are not allowed to use ZStandard compression"
     return {tp: {"error_code": UNSUPPORTED_COMPRESSION_TYPE.code, "error_message": message}
             for tp, records in entries.items() if tp not in refused and holds_codec(records, Codec.ZSTD)}
+
+
+def _batches_refused(kafka_version: int, entries: dict, refused: dict) -> dict:
+    """The partitions a Kafka client's Produce v3+ sent more than one batch to (Kafka's
+    ``ProduceRequest.validateRecords``: INVALID_RECORD), found from the batch headers."""
+    message = (f"Produce requests with version {kafka_version} are only allowed to contain exactly one record "
+               "batch per partition")
+    return {tp: {"error_code": INVALID_RECORD.code, "error_message": message}
+            for tp, records in entries.items() if tp not in refused and records and holds_more_than_one_batch(records)}
 
 
 def _produce_response(results: dict) -> ProduceResponse:

@@ -359,6 +359,15 @@ def holds_codec(buf, codec: int) -> bool:
     return False
 
 
+def holds_more_than_one_batch(buf) -> bool:
+    """Whether ``buf`` frames a second batch after its first (framing only, as ``holds_codec``:
+    a trailing fragment shorter than a header is not one)."""
+    if len(buf) < HEADER_SIZE:
+        return False
+    pos = _I32.unpack_from(buf, BATCH_LENGTH_AT)[0] + LOG_OVERHEAD
+    return len(buf) - pos >= HEADER_SIZE and _I32.unpack_from(buf, pos + BATCH_LENGTH_AT)[0] >= MIN_BATCH_LENGTH
+
+
 def patch_batch(buf: bytearray, pos: int, base_offset: int, leader_epoch: int) -> None:
     """Stamp base offset and leader epoch into the batch at ``pos`` (outside the CRC)."""
     _I64.pack_into(buf, pos + BASE_OFFSET_AT, base_offset)

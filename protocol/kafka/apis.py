@@ -10,6 +10,9 @@ listener is the socket server's (broker/network.py), as for the native listener.
 What crosses with a meaning, not only a shape:
 
 * Produce: each batch's magic 2 becomes ``records.KAFKA_MAGIC`` (stored as sent).
+* Produce from v3 on (every version served) carries one batch per partition, as in Kafka
+  (``ProduceRequest.validateRecords``): a partition with more is answered INVALID_RECORD by
+  the broker's produce handler; a native produce may carry a run of batches.
 * Fetch: stored batches become Kafka's (``records.to_kafka``); ``last_stable_offset`` is
   the high watermark (no transactions), no fetch session is kept (session id 0, so clients
   send full fetches), and a Kafka client always fetches as a consumer (replica id -1).
@@ -39,6 +42,8 @@ Adapt = Callable[[Body, int], Body]
 CONSUMER_REPLICA_ID = -1
 # KIP-110: Kafka clients write zstd from Produce v7 on and read it from Fetch v10 on
 ZSTD_PRODUCE_VERSION, ZSTD_FETCH_VERSION = 7, 10
+# Kafka's ProduceRequest.validateRecords: from Produce v3 on, one batch per partition
+ONE_BATCH_PRODUCE_VERSION = 3
 # KIP-814: JoinGroup's skip_assignment, from v9 on (older versions are answered without it)
 SKIP_ASSIGNMENT_JOIN_VERSION = 9
 

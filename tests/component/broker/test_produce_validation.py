@@ -17,7 +17,13 @@ from tidelog.broker.context import RequestContext
 from tidelog.broker.deferred import CLOSE_CONNECTION
 from tidelog.broker.produce_order import ProduceOrder, needs_worker
 from tidelog.protocol.codec import ApiKey, RequestHeader
-from tidelog.protocol.errors import CORRUPT_MESSAGE, INVALID_TIMESTAMP, NONE, UNSUPPORTED_COMPRESSION_TYPE
+from tidelog.protocol.errors import (
+    CORRUPT_MESSAGE,
+    INVALID_RECORD,
+    INVALID_TIMESTAMP,
+    NONE,
+    UNSUPPORTED_COMPRESSION_TYPE,
+)
 from tidelog.protocol.kafka.records import to_stored
 from tidelog.protocol.messages import PartitionProduceData, ProduceRequest, TopicProduceData
 from tidelog.protocol.records import Codec, build_batch, iter_all_records, kafka_batch
@@ -188,3 +194,18 @@ async def test_zstd_needs_produce_v7_from_a_kafka_client(broker, codec, version,
     assert stored_values(broker) == ([] if error is not NONE else [b"z"])
     if error is not NONE:
         assert f"version {version}" in r.error_message and "ZStandard" in r.error_message
+
+
+@pytest.mark.parametrize("version, count, error", [
+    (3, 2, INVALID_RECORD), (10, 3, INVALID_RECORD), (10, 1, NONE), (None, 2, NONE)])
+async def test_a_kafka_client_sends_one_batch_per_partition(broker, version, count, error):
+    # Kafka's ProduceRequest.validateRecords (v3+: the Kafka listener's only versions); a
+    # native request (None) may carry a run of batches
+    batches = [build_batch([b"b%d" % i], timestamp_ms=now(broker)) for i in range(count)]
+    records = to_stored(b"".join(kafka_batch(b) for b in batches))
+    ctx = RequestContext(RequestHeader(ApiKey.PRODUCE, 0, 1, "c"), "127.0.0.1:5000", kafka_version=version)
+    r = answer(await settle(broker.apis.handle(ctx, request(records).to_body())))
+    assert r.error_code == error.code
+    assert stored_values(broker) == ([] if error is not NONE else [b"b%d" % i for i in range(count)])
+    if error is not NONE:
+        assert f"version {version}" in r.error_message and "exactly one record batch" in r.error_message
