@@ -959,6 +959,9 @@ class Controller:
         live = sorted(self.ctx.live)
         limits = self.config.partition_limits
         if t.assignments:
+            if t.num_partitions != -1 or t.replication_factor != -1:  # Kafka's rule and words
+                raise TidelogError(f"topic {t.name!r}: both numPartitions or replicationFactor and assignments "
+                                   f"were set; both cannot be used at the same time", error=INVALID_REQUEST)
             check_partition_count(t.name, len(t.assignments), limits)
             check_request_total(request_total, limits)
             assignment = {int(p): list(r) for p, r in t.assignments.items()}

@@ -221,6 +221,16 @@ async def test_invalid_assignments(assignments, words):
     assert r.error_code == INVALID_REPLICA_ASSIGNMENT.code and words in r.error_message
 
 
+
+@pytest.mark.parametrize("counts", [{"num_partitions": 2}, {"replication_factor": 1},
+                                    {"num_partitions": 1, "replication_factor": 1}])
+async def test_an_assignment_with_counts_beside_it_is_refused(counts):
+    """Kafka refuses both at once (INVALID_REQUEST) rather than silently ignoring the counts."""
+    c, zk = controller()
+    r = only(await create(c, CreatableTopic("t", assignments={"0": [1]}, **counts), validate_only=True))
+    assert r.error_code == INVALID_REQUEST.code
+    assert "assignments" in r.error_message and "cannot be used at the same time" in r.error_message
+
 # -- topic configs ----------------------------------------------------------------------------------
 
 
