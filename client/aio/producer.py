@@ -53,7 +53,14 @@ from tidelog.aio.cluster import Backoff, Cluster, ClusterMetadata
 from tidelog.aio.idempotence import IdempotenceState, SequenceVerdict
 from tidelog.aio.partitioner import StickyPartitioner, murmur2, to_positive
 from tidelog.aio.stats import ProducerStats
-from tidelog.errors import BrokerConnectionError, ClientClosedError, RequestTimedOut, TidelogError, broker_error
+from tidelog.errors import (
+    BrokerConnectionError,
+    ClientClosedError,
+    RequestTimedOut,
+    TidelogClientError,
+    TidelogError,
+    broker_error,
+)
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     CORRUPT_MESSAGE,
@@ -332,6 +339,16 @@ def decide_response(response: ProduceResponse, batches: Sequence[ProducerBatch],
                 d = d._replace(action="retry")
         out.append((batch, d))
     return out
+
+
+def decide_refusal(batches: Sequence[ProducerBatch], error: TidelogError, *, now: float,
+                   retries: int) -> list[tuple[ProducerBatch, Decision]]:
+    """Decisions when the broker refused the request as a whole (an error body, no partition
+    results): each batch as if its partition had answered the code, so a retriable one
+    (NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS) is retried while retries
+    and the delivery timeout allow, with a metadata refresh when it invalidates metadata, as
+    Kafka's Sender retries a retriable error whatever answered it."""
+    return [(b, decide(b, error.code, now=now, retries=retries, message=str(error))) for b in batches]
 
 
 def decide_failure(batches: Sequence[ProducerBatch], error: BaseException, *, now: float,
@@ -797,6 +814,11 @@ class Sender:
             except (BrokerConnectionError, RequestTimedOut, InvalidRequestError) as e:
                 log.debug("produce request to node %s failed: %s", node, e)
                 decisions = decide_failure(batches, e, now=acc.clock(), retries=config.retries)
+            except TidelogError as e:
+                if isinstance(e, TidelogClientError):  # not the broker's answer (authentication)
+                    raise
+                log.debug("node %s refused a produce request: %s", node, e)
+                decisions = decide_refusal(batches, e, now=acc.clock(), retries=config.retries)
         except Exception as e:  # e.g. a codec library missing: fail these records, keep running
             log.exception("cannot send %d batch(es) to node %s", len(batches), node)
             decisions = [(b, Decision("fail", error=e)) for b in batches]

@@ -28,6 +28,7 @@ from tidelog.aio import producer as producer_module
 from tidelog.aio.connection import BrokerConnection
 from tidelog.aio.partitioner import default_partition
 from tidelog.protocol.codec import ApiKey
+from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER
 from tidelog.protocol.records import iter_headers
 
 NOWHERE = "127.0.0.1:1"
@@ -293,6 +294,16 @@ def test_a_request_written_by_the_application_thread_that_gets_no_answer_times_o
         assert producer.send("t", b"a").result(10).offset >= 1  # its timeout, then the retry's answer
         assert written[0] is True
     assert b"a" in threaded_fake.call(fake.values, "t")
+
+
+def test_a_request_written_by_the_application_thread_refused_as_a_whole_is_retried(threaded_fake, monkeypatch):
+    fake = threaded_fake.cluster
+    with warm_producer(threaded_fake, monkeypatch, acks=1) as (producer, _, written):
+        threaded_fake.call(functools.partial(fake.inject, ApiKey.PRODUCE, error_code=NOT_LEADER_OR_FOLLOWER.code,
+                                             whole_request=True))
+        assert producer.send("t", b"a").result(10).offset >= 1  # the refusal, then the retry's answer
+        assert written[0] is True
+    assert threaded_fake.call(fake.values, "t").count(b"a") == 1
 
 
 def test_the_rest_of_a_request_the_kernel_did_not_take_from_the_application_thread_is_written_at_once(

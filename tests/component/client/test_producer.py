@@ -14,7 +14,15 @@ from tidelog.aio.connection import BrokerConnection
 from tidelog.aio.partitioner import default_partition
 from tidelog.errors import ClientClosedError, RequestTimedOut
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import MESSAGE_TOO_LARGE, NOT_LEADER_OR_FOLLOWER, RecordTooLargeError
+from tidelog.protocol.errors import (
+    MESSAGE_TOO_LARGE,
+    NOT_ENOUGH_REPLICAS,
+    NOT_LEADER_OR_FOLLOWER,
+    REQUEST_TIMED_OUT,
+    TOPIC_AUTHORIZATION_FAILED,
+    RecordTooLargeError,
+    TidelogError,
+)
 from tidelog.protocol.records import Codec, iter_headers
 
 FAST = dict(retry_backoff_ms=10, linger_ms=0)
@@ -141,6 +149,36 @@ async def test_injected_not_leader_errors_are_retried(fake):
         md = await producer.send_and_wait("t", b"v")
     assert md.offset == 0 and fake.values("t") == [b"v"]
     assert len(produce_requests(fake)) == 4
+
+
+@pytest.mark.parametrize("error", [NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS])
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_a_request_refused_as_a_whole_with_a_retriable_code_is_retried(fake, error, idempotent):
+    # the broker answers an error body (no partition results), as it does for a request its
+    # handler refused outright: the batches take the retry path a partition's error takes
+    fake.create_topic("t", 2)
+    fake.inject(ApiKey.PRODUCE, error_code=error.code, whole_request=True, count=2)
+    async with AsyncProducer(fake.bootstrap, acks=-1 if idempotent else 1, enable_idempotence=idempotent,
+                             linger_ms=50, retry_backoff_ms=10) as producer:
+        metadata_before = len(fake.sent(ApiKey.METADATA))
+        futures = [await producer.send("t", b"v%d" % i, partition=i % 2) for i in range(6)]
+        with trio.fail_after(5):
+            results = [await f for f in futures]
+        refreshed = len(fake.sent(ApiKey.METADATA)) > metadata_before
+    assert [(md.partition, md.offset) for md in results] == [(i % 2, i // 2) for i in range(6)]
+    assert fake.values("t", 0) == [b"v0", b"v2", b"v4"] and fake.values("t", 1) == [b"v1", b"v3", b"v5"]
+    assert refreshed or not error.invalid_metadata
+
+
+async def test_a_request_refused_as_a_whole_with_a_non_retriable_code_fails_its_records(fake):
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, error_code=TOPIC_AUTHORIZATION_FAILED.code, whole_request=True)
+    async with AsyncProducer(fake.bootstrap, **FAST) as producer:
+        future = await producer.send("t", b"v")
+        with pytest.raises(TidelogError, match="TOPIC_AUTHORIZATION_FAILED"):
+            await future
+        assert len(produce_requests(fake)) == 1
+        assert (await producer.send_and_wait("t", b"w")).offset == 0
 
 
 async def test_a_dropped_connection_is_retried_on_a_new_one(fake):
