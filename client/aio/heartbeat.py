@@ -11,7 +11,10 @@ timeout, ``max_poll_interval_ms`` by default). A handler slower than the session
 therefore keeps its partitions; one slower than ``max_poll_interval_ms`` does not: the
 heartbeat task then leaves the group (``leave_for_poll_timeout``) so the next poll reports
 the partitions lost and rejoins. No successful heartbeat for ``session_timeout_ms`` marks
-the coordinator unknown.
+the coordinator unknown. A failed heartbeat (no answer, or a code other than the few the
+group protocol names there) is sent again after ``retry_backoff_ms``, doubling while they
+fail, as Kafka's ``failHeartbeat``; only a fenced static member or a group the member may not
+read is fatal.
 
 Timing decisions live in ``HeartbeatTimer`` (time passed in); what an answer asks for is
 ``heartbeat_verdict`` (pure); ``Heartbeat`` is the task, and carries verdicts out through
@@ -26,17 +29,18 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from tidelog.aio.cluster import Backoff
 from tidelog.aio.discovery import CoordinatorLink, GroupRetry
 from tidelog.aio.membership import (
     FATAL,
-    HEARTBEAT_ACTIONS,
     OK,
     REDISCOVER,
     REJOIN,
     RESET_MEMBER,
+    RETRY,
     Membership,
     MemberState,
-    action_for,
+    heartbeat_action,
 )
 from tidelog.aio.subscription import ConsumerConfig
 from tidelog.errors import TidelogError, broker_error
@@ -59,6 +63,7 @@ class HeartbeatTimer:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.max_poll_interval_s = max_poll_interval_s
         self.last_sent = -float("inf")
+        self.next_due = -float("inf")  # when the next heartbeat is due
         self.last_received = now
         self.last_poll = now
         self.in_flight = False
@@ -68,18 +73,23 @@ class HeartbeatTimer:
 
     def sent(self, now: float) -> None:
         self.last_sent = now
+        self.next_due = now + self.heartbeat_interval_s
         self.in_flight = True
 
     def received(self, now: float) -> None:
         self.last_received = now
         self.in_flight = False
 
-    def failed(self) -> None:
+    def failed(self, now: float, backoff_s: float) -> None:
+        """No answer, or one that is no heartbeat of a live session: the next one is due
+        after ``backoff_s``, not a whole interval (Kafka's failHeartbeat)."""
         self.in_flight = False
+        self.next_due = now + backoff_s
 
     def reset_session(self, now: float) -> None:
         """A rebalance completed: the session starts now; the first heartbeat follows an interval."""
         self.last_received = self.last_sent = now
+        self.next_due = now + self.heartbeat_interval_s
         self.in_flight = False
 
     def joined(self, now: float) -> None:
@@ -98,7 +108,7 @@ class HeartbeatTimer:
     def time_to_next_heartbeat(self, now: float) -> float:
         if self.in_flight:
             return self.heartbeat_interval_s
-        return max(0.0, self.last_sent + self.heartbeat_interval_s - now)
+        return max(0.0, self.next_due - now)
 
     def session_expired(self, now: float) -> bool:
         return now - self.last_received > self.session_timeout_s
@@ -153,6 +163,8 @@ class Heartbeat:
         self._leave_for_poll_timeout = leave_for_poll_timeout
         self._idle_s = config.heartbeat_interval_ms / 1000
         self._backoff_s = config.retry_backoff_ms / 1000
+        # after a failed heartbeat: retry_backoff_ms doubling, reset by an answer (Kafka's)
+        self._retry = Backoff(self._backoff_s, config.retry_backoff_max_ms / 1000)
         self._wake = trio.Event()
 
     def wake(self) -> None:
@@ -183,10 +195,12 @@ class Heartbeat:
         wait = timer.time_to_next_heartbeat(now)
         if wait > 0:
             return min(wait, timer.time_to_poll_timeout(now) + 0.001)
-        await self._send()
-        return min(self._idle_s, timer.time_to_poll_timeout(time.monotonic()) + 0.001)
+        wait = await self._send()
+        return min(wait, timer.time_to_poll_timeout(time.monotonic()) + 0.001)
 
-    async def _send(self) -> None:
+    async def _send(self) -> float:
+        """Heartbeat and carry out the answer; returns how long until the next heartbeat (an
+        interval, or after a failure the backoff)."""
         generation = self._member.generation
         group_id = self._config.group_id
         self._timer.sent(time.monotonic())
@@ -196,29 +210,38 @@ class Heartbeat:
                                  self._config.group_instance_id),
                 ApiKey.HEARTBEAT, self._config.request_timeout_ms / 1000)
         except GroupRetry as e:
-            self._timer.failed()
             log.debug("group %r: heartbeat failed: %s", group_id, e)
-            return
+            return self._failed()
         except TidelogError as e:
-            if e.code not in HEARTBEAT_ACTIONS:
-                # the whole request refused unexpectedly (an error body) or authentication failed:
-                # a failed heartbeat, retried, as Kafka's heartbeat thread does; never the task's end
-                self._timer.failed()
-                log.warning("group %r: heartbeat failed: %s", group_id, e)
-                return
-            r = HeartbeatResponse(e.code, str(e))  # a code the table knows: as if answered in the body
-        action = action_for(HEARTBEAT_ACTIONS, r.error_code)
+            # the whole request refused (an error body) or authentication failed: as if that
+            # code were answered in the body (for authentication, a failed heartbeat)
+            r = HeartbeatResponse(e.code, str(e))
+        action = heartbeat_action(r.error_code)
         if action in (OK, REJOIN):
             self._timer.received(time.monotonic())  # the session is alive either way
+            self._retry.reset()
+            wait = self._idle_s
         else:
-            self._timer.failed()
+            wait = self._failed()
+        if action == RETRY:  # never the task's end: the next heartbeat follows the backoff
+            log.warning("heartbeat failed: %s", broker_error(r.error_code, f"group {group_id!r} (Heartbeat)",
+                                                             r.error_message))
+            return wait
         if generation != self._member.generation:
-            return  # the member rejoined meanwhile: this answer is about the old generation
+            return wait  # the member rejoined meanwhile: this answer is about the old generation
         verdict = heartbeat_verdict(action, self._member.state)
         if verdict == "none" and action == REJOIN:
             log.debug("group %r: heartbeat answered REBALANCE_IN_PROGRESS while completing the "
                       "rebalance: the SyncGroup's answer decides", group_id)
         self._carry_out(verdict, r)
+        return wait
+
+    def _failed(self) -> float:
+        """The next heartbeat follows the backoff (Kafka's failHeartbeat), not an interval;
+        returns the backoff."""
+        backoff = self._retry.next_delay()
+        self._timer.failed(time.monotonic(), backoff)
+        return backoff
 
     def _carry_out(self, verdict: str, r: HeartbeatResponse) -> None:
         group_id, name = self._config.group_id, for_code(r.error_code).name

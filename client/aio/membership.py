@@ -27,7 +27,9 @@ coordinator to carry out (``WAKE_POLL``: a poll waiting for records has group wo
 What to do with each error code is a table per request (``JOIN_ACTIONS``, ``SYNC_ACTIONS``,
 ``HEARTBEAT_ACTIONS``, ``COMMIT_ACTIONS``): retry, rediscover the coordinator, reset the
 member id / generation and rejoin, take the member id the coordinator assigned
-(MEMBER_ID_REQUIRED: a dynamic member's first join), or fail. ``prepare_join`` and
+(MEMBER_ID_REQUIRED: a dynamic member's first join), or fail (a heartbeat fails only for a
+fenced static member or a group it may not read; any other code is a failed heartbeat,
+retried: ``heartbeat_action``). ``prepare_join`` and
 ``complete_join`` decide which partitions a rebalance revokes, loses and adds.
 """
 
@@ -41,6 +43,8 @@ from tidelog.aio.assignors import EAGER
 from tidelog.protocol.errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
+    FENCED_INSTANCE_ID,
+    GROUP_AUTHORIZATION_FAILED,
     ILLEGAL_GENERATION,
     MEMBER_ID_REQUIRED,
     NONE,
@@ -48,7 +52,6 @@ from tidelog.protocol.errors import (
     REBALANCE_IN_PROGRESS,
     REQUEST_TIMED_OUT,
     UNKNOWN_MEMBER_ID,
-    UNKNOWN_SERVER_ERROR,
     UNSTABLE_OFFSET_COMMIT,
 )
 from tidelog.protocol.messages import NO_GENERATION, UNKNOWN_MEMBER
@@ -56,7 +59,7 @@ from tidelog.protocol.topics import TopicPartition
 
 __all__ = ["MemberState", "VALID_PREVIOUS_STATES", "IllegalMemberTransition", "Effect", "Membership",
            "Generation", "NO_GENERATION_INFO", "JOIN_ACTIONS", "SYNC_ACTIONS", "HEARTBEAT_ACTIONS",
-           "COMMIT_ACTIONS", "action_for", "prepare_join", "complete_join", "JoinPreparation",
+           "COMMIT_ACTIONS", "action_for", "heartbeat_action", "prepare_join", "complete_join", "JoinPreparation",
            "JoinCompletion"]
 
 
@@ -175,7 +178,8 @@ class Membership:
 # pure decisions
 
 
-# Actions for error codes, per request type (anything not listed: FATAL).
+# Actions for error codes, per request type (anything not listed: FATAL; for a heartbeat,
+# RETRY: ``heartbeat_action``).
 OK, RETRY, REDISCOVER, RESET_MEMBER, REJOIN, TAKE_MEMBER_ID, FATAL = (
     "ok", "retry", "rediscover", "reset-member", "rejoin", "take-member-id", "fatal")
 _COORDINATOR_MOVED = {COORDINATOR_NOT_AVAILABLE.code: REDISCOVER, NOT_COORDINATOR.code: REDISCOVER,
@@ -185,11 +189,14 @@ JOIN_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, UNKNOWN_MEMBER_ID.code: RES
                 ILLEGAL_GENERATION.code: RESET_MEMBER}
 SYNC_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, REBALANCE_IN_PROGRESS.code: REJOIN,
                 UNKNOWN_MEMBER_ID.code: RESET_MEMBER, ILLEGAL_GENERATION.code: RESET_MEMBER}
-# UNKNOWN_SERVER_ERROR (a coordinator's failing handler answers it as an error body, which
-# decodes as a heartbeat answer): a failed heartbeat, retried, as Kafka's heartbeat thread
-HEARTBEAT_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, REBALANCE_IN_PROGRESS.code: REJOIN,
-                     UNKNOWN_MEMBER_ID.code: RESET_MEMBER, ILLEGAL_GENERATION.code: RESET_MEMBER,
-                     UNKNOWN_SERVER_ERROR.code: RETRY}
+# Kafka's HeartbeatResponseHandler with its heartbeat thread: only a fenced static member and
+# a group it may not read are fatal; any code not listed (REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR
+# from a failing handler, a code this client does not know) is a failed heartbeat, retried
+# after the backoff (``heartbeat_action``)
+HEARTBEAT_ACTIONS = {NONE.code: OK, COORDINATOR_NOT_AVAILABLE.code: REDISCOVER, NOT_COORDINATOR.code: REDISCOVER,
+                     REBALANCE_IN_PROGRESS.code: REJOIN, UNKNOWN_MEMBER_ID.code: RESET_MEMBER,
+                     ILLEGAL_GENERATION.code: RESET_MEMBER, FENCED_INSTANCE_ID.code: FATAL,
+                     GROUP_AUTHORIZATION_FAILED.code: FATAL}
 COMMIT_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, UNSTABLE_OFFSET_COMMIT.code: RETRY,
                   REBALANCE_IN_PROGRESS.code: REJOIN, UNKNOWN_MEMBER_ID.code: RESET_MEMBER,
                   ILLEGAL_GENERATION.code: RESET_MEMBER}
@@ -197,6 +204,11 @@ COMMIT_ACTIONS = {NONE.code: OK, **_COORDINATOR_MOVED, UNSTABLE_OFFSET_COMMIT.co
 
 def action_for(table: Mapping[int, str], code: int) -> str:
     return table.get(code, FATAL)
+
+
+def heartbeat_action(code: int) -> str:
+    """What a heartbeat answered ``code`` asks for: ``HEARTBEAT_ACTIONS``, else RETRY."""
+    return HEARTBEAT_ACTIONS.get(code, RETRY)
 
 
 

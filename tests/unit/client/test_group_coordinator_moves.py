@@ -52,7 +52,7 @@ class MovedCoordinatorCluster:
 def test_finding_the_coordinator_restarts_the_session_clock():
     t = HeartbeatTimer(session_timeout_s=4, heartbeat_interval_s=0.4, max_poll_interval_s=60, now=100.0)
     t.sent(100.0)
-    t.failed()
+    t.failed(100.5, 0.1)
     assert t.session_expired(110.0)
     t.coordinator_found(110.0)
     assert not t.session_expired(113.9) and t.session_expired(114.1)

@@ -27,6 +27,7 @@ from tidelog.aio.membership import (
     Generation,
     action_for,
     complete_join,
+    heartbeat_action,
     prepare_join,
 )
 from tidelog.aio.subscription import ConsumerConfig, SubscriptionState
@@ -37,11 +38,14 @@ from tidelog.protocol.errors import (
     GROUP_AUTHORIZATION_FAILED,
     ILLEGAL_GENERATION,
     INCONSISTENT_GROUP_PROTOCOL,
+    INVALID_REQUEST,
     MEMBER_ID_REQUIRED,
     NONE,
     NOT_COORDINATOR,
     REBALANCE_IN_PROGRESS,
+    REQUEST_TIMED_OUT,
     UNKNOWN_MEMBER_ID,
+    UNKNOWN_SERVER_ERROR,
 )
 from tidelog.protocol.messages import (
     EARLIEST_TIMESTAMP,
@@ -68,12 +72,34 @@ A0, A1, B0 = TP("a", 0), TP("a", 1), TP("b", 0)
     (HEARTBEAT_ACTIONS, REBALANCE_IN_PROGRESS, REJOIN),
     (HEARTBEAT_ACTIONS, COORDINATOR_NOT_AVAILABLE, REDISCOVER),
     (HEARTBEAT_ACTIONS, FENCED_INSTANCE_ID, FATAL),
+    (HEARTBEAT_ACTIONS, GROUP_AUTHORIZATION_FAILED, FATAL),
+    (HEARTBEAT_ACTIONS, NOT_COORDINATOR, REDISCOVER),
+    (HEARTBEAT_ACTIONS, ILLEGAL_GENERATION, RESET_MEMBER),
+    (HEARTBEAT_ACTIONS, UNKNOWN_MEMBER_ID, RESET_MEMBER),
     (COMMIT_ACTIONS, ILLEGAL_GENERATION, RESET_MEMBER),
     (COMMIT_ACTIONS, REBALANCE_IN_PROGRESS, REJOIN),
     (COMMIT_ACTIONS, GROUP_AUTHORIZATION_FAILED, FATAL),
 ])
 def test_error_tables(table, code, action):
     assert action_for(table, code.code) == action
+
+
+@pytest.mark.parametrize("code", [REQUEST_TIMED_OUT.code, COORDINATOR_LOAD_IN_PROGRESS.code,
+                                  UNKNOWN_SERVER_ERROR.code, INVALID_REQUEST.code, 9999])
+def test_any_other_heartbeat_answer_is_a_failed_heartbeat_retried(code):
+    # Kafka's heartbeat thread: failHeartbeat for whatever its response handler does not name
+    assert heartbeat_action(code) == RETRY
+
+
+def test_a_failed_heartbeat_is_sent_again_after_the_backoff_not_an_interval():
+    # Kafka's Heartbeat.failHeartbeat: the timer restarts at the retry backoff
+    t = HeartbeatTimer(session_timeout_s=10, heartbeat_interval_s=3, max_poll_interval_s=60, now=100.0)
+    t.sent(100.0)
+    t.failed(100.5, 0.2)
+    assert t.time_to_next_heartbeat(100.6) == pytest.approx(0.1)
+    t.sent(100.7)
+    t.received(100.8)
+    assert t.time_to_next_heartbeat(101.0) == pytest.approx(2.7)  # answered: the interval again
 
 
 def test_prepare_join_eager_revokes_everything():

@@ -44,7 +44,10 @@ from tidelog.protocol.errors import (
     NONE,
     NOT_COORDINATOR,
     REBALANCE_IN_PROGRESS,
+    REQUEST_TIMED_OUT,
+    TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_SERVER_ERROR,
+    UNKNOWN_TOPIC_OR_PARTITION,
     error_for,
 )
 from tidelog.protocol.messages import (
@@ -87,6 +90,7 @@ class ScriptedCoordinator:
         self.sync_hold: trio.Event | None = None
         self.commit_hold: trio.Event | None = None
         self.generations: list[int] = []  # generation of each heartbeat
+        self.heartbeat_times: list[float] = []  # when each heartbeat arrived (the autojump clock)
         # the next heartbeats' outcomes (an exception raised, or an error code answered), then answers
         self.heartbeat_script: list[BaseException | int] = []
 
@@ -118,6 +122,7 @@ class ScriptedCoordinator:
         if api_key is ApiKey.HEARTBEAT:
             self.events.append("heartbeat")
             self.generations.append(message.generation_id)
+            self.heartbeat_times.append(trio.current_time())
             if self.heartbeat_script:
                 outcome = self.heartbeat_script.pop(0)
                 if isinstance(outcome, BaseException):
@@ -321,6 +326,43 @@ async def test_a_heartbeat_refused_as_a_whole_is_retried_and_the_member_lives_on
             await trio.sleep(1)
         nursery.cancel_scope.cancel()
     assert group.state is MemberState.STABLE and cluster.events.count("join") == 1
+
+
+@pytest.mark.parametrize("outcome", [REQUEST_TIMED_OUT.code, UNKNOWN_TOPIC_OR_PARTITION.code, 9999,
+                                     error_for(TOPIC_AUTHORIZATION_FAILED.code, "refused as a whole")])
+async def test_a_heartbeat_answered_with_an_unexpected_code_is_a_failed_heartbeat(autojump_clock, outcome):
+    """Kafka's heartbeat thread takes any code its HeartbeatResponseHandler does not name
+    (REQUEST_TIMED_OUT, a code the client does not know, ...) as a failed heartbeat: retried
+    after the backoff, with the member's generation, its partitions and the coordinator kept.
+    Only FENCED_INSTANCE_ID and GROUP_AUTHORIZATION_FAILED end the member."""
+    cluster = ScriptedCoordinator()
+    cluster.heartbeat_script = [outcome, outcome]
+    group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
+        while cluster.events.count("heartbeat") < 4:
+            await group.poll(trio.current_time() + 1)  # raises if the heartbeat's answer was fatal
+            await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert group.state is MemberState.STABLE and group.generation.generation_id == 1
+    assert without_heartbeats(cluster.events) == ["join", "sync", "sync-answered"]  # no lookup, no rejoin
+
+
+async def test_a_failed_heartbeat_is_sent_again_after_the_backoff(autojump_clock):
+    """As Kafka's Heartbeat.failHeartbeat: the heartbeat after a failed one waits
+    ``retry_backoff_ms`` (doubling while they fail), not a whole heartbeat interval."""
+    cluster = ScriptedCoordinator()
+    cluster.heartbeat_script = [9999, 9999]  # two failed heartbeats, then answers
+    group = new_member(cluster, session_timeout_ms=30_000, heartbeat_interval_ms=5000, retry_backoff_ms=100)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
+        while len(cluster.heartbeat_times) < 4:
+            await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    gaps = [b - a for a, b in zip(cluster.heartbeat_times, cluster.heartbeat_times[1:])]
+    assert gaps[0] < 1 and gaps[1] < 1 and gaps[2] >= 5  # after the backoffs, the interval
 
 
 async def test_a_leave_group_refused_as_a_whole_is_logged_and_the_member_left(autojump_clock):
