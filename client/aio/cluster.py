@@ -440,6 +440,14 @@ class Cluster:
             raise BrokerConnectionError(f"node {node_id} is not in the cluster metadata")
         return broker.host, broker.port
 
+    def throttled(self) -> dict[int, float]:
+        """Nodes whose connection is throttled (KIP-219): node -> seconds until it may be sent
+        to again. Kafka's NetworkClient does not count such a node ready, so nothing is drained
+        or planned for it before then: what waits meanwhile goes in the first request after."""
+        now = trio.current_time()
+        return {node: conn.throttled_until - now for node, conn in self._conns.items()
+                if conn.throttled_until > now and not conn.closed}
+
     def open_connection(self, node_id: int) -> BrokerConnection | None:
         """The open connection to ``node_id`` if there is one (no connecting, no waiting)."""
         conn = self._conns.get(node_id)

@@ -395,13 +395,15 @@ class Fetcher:
         while True:
             self._wake = trio.Event()
             now = time.monotonic()
+            # a throttled node (KIP-219) gets no fetch planned before its throttle ends
+            throttled = self._cluster.throttled()
             with self.state_lock:
                 self._start_resets(now)
                 if not self.fetch_in_loop:
                     plans, unknown = {}, False
                 else:
-                    plans, unknown = plan_fetches(subs, self._cluster.metadata, self._fetching_nodes, now,
-                                                  self._config)
+                    plans, unknown = plan_fetches(subs, self._cluster.metadata,
+                                                  self._fetching_nodes.union(throttled), now, self._config)
             if unknown:
                 self._cluster.request_update()
             for node, plan in plans.items():
@@ -409,6 +411,8 @@ class Fetcher:
                 self.hold(plan)
                 self._nursery.start_soon(self._fetch, node, plan)
             delay = self._next_retry(now) if not unknown else self._backoff_s
+            if throttled:
+                delay = min(delay, *throttled.values())
             with trio.move_on_after(delay):
                 await self._wake.wait()
 

@@ -11,8 +11,9 @@ application's thread, so there is no hop into Trio per record.
 The ``Sender`` is one task that decides in pure code and awaits in one place (STYLE example 8):
 each round it expires batches past ``delivery_timeout_ms`` (a request in flight is awaited
 no longer than its earliest batch's deadline, as Kafka's KIP-91 does), asks the accumulator
-which leader nodes are ready, drains one ProduceRequest per ready node (at most one batch per partition),
-starts one task per request, and sleeps until woken (a batch opened or filled, a request
+which leader nodes are ready (a node throttled under KIP-219 is not, until its throttle
+ends), drains one ProduceRequest per ready node (at most one batch per partition), starts
+one task per request, and sleeps until woken (a batch opened or filled, a request
 finished, metadata updated, a flush or close began) or until the next linger/backoff/expiry
 deadline. Each request task turns its response into one ``Decision`` per batch with
 ``decide`` (pure), and ``_apply`` carries them out: complete, re-enqueue for retry (with a
@@ -382,7 +383,7 @@ class Sender:
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread: int | None = None
         self._in_flight: dict[int, int] = {}  # node -> requests awaiting a response
-        # node -> requests a task writes (not written when dispatched: connecting, throttled, no
+        # node -> requests a task writes (not written when dispatched: connecting, no
         # free slot, another write in progress) or an application thread handed to the loop
         # thread unwritten; nothing more is drained for the node until they are queued on its
         # connection, so requests reach the wire in drain order. Under _caller_lock
@@ -650,8 +651,11 @@ class Sender:
         busy = [n for n, k in self._in_flight.items() if k >= config.max_in_flight_requests_per_connection]
         if self._unwritten:
             busy += self._unwritten
+        throttled = self.cluster.throttled()  # not ready until the throttle ends (KIP-219)
+        if throttled:
+            busy += throttled
         check = acc.ready(metadata, now, busy)
-        delay = check.next_delay
+        delay = min(check.next_delay, *throttled.values()) if throttled else check.next_delay
         if check.unknown_leaders:
             self.cluster.request_update()
             delay = min(delay, config.retry_backoff_ms / 1000)

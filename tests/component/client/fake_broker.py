@@ -23,6 +23,7 @@ does, a request that names an existing one).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,7 +153,7 @@ class Fault:
     count: int = 1  # how many matching requests it hits (math.inf: all)
     hits: int = 0
     drop_after_append: bool = False  # produce: append, then drop the connection (a lost response)
-    throttle_ms: int = 0  # produce: the response asks the client to wait that long (KIP-219)
+    throttle_ms: int = 0  # produce, fetch: the response asks the client to wait that long (KIP-219)
     whole_request: bool = False  # answer ``error_code`` for the request as a whole (an error body)
 
 
@@ -297,7 +298,7 @@ class FakeCluster:
         else:
             body = await getattr(self, f"_{key.name.lower()}")(node, request, fault.error_code if fault else None)
             if fault is not None and fault.throttle_ms:
-                body = ProduceResponse(body.responses, throttle_time_ms=fault.throttle_ms)
+                body = dataclasses.replace(body, throttle_time_ms=fault.throttle_ms)
             out = conn.send_response(header.correlation_id, body)
         if out:
             async with lock:

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import trio
+import trio.testing
 
 from tidelog.aio import AsyncConsumer, TopicPartition
 from tidelog.errors import NoOffsetForPartitionError, RequestTimedOut, WakeupError
@@ -400,3 +401,25 @@ async def test_an_error_from_before_a_seek_is_not_raised(topic):
         await wait_for_pending_error(consumer)
         consumer.seek(T1, 1)
         assert values(await poll_until(consumer, 2)) == [b"b1", b"b2"]
+
+
+async def test_no_fetch_is_planned_for_a_throttled_node_before_its_throttle_ends(topic):
+    # Kafka's NetworkClient: a node whose throttle has not passed is not ready; a fetch planned
+    # at the throttle's start would hold its partitions, positions and assignment as they were
+    topic.inject(ApiKey.FETCH, node=0, throttle_ms=3_600_000)  # a pause the test ends
+    async with AsyncConsumer(topic.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as consumer:
+        try:
+            consumer.assign([T0])
+            assert values(await poll_until(consumer, 12)) == [b"a%d" % i for i in range(12)]
+            conn = consumer._cluster.open_connection(0)
+            assert conn.throttled_until > trio.current_time()
+            await trio.testing.wait_all_tasks_blocked()
+            assert not consumer._fetcher._fetching_nodes  # nothing waits to be sent to node 0
+            consumer.seek(T0, 3)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not consumer._fetcher._fetching_nodes
+            conn.throttled_until = trio.current_time()  # the throttle ends
+            consumer._fetcher.wake()
+            assert values(await poll_until(consumer, 9)) == [b"a%d" % i for i in range(3, 12)]
+        finally:
+            await consumer.close()

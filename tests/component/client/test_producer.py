@@ -7,6 +7,7 @@ import time
 
 import pytest
 import trio
+import trio.testing
 
 from tests.component.client.fake_broker import PartitionLog
 from tidelog.aio import AsyncConsumer, AsyncProducer, TopicPartition
@@ -584,8 +585,34 @@ async def test_a_throttled_connection_gets_the_records_sent_meanwhile_in_order_i
             for future in futures:
                 await future
     assert fake.arrived_values() == [b"%d" % i for i in range(11)]
-    # one request drained when the pause began, one with everything sent during it (Kafka: one)
+    # the first, then one with everything sent during the pause (a bound: sends that outlast
+    # the pause make a third request)
     assert len(fake.arrived) <= 3
+
+
+async def test_nothing_is_drained_for_a_throttled_node_before_its_throttle_ends(fake):
+    # Kafka's NetworkClient: a node whose throttle has not passed is not ready, so the records
+    # sent meanwhile wait in the accumulator and go in one request when it ends
+    fake.create_topic("t", 1)
+    fake.inject(ApiKey.PRODUCE, throttle_ms=3_600_000)  # the first response asks for a pause the test ends
+    async with AsyncProducer(fake.bootstrap, acks=1, **FAST) as producer:
+        try:
+            await producer.send_and_wait("t", b"0")
+            conn = producer._cluster.open_connection(0)
+            assert conn.throttled_until > trio.current_time()
+            futures = [await producer.send("t", b"1")]
+            await trio.testing.wait_all_tasks_blocked()  # the sender looked and let it be
+            assert producer.metrics["queued_batches"] == 1
+            futures += [await producer.send("t", b"%d" % i) for i in range(2, 6)]
+            await trio.testing.wait_all_tasks_blocked()
+            assert producer.metrics["queued_batches"] == 1 and len(fake.arrived) == 1
+            conn.throttled_until = trio.current_time()  # the throttle ends
+            producer._sender.wakeup()
+            with trio.fail_after(5):
+                assert [(await f).offset for f in futures] == [1, 2, 3, 4, 5]
+        finally:
+            await producer.close(0)  # a request waiting out the throttle would hold close for an hour
+    assert fake.arrived_values() == [b"%d" % i for i in range(6)] and len(fake.arrived) == 2
 
 
 async def test_acks_0_requests_reach_the_wire_in_the_order_they_were_drained(fake):
