@@ -278,10 +278,13 @@ class Handoff:
 
     def _reclaim(self, outcome: Any) -> None:
         """An outcome its caller left before taking, on the thread that found it so: an error
-        for the next poll to raise; records back among the unreturned ones, for the next poll
-        to return first, not consumed until then."""
+        for the next poll to raise (a partition's back in the consumer, which drops it once
+        the partition is no longer assigned or was sought; any other in ``unclaimed``);
+        records back among the unreturned ones, for the next poll to return first, not
+        consumed until then."""
         if isinstance(outcome, BaseException):
-            self._unclaimed.append(outcome)
+            if not self._consumer.reclaim_error(outcome):
+                self._unclaimed.append(outcome)
         else:
             self._consumer.put_back(outcome)
 

@@ -474,7 +474,8 @@ class AsyncConsumer(_Client):
         self._api_timeout_s = self.config.default_api_timeout_ms / 1000
         self._request_timeout_s = self.config.request_timeout_ms / 1000
         # errors polls were about to raise when their caller was cancelled or timed out: the
-        # next polls raise these first (their records go back among the unreturned ones)
+        # next polls raise these first (their records go back among the unreturned ones, a
+        # partition's error back in the core, which drops it once the partition is revoked)
         self._unclaimed: deque[BaseException] = deque()
         self._callback_tasks: set[asyncio.Task] = set()
 

@@ -336,7 +336,8 @@ class Consumer(_Blocking):
         self.consumer_timeout_ms = consumer_timeout_ms
         self._inboxes: list[_Inbox] = []  # the serving calls' inboxes, innermost last
         # errors polls were about to raise when their caller left (Ctrl-C, a stuck loop): the
-        # next polls raise these first (their records go back among the unreturned ones)
+        # next polls raise these first (their records go back among the unreturned ones, a
+        # partition's error back in the core, which drops it once the partition is revoked)
         self._unclaimed: deque[BaseException] = deque()
         self._start("tidelog-consumer")
         # without a group, on PLAINTEXT, poll fetches on the caller's thread (see the module)

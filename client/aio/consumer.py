@@ -627,6 +627,16 @@ class AsyncConsumer(RunsInOwnNursery):
         out yet (``SubscriptionState``'s unreturned records), up to ``limit``."""
         return ConsumerRecords(self._subscriptions.take_unreturned(limit))
 
+    def reclaim_error(self, error: BaseException) -> bool:
+        """An error ``poll`` raised whose caller left before getting it (a facade's poll,
+        interrupted or timed out), from any thread. A fetch's error goes back among the
+        pending ones, raised by the next poll unless its partition is no longer assigned or
+        was sought by then (``PendingErrors.restore``); a missing position is raised again by
+        the next poll while it is missing. False: another error, for the caller to keep."""
+        if isinstance(error, NoOffsetForPartitionError):
+            return True
+        return self._fetcher.errors.restore(error)
+
     def _give_back(self, tps: Sequence[TopicPartition] | None, rewind: bool = True) -> None:
         """Drop the unreturned records of ``tps`` (None: all); with ``rewind`` they are
         fetched again (``SubscriptionState.give_back``)."""

@@ -320,11 +320,12 @@ class PendingErrors(dict):
     A dict, so that ``poll``'s check for one is C-level; adding and taking hold a lock, since
     the loop adds while an application thread that fetches takes."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_lock", "_taken")
 
     def __init__(self) -> None:
         super().__init__()
         self._lock = threading.Lock()
+        self._taken: tuple[TopicPartition | None, tuple] | None = None  # what take returned last
 
     def add(self, error: TidelogError, tp: TopicPartition | None = None, state: PartitionState | None = None,
             generation: int | None = None) -> None:
@@ -341,10 +342,30 @@ class PendingErrors(dict):
         with self._lock:
             while self:
                 tp = next(iter(self))
-                error, state, generation = self.pop(tp)
+                entry = self.pop(tp)
+                error, state, generation = entry
                 if tp is None or (partitions.get(tp) is state and state.generation == generation):
+                    self._taken = (tp, entry)
                     return error
             return None
+
+    def restore(self, error: BaseException) -> bool:
+        """Put back ``error``, the last one ``take`` returned, first (``poll`` raised it and
+        its caller left before getting it: a facade's interrupted poll), with its partition,
+        so the next ``take`` drops it as any other once the partition is no longer assigned
+        or was sought; a newer error of the partition, come meanwhile, stays instead. False
+        when ``error`` is not that one."""
+        with self._lock:
+            taken, self._taken = self._taken, None
+            if taken is None or taken[1][0] is not error:
+                return False
+            tp, entry = taken
+            if tp not in self:
+                rest = list(self.items())
+                self.clear()
+                self[tp] = entry
+                self.update(rest)
+            return True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from tidelog import (
 )
 from tidelog.aio.partitioner import default_partition
 from tidelog.asyncio import AsyncAdmin, AsyncConsumer, AsyncProducer
+from tidelog.errors import OffsetOutOfRangeError
 from tidelog.records import ConsumerRecords
 
 NOWHERE = "127.0.0.1:1"
@@ -181,6 +182,50 @@ def _poll_left_before_its_records(threaded_fake, then):
                 await first
             go.set()
             await then(consumer, tp)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("revoked", [True, False], ids=["revoked", "still-assigned"])
+def test_an_error_a_cancelled_poll_raised_late_is_dropped_once_its_partition_is_revoked(threaded_fake, revoked):
+    """The Trio thread is stuck about to raise a partition's error for a poll that is then
+    cancelled: the error, raised late, is for the next poll, unless its partition is no
+    longer assigned by then (as the consumer drops any error of a partition it no longer has)."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 2)
+    bootstrap = threaded_fake.cluster.bootstrap
+    t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    stuck, released = threading.Event(), threading.Event()
+
+    async def main():
+        async with AsyncConsumer(bootstrap, group_id="g", enable_auto_commit=False,
+                                 auto_offset_reset="none") as consumer:
+            consumer.assign([t0, t1])
+            consumer.seek(t0, 100)  # past the end: OFFSET_OUT_OF_RANGE, for poll to raise
+            consumer.seek(t1, 0)
+            deadline = time.monotonic() + 10
+            while not consumer._aio._fetcher.errors and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            raise_pending = consumer._aio._raise_pending
+
+            def stuck_then_raise():  # on the Trio thread
+                if not stuck.is_set():
+                    stuck.set()
+                    assert released.wait(10)
+                raise_pending()
+
+            consumer._aio._raise_pending = stuck_then_raise
+            first = asyncio.ensure_future(consumer.poll(timeout_ms=0))
+            assert await asyncio.get_running_loop().run_in_executor(None, stuck.wait, 10)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            released.set()
+            if revoked:
+                consumer.assign([t1])
+                assert await consumer.poll(timeout_ms=100) == []
+            else:
+                with pytest.raises(OffsetOutOfRangeError):
+                    await consumer.poll(timeout_ms=100)
 
     asyncio.run(main())
 

@@ -27,6 +27,7 @@ from tidelog import (
 from tidelog.aio import producer as producer_module
 from tidelog.aio.connection import BrokerConnection
 from tidelog.aio.partitioner import default_partition
+from tidelog.errors import OffsetOutOfRangeError
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import NOT_LEADER_OR_FOLLOWER
 from tidelog.protocol.records import iter_headers
@@ -716,3 +717,43 @@ def test_records_a_group_poll_took_after_its_caller_gave_up_on_a_stuck_loop_come
         while len(got) < 5:
             got += consumer.poll(timeout_ms=5000)
         assert [r.offset for r in got] == list(range(5))
+
+
+@pytest.mark.parametrize("revoked", [True, False], ids=["revoked", "still-assigned"])
+def test_an_error_a_poll_raised_after_its_caller_gave_up_is_dropped_once_its_partition_is_revoked(
+        threaded_fake, monkeypatch, revoked):
+    """The loop thread is stuck (here: about to raise a partition's error) while it runs a
+    poll: the caller's bounded wait ends with RequestTimedOut and the error, raised late, is
+    for the next poll, unless its partition is no longer assigned by then (as the consumer
+    drops any error of a partition it no longer has)."""
+    threaded_fake.call(threaded_fake.cluster.create_topic, "t", 2)
+    monkeypatch.setattr("tidelog.blocking.GRACE_S", 0.1)
+    t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    with Consumer(threaded_fake.cluster.bootstrap, group_id="g", enable_auto_commit=False,
+                  auto_offset_reset="none", request_timeout_ms=200) as consumer:
+        consumer.assign([t0, t1])
+        consumer.seek(t0, 100)  # past the end: OFFSET_OUT_OF_RANGE, for poll to raise
+        consumer.seek(t1, 0)
+        deadline = time.monotonic() + 10
+        while not consumer._aio._fetcher.errors and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stuck, released = threading.Event(), threading.Event()
+        raise_pending = consumer._aio._raise_pending
+
+        def stuck_then_raise():  # on the loop thread
+            if stuck.is_set():
+                assert released.wait(10)
+            raise_pending()
+
+        monkeypatch.setattr(consumer._aio, "_raise_pending", stuck_then_raise)
+        stuck.set()
+        with pytest.raises(RequestTimedOut):
+            consumer.poll(timeout_ms=0)
+        stuck.clear()
+        released.set()
+        if revoked:
+            consumer.assign([t1])
+            assert consumer.poll(timeout_ms=100) == []
+        else:
+            with pytest.raises(OffsetOutOfRangeError):
+                consumer.poll(timeout_ms=100)
