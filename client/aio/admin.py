@@ -892,7 +892,8 @@ class AsyncAdmin(RunsInOwnNursery):
 
     async def _log_end_offsets(self, tps: list[TopicPartition], deadline: float) -> dict[TopicPartition, int]:
         """The high watermarks a group's lag is measured against; a partition that fails (no
-        leader after a few rounds, an error) is left out: its lag is unknown, not the others'."""
+        leader after a few rounds, an error, a leader that does not answer before ``deadline``)
+        is left out: its lag is unknown, not the others'."""
         if not tps:
             return {}
         errors: dict[TopicPartition, TidelogError] = {}
@@ -902,7 +903,7 @@ class AsyncAdmin(RunsInOwnNursery):
                 api_key=ApiKey.LIST_OFFSETS,
                 request_for=lambda timestamps, metadata, _timeout_s: list_offsets_request(timestamps, metadata),
                 answer_of=lambda p: p.offset, what="offsets", refetch_metadata=True, tolerate_missing=True,
-                errors=errors, leaderless_rounds=_LAG_LEADERLESS_ROUNDS)
+                errors=errors, leaderless_rounds=_LAG_LEADERLESS_ROUNDS, partial=True)
         except TidelogError:
             return {}
         return found

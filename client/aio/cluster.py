@@ -522,7 +522,7 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
                      answer_of: Callable[[Any], Any], what: str, refetch_metadata: bool = False,
                      tolerate_missing: bool = False,
                      errors: dict[TopicPartition, TidelogError] | None = None,
-                     leaderless_rounds: int | None = None) -> dict[TopicPartition, Any]:
+                     leaderless_rounds: int | None = None, partial: bool = False) -> dict[TopicPartition, Any]:
     """Ask each partition's leader (ListOffsets, DeleteRecords: one request per leader, built by
     ``request_for(its partitions' values, metadata, request timeout in s)``, whose response
     lists ``topics`` of ``partitions`` with ``partition_index``, ``error_code`` and
@@ -542,7 +542,11 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
     with UNKNOWN_TOPIC_OR_PARTITION when the next metadata (fetched in case partitions were
     just added) still does not list it, as Kafka's admin client fails it at once.
     ``leaderless_rounds`` (with ``errors``): a partition still without a leader after that many
-    rounds is stored in ``errors`` with the reason, rather than waited for until ``deadline``."""
+    rounds is stored in ``errors`` with the reason, rather than waited for until ``deadline``.
+    ``partial`` (with ``errors``): at ``deadline`` the partitions still unanswered (a leader
+    known but unreachable) are stored in ``errors`` with the RequestTimedOut, and the answered
+    ones returned, rather than the call failing as a whole. No round outlasts ``deadline``
+    (a connection that takes longer to open is given up)."""
     topics = sorted({tp.topic for tp in wanted})
     if not refetch_metadata:
         cluster.add_topics(topics)
@@ -594,9 +598,10 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
                 return
             _absorb_answers(cluster, response, remaining, found, answer_of, failed, retriable)
 
-        async with trio.open_nursery() as nursery:
-            for node, values in by_node.items():
-                nursery.start_soon(ask, node, values)
+        with trio.move_on_after(max(0.001, deadline - time.monotonic())):  # as ask's own timeout
+            async with trio.open_nursery() as nursery:
+                for node, values in by_node.items():
+                    nursery.start_soon(ask, node, values)
         last = retriable[-1] if retriable else last
         if failed and errors is None:
             raise next(iter(failed.values()))
@@ -605,8 +610,12 @@ async def to_leaders(cluster: "Cluster", wanted: dict[TopicPartition, Any], dead
         if not remaining:
             return found
         if time.monotonic() + backoff.initial_s >= deadline:
-            raise RequestTimedOut(f"{what} of {sorted(map(str, remaining))} not found in time "
-                                  f"(last error: {last or 'none'})")
+            timed_out = RequestTimedOut(f"{what} of {sorted(map(str, remaining))} not found in time "
+                                        f"(last error: {last or 'none'})")
+            if not partial or errors is None:
+                raise timed_out
+            errors.update(dict.fromkeys(remaining, timed_out))
+            return found
         await trio.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
 
 

@@ -184,6 +184,23 @@ async def test_group_lag_keeps_the_answered_partitions_when_one_has_no_leader(fa
         (0, 1, 3, 2), (1, 5, 5, 0), (2, 0, None, None)]
 
 
+@pytest.mark.parametrize("unreachable", [dict(drop_connection=True), dict(delay_s=3600)], ids=["dropped", "silent"])
+async def test_group_lag_keeps_the_answered_partitions_when_a_known_leader_is_unreachable(fake, unreachable):
+    """A partition whose leader is known but does not answer until the call's timeout has an
+    unknown log end offset and lag ("-" in groups describe, as kafka-consumer-groups); the
+    partitions whose leaders answered keep theirs."""
+    fake.create_topic("t", 2, leaders=[0, 1])
+    for p, count in ((0, 3), (1, 5)):
+        fake.log("t", p).append(build_batch([(None, b"v", None, 1000 + i) for i in range(count)]))
+    fake.group_offsets["g"] = {("t", 0): 1, ("t", 1): 2}
+    fake.inject(ApiKey.LIST_OFFSETS, node=1, count=10**9, **unreachable)
+    async with AsyncAdmin(fake.bootstrap, **FAST) as admin:
+        with trio.fail_after(30):
+            offsets = await admin.list_group_offsets("g", timeout_ms=1000)
+    assert [(o.partition.partition, o.committed, o.log_end_offset, o.lag) for o in offsets] == [
+        (0, 1, 3, 2), (1, 2, None, None)]
+
+
 async def test_a_partition_the_topic_does_not_have_fails_at_once_naming_it(fake):
     fake.create_topic("t", 3)
     missing = TopicPartition("t", 7)
