@@ -269,7 +269,7 @@ class BrokerState(Protocol):
 
     def update_topic_overrides(self, configs: Mapping[str, Mapping[str, str]]) -> None: ...
 
-    def metadata_updated(self) -> None: ...
+    def metadata_updated(self, deleted: Iterable[str] = ()) -> None: ...
 
     async def auto_create_topics(self, topics: Iterable[str]) -> None: ...
 
@@ -1204,7 +1204,7 @@ class Apis:
         if current and deleted and self.coordinator is not None:
             # a topic created again under the name must not resume at the old offsets
             self.coordinator.handle_deleted_topics(deleted)
-        self.broker.metadata_updated()
+        self.broker.metadata_updated(deleted)
         return UpdateMetadataResponse(NONE.code)
 
     @handles(ApiKey.STOP_REPLICA, Kind.ASYNC)

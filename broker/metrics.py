@@ -63,7 +63,7 @@ import time
 import typing
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -281,20 +281,31 @@ class RequestMetrics:
             logger.debug("request not accounted: %r", e)
 
     def _account_produce(self, body: dict | list, response: Any) -> None:
-        """Bytes and records appended, per topic: every partition whose append got an offset
-        (acks=0 has no response: everything the request carried is counted; a whole request
-        refused, an error body, appended nothing its answer tells of). ``body``: the request's,
-        or its ``produce_parts`` (what a waiting produce keeps instead of its records)."""
-        if type(response) is dict:
-            return
-        appended = None
+        """Bytes and records appended, per topic (Kafka counts BytesIn and MessagesIn after a
+        successful local append): every partition whose append got an offset. acks=0 has no
+        response: answered None, every partition was appended; answered ``CLOSE_CONNECTION``,
+        some append failed and nothing is counted (a client naming made-up topics must not
+        add series). A whole request refused, an error body, appended nothing. A partition
+        with no bytes adds no label. ``body``: the request's, or its ``produce_parts`` (what a
+        waiting produce keeps instead of its records)."""
         if isinstance(response, ProduceResponse):
             appended = {(t.name, p.index) for t in response.responses for p in t.partition_responses
                         if p.base_offset >= 0}
+        elif response is None:  # acks=0, every append succeeded
+            appended = None
+        else:  # an error body, or an acks=0 produce that failed (CLOSE_CONNECTION)
+            return
         for topic, index, size, count in body if type(body) is list else produce_parts(body):
-            if appended is None or (topic, index) in appended:
+            if size and (appended is None or (topic, index) in appended):
                 self.bytes_in[topic] += size
                 self.messages_in[topic] += count
+
+    def forget_topics(self, topics: Iterable[str]) -> None:
+        """Drop the per-topic series of deleted topics (as Kafka removes a deleted topic's
+        BrokerTopicMetrics): a topic created again under the name starts from zero."""
+        for topic in topics:
+            for counts in (self.bytes_in, self.messages_in, self.bytes_out, self.messages_out):
+                counts.pop(topic, None)
 
     def _account_fetch(self, body: dict, response: Any) -> None:
         """Bytes and records sent, per topic, of a fetch answer: its body (what the fetch
@@ -304,6 +315,8 @@ class RequestMetrics:
             if not records:
                 continue
             size, count = batch_stats(records)
+            if not size:  # a partial batch only: nothing sent, no label
+                continue
             if follower:
                 self.replication_bytes_out += size
             else:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
+from collections.abc import Iterable
 
 import trio
 
@@ -439,9 +440,13 @@ class BrokerServer:
                 if tp.topic == topic:
                     self.log_manager.update_config(tp, cfg)
 
-    def metadata_updated(self) -> None:
+    def metadata_updated(self, deleted: Iterable[str] = ()) -> None:
+        """After an UpdateMetadata: ready once this broker is in the metadata; the per-topic
+        request series of the topics it deleted dropped."""
         if not self.ready.is_set() and self.broker_id in self.metadata.brokers:
             self.ready.set()
+        if deleted and self.metrics is not None:
+            self.metrics.requests.forget_topics(deleted)
 
     def _endpoint_for(self, leader_id: int, fetcher_id: int = 0) -> RemoteLeaderEndpoint:
         """Fetcher ``fetcher_id``'s endpoint on ``leader_id``: a connection of its own, so the

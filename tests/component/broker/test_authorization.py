@@ -246,7 +246,7 @@ class BrokerState:
     def update_topic_overrides(self, configs):
         self.topic_overrides.update(configs)
 
-    def metadata_updated(self):
+    def metadata_updated(self, deleted=()):
         pass
 
     async def auto_create_topics(self, topics):

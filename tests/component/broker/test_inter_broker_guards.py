@@ -98,12 +98,13 @@ class BrokerState:
         self.log_defaults = LogConfig()
         self.topic_overrides: dict = {}
         self.entity_configs = EntityConfigStore(zk=None)  # no dynamic broker configs set
+        self.deleted_topics: list[str] = []  # told to metadata_updated (the metrics drop their series)
 
     def update_topic_overrides(self, configs):
         self.topic_overrides.update(configs)
 
-    def metadata_updated(self):
-        pass
+    def metadata_updated(self, deleted=()):
+        self.deleted_topics += deleted
 
     async def auto_create_topics(self, topics):
         pass
@@ -387,6 +388,7 @@ async def test_an_update_metadata_deleting_topics_has_the_group_coordinator_drop
     assert deleted == []
     assert (await broker.apis.update_metadata(update())).error_code == NONE.code
     assert deleted == [["orders"]]
+    assert broker.state.deleted_topics == ["orders"]  # the broker is told too (its metrics forget them)
 
 
 async def test_a_full_update_metadata_deletes_the_topics_it_does_not_name(broker):

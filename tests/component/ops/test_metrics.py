@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tidelog.broker.context import RequestContext
-from tidelog.broker.deferred import DeferredResponse, is_deferred
+from tidelog.broker.deferred import CLOSE_CONNECTION, DeferredResponse, is_deferred
 from tidelog.broker.health import Readiness
 from tidelog.broker.log.cleaner import LogCleaner
 from tidelog.broker.log.config import LogConfig
@@ -312,6 +312,48 @@ def test_acks_0_produce_counts_everything_sent():
     batch = build_batch([b"a"] * 4)
     rm.instrument(lambda h, b: None)(header(ApiKey.PRODUCE), produce_body("t", {0: batch, 1: batch}, acks=0))
     assert rm.messages_in == {"t": 8}
+
+
+def test_a_failed_acks_0_produce_adds_no_topic_series():
+    # acks=0 failed (unknown topics, refused, invalid): answered by closing the connection;
+    # a client naming made-up topics must not add one series per name
+    rm = RequestMetrics(Clock())
+    body = {"acks": 0, "timeout_ms": 0, "topic_data": [
+        {"name": f"made-up-{i}", "partition_data": [{"index": 0, "records": build_batch([b"x"])}]}
+        for i in range(100)]}
+    rm.instrument(lambda h, b: CLOSE_CONNECTION)(header(ApiKey.PRODUCE), body)
+    assert rm.bytes_in == {} and rm.messages_in == {}
+
+
+def test_a_partition_with_no_bytes_adds_no_label():
+    rm = RequestMetrics(Clock())
+    rm.instrument(lambda h, b: None)(header(ApiKey.PRODUCE), produce_body("empty", {0: b""}, acks=0))
+    response = ProduceResponse([TopicProduceResponse("none", [PartitionProduceResponse(0, 0, 0)])])
+    rm.instrument(lambda h, b: response)(header(ApiKey.PRODUCE), produce_body("none", {0: b""}, acks=1))
+    fetched = FetchResponse([FetchTopicResponse("partial", [FetchPartitionResponse(0, 0, 5, records=b"\x00" * 10)])])
+    rm.instrument(lambda h, b: fetched)(header(ApiKey.FETCH), {"replica_id": -1})
+    assert rm.bytes_in == {} and rm.messages_in == {} and rm.bytes_out == {} and rm.messages_out == {}
+
+
+def test_a_deleted_topics_series_are_dropped():
+    rm = RequestMetrics(Clock())
+    batch = build_batch([b"a"])
+    for topic in ("gone", "kept"):
+        rm.instrument(lambda h, b: None)(header(ApiKey.PRODUCE), produce_body(topic, {0: batch}, acks=0))
+    rm.bytes_out["gone"] += 1
+    rm.forget_topics(["gone"])
+    assert set(rm.bytes_in) == set(rm.messages_in) == {"kept"} and rm.bytes_out == {}
+
+
+def test_the_broker_drops_the_series_of_topics_an_update_metadata_deleted():
+    from tidelog.broker.server import BrokerServer
+
+    requests = RequestMetrics(Clock())
+    requests.bytes_in.update({"gone": 10, "kept": 5})
+    server = types.SimpleNamespace(ready=trio.Event(), broker_id=1, metadata=types.SimpleNamespace(brokers={}),
+                                   metrics=types.SimpleNamespace(requests=requests))
+    BrokerServer.metadata_updated(server, ["gone"])
+    assert requests.bytes_in == {"kept": 5}
 
 
 async def test_an_awaited_produce_is_observed_when_it_completes():
