@@ -3,10 +3,12 @@ interval and keeps the latest snapshot plus a bounded window of rates and lags.
 
 Each poll asks Metadata (brokers, controller, every topic's partitions), DescribeLogDirs of
 every broker (each replica's size, log start offset, LEO and HW) and, for every consumer
-group, its description and committed offsets. A broker that does not answer leaves its
-replicas unknown in that snapshot; a poll that fails altogether keeps the last snapshot and
-says why (``error``). Pages read the snapshot, so a page never waits on the cluster and a
-thousand open pages cost the cluster one poll per interval.
+group, its description and committed offsets, every request bounded by the refresh interval
+(``call_timeout_ms``). A broker that does not answer in time keeps its replicas' last known
+figures (``stale_brokers``), a group its last state with the reason; a poll that fails
+altogether keeps the last snapshot and says why (``error``). Pages read the snapshot, so a
+page never waits on the cluster and a thousand open pages cost the cluster one poll per
+interval.
 
 What the rates measure (docs in the README): a broker's *in* is the growth per second of
 the bytes its replicas hold (records produced to the partitions it leads and copied to the
@@ -33,6 +35,9 @@ from tidelog.webconsole.model import Window, rate
 logger = logging.getLogger(__name__)
 
 GROUP_REQUESTS_AT_ONCE = 8
+# the least time a poll gives the cluster to answer (a poll's deadline is its refresh
+# interval, never less than this)
+MIN_CALL_TIMEOUT_MS = 1000
 
 
 @dataclass
@@ -99,6 +104,7 @@ class ClusterWatch:
                  clock: Callable[[], float] = time.time):
         self.admin = admin
         self.interval_s = interval_s
+        self.call_timeout_ms = max(MIN_CALL_TIMEOUT_MS, int(interval_s * 1000))
         self.clock = clock
         span_ms, points = int(window_s * 1000), max(2, int(window_s / interval_s) + 1)
         self.snapshot: Snapshot | None = None
@@ -131,17 +137,22 @@ class ClusterWatch:
         self.polled = trio.Event()
 
     async def _poll(self) -> Snapshot:
-        cluster = await self.admin.describe_cluster()
-        topics = {t.name: t for t in await self.admin.describe_topics()}
+        """One snapshot, every request bounded by ``call_timeout_ms``: a broker listed in the
+        metadata but unreachable must not hold the view for the Admin's default timeout. The
+        log dirs, the groups and the versions are asked at once, under one deadline; what did
+        not answer by then keeps its last known figures, marked (stale brokers, a group's
+        error, an unknown version)."""
+        timeout_ms = self.call_timeout_ms
+        cluster = await self.admin.describe_cluster(timeout_ms=timeout_ms)
+        topics = {t.name: t for t in await self.admin.describe_topics(timeout_ms=timeout_ms)}
         brokers = [b.node_id for b in cluster.brokers]
+        found: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._log_dirs_into, found, brokers, timeout_ms)
+            nursery.start_soon(self._groups_into, found, timeout_ms)
+            nursery.start_soon(self._versions_into, found, brokers, timeout_ms)
+        by_broker, errors = found["log_dirs"]
         replicas: dict[TopicPartition, dict[int, Any]] = {}
-        errors: dict[int, str] = {}
-        try:
-            by_broker = await self.admin.describe_log_dirs(brokers)
-        except TidelogError as e:
-            results = getattr(e, "results", None) or {b: e for b in brokers}
-            by_broker = {b: r for b, r in results.items() if not isinstance(r, BaseException)}
-            errors = {b: str(r) for b, r in results.items() if isinstance(r, BaseException)}
         for broker, dirs in by_broker.items():
             for d in dirs.values():
                 for tp, info in d.replicas.items():
@@ -154,32 +165,61 @@ class ClusterWatch:
                     if broker not in by_broker and tp in existing:
                         replicas.setdefault(tp, {})[broker] = info
                         stale.add(broker)
+        return Snapshot(int(self.clock() * 1000), cluster, topics, replicas, errors, found["groups"], stale,
+                        found["versions"])
+
+    async def _log_dirs_into(self, found: dict, brokers: list[int], timeout_ms: int) -> None:
+        """``found["log_dirs"]``: (broker -> its dirs, broker -> why it did not answer)."""
         try:
-            groups = await self._groups()
+            found["log_dirs"] = await self.admin.describe_log_dirs(brokers, timeout_ms=timeout_ms), {}
+        except TidelogError as e:
+            results = getattr(e, "results", None) or {b: e for b in brokers}
+            found["log_dirs"] = ({b: r for b, r in results.items() if not isinstance(r, BaseException)},
+                                 {b: str(r) for b, r in results.items() if isinstance(r, BaseException)})
+
+    async def _versions_into(self, found: dict, brokers: list[int], timeout_ms: int) -> None:
+        """``found["versions"]``: broker -> its version, None for one that did not answer."""
+        found["versions"] = {b: None for b in brokers}
+        with trio.move_on_after(timeout_ms / 1000):
+            found["versions"] = await self.admin.broker_versions(brokers, timeout_ms=timeout_ms)
+
+    async def _groups_into(self, found: dict, timeout_ms: int) -> None:
+        """``found["groups"]``: the groups, each described by the deadline or keeping its last
+        known state with the reason it is stale."""
+        old = self.snapshot.groups if self.snapshot is not None else {}
+        try:
+            found["groups"] = await self._groups(timeout_ms, old)
         except Exception as e:  # keep the last known groups, each saying why it is stale
             reason = f"the groups could not be listed: {_describe(e)}"
-            old = self.snapshot.groups if self.snapshot is not None else {}
-            groups = {g: GroupState(st.description, st.offsets, reason) for g, st in old.items()}
-        versions = await self.admin.broker_versions(brokers)  # None for a broker that did not answer
-        return Snapshot(int(self.clock() * 1000), cluster, topics, replicas, errors, groups, stale, versions)
+            found["groups"] = {g: GroupState(st.description, st.offsets, reason) for g, st in old.items()}
 
-    async def _groups(self) -> dict[str, GroupState]:
-        listed = await self.admin.list_groups()
+    async def _groups(self, timeout_ms: int, old: dict[str, GroupState]) -> dict[str, GroupState]:
+        deadline = trio.current_time() + timeout_ms / 1000
+        listed = await self.admin.list_groups(timeout_ms=timeout_ms)
         out: dict[str, GroupState] = {g.group_id: GroupState() for g in listed}
+        done: set[str] = set()
         limiter = trio.CapacityLimiter(GROUP_REQUESTS_AT_ONCE)
 
         async def one(group_id: str) -> None:
             async with limiter:
                 state = out[group_id]
                 try:
-                    (state.description,) = await self.admin.describe_groups([group_id])
-                    state.offsets = await self.admin.list_group_offsets(group_id)
+                    left_ms = max(1, int((deadline - trio.current_time()) * 1000))
+                    (state.description,) = await self.admin.describe_groups([group_id], timeout_ms=left_ms)
+                    left_ms = max(1, int((deadline - trio.current_time()) * 1000))
+                    state.offsets = await self.admin.list_group_offsets(group_id, timeout_ms=left_ms)
                 except Exception as e:
                     state.error = _describe(e)
+                done.add(group_id)
 
-        async with trio.open_nursery() as nursery:
-            for g in out:
-                nursery.start_soon(one, g)
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as nursery:
+                for g in out:
+                    nursery.start_soon(one, g)
+        late = f"no answer within {timeout_ms} ms"
+        for g in out.keys() - done:  # its last known figures, marked stale
+            last = old.get(g, GroupState())
+            out[g] = GroupState(last.description, last.offsets, late)
         return out
 
     # -- rates ----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ answering keeps its last figures, and no failure of the cluster stops the watch.
 from __future__ import annotations
 
 import pytest
+import trio
 
 from tidelog.aio.admin import (
     ClusterDescription,
@@ -31,14 +32,23 @@ class FakeAdmin:
         self.down: set[int] = set()
         self.committed = 0
         self.groups_fail = False
+        self.groups = ["billing"]
+        self.hung: set[str] = set()  # groups whose coordinator never answers
+        self.timeouts: dict[str, list] = {}  # call -> the timeout_ms of each call
 
-    async def describe_cluster(self):
+    def _called(self, name, timeout_ms):
+        self.timeouts.setdefault(name, []).append(timeout_ms)
+
+    async def describe_cluster(self, timeout_ms=None):
+        self._called("describe_cluster", timeout_ms)
         return ClusterDescription("c", 1, [BrokerMetadata(1, "h", 1), BrokerMetadata(2, "h", 2)])
 
-    async def describe_topics(self):
+    async def describe_topics(self, timeout_ms=None):
+        self._called("describe_topics", timeout_ms)
         return [TopicDescription("orders", [PartitionInfo("orders", 0, 1, 0, (1, 2), (1, 2))])]
 
-    async def describe_log_dirs(self, brokers):
+    async def describe_log_dirs(self, brokers, timeout_ms=None):
+        self._called("describe_log_dirs", timeout_ms)
         results = {}
         for b in brokers:
             if b in self.down:
@@ -52,18 +62,24 @@ class FakeAdmin:
             raise failures[0]
         return results
 
-    async def broker_versions(self, brokers):
+    async def broker_versions(self, brokers, timeout_ms=None):
+        self._called("broker_versions", timeout_ms)
         return {b: None if b in self.down else "0.2.0" for b in brokers}
 
-    async def list_groups(self):
+    async def list_groups(self, timeout_ms=None):
+        self._called("list_groups", timeout_ms)
         if self.groups_fail:  # as the SDK's concurrent ListGroups fails: a group of errors
             raise ExceptionGroup("nursery", [RequestTimedOut("ListGroups to broker 2 did not complete")])
-        return [ListedGroup("billing", "consumer", "Empty", 1)]
+        return [ListedGroup(g, "consumer", "Empty", 1) for g in self.groups]
 
-    async def describe_groups(self, ids):
-        return [ConsumerGroupDescription("billing", "Empty", "consumer", "", 1, "", 1, ())]
+    async def describe_groups(self, ids, timeout_ms=None):
+        self._called("describe_groups", timeout_ms)
+        if ids[0] in self.hung:
+            await trio.sleep(3600)  # past any deadline the watch sets (virtual time)
+        return [ConsumerGroupDescription(ids[0], "Empty", "consumer", "", 1, "", 1, ())]
 
-    async def list_group_offsets(self, group_id):
+    async def list_group_offsets(self, group_id, timeout_ms=None):
+        self._called("list_group_offsets", timeout_ms)
         return [GroupOffsets(TP, self.committed, self.leo[1], self.leo[1] - self.committed)]
 
 
@@ -108,7 +124,7 @@ async def test_no_failure_of_the_cluster_stops_the_watch():
     assert watch.error is None
     assert "did not complete" in watch.snapshot.groups["billing"].error
 
-    async def broken():
+    async def broken(timeout_ms=None):
         raise ExceptionGroup("nursery", [BrokerConnectionError("no broker")])
     admin.describe_cluster = broken
     await watch.poll_once()
@@ -131,3 +147,31 @@ def test_a_groups_lag_is_unknown_rather_than_a_partial_sum():
     empty = ConsumerGroupDescription("idle", "Empty", "consumer", "", 3, "", 1, ())
     assert GroupState(empty, []).lag == 0 and GroupState(empty, [GroupOffsets(one, 10, 10, 0)]).lag == 0
     assert GroupState(empty, [], error="not authorized").lag is None
+
+
+async def test_every_call_of_a_poll_is_bounded_by_the_refresh_interval():
+    """A broker in the metadata but unreachable must not hold each refresh for the Admin's
+    default timeout (15 s): each call gets the poll's deadline."""
+    admin = FakeAdmin()
+    watch = ClusterWatch(admin, interval_s=2, window_s=60, clock=Clock())
+    await watch.poll_once()
+    assert set(admin.timeouts) == {"describe_cluster", "describe_topics", "describe_log_dirs", "broker_versions",
+                                   "list_groups", "describe_groups", "list_group_offsets"}
+    for call, timeouts in admin.timeouts.items():
+        assert all(t is not None and 0 < t <= 2000 for t in timeouts), (call, timeouts)
+
+
+async def test_a_group_that_does_not_answer_keeps_its_last_state_and_the_poll_moves_on(autojump_clock):
+    admin, clock = FakeAdmin(), Clock()
+    admin.groups = ["billing", "audit"]
+    watch = ClusterWatch(admin, interval_s=1, window_s=60, clock=clock)
+    await watch.poll_once()
+    assert watch.snapshot.groups["audit"].error is None
+    admin.hung = {"audit"}  # its coordinator stops answering (the fake ignores the timeout)
+    admin.committed = 7
+    clock.t += 1
+    await watch.poll_once()
+    audit, billing = watch.snapshot.groups["audit"], watch.snapshot.groups["billing"]
+    assert audit.description.group_id == "audit" and "no answer within 1000 ms" in audit.error
+    assert billing.error is None and billing.offsets[0].committed == 7  # what answered is kept
+    assert watch.error is None
