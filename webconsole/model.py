@@ -116,15 +116,22 @@ class Window:
         return len(self._points)
 
 
-def rate(before: tuple[int, int] | None, after: tuple[int, int]) -> float | None:
-    """Per second between two ``(time_ms, counter)`` samples; None without a usable pair."""
-    if before is None:
-        return None
+def growth(before: tuple[int, dict], after: tuple[int, dict]) -> dict[tuple, float]:
+    """Per second between two samples of ``counters`` (webconsole.watch), per rate: the sum of the positive
+    growths (times their weight) of the subjects present in both. A rate none of whose
+    subjects is in both samples is absent (unknown); a shrinking subject (retention, a
+    truncation, an offset reset) adds nothing."""
     dt = after[0] - before[0]
-    delta = after[1] - before[1]
-    if dt <= 0 or delta < 0:
-        return None
-    return delta * 1000 / dt
+    if dt <= 0:
+        return {}
+    totals: dict[tuple, float] = {}
+    old = before[1]
+    for key, (rate_of, value, weight) in after[1].items():
+        prior = old.get(key)
+        if prior is None:
+            continue
+        totals[rate_of] = totals.get(rate_of, 0.0) + max(0, value - prior[1]) * weight
+    return {k: v * 1000 / dt for k, v in totals.items()}
 
 
 # -- a partition's replicas -------------------------------------------------------------------

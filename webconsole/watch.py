@@ -13,7 +13,10 @@ interval.
 What the rates measure (docs in the README): a broker's *in* is the growth per second of
 the bytes its replicas hold (records produced to the partitions it leads and copied to the
 ones it follows); its *out* is what its followers copied from it (each led partition's
-growth times its other in-sync replicas). Consumer reads are not visible to an admin client;
+growth times its other in-sync replicas). Every rate is a sum of growths per partition (per
+group and partition for commits) between two polls, over the subjects present in both, so
+that a follower joining the ISR, leadership moving or a group missing from one poll is not
+read as traffic. Consumer reads are not visible to an admin client;
 the broker's Prometheus metrics have them. A topic's messages in is the growth of its
 partitions' LEOs; its messages out is the growth of the offsets its groups committed.
 """
@@ -30,7 +33,7 @@ import trio
 
 from tidelog.errors import TidelogError
 from tidelog.protocol.topics import TopicPartition
-from tidelog.webconsole.model import Window, rate
+from tidelog.webconsole.model import Window, growth
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ class ClusterWatch:
         self.topic_in = Series(span_ms, points)
         self.topic_out = Series(span_ms, points)
         self.group_lag = Series(span_ms, points)
-        self._counters: dict[Any, tuple[int, int]] = {}  # (kind, key) -> (time_ms, counter)
+        self._previous: tuple[int, dict] | None = None  # the last poll's (time_ms, ``counters``)
         self.polled = trio.Event()  # a fresh one per poll
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -226,36 +229,17 @@ class ClusterWatch:
 
     def _record(self, s: Snapshot) -> None:
         now = s.time_ms
-        held: dict[int, int] = {}
-        copied: dict[int, int] = {}  # leader -> bytes times its other in-sync replicas
-        ends: dict[str, int] = {}
-        for topic in s.topics.values():
-            for p in topic.partitions:
-                tp = TopicPartition(p.topic, p.partition)
-                reps = s.replicas.get(tp, {})
-                for broker, info in reps.items():
-                    held[broker] = held.get(broker, 0) + info.size
-                leader = reps.get(p.leader)
-                if leader is not None:
-                    ends[p.topic] = ends.get(p.topic, 0) + leader.log_end_offset
-                    followers = sum(1 for b in p.isr if b != p.leader)
-                    copied[p.leader] = copied.get(p.leader, 0) + leader.size * followers
-        committed: dict[str, int] = {}
-        for g in s.groups.values():
-            for o in g.offsets:
-                if o.committed is not None:
-                    committed[o.partition.topic] = committed.get(o.partition.topic, 0) + o.committed
+        current = counters(s)
+        rates = growth(self._previous, (now, current)) if self._previous is not None else None
+        self._previous = (now, current)
         brokers = {b.node_id for b in s.cluster.brokers}
         for b in brokers:
-            if b in s.broker_errors:
-                self.broker_in.add(b, now, None)
-                self.broker_out.add(b, now, None)
-                continue
-            self.broker_in.add(b, now, self._rate(("held", b), now, held.get(b, 0)))
-            self.broker_out.add(b, now, self._rate(("copied", b), now, copied.get(b, 0)))
+            known = rates is not None and b not in s.broker_errors
+            self.broker_in.add(b, now, rates.get(("in", b), 0.0) if known else None)
+            self.broker_out.add(b, now, rates.get(("out", b), 0.0) if known else None)
         for t in s.topics:
-            self.topic_in.add(t, now, self._rate(("end", t), now, ends[t]) if t in ends else None)
-            self.topic_out.add(t, now, self._rate(("committed", t), now, committed[t]) if t in committed else None)
+            self.topic_in.add(t, now, rates.get(("messages_in", t)) if rates is not None else None)
+            self.topic_out.add(t, now, rates.get(("messages_out", t)) if rates is not None else None)
         for g, state in s.groups.items():
             self.group_lag.add(g, now, state.lag)
         self.broker_in.keep(brokers)
@@ -263,14 +247,32 @@ class ClusterWatch:
         self.topic_in.keep(set(s.topics))
         self.topic_out.keep(set(s.topics))
         self.group_lag.keep(set(s.groups))
-        alive = {("held", b) for b in brokers} | {("copied", b) for b in brokers} | \
-            {("end", t) for t in s.topics} | {("committed", t) for t in s.topics}
-        self._counters = {k: v for k, v in self._counters.items() if k in alive}
 
-    def _rate(self, key: Any, now_ms: int, counter: int) -> float | None:
-        before = self._counters.get(key)
-        self._counters[key] = (now_ms, counter)
-        return rate(before, (now_ms, counter))
+
+def counters(s: Snapshot) -> dict[tuple, tuple[tuple, int, int]]:
+    """The counters a snapshot reads, per subject: subject -> (the rate it adds to, its
+    value, the weight of its growth). Subjects are single partitions (and groups), so that a
+    total moving for another reason than traffic (a follower joining the ISR, leadership
+    moving, a partition or a group missing from one poll) is not read as traffic. Figures
+    that are only the last known (a stale broker, a group that did not answer) are left out."""
+    out: dict[tuple, tuple[tuple, int, int]] = {}
+    for topic in s.topics.values():
+        for p in topic.partitions:
+            tp = TopicPartition(p.topic, p.partition)
+            reps = {b: info for b, info in s.replicas.get(tp, {}).items() if b not in s.stale_brokers}
+            for broker, info in reps.items():
+                out["held", broker, tp] = (("in", broker), info.size, 1)
+            leader = reps.get(p.leader)
+            if leader is not None:  # its growth, copied by each in-sync follower
+                followers = sum(1 for b in p.isr if b != p.leader)
+                out["led", p.leader, tp] = (("out", p.leader), leader.size, followers)
+                out["end", tp] = (("messages_in", p.topic), leader.log_end_offset, 1)
+    for g, state in s.groups.items():
+        if state.error is None:
+            for o in state.offsets:
+                if o.committed is not None:
+                    out["committed", g, o.partition] = (("messages_out", o.partition.topic), o.committed, 1)
+    return out
 
 
 def _describe(e: BaseException) -> str:

@@ -15,12 +15,12 @@ from tidelog.webconsole.model import (
     Window,
     config_changes,
     decode_text,
+    growth,
     matching,
     page,
     page_params,
     partition_counts,
     partition_view,
-    rate,
 )
 from tidelog.webconsole.permissions import ACLS, OPEN, READ_ONLY, Permissions, principal_of
 from tidelog.webconsole.server import ConsoleConfig
@@ -98,11 +98,13 @@ def test_the_history_window_is_bounded_by_age_and_by_count():
     assert [t for t, _ in w.points()] == [6000, 7000, 8000, 9000]
 
 
-def test_rates_come_from_counter_deltas_and_never_go_negative():
-    assert rate(None, (1000, 5)) is None
-    assert rate((1000, 100), (3000, 300)) == 100.0
-    assert rate((1000, 300), (2000, 100)) is None  # a deleted topic, a truncated log
-    assert rate((1000, 1), (1000, 2)) is None
+def test_rates_sum_positive_growths_of_subjects_in_both_samples():
+    before = {"a": ("t", 100, 1), "b": ("t", 50, 1), "gone": ("t", 7, 1), "c": ("u", 10, 2)}
+    after = {"a": ("t", 300, 1), "b": ("t", 40, 1), "new": ("t", 10**9, 1), "c": ("u", 20, 2)}
+    # a: +200; b shrank (retention, truncation): nothing; new and gone: not in both
+    assert growth((1000, before), (3000, after)) == {"t": 100.0, "u": 10.0}
+    assert growth((1000, before), (1000, after)) == {}
+    assert growth((1000, {}), (2000, after)) == {}  # no subject in both: unknown, not 0
 
 
 def test_partition_counts_find_under_replicated_and_offline():

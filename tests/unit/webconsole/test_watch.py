@@ -175,3 +175,88 @@ async def test_a_group_that_does_not_answer_keeps_its_last_state_and_the_poll_mo
     assert audit.description.group_id == "audit" and "no answer within 1000 ms" in audit.error
     assert billing.error is None and billing.offsets[0].committed == 7  # what answered is kept
     assert watch.error is None
+
+
+async def polls(watch, clock, n=1):
+    for _ in range(n):
+        clock.t += 1
+        await watch.poll_once()
+
+
+async def test_a_follower_joining_the_isr_or_leadership_moving_is_not_traffic():
+    """A broker's out is each led partition's growth times its followers in sync: a follower
+    rejoining the ISR, or leadership moving, moves no bytes."""
+    admin, clock = FakeAdmin(), Clock()
+    admin.leo = {1: 1_000_000, 2: 1_000_000}
+    isr, leader = [(1,)], [1]
+    admin.describe_topics = lambda timeout_ms=None: _async(
+        [TopicDescription("orders", [PartitionInfo("orders", 0, leader[0], 0, (1, 2), isr[0])])])
+    watch = ClusterWatch(admin, interval_s=1, window_s=60, clock=clock)
+    await polls(watch, clock, 2)
+    assert watch.broker_out.points(1)[-1][1] == 0.0
+    isr[0] = (1, 2)
+    await polls(watch, clock)
+    assert watch.broker_out.points(1)[-1][1] == 0.0
+    leader[0] = 2
+    await polls(watch, clock)
+    assert watch.broker_out.points(2)[-1][1] == 0.0
+    admin.leo = {1: 1_000_100, 2: 1_000_100}
+    await polls(watch, clock)
+    assert watch.broker_out.points(2)[-1][1] == 1000.0  # 1,000 bytes copied by broker 1
+    assert watch.topic_in.points("orders")[-1][1] == 100.0
+
+
+async def test_a_group_missing_from_one_poll_is_not_read_as_commits():
+    admin, clock = FakeAdmin(), Clock()
+    admin.leo = {1: 10_000_000, 2: 10_000_000}
+    admin.committed = 9_000_000
+    admin.groups = ["billing", "audit"]
+    watch = ClusterWatch(admin, interval_s=1, window_s=60, clock=clock)
+    await polls(watch, clock, 2)
+    assert watch.topic_out.points("orders")[-1][1] == 0.0
+    describe = admin.describe_groups
+
+    async def failing(ids, timeout_ms=None):
+        if ids[0] == "audit":
+            raise RequestTimedOut("the coordinator is moving")
+        return await describe(ids, timeout_ms)
+
+    admin.describe_groups = failing
+    await polls(watch, clock)
+    assert watch.topic_out.points("orders")[-1][1] == 0.0
+    admin.describe_groups = describe
+    await polls(watch, clock)
+    assert watch.topic_out.points("orders")[-1][1] == 0.0
+    admin.committed += 10
+    await polls(watch, clock)
+    assert watch.topic_out.points("orders")[-1][1] == 20.0  # 10 each, both groups
+
+
+async def test_an_offline_partition_coming_back_is_not_read_as_messages_in():
+    admin, clock = FakeAdmin(), Clock()
+    admin.leo = {1: 5_000, 2: 5_000}
+    two = TopicPartition("orders", 1)
+    leaders = [1]
+    describe_log_dirs = admin.describe_log_dirs
+
+    async def log_dirs(brokers, timeout_ms=None):
+        out = await describe_log_dirs(brokers, timeout_ms)
+        for b in out:
+            out[b]["/d"].replicas[two] = ReplicaInfo(two, 80_000, 0, False, 0, 8_000, 8_000)
+        return out
+
+    admin.describe_log_dirs = log_dirs
+    admin.describe_topics = lambda timeout_ms=None: _async([TopicDescription("orders", [
+        PartitionInfo("orders", 0, 1, 0, (1, 2), (1, 2)), PartitionInfo("orders", 1, leaders[0], 0, (1, 2), (1, 2))])])
+    watch = ClusterWatch(admin, interval_s=1, window_s=60, clock=clock)
+    await polls(watch, clock, 2)
+    leaders[0] = -1  # offline: no leader's end to read
+    await polls(watch, clock)
+    assert watch.topic_in.points("orders")[-1][1] == 0.0
+    leaders[0] = 2
+    await polls(watch, clock)
+    assert watch.topic_in.points("orders")[-1][1] == 0.0
+
+
+async def _async(value):
+    return value
