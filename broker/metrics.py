@@ -548,7 +548,8 @@ class BrokerCollector:
         active.add_metric([], float(controller.is_active))
         yield active
         offline = GaugeMetricFamily("tidelog_controller_offline_partitions",
-                                    "Partitions without a live leader (reported by the active controller only)")
+                                    "Partitions whose leader cannot serve them: none, not registered, or "
+                                    "its replica in a failed log dir (reported by the active controller only)")
         offline.add_metric([], float(offline_partitions(controller)))
         yield offline
         moving = GaugeMetricFamily("tidelog_controller_reassigning_partitions",
@@ -684,13 +685,14 @@ class BrokerCollector:
 
 
 def offline_partitions(controller: Any) -> int:
-    """Partitions whose leader is -1 or not a live broker, as the active controller sees them
-    (0 on every other broker, as Kafka's OfflinePartitionsCount)."""
+    """Partitions whose leader cannot serve them, by the controller's own rule
+    (``ControllerContext.leader_offline``: no leader, a leader not registered, or its replica
+    in a failed log dir; a broker in controlled shutdown still serves), as the active
+    controller sees them (0 on every other broker, as Kafka's OfflinePartitionsCount)."""
     ctx = getattr(controller, "ctx", None)
     if ctx is None:
         return 0
-    live = ctx.live
-    return sum(1 for st, _ in ctx.states.values() if st.leader < 0 or st.leader not in live)
+    return sum(1 for tp, (st, _) in ctx.states.items() if st.leader < 0 or ctx.leader_offline(tp, st))
 
 
 def build_registry(server: MetricsSource, requests: RequestMetrics, *, process: bool = True,

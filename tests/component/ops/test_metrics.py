@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tidelog.broker.context import RequestContext
+from tidelog.broker.controller.controller import ControllerContext
 from tidelog.broker.deferred import CLOSE_CONNECTION, DeferredResponse, is_deferred
 from tidelog.broker.health import Readiness
 from tidelog.broker.log.cleaner import LogCleaner
@@ -214,13 +215,25 @@ def test_controller_gauges(broker):
     states = {TopicPartition("t", 0): (LeaderAndIsr(1, 0, [1], 0), 0),
               TopicPartition("t", 1): (LeaderAndIsr(-1, 0, [2], 0), 0),
               TopicPartition("t", 2): (LeaderAndIsr(3, 0, [3], 0), 0)}
-    ctx = types.SimpleNamespace(live={1, 2}, states=states, moves={TopicPartition("t", 2): None})
+    ctx = ControllerContext(1, 0, brokers={1: None, 2: None}, states=states, moves={TopicPartition("t", 2): None})
     broker.controller = types.SimpleNamespace(is_active=True, ctx=ctx)
     m = samples(build_registry(broker, RequestMetrics(), process=False))
     assert m["tidelog_controller_active"] == 1
-    assert m["tidelog_controller_offline_partitions"] == 2  # no leader; leader 3 not live
+    assert m["tidelog_controller_offline_partitions"] == 2  # no leader; leader 3 not registered
     assert m["tidelog_controller_reassigning_partitions"] == 1
     assert offline_partitions(types.SimpleNamespace(ctx=None)) == 0
+
+
+def test_a_leader_in_controlled_shutdown_is_not_offline():
+    """The controller's own rule (``leader_offline``): a broker in controlled shutdown still
+    serves what it leads (an RF 1 partition cannot move off it); a leader whose replica is in
+    a failed log dir does not."""
+    states = {TopicPartition("t", 0): (LeaderAndIsr(1, 0, [1], 0), 0),
+              TopicPartition("t", 1): (LeaderAndIsr(2, 0, [2], 0), 0)}
+    ctx = ControllerContext(1, 0, brokers={1: None, 2: None}, states=states, shutting_down={1})
+    assert offline_partitions(types.SimpleNamespace(ctx=ctx)) == 0
+    ctx.offline_replicas[2] = {TopicPartition("t", 1)}
+    assert offline_partitions(types.SimpleNamespace(ctx=ctx)) == 1
 
 
 def test_process_metrics_are_included(broker):
