@@ -488,14 +488,17 @@ class BrokerCollector:
         rm = self.server.replica_manager
         partitions = list(rm.partitions.values())
         leaders = [p for p in partitions if p.is_leader and p.log is not None]
-        under = sum(1 for p in leaders if len(p.isr) < len(p.replicas))
+        # a reassignment's adding replicas are not part of the replication factor yet (Kafka's
+        # OngoingReassignmentState.replicationFactor)
+        under = sum(1 for p in leaders if len(p.isr) < len(p.replicas) - len(p.adding_replicas))
         under_min = sum(1 for p in leaders if len(p.isr) < p.min_insync_replicas)
         at_min = sum(1 for p in leaders if len(p.isr) == p.min_insync_replicas)
         for name, doc, value in (
                 ("tidelog_replica_manager_partitions", "Partition replicas hosted by this broker", len(partitions)),
                 ("tidelog_replica_manager_leader_partitions", "Partitions this broker leads", len(leaders)),
                 ("tidelog_replica_manager_under_replicated_partitions",
-                 "Partitions led here whose ISR is smaller than their replica set", under),
+                 "Partitions led here whose ISR is smaller than their replica set (a reassignment's adding "
+                 "replicas left out)", under),
                 ("tidelog_replica_manager_under_min_isr_partitions",
                  "Partitions led here whose ISR is below min.insync.replicas (acks=all produce fails)", under_min),
                 ("tidelog_replica_manager_at_min_isr_partitions",

@@ -4,6 +4,7 @@ handler, and the HTTP endpoint over loopback."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -179,6 +180,16 @@ def test_a_follower_partition_is_not_counted_by_this_broker(broker):
     m = samples(build_registry(broker, RequestMetrics(), process=False))
     assert m["tidelog_replica_manager_leader_partitions"] == 3
     assert m["tidelog_replica_manager_under_replicated_partitions"] == 1
+
+
+def test_a_reassignments_adding_replicas_do_not_make_a_partition_under_replicated(broker):
+    """Kafka's replication factor during a move excludes the adding replicas
+    (OngoingReassignmentState): a partition whose original replicas are all in sync is not
+    under-replicated while the new ones catch up."""
+    moving = dataclasses.replace(leader_state("moving", 0, [1, 2, 3], [1, 2, 3, 4]), adding_replicas=[4])
+    broker.replica_manager.become_leader_or_follower(LeaderAndIsrRequest(0, 1, 1, [moving]))
+    m = samples(build_registry(broker, RequestMetrics(), process=False))
+    assert m["tidelog_replica_manager_under_replicated_partitions"] == 2  # orders-1, orders-2 as before
 
 
 def test_log_gauges_per_partition(broker):
