@@ -21,9 +21,11 @@ Theory of operation. Nothing here runs per record, and almost nothing per reques
 * **The endpoint** is a small HTTP/1.0 server on the broker's Trio loop (``MetricsServer``):
   ``GET /metrics`` renders the registry with prometheus_client's encoder (the text format,
   or OpenMetrics when the scraper's Accept header asks for it) on the Trio thread, so a scrape
-  sees a consistent snapshot and never races the broker's data
-  structures; ``GET /ready`` answers 200 when the broker is ready (broker/health.py) and 503
-  with the failing checks otherwise; ``GET /live`` answers 200 while the loop runs.
+  sees a consistent snapshot and never races the broker's data structures; a rendering is
+  served again for a second (longer when it took long), so scrapers at any rate and in any
+  number render it once per period, and at most 16 connections are served at once;
+  ``GET /ready`` answers 200 when the broker is ready (broker/health.py) and 503 with the
+  failing checks otherwise; ``GET /live`` answers 200 while the loop runs.
 
 Consumer group lag comes from the group coordinator (broker/groups): each broker exports
 ``tidelog_group_lag{group,topic,partition}`` for the groups it coordinates, read at scrape
@@ -733,19 +735,36 @@ class BrokerMetrics:
 
 MAX_REQUEST_HEAD_BYTES = 8192
 REQUEST_TIMEOUT_S = 10.0
+# a rendering of /metrics is served again for this long, and for at least this many times
+# the time it took: scrapes at any rate cost the broker's loop at most a tenth of its time
+RENDER_REUSE_S = 1.0
+RENDER_REUSE_FACTOR = 10
+# connections served at once; one more is closed at once (the scrape fails, and is retried at
+# the next interval)
+MAX_METRICS_CONNECTIONS = 16
 
 
 class MetricsServer:
     """``GET /metrics``, ``/ready`` and ``/live`` over HTTP/1.0 on the broker's Trio loop.
 
     One response per connection (``Connection: close``); a request head larger than
-    ``MAX_REQUEST_HEAD_BYTES`` or slower than ``REQUEST_TIMEOUT_S`` is dropped."""
+    ``MAX_REQUEST_HEAD_BYTES`` or slower than ``REQUEST_TIMEOUT_S`` is dropped, and a connection
+    beyond ``MAX_METRICS_CONNECTIONS`` open at once is closed unanswered. Rendering the registry runs on the
+    loop (a consistent snapshot) and costs in proportion to the series (about a second for
+    50,000): a rendering is served again to every scrape for ``RENDER_REUSE_S``, or
+    ``RENDER_REUSE_FACTOR`` times the time it took if longer, so that any number of scrapers
+    render it once per period."""
 
-    def __init__(self, registry: CollectorRegistry, readiness: Callable[[], Any], host: str | None, port: int):
+    def __init__(self, registry: CollectorRegistry, readiness: Callable[[], Any], host: str | None, port: int,
+                 clock: Callable[[], float] = time.monotonic):
         self.registry = registry
         self.readiness = readiness
         self.host = host or None
         self.port = port
+        self.clock = clock
+        self.connections = 0
+        self.renders = 0
+        self._rendered: dict[str, tuple[float, bytes]] = {}  # content type -> (served until, body)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(self.port, host=self.host)
@@ -759,8 +778,12 @@ class MetricsServer:
         await trio.serve_listeners(self._serve, listeners)
 
     async def _serve(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
         try:
             async with stream:
+                if self.connections > MAX_METRICS_CONNECTIONS:  # closed at once: no task lingers for it
+                    logger.debug("metrics connection closed: %d open already", MAX_METRICS_CONNECTIONS)
+                    return
                 with trio.move_on_after(REQUEST_TIMEOUT_S):
                     head = await _read_head(stream)
                     if head is None:
@@ -768,6 +791,8 @@ class MetricsServer:
                     await stream.send_all(self.respond(head))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             logger.debug("metrics connection closed: %r", e)
+        finally:
+            self.connections -= 1
 
     def respond(self, head: bytes) -> bytes:
         """The whole HTTP response to a request head (request line and headers)."""
@@ -779,8 +804,7 @@ class MetricsServer:
         if method not in ("GET", "HEAD"):
             return _http(405, b"method not allowed\n", extra=b"Allow: GET, HEAD\r\n")
         if path == "/metrics":  # the text format, or OpenMetrics when the scraper asks for it
-            encoder, ctype = choose_encoder(_header(head, b"accept"))
-            body = encoder(self.registry)
+            body, ctype = self.render(_header(head, b"accept"))
         elif path == "/ready":
             checks = self.readiness()
             text = ("ready\n" if checks.ready else "not ready: " + "; ".join(checks.problems()) + "\n")
@@ -790,6 +814,20 @@ class MetricsServer:
         else:
             return _http(404, b"not found: try /metrics, /ready or /live\n")
         return _http(200, body, ctype, head_only=method == "HEAD")
+
+    def render(self, accept: str) -> tuple[bytes, str]:
+        """The registry in the format ``accept`` asks for: the last rendering while it is
+        fresh (see the class), else a new one."""
+        encoder, ctype = choose_encoder(accept)
+        start = self.clock()
+        rendered = self._rendered.get(ctype)
+        if rendered is not None and start < rendered[0]:
+            return rendered[1], ctype
+        body = encoder(self.registry)
+        self.renders += 1
+        end = self.clock()
+        self._rendered[ctype] = (end + max(RENDER_REUSE_S, RENDER_REUSE_FACTOR * (end - start)), body)
+        return body, ctype
 
 
 def _header(head: bytes, name: bytes) -> str:

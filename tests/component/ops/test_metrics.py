@@ -21,6 +21,8 @@ from tidelog.broker.log.config import LogConfig
 from tidelog.broker.log.manager import LogManager
 from tidelog.broker.metrics import (
     LATENCY_BUCKETS_S,
+    MAX_METRICS_CONNECTIONS,
+    RENDER_REUSE_S,
     BrokerMetrics,
     LoopLagProbe,
     MetricsServer,
@@ -654,6 +656,79 @@ async def test_endpoint_rejects_what_it_does_not_serve(broker, nursery):
 def test_respond_is_plain_bytes(broker):
     server = MetricsServer(build_registry(broker, RequestMetrics(), process=False), broker.readiness, None, 0)
     assert server.respond(b"GET /live?x=1 HTTP/1.1\r\n\r\n").endswith(b"ok\n")
+
+
+class CountingCollector:
+    """A registry's collector that counts its collections and takes ``cost_s`` of the clock."""
+
+    def __init__(self, clock: Clock, cost_s: float = 0.0):
+        self.clock, self.cost_s, self.collected = clock, cost_s, 0
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        self.collected += 1
+        self.clock.now += self.cost_s
+        g = GaugeMetricFamily("tidelog_test_collections", "collections so far")
+        g.add_metric([], float(self.collected))
+        yield g
+
+
+def counting_server(cost_s: float = 0.0) -> tuple[MetricsServer, CountingCollector, Clock]:
+    clock = Clock()
+    collector = CountingCollector(clock, cost_s)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return MetricsServer(registry, lambda: None, "127.0.0.1", 0, clock=clock), collector, clock
+
+
+async def test_concurrent_scrapes_render_the_registry_once(nursery):
+    server, collector, clock = counting_server()
+    port = await nursery.start(server.run)
+    bodies = []
+
+    async def scrape():
+        bodies.append(await http(port, b"GET /metrics HTTP/1.0\r\n\r\n"))
+
+    async with trio.open_nursery() as scrapes:
+        for _ in range(8):
+            scrapes.start_soon(scrape)
+    assert collector.collected == 1 and len(set(bodies)) == 1
+    clock.now += RENDER_REUSE_S
+    assert b"tidelog_test_collections 2.0" in await http(port, b"GET /metrics HTTP/1.0\r\n\r\n")
+
+
+def test_a_slow_rendering_is_reused_for_longer():
+    server, collector, clock = counting_server(cost_s=0.5)  # 10 x 0.5 s: reused for 5 s
+    server.respond(b"GET /metrics HTTP/1.0\r\n\r\n")
+    clock.now += 4.9
+    server.respond(b"GET /metrics HTTP/1.0\r\n\r\n")
+    assert collector.collected == 1
+    clock.now += 0.1
+    server.respond(b"GET /metrics HTTP/1.0\r\n\r\n")
+    assert collector.collected == 2
+    # OpenMetrics is a rendering of its own
+    server.respond(b"GET /metrics HTTP/1.0\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n")
+    assert collector.collected == 3
+
+
+async def test_connections_beyond_the_bound_are_closed_at_once(nursery):
+    server, _, _ = counting_server()
+    port = await nursery.start(server.run)
+    idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(MAX_METRICS_CONNECTIONS)]
+    with trio.fail_after(10):
+        while server.connections < MAX_METRICS_CONNECTIONS:  # each waiting for its request head
+            await trio.sleep(0.01)
+    extra = await trio.open_tcp_stream("127.0.0.1", port)
+    async with extra:
+        with trio.fail_after(10):
+            assert await extra.receive_some(100) == b""  # closed, unanswered, without waiting for its request
+    for stream in idle:
+        await stream.aclose()
+    with trio.fail_after(10):
+        while server.connections:
+            await trio.sleep(0.01)
+    assert (await http(port, b"GET /live HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.0 200")
 
 
 def test_a_throttled_answer_sent_at_once_is_accounted_as_its_response():
