@@ -34,13 +34,13 @@ from tidelog.protocol.topics import TopicPartition, topic_name_problem
 from tidelog.webconsole.model import (
     BadRequest,
     config_changes,
-    decode_text,
     int_param,
     matching,
     page,
     page_params,
     partition_counts,
     partition_view,
+    preview_text,
 )
 from tidelog.webconsole.permissions import Permissions
 from tidelog.webconsole.watch import ClusterWatch
@@ -49,6 +49,11 @@ logger = logging.getLogger(__name__)
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 MAX_BROWSE = 500
+# what a browse answers of each key, value and header value (its full size is given with it),
+# and of all its records together: the rest is left for a read from the next offset
+PREVIEW_BYTES = 8192
+BROWSE_BUDGET_BYTES = 4 << 20
+MAX_HEADERS_SHOWN = 100
 MAX_RECORD_BYTES = 1 << 20
 MAX_BODY_BYTES = 2 << 20
 BROWSE_TIMEOUT_S = 5.0
@@ -364,6 +369,7 @@ async def browse(c: Clients, r: Request) -> dict:
     offset = int_param(q, "offset", None)
     timestamp = int_param(q, "timestamp", None)
     limit = int_param(q, "limit", 50, minimum=1, maximum=MAX_BROWSE)
+    with_hex = int_param(q, "hex", 0, minimum=0, maximum=1) == 1
     if offset is not None and timestamp is not None:
         raise BadRequest("give offset or timestamp, not both")
     if not c.permissions.can("READ", "TOPIC", t.name):
@@ -373,12 +379,17 @@ async def browse(c: Clients, r: Request) -> dict:
     async with trio.open_nursery() as nursery:
         await nursery.start(consumer.run)
         try:
-            return await _read(consumer, tp, offset, timestamp, limit)
+            return await _read(consumer, tp, offset, timestamp, limit, with_hex)
         finally:
             await consumer.close()
 
 
-async def _read(consumer: Any, tp: TopicPartition, offset: int | None, timestamp: int | None, limit: int) -> dict:
+async def _read(consumer: Any, tp: TopicPartition, offset: int | None, timestamp: int | None, limit: int,
+                with_hex: bool = False) -> dict:
+    """Up to ``limit`` records from ``offset`` (or ``timestamp``), below the high watermark,
+    each key and value cut to ``PREVIEW_BYTES`` (hex only when asked, or when the bytes are
+    not text), and no more records than fit ``BROWSE_BUDGET_BYTES`` of JSON: when the budget
+    ends the read, ``budget_reached`` says so and ``next_offset`` is where to read on."""
     start = await consumer.beginning_offsets([tp], timeout_ms=10000)
     end = await consumer.end_offsets([tp], timeout_ms=10000)  # the high watermark
     low, high = start[tp], end[tp]
@@ -394,20 +405,40 @@ async def _read(consumer: Any, tp: TopicPartition, offset: int | None, timestamp
             while len(records) < limit and (not records or records[-1].offset < high - 1):
                 batch = await consumer.poll(timeout_ms=500, max_records=limit - len(records))
                 records += [x for x in batch if x.offset < high]  # never above the HW it was asked at
-    return {"topic": tp.topic, "partition": tp.partition, "log_start_offset": low, "high_watermark": high,
-            "from_offset": offset, "records": [_record_json(x) for x in records[:limit]]}
+    answer: dict[str, Any] = {"topic": tp.topic, "partition": tp.partition, "log_start_offset": low,
+                              "high_watermark": high, "from_offset": offset, "records": [],
+                              "budget_reached": False, "next_offset": None, "hex": with_hex}
+    used = 0
+    for x in records[:limit]:
+        shown = _record_json(x, with_hex)
+        size = len(json.dumps(shown))
+        if answer["records"] and used + size > BROWSE_BUDGET_BYTES:
+            answer["budget_reached"], answer["next_offset"] = True, x.offset
+            break
+        answer["records"].append(shown)
+        used += size
+    return answer
 
 
-def _record_json(x: Any) -> dict:
+def _record_json(x: Any, with_hex: bool = False) -> dict:
+    headers = list(x.headers)
     return {"offset": x.offset, "timestamp": x.timestamp, "timestamp_type": int(x.timestamp_type),
-            "key": _bytes_json(x.key), "value": _bytes_json(x.value),
-            "headers": [{"key": k, "value": _bytes_json(v)} for k, v in x.headers]}
+            "key": _bytes_json(x.key, with_hex), "value": _bytes_json(x.value, with_hex),
+            "headers": [{"key": k[:PREVIEW_BYTES], "value": _bytes_json(v, with_hex)}
+                        for k, v in headers[:MAX_HEADERS_SHOWN]],
+            "headers_omitted": max(0, len(headers) - MAX_HEADERS_SHOWN)}
 
 
-def _bytes_json(data: bytes | None) -> dict | None:
+def _bytes_json(data: bytes | None, with_hex: bool = False) -> dict | None:
+    """Bytes as the page shows them: their first ``PREVIEW_BYTES`` as text (None when not
+    UTF-8), as hex when asked or not text, their full ``size`` and whether they were cut."""
     if data is None:
         return None
-    return {"text": decode_text(data), "hex": data.hex(), "size": len(data)}
+    text, truncated = preview_text(data, PREVIEW_BYTES)
+    shown = {"text": text, "size": len(data), "truncated": truncated}
+    if with_hex or text is None:
+        shown["hex"] = data[:PREVIEW_BYTES].hex()
+    return shown
 
 
 # -- actions --------------------------------------------------------------------------------------

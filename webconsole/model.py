@@ -253,6 +253,19 @@ def _check_config_key(key: Any) -> None:
         raise BadRequest(f"{str(key)[:60]!r} is not a config name (lowercase letters, digits, '.', '-', '_')")
 
 
+def preview_text(data: bytes, limit: int) -> tuple[str | None, bool]:
+    """(the first ``limit`` bytes of ``data`` as UTF-8 text, whether it was cut): a character
+    cut in two at the limit is left out; None when the bytes are not UTF-8."""
+    cut = len(data) > limit
+    head = data[:limit] if cut else data
+    try:
+        return head.decode("utf-8"), cut
+    except UnicodeDecodeError as e:
+        if cut and e.reason == "unexpected end of data" and e.start >= len(head) - 3:
+            return decode_text(head[:e.start]), cut
+        return None, cut
+
+
 def decode_text(data: bytes | None) -> str | None:
     """The bytes as UTF-8 text, None when they are not (the page then offers hex)."""
     if data is None:

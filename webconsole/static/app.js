@@ -267,10 +267,12 @@ function messagesTab(el, path, params) {
   const form = document.getElementById("browse");
   let lastAnswer = null;
   const show = () => { if (lastAnswer) document.getElementById("records").innerHTML = recordsHtml(lastAnswer, form.as.value); };
-  form.as.onchange = show;
+  // hex is sent only when asked for (or for bytes that are not text): ask again for it
+  form.as.onchange = () => (form.as.value === "hex" && lastAnswer && !lastAnswer.hex) ? form.requestSubmit() : show();
   form.onsubmit = async e => {
     e.preventDefault();
-    const q = new URLSearchParams({partition: form.partition.value, limit: form.limit.value});
+    const q = new URLSearchParams({partition: form.partition.value, limit: form.limit.value,
+                                   hex: form.as.value === "hex" ? "1" : "0"});
     if (form.from.value === "offset") q.set("offset", form.at.value.trim());
     else q.set("timestamp", /^\d+$/.test(form.at.value.trim()) ? form.at.value.trim() : String(Date.parse(form.at.value)));
     const out = document.getElementById("records");
@@ -286,21 +288,24 @@ function messagesTab(el, path, params) {
 
 function payload(p, as) {
   if (p === null) return '<span class="muted">null</span>';
-  if (as === "hex" || p.text === null) return `<pre class="value">${esc(p.hex.replace(/(..)/g, "$1 ").trim())}</pre>`;
-  if (as === "json") {
+  const cut = p.truncated ? `<span class="muted">first part of ${bytes(p.size)}</span>` : "";
+  if ((as === "hex" && p.hex !== undefined) || p.text === null) return `<pre class="value">${esc(p.hex.replace(/(..)/g, "$1 ").trim())}</pre>${cut}`;
+  if (as === "json" && !p.truncated) {
     try { return `<pre class="value">${esc(JSON.stringify(JSON.parse(p.text), null, 2))}</pre>`; } catch (e) { /* not JSON */ }
   }
-  return `<pre class="value">${esc(p.text)}</pre>`;
+  return `<pre class="value">${esc(p.text)}</pre>${cut}`;
 }
 
 function recordsHtml(a, as) {
   return `<p class="muted">partition ${a.partition}: log start offset ${num(a.log_start_offset)}, high watermark ${num(a.high_watermark)}
-      (records above it are not shown); ${a.records.length} records from offset ${num(a.from_offset)}</p>
+      (records above it are not shown); ${a.records.length} records from offset ${num(a.from_offset)}${a.budget_reached
+        ? `; the answer's size limit was reached: read on from offset ${num(a.next_offset)}` : ""}</p>
     <table data-role="records"><thead><tr><th class="num">Offset</th><th>Timestamp</th><th>Key</th><th>Value</th><th>Headers</th></tr></thead><tbody>
     ${a.records.map(r => `<tr data-offset="${r.offset}"><td class="num">${r.offset}</td>
       <td>${timestamp(r.timestamp)}<br><span class="muted">${r.timestamp_type ? "log append" : "create"} time</span></td>
       <td>${payload(r.key, as === "json" ? "text" : as)}</td><td>${payload(r.value, as)}</td>
-      <td>${r.headers.map(h => `${esc(h.key)}: ${payload(h.value, as === "json" ? "text" : as)}`).join("")}</td></tr>`).join("")}
+      <td>${r.headers.map(h => `${esc(h.key)}: ${payload(h.value, as === "json" ? "text" : as)}`).join("")}${r.headers_omitted
+        ? `<span class="muted">and ${num(r.headers_omitted)} more headers</span>` : ""}</td></tr>`).join("")}
     </tbody></table>`;
 }
 

@@ -186,3 +186,59 @@ async def test_a_reset_covers_the_whole_topic_and_is_clamped_to_what_it_holds():
     assert altered == [{TopicPartition("orders", 0): 500, TopicPartition("orders", 1): 500}]
     await call(app, "POST", "/api/groups/billing/reset", {"to": "offset", "offset": 3, "topic": "orders"})
     assert altered[-1] == {TopicPartition("orders", 0): 10, TopicPartition("orders", 1): 10}
+
+
+class BrowsedConsumer:
+    """A consumer over one partition's records (what ``_read`` uses of AsyncConsumer)."""
+
+    def __init__(self, records):
+        self.records, self.position = records, 0
+
+    async def beginning_offsets(self, tps, timeout_ms=None):
+        return {tp: 0 for tp in tps}
+
+    async def end_offsets(self, tps, timeout_ms=None):
+        return {tp: len(self.records) for tp in tps}
+
+    def assign(self, tps):
+        pass
+
+    def seek(self, tp, offset):
+        self.position = offset
+
+    async def poll(self, timeout_ms=None, max_records=500):
+        batch = self.records[self.position:self.position + max_records]
+        self.position += len(batch)
+        return batch
+
+
+def browsed_record(offset: int, value: bytes, key: bytes | None = b"k", headers=()):
+    import types
+
+    return types.SimpleNamespace(offset=offset, timestamp=0, timestamp_type=0, key=key, value=value,
+                                 headers=list(headers))
+
+
+async def test_the_message_browser_answers_previews_within_a_byte_budget():
+    """500 records of 1 MiB must not make a GiB answer: each value is cut to a preview with
+    its full size, hex comes only when asked (or for bytes that are not text), and records
+    stop at the answer's budget, saying where to read on."""
+    from tidelog.protocol.topics import TopicPartition
+    from tidelog.webconsole.app import BROWSE_BUDGET_BYTES, PREVIEW_BYTES, _read
+
+    tp = TopicPartition("orders", 0)
+    big = [browsed_record(i, b"\x01" * (1 << 20)) for i in range(500)]
+    answer = await _read(BrowsedConsumer(big), tp, 0, None, 500)
+    assert len(json.dumps(answer)) <= BROWSE_BUDGET_BYTES + 4096
+    assert answer["budget_reached"] and answer["next_offset"] == len(answer["records"]) > 0
+    value = answer["records"][0]["value"]
+    assert value["size"] == 1 << 20 and value["truncated"] and value["text"] == "\x01" * PREVIEW_BYTES
+    assert "hex" not in value  # text: hex only when asked
+    text = [browsed_record(0, "é".encode() * (1 << 19)), browsed_record(1, b"\xff" * 10)]
+    answer = await _read(BrowsedConsumer(text), tp, 0, None, 10)
+    cut, binary = answer["records"][0]["value"], answer["records"][1]["value"]
+    assert cut["text"] == "é" * (PREVIEW_BYTES // 2) and cut["truncated"]  # never half a character
+    assert binary == {"text": None, "size": 10, "truncated": False, "hex": "ff" * 10}
+    assert not answer["budget_reached"] and answer["next_offset"] is None
+    asked = await _read(BrowsedConsumer(text), tp, 0, None, 10, with_hex=True)
+    assert asked["records"][0]["value"]["hex"] == ("é".encode() * (1 << 19))[:PREVIEW_BYTES].hex()
