@@ -119,6 +119,9 @@ class ClusterWatch:
         self.group_lag = Series(span_ms, points)
         self._previous: tuple[int, dict] | None = None  # the last poll's (time_ms, ``counters``)
         self.polled = trio.Event()  # a fresh one per poll
+        self._poll_lock = trio.Lock()
+        self._polls_started = 0  # polls begun, and the number of the last one completed
+        self._polls_done = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -127,15 +130,26 @@ class ClusterWatch:
             await trio.sleep(self.interval_s)
 
     async def poll_once(self) -> None:
-        try:
-            snapshot = await self._poll()
-        except Exception as e:  # the watch outlives any failure (trio.Cancelled is not an Exception)
-            self.error = f"the cluster did not answer: {_describe(e)}"
-            logger.warning("%s", self.error)
-        else:
-            self.error = None
-            self._record(snapshot)
-            self.snapshot = snapshot
+        """A snapshot taken after this call: the watch's loop and the actions (which poll once
+        what they changed is done) poll one at a time, so a snapshot never replaces a newer
+        one (a topic just created never disappears for a refresh). A caller that waited while
+        another poll started after its call and completed takes that one."""
+        wanted = self._polls_started + 1  # a poll starting from now on will do
+        async with self._poll_lock:
+            if self._polls_done >= wanted:
+                return
+            self._polls_started += 1
+            number = self._polls_started
+            try:
+                snapshot = await self._poll()
+            except Exception as e:  # the watch outlives any failure (trio.Cancelled is not an Exception)
+                self.error = f"the cluster did not answer: {_describe(e)}"
+                logger.warning("%s", self.error)
+            else:
+                self.error = None
+                self._record(snapshot)
+                self.snapshot = snapshot
+            self._polls_done = number
         self.polled.set()
         self.polled = trio.Event()
 

@@ -260,3 +260,60 @@ async def test_an_offline_partition_coming_back_is_not_read_as_messages_in():
 
 async def _async(value):
     return value
+
+
+async def test_an_actions_poll_never_publishes_a_snapshot_older_than_the_current():
+    """The loop's poll, slow, read the topics before a topic was created; the create
+    handler's poll reads them after. The older must not replace the newer."""
+    from trio.testing import wait_all_tasks_blocked
+
+    admin = FakeAdmin()
+    names = ["orders"]
+    admin.describe_topics = lambda timeout_ms=None: _async(
+        [TopicDescription(n, [PartitionInfo(n, 0, 1, 0, (1, 2), (1, 2))]) for n in names])
+    gate = trio.Event()
+    describe_log_dirs = admin.describe_log_dirs
+
+    async def slow_once(brokers, timeout_ms=None):
+        nonlocal gate
+        if gate is not None:  # the first poll's log dirs answer late
+            g, gate = gate, None
+            await g.wait()
+        return await describe_log_dirs(brokers, timeout_ms)
+
+    admin.describe_log_dirs = slow_once
+    watch = ClusterWatch(admin, interval_s=1, window_s=60, clock=Clock())
+    first = gate
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch.poll_once)  # the loop's
+        await wait_all_tasks_blocked()
+        names.append("created")
+        nursery.start_soon(watch.poll_once)  # the create handler's
+        await wait_all_tasks_blocked()
+        first.set()
+    assert set(watch.snapshot.topics) == {"orders", "created"}
+
+
+async def test_callers_waiting_for_a_poll_share_the_next_one():
+    """Callers that came while a poll was under way need one that starts after them: one
+    poll serves them all."""
+    from trio.testing import wait_all_tasks_blocked
+
+    admin = FakeAdmin()
+    gate = trio.Event()
+    describe_cluster = admin.describe_cluster
+
+    async def held(timeout_ms=None):
+        await gate.wait()
+        return await describe_cluster(timeout_ms)
+
+    admin.describe_cluster = held
+    watch = ClusterWatch(admin, interval_s=1, window_s=60, clock=Clock())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch.poll_once)  # under way
+        await wait_all_tasks_blocked()
+        for _ in range(4):
+            nursery.start_soon(watch.poll_once)
+        await wait_all_tasks_blocked()
+        gate.set()
+    assert len(admin.timeouts["describe_cluster"]) == 2  # the one under way, then one for the four
