@@ -275,19 +275,26 @@ def oracle_offset_for_timestamp(records: list[tuple[int, int]], target: int):
     return next(((o, t) for o, t in records if t >= target), None)
 
 
+def _stamped_log(d, config, stamp_lists):
+    """A CreateTime log of one batch per list of record timestamps, its HW at its end, and
+    its (offset, timestamp) model."""
+    log = open_log(d, config.with_overrides({"segment.ms": 2**62}))
+    model = []
+    for stamps in stamp_lists:
+        info = log.append_as_leader(make_batch(len(stamps), 20, stamps), 0)
+        model += [(info.first_offset + i, t) for i, t in enumerate(stamps)]
+    log.update_high_watermark(log.log_end_offset)
+    return log, model
+
+
 @SMALL
 @given(configs,
        st.lists(st.lists(st.integers(0, 5000), min_size=1, max_size=5), min_size=1, max_size=20),
        st.data())
 def test_offset_for_timestamp_matches_brute_force_create_time(config, stamp_lists, data):
     with _tmpdir() as d:
-        log = open_log(d, config.with_overrides({"segment.ms": 2**62}))
-        model = []
-        for stamps in stamp_lists:
-            info = log.append_as_leader(make_batch(len(stamps), 20, stamps), 0)
-            model += [(info.first_offset + i, t) for i, t in enumerate(stamps)]
+        log, model = _stamped_log(d, config, stamp_lists)
         assert [(r.offset, r.timestamp) for r in read_records(log)] == model
-        log.update_high_watermark(log.log_end_offset)
         if data.draw(st.booleans(), label="move log start"):
             start = data.draw(st.integers(0, log.log_end_offset), label="log start")
             log.maybe_increment_log_start_offset(start)
@@ -337,12 +344,7 @@ def test_offset_of_max_timestamp_counts_only_records_at_or_above_the_log_start(c
     start (moved by DeleteRecords, their segment not deleted yet, or the batch it falls in)
     do not count, though their bytes are still in the segment files."""
     with _tmpdir() as d:
-        log = open_log(d, config.with_overrides({"segment.ms": 2**62}))
-        model = []
-        for stamps in stamp_lists:
-            info = log.append_as_leader(make_batch(len(stamps), 20, stamps), 0)
-            model += [(info.first_offset + i, t) for i, t in enumerate(stamps)]
-        log.update_high_watermark(log.log_end_offset)
+        log, model = _stamped_log(d, config, stamp_lists)
         start = data.draw(st.integers(0, log.log_end_offset), label="log start")
         log.maybe_increment_log_start_offset(start)
         model = [(o, t) for o, t in model if o >= start]
