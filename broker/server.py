@@ -1,12 +1,13 @@
 """The broker process: the root nursery that wires storage, ZooKeeper, replication,
 the controller candidacy and the listener together.
 
-Start-up order: load the logs (recovering them after an unclean shutdown), connect to
-ZooKeeper and agree on the cluster id, open the listener, start the replica manager,
-register the broker (its ephemeral znode; the znode's creation id is the *broker epoch*),
-then run for controller. The controller learns of the broker through its watch and sends it
-its partitions (LeaderAndIsr) and the cluster metadata (UpdateMetadata); the broker is
-*ready* once it has received metadata.
+Start-up order: lock the log dirs (a dir another broker process holds refuses the start
+before anything in it is read: broker/log/manager.py), load the logs (recovering them after
+an unclean shutdown), connect to ZooKeeper and agree on the cluster id, open the listener,
+start the replica manager, register the broker (its ephemeral znode; the znode's creation id
+is the *broker epoch*), then run for controller. The controller learns of the broker through
+its watch and sends it its partitions (LeaderAndIsr) and the cluster metadata
+(UpdateMetadata); the broker is *ready* once it has received metadata.
 
 Shutdown (SIGTERM): a controlled shutdown first asks the controller to move every
 leadership away from this broker (retrying a few times), then stops the listener and the
@@ -146,6 +147,9 @@ class BrokerServer:
     # -- run -----------------------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        # a startup that raises has let its locks go and left the dirs as it found them; and
+        # a log manager that did not start writes nothing at shutdown (the dirs may be
+        # another broker's), whatever calls it
         await trio.to_thread.run_sync(self.log_manager.startup)
         self.logs_loaded = True
         try:

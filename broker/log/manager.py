@@ -6,6 +6,15 @@ partition), the log cleaner's ``cleaner-offset-checkpoint`` (first dirty offset 
 compacted partition, read and written for ``broker.log.cleaner``) and the clean-shutdown
 marker ``.tidelog_cleanshutdown``.
 
+Each log dir is locked before anything in it is read: an exclusive ``flock`` on ``<dir>/.lock``
+(created if missing, never removed), held from ``startup`` to ``shutdown``, as Kafka's
+lockLogDirs. A second broker started on a dir in use (the same config started twice, or two
+configs naming one dir) would recover the running broker's active segments under its appends,
+finish or undo its cleaner's swaps and write checkpoints and the clean-shutdown marker into
+the live dir; the lock refuses it (LogDirInUse) before it reads, writes or recovers anything in
+any of its dirs. ``flock`` locks belong to an open file description, so a second manager in the
+same process is refused as well. A manager that did not start writes nothing at ``shutdown``.
+
 Startup loads every ``<topic>-<partition>`` directory. The marker is removed as soon as
 the logs are loaded, so any later crash counts as unclean; ``shutdown`` flushes every log,
 writes the checkpoints and only then writes the marker. Directories renamed for deletion
@@ -33,6 +42,8 @@ recovered at the next start). The periodic methods go on with the other director
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import shutil
@@ -59,8 +70,33 @@ from tidelog.protocol.topics import TopicPartition
 logger = logging.getLogger("tidelog.log.manager")
 
 CLEAN_SHUTDOWN_MARKER = ".tidelog_cleanshutdown"
+LOCK_FILE = ".lock"
 META_PROPERTIES = "meta.properties"
 DELETE_DIR_SUFFIX = "-delete"
+
+
+class LogDirInUse(StorageError):
+    """Another broker (another process, or another manager in this one) holds a log dir's lock."""
+
+    def __init__(self, log_dir: str):
+        super().__init__(f"Failed to acquire lock on file {LOCK_FILE} in {log_dir}. A Tidelog broker in "
+                         f"another process or thread is using this directory.")
+        self.log_dir = log_dir
+
+
+def lock_log_dir(d: str) -> int:
+    """Lock log dir ``d``: an exclusive, non-blocking ``flock`` on ``<d>/.lock``, held while the
+    returned descriptor is open. LogDirInUse when another holds it; any other OSError is the
+    dir failing."""
+    fd = os.open(os.path.join(d, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise LogDirInUse(d) from None
+        raise
+    return fd
 
 
 class LogManager:
@@ -80,6 +116,8 @@ class LogManager:
         self._dir_of: dict[TopicPartition, str] = {}
         self._cleaned: dict[TopicPartition, int] = {}  # cleaner checkpoints of the dir being loaded
         self.had_clean_shutdown: dict[str, bool] = {}
+        self._dir_locks: dict[str, int] = {}  # log dir -> the descriptor holding its lock
+        self._started = False  # loaded, and not shut down: only then is anything written at shutdown
         self.offline_dirs: dict[str, str] = {}  # log dir -> the failure that took it offline
         # partitions of offline dirs -> their dir (None: not known, a dir failed while loading)
         self._offline: dict[TopicPartition, str | None] = {}
@@ -99,20 +137,55 @@ class LogManager:
         not known, so a LeaderAndIsr for a partition that has no log here and is not new is
         refused while any dir is offline (``get_or_create_log``). StorageError when every dir
         failed, or for what is no failure of a disk (another broker's or cluster's dir, a
-        partition in two dirs)."""
+        partition in two dirs); LogDirInUse, before anything is read, when another broker
+        holds a dir's lock. A startup that raises closes what it opened and lets its locks go;
+        ``shutdown`` then writes nothing (no checkpoint, no marker)."""
         topic_configs = topic_configs or {}
-        for d in self.log_dirs:
-            try:
-                self._load_log_dir(d, topic_configs)
-            except (OSError, LogDirFailure) as e:
-                failure = e if isinstance(e, LogDirFailure) else dir_failure(d, e, "loading its logs")
-                self.take_dir_offline(d, str(failure))
-        if not self.live_log_dirs:
-            raise StorageError("every log dir failed while loading: " + "; ".join(self.offline_dirs.values()))
+        self._lock_log_dirs()
+        try:
+            for d in self.live_log_dirs:
+                try:
+                    self._load_log_dir(d, topic_configs)
+                except (OSError, LogDirFailure) as e:
+                    failure = e if isinstance(e, LogDirFailure) else dir_failure(d, e, "loading its logs")
+                    self.take_dir_offline(d, str(failure))
+            if not self.live_log_dirs:
+                raise StorageError("every log dir failed while loading: " + "; ".join(self.offline_dirs.values()))
+        except BaseException:
+            self.abandon()
+            raise
+        self._started = True
         logger.info("loaded %d logs from %s", len(self._logs), ", ".join(self.live_log_dirs))
 
+    def _lock_log_dirs(self) -> None:
+        """Create and lock every log dir, as Kafka's lockLogDirs: a dir that fails to (an
+        OSError) is offline from the start; one another broker holds refuses the start, the
+        locks taken so far let go."""
+        for d in self.log_dirs:
+            what = "creating it"
+            try:
+                os.makedirs(d, exist_ok=True)
+                what = f"locking its {LOCK_FILE}"
+                self._dir_locks[d] = lock_log_dir(d)
+            except LogDirInUse:
+                self._release_dir_locks()
+                raise
+            except OSError as e:
+                self.take_dir_offline(d, str(dir_failure(d, e, what)))
+
+    def _release_dir_locks(self) -> None:
+        for d in list(self._dir_locks):
+            self._release_dir_lock(d)
+
+    def _release_dir_lock(self, d: str) -> None:
+        fd = self._dir_locks.pop(d, None)
+        if fd is not None:
+            try:
+                os.close(fd)  # the lock goes with the descriptor
+            except OSError as e:
+                logger.warning("closing the lock of log dir %s: %s", d, e)
+
     def _load_log_dir(self, d: str, topic_configs: dict[str, LogConfig]) -> None:
-        os.makedirs(d, exist_ok=True)
         self._check_meta(d)
         marker = os.path.join(d, CLEAN_SHUTDOWN_MARKER)
         clean = os.path.exists(marker)
@@ -197,9 +270,14 @@ class LogManager:
         atomic_write(path, ("\n".join(lines) + "\n").encode())
 
     def shutdown(self) -> None:
-        """Flush every log, write the checkpoints, close the logs, then write the marker; a log
-        dir that fails on the way (or failed before) gets no marker: its logs are recovered at
-        the next start."""
+        """Flush every log, write the checkpoints, close the logs, then write the marker, and
+        let the dirs' locks go; a log dir that fails on the way (or failed before) gets no
+        marker: its logs are recovered at the next start. A manager that did not start (or
+        has shut down already) writes nothing: the dirs may be another broker's."""
+        if not self._started:
+            self.abandon()
+            return
+        self._started = False
         for log in self.logs.values():
             _attempt(log.flush)
         self._take_failed_dirs_offline()
@@ -213,8 +291,21 @@ class LogManager:
             except OSError as e:
                 logger.error("%s", dir_failure(d, e, "writing the clean-shutdown marker"))
         self._logs.clear()
+        self._dir_of.clear()
+        self._release_dir_locks()
         logger.info("log manager shut down%s", f"; log dirs offline: {sorted(self.offline_dirs)}"
                     if self.offline_dirs else " cleanly")
+
+    def abandon(self) -> None:
+        """Close every descriptor, the logs' and the dirs' locks, writing nothing: what a
+        killed process leaves (its logs are recovered at the next start). For a startup that
+        failed, and for a crash modelled in one process."""
+        self._started = False
+        for log in self._logs.values():
+            log.close_handlers()
+        self._logs.clear()
+        self._dir_of.clear()
+        self._release_dir_locks()
 
     def _take_failed_dirs_offline(self) -> None:
         for d, reason in self.pending_dir_failures().items():
@@ -242,6 +333,8 @@ class LogManager:
         log = self._logs.get(tp)
         if log is not None:
             return log
+        if not self._started:  # its dirs are not locked: they may be another broker's
+            raise StorageError(f"{tp}: the log manager is not running")
         if tp not in self._offline and not is_new and self.offline_dirs:
             self._offline[tp] = None
         if tp in self._offline:
@@ -329,6 +422,7 @@ class LogManager:
         if d not in self.log_dirs or d in self.offline_dirs:
             return []
         self.offline_dirs[d] = reason
+        self._release_dir_lock(d)  # nothing here is touched again: no descriptor keeps the disk
         gone = [tp for tp, where in self._offline.items() if where == d]  # their creation failed
         for tp in sorted(tp for tp, where in self._dir_of.items() if where == d):
             log = self._logs.pop(tp)

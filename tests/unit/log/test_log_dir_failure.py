@@ -6,6 +6,7 @@ partition, no checkpoint and no clean-shutdown marker, while the other dirs carr
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 
 import pytest
@@ -191,3 +192,36 @@ def test_a_dir_that_is_no_directory_is_offline_from_the_start(tmp_path):
         assert m.get_log(A) is not None
     finally:
         m.shutdown()
+
+
+def test_a_dir_whose_lock_fails_for_want_of_a_lock_is_offline_from_the_start(tmp_path, monkeypatch):
+    """An OSError taking the lock other than "held by another" (no locks available, as on an
+    NFS mount without its lock service) is the dir failing, as Kafka's lockLogDirs has it."""
+    d1, d2 = str(tmp_path / "d1"), str(tmp_path / "d2")
+    real_flock = fcntl.flock
+
+    def flock(fd, operation):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(d1 + os.sep):
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        return real_flock(fd, operation)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    m = LogManager([d1, d2], CONFIG, broker_id=1)
+    m.startup()
+    try:
+        assert list(m.offline_dirs) == [d1] and "locking its .lock" in m.offline_dirs[d1]
+        assert os.strerror(errno.ENOLCK) in m.offline_dirs[d1]
+        assert m.get_or_create_log(A).log_dir == d2
+    finally:
+        m.shutdown()
+    assert sorted(os.listdir(d1)) == [".lock"]  # not read, nothing written: no meta.properties, no marker
+
+
+def test_a_dir_taken_offline_lets_its_lock_go(manager):
+    """Its files are not touched again, and no descriptor of the broker's keeps its disk."""
+    d1, d2 = manager.log_dirs
+    manager.take_dir_offline(d1, "a failure")
+    other = LogManager([d1], CONFIG, broker_id=1)
+    other.startup()
+    other.shutdown()
+    with pytest.raises(StorageError, match=f"lock on file .lock in {d2}"):
+        LogManager([d2], CONFIG, broker_id=1).startup()  # the dir still online keeps its lock

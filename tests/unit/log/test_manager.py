@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import pytest
 
@@ -73,12 +74,9 @@ def contents(log: Log) -> list[tuple[int, bytes]]:
 
 
 def crash(m: LogManager) -> None:
-    """SIGKILL: close the file descriptors, nothing else (no flush, no checkpoint, no marker)."""
-    for log in m.logs.values():
-        for seg in log.segments:
-            if seg._fd >= 0:
-                os.close(seg._fd)
-                seg._fd = -1
+    """SIGKILL: close the file descriptors, the log dirs' locks' included, nothing else (no
+    flush, no checkpoint, no marker)."""
+    m.abandon()
 
 
 def checkpoint(d, name: str) -> dict[TopicPartition, int]:
@@ -448,6 +446,100 @@ def test_a_partition_in_two_log_dirs_raises(tmp_path):
     os.makedirs(b / T0.dir_name)
     with pytest.raises(StorageError, match="two log directories"):
         manager([a, b])
+
+
+# -- the log dir lock ----------------------------------------------------------------------------------
+
+
+def files_of(d) -> dict[str, bytes]:
+    """Every file under ``d`` with its bytes: what a second broker must leave as it found it."""
+    out = {}
+    for root, _, names in os.walk(d):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, d)] = f.read()
+    return out
+
+
+def test_a_second_manager_on_a_dir_in_use_is_refused_and_touches_nothing(tmp_path):
+    """A second broker started on a running broker's dir would recover the active segments
+    under its appends and write checkpoints and the clean-shutdown marker into the live dir:
+    the dir's lock, taken before anything is read, refuses it (as Kafka's lockLogDirs)."""
+    a = manager([tmp_path])
+    fill(a.get_or_create_log(T0), 20)  # unflushed, no checkpoint yet: all of it above the recovery point
+    before = files_of(tmp_path)
+    b = LogManager([str(tmp_path)], SMALL, broker_id=1, cluster_id="c-1", clock=FakeClock())
+    with pytest.raises(StorageError, match=re.escape(f"Failed to acquire lock on file .lock in {tmp_path}. "
+                                                     "A Tidelog broker in another process or thread")):
+        b.startup()
+    assert b.logs == {}
+    b.shutdown()  # as the broker's shutdown path would: a manager that did not start writes nothing
+    assert files_of(tmp_path) == before
+    fill(a.get_log(T0), 1)
+    expected = contents(a.get_log(T0))
+    a.shutdown()
+    c = manager([tmp_path])  # the lock went with the shutdown
+    assert contents(c.get_log(T0)) == expected and c.had_clean_shutdown == {str(tmp_path): True}
+    c.shutdown()
+
+
+def test_every_dir_is_locked_before_any_is_read(tmp_path):
+    """One dir in use refuses the start before the other dirs are loaded or written, and the
+    locks taken on those are let go."""
+    free, used = tmp_path / "free", tmp_path / "used"
+    a = manager([used])
+    b = LogManager([str(free), str(used)], SMALL, broker_id=1, cluster_id="c-1", clock=FakeClock())
+    with pytest.raises(StorageError, match=re.escape(f"lock on file .lock in {used}.")):
+        b.startup()
+    assert set(os.listdir(free)) == {".lock"}  # no meta.properties: nothing read or written there
+    c = manager([free])
+    c.shutdown()
+    a.shutdown()
+
+
+def test_a_shutdown_after_a_failed_startup_writes_nothing(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    m = manager([a])
+    fill(m.get_or_create_log(T0), 1)
+    m.shutdown()
+    os.makedirs(b / T0.dir_name)
+    os.unlink(a / CLEAN_SHUTDOWN_MARKER)  # as a crash would leave it
+    before = files_of(tmp_path)
+    m2 = LogManager([str(a), str(b)], SMALL, broker_id=1, cluster_id="c-1", clock=FakeClock())
+    with pytest.raises(StorageError, match="two log directories"):
+        m2.startup()
+    m2.shutdown()
+    after = files_of(tmp_path)
+    assert {name: after.get(name) for name in before} == before  # nothing rewritten
+    assert set(after) - set(before) <= {"b/.lock", "b/meta.properties"}  # no marker, no checkpoint
+    m3 = manager([a])  # the failed start let its locks go
+    m3.shutdown()
+
+
+def test_a_manager_not_running_creates_no_log_and_a_second_shutdown_writes_nothing(tmp_path):
+    m = LogManager([str(tmp_path)], SMALL, broker_id=1, cluster_id="c-1", clock=FakeClock())
+    with pytest.raises(StorageError, match="not running"):  # its dir is not locked yet
+        m.get_or_create_log(T0)
+    m.startup()
+    fill(m.get_or_create_log(T0), 1)
+    m.shutdown()
+    with pytest.raises(StorageError, match="not running"):
+        m.get_or_create_log(T1)
+    m.shutdown()
+    assert not (tmp_path / T1.dir_name).exists()
+    assert all(set(checkpoint(tmp_path, name)) == {T0} for name in CHECKPOINTS)
+
+
+def test_the_lock_file_is_neither_a_partition_nor_a_leftover(tmp_path):
+    m = manager([tmp_path])
+    fill(m.get_or_create_log(T0), 1)
+    m.shutdown()
+    assert (tmp_path / ".lock").is_file()
+    m2 = manager([tmp_path])
+    assert set(m2.logs) == {T0} and (tmp_path / ".lock").is_file()
+    m2.shutdown()
+    assert (tmp_path / ".lock").is_file()  # kept: deleting it would let two holders lock two files
 
 
 def test_partitions_spread_over_log_dirs(tmp_path):

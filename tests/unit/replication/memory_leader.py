@@ -62,11 +62,13 @@ class MemoryBroker:
     """A broker's replica manager and leader-side request handlers, without sockets."""
 
     def __init__(self, broker_id: int, log_dir: str | list[str], config: LogConfig, clock: Callable[[], int], *,
-                 replica_lag_time_max_ms: int = 30000):
+                 replica_lag_time_max_ms: int = 30000, start: bool = True):
         self.broker_id = broker_id
         self.config = config
         self.log_manager = LogManager([log_dir] if isinstance(log_dir, str) else log_dir, config,
                                       broker_id=broker_id, clock=clock)
+        if start:  # loads (and locks) the log dirs; a test that starts it later says so
+            self.log_manager.startup()
         self.replica_manager = ReplicaManager(
             ReplicaConfig(broker_id, replica_lag_time_max_ms), self.log_manager, lambda topic: config,
             endpoint_for=self._no_endpoint, clock=clock, wall_clock=clock)
@@ -136,6 +138,7 @@ class MemoryBroker:
     def close(self) -> None:
         for log in self.log_manager.logs.values():
             log.close()
+        self.log_manager.abandon()  # the dirs' locks go too
 
 
 class MemoryCluster:

@@ -271,7 +271,6 @@ def restart_with_a_hole(cluster, broker_id: int) -> tuple[MemoryBroker, range]:
     damaged = flip_a_byte_of_batch_file(seg.log_path, 1)
     os.unlink(seg.log_path[:-len(".log")] + ".index")
     new = MemoryBroker(broker_id, os.path.dirname(os.path.dirname(seg.log_path)), old.config, old.replica_manager.clock)
-    new.log_manager.startup()
     new.apis.metadata.registry.broker_epochs = {b: cluster.brokers[b].broker_epoch for b in cluster.brokers}
     cluster.brokers[broker_id] = new
     for other in cluster.brokers.values():

@@ -204,7 +204,7 @@ async def test_a_replica_without_a_log_while_a_dir_failed_to_load_is_offline_unl
     with no log in the dirs left is taken for one of it (KAFKA_STORAGE_ERROR, the controller
     told), unless LeaderAndIsr calls it new (a topic just created, a reassignment's)."""
     (tmp_path / "d1").write_text("")  # no directory: it fails while the logs load
-    b = MemoryBroker(1, [str(tmp_path / "d1"), str(tmp_path / "d2")], CONFIG, FakeClock())
+    b = MemoryBroker(1, [str(tmp_path / "d1"), str(tmp_path / "d2")], CONFIG, FakeClock(), start=False)
     reports = []
 
     async def reporter(tps, offline=False):
