@@ -397,8 +397,8 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
        "Bytes of requests being received or queued, across all connections (Kafka's default, "
        "-1, is unbounded). A frame larger than 64 KiB reserves its size from this budget as soon "
        "as its length prefix arrives; at the bound, the connections waiting for memory are not "
-       "read until responses free some. A frame larger than the budget is refused; -1: no bound "
-       "(bytes).", minimum=-1),
+       "read until responses free some. At least socket.request.max.bytes, as in Kafka; 0 or "
+       "below: no bound (bytes)."),
     _S("max.connections", int, 2**31 - 1,
        "Client connections open at once; a newer one is closed at once. The broker also keeps "
        "a quarter of its file descriptor limit (RLIMIT_NOFILE, at least 64) for its own files.",
@@ -741,7 +741,18 @@ class _BrokerConfigBase:
         config = cls(**{_BY_NAME[n].attr: v.value for n, v in merged.items()})
         config._check_listeners(merged)
         config._check_zookeeper_auth(merged)
+        config._check_request_memory(merged)
         return config
+
+    def _check_request_memory(self, merged: Mapping[str, _Value]) -> None:
+        """A request memory budget holds at least one frame of the largest size, as Kafka
+        requires: a smaller one would refuse every frame between the two (at 0, all)."""
+        budget = self.queued_max_request_bytes
+        if 0 < budget < self.socket_request_max_bytes:
+            given = merged.get("queued.max.request.bytes")
+            raise _error("queued.max.request.bytes", budget, given.source if given else "default",
+                         f"must be at least socket.request.max.bytes ({self.socket_request_max_bytes}), "
+                         "or 0 or below for no bound: a larger request could never be received")
 
     def _check_zookeeper_auth(self, merged: Mapping[str, _Value]) -> None:
         """The digest username and password go together; zookeeper.set.acl needs them."""

@@ -68,7 +68,8 @@ connection is one ``_Connection`` driving a sans-IO ``protocol.connection.Server
   keep being served while large frames wait (Kafka's pool mutes everyone when exhausted;
   here a client sending Metadata or a small produce is never blocked by others' large
   frames). A frame larger than the whole budget can never fit: ``max_frame_bytes`` is capped
-  at the budget, so it is refused from its prefix like any frame over the size bound.
+  at the budget, so it is refused from its prefix like any frame over the size bound (the
+  broker's config refuses such a budget, as Kafka's does). A budget of 0 or below is none.
 * **Large frames are decoded off the event loop.** ``ServerConnection`` hands back a frame
   over ``DECODE_INLINE_MAX_BYTES`` undecoded; the reader decodes it in a worker thread and
   waits for it before it starts anything else of that connection, so handlers (produce,
@@ -295,7 +296,8 @@ class SocketServer:
         self.listener = self.security.name  # its name, as requests' contexts report it
         self.host = host or None  # "" or None: every interface
         self.port = port  # the bound port once run() has started
-        self.pool = RequestMemoryPool(None if queued_max_request_bytes < 0 else queued_max_request_bytes)
+        # <= 0: no bound, as Kafka's queued.max.request.bytes
+        self.pool = RequestMemoryPool(None if queued_max_request_bytes <= 0 else queued_max_request_bytes)
         if self.pool.capacity is not None:  # a frame larger than the budget could never fit
             max_frame_bytes = min(max_frame_bytes, self.pool.capacity)
         self.max_frame_bytes = max_frame_bytes

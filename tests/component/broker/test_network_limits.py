@@ -196,6 +196,17 @@ def test_the_budget_caps_the_frame_size():
     assert SocketServer(Handler(), max_frame_bytes=10_000, queued_max_request_bytes=-1).max_frame_bytes == 10_000
 
 
+def test_a_budget_of_zero_or_below_is_no_bound():
+    """Kafka's queued.max.request.bytes: <= 0 is unbounded (at 0 every frame used to be too large)."""
+    from tidelog.broker.config import BrokerConfig
+    from tidelog.broker.network import SocketServer
+    for budget in (0, -1, -7):
+        config = BrokerConfig.from_props({"broker.id": 1, "zookeeper.connect": "zk:2181",
+                                          "queued.max.request.bytes": budget})
+        server = SocketServer.from_config(config, Handler())
+        assert server.max_frame_bytes == config.socket_request_max_bytes and not server.pool.bounded
+
+
 async def test_out_of_descriptors_at_accept_sheds_the_newest_connections(net):
     import errno
 

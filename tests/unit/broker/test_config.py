@@ -353,6 +353,24 @@ def test_chroot_must_be_an_absolute_path():
         assert error_of(overrides={**MINIMAL, "zookeeper.chroot": bad}).startswith(f"zookeeper.chroot = {bad!r}")
 
 
+# -- settings checked against each other -----------------------------------------------------------
+
+
+def test_the_request_memory_budget_is_unbounded_at_zero_or_below_else_at_least_one_frame():
+    """As Kafka: queued.max.request.bytes <= 0 is no bound; a bound below socket.request.max.bytes
+    would refuse the frames between the two (at 0, every request)."""
+    for unbounded in (0, -1, -5):
+        assert BrokerConfig.from_props({**MINIMAL, "queued.max.request.bytes": unbounded})
+    exact = {**MINIMAL, "socket.request.max.bytes": 5000, "queued.max.request.bytes": 5000}
+    assert BrokerConfig.from_props(exact).queued_max_request_bytes == 5000
+    message = error_of(overrides={**MINIMAL, "queued.max.request.bytes": 1000})
+    assert message == ("queued.max.request.bytes = 1000 (from --set): must be at least socket.request.max.bytes "
+                       "(104857600), or 0 or below for no bound: a larger request could never be received")
+    message = error_of(overrides={**MINIMAL, "socket.request.max.bytes": 300 * 2**20})
+    assert message.startswith("queued.max.request.bytes = 209715200 (default): must be at least "
+                              "socket.request.max.bytes (314572800)")
+
+
 # -- TOML round trip --------------------------------------------------------------------------------
 
 
