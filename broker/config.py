@@ -270,7 +270,8 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
        "SASL mechanisms offered on SASL listeners: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512.",
        check=_check_mechanisms),
     _S("sasl.mechanism.inter.broker.protocol", str, "SCRAM-SHA-256",
-       "The SASL mechanism this broker uses towards other brokers on a SASL inter-broker listener.",
+       "The SASL mechanism this broker uses towards other brokers on a SASL inter-broker listener; "
+       "it must be one of sasl.enabled.mechanisms there, as in Kafka.",
        check=_check_mechanism),
     _S("sasl.jaas.config", str, None,
        "This broker's own SASL credentials, in Kafka's JAAS form: "
@@ -812,9 +813,19 @@ class _BrokerConfigBase:
                 parse_jaas_config(self.sasl_jaas_config)
             except ValueError as e:
                 raise fail("sasl.jaas.config", str(e)) from None
+            # the other brokers offer only the enabled mechanisms: any other fails every handshake
+            if self.sasl_mechanism_inter_broker_protocol not in self.sasl_mechanisms:
+                raise fail("sasl.mechanism.inter.broker.protocol",
+                           f"must be included in sasl.enabled.mechanisms ({self.sasl_enabled_mechanisms!r}) "
+                           f"when SASL is used for inter-broker communication (listener {inter.name})")
         if inter.protocol.uses_tls and not self.ssl_truststore_location:
             raise fail("ssl.truststore.location", f"the inter-broker listener {inter.name} uses {inter.protocol}: "
                                                   "brokers need the CA that signs their certificates")
+
+    @property
+    def sasl_mechanisms(self) -> tuple[str, ...]:
+        """The SASL mechanisms the SASL listeners offer (sasl.enabled.mechanisms)."""
+        return tuple(m.strip() for m in self.sasl_enabled_mechanisms.split(",") if m.strip())
 
     @property
     def listener_list(self) -> tuple[Listener, ...]:

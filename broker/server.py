@@ -214,8 +214,8 @@ class BrokerServer:
         if listener.protocol.uses_tls:
             context = server_context(config.ssl_keystore_location, config.ssl_key_password,
                                      config.ssl_truststore_location, config.ssl_client_auth)
-        mechanisms = tuple(m.strip() for m in config.sasl_enabled_mechanisms.split(",") if m.strip())
-        return ListenerSecurity(listener.name, listener.protocol, listener.inter_broker, context, mechanisms,
+        return ListenerSecurity(listener.name, listener.protocol, listener.inter_broker, context,
+                                config.sasl_mechanisms,
                                 self.entity_configs.scram_credential,
                                 usual_iterations=self.entity_configs.usual_iterations,
                                 failed_authentication_delay_s=config.connection_failed_authentication_delay_ms / 1000)

@@ -353,6 +353,26 @@ def test_chroot_must_be_an_absolute_path():
         assert error_of(overrides={**MINIMAL, "zookeeper.chroot": bad}).startswith(f"zookeeper.chroot = {bad!r}")
 
 
+JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="b" password="p";'
+
+
+def test_the_inter_broker_sasl_mechanism_must_be_enabled_when_brokers_use_sasl():
+    """As Kafka: brokers would offer only sasl.enabled.mechanisms, so every inter-broker
+    handshake in another mechanism would fail."""
+    sasl = {**MINIMAL, "listeners": "SASL_PLAINTEXT://127.0.0.1:9092", "sasl.jaas.config": JAAS}
+    message = error_of(overrides={**sasl, "sasl.enabled.mechanisms": "PLAIN"})
+    assert message == ("sasl.mechanism.inter.broker.protocol = 'SCRAM-SHA-256' (default): must be "
+                       "included in sasl.enabled.mechanisms ('PLAIN') when SASL is used for inter-broker "
+                       "communication (listener SASL_PLAINTEXT)")
+    ok = BrokerConfig.from_props({**sasl, "sasl.enabled.mechanisms": "PLAIN, SCRAM-SHA-512",
+                                  "sasl.mechanism.inter.broker.protocol": "PLAIN"})
+    assert ok.sasl_mechanism_inter_broker_protocol == "PLAIN"
+    # no SASL between brokers: the mechanism is not used, whatever it is
+    both = "PLAINTEXT://127.0.0.1:9092,SASL_PLAINTEXT://127.0.0.1:9093"
+    assert BrokerConfig.from_props({**MINIMAL, "listeners": both, "sasl.enabled.mechanisms": "PLAIN",
+                                    "inter.broker.listener.name": "PLAINTEXT"})
+
+
 # -- settings checked against each other -----------------------------------------------------------
 
 
