@@ -216,8 +216,19 @@ def _check_super_users(value: str) -> str | None:
 
 
 def _check_dirs(value: tuple[str, ...]) -> str | None:
+    """At least one directory, none empty, and no directory twice: compared by real path (a
+    trailing slash, ``.``, a symlink), as Kafka compares canonical paths. A dir named twice
+    would be loaded twice, and the broker could not start again once it held a partition."""
     if not value or not all(d.strip() for d in value):
         return "expected at least one directory, and no empty ones"
+    seen: dict[str, str] = {}
+    for d in value:
+        if "\0" in d:
+            return f"expected directory paths, and {d!r} holds a NUL character"
+        real = os.path.realpath(d)
+        if real in seen:
+            return f"duplicate log directory found: {seen[real]!r} and {d!r} are both {real}"
+        seen[real] = d
     return None
 
 
@@ -280,7 +291,9 @@ _BROKER_SETTINGS: tuple[Setting, ...] = (
     _S("connection.failed.authentication.delay.ms", int, 100,
        "A failed authentication is answered this late, to slow password guessing (ms).", minimum=0),
     _S("log.dirs", tuple, ("/tmp/tidelog-logs",),
-       "Directories holding the partitions' logs: a list, or a comma-separated string.",
+       "Directories holding the partitions' logs: a list, or a comma-separated string. Each "
+       "directory once: two entries that are one directory (/data and /data/, or a symlink to "
+       "another entry) are refused, as in Kafka.",
        check=_check_dirs),
     # ZooKeeper
     _S("zookeeper.connect", str, REQUIRED, "ZooKeeper connection string, host:port[,host:port...].",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import tomllib
 
@@ -129,6 +130,21 @@ def test_log_dirs_as_a_list_or_a_comma_separated_string(tmp_path):
     assert load_toml(tmp_path, base + 'log.dir = "/c"').log_dirs == ("/c",)
     assert load_toml(tmp_path, base + 'log.dir = "/c"\nlog.dirs = "/d"').log_dirs == ("/d",)
     assert BrokerConfig.from_props({**MINIMAL, "log.dirs": ("/e",)}).log_dirs == ("/e",)
+
+
+def test_a_log_dir_named_twice_is_refused(tmp_path):
+    """As Kafka ("Duplicate log directory found"), by real path: a broker given one dir twice
+    ran once, then could never start again (its partitions "found in two log directories")."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "link").symlink_to(data)
+    for dirs in ([f"{data}", f"{data}/"], [f"{data}", f"{tmp_path}/./data"], [f"{data}", f"{tmp_path}/link"]):
+        message = error_of(overrides={**MINIMAL, "log.dirs": ",".join(dirs)})
+        assert message.startswith("log.dirs = "), message
+        assert f"duplicate log directory found: {dirs[0]!r} and {dirs[1]!r} are both {os.path.realpath(data)}" in message
+    other = tmp_path / "other"
+    config = BrokerConfig.from_props({**MINIMAL, "log.dirs": [str(data), str(other)]})
+    assert config.log_dirs == (str(data), str(other))
 
 
 def test_strings_in_the_file_are_parsed_as_the_settings_type(tmp_path):
@@ -425,8 +441,8 @@ def test_to_toml_with_defaults_writes_every_set_value():
 
 
 @given(rack=st.text(min_size=1), connect=st.text().map(lambda s: "zk:2181/" + s),
-       dirs=st.lists(st.text(min_size=1).filter(lambda s: s.strip() == s and s and "," not in s),
-                     min_size=1, max_size=3))
+       dirs=st.lists(st.text(min_size=1).filter(lambda s: s.strip() == s and s and "," not in s and "\0" not in s),
+                     min_size=1, max_size=3, unique_by=os.path.realpath))
 def test_to_toml_round_trips_any_strings(rack, connect, dirs):
     config = BrokerConfig.from_props({"broker.id": 0, "zookeeper.connect": connect,
                                       "broker.rack": rack, "log.dirs": dirs})
