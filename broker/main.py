@@ -2,10 +2,16 @@
 
 SIGTERM (or Ctrl-C) starts a controlled shutdown: leadership is moved away, the logs are
 flushed and the clean-shutdown marker written. A second signal stops at once.
+
+A signal while the broker is still starting (recovering its logs, or waiting for ZooKeeper
+to answer) cancels the start, as Kafka halts a broker that is starting up: what was opened
+is closed, logs not fully loaded are left for the next start to recover, and the process
+exits with 128 + the signal's number (143 for SIGTERM).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import signal
 import sys
@@ -16,6 +22,23 @@ from tidelog.broker.config import BrokerConfig, ConfigError
 from tidelog.broker.server import BrokerServer
 
 logger = logging.getLogger("tidelog.broker")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Reaction(enum.Enum):
+    CANCEL_START = "cancel the start"
+    CONTROLLED_SHUTDOWN = "controlled shutdown"
+    STOP_NOW = "stop now"
+
+
+def reaction(started: bool, earlier_signals: int) -> Reaction:
+    """What a stop signal does. The first one cancels a start still under way (it may wait on
+    ZooKeeper or on log recovery for minutes) or, once the broker has started, begins the
+    controlled shutdown; any later one skips what is left of the controlled shutdown."""
+    if earlier_signals:
+        return Reaction.STOP_NOW
+    return Reaction.CONTROLLED_SHUTDOWN if started else Reaction.CANCEL_START
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -49,23 +72,48 @@ def run(config_path: str | None, sets: list[str], log_level: str = "INFO") -> in
 
 async def serve(config: BrokerConfig) -> int:
     """Run the broker until it stops: 0 once stopped by a signal, 1 when it stopped by itself
-    (every log dir failed)."""
+    (every log dir failed), 128 + the signal's number when a signal cancelled its start."""
     server = BrokerServer(config)
-    async with trio.open_nursery() as nursery:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    life = _Life()
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_follow_signals, signals, server, nursery, life)
             await nursery.start(_run_then_exit, server, nursery)
+            life.started = True
             print(f"broker {config.broker_id} started on port {server.port}", file=sys.stderr, flush=True)
-            async for sig in signals:
-                logger.info("received %s: controlled shutdown", signal.Signals(sig).name)
-                nursery.start_soon(_shutdown, server, nursery)
-                break
-            async for _ in signals:
-                logger.warning("second signal: stopping now")
-                nursery.cancel_scope.cancel()
+    if not life.started and life.signals:
+        name = signal.Signals(life.signals[0]).name
+        print(f"tidelog broker: broker {config.broker_id} stopped by {name} before it had started",
+              file=sys.stderr)
+        return 128 + life.signals[0]
     if server.stopped_because is not None:
         print(f"tidelog broker: broker {config.broker_id} stopped: {server.stopped_because}", file=sys.stderr)
         return 1
     return 0
+
+
+class _Life:
+    """What ``serve`` has seen: whether the broker has started, and the stop signals so far."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.signals: list[int] = []
+
+
+async def _follow_signals(signals, server: BrokerServer, nursery: trio.Nursery, life: _Life) -> None:
+    async for sig in signals:
+        action = reaction(life.started, len(life.signals))
+        life.signals.append(sig)
+        name = signal.Signals(sig).name
+        if action is Reaction.CONTROLLED_SHUTDOWN:
+            logger.info("received %s: controlled shutdown", name)
+            nursery.start_soon(_shutdown, server, nursery)
+        elif action is Reaction.CANCEL_START:
+            logger.warning("received %s while starting: stopping", name)
+            nursery.cancel_scope.cancel()
+        else:
+            logger.warning("second signal (%s): stopping now", name)
+            nursery.cancel_scope.cancel()
 
 
 async def _run_then_exit(server: BrokerServer, nursery: trio.Nursery, *,

@@ -149,8 +149,11 @@ class BrokerServer:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # a startup that raises has let its locks go and left the dirs as it found them; and
         # a log manager that did not start writes nothing at shutdown (the dirs may be
-        # another broker's), whatever calls it
-        await trio.to_thread.run_sync(self.log_manager.startup)
+        # another broker's), whatever calls it. A stop during log recovery (minutes, after a
+        # crash) must not wait for it: the loading thread is left behind, no log is closed and
+        # no clean-shutdown marker written, as if the process had been killed; the next start
+        # recovers again. The process exits soon after.
+        await trio.to_thread.run_sync(self.log_manager.startup, abandon_on_cancel=True)
         self.logs_loaded = True
         try:
             async with self.zk:
