@@ -387,9 +387,20 @@ def _has_kafka_listeners(cluster: DevCluster) -> bool:
 
 def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int, security: str = "PLAINTEXT",
                kafka: bool = True) -> int:
-    """``tidelog dev up``: start, print the bootstrap address, wait for Ctrl-C or SIGTERM."""
+    """``tidelog dev up``: start, print the bootstrap address, wait for Ctrl-C, SIGTERM or
+    SIGHUP (a closed terminal: without a handler it would end this process, and
+    PR_SET_PDEATHSIG would then SIGKILL every broker), then stop the cluster cleanly."""
     stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    kept = {sig: signal.signal(sig, lambda *_: stop.append(1)) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _dev_up(directory, brokers, zk_port, base_port, security, kafka, stop)
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
+
+
+def _dev_up(directory: str, brokers: int, zk_port: int, base_port: int, security: str, kafka: bool,
+            stop: list) -> int:
     try:
         cluster = DevCluster(directory, brokers, zk_port=zk_port, base_port=base_port, security=security,
                              kafka=kafka)

@@ -1,7 +1,8 @@
 """``tidelog broker``: run one broker in the foreground.
 
-SIGTERM (or Ctrl-C) starts a controlled shutdown: leadership is moved away, the logs are
-flushed and the clean-shutdown marker written. A second signal stops at once.
+SIGTERM (or Ctrl-C, or SIGHUP: a closed terminal) starts a controlled shutdown: leadership is
+moved away, the logs are flushed and the clean-shutdown marker written. A second signal stops
+at once.
 
 A signal while the broker is still starting (recovering its logs, or waiting for ZooKeeper
 to answer) cancels the start, as Kafka halts a broker that is starting up: what was opened
@@ -23,7 +24,8 @@ from tidelog.broker.server import BrokerServer
 
 logger = logging.getLogger("tidelog.broker")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP too: the JVM runs Kafka's shutdown hook on it, so a closed terminal is a clean stop
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Reaction(enum.Enum):

@@ -53,7 +53,7 @@ def stray_signals():
     delivers the ones left in a receiver again when it closes) is recorded, not fatal."""
     seen: list[int] = []
     kept = {sig: signal.signal(sig, lambda sig, frame: seen.append(sig))
-            for sig in (signal.SIGTERM, signal.SIGINT)}
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     yield seen
     for sig, handler in kept.items():
         signal.signal(sig, handler)
@@ -108,6 +108,13 @@ async def test_sigterm_once_started_is_a_controlled_shutdown(fake):
     status = await _serve_and_signal(fake, [signal.SIGTERM], start=True)
     assert status == 0
     assert fake[0].events == ["controlled shutdown", "cleanup"]
+
+
+async def test_sighup_is_taken_as_sigterm(fake, stray_signals):
+    """A closed terminal must not end a foreground broker without its controlled shutdown
+    (the JVM runs Kafka's shutdown hook on SIGHUP too)."""
+    assert await _serve_and_signal(fake, [signal.SIGHUP], start=True) == 0
+    assert fake[0].events == ["controlled shutdown", "cleanup"] and stray_signals == []
 
 
 async def test_a_stop_while_the_logs_load_does_not_wait_for_them_nor_close_them(tmp_path, monkeypatch):

@@ -1,0 +1,72 @@
+"""``tidelog dev up`` (run_dev_up) with a stand-in for the cluster: what signals do to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tidelog.broker import devcluster
+
+
+class PreviousHandlerReached(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def own_handlers():
+    """Handlers of our own while a test runs, so inherited dispositions play no part: a signal
+    that run_dev_up did not take raises instead of ending the test process."""
+    def reached(sig, frame):
+        raise PreviousHandlerReached(signal.Signals(sig).name)
+    kept = {sig: signal.signal(sig, reached) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for sig, handler in kept.items():
+        signal.signal(sig, handler)
+
+
+class FakeCluster:
+    """Starts at once; ``on_start`` runs when it has started."""
+
+    on_start = staticmethod(lambda cluster: None)
+
+    def __init__(self, directory, brokers, **kwargs):
+        self.dir = Path(directory)
+        self.brokers: dict = {}
+        self.security = None
+        self.bootstrap = "127.0.0.1:9092"
+        self.kafka_bootstrap = "127.0.0.1:9192"
+        self.zookeeper = type("Zk", (), {"port": 2181})()
+        self.calls: list[str] = []
+        made.append(self)
+
+    def start(self):
+        self.calls.append("start")
+        self.on_start(self)
+
+    def stop(self):
+        self.calls.append("stop")
+
+    def kill(self):
+        self.calls.append("kill")
+
+
+made: list[FakeCluster] = []
+
+
+@pytest.fixture
+def fake_cluster(monkeypatch):
+    made.clear()
+    monkeypatch.setattr(devcluster, "DevCluster", FakeCluster)
+    return made
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_the_cluster_cleanly(fake_cluster, monkeypatch, tmp_path, sig):
+    """A closed terminal (SIGHUP) must stop the brokers cleanly, as SIGTERM does, rather than
+    end dev up and leave PR_SET_PDEATHSIG to SIGKILL every broker."""
+    monkeypatch.setattr(FakeCluster, "on_start", staticmethod(lambda cluster: os.kill(os.getpid(), sig)))
+    assert devcluster.run_dev_up(str(tmp_path), 3, 2181, 9092) == 0
+    assert fake_cluster[0].calls == ["start", "stop"]
