@@ -21,6 +21,7 @@ import trio
 
 from tidelog.broker.config import BrokerConfig, ConfigError
 from tidelog.broker.server import BrokerServer
+from tidelog.protocol.errors import TidelogError
 
 logger = logging.getLogger("tidelog.broker")
 
@@ -73,16 +74,29 @@ def run(config_path: str | None, sets: list[str], log_level: str = "INFO") -> in
 
 
 async def serve(config: BrokerConfig) -> int:
-    """Run the broker until it stops: 0 once stopped by a signal, 1 when it stopped by itself
-    (every log dir failed), 128 + the signal's number when a signal cancelled its start."""
+    """Run the broker until it stops: 0 once stopped by a signal, 1 when it could not start
+    (a problem named in one line) or stopped by itself (every log dir failed), 128 + the
+    signal's number when a signal cancelled its start."""
     server = BrokerServer(config)
     life = _Life()
+    failure = None
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_follow_signals, signals, server, nursery, life)
-            await nursery.start(_run_then_exit, server, nursery)
-            life.started = True
-            print(f"broker {config.broker_id} started on port {server.port}", file=sys.stderr, flush=True)
+            try:
+                await nursery.start(_run_then_exit, server, nursery)
+            except Exception as e:
+                failure = start_failure(e)
+                if failure is None:
+                    raise
+                logger.debug("the start failed", exc_info=e)
+                nursery.cancel_scope.cancel()
+            else:
+                life.started = True
+                print(f"broker {config.broker_id} started on port {server.port}", file=sys.stderr, flush=True)
+    if failure is not None:
+        print(f"tidelog broker: {failure}", file=sys.stderr)
+        return 1
     if not life.started and life.signals:
         name = signal.Signals(life.signals[0]).name
         print(f"tidelog broker: broker {config.broker_id} stopped by {name} before it had started",
@@ -92,6 +106,26 @@ async def serve(config: BrokerConfig) -> int:
         print(f"tidelog broker: broker {config.broker_id} stopped: {server.stopped_because}", file=sys.stderr)
         return 1
     return 0
+
+
+def start_failure(exc: BaseException) -> str | None:
+    """What a failed start says on one line, when every exception it raised names its cause:
+    the broker's own errors (another broker's or cluster's log dir, a broker.id registered by a
+    live broker, ZooKeeper unreachable, a bad setting) and the system's (a port in use, a
+    directory that cannot be written). None for anything else: a bug, whose traceback is kept
+    (``--log-level DEBUG`` shows the others' too)."""
+    leaves = list(_leaves(exc))
+    if not all(isinstance(e, (TidelogError, OSError)) for e in leaves):
+        return None
+    return "; ".join(dict.fromkeys(str(e) for e in leaves))
+
+
+def _leaves(exc: BaseException):
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
 
 
 class _Life:

@@ -371,7 +371,11 @@ class SocketServer:
         await self._stopped.wait()
 
     async def _listen(self) -> list[trio.SocketListener]:
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as e:  # the system's message names no address ("Address already in use")
+            raise OSError(e.errno, f"listener {self.listener} cannot listen on {self.host or '*'}:"
+                                   f"{self.port}: {e.strerror or e}") from e
         if self.port == 0:  # each address family got its own free port: keep the first
             for extra in listeners[1:]:
                 await extra.aclose()

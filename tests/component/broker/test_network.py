@@ -467,6 +467,15 @@ async def test_cancelling_run_closes_everything(net):
     assert await client.closed_by_server()
 
 
+async def test_a_port_in_use_is_named_in_the_error(net):
+    """The system says only "Address already in use": the broker's one-line start failure
+    (broker/main.py) must say which listener and address."""
+    taken = SocketServer(Handler(), host="127.0.0.1", port=0)
+    port = await net.nursery.start(taken.run)
+    with pytest.raises(OSError, match=rf"listener \S+ cannot listen on 127.0.0.1:{port}: .*in use"):
+        await SocketServer(Handler(), host="127.0.0.1", port=port).run()
+
+
 # -- configuration and stats --------------------------------------------------------------------
 
 

@@ -12,10 +12,12 @@ import types
 import pytest
 import trio
 
-from tidelog.broker import main
+from tidelog.broker import cli, main
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.main import Reaction, reaction
 from tidelog.broker.server import BrokerServer
+from tidelog.broker.zookeeper.layout import BrokerIdInUseError
+from tidelog.protocol.errors import StorageError
 
 HANG_GUARD_S = 60  # only turns a hang into a failure
 
@@ -140,3 +142,35 @@ async def test_a_stop_while_the_logs_load_does_not_wait_for_them_nor_close_them(
         assert not server.logs_loaded and shut == []
     finally:
         release.set()
+
+
+class FailingServer(FakeServer):
+    failure: BaseException = RuntimeError()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        raise self.failure
+
+
+@pytest.mark.parametrize("failure", [
+    StorageError("/data/logs/meta.properties belongs to broker.id 2, but this broker is 1"),
+    ExceptionGroup("Exceptions from Trio nursery",  # how a listener's failure comes out
+                   [OSError(98, "error while attempting to bind on address ('127.0.0.1', 9092): "
+                                "address already in use")]),
+    BrokerIdInUseError("broker.id 1 is already registered by another live broker"),
+], ids=["meta.properties", "port in use", "broker.id in use"])
+def test_a_start_failing_on_a_named_problem_says_so_in_one_line(monkeypatch, capsys, failure):
+    monkeypatch.setattr(FailingServer, "failure", failure)
+    monkeypatch.setattr(main, "BrokerServer", FailingServer)
+    monkeypatch.setattr(main.BrokerConfig, "load", classmethod(lambda cls, *a: types.SimpleNamespace(broker_id=1)))
+    monkeypatch.setattr(main, "setup_logging", lambda level: None)
+    assert cli.main(["broker"]) == 1
+    leaf = failure.exceptions[0] if isinstance(failure, ExceptionGroup) else failure
+    assert capsys.readouterr().err == f"tidelog broker: {leaf}\n"
+
+
+def test_a_start_failing_on_a_bug_keeps_its_traceback(monkeypatch):
+    monkeypatch.setattr(FailingServer, "failure", KeyError("oops"))
+    monkeypatch.setattr(main, "BrokerServer", FailingServer)
+    with pytest.raises(BaseExceptionGroup) as raised:
+        trio.run(main.serve, types.SimpleNamespace(broker_id=1))
+    assert raised.group_contains(KeyError)
