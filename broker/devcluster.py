@@ -3,7 +3,9 @@
 Everything lives under one directory: ``zookeeper/``, and per broker ``broker-<id>.toml``
 (its config, written once and reused, so a broker can also be stopped and started by hand
 with ``tidelog broker --config``), ``broker-<id>/`` (its log dirs) and ``broker-<id>.log``.
-A second run over the same directory reuses the data.
+A second run over the same directory reuses the data; while one runs, ``dev-up.lock`` there
+refuses another (its brokers would share the running ones' configs and dirs), and a ZooKeeper
+port in use is refused before anything starts.
 
 Children are started from the main thread with PR_SET_PDEATHSIG, so they die with the
 process that started them, even if it is killed. Tests use the same class, on free ports.
@@ -14,6 +16,7 @@ The network-partition tests give each broker its own address and a named network
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import secrets
 import signal
@@ -390,6 +393,11 @@ def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int, secur
     """``tidelog dev up``: start, print the bootstrap address, wait for Ctrl-C, SIGTERM or
     SIGHUP (a closed terminal: without a handler it would end this process, and
     PR_SET_PDEATHSIG would then SIGKILL every broker), then stop the cluster cleanly."""
+    try:
+        lock = hold_dev_lock(Path(directory))
+    except OSError as e:
+        print(f"tidelog dev up: {e}", file=sys.stderr)
+        return 1
     stop = []
     kept = {sig: signal.signal(sig, lambda *_: stop.append(1)) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -397,6 +405,32 @@ def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int, secur
     finally:
         for sig, handler in kept.items():
             signal.signal(sig, handler)
+        lock.close()
+
+
+DEV_LOCK = "dev-up.lock"
+
+
+def hold_dev_lock(directory: Path):
+    """Lock ``<directory>/dev-up.lock`` (flock, released when this process ends, however it
+    ends) and write this process's id in it: a second dev up on a running cluster's directory
+    would start brokers with the same configs on the same dirs. The open file holds the lock;
+    BlockingIOError (an OSError) naming the running dev up when another holds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory.absolute() / DEV_LOCK
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "unknown"
+        f.close()
+        raise BlockingIOError(f"the cluster in {directory.absolute()} is already running (tidelog dev up, "
+                              f"pid {pid}): stop it first, or use another --dir") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def _dev_up(directory: str, brokers: int, zk_port: int, base_port: int, security: str, kafka: bool,

@@ -208,12 +208,17 @@ class ZooKeeperServer:
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        """Start the JVM (not yet serving: see ``wait_serving``). Main thread only."""
+        """Start the JVM (not yet serving: see ``wait_serving``). Main thread only. Refused
+        when the client port is taken: whatever holds it would answer for this server."""
         if self.running:
             raise RuntimeError(f"ZooKeeper in {self.data_dir} is already running (pid {self.pid})")
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("start ZooKeeper from the main thread: PR_SET_PDEATHSIG fires when "
                                "the forking thread exits, which would kill it early")
+        if not port_is_free(self.port, self.host):
+            raise ZooKeeperStartError(f"port {self.port} is in use: is another cluster running? (ZooKeeper in "
+                                      f"{self.data_dir} would listen on {self.host}:{self.port}); stop it, "
+                                      f"or choose another port")
         command = self.command()
         self._write_files()
         with open(self.data_dir / "zookeeper.out", "ab") as out:
@@ -223,14 +228,19 @@ class ZooKeeperServer:
                                           preexec_fn=_die_with_parent_preexec(os.getpid()))
 
     def wait_serving(self, timeout: float = 30.0) -> str:
-        """Wait until ``srvr`` reports a ``Mode:``; returns the mode (standalone/leader/follower)."""
+        """Wait until ``srvr`` reports a ``Mode:`` while this server's process is alive;
+        returns the mode (standalone/leader/follower)."""
         deadline = time.monotonic() + timeout
         while True:
             if self._proc is None or self._proc.poll() is not None:
                 raise ZooKeeperStartError(self._exit_report())
             answer = four_letter_word(self.port, "srvr", self.host)
-            if "Mode:" in answer:
+            # another ZooKeeper on the port answers too: the answer counts while ours lives
+            if "Mode:" in answer and self._proc.poll() is None:
                 return answer.split("Mode:", 1)[1].split()[0]
+            if "Mode:" in answer:
+                raise ZooKeeperStartError(f"port {self.port} answers as ZooKeeper but ours has exited: is "
+                                          f"another cluster running? {self._exit_report()}")
             if time.monotonic() > deadline:
                 raise ZooKeeperStartError(f"ZooKeeper on port {self.port} not serving after "
                                           f"{timeout} s; see {self.log_path}")

@@ -70,3 +70,20 @@ def test_sigterm_and_sighup_stop_the_cluster_cleanly(fake_cluster, monkeypatch, 
     monkeypatch.setattr(FakeCluster, "on_start", staticmethod(lambda cluster: os.kill(os.getpid(), sig)))
     assert devcluster.run_dev_up(str(tmp_path), 3, 2181, 9092) == 0
     assert fake_cluster[0].calls == ["start", "stop"]
+
+
+def test_a_second_dev_up_on_a_running_cluster_is_refused(fake_cluster, monkeypatch, tmp_path, capsys):
+    """Its brokers would run with the same configs on the running cluster's dirs."""
+    second = []
+
+    def start_another(cluster):
+        second.append(devcluster.run_dev_up(str(tmp_path), 3, 2181, 9092))
+        os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(FakeCluster, "on_start", staticmethod(start_another))
+    assert devcluster.run_dev_up(str(tmp_path), 3, 2181, 9092) == 0
+    assert second == [1] and len(fake_cluster) == 1  # the second made no cluster
+    assert (f"tidelog dev up: the cluster in {tmp_path} is already running (tidelog dev up, pid "
+            f"{os.getpid()})") in capsys.readouterr().err
+    # once the first has ended, the directory is free again
+    monkeypatch.setattr(FakeCluster, "on_start", staticmethod(lambda cluster: os.kill(os.getpid(), signal.SIGTERM)))
+    assert devcluster.run_dev_up(str(tmp_path), 3, 2181, 9092) == 0
