@@ -392,7 +392,8 @@ def run_dev_up(directory: str, brokers: int, zk_port: int, base_port: int, secur
                kafka: bool = True) -> int:
     """``tidelog dev up``: start, print the bootstrap address, wait for Ctrl-C, SIGTERM or
     SIGHUP (a closed terminal: without a handler it would end this process, and
-    PR_SET_PDEATHSIG would then SIGKILL every broker), then stop the cluster cleanly."""
+    PR_SET_PDEATHSIG would then SIGKILL every broker), then stop the cluster cleanly. A
+    broker that exits meanwhile is reported, and the rest keeps running."""
     try:
         lock = hold_dev_lock(Path(directory))
     except OSError as e:
@@ -451,12 +452,18 @@ def _dev_up(directory: str, brokers: int, zk_port: int, base_port: int, security
         secured = f" --command-config {cluster.client_properties}" if cluster.security else ""
         print("  try: tidelog topics create demo --partitions 6 --replication-factor "
               f"{min(3, brokers)} --bootstrap {cluster.bootstrap}{secured}", flush=True)
+        print("broker pids (kill PID: a controlled shutdown of that broker): " +
+              ", ".join(f"{i}: {b.proc.pid}" for i, b in cluster.brokers.items() if b.running), flush=True)
         print("Ctrl-C stops the cluster.", flush=True)
+        # A broker that exits is reported once; the rest of the cluster stays up, so that a
+        # broker can be stopped and started by hand (``tidelog broker --config``).
+        reported: dict[int, object] = {}  # broker id -> the process whose exit was reported
         while not stop:
             for i, b in cluster.brokers.items():
-                if not b.running:
-                    print(f"broker {i} exited (status {b.proc.returncode}); see {b.log_path}", flush=True)
-                    return 1
+                if not b.running and b.proc is not None and reported.get(i) is not b.proc:
+                    reported[i] = b.proc
+                    print(f"broker {i} exited (status {b.proc.returncode}); start it again with: tidelog "
+                          f"broker --config {b.config_path} (its log until now: {b.log_path})", flush=True)
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass

@@ -87,3 +87,33 @@ def test_a_second_dev_up_on_a_running_cluster_is_refused(fake_cluster, monkeypat
     # once the first has ended, the directory is free again
     monkeypatch.setattr(FakeCluster, "on_start", staticmethod(lambda cluster: os.kill(os.getpid(), signal.SIGTERM)))
     assert devcluster.run_dev_up(str(tmp_path), 3, 2181, 9092) == 0
+
+
+class ExitedBroker:
+    def __init__(self, broker_id: int, directory: Path, status: int | None):
+        self.config_path = directory / f"broker-{broker_id}.toml"
+        self.log_path = directory / f"broker-{broker_id}.log"
+        self.proc = type("Proc", (), {"returncode": status, "pid": 4000 + broker_id})()
+        self.running = status is None
+
+
+def test_a_broker_that_exits_is_reported_and_the_cluster_stays_up(fake_cluster, monkeypatch, tmp_path, capsys):
+    """So that a broker can be stopped and started by hand (README): dev up ends only on its
+    own signal."""
+    def one_exits(cluster):
+        cluster.brokers = {1: ExitedBroker(1, cluster.dir, None), 2: ExitedBroker(2, cluster.dir, 143)}
+    seen_at_sleep = []
+
+    def sleep(seconds):  # the watch loop's pause: the cluster is checked, then stopped by a signal
+        seen_at_sleep.append(list(fake_cluster[0].calls))
+        if len(seen_at_sleep) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(FakeCluster, "on_start", staticmethod(one_exits))
+    monkeypatch.setattr(devcluster.time, "sleep", sleep)
+    assert devcluster.run_dev_up(str(tmp_path), 2, 2181, 9092) == 0
+    assert seen_at_sleep == [["start"], ["start"]] and fake_cluster[0].calls == ["start", "stop"]
+    out = capsys.readouterr().out
+    assert "broker pids (kill PID: a controlled shutdown of that broker): 1: 4001\n" in out
+    assert out.count("broker 2 exited") == 1  # reported once
+    assert (f"broker 2 exited (status 143); start it again with: tidelog broker --config "
+            f"{tmp_path / 'broker-2.toml'}") in out
