@@ -676,12 +676,13 @@ class ConsumerCoordinator:
                  r.generation_id, assignor.name, len(subscriptions))
         return [SyncGroupAssignment(m, encode_assignment(a)) for m, a in assignment.items()]
 
-    def reset_generation(self, reason: str) -> None:
-        """Forget the member id and generation (the partitions count as lost) and rejoin."""
+    def reset_generation(self, reason: str, *, keep_member_id: bool = False) -> None:
+        """Forget the generation (the partitions count as lost), the member id too unless
+        ``keep_member_id``, and rejoin."""
         log.info("group %r: resetting the member (%s)", self.group_id, reason)
         if not self.rejoin_needed:
             log.info("group %r: rejoining (%s)", self.group_id, reason)
-        self._apply(self.member.reset(reason))
+        self._apply(self.member.reset(reason, keep_member_id=keep_member_id))
 
     async def _leave_for_poll_timeout(self) -> None:
         log.warning("group %r: consumer poll timeout has expired: the time between calls to poll() "

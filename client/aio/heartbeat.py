@@ -45,7 +45,7 @@ from tidelog.aio.membership import (
 from tidelog.aio.subscription import ConsumerConfig
 from tidelog.errors import TidelogError, broker_error
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import for_code
+from tidelog.protocol.errors import ILLEGAL_GENERATION, for_code
 from tidelog.protocol.messages import HeartbeatRequest, HeartbeatResponse
 
 __all__ = ["HeartbeatTimer", "heartbeats_due", "heartbeat_verdict", "Heartbeat"]
@@ -150,7 +150,7 @@ class Heartbeat:
 
     def __init__(self, config: ConsumerConfig, link: CoordinatorLink, member: Membership, timer: HeartbeatTimer,
                  *, sync_in_flight: Callable[[], bool], request_rejoin: Callable[[str], None],
-                 reset_generation: Callable[[str], None], on_fatal: Callable[[TidelogError], None],
+                 reset_generation: Callable[..., None], on_fatal: Callable[[TidelogError], None],
                  leave_for_poll_timeout: Callable[[], Awaitable[None]]):
         self._config = config
         self._link = link
@@ -249,8 +249,8 @@ class Heartbeat:
             self._request_rejoin("the coordinator started a rebalance")
         elif verdict == "rediscover":
             self._link.mark_unknown(f"heartbeat: {name}")
-        elif verdict == "reset":
-            self._reset_generation(f"heartbeat: {name}")
+        elif verdict == "reset":  # ILLEGAL_GENERATION: the member id is still the coordinator's
+            self._reset_generation(f"heartbeat: {name}", keep_member_id=r.error_code == ILLEGAL_GENERATION.code)
         elif verdict == "fatal":
             error = broker_error(r.error_code, f"group {group_id!r} (Heartbeat)", r.error_message)
             log.error("group %r: heartbeat failed: %s", group_id, error)

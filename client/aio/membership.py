@@ -156,9 +156,12 @@ class Membership:
         self.transition_to(MemberState.UNJOINED)
         return self.request_rejoin("the last join failed")
 
-    def reset(self, reason: str) -> list[Effect]:
-        """Forget the member id and generation (the partitions count as lost) and rejoin."""
-        self.generation = NO_GENERATION_INFO
+    def reset(self, reason: str, *, keep_member_id: bool = False) -> list[Effect]:
+        """Forget the generation (the partitions count as lost) and rejoin; the member id too
+        unless ``keep_member_id`` (a heartbeat's ILLEGAL_GENERATION: the coordinator still
+        knows the member, as Kafka's resetStateAndGeneration keeps it then)."""
+        member_id = self.generation.member_id if keep_member_id else UNKNOWN_MEMBER
+        self.generation = Generation(member_id=member_id) if keep_member_id else NO_GENERATION_INFO
         self.transition_to(MemberState.UNJOINED)
         return self.request_rejoin(reason)
 

@@ -41,11 +41,13 @@ from tidelog.errors import CallbackNotRunError, SaslAuthenticationError, Tidelog
 from tidelog.protocol.codec import ApiKey
 from tidelog.protocol.errors import (
     GROUP_AUTHORIZATION_FAILED,
+    ILLEGAL_GENERATION,
     NONE,
     NOT_COORDINATOR,
     REBALANCE_IN_PROGRESS,
     REQUEST_TIMED_OUT,
     TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_MEMBER_ID,
     UNKNOWN_SERVER_ERROR,
     UNKNOWN_TOPIC_OR_PARTITION,
     error_for,
@@ -93,6 +95,7 @@ class ScriptedCoordinator:
         self.heartbeat_times: list[float] = []  # when each heartbeat arrived (the autojump clock)
         # the next heartbeats' outcomes (an exception raised, or an error code answered), then answers
         self.heartbeat_script: list[BaseException | int] = []
+        self.join_member_ids: list[str] = []  # the member id each JoinGroup carried
 
     async def request_any(self, message: Any, *, api_key: ApiKey, timeout: float) -> Any:
         assert api_key is ApiKey.FIND_COORDINATOR
@@ -106,6 +109,7 @@ class ScriptedCoordinator:
     async def request(self, node: int, message: Any, *, api_key: ApiKey, timeout: float) -> Any:
         await trio.sleep(0.01)
         if api_key is ApiKey.JOIN_GROUP:
+            self.join_member_ids.append(message.member_id)
             if self.join_errors:
                 self.events.append("join-refused")
                 return JoinGroupResponse(self.join_errors.pop(0))
@@ -348,6 +352,24 @@ async def test_a_heartbeat_answered_with_an_unexpected_code_is_a_failed_heartbea
     assert group.state is MemberState.STABLE and group.generation.generation_id == 1
     assert without_heartbeats(cluster.events) == ["join", "sync", "sync-answered"]  # no lookup, no rejoin
 
+
+
+@pytest.mark.parametrize("code, rejoins_as", [(ILLEGAL_GENERATION.code, "m-1"), (UNKNOWN_MEMBER_ID.code, "")])
+async def test_a_heartbeat_refusing_the_generation_keeps_the_member_id(autojump_clock, code, rejoins_as):
+    """As Kafka's HeartbeatResponseHandler: ILLEGAL_GENERATION resets the generation but keeps
+    the member id, which is still the coordinator's (the rejoin needs no MEMBER_ID_REQUIRED
+    round, and the old id is not left to expire); UNKNOWN_MEMBER_ID forgets it."""
+    cluster = ScriptedCoordinator()
+    cluster.heartbeat_script = [code]
+    group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
+        while cluster.events.count("sync-answered") < 2:
+            await group.poll(trio.current_time() + 1)
+            await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert cluster.join_member_ids == ["", rejoins_as]
 
 async def test_a_failed_heartbeat_is_sent_again_after_the_backoff(autojump_clock):
     """As Kafka's Heartbeat.failHeartbeat: the heartbeat after a failed one waits
