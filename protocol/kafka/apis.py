@@ -321,6 +321,17 @@ def error_response(key: int, request: Body, error: Body) -> Body:
     return body
 
 
+def held_request(key: int, request: Body) -> Body:
+    """What a request waiting for its answer keeps for ``error_response``: a Produce its
+    topic names and partition indexes, never its records (they are the log's once the
+    handler has them); any other request as decoded (none carries records)."""
+    if key != ApiKey.PRODUCE:
+        return request
+    return {"topic_data": [{"name": t.get("name"), "partition_data": [{"index": p.get("index")}
+                                                                      for p in t.get("partition_data") or ()]}
+                           for t in request.get("topic_data") or ()]}
+
+
 def answers_as_error(key: int, version: int, body: Body) -> bool:
     """Whether Tidelog's answer ``body`` goes to the Kafka client as a whole-request error
     (``error_response``): an error body, or an OffsetFetch refused whole (NOT_COORDINATOR,

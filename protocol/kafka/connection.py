@@ -42,6 +42,7 @@ from tidelog.protocol.kafka.apis import (
     answers_as_error,
     api_versions,
     error_response,
+    held_request,
     records_to_translate,
 )
 from tidelog.protocol.kafka.schema import Reader, codec, flexible_versions, header_string
@@ -97,7 +98,8 @@ class KafkaServerConnection(ServerConnection):
 
     def _meta(self, event: Request | BadRequest) -> Any:
         if isinstance(event, KafkaRequest):
-            return event.key, event.version, event.refused, event.body
+            # the records of a Produce are not kept until its answer: only what an error names
+            return event.key, event.version, event.refused, held_request(event.key, event.body)
         return None
 
     def slow_encoder(self, correlation_id: int, body: Body | Message) -> Callable[[], bytes] | None:

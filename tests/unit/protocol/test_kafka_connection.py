@@ -223,3 +223,23 @@ def test_a_request_says_whether_its_client_waits_out_a_throttle_itself(key, spec
     flexible = {23: 4, 60: 0, 3: 9, 1: 12, 0: 9}[key] <= version
     [event] = KafkaServerConnection().receive_data(frame(key, version, 1, body, flexible=flexible))
     assert isinstance(event, KafkaRequest) and event.client_throttles is throttles
+
+
+def test_a_waiting_produce_holds_the_names_it_may_answer_never_its_records():
+    # a waiting request holds its decoded request, never its records (docs/architecture.md):
+    # an error answer only needs the topic names and partition indexes
+    from tidelog.protocol.records import build_batch
+
+    batch = bytearray(build_batch([b"x" * 100] * 10))
+    batch[16] = 2  # a Kafka client's magic
+    body = bytes(codec("ProduceRequest", 9).encode({"acks": -1, "timeout_ms": 1000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": 0, "records": bytes(batch)}, {"index": 1, "records": None}]}]}))
+    conn = KafkaServerConnection()
+    [event] = conn.receive_data(frame(0, 9, 5, body, flexible=True))
+    assert isinstance(event, KafkaRequest) and event.body["topic_data"][0]["partition_data"][0]["records"]
+    held = repr(conn._unanswered(5).meta)
+    assert "records" not in held and "xxxx" not in held
+    _, rest = response_of(conn.send_response(5, {"error_code": 29, "error_message": "no"}))
+    [topic] = codec("ProduceResponse", 9).decode_all(rest[1:])["responses"]
+    assert topic["name"] == "t" and [(p["index"], p["error_code"]) for p in topic["partition_responses"]] == [
+        (0, 29), (1, 29)]
