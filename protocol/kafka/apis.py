@@ -31,8 +31,14 @@ from types import MappingProxyType
 from typing import Any
 
 from tidelog.protocol.codec import ApiKey
-from tidelog.protocol.errors import UNSUPPORTED_COMPRESSION_TYPE, CorruptRecordError, is_error_body
-from tidelog.protocol.kafka.records import TranslationBudget, to_kafka, to_stored
+from tidelog.protocol.errors import (
+    UNKNOWN_SERVER_ERROR,
+    UNSUPPORTED_COMPRESSION_TYPE,
+    CorruptRecordError,
+    TidelogError,
+    is_error_body,
+)
+from tidelog.protocol.kafka.records import TranslationBudget, to_kafka, to_stored, translation_bytes
 from tidelog.protocol.messages import fetch_answer_parts
 from tidelog.protocol.records import MAGIC, Codec, holds_codec, iter_headers, kafka_batch
 
@@ -121,16 +127,18 @@ def _fetch_request(body: Body, version: int) -> Body:
     return body
 
 
-# Records of Tidelog-encoded batches one Kafka fetch response may translate (about 30 ms of
-# the event loop at ~1.4 us a record): records.TranslationBudget.
+# Records and bytes of Tidelog-encoded batches one Kafka fetch response may translate
+# (records.TranslationBudget): about 30 ms at ~1.4 us a record, and about 60 ms at ~3.5 ns a
+# byte (a compressed batch's stored bytes counted ``COMPRESSED_COST`` times: ~512 KiB of them).
 TRANSLATE_RECORDS_PER_FETCH = 20_000
+TRANSLATE_BYTES_PER_FETCH = 16 << 20
 
 
 def _fetch_response(body: Body, version: int) -> Body:
     """The native answer in Kafka's terms. Its topics and partitions are copied, not changed:
     the broker's fetch handler answers with the body itself (``Apis._fetch_response``),
     which the request's metrics read after the write, and this may run in a worker thread."""
-    budget = TranslationBudget(TRANSLATE_RECORDS_PER_FETCH)
+    budget = TranslationBudget(TRANSLATE_RECORDS_PER_FETCH, TRANSLATE_BYTES_PER_FETCH)
     no_zstd = version < ZSTD_FETCH_VERSION
     topics = []
     for topic in body.get("responses") or ():
@@ -140,7 +148,10 @@ def _fetch_response(body: Body, version: int) -> Body:
             if no_zstd and p.get("records") and holds_codec(p["records"], Codec.ZSTD):
                 p = _unsupported_compression(p)
             if p.get("records"):
-                p["records"] = to_kafka(p["records"], kafka_batch, budget)
+                try:
+                    p["records"] = to_kafka(p["records"], kafka_batch, budget)
+                except TidelogError:
+                    p = _untranslatable(p)
             if p.get("diverging_epoch") is None:
                 p["diverging_epoch"] = {"epoch": -1, "end_offset": -1}
             parts.append(p)
@@ -159,11 +170,26 @@ def _unsupported_compression(partition: Body) -> Body:
             "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "records": None}
 
 
-def records_to_translate(body: Any) -> int:
-    """How many records of Tidelog-encoded batches a (native) fetch answer holds, its body or
-    the typed message: what a Kafka fetch answer would translate (headers only: per batch)."""
-    return sum(h.record_count for _, _, records in fetch_answer_parts(body) if records
-               for _, h in iter_headers(records) if h.magic == MAGIC)
+def _untranslatable(partition: Body) -> Body:
+    """A partition whose first Tidelog-encoded batch does not translate (it does not
+    decode, or inflates beyond the bound): UNKNOWN_SERVER_ERROR for it alone, as a Kafka
+    broker answers a partition whose read failed unexpectedly; clients retry it and go on
+    with the fetch's other partitions."""
+    return {"partition_index": partition.get("partition_index"), "error_code": UNKNOWN_SERVER_ERROR.code,
+            "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "records": None}
+
+
+def to_translate(body: Any) -> tuple[int, int]:
+    """How many records, and bytes (``records.translation_bytes``), of Tidelog-encoded
+    batches a (native) fetch answer holds, its body or the typed message: what a Kafka fetch
+    answer would translate (headers only: per batch)."""
+    count = cost = 0
+    for _, _, records in fetch_answer_parts(body):
+        for _, h in iter_headers(records) if records else ():
+            if h.magic == MAGIC:
+                count += h.record_count
+                cost += translation_bytes(h.size, h.attributes)
+    return count, cost
 
 
 def _list_offsets_response(body: Body, version: int) -> Body:

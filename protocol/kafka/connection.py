@@ -43,7 +43,7 @@ from tidelog.protocol.kafka.apis import (
     api_versions,
     error_response,
     held_request,
-    records_to_translate,
+    to_translate,
 )
 from tidelog.protocol.kafka.schema import Reader, codec, flexible_versions, header_string
 
@@ -52,9 +52,12 @@ _RESPONSE_HEAD = struct.Struct(">ii")  # length, correlation id
 _NO_TAGS = b"\x00"
 
 
-# Tidelog-encoded records a fetch answer may translate on the event loop (about 3 ms); more are
-# translated in a worker thread (``slow_encoder``).
+# Tidelog-encoded records, and bytes (``records.translation_bytes``), a fetch answer may
+# translate on the event loop (about 3 ms each); more are translated in a worker thread
+# (``slow_encoder``). A compressed batch counts its stored bytes 32 times: one of ~32 KiB
+# is translated aside.
 TRANSLATE_ON_LOOP_RECORDS = 2_000
+TRANSLATE_ON_LOOP_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +106,14 @@ class KafkaServerConnection(ServerConnection):
         return None
 
     def slow_encoder(self, correlation_id: int, body: Body | Message) -> Callable[[], bytes] | None:
-        """A fetch answer with more than ``TRANSLATE_ON_LOOP_RECORDS`` records of
-        Tidelog-encoded batches to translate is encoded off the event loop."""
+        """A fetch answer with more than ``TRANSLATE_ON_LOOP_RECORDS`` records, or
+        ``TRANSLATE_ON_LOOP_BYTES`` bytes, of Tidelog-encoded batches to translate is encoded
+        off the event loop."""
         slot = self._unanswered(correlation_id)
-        if slot.meta is None or slot.meta[0] != ApiKey.FETCH or records_to_translate(body) <= TRANSLATE_ON_LOOP_RECORDS:
+        if slot.meta is None or slot.meta[0] != ApiKey.FETCH:
+            return None
+        count, cost = to_translate(body)
+        if count <= TRANSLATE_ON_LOOP_RECORDS and cost <= TRANSLATE_ON_LOOP_BYTES:
             return None
         detached = _Detached(correlation_id, slot.meta)
         return functools.partial(self._encode, detached, body)

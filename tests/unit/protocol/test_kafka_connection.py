@@ -3,6 +3,7 @@ handed on, the response encoded for the version asked, errors spread as Kafka cl
 
 from __future__ import annotations
 
+import random
 import struct
 
 import pytest
@@ -243,3 +244,45 @@ def test_a_waiting_produce_holds_the_names_it_may_answer_never_its_records():
     [topic] = codec("ProduceResponse", 9).decode_all(rest[1:])["responses"]
     assert topic["name"] == "t" and [(p["index"], p["error_code"]) for p in topic["partition_responses"]] == [
         (0, 29), (1, 29)]
+
+
+def test_a_fetch_answer_of_few_large_records_to_translate_is_encoded_aside():
+    # translation costs by the byte too: a few records of large values, or a compressed
+    # batch (whose recompression dominates), are as slow as thousands of small ones
+    from tidelog.protocol.messages import FetchPartitionResponse, FetchResponse, FetchTopicResponse
+    from tidelog.protocol.records import Codec, build_batch
+
+    def fetch_answer(values, codec=Codec.NONE):
+        batch = build_batch(values, timestamp_ms=1, codec=codec)
+        return FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, 10, 0, batch)])])
+
+    body = bytes(codec("FetchRequest", 12).encode({"topics": [{"topic": "t", "partitions": [{"partition": 0}]}]}))
+    conn = KafkaServerConnection()
+    conn.receive_data(b"".join(frame(1, 12, i, body, flexible=True) for i in (1, 2, 3, 4)))
+    assert conn.slow_encoder(1, fetch_answer([b"v" * 1000] * 10)) is None  # small: encoded in place
+    assert conn.slow_encoder(2, fetch_answer([b"v" * 1_000_000] * 3)) is not None
+    assert conn.slow_encoder(3, fetch_answer([b"v" * 1000] * 10, Codec.GZIP)) is None
+    noise = random.Random(1).randbytes(40_000)  # stored as large as it is: recompressed slowly
+    assert conn.slow_encoder(4, fetch_answer([noise] * 10, Codec.GZIP)) is not None
+
+
+def test_a_batch_that_fails_translation_fails_only_its_partition():
+    from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR
+    from tidelog.protocol.messages import FetchPartitionResponse, FetchResponse, FetchTopicResponse
+    from tidelog.protocol.records import HEADER_SIZE, build_batch
+
+    good = build_batch([b"a", b"b"], timestamp_ms=1)
+    bad = bytearray(build_batch([b"c"], timestamp_ms=1))
+    bad[HEADER_SIZE:] = b"\xc1" * (len(bad) - HEADER_SIZE)  # not msgpack
+    answer = FetchResponse([FetchTopicResponse("t", [FetchPartitionResponse(0, 0, 2, 0, good),
+                                                     FetchPartitionResponse(1, 0, 1, 0, bytes(bad))])])
+    body = bytes(codec("FetchRequest", 12).encode({"topics": [{"topic": "t", "partitions": [
+        {"partition": 0}, {"partition": 1}]}]}))
+    conn = KafkaServerConnection()
+    conn.receive_data(frame(1, 12, 1, body, flexible=True))
+    _, rest = response_of(conn.send_response(1, answer))
+    decoded = codec("FetchResponse", 12).decode_all(rest[1:])
+    assert decoded["error_code"] == 0
+    first, second = decoded["responses"][0]["partitions"]
+    assert (first["error_code"], first["records"][16]) == (0, 2)
+    assert (second["partition_index"], second["error_code"], second["records"]) == (1, UNKNOWN_SERVER_ERROR.code, None)

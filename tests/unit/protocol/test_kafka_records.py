@@ -15,6 +15,7 @@ from tests.unit.protocol.test_record_validation import forge, rec
 from tidelog.protocol.errors import CorruptRecordError
 from tidelog.protocol.kafka.records import KAFKA_MAGIC, WIRE_MAGIC, decode_records, encode_records, to_kafka, to_stored
 from tidelog.protocol.records import (
+    HEADER_SIZE,
     Codec,
     RecordRules,
     build_batch,
@@ -122,13 +123,13 @@ def test_a_fetch_translates_at_most_its_budget_and_always_one_batch():
 
     batches = [build_batch([b"r%d" % i for i in range(10)], base_offset=10 * b, timestamp_ms=1) for b in range(3)]
     stored = b"".join(batches)
-    budget = TranslationBudget(15)
+    budget = TranslationBudget(15, 1 << 30)
     first = to_kafka(stored, kafka_batch, budget)  # 10 records, then 10 more would pass 15
     assert [h.base_offset for _, h in iter_headers(first)] == [0]
-    assert [h.base_offset for _, h in iter_headers(to_kafka(stored, kafka_batch, TranslationBudget(1)))] == [0]
+    assert [h.base_offset for _, h in iter_headers(to_kafka(stored, kafka_batch, TranslationBudget(1, 1 << 30)))] == [0]
     # a Kafka-encoded batch costs nothing and still comes after the budget is spent on others
     kafka = to_stored(kafka_python_batch())
-    out = to_kafka(batches[0] + kafka, kafka_batch, TranslationBudget(10))
+    out = to_kafka(batches[0] + kafka, kafka_batch, TranslationBudget(10, 1 << 30))
     assert [h.magic for _, h in iter_headers(out)] == [WIRE_MAGIC, WIRE_MAGIC]
 
 
@@ -171,3 +172,29 @@ def test_bytes_that_are_not_a_batch_end_what_a_fetch_passes_on():
     assert to_kafka(good + bytes(lying), kafka_batch) == to_kafka(good, kafka_batch)
     partial = to_kafka(good + good[:70], kafka_batch)  # a fetch cut inside the second batch
     assert partial[len(good) + 16] == WIRE_MAGIC and len(partial) == len(good) + 70
+
+
+def test_a_fetch_translates_at_most_its_budget_of_bytes_and_always_one_batch():
+    from tidelog.protocol.kafka.records import TranslationBudget
+
+    batches = [build_batch([b"r" * 1000] * 3, base_offset=3 * b, timestamp_ms=1) for b in range(3)]
+    stored = b"".join(batches)
+    # few records, but each batch is 3 KB to translate: a 5 KB budget takes one of them
+    out = to_kafka(stored, kafka_batch, TranslationBudget(1000, 5000))
+    assert [h.base_offset for _, h in iter_headers(out)] == [0]
+    assert [h.base_offset for _, h in iter_headers(to_kafka(stored, kafka_batch, TranslationBudget(1000, 1)))] == [0]
+    # a compressed batch counts its stored bytes many times over: recompressing it dominates
+    gzipped = [build_batch([b"r" * 1000] * 3, base_offset=3 * b, timestamp_ms=1, codec=Codec.GZIP) for b in range(2)]
+    assert sum(map(len, gzipped)) < 5000
+    out = to_kafka(b"".join(gzipped), kafka_batch, TranslationBudget(1000, 5000))
+    assert [h.base_offset for _, h in iter_headers(out)] == [0]
+
+
+def test_a_batch_that_fails_translation_ends_the_partition_after_what_came_before():
+    good = build_batch([b"a", b"b"], timestamp_ms=1)
+    bad = bytearray(build_batch([b"c"], base_offset=2, timestamp_ms=1))
+    bad[HEADER_SIZE:] = b"\xc1" * (len(bad) - HEADER_SIZE)  # not msgpack (the CRC is not checked here)
+    out = to_kafka(good + bytes(bad), kafka_batch)
+    assert [h.base_offset for _, h in iter_headers(out)] == [0]
+    with pytest.raises(CorruptRecordError):
+        to_kafka(bytes(bad) + good, kafka_batch)
