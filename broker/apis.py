@@ -98,10 +98,15 @@ from tidelog.protocol.messages import (
     BROKER_RESOURCE,
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
+    DEFAULT_CONFIG,
+    DYNAMIC_BROKER_CONFIG,
+    DYNAMIC_DEFAULT_BROKER_CONFIG,
     EARLIEST_TIMESTAMP,
     GROUP_KEY,
     LATEST_TIMESTAMP,
     PREFERRED_ELECTION,
+    STATIC_BROKER_CONFIG,
+    TOPIC_CONFIG,
     TOPIC_RESOURCE,
     UNCLEAN_ELECTION,
     AclCreationResult,
@@ -719,16 +724,36 @@ class Apis:
                 raise TidelogError(f"topic {name!r} does not exist", error=UNKNOWN_TOPIC_OR_PARTITION)
             overrides = self.broker.topic_overrides.get(name, {})
             effective = self.broker.log_defaults.with_overrides(overrides).to_props()
-            return [ConfigEntry(k, _render(v), is_default=k not in overrides)
+            return [ConfigEntry(k, _render(v), is_default=k not in overrides,
+                                source=TOPIC_CONFIG if k in overrides else DEFAULT_CONFIG)
                     for k, v in sorted(effective.items()) if keys is None or k in keys]
         if resource_type == BROKER_RESOURCE:
             props = self.config.to_props()  # secrets (SENSITIVE) without their value, as Kafka
-            entries = [ConfigEntry(k, None if k in SENSITIVE else _render(v), read_only=True,
-                                   is_sensitive=k in SENSITIVE) for k, v in props.items()]
-            dynamic = self.broker.entity_configs.broker_config(self.config.broker_id) if self.broker else {}
-            entries += [ConfigEntry(k, dynamic.get(k), is_default=k not in dynamic) for k in DYNAMIC_BROKER_CONFIGS]
+            static = self.config.static_names()
+            entries = [ConfigEntry(k, None if k in SENSITIVE else _render(v), read_only=True, is_default=k not in static,
+                                   is_sensitive=k in SENSITIVE,
+                                   source=STATIC_BROKER_CONFIG if k in static else DEFAULT_CONFIG)
+                       for k, v in props.items()]
+            entries += self._dynamic_broker_entries(name)
             return sorted((e for e in entries if keys is None or e.name in keys), key=lambda e: e.name)
         raise TidelogError(f"unknown config resource type {resource_type}", error=INVALID_REQUEST)
+
+    def _dynamic_broker_entries(self, name: str) -> list[ConfigEntry]:
+        """The dynamic broker configs of broker resource ``name``, as Kafka describes them:
+        "" is the cluster-wide default entity (its values DYNAMIC_DEFAULT_BROKER_CONFIG), a
+        broker id this broker (its own values DYNAMIC_BROKER_CONFIG over the default's)."""
+        store = self.broker.entity_configs if self.broker else None
+        default = store.broker_entity_config(None) if store else {}
+        own = store.broker_entity_config(self.config.broker_id) if store and name != "" else {}
+        entries = []
+        for k in DYNAMIC_BROKER_CONFIGS:
+            if k in own:
+                entries.append(ConfigEntry(k, own[k], is_default=False, source=DYNAMIC_BROKER_CONFIG))
+            elif k in default:
+                entries.append(ConfigEntry(k, default[k], is_default=False, source=DYNAMIC_DEFAULT_BROKER_CONFIG))
+            else:
+                entries.append(ConfigEntry(k, None, source=DEFAULT_CONFIG))
+        return entries
 
     @handles(ApiKey.ALTER_CONFIGS, Kind.ASYNC)
     async def alter_configs(self, req: AlterConfigsRequest, ctx: RequestContext | None = None) -> AlterConfigsResponse:

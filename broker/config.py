@@ -888,6 +888,12 @@ class _BrokerConfigBase:
         """Every setting by Kafka name (None for unset optional ones)."""
         return {s.name: getattr(self, s.attr) for s in SETTINGS}
 
+    def static_names(self) -> frozenset[str]:
+        """The settings set to other than their default (what ``to_toml`` writes): Kafka's
+        STATIC_BROKER_CONFIG, the others its DEFAULT_CONFIG."""
+        return frozenset(s.name for s in SETTINGS
+                         if (value := getattr(self, s.attr)) is not None and value != _default_of(self, s))
+
     def to_toml(self, *, include_defaults: bool = False) -> str:
         """A TOML file that ``load`` turns back into an equal config. Without
         ``include_defaults`` only the settings that differ from their default are written."""

@@ -109,6 +109,8 @@ class SaslAuthenticateResponse(Message):
 NO_LEADER = -1
 TOPIC_RESOURCE = 2  # DescribeConfigs / AlterConfigs resource types, as in Kafka
 BROKER_RESOURCE = 4
+# Kafka's ConfigSource: where a described config value comes from (``ConfigEntry.source``)
+TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +248,7 @@ class ConfigEntry(Message):
     read_only: bool = False
     is_default: bool = True
     is_sensitive: bool = False
+    source: int | None = None  # Kafka's ConfigSource (TOPIC_CONFIG, ...); None from a broker not saying
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,6 +158,10 @@ class EntityConfigStore:
         """A broker's dynamic configs: its own over the cluster-wide default's."""
         return {**self.configs.get(broker_entity_path(None), {}), **self.configs.get(broker_entity_path(broker_id), {})}
 
+    def broker_entity_config(self, broker_id: int | None) -> dict[str, str]:
+        """The dynamic configs set on one broker entity alone (None: the cluster-wide default)."""
+        return self.configs.get(broker_entity_path(broker_id), {})
+
     def broker_int(self, broker_id: int, key: str) -> int | None:
         """One dynamic broker config as an integer (None when unset or unreadable)."""
         value = self.broker_config(broker_id).get(key)

@@ -39,7 +39,13 @@ from tidelog.protocol.errors import (
     is_error_body,
 )
 from tidelog.protocol.kafka.records import TranslationBudget, to_kafka, to_stored, translation_bytes
-from tidelog.protocol.messages import fetch_answer_parts
+from tidelog.protocol.messages import (
+    DEFAULT_CONFIG,
+    STATIC_BROKER_CONFIG,
+    TOPIC_CONFIG,
+    TOPIC_RESOURCE,
+    fetch_answer_parts,
+)
 from tidelog.protocol.records import MAGIC, Codec, holds_codec, iter_headers, kafka_batch
 
 Body = dict[str, Any]
@@ -238,16 +244,17 @@ def _alter_configs_request(body: Body, version: int) -> Body:
     return body
 
 
-TOPIC_RESOURCE = 2
-# Kafka's ConfigSource: where a described value comes from
-TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
-
-
 def _describe_configs_response(body: Body, version: int) -> Body:
+    """Each entry's config_source is the broker's ``source`` (Kafka's ConfigSource: kafka-configs
+    shows and deletes a broker's dynamic configs by it); from a broker that does not say, a
+    topic override is TOPIC_CONFIG and a broker's explicit value STATIC_BROKER_CONFIG."""
     for result in body.get("results") or ():
         explicit = TOPIC_CONFIG if result.get("resource_type") == TOPIC_RESOURCE else STATIC_BROKER_CONFIG
         for entry in result.get("configs") or ():
-            entry["config_source"] = DEFAULT_CONFIG if entry.get("is_default", True) else explicit
+            source = entry.get("source")
+            if source is None:
+                source = DEFAULT_CONFIG if entry.get("is_default", True) else explicit
+            entry["config_source"] = source
     return body
 
 

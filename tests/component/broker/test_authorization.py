@@ -717,3 +717,26 @@ async def test_a_full_reload_forgets_patterns_gone_from_zookeeper():
     await store.load_all()
     assert not authorizer.authorize(ALICE, "10.1.2.3", OPS.WRITE, TOPIC, "orders")
     assert authorizer.bindings() == []
+
+
+async def test_describe_configs_of_a_broker_says_where_each_value_comes_from(tmp_path):
+    # Kafka's ConfigSource: kafka-configs shows (and deletes) a broker's dynamic configs only
+    # when they are said to be DYNAMIC_BROKER_CONFIG, the default entity's DYNAMIC_DEFAULT_...
+    from tidelog.broker.zookeeper.layout import broker_entity_path
+    from tidelog.protocol.throttles import FOLLOWER_RATE, LEADER_RATE
+
+    b = Broker(str(tmp_path), authorizer=False)
+    b.state.entity_configs.configs = {broker_entity_path(None): {FOLLOWER_RATE: "100", LEADER_RATE: "50"},
+                                      broker_entity_path(ME): {LEADER_RATE: "200"}}
+    req = DescribeConfigsRequest([DescribeConfigsResource(BROKER_RESOURCE, str(ME)),
+                                  DescribeConfigsResource(BROKER_RESOURCE, "")])
+    own, default = (await b.apis.describe_configs(req)).results
+    sources = {e.name: (e.value, e.source, e.is_default) for e in own.configs}
+    assert sources[LEADER_RATE] == ("200", 2, False)  # DYNAMIC_BROKER_CONFIG
+    assert sources[FOLLOWER_RATE] == ("100", 3, False)  # DYNAMIC_DEFAULT_BROKER_CONFIG
+    assert sources["zookeeper.connect"] == ("127.0.0.1:1", 4, False)  # STATIC_BROKER_CONFIG
+    assert sources["num.partitions"] == ("1", 5, True)  # DEFAULT_CONFIG
+    sources = {e.name: (e.value, e.source) for e in default.configs}
+    assert sources[LEADER_RATE] == ("50", 3) and sources[FOLLOWER_RATE] == ("100", 3)
+    for log in b.log_manager.logs.values():
+        log.close()

@@ -286,3 +286,24 @@ def test_a_batch_that_fails_translation_fails_only_its_partition():
     first, second = decoded["responses"][0]["partitions"]
     assert (first["error_code"], first["records"][16]) == (0, 2)
     assert (second["partition_index"], second["error_code"], second["records"]) == (1, UNKNOWN_SERVER_ERROR.code, None)
+
+
+def test_describe_configs_gives_each_value_the_source_the_broker_names():
+    # kafka-configs keeps only DYNAMIC_BROKER_CONFIG entries of a broker (--delete-config too)
+    from tidelog.protocol.messages import ConfigEntry, DescribeConfigsResponse, DescribeConfigsResult
+
+    entries = [ConfigEntry("leader.replication.throttled.rate", "200", is_default=False, source=2),
+               ConfigEntry("follower.replication.throttled.rate", "100", is_default=False, source=3),
+               ConfigEntry("zookeeper.connect", "zk:2181", read_only=True, is_default=False, source=4),
+               ConfigEntry("num.partitions", "1", read_only=True, source=5),
+               ConfigEntry("log.dirs", "/data", read_only=True, is_default=False)]  # a broker not saying
+    body = bytes(codec("DescribeConfigsRequest", 4).encode({"resources": [
+        {"resource_type": 4, "resource_name": "1", "configuration_keys": None}]}))
+    conn = KafkaServerConnection()
+    conn.receive_data(frame(32, 4, 3, body, flexible=True))
+    answer = DescribeConfigsResponse([DescribeConfigsResult(0, 4, "1", entries)])
+    decoded = codec("DescribeConfigsResponse", 4).decode_all(response_of(conn.send_response(3, answer))[1][1:])
+    [result] = decoded["results"]
+    assert [(c["name"], c["config_source"]) for c in result["configs"]] == [
+        ("leader.replication.throttled.rate", 2), ("follower.replication.throttled.rate", 3),
+        ("zookeeper.connect", 4), ("num.partitions", 5), ("log.dirs", 4)]
