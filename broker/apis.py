@@ -93,7 +93,12 @@ from tidelog.protocol.errors import (
     TidelogError,
     code_of,
 )
-from tidelog.protocol.kafka.apis import ONE_BATCH_PRODUCE_VERSION, SKIP_ASSIGNMENT_JOIN_VERSION, ZSTD_PRODUCE_VERSION
+from tidelog.protocol.kafka.apis import (
+    INFLATION_BOUND,
+    ONE_BATCH_PRODUCE_VERSION,
+    SKIP_ASSIGNMENT_JOIN_VERSION,
+    ZSTD_PRODUCE_VERSION,
+)
 from tidelog.protocol.messages import (
     BROKER_RESOURCE,
     CONSUMER_REPLICA_ID,
@@ -476,6 +481,8 @@ class Apis:
         when the whole request is refused. A partition named more than once is fetched once,
         as its last entry asks (``by_partition``), for both listeners."""
         req = by_partition(req)
+        answer = (self._kafka_fetch_response if ctx is not None and ctx.kafka_version is not None
+                  else self._fetch_response)
         if req.replica_id >= 0:
             problem = self._cluster_action_problem(ctx, f"Fetch as replica {req.replica_id}")
             if problem is not None:
@@ -491,10 +498,10 @@ class Apis:
                 ).to_body() for t in req.topics if t.topic in denied for p in t.partitions}
             allowed = [t for t in req.topics if t.topic not in denied]
             if not allowed:
-                return self._fetch_response(refused)
+                return answer(refused)
             return self.replica_manager.deferred_fetch(dataclasses.replace(req, topics=allowed),
-                                                       lambda results: self._fetch_response({**results, **refused}))
-        return self.replica_manager.deferred_fetch(req, self._fetch_response)
+                                                       lambda results: answer({**results, **refused}))
+        return self.replica_manager.deferred_fetch(req, answer)
 
     def _fetch_refused(self, req: FetchRequest, error: ErrorCode, message: str) -> FetchResponse:
         return FetchResponse([FetchTopicResponse(t.topic, [FetchPartitionResponse(p.partition, error.code,
@@ -539,6 +546,20 @@ class Apis:
             by_topic.setdefault(tp.topic, []).append(r)
         return {"responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
                 "error_code": NONE.code, "throttle_time_ms": 0}
+
+    def _kafka_fetch_response(self, results: dict[TopicPartition, PartitionAnswer]) -> dict[str, Any]:
+        """``_fetch_response`` for a Kafka client: each partition with records also carries the
+        bound its topic inflates a batch to (``INFLATION_BOUND``), within which the Kafka
+        listener decompresses a batch to translate it. The answers are copied, not changed."""
+        body = self._fetch_response(results)
+        logs = self.replica_manager.log_manager
+        for t in body["responses"]:
+            parts = []
+            for p in t["partitions"]:
+                log = logs.get_log(TopicPartition(t["topic"], p["partition_index"])) if p.get("records") else None
+                parts.append(p if log is None else {**p, INFLATION_BOUND: log.config.max_uncompressed_bytes})
+            t["partitions"] = parts
+        return body
 
     @handles(ApiKey.LIST_OFFSETS, Kind.ASYNC)
     async def list_offsets(self, req: ListOffsetsRequest, ctx: RequestContext | None = None) -> ListOffsetsResponse:

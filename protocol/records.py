@@ -796,12 +796,13 @@ def encode_items(magic: int, items) -> bytes:
     return pack(items)
 
 
-def kafka_batch(buf, pos: int = 0) -> bytes:
+def kafka_batch(buf, pos: int = 0, max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> bytes:
     """The Tidelog-encoded batch at ``pos`` as Kafka's v2 batch (magic 2): the same header
     fields, offsets, timestamps and codec, its records re-encoded. For the Kafka listener's
-    fetches of batches that Tidelog clients produced."""
+    fetches of batches that Tidelog clients produced; ``max_uncompressed_bytes`` is the bound
+    its topic accepted it under (``LogConfig.max_uncompressed_bytes``)."""
     h = read_header(buf, pos)
-    raw = decompress(h.codec, memoryview(buf)[pos + HEADER_SIZE:pos + h.size])
+    raw = decompress(h.codec, memoryview(buf)[pos + HEADER_SIZE:pos + h.size], max_uncompressed_bytes)
     items = decode_items(h, raw)
     if _columns(items, h.record_count) is None:
         _find_malformed(items, h.base_offset)

@@ -25,6 +25,7 @@ What crosses with a meaning, not only a shape:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -140,6 +141,12 @@ TRANSLATE_RECORDS_PER_FETCH = 20_000
 TRANSLATE_BYTES_PER_FETCH = 16 << 20
 
 
+# A key the broker adds to a Kafka client's fetch answer, on each partition with records: the
+# bound its topic inflates a batch to (8 x max.message.bytes, as on produce), which
+# translation decompresses within; never encoded.
+INFLATION_BOUND = "max_uncompressed_bytes"
+
+
 def _fetch_response(body: Body, version: int) -> Body:
     """The native answer in Kafka's terms. Its topics and partitions are copied, not changed:
     the broker's fetch handler answers with the body itself (``Apis._fetch_response``),
@@ -151,11 +158,14 @@ def _fetch_response(body: Body, version: int) -> Body:
         parts = []
         for p in topic.get("partitions") or ():
             p = dict(p, last_stable_offset=p.get("high_watermark", -1))
+            bound = p.pop(INFLATION_BOUND, None)
             if no_zstd and p.get("records") and holds_codec(p["records"], Codec.ZSTD):
                 p = _unsupported_compression(p)
             if p.get("records"):
                 try:
-                    p["records"] = to_kafka(p["records"], kafka_batch, budget)
+                    translate = kafka_batch if bound is None else functools.partial(kafka_batch,
+                                                                                   max_uncompressed_bytes=bound)
+                    p["records"] = to_kafka(p["records"], translate, budget)
                 except TidelogError:
                     p = _untranslatable(p)
             if p.get("diverging_epoch") is None:

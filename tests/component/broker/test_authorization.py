@@ -740,3 +740,17 @@ async def test_describe_configs_of_a_broker_says_where_each_value_comes_from(tmp
     assert sources[LEADER_RATE] == ("50", 3) and sources[FOLLOWER_RATE] == ("100", 3)
     for log in b.log_manager.logs.values():
         log.close()
+
+
+async def test_a_kafka_clients_fetch_carries_the_bound_its_topic_inflates_batches_to(broker):
+    # the Kafka listener decompresses a batch to translate it: within the bound the topic
+    # accepted it under (8 x max.message.bytes), not a fixed one
+    from tidelog.protocol.kafka.apis import INFLATION_BOUND
+
+    broker.allow(TOPIC, "orders", OPS.ALL)
+    assert codes(broker.apis.produce(produce("orders"), ctx())) == {"orders": NONE.code}
+    bound = broker.log_manager.get_log(TP).config.max_uncompressed_bytes
+    native = broker.apis.fetch(fetch("orders"), ctx())
+    kafka = broker.apis.fetch(fetch("orders"), ctx()._replace(kafka_version=12))
+    assert [p.get(INFLATION_BOUND) for t in native["responses"] for p in t["partitions"]] == [None]
+    assert [p[INFLATION_BOUND] for t in kafka["responses"] for p in t["partitions"]] == [bound]

@@ -307,3 +307,22 @@ def test_describe_configs_gives_each_value_the_source_the_broker_names():
     assert [(c["name"], c["config_source"]) for c in result["configs"]] == [
         ("leader.replication.throttled.rate", 2), ("follower.replication.throttled.rate", 3),
         ("zookeeper.connect", 4), ("num.partitions", 5), ("log.dirs", 4)]
+
+
+def test_a_fetched_batch_is_decompressed_within_the_bound_its_topic_gives():
+    from tidelog.protocol.errors import UNKNOWN_SERVER_ERROR
+    from tidelog.protocol.kafka.apis import INFLATION_BOUND
+    from tidelog.protocol.records import Codec, build_batch
+
+    batch = build_batch([b"v" * 10_000], timestamp_ms=1, codec=Codec.GZIP)  # inflates to 10 KB and more
+    body = bytes(codec("FetchRequest", 12).encode({"topics": [{"topic": "t", "partitions": [
+        {"partition": 0}, {"partition": 1}]}]}))
+    conn = KafkaServerConnection()
+    conn.receive_data(frame(1, 12, 1, body, flexible=True))
+    answer = {"responses": [{"topic": "t", "partitions": [
+        {"partition_index": 0, "error_code": 0, "high_watermark": 1, "records": batch, INFLATION_BOUND: 1000},
+        {"partition_index": 1, "error_code": 0, "high_watermark": 1, "records": batch, INFLATION_BOUND: 1 << 20}]}]}
+    decoded = codec("FetchResponse", 12).decode_all(response_of(conn.send_response(1, answer))[1][1:])
+    small, large = decoded["responses"][0]["partitions"]
+    assert (small["error_code"], small["records"]) == (UNKNOWN_SERVER_ERROR.code, None)
+    assert large["error_code"] == 0 and large["records"][16] == 2
