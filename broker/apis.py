@@ -749,6 +749,12 @@ class Apis:
                                 source=TOPIC_CONFIG if k in overrides else DEFAULT_CONFIG)
                     for k, v in sorted(effective.items()) if keys is None or k in keys]
         if resource_type == BROKER_RESOURCE:
+            if name == "":  # the cluster-wide default entity: its dynamic values alone, as Kafka
+                return [e for e in self._dynamic_broker_entries(name)
+                        if e.source == DYNAMIC_DEFAULT_BROKER_CONFIG and (keys is None or e.name in keys)]
+            if name != str(self.config.broker_id):  # Kafka's words; a client asks that broker itself
+                raise TidelogError(f"Unexpected broker id, expected {self.config.broker_id} or empty string, "
+                                   f"but received {name[:100]}", error=INVALID_REQUEST)
             props = self.config.to_props()  # secrets (SENSITIVE) without their value, as Kafka
             static = self.config.static_names()
             entries = [ConfigEntry(k, None if k in SENSITIVE else _render(v), read_only=True, is_default=k not in static,

@@ -742,6 +742,27 @@ async def test_describe_configs_of_a_broker_says_where_each_value_comes_from(tmp
         log.close()
 
 
+
+async def test_describe_configs_of_another_broker_or_the_default_entity_is_kafkas(tmp_path):
+    # Kafka's ConfigHelper: "" is the cluster-wide default entity and shows its dynamic values
+    # alone; another broker's id is refused (a client asks that broker), not answered with
+    # this broker's values under its name
+    from tidelog.broker.zookeeper.layout import broker_entity_path
+    from tidelog.protocol.throttles import FOLLOWER_RATE
+
+    b = Broker(str(tmp_path), authorizer=False)
+    b.state.entity_configs.configs = {broker_entity_path(None): {FOLLOWER_RATE: "100"}}
+    req = DescribeConfigsRequest([DescribeConfigsResource(BROKER_RESOURCE, ""),
+                                  DescribeConfigsResource(BROKER_RESOURCE, str(ME + 1)),
+                                  DescribeConfigsResource(BROKER_RESOURCE, "one")])
+    default, other, garbage = (await b.apis.describe_configs(req)).results
+    assert [(e.name, e.value, e.source) for e in default.configs] == [(FOLLOWER_RATE, "100", 3)]
+    for r in (other, garbage):
+        assert r.error_code == INVALID_REQUEST.code and not r.configs
+        assert f"expected {ME} or empty string" in r.error_message
+    for log in b.log_manager.logs.values():
+        log.close()
+
 async def test_a_kafka_clients_fetch_carries_the_bound_its_topic_inflates_batches_to(broker):
     # the Kafka listener decompresses a batch to translate it: within the bound the topic
     # accepted it under (8 x max.message.bytes), not a fixed one
