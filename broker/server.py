@@ -489,12 +489,16 @@ class BrokerServer:
         await self.zk.notify_replica_damage(self.broker_id, self.replica_manager.broker_epoch,
                                             [(tp.topic, tp.partition) for tp in tps], offline)
 
+    def _racks(self, live: list[int]) -> dict[int, str] | None:
+        """The racks of ``live`` as the metadata knows them, for placing a topic's replicas."""
+        return placement.racks_when_complete({b: self.metadata.brokers[b].rack for b in live})
+
     async def auto_create_topics(self, names: list[str]) -> None:
         live = sorted(self.metadata.brokers)
         rf = min(self.config.default_replication_factor, len(live))
         for name in names:
             try:
-                assignment = placement.assign_replicas(live, self.config.num_partitions, rf)
+                assignment = placement.assign_replicas(live, self.config.num_partitions, rf, racks=self._racks(live))
                 await self.zk.create_topic(name, assignment, {})
                 logger.info("auto-created topic %s", name)
                 if rf < self.config.min_insync_replicas:
@@ -511,7 +515,7 @@ class BrokerServer:
         """For the group coordinator: create ``__consumer_offsets`` in ZooKeeper (the controller
         picks it up from its topics watch, as for any topic)."""
         live = sorted(self.metadata.brokers)
-        assignment = placement.assign_replicas(live, partitions, replication_factor)
+        assignment = placement.assign_replicas(live, partitions, replication_factor, racks=self._racks(live))
         await self.zk.create_topic(name, assignment, configs)
 
     async def _list_offsets_at(self, broker_id: int, request):

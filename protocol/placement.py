@@ -2,7 +2,7 @@
 
 Topic creation and CreatePartitions (on the controller) and ``tidelog reassign --generate``
 (in the CLI) place replicas with the same rule, so a generated reassignment looks like a
-topic created on the brokers it names. Pure: the random start is drawn from ``rng``.
+topic created on the brokers it names; the brokers use racks whenever every broker has one. Pure: the random start is drawn from ``rng``.
 """
 
 from __future__ import annotations
@@ -70,6 +70,23 @@ def assign_replicas(broker_ids: list[int], num_partitions: int, replication_fact
         else:
             out[partition] = _rack_aware_replicas(arranged, rack_of, first, shift, replication_factor)
     return out
+
+
+def racks_when_complete(rack_of: Mapping[int, str | None]) -> dict[int, str] | None:
+    """The ``racks`` argument for placing replicas on the brokers of ``rack_of``: their racks
+    when every one has a rack, else None (rack-unaware). Topic creation, CreatePartitions and
+    the brokers' own topics (auto-created, ``__consumer_offsets``) all place with it, so a
+    cluster with racks spreads every partition over them."""
+    racks = {b: r for b, r in rack_of.items() if r}
+    return racks if racks and len(racks) == len(rack_of) else None
+
+
+def partition_zero_start(broker_ids: list[int], partition_zero: list[int]) -> int:
+    """Kafka's start index for partitions added to a topic: the first broker (by id) not
+    below partition 0's first replica, so the new partitions continue its round-robin."""
+    brokers = sorted(broker_ids)
+    first = partition_zero[0] if partition_zero else brokers[0]
+    return next((i for i, b in enumerate(brokers) if b >= first), 0)
 
 
 def _check_assignment_args(brokers: list[int], num_partitions: int, replication_factor: int) -> None:

@@ -976,8 +976,10 @@ class Controller:
         check_request_total(request_total, limits)
         check_replication_factor(t.name, rf, len(live))
         check_fits_zookeeper(t.name, n, rf, live, t.configs, limits)
-        racks = {b: self.ctx.brokers[b].rack for b in live if self.ctx.brokers[b].rack}
-        return placement.assign_replicas(live, n, rf, racks=racks if len(racks) == len(live) else None)
+        return placement.assign_replicas(live, n, rf, racks=self._racks(live))
+
+    def _racks(self, live: list[int]) -> dict[int, str] | None:
+        return placement.racks_when_complete({b: self.ctx.brokers[b].rack for b in live})
 
     async def create_partitions_all(self, topics, validate_only: bool) -> tuple[list[TopicResult], list]:
         """CreatePartitions, on the controller: results (in request order) and the propagation
@@ -1030,7 +1032,10 @@ class Controller:
             live = sorted(ctx.live)
             check_replication_factor(topic, rf, len(live))
             check_fits_zookeeper(topic, count, rf, live, ctx.topic_configs.get(topic, {}), limits)
-            new = placement.assign_replicas(live, count - len(current), rf, start_partition_id=len(current))
+            # Kafka's createNewPartitionsAssignment: rack-aware, continuing partition 0's round-robin
+            new = placement.assign_replicas(live, count - len(current), rf, start_partition_id=len(current),
+                                            start_index=placement.partition_zero_start(live, current.get(0, [])),
+                                            racks=self._racks(live))
         merged = {**current, **new}
         check_assignment_size(topic, merged, ctx.topic_configs.get(topic, {}), limits)
         if validate_only:

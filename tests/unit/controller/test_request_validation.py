@@ -51,11 +51,12 @@ def no_huge_plans(monkeypatch):
     monkeypatch.setattr(placement, "assign_replicas", bounded)
 
 
-def controller(brokers=(1, 2, 3), limits: PartitionLimits | None = None, **config) -> tuple[Controller, FakeZk]:
+def controller(brokers=(1, 2, 3), limits: PartitionLimits | None = None, racks: dict[int, str] | None = None,
+               **config) -> tuple[Controller, FakeZk]:
     zk = FakeZk()
     c = Controller(ControllerConfig(broker_id=brokers[0], partition_limits=limits or PartitionLimits(), **config), zk)
     c.ctx = ControllerContext(epoch=1, epoch_zk_version=0,
-                              brokers={b: BrokerInfo(b, "127.0.0.1", 9000 + b) for b in brokers})
+                              brokers={b: BrokerInfo(b, "127.0.0.1", 9000 + b, (racks or {}).get(b)) for b in brokers})
     return c, zk
 
 
@@ -350,6 +351,18 @@ async def test_create_partitions_checks():
     assert only(await add(c, CreatePartitionsTopic("t", 3, [[3, 1, 2]]))).error_code == NONE.code
     assert zk.assignments["t"][2] == [3, 1, 2]
     assert c.ctx.states[TopicPartition("t", 2)][0].leader == 3
+
+
+async def test_added_partitions_spread_over_racks_like_the_first_ones():
+    """Kafka's createNewPartitionsAssignment: rack-aware, continuing from partition 0's leader."""
+    racks = {1: "a", 2: "a", 3: "b", 4: "b"}
+    c, zk = controller((1, 2, 3, 4), racks=racks)
+    await create(c, CreatableTopic("t", assignments={"0": [1, 3]}))
+    assert only(await add(c, CreatePartitionsTopic("t", 40))).error_code == NONE.code
+    one_rack = {p: r for p, r in zk.assignments["t"].items() if len({racks[b] for b in r}) < 2}
+    assert one_rack == {}
+    # the rack-alternated list is [1, 3, 2, 4]; partition 0's first replica (1) is its index 0
+    assert [zk.assignments["t"][p][0] for p in range(1, 5)] == [3, 2, 4, 1]
 
 
 # -- the ZooKeeper size arithmetic ----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from tidelog.protocol.placement import (
     InvalidReplicationFactorError,
     assign_replicas,
     rack_alternated_broker_list,
+    racks_when_complete,
 )
 
 
@@ -106,6 +107,14 @@ def test_rack_aware_spreads_replicas_over_racks(seed, racks):
             assert len({racks[b] for b in replicas}) == min(rf, num_racks)
         leaders = Counter(r[0] for r in got.values())
         assert max(leaders.values()) - min(leaders.get(b, 0) for b in racks) <= 1 + (12 % len(racks) > 0)
+
+
+def test_racks_when_complete():
+    """What every placement in the brokers passes as ``racks``: all racks or none."""
+    assert racks_when_complete({1: "a", 2: "b"}) == {1: "a", 2: "b"}
+    assert racks_when_complete({1: "a", 2: None}) is None
+    assert racks_when_complete({1: None, 2: ""}) is None
+    assert racks_when_complete({}) is None
 
 
 def test_racks_all_or_nothing():
