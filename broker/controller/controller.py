@@ -1451,7 +1451,7 @@ class Controller:
                                    error=NO_REASSIGNMENT_IN_PROGRESS)
             after = before.cancel()
         else:
-            check_target(target, ctx.brokers)
+            check_target(target, original=before.original, registered=ctx.brokers)
             after = before.reassign_to(target)
         st = ctx.states[tp][0]
         if restate(before, after, st.leader, st.isr, ctx.live_for(tp)) is None:

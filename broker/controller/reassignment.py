@@ -21,8 +21,10 @@ The rules
   original replicas: replicas added by the old move that the new target does not want are
   removed again (``ReplicaAssignment.reassign_to``). Cancelling is reassigning to the
   original replicas (``cancel``).
-* A target must be non-empty, without duplicates, and name only registered brokers; a move
-  to the replicas already assigned is a no-op (Kafka completes it at once).
+* A target must be non-empty and without duplicates, and the replicas it adds (not among the
+  original replicas) must be on registered brokers; as Kafka, it may keep a replica on a
+  broker that is down (the move waits for that broker to return and catch up). A move to the
+  replicas already assigned is a no-op (Kafka completes it at once).
 
 Changing the replication factor is a reassignment whose target is longer or shorter.
 Nothing here does I/O: the controller writes ZooKeeper and sends the requests the step names.
@@ -84,17 +86,18 @@ class ReplicaAssignment:
         return ReplicaAssignment(self.target)
 
 
-def check_target(target: Sequence[int], registered: Iterable[int]) -> None:
-    """INVALID_REPLICA_ASSIGNMENT unless ``target`` is a non-empty list of distinct,
-    registered brokers."""
+def check_target(target: Sequence[int], *, original: Iterable[int], registered: Iterable[int]) -> None:
+    """INVALID_REPLICA_ASSIGNMENT unless ``target`` is a non-empty list of distinct brokers
+    whose replicas being added (not in ``original``) are on registered brokers. As Kafka's
+    controller, a replica kept on a broker that is down is allowed: the move waits for it."""
     if not target:
         raise TidelogError("a reassignment needs at least one replica", error=INVALID_REPLICA_ASSIGNMENT)
     if len(set(target)) != len(target):
         raise TidelogError(f"the target replicas {list(target)[:20]} name a broker more than once",
                            error=INVALID_REPLICA_ASSIGNMENT)
-    unknown = sorted(set(target) - set(registered))
+    unknown = sorted(set(target) - set(original) - set(registered))
     if unknown:
-        raise TidelogError(f"the target replicas name brokers that are not registered: {unknown[:20]}",
+        raise TidelogError(f"the target replicas add replicas on brokers that are not registered: {unknown[:20]}",
                            error=INVALID_REPLICA_ASSIGNMENT)
 
 

@@ -81,8 +81,16 @@ def test_leadership_moves_onto_the_target_before_the_leader_leaves():
     ([], "at least one"),
     ([1, 1], "more than once"),
     ([1, 9], r"not registered: \[9\]"),
+    ([1, 4, 9, 8], r"not registered: \[8, 9\]"),
 ])
 def test_bad_targets_are_refused_naming_the_problem(target, problem):
     with pytest.raises(TidelogError, match=problem) as info:
-        check_target(target, {1, 2, 3})
+        check_target(target, original=(1, 4), registered={1, 2, 3})
     assert info.value.error is INVALID_REPLICA_ASSIGNMENT
+
+
+def test_only_the_replicas_being_added_need_a_registered_broker():
+    """Kafka's controller: a target may keep a replica on a broker that is down (the move waits
+    for it to return and catch up, or a later target drops it)."""
+    check_target([1, 2, 3, 4], original=(1, 2, 3), registered={1, 2, 4})
+    check_target([1, 2], original=(1, 2, 3), registered={1, 2})

@@ -145,6 +145,18 @@ async def test_refusals_name_the_problem():
     assert zk.writes == 0 and sent == []
 
 
+async def test_a_target_may_keep_a_replica_on_a_broker_that_is_down():
+    # broker 3 is down; adding 4 while keeping 3 is allowed, as Kafka: only 4 must be registered
+    c, zk, sent = controller(live=(1, 2, 4), isr=(1, 2))
+    await load(c)
+    results, _ = await c.alter_reassignments([(TP, [1, 2, 3, 4])])
+    assert results == {TP: (NONE.code, None)}
+    assert zk.assignments[T] == {0: [1, 2, 3, 4]} and zk.moves[T] == {0: ((4,), ())}
+    assert to(sent, ApiKey.LEADER_AND_ISR) == [1, 2, 4]
+    results, _ = await c.alter_reassignments([(TP, [1, 3, 5])])
+    assert results[TP][0] == INVALID_REPLICA_ASSIGNMENT.code and "[5]" in results[TP][1]
+
+
 async def test_a_cancel_that_would_leave_no_leader_is_refused():
     # the move made 4 leader and the original replicas fell out of sync: cancelling now
     # would hand the partition to nobody
