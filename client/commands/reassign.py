@@ -11,7 +11,8 @@
 * ``--verify --reassignment-json-file F``: per partition, done or still moving; once all are
   done, the throttles ``--execute --throttle`` set are removed (unless ``--preserve-throttles``).
 * ``--cancel --reassignment-json-file F``: cancels the moves of F's partitions still running
-  (they return to their original replicas).
+  (they return to their original replicas), then removes the throttles (unless
+  ``--preserve-throttles``), even when none of the moves was still running.
 
 The JSON files are Kafka's: ``{"version": 1, "topics": [{"topic": "foo"}]}`` and
 ``{"version": 1, "partitions": [{"topic": "foo", "partition": 0, "replicas": [1, 2],
@@ -306,15 +307,19 @@ async def _cancel(args: argparse.Namespace) -> int:
 
     wanted = _file(args)
     async with _admin(args) as admin:
-        await _connect(admin, args)
+        cluster = await _connect(admin, args)
         moving = await admin.list_partition_reassignments([TopicPartition(t, p) for t, p in wanted])
-        if not moving:
-            print("None of the specified partition reassignments are active.")
-            return EXIT_OK
-        results = await admin.alter_partition_reassignments({tp: None for tp in moving}, timeout_ms=args.timeout_ms)
+        results = {}
+        if moving:
+            results = await admin.alter_partition_reassignments({tp: None for tp in moving},
+                                                                timeout_ms=args.timeout_ms)
+        # as Kafka's cancelAssignment: the moves may have ended since --execute --throttle, and
+        # the throttles they left must go all the same
         if not args.preserve_throttles:
-            cluster = await admin.describe_cluster(timeout_ms=args.timeout_ms)
             await _clear_throttles(admin, args, [b.node_id for b in cluster.brokers], {t for t, _ in wanted})
+    if not moving:
+        print("None of the specified partition reassignments are active.")
+        return EXIT_OK
     return _report(results, "cancelled partition reassignments")
 
 

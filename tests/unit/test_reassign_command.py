@@ -94,3 +94,77 @@ def test_the_cli_throttles_the_sources_leader_side_and_the_new_replicas_follower
     current = {("t", 0): [1, 2, 3], ("t", 1): [2, 3, 1], ("u", 0): [1, 2]}
     wanted = {("t", 0): [4, 2, 3], ("t", 1): [2, 3, 1], ("u", 0): [2, 5]}
     assert throttled_replicas(wanted, current) == {"t": ("0:1,0:2,0:3", "0:4"), "u": ("0:1,0:2", "0:5")}
+
+
+# -- --cancel ---------------------------------------------------------------------------------------
+
+
+class _Admin:
+    """The admin calls ``--cancel`` makes, recorded; ``moving``: the moves still running."""
+
+    def __init__(self, moving):
+        self.moving = moving
+        self.calls: list = []
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    async def describe_cluster(self, timeout_ms=None):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(brokers=[SimpleNamespace(node_id=b, rack=None) for b in (1, 2, 3)])
+
+    async def list_partition_reassignments(self, partitions=None):
+        return {tp: None for tp in partitions if tp in self.moving}
+
+    async def alter_partition_reassignments(self, moves, timeout_ms=None):
+        from tidelog.protocol.errors import NONE
+
+        self.calls.append(("cancel", sorted(moves)))
+        return {tp: (NONE.code, None) for tp in moves}
+
+    async def alter_broker_configs(self, broker, configs, timeout_ms=None):
+        self.calls.append(("broker", broker, sorted(configs)))
+
+    async def alter_configs(self, topic, configs, timeout_ms=None):
+        self.calls.append(("topic", topic, sorted(configs)))
+
+
+async def _cancel(monkeypatch, tmp_path, moving, preserve=False):
+    import argparse
+
+    from tidelog.commands import reassign
+
+    path = tmp_path / "moves.json"
+    path.write_text(EXPAND)
+    admin = _Admin(moving)
+    monkeypatch.setattr(reassign, "_admin", lambda args: admin)
+    args = argparse.Namespace(reassignment_json_file=str(path), preserve_throttles=preserve, timeout_ms=1000,
+                              connect_timeout_ms=1000, bootstrap="localhost:9092")
+    return await reassign._cancel(args), admin.calls
+
+
+@pytest.mark.parametrize("moving", [set(), {("foo1", 1)}])
+async def test_cancel_clears_the_throttles_even_when_nothing_moves_any_more(monkeypatch, tmp_path, capsys, moving):
+    """Kafka's cancelAssignment: the moves may have finished (or been cancelled) since
+    --execute --throttle; the throttles they left are cleared all the same."""
+    from tidelog import TopicPartition
+
+    moving = {TopicPartition(t, p) for t, p in moving}
+    code, calls = await _cancel(monkeypatch, tmp_path, moving)
+    assert code == 0
+    cancelled = [c for c in calls if c[0] == "cancel"]
+    assert cancelled == ([("cancel", sorted(moving))] if moving else [])
+    assert sorted(c[1] for c in calls if c[0] == "broker") == [1, 2, 3]
+    assert sorted(c[1] for c in calls if c[0] == "topic") == ["foo1", "foo2"]
+    out = capsys.readouterr().out
+    assert ("None of the specified partition reassignments are active." in out) == (not moving)
+    assert "Clearing topic-level throttles on topic foo2" in out
+
+
+async def test_cancel_with_preserve_throttles_leaves_them(monkeypatch, tmp_path):
+    code, calls = await _cancel(monkeypatch, tmp_path, set(), preserve=True)
+    assert code == 0 and calls == []
