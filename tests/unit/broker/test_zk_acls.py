@@ -134,7 +134,9 @@ def test_describe_configs_never_shows_a_secret():
     assert {"zookeeper.digest.password", "ssl.key.password", "sasl.jaas.config"} <= SENSITIVE
     config = BrokerConfig.from_props({**BASE, "zookeeper.digest.username": "tidelog",
                                       "zookeeper.digest.password": "hunter2"})
-    entries = {e.name: e for e in Apis._describe(SimpleNamespace(config=config, broker=None), BROKER_RESOURCE, "1", None)}
+    apis = SimpleNamespace(config=config, broker=None)
+    apis._dynamic_broker_entries = lambda name: Apis._dynamic_broker_entries(apis, name)
+    entries = {e.name: e for e in Apis._describe(apis, BROKER_RESOURCE, str(config.broker_id), None)}
     password = entries["zookeeper.digest.password"]
     assert password.value is None and password.is_sensitive
     assert entries["zookeeper.digest.username"].value == "tidelog"
