@@ -364,7 +364,10 @@ def holds_more_than_one_batch(buf) -> bool:
     a trailing fragment shorter than a header is not one)."""
     if len(buf) < HEADER_SIZE:
         return False
-    pos = _I32.unpack_from(buf, BATCH_LENGTH_AT)[0] + LOG_OVERHEAD
+    first = _I32.unpack_from(buf, BATCH_LENGTH_AT)[0]
+    if first < MIN_BATCH_LENGTH:  # not a batch: its validation names the problem
+        return False
+    pos = first + LOG_OVERHEAD
     return len(buf) - pos >= HEADER_SIZE and _I32.unpack_from(buf, pos + BATCH_LENGTH_AT)[0] >= MIN_BATCH_LENGTH
 
 

@@ -44,6 +44,7 @@ from tidelog.protocol.records import (
     compress,
     compute_crc,
     decompress,
+    holds_more_than_one_batch,
     iter_all_records,
     iter_headers,
     iter_records,
@@ -714,3 +715,16 @@ def test_torn_multi_block_stream_is_not_silently_shortened(codec):
     for cut in (len(packed) // 4, len(packed) * 3 // 4, len(packed) - 1):
         with pytest.raises(CorruptRecordError, match="truncated|decompress"):
             decompress(codec, packed[:cut], max_bytes=2_000_000)
+
+
+@given(st.binary(max_size=300), st.integers(-(2**31), 2**31 - 1))
+@example(bytes(262), -1_528_915_265 - 12)
+def test_holds_more_than_one_batch_reads_any_bytes(data, first_length):
+    """A Kafka produce's records are checked for a second batch before they are validated:
+    any bytes, a negative or huge first length included, get an answer, never an error."""
+    buf = bytearray(data)
+    if len(buf) >= BATCH_LENGTH_AT + 4:
+        struct.pack_into(">i", buf, BATCH_LENGTH_AT, first_length)
+    assert holds_more_than_one_batch(bytes(buf)) in (True, False)
+    one = _sample_batch(1, Codec.NONE)
+    assert not holds_more_than_one_batch(one) and holds_more_than_one_batch(one + one)
