@@ -198,6 +198,18 @@ async def poll_until(group: ConsumerCoordinator, done: Any, *, polls: int = 50, 
     raise AssertionError(f"not done after {polls} polls")
 
 
+
+async def stable_until(group: ConsumerCoordinator, done: Any) -> None:
+    """Run ``group`` to STABLE, then poll each second (a poll raises a fatal answer) until
+    ``done()``."""
+    async with trio.open_nursery() as nursery:
+        group.start(nursery)
+        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
+        while not done():
+            await group.poll(trio.current_time() + 1)
+            await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+
 # -- 1. FindCoordinator with a non-retriable error ------------------------------------------------
 
 
@@ -322,13 +334,7 @@ async def test_a_heartbeat_refused_as_a_whole_is_retried_and_the_member_lives_on
                                 SaslAuthenticationError("SASL authentication failed"),
                                 UNKNOWN_SERVER_ERROR.code]  # an error body decoded as the response
     group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
-    async with trio.open_nursery() as nursery:
-        group.start(nursery)
-        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
-        while cluster.events.count("heartbeat") < 5:
-            await group.poll(trio.current_time() + 1)
-            await trio.sleep(1)
-        nursery.cancel_scope.cancel()
+    await stable_until(group, lambda: cluster.events.count("heartbeat") >= 5)
     assert group.state is MemberState.STABLE and cluster.events.count("join") == 1
 
 
@@ -342,16 +348,9 @@ async def test_a_heartbeat_answered_with_an_unexpected_code_is_a_failed_heartbea
     cluster = ScriptedCoordinator()
     cluster.heartbeat_script = [outcome, outcome]
     group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
-    async with trio.open_nursery() as nursery:
-        group.start(nursery)
-        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
-        while cluster.events.count("heartbeat") < 4:
-            await group.poll(trio.current_time() + 1)  # raises if the heartbeat's answer was fatal
-            await trio.sleep(1)
-        nursery.cancel_scope.cancel()
+    await stable_until(group, lambda: cluster.events.count("heartbeat") >= 4)
     assert group.state is MemberState.STABLE and group.generation.generation_id == 1
     assert without_heartbeats(cluster.events) == ["join", "sync", "sync-answered"]  # no lookup, no rejoin
-
 
 
 @pytest.mark.parametrize("code, rejoins_as", [(ILLEGAL_GENERATION.code, "m-1"), (UNKNOWN_MEMBER_ID.code, "")])
@@ -362,14 +361,9 @@ async def test_a_heartbeat_refusing_the_generation_keeps_the_member_id(autojump_
     cluster = ScriptedCoordinator()
     cluster.heartbeat_script = [code]
     group = new_member(cluster, session_timeout_ms=6000, heartbeat_interval_ms=1000)
-    async with trio.open_nursery() as nursery:
-        group.start(nursery)
-        await poll_until(group, lambda: group.state is MemberState.STABLE, timeout_s=60)
-        while cluster.events.count("sync-answered") < 2:
-            await group.poll(trio.current_time() + 1)
-            await trio.sleep(1)
-        nursery.cancel_scope.cancel()
+    await stable_until(group, lambda: cluster.events.count("sync-answered") >= 2)
     assert cluster.join_member_ids == ["", rejoins_as]
+
 
 async def test_a_failed_heartbeat_is_sent_again_after_the_backoff(autojump_clock):
     """As Kafka's Heartbeat.failHeartbeat: the heartbeat after a failed one waits
