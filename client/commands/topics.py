@@ -52,7 +52,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     action("list", "list the topics, one per line")
     a = action("describe", "kafka-topics --describe lines, with leader epoch, LEO and HW")
     a.add_argument("names", nargs="*", metavar="NAME",
-                   help="default: every topic (then only the partitions elected or that failed are listed)")
+                   help="the topics to describe (default: every topic)")
     a.add_argument("--under-replicated-partitions", action="store_true",
                    help="only partitions whose ISR is smaller than their replica set")
     a.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a leader")
