@@ -121,7 +121,10 @@ class BrokerServer:
                          group_coordinator=self.group_coordinator, producer_ids=self.producer_ids,
                          authorizer=self.authorizer, acl_store=self.acl_store,
                          broker_principals=self.broker_principals)
-        self.log_cleaner = LogCleaner(self.log_manager, CleanerConfig.from_broker_config(config))
+        # None with log.cleaner.enable=false: nothing cleans, and the metrics leave the cleaner
+        # families out rather than show a cleaner that never ran
+        self.log_cleaner: LogCleaner | None = LogCleaner(self.log_manager, CleanerConfig.from_broker_config(config)) \
+            if config.log_cleaner_enable else None
         # user and client-id configs (SCRAM credentials, quotas) and the quotas' enforcement
         self.entity_configs = EntityConfigStore(self.zk)
         rm, store = self.replica_manager, self.entity_configs  # the throttles follow the dynamic configs
@@ -326,6 +329,7 @@ class BrokerServer:
         """One log cleaner (Kafka's CleanerThread): clean the filthiest compacted log, its
         heavy work in a worker thread (broker/log/cleaner.py); back off when none is dirty."""
         cleaner = self.log_cleaner
+        assert cleaner is not None  # started only with log.cleaner.enable
         while True:
             job = cleaner.grab_filthiest_log()
             if job is None:

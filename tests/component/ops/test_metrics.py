@@ -766,3 +766,20 @@ async def test_a_produce_whose_task_hands_over_a_replication_wait_is_observed_wh
     inner.complete(response)
     assert answered == [response] and rm.messages_in == {"t": 2}
     assert rm.latency["Produce"].count == 1 and rm.latency["Produce"].sum == pytest.approx(0.2)
+
+
+def test_a_broker_without_the_log_cleaner_exports_no_cleaner_families(tmp_path):
+    """``log.cleaner.enable=false``: the families are absent (operations guide), not a
+    last-clean time of -1 that would never raise the stuck-cleaner alert."""
+    from tidelog.broker.config import BrokerConfig
+    from tidelog.broker.server import BrokerServer
+
+    props = {"broker.id": 1, "zookeeper.connect": "127.0.0.1:1", "log.dirs": str(tmp_path)}
+    off = BrokerServer(BrokerConfig.from_props({**props, "log.cleaner.enable": "false"}))
+    on = BrokerServer(BrokerConfig.from_props(props))
+    assert off.log_cleaner is None and on.log_cleaner is not None
+    lm = LogManager([str(tmp_path)], LogConfig())
+    server = FakeServer(ReplicaManager(ReplicaConfig(1), lm, lambda t: LogConfig(), lambda leader, fetcher=0: None), lm)
+    server.log_cleaner = off.log_cleaner
+    names = family_names(build_registry(server, RequestMetrics()))
+    assert not any(name.startswith("tidelog_log_cleaner_") for name in names)
