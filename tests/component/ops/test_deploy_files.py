@@ -269,3 +269,15 @@ def test_operations_guide_links_resolve():
     for target in re.findall(r"\]\(([^)#]+)\)", guide.read_text()):
         if "://" not in target:
             assert (guide.parent / target).resolve().exists(), target
+
+
+def test_operations_guide_metric_tables_are_whole():
+    """A blank line inside a table ends it: the rows after it render as raw text. And each
+    family has one row among the Kafka counterparts."""
+    lines = (ROOT / "docs" / "operations.md").read_text().splitlines()
+    for i, line in enumerate(lines[1:], 1):
+        if line.startswith("| `tidelog_"):
+            assert lines[i - 1].startswith("|"), f"docs/operations.md:{i + 1} is cut from its table"
+    counterparts = "\n".join(lines).partition("### Kafka counterparts")[2].partition("\n### ")[0]
+    names = [re.sub(r"_total$", "", n) for n in re.findall(r"^\| `(tidelog_\w+)", counterparts, re.M)]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
