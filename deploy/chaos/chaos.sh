@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fault injection for the docker-compose cluster (docker-compose.yml), mirroring the fault
-# matrix of RELIABILITY.md (F1-F6). Run it from anywhere while the cluster is up, with a
+# Fault injection for the docker-compose cluster (docker-compose.yml), the faults F1-F6
+# of docs/operations.md ("Fault injection"). Run it from anywhere while the cluster is up, with a
 # steady acks=all load and consumers running, and check afterwards that nothing acknowledged
 # was lost (`tidelog consume ... --from-beginning`, `tidelog topics describe`).
 #
@@ -29,7 +29,7 @@
 # tidelog), CHAOS_HEALTHY_TIMEOUT (seconds, default 180), DOCKER (default docker).
 #
 # A network cut with `docker network disconnect` separates the broker from everyone,
-# ZooKeeper included. F4 in RELIABILITY.md cuts a follower from its leader only; here the
+# ZooKeeper included. F4 needs only a follower cut from its leader; here the
 # follower is cut off from everything, which shrinks the same ISRs and, if it lasts longer
 # than the ZooKeeper session, also deregisters the broker. For F5 that is exactly the fault.
 set -euo pipefail
