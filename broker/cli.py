@@ -1,4 +1,4 @@
-"""The ``tidelog`` command line (DESIGN.md section 7): one entry point, one subcommand per tool.
+"""The ``tidelog`` command line (docs/architecture.md, "CLI"): one entry point, one subcommand per tool.
 
 The broker-side commands (broker, dev, health, dump-log) are each a ``Command`` in
 ``COMMANDS``: a name, help texts, a function that adds its arguments to its own parser, and a

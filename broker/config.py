@@ -8,7 +8,7 @@ supply the defaults of topic configs are not repeated here: they are generated f
 topic config brings its broker-level default with it. ``settings_reference()`` renders the
 table as Markdown for the docs.
 
-Sources, later ones win (DESIGN.md section 7):
+Sources, later ones win:
 
 1. the TOML file given to ``tidelog broker --config``. Keys are Kafka's names; TOML's dotted
    keys and nested tables flatten back with ".", so ``log.segment.bytes = 1048576``,

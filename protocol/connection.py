@@ -7,9 +7,10 @@ that can go wrong on the wire is decided here, in pure code, and unit tested wit
 Client side (``ClientConnection``)
 
 * Correlation ids start at 0, increase by one per request and wrap within non-negative int32.
-* Responses come back in request order (DESIGN §2), so the client keeps a FIFO of the ids
-  awaiting a response. Every response must carry the id at the head of that FIFO; anything
-  else means the pairing of requests and responses can no longer be trusted.
+* Responses come back in request order (docs/architecture.md, section 3), so the client
+  keeps a FIFO of the ids awaiting a response. Every response must carry the id at the head
+  of that FIFO; anything else means the pairing of requests and responses can no longer be
+  trusted.
 * A request sent with ``expect_response=False`` (an acks=0 produce) never enters the FIFO.
 * Any protocol error (bad frame, bad envelope, unexpected id) fails the connection for good:
   the call raises, and every later call raises the same kind of error. The owner closes the

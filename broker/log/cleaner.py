@@ -48,7 +48,7 @@ Cleaning a log (``CleaningJob``):
    topic would keep one record for every producer id that ever wrote to it.
 4. *Re-encoding*: a batch whose records are all kept is copied byte for byte (leader epoch,
    CRC and all). Otherwise each run of consecutive kept records becomes a batch of its own:
-   the DESIGN's batch has consecutive offsets (``last_offset_delta = record_count - 1``), so a
+   this format's batch has consecutive offsets (``last_offset_delta = record_count - 1``), so a
    gap inside a batch becomes a gap between batches. Each new batch keeps the records'
    offsets, timestamps, keys, values and headers, and the batch's leader epoch, attributes
    (codec; left uncompressed when compression would not shrink the run), producer id and

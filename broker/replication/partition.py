@@ -1,7 +1,7 @@
 """One partition on this broker: its role, its log, and the leader's HW/ISR bookkeeping.
 
-The rules (Kafka's, as DESIGN section 6 states them)
-----------------------------------------------------
+The rules (Kafka's; docs/architecture.md, "HW and ISR rules")
+-------------------------------------------------------------
 * The leader appends producer batches, assigning offsets and its leader epoch.
 * Each follower fetches from the leader with its fetch offset, which is its log end offset
   (LEO). From these fetches the leader learns every follower's LEO and when it was last

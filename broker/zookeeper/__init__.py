@@ -1,4 +1,4 @@
-"""Coordination through ZooKeeper (DESIGN.md section 5).
+"""Coordination through ZooKeeper (docs/architecture.md, section 9).
 
 * ``layout``   znode paths, JSON codecs, replica placement and the coordination errors: pure;
 * ``zk``       ``ZkClient``, the only module of the project that imports kazoo;

@@ -1,8 +1,8 @@
 """Tidelog's ZooKeeper layout as pure data: znode paths, JSON codecs, replica placement.
 
 Nothing here talks to ZooKeeper (that is ``broker.zookeeper.zk``, the only module that
-imports kazoo); everything here is testable without a server. The layout is DESIGN.md
-section 5, under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
+imports kazoo); everything here is testable without a server. The layout (docs/architecture.md,
+section 9) is under a chroot (``zookeeper.chroot``, default ``/tidelog``)::
 
     /cluster/id                                   {"version":"1","id":...}
     /brokers/ids/<id>                 ephemeral   {"version":1,"host","port","rack","endpoints"}

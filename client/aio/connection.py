@@ -1,8 +1,8 @@
 """One TCP connection to one broker: pipelined requests, responses paired in order.
 
 Theory of operation. The sans-IO ``protocol.connection.ClientConnection`` numbers requests and
-checks that every response carries the id of the oldest request still awaiting one (DESIGN
-section 2: responses come back in request order). This module only moves bytes:
+checks that every response carries the id of the oldest request still awaiting one (docs/architecture.md,
+section 3: responses come back in request order). This module only moves bytes:
 
 * ``request`` frames a request, appends a ``_Pending`` to a FIFO that runs in lockstep with the
   ClientConnection's FIFO of correlation ids (both are appended with no checkpoint between),

@@ -1,4 +1,4 @@
-"""The client command families of the ``tidelog`` CLI (DESIGN.md section 7), one module each:
+"""The client command families of the ``tidelog`` CLI (docs/architecture.md, "CLI"), one module each:
 
 * ``topics``: create, list, describe, alter, delete, delete-records, elect-leaders (kafka-topics);
 * ``console``: ``produce`` and ``consume`` (kafka-console-producer and -consumer);

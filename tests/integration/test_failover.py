@@ -6,7 +6,7 @@ shutdown), and a topic deleted while one of its replicas is down.
 The clusters run with small timeouts (cluster_fixtures.FAST_FAILOVER): a killed broker's
 ZooKeeper session expires after 6 s and a follower that stops fetching leaves the ISR after
 3 s (replica.lag.time.max.ms). Topics have replication factor 3 and min.insync.replicas 2.
-The oracle is RELIABILITY.md's I1: every acknowledged (partition, offset, value) is found
+The oracle is docs/reliability.md's I1: every acknowledged (partition, offset, value) is found
 at that offset when the partitions are read after healing.
 """
 

@@ -1,4 +1,4 @@
-"""Bad input against a real broker process (RELIABILITY.md, "Bad input").
+"""Bad input against a real broker process (docs/reliability.md, "Bad input").
 
 One single-broker cluster for the module, with ``socket.request.max.bytes`` at 1 MiB. Raw
 sockets send random bytes, random and mutated frames, an oversize length prefix, unknown API

@@ -1,4 +1,4 @@
-"""The idempotent producer against real brokers (RF 3, min ISR 2): I3 and I4 of RELIABILITY.md.
+"""The idempotent producer against real brokers (RF 3, min ISR 2): I3 and I4 of docs/reliability.md.
 
 * Lost responses: the client reaches each broker through an in-process TCP proxy that
   rewrites Metadata answers to point at the proxies, and for some Produce requests forwards

@@ -4,7 +4,7 @@ placement rule under a throttle), the replication factor taken down and up again
 a move cancelled, a move that survives a controller kill, and a replica removed while its
 broker was down deleted when the broker comes back.
 
-The oracle is RELIABILITY.md's I1 (every acknowledged record is at its offset afterwards)
+The oracle is docs/reliability.md's I1 (every acknowledged record is at its offset afterwards)
 plus the cluster's own view: the metadata's replicas and ISRs, ListPartitionReassignments,
 and the partition directories on each broker's disk.
 """

@@ -1,5 +1,5 @@
 """An acks=all producer that keeps sending from a thread while a test breaks the cluster,
-and the oracle of RELIABILITY.md's I1 (and I4) over what it had acknowledged."""
+and the oracle of docs/reliability.md's I1 (and I4) over what it had acknowledged."""
 
 from __future__ import annotations
 

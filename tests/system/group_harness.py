@@ -1,5 +1,5 @@
 """Consumer groups in the fault matrix: member processes, the coordinator's view, and the
-oracle of I12 and I13 (RELIABILITY.md).
+oracle of I12 and I13 (docs/reliability.md).
 
 A ``GroupWorkload`` (a context manager, used inside a ``harness.Scenario``) runs ``n`` members
 of one group, each a ``group_worker`` process (PR_SET_PDEATHSIG) consuming the scenario's topic

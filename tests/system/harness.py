@@ -1,5 +1,5 @@
 """The fault-matrix harness: a real 3-broker cluster under steady load, fault injection, and
-the oracle of RELIABILITY.md.
+the oracle of docs/reliability.md.
 
 A ``Scenario`` (a context manager) starts ZooKeeper and three broker processes in a temporary
 directory with small timeouts (``SYSTEM_CONFIG``), creates a topic (3 partitions, replication

@@ -1,5 +1,5 @@
 """The Spark driver in the fault matrix (F16): its process across runs, its checkpoint, and
-the oracle of I14 and of the sink's at-least-once guarantee (RELIABILITY.md).
+the oracle of I14 and of the sink's at-least-once guarantee (docs/reliability.md).
 
 A ``SparkDriver`` (a context manager, used inside a ``harness.Scenario``) runs the query of
 ``spark_driver`` (the scenario's topic -> an output topic, tidelog source and tidelog sink,

@@ -1,4 +1,4 @@
-"""The fault matrix (RELIABILITY.md) against real broker processes and a real ZooKeeper.
+"""The fault matrix (docs/reliability.md) against real broker processes and a real ZooKeeper.
 
 Every scenario runs a 3-broker cluster (``harness.SYSTEM_CONFIG``: 6 s ZooKeeper sessions,
 4 s replica lag) with a topic of 3 partitions, replication factor 3, min.insync.replicas 2,

@@ -1,4 +1,4 @@
-"""The consumer-group rows of the fault matrix (RELIABILITY.md): F14, and F1/F2/F3 against the
+"""The consumer-group rows of the fault matrix (docs/reliability.md): F14, and F1/F2/F3 against the
 group coordinator's broker, checked by I12 and I13 (``group_harness``, which explains the
 oracle) on top of the harness's I1, I2, I3, I4, I5, I11 for the topic the group consumes.
 

@@ -1,4 +1,4 @@
-"""The network faults of the fault matrix (RELIABILITY.md): F4, F5 and F15.
+"""The network faults of the fault matrix (docs/reliability.md): F4, F5 and F15.
 
 Same cluster, workload and oracle as ``test_fault_matrix`` (3 brokers, a topic of 3
 partitions with replication factor 3 and min.insync.replicas 2, a steady acks=all producer,

@@ -1,4 +1,4 @@
-"""The Spark row of the fault matrix (RELIABILITY.md): F16, the Spark driver SIGKILLed mid-batch
+"""The Spark row of the fault matrix (docs/reliability.md): F16, the Spark driver SIGKILLed mid-batch
 and restarted from its checkpoint, checked by I14 and the sink's at-least-once guarantee
 (``spark_harness``, which explains the oracle) on top of the harness's oracle for the input topic.
 

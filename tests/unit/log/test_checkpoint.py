@@ -1,6 +1,6 @@
 """Checkpoint files (broker.log.checkpoint): Kafka's text format, atomic writes, corruption.
 
-The format is fixed by DESIGN.md section 4: a version line, a count line, then one entry per
+The format is fixed by docs/architecture.md (section 8): a version line, a count line, then one entry per
 line. A file that does not parse must raise CorruptCheckpointError naming the file (callers
 then fall back to "no checkpoint"), never return wrong entries or another exception.
 """

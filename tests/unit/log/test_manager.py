@@ -1,6 +1,6 @@
 """The log manager (broker.log.manager): startup, shutdown, checkpoints, log directories.
 
-DESIGN.md section 4 fixes the layout of a log directory: ``meta.properties``, three
+docs/architecture.md (section 8) fixes the layout of a log directory: ``meta.properties``, three
 checkpoint files in Kafka's format, the clean-shutdown marker, one directory per partition.
 These tests drive a LogManager over real directories through clean restarts, crashes
 (the manager is dropped after its file descriptors are closed, nothing else), damaged or

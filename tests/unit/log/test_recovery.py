@@ -1,4 +1,4 @@
-"""Recovery of a partition log from damaged files (RELIABILITY.md F8, F9, F10; invariant I5).
+"""Recovery of a partition log from damaged files (docs/reliability.md F8, F9, F10; invariant I5).
 
 Every scenario builds a real log on disk with small segments (a few KiB) and a small
 ``index.interval.bytes`` so that it spans many segments and index entries, damages the

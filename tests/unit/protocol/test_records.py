@@ -1,8 +1,8 @@
 """The record batch (protocol.records): round trips, validation faults, scanning, decoding.
 
 The oracle for round trips is the input itself: whatever goes into BatchBuilder / build_batch
-comes back out of iter_records, for every codec. For validation, each fault of DESIGN.md
-section 3 is produced on an otherwise valid batch and must be refused with the documented
+comes back out of iter_records, for every codec. For validation, each fault of the batch
+format (docs/architecture.md, section 7) is produced on an otherwise valid batch and must be refused with the documented
 exception and a message that names the problem. Hostile input (random bytes, mutated
 batches, hand-built batches with a valid CRC but a malformed records block) must only ever
 produce CorruptRecordError / UnsupportedCompressionError, never another exception.

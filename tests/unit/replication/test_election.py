@@ -1,4 +1,4 @@
-"""Leader election rules by table (Kafka's PartitionLeaderElectionAlgorithms; DESIGN section 6):
+"""Leader election rules by table (Kafka's PartitionLeaderElectionAlgorithms; docs/architecture.md, "Replication and leadership"):
 the first live replica in assignment order that is in the ISR; outside the ISR only when
 unclean election is allowed; controlled shutdown moves leadership off shutting-down brokers;
 the preferred replica leads only if live and in the ISR."""

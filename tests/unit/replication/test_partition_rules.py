@@ -1,4 +1,4 @@
-"""The leader's HW/ISR rules (DESIGN section 6, Kafka's Replica.isCaughtUp and
+"""The leader's HW/ISR rules (docs/architecture.md, "HW and ISR rules"; Kafka's Replica.isCaughtUp and
 Partition.maybeIncrementLeaderHW): the pure functions by table, then a real ``Partition`` over a
 real log driven by Hypothesis through appends, follower fetches, ISR shrinks and expands
 (pending, then confirmed or refused, as the replica manager does around its ZooKeeper write)
