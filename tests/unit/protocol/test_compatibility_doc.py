@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from protocol.kafka.apis import KAFKA_APIS
+from tidelog.protocol.kafka.apis import KAFKA_APIS
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "kafka-compatibility.md"
 ROW = re.compile(r"^\| (\d+) \| (\w+) \| (\d+)(?:-(\d+))? \|")
