@@ -267,7 +267,9 @@ async def test_retries_end_at_the_delivery_timeout(fake):
                              delivery_timeout_ms=300) as producer:
         future = await producer.send("t", b"v")
         with trio.fail_after(5):
-            with pytest.raises(RequestTimedOut, match="NOT_LEADER_OR_FOLLOWER"):
+            # the last error is NOT_LEADER_OR_FOLLOWER, or on a loaded machine the attempt in
+            # flight at the deadline: the delivery timeout ends the retries either way
+            with pytest.raises(RequestTimedOut, match="delivery_timeout_ms"):
                 await future
     assert fake.values("t") == []
 
